@@ -1,0 +1,179 @@
+"""Settings for Overrule, read once from the environment and `.streamlit/secrets.toml`.
+
+Every tunable the seeds name (turn limit, history size and ratio, EMA constants, thresholds)
+lives here so that no other module hard-codes them. Nothing is read at import time: callers use
+`get_settings()`, and tests call `reset_settings()` after changing the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA_DIR = ROOT / "data"
+DEFAULT_SQLITE_PATH = DATA_DIR / "overrule.db"
+SECRETS_PATH = ROOT / ".streamlit" / "secrets.toml"
+
+
+class ConfigError(ValueError):
+    """A setting has a value Overrule cannot use; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All of Overrule's configuration. Field `x` is read from `OVERRULE_X` unless noted."""
+
+    database_url: str = f"sqlite:///{DEFAULT_SQLITE_PATH}"
+    # LLM access (SPEC §7). The OpenAI variables keep their standard names.
+    openai_api_key: str | None = None
+    openai_base_url: str | None = None
+    judge_model: str = "gpt-4o"
+    coach_model: str = "gpt-4o-mini"
+    eval_model: str = "gpt-4o"
+    evaluator_model: str = "gpt-4o-mini"
+    embedding_model: str | None = None
+    llm_timeout: float = 60.0
+    llm_max_retries: int = 2
+    judge_concurrency: int = 4
+    # Coach chat (seed 002 AD-4, AD-9).
+    max_chat_turns: int = 15
+    chat_window: int = 6
+    # Correction history (seed 004).
+    history_max_entries: int = 20
+    history_correction_ratio: float = 0.75
+    # Tag relevance (seed 001).
+    ema_alpha: float = 0.3
+    score_clamp: float = 3.0
+    evaluator_weight: float = 1.0
+    feedback_weight: float = 2.0
+    min_evals_for_filter: int = 3
+    negative_score_threshold: float = -0.1
+    relevance_weight: float = 0.01
+    autopin_threshold: float = 0.6
+    autounpin_threshold: float = 0.2
+    autopin_min_evals: int = 5
+    match_pin_threshold: int = 15
+    # Cross-session notes (seed 000).
+    notes_limit: int = 20
+    notes_cache_size: int = 50
+    eval_min_text_length: int = 100
+    eval_min_confidence: float = 0.30
+    # Precedents (seed 003).
+    qa_threshold: float = 0.85
+    sentence_threshold: float = 0.85
+    # App behaviour.
+    load_demo: bool = True
+    page_size: int = 25
+
+    @property
+    def llm_configured(self) -> bool:
+        """True when an LLM call has a chance: a key, or a local server that needs none."""
+        return bool(self.openai_api_key or self.openai_base_url)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+
+_ENV_NAMES = {
+    "openai_api_key": "OPENAI_API_KEY",
+    "openai_base_url": "OPENAI_BASE_URL",
+}
+
+_RANGES: dict[str, tuple[float, float]] = {
+    "llm_timeout": (0.1, 3600),
+    "llm_max_retries": (0, 20),
+    "judge_concurrency": (1, 64),
+    "max_chat_turns": (1, 1000),
+    "chat_window": (0, 200),
+    "history_max_entries": (0, 1000),
+    "history_correction_ratio": (0.0, 1.0),
+    "ema_alpha": (0.0, 1.0),
+    "score_clamp": (0.0, 1000.0),
+    "min_evals_for_filter": (0, 1_000_000),
+    "autopin_min_evals": (0, 1_000_000),
+    "match_pin_threshold": (1, 1_000_000),
+    "notes_limit": (1, 10_000),
+    "notes_cache_size": (0, 100_000),
+    "eval_min_confidence": (0.0, 1.0),
+    "qa_threshold": (0.0, 1.0),
+    "sentence_threshold": (0.0, 1.0),
+    "page_size": (1, 1000),
+}
+
+
+def env_name(field_name: str) -> str:
+    """The environment variable that sets a field."""
+    return _ENV_NAMES.get(field_name, f"OVERRULE_{field_name.upper()}")
+
+
+def _read_secrets(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    return {str(k).upper(): v for k, v in data.items() if not isinstance(v, dict)}
+
+
+def _coerce(name: str, raw: Any, default: Any) -> Any:
+    var = env_name(name)
+    kind = type(default) if default is not None else str
+    text = str(raw).strip()
+    try:
+        if kind is bool:
+            lowered = text.lower()
+            if lowered in {"1", "true", "yes", "on"}:
+                return True
+            if lowered in {"0", "false", "no", "off"}:
+                return False
+            raise ValueError("expected true/false")
+        if kind is int:
+            value: Any = int(text)
+        elif kind is float:
+            value = float(text)
+        else:
+            return (text or None) if default is None else text
+    except ValueError as exc:
+        raise ConfigError(f"{var}={raw!r} is invalid: expected {kind.__name__} ({exc})") from exc
+    if name in _RANGES:
+        low, high = _RANGES[name]
+        if not low <= value <= high:
+            raise ConfigError(f"{var}={raw!r} is out of range: must be between {low} and {high}")
+    return value
+
+
+def load_settings(environ: dict[str, str] | None = None, secrets_path: Path = SECRETS_PATH) -> Settings:
+    """Build settings from the environment first, then secrets.toml, then the seeds' defaults."""
+    env = os.environ if environ is None else environ
+    secrets = _read_secrets(secrets_path)
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        var = env_name(f.name)
+        raw = env.get(var)
+        if raw is None or raw == "":
+            raw = secrets.get(var)
+        if raw is None or raw == "":
+            continue
+        values[f.name] = _coerce(f.name, raw, f.default)
+    if values.get("autounpin_threshold", 0.2) > values.get("autopin_threshold", 0.6):
+        raise ConfigError("OVERRULE_AUTOUNPIN_THRESHOLD must not exceed OVERRULE_AUTOPIN_THRESHOLD")
+    return Settings(**values)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read on first use."""
+    return load_settings()
+
+
+def reset_settings() -> None:
+    """Forget cached settings so the next `get_settings()` re-reads the environment."""
+    get_settings.cache_clear()
