@@ -1,0 +1,117 @@
+"""Database setup: engines for SQLite (default) and PostgreSQL, sessions, and migrations.
+
+SQLite is tuned for several reviewers at once: WAL so readers never block the writer, a busy
+timeout so writers queue instead of failing, and `BEGIN IMMEDIATE` for every transaction that may
+write, so a read-then-write transaction takes the write lock up front and can never hit the
+"database is locked" upgrade failure of a deferred transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, text
+from sqlmodel import Session
+
+from lib.config import ROOT, get_settings
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = ROOT / "migrations"
+SQLITE_BUSY_TIMEOUT_MS = 15_000
+# Any constant works; it only has to be the same for every Overrule process on one server.
+PG_MIGRATION_LOCK = 7_140_512
+
+
+def normalize_url(url: str) -> str:
+    """Route plain `postgresql://` URLs to psycopg 3, the driver Overrule ships with."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def _install_sqlite_hooks(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        dbapi_conn.isolation_level = None  # SQLAlchemy's "begin" hook issues BEGIN itself
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+        mode = conn.get_execution_options().get("sqlite_begin", "IMMEDIATE")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def create_db_engine(url: str | None = None) -> Engine:
+    """An engine for `url` (default: the configured database) without touching the schema."""
+    url = normalize_url(url or get_settings().database_url)
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        _install_sqlite_hooks(engine)
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def alembic_config(engine: Engine | None = None) -> Config:
+    """An Alembic config pointing at this repo's migrations (and at `engine` when given)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if engine is not None:
+        cfg.set_main_option("sqlalchemy.url", engine.url.render_as_string(hide_password=False))
+    return cfg
+
+
+def migrate(engine: Engine) -> None:
+    """Upgrade the schema to the newest migration; safe when several processes start at once."""
+    cfg = alembic_config(engine)
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": PG_MIGRATION_LOCK})
+            conn.commit()
+        try:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+            conn.commit()
+        finally:
+            if engine.dialect.name == "postgresql":
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": PG_MIGRATION_LOCK})
+                conn.commit()
+
+
+def init_db(url: str | None = None) -> Engine:
+    """An engine for `url` (default `OVERRULE_DATABASE_URL`, else `data/overrule.db`), schema migrated."""
+    engine = create_db_engine(url)
+    migrate(engine)
+    return engine
+
+
+@contextmanager
+def session_scope(engine: Engine, *, read_only: bool = False) -> Iterator[Session]:
+    """A session that commits on success and rolls back on error.
+
+    `read_only=True` starts SQLite transactions deferred, so pure readers never queue behind writers.
+    """
+    bind = engine.execution_options(sqlite_begin="DEFERRED") if read_only else engine
+    session = Session(bind, expire_on_commit=False)
+    try:
+        yield session
+        session.commit()
+    except Exception:
+        session.rollback()
+        raise
+    finally:
+        session.close()

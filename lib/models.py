@@ -1,0 +1,324 @@
+"""SQLModel tables for Overrule (SPEC §2), with the seeds' column names, constraints and indexes.
+
+Timestamps are timezone-aware UTC (SQLModel's UTCDateTime refuses naive values): SQLite stores
+them as UTC text, PostgreSQL as timestamptz. `utcnow()` is the one place that produces "now".
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+SNAPSHOT_STATUSES = ("active", "completed", "archived")
+NOTE_TYPES = ("SUCCESS", "FAILURE", "PATTERN", "STRATEGY", "TIP")
+CACHE_DECISIONS = ("INCLUDE", "EXCLUDE", "UNCERTAIN")
+
+
+def utcnow() -> datetime:
+    """Now, as aware UTC (the storage convention of every table)."""
+    return datetime.now(UTC)
+
+
+def new_prefixed_id(prefix: str, at: datetime | None = None) -> str:
+    """Seed-002 ids: `<prefix>_YYYYMMDD_HHMMSS_randomhex`."""
+    moment = at or utcnow()
+    return f"{prefix}_{moment:%Y%m%d_%H%M%S}_{secrets.token_hex(4)}"
+
+
+class EvaluationSnapshot(SQLModel, table=True):
+    """One evaluation frozen at the end of judging (seed 002 AD-3), plus product and language."""
+
+    __tablename__ = "evaluation_snapshots"
+    __table_args__ = (
+        Index("ix_snapshot_live_created", "deleted_at", "created_at"),
+        Index("ix_snapshot_product_language", "product", "language"),
+    )
+
+    id: str = Field(primary_key=True, max_length=64)
+    created_at: datetime = Field(default_factory=utcnow, index=True)
+    question_id: str | None = Field(default=None, max_length=128)
+    question: str = Field(sa_column=Column(Text, nullable=False))
+    model_answer: str = Field(sa_column=Column(Text, nullable=False))
+    model_name: str | None = Field(default=None, max_length=200, index=True)
+    judge_model: str | None = Field(default=None, max_length=200)
+    product: str = Field(max_length=200, index=True)
+    language: str = Field(default="en", max_length=16, index=True)
+    category: str | None = Field(default=None, max_length=200, index=True)
+    primary_metric: str | None = Field(default=None, max_length=64)
+    bonus_metrics: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    user_scores_json: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    judge_scores_json: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    evidence_json: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    judge_meta_score: int | None = None
+    weighted_gap: float | None = Field(default=None, index=True)
+    # Largest |user - judge| over the metrics, rescaled to 1-5: lets the list sort by it in SQL.
+    max_metric_gap: float | None = Field(default=None, index=True)
+    # Evidence verification summary, so the list can filter by verification state in SQL.
+    evidence_count: int = 0
+    evidence_highlighted: int = 0
+    evidence_unlocated: int = 0
+    evidence_unverified: int = 0
+    overall_feedback: str | None = Field(default=None, sa_column=Column(Text))
+    user_evaluation_id: str | None = Field(default=None, max_length=128)
+    judge_evaluation_id: str | None = Field(default=None, max_length=128)
+    chat_turn_count: int = 0
+    max_chat_turns: int = 15
+    status: str = Field(default="active", max_length=16, index=True)
+    deleted_at: datetime | None = Field(default=None)
+    # Identity for idempotent re-import: a hash of product, question, answer and model.
+    source_key: str | None = Field(default=None, max_length=64, unique=True)
+    created_by: str | None = Field(default=None, max_length=200)
+
+
+class ChatMessage(SQLModel, table=True):
+    """A coach chat message (seed 002 AD-3/AD-4); user and assistant share `client_message_id`."""
+
+    __tablename__ = "chat_messages"
+    __table_args__ = (
+        UniqueConstraint("snapshot_id", "client_message_id", "role", name="uq_chat_turn"),
+        Index("ix_chat_snapshot_created", "snapshot_id", "created_at"),
+    )
+
+    id: str = Field(primary_key=True, max_length=64)
+    client_message_id: str = Field(max_length=128)
+    is_complete: bool = False
+    snapshot_id: str = Field(foreign_key="evaluation_snapshots.id", max_length=64)
+    role: str = Field(max_length=16)
+    content: str = Field(default="", sa_column=Column(Text, nullable=False))
+    selected_metrics: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    token_count: int | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+    reviewer: str | None = Field(default=None, max_length=200)
+
+
+class Judgment(SQLModel, table=True):
+    """One AI decision a reviewer can confirm or overrule (seed 004), optionally a snapshot's metric."""
+
+    __tablename__ = "judgments"
+    __table_args__ = (
+        # Serves select_history: equality on product (+metric) and was_corrected, newest first.
+        Index("ix_judgment_history", "product", "was_corrected", "timestamp"),
+        Index("ix_judgment_history_metric", "product", "metric", "was_corrected", "timestamp"),
+        Index("ix_judgment_queue", "reviewed_at", "product", "timestamp"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    change_id: str = Field(max_length=300, unique=True)
+    product: str = Field(max_length=200)
+    metric: str | None = Field(default=None, max_length=64)
+    snapshot_id: str | None = Field(
+        default=None, foreign_key="evaluation_snapshots.id", max_length=64, index=True
+    )
+    decision: str = Field(max_length=64)
+    confidence: float | None = None
+    reasoning: str | None = Field(default=None, sa_column=Column(Text))
+    user_decision: str | None = Field(default=None, max_length=64)
+    user_reasoning: str | None = Field(default=None, sa_column=Column(Text))
+    reviewer: str | None = Field(default=None, max_length=200)
+    timestamp: datetime = Field(default_factory=utcnow)
+    reviewed_at: datetime | None = None
+    version: int = 1
+    was_corrected: bool = Field(default=False)
+    # Optional seed-004 cache fields, kept on import and export.
+    url: str | None = Field(default=None, sa_column=Column(Text))
+    description: str | None = Field(default=None, sa_column=Column(Text))
+    ai_provider: str | None = Field(default=None, max_length=200)
+    judge_model: str | None = Field(default=None, max_length=200)
+    # Second opinion (seed 000 evaluation layer).
+    second_opinion_action: str | None = Field(default=None, max_length=32)
+    second_opinion_valid: bool | None = None
+    second_opinion_decision: str | None = Field(default=None, max_length=64)
+    second_opinion_confidence: float | None = None
+    second_opinion_text: str | None = Field(default=None, sa_column=Column(Text))
+    second_opinion_model: str | None = Field(default=None, max_length=200)
+    second_opinion_at: datetime | None = None
+
+
+def compute_was_corrected(decision: str | None, user_decision: str | None) -> bool:
+    """Seed 004: corrected when the reviewer set a decision that differs from the judge's."""
+    return user_decision is not None and user_decision != decision
+
+
+class JudgmentEvent(SQLModel, table=True):
+    """Append-only audit trail of every change to a judgment."""
+
+    __tablename__ = "judgment_events"
+
+    id: int | None = Field(default=None, primary_key=True)
+    judgment_id: int = Field(foreign_key="judgments.id", index=True)
+    change_id: str = Field(max_length=300)
+    action: str = Field(max_length=32)
+    reviewer: str = Field(max_length=200)
+    at: datetime = Field(default_factory=utcnow, index=True)
+    from_decision: str | None = Field(default=None, max_length=64)
+    to_decision: str | None = Field(default=None, max_length=64)
+    reason: str | None = Field(default=None, sa_column=Column(Text))
+    version: int = 1
+
+
+class SessionNote(SQLModel, table=True):
+    """A cross-session note (seed 000 schema and indexes); the "lesson" of seed 001."""
+
+    __tablename__ = "session_notes"
+    __table_args__ = (
+        Index("idx_language", "language"),
+        Index("idx_type", "note_type"),
+        Index("idx_timestamp", "timestamp"),
+        Index("idx_session", "session_id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    timestamp: datetime = Field(default_factory=utcnow)
+    language: str = Field(default="", max_length=10)
+    note_type: str = Field(max_length=20)
+    content: str = Field(sa_column=Column(Text, nullable=False))
+    phelps_code: str | None = Field(default=None, max_length=20)
+    confidence: float | None = None
+    session_id: str = Field(max_length=100)
+    # Seed 001 pinning: manual pins and relevance-driven auto-pins are told apart.
+    pinned: bool = False
+    auto_pinned: bool = False
+    prerequisites: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    created_by: str | None = Field(default=None, max_length=200)
+
+
+class SessionAudit(SQLModel, table=True):
+    """Which notes a judge run showed, with its env tags (seed 001 `session_audit`)."""
+
+    __tablename__ = "session_audit"
+
+    id: int | None = Field(default=None, primary_key=True)
+    session_id: str = Field(max_length=100, unique=True)
+    shown_lesson_ids: list[int] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    env_tags: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    repo: str | None = Field(default=None, max_length=200)  # seed name; holds the product
+    snapshot_id: str | None = Field(default=None, max_length=64, index=True)
+    timestamp: datetime = Field(default_factory=utcnow, index=True)
+    transcript_path: str | None = Field(default=None, sa_column=Column(Text))
+    transcript: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON))
+
+
+class ProcessedRelevanceSession(SQLModel, table=True):
+    """Audits already scored by the evaluator, so a rerun never double counts (seed 001)."""
+
+    __tablename__ = "processed_relevance_sessions"
+
+    session_id: str = Field(primary_key=True, max_length=100)
+    processed_at: datetime = Field(default_factory=utcnow)
+    retry_count: int = 0
+    status: str = Field(default="completed", max_length=32)
+
+
+class LessonTagRelevance(SQLModel, table=True):
+    """EMA relevance of a note under one context tag (seed 001 `lesson_tag_relevance`)."""
+
+    __tablename__ = "lesson_tag_relevance"
+
+    lesson_id: int = Field(foreign_key="session_notes.id", primary_key=True)
+    tag: str = Field(primary_key=True, max_length=200)
+    score: float = 0.0
+    positive_evals: int = 0
+    negative_evals: int = 0
+    last_evaluated: datetime | None = None
+
+
+class TagRelevanceEvent(SQLModel, table=True):
+    """One applied relevance score: the history behind the EMA chart."""
+
+    __tablename__ = "tag_relevance_events"
+    __table_args__ = (Index("ix_tag_event_lesson_tag_at", "lesson_id", "tag", "at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    lesson_id: int = Field(foreign_key="session_notes.id")
+    tag: str = Field(max_length=200)
+    at: datetime = Field(default_factory=utcnow)
+    raw_score: float
+    weight: float = 1.0
+    old_score: float = 0.0
+    new_score: float = 0.0
+    source: str = Field(default="evaluator", max_length=32)  # evaluator | reviewer
+    session_id: str | None = Field(default=None, max_length=100)
+    reviewer: str | None = Field(default=None, max_length=200)
+
+
+class LessonMatchStat(SQLModel, table=True):
+    """How often a note was shown under a tag set (seed 001 match-count auto-pin, threshold 15)."""
+
+    __tablename__ = "lesson_match_stats"
+
+    lesson_id: int = Field(foreign_key="session_notes.id", primary_key=True)
+    tag_set: str = Field(primary_key=True, max_length=1000)  # sorted tags joined by ","
+    times_matched: int = 0
+    last_matched: datetime | None = None
+
+
+class MetricDefinition(SQLModel, table=True):
+    """A product's rubric entry: slug, display name, scale and rubric text (SPEC §2)."""
+
+    __tablename__ = "metric_definitions"
+    __table_args__ = (UniqueConstraint("product", "slug", name="uq_metric_product_slug"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    product: str = Field(max_length=200, index=True)
+    slug: str = Field(max_length=64)
+    display_name: str = Field(max_length=200)
+    min_value: float = 1.0
+    max_value: float = 5.0
+    integer_scale: bool = True
+    description: str = Field(default="", sa_column=Column(Text, nullable=False))
+    position: int = 0
+
+
+class Interaction(SQLModel, table=True):
+    """A question/answer pair with citations, candidate for auto-evaluation by precedent (seed 003)."""
+
+    __tablename__ = "interactions"
+
+    id: str = Field(primary_key=True, max_length=64)
+    product: str = Field(default="", max_length=200, index=True)
+    language: str = Field(default="en", max_length=16)
+    question: str = Field(sa_column=Column(Text, nullable=False))
+    answer: str = Field(sa_column=Column(Text, nullable=False))
+    citation_url: str | None = Field(default=None, sa_column=Column(Text))
+    citations: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    embedding: list[float] | None = Field(default=None, sa_column=Column(JSON))
+    created_at: datetime = Field(default_factory=utcnow, index=True)
+
+
+class ExpertFeedback(SQLModel, table=True):
+    """Scores an expert (or the auto-evaluator, type 'ai') gave an interaction (seed 003)."""
+
+    __tablename__ = "expert_feedback"
+
+    id: int | None = Field(default=None, primary_key=True)
+    interaction_id: str = Field(foreign_key="interactions.id", index=True)
+    type: str = Field(default="expert", max_length=16)
+    total_score: float | None = None
+    citation_score: float | None = None
+    citation_url: str | None = Field(default=None, sa_column=Column(Text))
+    sentence_scores: list[dict[str, Any]] = Field(
+        default_factory=list, sa_column=Column(JSON, nullable=False)
+    )
+    reviewer: str | None = Field(default=None, max_length=200)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class AutoEval(SQLModel, table=True):
+    """The auto-evaluation result of an interaction, with its match trace (seed 003 `Eval`)."""
+
+    __tablename__ = "auto_evals"
+
+    id: int | None = Field(default=None, primary_key=True)
+    interaction_id: str = Field(foreign_key="interactions.id", unique=True)
+    processed: bool = True
+    has_matches: bool = False
+    expert_feedback_id: int | None = Field(default=None, foreign_key="expert_feedback.id")
+    matched_interaction_id: str | None = Field(default=None, max_length=64)
+    sentence_match_trace: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    no_match_reason: str | None = Field(default=None, max_length=64, index=True)
+    total_score: float | None = None
+    created_at: datetime = Field(default_factory=utcnow)
