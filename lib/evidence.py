@@ -1,0 +1,203 @@
+"""Evidence verification: the seed-002 AD-2 five-stage self-healing check of a judge's quotes.
+
+A judge cites spans of the model answer as evidence, with character positions that are often off.
+Before evidence is stored or shown, each quote is checked against the answer, from the most to the
+least trustworthy method, and its positions are repaired where that can be done safely:
+
+1. ``exact``       the claimed slice is the quote;
+2. ``substring``   the quote occurs verbatim elsewhere (the occurrence nearest the claimed start);
+3. ``anchor``      quotes of 50+ characters: its first and last 25 characters occur close together;
+4. ``whitespace``  the quote occurs once runs of whitespace are collapsed: verified, but positions
+                   in the normalized text cannot be mapped back safely, so the highlight is off;
+5. ``unverified``  none of the above.
+
+Indices are Python ``str`` positions (code points). Pure module: no I/O, no database.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ANCHOR_LEN = 25
+ANCHOR_WINDOW_TOLERANCE = 2000
+
+STAGES: tuple[str, ...] = ("exact", "substring", "anchor", "whitespace", "unverified")
+HIGHLIGHT_STAGES: frozenset[str] = frozenset({"exact", "substring", "anchor"})
+
+STAGE_LABELS: dict[str, str] = {
+    "exact": "Verified at the cited position, highlighted",
+    "substring": "Verified, position corrected, highlighted",
+    "anchor": "Verified by its opening and closing words, highlighted",
+    "whitespace": "Position could not be located, highlight off",
+    "unverified": "Evidence could not be verified",
+}
+
+_INT_TEXT = re.compile(r"\s*[+-]?\d+\s*")
+
+
+@dataclass(frozen=True)
+class EvidenceResult:
+    """The outcome of verifying one quote: whether it holds, where it is, and how it was found."""
+
+    verified: bool
+    highlight_available: bool
+    start: int | None
+    end: int | None
+    stage: str
+
+
+def _as_text(value: object) -> str:
+    """Untrusted inputs may be None or other JSON values; they count as no text at all."""
+    return value if isinstance(value, str) else ""
+
+
+def _as_index(value: object) -> int | None:
+    """A real int index, or None: bools and other types are not positions."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return None
+
+
+def normalize_whitespace(text: str) -> str:
+    """Collapse every run of whitespace (any Unicode kind, CRLF, tabs) to one space and strip the ends."""
+    return " ".join(text.split())
+
+
+def _nearest_occurrence(answer: str, quote: str, claimed_start: int | None) -> int:
+    """Index of the occurrence of quote nearest claimed_start (earliest on ties or with no claim), or -1."""
+    best = answer.find(quote)
+    if best < 0 or claimed_start is None:
+        return best
+    idx = best
+    while idx >= 0:
+        if abs(idx - claimed_start) < abs(best - claimed_start):
+            best = idx
+        # Occurrences come in increasing order, so past the claim every later one is farther away.
+        if idx >= claimed_start:
+            break
+        idx = answer.find(quote, idx + 1)
+    return best
+
+
+def _anchor_span(answer: str, quote: str) -> tuple[int, int] | None:
+    """Span from the first head anchor whose window holds the tail anchor, or None."""
+    if len(quote) < 2 * ANCHOR_LEN:
+        return None
+    head = quote[:ANCHOR_LEN]
+    tail = quote[-ANCHOR_LEN:]
+    window = len(quote) + ANCHOR_WINDOW_TOLERANCE
+    head_idx = answer.find(head)
+    while head_idx >= 0:
+        # The window keeps a tail far away in a long answer from pairing with this head.
+        search_end = min(head_idx + window, len(answer))
+        tail_idx = answer.find(tail, head_idx, search_end)
+        if tail_idx >= 0:
+            return head_idx, tail_idx + ANCHOR_LEN
+        head_idx = answer.find(head, head_idx + 1)
+    return None
+
+
+def verify_evidence(
+    model_answer: str, quote: str, start: int | None = None, end: int | None = None
+) -> EvidenceResult:
+    """Check a judge's quote against the answer and repair its positions where that is safe."""
+    answer = _as_text(model_answer)
+    text = _as_text(quote)
+    claimed_start = _as_index(start)
+    claimed_end = _as_index(end)
+
+    def unverified() -> EvidenceResult:
+        return EvidenceResult(False, False, claimed_start, claimed_end, "unverified")
+
+    if not text.strip():
+        return unverified()
+
+    if (
+        claimed_start is not None
+        and claimed_end is not None
+        and 0 <= claimed_start < claimed_end <= len(answer)
+        and answer[claimed_start:claimed_end] == text
+    ):
+        return EvidenceResult(True, True, claimed_start, claimed_end, "exact")
+
+    idx = _nearest_occurrence(answer, text, claimed_start)
+    if idx >= 0:
+        return EvidenceResult(True, True, idx, idx + len(text), "substring")
+
+    span = _anchor_span(answer, text)
+    if span is not None:
+        return EvidenceResult(True, True, span[0], span[1], "anchor")
+
+    if normalize_whitespace(text) in normalize_whitespace(answer):
+        # Safe mode: positions in the collapsed text do not map back reliably, so keep the claim.
+        return EvidenceResult(True, False, claimed_start, claimed_end, "whitespace")
+
+    return unverified()
+
+
+def _parse_index(value: object) -> int | None:
+    """Judges and files send positions as ints, integral floats or digit strings; anything else is None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and _INT_TEXT.fullmatch(value):
+        return int(value)
+    return None
+
+
+def verify_evidence_item(model_answer: str, item: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of one evidence item with its verification fields computed from the answer."""
+    if not isinstance(item, Mapping):
+        item = {}
+    quote = _as_text(item.get("quote"))
+    result = verify_evidence(
+        model_answer, quote, _parse_index(item.get("start")), _parse_index(item.get("end"))
+    )
+    return {
+        **item,
+        "quote": quote,
+        "start": result.start,
+        "end": result.end,
+        "verified": result.verified,
+        "highlight_available": result.highlight_available,
+        "stage": result.stage,
+    }
+
+
+def _metric_evidence(evidence_json: object) -> list[tuple[object, dict[str, Any], list[dict[str, Any]]]]:
+    """(slug, metric dict, well-formed items) per metric, skipping shapes that are not the seed-002 ones."""
+    if not isinstance(evidence_json, Mapping):
+        return []
+    out = []
+    for slug, metric in evidence_json.items():
+        if not isinstance(metric, Mapping):
+            continue
+        items = metric.get("evidence")
+        items = [item for item in items if isinstance(item, Mapping)] if isinstance(items, list) else []
+        out.append((slug, dict(metric), items))
+    return out
+
+
+def verify_evidence_map(model_answer: str, evidence_json: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a seed-002 evidence_json with every item verified and malformed parts dropped."""
+    return {
+        slug: {**metric, "evidence": [verify_evidence_item(model_answer, item) for item in items]}
+        for slug, metric, items in _metric_evidence(evidence_json)
+    }
+
+
+def stage_counts(evidence_json: Mapping[str, Any]) -> dict[str, int]:
+    """How many items of an evidence_json ended in each stage, every stage present, for the overview."""
+    counts = dict.fromkeys(STAGES, 0)
+    for _slug, _metric, items in _metric_evidence(evidence_json):
+        for item in items:
+            stage = item.get("stage")
+            # An item without a known stage never went through verification, so nothing vouches for it.
+            counts[stage if isinstance(stage, str) and stage in counts else "unverified"] += 1
+    return counts
