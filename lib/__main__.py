@@ -1,0 +1,108 @@
+"""Command line for pipelines and operators: `python -m lib <command> ...` (SPEC §6).
+
+Uses the same database as the app (`OVERRULE_DATABASE_URL` honoured). Errors go to stderr with a
+non-zero exit status; results go to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from lib.config import ConfigError
+
+Handler = Callable[[argparse.Namespace], int]
+_HANDLERS: dict[str, Handler] = {}
+
+
+class CliError(Exception):
+    """A user-facing CLI failure: printed to stderr, exit status 1."""
+
+
+def handler(name: str) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        _HANDLERS[name] = fn
+        return fn
+
+    return register
+
+
+def _engine():  # type: ignore[no-untyped-def]
+    from lib.db import init_db
+
+    return init_db()
+
+
+@handler("import")
+def _cmd_import(args: argparse.Namespace) -> int:
+    from lib.importer import ImportFailed, import_path
+
+    try:
+        report = import_path(engine=_engine(), path=Path(args.file), kind=args.kind, reviewer=args.reviewer)
+    except ImportFailed as exc:
+        raise CliError(str(exc)) from exc
+    print(report.summary())
+    return 0
+
+
+@handler("export")
+def _cmd_export(args: argparse.Namespace) -> int:
+    from lib.export import ExportError, export_table
+
+    try:
+        rows = export_table(engine=_engine(), table=args.table, fmt=args.format, out=Path(args.out))
+    except ExportError as exc:
+        raise CliError(str(exc)) from exc
+    print(f"exported {rows} rows of {args.table} to {args.out}")
+    return 0
+
+
+@handler("demo")
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from lib.demo import load_demo
+
+    counts = load_demo(engine=_engine(), force=args.force)
+    if not counts:
+        print("the database already holds data; demo not loaded (use --force to add it anyway)")
+        return 0
+    print("demo data loaded: " + ", ".join(f"{n} {what}" for what, n in counts.items()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; other modules' commands are registered here so `--help` lists all."""
+    parser = argparse.ArgumentParser(prog="python -m lib", description="Overrule command line.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("import", help="import evaluations, judgments, notes or metric sets")
+    p.add_argument("file", help="a JSONL or JSON file")
+    p.add_argument("--kind", choices=["evaluations", "judgments", "notes", "metrics"], default=None,
+                   help="what the file holds (detected when omitted)")
+    p.add_argument("--reviewer", default="cli", help="recorded as the author of the import")
+
+    p = sub.add_parser("export", help="export a table as CSV, Parquet or JSON")
+    p.add_argument("table", help="table or view name (see `python -m lib export --help`)")
+    p.add_argument("--format", choices=["csv", "parquet", "json"], default="csv")
+    p.add_argument("--out", required=True, help="output file path")
+
+    p = sub.add_parser("demo", help="load the deterministic demo data set")
+    p.add_argument("--force", action="store_true", help="load even when the database is not empty")
+
+    # Each capability adds its subcommand parser above this line and its @handler function above.
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return _HANDLERS[args.command](args)
+    except (CliError, ConfigError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
