@@ -90,11 +90,16 @@ def _anchor_span(answer: str, quote: str) -> tuple[int, int] | None:
     tail = quote[-ANCHOR_LEN:]
     window = len(quote) + ANCHOR_WINDOW_TOLERANCE
     head_idx = answer.find(head)
+    tail_idx = -1
     while head_idx >= 0:
+        # The first tail at or after the head only moves forward as heads do, so it is searched once
+        # per move rather than once per head: repetitive answers would otherwise take quadratic time.
+        if tail_idx < head_idx:
+            tail_idx = answer.find(tail, head_idx)
+            if tail_idx < 0:
+                return None
         # The window keeps a tail far away in a long answer from pairing with this head.
-        search_end = min(head_idx + window, len(answer))
-        tail_idx = answer.find(tail, head_idx, search_end)
-        if tail_idx >= 0:
+        if tail_idx + ANCHOR_LEN <= min(head_idx + window, len(answer)):
             return head_idx, tail_idx + ANCHOR_LEN
         head_idx = answer.find(head, head_idx + 1)
     return None

@@ -190,8 +190,9 @@ def test_substring_tie_goes_to_earliest(answer: str, claimed_start: int, expecte
 
 
 def test_substring_considers_overlapping_occurrences() -> None:
-    result = verify_evidence("aaaaa", "aa", 2, 99)
-    assert (result.stage, result.start, result.end) == ("substring", 2, 4)
+    # Non-overlapping occurrences of "aa" in "aaaa" are 0 and 2; the overlapping one at 1 is nearest.
+    result = verify_evidence("aaaa", "aa", 1, 99)
+    assert (result.stage, result.start, result.end) == ("substring", 1, 3)
 
 
 # --- stage 3: anchor ---------------------------------------------------------------------------
@@ -238,6 +239,15 @@ def test_anchor_uses_first_head_whose_window_holds_the_tail() -> None:
     assert result.end == len(answer)
 
 
+def test_anchor_ignores_a_tail_that_lies_between_two_heads() -> None:
+    # The first head's tail is beyond its window; that tail precedes the second head, so it cannot
+    # pair with it either: the second head pairs with the tail after it.
+    first = HEAD + "x" * WINDOW + TAIL + "y" * 100
+    answer = first + anchored_answer(7)
+    result = verify_evidence(answer, LONG_QUOTE)
+    assert (result.stage, result.start, result.end) == ("anchor", len(first), len(answer))
+
+
 def test_anchor_prefers_first_head_when_several_heads_hold_the_tail() -> None:
     answer = anchored_answer(5) + " then " + anchored_answer(5)
     result = verify_evidence(answer, LONG_QUOTE)
@@ -247,6 +257,20 @@ def test_anchor_prefers_first_head_when_several_heads_hold_the_tail() -> None:
 def test_anchor_tail_before_head_does_not_count() -> None:
     answer = TAIL + " in between " + HEAD
     assert verify_evidence(answer, LONG_QUOTE).stage == "unverified"
+
+
+def test_anchor_tail_is_searched_from_the_head_index_so_it_may_overlap_the_head() -> None:
+    quote = "ab" * 25  # head "abab…a", tail "baba…b": in "abab…" the tail starts one after the head
+    answer = "ab" * 13 + "!"
+    result = verify_evidence(answer, quote)
+    assert (result.stage, result.start, result.end) == ("anchor", 0, 1 + ANCHOR_LEN)
+
+
+def test_anchor_on_repetitive_answer_finds_the_first_head_with_a_tail_in_window() -> None:
+    quote = "a" * 30 + "c" + "a" * 30 + "b"
+    answer = "a" * 5000 + "b"  # every position is a head; only the last heads' windows reach the tail
+    result = verify_evidence(answer, quote)
+    assert (result.stage, result.start, result.end) == ("anchor", 5001 - len(quote) - 2000, 5001)
 
 
 def test_anchor_needs_both_anchors() -> None:
@@ -709,3 +733,40 @@ def test_property_never_raises_and_flags_are_consistent(
     else:
         claimed = tuple(v if isinstance(v, int) and not isinstance(v, bool) else None for v in (start, end))
         assert (result.start, result.end) == claimed
+
+
+def seed_anchor_reference(answer: str, quote: str) -> tuple[int, int] | None:
+    """The seed-002 anchor loop written naively: every head occurrence, tail searched in its window."""
+    head, tail = quote[:ANCHOR_LEN], quote[-ANCHOR_LEN:]
+    head_idx = answer.find(head)
+    while head_idx >= 0:
+        search_end = min(head_idx + len(quote) + 2000, len(answer))
+        tail_idx = answer.find(tail, head_idx, search_end)
+        if tail_idx >= 0:
+            return head_idx, tail_idx + ANCHOR_LEN
+        head_idx = answer.find(head, head_idx + 1)
+    return None
+
+
+SMALL_ALPHABET = st.text(alphabet="ab", min_size=0, max_size=30)
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(["H", "T", "x"]), st.integers(0, 2200)), max_size=6),
+    st.integers(0, 40),
+    SMALL_ALPHABET,
+)
+def test_property_anchor_stage_matches_the_seed_loop(
+    pieces: list[tuple[str, int]], middle_len: int, noise: str
+) -> None:
+    quote = HEAD + "m" * middle_len + TAIL
+    parts = {"H": HEAD, "T": TAIL, "x": ""}
+    answer = noise + "".join(parts[kind] + "." * gap for kind, gap in pieces)
+    result = verify_evidence(answer, quote)
+    expected = seed_anchor_reference(answer, quote)
+    if quote in answer:
+        assert result.stage == "substring"
+    elif expected is None:
+        assert result.stage == "unverified"
+    else:
+        assert (result.stage, result.start, result.end) == ("anchor", *expected)
