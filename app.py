@@ -1,0 +1,21 @@
+"""Overrule: page router and shared sidebar. Pages live in pages/, the work in lib/."""
+
+import streamlit as st
+
+from lib.config import ConfigError, get_settings
+from lib.ui import reviewer_sidebar
+
+st.set_page_config(page_title="Overrule", page_icon="⚖️", layout="wide")
+
+try:
+    get_settings()
+except ConfigError as exc:
+    st.error(f"Overrule cannot start: {exc}")
+    st.stop()
+
+pages = [
+    st.Page("pages/overview.py", title="Overview", icon="🏠", url_path="", default=True),
+]
+navigation = st.navigation(pages)
+reviewer_sidebar()
+navigation.run()
