@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from lib.evaluation_layer import EvaluationVerdict, apply_evaluation, parse_evaluation_response, should_evaluate
+from lib.evaluation_layer import (
+    EvaluationVerdict,
+    apply_evaluation,
+    parse_evaluation_response,
+    should_evaluate,
+)
 
 CLEAN = """VALID: YES
 CONFIDENCE_APPROPRIATE: NO
@@ -75,9 +80,24 @@ def test_garbage_yields_an_empty_verdict() -> None:
 @pytest.mark.parametrize(
     ("verdict", "code", "confidence", "expected"),
     [
-        (EvaluationVerdict(valid=False, improved_code="B", improved_confidence=0.9), "A", 0.6, ("B", 0.9, "improved")),
-        (EvaluationVerdict(valid=True, improved_code="B", improved_confidence=0.6), "A", 0.6, ("A", 0.7, "validated")),
-        (EvaluationVerdict(valid=False, improved_code="B", improved_confidence=0.5), "A", 0.6, ("A", 0.42, "questioned")),
+        (
+            EvaluationVerdict(valid=False, improved_code="B", improved_confidence=0.9),
+            "A",
+            0.6,
+            ("B", 0.9, "improved"),
+        ),
+        (
+            EvaluationVerdict(valid=True, improved_code="B", improved_confidence=0.6),
+            "A",
+            0.6,
+            ("A", 0.7, "validated"),
+        ),
+        (
+            EvaluationVerdict(valid=False, improved_code="B", improved_confidence=0.5),
+            "A",
+            0.6,
+            ("A", 0.42, "questioned"),
+        ),
         (EvaluationVerdict(valid=True), "A", 0.8, ("A", 0.9, "validated")),
         (EvaluationVerdict(valid=True), "A", 0.95, ("A", 1.0, "validated")),
         (EvaluationVerdict(valid=False), "A", 0.5, ("A", 0.35, "questioned")),
