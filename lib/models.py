@@ -84,6 +84,8 @@ class ChatMessage(SQLModel, table=True):
     )
 
     id: str = Field(primary_key=True, max_length=64)
+    # Several chats per evaluation (each with its own fixed metrics); the turn budget is the snapshot's.
+    chat_id: str = Field(default="", max_length=64)
     client_message_id: str = Field(max_length=128)
     is_complete: bool = False
     snapshot_id: str = Field(foreign_key="evaluation_snapshots.id", max_length=64)

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-23 04:25:43.292146
+Create Date: 2026-11-23 04:32:13.408009
 """
 
 from __future__ import annotations
@@ -146,6 +146,7 @@ def upgrade() -> None:
 
     op.create_table('chat_messages',
     sa.Column('id', sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
+    sa.Column('chat_id', sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
     sa.Column('client_message_id', sqlmodel.sql.sqltypes.AutoString(length=128), nullable=False),
     sa.Column('is_complete', sa.Boolean(), nullable=False),
     sa.Column('snapshot_id', sqlmodel.sql.sqltypes.AutoString(length=64), nullable=False),
