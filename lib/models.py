@@ -69,6 +69,9 @@ class EvaluationSnapshot(SQLModel, table=True):
     max_chat_turns: int = 15
     status: str = Field(default="active", max_length=16, index=True)
     deleted_at: datetime | None = Field(default=None)
+    # Who last archived or restored the evaluation, and when (every write records its reviewer).
+    status_changed_by: str | None = Field(default=None, max_length=200)
+    status_changed_at: datetime | None = Field(default=None)
     # Identity for idempotent re-import: a hash of product, question, answer and model.
     source_key: str | None = Field(default=None, max_length=64, unique=True)
     created_by: str | None = Field(default=None, max_length=200)

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-23 04:32:13.408009
+Create Date: 2026-11-23 04:33:29.512019
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ def upgrade() -> None:
     sa.Column('max_chat_turns', sa.Integer(), nullable=False),
     sa.Column('status', sqlmodel.sql.sqltypes.AutoString(length=16), nullable=False),
     sa.Column('deleted_at', sqlmodel.sql.sqltypes.UTCDateTime(), nullable=True),
+    sa.Column('status_changed_by', sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True),
+    sa.Column('status_changed_at', sqlmodel.sql.sqltypes.UTCDateTime(), nullable=True),
     sa.Column('source_key', sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
     sa.Column('created_by', sqlmodel.sql.sqltypes.AutoString(length=200), nullable=True),
     sa.PrimaryKeyConstraint('id'),
