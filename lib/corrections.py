@@ -1,0 +1,727 @@
+"""The correction cache (seed 004): reviews of AI judgments and the history the judge learns from.
+
+Two halves:
+
+- **Writes.** A reviewer confirms or overrules a judgment with `record_review`. The write is an
+  optimistic-locking `UPDATE ... WHERE id = :id AND version = :expected`: when another reviewer
+  changed the judgment first, zero rows match and `ReviewConflict` carries their decision back,
+  so nothing is ever silently overwritten. Every write keeps the indexed `was_corrected` column in
+  step and appends a `JudgmentEvent` in the same transaction; no write happens without a reviewer.
+- **Reads.** `select_history` is the seed-004 selection (two pools newest first, 75/25 slots,
+  one-directional fill, interleave starting with a correction). Each pool is one LIMITed query on
+  the `(product[, metric], was_corrected, timestamp)` index, so at a million judgments the work is
+  two short index range scans plus the seed's arithmetic on at most `max_entries` rows per pool.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from sqlalchemy import Engine, case, delete, func, update
+from sqlmodel import Session, col, select
+
+from lib.metrics import MetricSpec, metrics_for_product
+from lib.models import CACHE_DECISIONS, Judgment, JudgmentEvent, compute_was_corrected, utcnow
+
+HISTORY_EMPTY_TEXT = "No previous judgments available"
+REVIEW_STATES = ("unreviewed", "confirmed", "corrected")
+# Cap on a filtered CSV download: enough for any spreadsheet, bounded for the server's memory.
+CSV_ROW_LIMIT = 100_000
+_WHITESPACE_RE = re.compile(r"\s+")
+
+
+class MissingReviewer(ValueError):
+    """A write was attempted without naming the reviewer who makes it."""
+
+
+class JudgmentNotFound(LookupError):
+    """No judgment has this id or change_id."""
+
+
+class InvalidDecision(ValueError):
+    """A reviewer's decision does not fit the judgment's scale or label set, or lacks a reason."""
+
+
+@dataclass(frozen=True)
+class JudgmentState:
+    """A judgment's reviewable state as plain data, safe to keep after its session is gone."""
+
+    id: int
+    change_id: str
+    product: str
+    metric: str | None
+    decision: str
+    user_decision: str | None
+    user_reasoning: str | None
+    reviewer: str | None
+    reviewed_at: datetime | None
+    version: int
+    was_corrected: bool
+    changed_by: str | None = None  # who made the latest change (from the audit trail)
+
+    @classmethod
+    def of(cls, judgment: Judgment, changed_by: str | None = None) -> JudgmentState:
+        """Copy the fields a conflict message needs."""
+        assert judgment.id is not None
+        return cls(
+            id=judgment.id,
+            change_id=judgment.change_id,
+            product=judgment.product,
+            metric=judgment.metric,
+            decision=judgment.decision,
+            user_decision=judgment.user_decision,
+            user_reasoning=judgment.user_reasoning,
+            reviewer=judgment.reviewer,
+            reviewed_at=judgment.reviewed_at,
+            version=judgment.version,
+            was_corrected=judgment.was_corrected,
+            changed_by=changed_by,
+        )
+
+
+class ReviewConflict(Exception):
+    """Another change reached the judgment first; carries its current state so the UI can show it."""
+
+    def __init__(self, current: JudgmentState, expected_version: int) -> None:
+        self.current = current
+        self.expected_version = expected_version
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        """One paragraph for the reviewer: who changed it, to what, and that nothing was saved."""
+        cur = self.current
+        who = cur.changed_by or cur.reviewer or "someone else"
+        when = f" at {cur.reviewed_at:%Y-%m-%d %H:%M} UTC" if cur.reviewed_at else ""
+        if cur.user_decision is None:
+            what = f"the judge's decision is now {cur.decision} and it is unreviewed"
+        elif cur.was_corrected:
+            what = f"overruled the judge ({cur.decision}) with {cur.user_decision}"
+        else:
+            what = f"confirmed the judge's decision {cur.decision}"
+        reason = f' Their reason: "{cur.user_reasoning}".' if cur.user_reasoning else ""
+        return (
+            f"Not saved: {who} changed {cur.change_id} while you were reviewing it{when} — {what}.{reason} "
+            f"(you saw version {self.expected_version}, it is now version {cur.version}). "
+            "Review the current state and submit again if you still disagree."
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Scales: what a reviewer may answer for one judgment
+
+
+@dataclass(frozen=True)
+class DecisionScale:
+    """How a judgment's decision is expressed: a score on its metric's scale, or one of a label set."""
+
+    spec: MetricSpec | None = None
+    labels: tuple[str, ...] = ()
+
+    @property
+    def is_score(self) -> bool:
+        return self.spec is not None
+
+    def describe(self) -> str:
+        """ "1–5", "0–1 (continuous)", "any number" or "INCLUDE / EXCLUDE / UNCERTAIN"."""
+        if self.spec is None:
+            return " / ".join(self.labels)
+        if not (math.isfinite(self.spec.min_value) and math.isfinite(self.spec.max_value)):
+            return "any number"
+        return self.spec.scale_label()
+
+    def parse(self, value: Any) -> str:
+        """The canonical text of a reviewer's answer, or InvalidDecision saying why it does not fit."""
+        if self.spec is None:
+            label = str(value or "").strip()
+            if label.upper() in self.labels:
+                label = label.upper()
+            if label not in self.labels:
+                raise InvalidDecision(f"decision {label!r} is not one of {', '.join(self.labels)}")
+            return label
+        number = parse_score(value)
+        if number is None:
+            raise InvalidDecision(f"score {value!r} for {self.spec.slug!r} is not a number")
+        try:
+            return format_score(self.spec.validate(number))
+        except ValueError as exc:
+            raise InvalidDecision(str(exc)) from None
+
+
+def parse_score(value: Any) -> float | None:
+    """A finite float from a number or numeric text, else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def format_score(value: float) -> str:
+    """Scores as decisions are written: "4" rather than "4.0", "2.67" as given."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def decision_scale(*, session: Session, judgment: Judgment) -> DecisionScale:
+    """The scale a reviewer answers on: the metric's rubric scale for scores, else the label set."""
+    if judgment.metric:
+        for spec in metrics_for_product(session=session, product=judgment.product):
+            if spec.slug == judgment.metric:
+                return DecisionScale(spec=spec)
+    if judgment.decision in CACHE_DECISIONS or parse_score(judgment.decision) is None:
+        labels = (
+            CACHE_DECISIONS if judgment.decision in CACHE_DECISIONS else (*CACHE_DECISIONS, judgment.decision)
+        )
+        return DecisionScale(labels=labels)
+    # A score whose metric no rubric defines: any number, so the reviewer is never locked out.
+    slug = judgment.metric or "score"
+    return DecisionScale(
+        spec=MetricSpec(
+            slug=slug, display_name=slug, min_value=-math.inf, max_value=math.inf, integer_scale=False
+        )
+    )
+
+
+def _same_decision(judge: str, user: str) -> bool:
+    """Scores compare as numbers ("4" equals "4.0"); labels as text."""
+    a, b = parse_score(judge), parse_score(user)
+    if a is not None and b is not None:
+        return a == b
+    return judge == user
+
+
+# ---------------------------------------------------------------------------------------------
+# Writes
+
+
+def _require_reviewer(reviewer: str | None) -> str:
+    name = (reviewer or "").strip()
+    if not name:
+        raise MissingReviewer("every change records its reviewer; none was given")
+    return name
+
+
+def _latest_actor(session: Session, judgment_id: int) -> str | None:
+    return session.exec(
+        select(JudgmentEvent.reviewer)
+        .where(JudgmentEvent.judgment_id == judgment_id)
+        .order_by(col(JudgmentEvent.id).desc())
+        .limit(1)
+    ).first()
+
+
+def record_review(
+    *,
+    session: Session,
+    judgment_id: int,
+    expected_version: int,
+    user_decision: Any,
+    reviewer: str | None,
+    reason: str | None = None,
+    require_reason: bool = True,
+) -> Judgment:
+    """Confirm or overrule a judgment as of the version the reviewer saw; ReviewConflict if it moved."""
+    name = _require_reviewer(reviewer)
+    judgment = session.get(Judgment, judgment_id)
+    if judgment is None:
+        raise JudgmentNotFound(f"no judgment with id {judgment_id}")
+    if judgment.version != expected_version:
+        raise ReviewConflict(
+            JudgmentState.of(judgment, _latest_actor(session, judgment_id)), expected_version
+        )
+    scale = decision_scale(session=session, judgment=judgment)
+    decided = scale.parse(user_decision)
+    if _same_decision(judgment.decision, decided):
+        decided = judgment.decision  # a confirmation stores the judge's exact text: never "corrected"
+    corrected = compute_was_corrected(judgment.decision, decided)
+    reason = (reason or "").strip() or None
+    if corrected and require_reason and reason is None:
+        raise InvalidDecision("a reason is required when overruling the judge")
+    previous = judgment.user_decision if judgment.user_decision is not None else judgment.decision
+    now = utcnow()
+    result = session.execute(
+        update(Judgment)
+        .where(col(Judgment.id) == judgment_id, col(Judgment.version) == expected_version)
+        .values(
+            user_decision=decided,
+            user_reasoning=reason,
+            reviewer=name,
+            reviewed_at=now,
+            was_corrected=corrected,
+            version=col(Judgment.version) + 1,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        # Someone committed between our read and our write (PostgreSQL re-checks the WHERE).
+        session.expire(judgment)
+        current = session.get(Judgment, judgment_id, populate_existing=True)
+        if current is None:
+            raise JudgmentNotFound(f"judgment {judgment_id} was deleted while you were reviewing it")
+        raise ReviewConflict(JudgmentState.of(current, _latest_actor(session, judgment_id)), expected_version)
+    session.add(
+        JudgmentEvent(
+            judgment_id=judgment_id,
+            change_id=judgment.change_id,
+            action="overruled" if corrected else "confirmed",
+            reviewer=name,
+            at=now,
+            from_decision=previous,
+            to_decision=decided,
+            reason=reason,
+            version=expected_version + 1,
+        )
+    )
+    session.flush()
+    session.refresh(judgment)
+    return judgment
+
+
+def update_with_user_decision(
+    *,
+    session: Session,
+    change_id: str,
+    user_decision: Any,
+    user_reasoning: str | None = None,
+    reviewer: str | None,
+    expected_version: int | None = None,
+) -> Judgment:
+    """Seed-004 API: record a reviewer's decision by change_id (reason optional, as in the seed)."""
+    judgment = get_judgment(session=session, change_id=change_id)
+    if judgment is None:
+        raise JudgmentNotFound(f"no judgment with change_id {change_id!r}")
+    assert judgment.id is not None
+    return record_review(
+        session=session,
+        judgment_id=judgment.id,
+        expected_version=judgment.version if expected_version is None else expected_version,
+        user_decision=user_decision,
+        reviewer=reviewer,
+        reason=user_reasoning,
+        require_reason=False,
+    )
+
+
+_REPLACED_FIELDS = (
+    "product", "metric", "snapshot_id", "decision", "confidence", "reasoning", "user_decision",
+    "user_reasoning", "reviewer", "timestamp", "reviewed_at", "url", "description", "ai_provider",
+    "judge_model",
+)  # fmt: skip
+
+
+def add_judgment(*, session: Session, judgment: Judgment, reviewer: str | None) -> Judgment:
+    """Seed-004 API: add a judgment, or replace the stored one with the same change_id (a re-judge)."""
+    name = _require_reviewer(reviewer)
+    judgment.was_corrected = compute_was_corrected(judgment.decision, judgment.user_decision)
+    existing = get_judgment(session=session, change_id=judgment.change_id)
+    if existing is None:
+        judgment.version = 1
+        session.add(judgment)
+        session.flush()
+        assert judgment.id is not None
+        stored, action, previous = judgment, "judged", None
+    else:
+        assert existing.id is not None
+        previous = existing.user_decision if existing.user_decision is not None else existing.decision
+        for field in _REPLACED_FIELDS:
+            setattr(existing, field, getattr(judgment, field))
+        existing.was_corrected = judgment.was_corrected
+        existing.version += 1
+        session.add(existing)
+        stored, action = existing, "rejudged"
+    session.flush()
+    assert stored.id is not None
+    session.add(
+        JudgmentEvent(
+            judgment_id=stored.id,
+            change_id=stored.change_id,
+            action=action,
+            reviewer=name,
+            from_decision=previous,
+            to_decision=stored.decision,
+            reason=None,
+            version=stored.version,
+        )
+    )
+    session.flush()
+    return stored
+
+
+def clear_product(*, session: Session, product: str, reviewer: str | None) -> int:
+    """Seed-004 API: remove every judgment of a product (with its audit trail); returns the count."""
+    _require_reviewer(reviewer)
+    ids = select(Judgment.id).where(Judgment.product == product).scalar_subquery()
+    session.execute(delete(JudgmentEvent).where(col(JudgmentEvent.judgment_id).in_(ids)))
+    result = session.execute(delete(Judgment).where(col(Judgment.product) == product))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reads
+
+
+def get_judgment(*, session: Session, change_id: str) -> Judgment | None:
+    """Seed-004 API: one judgment by its change_id."""
+    return session.exec(select(Judgment).where(Judgment.change_id == change_id)).first()
+
+
+def _check_history_params(max_entries: int, correction_ratio: float) -> None:
+    # Outside these ranges the seed's arithmetic yields negative slot counts (and its loop may
+    # never end), so they are refused rather than reproduced.
+    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 0:
+        raise ValueError(f"max_entries must be a whole number >= 0, got {max_entries!r}")
+    if not (isinstance(correction_ratio, int | float) and 0.0 <= correction_ratio <= 1.0):
+        raise ValueError(f"correction_ratio must be between 0 and 1, got {correction_ratio!r}")
+
+
+def _pool_statement(product: str, metric: str | None, corrected: bool, limit: int) -> Any:
+    """The newest `limit` judgments of one pool, straight off the history index."""
+    stmt = select(Judgment).where(col(Judgment.product) == product, col(Judgment.was_corrected) == corrected)
+    if metric is not None:
+        stmt = stmt.where(col(Judgment.metric) == metric)
+    # Ties on timestamp keep insertion order, as the seed's stable sort over its dict does.
+    return stmt.order_by(col(Judgment.timestamp).desc(), col(Judgment.id)).limit(limit)
+
+
+def history_pool_sql(
+    *, session: Session, product: str, metric: str | None, corrected: bool, limit: int
+) -> str:
+    """The SQL of one pool query with literals inlined, for EXPLAIN in the benchmark and tests."""
+    stmt = _pool_statement(product, metric, corrected, limit)
+    bind = session.get_bind()
+    return str(stmt.compile(dialect=bind.dialect, compile_kwargs={"literal_binds": True}))
+
+
+def select_history(
+    session: Session,
+    product: str,
+    max_entries: int = 20,
+    correction_ratio: float = 0.75,
+    metric: str | None = None,
+) -> list[Judgment]:
+    """Seed 004: past judgments for the next prompt, 75% corrections, interleaved, newest first."""
+    _check_history_params(max_entries, correction_ratio)
+    # No slot ever takes more than max_entries rows from one pool, so nothing beyond that is read.
+    corrected = list(session.exec(_pool_statement(product, metric, True, max_entries)).all())
+    correct = list(session.exec(_pool_statement(product, metric, False, max_entries)).all())
+
+    # From here on: the seed's Steps 4 and 5, line for line.
+    target_corrections = int(max_entries * correction_ratio)
+    target_correct = max_entries - target_corrections
+
+    actual_corrections = min(len(corrected), target_corrections)
+    actual_correct = min(len(correct), target_correct)
+
+    # One-directional fill, as in the seed: if the correction pool is short, only the correct pool
+    # fills; the correction pool fills only when it met its target.
+    remaining_slots = max_entries - actual_corrections - actual_correct
+    if remaining_slots > 0:
+        if actual_corrections < target_corrections:
+            extra_correct = min(remaining_slots, len(correct) - actual_correct)
+            actual_correct += extra_correct
+        else:
+            extra_corrections = min(remaining_slots, len(corrected) - actual_corrections)
+            actual_corrections += extra_corrections
+
+    corr_iter = iter(corrected[:actual_corrections])
+    correct_iter = iter(correct[:actual_correct])
+    result: list[Judgment] = []
+    while len(result) < max_entries:
+        try:  # noqa: SIM105 - kept exactly as the seed writes it
+            result.append(next(corr_iter))
+        except StopIteration:
+            pass
+        if len(result) < max_entries:
+            try:  # noqa: SIM105
+                result.append(next(correct_iter))
+            except StopIteration:
+                pass
+        if len(result) == actual_corrections + actual_correct:
+            break
+    return result
+
+
+def _one_line(text: str | None) -> str:
+    """User and judge text on one line, so an entry can never forge the block's structure."""
+    return _WHITESPACE_RE.sub(" ", text or "").strip()
+
+
+def format_history_for_prompt(judgments: Sequence[Judgment]) -> str:
+    """The history block a judge prompt contains; the seed's cold-start note when there is none."""
+    if not judgments:
+        return HISTORY_EMPTY_TEXT
+    lines = [
+        "PREVIOUS JUDGMENTS (newest first; learn from what reviewers corrected):",
+    ]
+    for n, j in enumerate(judgments, start=1):
+        if j.was_corrected:
+            tag = "CORRECTED"
+        elif j.user_decision is not None:
+            tag = "CONFIRMED"
+        else:
+            tag = "NOT REVIEWED"
+        subject = _one_line(j.change_id)
+        if j.metric:
+            subject += f" | metric: {_one_line(j.metric)}"
+        if j.description:
+            subject += f" | {_one_line(j.description)}"
+        lines.append(f"{n}. [{tag}] {subject}")
+        judge = f"   AI decision: {_one_line(j.decision)}"
+        if j.reasoning:
+            judge += f" | AI reasoning: {_one_line(j.reasoning)}"
+        lines.append(judge)
+        if j.was_corrected:
+            user = f"   Reviewer's decision: {_one_line(j.user_decision)}"
+            if j.user_reasoning:
+                user += f" | Reviewer's reason: {_one_line(j.user_reasoning)}"
+            lines.append(user)
+        elif j.user_decision is not None and j.user_reasoning:
+            lines.append(f"   Reviewer agreed: {_one_line(j.user_reasoning)}")
+    return "\n".join(lines)
+
+
+def stats(*, session: Session, product: str | None = None) -> dict[str, Any]:
+    """Seed-004 `stats`: totals, corrected vs correct, correction rate, products, oldest/newest."""
+    corrected_sum = func.coalesce(func.sum(case((col(Judgment.was_corrected), 1), else_=0)), 0)
+    stmt = select(
+        func.count(col(Judgment.id)),
+        corrected_sum,
+        func.min(Judgment.timestamp),
+        func.max(Judgment.timestamp),
+    )
+    products_stmt = select(Judgment.product).distinct().order_by(Judgment.product)
+    if product is not None:
+        stmt = stmt.where(col(Judgment.product) == product)
+        products_stmt = products_stmt.where(col(Judgment.product) == product)
+    total, corrected, oldest, newest = session.exec(stmt).one()
+    total, corrected = int(total or 0), int(corrected or 0)
+    return {
+        "total_judgments": total,
+        "corrected_count": corrected,
+        "correct_count": total - corrected,
+        "correction_rate": corrected / total if total else 0.0,
+        "products": list(session.exec(products_stmt).all()),
+        "oldest_judgment": oldest.isoformat() if oldest else None,
+        "newest_judgment": newest.isoformat() if newest else None,
+    }
+
+
+def events_for(*, session: Session, judgment_id: int) -> list[JudgmentEvent]:
+    """A judgment's audit trail, oldest first."""
+    return list(
+        session.exec(
+            select(JudgmentEvent)
+            .where(JudgmentEvent.judgment_id == judgment_id)
+            .order_by(col(JudgmentEvent.at), col(JudgmentEvent.id))
+        ).all()
+    )
+
+
+def events_frame(events: Sequence[JudgmentEvent]) -> pd.DataFrame:
+    """The audit trail as a table: who, when, what, from, to, why."""
+    return pd.DataFrame(
+        [
+            {
+                "when": e.at,
+                "reviewer": e.reviewer,
+                "action": e.action,
+                "from": e.from_decision,
+                "to": e.to_decision,
+                "reason": e.reason,
+                "version": e.version,
+            }
+            for e in events
+        ],
+        columns=["when", "reviewer", "action", "from", "to", "reason", "version"],
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The filtered list on the Corrections page
+
+
+@dataclass(frozen=True)
+class JudgmentFilter:
+    """Filters of the judgments list; None means "any"."""
+
+    product: str | None = None
+    metric: str | None = None
+    state: str | None = None  # one of REVIEW_STATES
+    reviewer: str | None = None
+
+
+def _filtered(stmt: Any, filters: JudgmentFilter) -> Any:
+    if filters.product is not None:
+        stmt = stmt.where(col(Judgment.product) == filters.product)
+    if filters.metric is not None:
+        stmt = stmt.where(col(Judgment.metric) == filters.metric)
+    if filters.reviewer is not None:
+        stmt = stmt.where(col(Judgment.reviewer) == filters.reviewer)
+    if filters.state == "unreviewed":
+        stmt = stmt.where(col(Judgment.user_decision).is_(None))
+    elif filters.state == "confirmed":
+        stmt = stmt.where(col(Judgment.user_decision).is_not(None), col(Judgment.was_corrected) == False)  # noqa: E712
+    elif filters.state == "corrected":
+        stmt = stmt.where(col(Judgment.was_corrected) == True)  # noqa: E712
+    elif filters.state is not None:
+        raise ValueError(f"unknown review state {filters.state!r}; choose one of {', '.join(REVIEW_STATES)}")
+    return stmt
+
+
+def count_judgments(*, session: Session, filters: JudgmentFilter) -> int:
+    """How many judgments match the filters (for the pager)."""
+    return int(session.exec(_filtered(select(func.count(col(Judgment.id))), filters)).one())
+
+
+def list_judgments(
+    *, session: Session, filters: JudgmentFilter, offset: int = 0, limit: int = 25
+) -> list[Judgment]:
+    """One page of matching judgments, newest first."""
+    stmt = _filtered(select(Judgment), filters)
+    stmt = stmt.order_by(col(Judgment.timestamp).desc(), col(Judgment.id).desc()).offset(offset).limit(limit)
+    return list(session.exec(stmt).all())
+
+
+def review_state(judgment: Judgment) -> str:
+    """ "unreviewed", "confirmed" or "corrected"."""
+    if judgment.user_decision is None:
+        return "unreviewed"
+    return "corrected" if judgment.was_corrected else "confirmed"
+
+
+JUDGMENT_COLUMNS = [
+    "change_id", "product", "metric", "decision", "user_decision", "state", "was_corrected",
+    "reviewer", "reviewed_at", "user_reasoning", "reasoning", "confidence", "timestamp", "version",
+]  # fmt: skip
+
+
+def judgments_frame(judgments: Sequence[Judgment]) -> pd.DataFrame:
+    """Judgments as the table reviewers see and download."""
+    rows = [
+        {
+            "change_id": j.change_id,
+            "product": j.product,
+            "metric": j.metric,
+            "decision": j.decision,
+            "user_decision": j.user_decision,
+            "state": review_state(j),
+            "was_corrected": j.was_corrected,
+            "reviewer": j.reviewer,
+            "reviewed_at": j.reviewed_at,
+            "user_reasoning": j.user_reasoning,
+            "reasoning": j.reasoning,
+            "confidence": j.confidence,
+            "timestamp": j.timestamp,
+            "version": j.version,
+        }
+        for j in judgments
+    ]
+    return pd.DataFrame(rows, columns=JUDGMENT_COLUMNS)
+
+
+def filtered_frame(*, session: Session, filters: JudgmentFilter, limit: int = CSV_ROW_LIMIT) -> pd.DataFrame:
+    """Every matching judgment (up to `limit`) as one table, for the CSV download."""
+    return judgments_frame(list_judgments(session=session, filters=filters, offset=0, limit=limit))
+
+
+def filter_options(*, session: Session) -> dict[str, list[str]]:
+    """Distinct products, metrics and reviewers, for the filter widgets."""
+
+    def distinct(column: Any) -> list[str]:
+        return [
+            v
+            for v in session.exec(select(column).distinct().where(column.is_not(None)).order_by(column)).all()
+        ]
+
+    return {
+        "products": distinct(col(Judgment.product)),
+        "metrics": distinct(col(Judgment.metric)),
+        "reviewers": distinct(col(Judgment.reviewer)),
+    }
+
+
+def correction_rate_over_time(
+    *, session: Session, product: str | None = None, metric: str | None = None, freq: str = "W"
+) -> pd.DataFrame:
+    """Per product and period (by when judged): reviewed, corrected and their ratio.
+
+    Aggregated per day in SQL (one row per product and day reaches Python), then per `freq`
+    ("D", "W" or "M") in pandas.
+    """
+    if freq not in ("D", "W", "M"):
+        raise ValueError(f"freq must be D, W or M, got {freq!r}")
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        day = func.to_char(func.timezone("UTC", col(Judgment.timestamp)), "YYYY-MM-DD")
+    else:  # SQLite stores UTC text "YYYY-MM-DD HH:MM:SS.ffffff"
+        day = func.substr(col(Judgment.timestamp), 1, 10)
+    corrected_sum = func.sum(case((col(Judgment.was_corrected), 1), else_=0))
+    stmt = (
+        select(Judgment.product, day.label("day"), func.count(col(Judgment.id)), corrected_sum)
+        .where(col(Judgment.user_decision).is_not(None))
+        .group_by(Judgment.product, day)
+    )
+    if product is not None:
+        stmt = stmt.where(col(Judgment.product) == product)
+    if metric is not None:
+        stmt = stmt.where(col(Judgment.metric) == metric)
+    columns = ["product", "period", "reviewed", "corrected", "correction_rate"]
+    rows = session.exec(stmt).all()
+    if not rows:
+        return pd.DataFrame(columns=columns)
+    daily = pd.DataFrame(rows, columns=["product", "day", "reviewed", "corrected"])
+    daily["period"] = pd.to_datetime(daily["day"]).dt.to_period(freq).dt.start_time
+    out = daily.groupby(["product", "period"], as_index=False)[["reviewed", "corrected"]].sum()
+    out["reviewed"] = out["reviewed"].astype(int)
+    out["corrected"] = out["corrected"].astype(int)
+    out["correction_rate"] = out["corrected"] / out["reviewed"]
+    return out.sort_values(["product", "period"]).reset_index(drop=True)[columns]
+
+
+# ---------------------------------------------------------------------------------------------
+# The seed-004 JSON cache file on the Corrections page
+
+
+def import_cache_bytes(*, session: Session, raw: bytes, source: str, reviewer: str | None) -> Any:
+    """Import an uploaded seed-004 cache file; any fault raises ImportFailed and writes nothing."""
+    from lib.importer import ImportFailed, import_judgments_cache
+
+    name = _require_reviewer(reviewer)
+    try:
+        data = json.loads(raw.decode("utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ImportFailed(f"{source}: not a valid JSON file ({exc}); nothing was imported") from None
+    try:
+        return import_judgments_cache(session=session, data=data, source=source, reviewer=name)
+    except ImportFailed as exc:
+        raise ImportFailed(f"{exc}; nothing was imported") from None
+
+
+def export_cache_bytes(*, engine: Engine, product: str | None = None) -> bytes:
+    """The seed-004 cache file (`cache_version` "1.0") for one product or all, as bytes."""
+    from lib.export import export_table
+
+    with tempfile.TemporaryDirectory(prefix="overrule-cache-") as tmp:
+        out = Path(tmp) / "cache.json"
+        if product is None:
+            export_table(engine=engine, table="judgments", fmt="json", out=out)
+        else:
+            export_table(
+                engine=engine,
+                table="judgments",
+                fmt="json",
+                out=out,
+                where_sql="product = ?",
+                params=[product],
+            )
+        return out.read_bytes()
