@@ -1,0 +1,253 @@
+"""Untrusted text passed to st.markdown can never become a script link, an image from data: or raw HTML."""
+
+from __future__ import annotations
+
+import html
+import re
+import string
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lib.safe_markdown import escape_markdown, is_safe_link_target, safe_markdown
+
+DANGEROUS_SCHEMES = ("javascript:", "vbscript:", "data:", "file:")
+
+ATTACKS = [
+    "[x](javascript:alert(1))",
+    "[x](JaVaScRiPt:alert(1))",
+    "[x](  javascript:alert(1))",
+    "[x](\njavascript:alert(1))",
+    "[x](jav&#x61;script:alert(1))",
+    "[x](jav&#97;script:alert(1))",
+    "[x](javascript&colon;alert(1))",
+    "[x](javascript&#58;alert(1))",
+    "[x](&#106;&#97;&#118;&#97;&#115;&#99;&#114;&#105;&#112;&#116;&#58;alert(1))",
+    "[x](jav&amp;#x61;script:alert(1))",
+    "[x](java\tscript:alert(1))",
+    "[x](java&#9;script:alert(1))",
+    "[x](java&#x0A;script:alert(1))",
+    "[x](java\\script:alert(1))",
+    "[x](\\javascript:alert(1))",
+    "[x](&#32;javascript:alert(1))",
+    "[x](\x01javascript:alert(1))",
+    "[x](java\u200bscript:alert(1))",
+    "[x](<javascript:alert(1)>)",
+    '[x](javascript:alert(1) "title")',
+    "[x] (javascript:alert(1))",
+    "[x](vbscript:msgbox(1))",
+    "[x](file:///etc/passwd)",
+    "![img](data:image/svg+xml;base64,PHN2ZyBvbmxvYWQ9YWxlcnQoMSk+)",
+    "![img](DATA:text/html,<script>alert(1)</script>)",
+    "[![img](data:x)](javascript:alert(1))",
+    "[x][ref]\n\n[ref]: javascript:alert(1)",
+    "[ref]\n\n[ref]:\n  javascript:alert(1)",
+    "> [ref]: javascript:alert(1)\n\n[ref]",
+    "- [ref]: data:text/html,x",
+    "[multi\nline]: javascript:alert(1)",
+    "<javascript:alert(1)>",
+    "<script>alert(1)</script>",
+    '"><img src=x onerror=alert(1)>',
+    "<a href='javascript:alert(1)'>x</a>",
+    "\\<script>alert(1)</script>",
+    "\\\\<img src=x onerror=alert(1)>",
+    "&lt;script&gt;alert(1)&lt;/script&gt;",
+    "<iframe src=javascript:alert(1)>",
+    "[x](" + "&#32;" * 600 + "javascript:alert(1))",
+    "[x](" + "&#32;" * 600 + " javascript:alert(1))",
+    "[x](" + " " * 3000 + "javascript:alert(1))",
+    "[x](javascript:" + "a" * 3000 + ")",
+    # Padding that pushes the scheme past the first 2 KB, with a literal space inside that window...
+    "[x](" + "&#32;" * 300 + " " + "&#32;" * 200 + "javascript:alert(1))",
+    # ...or without one, so that the 2 KB boundary falls inside `&colon;`.
+    "[x](" + "&#32;" * 406 + "\x01" * 3 + "javascript&colon;alert(1))" + "a" * 100,
+]
+
+
+def _unsafe_targets(markdown: str) -> list[str]:
+    """Link targets in `markdown` that decode to a dangerous scheme (an independent check)."""
+    found = []
+    for match in re.finditer(r"\]\s*[(:]", markdown):
+        target = markdown[match.end() :]
+        for _ in range(5):
+            target = re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", html.unescape(target))
+        target = re.sub(r"[\s\x00-\x1f\u200b]", "", target).lstrip("<").lower()
+        if target.startswith(DANGEROUS_SCHEMES):
+            found.append(target[:40])
+    return found
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_safe_markdown_leaves_no_dangerous_link_target(attack: str) -> None:
+    assert _unsafe_targets(safe_markdown(attack)) == []
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_safe_markdown_leaves_no_raw_angle_bracket(attack: str) -> None:
+    assert "<" not in safe_markdown(attack)
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_safe_markdown_leaves_no_literal_script_or_data_link(attack: str) -> None:
+    out = re.sub(r"\s", "", safe_markdown(attack).lower())
+    assert "](javascript:" not in out and "](data:" not in out and "]:javascript:" not in out
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_escape_markdown_leaves_no_syntax(attack: str) -> None:
+    out = escape_markdown(attack)
+    assert _unescaped_punctuation(out) == []
+    assert "](" not in out and "]:" not in out
+
+
+def _unescaped_punctuation(markdown: str) -> list[str]:
+    """ASCII punctuation in `markdown` that is not backslash-escaped."""
+    bare, i = [], 0
+    while i < len(markdown):
+        if markdown[i] == "\\":
+            i += 2
+            continue
+        if markdown[i] in string.punctuation:
+            bare.append(markdown[i])
+        i += 1
+    return bare
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[docs](https://example.com/a?b=1&c=2)",
+        "[mail](mailto:team@example.com)",
+        "[up](../readme.md)",
+        "[anchor](#section-2)",
+        "[site](HTTP://EXAMPLE.COM)",
+        "![chart](https://example.com/chart.png)",
+        "[ref]\n\n[ref]: https://example.com",
+        "Ratio: 3:1 [approx] (rounded)",
+    ],
+)
+def test_safe_markdown_keeps_safe_links_unchanged(text: str) -> None:
+    assert safe_markdown(text) == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "**bold** and _italic_ and `code`",
+        "- one\n- two\n  - nested",
+        "1. first\n2. second",
+        "# Heading\n\n> quote",
+        "```python\nprint('hi')\n```",
+        "| a | b |\n|---|---|\n| 1 | 2 |",
+    ],
+)
+def test_safe_markdown_keeps_formatting(text: str) -> None:
+    assert safe_markdown(text) == text
+
+
+def test_safe_markdown_turns_angle_brackets_into_entities() -> None:
+    assert safe_markdown("a < b > c <b>x</b>") == "a &lt; b > c &lt;b>x&lt;/b>"
+
+
+def test_safe_markdown_breaks_only_the_unsafe_link() -> None:
+    out = safe_markdown("[ok](https://a.example) and [bad](javascript:alert(1))")
+    assert out == "[ok](https://a.example) and [bad&#93;(javascript:alert(1))"
+
+
+@pytest.mark.parametrize(
+    ("target", "safe"),
+    [
+        ("https://example.com)", True),
+        ("http://x", True),
+        ("mailto:a@b.c", True),
+        ("/relative/path", True),
+        ("#frag", True),
+        ("page)more: text", True),
+        ("javascript:alert(1)", False),
+        (" JAVASCRIPT:alert(1)", False),
+        ("jav&#x61;script:x", False),
+        ("java\tscript:x", False),
+        ("data:text/html,x", False),
+        ("vbscript:x", False),
+        ("file:///etc/passwd", False),
+        ("tel:123", False),
+        ("&lt;javascript:x>", False),
+    ],
+)
+def test_is_safe_link_target(target: str, safe: bool) -> None:
+    assert is_safe_link_target(target) is safe
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a*b*", "a\\*b\\*"),
+        ("[x](y)", "\\[x\\]\\(y\\)"),
+        ("$x^2$", "\\$x\\^2\\$"),
+        ("<b>", "\\<b\\>"),
+        ("a\\b", "a\\\\b"),
+        ("1. item", "1\\. item"),
+        ("~~strike~~", "\\~\\~strike\\~\\~"),
+        (":red[text]", "\\:red\\[text\\]"),
+        ("&amp;", "\\&amp\\;"),
+        ("plain words", "plain words"),
+    ],
+)
+def test_escape_markdown_escapes_every_ascii_punctuation(text: str, expected: str) -> None:
+    assert escape_markdown(text) == expected
+
+
+def test_escape_markdown_keeps_line_breaks_as_hard_breaks() -> None:
+    assert escape_markdown("one\r\ntwo\rthree\nfour") == "one  \ntwo  \nthree  \nfour"
+
+
+def test_escape_markdown_indentation_never_makes_a_code_block() -> None:
+    assert escape_markdown("    code\n\tx") == "\u00a0" * 4 + "code  \n" + "\u00a0" * 4 + "x"
+
+
+def test_escape_markdown_leaves_unicode_alone() -> None:
+    text = "مرحبا \u202e שלום e\u0301 👩‍👩‍👧 Ölçüm"
+    assert escape_markdown(text) == text
+
+
+def _unescape_markdown(markdown: str) -> str:
+    """What a reader sees: backslash escapes, hard-break spaces and no-break indentation undone."""
+    text = markdown.replace("  \n", "\n")
+    text = re.sub(r"(?m)^\u00a0+", lambda m: " " * len(m.group(0)), text)
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", text)
+
+
+_HOSTILE_TEXT = st.text(
+    alphabet=st.one_of(st.sampled_from([*string.punctuation, " ", "\n", "\r", "a", "é"]), st.characters()),
+    max_size=80,
+)
+
+
+@settings(max_examples=300)
+@given(_HOSTILE_TEXT)
+def test_property_escape_markdown_leaves_no_bare_punctuation(text: str) -> None:
+    assert _unescaped_punctuation(escape_markdown(text)) == []
+
+
+@settings(max_examples=300)
+@given(st.text(alphabet=st.sampled_from([*string.punctuation, "a", "é", "\n"]), max_size=80))
+def test_property_escape_markdown_reads_as_the_original(text: str) -> None:
+    assert _unescape_markdown(escape_markdown(text)) == text
+
+
+_FRAGMENTS = st.sampled_from(
+    [
+        "[", "]", "(", ")", "!", ":", " ", "\t", "\n", "<", ">", "\\", "x",
+        "javascript", "JaVa", "script", "vbscript", "data", "file", "http", "//",
+        "&#x61;", "&#58;", "&colon;", "&#32;", "&amp;", "&#9;", "\u200b",
+    ]
+)  # fmt: skip
+
+
+@settings(max_examples=500)
+@given(st.lists(_FRAGMENTS, max_size=30).map("".join))
+def test_property_safe_markdown_never_yields_a_dangerous_target(text: str) -> None:
+    out = safe_markdown(text)
+    assert _unsafe_targets(out) == []
+    assert "<" not in out
