@@ -1,0 +1,822 @@
+"""Cross-session notes (seed 000): the memory that judge runs leave for each other.
+
+Every judge run (or app process) has a session id; the notes it writes survive restarts and are
+shown to later runs through `relevant_notes` + `format_notes_for_prompt`. Reviewers browse, add
+and remove them on the Notes page; pipelines use the CLI (`python -m lib notes ...`).
+
+Decisions the seed leaves open, pinned down here (and tested):
+
+- Session ids are `YYYYMMDD_HHMMSS_PID_RANDOM` (UTC clock) with a 6-digit RANDOM, so two runs
+  started in the same second by one process still get different ids (the seed example has 3).
+- `note_type` is accepted in any case and stored upper case. `language` is stripped and lower
+  cased (`"EN"` and `"en"` are one language), at most 10 characters of letters, digits, `-`
+  and `_`; `''` means "every language". Queries lower-case the language they are given too.
+- `content` is one line: runs of whitespace (newlines included) collapse to one space and control
+  characters go, so a note can never forge extra lines in the prompt block. At most
+  `MAX_CONTENT_CHARS` characters after that; empty is refused.
+- `phelps_code` and `confidence` describe a successful match, so only SUCCESS notes carry them.
+  Following the seed's calling convention (`addSessionNote("es", "PATTERN", "...", "", 0.0)`),
+  an empty code and a 0.0 confidence on other types mean "absent"; anything else there is refused.
+  Confidence is a fraction 0..1.
+- Ages in the prompt use the largest whole unit: under an hour in minutes ("0m" for under a
+  minute, and for a timestamp in the future), under a day in hours, else in days.
+- A confidence prints as c×100 rounded half up ("confidence: 88%"); a SUCCESS note with a code
+  but no confidence prints just `[<code>]`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import secrets
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import cache
+from typing import Any, TypedDict
+
+import pandas as pd
+from sqlalchemy import ColumnElement, Engine, Table, and_, delete, false, func, or_, true
+from sqlmodel import Session, SQLModel, col, select
+
+from lib.config import get_settings
+from lib.models import NOTE_TYPES, SessionNote, utcnow
+
+TYPE_ICONS: dict[str, str] = {
+    "SUCCESS": "✅",
+    "FAILURE": "❌",
+    "PATTERN": "🔍",
+    "STRATEGY": "💡",
+    "TIP": "💭",
+}
+# Seed 000: these types are useful whatever the language, so every query includes them.
+CROSS_LANGUAGE_TYPES = ("STRATEGY", "PATTERN")
+PROMPT_HEADER = "CROSS-SESSION EXPERIENCE NOTES:"
+PROMPT_INTRO = "Here are insights from all previous LLM sessions (current and past):"
+PROMPT_FOOTER = (
+    "Use these cross-session insights to improve your analysis and learn from previous LLM experiences."
+)
+MAX_CONTENT_CHARS = 2000
+MAX_LANGUAGE_CHARS = 10
+MAX_CODE_CHARS = 20
+MAX_SESSION_ID_CHARS = 100
+MAX_CREATED_BY_CHARS = 200
+# With tag relevance, this many times `limit` candidates are fetched so filtering cannot starve.
+RELEVANCE_POOL_FACTOR = 3
+
+_LANGUAGE_RE = re.compile(r"[a-z0-9_-]*")
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_AGE_RE = re.compile(r"\s*(\d{1,7})\s*([mhdw])\s*", re.IGNORECASE)
+_AGE_UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_MAX_AGE = timedelta(days=36_500)
+_SQLITE_LOWER = "overrule_notes_lower"
+
+# Called as relevance(session, note_ids, tags) -> {note_id: (decision, boost)}; decision
+# "filtered" drops a note, boost re-ranks it (seed 001). Notes missing from the map stay as they are.
+RelevanceHook = Callable[[Session, Sequence[int], Sequence[str]], Mapping[int, tuple[str, float]]]
+
+
+# --------------------------------------------------------------------------------------------
+# Session ids
+
+
+def new_session_id(*, at: datetime | None = None, pid: int | None = None) -> str:
+    """A fresh `YYYYMMDD_HHMMSS_PID_RANDOM` id for one app process or pipeline run."""
+    moment = (at or utcnow()).astimezone(UTC)
+    return f"{moment:%Y%m%d_%H%M%S}_{os.getpid() if pid is None else pid}_{secrets.randbelow(1_000_000):06d}"
+
+
+_process_lock = threading.Lock()
+_process_session: tuple[int, str] | None = None
+
+
+def process_session_id() -> str:
+    """This process's session id, made on first use (and anew in a forked child)."""
+    global _process_session
+    with _process_lock:
+        pid = os.getpid()
+        if _process_session is None or _process_session[0] != pid:
+            _process_session = (pid, new_session_id(pid=pid))
+        return _process_session[1]
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+
+
+def normalize_note_type(note_type: str) -> str:
+    """A note type as stored (upper case), or ValueError naming the allowed types."""
+    value = str(note_type or "").strip().upper()
+    if value not in NOTE_TYPES:
+        raise ValueError(f"note type {note_type!r} is not one of {', '.join(NOTE_TYPES)}")
+    return value
+
+
+def normalize_language(language: str | None) -> str:
+    """A language as stored: stripped, lower case, '' for every language."""
+    value = str(language or "").strip().lower()
+    if len(value) > MAX_LANGUAGE_CHARS or not _LANGUAGE_RE.fullmatch(value):
+        raise ValueError(
+            f"language {language!r} must be at most {MAX_LANGUAGE_CHARS} letters, digits, '-' or '_' "
+            "(empty for every language)"
+        )
+    return value
+
+
+def clean_content(content: str) -> str:
+    """Note text as one line: control characters dropped, whitespace runs collapsed."""
+    return " ".join(_CONTROL_RE.sub("", str(content)).split())
+
+
+def _validate_confidence(confidence: float | None) -> float | None:
+    if confidence is None:
+        return None
+    if isinstance(confidence, bool) or not isinstance(confidence, int | float):
+        raise ValueError(f"confidence must be a number between 0 and 1, got {confidence!r}")
+    value = float(confidence)
+    if not 0.0 <= value <= 1.0:  # NaN fails this too
+        raise ValueError(f"confidence must be between 0 and 1, got {confidence!r}")
+    return value
+
+
+def _bounded_text(value: str | None, name: str, limit: int) -> str | None:
+    text = _CONTROL_RE.sub("", str(value or "")).strip()
+    if len(text) > limit:
+        raise ValueError(f"{name} is longer than {limit} characters")
+    return text or None
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+
+
+def add_note(
+    *,
+    session: Session,
+    language: str | None,
+    note_type: str,
+    content: str,
+    phelps_code: str | None = None,
+    confidence: float | None = None,
+    session_id: str | None = None,
+    created_by: str | None = None,
+    timestamp: datetime | None = None,
+) -> SessionNote:
+    """Persist one validated note (flushed, so it has an id); the caller's transaction commits it."""
+    kind = normalize_note_type(note_type)
+    text = clean_content(content)
+    if not text:
+        raise ValueError("note content is empty")
+    if len(text) > MAX_CONTENT_CHARS:
+        raise ValueError(f"note content is longer than {MAX_CONTENT_CHARS} characters ({len(text)})")
+    code = _bounded_text(phelps_code, "code", MAX_CODE_CHARS)
+    conf = _validate_confidence(confidence)
+    if kind != "SUCCESS":
+        if code is not None:
+            raise ValueError(f"only SUCCESS notes carry a code; this is a {kind} note")
+        if conf:
+            raise ValueError(f"only SUCCESS notes carry a confidence; this is a {kind} note")
+        conf = None
+    sid = _bounded_text(session_id, "session id", MAX_SESSION_ID_CHARS) or process_session_id()
+    if timestamp is not None and timestamp.utcoffset() is None:
+        raise ValueError("timestamp must be timezone-aware")
+    note = SessionNote(
+        timestamp=(timestamp or utcnow()).astimezone(UTC),
+        language=normalize_language(language),
+        note_type=kind,
+        content=text,
+        phelps_code=code,
+        confidence=conf,
+        session_id=sid,
+        created_by=_bounded_text(created_by, "author", MAX_CREATED_BY_CHARS),
+    )
+    session.add(note)
+    session.flush()
+    invalidate_notes_cache(session)
+    return note
+
+
+# --------------------------------------------------------------------------------------------
+# Filters shared by search, counting, the timeline and removal
+
+
+def _as_list(value: str | Sequence[str] | None) -> list[str] | None:
+    if value is None:
+        return None
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _like_pattern(query: str) -> str:
+    """A LIKE pattern matching `query` literally anywhere (its own % _ and \\ escaped)."""
+    escaped = query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def _lower(session: Session) -> Callable[[Any], Any]:
+    """Unicode lower() for this connection: PostgreSQL's own, or Python's on SQLite (ASCII-only otherwise)."""
+    if session.get_bind().dialect.name != "sqlite":
+        return func.lower
+    raw = session.connection().connection.dbapi_connection
+    raw.create_function(_SQLITE_LOWER, 1, lambda s: None if s is None else str(s).lower(), deterministic=True)
+    return getattr(func, _SQLITE_LOWER)
+
+
+def _filters(
+    session: Session,
+    *,
+    query: str = "",
+    note_type: str | Sequence[str] | None = None,
+    language: str | Sequence[str] | None = None,
+    session_id: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[ColumnElement[bool]]:
+    conds: list[ColumnElement[bool]] = []
+    query = str(query or "").strip()
+    if query:
+        lower = _lower(session)
+        conds.append(lower(col(SessionNote.content)).like(lower(_like_pattern(query)), escape="\\"))
+    types = _as_list(note_type)
+    if types is not None:
+        conds.append(
+            col(SessionNote.note_type).in_([normalize_note_type(t) for t in types]) if types else false()
+        )
+    languages = _as_list(language)
+    if languages is not None:
+        normalized = [normalize_language(lang) for lang in languages]
+        conds.append(col(SessionNote.language).in_(normalized) if normalized else false())
+    if session_id is not None:
+        conds.append(col(SessionNote.session_id) == session_id)
+    if since is not None:
+        conds.append(col(SessionNote.timestamp) >= since)
+    if until is not None:
+        conds.append(col(SessionNote.timestamp) < until)
+    return conds
+
+
+def _newest_first() -> tuple[Any, Any]:
+    return col(SessionNote.timestamp).desc(), col(SessionNote.id).desc()
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+
+
+def search_notes(
+    *,
+    session: Session,
+    query: str = "",
+    note_type: str | Sequence[str] | None = None,
+    language: str | Sequence[str] | None = None,
+    session_id: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> list[SessionNote]:
+    """Notes across all sessions whose content contains `query` (case-insensitive, literal), newest first."""
+    conds = _filters(
+        session,
+        query=query,
+        note_type=note_type,
+        language=language,
+        session_id=session_id,
+        since=since,
+        until=until,
+    )
+    stmt = (
+        select(SessionNote)
+        .where(*conds)
+        .order_by(*_newest_first())
+        .offset(max(0, offset))
+        .limit(max(0, limit))
+    )
+    return list(session.exec(stmt).all())
+
+
+def count_notes(
+    *,
+    session: Session,
+    query: str = "",
+    note_type: str | Sequence[str] | None = None,
+    language: str | Sequence[str] | None = None,
+    session_id: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> int:
+    """How many notes `search_notes` would find with the same filters and no limit."""
+    conds = _filters(
+        session,
+        query=query,
+        note_type=note_type,
+        language=language,
+        session_id=session_id,
+        since=since,
+        until=until,
+    )
+    return int(session.exec(select(func.count()).select_from(SessionNote).where(*conds)).one())
+
+
+def note_languages(*, session: Session) -> list[str]:
+    """Every language that has notes ('' first when present), for filter menus."""
+    stmt = select(SessionNote.language).distinct().order_by(col(SessionNote.language))
+    return list(session.exec(stmt).all())
+
+
+class NotesHealth(TypedDict):
+    total_notes: int
+    sessions: int
+    latest_note: datetime | None
+
+
+def notes_health(*, session: Session) -> NotesHealth:
+    """The seed's health query: how many notes, from how many sessions, and the newest one's time."""
+    total, sessions, latest = session.exec(
+        select(
+            func.count(), func.count(func.distinct(SessionNote.session_id)), func.max(SessionNote.timestamp)
+        )
+    ).one()
+    return NotesHealth(total_notes=int(total), sessions=int(sessions), latest_note=latest)
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    """One session in the timeline: its notes' count per type and its time span."""
+
+    session_id: str
+    notes: int
+    first_note: datetime
+    last_note: datetime
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def session_timeline(
+    *,
+    session: Session,
+    query: str = "",
+    note_type: str | Sequence[str] | None = None,
+    language: str | Sequence[str] | None = None,
+    session_id: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> list[SessionSummary]:
+    """Sessions with matching notes, newest activity first, counted per type in one GROUP BY."""
+    conds = _filters(
+        session,
+        query=query,
+        note_type=note_type,
+        language=language,
+        session_id=session_id,
+        since=since,
+        until=until,
+    )
+    kind = col(SessionNote.note_type)
+    last = func.max(SessionNote.timestamp)
+    stmt = (
+        select(
+            SessionNote.session_id,
+            func.count(),
+            func.min(SessionNote.timestamp),
+            last,
+            *(func.count().filter(kind == t) for t in NOTE_TYPES),
+        )
+        .where(*conds)
+        .group_by(col(SessionNote.session_id))
+        .order_by(last.desc(), col(SessionNote.session_id).desc())
+        .offset(max(0, offset))
+        .limit(max(0, limit))
+    )
+    return [
+        SessionSummary(
+            session_id=row[0],
+            notes=int(row[1]),
+            first_note=row[2],
+            last_note=row[3],
+            counts={t: int(n) for t, n in zip(NOTE_TYPES, row[4:], strict=True)},
+        )
+        for row in session.exec(stmt).all()
+    ]
+
+
+def count_sessions(
+    *,
+    session: Session,
+    query: str = "",
+    note_type: str | Sequence[str] | None = None,
+    language: str | Sequence[str] | None = None,
+    session_id: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> int:
+    """How many sessions `session_timeline` would list with the same filters and no limit."""
+    conds = _filters(
+        session,
+        query=query,
+        note_type=note_type,
+        language=language,
+        session_id=session_id,
+        since=since,
+        until=until,
+    )
+    stmt = select(func.count(func.distinct(SessionNote.session_id))).where(*conds)
+    return int(session.exec(stmt).one())
+
+
+# --------------------------------------------------------------------------------------------
+# Relevant notes (the seed's query) behind a bounded, multi-process-safe cache
+
+
+def _relevance_condition(language: str) -> ColumnElement[bool]:
+    return or_(
+        col(SessionNote.language) == language,
+        col(SessionNote.language) == "",
+        col(SessionNote.note_type).in_(CROSS_LANGUAGE_TYPES),
+    )
+
+
+def _is_relevant(note: Mapping[str, Any], language: str) -> bool:
+    """The seed's WHERE clause, in Python, for notes served from the cache."""
+    return note["language"] in (language, "") or note["note_type"] in CROSS_LANGUAGE_TYPES
+
+
+_NOTE_COLUMNS = tuple(SessionNote.model_fields)
+Fingerprint = tuple[int, int | None, datetime | None]
+
+
+@dataclass(frozen=True)
+class _CacheEntry:
+    rows: tuple[Mapping[str, Any], ...]  # newest first, plain column values (never shared ORM objects)
+    fingerprint: Fingerprint
+    complete: bool  # the rows are the whole table
+
+
+class _RecentNotesCache:
+    """The 50 most recent notes per database (seed 000 "Memory Management").
+
+    A hit costs one statement of three index lookups: the number of notes at or after the oldest
+    cached timestamp, the highest id and the newest timestamp. Any insert (anywhere) moves the
+    highest id; any removal inside the cached window moves the count; so writes by other processes
+    or engines are seen. Writes through this module also drop the entry at once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, _CacheEntry] = {}
+
+    def invalidate(self, key: str | None = None) -> None:
+        with self._lock:
+            if key is None:
+                self._entries.clear()
+            else:
+                self._entries.pop(key, None)
+
+    def rows(self, session: Session, size: int) -> _CacheEntry:
+        """A current entry for the session's database: the cached one if still valid, else reloaded."""
+        key = _engine_key(session)
+        with self._lock:
+            entry = self._entries.get(key)
+        if entry is not None and len(entry.rows) <= size:
+            since = entry.rows[-1]["timestamp"] if entry.rows else None
+            if _fingerprint(session, since) == entry.fingerprint and (
+                entry.complete or len(entry.rows) == size
+            ):
+                return entry
+        entry = _load_recent(session, size)
+        with self._lock:
+            self._entries[key] = entry
+        return entry
+
+
+@cache
+def _recent_cache() -> _RecentNotesCache:
+    return _RecentNotesCache()
+
+
+def _engine_key(session: Session) -> str:
+    bind = session.get_bind()
+    engine: Engine = bind if isinstance(bind, Engine) else bind.engine
+    return str(engine.url)  # the password is masked, so the key is safe to log
+
+
+def invalidate_notes_cache(session: Session | None = None) -> None:
+    """Drop the cached recent notes (of the session's database, or all) after a write elsewhere."""
+    _recent_cache().invalidate(None if session is None else _engine_key(session))
+
+
+def _fingerprint_columns(oldest: Any) -> tuple[Any, Any, Any]:
+    notes: Table = SessionNote.__table__  # type: ignore[attr-defined]
+    window = select(func.count()).select_from(notes)
+    if oldest is not None:
+        window = window.where(notes.c.timestamp >= oldest)
+    return (
+        window.scalar_subquery().label("fp_count"),
+        select(func.max(notes.c.id)).scalar_subquery().label("fp_max_id"),
+        select(func.max(notes.c.timestamp)).scalar_subquery().label("fp_max_ts"),
+    )
+
+
+def _fingerprint(session: Session, since: datetime | None) -> Fingerprint:
+    count, max_id, max_ts = session.exec(select(*_fingerprint_columns(since))).one()
+    return int(count), max_id, max_ts
+
+
+def _load_recent(session: Session, size: int) -> _CacheEntry:
+    """The newest `size` notes and their fingerprint from ONE statement, so both see one snapshot."""
+    notes: Table = SessionNote.__table__  # type: ignore[attr-defined]
+    recent = select(notes).order_by(notes.c.timestamp.desc(), notes.c.id.desc()).limit(size).cte("recent")
+    oldest = select(func.min(recent.c.timestamp)).scalar_subquery()
+    fp = select(*_fingerprint_columns(oldest)).subquery("fp")
+    stmt = (
+        select(fp, *(recent.c[name] for name in _NOTE_COLUMNS))
+        .select_from(fp.outerjoin(recent, true()))
+        .order_by(recent.c.timestamp.desc(), recent.c.id.desc())
+    )
+    result = session.exec(stmt).mappings().all()  # type: ignore[call-overload]
+    rows = tuple({name: r[name] for name in _NOTE_COLUMNS} for r in result if r["id"] is not None)
+    first = result[0]
+    fingerprint = (int(first["fp_count"]), first["fp_max_id"], first["fp_max_ts"])
+    return _CacheEntry(rows=rows, fingerprint=fingerprint, complete=len(rows) < size)
+
+
+def _seed_query(session: Session, language: str, limit: int) -> list[SessionNote]:
+    stmt = select(SessionNote).where(_relevance_condition(language)).order_by(*_newest_first()).limit(limit)
+    return list(session.exec(stmt).all())
+
+
+def _relevant_from_cache(session: Session, language: str, limit: int) -> list[SessionNote] | None:
+    size = get_settings().notes_cache_size
+    if limit > size:
+        return None
+    entry = _recent_cache().rows(session, size)
+    matches = [row for row in entry.rows if _is_relevant(row, language)]
+    if len(matches) < limit and not entry.complete:
+        return None  # older notes beyond the cached window could still qualify
+    return [SessionNote(**dict(row)) for row in matches[:limit]]
+
+
+def relevant_notes(
+    *,
+    session: Session,
+    language: str,
+    limit: int | None = None,
+    tags: Sequence[str] = (),
+    relevance: RelevanceHook | None = None,
+    use_cache: bool = True,
+) -> list[SessionNote]:
+    """Notes to show a judge for this language, newest first (seed 000 query), optionally tag-filtered.
+
+    The seed's rule: notes of this language, notes for every language (''), and STRATEGY/PATTERN
+    notes of any language; newest first; at most `limit` (default 20). With `tags` and a
+    `relevance` hook, a larger pool is fetched, "filtered" notes are dropped and the rest are
+    re-ranked by recency rank + boost.
+    """
+    limit = get_settings().notes_limit if limit is None else int(limit)
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    lang = normalize_language(language)
+    ranked = bool(tags) and relevance is not None
+    pool = limit * RELEVANCE_POOL_FACTOR if ranked else limit
+    found = _relevant_from_cache(session, lang, pool) if use_cache else None
+    notes = found if found is not None else _seed_query(session, lang, pool)
+    if ranked:
+        assert relevance is not None
+        notes = _rerank(session, notes, list(tags), relevance)
+    return notes[:limit]
+
+
+def _rerank(
+    session: Session, notes: list[SessionNote], tags: list[str], hook: RelevanceHook
+) -> list[SessionNote]:
+    """Drop filtered notes; order the rest by recency (1 … ~0) plus the hook's boost."""
+    verdicts = hook(session, [n.id for n in notes if n.id is not None], tags)
+    scored: list[tuple[float, int, SessionNote]] = []
+    for rank, note in enumerate(notes):
+        decision, boost = verdicts.get(note.id or -1, ("neutral", 0.0))
+        if decision == "filtered":
+            continue
+        scored.append((1.0 - rank / len(notes) + float(boost), -rank, note))
+    scored.sort(key=lambda item: (item[0], item[1]), reverse=True)
+    return [note for _, _, note in scored]
+
+
+# --------------------------------------------------------------------------------------------
+# Removal
+
+
+def _removal_conditions(
+    session: Session,
+    *,
+    note_type: str | Sequence[str] | None,
+    language: str | Sequence[str] | None,
+    older_than: timedelta | None,
+    session_id: str | None,
+    all_notes: bool,
+    now: datetime | None,
+) -> list[ColumnElement[bool]]:
+    if older_than is not None and older_than <= timedelta(0):
+        raise ValueError("older_than must be a positive duration")
+    until = (now or utcnow()) - older_than if older_than is not None else None
+    conds = _filters(session, note_type=note_type, language=language, session_id=session_id, until=until)
+    if not conds and not all_notes:
+        raise ValueError(
+            "refusing to remove every note: give a type, language, session or age (or all_notes=True)"
+        )
+    return conds
+
+
+def preview_remove(
+    *,
+    session: Session,
+    note_type: str | Sequence[str] | None = None,
+    language: str | Sequence[str] | None = None,
+    older_than: timedelta | None = None,
+    session_id: str | None = None,
+    all_notes: bool = False,
+    now: datetime | None = None,
+) -> int:
+    """How many notes `remove_notes` would delete with the same arguments."""
+    conds = _removal_conditions(
+        session,
+        note_type=note_type,
+        language=language,
+        older_than=older_than,
+        session_id=session_id,
+        all_notes=all_notes,
+        now=now,
+    )
+    return int(session.exec(select(func.count()).select_from(SessionNote).where(and_(true(), *conds))).one())
+
+
+def _dependent_tables() -> list[Table]:
+    """Tables whose rows point at a note (tag scores, their history, match counts)."""
+    notes = SessionNote.__table__  # type: ignore[attr-defined]
+    return [
+        table
+        for table in SQLModel.metadata.sorted_tables
+        if any(fk.column.table is notes for fk in table.foreign_keys)
+    ]
+
+
+def remove_notes(
+    *,
+    session: Session,
+    note_type: str | Sequence[str] | None = None,
+    language: str | Sequence[str] | None = None,
+    older_than: timedelta | None = None,
+    session_id: str | None = None,
+    all_notes: bool = False,
+    now: datetime | None = None,
+) -> int:
+    """Delete matching notes (and the relevance rows that point at them); returns how many notes went.
+
+    With no filter at all this refuses (ValueError) unless `all_notes=True`. `language=''` means the
+    notes written for every language, not "any language" (that is `None`).
+    """
+    conds = _removal_conditions(
+        session,
+        note_type=note_type,
+        language=language,
+        older_than=older_than,
+        session_id=session_id,
+        all_notes=all_notes,
+        now=now,
+    )
+    where = and_(true(), *conds)
+    doomed = select(SessionNote.id).where(where)
+    for table in _dependent_tables():
+        for fk in table.foreign_keys:
+            if fk.column.table is SessionNote.__table__:  # type: ignore[attr-defined]
+                session.exec(delete(table).where(fk.parent.in_(doomed)))
+    result = session.exec(delete(SessionNote).where(where).execution_options(synchronize_session="fetch"))
+    session.flush()
+    invalidate_notes_cache(session)
+    return int(result.rowcount or 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Presentation
+
+
+def format_age(delta: timedelta) -> str:
+    """An age in its largest whole unit: "45m", "2h", "3d" (anything under a minute is "0m")."""
+    seconds = max(0, int(delta.total_seconds()))
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    if seconds < 86_400:
+        return f"{seconds // 3600}h"
+    return f"{seconds // 86_400}d"
+
+
+def format_confidence(confidence: float) -> str:
+    """A 0..1 confidence as a whole percentage, rounded half up ("0.875" → "88%")."""
+    return f"{math.floor(round(confidence * 100, 6) + 0.5)}%"
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.utcoffset() is not None else moment.replace(tzinfo=UTC)
+
+
+def format_note_line(note: SessionNote, *, current_session: str | None, now: datetime) -> str:
+    """One prompt line: `<icon> <TYPE> (<age> ago): <content>` plus code and session markers."""
+    kind = str(note.note_type).upper()
+    line = f"{TYPE_ICONS.get(kind, '📝')} {kind} ({format_age(now - _aware(note.timestamp))} ago): "
+    line += clean_content(note.content)
+    if kind == "SUCCESS" and note.phelps_code:
+        if note.confidence is not None:
+            line += f" [{note.phelps_code}, confidence: {format_confidence(note.confidence)}]"
+        else:
+            line += f" [{note.phelps_code}]"
+    if current_session is not None and note.session_id == current_session:
+        line += " [CURRENT SESSION]"
+    else:
+        line += f" [SESSION: {note.session_id[-8:]}]"
+    return line
+
+
+def format_notes_for_prompt(
+    notes: Iterable[SessionNote], current_session: str | None = None, now: datetime | None = None
+) -> str:
+    """The seed-000 prompt block for these notes, in the order given ("" when there are none).
+
+    `current_session` is the judge run's own id (its notes say [CURRENT SESSION]); None marks
+    every note with its session, as a brand-new run would see them.
+    """
+    notes = list(notes)
+    if not notes:
+        return ""
+    moment = _aware(now or utcnow())
+    lines = [PROMPT_HEADER, PROMPT_INTRO, ""]
+    lines += [format_note_line(n, current_session=current_session, now=moment) for n in notes]
+    lines += ["", PROMPT_FOOTER]
+    return "\n".join(lines)
+
+
+FRAME_COLUMNS = (
+    "id", "timestamp", "note_type", "language", "content", "phelps_code", "confidence",
+    "session_id", "created_by", "pinned",
+)  # fmt: skip
+
+
+def as_frame(notes: Iterable[SessionNote]) -> pd.DataFrame:
+    """Notes as a table with the seed's column names (what the page shows and the CSV holds)."""
+    frame = pd.DataFrame(
+        [{c: getattr(n, c) for c in FRAME_COLUMNS} for n in notes], columns=list(FRAME_COLUMNS)
+    )
+    frame["timestamp"] = pd.to_datetime(frame["timestamp"], utc=True)
+    return frame
+
+
+def timeline_frame(summaries: Iterable[SessionSummary]) -> pd.DataFrame:
+    """The session timeline as a table: one row per session, a column per note type."""
+    columns = ["session_id", "notes", *NOTE_TYPES, "first_note", "last_note"]
+    frame = pd.DataFrame(
+        [
+            {
+                "session_id": s.session_id,
+                "notes": s.notes,
+                **s.counts,
+                "first_note": s.first_note,
+                "last_note": s.last_note,
+            }
+            for s in summaries
+        ],
+        columns=columns,
+    )
+    for column in ("first_note", "last_note"):
+        frame[column] = pd.to_datetime(frame[column], utc=True)
+    return frame
+
+
+def note_record(note: SessionNote) -> dict[str, Any]:
+    """A note as JSON-ready data with the seed-000 column names (the CLI and the import format)."""
+    return {
+        "id": note.id,
+        "timestamp": _aware(note.timestamp).isoformat(),
+        "language": note.language,
+        "note_type": note.note_type,
+        "content": note.content,
+        "phelps_code": note.phelps_code,
+        "confidence": note.confidence,
+        "session_id": note.session_id,
+        "created_by": note.created_by,
+    }
+
+
+def parse_age(text: str) -> timedelta:
+    """A duration like "30d", "12h", "90m" or "2w" (the seed's `-clean-notes=30d`); ValueError otherwise."""
+    match = _AGE_RE.fullmatch(str(text))
+    if not match:
+        raise ValueError(
+            f"invalid age {text!r}: use a whole number and a unit m, h, d or w (e.g. 30d, 12h, 90m)"
+        )
+    amount = int(match.group(1))
+    if amount <= 0:
+        raise ValueError(f"invalid age {text!r}: it must be greater than zero")
+    age = timedelta(**{_AGE_UNITS[match.group(2).lower()]: amount})
+    if age > _MAX_AGE:
+        raise ValueError(f"invalid age {text!r}: at most {_MAX_AGE.days} days")
+    return age
