@@ -15,6 +15,7 @@ except ConfigError as exc:
 
 pages = [
     st.Page("pages/overview.py", title="Overview", icon="🏠", url_path="", default=True),
+    st.Page("pages/coach.py", title="Coach", icon="💬", url_path="coach"),
 ]
 navigation = st.navigation(pages)
 reviewer_sidebar()

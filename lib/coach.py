@@ -562,6 +562,24 @@ def resume_reply(engine: Engine, snapshot_id: str, client_message_id: str) -> Pr
     return _finish_existing(engine, prepared)
 
 
+def get_snapshot(session: Session, snapshot_id: str) -> EvaluationSnapshot | None:
+    """A live (not archived) snapshot, or None."""
+    snap = session.get(EvaluationSnapshot, snapshot_id)
+    return None if snap is None or snap.deleted_at is not None else snap
+
+
+def recent_snapshot_ids(session: Session, limit: int = 50) -> list[str]:
+    """Ids of the newest live evaluations, for picking one to coach on."""
+    return list(
+        session.exec(
+            select(EvaluationSnapshot.id)
+            .where(col(EvaluationSnapshot.deleted_at).is_(None))
+            .order_by(col(EvaluationSnapshot.created_at).desc())
+            .limit(limit)
+        ).all()
+    )
+
+
 def turns_left(session: Session, snapshot_id: str) -> tuple[int, int]:
     """(used, limit) user turns of the evaluation."""
     snap = _live_snapshot(session, snapshot_id)

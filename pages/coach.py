@@ -1,0 +1,147 @@
+"""Coach: a metric-scoped, evidence-grounded chat about one evaluation (seed 002)."""
+
+import uuid
+from urllib.parse import quote
+
+import streamlit as st
+
+from lib import coach
+from lib.llm import LLMError, LLMNotConfigured
+from lib.safe_markdown import escape_markdown, safe_markdown
+from lib.ui import current_reviewer, get_engine, llm_unavailable_message, session_scope
+
+st.title("Coach")
+
+snapshot_id = st.query_params.get("snapshot", "")
+if not snapshot_id:
+    with session_scope(read_only=True) as session:
+        recent = coach.recent_snapshot_ids(session, limit=50)
+    st.info("Open a chat from an evaluation's detail page, or pick a recent evaluation.")
+    if recent:
+        choice = st.selectbox("Evaluation", recent, index=None, key="coach_pick")
+        if choice:
+            st.query_params["snapshot"] = choice
+            st.rerun()
+    st.stop()
+
+engine = get_engine()
+with session_scope(read_only=True) as session:
+    snapshot = coach.get_snapshot(session, snapshot_id)
+    if snapshot is None or snapshot.deleted_at is not None:
+        st.error(f"Evaluation {snapshot_id!r} does not exist or is archived.")
+        st.stop()
+    specs = coach.metrics_for_product(session=session, product=snapshot.product)
+    chats = coach.list_chats(session, snapshot_id)
+    used, limit = coach.turns_left(session, snapshot_id)
+
+names = {s.slug: s.display_name for s in specs}
+st.caption(f"Evaluation `{snapshot.id}` · {escape_markdown(snapshot.product)} · {snapshot.language}")
+with st.expander("Question and model answer"):
+    st.text(snapshot.question)
+    st.text(snapshot.model_answer)
+st.markdown(f"[🔎 Back to the evaluation](/evaluations?snapshot={quote(snapshot.id)})")
+
+no_llm = llm_unavailable_message()
+if no_llm:
+    st.warning(no_llm)
+
+NEW_CHAT = "➕ New chat"
+labels = {
+    c.chat_id: f"Chat {i + 1}: {', '.join(names.get(m, m) for m in c.selected_metrics)} "
+    f"({c.user_messages} messages)"
+    for i, c in enumerate(chats)
+}
+options = [*labels, NEW_CHAT]
+chosen = st.radio(
+    "Chats on this evaluation",
+    options,
+    index=len(options) - 2 if chats else 0,
+    format_func=lambda o: labels.get(o, o),
+    key="coach_chat",
+    horizontal=True,
+)
+
+
+def _show_reply(prepared: coach.PreparedReply) -> None:
+    with st.chat_message("assistant"):
+        if prepared.needs_stream:
+            st.write_stream(prepared.stream())
+        else:
+            st.markdown(safe_markdown(prepared.text or ""))
+
+
+if chosen == NEW_CHAT:
+    st.subheader("Start a chat")
+    st.caption("Pick 1–3 metrics. They are fixed for this chat; other metrics need a new chat.")
+    picked = st.multiselect(
+        "Metrics to discuss",
+        [s.slug for s in specs],
+        format_func=lambda s: names[s],
+        max_selections=coach.MAX_SELECTED_METRICS,
+        key="coach_metrics",
+    )
+    if st.button("Start chat", key="coach_start", type="primary", disabled=bool(no_llm) or not picked):
+        try:
+            prepared = coach.start_chat(engine, snapshot_id, picked, reviewer=current_reviewer())
+            _show_reply(prepared)
+        except (coach.CoachError, LLMNotConfigured) as exc:
+            st.error(str(exc))
+            st.stop()
+        except LLMError as exc:
+            st.error(f"The coach could not answer: {exc}. Open the chat again to retry.")
+            st.stop()
+        st.session_state.pop("coach_chat", None)
+        st.rerun()
+    st.stop()
+
+chat_id = str(chosen)
+with session_scope(read_only=True) as session:
+    history = coach.chat_messages(session, snapshot_id, chat_id)
+    unfinished = coach.unfinished_replies(session, snapshot_id, chat_id)
+st.caption("Metrics: " + ", ".join(names.get(m, m) for m in (history[0].selected_metrics if history else [])))
+
+for message in history:
+    if message.role == "assistant" and not message.is_complete:
+        continue
+    with st.chat_message(message.role):
+        st.markdown(
+            safe_markdown(message.content)
+            if message.role == "assistant"
+            else escape_markdown(message.content)
+        )
+
+# A reply cut off by a rerun or a closed tab is regenerated in place (same row) on the next visit.
+if unfinished and not no_llm:
+    for row in unfinished:
+        try:
+            _show_reply(coach.resume_reply(engine, snapshot_id, row.client_message_id))
+        except LLMError as exc:
+            st.error(f"The coach could not finish an earlier reply: {exc}")
+            break
+
+st.progress(min(used / limit, 1.0), text=f"{used} of {limit} messages used")
+if used >= limit:
+    st.info(coach.turn_limit_message(snapshot.language))
+    if st.button("Start a new evaluation", key="coach_new_eval", type="primary"):
+        st.switch_page("pages/new_evaluation.py")
+    st.chat_input("This chat is read-only now.", disabled=True, key="coach_input")
+    st.stop()
+
+prompt = st.chat_input("Ask the coach…", disabled=bool(no_llm), key="coach_input")
+if prompt:
+    with st.chat_message("user"):
+        st.markdown(escape_markdown(prompt))
+    try:
+        _show_reply(
+            coach.send_message(
+                engine, snapshot_id, prompt, str(uuid.uuid4()), chat_id=chat_id, reviewer=current_reviewer()
+            )
+        )
+    except coach.TurnLimitReached as exc:
+        st.info(str(exc))
+    except (coach.CoachError, LLMNotConfigured) as exc:
+        st.error(str(exc))
+    except LLMError as exc:
+        st.error(f"The coach could not answer: {exc}. Your message is kept; open the chat again to retry.")
+    else:
+        st.rerun()

@@ -1,0 +1,140 @@
+"""Coach page under AppTest, in each state, against the local OpenAI-compatible server."""
+
+from __future__ import annotations
+
+from sqlmodel import Session, select
+
+from lib import coach
+from lib.db import session_scope
+from lib.models import ChatMessage, EvaluationSnapshot
+from tests import llm_server as fake
+
+PAGE = "pages/coach.py"
+
+
+def _snapshot(engine, *, turns_used: int = 0, max_turns: int = 15) -> str:
+    with session_scope(engine) as s:
+        s.add(
+            EvaluationSnapshot(
+                id="snap_page",
+                question="What is 2+2?",
+                model_answer="It is <b>5</b>.",
+                product="acme",
+                language="en",
+                chat_turn_count=turns_used,
+                max_chat_turns=max_turns,
+                user_scores_json={"truthfulness": {"score": 1}, "clarity": {"score": 4}},
+                judge_scores_json={"truthfulness": {"score": 3}, "clarity": {"score": 4}},
+                evidence_json={
+                    "truthfulness": {
+                        "evidence": [
+                            {
+                                "quote": "It is <b>5</b>.",
+                                "why": "wrong sum",
+                                "better": "It is 4.",
+                                "verified": True,
+                            }
+                        ]
+                    }
+                },
+            )
+        )
+    return "snap_page"
+
+
+def _start(engine, server, metrics=("truthfulness",), text="Hello <script>alert(1)</script>") -> None:
+    server.script(fake.stream([text]))
+    "".join(coach.start_chat(engine, "snap_page", list(metrics)).stream())
+
+
+def test_without_snapshot_the_page_offers_recent_evaluations(app_engine, open_page) -> None:
+    _snapshot(app_engine)
+    at = open_page(PAGE)
+    assert not at.exception
+    assert any("Open a chat from an evaluation" in i.value for i in at.info)
+    assert at.selectbox(key="coach_pick").options == ["snap_page"]
+
+
+def test_unknown_snapshot_is_reported(app_engine, open_page) -> None:
+    at = open_page(PAGE, query={"snapshot": "snap_nope"})
+    assert not at.exception
+    assert "does not exist" in at.error[0].value
+
+
+def test_without_llm_history_is_readable_and_start_is_disabled(app_engine, open_page) -> None:
+    _snapshot(app_engine)
+    at = open_page(PAGE, query={"snapshot": "snap_page"})
+    assert not at.exception
+    assert any("No LLM is configured" in w.value for w in at.warning)
+    assert at.button(key="coach_start").disabled
+
+
+def test_starting_a_chat_streams_the_greeting_and_stores_it(app_engine, open_page, llm_server) -> None:
+    _snapshot(app_engine)
+    llm_server.script(fake.stream(["Let us look ", "at truthfulness."]))
+    at = open_page(PAGE, query={"snapshot": "snap_page"}, reviewer="ayse")
+    at.multiselect(key="coach_metrics").set_value(["truthfulness"]).run()
+    at.button(key="coach_start").click().run()
+    assert not at.exception
+    with Session(app_engine) as s:
+        rows = s.exec(select(ChatMessage)).all()
+    assert [(r.client_message_id, r.content, r.is_complete, r.reviewer) for r in rows] == [
+        ("init_snap_page", "Let us look at truthfulness.", True, "ayse")
+    ]
+    assert any("Let us look at truthfulness." in m.value for m in at.markdown)
+
+
+def test_sending_a_message_shows_and_stores_the_reply(app_engine, open_page, llm_server) -> None:
+    _snapshot(app_engine)
+    _start(app_engine, llm_server)
+    at = open_page(PAGE, query={"snapshot": "snap_page"})
+    llm_server.script(fake.stream(["Because 2+2 ", "is 4."]))
+    at.chat_input(key="coach_input").set_value("Why 3?").run()
+    assert not at.exception
+    assert any("Because 2+2 is 4." in m.value for m in at.markdown)
+    with Session(app_engine) as s:
+        assert s.get(EvaluationSnapshot, "snap_page").chat_turn_count == 1
+        roles = [
+            r.role
+            for r in s.exec(select(ChatMessage).where(ChatMessage.client_message_id != "init_snap_page"))
+        ]
+    assert sorted(roles) == ["assistant", "user"]
+
+
+def test_chat_content_is_escaped(app_engine, open_page, llm_server) -> None:
+    _snapshot(app_engine)
+    _start(app_engine, llm_server, text="[click](javascript:alert(1)) <img src=x onerror=alert(1)>")
+    at = open_page(PAGE, query={"snapshot": "snap_page"})
+    shown = " ".join(m.value for m in at.markdown)
+    assert "](javascript:" not in shown
+    assert "<img" not in shown
+
+
+def test_limit_reached_makes_the_chat_read_only_with_guidance(app_engine, open_page, llm_server) -> None:
+    _snapshot(app_engine, turns_used=15)
+    _start(app_engine, llm_server)
+    at = open_page(PAGE, query={"snapshot": "snap_page"})
+    assert not at.exception
+    assert any("talked enough" in i.value for i in at.info)
+    assert at.chat_input(key="coach_input").disabled
+    assert at.button(key="coach_new_eval").label == "Start a new evaluation"
+
+
+def test_interrupted_reply_is_regenerated_on_the_next_visit(app_engine, open_page, llm_server) -> None:
+    _snapshot(app_engine)
+    _start(app_engine, llm_server)
+    llm_server.script(fake.stream(["half"], abort_after=1))
+    try:
+        "".join(coach.send_message(app_engine, "snap_page", "question", "turn-1").stream())
+    except Exception:
+        pass
+    llm_server.script(fake.stream(["the whole answer"]))
+    at = open_page(PAGE, query={"snapshot": "snap_page"})
+    assert not at.exception
+    with Session(app_engine) as s:
+        replies = s.exec(
+            select(ChatMessage).where(
+                ChatMessage.client_message_id == "turn-1", ChatMessage.role == "assistant"
+            )
+        ).all()
+    assert [(r.content, r.is_complete) for r in replies] == [("the whole answer", True)]
