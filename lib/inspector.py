@@ -1,0 +1,649 @@
+"""The evaluation inspector: the filtered list, its filter options, one evaluation's detail, archiving.
+
+Everything the Evaluations page shows comes from here, and all of the list's work happens in SQL:
+the filters, the sort, the page (LIMIT/OFFSET) and the match count. A page rerun fetches one page
+of narrow rows, never a whole table, so it stays fast at 100k evaluations. The filters round-trip
+through the URL query string (`to_params` / `filters_from_params`) so a filtered view can be shared.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any, Literal
+
+import pandas as pd
+from sqlalchemy import Engine, and_, case, exists, func, text, update
+from sqlalchemy.sql import ColumnElement, Select
+from sqlmodel import Session, col, select
+
+from lib.evidence import HIGHLIGHT_STAGES, STAGE_LABELS, STAGES, verify_evidence_item
+from lib.highlight import Span
+from lib.metrics import MetricSpec, metrics_for_product, score_of
+from lib.models import EvaluationSnapshot, Judgment, utcnow
+
+ReviewState = Literal["any", "pending", "reviewed", "corrected"]
+EvidenceState = Literal["any", "unverified", "unlocated", "verified", "none"]
+SortKey = Literal["newest", "weighted_gap", "max_gap"]
+
+REVIEW_STATES: dict[str, str] = {
+    "any": "Any review state",
+    "pending": "Pending review",
+    "reviewed": "All metrics reviewed",
+    "corrected": "Corrected by a reviewer",
+}
+EVIDENCE_STATES: dict[str, str] = {
+    "any": "Any evidence state",
+    "unverified": "Has unverified evidence",
+    "unlocated": "Has evidence without position",
+    "verified": "All evidence verified",
+    "none": "No evidence recorded",
+}
+SORTS: dict[str, str] = {
+    "newest": "Newest first",
+    "weighted_gap": "Largest weighted gap",
+    "max_gap": "Largest single-metric gap",
+}
+# Gaps are rescaled to the 1–5 span (SPEC §5), so no gap is ever larger than this.
+MAX_GAP = 4.0
+QUESTION_PREVIEW_CHARS = 160
+FILTER_OPTION_COLUMNS = ("product", "language", "model_name", "category")
+
+_S = EvaluationSnapshot
+_J = Judgment
+
+
+@dataclass(frozen=True)
+class EvaluationFilters:
+    """What the reviewer narrowed the list to; the defaults mean "everything live, newest first"."""
+
+    product: str | None = None
+    language: str | None = None
+    model: str | None = None
+    category: str | None = None
+    metric: str | None = None
+    min_gap: float | None = None
+    review: ReviewState = "any"
+    evidence: EvidenceState = "any"
+    date_from: date | None = None
+    date_to: date | None = None
+    text: str = ""
+    sort: SortKey = "newest"
+    archived: bool = False
+
+
+# Short, stable names for the URL; the dataclass field names are an implementation detail.
+_PARAM_NAMES: dict[str, str] = {
+    "product": "product",
+    "language": "language",
+    "model": "model",
+    "category": "category",
+    "metric": "metric",
+    "min_gap": "min_gap",
+    "review": "review",
+    "evidence": "evidence",
+    "date_from": "from",
+    "date_to": "to",
+    "text": "q",
+    "sort": "sort",
+    "archived": "archived",
+}
+PARAM_NAMES: frozenset[str] = frozenset(_PARAM_NAMES.values())
+
+
+def to_params(filters: EvaluationFilters) -> dict[str, str]:
+    """The query-string form of the filters: only what differs from the defaults, so URLs stay short."""
+    default = EvaluationFilters()
+    params: dict[str, str] = {}
+    for f in fields(EvaluationFilters):
+        value = getattr(filters, f.name)
+        if value == getattr(default, f.name) or value is None or value == "":
+            continue
+        if isinstance(value, bool):
+            text_value = "1"
+        elif isinstance(value, date):
+            text_value = value.isoformat()
+        elif isinstance(value, float):
+            text_value = f"{value:g}"
+        else:
+            text_value = str(value)
+        params[_PARAM_NAMES[f.name]] = text_value
+    return params
+
+
+def _parse_date(raw: str | None) -> date | None:
+    try:
+        return date.fromisoformat(raw) if raw else None
+    except ValueError:
+        return None
+
+
+def _parse_gap(raw: str | None) -> float | None:
+    try:
+        value = float(raw) if raw else None
+    except ValueError:
+        return None
+    if value is None or not math.isfinite(value) or value <= 0:
+        return None
+    return min(value, MAX_GAP)
+
+
+def filters_from_params(params: Mapping[str, str]) -> EvaluationFilters:
+    """Filters from a (possibly hand-edited, shared) query string; bad values fall back to defaults."""
+
+    def get(name: str) -> str | None:
+        value = params.get(_PARAM_NAMES[name])
+        return str(value).strip() or None if value is not None else None
+
+    review = get("review") or "any"
+    evidence = get("evidence") or "any"
+    sort = get("sort") or "newest"
+    return EvaluationFilters(
+        product=get("product"),
+        language=get("language"),
+        model=get("model"),
+        category=get("category"),
+        metric=get("metric"),
+        min_gap=_parse_gap(get("min_gap")),
+        review=review if review in REVIEW_STATES else "any",  # type: ignore[arg-type]
+        evidence=evidence if evidence in EVIDENCE_STATES else "any",  # type: ignore[arg-type]
+        date_from=_parse_date(get("date_from")),
+        date_to=_parse_date(get("date_to")),
+        text=(params.get(_PARAM_NAMES["text"]) or "").strip(),
+        sort=sort if sort in SORTS else "newest",  # type: ignore[arg-type]
+        archived=get("archived") in {"1", "true", "yes"},
+    )
+
+
+def _day_start(day: date) -> datetime:
+    return datetime.combine(day, time.min, tzinfo=UTC)
+
+
+def _judgment_exists(*conditions: ColumnElement[bool]) -> ColumnElement[bool]:
+    """EXISTS over this snapshot's judgments (served by the index on judgments.snapshot_id)."""
+    return exists().where(col(_J.snapshot_id) == col(_S.id), *conditions)
+
+
+def filter_conditions(filters: EvaluationFilters) -> list[ColumnElement[bool]]:
+    """The WHERE clauses of the list, shared by the page query, the count and the CSV export."""
+    conds: list[ColumnElement[bool]] = [
+        col(_S.deleted_at).is_not(None) if filters.archived else col(_S.deleted_at).is_(None)
+    ]
+    for value, column in (
+        (filters.product, _S.product),
+        (filters.language, _S.language),
+        (filters.model, _S.model_name),
+        (filters.category, _S.category),
+    ):
+        if value is not None:
+            conds.append(col(column) == value)
+    if filters.metric:
+        conds.append(_judgment_exists(col(_J.metric) == filters.metric))
+    if filters.min_gap is not None and filters.min_gap > 0:
+        conds.append(col(_S.max_metric_gap) >= filters.min_gap)
+    if filters.review == "pending":
+        conds.append(_judgment_exists(col(_J.reviewed_at).is_(None)))
+    elif filters.review == "reviewed":
+        conds.append(_judgment_exists())
+        conds.append(~_judgment_exists(col(_J.reviewed_at).is_(None)))
+    elif filters.review == "corrected":
+        conds.append(_judgment_exists(col(_J.was_corrected).is_(True)))
+    if filters.evidence == "unverified":
+        conds.append(col(_S.evidence_unverified) > 0)
+    elif filters.evidence == "unlocated":
+        conds.append(col(_S.evidence_unlocated) > 0)
+    elif filters.evidence == "verified":
+        conds.append(and_(col(_S.evidence_count) > 0, col(_S.evidence_unverified) == 0))
+    elif filters.evidence == "none":
+        conds.append(col(_S.evidence_count) == 0)
+    if filters.date_from is not None:
+        conds.append(col(_S.created_at) >= _day_start(filters.date_from))
+    if filters.date_to is not None:
+        # The whole "to" day is included.
+        conds.append(col(_S.created_at) < _day_start(filters.date_to + timedelta(days=1)))
+    if filters.text:
+        # autoescape: a `%` or `_` typed by the reviewer matches itself, not "anything".
+        conds.append(col(_S.question).icontains(filters.text, autoescape=True))
+    return conds
+
+
+def _order_by(sort: str) -> list[Any]:
+    newest = [col(_S.created_at).desc(), col(_S.id).desc()]
+    if sort == "weighted_gap":
+        return [col(_S.weighted_gap).desc().nulls_last(), *newest]
+    if sort == "max_gap":
+        return [col(_S.max_metric_gap).desc().nulls_last(), *newest]
+    return newest
+
+
+_LIST_COLUMNS = (
+    col(_S.id).label("id"),
+    col(_S.created_at).label("created_at"),
+    col(_S.product).label("product"),
+    col(_S.language).label("language"),
+    col(_S.model_name).label("model"),
+    col(_S.category).label("category"),
+    col(_S.weighted_gap).label("weighted_gap"),
+    col(_S.max_metric_gap).label("max_gap"),
+    col(_S.judge_meta_score).label("judge_meta_score"),
+    col(_S.evidence_count).label("evidence"),
+    col(_S.evidence_highlighted).label("highlighted"),
+    col(_S.evidence_unlocated).label("unlocated"),
+    col(_S.evidence_unverified).label("unverified"),
+    col(_S.status).label("status"),
+)
+
+
+@dataclass(frozen=True)
+class EvaluationRow:
+    """One line of the list: narrow on purpose (no answer, no JSON), so a page is cheap to fetch."""
+
+    id: str
+    created_at: datetime
+    product: str
+    language: str
+    model: str | None
+    category: str | None
+    question: str
+    weighted_gap: float | None
+    max_gap: float | None
+    judge_meta_score: int | None
+    evidence: int
+    highlighted: int
+    unlocated: int
+    unverified: int
+    status: str
+    judged: int = 0
+    reviewed: int = 0
+    corrected: int = 0
+
+
+@dataclass(frozen=True)
+class EvaluationPage:
+    """One page of the filtered list and how many evaluations match in all."""
+
+    rows: list[EvaluationRow]
+    total: int
+    offset: int
+    limit: int
+
+
+def _list_select(filters: EvaluationFilters, *, preview: bool) -> Select[Any]:
+    question = (
+        func.substr(col(_S.question), 1, QUESTION_PREVIEW_CHARS) if preview else col(_S.question)
+    ).label("question")
+    return (
+        select(*_LIST_COLUMNS, question).where(*filter_conditions(filters)).order_by(*_order_by(filters.sort))
+    )
+
+
+def count_evaluations(*, session: Session, filters: EvaluationFilters) -> int:
+    """How many evaluations match, counted in SQL."""
+    stmt = select(func.count()).select_from(_S).where(*filter_conditions(filters))
+    return int(session.exec(stmt).one())
+
+
+def _review_counts(session: Session, ids: Sequence[str]) -> dict[str, tuple[int, int, int]]:
+    """(judged, reviewed, corrected) per snapshot, for the ids of one page only."""
+    if not ids:
+        return {}
+    reviewed = col(_J.reviewed_at).is_not(None)
+    stmt = (
+        select(
+            col(_J.snapshot_id),
+            func.count(),
+            func.count().filter(reviewed),
+            func.count().filter(reviewed & col(_J.was_corrected)),
+        )
+        .where(col(_J.snapshot_id).in_(list(ids)))
+        .group_by(col(_J.snapshot_id))
+    )
+    return {sid: (n, r, c) for sid, n, r, c in session.exec(stmt).all()}
+
+
+def list_evaluations(
+    *, session: Session, filters: EvaluationFilters, offset: int = 0, limit: int = 25
+) -> EvaluationPage:
+    """One page of matching evaluations in the chosen order, with the total match count."""
+    total = count_evaluations(session=session, filters=filters)
+    offset = max(0, offset)
+    result = session.exec(_list_select(filters, preview=True).offset(offset).limit(max(1, limit))).all()
+    counts = _review_counts(session, [r.id for r in result])
+    rows = []
+    for r in result:
+        judged, reviewed, corrected = counts.get(r.id, (0, 0, 0))
+        rows.append(EvaluationRow(**r._mapping, judged=judged, reviewed=reviewed, corrected=corrected))
+    return EvaluationPage(rows=rows, total=total, offset=offset, limit=limit)
+
+
+LIST_FRAME_COLUMNS = [f.name for f in fields(EvaluationRow)]
+
+
+def rows_frame(rows: Sequence[EvaluationRow]) -> pd.DataFrame:
+    """The list rows as a table for display or download."""
+    return pd.DataFrame([r.__dict__ for r in rows], columns=LIST_FRAME_COLUMNS)
+
+
+def filtered_frame(*, session: Session, filters: EvaluationFilters) -> pd.DataFrame:
+    """Every matching evaluation (all pages, full question), for the CSV download."""
+    reviewed = col(_J.reviewed_at).is_not(None)
+    review = (
+        select(
+            col(_J.snapshot_id).label("snapshot_id"),
+            func.count().label("judged"),
+            func.count().filter(reviewed).label("reviewed"),
+            func.count().filter(reviewed & col(_J.was_corrected)).label("corrected"),
+        )
+        .where(col(_J.snapshot_id).is_not(None))
+        .group_by(col(_J.snapshot_id))
+        .subquery()
+    )
+    stmt = (
+        _list_select(filters, preview=False)
+        .add_columns(
+            func.coalesce(review.c.judged, 0).label("judged"),
+            func.coalesce(review.c.reviewed, 0).label("reviewed"),
+            func.coalesce(review.c.corrected, 0).label("corrected"),
+        )
+        .outerjoin(review, review.c.snapshot_id == col(_S.id))
+    )
+    result = session.exec(stmt)
+    return pd.DataFrame(result.all(), columns=list(result.keys())).reindex(columns=LIST_FRAME_COLUMNS)
+
+
+def filtered_csv(*, engine: Engine, filters: EvaluationFilters) -> bytes:
+    """CSV bytes of every matching evaluation (spreadsheet formulas neutralised), built on demand."""
+    from lib.db import session_scope
+    from lib.export import frame_to_csv_bytes
+
+    with session_scope(engine, read_only=True) as session:
+        frame = filtered_frame(session=session, filters=filters)
+    return frame_to_csv_bytes(frame)
+
+
+def _distinct_values(session: Session, column: str) -> list[str]:
+    """Distinct live values of an indexed column by a loose index scan: one index probe per value.
+
+    `SELECT DISTINCT` reads the whole index (PostgreSQL has no skip scan); this recursive walk asks
+    the index for the next larger value instead, so the cost grows with the number of values, not rows.
+    """
+    if column not in FILTER_OPTION_COLUMNS:
+        raise ValueError(f"not a filter column: {column!r}")
+    sql = text(
+        f"""
+        WITH RECURSIVE walk(value) AS (
+            SELECT (SELECT MIN({column}) FROM evaluation_snapshots)
+            UNION ALL
+            SELECT (SELECT MIN({column}) FROM evaluation_snapshots WHERE {column} > walk.value)
+            FROM walk WHERE walk.value IS NOT NULL
+        )
+        SELECT value FROM walk WHERE value IS NOT NULL
+        """  # the column name comes from the whitelist above, never from input
+    )
+    return [str(v) for (v,) in session.connection().execute(sql).all()]
+
+
+@dataclass(frozen=True)
+class FilterOptions:
+    """The values the filter selectboxes offer."""
+
+    products: list[str] = field(default_factory=list)
+    languages: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+    categories: list[str] = field(default_factory=list)
+    metrics: list[str] = field(default_factory=list)
+
+
+def filter_options(*, session: Session, product: str | None = None) -> FilterOptions:
+    """Distinct products, languages, models and categories, and the metrics a product can be judged on.
+
+    Values of archived rows are offered too: the "Show archived" list filters with the same boxes.
+    """
+    metric_products = [product] if product else _distinct_values(session, "product")
+    slugs: dict[str, None] = {}
+    for name in metric_products:
+        for spec in metrics_for_product(session=session, product=name):
+            slugs.setdefault(spec.slug, None)
+    return FilterOptions(
+        products=_distinct_values(session, "product"),
+        languages=_distinct_values(session, "language"),
+        models=_distinct_values(session, "model_name"),
+        categories=_distinct_values(session, "category"),
+        metrics=list(slugs),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Detail
+
+
+@dataclass(frozen=True)
+class EvidenceItem:
+    """One evidence quote with where verification placed it and how (seed 002 AD-2 stage)."""
+
+    metric: str
+    quote: str
+    why: str
+    better: str
+    start: int | None
+    end: int | None
+    stage: str
+
+    @property
+    def highlighted(self) -> bool:
+        return self.stage in HIGHLIGHT_STAGES
+
+    @property
+    def label(self) -> str:
+        return STAGE_LABELS[self.stage]
+
+
+@dataclass(frozen=True)
+class MetricCard:
+    """Everything a metric card shows: both scores on the metric's own scale, reasons, evidence."""
+
+    spec: MetricSpec
+    user_score: float | None
+    judge_score: float | None
+    user_reason: str
+    judge_reason: str
+    evidence: tuple[EvidenceItem, ...]
+    role: Literal["primary", "bonus"] | None
+    in_rubric: bool = True
+    judgment: Judgment | None = None
+
+    @property
+    def gap(self) -> float | None:
+        """|user − judge| on the metric's own scale (what the card shows)."""
+        if self.user_score is None or self.judge_score is None:
+            return None
+        return abs(self.user_score - self.judge_score)
+
+    @property
+    def rescaled_gap(self) -> float | None:
+        """The gap rescaled to 1–5, so cards on different scales sort fairly."""
+        if self.user_score is None or self.judge_score is None:
+            return None
+        return self.spec.rescaled_gap(self.user_score, self.judge_score)
+
+
+@dataclass(frozen=True)
+class EvaluationDetail:
+    """One evaluation as the detail view shows it."""
+
+    snapshot: EvaluationSnapshot
+    cards: list[MetricCard]
+    spans: list[Span]
+    has_evidence: bool
+
+    @property
+    def archived(self) -> bool:
+        return self.snapshot.deleted_at is not None
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {card.spec.slug: card.spec.display_name for card in self.cards}
+
+    @property
+    def highlighted_metrics(self) -> list[str]:
+        """Metrics with at least one highlight, in card order (for the legend)."""
+        used = {span.metric for span in self.spans}
+        return [card.spec.slug for card in self.cards if card.spec.slug in used]
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _reason(entry: Any) -> str:
+    return _text(entry.get("reason")) if isinstance(entry, Mapping) else ""
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _evidence_item(answer: str, metric: str, raw: Mapping[str, Any]) -> EvidenceItem:
+    """An item as stored; re-verified when its stage is missing or its highlight positions are unusable."""
+    stage = raw.get("stage")
+    start, end = raw.get("start"), raw.get("end")
+    usable = stage in STAGES and (
+        stage not in HIGHLIGHT_STAGES
+        or (_is_index(start) and _is_index(end) and 0 <= start < end <= len(answer))
+    )
+    if not usable:
+        checked = verify_evidence_item(answer, raw)
+        stage, start, end = checked["stage"], checked["start"], checked["end"]
+    return EvidenceItem(
+        metric=metric,
+        quote=_text(raw.get("quote")),
+        why=_text(raw.get("why")),
+        better=_text(raw.get("better")),
+        start=start if _is_index(start) else None,
+        end=end if _is_index(end) else None,
+        stage=str(stage),
+    )
+
+
+def _card_sort_key(indexed: tuple[int, MetricCard]) -> tuple[int, float, int]:
+    position, card = indexed
+    gap = card.rescaled_gap
+    # Largest gap first; cards without a gap (a side did not score) after all others, in rubric order.
+    return (1, 0.0, position) if gap is None else (0, -gap, position)
+
+
+def build_cards(
+    snapshot: EvaluationSnapshot, metrics: Sequence[MetricSpec], judgments: Sequence[Judgment] = ()
+) -> list[MetricCard]:
+    """A card per rubric metric (plus any metric the data holds beyond the rubric), largest gap first."""
+    user = snapshot.user_scores_json if isinstance(snapshot.user_scores_json, Mapping) else {}
+    judge = snapshot.judge_scores_json if isinstance(snapshot.judge_scores_json, Mapping) else {}
+    evidence = snapshot.evidence_json if isinstance(snapshot.evidence_json, Mapping) else {}
+    by_metric = {j.metric: j for j in judgments if j.metric}
+    bonus = set(snapshot.bonus_metrics or [])
+    specs = list(metrics)
+    known = {spec.slug for spec in specs}
+    for slug in dict.fromkeys([*user, *judge, *evidence]):
+        if isinstance(slug, str) and slug not in known:
+            # Data the rubric no longer names is still shown rather than silently dropped.
+            specs.append(MetricSpec(slug=slug, display_name=slug))
+    cards: list[MetricCard] = []
+    for spec in specs:
+        entry = evidence.get(spec.slug)
+        entry = entry if isinstance(entry, Mapping) else {}
+        items = entry.get("evidence")
+        items = [i for i in items if isinstance(i, Mapping)] if isinstance(items, list) else []
+        role: Literal["primary", "bonus"] | None = None
+        if spec.slug == snapshot.primary_metric:
+            role = "primary"
+        elif spec.slug in bonus:
+            role = "bonus"
+        cards.append(
+            MetricCard(
+                spec=spec,
+                user_score=score_of(user.get(spec.slug)),
+                judge_score=score_of(judge.get(spec.slug)),
+                user_reason=_reason(user.get(spec.slug)) or _text(entry.get("user_reason")),
+                judge_reason=_reason(judge.get(spec.slug)) or _text(entry.get("judge_reason")),
+                evidence=tuple(_evidence_item(snapshot.model_answer, spec.slug, i) for i in items),
+                role=role,
+                in_rubric=spec.slug in known,
+                judgment=by_metric.get(spec.slug),
+            )
+        )
+    return [card for _, card in sorted(enumerate(cards), key=_card_sort_key)]
+
+
+def highlight_spans(cards: Sequence[MetricCard]) -> list[Span]:
+    """The evidence that may be painted on the answer: stages 1–3 only (seed 002 UI protocol)."""
+    return [
+        Span(start=i.start, end=i.end, metric=i.metric, why=i.why, better=i.better, quote=i.quote)
+        for card in cards
+        for i in card.evidence
+        if i.highlighted and i.start is not None and i.end is not None
+    ]
+
+
+def load_evaluation(*, session: Session, snapshot_id: str) -> EvaluationDetail | None:
+    """One evaluation with its cards and highlights (archived ones too: they can be restored), or None."""
+    snapshot = session.get(EvaluationSnapshot, snapshot_id)
+    if snapshot is None:
+        return None
+    judgments = session.exec(select(Judgment).where(col(Judgment.snapshot_id) == snapshot_id)).all()
+    cards = build_cards(snapshot, metrics_for_product(session=session, product=snapshot.product), judgments)
+    return EvaluationDetail(
+        snapshot=snapshot,
+        cards=cards,
+        spans=highlight_spans(cards),
+        has_evidence=any(card.evidence for card in cards),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Archive / restore (seed 002 AD-13)
+
+
+def _require(reviewer: str) -> str:
+    name = (reviewer or "").strip()
+    if not name:
+        raise ValueError("a reviewer name is required to archive or restore an evaluation")
+    return name
+
+
+def archive_evaluation(*, session: Session, snapshot_id: str, reviewer: str) -> bool:
+    """Soft-delete an evaluation (deleted_at + status archived); False when it was already archived."""
+    name = _require(reviewer)
+    now = utcnow()
+    stmt = (
+        update(_S)
+        .where(col(_S.id) == snapshot_id, col(_S.deleted_at).is_(None))
+        .values(deleted_at=now, status="archived", status_changed_by=name, status_changed_at=now)
+    )
+    changed = session.connection().execute(stmt).rowcount == 1
+    if not changed:
+        _ensure_exists(session, snapshot_id)
+    return changed
+
+
+def restore_evaluation(*, session: Session, snapshot_id: str, reviewer: str) -> bool:
+    """Bring an archived evaluation back into every list; False when it was not archived."""
+    name = _require(reviewer)
+    now = utcnow()
+    # The status before archiving is not kept; a chat that used all its turns is what "completed" means.
+    status = case((col(_S.chat_turn_count) >= col(_S.max_chat_turns), "completed"), else_="active")
+    stmt = (
+        update(_S)
+        .where(col(_S.id) == snapshot_id, col(_S.deleted_at).is_not(None))
+        .values(deleted_at=None, status=status, status_changed_by=name, status_changed_at=now)
+    )
+    changed = session.connection().execute(stmt).rowcount == 1
+    if not changed:
+        _ensure_exists(session, snapshot_id)
+    return changed
+
+
+def _ensure_exists(session: Session, snapshot_id: str) -> None:
+    if session.get(EvaluationSnapshot, snapshot_id) is None:
+        raise LookupError(f"no evaluation with id {snapshot_id!r}")
