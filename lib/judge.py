@@ -1,0 +1,1063 @@
+"""The judge pipeline (seed 002 AD-1, AD-7, AD-8): Stage 1 scores and evidence, Stage 2 mentoring.
+
+Stage 1 reads the question and the model answer blind (the reviewer's scores are never in its
+prompt, AD-1) and returns, per metric of the product's rubric, a score on that metric's scale or
+null, a rationale, a confidence and 1–3 evidence quotes. Its prompt carries the product's
+correction history (seed 004 selection) and a marked place for cross-session notes.
+
+Stage 2 compares the reviewer's scores with the judge's and writes the mentoring feedback; the
+weighted gap and the judge meta score are computed here, in code (SPEC §5), never asked of the LLM.
+
+Atomic write (AD-7): the snapshot and its judgments are written in one transaction, and only when
+both stages succeeded; any failure raises `JudgeFailed` naming the stage, and nothing is written.
+Evidence that cannot be parsed degrades to "no evidence" with a logged warning while the scores are
+kept (AD-8). A score outside its metric's scale, by contrast, fails Stage 1: storing it would put an
+impossible number in the data, and turning it into null would make the judge look as if it had
+abstained, which it did not.
+
+LLM calls are slow, so `judge_evaluation` takes the engine and opens its own short sessions: one to
+read the rubric and history, one to write. Holding a transaction open across an LLM call would keep
+SQLite's write lock (or a PostgreSQL connection) for the whole call.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import math
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import Session, col, select
+
+from lib import llm
+from lib.config import Settings, get_settings
+from lib.corrections import format_history_for_prompt, format_score, parse_score, select_history
+from lib.db import session_scope
+from lib.evidence import verify_evidence_item
+from lib.importer import ImportFailed, build_snapshot_rows, source_key_of
+from lib.metrics import MetricSpec, judge_meta_score, metric_gaps, metrics_for_product, weighted_gap
+from lib.models import EvaluationSnapshot, Judgment, MetricDefinition, new_prefixed_id
+
+log = logging.getLogger(__name__)
+
+MAX_EVIDENCE_PER_METRIC = 3
+STAGE_LABELS: dict[str, str] = {
+    "input": "Checking the input",
+    "configuration": "LLM configuration",
+    "stage1": "Stage 1 (independent evaluation)",
+    "stage2": "Stage 2 (mentoring comparison)",
+    "save": "Saving the snapshot",
+}
+NOTES_PLACEHOLDER = "No cross-session notes for this run."
+EVIDENCE_PARSE_WARNING = "Evidence parse failed for eval %s, continuing without evidence"
+_NULL_WORDS = frozenset({"", "null", "none", "n/a", "na", "-"})
+_MAX_LINE_BYTES = 10 * 1024 * 1024
+# Column widths of the snapshot table, checked before any LLM call rather than at the write.
+_TEXT_LIMITS = {"product": 200, "model_name": 200, "category": 200, "language": 16, "question_id": 128}
+
+
+class JudgeFailed(Exception):
+    """The judge could not produce a snapshot; names the stage, says why, and that nothing was saved."""
+
+    def __init__(self, stage: str, reason: str, *, kind: str | None = None) -> None:
+        self.stage = stage
+        self.reason = reason
+        self.kind = kind
+        label = STAGE_LABELS.get(stage, stage)
+        super().__init__(f"{label} failed: {reason.rstrip('.')}. Nothing was saved.")
+
+
+class AlreadyJudged(JudgeFailed):
+    """This answer is already an evaluation of the product (same source key as the importer's)."""
+
+    def __init__(self, snapshot_id: str) -> None:
+        self.snapshot_id = snapshot_id
+        super().__init__(
+            "input",
+            f"this question and answer (same product and model) are already evaluation {snapshot_id}",
+            kind="duplicate",
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Input
+
+
+@dataclass(frozen=True)
+class EvaluationInput:
+    """What a judge run is asked to evaluate, as a reviewer or a JSONL line gives it."""
+
+    question: str
+    model_answer: str
+    product: str
+    language: str = "en"
+    model_name: str | None = None
+    category: str | None = None
+    question_id: str | None = None
+    primary_metric: str | None = None
+    bonus_metrics: tuple[str, ...] = ()
+    # {metric slug or display name: number | {"score": number | None, "reason": str}}
+    user_scores: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def source_key(self) -> str:
+        """The importer's identity of this evaluation: reruns and imports of it are recognised."""
+        return source_key_of(self.product, self.question, self.model_answer, self.model_name)
+
+    @classmethod
+    def from_record(cls, record: Any) -> EvaluationInput:
+        """A JSONL record (the import format's field names) as input; ValueError names the field."""
+        if not isinstance(record, Mapping):
+            raise ValueError("expected a JSON object")
+
+        def text(name: str, *, required: bool = False) -> str | None:
+            value = record.get(name)
+            if value is None:
+                if required:
+                    raise ValueError(f"field {name!r} is required")
+                return None
+            if isinstance(value, int) and not isinstance(value, bool) and name == "question_id":
+                value = str(value)
+            if not isinstance(value, str):
+                raise ValueError(f"field {name!r} must be a string")
+            if required and not value.strip():
+                raise ValueError(f"field {name!r} must not be empty")
+            return value
+
+        bonus = record.get("bonus_metrics") or []
+        if not isinstance(bonus, list) or not all(isinstance(b, str) for b in bonus):
+            raise ValueError("field 'bonus_metrics' must be a list of metric names")
+        scores = record.get("user_scores") or {}
+        if not isinstance(scores, Mapping):
+            raise ValueError("field 'user_scores' must be an object of {metric: score}")
+        return cls(
+            question=text("question", required=True) or "",
+            model_answer=text("model_answer", required=True) or "",
+            product=(text("product", required=True) or "").strip(),
+            language=(text("language") or "en").strip() or "en",
+            model_name=text("model_name"),
+            category=text("category"),
+            question_id=text("question_id"),
+            primary_metric=text("primary_metric"),
+            bonus_metrics=tuple(bonus),
+            user_scores=dict(scores),
+        )
+
+
+@dataclass(frozen=True)
+class PreparedInput:
+    """An input checked against the product's rubric: slugs resolved, user scores on their scales."""
+
+    evaluation: EvaluationInput
+    metrics: tuple[MetricSpec, ...]
+    primary_metric: str
+    bonus_metrics: tuple[str, ...]
+    user_scores: dict[str, dict[str, Any]]  # {slug: {"score": float | None, "reason": str | None}}
+
+    def spec(self, slug: str) -> MetricSpec:
+        return next(m for m in self.metrics if m.slug == slug)
+
+
+def _resolve(key: Any, metrics: Sequence[MetricSpec], label: str, product: str) -> str:
+    if isinstance(key, str):
+        for spec in metrics:
+            if key.strip() in (spec.slug, spec.display_name):
+                return spec.slug
+    known = ", ".join(m.slug for m in metrics)
+    raise ValueError(f"{label}: metric {key!r} is not defined for product {product!r} (known: {known})")
+
+
+def prepare_input(evaluation: EvaluationInput, metrics: Sequence[MetricSpec]) -> PreparedInput:
+    """Check an input against the rubric before any LLM call; ValueError says what to fix."""
+    if not evaluation.question.strip():
+        raise ValueError("the question is empty")
+    if not evaluation.model_answer.strip():
+        raise ValueError("the model answer is empty")
+    if not evaluation.product.strip():
+        raise ValueError("the product is empty")
+    if not metrics:
+        raise ValueError(f"product {evaluation.product!r} has no metrics")
+    for name in ("question", "model_answer", *_TEXT_LIMITS):
+        if "\x00" in (getattr(evaluation, name) or ""):
+            raise ValueError(f"the {name.replace('_', ' ')} contains a NUL character, which cannot be stored")
+    for name, limit in _TEXT_LIMITS.items():
+        value = getattr(evaluation, name)
+        if value is not None and len(value) > limit:
+            raise ValueError(f"the {name.replace('_', ' ')} is {len(value)} characters long; at most {limit}")
+    product = evaluation.product
+    # The importer makes the first rubric metric primary when none is named; so does the judge.
+    primary = (
+        _resolve(evaluation.primary_metric, metrics, "primary_metric", product)
+        if evaluation.primary_metric
+        else metrics[0].slug
+    )
+    bonus: list[str] = []
+    for key in evaluation.bonus_metrics:
+        slug = _resolve(key, metrics, "bonus_metrics", product)
+        if slug != primary and slug not in bonus:
+            bonus.append(slug)
+    user: dict[str, dict[str, Any]] = {}
+    for key, value in evaluation.user_scores.items():
+        slug = _resolve(key, metrics, "user_scores", product)
+        spec = next(m for m in metrics if m.slug == slug)
+        reason = None
+        if isinstance(value, Mapping):
+            reason = value.get("reason")
+            if reason is not None and not isinstance(reason, str):
+                raise ValueError(f"user_scores.{key}: the reason must be text")
+            value = value.get("score")
+        if value is None:
+            if reason:
+                user[slug] = {"score": None, "reason": reason}
+            continue
+        number = parse_score(value)
+        if number is None:
+            raise ValueError(f"user_scores.{key}: {value!r} is not a number")
+        try:
+            spec.validate(number)
+        except ValueError as exc:
+            raise ValueError(f"user_scores.{key}: {exc}") from None
+        user[slug] = {"score": int(number) if number.is_integer() else number, "reason": reason or None}
+    return PreparedInput(evaluation, tuple(metrics), primary, tuple(bonus), user)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 1: independent evaluation + evidence (blind to the reviewer's scores)
+
+STAGE1_SYSTEM = """You are an impartial evaluation judge (Stage 1: independent evaluation).
+Read the question and the model answer and score the answer on every metric of the rubric, each on
+its own scale. You judge independently: you are not shown anyone else's scores.
+
+For every metric give:
+- "score": a number on that metric's scale, or null when the metric cannot be judged for this answer;
+- "confidence": how sure you are of the score, from 0 to 1;
+- "rationale": one or two sentences explaining the score with reference to the rubric.
+
+For every metric also give 1 to 3 evidence items from the model answer:
+- "quote": a span copied VERBATIM from the model answer (same characters, same spacing);
+- "start" and "end": the character positions of the quote in the model answer (0-based, end exclusive);
+- "why": why this span matters for the metric, in terms of the rubric (short);
+- "better": a concrete fix (an example sentence or a short rewrite).
+Evidence may be an empty list [] for a metric whose score is null.
+Use the reviewer corrections in the history below: they show where earlier judgments were wrong.
+Write rationale, why and better in the language of the answer ({language})."""
+
+STAGE1_OUTPUT = """Reply with one JSON object exactly in this shape (metric keys are the slugs above):
+{{
+  "independent_scores": {{"<slug>": {{"score": <number or null>, "confidence": <0-1>, "rationale": "<text>"}}}},
+  "evidence": {{"<slug>": [{{"quote": "<verbatim>", "start": <int>, "end": <int>, "why": "<text>", "better": "<text>"}}]}}
+}}
+Include every metric of the rubric: {slugs}."""
+
+
+def rubric_block(metrics: Sequence[MetricSpec]) -> str:
+    """The rubric as the judge sees it: slug, display name, scale and rubric text per metric."""
+    lines = []
+    for spec in metrics:
+        kind = "whole numbers" if spec.integer_scale else "any number in the range"
+        line = f"- {spec.slug} ({spec.display_name}) — scale {spec.scale_label()}, {kind}"
+        if spec.description.strip():
+            line += f": {' '.join(spec.description.split())}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _delimited(name: str, body: str) -> str:
+    """Untrusted text between unmistakable markers, so it cannot pose as instructions."""
+    return f"<<<{name}\n{body}\n{name}>>>"
+
+
+def build_stage1_messages(
+    prepared: PreparedInput, *, history_block: str, notes_block: str | None = None
+) -> list[dict[str, str]]:
+    """The Stage 1 prompt: rubric, history, notes, question and answer; never the reviewer's scores."""
+    ev = prepared.evaluation
+    slugs = ", ".join(m.slug for m in prepared.metrics)
+    context = [f"Product: {ev.product}", f"Language: {ev.language}"]
+    if ev.category:
+        context.append(f"Category: {ev.category}")
+    if ev.model_name:
+        context.append(f"Answering model: {ev.model_name}")
+    user = "\n\n".join(
+        [
+            "\n".join(context),
+            "## Rubric\n" + rubric_block(prepared.metrics),
+            "## Correction history for this product\n" + (history_block.strip() or "(none)"),
+            # The notes integration fills this section (lib.notes.format_notes_for_prompt).
+            "## Cross-session notes\n" + ((notes_block or "").strip() or NOTES_PLACEHOLDER),
+            "## Question\n" + _delimited("QUESTION", ev.question),
+            "## Model answer (character positions count from the first character after the marker line)\n"
+            + _delimited("ANSWER", ev.model_answer),
+            STAGE1_OUTPUT.format(slugs=slugs),
+        ]
+    )
+    return [
+        {"role": "system", "content": STAGE1_SYSTEM.format(language=ev.language)},
+        {"role": "user", "content": user},
+    ]
+
+
+@dataclass(frozen=True)
+class MetricJudgment:
+    """The judge's verdict on one metric."""
+
+    score: float | None
+    rationale: str | None
+    confidence: float | None
+
+
+@dataclass(frozen=True)
+class Stage1Result:
+    """Scores for every rubric metric; evidence as the judge wrote it, or None when it was unusable."""
+
+    scores: dict[str, MetricJudgment]
+    evidence: dict[str, list[dict[str, Any]]] | None
+    evidence_problem: str | None = None
+
+    @property
+    def judge_scores(self) -> dict[str, dict[str, Any]]:
+        """{slug: {"score", "reason"}}: the stored shape of judge_scores_json."""
+        return {
+            slug: {"score": _plain_number(j.score), "reason": j.rationale} for slug, j in self.scores.items()
+        }
+
+
+def _plain_number(value: float | None) -> float | int | None:
+    if value is None:
+        return None
+    return int(value) if float(value).is_integer() else value
+
+
+def _coerce_score(raw: Any, spec: MetricSpec) -> float | None:
+    """A judge's score as a number on the metric's scale, None for null; ValueError otherwise."""
+    if isinstance(raw, Mapping):
+        raw = raw.get("score")
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in _NULL_WORDS):
+        return None
+    number = parse_score(raw.strip() if isinstance(raw, str) else raw)
+    if number is None:
+        raise ValueError(f"the score for {spec.slug!r} is {raw!r}, not a number")
+    return spec.validate(number)
+
+
+def _coerce_confidence(raw: Any) -> float | None:
+    """0–1; a value above 1 is read as a percentage, anything unusable as unknown."""
+    number = parse_score(raw)
+    if number is None or number < 0:
+        return None
+    if number > 1:
+        number /= 100.0
+    return round(min(1.0, number), 4)
+
+
+def _rationale(entry: Any) -> str | None:
+    if not isinstance(entry, Mapping):
+        return None
+    for key in ("rationale", "reason", "reasoning", "judge_reason"):
+        value = entry.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip().replace("\x00", "")
+    return None
+
+
+def _metric_lookup(metrics: Sequence[MetricSpec]) -> dict[str, str]:
+    return {m.display_name: m.slug for m in metrics} | {m.slug: m.slug for m in metrics}
+
+
+def _position(value: Any) -> int | None:
+    number = parse_score(value)
+    if number is None or not number.is_integer() or number < 0:
+        return None
+    return int(number)
+
+
+def _clean_evidence_item(item: Any) -> dict[str, Any] | None:
+    """One evidence item reduced to the seed's fields, or None when it has no quote to check."""
+    if not isinstance(item, Mapping):
+        return None
+    quote = item.get("quote")
+    if not isinstance(quote, str) or not quote.strip() or "\x00" in quote:
+        return None
+    cleaned: dict[str, Any] = {
+        "quote": quote,
+        "start": _position(item.get("start")),
+        "end": _position(item.get("end")),
+    }
+    for key in ("why", "better"):
+        value = item.get(key)
+        cleaned[key] = value.replace("\x00", "") if isinstance(value, str) else None
+    return cleaned
+
+
+def parse_stage1_evidence(
+    raw: Any, metrics: Sequence[MetricSpec]
+) -> tuple[dict[str, list[dict[str, Any]]] | None, str | None, int]:
+    """(evidence per slug, problem, items dropped); evidence None when the block is unusable (AD-8)."""
+    if raw is None:
+        return None, "the reply has no evidence block", 0
+    if isinstance(raw, str):
+        try:
+            raw = llm.parse_json_loose(raw)
+        except llm.LLMError:
+            return None, "the evidence block is text that is not JSON", 0
+    if not isinstance(raw, Mapping):
+        return None, f"the evidence block is {type(raw).__name__}, not an object", 0
+    lookup = _metric_lookup(metrics)
+    out: dict[str, list[dict[str, Any]]] = {}
+    dropped = 0
+    for key, value in raw.items():
+        slug = lookup.get(str(key).strip())
+        if slug is None:
+            continue  # a metric the rubric does not define: nothing to attach it to
+        if isinstance(value, Mapping):
+            value = value.get("evidence")
+        if value is None:
+            value = []
+        if not isinstance(value, list):
+            dropped += 1
+            continue
+        items = [_clean_evidence_item(item) for item in value]
+        kept = [i for i in items if i is not None]
+        dropped += len(items) - len(kept) + max(0, len(kept) - MAX_EVIDENCE_PER_METRIC)
+        out[slug] = kept[:MAX_EVIDENCE_PER_METRIC]
+    if raw and not out and dropped:
+        return None, "no evidence item in the block could be read", dropped
+    return out, None, dropped
+
+
+def parse_stage1_response(data: Mapping[str, Any], metrics: Sequence[MetricSpec]) -> Stage1Result:
+    """Scores (validated on each metric's scale) and evidence from a Stage 1 reply; ValueError if unusable."""
+    raw_scores = data.get("independent_scores")
+    if raw_scores is None:
+        raw_scores = data.get("scores", data.get("judge_scores"))
+    if not isinstance(raw_scores, Mapping):
+        raise ValueError("the reply has no 'independent_scores' object")
+    lookup = _metric_lookup(metrics)
+    by_slug: dict[str, Any] = {}
+    for key, entry in raw_scores.items():
+        slug = lookup.get(str(key).strip())
+        if slug is None:
+            log.info("judge scored %r, which the rubric does not define; ignored", key)
+            continue
+        by_slug[slug] = entry
+    scores: dict[str, MetricJudgment] = {}
+    for spec in metrics:
+        entry = by_slug.get(spec.slug)
+        # A metric the reply leaves out is one the judge did not score: null, like an explicit null.
+        score = _coerce_score(entry, spec)
+        confidence = _coerce_confidence(entry.get("confidence")) if isinstance(entry, Mapping) else None
+        scores[spec.slug] = MetricJudgment(score=score, rationale=_rationale(entry), confidence=confidence)
+    if all(j.score is None for j in scores.values()):
+        raise ValueError("the judge scored none of the metrics")
+    evidence, problem, dropped = parse_stage1_evidence(data.get("evidence"), metrics)
+    if dropped and evidence is not None:
+        log.info("dropped %d unreadable or surplus evidence items", dropped)
+    return Stage1Result(scores=scores, evidence=evidence, evidence_problem=problem)
+
+
+def run_stage1(
+    prepared: PreparedInput,
+    *,
+    history_block: str,
+    notes_block: str | None = None,
+    settings: Settings | None = None,
+    eval_id: str = "?",
+) -> Stage1Result:
+    """Ask the judge model for scores and evidence; JudgeFailed("stage1") when that cannot be had."""
+    settings = settings or get_settings()
+    messages = build_stage1_messages(prepared, history_block=history_block, notes_block=notes_block)
+    try:
+        data = llm.chat_json(messages, model=settings.judge_model, settings=settings)
+    except llm.LLMNotConfigured as exc:
+        raise JudgeFailed("configuration", str(exc), kind="not_configured") from exc
+    except llm.LLMError as exc:
+        raise JudgeFailed("stage1", str(exc), kind=exc.kind) from exc
+    try:
+        result = parse_stage1_response(data, prepared.metrics)
+    except ValueError as exc:
+        raise JudgeFailed("stage1", f"the judge's reply is unusable: {exc}", kind="invalid_reply") from exc
+    if result.evidence is None:
+        # AD-8: scores are the value, evidence a bonus; a broken evidence block must not sink the run.
+        log.warning(EVIDENCE_PARSE_WARNING, eval_id)
+        log.info("evidence problem for eval %s: %s", eval_id, result.evidence_problem)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 2: mentoring comparison (the reviewer's scores against the judge's)
+
+STAGE2_SYSTEM = """You are a mentor for a human evaluator (Stage 2: mentoring comparison).
+An independent judge scored a model answer; the evaluator scored it too. For each metric, explain
+where and why the evaluator's score differs from the judge's (or confirm the agreement), referring
+only to the evidence given below, and suggest one or two concrete things to look for next time.
+Then write short overall feedback. The gaps and the judge meta score are already computed; do not
+recompute them. Write in the language of the answer ({language})."""
+
+STAGE2_OUTPUT = """Reply with one JSON object exactly in this shape:
+{{"metric_feedback": {{"<slug>": "<comparison for that metric>"}}, "overall_feedback": "<text>"}}
+Metric keys: {slugs}."""
+
+
+@dataclass(frozen=True)
+class Gaps:
+    """Stage 2 arithmetic (SPEC §5), computed in code."""
+
+    per_metric: dict[str, float]
+    weighted_gap: float | None
+    judge_meta_score: int | None
+
+
+def compute_gaps(prepared: PreparedInput, judge_scores: Mapping[str, Any]) -> Gaps:
+    """Rescaled per-metric gaps, the weighted gap and the meta score; None when nothing is comparable."""
+    metrics = list(prepared.metrics)
+    gaps = metric_gaps(metrics, prepared.user_scores, judge_scores)
+    if not gaps:
+        # No metric scored on both sides: there is no gap to weigh, which is not a perfect judge.
+        return Gaps({}, None, None)
+    gap = weighted_gap(
+        metrics, prepared.user_scores, judge_scores, prepared.primary_metric, prepared.bonus_metrics
+    )
+    return Gaps(gaps, gap, judge_meta_score(gap))
+
+
+def _evidence_lines(items: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = []
+    for n, item in enumerate(items, start=1):
+        state = "verified" if item.get("verified") else "NOT verified in the answer"
+        lines.append(f"    {n}. ({state}) quote: {json.dumps(item.get('quote', ''), ensure_ascii=False)}")
+        if item.get("why"):
+            lines.append(f"       why: {item['why']}")
+        if item.get("better"):
+            lines.append(f"       better: {item['better']}")
+    return lines
+
+
+def build_stage2_messages(
+    prepared: PreparedInput,
+    stage1: Stage1Result,
+    gaps: Gaps,
+    verified_evidence: Mapping[str, Sequence[Mapping[str, Any]]] | None,
+) -> list[dict[str, str]]:
+    """The Stage 2 prompt: both sides' scores and reasons per metric, the computed gaps, the evidence."""
+    ev = prepared.evaluation
+    blocks = []
+    for spec in prepared.metrics:
+        user = prepared.user_scores.get(spec.slug, {})
+        judge = stage1.scores[spec.slug]
+        role = (
+            "primary"
+            if spec.slug == prepared.primary_metric
+            else ("bonus" if spec.slug in prepared.bonus_metrics else "other")
+        )
+        user_score = user.get("score")
+        lines = [
+            f"- {spec.slug} ({spec.display_name}, scale {spec.scale_label()}, {role} metric)",
+            f"  evaluator: {format_score(user_score) if user_score is not None else 'not scored'}"
+            + (f" — {user['reason']}" if user.get("reason") else ""),
+            f"  judge: {format_score(judge.score) if judge.score is not None else 'not scored'}"
+            + (f" — {judge.rationale}" if judge.rationale else ""),
+        ]
+        if spec.slug in gaps.per_metric:
+            lines.append(f"  gap (rescaled to 1–5): {gaps.per_metric[spec.slug]:.2f}")
+        items = (verified_evidence or {}).get(spec.slug) or []
+        lines.append("  evidence:" if items else "  evidence: none")
+        lines.extend(_evidence_lines(items))
+        blocks.append("\n".join(lines))
+    summary = (
+        f"Weighted gap: {gaps.weighted_gap:.2f}; judge meta score: {gaps.judge_meta_score}/5"
+        if gaps.weighted_gap is not None
+        else "No metric was scored by both; there is no gap."
+    )
+    if verified_evidence is None:
+        summary += "\nThe judge's evidence could not be read; say so rather than inventing quotes."
+    user_msg = "\n\n".join(
+        [
+            f"Product: {ev.product}\nLanguage: {ev.language}",
+            "## Question\n" + _delimited("QUESTION", ev.question),
+            "## Model answer\n" + _delimited("ANSWER", ev.model_answer),
+            "## Scores per metric\n" + "\n".join(blocks),
+            summary,
+            STAGE2_OUTPUT.format(slugs=", ".join(m.slug for m in prepared.metrics)),
+        ]
+    )
+    return [
+        {"role": "system", "content": STAGE2_SYSTEM.format(language=ev.language)},
+        {"role": "user", "content": user_msg},
+    ]
+
+
+@dataclass(frozen=True)
+class Stage2Result:
+    """Mentoring text from the LLM and the arithmetic from code."""
+
+    overall_feedback: str | None
+    metric_feedback: dict[str, str]
+    gaps: Gaps
+
+
+def parse_stage2_response(
+    data: Mapping[str, Any], metrics: Sequence[MetricSpec]
+) -> tuple[str, dict[str, str]]:
+    """(overall feedback, feedback per slug) from a Stage 2 reply; ValueError when there is no feedback."""
+    overall = data.get("overall_feedback", data.get("overall"))
+    if not isinstance(overall, str) or not overall.strip():
+        raise ValueError("the reply has no 'overall_feedback' text")
+    lookup = _metric_lookup(metrics)
+    per_metric: dict[str, str] = {}
+    raw = data.get("metric_feedback")
+    if isinstance(raw, Mapping):
+        for key, value in raw.items():
+            slug = lookup.get(str(key).strip())
+            if isinstance(value, Mapping):
+                value = value.get("comparison") or value.get("feedback")
+            if slug is not None and isinstance(value, str) and value.strip():
+                per_metric[slug] = value.strip().replace("\x00", "")
+    return overall.strip().replace("\x00", ""), per_metric
+
+
+def run_stage2(
+    prepared: PreparedInput,
+    stage1: Stage1Result,
+    verified_evidence: Mapping[str, Sequence[Mapping[str, Any]]] | None,
+    *,
+    settings: Settings | None = None,
+) -> Stage2Result:
+    """Mentoring feedback from the judge model plus the gaps from code; JudgeFailed("stage2") on failure.
+
+    With no reviewer scores there is nobody to mentor, so the LLM is not called (batch pipelines).
+    """
+    settings = settings or get_settings()
+    gaps = compute_gaps(prepared, stage1.judge_scores)
+    if not any(u.get("score") is not None for u in prepared.user_scores.values()):
+        return Stage2Result(overall_feedback=None, metric_feedback={}, gaps=gaps)
+    messages = build_stage2_messages(prepared, stage1, gaps, verified_evidence)
+    try:
+        data = llm.chat_json(messages, model=settings.judge_model, settings=settings)
+    except llm.LLMNotConfigured as exc:
+        raise JudgeFailed("configuration", str(exc), kind="not_configured") from exc
+    except llm.LLMError as exc:
+        raise JudgeFailed("stage2", str(exc), kind=exc.kind) from exc
+    try:
+        overall, per_metric = parse_stage2_response(data, prepared.metrics)
+    except ValueError as exc:
+        raise JudgeFailed("stage2", f"the judge's reply is unusable: {exc}", kind="invalid_reply") from exc
+    return Stage2Result(overall_feedback=overall, metric_feedback=per_metric, gaps=gaps)
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole run and its atomic write
+
+
+def verified_evidence_of(
+    model_answer: str, evidence: Mapping[str, Sequence[Mapping[str, Any]]] | None
+) -> dict[str, list[dict[str, Any]]] | None:
+    """Evidence items with the five-stage verification applied, for the Stage 2 prompt."""
+    if evidence is None:
+        return None
+    return {slug: [verify_evidence_item(model_answer, i) for i in items] for slug, items in evidence.items()}
+
+
+def build_record(
+    prepared: PreparedInput,
+    stage1: Stage1Result,
+    stage2: Stage2Result,
+    *,
+    snapshot_id: str,
+    judge_model: str,
+) -> dict[str, Any]:
+    """The evaluation in the import format, so the importer's row builder makes the snapshot."""
+    ev = prepared.evaluation
+    gaps = stage2.gaps
+    return {
+        "id": snapshot_id,
+        "question": ev.question,
+        "model_answer": ev.model_answer,
+        "model_name": ev.model_name,
+        "judge_model": judge_model,
+        "product": ev.product,
+        "language": ev.language,
+        "category": ev.category,
+        "question_id": ev.question_id,
+        "primary_metric": prepared.primary_metric,
+        "bonus_metrics": list(prepared.bonus_metrics),
+        "user_scores": prepared.user_scores or None,
+        "judge_scores": stage1.judge_scores,
+        "evidence": stage1.evidence or None,
+        "weighted_gap": gaps.weighted_gap,
+        "judge_meta_score": gaps.judge_meta_score,
+        "overall_feedback": stage2.overall_feedback,
+    }
+
+
+def snapshot_rows(
+    prepared: PreparedInput,
+    stage1: Stage1Result,
+    stage2: Stage2Result,
+    *,
+    snapshot_id: str,
+    judge_model: str,
+    reviewer: str,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The snapshot row and its judgment rows, ready for the one transaction that writes them."""
+    record = build_record(prepared, stage1, stage2, snapshot_id=snapshot_id, judge_model=judge_model)
+    row, judgments = build_snapshot_rows(record, prepared.metrics, reviewer=reviewer)
+    if stage1.evidence is None:
+        row["evidence_json"] = None  # AD-8: "no evidence", not an empty per-metric shell
+    for slug, text in stage2.metric_feedback.items():
+        if slug in row["judge_scores_json"]:
+            row["judge_scores_json"][slug]["mentoring"] = text
+    for judgment in judgments:
+        judgment["confidence"] = stage1.scores[judgment["metric"]].confidence
+    return row, judgments
+
+
+def _existing_snapshot(session: Session, source_key: str) -> str | None:
+    return session.exec(
+        select(EvaluationSnapshot.id).where(col(EvaluationSnapshot.source_key) == source_key)
+    ).first()
+
+
+def write_snapshot(
+    *, session: Session, row: Mapping[str, Any], judgments: Sequence[Mapping[str, Any]]
+) -> str:
+    """Add the snapshot and its judgments in the caller's transaction; AlreadyJudged for a duplicate."""
+    existing = _existing_snapshot(session, row["source_key"])
+    if existing is not None:
+        raise AlreadyJudged(existing)
+    session.add(EvaluationSnapshot(**row))
+    # The judgments reference the snapshot; flushing it first keeps the insert order right.
+    session.flush()
+    session.add_all(Judgment(**j) for j in judgments)
+    session.flush()
+    return str(row["id"])
+
+
+@dataclass(frozen=True)
+class JudgeContext:
+    """What a run reads from the database before calling the LLM."""
+
+    prepared: PreparedInput
+    history_block: str
+    notes_block: str | None
+    existing_snapshot: str | None
+
+
+def _notes_block(session: Session, language: str, run_id: str) -> str | None:
+    """Cross-session notes for the run's language when the notes module is present."""
+    if importlib.util.find_spec("lib.notes") is None:
+        return None
+    from lib import notes
+
+    selected = notes.relevant_notes(session=session, language=language)
+    return notes.format_notes_for_prompt(selected, run_id) or None
+
+
+def load_context(
+    *,
+    session: Session,
+    evaluation: EvaluationInput,
+    settings: Settings,
+    notes_block: str | None = None,
+    run_id: str = "",
+) -> JudgeContext:
+    """Rubric, correction history and notes for a run; ValueError when the input does not fit the rubric."""
+    metrics = metrics_for_product(session=session, product=evaluation.product.strip())
+    prepared = prepare_input(evaluation, metrics)
+    # One Stage 1 call scores every metric, so its history is the product's across metrics
+    # (each entry names its metric); a per-metric block for 8 metrics would be 8× the tokens.
+    history = select_history(
+        session,
+        evaluation.product,
+        max_entries=settings.history_max_entries,
+        correction_ratio=settings.history_correction_ratio,
+    )
+    if notes_block is None:
+        notes_block = _notes_block(session, evaluation.language, run_id)
+    return JudgeContext(
+        prepared=prepared,
+        history_block=format_history_for_prompt(history),
+        notes_block=notes_block,
+        existing_snapshot=_existing_snapshot(session, evaluation.source_key),
+    )
+
+
+Progress = Callable[[str], None]
+
+
+def judge_evaluation(
+    *,
+    engine: Engine,
+    evaluation: EvaluationInput,
+    reviewer: str,
+    settings: Settings | None = None,
+    notes_block: str | None = None,
+    progress: Progress | None = None,
+) -> str:
+    """Judge one answer (Stage 1, Stage 2) and write its snapshot atomically; returns the snapshot id."""
+    settings = settings or get_settings()
+    say = progress or (lambda _message: None)
+    if not settings.llm_configured:
+        raise JudgeFailed("configuration", llm.NOT_CONFIGURED_MESSAGE, kind="not_configured")
+    if not (reviewer or "").strip():
+        raise JudgeFailed("input", "no reviewer was named; every write records who made it", kind="input")
+    snapshot_id = new_prefixed_id("snap")
+    try:
+        with session_scope(engine, read_only=True) as session:
+            context = load_context(
+                session=session,
+                evaluation=evaluation,
+                settings=settings,
+                notes_block=notes_block,
+                run_id=snapshot_id,
+            )
+    except ValueError as exc:
+        raise JudgeFailed("input", str(exc), kind="input") from exc
+    if context.existing_snapshot is not None:
+        raise AlreadyJudged(context.existing_snapshot)
+    prepared = context.prepared
+
+    say("Stage 1: the judge scores the answer and collects evidence…")
+    stage1 = run_stage1(
+        prepared,
+        history_block=context.history_block,
+        notes_block=context.notes_block,
+        settings=settings,
+        eval_id=snapshot_id,
+    )
+    if stage1.evidence is None:
+        say("The judge's evidence could not be read; continuing without evidence.")
+    verified = verified_evidence_of(prepared.evaluation.model_answer, stage1.evidence)
+
+    if any(u.get("score") is not None for u in prepared.user_scores.values()):
+        say("Stage 2: the judge compares its scores with yours…")
+    stage2 = run_stage2(prepared, stage1, verified, settings=settings)
+
+    say("Saving the evaluation…")
+    try:
+        row, judgments = snapshot_rows(
+            prepared,
+            stage1,
+            stage2,
+            snapshot_id=snapshot_id,
+            judge_model=settings.judge_model,
+            reviewer=reviewer,
+        )
+    except ImportFailed as exc:
+        raise JudgeFailed("save", str(exc), kind="invalid_record") from exc
+    try:
+        with session_scope(engine) as session:
+            return write_snapshot(session=session, row=row, judgments=judgments)
+    except JudgeFailed:
+        raise
+    except SQLAlchemyError as exc:
+        raise JudgeFailed(
+            "save", f"the database refused the write ({type(exc).__name__})", kind="database"
+        ) from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches: `python -m lib judge FILE`
+
+
+class BatchInputError(ValueError):
+    """A batch file that cannot be judged at all; names the line. Nothing was sent to the LLM."""
+
+
+@dataclass
+class BatchReport:
+    """What a batch run did; `failed` holds (line number, message) for lines to retry."""
+
+    total: int = 0
+    judged: int = 0
+    skipped: int = 0
+    failed: list[tuple[int, str]] = field(default_factory=list)
+    snapshot_ids: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line for a human."""
+        return (
+            f"{self.total} lines: {self.judged} judged, {self.skipped} already judged (skipped), "
+            f"{len(self.failed)} failed"
+        )
+
+
+def read_batch(path: Path) -> list[tuple[int, EvaluationInput]]:
+    """(line number, input) for every non-blank JSONL line; BatchInputError at the first bad line."""
+    if not path.is_file():
+        raise BatchInputError(f"{path}: no such file")
+    out: list[tuple[int, EvaluationInput]] = []
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(_lines(fh), start=1):
+            where = f"{path.name} line {lineno}"
+            if len(raw) > _MAX_LINE_BYTES:
+                raise BatchInputError(f"{where}: the line is longer than the 10 MB limit for one record")
+            try:
+                text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError:
+                raise BatchInputError(f"{where}: not valid UTF-8 text") from None
+            if not text.strip():
+                continue
+            try:
+                out.append((lineno, EvaluationInput.from_record(json.loads(text))))
+            except json.JSONDecodeError as exc:
+                raise BatchInputError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+            except (ValueError, RecursionError) as exc:
+                raise BatchInputError(f"{where}: {exc}") from None
+    return out
+
+
+def _lines(fh: Any) -> Iterator[bytes]:
+    while True:
+        raw = fh.readline(_MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        yield raw
+
+
+def _pending_lines(
+    engine: Engine, lines: Sequence[tuple[int, EvaluationInput]], source: str
+) -> tuple[list[tuple[int, EvaluationInput]], int]:
+    """Lines still to judge (every line checked against its rubric first) and how many are skipped."""
+    pending: list[tuple[int, EvaluationInput]] = []
+    skipped = 0
+    seen: set[str] = set()
+    rubrics: dict[str, list[MetricSpec]] = {}
+    with session_scope(engine, read_only=True) as session:
+        for lineno, evaluation in lines:
+            product = evaluation.product
+            if product not in rubrics:
+                rubrics[product] = metrics_for_product(session=session, product=product)
+            try:
+                prepare_input(evaluation, rubrics[product])
+            except ValueError as exc:
+                raise BatchInputError(f"{source} line {lineno}: {exc}") from None
+        keys = [evaluation.source_key for _, evaluation in lines]
+        stored: set[str] = set()
+        for i in range(0, len(keys), 500):
+            part = keys[i : i + 500]
+            stored.update(
+                session.exec(
+                    select(EvaluationSnapshot.source_key).where(col(EvaluationSnapshot.source_key).in_(part))
+                ).all()
+            )
+    for (lineno, evaluation), key in zip(lines, keys, strict=True):
+        # Resumable: a line already judged (by an earlier run, an import, or earlier in this file) is skipped.
+        if key in stored or key in seen:
+            skipped += 1
+            continue
+        seen.add(key)
+        pending.append((lineno, evaluation))
+    return pending, skipped
+
+
+def judge_file(
+    path: Path,
+    *,
+    engine: Engine,
+    reviewer: str = "cli",
+    concurrency: int | None = None,
+    settings: Settings | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> BatchReport:
+    """Judge every not-yet-judged line of a JSONL file with a bounded pool; rerun it to resume."""
+    settings = settings or get_settings()
+    if not settings.llm_configured:
+        raise BatchInputError(llm.NOT_CONFIGURED_MESSAGE)
+    workers = max(1, concurrency or settings.judge_concurrency)
+    lines = read_batch(path)
+    pending, skipped = _pending_lines(engine, lines, path.name)
+    report = BatchReport(total=len(lines), skipped=skipped)
+    if progress:
+        progress(0, len(pending))
+
+    def one(evaluation: EvaluationInput) -> str:
+        return judge_evaluation(engine=engine, evaluation=evaluation, reviewer=reviewer, settings=settings)
+
+    # Submitting in a window of 2× the pool keeps memory flat for long files while no worker idles.
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="judge") as pool:
+        queue = iter(pending)
+        running: dict[Future[str], int] = {}
+
+        def refill() -> None:
+            while len(running) < 2 * workers:
+                nxt = next(queue, None)
+                if nxt is None:
+                    return
+                running[pool.submit(one, nxt[1])] = nxt[0]
+
+        refill()
+        done_count = 0
+        while running:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                lineno = running.pop(future)
+                try:
+                    snapshot_id = future.result()
+                except AlreadyJudged:
+                    report.skipped += 1  # judged by someone else since the file was read
+                except JudgeFailed as exc:
+                    report.failed.append((lineno, str(exc)))
+                    log.warning("%s line %d: %s", path.name, lineno, exc)
+                else:
+                    report.judged += 1
+                    report.snapshot_ids.append(snapshot_id)
+                done_count += 1
+                if progress:
+                    progress(done_count, len(pending))
+            refill()
+    report.failed.sort()
+    return report
+
+
+def progress_bar(done: int, total: int, *, width: int = 30) -> str:
+    """A text progress bar for the CLI's stderr."""
+    filled = width if total == 0 else math.floor(width * done / total)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def print_progress(done: int, total: int) -> None:
+    """Redraw the progress bar in place on stderr."""
+    end = "\n" if done >= total else ""
+    print(f"\r{progress_bar(done, total)}", end=end, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Form helpers for the New evaluation page
+
+
+def known_products(*, session: Session) -> list[str]:
+    """Products that have a rubric or evaluations, for the page's product picker."""
+    defined = set(session.exec(select(MetricDefinition.product).distinct()).all())
+    judged = set(
+        session.exec(
+            select(EvaluationSnapshot.product).where(col(EvaluationSnapshot.deleted_at).is_(None)).distinct()
+        ).all()
+    )
+    return sorted(p for p in defined | judged if p)
+
+
+def score_step(spec: MetricSpec) -> float:
+    """The input step for a metric's scale: whole numbers, or hundredths for continuous scales."""
+    return 1.0 if spec.integer_scale else 0.01
+
+
+def user_scores_from_form(
+    metrics: Sequence[MetricSpec], values: Mapping[str, Any], reasons: Mapping[str, str]
+) -> dict[str, dict[str, Any]]:
+    """The page's per-metric inputs as user_scores; metrics left empty are not scored."""
+    out: dict[str, dict[str, Any]] = {}
+    for spec in metrics:
+        value = values.get(spec.slug)
+        reason = (reasons.get(spec.slug) or "").strip() or None
+        if value is None and reason is None:
+            continue
+        out[spec.slug] = {"score": value, "reason": reason}
+    return out
