@@ -71,6 +71,33 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+@handler("history")
+def _cmd_history(args: argparse.Namespace) -> int:
+    """`history` prints the seed-004 correction history a judge prompt for the product gets."""
+    import json
+
+    from lib import corrections
+    from lib.config import get_settings
+    from lib.db import session_scope
+
+    settings = get_settings()
+    max_entries = settings.history_max_entries if args.max_entries is None else args.max_entries
+    ratio = settings.history_correction_ratio if args.ratio is None else args.ratio
+    try:
+        with session_scope(_engine(), read_only=True) as session:
+            chosen = corrections.select_history(
+                session, args.product, max_entries=max_entries, correction_ratio=ratio, metric=args.metric
+            )
+            if args.format == "prompt":
+                print(corrections.format_history_for_prompt(chosen))
+            else:
+                records = [corrections.history_record(j) for j in chosen]
+                print(json.dumps(records, ensure_ascii=False, indent=2))
+    except ValueError as exc:
+        raise CliError(f"history: {exc}") from exc
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; other modules' commands are registered here so `--help` lists all."""
     parser = argparse.ArgumentParser(prog="python -m lib", description="Overrule command line.")
@@ -89,6 +116,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="load the deterministic demo data set")
     p.add_argument("--force", action="store_true", help="load even when the database is not empty")
+
+    p = sub.add_parser("history", help="the correction history a judge prompt gets (seed 004)")
+    p.add_argument("--product", required=True, help="only this product's judgments")
+    p.add_argument("--metric", default=None, help="only this metric's judgments (default: every metric)")
+    p.add_argument("--max-entries", type=int, default=None, metavar="N",
+                   help="how many entries (default OVERRULE_HISTORY_MAX_ENTRIES, 20)")
+    p.add_argument("--ratio", type=float, default=None, metavar="R",
+                   help="target share of corrections, 0..1 (default OVERRULE_HISTORY_CORRECTION_RATIO, 0.75)")
+    p.add_argument("--format", choices=["json", "prompt"], default="json",
+                   help="json: the judgments in selection order; prompt: the block a judge prompt contains")
 
     # Each capability adds its subcommand parser above this line and its @handler function above.
     return parser
