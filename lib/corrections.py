@@ -192,7 +192,7 @@ def decision_scale(*, session: Session, judgment: Judgment) -> DecisionScale:
     )
 
 
-def _same_decision(judge: str, user: str) -> bool:
+def same_decision(judge: str, user: str) -> bool:
     """Scores compare as numbers ("4" equals "4.0"); labels as text."""
     a, b = parse_score(judge), parse_score(user)
     if a is not None and b is not None:
@@ -241,7 +241,7 @@ def record_review(
         )
     scale = decision_scale(session=session, judgment=judgment)
     decided = scale.parse(user_decision)
-    if _same_decision(judgment.decision, decided):
+    if same_decision(judgment.decision, decided):
         decided = judgment.decision  # a confirmation stores the judge's exact text: never "corrected"
     corrected = compute_was_corrected(judgment.decision, decided)
     reason = (reason or "").strip() or None
@@ -449,6 +449,38 @@ def select_history(
         if len(result) == actual_corrections + actual_correct:
             break
     return result
+
+
+def sort_by_rubric(*, session: Session, judgments: list[Judgment]) -> list[Judgment]:
+    """Judgments of one evaluation in its product's rubric order (unknown metrics last)."""
+    if judgments:
+        order = {
+            s.slug: i
+            for i, s in enumerate(metrics_for_product(session=session, product=judgments[0].product))
+        }
+        judgments.sort(key=lambda j: (order.get(j.metric or "", len(order)), j.metric or "", j.id or 0))
+    return judgments
+
+
+def judgments_of_snapshot(*, session: Session, snapshot_id: str) -> list[Judgment]:
+    """An evaluation's judgments in its rubric's metric order."""
+    stmt = select(Judgment).where(Judgment.snapshot_id == snapshot_id).order_by(col(Judgment.id))
+    return sort_by_rubric(session=session, judgments=list(session.exec(stmt).all()))
+
+
+def metric_titles(*, session: Session, judgments: Sequence[Judgment]) -> dict[int, str]:
+    """Per judgment id, the heading a reviewer sees: the metric's display name, else the change id."""
+    names: dict[str, dict[str, str]] = {}
+    titles: dict[int, str] = {}
+    for j in judgments:
+        if j.id is None:
+            continue
+        if j.metric and j.product not in names:
+            names[j.product] = {
+                s.slug: s.display_name for s in metrics_for_product(session=session, product=j.product)
+            }
+        titles[j.id] = names.get(j.product, {}).get(j.metric or "", j.metric or j.change_id)
+    return titles
 
 
 def _one_line(text: str | None) -> str:
@@ -725,3 +757,48 @@ def export_cache_bytes(*, engine: Engine, product: str | None = None) -> bytes:
                 params=[product],
             )
         return out.read_bytes()
+
+
+def filtered_csv_bytes(*, engine: Engine, filters: JudgmentFilter, limit: int = CSV_ROW_LIMIT) -> bytes:
+    """The CSV download of every matching judgment (built on click, formulas neutralised)."""
+    from lib.db import session_scope
+    from lib.export import frame_to_csv_bytes
+
+    with session_scope(engine, read_only=True) as session:
+        frame = filtered_frame(session=session, filters=filters, limit=limit)
+    return frame_to_csv_bytes(frame)
+
+
+def history_block(
+    *,
+    session: Session,
+    product: str,
+    metric: str | None = None,
+    max_entries: int = 20,
+    correction_ratio: float = 0.75,
+) -> str:
+    """Exactly the history text a judge prompt for this product (and metric) would contain now."""
+    chosen = select_history(
+        session, product, max_entries=max_entries, correction_ratio=correction_ratio, metric=metric
+    )
+    return format_history_for_prompt(chosen)
+
+
+def history_record(judgment: Judgment) -> dict[str, Any]:
+    """One selected judgment as JSON for pipelines: the seed-004 fields plus its review state."""
+    record: dict[str, Any] = {
+        "change_id": judgment.change_id,
+        "product": judgment.product,
+        "metric": judgment.metric,
+        "decision": judgment.decision,
+        "reasoning": judgment.reasoning or "",
+        "user_decision": judgment.user_decision,
+        "user_reasoning": judgment.user_reasoning,
+        "was_corrected": judgment.was_corrected,
+        "timestamp": judgment.timestamp.isoformat().replace("+00:00", "Z"),
+    }
+    for optional in ("confidence", "url", "description", "ai_provider"):
+        value = getattr(judgment, optional)
+        if value not in (None, ""):
+            record[optional] = value
+    return record

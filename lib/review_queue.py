@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import and_, case, func, or_
 from sqlmodel import Session, col, select
 
-from lib.metrics import metrics_for_product
+from lib.corrections import sort_by_rubric
 from lib.models import EvaluationSnapshot, Judgment
 
 ORDERS: dict[str, str] = {"oldest": "Oldest first", "largest_gap": "Largest gap first"}
@@ -124,10 +124,7 @@ def _open_judgments(session: Session, filters: QueueFilter, key: str) -> QueueIt
     if not judgments:
         return None
     if snapshot is not None:
-        position = {
-            s.slug: i for i, s in enumerate(metrics_for_product(session=session, product=snapshot.product))
-        }
-        judgments.sort(key=lambda j: (position.get(j.metric or "", len(position)), j.metric or "", j.id or 0))
+        sort_by_rubric(session=session, judgments=judgments)
     return QueueItem(key=key, judgments=judgments, snapshot=snapshot)
 
 
@@ -179,3 +176,13 @@ def queue_options(*, session: Session) -> dict[str, list[str]]:
         select(EvaluationSnapshot.language).distinct().order_by(EvaluationSnapshot.language)
     ).all()
     return {"products": list(products), "metrics": [m for m in metrics if m], "languages": list(languages)}
+
+
+def evidence_for(snapshot: EvaluationSnapshot | None, metric: str | None) -> list[dict[str, Any]]:
+    """The judge's evidence items for one metric of an evaluation (either stored shape)."""
+    if snapshot is None or not metric or not isinstance(snapshot.evidence_json, dict):
+        return []
+    items = snapshot.evidence_json.get(metric) or []
+    if isinstance(items, dict):  # the seed shape {"evidence": [...]}
+        items = items.get("evidence") or []
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []

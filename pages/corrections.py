@@ -1,0 +1,176 @@
+"""Corrections: the correction cache the judge learns from — browse, measure, preview, import, export."""
+
+import streamlit as st
+
+from lib import charts, corrections
+from lib.config import get_settings
+from lib.corrections import REVIEW_STATES, JudgmentFilter
+from lib.importer import ImportFailed
+from lib.safe_markdown import escape_markdown
+from lib.ui import csv_download, get_engine, pager, require_reviewer, session_scope
+from lib.ui.review import show_flash
+
+ANY = "Any"
+FLASH = "corrections_flash"
+PERIODS = {"D": "day", "W": "week", "M": "month"}
+
+st.title("Corrections")
+st.caption(
+    "Every judgment with its review. Corrections become the judge's learning context: the newest of "
+    "them go into the next judge prompt for the same product (seed 004: 75% corrections, interleaved)."
+)
+show_flash(FLASH)
+settings = get_settings()
+engine = get_engine()
+
+with session_scope(read_only=True) as session:
+    options = corrections.filter_options(session=session)
+products = options["products"]
+
+cols = st.columns(4)
+product = cols[0].selectbox("Product", [ANY, *products], key="corrections_product")
+metric = cols[1].selectbox("Metric", [ANY, *options["metrics"]], key="corrections_metric")
+state = cols[2].selectbox("Review state", [ANY, *REVIEW_STATES], key="corrections_state")
+reviewer = cols[3].selectbox("Reviewer", [ANY, *options["reviewers"]], key="corrections_reviewer")
+filters = JudgmentFilter(
+    product=None if product == ANY else product,
+    metric=None if metric == ANY else metric,
+    state=None if state == ANY else state,
+    reviewer=None if reviewer == ANY else reviewer,
+)
+
+with session_scope(read_only=True) as session:
+    summary = corrections.stats(session=session, product=filters.product)
+    total = corrections.count_judgments(session=session, filters=filters)
+
+st.subheader("Cache statistics" + (f" for {escape_markdown(filters.product)}" if filters.product else ""))
+cols = st.columns(4)
+cols[0].metric("Judgments", f"{summary['total_judgments']:,}")
+cols[1].metric("Corrected", f"{summary['corrected_count']:,}")
+cols[2].metric("Correct (or unreviewed)", f"{summary['correct_count']:,}")
+cols[3].metric("Correction rate", f"{summary['correction_rate']:.0%}")
+st.caption(
+    f"Products: {escape_markdown(', '.join(summary['products']) or '—')} · "
+    f"oldest {summary['oldest_judgment'] or '—'} · newest {summary['newest_judgment'] or '—'}"
+)
+
+st.subheader("Judgments")
+offset, limit = pager(total, key="corrections_page")
+with session_scope(read_only=True) as session:
+    frame = corrections.judgments_frame(
+        corrections.list_judgments(session=session, filters=filters, offset=offset, limit=limit)
+    )
+if frame.empty:
+    st.info("No judgments match these filters.")
+else:
+    st.dataframe(
+        frame,
+        hide_index=True,
+        key="corrections_table",
+        column_config={"was_corrected": st.column_config.CheckboxColumn("corrected")},
+    )
+    capped = total > corrections.CSV_ROW_LIMIT
+    st.caption(
+        f"{total:,} judgments match; showing {offset + 1:,}–{offset + len(frame):,}."
+        + (f" The CSV holds the newest {corrections.CSV_ROW_LIMIT:,}." if capped else "")
+    )
+    st.download_button(
+        "Download CSV (all matching rows)",
+        data=lambda: corrections.filtered_csv_bytes(engine=engine, filters=filters),
+        file_name="judgments.csv",
+        mime="text/csv",
+        key="corrections_csv",
+        on_click="ignore",
+    )
+
+st.subheader("Correction rate over time")
+freq = st.segmented_control(
+    "Per", list(PERIODS), format_func=PERIODS.__getitem__, default="W", key="corrections_freq"
+)
+with session_scope(read_only=True) as session:
+    trend = corrections.correction_rate_over_time(
+        session=session, product=filters.product, metric=filters.metric, freq=freq or "W"
+    )
+if trend.empty:
+    st.caption("No reviewed judgments yet: the trend appears once reviewers confirm or overrule the judge.")
+else:
+    st.caption("Share of reviewed judgments that reviewers overruled, by when the judge made them.")
+    st.plotly_chart(charts.correction_rate_figure(trend), key="corrections_trend")
+    csv_download(trend, "correction_rate.csv", key="corrections_trend_csv")
+
+st.subheader("What the judge will see")
+st.caption("The exact history block the next judge prompt gets for this product (and metric).")
+cols = st.columns(4)
+history_product = cols[0].selectbox(
+    "Product",
+    products,
+    index=products.index(filters.product) if filters.product in products else 0,
+    key="corrections_history_product",
+)
+history_metric = cols[1].selectbox("Metric", [ANY, *options["metrics"]], key="corrections_history_metric")
+size = cols[2].number_input(
+    "Entries", min_value=0, max_value=1000, value=settings.history_max_entries, key="corrections_history_size"
+)
+ratio = cols[3].slider(
+    "Correction ratio",
+    min_value=0.0,
+    max_value=1.0,
+    value=float(settings.history_correction_ratio),
+    step=0.05,
+    key="corrections_history_ratio",
+)
+if history_product is None:
+    st.code(corrections.HISTORY_EMPTY_TEXT, language=None)
+else:
+    with session_scope(read_only=True) as session:
+        block = corrections.history_block(
+            session=session,
+            product=history_product,
+            metric=None if history_metric == ANY else history_metric,
+            max_entries=int(size),
+            correction_ratio=float(ratio),
+        )
+    st.code(block, language=None, wrap_lines=True)
+
+st.subheader("Import and export the cache")
+left, right = st.columns(2)
+with left:
+    upload = st.file_uploader("Seed-004 cache file (JSON)", type=["json"], key="corrections_upload")
+    if st.button("Import", key="corrections_import", disabled=upload is None) and upload is not None:
+        name = require_reviewer("import a cache file")
+        if name:
+            try:
+                with session_scope() as session:
+                    report = corrections.import_cache_bytes(
+                        session=session, raw=upload.getvalue(), source=upload.name, reviewer=name
+                    )
+            except ImportFailed as exc:
+                st.warning(escape_markdown(str(exc)), icon="⚠️")
+            else:
+                st.session_state[FLASH] = ("success", f"Imported {upload.name}: {report.summary()}.")
+                st.rerun()
+with right:
+    export_product = st.selectbox("Products to export", [ANY, *products], key="corrections_export_product")
+    st.download_button(
+        "Download cache JSON",
+        data=lambda: corrections.export_cache_bytes(
+            engine=engine, product=None if export_product == ANY else export_product
+        ),
+        file_name="ai_cache.json",
+        mime="application/json",
+        key="corrections_export",
+        on_click="ignore",
+    )
+
+with st.expander("Admin: clear a product's judgments"):
+    st.caption("Deletes every judgment of the product and its history. This cannot be undone.")
+    target = st.selectbox("Product to clear", products, index=None, key="corrections_clear_product")
+    typed = st.text_input("Type the product name to confirm", key="corrections_clear_confirm")
+    confirmed = target is not None and typed == target
+    if st.button("Delete all its judgments", type="primary", key="corrections_clear", disabled=not confirmed):
+        name = require_reviewer("clear a product")
+        if name and target is not None:
+            with session_scope() as session:
+                removed = corrections.clear_product(session=session, product=target, reviewer=name)
+            st.session_state[FLASH] = ("success", f"Deleted {removed:,} judgments of {target}.")
+            st.rerun()
