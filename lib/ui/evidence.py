@@ -1,0 +1,127 @@
+"""Evidence widgets: the highlighted answer, its legend, metric cards and evidence lists.
+
+Rendering rules (SPEC §9): the only HTML handed to `st.markdown(..., unsafe_allow_html=True)` is the
+output of `lib.highlight`, which escapes every piece of data before adding its own constant markup.
+Every other untrusted string (reasons, quotes, names, ids) goes through `escape_markdown` and is
+rendered as plain Markdown text. The seed-002 label protocol is kept per evidence item: stages 1–3
+are highlighted, stage 4 shows the quote with "Position could not be located, highlight off",
+stage 5 shows the warning "Evidence could not be verified".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import streamlit as st
+
+from lib.highlight import metric_palette, render_highlighted_answer, render_legend
+from lib.inspector import EvaluationDetail, EvidenceItem, MetricCard
+from lib.safe_markdown import escape_markdown
+
+# A hook that draws more inside a metric card (e.g. the review form of lib/ui/review.py).
+CardExtra = Callable[[MetricCard], None]
+
+NO_EVIDENCE_MESSAGE = "No evidence was recorded for this evaluation."
+
+
+def format_score(value: float | None) -> str:
+    """A score as people write it: 4, 2.67, or an em dash when it is missing."""
+    if value is None:
+        return "—"
+    return str(int(value)) if float(value).is_integer() else f"{value:.2f}".rstrip("0").rstrip(".")
+
+
+def detail_colors(detail: EvaluationDetail) -> dict[str, str]:
+    """One colour per metric of the evaluation, stable across reruns and evaluations of a product."""
+    return metric_palette([card.spec.slug for card in detail.cards])
+
+
+def render_highlighted_answer_block(detail: EvaluationDetail, colors: Mapping[str, str]) -> None:
+    """The model answer with stage 1–3 evidence painted in, and a legend of the metrics used."""
+    if detail.spans:
+        st.markdown(render_legend(detail.highlighted_metrics, colors, detail.labels), unsafe_allow_html=True)
+    # Safe: lib.highlight escapes the answer and every reason before adding its own constant markup.
+    st.markdown(
+        render_highlighted_answer(detail.snapshot.model_answer, detail.spans, colors, detail.labels),
+        unsafe_allow_html=True,
+    )
+    if detail.spans:
+        st.caption("Hover a highlight for its reason, or open a numbered item below the answer.")
+
+
+def render_stage_label(item: EvidenceItem) -> None:
+    """The seed-002 AD-2 label of one evidence item."""
+    if item.stage == "unverified":
+        st.warning(item.label, icon="⚠️")
+    elif item.stage == "whitespace":
+        st.info(item.label, icon="ℹ️")
+    else:
+        st.caption(f"🖍️ {item.label}")
+
+
+def render_evidence_list(items: Sequence[EvidenceItem]) -> None:
+    """Each evidence item: its quote, why it matters, a better wording, and its verification label."""
+    for item in items:
+        quote = escape_markdown(item.quote) if item.quote.strip() else "*(empty quote)*"
+        st.markdown(f"> {quote}")
+        if item.why:
+            st.markdown(f"**Why:** {escape_markdown(item.why)}")
+        if item.better:
+            st.markdown(f"**Better:** {escape_markdown(item.better)}")
+        render_stage_label(item)
+
+
+def _judgment_line(card: MetricCard) -> str | None:
+    """Where the reviewers stand on this metric's judgment, as escaped Markdown."""
+    judgment = card.judgment
+    if judgment is None:
+        return None
+    if judgment.reviewed_at is None:
+        return "Review: pending"
+    who = escape_markdown(judgment.reviewer or "unknown reviewer")
+    if judgment.was_corrected:
+        before, after = escape_markdown(judgment.decision), escape_markdown(judgment.user_decision or "")
+        return f"Review: overruled by {who} ({before} → {after})"
+    return f"Review: confirmed by {who}"
+
+
+def render_metric_card(card: MetricCard, *, key: str, extra: CardExtra | None = None) -> None:
+    """One metric: user and judge score on the metric's own scale, the gap, reasons and evidence."""
+    with st.container(border=True, key=key):
+        title = f"**{escape_markdown(card.spec.display_name)}**"
+        if card.role == "primary":
+            title += " :blue-badge[Primary]"
+        elif card.role == "bonus":
+            title += " :violet-badge[Bonus]"
+        if not card.in_rubric:
+            title += " :gray-badge[Not in the product's rubric]"
+        st.markdown(title)
+        st.caption(f"Scale {escape_markdown(card.spec.scale_label())}")
+        user, judge, gap = st.columns(3)
+        user.metric("User", format_score(card.user_score))
+        judge.metric("Judge", format_score(card.judge_score))
+        gap.metric("Gap", format_score(card.gap))
+        if card.user_reason:
+            st.markdown(f"**User reason:** {escape_markdown(card.user_reason)}")
+        if card.judge_reason:
+            st.markdown(f"**Judge reason:** {escape_markdown(card.judge_reason)}")
+        line = _judgment_line(card)
+        if line:
+            st.caption(line)
+        if card.evidence:
+            render_evidence_list(card.evidence)
+        # The per-metric extension point (e.g. the review form) lives at the bottom of the card.
+        if extra is not None:
+            extra(card)
+
+
+def render_metric_cards(
+    cards: Sequence[MetricCard], *, key_prefix: str, extra: CardExtra | None = None, per_row: int = 2
+) -> None:
+    """The cards in rows, largest gap first, so reading order is the order of importance."""
+    for start in range(0, len(cards), per_row):
+        columns = st.columns(per_row)
+        for offset, (column, card) in enumerate(zip(columns, cards[start : start + per_row], strict=False)):
+            with column:
+                # Keyed by position, not slug: a key becomes a CSS class, and data never should.
+                render_metric_card(card, key=f"{key_prefix}_card_{start + offset}", extra=extra)

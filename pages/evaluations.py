@@ -1,0 +1,297 @@
+"""Evaluations: the filtered list of what the judge decided, and one evaluation in detail.
+
+`/evaluations?snapshot=<id>` opens the detail; every other query parameter is a list filter, so a
+filtered view can be shared by its URL. The filters are read from the URL when the page opens and
+written back whenever they change.
+"""
+
+import functools
+import math
+from urllib.parse import quote
+
+import streamlit as st
+from streamlit.errors import StreamlitPageNotFoundError
+
+from lib import inspector
+from lib.config import get_settings
+from lib.safe_markdown import escape_markdown
+from lib.ui import get_engine, pager, require_reviewer, session_scope
+from lib.ui.evidence import (
+    NO_EVIDENCE_MESSAGE,
+    detail_colors,
+    format_score,
+    render_highlighted_answer_block,
+    render_metric_cards,
+)
+
+ALL = "All"
+FLASH_KEY = "evaluations_flash"
+SIG_KEY = "evaluations_filter_sig"
+PAGE_KEY = "evaluations_page"
+
+
+def _show_flash() -> None:
+    message = st.session_state.pop(FLASH_KEY, None)
+    if message:
+        st.success(message)
+
+
+def _open(snapshot_id: str | None) -> None:
+    """Switch between list and detail by the `snapshot` query parameter; the filters stay in the URL."""
+    if snapshot_id is None:
+        st.query_params.pop("snapshot", None)
+    else:
+        st.query_params["snapshot"] = snapshot_id
+    st.rerun()
+
+
+def _set_status(snapshot_id: str, *, archive: bool) -> None:
+    reviewer = require_reviewer("archive or restore evaluations")
+    if reviewer is None:
+        return
+    with session_scope() as session:
+        action = inspector.archive_evaluation if archive else inspector.restore_evaluation
+        action(session=session, snapshot_id=snapshot_id, reviewer=reviewer)
+    st.session_state[FLASH_KEY] = "Evaluation archived." if archive else "Evaluation restored."
+    st.rerun()
+
+
+def _start_chat_link(snapshot_id: str) -> None:
+    """The coach chat on this evaluation (`/coach?snapshot=<id>`, SPEC §4 deep links)."""
+    try:
+        st.page_link("pages/coach.py", label="Start chat", icon="💬", query_params={"snapshot": snapshot_id})
+    except StreamlitPageNotFoundError:
+        # The page runs outside the app's navigation (e.g. on its own under test): a plain link.
+        st.markdown(f"[💬 Start chat](coach?snapshot={quote(snapshot_id, safe='')})")
+
+
+def show_detail(snapshot_id: str) -> None:
+    """One evaluation: fields, highlighted answer, a card per metric, chat link, archive/restore."""
+    if st.button("← Back to the list", key="evaluations_back"):
+        _open(None)
+    with session_scope(read_only=True) as session:
+        detail = inspector.load_evaluation(session=session, snapshot_id=snapshot_id)
+    if detail is None:
+        st.error(f"No evaluation has the id “{escape_markdown(snapshot_id)}”. It may have been mistyped.")
+        return
+    snap = detail.snapshot
+    _show_flash()
+    st.header(f"Evaluation {escape_markdown(snap.id)}")
+    if detail.archived:
+        st.warning("This evaluation is archived: it is hidden from every list and count until restored.")
+
+    cols = st.columns(4)
+    cols[0].metric("Judge meta score", format_score(snap.judge_meta_score), help="5 = judge and user agree")
+    cols[1].metric(
+        "Weighted gap", format_score(snap.weighted_gap), help="0.7 primary + 0.2 bonus + 0.1 others"
+    )
+    cols[2].metric("Largest metric gap", format_score(snap.max_metric_gap), help="Rescaled to the 1–5 span")
+    cols[3].metric("Evidence items", f"{snap.evidence_count}", help="Highlighted, unlocated and unverified")
+
+    fields = {
+        "Product": snap.product,
+        "Language": snap.language,
+        "Model": snap.model_name or "—",
+        "Judge model": snap.judge_model or "—",
+        "Category": snap.category or "—",
+        "Created": f"{snap.created_at:%Y-%m-%d %H:%M} UTC",
+        "Status": snap.status,
+    }
+    st.markdown(" · ".join(f"**{name}:** {escape_markdown(value)}" for name, value in fields.items()))
+
+    st.subheader("Question")
+    st.markdown(escape_markdown(snap.question))
+    st.subheader("Model answer")
+    colors = detail_colors(detail)
+    render_highlighted_answer_block(detail, colors)
+    if not detail.has_evidence:
+        st.info(NO_EVIDENCE_MESSAGE)
+    if snap.overall_feedback:
+        st.subheader("Overall feedback")
+        st.markdown(escape_markdown(snap.overall_feedback))
+
+    _start_chat_link(snap.id)
+
+    st.subheader("Metrics")
+    st.caption("Largest gap first; each metric on its own scale. Gap = |user − judge|.")
+    # Review forms (lib/ui/review.py) plug in here through the `extra` hook of each card.
+    render_metric_cards(detail.cards, key_prefix="evaluations")
+
+    st.divider()
+    if detail.archived:
+        if st.button("Restore evaluation", key="evaluations_restore", icon="♻️"):
+            _set_status(snap.id, archive=False)
+    elif st.button("Archive evaluation", key="evaluations_archive", icon="🗄️"):
+        _set_status(snap.id, archive=True)
+
+
+def _init_filter_state() -> None:
+    """Seed the filter widgets from the URL whenever they are not live (first load, back from detail)."""
+    url = inspector.filters_from_params(st.query_params.to_dict())
+    initial = {
+        "evaluations_product": url.product or ALL,
+        "evaluations_language": url.language or ALL,
+        "evaluations_model": url.model or ALL,
+        "evaluations_category": url.category or ALL,
+        "evaluations_metric": url.metric or ALL,
+        "evaluations_review": url.review,
+        "evaluations_evidence": url.evidence,
+        "evaluations_min_gap": url.min_gap or 0.0,
+        "evaluations_from": url.date_from,
+        "evaluations_to": url.date_to,
+        "evaluations_q": url.text,
+        "evaluations_sort": url.sort,
+        "evaluations_archived": url.archived,
+    }
+    for key, value in initial.items():
+        st.session_state.setdefault(key, value)
+    page = st.query_params.get("page", "")
+    if PAGE_KEY not in st.session_state and page.isdigit() and int(page) > 1:
+        st.session_state[PAGE_KEY] = int(page)
+
+
+def _choice(label: str, options: list[str], key: str, *, labels: dict[str, str] | None = None) -> str | None:
+    """A selectbox with an "All" entry; a value from the URL that no row has yet stays selectable."""
+    current = st.session_state.get(key, ALL)
+    choices = [ALL, *options]
+    if current not in choices:
+        choices.append(current)
+    value = st.selectbox(label, choices, key=key, format_func=lambda v: (labels or {}).get(v, v))
+    return None if value == ALL else value
+
+
+def read_filters() -> inspector.EvaluationFilters:
+    """The filter widgets, laid out in three rows, as an EvaluationFilters."""
+    with session_scope(read_only=True) as session:
+        product = st.session_state.get("evaluations_product")
+        options = inspector.filter_options(
+            session=session, product=None if product in (None, ALL) else product
+        )
+    row = st.columns(4)
+    with row[0]:
+        product = _choice("Product", options.products, "evaluations_product")
+    with row[1]:
+        language = _choice("Language", options.languages, "evaluations_language")
+    with row[2]:
+        model = _choice("Model", options.models, "evaluations_model")
+    with row[3]:
+        category = _choice("Category", options.categories, "evaluations_category")
+    row = st.columns(4)
+    with row[0]:
+        metric = _choice(
+            "Judged on metric", list(options.metrics), "evaluations_metric", labels=options.metrics
+        )
+    review = row[1].selectbox(
+        "Review state",
+        list(inspector.REVIEW_STATES),
+        key="evaluations_review",
+        format_func=inspector.REVIEW_STATES.get,
+    )
+    evidence = row[2].selectbox(
+        "Evidence",
+        list(inspector.EVIDENCE_STATES),
+        key="evaluations_evidence",
+        format_func=inspector.EVIDENCE_STATES.get,
+    )
+    min_gap = row[3].number_input(
+        "Minimum metric gap",
+        min_value=0.0,
+        max_value=inspector.MAX_GAP,
+        step=0.5,
+        key="evaluations_min_gap",
+        help="Largest |user − judge| over the metrics, rescaled to 1–5. 0 shows all.",
+    )
+    row = st.columns([1, 1, 2, 1.3])
+    date_from = row[0].date_input("From", key="evaluations_from", format="YYYY-MM-DD")
+    date_to = row[1].date_input("To", key="evaluations_to", format="YYYY-MM-DD")
+    text = row[2].text_input("Search questions", key="evaluations_q", placeholder="words in the question")
+    sort = row[3].selectbox(
+        "Sort", list(inspector.SORTS), key="evaluations_sort", format_func=inspector.SORTS.get
+    )
+    archived = st.toggle("Show archived", key="evaluations_archived", help="List only archived evaluations")
+    return inspector.EvaluationFilters(
+        product=product,
+        language=language,
+        model=model,
+        category=category,
+        metric=metric,
+        min_gap=float(min_gap) if min_gap else None,
+        review=review,
+        evidence=evidence,
+        date_from=date_from or None,
+        date_to=date_to or None,
+        text=text.strip(),
+        sort=sort,
+        archived=archived,
+    )
+
+
+def show_list() -> None:
+    """The filtered, sorted, paginated list with its match count and the CSV of every match."""
+    st.title("Evaluations")
+    _show_flash()
+    _init_filter_state()
+    filters = read_filters()
+    params = inspector.to_params(filters)
+
+    signature = repr(sorted(params.items()))
+    if st.session_state.get(SIG_KEY) not in (None, signature):
+        st.session_state.pop(PAGE_KEY, None)  # new filters: back to the first page
+    st.session_state[SIG_KEY] = signature
+
+    page_size = get_settings().page_size
+    with session_scope(read_only=True) as session:
+        total = inspector.count_evaluations(session=session, filters=filters)
+        if st.session_state.get(PAGE_KEY, 1) > max(1, math.ceil(total / page_size)):
+            st.session_state.pop(PAGE_KEY, None)  # a stale page number (fewer matches now)
+        offset, limit = pager(total, key=PAGE_KEY, page_size=page_size)
+        rows = inspector.fetch_page(session=session, filters=filters, offset=offset, limit=limit)
+
+    page = offset // page_size + 1
+    if page > 1:
+        params["page"] = str(page)
+    if st.query_params.to_dict() != params:
+        st.query_params.from_dict(params)
+
+    noun = "archived evaluation" if filters.archived else "evaluation"
+    st.markdown(f"**{total:,}** {noun} matches" if total == 1 else f"**{total:,}** {noun}s match")
+    if not rows:
+        st.info("No evaluations match these filters." if total == 0 else "This page is empty.")
+        return
+
+    frame = inspector.rows_frame(rows)
+    event = st.dataframe(
+        frame,
+        key="evaluations_table",
+        hide_index=True,
+        on_select="rerun",
+        selection_mode="single-row",
+        column_config={
+            "id": st.column_config.TextColumn("id"),
+            "created_at": st.column_config.DatetimeColumn("created (UTC)", format="YYYY-MM-DD HH:mm"),
+            "weighted_gap": st.column_config.NumberColumn("weighted gap", format="%.2f"),
+            "max_gap": st.column_config.NumberColumn("max gap", format="%.2f"),
+            "judge_meta_score": st.column_config.NumberColumn("meta"),
+        },
+    )
+    st.caption(f"Showing {offset + 1:,}–{offset + len(rows):,}. Select a row to open it.")
+    selected = event.selection.rows if event is not None else []
+    if selected:
+        _open(rows[selected[0]].id)
+
+    st.download_button(
+        f"Download CSV (all {total:,} matches)",
+        # Built only when clicked, in its own thread: the page rerun itself never reads every match.
+        data=functools.partial(inspector.filtered_csv, engine=get_engine(), filters=filters),
+        file_name="evaluations.csv",
+        mime="text/csv",
+        key="evaluations_csv",
+        on_click="ignore",
+    )
+
+
+snapshot = st.query_params.get("snapshot")
+if snapshot:
+    show_detail(snapshot)
+else:
+    show_list()
