@@ -274,7 +274,10 @@ def test_filter_options_are_sorted_distinct_values_without_nulls(seeded) -> None
     assert options.languages == ["en", "tr"]
     assert options.models == ["m1", "m2"]
     assert options.categories == ["geo", "history"]
-    assert options.metrics[:2] == ["truthfulness", "helpfulness"]
+    assert list(options.metrics.items())[:2] == [
+        ("truthfulness", "Truthfulness"),
+        ("helpfulness", "Helpfulness"),
+    ]
 
 
 def test_filter_options_offer_a_products_own_metrics(seeded) -> None:
@@ -286,7 +289,10 @@ def test_filter_options_offer_a_products_own_metrics(seeded) -> None:
         ],
     )
     seeded.commit()
-    assert filter_options(session=seeded, product="beta").metrics == ["coherence", "groundedness"]
+    assert filter_options(session=seeded, product="beta").metrics == {
+        "coherence": "Coherence",
+        "groundedness": "Groundedness",
+    }
 
 
 def test_filtered_frame_holds_every_match_not_one_page(seeded) -> None:

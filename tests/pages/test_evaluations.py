@@ -1,0 +1,328 @@
+"""Evaluations page under AppTest: filters (widgets and URL), pages, detail states, archive/restore."""
+
+from __future__ import annotations
+
+import re
+from datetime import date
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from sqlmodel import Session
+from streamlit.testing.v1 import AppTest
+
+from lib.config import reset_settings
+from lib.importer import import_evaluations
+from lib.models import EvaluationSnapshot
+from tests.test_inspector import RECORDS, record
+
+PAGE = "pages/evaluations.py"
+UNLOCATED_LABEL = "Position could not be located, highlight off"
+UNVERIFIED_LABEL = "Evidence could not be verified"
+
+
+@pytest.fixture
+def seeded(app_engine: Engine) -> Engine:
+    with Session(app_engine) as session:
+        import_evaluations(session=session, records=RECORDS, reviewer="tester")
+        session.commit()
+    return app_engine
+
+
+def listed_ids(at: AppTest) -> list[str]:
+    return list(at.dataframe[0].value["id"]) if at.dataframe else []
+
+
+def count_line(at: AppTest) -> str:
+    return next(m.value for m in at.markdown if m.value.startswith("**"))
+
+
+def test_list_shows_every_live_evaluation_newest_first(seeded, open_page) -> None:
+    at = open_page(PAGE)
+    assert count_line(at) == "**4** evaluations match"
+    assert listed_ids(at) == ["s_d", "s_c", "s_b", "s_a"]
+    assert dict(at.query_params) == {}
+    assert not at.exception
+
+
+def test_empty_database_says_nothing_matches(app_engine, open_page) -> None:
+    at = open_page(PAGE)
+    assert count_line(at) == "**0** evaluations match"
+    assert [i.value for i in at.info] == ["No evaluations match these filters."]
+    assert not at.exception
+
+
+@pytest.mark.parametrize(
+    ("widget", "key", "value", "expected", "param"),
+    [
+        ("selectbox", "evaluations_product", "beta", ["s_d", "s_c"], {"product": "beta"}),
+        ("selectbox", "evaluations_language", "tr", ["s_b"], {"language": "tr"}),
+        ("selectbox", "evaluations_model", "m2", ["s_b"], {"model": "m2"}),
+        ("selectbox", "evaluations_category", "history", ["s_b"], {"category": "history"}),
+        ("selectbox", "evaluations_metric", "safety", ["s_c", "s_b", "s_a"], {"metric": "safety"}),
+        ("selectbox", "evaluations_evidence", "none", ["s_d"], {"evidence": "none"}),
+        ("selectbox", "evaluations_evidence", "unverified", ["s_c"], {"evidence": "unverified"}),
+        ("selectbox", "evaluations_review", "reviewed", [], {"review": "reviewed"}),
+        ("selectbox", "evaluations_sort", "max_gap", ["s_c", "s_a", "s_b", "s_d"], {"sort": "max_gap"}),
+        ("number_input", "evaluations_min_gap", 2.0, ["s_c", "s_a"], {"min_gap": "2"}),
+        ("date_input", "evaluations_from", date(2025, 1, 14), ["s_d", "s_c"], {"from": "2025-01-14"}),
+        ("date_input", "evaluations_to", date(2025, 1, 12), ["s_b", "s_a"], {"to": "2025-01-12"}),
+        ("text_input", "evaluations_q", "100%", ["s_d"], {"q": "100%"}),
+    ],
+)
+def test_filter_widget_narrows_the_list_and_is_written_to_the_url(
+    seeded, open_page, widget, key, value, expected, param
+) -> None:
+    at = open_page(PAGE)
+    getattr(at, widget)(key=key).set_value(value).run()
+    assert listed_ids(at) == expected
+    assert dict(at.query_params) == param
+    assert not at.exception
+
+
+@pytest.mark.parametrize(
+    ("query", "expected", "widget", "key", "shown"),
+    [
+        ({"product": "beta", "evidence": "unverified"}, ["s_c"], "selectbox", "evaluations_product", "beta"),
+        ({"language": "tr"}, ["s_b"], "selectbox", "evaluations_language", "tr"),
+        ({"min_gap": "3"}, ["s_c"], "number_input", "evaluations_min_gap", 3.0),
+        ({"q": "Question s_a"}, ["s_a"], "text_input", "evaluations_q", "Question s_a"),
+        ({"from": "2025-01-15"}, ["s_d"], "date_input", "evaluations_from", date(2025, 1, 15)),
+        (
+            {"sort": "weighted_gap"},
+            ["s_c", "s_a", "s_b", "s_d"],
+            "selectbox",
+            "evaluations_sort",
+            "weighted_gap",
+        ),
+    ],
+)
+def test_shared_url_opens_the_same_filtered_view(
+    seeded, open_page, query, expected, widget, key, shown
+) -> None:
+    at = open_page(PAGE, query=query)
+    assert listed_ids(at) == expected
+    assert getattr(at, widget)(key=key).value == shown
+    assert not at.exception
+
+
+def test_url_value_that_no_row_has_yet_is_kept_and_matches_nothing(seeded, open_page) -> None:
+    at = open_page(PAGE, query={"product": "gamma"})
+    assert at.selectbox(key="evaluations_product").value == "gamma"
+    assert count_line(at) == "**0** evaluations match"
+    assert not at.exception
+
+
+@pytest.fixture
+def thirty(app_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Engine:
+    monkeypatch.setenv("OVERRULE_PAGE_SIZE", "10")
+    reset_settings()
+    records = [
+        record(f"p{i:02d}", product="even" if i % 2 == 0 else "odd", created_at=f"2025-02-01T00:{i:02d}:00Z")
+        for i in range(30)
+    ]
+    with Session(app_engine) as session:
+        import_evaluations(session=session, records=records)
+        session.commit()
+    return app_engine
+
+
+def test_list_fetches_one_page_and_counts_all(thirty, open_page) -> None:
+    at = open_page(PAGE)
+    assert count_line(at) == "**30** evaluations match"
+    assert listed_ids(at) == [f"p{i:02d}" for i in range(29, 19, -1)]
+    assert not at.exception
+
+
+def test_pager_moves_to_a_later_page_and_writes_it_to_the_url(thirty, open_page) -> None:
+    at = open_page(PAGE)
+    at.number_input(key="evaluations_page").set_value(3).run()
+    assert listed_ids(at) == [f"p{i:02d}" for i in range(9, -1, -1)]
+    assert dict(at.query_params) == {"page": "3"}
+    assert not at.exception
+
+
+def test_page_number_in_the_url_opens_that_page(thirty, open_page) -> None:
+    at = open_page(PAGE, query={"page": "2"})
+    assert listed_ids(at) == [f"p{i:02d}" for i in range(19, 9, -1)]
+    assert not at.exception
+
+
+def test_changing_a_filter_returns_to_the_first_page(thirty, open_page) -> None:
+    at = open_page(PAGE, query={"page": "3"})
+    at.selectbox(key="evaluations_product").set_value("odd").run()
+    assert listed_ids(at) == [f"p{i:02d}" for i in range(29, 9, -2)]
+    assert dict(at.query_params) == {"product": "odd"}
+    assert not at.exception
+
+
+def test_download_offers_every_match_not_just_the_page(thirty, open_page) -> None:
+    at = open_page(PAGE)
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert labels == ["Download CSV (all 30 matches)"]
+    assert not at.exception
+
+
+# --- detail ------------------------------------------------------------------------------------
+
+
+def detail(open_page, sid: str, **kwargs: Any) -> AppTest:
+    return open_page(PAGE, query={"snapshot": sid}, **kwargs)
+
+
+def answer_html(at: AppTest) -> str:
+    return next(m.value for m in at.markdown if m.value.startswith('<div class="ov-highlight">'))
+
+
+def test_detail_highlights_exact_evidence_in_the_answer(seeded, open_page) -> None:
+    at = detail(open_page, "s_a")
+    html = answer_html(at)
+    assert html.count("<mark ") == 1
+    assert '<mark class="ov-ev" data-metrics="clarity"' in html
+    assert ">Paris is the capital of France.</mark>" in html
+    assert any(m.value.startswith('<div class="ov-legend">') for m in at.markdown)
+    assert not at.warning and not at.info
+    assert not at.exception
+
+
+def test_detail_shows_unlocated_evidence_with_its_label_and_no_highlight(seeded, open_page) -> None:
+    at = detail(open_page, "s_b")
+    assert "<mark" not in answer_html(at)
+    assert [i.value for i in at.info] == [UNLOCATED_LABEL]
+    assert "> known for the Eiffel Tower" in [m.value for m in at.markdown]
+    assert not at.exception
+
+
+def test_detail_warns_about_unverified_evidence_and_still_highlights_the_rest(seeded, open_page) -> None:
+    at = detail(open_page, "s_c")
+    assert [w.value for w in at.warning] == [UNVERIFIED_LABEL]
+    assert "> Berlin is the capital" in [m.value for m in at.markdown]
+    assert answer_html(at).count("<mark ") == 1
+    assert not at.exception
+
+
+def test_detail_without_evidence_says_so_and_still_shows_scores(seeded, open_page) -> None:
+    at = detail(open_page, "s_d")
+    assert [i.value for i in at.info] == ["No evidence was recorded for this evaluation."]
+    assert "<mark" not in answer_html(at)
+    assert next(m.value for m in at.metric if m.label == "Judge") == "4"
+    assert not at.exception
+
+
+def test_detail_cards_are_ordered_by_gap_and_mark_the_primary_metric(seeded, open_page) -> None:
+    at = detail(open_page, "s_c")
+    titles = [
+        m.value for m in at.markdown if m.value.startswith("**") and not m.value.startswith("**Product")
+    ]
+    cards = [t for t in titles if not t.startswith(("**Why", "**Better", "**User", "**Judge"))]
+    assert cards[:2] == ["**Safety** :blue-badge[Primary]", "**Clarity**"]
+    assert len(cards) == 8
+    user, judge, gap = (
+        next(m.value for m in at.metric if m.label == label) for label in ("User", "Judge", "Gap")
+    )
+    assert (user, judge, gap) == ("1", "5", "4")
+    assert not at.exception
+
+
+def test_detail_of_an_unknown_id_says_so(seeded, open_page) -> None:
+    at = detail(open_page, "snap_<b>nope</b>")
+    assert [e.value for e in at.error] == [
+        "No evaluation has the id “snap\\_\\<b\\>nope\\<\\/b\\>”. It may have been mistyped."
+    ]
+    assert not at.exception
+
+
+def test_detail_escapes_untrusted_text_outside_the_highlight(app_engine, open_page) -> None:
+    hostile = "<img src=x onerror=alert(1)> [click](javascript:alert(1))"
+    with Session(app_engine) as session:
+        import_evaluations(
+            session=session,
+            records=[
+                record(
+                    "s_h",
+                    question=hostile,
+                    overall_feedback=hostile,
+                    category=hostile,
+                    user_scores={"clarity": {"score": 2, "reason": hostile}},
+                    judge_scores={"clarity": {"score": 4, "reason": hostile}},
+                    evidence={"clarity": [{"quote": "Paris", "why": hostile, "better": hostile}]},
+                )
+            ],
+        )
+        session.commit()
+    at = detail(open_page, "s_h")
+    carrying = [m.value for m in at.markdown if "img" in m.value]
+    html = [v for v in carrying if v.startswith('<div class="ov-')]
+    text = [v for v in carrying if not v.startswith('<div class="ov-')]
+    # Fields, question, feedback, user and judge reason, why, better; the answer's evidence list in HTML.
+    assert len(html) == 1 and len(text) == 7
+    assert "<img" not in html[0] and "&lt;img src=x onerror=alert(1)&gt;" in html[0]
+    for value in text:
+        # Every `<`, `[` and `(` is backslash-escaped: no HTML, no link can form.
+        assert re.search(r"(?<!\\)[<\[(]", value.replace(":blue-badge[", "")) is None, value
+    assert not at.exception
+
+
+def test_start_chat_links_to_the_coach_for_this_evaluation(seeded, open_page) -> None:
+    at = detail(open_page, "s_a")
+    assert "[💬 Start chat](coach?snapshot=s_a)" in [m.value for m in at.markdown]
+    assert not at.exception
+
+
+def test_back_button_returns_to_the_filtered_list(seeded, open_page) -> None:
+    at = open_page(PAGE, query={"snapshot": "s_c", "product": "beta"})
+    at.button(key="evaluations_back").click().run()
+    assert "snapshot" not in at.query_params
+    assert listed_ids(at) == ["s_d", "s_c"]
+    assert not at.exception
+
+
+# --- archive / restore ----------------------------------------------------------------------------
+
+
+def stored(engine: Engine, sid: str) -> EvaluationSnapshot:
+    with Session(engine) as session:
+        return session.get(EvaluationSnapshot, sid)
+
+
+def test_archive_hides_the_evaluation_and_records_the_reviewer(seeded, open_page) -> None:
+    at = detail(open_page, "s_c", reviewer="lead")
+    at.button(key="evaluations_archive").click().run()
+    snap = stored(seeded, "s_c")
+    assert (snap.status, snap.status_changed_by) == ("archived", "lead") and snap.deleted_at is not None
+    assert [s.value for s in at.success] == ["Evaluation archived."]
+    assert at.button(key="evaluations_restore")
+    assert listed_ids(open_page(PAGE)) == ["s_d", "s_b", "s_a"]
+    assert not at.exception
+
+
+def test_restore_brings_an_archived_evaluation_back(seeded, open_page) -> None:
+    detail(open_page, "s_c", reviewer="lead").button(key="evaluations_archive").click().run()
+    at = detail(open_page, "s_c", reviewer="ayse")
+    assert at.warning[0].value.startswith("This evaluation is archived")
+    at.button(key="evaluations_restore").click().run()
+    snap = stored(seeded, "s_c")
+    assert (snap.deleted_at, snap.status, snap.status_changed_by) == (None, "active", "ayse")
+    assert "s_c" in listed_ids(open_page(PAGE))
+    assert not at.exception
+
+
+def test_show_archived_lists_only_archived_evaluations(seeded, open_page) -> None:
+    detail(open_page, "s_b", reviewer="lead").button(key="evaluations_archive").click().run()
+    at = open_page(PAGE)
+    at.toggle(key="evaluations_archived").set_value(True).run()
+    assert listed_ids(at) == ["s_b"]
+    assert count_line(at) == "**1** archived evaluation matches"
+    assert dict(at.query_params) == {"archived": "1"}
+    assert not at.exception
+
+
+def test_archive_without_a_reviewer_name_changes_nothing(seeded, open_page) -> None:
+    at = detail(open_page, "s_c")
+    at.button(key="evaluations_archive").click().run()
+    assert stored(seeded, "s_c").deleted_at is None
+    assert [w.value for w in at.warning] == [
+        UNVERIFIED_LABEL,
+        "Enter your name in the sidebar to archive or restore evaluations.",
+    ]
+    assert not at.exception
