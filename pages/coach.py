@@ -52,14 +52,18 @@ labels = {
     for i, c in enumerate(chats)
 }
 options = [*labels, NEW_CHAT]
+# The active chat lives in session state; the radio's key follows it so a new chat becomes selected.
+active = st.session_state.get("coach_active_chat")
+default = active if active in options else (options[-2] if chats else NEW_CHAT)
 chosen = st.radio(
     "Chats on this evaluation",
     options,
-    index=len(options) - 2 if chats else 0,
+    index=options.index(default),
     format_func=lambda o: labels.get(o, o),
-    key="coach_chat",
     horizontal=True,
+    key=f"coach_chat_{len(options)}_{default}",
 )
+st.session_state["coach_active_chat"] = chosen
 
 
 def _show_reply(prepared: coach.PreparedReply) -> None:
@@ -90,7 +94,7 @@ if chosen == NEW_CHAT:
         except LLMError as exc:
             st.error(f"The coach could not answer: {exc}. Open the chat again to retry.")
             st.stop()
-        st.session_state.pop("coach_chat", None)
+        st.session_state["coach_active_chat"] = prepared.chat_id
         st.rerun()
     st.stop()
 
