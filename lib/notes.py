@@ -570,14 +570,19 @@ def relevant_notes(
     """Notes to show a judge for this language, newest first (seed 000 query), optionally tag-filtered.
 
     The seed's rule: notes of this language, notes for every language (''), and STRATEGY/PATTERN
-    notes of any language; newest first; at most `limit` (default 20). With `tags` and a
-    `relevance` hook, a larger pool is fetched, "filtered" notes are dropped and the rest are
-    re-ranked by recency rank + boost.
+    notes of any language; newest first; at most `limit` (default 20). With `tags`, a larger pool
+    is fetched and tag relevance applies (seed 001; `lib.relevance.relevance_for_notes` unless
+    another `relevance` hook is given): "filtered" notes are dropped, the rest are re-ranked by
+    recency rank + boost, and pinned notes of this language that pass the check come first.
     """
     limit = get_settings().notes_limit if limit is None else int(limit)
     if limit < 1:
         raise ValueError("limit must be at least 1")
     lang = normalize_language(language)
+    if tags and relevance is None:
+        from lib.relevance import relevance_for_notes  # lib.relevance reads notes' tables only
+
+        relevance = relevance_for_notes
     ranked = bool(tags) and relevance is not None
     pool = limit * RELEVANCE_POOL_FACTOR if ranked else limit
     found = _relevant_from_cache(session, lang, pool) if use_cache else None
@@ -585,6 +590,7 @@ def relevant_notes(
     if ranked:
         assert relevance is not None
         notes = _rerank(session, notes, list(tags), relevance)
+        notes = _pinned_first(session, notes, lang, list(tags), relevance)
     return notes[:limit]
 
 
@@ -601,6 +607,27 @@ def _rerank(
         scored.append((1.0 - rank / len(notes) + float(boost), -rank, note))
     scored.sort(key=lambda item: (item[0], item[1]), reverse=True)
     return [note for _, _, note in scored]
+
+
+def _pinned_first(
+    session: Session, notes: list[SessionNote], language: str, tags: list[str], hook: RelevanceHook
+) -> list[SessionNote]:
+    """Seed 001: pinned notes are always shown once they pass the language and relevance checks."""
+    stmt = (
+        select(SessionNote)
+        .where(col(SessionNote.pinned), _relevance_condition(language))
+        .order_by(*_newest_first())
+    )
+    pinned = list(session.exec(stmt).all())
+    if not pinned:
+        return notes
+    listed = {n.id for n in notes}
+    extra = [n for n in pinned if n.id not in listed]
+    verdicts = hook(session, [n.id for n in extra if n.id is not None], tags) if extra else {}
+    passing = {n.id for n in pinned if n.id in listed}
+    passing |= {n.id for n in extra if verdicts.get(n.id or -1, ("neutral", 0.0))[0] != "filtered"}
+    ranked = [n for n in notes if n.id in passing] + [n for n in extra if n.id in passing]
+    return ranked + [n for n in notes if n.id not in passing]
 
 
 # --------------------------------------------------------------------------------------------
