@@ -22,7 +22,6 @@ SQLite's write lock (or a PostgreSQL connection) for the whole call.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import math
@@ -37,7 +36,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
-from lib import llm
+from lib import llm, notes
 from lib.config import Settings, get_settings
 from lib.corrections import format_history_for_prompt, format_score, parse_score, select_history
 from lib.db import session_scope
@@ -428,7 +427,7 @@ def parse_stage1_evidence(
         kept = [i for i in items if i is not None]
         dropped += len(items) - len(kept) + max(0, len(kept) - MAX_EVIDENCE_PER_METRIC)
         out[slug] = kept[:MAX_EVIDENCE_PER_METRIC]
-    if raw and not out and dropped:
+    if dropped and not any(out.values()):
         return None, "no evidence item in the block could be read", dropped
     return out, None, dropped
 
@@ -750,14 +749,11 @@ class JudgeContext:
     existing_snapshot: str | None
 
 
-def _notes_block(session: Session, language: str, run_id: str) -> str | None:
-    """Cross-session notes for the run's language when the notes module is present."""
-    if importlib.util.find_spec("lib.notes") is None:
-        return None
-    from lib import notes
-
+def _notes_block(session: Session, language: str) -> str | None:
+    """Cross-session notes for the run's language (seed 000 query and block), or None when there are none."""
     selected = notes.relevant_notes(session=session, language=language)
-    return notes.format_notes_for_prompt(selected, run_id) or None
+    # A judge run belongs to its process's note session (a pipeline run, or the app process).
+    return notes.format_notes_for_prompt(selected, notes.process_session_id()) or None
 
 
 def load_context(
@@ -766,7 +762,6 @@ def load_context(
     evaluation: EvaluationInput,
     settings: Settings,
     notes_block: str | None = None,
-    run_id: str = "",
 ) -> JudgeContext:
     """Rubric, correction history and notes for a run; ValueError when the input does not fit the rubric."""
     metrics = metrics_for_product(session=session, product=evaluation.product.strip())
@@ -780,7 +775,7 @@ def load_context(
         correction_ratio=settings.history_correction_ratio,
     )
     if notes_block is None:
-        notes_block = _notes_block(session, evaluation.language, run_id)
+        notes_block = _notes_block(session, evaluation.language)
     return JudgeContext(
         prepared=prepared,
         history_block=format_history_for_prompt(history),
@@ -816,7 +811,6 @@ def judge_evaluation(
                 evaluation=evaluation,
                 settings=settings,
                 notes_block=notes_block,
-                run_id=snapshot_id,
             )
     except ValueError as exc:
         raise JudgeFailed("input", str(exc), kind="input") from exc
