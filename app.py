@@ -19,6 +19,7 @@ pages = [
     st.Page("pages/review.py", title="Review queue", icon="✅", url_path="review"),
     st.Page("pages/corrections.py", title="Corrections", icon="🧠", url_path="corrections"),
     st.Page("pages/coach.py", title="Coach", icon="💬", url_path="coach"),
+    st.Page("pages/tag_scores.py", title="Tag scores", icon="🏷️", url_path="tag-scores"),
 ]
 navigation = st.navigation(pages)
 reviewer_sidebar()

@@ -961,6 +961,16 @@ def known_tags(session: Session) -> list[str]:
     return list(session.exec(stmt).all())
 
 
+def latest_audit_tags(session: Session) -> list[str]:
+    """The env tags of the most recent judge run that showed notes (the explainer's starting point)."""
+    audit = session.exec(
+        select(SessionAudit)
+        .order_by(col(SessionAudit.timestamp).desc(), col(SessionAudit.id).desc())
+        .limit(1)
+    ).first()
+    return list(audit.env_tags or []) if audit else []
+
+
 def _note_filters(note_type: str | None, language: str | None) -> list[Any]:
     conds: list[Any] = []
     if note_type:

@@ -1,0 +1,153 @@
+"""Tag scores: which notes help the judge in which context (seed 001), and why a note is shown or not."""
+
+import streamlit as st
+
+from lib import notes, relevance
+from lib.models import NOTE_TYPES
+from lib.relevance_charts import ema_history_figure, note_label, tag_heatmap_figure
+from lib.ui import csv_download, session_scope
+from lib.ui.relevance import manual_pin_controls
+
+ANY = "Any"
+HEATMAP_NOTES = 40
+DECISION_TEXT = {
+    "filtered": "filtered out",
+    "penalized": "shown, slightly penalised",
+    "neutral": "shown, no boost",
+    "boosted": "shown, boosted",
+}
+
+st.title("Tag scores")
+st.caption(
+    "How useful each note has been to the judge under each context tag, learnt from the evaluator "
+    "LLM (weight 1.0) and from reviewers' useful / not useful marks (weight 2.0), as an exponential "
+    "moving average (α 0.3, clamped to ±3). Red: misleading or unused there; blue: it helped."
+)
+
+with session_scope(read_only=True) as session:
+    tags = relevance.known_tags(session)
+    languages = notes.note_languages(session=session)
+    context_tags = relevance.latest_audit_tags(session)
+
+if not tags:
+    st.info(
+        "No tag scores yet. They appear once judge runs that showed notes have been evaluated "
+        "(`python -m lib evaluate`) or reviewers have marked shown notes useful or not useful on an "
+        "evaluation."
+    )
+    st.stop()
+
+cols = st.columns(3)
+chosen_tags = cols[0].multiselect("Tags", tags, key="tag_scores_tags", placeholder="All tags")
+note_type = cols[1].selectbox("Note type", [ANY, *NOTE_TYPES], key="tag_scores_type")
+language = cols[2].selectbox(
+    "Language",
+    [ANY, *languages],
+    key="tag_scores_language",
+    format_func=lambda value: "(every language)" if value == "" else value,
+)
+filters = {
+    "tags": chosen_tags or None,
+    "note_type": None if note_type == ANY else note_type,
+    "language": None if language == ANY else language,
+}
+
+with session_scope(read_only=True) as session:
+    scores = relevance.scores_frame(session, **filters, limit_notes=HEATMAP_NOTES)
+    all_scores = relevance.scores_frame(session, **filters, limit_notes=None)
+
+# --- Heatmap -------------------------------------------------------------------------------
+st.subheader("Scores by note and tag")
+if scores.empty:
+    st.info("No scores match these filters.")
+else:
+    st.plotly_chart(tag_heatmap_figure(scores), key="tag_scores_heatmap")
+    shown_notes, total_notes = scores["note_id"].nunique(), all_scores["note_id"].nunique()
+    if shown_notes < total_notes:
+        st.caption(f"The {shown_notes} most-evaluated of {total_notes} notes; the CSV holds them all.")
+    st.dataframe(scores, key="tag_scores_table", hide_index=True)
+csv_download(all_scores, "tag_scores.csv", key="tag_scores_csv", label="Download scores (CSV)")
+
+# --- EMA history ---------------------------------------------------------------------------
+st.subheader("EMA history of a note")
+if not scores.empty:
+    labels = {
+        int(r.note_id): note_label(int(r.note_id), r.note_type, r.content)
+        for r in scores.drop_duplicates("note_id").itertuples()
+    }
+    note_id = st.selectbox(
+        "Note", list(labels), format_func=labels.__getitem__, key="tag_scores_history_note"
+    )
+    with session_scope(read_only=True) as session:
+        history = relevance.history_frame(session, note_id, tags=chosen_tags or None)
+    pin = scores.loc[scores["note_id"] == note_id, "pin"].iloc[0]
+    st.caption(f"{len(history)} scores applied · pinned state: {pin}")
+    st.plotly_chart(ema_history_figure(history), key="tag_scores_history_chart")
+    csv_download(
+        history, f"note_{note_id}_history.csv", key="tag_scores_history_csv", label="Download history (CSV)"
+    )
+
+# --- Pinned notes --------------------------------------------------------------------------
+st.subheader("Pinned notes")
+st.caption(
+    "Pinned notes are shown to every judge run of their language unless their tag scores filter them. "
+    "Auto-pin: average over the note's tags > 0.6 with ≥ 5 evaluations (removed again below 0.2), or "
+    "shown 15 times under a tag subset. Manual pins are never removed automatically."
+)
+with session_scope(read_only=True) as session:
+    pinned = relevance.pinned_frame(session)
+if pinned.empty:
+    st.caption("No note is pinned.")
+else:
+    st.dataframe(pinned, key="tag_scores_pinned", hide_index=True)
+    csv_download(pinned, "pinned_notes.csv", key="tag_scores_pinned_csv", label="Download pinned notes (CSV)")
+manual_pin_controls(key="tag_scores_pin")
+
+# --- Explainer -----------------------------------------------------------------------------
+st.subheader("Why is a note shown or not?")
+st.caption(
+    "Pick the env tags of a judge run. For each note: its scores averaged over ALL these tags (a tag "
+    "it was never evaluated under counts 0.0), its evaluations, and what `relevant_notes` does: "
+    "filtered when there are ≥ 3 evaluations and the average is below -0.1; otherwise its rank moves "
+    "by (avg / 3) × 0.01."
+)
+explain_tags = st.multiselect(
+    "Env tags of the judge run",
+    sorted(set(tags) | set(context_tags)),
+    default=context_tags,
+    accept_new_options=True,
+    key="tag_scores_explain_tags",
+)
+include_all = st.checkbox(
+    "Include notes never evaluated under these tags", key="tag_scores_explain_all", value=False
+)
+if not explain_tags:
+    st.info("Pick at least one env tag to see the decisions.")
+    st.stop()
+with session_scope(read_only=True) as session:
+    explained = relevance.explain(
+        session,
+        explain_tags,
+        note_type=filters["note_type"],
+        language=filters["language"],
+        include_unscored=include_all,
+    )
+if explained.empty:
+    st.info("No note has a score under these tags (and none is pinned).")
+    st.stop()
+counts = explained["decision"].value_counts()
+metric_cols = st.columns(4)
+for column, decision in zip(metric_cols, ("filtered", "penalized", "neutral", "boosted"), strict=True):
+    column.metric(DECISION_TEXT[decision], int(counts.get(decision, 0)))
+st.dataframe(explained, key="tag_scores_explain_table", hide_index=True)
+csv_download(explained, "tag_relevance_explained.csv", key="tag_scores_explain_csv", label="Download (CSV)")
+rows = {int(r.note_id): r for r in explained.itertuples()}
+picked = st.selectbox(
+    "Explain one note",
+    list(rows),
+    format_func=lambda nid: note_label(nid, rows[nid].note_type, rows[nid].content),
+    key="tag_scores_explain_note",
+)
+row = rows[picked]
+st.markdown(f"**Note #{picked}: {DECISION_TEXT[row.decision]}**")
+st.code(row.arithmetic, language=None, wrap_lines=True)
