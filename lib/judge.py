@@ -36,7 +36,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
-from lib import llm, notes
+from lib import llm, notes, relevance
 from lib.config import Settings, get_settings
 from lib.corrections import format_history_for_prompt, format_score, parse_score, select_history
 from lib.db import session_scope
@@ -747,13 +747,57 @@ class JudgeContext:
     history_block: str
     notes_block: str | None
     existing_snapshot: str | None
+    # Seed 001: which notes the prompt shows, under which context tags (recorded as the run's audit).
+    shown_note_ids: tuple[int, ...] = ()
+    env_tags: tuple[str, ...] = ()
 
 
-def _notes_block(session: Session, language: str) -> str | None:
-    """Cross-session notes for the run's language (seed 000 query and block), or None when there are none."""
-    selected = notes.relevant_notes(session=session, language=language)
+def _notes_block(
+    session: Session, prepared: PreparedInput
+) -> tuple[str | None, tuple[int, ...], tuple[str, ...]]:
+    """Notes for the run's language (seed 000), filtered and ranked by tag relevance for its context (seed 001)."""
+    ev = prepared.evaluation
+    tags = tuple(
+        relevance.build_env_tags(
+            language=ev.language,
+            product=ev.product,
+            metric=prepared.primary_metric,
+            model=ev.model_name,
+            category=ev.category,
+        )
+    )
+    selected = notes.relevant_notes(session=session, language=ev.language, tags=tags)
     # A judge run belongs to its process's note session (a pipeline run, or the app process).
-    return notes.format_notes_for_prompt(selected, notes.process_session_id()) or None
+    block = notes.format_notes_for_prompt(selected, notes.process_session_id()) or None
+    return block, tuple(n.id for n in selected if n.id is not None), tags
+
+
+def _record_notes_audit(
+    engine: Engine, context: JudgeContext, stage1: Stage1Result, snapshot_id: str
+) -> None:
+    """Seed 001: remember which notes this run showed (prompt and reply as transcript); never fails the run."""
+    if not context.shown_note_ids:
+        return
+    messages = build_stage1_messages(
+        context.prepared, history_block=context.history_block, notes_block=context.notes_block
+    )
+    reply = json.dumps(
+        {"independent_scores": stage1.judge_scores, "evidence": stage1.evidence}, ensure_ascii=False
+    )
+    try:
+        with session_scope(engine) as session:
+            relevance.record_audit(
+                session,
+                session_id=snapshot_id,
+                shown_note_ids=context.shown_note_ids,
+                env_tags=context.env_tags,
+                product=context.prepared.evaluation.product,
+                snapshot_id=snapshot_id,
+                transcript=[*messages, {"role": "assistant", "content": reply}],
+            )
+    except SQLAlchemyError:
+        # The snapshot is saved; a missing audit only means this run teaches the evaluator nothing.
+        log.warning("could not record which notes judge run %s showed", snapshot_id, exc_info=True)
 
 
 def load_context(
@@ -774,13 +818,17 @@ def load_context(
         max_entries=settings.history_max_entries,
         correction_ratio=settings.history_correction_ratio,
     )
+    shown: tuple[int, ...] = ()
+    tags: tuple[str, ...] = ()
     if notes_block is None:
-        notes_block = _notes_block(session, evaluation.language)
+        notes_block, shown, tags = _notes_block(session, prepared)
     return JudgeContext(
         prepared=prepared,
         history_block=format_history_for_prompt(history),
         notes_block=notes_block,
         existing_snapshot=_existing_snapshot(session, evaluation.source_key),
+        shown_note_ids=shown if notes_block else (),
+        env_tags=tags,
     )
 
 
@@ -848,13 +896,15 @@ def judge_evaluation(
         raise JudgeFailed("save", str(exc), kind="invalid_record") from exc
     try:
         with session_scope(engine) as session:
-            return write_snapshot(session=session, row=row, judgments=judgments)
+            written = write_snapshot(session=session, row=row, judgments=judgments)
     except JudgeFailed:
         raise
     except SQLAlchemyError as exc:
         raise JudgeFailed(
             "save", f"the database refused the write ({type(exc).__name__})", kind="database"
         ) from exc
+    _record_notes_audit(engine, context, stage1, written)
+    return written
 
 
 # ---------------------------------------------------------------------------------------------
