@@ -98,6 +98,76 @@ def _cmd_history(args: argparse.Namespace) -> int:
     return 0
 
 
+@handler("judge")
+def _cmd_judge(args: argparse.Namespace) -> int:
+    """`judge FILE` runs Stage 1 + 2 on every not-yet-judged JSONL line; rerun it to resume."""
+    from lib import judge
+
+    if args.concurrency is not None and not 1 <= args.concurrency <= 64:
+        raise CliError("judge: --concurrency must be between 1 and 64")
+    try:
+        report = judge.judge_file(
+            Path(args.file),
+            engine=_engine(),
+            reviewer=args.reviewer,
+            concurrency=args.concurrency,
+            progress=judge.print_progress,
+        )
+    except judge.BatchInputError as exc:
+        raise CliError(f"judge: {exc}; nothing was judged") from exc
+    for lineno, message in report.failed:
+        print(f"{args.file} line {lineno}: {message}", file=sys.stderr)
+    print(report.summary())
+    if report.failed:
+        print("rerun the same command to retry the failed lines; judged lines are skipped", file=sys.stderr)
+        return 1
+    return 0
+
+
+@handler("second-opinion")
+def _cmd_second_opinion(args: argparse.Namespace) -> int:
+    """`second-opinion --product P` asks the evaluation model to validate judgments without one."""
+    from lib import judge, second_opinion
+    from lib.config import get_settings
+
+    if not get_settings().llm_configured:
+        from lib.llm import NOT_CONFIGURED_MESSAGE
+
+        raise CliError(NOT_CONFIGURED_MESSAGE)
+    outcome = second_opinion.second_opinion_batch(
+        engine=_engine(),
+        product=args.product,
+        reviewer=args.reviewer,
+        limit=args.limit,
+        progress=judge.print_progress,
+    )
+    for change_id, message in outcome.failed:
+        print(f"{change_id}: {message}", file=sys.stderr)
+    print(outcome.summary())
+    return 1 if outcome.failed else 0
+
+
+@handler("evaluate")
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    """Score the notes that judge runs showed (seed 001 evaluator); failures are retried next time."""
+    from lib.llm import LLMNotConfigured
+    from lib.relevance import evaluate_pending
+
+    if args.limit < 1:
+        raise CliError("evaluate: --limit must be at least 1")
+    try:
+        report = evaluate_pending(_engine(), limit=args.limit)
+    except LLMNotConfigured as exc:
+        raise CliError(str(exc)) from exc
+    print(
+        f"evaluated {report.total} audits: {report.completed} completed, "
+        f"{report.failed} failed, {report.skipped} skipped"
+    )
+    for session_id, message in report.errors:
+        print(f"error: audit {session_id}: {message} (will be retried)", file=sys.stderr)
+    return 1 if report.failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; other modules' commands are registered here so `--help` lists all."""
     parser = argparse.ArgumentParser(prog="python -m lib", description="Overrule command line.")
@@ -126,6 +196,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target share of corrections, 0..1 (default OVERRULE_HISTORY_CORRECTION_RATIO, 0.75)")
     p.add_argument("--format", choices=["json", "prompt"], default="json",
                    help="json: the judgments in selection order; prompt: the block a judge prompt contains")
+
+    p = sub.add_parser("judge", help="judge a JSONL file of questions and answers (Stage 1 + 2), resumable")
+    p.add_argument("file", help="JSONL, one evaluation per line (the import format without judge fields)")
+    p.add_argument("--concurrency", type=int, default=None, metavar="N",
+                   help="requests in flight at once (default OVERRULE_JUDGE_CONCURRENCY, 4)")
+    p.add_argument("--reviewer", default="cli", help="recorded as the author of the snapshots")
+
+    p = sub.add_parser("second-opinion", help="second opinions (seed 000 evaluation layer) for a product")
+    p.add_argument("--product", required=True, help="the product whose judgments to validate")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="at most N judgments (default: all)")
+    p.add_argument("--reviewer", default="cli", help="recorded as who asked for the second opinions")
+
+    p = sub.add_parser("evaluate", help="score the notes judge runs showed, with the evaluator LLM (tag relevance)")
+    p.add_argument("--limit", type=int, default=5, help="process at most N pending audits (default 5)")
 
     # Each capability adds its subcommand parser above this line and its @handler function above.
     return parser
