@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, metavar="N", help="at most N judgments (default: all)")
     p.add_argument("--reviewer", default="cli", help="recorded as who asked for the second opinions")
 
-    p = sub.add_parser("evaluate", help="score the notes judge runs showed, with the evaluator LLM (tag relevance)")
+    p = sub.add_parser("evaluate", help="score the notes judge runs showed (tag relevance evaluator)")
     p.add_argument("--limit", type=int, default=5, help="process at most N pending audits (default 5)")
 
     # Each capability adds its subcommand parser above this line and its @handler function above.
