@@ -26,6 +26,7 @@ Decisions the seed leaves open, pinned down here (and tested):
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -43,6 +44,8 @@ from sqlmodel import Session, SQLModel, col, select
 
 from lib.config import get_settings
 from lib.models import NOTE_TYPES, SessionNote, utcnow
+
+log = logging.getLogger(__name__)
 
 TYPE_ICONS: dict[str, str] = {
     "SUCCESS": "✅",
@@ -697,6 +700,7 @@ def remove_notes(
     session_id: str | None = None,
     all_notes: bool = False,
     now: datetime | None = None,
+    removed_by: str | None = None,
 ) -> int:
     """Delete matching notes (and the relevance rows that point at them); returns how many notes went.
 
@@ -721,7 +725,19 @@ def remove_notes(
     result = session.exec(delete(SessionNote).where(where).execution_options(synchronize_session="fetch"))
     session.flush()
     invalidate_notes_cache(session)
-    return int(result.rowcount or 0)
+    removed = int(result.rowcount or 0)
+    # No table records deletions, so the log is where "who removed what" survives.
+    log.info(
+        "removed %d notes (type=%r language=%r older_than=%s session=%r all=%s) by %s",
+        removed,
+        note_type,
+        language,
+        older_than,
+        session_id,
+        all_notes,
+        removed_by or "unknown",
+    )
+    return removed
 
 
 # --------------------------------------------------------------------------------------------

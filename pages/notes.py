@@ -1,0 +1,265 @@
+"""Notes: the memory that judge runs leave for each other (seed 000), for reviewers to browse.
+
+Note text is untrusted (judge models write most of it): it is only ever shown inside a dataframe
+cell or a code block, never as Markdown or HTML. `/notes?session=<id>` opens one session's notes.
+"""
+
+import zlib
+from datetime import timedelta
+
+import streamlit as st
+
+from lib import notes
+from lib.config import get_settings
+from lib.models import NOTE_TYPES, utcnow
+from lib.safe_markdown import escape_markdown
+from lib.ui import csv_download, current_reviewer, pager, require_reviewer, session_scope
+
+ANY = "(any)"
+EVERY_LANGUAGE = "(notes for every language)"
+FLASH = "notes_flash"
+ADD_ERROR = "notes_add_error"
+SIG_KEY = "notes_filter_sig"
+PAGE_KEYS = ("notes_page", "notes_timeline_page")
+CSV_CAP = 5000  # rows in the CSV of the filtered notes; `python -m lib export` has no cap
+AGES: dict[str, tuple[timedelta | None, timedelta | None]] = {  # label: (newer than, older than)
+    "Any time": (None, None),
+    "Last 24 hours": (timedelta(days=1), None),
+    "Last 7 days": (timedelta(days=7), None),
+    "Last 30 days": (timedelta(days=30), None),
+    "Older than 30 days": (None, timedelta(days=30)),
+    "Older than 90 days": (None, timedelta(days=90)),
+}
+ADD_DEFAULTS = {
+    "notes_add_language": "",
+    "notes_add_content": "",
+    "notes_add_code": "",
+    "notes_add_confidence": None,
+}
+
+
+def _language_label(value: str) -> str:
+    return EVERY_LANGUAGE if value == "" else value
+
+
+def _note_session_id() -> str:
+    """Notes a reviewer adds carry one session id per browser session, like a judge run's."""
+    return st.session_state.setdefault("notes_session_id", notes.new_session_id())
+
+
+def _add_note() -> None:
+    """Form callback: write the note, then clear the form (only a callback may reset its widgets)."""
+    reviewer = current_reviewer()
+    if reviewer is None:
+        return
+    state = st.session_state
+    try:
+        with session_scope() as session:
+            notes.add_note(
+                session=session,
+                language=state["notes_add_language"],
+                note_type=state["notes_add_type"],
+                content=state["notes_add_content"],
+                phelps_code=state["notes_add_code"],
+                confidence=state["notes_add_confidence"],
+                session_id=_note_session_id(),
+                created_by=reviewer,
+            )
+    except ValueError as exc:
+        state[ADD_ERROR] = str(exc)
+        return
+    state.update(ADD_DEFAULTS)
+    state[FLASH] = "Note added."
+
+
+def _remove_notes(filters: dict) -> None:
+    """Button callback: remove what the preview counted, with the confirmation reset afterwards."""
+    reviewer = current_reviewer()
+    if reviewer is None:
+        return
+    with session_scope() as session:
+        removed = notes.remove_notes(session=session, removed_by=reviewer, **filters)
+    st.session_state[FLASH] = f"Removed {removed:,} note{'' if removed == 1 else 's'}."
+
+
+st.title("Notes")
+st.caption(
+    "Cross-session notes: what judge runs learned and left for the next runs. The judge sees the "
+    "relevant ones for its language in its prompt (see the prompt preview)."
+)
+if message := st.session_state.pop(FLASH, None):
+    st.success(message)
+
+with session_scope(read_only=True) as session:
+    health = notes.notes_health(session=session)
+    languages = notes.note_languages(session=session)
+    recent_sessions = [s.session_id for s in notes.session_timeline(session=session, limit=200)]
+
+cols = st.columns(3)
+cols[0].metric("Notes", f"{health['total_notes']:,}")
+cols[1].metric("Sessions", f"{health['sessions']:,}")
+latest = health["latest_note"]
+cols[2].metric(
+    "Latest note",
+    latest.strftime("%Y-%m-%d %H:%M UTC") if latest else "—",
+    help=f"{notes.format_age(utcnow() - latest)} ago" if latest else None,
+)
+if not health["total_notes"]:
+    st.info("No notes yet. Judge runs add them as they learn; you can add one in the “Add a note” tab.")
+
+# Filters: shared by the list, the timeline and the CSV.
+linked_session = st.query_params.get("session")
+if linked_session and linked_session not in recent_sessions:
+    recent_sessions.insert(0, linked_session)
+if linked_session:
+    st.session_state.setdefault("notes_session", linked_session)
+query = st.text_input("Search note text", key="notes_query", placeholder="words anywhere in a note")
+cols = st.columns(4)
+types = cols[0].multiselect("Type", NOTE_TYPES, key="notes_types", placeholder="All types")
+language = cols[1].selectbox("Language", [ANY, *languages], key="notes_language", format_func=_language_label)
+session_choice = cols[2].selectbox("Session", [ANY, *recent_sessions], key="notes_session")
+age_label = cols[3].selectbox("Age", list(AGES), key="notes_age")
+newer, older = AGES[age_label]
+now = utcnow()
+filters = {
+    "query": query,
+    "note_type": types or None,
+    "language": None if language == ANY else language,
+    "session_id": None if session_choice == ANY else session_choice,
+    "since": now - newer if newer else None,
+    "until": now - older if older else None,
+}
+signature = repr((query, types, language, session_choice, age_label))
+if st.session_state.get(SIG_KEY) not in (None, signature):
+    for key in PAGE_KEYS:  # new filters: back to the first page
+        st.session_state.pop(key, None)
+st.session_state[SIG_KEY] = signature
+
+tab_list, tab_timeline, tab_add, tab_remove, tab_prompt = st.tabs(
+    ["Notes", "Timeline", "Add a note", "Remove", "Prompt preview"]
+)
+
+with tab_list, session_scope(read_only=True) as session:
+    total = notes.count_notes(session=session, **filters)
+    st.caption(f"{total:,} note{'' if total == 1 else 's'} match")
+    if total == 0:
+        st.info("No notes match these filters.")
+    else:
+        offset, limit = pager(total, key="notes_page")
+        shown = notes.as_frame(notes.search_notes(session=session, limit=limit, offset=offset, **filters))
+        st.dataframe(
+            shown,
+            hide_index=True,
+            key="notes_table",
+            column_config={
+                "content": st.column_config.TextColumn("content", width="large"),
+                "confidence": st.column_config.NumberColumn("confidence", format="percent"),
+            },
+        )
+        export = notes.as_frame(notes.search_notes(session=session, limit=CSV_CAP, **filters))
+        csv_download(export, "notes.csv", key="notes_csv", label="Download these notes (CSV)")
+        if total > CSV_CAP:
+            st.caption(f"The CSV holds the newest {CSV_CAP:,}; use `python -m lib export` for all.")
+
+with tab_timeline, session_scope(read_only=True) as session:
+    st.caption("Sessions with matching notes, newest activity first, with their notes counted per type.")
+    sessions_total = notes.count_sessions(session=session, **filters)
+    if sessions_total == 0:
+        st.info("No sessions have notes matching these filters.")
+    else:
+        offset, limit = pager(sessions_total, key="notes_timeline_page")
+        timeline = notes.timeline_frame(
+            notes.session_timeline(session=session, limit=limit, offset=offset, **filters)
+        )
+        st.dataframe(timeline, hide_index=True, key="notes_timeline_table")
+        csv_download(timeline, "note_sessions.csv", key="notes_timeline_csv")
+
+with tab_add:
+    reviewer = require_reviewer("add notes")
+    if error := st.session_state.pop(ADD_ERROR, None):
+        st.error(escape_markdown(error), icon="⚠️")
+    for key, value in {"notes_add_type": "TIP", **ADD_DEFAULTS}.items():
+        st.session_state.setdefault(key, value)
+    with st.form("notes_add_form"):
+        st.selectbox("Type", NOTE_TYPES, key="notes_add_type")
+        st.text_input(
+            "Language",
+            key="notes_add_language",
+            max_chars=notes.MAX_LANGUAGE_CHARS,
+            help="A language code such as en or tr; leave empty for a note about every language.",
+        )
+        st.text_area("Note", key="notes_add_content", max_chars=notes.MAX_CONTENT_CHARS)
+        st.text_input("Code (SUCCESS notes only)", key="notes_add_code", max_chars=notes.MAX_CODE_CHARS)
+        st.number_input(
+            "Confidence 0–1 (SUCCESS notes only)",
+            min_value=0.0,
+            max_value=1.0,
+            step=0.05,
+            key="notes_add_confidence",
+        )
+        st.form_submit_button(
+            "Add note", key="notes_add_submit", on_click=_add_note, disabled=reviewer is None
+        )
+
+with tab_remove:
+    st.caption("Remove notes by type, language and age. Their tag-relevance history goes with them.")
+    cols = st.columns(3)
+    remove_types = cols[0].multiselect("Type", NOTE_TYPES, key="notes_remove_types", placeholder="All types")
+    remove_language = cols[1].selectbox(
+        "Language", [ANY, *languages], key="notes_remove_language", format_func=_language_label
+    )
+    remove_age = cols[2].text_input("Older than", key="notes_remove_age", placeholder="e.g. 30d, 12h, 90m")
+    remove_all = st.checkbox("No filter: remove every note", key="notes_remove_all")
+    remove_filters: dict = {
+        "note_type": remove_types or None,
+        "language": None if remove_language == ANY else remove_language,
+        "all_notes": remove_all,
+    }
+    count: int | None = None
+    if not (remove_types or remove_language != ANY or remove_age.strip() or remove_all):
+        st.info("Choose a type, a language or an age first (or tick “No filter: remove every note”).")
+    else:
+        try:
+            if remove_age.strip():
+                remove_filters["older_than"] = notes.parse_age(remove_age)
+            with session_scope(read_only=True) as session:
+                count = notes.preview_remove(session=session, **remove_filters)
+        except ValueError as exc:
+            st.warning(escape_markdown(str(exc)), icon="⚠️")
+    if count is not None:
+        st.metric("Notes that will be removed", f"{count:,}")
+        remove_signature = zlib.crc32(repr(sorted((k, str(v)) for k, v in remove_filters.items())).encode())
+        remover = require_reviewer("remove notes")
+        # A new filter gives a new checkbox, so a confirmation never carries over to other notes.
+        confirmed = st.checkbox(
+            f"Yes, permanently remove these {count:,} notes",
+            key=f"notes_remove_confirm_{remove_signature}",
+            disabled=count == 0 or remover is None,
+        )
+        st.button(
+            "Remove notes",
+            type="primary",
+            key="notes_remove_button",
+            disabled=not (confirmed and count and remover),
+            on_click=_remove_notes,
+            args=(remove_filters,),
+        )
+
+with tab_prompt:
+    st.caption("The notes section of the judge prompt for a language, exactly as a new judge run sees it.")
+    preview_language = st.text_input("Judge language", value="en", key="notes_preview_language")
+    try:
+        with session_scope(read_only=True) as session:
+            relevant = notes.relevant_notes(session=session, language=preview_language)
+    except ValueError as exc:
+        st.error(escape_markdown(str(exc)), icon="⚠️")
+    else:
+        block = notes.format_notes_for_prompt(relevant)
+        if block:
+            st.code(block, language=None, wrap_lines=True)
+            limit = get_settings().notes_limit
+            st.caption(
+                f"{len(relevant)} note{'' if len(relevant) == 1 else 's'}; a judge prompt gets at most {limit}."
+            )
+        else:
+            st.info("No relevant notes: this section of the judge prompt is empty for this language.")
