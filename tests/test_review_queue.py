@@ -1,0 +1,243 @@
+"""The review queue: one evaluation at a time, oldest or largest-gap first, filters, skips,
+archived evaluations left out, progress counts — on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import Engine
+
+from lib import corrections
+from lib.db import session_scope
+from lib.models import EvaluationSnapshot, Judgment
+from lib.review_queue import QueueFilter, evidence_for, load_item, next_item, queue_options, queue_progress
+from tests import test_corrections as fast_db
+
+# Fast per-test databases (a copied migrated SQLite file; one emptied PostgreSQL database per module).
+engine_fixture, sqlite_engine_fixture = fast_db.engine, fast_db.sqlite_engine
+sqlite_template, pg_module_url = fast_db.sqlite_template, fast_db.pg_module_url
+
+T0 = datetime(2024, 3, 1, tzinfo=UTC)
+
+
+def evaluation(
+    engine: Engine,
+    snapshot_id: str,
+    *,
+    hours: int = 0,
+    product: str = "acme",
+    language: str = "en",
+    gap: float | None = None,
+    metrics: tuple[str, ...] = ("clarity", "truthfulness"),
+    archived: bool = False,
+) -> None:
+    """An evaluation with one unreviewed judgment per metric."""
+    with session_scope(engine) as s:
+        s.add(
+            EvaluationSnapshot(
+                id=snapshot_id,
+                question="q",
+                model_answer="a",
+                product=product,
+                language=language,
+                max_metric_gap=gap,
+                created_at=T0 + timedelta(hours=hours),
+                deleted_at=T0 if archived else None,
+                status="archived" if archived else "active",
+            )
+        )
+        s.flush()
+        for metric in metrics:
+            s.add(
+                Judgment(
+                    change_id=f"{snapshot_id}:{metric}",
+                    product=product,
+                    metric=metric,
+                    snapshot_id=snapshot_id,
+                    decision="3",
+                    timestamp=T0 + timedelta(hours=hours),
+                )
+            )
+
+
+def standalone(engine: Engine, change_id: str, *, hours: int = 0, product: str = "acme") -> None:
+    with session_scope(engine) as s:
+        s.add(
+            Judgment(
+                change_id=change_id,
+                product=product,
+                decision="INCLUDE",
+                timestamp=T0 + timedelta(hours=hours),
+            )
+        )
+
+
+def review(engine: Engine, change_id: str, decision: str = "3") -> None:
+    with session_scope(engine) as s:
+        corrections.update_with_user_decision(
+            session=s, change_id=change_id, user_decision=decision, reviewer="ayse"
+        )
+
+
+def next_key(engine: Engine, skipped: tuple[str, ...] = (), **filters) -> str | None:
+    with session_scope(engine, read_only=True) as s:
+        item = next_item(session=s, filters=QueueFilter(**filters), skipped=skipped)
+        return item.key if item else None
+
+
+def test_oldest_first_gives_the_oldest_evaluation_with_all_its_open_metrics_in_rubric_order(engine) -> None:
+    evaluation(engine, "new", hours=5)
+    evaluation(engine, "old", hours=1, metrics=("clarity", "safety", "truthfulness"))
+    with session_scope(engine, read_only=True) as s:
+        item = next_item(session=s, filters=QueueFilter())
+        assert item is not None and item.snapshot is not None
+        # The default rubric order: truthfulness, helpfulness, safety, bias, clarity, ...
+        assert (item.key, [j.metric for j in item.judgments]) == (
+            "snapshot:old",
+            ["truthfulness", "safety", "clarity"],
+        )
+
+
+def test_largest_gap_first_puts_evaluations_without_a_gap_last(engine) -> None:
+    evaluation(engine, "none", hours=0, gap=None)
+    evaluation(engine, "small", hours=1, gap=0.5)
+    evaluation(engine, "big", hours=2, gap=3.0)
+    assert next_key(engine, order="largest_gap") == "snapshot:big"
+    assert next_key(engine, ("snapshot:big",), order="largest_gap") == "snapshot:small"
+    assert next_key(engine, ("snapshot:big", "snapshot:small"), order="largest_gap") == "snapshot:none"
+
+
+def test_reviewed_metrics_leave_the_item_and_a_finished_item_leaves_the_queue(engine) -> None:
+    evaluation(engine, "a", hours=0)
+    evaluation(engine, "b", hours=1)
+    review(engine, "a:clarity")
+    with session_scope(engine, read_only=True) as s:
+        item = load_item(session=s, key="snapshot:a", filters=QueueFilter())
+        assert item is not None and [j.change_id for j in item.judgments] == ["a:truthfulness"]
+    review(engine, "a:truthfulness")
+    with session_scope(engine, read_only=True) as s:
+        assert load_item(session=s, key="snapshot:a", filters=QueueFilter()) is None
+    assert next_key(engine) == "snapshot:b"
+
+
+@pytest.mark.parametrize(
+    ("filters", "expected"),
+    [
+        ({"product": "beta"}, "snapshot:beta-1"),
+        ({"language": "tr"}, "snapshot:tr-1"),
+        ({"metric": "safety"}, "snapshot:safe-1"),
+        ({"product": "nobody"}, None),
+    ],
+)
+def test_filters_pick_matching_items_only(engine, filters, expected) -> None:
+    evaluation(engine, "first", hours=0)
+    evaluation(engine, "beta-1", hours=1, product="beta")
+    evaluation(engine, "tr-1", hours=2, language="tr")
+    evaluation(engine, "safe-1", hours=3, metrics=("safety",))
+    assert next_key(engine, **filters) == expected
+
+
+def test_metric_filter_limits_the_items_judgments_to_that_metric(engine) -> None:
+    evaluation(engine, "a", metrics=("clarity", "safety"))
+    with session_scope(engine, read_only=True) as s:
+        item = next_item(session=s, filters=QueueFilter(metric="safety"))
+        assert item is not None and [j.metric for j in item.judgments] == ["safety"]
+
+
+def test_skipped_items_are_passed_over(engine) -> None:
+    evaluation(engine, "a", hours=0)
+    standalone(engine, "pr#1", hours=1)
+    evaluation(engine, "c", hours=2)
+    with session_scope(engine, read_only=True) as s:
+        pr = corrections.get_judgment(session=s, change_id="pr#1")
+        assert pr is not None
+    assert next_key(engine, ("snapshot:a",)) == f"judgment:{pr.id}"
+    assert next_key(engine, ("snapshot:a", f"judgment:{pr.id}")) == "snapshot:c"
+    assert next_key(engine, ("snapshot:a", f"judgment:{pr.id}", "snapshot:c")) is None
+
+
+def test_a_standalone_judgment_is_an_item_of_its_own(engine) -> None:
+    standalone(engine, "pr#1")
+    with session_scope(engine, read_only=True) as s:
+        item = next_item(session=s, filters=QueueFilter())
+        assert item is not None and item.snapshot is None
+        assert [j.change_id for j in item.judgments] == ["pr#1"] and item.title == "Judgment pr#1"
+
+
+def test_a_language_filter_leaves_out_standalone_judgments(engine) -> None:
+    standalone(engine, "pr#1")
+    assert next_key(engine, language="en") is None
+
+
+def test_judgments_of_archived_evaluations_never_appear(engine) -> None:
+    evaluation(engine, "gone", hours=0, archived=True)
+    evaluation(engine, "live", hours=1)
+    assert next_key(engine) == "snapshot:live"
+    with session_scope(engine, read_only=True) as s:
+        assert queue_progress(session=s, filters=QueueFilter()).total == 2
+
+
+def test_an_imported_decision_without_review_time_counts_as_reviewed(engine) -> None:
+    with session_scope(engine) as s:
+        s.add(
+            Judgment(
+                change_id="pr#1",
+                product="acme",
+                decision="INCLUDE",
+                user_decision="EXCLUDE",
+                was_corrected=True,
+            )
+        )
+    assert next_key(engine) is None
+
+
+def test_progress_counts_reviewed_of_all_and_open_items(engine) -> None:
+    evaluation(engine, "a", hours=0)
+    evaluation(engine, "b", hours=1)
+    standalone(engine, "pr#1")
+    review(engine, "a:clarity")
+    with session_scope(engine, read_only=True) as s:
+        progress = queue_progress(session=s, filters=QueueFilter())
+        acme_clarity = queue_progress(session=s, filters=QueueFilter(metric="clarity"))
+    assert (progress.reviewed, progress.total, progress.open_items) == (1, 5, 3)
+    assert progress.label == "1 of 5 reviewed"
+    assert (acme_clarity.reviewed, acme_clarity.total, acme_clarity.open_items) == (1, 2, 1)
+
+
+def test_progress_of_an_empty_queue_is_complete(engine) -> None:
+    with session_scope(engine, read_only=True) as s:
+        progress = queue_progress(session=s, filters=QueueFilter())
+    assert (progress.label, progress.fraction, progress.open_items) == ("0 of 0 reviewed", 1.0, 0)
+
+
+def test_unknown_order_is_refused(sqlite_engine) -> None:
+    evaluation(sqlite_engine, "a")
+    with session_scope(sqlite_engine) as s, pytest.raises(ValueError, match="order"):
+        next_item(session=s, filters=QueueFilter(order="random"))
+
+
+def test_queue_options_list_products_metrics_and_languages(sqlite_engine) -> None:
+    evaluation(sqlite_engine, "a", product="acme", language="tr", metrics=("clarity",))
+    standalone(sqlite_engine, "pr#1", product="beta")
+    with session_scope(sqlite_engine) as s:
+        assert queue_options(session=s) == {
+            "products": ["acme", "beta"],
+            "metrics": ["clarity"],
+            "languages": ["tr"],
+        }
+
+
+@pytest.mark.parametrize(
+    ("evidence", "expected"),
+    [
+        ({"clarity": [{"quote": "x"}]}, [{"quote": "x"}]),
+        ({"clarity": {"evidence": [{"quote": "y"}]}}, [{"quote": "y"}]),
+        ({"clarity": ["not an item", {"quote": "z"}]}, [{"quote": "z"}]),
+        ({"safety": [{"quote": "x"}]}, []),
+        (None, []),
+    ],
+)
+def test_evidence_for_reads_either_stored_shape(evidence, expected) -> None:
+    snapshot = EvaluationSnapshot(id="s", question="q", model_answer="a", product="p", evidence_json=evidence)
+    assert evidence_for(snapshot, "clarity") == expected
