@@ -18,6 +18,7 @@ pages = [
     st.Page("pages/evaluations.py", title="Evaluations", icon="🔎", url_path="evaluations"),
     st.Page("pages/review.py", title="Review queue", icon="✅", url_path="review"),
     st.Page("pages/corrections.py", title="Corrections", icon="🧠", url_path="corrections"),
+    st.Page("pages/new_evaluation.py", title="New evaluation", icon="➕", url_path="new"),
     st.Page("pages/coach.py", title="Coach", icon="💬", url_path="coach"),
     st.Page("pages/tag_scores.py", title="Tag scores", icon="🏷️", url_path="tag-scores"),
 ]

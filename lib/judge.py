@@ -1088,9 +1088,17 @@ def known_products(*, session: Session) -> list[str]:
     return sorted(p for p in defined | judged if p)
 
 
-def score_step(spec: MetricSpec) -> float:
-    """The input step for a metric's scale: whole numbers, or hundredths for continuous scales."""
-    return 1.0 if spec.integer_scale else 0.01
+def known_languages(*, session: Session) -> list[str]:
+    """Languages of stored evaluations plus English and Turkish, for the page's language picker."""
+    stored = session.exec(select(EvaluationSnapshot.language).distinct()).all()
+    return sorted({"en", "tr", *(lang for lang in stored if lang)})
+
+
+def score_bounds(spec: MetricSpec) -> tuple[int, int, int] | tuple[float, float, float]:
+    """(min, max, step) for a score input on the metric's scale: whole numbers, or hundredths."""
+    if spec.integer_scale and float(spec.min_value).is_integer() and float(spec.max_value).is_integer():
+        return int(spec.min_value), int(spec.max_value), 1
+    return float(spec.min_value), float(spec.max_value), 0.01
 
 
 def user_scores_from_form(

@@ -1,0 +1,74 @@
+"""The second-opinion widget: a judgment's stored second opinion and a button asking for a new one.
+
+Pages call `second_opinion_panel(judgment, key=...)`, or pass `second_opinion_card_extra` as the
+`extra` hook of `lib.ui.evidence.render_metric_cards`. A failure of the evaluation model is shown
+and the judgment stays as it was (seed 000 fallback).
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from lib import second_opinion
+from lib.inspector import MetricCard
+from lib.models import Judgment
+from lib.safe_markdown import escape_markdown
+from lib.ui import get_engine, llm_unavailable_message, require_reviewer
+
+ACTION_ICONS = {"validated": "✅", "improved": "🔁", "questioned": "⚠️", "unchanged": "➖"}
+ACTION_TEXT = {
+    "validated": "The evaluation model agrees with the judge.",
+    "improved": "The evaluation model proposes a better decision.",
+    "questioned": "The evaluation model questions the judge's decision.",
+    "unchanged": "The evaluation model gave no clear verdict.",
+}
+
+
+def render_opinion(opinion: second_opinion.SecondOpinion, *, decision: str) -> None:
+    """One stored or fresh second opinion: verdict, decision and confidence, the explanation."""
+    action = opinion.action or "unchanged"
+    summary = escape_markdown(second_opinion.describe(opinion, decision=decision))
+    st.markdown(f"{ACTION_ICONS.get(action, '➖')} **Second opinion:** {summary}")
+    st.caption(ACTION_TEXT.get(action, ""))
+    if opinion.explanation:
+        st.markdown(escape_markdown(opinion.explanation))
+
+
+def second_opinion_panel(judgment: Judgment, *, key: str) -> None:
+    """A judgment's second opinion, and a button that asks the evaluation model (disabled without an LLM)."""
+    result_key = f"{key}_result"
+    unavailable = llm_unavailable_message()
+    label = (
+        "Ask for a second opinion" if judgment.second_opinion_at is None else "Ask for a new second opinion"
+    )
+    clicked = st.button(
+        label,
+        key=key,
+        icon="🧐",
+        disabled=unavailable is not None or judgment.id is None,
+        help=unavailable
+        or "A second LLM checks this judgment against the answer and adjusts its confidence.",
+    )
+    if clicked and judgment.id is not None:
+        reviewer = require_reviewer("ask for a second opinion")
+        if reviewer:
+            with st.spinner("Asking the evaluation model…"):
+                st.session_state[result_key] = second_opinion.request_second_opinion(
+                    engine=get_engine(), judgment_id=judgment.id, reviewer=reviewer
+                )
+    fresh = st.session_state.get(result_key)
+    if isinstance(fresh, second_opinion.SecondOpinion) and fresh.judgment_id == judgment.id:
+        if fresh.ok:
+            render_opinion(fresh, decision=judgment.decision)
+            return
+        st.error(escape_markdown(fresh.error or "The second opinion failed."), icon="⚠️")
+    stored = second_opinion.opinion_of(judgment)
+    if stored is not None:
+        render_opinion(stored, decision=judgment.decision)
+
+
+def second_opinion_card_extra(card: MetricCard) -> None:
+    """The panel inside a metric card (the `extra` hook of render_metric_cards)."""
+    if card.judgment is not None and card.judgment.id is not None:
+        # Keyed by the judgment's numeric id: a key becomes a CSS class, and data never should.
+        second_opinion_panel(card.judgment, key=f"second_opinion_{card.judgment.id}")
