@@ -23,6 +23,7 @@ from lib.ui.evidence import (
     render_highlighted_answer_block,
     render_metric_cards,
 )
+from lib.ui.review import review_card_extra
 
 ALL = "All"
 FLASH_KEY = "evaluations_flash"
@@ -115,7 +116,7 @@ def show_detail(snapshot_id: str) -> None:
     st.subheader("Metrics")
     st.caption("Largest gap first; each metric on its own scale. Gap = |user − judge|.")
     # Review forms (lib/ui/review.py) plug in here through the `extra` hook of each card.
-    render_metric_cards(detail.cards, key_prefix="evaluations")
+    render_metric_cards(detail.cards, key_prefix="evaluations", extra=review_card_extra("evaluations"))
 
     st.divider()
     if detail.archived:

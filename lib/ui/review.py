@@ -9,14 +9,13 @@ outcome is kept as a "flash" message that the next run shows. All data text is e
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any
 
 import streamlit as st
 
 from lib import corrections
 from lib.corrections import DecisionScale, InvalidDecision, JudgmentNotFound, MissingReviewer, ReviewConflict
-from lib.metrics import score_of
 from lib.models import Judgment
 from lib.safe_markdown import escape_markdown
 from lib.ui import current_reviewer, session_scope
@@ -133,25 +132,30 @@ def correction_form(
     user_score: float | None = None,
     flash_key: str | None = None,
     shortcuts: bool = False,
+    compact: bool = False,
 ) -> None:
-    """Confirm the judge or overrule it (a score on the metric's scale, or a label) with a reason."""
+    """Confirm the judge or overrule it (a score on the metric's scale, or a label) with a reason.
+
+    `compact` leaves out what a surrounding metric card already shows (scores, reasoning, state).
+    """
     assert judgment.id is not None
     flash_key = flash_key or f"{key}_flash"
     if flash_key == f"{key}_flash":
         show_flash(flash_key)
-    heading = title or (judgment.metric or judgment.change_id)
-    st.markdown(f"**{escape_markdown(heading)}** · scale {escape_markdown(scale.describe())}")
-    cols = st.columns(3)
-    cols[0].metric("Judge", judgment.decision)
-    if user_score is not None:
-        cols[1].metric("User score", corrections.format_score(user_score))
-    if judgment.confidence is not None:
-        cols[2].metric("Judge confidence", f"{judgment.confidence:.0%}")
-    if judgment.reasoning:
-        st.markdown("Judge's reasoning: " + escape_markdown(judgment.reasoning))
-    state = _review_state_text(judgment)
-    if state:
-        st.info(escape_markdown(state), icon="📝")
+    if not compact:
+        heading = title or (judgment.metric or judgment.change_id)
+        st.markdown(f"**{escape_markdown(heading)}** · scale {escape_markdown(scale.describe())}")
+        cols = st.columns(3)
+        cols[0].metric("Judge", judgment.decision)
+        if user_score is not None:
+            cols[1].metric("User score", corrections.format_score(user_score))
+        if judgment.confidence is not None:
+            cols[2].metric("Judge confidence", f"{judgment.confidence:.0%}")
+        if judgment.reasoning:
+            st.markdown("Judge's reasoning: " + escape_markdown(judgment.reasoning))
+        state = _review_state_text(judgment)
+        if state:
+            st.info(escape_markdown(state), icon="📝")
 
     callback_kwargs = {
         "judgment_id": judgment.id,
@@ -215,30 +219,19 @@ def judgment_history(judgment_id: int, *, key: str) -> None:
     st.dataframe(frame, hide_index=True, key=key, width="stretch")
 
 
-def review_section(
-    snapshot_id: str, *, key_prefix: str, user_scores: Mapping[str, Any] | None = None
-) -> None:
-    """Every judgment of one evaluation with its correction form and history (Evaluations detail)."""
-    with session_scope(read_only=True) as session:
-        judgments = corrections.judgments_of_snapshot(session=session, snapshot_id=snapshot_id)
-        scales = {j.id: corrections.decision_scale(session=session, judgment=j) for j in judgments}
-        titles = corrections.metric_titles(session=session, judgments=judgments)
-    if not judgments:
-        st.caption("No judgments to review for this evaluation.")
-        return
-    st.subheader("Review the judge")
-    if not current_reviewer():
-        st.warning("Enter your name in the sidebar to confirm or overrule these judgments.", icon="👤")
-    for judgment in judgments:
-        assert judgment.id is not None
+def review_card_extra(key_prefix: str) -> Callable[[Any], None]:
+    """The `extra` hook for `lib.ui.evidence.render_metric_cards`: a review form and history per card."""
+
+    def extra(card: Any) -> None:
+        judgment: Judgment | None = getattr(card, "judgment", None)
+        if judgment is None or judgment.id is None:
+            return
+        with session_scope(read_only=True) as session:
+            scale = corrections.decision_scale(session=session, judgment=judgment)
         key = f"{key_prefix}_review_{judgment.id}"
-        with st.container(border=True):
-            correction_form(
-                judgment,
-                scales[judgment.id],
-                key=key,
-                title=titles.get(judgment.id),
-                user_score=score_of((user_scores or {}).get(judgment.metric or "")),
-            )
-            with st.expander("History"):
-                judgment_history(judgment.id, key=f"{key}_history")
+        with st.expander("Confirm or overrule", expanded=judgment.user_decision is None):
+            correction_form(judgment, scale, key=key, compact=True)
+        with st.expander("History"):
+            judgment_history(judgment.id, key=f"{key}_history")
+
+    return extra
