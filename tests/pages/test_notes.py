@@ -1,0 +1,330 @@
+"""Notes page under AppTest: health, filters, search, timeline, add, remove, prompt preview, escaping."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from sqlmodel import select
+from streamlit.testing.v1 import AppTest
+
+from lib import notes
+from lib.config import reset_settings
+from lib.db import session_scope
+from lib.models import SessionNote, utcnow
+
+PAGE = "pages/notes.py"
+HOSTILE = "<script>alert(1)</script> [x](javascript:alert(1)) **bold**"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> None:
+    notes.invalidate_notes_cache()
+
+
+def put(engine: Engine, **fields: Any) -> SessionNote:
+    fields.setdefault("language", "en")
+    fields.setdefault("note_type", "TIP")
+    fields.setdefault("content", "a note")
+    fields.setdefault("session_id", "20251108_143022_12345_789")
+    with session_scope(engine) as s:
+        return notes.add_note(session=s, **fields)
+
+
+@pytest.fixture
+def seeded(app_engine: Engine) -> Engine:
+    now = utcnow()
+    put(app_engine, content="english tip", session_id="run_a", timestamp=now - timedelta(days=40))
+    put(app_engine, content="universal failure 100%", note_type="FAILURE", language="", session_id="run_a",
+        timestamp=now - timedelta(days=2))  # fmt: skip
+    put(app_engine, content="turkish pattern", note_type="PATTERN", language="tr", session_id="run_b",
+        timestamp=now - timedelta(hours=3))  # fmt: skip
+    put(
+        app_engine,
+        content="turkish tip",
+        language="tr",
+        session_id="run_b",
+        timestamp=now - timedelta(hours=1),
+    )
+    return app_engine
+
+
+def listed(at: AppTest) -> list[str]:
+    """The note list's contents (AppTest exposes no dataframe keys, so the table is told by its columns)."""
+    table = next((d.value for d in at.dataframe if "content" in d.value.columns), None)
+    return [] if table is None else list(table["content"])
+
+
+def rows(engine: Engine) -> list[SessionNote]:
+    with session_scope(engine, read_only=True) as s:
+        return list(s.exec(select(SessionNote).order_by(SessionNote.id)).all())
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def confirm_box(at: AppTest):  # type: ignore[no-untyped-def]
+    return next(c for c in at.checkbox if c.key.startswith("notes_remove_confirm_"))
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+
+
+def test_empty_database_explains_itself(app_engine, open_page) -> None:
+    at = open_page(PAGE)
+    assert metric(at, "Notes") == "0" and metric(at, "Latest note") == "—"
+    infos = [i.value for i in at.info]
+    assert "No notes match these filters." in infos
+    assert "No relevant notes: this section of the judge prompt is empty for this language." in infos
+    assert not at.exception
+
+
+def test_health_metrics(seeded, open_page) -> None:
+    at = open_page(PAGE)
+    assert (metric(at, "Notes"), metric(at, "Sessions")) == ("4", "2")
+    assert metric(at, "Latest note").endswith("UTC")
+    assert not at.exception
+
+
+def test_list_shows_every_note_newest_first(seeded, open_page) -> None:
+    at = open_page(PAGE)
+    assert listed(at) == ["turkish tip", "turkish pattern", "universal failure 100%", "english tip"]
+    assert not at.exception
+
+
+@pytest.mark.parametrize(
+    ("widget", "key", "value", "expected"),
+    [
+        ("multiselect", "notes_types", ["PATTERN", "FAILURE"], ["turkish pattern", "universal failure 100%"]),
+        ("selectbox", "notes_language", "tr", ["turkish tip", "turkish pattern"]),
+        ("selectbox", "notes_language", "", ["universal failure 100%"]),
+        ("selectbox", "notes_session", "run_a", ["universal failure 100%", "english tip"]),
+        ("selectbox", "notes_age", "Last 24 hours", ["turkish tip", "turkish pattern"]),
+        ("selectbox", "notes_age", "Older than 30 days", ["english tip"]),
+        ("text_input", "notes_query", "TURKISH", ["turkish tip", "turkish pattern"]),
+        ("text_input", "notes_query", "100%", ["universal failure 100%"]),
+        ("text_input", "notes_query", "_", []),
+    ],
+)
+def test_filters_narrow_the_list(
+    seeded, open_page, widget: str, key: str, value: Any, expected: list[str]
+) -> None:
+    at = open_page(PAGE)
+    getattr(at, widget)(key=key).set_value(value).run()
+    assert listed(at) == expected
+    if not expected:
+        assert "No notes match these filters." in [i.value for i in at.info]
+    assert not at.exception
+
+
+def test_session_link_opens_that_session(seeded, open_page) -> None:
+    at = open_page(PAGE, query={"session": "run_b"})
+    assert at.selectbox(key="notes_session").value == "run_b"
+    assert listed(at) == ["turkish tip", "turkish pattern"]
+    assert not at.exception
+
+
+def test_timeline_groups_by_session_newest_first(seeded, open_page) -> None:
+    at = open_page(PAGE)
+    timeline = next(d.value for d in at.dataframe if "first_note" in d.value.columns)
+    assert list(timeline["session_id"]) == ["run_b", "run_a"]
+    assert timeline.iloc[0][["notes", "TIP", "PATTERN", "FAILURE"]].tolist() == [2, 1, 1, 0]
+    assert not at.exception
+
+
+def test_list_is_paginated(app_engine, open_page, monkeypatch) -> None:
+    monkeypatch.setenv("OVERRULE_PAGE_SIZE", "3")
+    reset_settings()
+    now = utcnow()
+    for i in range(7):
+        put(app_engine, content=f"n{i}", timestamp=now - timedelta(minutes=i))
+    at = open_page(PAGE)
+    assert listed(at) == ["n0", "n1", "n2"]
+    at.number_input(key="notes_page").set_value(3).run()
+    assert listed(at) == ["n6"]
+    at.multiselect(key="notes_types").set_value(["TIP"]).run()  # new filters: back to page 1
+    assert listed(at) == ["n0", "n1", "n2"]
+    assert not at.exception
+
+
+def test_hostile_note_is_shown_as_text_only(app_engine, open_page) -> None:
+    put(app_engine, content=HOSTILE, note_type="STRATEGY")
+    at = open_page(PAGE)
+    assert listed(at) == [HOSTILE]
+    assert HOSTILE in at.code[0].value
+    rendered = [e.value for kind in ("markdown", "caption", "info", "success", "warning", "error")
+                for e in getattr(at, kind)]  # fmt: skip
+    assert not any("<script>" in text or "](javascript:" in text for text in rendered)
+    assert not at.exception
+
+
+# --------------------------------------------------------------------------------------------
+# Adding
+
+
+def test_adding_needs_a_reviewer(app_engine, open_page) -> None:
+    at = open_page(PAGE)
+    assert at.button(key="notes_add_submit").disabled
+    assert any("Enter your name in the sidebar to add notes" in w.value for w in at.warning)
+    assert not at.exception
+
+
+def test_add_note_records_the_reviewer(app_engine, open_page) -> None:
+    at = open_page(PAGE, reviewer="ayse")
+    at.selectbox(key="notes_add_type").set_value("SUCCESS")
+    at.text_input(key="notes_add_language").set_value("EN")
+    at.text_area(key="notes_add_content").set_value("Opening phrase decided it")
+    at.text_input(key="notes_add_code").set_value("AB00123PRO")
+    at.number_input(key="notes_add_confidence").set_value(0.85)
+    at.button(key="notes_add_submit").click().run()
+    [note] = rows(app_engine)
+    assert (note.note_type, note.language, note.content, note.phelps_code, note.confidence, note.created_by) == (
+        "SUCCESS", "en", "Opening phrase decided it", "AB00123PRO", 0.85, "ayse",
+    )  # fmt: skip
+    assert note.session_id == at.session_state["notes_session_id"]
+    assert [s.value for s in at.success] == ["Note added."]
+    assert at.text_area(key="notes_add_content").value == ""
+    assert listed(at) == ["Opening phrase decided it"]
+    assert not at.exception
+
+
+def test_notes_added_in_one_browser_session_share_a_session_id(app_engine, open_page) -> None:
+    at = open_page(PAGE, reviewer="ayse")
+    for text in ("first", "second"):
+        at.text_area(key="notes_add_content").set_value(text)
+        at.button(key="notes_add_submit").click().run()
+    assert len({n.session_id for n in rows(app_engine)}) == 1
+    assert not at.exception
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("notes_add_content", "   ", "note content is empty"),
+        ("notes_add_code", "AB1", "only SUCCESS notes carry a code"),
+        ("notes_add_language", "<b>x</b>", "language"),
+    ],
+)
+def test_invalid_note_is_refused_with_the_reason(
+    app_engine, open_page, field: str, value: str, message: str
+) -> None:
+    at = open_page(PAGE, reviewer="ayse")
+    at.text_area(key="notes_add_content").set_value("kept text")
+    widget = at.text_area(key=field) if field == "notes_add_content" else at.text_input(key=field)
+    widget.set_value(value)
+    at.button(key="notes_add_submit").click().run()
+    assert rows(app_engine) == []
+    [error] = at.error
+    assert message in error.value.replace("\\", "")
+    assert "<b>" not in error.value  # the reason is escaped, not rendered
+    assert not at.exception
+
+
+# --------------------------------------------------------------------------------------------
+# Removing
+
+
+def test_removal_asks_for_a_filter_first(seeded, open_page) -> None:
+    at = open_page(PAGE, reviewer="ayse")
+    assert any(i.value.startswith("Choose a type, a language or an age first") for i in at.info)
+    assert not [c for c in at.checkbox if c.key.startswith("notes_remove_confirm_")]
+    assert not at.exception
+
+
+def test_removal_previews_and_needs_confirmation(seeded, open_page) -> None:
+    at = open_page(PAGE, reviewer="ayse")
+    at.selectbox(key="notes_remove_language").set_value("tr").run()
+    assert metric(at, "Notes that will be removed") == "2"
+    assert at.button(key="notes_remove_button").disabled
+    confirm_box(at).check().run()
+    assert not at.button(key="notes_remove_button").disabled
+    at.button(key="notes_remove_button").click().run()
+    assert sorted(n.content for n in rows(seeded)) == ["english tip", "universal failure 100%"]
+    assert "Removed 2 notes." in [s.value for s in at.success]
+    assert at.selectbox(key="notes_remove_language").value == "(any)"  # "tr" has no notes left to offer
+    assert not at.exception
+
+
+def test_changing_the_filter_withdraws_the_confirmation(seeded, open_page) -> None:
+    at = open_page(PAGE, reviewer="ayse")
+    at.selectbox(key="notes_remove_language").set_value("tr").run()
+    confirm_box(at).check().run()
+    at.multiselect(key="notes_remove_types").set_value(["TIP"]).run()
+    assert not confirm_box(at).value
+    assert at.button(key="notes_remove_button").disabled
+    assert len(rows(seeded)) == 4
+    assert not at.exception
+
+
+def test_removal_by_age(seeded, open_page) -> None:
+    at = open_page(PAGE, reviewer="ayse")
+    at.text_input(key="notes_remove_age").set_value("30d").run()
+    assert metric(at, "Notes that will be removed") == "1"
+    confirm_box(at).check().run()
+    at.button(key="notes_remove_button").click().run()
+    assert "english tip" not in [n.content for n in rows(seeded)] and len(rows(seeded)) == 3
+    assert not at.exception
+
+
+def test_invalid_age_is_explained(seeded, open_page) -> None:
+    at = open_page(PAGE, reviewer="ayse")
+    at.text_input(key="notes_remove_age").set_value("30x").run()
+    assert any("invalid age" in w.value for w in at.warning)
+    assert not [c for c in at.checkbox if c.key.startswith("notes_remove_confirm_")]
+    assert not at.exception
+
+
+def test_remove_everything_needs_its_own_tick(seeded, open_page) -> None:
+    at = open_page(PAGE, reviewer="ayse")
+    at.checkbox(key="notes_remove_all").check().run()
+    assert metric(at, "Notes that will be removed") == "4"
+    confirm_box(at).check().run()
+    at.button(key="notes_remove_button").click().run()
+    assert rows(seeded) == []
+    assert not at.exception
+
+
+def test_removal_needs_a_reviewer(seeded, open_page) -> None:
+    at = open_page(PAGE)
+    at.selectbox(key="notes_remove_language").set_value("tr").run()
+    assert confirm_box(at).disabled and at.button(key="notes_remove_button").disabled
+    assert any("Enter your name in the sidebar to remove notes" in w.value for w in at.warning)
+    assert not at.exception
+
+
+# --------------------------------------------------------------------------------------------
+# Prompt preview
+
+
+@pytest.mark.parametrize("language", ["en", "tr", "de"])
+def test_prompt_preview_is_what_the_judge_gets(seeded, open_page, language: str) -> None:
+    at = open_page(PAGE)
+    at.text_input(key="notes_preview_language").set_value(language).run()
+    with session_scope(seeded, read_only=True) as s:
+        expected = notes.relevant_notes(session=s, language=language, use_cache=False)
+    block = at.code[0].value
+    assert block.startswith(notes.PROMPT_HEADER) and block.endswith(notes.PROMPT_FOOTER)
+    assert [line.split("): ", 1)[1].rsplit(" [SESSION", 1)[0] for line in block.splitlines()[3:-2]] == [
+        n.content for n in expected
+    ]
+    assert not at.exception
+
+
+def test_prompt_preview_follows_the_seed_rule(seeded, open_page) -> None:
+    at = open_page(PAGE)
+    at.text_input(key="notes_preview_language").set_value("en").run()
+    block = at.code[0].value
+    assert "english tip" in block and "universal failure 100%" in block and "turkish pattern" in block
+    assert "turkish tip" not in block
+    assert not at.exception
+
+
+def test_prompt_preview_rejects_a_bad_language(seeded, open_page) -> None:
+    at = open_page(PAGE)
+    at.text_input(key="notes_preview_language").set_value("not a language").run()
+    assert any("language" in e.value for e in at.error) and not at.code
+    assert not at.exception
