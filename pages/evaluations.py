@@ -23,6 +23,7 @@ from lib.ui.evidence import (
     render_highlighted_answer_block,
     render_metric_cards,
 )
+from lib.ui.relevance import shown_notes_feedback
 from lib.ui.review import review_card_extra
 
 ALL = "All"
@@ -117,6 +118,9 @@ def show_detail(snapshot_id: str) -> None:
     st.caption("Largest gap first; each metric on its own scale. Gap = |user − judge|.")
     # Review forms (lib/ui/review.py) plug in here through the `extra` hook of each card.
     render_metric_cards(detail.cards, key_prefix="evaluations", extra=review_card_extra("evaluations"))
+
+    # Tag relevance (seed 001): was each note the judge run was shown useful for this evaluation?
+    shown_notes_feedback(snap.id, key="evaluations_notes")
 
     st.divider()
     if detail.archived:

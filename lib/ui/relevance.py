@@ -52,7 +52,7 @@ def shown_notes_feedback(snapshot_id: str, *, key: str = "relevance_feedback") -
     reviewer = current_reviewer()
     with session_scope(read_only=True) as session:
         shown = relevance.shown_notes_for_snapshot(session, snapshot_id, reviewer=reviewer)
-    st.markdown("**Notes shown to this judge run**")
+    st.subheader("Notes shown to this judge run")
     _show_flash(key)
     if not shown:
         st.caption("The judge run of this evaluation showed no cross-session notes.")
