@@ -270,12 +270,12 @@ class EvaluationPage:
     limit: int
 
 
-def _list_select(filters: EvaluationFilters, *, preview: bool) -> Select[Any]:
-    question = (
-        func.substr(col(_S.question), 1, QUESTION_PREVIEW_CHARS) if preview else col(_S.question)
-    ).label("question")
+def _list_select(filters: EvaluationFilters) -> Select[Any]:
+    """Every matching row with the full question, in list order (for the CSV export)."""
     return (
-        select(*_LIST_COLUMNS, question).where(*filter_conditions(filters)).order_by(*_order_by(filters.sort))
+        select(*_LIST_COLUMNS, col(_S.question).label("question"))
+        .where(*filter_conditions(filters))
+        .order_by(*_order_by(filters.sort))
     )
 
 
@@ -303,19 +303,43 @@ def _review_counts(session: Session, ids: Sequence[str]) -> dict[str, tuple[int,
     return {sid: (n, r, c) for sid, n, r, c in session.exec(stmt).all()}
 
 
+def fetch_page(
+    *, session: Session, filters: EvaluationFilters, offset: int = 0, limit: int = 25
+) -> list[EvaluationRow]:
+    """One page of matching evaluations in the chosen order: only `limit` narrow rows leave the database."""
+    # Deferred join: filter, sort and cut the page on the narrow list index alone (ids only), then
+    # read the wide rows of just this page. Sorting full rows would read every match's answer and JSON.
+    ids_stmt = (
+        select(col(_S.id))
+        .where(*filter_conditions(filters))
+        .order_by(*_order_by(filters.sort))
+        .offset(max(0, offset))
+        .limit(max(1, limit))
+    )
+    ids = list(session.exec(ids_stmt).all())
+    if not ids:
+        return []
+    question = func.substr(col(_S.question), 1, QUESTION_PREVIEW_CHARS).label("question")
+    found = {r.id: r for r in session.exec(select(*_LIST_COLUMNS, question).where(col(_S.id).in_(ids))).all()}
+    counts = _review_counts(session, ids)
+    rows = []
+    for sid in ids:
+        if sid not in found:  # deleted between the two reads
+            continue
+        judged, reviewed, corrected = counts.get(sid, (0, 0, 0))
+        rows.append(
+            EvaluationRow(**found[sid]._mapping, judged=judged, reviewed=reviewed, corrected=corrected)
+        )
+    return rows
+
+
 def list_evaluations(
     *, session: Session, filters: EvaluationFilters, offset: int = 0, limit: int = 25
 ) -> EvaluationPage:
-    """One page of matching evaluations in the chosen order, with the total match count."""
+    """One page of matching evaluations with the total match count."""
     total = count_evaluations(session=session, filters=filters)
-    offset = max(0, offset)
-    result = session.exec(_list_select(filters, preview=True).offset(offset).limit(max(1, limit))).all()
-    counts = _review_counts(session, [r.id for r in result])
-    rows = []
-    for r in result:
-        judged, reviewed, corrected = counts.get(r.id, (0, 0, 0))
-        rows.append(EvaluationRow(**r._mapping, judged=judged, reviewed=reviewed, corrected=corrected))
-    return EvaluationPage(rows=rows, total=total, offset=offset, limit=limit)
+    rows = fetch_page(session=session, filters=filters, offset=offset, limit=limit)
+    return EvaluationPage(rows=rows, total=total, offset=max(0, offset), limit=limit)
 
 
 LIST_FRAME_COLUMNS = [f.name for f in fields(EvaluationRow)]
@@ -341,7 +365,7 @@ def filtered_frame(*, session: Session, filters: EvaluationFilters) -> pd.DataFr
         .subquery()
     )
     stmt = (
-        _list_select(filters, preview=False)
+        _list_select(filters)
         .add_columns(
             func.coalesce(review.c.judged, 0).label("judged"),
             func.coalesce(review.c.reviewed, 0).label("reviewed"),
@@ -393,7 +417,7 @@ class FilterOptions:
     languages: list[str] = field(default_factory=list)
     models: list[str] = field(default_factory=list)
     categories: list[str] = field(default_factory=list)
-    metrics: list[str] = field(default_factory=list)
+    metrics: dict[str, str] = field(default_factory=dict)  # slug -> display name
 
 
 def filter_options(*, session: Session, product: str | None = None) -> FilterOptions:
@@ -402,16 +426,16 @@ def filter_options(*, session: Session, product: str | None = None) -> FilterOpt
     Values of archived rows are offered too: the "Show archived" list filters with the same boxes.
     """
     metric_products = [product] if product else _distinct_values(session, "product")
-    slugs: dict[str, None] = {}
+    slugs: dict[str, str] = {}
     for name in metric_products:
         for spec in metrics_for_product(session=session, product=name):
-            slugs.setdefault(spec.slug, None)
+            slugs.setdefault(spec.slug, spec.display_name)
     return FilterOptions(
         products=_distinct_values(session, "product"),
         languages=_distinct_values(session, "language"),
         models=_distinct_values(session, "model_name"),
         categories=_distinct_values(session, "category"),
-        metrics=list(slugs),
+        metrics=slugs,
     )
 
 

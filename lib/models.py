@@ -34,7 +34,26 @@ class EvaluationSnapshot(SQLModel, table=True):
 
     __tablename__ = "evaluation_snapshots"
     __table_args__ = (
-        Index("ix_snapshot_live_created", "deleted_at", "created_at"),
+        # The Evaluations list: live rows newest first, with every filter column, so the match count
+        # and the page's ids come from this index alone and never read the wide rows (answer, JSON).
+        Index(
+            "ix_snapshot_live_created",
+            "deleted_at",
+            "created_at",
+            "id",
+            "product",
+            "language",
+            "model_name",
+            "category",
+            "weighted_gap",
+            "max_metric_gap",
+            "evidence_count",
+            "evidence_unlocated",
+            "evidence_unverified",
+        ),
+        # The list's gap sorts: the first page is an index range read, not a sort of every live row.
+        Index("ix_snapshot_live_weighted_gap", "deleted_at", "weighted_gap", "created_at", "id"),
+        Index("ix_snapshot_live_max_gap", "deleted_at", "max_metric_gap", "created_at", "id"),
         Index("ix_snapshot_product_language", "product", "language"),
     )
 
@@ -109,6 +128,8 @@ class Judgment(SQLModel, table=True):
         Index("ix_judgment_history", "product", "was_corrected", "timestamp"),
         Index("ix_judgment_history_metric", "product", "metric", "was_corrected", "timestamp"),
         Index("ix_judgment_queue", "reviewed_at", "product", "timestamp"),
+        # The Evaluations list's review-state and metric filters: one covering probe per snapshot.
+        Index("ix_judgment_snapshot_state", "snapshot_id", "reviewed_at", "was_corrected", "metric"),
     )
 
     id: int | None = Field(default=None, primary_key=True)

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-23 04:33:29.512019
+Create Date: 2026-11-23 04:51:52.648438
 """
 
 from __future__ import annotations
@@ -66,7 +66,9 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f('ix_evaluation_snapshots_product'), ['product'], unique=False)
         batch_op.create_index(batch_op.f('ix_evaluation_snapshots_status'), ['status'], unique=False)
         batch_op.create_index(batch_op.f('ix_evaluation_snapshots_weighted_gap'), ['weighted_gap'], unique=False)
-        batch_op.create_index('ix_snapshot_live_created', ['deleted_at', 'created_at'], unique=False)
+        batch_op.create_index('ix_snapshot_live_created', ['deleted_at', 'created_at', 'id', 'product', 'language', 'model_name', 'category', 'weighted_gap', 'max_metric_gap', 'evidence_count', 'evidence_unlocated', 'evidence_unverified'], unique=False)
+        batch_op.create_index('ix_snapshot_live_max_gap', ['deleted_at', 'max_metric_gap', 'created_at', 'id'], unique=False)
+        batch_op.create_index('ix_snapshot_live_weighted_gap', ['deleted_at', 'weighted_gap', 'created_at', 'id'], unique=False)
         batch_op.create_index('ix_snapshot_product_language', ['product', 'language'], unique=False)
 
     op.create_table('interactions',
@@ -216,6 +218,7 @@ def upgrade() -> None:
         batch_op.create_index('ix_judgment_history', ['product', 'was_corrected', 'timestamp'], unique=False)
         batch_op.create_index('ix_judgment_history_metric', ['product', 'metric', 'was_corrected', 'timestamp'], unique=False)
         batch_op.create_index('ix_judgment_queue', ['reviewed_at', 'product', 'timestamp'], unique=False)
+        batch_op.create_index('ix_judgment_snapshot_state', ['snapshot_id', 'reviewed_at', 'was_corrected', 'metric'], unique=False)
         batch_op.create_index(batch_op.f('ix_judgments_snapshot_id'), ['snapshot_id'], unique=False)
 
     op.create_table('lesson_match_stats',
@@ -313,6 +316,7 @@ def downgrade() -> None:
     op.drop_table('lesson_match_stats')
     with op.batch_alter_table('judgments', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_judgments_snapshot_id'))
+        batch_op.drop_index('ix_judgment_snapshot_state')
         batch_op.drop_index('ix_judgment_queue')
         batch_op.drop_index('ix_judgment_history_metric')
         batch_op.drop_index('ix_judgment_history')
@@ -350,6 +354,8 @@ def downgrade() -> None:
     op.drop_table('interactions')
     with op.batch_alter_table('evaluation_snapshots', schema=None) as batch_op:
         batch_op.drop_index('ix_snapshot_product_language')
+        batch_op.drop_index('ix_snapshot_live_weighted_gap')
+        batch_op.drop_index('ix_snapshot_live_max_gap')
         batch_op.drop_index('ix_snapshot_live_created')
         batch_op.drop_index(batch_op.f('ix_evaluation_snapshots_weighted_gap'))
         batch_op.drop_index(batch_op.f('ix_evaluation_snapshots_status'))
