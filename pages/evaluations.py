@@ -25,6 +25,7 @@ from lib.ui.evidence import (
 )
 from lib.ui.relevance import shown_notes_feedback
 from lib.ui.review import review_card_extra
+from lib.ui.second_opinion import second_opinion_card_extra
 
 ALL = "All"
 FLASH_KEY = "evaluations_flash"
@@ -117,7 +118,13 @@ def show_detail(snapshot_id: str) -> None:
     st.subheader("Metrics")
     st.caption("Largest gap first; each metric on its own scale. Gap = |user − judge|.")
     # Review forms (lib/ui/review.py) plug in here through the `extra` hook of each card.
-    render_metric_cards(detail.cards, key_prefix="evaluations", extra=review_card_extra("evaluations"))
+    review_extra = review_card_extra("evaluations")
+
+    def card_extra(card: inspector.MetricCard) -> None:
+        review_extra(card)
+        second_opinion_card_extra(card)  # the evaluation layer's check of this judgment
+
+    render_metric_cards(detail.cards, key_prefix="evaluations", extra=card_extra)
 
     # Tag relevance (seed 001): was each note the judge run was shown useful for this evaluation?
     shown_notes_feedback(snap.id, key="evaluations_notes")
