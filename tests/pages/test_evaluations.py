@@ -185,6 +185,19 @@ def test_detail_highlights_exact_evidence_in_the_answer(seeded, open_page) -> No
     assert not at.exception
 
 
+def test_detail_paints_overlapping_evidence_of_two_metrics(app_engine, open_page) -> None:
+    evidence = {
+        "clarity": [{"quote": "Paris is the capital", "start": 0, "end": 20, "why": "w1"}],
+        "safety": [{"quote": "capital of France", "start": 13, "end": 30, "why": "w2"}],
+    }
+    with Session(app_engine) as session:
+        import_evaluations(session=session, records=[record("s_o", evidence=evidence)])
+        session.commit()
+    html = answer_html(detail(open_page, "s_o"))
+    marks = re.findall(r'<mark class="ov-ev" data-metrics="([^"]+)"[^>]*>([^<]*)</mark>', html)
+    assert marks == [("clarity", "Paris is the "), ("clarity safety", "capital"), ("safety", " of France")]
+
+
 def test_detail_shows_unlocated_evidence_with_its_label_and_no_highlight(seeded, open_page) -> None:
     at = detail(open_page, "s_b")
     assert "<mark" not in answer_html(at)
