@@ -1,0 +1,187 @@
+"""Corrections page under AppTest: stats, filters, the judge's history block, import, clearing."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import Engine, func
+from sqlmodel import select
+from streamlit.testing.v1 import AppTest
+
+from lib import corrections
+from lib.db import session_scope
+from lib.models import Judgment
+
+PAGE = "pages/corrections.py"
+T0 = datetime(2024, 6, 3, tzinfo=UTC)
+
+
+def cache(
+    engine: Engine, product: str = "acme", *, corrected: int = 2, confirmed: int = 1, unreviewed: int = 3
+) -> None:
+    """Judgments of one product: some overruled (with a reason), some confirmed, some waiting."""
+    with session_scope(engine) as s:
+        n = 0
+        for kind, count in (("corrected", corrected), ("confirmed", confirmed), ("unreviewed", unreviewed)):
+            for _ in range(count):
+                reviewed = kind != "unreviewed"
+                s.add(
+                    Judgment(
+                        change_id=f"{product}#{n}",
+                        product=product,
+                        decision="INCLUDE",
+                        user_decision="EXCLUDE" if kind == "corrected" else ("INCLUDE" if reviewed else None),
+                        user_reasoning=f"reason {n}" if kind == "corrected" else None,
+                        was_corrected=kind == "corrected",
+                        reviewer="ayse" if reviewed else None,
+                        reviewed_at=T0 if reviewed else None,
+                        timestamp=T0 + timedelta(days=n),
+                    )
+                )
+                n += 1
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def count(engine: Engine, product: str | None = None) -> int:
+    with session_scope(engine, read_only=True) as s:
+        stmt = select(func.count()).select_from(Judgment)
+        if product is not None:
+            stmt = stmt.where(Judgment.product == product)
+        return s.exec(stmt).one()
+
+
+def test_stats_show_the_seed_004_counts(app_engine, open_page) -> None:
+    cache(app_engine, "acme", corrected=2, confirmed=1, unreviewed=1)
+    at = open_page(PAGE)
+    assert [
+        metric(at, x) for x in ("Judgments", "Corrected", "Correct (or unreviewed)", "Correction rate")
+    ] == [
+        "4",
+        "2",
+        "2",
+        "50%",
+    ]
+    assert not at.exception
+
+
+def test_the_table_lists_matching_judgments_with_reviewer_and_reason(app_engine, open_page) -> None:
+    cache(app_engine, "acme")
+    cache(app_engine, "beta", corrected=1, confirmed=0, unreviewed=0)
+    at = open_page(PAGE)
+    at.selectbox(key="corrections_state").set_value("corrected").run()
+    table = at.dataframe[0].value
+    assert sorted(table["change_id"]) == ["acme#0", "acme#1", "beta#0"]
+    assert set(table["reviewer"]) == {"ayse"} and "reason 1" in set(table["user_reasoning"])
+    at.selectbox(key="corrections_product").set_value("beta").run()
+    assert list(at.dataframe[0].value["change_id"]) == ["beta#0"]
+    assert metric(at, "Judgments") == "1"
+    assert not at.exception
+
+
+def test_no_match_says_so(app_engine, open_page) -> None:
+    cache(app_engine, "acme", corrected=0)
+    at = open_page(PAGE)
+    at.selectbox(key="corrections_state").set_value("corrected").run()
+    assert any("No judgments match" in i.value for i in at.info)
+    assert not at.exception
+
+
+def test_the_judges_view_is_exactly_the_history_block(app_engine, open_page) -> None:
+    cache(app_engine, "acme", corrected=5, confirmed=5, unreviewed=5)
+    at = open_page(PAGE)
+    at.number_input(key="corrections_history_size").set_value(6)
+    at.slider(key="corrections_history_ratio").set_value(0.5).run()
+    with session_scope(app_engine, read_only=True) as s:
+        expected = corrections.history_block(session=s, product="acme", max_entries=6, correction_ratio=0.5)
+    assert [c.value for c in at.code] == [expected]
+    assert expected.count("[CORRECTED]") == 3
+    assert not at.exception
+
+
+def test_the_judges_view_on_an_empty_cache_is_the_cold_start_note(app_engine, open_page) -> None:
+    at = open_page(PAGE)
+    assert [c.value for c in at.code] == ["No previous judgments available"]
+    assert not at.exception
+
+
+def test_the_trend_chart_appears_once_there_are_reviews(app_engine, open_page) -> None:
+    at = open_page(PAGE)
+    assert not at.get("plotly_chart")
+    cache(app_engine, "acme")
+    at = open_page(PAGE)
+    assert len(at.get("plotly_chart")) == 1
+    assert not at.exception
+
+
+def test_clearing_a_product_needs_its_name_typed(app_engine, open_page) -> None:
+    cache(app_engine, "acme")
+    cache(app_engine, "beta")
+    at = open_page(PAGE, reviewer="admin")
+    at.selectbox(key="corrections_clear_product").set_value("acme")
+    at.text_input(key="corrections_clear_confirm").input("acm").run()
+    assert at.button(key="corrections_clear").disabled
+    at.text_input(key="corrections_clear_confirm").input("acme").run()
+    at.button(key="corrections_clear").click().run()
+    assert (count(app_engine, "acme"), count(app_engine, "beta")) == (0, 6)
+    assert any("Deleted 6 judgments of acme" in s.value.replace("\\", "") for s in at.success)
+    assert not at.exception
+
+
+def _upload(at: AppTest, name: str, raw: bytes) -> AppTest:
+    at.file_uploader(key="corrections_upload").set_value((name, raw, "application/json")).run()
+    return at.button(key="corrections_import").click().run()
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b'{"cache_version": "2.0", "judgments": {}}', "unsupported version"),
+        (b'{"cache_version": "1.0", "judgments": {"x": {"decision": "MAYBE"}}}', "MAYBE"),
+        (b"{broken", "not a valid JSON file"),
+    ],
+)
+def test_a_bad_cache_file_is_refused_with_a_warning_and_changes_nothing(
+    app_engine, open_page, raw, says
+) -> None:
+    cache(app_engine, "acme")
+    at = _upload(open_page(PAGE, reviewer="ayse"), "cache.json", raw)
+    warning = " ".join(w.value for w in at.warning).replace("\\", "")
+    assert says in warning and "nothing was imported" in warning
+    assert count(app_engine) == 6
+    assert not at.exception
+
+
+def test_a_valid_cache_file_is_imported(app_engine, open_page) -> None:
+    raw = json.dumps(
+        {
+            "cache_version": "1.0",
+            "judgments": {
+                "pr#1": {
+                    "change_id": "pr#1",
+                    "decision": "INCLUDE",
+                    "reasoning": "core",
+                    "user_decision": "EXCLUDE",
+                    "user_reasoning": "tooling",
+                    "product": "Acme Fungear",
+                    "timestamp": "2024-11-15T10:30:00Z",
+                }
+            },
+        }
+    ).encode()
+    at = _upload(open_page(PAGE, reviewer="ayse"), "cache.json", raw)
+    assert any("1 inserted" in s.value for s in at.success)
+    assert metric(at, "Corrected") == "1"
+    assert not at.exception
+
+
+def test_importing_without_a_reviewer_name_writes_nothing(app_engine, open_page) -> None:
+    raw = b'{"cache_version": "1.0", "judgments": {}}'
+    at = _upload(open_page(PAGE), "cache.json", raw)
+    assert any("Enter your name" in w.value for w in at.warning)
+    assert not at.success
+    assert not at.exception
