@@ -717,7 +717,12 @@ def _claim(session: Session, session_id: str) -> ProcessedRelevanceSession:
 
 
 def apply_evaluation(
-    session: Session, *, audit_session_id: str, scores: Mapping[int, float], weight: float | None = None
+    session: Session,
+    *,
+    audit_session_id: str,
+    scores: Mapping[int, float],
+    weight: float | None = None,
+    at: datetime | None = None,
 ) -> bool:
     """Apply an evaluation's scores and mark the audit processed, together; False if it already was."""
     audit = session.exec(select(SessionAudit).where(col(SessionAudit.session_id) == audit_session_id)).first()
@@ -735,8 +740,8 @@ def apply_evaluation(
     )
     for note_id, raw in sorted(scores.items()):
         if note_id in existing:  # a note removed since the run has nothing left to score
-            apply_score(session, note_id, audit.env_tags, raw, weight, "evaluator", audit.session_id)
-    mark.status, mark.processed_at = "completed", utcnow()
+            apply_score(session, note_id, audit.env_tags, raw, weight, "evaluator", audit.session_id, at=at)
+    mark.status, mark.processed_at = "completed", at or utcnow()
     session.add(mark)
     session.flush()
     return True
