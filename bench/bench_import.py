@@ -1,0 +1,101 @@
+"""Import benchmark: bulk Core `insert()` executemany vs per-row ORM, for N judgment rows.
+
+    python bench/bench_import.py [--sizes 1000 100000] [--per-row-cap 100000] [--url URL]
+
+Bulk: one transaction, `conn.execute(insert(Judgment), batch)` per 20k rows (what an importer does).
+Per-row baseline, made fair rather than strawman: `session.add(Judgment(...))` and `session.flush()`
+per row (each row hits the database, as an importer validating row by row would), a single commit
+at the end (not a commit per row, which would mostly measure fsync). Rows come from bench/gen.py.
+Above `--per-row-cap` rows the per-row time is measured on the cap and extrapolated linearly (the
+output says so). Default database: a fresh SQLite file per measurement in bench/out/; `--url`
+runs against another (e.g. PostgreSQL) database, emptied of judgments before each measurement.
+Goal (issue): bulk >= 20x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from sqlalchemy import Engine, delete  # noqa: E402
+from sqlmodel import Session  # noqa: E402
+
+from bench.gen import insert_batched, judgment_rows  # noqa: E402
+from lib.db import init_db  # noqa: E402
+from lib.models import Judgment, JudgmentEvent  # noqa: E402
+
+OUT = ROOT / "bench" / "out"
+
+
+def fresh_engine(url: str | None) -> Engine:
+    """An empty judgments table: a new SQLite file, or the given database with judgments deleted."""
+    if url is None:
+        path = OUT / "bench_import.db"
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        OUT.mkdir(parents=True, exist_ok=True)
+        return init_db(f"sqlite:///{path}")
+    engine = init_db(url)
+    with engine.begin() as conn:
+        conn.execute(delete(JudgmentEvent))
+        conn.execute(delete(Judgment))
+    return engine
+
+
+def bulk(engine: Engine, rows: list[dict[str, Any]]) -> float:
+    """Seconds for Core executemany inserts in one transaction."""
+    started = time.perf_counter()
+    insert_batched(engine, Judgment.__table__, iter(rows))
+    return time.perf_counter() - started
+
+
+def per_row(engine: Engine, rows: list[dict[str, Any]]) -> float:
+    """Seconds for ORM add + flush per row, one commit at the end."""
+    started = time.perf_counter()
+    with Session(engine) as session:
+        for row in rows:
+            session.add(Judgment(**row))
+            session.flush()
+        session.commit()
+    return time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print seconds, rows/s and the bulk/per-row ratio per size."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 100_000])
+    parser.add_argument("--per-row-cap", type=int, default=100_000, help="extrapolate per-row above this")
+    parser.add_argument("--url", default=None, help="database URL (default: a fresh SQLite file)")
+    args = parser.parse_args(argv)
+    header = f"{'rows':>10} | {'bulk s':>8} | {'bulk rows/s':>11} | {'per-row s':>10} | {'ratio':>6} | note"
+    lines = [header, "-" * len(header)]
+    for size in args.sizes:
+        rows = list(judgment_rows(size, seed=1))  # built before timing: only the insert is measured
+        engine = fresh_engine(args.url)
+        bulk_s = bulk(engine, rows)
+        engine.dispose()
+        measured = min(size, args.per_row_cap)
+        engine = fresh_engine(args.url)
+        per_row_s = per_row(engine, rows[:measured]) * size / measured
+        engine.dispose()
+        note = "" if measured == size else f"per-row extrapolated from {measured:,} rows"
+        line = (
+            f"{size:>10,} | {bulk_s:>8.2f} | {size / bulk_s:>11,.0f} | {per_row_s:>10.2f} | "
+            f"{per_row_s / bulk_s:>5.1f}x | {note}"
+        )
+        lines.append(line)
+        print(line, flush=True)
+    print()
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+"""DuckDB over the app database, for analytics and exports that must not load tables into pandas.
+
+Usage (analytics, exports, pages)::
+
+    con = duck_connect(engine)
+    try:
+        frame = con.execute(
+            f"SELECT product, count(*) FROM {table_ref('judgments')} WHERE was_corrected GROUP BY 1"
+        ).df()
+    finally:
+        con.close()
+
+How it works (SPEC §8): the app database is attached read-only as the catalog `app_raw`, through the
+sqlite or postgres scanner extension shipped by the PyPI packages `duckdb-extension-sqlite-scanner` /
+`duckdb-extension-postgres-scanner` and loaded from their files (`LOAD '<path>'`, signature checked;
+never `INSTALL`, which would download). The raw column types differ by backend (SQLite booleans are
+integers, JSON is text, timestamps are naive), so every model table is also exposed as a view in the
+schema `db` with one set of types on both backends:
+
+    BOOLEAN, BIGINT, DOUBLE, VARCHAR, JSON, TIMESTAMPTZ (UTC; the session time zone is UTC)
+
+Callers write `db.judgments` (or `table_ref("judgments")`, which also refuses unknown names) and get
+the same result on SQLite and PostgreSQL. Filters and projections still push down into the scanner.
+
+Fetch results with `fetch_frame(con, sql, params)` (through Arrow) or `.to_arrow_reader()`, not
+`fetchall()`: DuckDB turns TIMESTAMPTZ into Python datetimes only with pytz, which Overrule does not
+ship, and `.df()` raises pandas 3.1 deprecation warnings. Keep results small (aggregates, one page).
+
+If an extension cannot be loaded (another DuckDB version, a platform without the wheel), the tables
+are streamed from SQLAlchemy in Arrow record batches into DuckDB's own storage instead, never through
+a pandas frame; pass `tables=` to copy only what the query needs. `source_kind(con)` tells which path
+was taken. Opening a connection costs about 0.3 s (the extension's signature check), so a page should keep one
+per process (`st.cache_resource`) and take `con.cursor()` per use: cursors share the attachment and
+the views, see live data through the scanner, and may run on other threads. (On the Arrow fallback
+the copy is a snapshot; a cached connection would go stale there, see `source_kind`.)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from importlib import resources
+from typing import Any
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+import sqlalchemy as sa
+from sqlalchemy import Engine
+from sqlmodel import SQLModel
+
+import lib.models  # noqa: F401 - registers every table on SQLModel.metadata
+
+log = logging.getLogger(__name__)
+
+RAW_CATALOG = "app_raw"
+VIEW_SCHEMA = "db"
+ARROW_BATCH_ROWS = 50_000
+_EXTENSION_PACKAGES = {
+    "sqlite": ("duckdb_extension_sqlite_scanner", "sqlite_scanner"),
+    "postgres": ("duckdb_extension_postgres_scanner", "postgres_scanner"),
+}
+_TABLE_NAME_IN_SQL = re.compile(rf'\b{VIEW_SCHEMA}\s*\.\s*"?(\w+)"?')
+
+
+class DuckUnavailable(RuntimeError):
+    """A scanner extension could not be loaded or attached; the caller falls back to Arrow."""
+
+
+def quote_ident(name: str) -> str:
+    """A DuckDB identifier, quoted so any name is safe in SQL."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(value: str) -> str:
+    """A DuckDB string literal (paths, connection strings)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def model_tables() -> dict[str, sa.Table]:
+    """Every table of lib.models by name: what `db.<name>` can refer to."""
+    return dict(SQLModel.metadata.tables)
+
+
+def table_ref(name: str) -> str:
+    """`db."name"` for a model table; unknown names are refused, so user input cannot inject SQL."""
+    if name not in model_tables():
+        raise ValueError(f"unknown table {name!r}; known tables: {', '.join(sorted(model_tables()))}")
+    return f"{VIEW_SCHEMA}.{quote_ident(name)}"
+
+
+def tables_in_sql(sql: str) -> set[str]:
+    """The model tables a query names as `db.<table>`, so the fallback copies only those."""
+    return {name for name in _TABLE_NAME_IN_SQL.findall(sql) if name in model_tables()}
+
+
+def extension_path(kind: str) -> str:
+    """Where the pip-installed scanner extension for this DuckDB version lives."""
+    package, name = _EXTENSION_PACKAGES[kind]
+    try:
+        root = resources.files(package)
+    except ModuleNotFoundError as exc:
+        raise DuckUnavailable(f"package {package} is not installed") from exc
+    path = root / "extensions" / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"
+    if not path.is_file():
+        raise DuckUnavailable(f"{package} has no extension for DuckDB {duckdb.__version__}")
+    return str(path)
+
+
+def _duck_type(column: sa.Column) -> str:
+    """The DuckDB type a model column is normalised to on every backend."""
+    col_type = column.type
+    if isinstance(col_type, sa.TypeDecorator):  # e.g. SQLModel's UTCDateTime wraps DateTime
+        col_type = col_type.impl_instance
+    for sql_type, duck_type in (
+        (sa.JSON, "JSON"),
+        (sa.Boolean, "BOOLEAN"),
+        (sa.Integer, "BIGINT"),
+        (sa.Float, "DOUBLE"),
+        (sa.Numeric, "DOUBLE"),
+        (sa.DateTime, "TIMESTAMPTZ"),
+    ):
+        if isinstance(col_type, sql_type):
+            return duck_type
+    return "VARCHAR"
+
+
+_ARROW_TYPES = {
+    "BOOLEAN": pa.bool_(),
+    "BIGINT": pa.int64(),
+    "DOUBLE": pa.float64(),
+    "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),
+    "VARCHAR": pa.string(),
+    "JSON": pa.string(),
+}
+
+
+def _pg_conninfo(engine: Engine) -> str:
+    """A libpq key/value string for the engine's PostgreSQL database."""
+    url = engine.url
+    parts: dict[str, Any] = {
+        "host": url.host,
+        "port": url.port,
+        "dbname": url.database,
+        "user": url.username,
+        "password": url.password,
+    }
+    for key, value in url.query.items():
+        parts[key] = value[-1] if isinstance(value, tuple) else value
+
+    def libpq_quote(value: Any) -> str:
+        text = str(value).replace("\\", "\\\\").replace("'", "\\'")
+        return f"'{text}'"
+
+    return " ".join(f"{key}={libpq_quote(value)}" for key, value in parts.items() if value is not None)
+
+
+def _attach_scanner(con: duckdb.DuckDBPyConnection, engine: Engine) -> None:
+    """Attach the app database read-only as `app_raw` through the packaged scanner extension."""
+    dialect = engine.dialect.name
+    try:
+        if dialect == "sqlite":
+            path = engine.url.database
+            if not path or path == ":memory:":
+                raise DuckUnavailable("an in-memory SQLite database cannot be attached")
+            con.execute(f"LOAD {quote_literal(extension_path('sqlite'))}")
+            con.execute(f"ATTACH {quote_literal(path)} AS {RAW_CATALOG} (TYPE sqlite, READ_ONLY)")
+        elif dialect == "postgresql":
+            con.execute(f"LOAD {quote_literal(extension_path('postgres'))}")
+            conninfo = _pg_conninfo(engine)
+            con.execute(f"ATTACH {quote_literal(conninfo)} AS {RAW_CATALOG} (TYPE postgres, READ_ONLY)")
+        else:
+            raise DuckUnavailable(f"no DuckDB scanner for {dialect}")
+    except duckdb.Error as exc:
+        message = str(exc)
+        if engine.url.password:
+            message = message.replace(engine.url.password, "***")
+        raise DuckUnavailable(message) from exc
+
+
+def _raw_columns(con: duckdb.DuckDBPyConnection) -> dict[str, set[str]]:
+    rows = con.execute(
+        "SELECT table_name, column_name FROM duckdb_columns() WHERE database_name = ?", [RAW_CATALOG]
+    ).fetchall()
+    found: dict[str, set[str]] = {}
+    for table, column in rows:
+        found.setdefault(table, set()).add(column)
+    return found
+
+
+def _create_typed_views(con: duckdb.DuckDBPyConnection) -> None:
+    """One view per model table in schema `db`, casting raw backend types to the shared ones."""
+    raw = _raw_columns(con)
+    for name, table in model_tables().items():
+        present = raw.get(name)
+        if not present:
+            continue  # a table the database does not have yet (an older schema)
+        select_list = ", ".join(
+            f"CAST({quote_ident(c.name)} AS {_duck_type(c)}) AS {quote_ident(c.name)}"
+            for c in table.columns
+            if c.name in present
+        )
+        con.execute(
+            f"CREATE VIEW {VIEW_SCHEMA}.{quote_ident(name)} AS "
+            f"SELECT {select_list} FROM {RAW_CATALOG}.{quote_ident(name)}"
+        )
+
+
+def _json_text(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def _record_batches(engine: Engine, table: sa.Table, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The table's rows as Arrow batches, streamed from the database a batch at a time."""
+    json_columns = {c.name for c in table.columns if isinstance(c.type, sa.JSON)}
+    reader = engine.execution_options(sqlite_begin="DEFERRED")  # a pure reader never takes the write lock
+    with reader.connect() as conn:
+        result = conn.execution_options(stream_results=True, yield_per=ARROW_BATCH_ROWS).execute(
+            sa.select(table)
+        )
+        for rows in result.partitions():
+            columns = list(zip(*rows, strict=True))
+            arrays = []
+            for field, values in zip(schema, columns, strict=True):
+                if field.name in json_columns:
+                    values = tuple(_json_text(v) for v in values)
+                arrays.append(pa.array(values, type=field.type))
+            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _copy_through_arrow(con: duckdb.DuckDBPyConnection, engine: Engine, names: Iterable[str]) -> None:
+    """The fallback: copy tables into an in-memory `app_raw` catalog via Arrow record batches."""
+    con.execute(f"ATTACH ':memory:' AS {RAW_CATALOG}")
+    tables = model_tables()
+    for name in sorted(names):
+        table = tables[name]
+        schema = pa.schema([pa.field(c.name, _ARROW_TYPES[_duck_type(c)]) for c in table.columns])
+        reader = pa.RecordBatchReader.from_batches(schema, _record_batches(engine, table, schema))
+        con.register("_overrule_stream", reader)
+        try:
+            con.execute(f"CREATE TABLE {RAW_CATALOG}.{quote_ident(name)} AS SELECT * FROM _overrule_stream")
+        finally:
+            con.unregister("_overrule_stream")
+
+
+def duck_connect(
+    engine: Engine, *, tables: Iterable[str] | None = None, scanner: bool = True
+) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection where `db.<table>` reads the app database with backend-neutral types.
+
+    `tables` only matters on the Arrow fallback (which copies just those); `scanner=False` forces it.
+    """
+    con = duckdb.connect(
+        config={
+            # Nothing may download at run time (SPEC §8): no silent INSTALL behind a query.
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+        }
+    )
+    con.execute("SET TimeZone = 'UTC'")  # TIMESTAMPTZ values print and export as UTC
+    try:
+        if not scanner:
+            raise DuckUnavailable("scanner disabled by the caller")
+        _attach_scanner(con, engine)
+    except DuckUnavailable as exc:
+        log.warning("DuckDB reads %s through Arrow batches (slower): %s", engine.dialect.name, exc)
+        wanted = set(model_tables()) if tables is None else set(tables)
+        unknown = wanted - set(model_tables())
+        if unknown:
+            con.close()
+            raise ValueError(f"unknown tables: {', '.join(sorted(unknown))}") from None
+        _copy_through_arrow(con, engine, wanted)
+    con.execute(f"CREATE SCHEMA {VIEW_SCHEMA}")
+    _create_typed_views(con)
+    return con
+
+
+def source_kind(con: duckdb.DuckDBPyConnection) -> str:
+    """How `db.*` is read: 'sqlite' or 'postgres' (scanner), or 'duckdb' (the Arrow fallback copy)."""
+    row = con.execute("SELECT type FROM duckdb_databases() WHERE database_name = ?", [RAW_CATALOG]).fetchone()
+    return str(row[0]) if row else "none"
+
+
+def fetch_frame(
+    con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | dict[str, Any] | None = None
+) -> pd.DataFrame:
+    """A small (aggregated or paged) query result as a DataFrame, through Arrow (no pytz needed)."""
+    return con.execute(sql, params or []).to_arrow_table().to_pandas()

@@ -1,0 +1,230 @@
+"""Exports (SPEC §6): every table and view as CSV, Parquet or JSON, streamed through DuckDB.
+
+Whole tables never pass through pandas: DuckDB's `COPY (SELECT ...) TO` reads the app database via
+`lib.duck` and writes the file itself. CSV is Excel-safe: a text cell starting with `= + - @`, tab or
+carriage return is prefixed with a single quote (the OWASP rule against CSV injection), done in SQL;
+numbers are never touched, so a negative number stays a number. JSON for judgments is the seed-004
+cache file `{"cache_version": "1.0", "judgments": {change_id: {...}}}`, written a batch at a time;
+JSON for other tables is JSON Lines. Files appear whole or not at all (written aside, then renamed).
+
+Small page-sized frames the UI offers for download go through `frame_to_csv_bytes`, same rule.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pandas as pd
+from sqlalchemy import Engine
+
+from lib.duck import duck_connect, model_tables, quote_ident, quote_literal, table_ref, tables_in_sql
+
+FORMATS = ("csv", "parquet", "json")
+# OWASP "CSV injection": cells a spreadsheet would read as a formula or a control sequence.
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+CACHE_VERSION = "1.0"
+# Tables whose JSON export is the seed-004 cache file rather than JSON Lines.
+CACHE_FORMAT_TABLES = frozenset({"judgments", "corrections"})
+JSON_BATCH_ROWS = 10_000
+TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # DuckDB strftime; connections run in UTC
+
+Params = Sequence[Any] | Mapping[str, Any] | None
+
+# Every model table by its table name, plus the views reviewers and pipelines ask for by name.
+EXPORTABLE_TABLES: dict[str, str] = {
+    **{name: f"SELECT * FROM {table_ref(name)}" for name in sorted(model_tables())},
+    "evaluations": f"SELECT * FROM {table_ref('evaluation_snapshots')} WHERE deleted_at IS NULL",
+    "corrections": f"SELECT * FROM {table_ref('judgments')} WHERE was_corrected",
+}
+
+# The seed-004 entry: these keys always, then the optional ones only when set.
+_CACHE_KEYS = (
+    "change_id",
+    "decision",
+    "reasoning",
+    "user_decision",
+    "user_reasoning",
+    "product",
+    "timestamp",
+)
+_CACHE_OPTIONAL_KEYS = ("metric", "url", "description", "ai_provider")
+
+
+class ExportError(Exception):
+    """An export that cannot be done (unknown table, format or unwritable path); says how to fix it."""
+
+
+def neutralise_cell(value: Any) -> Any:
+    """The value a spreadsheet shows as text: formula-like strings get a leading quote."""
+    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
+        return "'" + value
+    return value
+
+
+def frame_to_csv_bytes(frame: pd.DataFrame) -> bytes:
+    """CSV bytes of a small (page-sized) frame for a download button, formula cells neutralised."""
+    safe = frame.copy()
+    for column in safe.columns:
+        series = safe[column]
+        if (
+            pd.api.types.is_numeric_dtype(series)
+            or pd.api.types.is_bool_dtype(series)
+            or pd.api.types.is_datetime64_any_dtype(series)
+        ):
+            continue  # not text: a negative number must stay a number
+        safe[column] = series.map(neutralise_cell)
+    safe.columns = [neutralise_cell(c) for c in safe.columns]
+    # RFC 4180 line ends: with them the csv writer quotes a cell holding a bare CR, as Excel needs.
+    return safe.to_csv(index=False, lineterminator="\r\n").encode("utf-8")
+
+
+def iso_utc(moment: datetime) -> str:
+    """ISO 8601 in UTC with a `Z`, as the seed-004 cache writes timestamps."""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def judgment_cache_entry(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One judgment as a seed-004 cache entry (optional fields only when set)."""
+    entry = {key: row.get(key) for key in _CACHE_KEYS}
+    entry["reasoning"] = entry["reasoning"] or ""  # the seed's cache requires a string
+    if isinstance(entry["timestamp"], datetime):
+        entry["timestamp"] = iso_utc(entry["timestamp"])
+    for key in _CACHE_OPTIONAL_KEYS:
+        if row.get(key) not in (None, ""):
+            entry[key] = row[key]
+    return entry
+
+
+def export_table(
+    *,
+    engine: Engine,
+    table: str,
+    fmt: str,
+    out: Path | str,
+    where_sql: str | None = None,
+    params: Params = None,
+) -> int:
+    """Write a table or view to `out` as csv, parquet or json; returns the number of rows written.
+
+    `where_sql` is a DuckDB condition over the table's columns written by our code (values go in
+    `params`, never into the SQL text).
+    """
+    if table not in EXPORTABLE_TABLES:
+        raise ExportError(f"unknown table {table!r}; exportable: {', '.join(sorted(EXPORTABLE_TABLES))}")
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    sql = EXPORTABLE_TABLES[table]
+    if where_sql:
+        sql = f"SELECT * FROM ({sql}) AS t WHERE {where_sql}"
+    if fmt == "json" and table in CACHE_FORMAT_TABLES:
+        return _export(engine, sql, params, Path(out), _write_cache_json)
+    return _export(engine, sql, params, Path(out), _copy_writer(fmt))
+
+
+def export_query_csv(*, engine: Engine, sql: str, out: Path | str, params: Params = None) -> int:
+    """Write exactly the rows of a DuckDB query over `db.<table>` (e.g. a page's filter) as safe CSV."""
+    return _export(engine, sql, params, Path(out), _copy_writer("csv"))
+
+
+Writer = Callable[[duckdb.DuckDBPyConnection, str, Params, Path], int]
+
+
+def _export(engine: Engine, sql: str, params: Params, out: Path, writer: Writer) -> int:
+    """Run `writer` into a hidden file beside `out`, then rename it, so readers never see half a file."""
+    _check_writable(out)
+    partial = out.with_name(f".{out.name}.{secrets.token_hex(4)}.partial")
+    con: duckdb.DuckDBPyConnection | None = None
+    try:
+        con = duck_connect(engine, tables=tables_in_sql(sql))
+        rows = writer(con, sql, params, partial)
+        os.replace(partial, out)
+        return rows
+    except duckdb.Error as exc:
+        raise ExportError(f"export to {out} failed: {exc}") from exc
+    except OSError as exc:
+        raise ExportError(f"cannot write {out}: {exc.strerror or exc}") from exc
+    finally:
+        if con is not None:
+            con.close()
+        partial.unlink(missing_ok=True)
+
+
+def _check_writable(out: Path) -> None:
+    if out.is_dir():
+        raise ExportError(f"cannot write {out}: it is a directory; give a file name")
+    if not out.parent.is_dir():
+        raise ExportError(f"cannot write {out}: directory {out.parent} does not exist")
+    if not os.access(out.parent, os.W_OK):
+        raise ExportError(f"cannot write {out}: directory {out.parent} is not writable")
+
+
+def _column_types(con: duckdb.DuckDBPyConnection, sql: str, params: Params) -> list[tuple[str, str]]:
+    cursor = con.execute(f"SELECT * FROM ({sql}) AS t LIMIT 0", params or [])
+    return [(name, str(duck_type)) for name, duck_type, *_ in cursor.description]
+
+
+def _neutralised(expr: str) -> str:
+    """SQL doing what `neutralise_cell` does, so 1M-row exports never leave DuckDB."""
+    return (
+        f"CASE WHEN left({expr}, 1) IN ('=', '+', '-', '@', chr(9), chr(13)) "
+        f"THEN '''' || {expr} ELSE {expr} END"
+    )
+
+
+def _projection(columns: list[tuple[str, str]], fmt: str) -> str:
+    """The select list for a format: CSV neutralises text; CSV/Parquet write JSON as its text."""
+    parts = []
+    for name, duck_type in columns:
+        col = quote_ident(name)
+        if fmt == "csv" and duck_type in ("VARCHAR", "JSON"):
+            parts.append(f"{_neutralised(f'CAST({col} AS VARCHAR)')} AS {col}")
+        elif fmt == "parquet" and duck_type == "JSON":
+            parts.append(f"CAST({col} AS VARCHAR) AS {col}")
+        else:
+            parts.append(col)
+    return ", ".join(parts)
+
+
+_COPY_OPTIONS = {
+    "csv": f"FORMAT csv, HEADER true, TIMESTAMPFORMAT {quote_literal(TIMESTAMP_FORMAT)}",
+    "parquet": "FORMAT parquet, COMPRESSION zstd",
+    "json": f"FORMAT json, TIMESTAMPFORMAT {quote_literal(TIMESTAMP_FORMAT)}",
+}
+
+
+def _copy_writer(fmt: str) -> Writer:
+    def write(con: duckdb.DuckDBPyConnection, sql: str, params: Params, path: Path) -> int:
+        select_list = _projection(_column_types(con, sql, params), fmt)
+        row = con.execute(
+            f"COPY (SELECT {select_list} FROM ({sql}) AS t) TO {quote_literal(str(path))} "
+            f"({_COPY_OPTIONS[fmt]})",
+            params or [],
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    return write
+
+
+def _write_cache_json(con: duckdb.DuckDBPyConnection, sql: str, params: Params, path: Path) -> int:
+    """The seed-004 cache file, streamed: one judgment per line inside the top-level object."""
+    keys = ", ".join(quote_ident(k) for k in (*_CACHE_KEYS, *_CACHE_OPTIONAL_KEYS))
+    reader = con.execute(f"SELECT {keys} FROM ({sql}) AS t", params or []).to_arrow_reader(JSON_BATCH_ROWS)
+    count = 0
+    with path.open("w", encoding="utf-8") as fh:
+        fh.write(f'{{"cache_version": {json.dumps(CACHE_VERSION)}, "judgments": {{')
+        for batch in reader:
+            for row in batch.to_pylist():
+                fh.write(",\n" if count else "\n")
+                fh.write(json.dumps(row["change_id"], ensure_ascii=False))
+                fh.write(": ")
+                fh.write(json.dumps(judgment_cache_entry(row), ensure_ascii=False))
+                count += 1
+        fh.write("\n}}\n")
+    return count

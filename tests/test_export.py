@@ -1,0 +1,541 @@
+"""Exports through DuckDB (SPEC §6, §8): CSV injection safety, Parquet, the seed-004 JSON cache,
+JSON Lines, errors, the CLI, and the offline scanner connection — on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from itertools import cycle
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import Engine, insert
+from sqlmodel import SQLModel
+
+from lib import export
+from lib.db import init_db
+from lib.duck import duck_connect, fetch_frame, source_kind, table_ref
+from lib.export import (
+    EXPORTABLE_TABLES,
+    ExportError,
+    export_query_csv,
+    export_table,
+    frame_to_csv_bytes,
+    neutralise_cell,
+)
+from lib.models import EvaluationSnapshot, Judgment
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTILE = ["=cmd|' /C calc'!A0", "+1", "-2+3", "@SUM(1)", "\tx", "\rx"]
+PLAIN = ["Implements core feature", "a=b+c", "ops@example.com", "3-2", "'already quoted", "ürün açıklaması"]
+MOMENT = datetime(2024, 11, 15, 10, 30, 0, 123456, tzinfo=UTC)
+MOMENT_TEXT = "2024-11-15T10:30:00.123456Z"
+JSON_VALUE = {"note": "=1+1", "scores": [1, 2.5]}
+TABLES = sorted(SQLModel.metadata.tables)
+
+
+# --- one row in every table, every text column hostile -------------------------------------------
+
+
+def _kind(column: sa.Column) -> str:
+    col_type = column.type
+    if isinstance(col_type, sa.TypeDecorator):
+        col_type = col_type.impl_instance
+    for sql_type, kind in (
+        (sa.JSON, "json"),
+        (sa.Boolean, "bool"),
+        (sa.Integer, "int"),
+        (sa.Float, "float"),
+        (sa.DateTime, "datetime"),
+    ):
+        if isinstance(col_type, sql_type):
+            return kind
+    return "text"
+
+
+def _hostile_rows() -> dict[str, dict[str, Any]]:
+    """One valid row per table (parents first, foreign keys resolved), text columns all hostile."""
+    hostile = cycle(HOSTILE)
+    rows: dict[str, dict[str, Any]] = {}
+    for table in SQLModel.metadata.sorted_tables:
+        row: dict[str, Any] = {}
+        for column in table.columns:
+            if column.foreign_keys:
+                target = next(iter(column.foreign_keys)).column
+                row[column.name] = rows[target.table.name][target.name]
+                continue
+            kind = _kind(column)
+            if kind == "text":
+                length = getattr(column.type, "length", None)
+                row[column.name] = next(hostile)[:length]
+            else:
+                row[column.name] = {
+                    "json": JSON_VALUE,
+                    "bool": True,
+                    "int": 1 if column.primary_key else -3,
+                    "float": -2.5,
+                    "datetime": MOMENT,
+                }[kind]
+        rows[table.name] = row
+    return rows
+
+
+def _insert_everywhere(engine: Engine) -> dict[str, dict[str, Any]]:
+    rows = _hostile_rows()
+    with engine.begin() as conn:
+        for table in SQLModel.metadata.sorted_tables:
+            conn.execute(insert(table), [rows[table.name]])
+    return rows
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def filled(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Engine, dict[str, dict[str, Any]]]]:
+    """One hostile row in every table, shared by the read-only per-table tests of a backend."""
+    if request.param == "sqlite":
+        engine = init_db(f"sqlite:///{tmp_path_factory.mktemp('filled') / 'overrule.db'}")
+        yield engine, _insert_everywhere(engine)
+        engine.dispose()
+        return
+    template = request.getfixturevalue("pg_template")
+    admin_url = os.environ["OVERRULE_TEST_PG_URL"]
+    admin = sa.create_engine(
+        admin_url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT"
+    )
+    name = f"overrule_export_{secrets.token_hex(4)}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
+    engine = init_db(f"{admin_url.rpartition('/')[0]}/{name}")
+    try:
+        yield engine, _insert_everywhere(engine)
+    finally:
+        engine.dispose()
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _insert_judgments(engine: Engine, rows: list[dict[str, Any]]) -> None:
+    with engine.begin() as conn:
+        conn.execute(insert(Judgment), rows)
+
+
+def _judgment(change_id: str, **fields: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "change_id": change_id,
+        "product": "Acme Fungear",
+        "decision": "INCLUDE",
+        "reasoning": "Implements core feature",
+        "timestamp": MOMENT,
+        "was_corrected": False,
+        # every row names every column: an executemany takes its columns from the first row
+        **dict.fromkeys(("metric", "confidence", "user_decision", "user_reasoning", "url", "ai_provider")),
+    }
+    row.update(fields)
+    return row
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+# --- CSV ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_csv_round_trip_neutralises_text_and_keeps_other_values(filled, tmp_path: Path, table: str) -> None:
+    engine, rows = filled
+    out = tmp_path / f"{table}.csv"
+    assert export_table(engine=engine, table=table, fmt="csv", out=out) == 1
+    (cell_row,) = _csv_rows(out)
+    expected_by_kind = {
+        "text": lambda value: "'" + value,  # every text cell of the fixture is hostile
+        "int": str,
+        "float": lambda _: "-2.5",
+        "bool": lambda _: "true",
+        "datetime": lambda _: MOMENT_TEXT,
+        "json": lambda value: json.dumps(value),
+    }
+    for column in SQLModel.metadata.tables[table].columns:
+        expected = expected_by_kind[_kind(column)](rows[table][column.name])
+        assert cell_row[column.name] == expected, column.name
+
+
+def test_csv_export_leaves_plain_text_and_negative_numbers_untouched(engine, tmp_path: Path) -> None:
+    confidences = [-0.75, -3.0, 0.0, 0.9, -1.5, 1.0]
+    _insert_judgments(
+        engine,
+        [
+            _judgment(f"c{i}", reasoning=text, confidence=c)
+            for i, (text, c) in enumerate(zip(PLAIN, confidences, strict=True))
+        ],
+    )
+    out = tmp_path / "judgments.csv"
+    export_table(engine=engine, table="judgments", fmt="csv", out=out)
+    rows = {r["change_id"]: r for r in _csv_rows(out)}
+    assert [rows[f"c{i}"]["reasoning"] for i in range(len(PLAIN))] == PLAIN
+    assert [float(rows[f"c{i}"]["confidence"]) for i in range(len(PLAIN))] == confidences
+    assert all(not rows[f"c{i}"]["confidence"].startswith("'") for i in range(len(PLAIN)))
+
+
+def _snapshot(snapshot_id: str, **fields: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "id": snapshot_id,
+        "question": "q",
+        "model_answer": "a",
+        "product": "p",
+        "created_at": MOMENT,
+        "bonus_metrics": [],
+        "user_scores_json": {},
+        "judge_scores_json": {},
+        "status": "active",
+        "deleted_at": None,
+    }
+    row.update(fields)
+    return row
+
+
+def test_evaluations_view_excludes_soft_deleted_snapshots(engine, tmp_path: Path) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            insert(EvaluationSnapshot),
+            [_snapshot("live"), _snapshot("gone", status="archived", deleted_at=MOMENT)],
+        )
+    out = tmp_path / "evaluations.csv"
+    assert export_table(engine=engine, table="evaluations", fmt="csv", out=out) == 1
+    assert [r["id"] for r in _csv_rows(out)] == ["live"]
+
+
+def test_corrections_view_holds_only_corrected_judgments(engine, tmp_path: Path) -> None:
+    _insert_judgments(
+        engine,
+        [
+            _judgment("kept", user_decision="EXCLUDE", was_corrected=True),
+            _judgment("confirmed", user_decision="INCLUDE", was_corrected=False),
+            _judgment("unreviewed"),
+        ],
+    )
+    out = tmp_path / "corrections.csv"
+    assert export_table(engine=engine, table="corrections", fmt="csv", out=out) == 1
+    assert [r["change_id"] for r in _csv_rows(out)] == ["kept"]
+
+
+def test_where_sql_exports_only_matching_rows(engine, tmp_path: Path) -> None:
+    _insert_judgments(
+        engine, [_judgment("a1", product="A"), _judgment("b1", product="B"), _judgment("a2", product="A")]
+    )
+    out = tmp_path / "a.csv"
+    count = export_table(
+        engine=engine, table="judgments", fmt="csv", out=out, where_sql="product = ?", params=["A"]
+    )
+    assert count == 2
+    assert sorted(r["change_id"] for r in _csv_rows(out)) == ["a1", "a2"]
+
+
+def test_query_csv_exports_every_filtered_row_neutralised(engine, tmp_path: Path) -> None:
+    _insert_judgments(
+        engine,
+        [_judgment(f"c{i}", product="A", reasoning="=HYPERLINK(1)") for i in range(30)]
+        + [_judgment("b", product="B")],
+    )
+    out = tmp_path / "filtered.csv"
+    sql = f"SELECT change_id, reasoning FROM {table_ref('judgments')} WHERE product = $p ORDER BY id"
+    assert export_query_csv(engine=engine, sql=sql, params={"p": "A"}, out=out) == 30
+    rows = _csv_rows(out)
+    assert len(rows) == 30
+    assert {r["reasoning"] for r in rows} == {"'=HYPERLINK(1)"}
+
+
+# --- Parquet and JSON Lines -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_parquet_round_trip_keeps_values(filled, tmp_path: Path, table: str) -> None:
+    engine, rows = filled
+    out = tmp_path / f"{table}.parquet"
+    assert export_table(engine=engine, table=table, fmt="parquet", out=out) == 1
+    (back,) = pq.read_table(out).to_pylist()
+    for column in SQLModel.metadata.tables[table].columns:
+        value = rows[table][column.name]
+        got = json.loads(back[column.name]) if _kind(column) == "json" else back[column.name]
+        assert got == value, column.name
+
+
+@pytest.mark.parametrize("table", [t for t in TABLES if t not in export.CACHE_FORMAT_TABLES])
+def test_json_lines_round_trip_keeps_values(filled, tmp_path: Path, table: str) -> None:
+    engine, rows = filled
+    out = tmp_path / f"{table}.jsonl"
+    assert export_table(engine=engine, table=table, fmt="json", out=out) == 1
+    (line,) = out.read_text(encoding="utf-8").splitlines()
+    back = json.loads(line)
+    for column in SQLModel.metadata.tables[table].columns:
+        expected = MOMENT_TEXT if _kind(column) == "datetime" else rows[table][column.name]
+        assert back[column.name] == expected, column.name
+
+
+# --- seed-004 JSON cache --------------------------------------------------------------------------
+
+
+def _cache_rows() -> list[dict[str, Any]]:
+    return [
+        _judgment(
+            "github.com/owner/repo#123",
+            user_decision="EXCLUDE",
+            user_reasoning="Actually internal tooling",
+            was_corrected=True,
+            url="https://github.com/owner/repo/pull/123",
+            ai_provider="openai",
+        ),
+        _judgment("snap_1:clarity", decision="4", metric="clarity", timestamp=MOMENT + timedelta(days=1)),
+    ]
+
+
+def test_judgments_json_is_the_seed_cache_format(engine, tmp_path: Path) -> None:
+    _insert_judgments(engine, _cache_rows())
+    out = tmp_path / "cache.json"
+    assert export_table(engine=engine, table="judgments", fmt="json", out=out) == 2
+    cache = json.loads(out.read_text(encoding="utf-8"))
+    assert cache == {
+        "cache_version": "1.0",
+        "judgments": {
+            "github.com/owner/repo#123": {
+                "change_id": "github.com/owner/repo#123",
+                "decision": "INCLUDE",
+                "reasoning": "Implements core feature",
+                "user_decision": "EXCLUDE",
+                "user_reasoning": "Actually internal tooling",
+                "product": "Acme Fungear",
+                "timestamp": MOMENT_TEXT,
+                "url": "https://github.com/owner/repo/pull/123",
+                "ai_provider": "openai",
+            },
+            "snap_1:clarity": {
+                "change_id": "snap_1:clarity",
+                "decision": "4",
+                "reasoning": "Implements core feature",
+                "user_decision": None,
+                "user_reasoning": None,
+                "product": "Acme Fungear",
+                "timestamp": "2024-11-16T10:30:00.123456Z",
+                "metric": "clarity",
+            },
+        },
+    }
+
+
+def test_cache_timestamps_parse_back_to_the_stored_instant(engine, tmp_path: Path) -> None:
+    _insert_judgments(engine, _cache_rows())
+    out = tmp_path / "cache.json"
+    export_table(engine=engine, table="judgments", fmt="json", out=out)
+    entry = json.loads(out.read_text(encoding="utf-8"))["judgments"]["github.com/owner/repo#123"]
+    assert datetime.fromisoformat(entry["timestamp"]) == MOMENT
+
+
+def test_cache_json_of_an_empty_table_is_valid(engine, tmp_path: Path) -> None:
+    out = tmp_path / "cache.json"
+    assert export_table(engine=engine, table="judgments", fmt="json", out=out) == 0
+    assert json.loads(out.read_text(encoding="utf-8")) == {"cache_version": "1.0", "judgments": {}}
+
+
+def test_cache_json_streams_across_batches(engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(export, "JSON_BATCH_ROWS", 3)
+    _insert_judgments(engine, [_judgment(f"c{i}") for i in range(10)])
+    out = tmp_path / "cache.json"
+    assert export_table(engine=engine, table="judgments", fmt="json", out=out) == 10
+    assert sorted(json.loads(out.read_text(encoding="utf-8"))["judgments"]) == sorted(
+        f"c{i}" for i in range(10)
+    )
+
+
+def test_corrections_json_is_a_cache_of_corrections_only(engine, tmp_path: Path) -> None:
+    _insert_judgments(engine, _cache_rows())
+    out = tmp_path / "corrections.json"
+    export_table(engine=engine, table="corrections", fmt="json", out=out)
+    assert list(json.loads(out.read_text(encoding="utf-8"))["judgments"]) == ["github.com/owner/repo#123"]
+
+
+# --- errors ---------------------------------------------------------------------------------------
+
+
+def test_unknown_table_error_lists_valid_names(engine, tmp_path: Path) -> None:
+    with pytest.raises(ExportError) as info:
+        export_table(engine=engine, table="users", fmt="csv", out=tmp_path / "x.csv")
+    for name in ("judgments", "evaluations", "corrections", "session_notes"):
+        assert name in str(info.value)
+
+
+def test_unknown_format_is_refused(engine, tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match="xlsx"):
+        export_table(engine=engine, table="judgments", fmt="xlsx", out=tmp_path / "x.xlsx")
+
+
+@pytest.mark.parametrize("fmt", export.FORMATS)
+def test_missing_directory_is_refused(engine, tmp_path: Path, fmt: str) -> None:
+    with pytest.raises(ExportError, match="does not exist"):
+        export_table(engine=engine, table="judgments", fmt=fmt, out=tmp_path / "nowhere" / "x.out")
+
+
+def test_directory_as_output_is_refused(engine, tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match="directory"):
+        export_table(engine=engine, table="judgments", fmt="csv", out=tmp_path)
+
+
+def test_failed_export_leaves_no_file_behind(engine, tmp_path: Path) -> None:
+    _insert_judgments(engine, [_judgment("c1")])
+    out_dir = tmp_path / "exports"
+    out_dir.mkdir()
+    with pytest.raises(ExportError):
+        export_table(
+            engine=engine, table="judgments", fmt="csv", out=out_dir / "x.csv", where_sql="no_such_column = 1"
+        )
+    assert list(out_dir.iterdir()) == []
+
+
+# --- small frames for download buttons ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_neutralise_cell_prefixes_formula_text(value: str) -> None:
+    assert neutralise_cell(value) == "'" + value
+
+
+@pytest.mark.parametrize("value", [*PLAIN, "", -2, -0.5, None, True])
+def test_neutralise_cell_leaves_other_values(value: object) -> None:
+    assert neutralise_cell(value) == value
+
+
+def test_frame_csv_neutralises_text_and_keeps_numbers() -> None:
+    frame = pd.DataFrame({"reason": [*HOSTILE, "fine"], "score": [-1, -2, 3, 4, -5, 6, 7]})
+    back = pd.read_csv(io.BytesIO(frame_to_csv_bytes(frame)), keep_default_na=False)
+    assert back["reason"].tolist() == ["'" + v for v in HOSTILE] + ["fine"]
+    assert back["score"].tolist() == [-1, -2, 3, 4, -5, 6, 7]
+
+
+def test_frame_csv_neutralises_header_cells() -> None:
+    frame = pd.DataFrame({"=metric": ["x"]})
+    assert frame_to_csv_bytes(frame).decode("utf-8").splitlines()[0] == "'=metric"
+
+
+# --- the CLI --------------------------------------------------------------------------------------
+
+
+def _cli(engine: Engine, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OVERRULE_DATABASE_URL": engine.url.render_as_string(hide_password=False)}
+    return subprocess.run(
+        [sys.executable, "-m", "lib", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_cli_export_writes_the_file(engine, tmp_path: Path, fmt: str) -> None:
+    _insert_judgments(engine, _cache_rows())
+    out = tmp_path / f"judgments.{fmt}"
+    result = _cli(engine, "export", "judgments", "--format", fmt, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "exported 2 rows" in result.stdout
+    assert out.stat().st_size > 0
+
+
+def test_cli_export_of_unknown_table_fails_with_the_valid_names(engine, tmp_path: Path) -> None:
+    result = _cli(engine, "export", "users", "--out", str(tmp_path / "x.csv"))
+    assert result.returncode == 1
+    assert "judgments" in result.stderr
+
+
+# --- the DuckDB connection ------------------------------------------------------------------------
+
+_PROBE = """
+import json, sys
+from lib.db import create_db_engine
+from lib.duck import duck_connect, source_kind
+con = duck_connect(create_db_engine(sys.argv[1]))
+row = con.execute(
+    "SELECT loaded, installed FROM duckdb_extensions() WHERE extension_name LIKE '%scanner'"
+    " AND loaded"
+).fetchone()
+print(json.dumps({"source": source_kind(con), "loaded": row[0], "installed": row[1],
+                  "rows": con.execute("SELECT count(*) FROM db.judgments").fetchone()[0]}))
+"""
+
+
+def test_scanner_loads_from_the_package_without_install(engine, tmp_path: Path) -> None:
+    _insert_judgments(engine, [_judgment("c1")])
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home)}  # an empty home: no previously downloaded extension
+    result = subprocess.run(
+        [sys.executable, "-c", _PROBE, engine.url.render_as_string(hide_password=False)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    probe = json.loads(result.stdout)
+    expected_source = "sqlite" if engine.dialect.name == "sqlite" else "postgres"
+    assert probe == {"source": expected_source, "loaded": True, "installed": False, "rows": 1}
+    assert not (home / ".duckdb" / "extensions").exists()
+
+
+def test_arrow_fallback_reads_the_same_rows_as_the_scanner(filled) -> None:
+    engine, _ = filled
+    scanner = duck_connect(engine)
+    fallback = duck_connect(engine, scanner=False)
+    try:
+        assert source_kind(fallback) == "duckdb"
+        for table in TABLES:
+            query = f"SELECT * FROM {table_ref(table)}"
+            pd.testing.assert_frame_equal(
+                fetch_frame(fallback, query), fetch_frame(scanner, query), obj=table
+            )
+    finally:
+        scanner.close()
+        fallback.close()
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "duck_type"),
+    [
+        ("judgments", "id", "BIGINT"),
+        ("judgments", "was_corrected", "BOOLEAN"),
+        ("judgments", "timestamp", "TIMESTAMP WITH TIME ZONE"),
+        ("judgments", "confidence", "DOUBLE"),
+        ("evaluation_snapshots", "bonus_metrics", "JSON"),
+        ("evaluation_snapshots", "question", "VARCHAR"),
+    ],
+)
+def test_typed_views_use_one_type_per_column_on_every_backend(
+    filled, table: str, column: str, duck_type: str
+) -> None:
+    con = duck_connect(filled[0])
+    try:
+        types = dict(
+            con.execute(f"SELECT column_name, column_type FROM (DESCRIBE {table_ref(table)})").fetchall()
+        )
+    finally:
+        con.close()
+    assert types[column] == duck_type
+
+
+@pytest.mark.parametrize("name", ["users", "judgments; DROP TABLE judgments", 'judgments"'])
+def test_table_ref_refuses_unknown_names(name: str) -> None:
+    with pytest.raises(ValueError, match="unknown table"):
+        table_ref(name)
+
+
+def test_every_model_table_is_exportable() -> None:
+    assert set(TABLES) <= set(EXPORTABLE_TABLES)
