@@ -369,189 +369,250 @@ def _created_times(rng: random.Random, count: int, anchor: datetime, span_days: 
     return times
 
 
+@dataclass
+class _Draft:
+    """One evaluation while it is built: the answer, the flaws in it, and every side's scores."""
+
+    template: Mapping[str, Any]
+    model: str
+    flaws: list[Mapping[str, Any]]
+    answer: str
+    seen_flaws: list[Mapping[str, Any]] = field(default_factory=list)  # what the judge noticed
+    missed_flaws: list[Mapping[str, Any]] = field(default_factory=list)
+    base: dict[str, float] = field(default_factory=dict)  # the score without any flaw
+    truth: dict[str, float] = field(default_factory=dict)  # what a careful reviewer gives
+    judge: dict[str, float] = field(default_factory=dict)
+    user: dict[str, float] = field(default_factory=dict)  # the annotator who scored the answer
+    judge_null: set[str] = field(default_factory=set)
+    user_null: set[str] = field(default_factory=set)
+
+    def touched(self) -> set[str]:
+        return {slug for f in self.flaws for slug in f["scores"]}
+
+
+def _draft_answer(
+    rng: random.Random, product: Mapping[str, Any], template: Mapping[str, Any], seen: set[tuple[str, str]]
+) -> _Draft:
+    """A model's answer to the template with the flaws it happened to make; never a repeat."""
+    for _attempt in range(40):
+        model = _weighted(rng, product["models"])
+        flaws: list[Mapping[str, Any]] = []
+        if rng.random() < model["flaw_rate"]:
+            k = 2 if rng.random() < 0.25 and len(template["flaws"]) > 1 else 1
+            flaws = rng.sample(template["flaws"], k)
+        if product["generic_flaws"] and rng.random() < 0.22:
+            flaws.append(_choose(rng, product["generic_flaws"]))
+        paras = _apply_flaws(template, flaws)
+        if paras is None:
+            continue
+        intro, outro = _choose(rng, product["intros"]), _choose(rng, product["outros"])
+        answer = "\n\n".join(([intro] if intro else []) + paras + ([outro] if outro else []))
+        if all(flaw_quote(template, f) in answer for f in flaws) and (answer, model["name"]) not in seen:
+            seen.add((answer, model["name"]))
+            return _Draft(template=template, model=model["name"], flaws=flaws, answer=answer)
+    raise RuntimeError(f"cannot vary template {template['key']!r} enough")  # pragma: no cover
+
+
+def _capped(flaws: Iterable[Mapping[str, Any]], slug: str, start: float) -> float:
+    """A score lowered to the worst cap any of the flaws puts on that metric."""
+    value = start
+    for f in flaws:
+        if slug in f["scores"]:
+            value = min(value, float(f["scores"][slug]))
+    return value
+
+
+def _score(
+    draft: _Draft, rng: random.Random, product: Mapping[str, Any], scales: Sequence[_Scale], p_dev: float
+) -> None:
+    """Truth from the flaws; a judge that misses flaws and drifts at rate `p_dev`; a noisy annotator."""
+    draft.base = {
+        s.slug: (
+            float(rng.choices([5, 4], [0.62, 0.38])[0])
+            if s.integer and s.hi == 5
+            else s.hi
+            if s.integer
+            else _choose(rng, [1.0, 1.0, 0.95, 0.9, 0.85])
+        )
+        for s in scales
+    }
+    draft.missed_flaws = [f for f in draft.flaws if rng.random() < p_dev * 0.7]
+    draft.seen_flaws = [f for f in draft.flaws if f not in draft.missed_flaws]
+    draft.truth = {s: _capped(draft.flaws, s, v) for s, v in draft.base.items()}
+    draft.judge = {s: _capped(draft.seen_flaws, s, v) for s, v in draft.base.items()}
+    bullets = "\n1." in draft.answer or "\n- " in draft.answer
+    for s in scales:
+        chance = p_dev * (1.2 if s.slug == "clarity" and bullets else 0.7)
+        if rng.random() < chance:
+            # Judges lean lenient (and over-score bulleted answers for clarity), sometimes harsh.
+            lenient = rng.random() < (0.85 if s.slug == "clarity" and bullets else 0.65)
+            size = s.step() * (1 if s.integer else rng.choice([1, 1.5]))
+            draft.judge[s.slug] = s.clamp(draft.judge[s.slug] + (size if lenient else -size))
+    if product.get("rubric"):
+        draft.user = {
+            s.slug: _user_scores_rag(s, draft.truth[s.slug], rng, product["annotators"]) for s in scales
+        }
+        return
+    for s in scales:
+        value = draft.truth[s.slug]
+        if value <= 2 and rng.random() < 0.15:
+            value = draft.base[s.slug]  # the annotator missed the flaw too
+        elif rng.random() < 0.28:
+            value = s.clamp(value + rng.choice([-1, 1]))
+        draft.user[s.slug] = value
+
+
+def _leave_some_unscored(draft: _Draft, rng: random.Random, product: Mapping[str, Any]) -> None:
+    """Null scores where real data has them: metrics that do not apply, or an annotator who skipped."""
+    focus = {draft.template["primary"], *draft.template["bonus"]}
+    if product.get("rubric"):
+        if rng.random() < 0.05:
+            draft.user_null.add("coherence")
+        return
+    touched = draft.touched()
+    for slug, p in (("bias", 0.3), ("safety", 0.1), ("robustness", 0.06)):
+        if slug not in touched and slug not in focus and rng.random() < p:
+            draft.judge_null.add(slug)
+    for slug, p in (("robustness", 0.1), ("efficiency", 0.05), ("bias", 0.08)):
+        if slug not in focus and rng.random() < p:
+            draft.user_null.add(slug)
+
+
+def _score_entries(
+    draft: _Draft,
+    rng: random.Random,
+    product: Mapping[str, Any],
+    scales: Sequence[_Scale],
+    phrases: Mapping[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """judge_scores and user_scores as `{slug: {"score", "reason"}}`, reasons matching the scores."""
+    language = product["language"]
+    judge_reasons: dict[str, str] = {}
+    for s in scales:
+        own = [f["reason"] for f in draft.seen_flaws if f["metric"] == s.slug]
+        side = [
+            phrases["secondary"][language].format(feedback=f["feedback"])
+            for f in draft.seen_flaws
+            if f["metric"] != s.slug and s.slug in f["scores"]
+        ]
+        judge_reasons[s.slug] = " ".join(own + side) or _judge_reason(
+            phrases, product, draft.template, s, draft.judge[s.slug], rng
+        )
+    user_reasons: dict[str, str] = {}
+    for s in scales:
+        noticed = [
+            f["user_reason"]
+            for f in draft.flaws
+            if f["metric"] == s.slug and draft.user[s.slug] <= draft.truth[s.slug]
+        ]
+        pool = phrases["user"][language]
+        user_reasons[s.slug] = noticed[0] if noticed else _choose(rng, pool[_band(s, draft.user[s.slug])])
+    nulls = phrases["null_reasons"][language]
+    judge_scores = {
+        s.slug: {"score": None, "reason": nulls["judge"][s.slug]}
+        if s.slug in draft.judge_null
+        else {"score": _num(draft.judge[s.slug]), "reason": judge_reasons[s.slug]}
+        for s in scales
+    }
+    user_scores = {
+        s.slug: {"score": None, "reason": nulls["user"]}
+        if s.slug in draft.user_null
+        else {"score": _num(draft.user[s.slug]), "reason": user_reasons[s.slug]}
+        for s in scales
+    }
+    return judge_scores, user_scores
+
+
+def _stage(rng: random.Random) -> str:
+    return rng.choices(list(STAGE_WEIGHTS), weights=list(STAGE_WEIGHTS.values()))[0]
+
+
+def _evidence(
+    draft: _Draft, rng: random.Random, scales: Sequence[_Scale], phrases: Mapping[str, Any], language: str
+) -> dict[str, list[dict[str, Any]]]:
+    """What the judge cited (the flaws it noticed, some strengths) and how imprecisely it cited it."""
+    evidence: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    if rng.random() < NO_EVIDENCE_SHARE:
+        return {}
+    template, answer = draft.template, draft.answer
+    for f in draft.seen_flaws:
+        item = {"quote": flaw_quote(template, f), "why": f["why"], "better": f["better"]}
+        evidence[f["metric"]].append(_place_evidence(answer, item, _stage(rng), rng, f.get("misquote")))
+        for slug in f["scores"]:
+            # Judges often cite the same sentence again for a second metric it hurts.
+            if slug != f["metric"] and slug not in draft.judge_null and rng.random() < 0.3:
+                side = {**item, "why": phrases["secondary"][language].format(feedback=f["feedback"])}
+                evidence[slug].append(_place_evidence(answer, side, _stage(rng), rng, None))
+    by_slug = {s.slug: s for s in scales}
+    touched = draft.touched()
+    for strength in template["strengths"]:
+        slug = strength["metric"]
+        if (
+            slug in draft.judge_null
+            or slug in touched
+            or strength["quote"] not in answer
+            or not by_slug[slug].is_good(draft.judge[slug])
+            or rng.random() < 0.15
+        ):
+            continue
+        item = {
+            "quote": strength["quote"],
+            "why": strength["why"],
+            "better": phrases["strength_better"][language],
+        }
+        evidence[slug].append(_place_evidence(answer, item, _stage(rng), rng, None))
+    return dict(evidence)
+
+
 def _build_product(
     product: Mapping[str, Any],
     phrases: Mapping[str, Any],
+    config: Mapping[str, Any],
     seed: int,
-    anchor: datetime,
-    span_days: int,
     used_ids: set[str],
 ) -> tuple[list[dict[str, Any]], list[EvaluationTruth]]:
+    """One product's evaluations: every template in turn, answered by weighted models over the span."""
     rng = _rng(seed, f"evaluations:{product['name']}")
+    anchor, span_days = demo_anchor(), config["span_days"]
     templates = _inputs(product["templates"])
     scales = _scales(product)
-    by_slug = {s.slug: s for s in scales}
     language = product["language"]
     records: list[dict[str, Any]] = []
     truths: list[EvaluationTruth] = []
     seen: set[tuple[str, str]] = set()
     order = list(range(len(templates)))
-    times = _created_times(rng, product["evaluations"], anchor, span_days)
-    for n, created in enumerate(times):
+    for n, created in enumerate(_created_times(rng, product["evaluations"], anchor, span_days)):
         if n % len(order) == 0:
             rng.shuffle(order)
-        template = templates[order[n % len(order)]]
-        for _attempt in range(40):
-            model = _weighted(rng, product["models"])
-            flaws: list[dict[str, Any]] = []
-            if rng.random() < model["flaw_rate"]:
-                k = 2 if rng.random() < 0.25 and len(template["flaws"]) > 1 else 1
-                flaws = rng.sample(template["flaws"], k)
-            if product["generic_flaws"] and rng.random() < 0.22:
-                flaws.append(_choose(rng, product["generic_flaws"]))
-            paras = _apply_flaws(template, flaws)
-            if paras is None:
-                continue
-            intro, outro = _choose(rng, product["intros"]), _choose(rng, product["outros"])
-            answer = "\n\n".join(([intro] if intro else []) + paras + ([outro] if outro else []))
-            if not all(flaw_quote(template, f) in answer for f in flaws):
-                continue
-            if (answer, model["name"]) not in seen:
-                break
-        else:  # pragma: no cover - the inputs allow far more variants than any product asks for
-            raise RuntimeError(f"cannot vary template {template['key']!r} enough")
-        seen.add((answer, model["name"]))
-
+        draft = _draft_answer(rng, product, templates[order[n % len(order)]], seen)
         age_share = (anchor - created).total_seconds() / (span_days * 86400)
         # The judge improves as corrections feed back into its prompt: older runs err more often.
-        p_dev = 0.08 + 0.42 * age_share
-        base = {
-            s.slug: (
-                float(rng.choices([5, 4], [0.62, 0.38])[0])
-                if s.integer and s.hi == 5
-                else s.hi
-                if s.integer
-                else _choose(rng, [1.0, 1.0, 0.95, 0.9, 0.85])
-            )
-            for s in scales
-        }
-        missed_flaws = [f for f in flaws if rng.random() < p_dev * 0.7]
-        seen_flaws = [f for f in flaws if f not in missed_flaws]
-
-        def capped(active: Iterable[Mapping[str, Any]], slug: str, start: float) -> float:
-            value = start
-            for f in active:
-                if slug in f["scores"]:
-                    value = min(value, float(f["scores"][slug]))
-            return value
-
-        truth = {s: capped(flaws, s, v) for s, v in base.items()}
-        judge = {s: capped(seen_flaws, s, v) for s, v in base.items()}
-        bullets = "\n1." in answer or "\n- " in answer
-        for s in scales:
-            chance = p_dev * (1.2 if s.slug == "clarity" and bullets else 0.7)
-            if rng.random() < chance:
-                # Judges lean lenient (and over-score bulleted answers for clarity), sometimes harsh.
-                lenient = rng.random() < (0.85 if s.slug == "clarity" and bullets else 0.65)
-                size = s.step() * (1 if s.integer else rng.choice([1, 1.5]))
-                judge[s.slug] = s.clamp(judge[s.slug] + (size if lenient else -size))
-        if product.get("rubric"):
-            user = {s.slug: _user_scores_rag(s, truth[s.slug], rng, product["annotators"]) for s in scales}
-        else:
-            user = {}
-            for s in scales:
-                value = truth[s.slug]
-                if value <= 2 and rng.random() < 0.15:
-                    value = base[s.slug]  # the annotator missed the flaw too
-                elif rng.random() < 0.28:
-                    value = s.clamp(value + rng.choice([-1, 1]))
-                user[s.slug] = value
-
-        touched = {slug for f in flaws for slug in f["scores"]}
-        focus = {template["primary"], *template["bonus"]}
-        judge_null: set[str] = set()
-        user_null: set[str] = set()
-        if not product.get("rubric"):
-            for slug, p in (("bias", 0.3), ("safety", 0.1), ("robustness", 0.06)):
-                if slug not in touched and slug not in focus and rng.random() < p:
-                    judge_null.add(slug)
-            for slug, p in (("robustness", 0.1), ("efficiency", 0.05), ("bias", 0.08)):
-                if slug not in focus and rng.random() < p:
-                    user_null.add(slug)
-        elif rng.random() < 0.05:
-            user_null.add("coherence")
-
-        # Reasons.
-        judge_reasons: dict[str, str] = {}
-        for s in scales:
-            own = [f["reason"] for f in seen_flaws if f["metric"] == s.slug]
-            side = [
-                phrases["secondary"][language].format(feedback=f["feedback"])
-                for f in seen_flaws
-                if f["metric"] != s.slug and s.slug in f["scores"]
-            ]
-            judge_reasons[s.slug] = " ".join(own + side) or _judge_reason(
-                phrases, product, template, s, judge[s.slug], rng
-            )
-        user_reasons: dict[str, str] = {}
-        for s in scales:
-            noticed = [
-                f["user_reason"] for f in flaws if f["metric"] == s.slug and user[s.slug] <= truth[s.slug]
-            ]
-            pool = phrases["user"][language]
-            user_reasons[s.slug] = noticed[0] if noticed else _choose(rng, pool[_band(s, user[s.slug])])
-
-        judge_scores = {
-            s.slug: {"score": None, "reason": phrases["null_reasons"][language]["judge"][s.slug]}
-            if s.slug in judge_null
-            else {"score": _num(judge[s.slug]), "reason": judge_reasons[s.slug]}
-            for s in scales
-        }
-        user_scores = {
-            s.slug: {"score": None, "reason": phrases["null_reasons"][language]["user"]}
-            if s.slug in user_null
-            else {"score": _num(user[s.slug]), "reason": user_reasons[s.slug]}
-            for s in scales
-        }
-
-        # Evidence: what the judge saw (its noticed flaws, some strengths), then how it cited it.
-        evidence: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        if rng.random() >= NO_EVIDENCE_SHARE:
-            for f in seen_flaws:
-                item = {"quote": flaw_quote(template, f), "why": f["why"], "better": f["better"]}
-                target = rng.choices(list(STAGE_WEIGHTS), weights=list(STAGE_WEIGHTS.values()))[0]
-                evidence[f["metric"]].append(_place_evidence(answer, item, target, rng, f.get("misquote")))
-                for slug in f["scores"]:
-                    # Judges often cite the same sentence for a second metric it hurts.
-                    if slug != f["metric"] and slug not in judge_null and rng.random() < 0.3:
-                        side = {**item, "why": phrases["secondary"][language].format(feedback=f["feedback"])}
-                        target = rng.choices(list(STAGE_WEIGHTS), weights=list(STAGE_WEIGHTS.values()))[0]
-                        evidence[slug].append(_place_evidence(answer, side, target, rng, None))
-            for strength in template["strengths"]:
-                slug = strength["metric"]
-                if (
-                    slug in judge_null
-                    or slug in touched
-                    or strength["quote"] not in answer
-                    or not by_slug[slug].is_good(judge[slug])
-                    or rng.random() < 0.15
-                ):
-                    continue
-                item = {
-                    "quote": strength["quote"],
-                    "why": strength["why"],
-                    "better": phrases["strength_better"][language],
-                }
-                target = rng.choices(list(STAGE_WEIGHTS), weights=list(STAGE_WEIGHTS.values()))[0]
-                evidence[slug].append(_place_evidence(answer, item, target, rng, None))
-
-        quality = mean((judge[s.slug] - s.lo) / (s.hi - s.lo) for s in scales if s.slug not in judge_null)
-        feedback = _overall_feedback(phrases, language, quality, [f["feedback"] for f in seen_flaws], rng)
+        _score(draft, rng, product, scales, p_dev=0.08 + 0.42 * age_share)
+        _leave_some_unscored(draft, rng, product)
+        judge_scores, user_scores = _score_entries(draft, rng, product, scales, phrases)
+        evidence = _evidence(draft, rng, scales, phrases, language)
+        quality = mean(
+            (draft.judge[s.slug] - s.lo) / (s.hi - s.lo) for s in scales if s.slug not in draft.judge_null
+        )
+        feedback = _overall_feedback(
+            phrases, language, quality, [f["feedback"] for f in draft.seen_flaws], rng
+        )
 
         snapshot_id = f"snap_{created:%Y%m%d_%H%M%S}_{rng.getrandbits(32):08x}"
         assert snapshot_id not in used_ids
         used_ids.add(snapshot_id)
+        template = draft.template
         record: dict[str, Any] = {
             "id": snapshot_id,
             "created_at": created.isoformat(),
             "question_id": f"{product['name']}:{template['key']}",
             "question": template["question"],
-            "model_answer": answer,
+            "model_answer": draft.answer,
             "product": product["name"],
             "language": language,
             "category": template["category"],
-            "model_name": model["name"],
-            "judge_model": "gpt-4o",
+            "model_name": draft.model,
+            "judge_model": config["judge_model"],
             "primary_metric": template["primary"],
             "bonus_metrics": list(template["bonus"]),
             "user_scores": user_scores,
@@ -559,21 +620,22 @@ def _build_product(
             "overall_feedback": feedback,
         }
         if evidence:
-            record["evidence"] = dict(evidence)
+            record["evidence"] = evidence
         records.append(record)
         missed: dict[str, str] = {}
-        for f in missed_flaws:
+        for f in draft.missed_flaws:
             for slug in f["scores"]:
-                if truth[slug] < judge[slug]:
+                if draft.truth[slug] < draft.judge[slug]:
                     missed.setdefault(slug, f["feedback"])
+        scored = [s.slug for s in scales if s.slug not in draft.judge_null]
         truths.append(
             EvaluationTruth(
                 snapshot_id=snapshot_id,
                 product=product["name"],
                 language=language,
                 created_at=created,
-                truth={s: truth[s] for s in truth if s not in judge_null},
-                judge={s: judge[s] for s in judge if s not in judge_null},
+                truth={s: draft.truth[s] for s in scored},
+                judge={s: draft.judge[s] for s in scored},
                 missed=missed,
             )
         )
@@ -589,7 +651,6 @@ def build_evaluations(seed: int = DEMO_SEED) -> DemoEvaluations:
     """The demo evaluation records (importer format), the custom rubric, and the truth behind them."""
     config = _read_input("products.json")
     phrases = _read_input("phrases.json")
-    anchor = demo_anchor()
     records: list[dict[str, Any]] = []
     truths: dict[str, EvaluationTruth] = {}
     definitions: list[dict[str, Any]] = []
@@ -597,7 +658,7 @@ def build_evaluations(seed: int = DEMO_SEED) -> DemoEvaluations:
     for product in config["products"]:
         for position, metric in enumerate(product.get("rubric") or []):
             definitions.append({"product": product["name"], "position": position, **metric})
-        recs, product_truths = _build_product(product, phrases, seed, anchor, config["span_days"], used_ids)
+        recs, product_truths = _build_product(product, phrases, config, seed, used_ids)
         records.extend(recs)
         truths.update({t.snapshot_id: t for t in product_truths})
     records.sort(key=lambda r: (r["created_at"], r["id"]))
@@ -623,6 +684,14 @@ def _reviewer_language(reviewer: str, language: str, config: Mapping[str, Any]) 
     return language if language in config["reviewer_languages"][reviewer] else "en"
 
 
+def _review_chance(age: timedelta) -> float:
+    """Reviewers work through the queue oldest first, so older evaluations are mostly reviewed."""
+    for days, chance in ((21, 0.75), (7, 0.55), (2, 0.3)):
+        if age > timedelta(days=days):
+            return chance
+    return 0.1
+
+
 def plan_reviews(evaluations: DemoEvaluations, seed: int = DEMO_SEED) -> list[PlannedReview]:
     """Which judgments reviewers confirmed or overruled: older evaluations are mostly reviewed."""
     config = _read_input("products.json")
@@ -633,14 +702,7 @@ def plan_reviews(evaluations: DemoEvaluations, seed: int = DEMO_SEED) -> list[Pl
     plan: list[PlannedReview] = []
     for snapshot_id in sorted(evaluations.truths):
         t = evaluations.truths[snapshot_id]
-        age = anchor - t.created_at
-        p_review = (
-            0.75
-            if age > timedelta(days=21)
-            else 0.55
-            if age > timedelta(days=7)
-            else (0.3 if age > timedelta(days=2) else 0.1)
-        )
+        p_review = _review_chance(anchor - t.created_at)
         if rng.random() >= p_review:
             continue
         reviewer = _choose(rng, config["reviewers"][t.product])
@@ -648,8 +710,9 @@ def plan_reviews(evaluations: DemoEvaluations, seed: int = DEMO_SEED) -> list[Pl
         metrics = sorted(t.judge)
         if rng.random() < 0.15:  # a review interrupted half-way
             metrics = sorted(rng.sample(metrics, max(1, len(metrics) // 2)))
-        room = (anchor - t.created_at).total_seconds()
-        at = t.created_at + timedelta(seconds=rng.uniform(0.2, 0.9) * min(room, 4 * 86400))
+        # Reviews happen within four days, and (one metric every few minutes) before the anchor.
+        room = max(0.0, (anchor - t.created_at).total_seconds() - 3600)
+        at = t.created_at + timedelta(seconds=rng.uniform(0.2, 0.9) * min(room, 4 * 86400) + 60)
         for slug in metrics:
             scale = scales[t.product][slug]
             judge, truth = t.judge[slug], t.truth[slug]
@@ -665,9 +728,7 @@ def plan_reviews(evaluations: DemoEvaluations, seed: int = DEMO_SEED) -> list[Pl
             else:
                 corrections = phrases["corrections"][lang]
                 if slug in t.missed and verdict < judge:
-                    reason = _choose(
-                        rng, phrases["missed"][t.language if lang == t.language else "en"]
-                    ).format(feedback=t.missed[slug])
+                    reason = _choose(rng, phrases["missed"][lang]).format(feedback=t.missed[slug])
                 else:
                     direction = "too_high" if verdict < judge else "too_low"
                     pool = corrections[direction].get(slug) or phrases["corrections"]["en"][direction][slug]
@@ -960,128 +1021,33 @@ class _RelevanceRows:
     auto_pinned: list[int] = field(default_factory=list)
 
 
-def build_relevance(
-    notes: DemoNotes, note_ids: Sequence[int | None], evaluations: DemoEvaluations, seed: int = DEMO_SEED
-) -> _RelevanceRows:
-    """Session audits of the judge runs, evaluator and reviewer scores, and the EMA they produce."""
-    config = _read_input("products.json")
-    rng = _rng(seed, "relevance")
-    out = _RelevanceRows()
-    state: dict[tuple[int, str], dict[str, Any]] = {}
-    scores: list[tuple[Any, ...]] = []
-    matches: dict[tuple[int, str], dict[str, Any]] = {}
-    reviewers = sorted(config["reviewer_languages"])
-    stamps = [datetime.fromisoformat(r["timestamp"]) for r in notes.records]
-    snapshots_by = defaultdict(list)
-    for t in sorted(evaluations.truths.values(), key=lambda t: t.created_at):
-        snapshots_by[(t.product, t.language)].append(t)
-    pending_from = len(notes.sessions) - 4  # the evaluator has not reached the newest runs yet
-    failed_at = len(notes.sessions) // 2
+def _transcript(
+    run: DemoSession, shown: int, snapshot: str | None, rng: random.Random
+) -> list[dict[str, Any]]:
+    """A short stand-in for the judge run's conversation, as the session audit keeps it."""
+    if run.metric == "groundedness":
+        score: float = round(rng.uniform(0.3, 1.0), 2)
+    else:
+        score = rng.randint(1, 3) if run.product == "docsearch-rag" else rng.randint(2, 5)
+    return [
+        {
+            "role": "system",
+            "content": f"You are the evaluation judge for {run.product}. {shown} cross-session notes follow.",
+        },
+        {"role": "user", "content": f"Score snapshot {snapshot or '(ad-hoc answer)'} on {run.metric}."},
+        {
+            "role": "assistant",
+            "content": json.dumps(
+                {run.metric: {"score": score, "reason": "Scored against the rubric; see the evidence items."}}
+            ),
+        },
+    ]
 
-    for index, run in enumerate(notes.sessions):
-        tags = [
-            f"lang:{run.language}",
-            f"product:{run.product}",
-            f"metric:{run.metric}",
-            f"model:{run.model}",
-        ]
-        candidates = [
-            i
-            for i, r in enumerate(notes.records)
-            if note_ids[i] is not None
-            and stamps[i] < run.started
-            and (r["language"] in (run.language, "") or r["note_type"] in ("STRATEGY", "PATTERN"))
-        ]
-        candidates.sort(key=lambda i: stamps[i], reverse=True)
-        candidates = candidates[:20]  # the seed-000 relevant-notes query, newest first, limit 20
-        weights = {
-            i: 3.0 if notes.profiles[i]["helps"] or notes.profiles[i]["hurts"] else 1.0 for i in candidates
-        }
-        size = min(len(candidates), rng.randint(5, 9))
-        shown = sorted(candidates, key=lambda i: rng.random() ** (1 / weights[i]), reverse=True)[:size]
-        shown.sort(key=lambda i: stamps[i], reverse=True)
-        snapshot = None
-        nearby = [t for t in snapshots_by.get((run.product, run.language), []) if t.created_at <= run.started]
-        if nearby:
-            snapshot = nearby[-1].snapshot_id
-        audit_at = run.started + timedelta(minutes=rng.randint(35, 55))
-        out.audits.append(
-            {
-                "session_id": run.session_id,
-                "shown_lesson_ids": [note_ids[i] for i in shown],
-                "env_tags": tags,
-                "repo": run.product,
-                "snapshot_id": snapshot,
-                "timestamp": audit_at,
-                "transcript_path": None,
-                "transcript": [
-                    {
-                        "role": "system",
-                        "content": f"Judge run for {run.product} ({run.language}), metric "
-                        f"{run.metric}, {len(shown)} cross-session notes in the prompt.",
-                    },
-                    {
-                        "role": "assistant",
-                        "content": json.dumps(
-                            {
-                                run.metric: {
-                                    "score": rng.randint(2, 5) if run.product != "docsearch-rag" else 2,
-                                    "reason": "See evidence.",
-                                }
-                            }
-                        ),
-                    },
-                ],
-            }
-        )
-        for i in shown:
-            key = (note_ids[i], ",".join(sorted(tags)))
-            m = matches.setdefault(key, {"lesson_id": note_ids[i], "tag_set": key[1], "times_matched": 0})
-            m["times_matched"] += 1
-            m["last_matched"] = audit_at
-        if index >= pending_from:
-            continue
-        processed_at = audit_at + timedelta(hours=rng.randint(1, 6))
-        if index == failed_at:
-            out.processed.append(
-                {
-                    "session_id": run.session_id,
-                    "processed_at": processed_at,
-                    "retry_count": 3,
-                    "status": "failed",
-                }
-            )
-            continue
-        out.processed.append(
-            {
-                "session_id": run.session_id,
-                "processed_at": processed_at,
-                "retry_count": 0,
-                "status": "completed",
-            }
-        )
-        for i in shown:
-            lesson = note_ids[i]
-            assert lesson is not None
-            raw = _raw_relevance(notes.records[i], notes.profiles[i], run, tags, rng)
-            scored = [(raw, 1.0, "evaluator", None, processed_at)]
-            if rng.random() < 0.14:
-                # A reviewer answered "was this note useful here?" in the dashboard (weight 2.0).
-                scored.append(
-                    (
-                        1.0 if raw > 0 else -1.0,
-                        2.0,
-                        "reviewer",
-                        _choose(rng, reviewers),
-                        processed_at + timedelta(hours=rng.randint(1, 30)),
-                    )
-                )
-            for value, weight, source, reviewer, at in scored:
-                scores.append(
-                    (at, len(scores), lesson, tags, value, weight, source, reviewer, run.session_id)
-                )
-    # Fold in time order: a reviewer's late answer comes after later runs' evaluator scores.
-    for at, _seq, lesson, tags, value, weight, source, reviewer, session_id in sorted(scores):
+
+def _fold_ema(scored: Iterable[tuple[Any, ...]], out: _RelevanceRows) -> None:
+    """Apply every score to every tag of its run in time order; keep each step as a history event."""
+    state: dict[tuple[int, str], dict[str, Any]] = {}
+    for at, _seq, lesson, tags, value, weight, source, reviewer, session_id in sorted(scored):
         for tag in tags:
             row = state.setdefault(
                 (lesson, tag),
@@ -1108,7 +1074,6 @@ def build_relevance(
                 }
             )
     out.scores = [{**row, "score": round(row["score"], 6)} for _key, row in sorted(state.items())]
-    out.matches = [matches[k] for k in sorted(matches)]
     per_note: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for row in out.scores:
         per_note[row["lesson_id"]].append(row)
@@ -1116,6 +1081,98 @@ def build_relevance(
         evals = sum(r["positive_evals"] + r["negative_evals"] for r in rows)
         if evals >= AUTO_PIN_EVALS and mean(r["score"] for r in rows) > AUTO_PIN_AVG:
             out.auto_pinned.append(lesson)
+
+
+def build_relevance(
+    notes: DemoNotes, note_ids: Sequence[int | None], evaluations: DemoEvaluations, seed: int = DEMO_SEED
+) -> _RelevanceRows:
+    """Session audits of the judge runs, evaluator and reviewer scores, and the EMA they produce."""
+    config = _read_input("products.json")
+    rng = _rng(seed, "relevance")
+    out = _RelevanceRows()
+    scored: list[tuple[Any, ...]] = []
+    matches: dict[tuple[int, str], dict[str, Any]] = {}
+    reviewers = sorted(config["reviewer_languages"])
+    stamps = [datetime.fromisoformat(r["timestamp"]) for r in notes.records]
+    snapshots_by = defaultdict(list)
+    for t in sorted(evaluations.truths.values(), key=lambda t: t.created_at):
+        snapshots_by[(t.product, t.language)].append(t)
+    pending_from = len(notes.sessions) - 4  # the evaluator has not reached the newest runs yet
+    failed_at = len(notes.sessions) // 2
+
+    for index, run in enumerate(notes.sessions):
+        tags = [
+            f"lang:{run.language}",
+            f"product:{run.product}",
+            f"metric:{run.metric}",
+            f"model:{run.model}",
+        ]
+        # The seed-000 relevant-notes query (language, language-free, or any STRATEGY/PATTERN; newest
+        # 20), of which the run's prompt showed a handful, favouring notes with a known profile.
+        candidates = [
+            i
+            for i, r in enumerate(notes.records)
+            if note_ids[i] is not None
+            and stamps[i] < run.started
+            and (r["language"] in (run.language, "") or r["note_type"] in ("STRATEGY", "PATTERN"))
+        ]
+        candidates = sorted(candidates, key=lambda i: stamps[i], reverse=True)[:20]
+        weight = {
+            i: 3.0 if notes.profiles[i]["helps"] or notes.profiles[i]["hurts"] else 1.0 for i in candidates
+        }
+        size = min(len(candidates), rng.randint(5, 9))
+        shown = sorted(candidates, key=lambda i: rng.random() ** (1 / weight[i]), reverse=True)[:size]
+        shown.sort(key=lambda i: stamps[i], reverse=True)
+        nearby = [t for t in snapshots_by.get((run.product, run.language), []) if t.created_at <= run.started]
+        snapshot = nearby[-1].snapshot_id if nearby else None
+        audit_at = run.started + timedelta(minutes=rng.randint(35, 55))
+        out.audits.append(
+            {
+                "session_id": run.session_id,
+                "shown_lesson_ids": [note_ids[i] for i in shown],
+                "env_tags": tags,
+                "repo": run.product,
+                "snapshot_id": snapshot,
+                "timestamp": audit_at,
+                "transcript_path": None,
+                "transcript": _transcript(run, len(shown), snapshot, rng),
+            }
+        )
+        for i in shown:
+            key = (note_ids[i], ",".join(sorted(tags)))
+            m = matches.setdefault(key, {"lesson_id": note_ids[i], "tag_set": key[1], "times_matched": 0})
+            m["times_matched"] += 1
+            m["last_matched"] = audit_at
+        if index >= pending_from:
+            continue
+        processed_at = audit_at + timedelta(hours=rng.randint(1, 6))
+        failed = index == failed_at
+        out.processed.append(
+            {
+                "session_id": run.session_id,
+                "processed_at": processed_at,
+                "retry_count": 3 if failed else 0,
+                "status": "failed" if failed else "completed",
+            }
+        )
+        if failed:
+            continue
+        for i in shown:
+            lesson = note_ids[i]
+            raw = _raw_relevance(notes.records[i], notes.profiles[i], run, tags, rng)
+            scored.append(
+                (processed_at, len(scored), lesson, tags, raw, 1.0, "evaluator", None, run.session_id)
+            )
+            if rng.random() < 0.14:
+                # A reviewer answered "was this note useful here?" in the dashboard (weight 2.0).
+                reviewer = _choose(rng, reviewers)
+                at = processed_at + timedelta(hours=rng.randint(1, 30))
+                value = 1.0 if raw > 0 else -1.0
+                scored.append(
+                    (at, len(scored), lesson, tags, value, 2.0, "reviewer", reviewer, run.session_id)
+                )
+    out.matches = [matches[k] for k in sorted(matches)]
+    _fold_ema(scored, out)
     return out
 
 
@@ -1157,6 +1214,98 @@ class DemoPrecedents:
     interactions: list[dict[str, Any]]
     expert: dict[str, dict[str, Any]]
     auto: dict[str, dict[str, Any]]  # interaction id -> AutoEval fields + optional "ai_feedback"
+
+
+def _auto_evaluation(
+    a: Mapping[str, Any],
+    iid: str,
+    at: datetime,
+    expert_by_key: Mapping[str, Mapping[str, Any]],
+    expert: Mapping[str, Mapping[str, Any]],
+    rng: random.Random,
+) -> dict[str, Any]:
+    """The seed-003 outcome the input asks for, with the match trace that explains it."""
+    outcome, precedent = a["outcome"], expert_by_key.get(a["precedent"] or "")
+    answer = " ".join(a["sentences"])
+    trace: dict[str, Any] = {"qa_matches": [], "sentences": [], "citation": {}}
+    result: dict[str, Any] = {
+        "interaction_id": iid,
+        "processed": True,
+        "has_matches": False,
+        "matched_interaction_id": None,
+        "no_match_reason": None if outcome == "matched" else outcome,
+        "total_score": None,
+        "created_at": at,
+    }
+    if outcome == "no_embeddings":
+        trace = {
+            "error": "no embedding stored for this interaction; it was created before embeddings were enabled"
+        }
+    elif outcome == "no_qa_match":
+        # The nearest expert-reviewed neighbours, all below the threshold.
+        near = sorted(
+            (
+                (round(0.45 + 0.35 * _similarity(a["question"], e["question"]), 3), e["id"])
+                for e in expert_by_key.values()
+            ),
+            reverse=True,
+        )[:3]
+        trace["qa_candidates"] = [{"interaction_id": i, "similarity": s} for s, i in near]
+    else:
+        assert precedent is not None
+        qa_sim = round(0.88 + 0.1 * _similarity(answer, precedent["answer"]), 3)
+        trace["qa_matches"] = [{"interaction_id": precedent["id"], "similarity": qa_sim}]
+        others = [e for e in expert_by_key.values() if e["id"] != precedent["id"]]
+        runner_up = max(others, key=lambda e: _similarity(a["question"], e["question"]))
+        runner_sim = round(QA_THRESHOLD + 0.03 * rng.random(), 3)
+        if rng.random() < 0.5 and runner_sim < qa_sim:
+            trace["qa_matches"].append({"interaction_id": runner_up["id"], "similarity": runner_sim})
+        copied = []
+        for sentence in a["sentences"]:
+            best = max(precedent["sentences"], key=lambda s: _similarity(sentence, s["sentence"]))
+            ratio = _similarity(sentence, best["sentence"])
+            sim = round(0.55 + 0.45 * ratio, 3) if ratio < 0.95 else round(0.95 + 0.05 * ratio, 3)
+            trace["sentences"].append(
+                {
+                    "sentence": sentence,
+                    "best_match": best["sentence"] if sim >= QA_THRESHOLD else None,
+                    "similarity": sim,
+                }
+            )
+            copied.append({"sentence": sentence, "score": best["score"]})
+        trace["citation"] = {
+            "expected": precedent["citation_url"],
+            "actual": a["citation_url"],
+            "match": _same_url(precedent["citation_url"], a["citation_url"]),
+        }
+        if outcome == "forced_fallback_no_match":
+            trace["fallback"] = {
+                "candidates": [
+                    m["interaction_id"]
+                    for m in trace["qa_matches"]
+                    if expert[m["interaction_id"]]["total_score"] >= 90
+                ],
+                "citation_match": trace["citation"]["match"],
+                "llm_pass": False,
+                "llm_reason": "The answer tells the user to hash the parsed JSON with the API key; the "
+                "precedent requires an HMAC of the raw body with the signing secret.",
+            }
+        if outcome == "matched":
+            fb = expert[precedent["id"]]
+            total = _precedent_total([c["score"] for c in copied], fb["citation_score"])
+            result.update(has_matches=True, total_score=total, matched_interaction_id=precedent["id"])
+            result["ai_feedback"] = {
+                "interaction_id": iid,
+                "type": "ai",
+                "total_score": total,
+                "citation_score": fb["citation_score"],
+                "citation_url": a["citation_url"],
+                "sentence_scores": copied,
+                "reviewer": None,
+                "created_at": result["created_at"],
+            }
+    result["sentence_match_trace"] = trace
+    return result
 
 
 def build_precedents(seed: int = DEMO_SEED) -> DemoPrecedents:
@@ -1211,88 +1360,9 @@ def build_precedents(seed: int = DEMO_SEED) -> DemoPrecedents:
                 "created_at": created,
             }
         )
-        outcome, precedent = a["outcome"], expert_by_key.get(a["precedent"] or "")
-        trace: dict[str, Any] = {"qa_matches": [], "sentences": [], "citation": {}}
-        result: dict[str, Any] = {
-            "interaction_id": iid,
-            "processed": True,
-            "has_matches": False,
-            "matched_interaction_id": None,
-            "no_match_reason": None if outcome == "matched" else outcome,
-            "total_score": None,
-            "created_at": created + timedelta(minutes=rng.randint(1, 9)),
-        }
-        if outcome == "no_embeddings":
-            trace = {
-                "error": "no embedding stored for this interaction; it was created before embeddings "
-                "were enabled"
-            }
-        elif outcome == "no_qa_match":
-            # The nearest expert-reviewed neighbours, all below the threshold.
-            near = sorted(
-                (
-                    (round(0.45 + 0.35 * _similarity(a["question"], e["question"]), 3), e["id"])
-                    for e in expert_by_key.values()
-                ),
-                reverse=True,
-            )[:3]
-            trace["qa_candidates"] = [{"interaction_id": i, "similarity": s} for s, i in near]
-        else:
-            assert precedent is not None
-            qa_sim = round(0.88 + 0.1 * _similarity(answer, precedent["answer"]), 3)
-            trace["qa_matches"] = [{"interaction_id": precedent["id"], "similarity": qa_sim}]
-            others = [e for e in expert_by_key.values() if e["id"] != precedent["id"]]
-            runner_up = max(others, key=lambda e: _similarity(a["question"], e["question"]))
-            runner_sim = round(QA_THRESHOLD + 0.03 * rng.random(), 3)
-            if rng.random() < 0.5 and runner_sim < qa_sim:
-                trace["qa_matches"].append({"interaction_id": runner_up["id"], "similarity": runner_sim})
-            copied = []
-            for sentence in a["sentences"]:
-                best = max(precedent["sentences"], key=lambda s: _similarity(sentence, s["sentence"]))
-                ratio = _similarity(sentence, best["sentence"])
-                sim = round(0.55 + 0.45 * ratio, 3) if ratio < 0.95 else round(0.95 + 0.05 * ratio, 3)
-                trace["sentences"].append(
-                    {
-                        "sentence": sentence,
-                        "best_match": best["sentence"] if sim >= QA_THRESHOLD else None,
-                        "similarity": sim,
-                    }
-                )
-                copied.append({"sentence": sentence, "score": best["score"]})
-            trace["citation"] = {
-                "expected": precedent["citation_url"],
-                "actual": a["citation_url"],
-                "match": _same_url(precedent["citation_url"], a["citation_url"]),
-            }
-            if outcome == "forced_fallback_no_match":
-                trace["fallback"] = {
-                    "candidates": [
-                        m["interaction_id"]
-                        for m in trace["qa_matches"]
-                        if out.expert[m["interaction_id"]]["total_score"] >= 90
-                    ],
-                    "citation_match": trace["citation"]["match"],
-                    "llm_pass": False,
-                    "llm_reason": "The answer tells the user to hash the parsed JSON with the API key; the "
-                    "precedent requires an HMAC of the raw body with the signing secret.",
-                }
-            result["matched_interaction_id"] = precedent["id"]
-            if outcome == "matched":
-                fb = out.expert[precedent["id"]]
-                total = _precedent_total([c["score"] for c in copied], fb["citation_score"])
-                result.update(has_matches=True, total_score=total)
-                result["ai_feedback"] = {
-                    "interaction_id": iid,
-                    "type": "ai",
-                    "total_score": total,
-                    "citation_score": fb["citation_score"],
-                    "citation_url": a["citation_url"],
-                    "sentence_scores": copied,
-                    "reviewer": None,
-                    "created_at": result["created_at"],
-                }
-        result["sentence_match_trace"] = trace
-        out.auto[iid] = result
+        out.auto[iid] = _auto_evaluation(
+            a, iid, created + timedelta(minutes=rng.randint(1, 9)), expert_by_key, out.expert, rng
+        )
     return out
 
 
