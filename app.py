@@ -20,6 +20,7 @@ pages = [
     st.Page("pages/corrections.py", title="Corrections", icon="🧠", url_path="corrections"),
     st.Page("pages/new_evaluation.py", title="New evaluation", icon="➕", url_path="new"),
     st.Page("pages/coach.py", title="Coach", icon="💬", url_path="coach"),
+    st.Page("pages/notes.py", title="Notes", icon="🗒️", url_path="notes"),
     st.Page("pages/tag_scores.py", title="Tag scores", icon="🏷️", url_path="tag-scores"),
 ]
 navigation = st.navigation(pages)

@@ -71,6 +71,69 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+@handler("notes")
+def _cmd_notes(args: argparse.Namespace) -> int:
+    """`notes` lists relevant notes; `notes add|search|clean` write, find and remove them."""
+    import json
+
+    from lib import notes
+    from lib.db import session_scope
+
+    action = args.notes_command or "list"
+    # `notes --language en add ...` and `notes add --language en ...` mean the same.
+    for dest in ("add_language", "search_language", "clean_language"):
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, args.language)
+    try:
+        if action == "list" and args.language is None:
+            raise CliError("notes: --language is required (use --language '' for notes of every language)")
+        engine = _engine()
+        with session_scope(engine, read_only=action in ("list", "search")) as session:
+            if action == "add":
+                note = notes.add_note(
+                    session=session,
+                    language=args.add_language or "",
+                    note_type=args.type,
+                    content=args.content,
+                    phelps_code=args.code,
+                    confidence=args.confidence,
+                    session_id=args.session,
+                    created_by=args.by,
+                )
+                print(json.dumps(notes.note_record(note), ensure_ascii=False))
+            elif action == "search":
+                found = notes.search_notes(
+                    session=session,
+                    query=args.query,
+                    note_type=args.type,
+                    language=args.search_language,
+                    session_id=args.session,
+                    limit=args.limit,
+                )
+                print(json.dumps([notes.note_record(n) for n in found], ensure_ascii=False, indent=2))
+            elif action == "clean":
+                older = notes.parse_age(args.older_than) if args.older_than is not None else None
+                kwargs = {
+                    "note_type": args.type,
+                    "language": args.clean_language,
+                    "older_than": older,
+                    "all_notes": args.all,
+                }
+                if args.dry_run:
+                    print(f"{notes.preview_remove(session=session, **kwargs)} notes would be removed")
+                else:
+                    print(f"removed {notes.remove_notes(session=session, **kwargs)} notes")
+            else:
+                found = notes.relevant_notes(session=session, language=args.language, tags=args.tags)
+                if args.format == "prompt":
+                    print(notes.format_notes_for_prompt(found, current_session=args.session))
+                else:
+                    print(json.dumps([notes.note_record(n) for n in found], ensure_ascii=False, indent=2))
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    return 0
+
+
 @handler("history")
 def _cmd_history(args: argparse.Namespace) -> int:
     """`history` prints the seed-004 correction history a judge prompt for the product gets."""
@@ -186,6 +249,33 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="load the deterministic demo data set")
     p.add_argument("--force", action="store_true", help="load even when the database is not empty")
+
+    p = sub.add_parser("notes", help="cross-session notes: list relevant ones, add, search, clean")
+    p.add_argument("--language", default=None, help="the judge's language ('' = notes for every language)")
+    p.add_argument("--tags", nargs="+", action="extend", default=[], metavar="T", help="context tags")
+    p.add_argument("--format", choices=["json", "prompt"], default="json")
+    p.add_argument("--session", default=None, help="your run's session id (its notes say CURRENT SESSION)")
+    notes_sub = p.add_subparsers(dest="notes_command", metavar="ACTION")
+    n = notes_sub.add_parser("add", help="add a note")
+    n.add_argument("content", help="the note text")
+    n.add_argument("--type", required=True, help="SUCCESS, FAILURE, PATTERN, STRATEGY or TIP")
+    n.add_argument("--language", dest="add_language", default=None, help="'' (default) = every language")
+    n.add_argument("--code", default=None, help="matched code (SUCCESS notes only)")
+    n.add_argument("--confidence", type=float, default=None, help="0..1 (SUCCESS notes only)")
+    n.add_argument("--session", default=None, help="session id (default: a new one for this run)")
+    n.add_argument("--by", default="cli", help="recorded as the note's author")
+    n = notes_sub.add_parser("search", help="search note text across all sessions")
+    n.add_argument("query", nargs="?", default="", help="text to find (case-insensitive, literal)")
+    n.add_argument("--type", default=None)
+    n.add_argument("--language", dest="search_language", default=None)
+    n.add_argument("--session", default=None)
+    n.add_argument("--limit", type=int, default=100)
+    n = notes_sub.add_parser("clean", help="remove notes by age, type and language")
+    n.add_argument("--older-than", default=None, metavar="AGE", help="e.g. 30d, 12h, 90m, 2w")
+    n.add_argument("--type", default=None)
+    n.add_argument("--language", dest="clean_language", default=None, help="'' = the every-language notes")
+    n.add_argument("--all", action="store_true", help="allow removing every note when no filter is given")
+    n.add_argument("--dry-run", action="store_true", help="only count what would be removed")
 
     p = sub.add_parser("history", help="the correction history a judge prompt gets (seed 004)")
     p.add_argument("--product", required=True, help="only this product's judgments")

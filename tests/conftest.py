@@ -21,7 +21,8 @@ from lib.config import reset_settings
 from lib.db import init_db
 
 PG_ADMIN_URL = os.environ.get("OVERRULE_TEST_PG_URL", "")
-PG_TEMPLATE = "overrule_test_template"
+# Per process, so concurrent test runs on one server never drop each other's template.
+PG_TEMPLATE = f"overrule_test_template_{os.getpid()}"
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -49,6 +50,8 @@ def pg_template() -> Iterator[str]:
     engine = init_db(_pg_url_for(PG_TEMPLATE))
     engine.dispose()
     yield PG_TEMPLATE
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{PG_TEMPLATE}" WITH (FORCE)'))
     admin.dispose()
 
 
