@@ -540,7 +540,15 @@ def build_snapshot_rows(
         raise _failure("evaluation", exc) from None
     if not row["id"]:
         raise ImportFailed("evaluation, field 'id': is required")
-    return row, _judgment_rows(row, judged)
+    # Callers get model field names and values: JSON the bulk path pre-serializes is decoded back.
+    suffix = "__json"
+    plain = {
+        (key[: -len(suffix)] if key.endswith(suffix) else key): (
+            json.loads(value) if key.endswith(suffix) and isinstance(value, str) else value
+        )
+        for key, value in row.items()
+    }
+    return plain, _judgment_rows(plain, judged)
 
 
 def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
