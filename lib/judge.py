@@ -161,9 +161,6 @@ class PreparedInput:
     bonus_metrics: tuple[str, ...]
     user_scores: dict[str, dict[str, Any]]  # {slug: {"score": float | None, "reason": str | None}}
 
-    def spec(self, slug: str) -> MetricSpec:
-        return next(m for m in self.metrics if m.slug == slug)
-
 
 def _resolve(key: Any, metrics: Sequence[MetricSpec], label: str, product: str) -> str:
     if isinstance(key, str):
@@ -862,6 +859,10 @@ def judge_evaluation(
             )
     except ValueError as exc:
         raise JudgeFailed("input", str(exc), kind="input") from exc
+    except SQLAlchemyError as exc:
+        raise JudgeFailed(
+            "input", f"the database could not be read ({type(exc).__name__})", kind="database"
+        ) from exc
     if context.existing_snapshot is not None:
         raise AlreadyJudged(context.existing_snapshot)
     prepared = context.prepared
