@@ -21,8 +21,8 @@ from sqlmodel import Session, col, select
 
 from lib.evidence import HIGHLIGHT_STAGES, STAGE_LABELS, STAGES, verify_evidence_item
 from lib.highlight import Span
-from lib.metrics import MetricSpec, metrics_for_product, score_of
-from lib.models import EvaluationSnapshot, Judgment, utcnow
+from lib.metrics import DEFAULT_METRICS, MetricSpec, metrics_for_product, score_of
+from lib.models import EvaluationSnapshot, Judgment, MetricDefinition, utcnow
 
 ReviewState = Literal["any", "pending", "reviewed", "corrected"]
 EvidenceState = Literal["any", "unverified", "unlocated", "verified", "none"]
@@ -425,13 +425,23 @@ def filter_options(*, session: Session, product: str | None = None) -> FilterOpt
 
     Values of archived rows are offered too: the "Show archived" list filters with the same boxes.
     """
-    metric_products = [product] if product else _distinct_values(session, "product")
+    products = _distinct_values(session, "product")
     slugs: dict[str, str] = {}
-    for name in metric_products:
-        for spec in metrics_for_product(session=session, product=name):
-            slugs.setdefault(spec.slug, spec.display_name)
+    if product:
+        specs = metrics_for_product(session=session, product=product)
+    else:
+        # Two queries whatever the number of products: every defined rubric, plus the default set
+        # when some product has none of its own.
+        rows = session.exec(
+            select(MetricDefinition).order_by(col(MetricDefinition.position), col(MetricDefinition.id))
+        ).all()
+        defined = {row.product for row in rows}
+        specs = list(DEFAULT_METRICS) if not products or set(products) - defined else []
+        specs += [MetricSpec(slug=row.slug, display_name=row.display_name) for row in rows]
+    for spec in specs:
+        slugs.setdefault(spec.slug, spec.display_name)
     return FilterOptions(
-        products=_distinct_values(session, "product"),
+        products=products,
         languages=_distinct_values(session, "language"),
         models=_distinct_values(session, "model_name"),
         categories=_distinct_values(session, "category"),

@@ -295,6 +295,47 @@ def test_filter_options_offer_a_products_own_metrics(seeded) -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("products", "expected"),
+    [
+        # Every product has its own rubric: the default set is not on offer.
+        (["beta"], ["coherence", "groundedness"]),
+        # Some product uses the default set: both.
+        (["beta", "acme"], ["truthfulness", "coherence", "groundedness"]),
+    ],
+)
+def test_filter_options_offer_the_metrics_of_every_product(engine, products, expected) -> None:
+    with Session(engine) as session:
+        import_metrics(
+            session=session,
+            data=[
+                {"product": "beta", "slug": "coherence", "display_name": "Coherence", "min": 1, "max": 3},
+                {
+                    "product": "beta",
+                    "slug": "groundedness",
+                    "display_name": "Groundedness",
+                    "min": 0,
+                    "max": 1,
+                },
+            ],
+        )
+        import_evaluations(
+            session=session,
+            records=[
+                record(
+                    f"s_{p}",
+                    product=p,
+                    user_scores={"coherence": 2} if p == "beta" else {"clarity": 2},
+                    judge_scores=None,
+                )
+                for p in products
+            ],
+        )
+        session.commit()
+        metrics = list(filter_options(session=session).metrics)
+    assert [m for m in metrics if m in ("truthfulness", "coherence", "groundedness")] == expected
+
+
 def test_filtered_frame_holds_every_match_not_one_page(seeded) -> None:
     frame = filtered_frame(session=seeded, filters=EvaluationFilters(product="beta"))
     assert list(frame["id"]) == ["s_d", "s_c"]
