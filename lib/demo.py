@@ -28,10 +28,11 @@ from functools import cache
 from statistics import mean
 from typing import Any
 
-from sqlalchemy import Engine, insert, select, text, update
+from sqlalchemy import Engine, func, insert, select, text, update
 from sqlmodel import Session, col
 
-from lib.config import DATA_DIR
+from lib import relevance
+from lib.config import DATA_DIR, get_settings
 from lib.db import session_scope
 from lib.evidence import ANCHOR_LEN, verify_evidence
 from lib.importer import import_evaluations, import_metrics, import_notes
@@ -67,9 +68,6 @@ DEFAULT_SLUGS = (
 # Target share of each verification stage among evidence items: every stage occurs many times.
 STAGE_WEIGHTS = {"exact": 0.34, "substring": 0.22, "anchor": 0.2, "whitespace": 0.12, "unverified": 0.12}
 NO_EVIDENCE_SHARE = 0.08  # seed 002 AD-8: some evaluations come without any evidence
-EMA_ALPHA = 0.3
-SCORE_CLAMP = (-3.0, 3.0)
-AUTO_PIN_AVG, AUTO_PIN_EVALS = 0.6, 5
 QA_THRESHOLD = 0.85
 PG_DEMO_LOCK = 7_140_513  # serialises concurrent first starts of several replicas
 
@@ -987,11 +985,6 @@ def build_notes(seed: int = DEMO_SEED) -> DemoNotes:
     return DemoNotes(records=records, profiles=profiles, sessions=runs)
 
 
-def ema_step(old: float, raw: float, weight: float) -> float:
-    """Seed 001: clamp(old·(1−α) + raw·α·weight, −3, 3) with α = 0.3."""
-    return max(SCORE_CLAMP[0], min(SCORE_CLAMP[1], old * (1 - EMA_ALPHA) + raw * EMA_ALPHA * weight))
-
-
 def _raw_relevance(
     note: Mapping[str, Any],
     profile: Mapping[str, Any],
@@ -1009,16 +1002,6 @@ def _raw_relevance(
             t in profile["hurts"] for t in tags
         )
     return round(max(-1.0, min(1.0, base + rng.uniform(-0.25, 0.25))), 2)
-
-
-@dataclass
-class _RelevanceRows:
-    audits: list[dict[str, Any]] = field(default_factory=list)
-    processed: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    scores: list[dict[str, Any]] = field(default_factory=list)
-    matches: list[dict[str, Any]] = field(default_factory=list)
-    auto_pinned: list[int] = field(default_factory=list)
 
 
 def _transcript(
@@ -1044,69 +1027,40 @@ def _transcript(
     ]
 
 
-def _fold_ema(scored: Iterable[tuple[Any, ...]], out: _RelevanceRows) -> None:
-    """Apply every score to every tag of its run in time order; keep each step as a history event."""
-    state: dict[tuple[int, str], dict[str, Any]] = {}
-    for at, _seq, lesson, tags, value, weight, source, reviewer, session_id in sorted(scored):
-        for tag in tags:
-            row = state.setdefault(
-                (lesson, tag),
-                {"lesson_id": lesson, "tag": tag, "score": 0.0, "positive_evals": 0, "negative_evals": 0},
-            )
-            old = row["score"]
-            new = ema_step(old, value, weight)
-            row["score"] = new
-            row["positive_evals"] += value > 0
-            row["negative_evals"] += value < 0
-            row["last_evaluated"] = at
-            out.events.append(
-                {
-                    "lesson_id": lesson,
-                    "tag": tag,
-                    "at": at,
-                    "raw_score": value,
-                    "weight": weight,
-                    "old_score": round(old, 6),
-                    "new_score": round(new, 6),
-                    "source": source,
-                    "session_id": session_id,
-                    "reviewer": reviewer,
-                }
-            )
-    out.scores = [{**row, "score": round(row["score"], 6)} for _key, row in sorted(state.items())]
-    per_note: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for row in out.scores:
-        per_note[row["lesson_id"]].append(row)
-    for lesson, rows in sorted(per_note.items()):
-        evals = sum(r["positive_evals"] + r["negative_evals"] for r in rows)
-        if evals >= AUTO_PIN_EVALS and mean(r["score"] for r in rows) > AUTO_PIN_AVG:
-            out.auto_pinned.append(lesson)
+@dataclass
+class RelevancePlan:
+    """Judge-run audits and, in time order, what the evaluator and reviewers said about the notes."""
+
+    audits: list[dict[str, Any]] = field(default_factory=list)  # lib.relevance.record_audit arguments
+    # (when, kind, audit session id, payload): kind "evaluation" {note id: raw}, "feedback"
+    # (note id, useful, reviewer) or "failed" (retry count).
+    actions: list[tuple[datetime, str, str, Any]] = field(default_factory=list)
+    manual_pin: int | None = None
 
 
-def build_relevance(
+def plan_relevance(
     notes: DemoNotes, note_ids: Sequence[int | None], evaluations: DemoEvaluations, seed: int = DEMO_SEED
-) -> _RelevanceRows:
-    """Session audits of the judge runs, evaluator and reviewer scores, and the EMA they produce."""
+) -> RelevancePlan:
+    """Which notes each judge run showed, and how the evaluator and reviewers scored them later."""
     config = _read_input("products.json")
     rng = _rng(seed, "relevance")
-    out = _RelevanceRows()
-    scored: list[tuple[Any, ...]] = []
-    matches: dict[tuple[int, str], dict[str, Any]] = {}
+    plan = RelevancePlan()
     reviewers = sorted(config["reviewer_languages"])
     stamps = [datetime.fromisoformat(r["timestamp"]) for r in notes.records]
     snapshots_by = defaultdict(list)
     for t in sorted(evaluations.truths.values(), key=lambda t: t.created_at):
         snapshots_by[(t.product, t.language)].append(t)
+    categories = {r["id"]: r["category"] for r in evaluations.records}
     pending_from = len(notes.sessions) - 4  # the evaluator has not reached the newest runs yet
     failed_at = len(notes.sessions) // 2
 
     for index, run in enumerate(notes.sessions):
-        tags = [
-            f"lang:{run.language}",
-            f"product:{run.product}",
-            f"metric:{run.metric}",
-            f"model:{run.model}",
-        ]
+        nearby = [t for t in snapshots_by.get((run.product, run.language), []) if t.created_at <= run.started]
+        snapshot = nearby[-1].snapshot_id if nearby else None
+        tags = relevance.build_env_tags(
+            language=run.language, product=run.product, metric=run.metric, model=run.model,
+            category=categories.get(snapshot or ""),
+        )  # fmt: skip
         # The seed-000 relevant-notes query (language, language-free, or any STRATEGY/PATTERN; newest
         # 20), of which the run's prompt showed a handful, favouring notes with a known profile.
         candidates = [
@@ -1122,58 +1076,166 @@ def build_relevance(
         }
         size = min(len(candidates), rng.randint(5, 9))
         shown = sorted(candidates, key=lambda i: rng.random() ** (1 / weight[i]), reverse=True)[:size]
+        if not shown:
+            continue  # a run that showed no notes leaves no audit
         shown.sort(key=lambda i: stamps[i], reverse=True)
-        nearby = [t for t in snapshots_by.get((run.product, run.language), []) if t.created_at <= run.started]
-        snapshot = nearby[-1].snapshot_id if nearby else None
         audit_at = run.started + timedelta(minutes=rng.randint(35, 55))
-        out.audits.append(
+        plan.audits.append(
             {
                 "session_id": run.session_id,
-                "shown_lesson_ids": [note_ids[i] for i in shown],
+                "shown_note_ids": [note_ids[i] for i in shown],
                 "env_tags": tags,
-                "repo": run.product,
+                "product": run.product,
                 "snapshot_id": snapshot,
-                "timestamp": audit_at,
-                "transcript_path": None,
                 "transcript": _transcript(run, len(shown), snapshot, rng),
+                "at": audit_at,
             }
         )
-        for i in shown:
-            key = (note_ids[i], ",".join(sorted(tags)))
-            m = matches.setdefault(key, {"lesson_id": note_ids[i], "tag_set": key[1], "times_matched": 0})
-            m["times_matched"] += 1
-            m["last_matched"] = audit_at
         if index >= pending_from:
             continue
         processed_at = audit_at + timedelta(hours=rng.randint(1, 6))
-        failed = index == failed_at
-        out.processed.append(
-            {
-                "session_id": run.session_id,
-                "processed_at": processed_at,
-                "retry_count": 3 if failed else 0,
-                "status": "failed" if failed else "completed",
-            }
-        )
-        if failed:
+        if index == failed_at:
+            plan.actions.append((processed_at, "failed", run.session_id, 3))
             continue
-        for i in shown:
-            lesson = note_ids[i]
-            raw = _raw_relevance(notes.records[i], notes.profiles[i], run, tags, rng)
-            scored.append(
-                (processed_at, len(scored), lesson, tags, raw, 1.0, "evaluator", None, run.session_id)
-            )
-            if rng.random() < 0.14:
-                # A reviewer answered "was this note useful here?" in the dashboard (weight 2.0).
-                reviewer = _choose(rng, reviewers)
+        scores = {
+            note_ids[i]: _raw_relevance(notes.records[i], notes.profiles[i], run, tags, rng) for i in shown
+        }
+        plan.actions.append((processed_at, "evaluation", run.session_id, scores))
+        for note_id, raw in scores.items():
+            if raw != 0 and rng.random() < 0.14:
+                # A reviewer answered "was this note useful here?" on the evaluation page.
                 at = processed_at + timedelta(hours=rng.randint(1, 30))
-                value = 1.0 if raw > 0 else -1.0
-                scored.append(
-                    (at, len(scored), lesson, tags, value, 2.0, "reviewer", reviewer, run.session_id)
+                plan.actions.append(
+                    (at, "feedback", run.session_id, (note_id, raw > 0, _choose(rng, reviewers)))
                 )
-    out.matches = [matches[k] for k in sorted(matches)]
-    _fold_ema(scored, out)
-    return out
+    plan.actions.sort(key=lambda a: (a[0], a[2], a[1]))
+    pinned = [i for i, p in enumerate(notes.profiles) if p["pinned"]]
+    plan.manual_pin = note_ids[pinned[0]] if pinned else None
+    return plan
+
+
+@dataclass
+class _Replay:
+    """The rows lib.relevance would have written for the plan, computed in memory for a fast load."""
+
+    rows: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    processed: list[dict[str, Any]] = field(default_factory=list)
+    pins: dict[int, dict[str, Any]] = field(
+        default_factory=dict
+    )  # note id -> pinned, auto_pinned, prerequisites
+
+    def score(
+        self, note: int, tags: Sequence[str], raw: float, weight: float, at: datetime, **extra: Any
+    ) -> None:
+        """lib.relevance.apply_score: one EMA step under every tag, a history event each, then pins."""
+        for tag in relevance.normalize_tags(tags):
+            row = self.rows.setdefault(
+                (note, tag),
+                {"lesson_id": note, "tag": tag, "score": 0.0, "positive_evals": 0, "negative_evals": 0},
+            )
+            old = row["score"]
+            row["score"] = relevance.ema_update(old, raw, weight)
+            row["positive_evals"] += raw > 0
+            row["negative_evals"] += raw < 0
+            row["last_evaluated"] = at
+            self.events.append(
+                {"lesson_id": note, "tag": tag, "at": at, "raw_score": raw, "weight": weight, "old_score": old,
+                 "new_score": row["score"], **extra}
+            )  # fmt: skip
+        self._update_pin(note)
+
+    def _update_pin(self, note: int) -> None:
+        """lib.relevance.update_pin_state, on the in-memory rows."""
+        settings = get_settings()
+        rows = [r for (n, _tag), r in self.rows.items() if n == note]
+        total = sum(r["positive_evals"] + r["negative_evals"] for r in rows)
+        if total < settings.autopin_min_evals:
+            return
+        avg = mean(r["score"] for r in rows)
+        pin = self.pins.setdefault(note, {"pinned": False, "auto_pinned": False, "prerequisites": {}})
+        if not pin["pinned"] and avg > settings.autopin_threshold:
+            positive = sorted(r["tag"] for r in rows if r["score"] > 0)
+            pin["prerequisites"] = {
+                **pin["prerequisites"],
+                "auto_pinned": True,
+                **({"tags": positive} if positive else {}),
+            }
+            pin["pinned"] = pin["auto_pinned"] = True
+        elif pin["pinned"] and pin["auto_pinned"] and avg < settings.autounpin_threshold:
+            pin["prerequisites"] = {k: v for k, v in pin["prerequisites"].items() if k != "auto_pinned"}
+            pin["pinned"] = pin["auto_pinned"] = False
+
+    def manual_pin(self, note: int, reviewer: str, at: datetime) -> None:
+        """lib.relevance.set_manual_pin: a manual pin replaces an auto-pin and is never auto-unpinned."""
+        pin = self.pins.setdefault(note, {"pinned": False, "auto_pinned": False, "prerequisites": {}})
+        prerequisites = {
+            k: v for k, v in pin["prerequisites"].items() if k not in ("auto_pinned", "match_pinned")
+        }
+        pin.update(pinned=True, auto_pinned=False,
+                   prerequisites={**prerequisites, "pinned_by": reviewer, "pinned_at": at.isoformat()})  # fmt: skip
+
+
+def replay_relevance(plan: RelevancePlan, anchor: datetime) -> _Replay:
+    """Apply the plan's scores in time order with lib.relevance's arithmetic and pinning rules."""
+    settings = get_settings()
+    replay = _Replay()
+    tags_of = {a["session_id"]: a["env_tags"] for a in plan.audits}
+    actions = list(plan.actions)
+    if plan.manual_pin is not None:
+        actions.append((anchor - timedelta(days=12), "pin", "", plan.manual_pin))
+    for at, kind, session_id, payload in sorted(actions, key=lambda a: (a[0], a[2], a[1])):
+        if kind == "evaluation":
+            for note, raw in sorted(payload.items()):
+                replay.score(note, tags_of[session_id], raw, settings.evaluator_weight, at,
+                             source="evaluator", session_id=session_id, reviewer=None)  # fmt: skip
+            replay.processed.append({"session_id": session_id, "processed_at": at, "retry_count": 0,
+                                     "status": "completed"})  # fmt: skip
+        elif kind == "feedback":
+            note, useful, reviewer = payload
+            replay.score(note, tags_of[session_id], 1.0 if useful else -1.0, settings.feedback_weight, at,
+                         source="reviewer", session_id=session_id, reviewer=reviewer)  # fmt: skip
+        elif kind == "failed":
+            replay.processed.append({"session_id": session_id, "processed_at": at, "retry_count": payload,
+                                     "status": "failed"})  # fmt: skip
+        else:
+            replay.manual_pin(payload, "ayse", at)
+    return replay
+
+
+def _write_relevance(session: Session, plan: RelevancePlan, anchor: datetime) -> int:
+    """Bulk-write the audits, match counts, scores, history and pins the app would have produced."""
+    replay = replay_relevance(plan, anchor)
+    audits, matches = [], {}
+    for audit in plan.audits:
+        tags = sorted(relevance.normalize_tags(audit["env_tags"]))
+        shown = sorted(audit["shown_note_ids"])
+        audits.append(
+            {"session_id": audit["session_id"], "shown_lesson_ids": shown, "env_tags": tags,
+             "repo": audit["product"], "snapshot_id": audit["snapshot_id"], "timestamp": audit["at"],
+             "transcript": audit["transcript"], "transcript_path": None}
+        )  # fmt: skip
+        key = relevance.tag_set_key(tags)
+        for note in shown:
+            m = matches.setdefault((note, key), {"lesson_id": note, "tag_set": key, "times_matched": 0})
+            m["times_matched"] += 1
+            m["last_matched"] = audit["at"]
+    session.execute(insert(SessionAudit), audits)
+    session.execute(insert(LessonMatchStat), [matches[k] for k in sorted(matches)])
+    if replay.processed:
+        session.execute(insert(ProcessedRelevanceSession), replay.processed)
+    if replay.events:
+        session.execute(insert(TagRelevanceEvent), replay.events)
+    if replay.rows:
+        session.execute(insert(LessonTagRelevance), [replay.rows[k] for k in sorted(replay.rows)])
+    pinned = [
+        {"id": note, **pin}
+        for note, pin in sorted(replay.pins.items())
+        if pin["pinned"] or pin["prerequisites"]
+    ]
+    if pinned:
+        session.execute(update(SessionNote), pinned)
+    return len(audits)
 
 
 def _note_ids(session: Session, records: Sequence[Mapping[str, Any]]) -> list[int | None]:
@@ -1396,6 +1458,13 @@ def _write_precedents(session: Session, data: DemoPrecedents) -> dict[str, int]:
 # Loading
 
 
+def _relevance_rows(session: Session) -> tuple[int, int]:
+    """(tag score rows, tag history events) in the database."""
+    scores = session.execute(select(func.count()).select_from(LessonTagRelevance)).scalar_one()
+    events = session.execute(select(func.count()).select_from(TagRelevanceEvent)).scalar_one()
+    return int(scores), int(events)
+
+
 def _lock(session: Session) -> None:
     """Serialise demo loads: two app replicas starting on an empty PostgreSQL load it only once."""
     if session.get_bind().dialect.name == "postgresql":
@@ -1440,38 +1509,12 @@ def load_demo(*, engine: Engine, force: bool = False) -> dict[str, int]:
         have_audits = session.execute(
             select(SessionAudit.id).where(col(SessionAudit.session_id).in_(audit_ids)).limit(1)
         ).first()
-        counts["session audits"] = counts["tag scores"] = counts["tag events"] = 0
+        counts["session audits"] = 0
+        before = _relevance_rows(session)
         if not have_audits:
-            rel = build_relevance(notes, note_ids, evaluations)
-            session.execute(insert(SessionAudit), rel.audits)
-            if rel.processed:
-                session.execute(insert(ProcessedRelevanceSession), rel.processed)
-            if rel.events:
-                session.execute(insert(TagRelevanceEvent), rel.events)
-            if rel.scores:
-                session.execute(insert(LessonTagRelevance), rel.scores)
-            if rel.matches:
-                session.execute(insert(LessonMatchStat), rel.matches)
-            if rel.auto_pinned:
-                session.execute(
-                    update(SessionNote)
-                    .where(col(SessionNote.id).in_(rel.auto_pinned))
-                    .values(pinned=True, auto_pinned=True)
-                )
-            counts.update(
-                {
-                    "session audits": len(rel.audits),
-                    "tag scores": len(rel.scores),
-                    "tag events": len(rel.events),
-                }
-            )
-        if note_report.inserted:
-            manual = [note_ids[i] for i, p in enumerate(notes.profiles) if p["pinned"] and note_ids[i]]
-            if manual:
-                session.execute(
-                    update(SessionNote)
-                    .where(col(SessionNote.id).in_(manual))
-                    .values(pinned=True, auto_pinned=False)
-                )
+            plan = plan_relevance(notes, note_ids, evaluations)
+            counts["session audits"] = _write_relevance(session, plan, demo_anchor())
+        after = _relevance_rows(session)
+        counts["tag scores"], counts["tag events"] = after[0] - before[0], after[1] - before[1]
         counts.update(_write_precedents(session, precedents))
     return counts
