@@ -33,6 +33,7 @@ from sqlmodel import Session, col
 
 from lib import relevance
 from lib.config import DATA_DIR, get_settings
+from lib.corrections import format_score, same_decision
 from lib.db import session_scope
 from lib.evidence import ANCHOR_LEN, verify_evidence
 from lib.importer import import_evaluations, import_metrics, import_notes
@@ -98,8 +99,8 @@ def _rng(seed: int, stream: str) -> random.Random:
 
 
 def _fmt(value: float) -> str:
-    """A score as the importer writes Judgment.decision (`f"{score:g}"`)."""
-    return f"{value:g}"
+    """A score as decision text: what the importer writes for the judge and `record_review` for reviewers."""
+    return format_score(value)
 
 
 def _short_model(name: str) -> str:
@@ -752,11 +753,13 @@ def _apply_reviews(session: Session, plan: Sequence[PlannedReview]) -> int:
     updates, events = [], []
     for judgment_id, change_id, decision, version in sorted(rows, key=lambda r: r[1]):
         p = by_change[change_id]
-        corrected = compute_was_corrected(decision, p.user_decision)
+        # As record_review does: a confirmation stores the judge's exact text.
+        user_decision = decision if same_decision(decision, p.user_decision) else p.user_decision
+        corrected = compute_was_corrected(decision, user_decision)
         updates.append(
             {
                 "id": judgment_id,
-                "user_decision": p.user_decision,
+                "user_decision": user_decision,
                 "user_reasoning": p.reason,
                 "reviewer": p.reviewer,
                 "reviewed_at": p.reviewed_at,
@@ -768,11 +771,11 @@ def _apply_reviews(session: Session, plan: Sequence[PlannedReview]) -> int:
             {
                 "judgment_id": judgment_id,
                 "change_id": change_id,
-                "action": "overrule" if corrected else "confirm",
+                "action": "overruled" if corrected else "confirmed",
                 "reviewer": p.reviewer,
                 "at": p.reviewed_at,
                 "from_decision": decision,
-                "to_decision": p.user_decision,
+                "to_decision": user_decision,
                 "reason": p.reason,
                 "version": version + 1,
             }
@@ -857,7 +860,7 @@ def _write_cache_judgments(session: Session, rows: list[dict[str, Any]]) -> tupl
         {
             "judgment_id": ids[r["change_id"]],
             "change_id": r["change_id"],
-            "action": "overrule" if r["was_corrected"] else "confirm",
+            "action": "overruled" if r["was_corrected"] else "confirmed",
             "reviewer": r["reviewer"],
             "at": r["reviewed_at"],
             "from_decision": r["decision"],

@@ -306,7 +306,7 @@ def test_every_review_has_one_audit_event(db: Session) -> None:
     assert len(events) == len(rows)
     for j in rows:
         event = events[j.id]
-        assert event.action == ("overrule" if j.was_corrected else "confirm")
+        assert event.action == ("overruled" if j.was_corrected else "confirmed")  # as lib.corrections writes
         assert (event.reviewer, event.from_decision, event.to_decision) == (
             j.reviewer,
             j.decision,
