@@ -26,13 +26,14 @@ import pickle
 import re
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import IO, Any
 
-from sqlalchemy import Engine, Table, insert, select
+from sqlalchemy import JSON, Engine, Table, Text, bindparam, cast, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
@@ -42,7 +43,6 @@ from lib.evidence import HIGHLIGHT_STAGES, stage_counts, verify_evidence_map
 from lib.metrics import (
     MetricSpec,
     judge_meta_score,
-    metric_gaps,
     metrics_for_product,
     parse_metric_definition,
     resolve_metric_key,
@@ -66,6 +66,7 @@ MAX_LINE_BYTES = 10 * MIB
 # JSON documents (cache, metric list) must be parsed whole; this caps the memory that takes.
 MAX_DOCUMENT_BYTES = 128 * MIB
 CHUNK_ROWS = 1000
+SQLITE_IMPORT_CACHE_KIB = 128 * 1024
 SUPPORTED_CACHE_VERSIONS = ("1.0",)
 
 _BOM = b"\xef\xbb\xbf"
@@ -233,17 +234,58 @@ def _existing(session: Session, column: Any, values: Sequence[Any]) -> set[Any]:
     return found
 
 
+def _json_text(value: Any) -> str:
+    """A JSON column's value, serialized once at validation time (as SQLAlchemy's JSON type would)."""
+    return json.dumps(value)
+
+
+def _json_key(column: str) -> str:
+    # A bind parameter may not share its column's name in an INSERT, hence the suffix.
+    return f"{column}__json"
+
+
+@cache
+def _bulk_insert(table: Table, dialect: str) -> Any:
+    """INSERT for `table` whose JSON columns take pre-serialized text (`<column>__json` keys).
+
+    Rows reach the spool with their JSON already encoded, so a chunk pickles and loads as flat
+    strings instead of thousands of nested dicts, and nothing is serialized twice. SQLite stores
+    the text as is (as its JSON type would); PostgreSQL casts the text to json.
+    """
+    values: dict[str, Any] = {}
+    for column in table.columns:
+        if isinstance(column.type, JSON):
+            param = bindparam(_json_key(column.name), type_=Text())
+            values[column.name] = param if dialect == "sqlite" else cast(param, column.type)
+    return insert(table).values(values) if values else insert(table)
+
+
 def _write_rows(session: Session, table: Table, rows: list[dict[str, Any]]) -> None:
     """One bulk Core insert (executemany / insertmanyvalues), never one ORM object per row."""
     if not rows:
         return
     try:
-        session.execute(insert(table), rows)
+        session.execute(_bulk_insert(table, session.get_bind().dialect.name), rows)
     except IntegrityError as exc:
         raise ImportFailed(
             f"another writer stored some of these {table.name} rows while this import ran; "
             "nothing was imported, run it again"
         ) from exc
+
+
+@contextmanager
+def _roomy_sqlite_cache(session: Session) -> Iterator[None]:
+    """A bigger SQLite page cache while bulk writing: index pages stop being evicted and re-read."""
+    if session.get_bind().dialect.name != "sqlite":
+        yield
+        return
+    conn = session.connection()
+    previous = int(conn.exec_driver_sql("PRAGMA cache_size").scalar() or -2000)
+    conn.exec_driver_sql(f"PRAGMA cache_size=-{SQLITE_IMPORT_CACHE_KIB}")
+    try:
+        yield
+    finally:
+        conn.exec_driver_sql(f"PRAGMA cache_size={previous}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,12 +446,15 @@ def _evaluation_row(
 
     # Seed-002 evidence shape: every scored or evidenced metric, in the rubric's order.
     evidence_json: dict[str, Any] = {}
+    rescaled_gaps: list[float] = []
     for spec in metrics.specs:
         if spec.slug not in user and spec.slug not in judge and spec.slug not in evidence:
             continue
         u = user.get(spec.slug, {})
         j = judge.get(spec.slug, {})
         us, js = u.get("score"), j.get("score")
+        if us is not None and js is not None:
+            rescaled_gaps.append(spec.rescaled_gap(us, js))
         evidence_json[spec.slug] = {
             "user_score": us,
             "judge_score": js,
@@ -421,7 +466,6 @@ def _evaluation_row(
     evidence_json = verify_evidence_map(answer, evidence_json)
     counts = stage_counts(evidence_json)
 
-    gaps = metric_gaps(metrics.specs, user, judge)
     given_gap = record.get("weighted_gap")
     if given_gap is not None:
         gap: float | None = _number(given_gap, "weighted_gap")
@@ -429,7 +473,7 @@ def _evaluation_row(
             raise _Invalid("weighted_gap", "must not be negative")
     else:
         # No metric scored on both sides means there is no gap to weigh, not a perfect judge.
-        gap = weighted_gap(metrics.specs, user, judge, primary, bonus) if gaps else None
+        gap = weighted_gap(metrics.specs, user, judge, primary, bonus) if rescaled_gaps else None
     given_meta = record.get("judge_meta_score")
     if given_meta is not None:
         meta_value = _number(given_meta, "judge_meta_score")
@@ -453,13 +497,13 @@ def _evaluation_row(
         "language": _text(record, "language", table=_SNAPSHOTS) or "en",
         "category": _text(record, "category", table=_SNAPSHOTS),
         "primary_metric": primary,
-        "bonus_metrics": bonus,
-        "user_scores_json": user,
-        "judge_scores_json": judge,
-        "evidence_json": evidence_json,
+        _json_key("bonus_metrics"): _json_text(bonus),
+        _json_key("user_scores_json"): _json_text(user),
+        _json_key("judge_scores_json"): _json_text(judge),
+        _json_key("evidence_json"): _json_text(evidence_json),
         "judge_meta_score": meta,
         "weighted_gap": gap,
-        "max_metric_gap": round(max(gaps.values()), 4) if gaps else None,
+        "max_metric_gap": round(max(rescaled_gaps), 4) if rescaled_gaps else None,
         "evidence_count": sum(counts.values()),
         "evidence_highlighted": sum(counts[s] for s in HIGHLIGHT_STAGES),
         "evidence_unlocated": counts["whitespace"],
@@ -551,38 +595,45 @@ def build_snapshot_rows(
     return plain, _judgment_rows(plain, judged)
 
 
+def _free_snapshot_id(session: Session, row: dict[str, Any], used_ids: set[str]) -> str:
+    """A longer generated id for a row whose id an unrelated stored snapshot already uses."""
+
+    def taken(candidate: str) -> bool:
+        return candidate in used_ids or bool(_existing(session, _SNAPSHOTS.c.id, [candidate]))
+
+    snapshot_id = _snapshot_id(row["created_at"], row["source_key"], taken)
+    used_ids.add(snapshot_id)
+    return snapshot_id
+
+
 def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
     """Insert the spooled snapshots and their judgments, skipping what the database already holds."""
     inserted = judgments = 0
     skipped = prepared.skipped
-    for chunk in prepared.spool.chunks():
-        existing_ids = _existing(session, _SNAPSHOTS.c.id, [row["id"] for row, _, _ in chunk])
-        existing_keys = _existing(
-            session, _SNAPSHOTS.c.source_key, [row["source_key"] for row, _, _ in chunk]
-        )
-        rows: list[dict[str, Any]] = []
-        judgment_rows: list[dict[str, Any]] = []
-        for row, judged, explicit in chunk:
-            if row["source_key"] in existing_keys or (explicit and row["id"] in existing_ids):
-                skipped += 1
-                continue
-            if row["id"] in existing_ids:
-                # A generated id that an unrelated stored snapshot already uses: lengthen the hash.
-                def taken(candidate: str) -> bool:
-                    return candidate in prepared.used_ids or bool(
-                        _existing(session, _SNAPSHOTS.c.id, [candidate])
-                    )
-
-                row["id"] = _snapshot_id(row["created_at"], row["source_key"], taken)
-                prepared.used_ids.add(row["id"])
-            rows.append(row)
-            judgment_rows.extend(_judgment_rows(row, judged))
-        _write_rows(session, _SNAPSHOTS, rows)
-        taken_changes = _existing(session, _JUDGMENTS.c.change_id, [j["change_id"] for j in judgment_rows])
-        judgment_rows = [j for j in judgment_rows if j["change_id"] not in taken_changes]
-        _write_rows(session, _JUDGMENTS, judgment_rows)
-        inserted += len(rows)
-        judgments += len(judgment_rows)
+    with _roomy_sqlite_cache(session):
+        for chunk in prepared.spool.chunks():
+            existing_ids = _existing(session, _SNAPSHOTS.c.id, [row["id"] for row, _, _ in chunk])
+            existing_keys = _existing(
+                session, _SNAPSHOTS.c.source_key, [row["source_key"] for row, _, _ in chunk]
+            )
+            rows: list[dict[str, Any]] = []
+            judgment_rows: list[dict[str, Any]] = []
+            for row, judged, explicit in chunk:
+                if row["source_key"] in existing_keys or (explicit and row["id"] in existing_ids):
+                    skipped += 1
+                    continue
+                if row["id"] in existing_ids:
+                    row["id"] = _free_snapshot_id(session, row, prepared.used_ids)
+                rows.append(row)
+                judgment_rows.extend(_judgment_rows(row, judged))
+            _write_rows(session, _SNAPSHOTS, rows)
+            taken_changes = _existing(
+                session, _JUDGMENTS.c.change_id, [j["change_id"] for j in judgment_rows]
+            )
+            judgment_rows = [j for j in judgment_rows if j["change_id"] not in taken_changes]
+            _write_rows(session, _JUDGMENTS, judgment_rows)
+            inserted += len(rows)
+            judgments += len(judgment_rows)
     return ImportReport("evaluations", inserted, skipped, judgments, prepared.source)
 
 
@@ -649,7 +700,7 @@ def _note_row(record: Any, reviewer: str) -> dict[str, Any]:
         "session_id": session_id,
         "pinned": False,
         "auto_pinned": False,
-        "prerequisites": {},
+        _json_key("prerequisites"): "{}",
         "created_by": reviewer,
     }
 
