@@ -1,0 +1,219 @@
+"""select_history at a million judgments vs the seed-004 in-memory algorithm over the same rows.
+
+    .venv/bin/python bench/bench_history.py                      # 1,000,000 judgments, SQLite
+    .venv/bin/python bench/bench_history.py --judgments 100000
+    .venv/bin/python bench/bench_history.py --pg postgresql://overrule:overrule@127.0.0.1:5432/postgres
+
+The database is filled by `bench/gen.py` (five products, a quarter of the judgments corrected).
+The baseline is the seed's `get_history_for_prompt`, verbatim, over every judgment loaded into
+Python objects the way the seed's cache holds them (a dict by change_id, loaded once; the load is
+timed separately and not counted per call). Both sides must return the same change_ids in the same
+order. Prints the median per-call times, their ratio (goal ≥ 100x) and the query plans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as `python bench/bench_history.py` from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from sqlalchemy import Engine, create_engine, select, text  # noqa: E402
+from sqlmodel import Session  # noqa: E402
+
+from bench.gen import PRODUCTS, generate  # noqa: E402
+from lib.corrections import history_pool_sql, select_history  # noqa: E402
+from lib.db import init_db  # noqa: E402
+from lib.models import Judgment  # noqa: E402
+
+
+@dataclass(slots=True)
+class CachedJudgment:
+    """What the seed's cache holds per judgment (the fields its selection reads)."""
+
+    change_id: str
+    product: str
+    metric: str | None
+    was_corrected: bool
+    timestamp: datetime
+
+
+def seed_get_history_for_prompt(
+    judgments: dict[str, CachedJudgment], product: str, max_entries: int = 20, correction_ratio: float = 0.75
+) -> list[CachedJudgment]:
+    """Seed 004 "Detailed Algorithm", verbatim (self.judgments → judgments)."""
+    product_judgments = [j for j in judgments.values() if j.product == product]
+    corrected = [j for j in product_judgments if j.was_corrected]
+    correct = [j for j in product_judgments if not j.was_corrected]
+    corrected.sort(key=lambda j: j.timestamp, reverse=True)
+    correct.sort(key=lambda j: j.timestamp, reverse=True)
+    target_corrections = int(max_entries * correction_ratio)
+    target_correct = max_entries - target_corrections
+    actual_corrections = min(len(corrected), target_corrections)
+    actual_correct = min(len(correct), target_correct)
+    remaining_slots = max_entries - actual_corrections - actual_correct
+    if remaining_slots > 0:
+        if actual_corrections < target_corrections:
+            extra_correct = min(remaining_slots, len(correct) - actual_correct)
+            actual_correct += extra_correct
+        else:
+            extra_corrections = min(remaining_slots, len(corrected) - actual_corrections)
+            actual_corrections += extra_corrections
+    selected_corrections = corrected[:actual_corrections]
+    selected_correct = correct[:actual_correct]
+    result: list[CachedJudgment] = []
+    corr_iter = iter(selected_corrections)
+    correct_iter = iter(selected_correct)
+    while len(result) < max_entries:
+        try:  # noqa: SIM105
+            result.append(next(corr_iter))
+        except StopIteration:
+            pass
+        if len(result) < max_entries:
+            try:  # noqa: SIM105
+                result.append(next(correct_iter))
+            except StopIteration:
+                pass
+        if len(result) == actual_corrections + actual_correct:
+            break
+    return result
+
+
+def load_cache(engine: Engine) -> dict[str, CachedJudgment]:
+    """Every judgment as a Python object in insertion order, like the seed's loaded JSON cache."""
+    cache: dict[str, CachedJudgment] = {}
+    columns = (
+        Judgment.change_id,
+        Judgment.product,
+        Judgment.metric,
+        Judgment.was_corrected,
+        Judgment.timestamp,
+    )
+    with Session(engine) as session:
+        for row in session.execute(select(*columns).order_by(Judgment.id)).yield_per(50_000):
+            cache[row[0]] = CachedJudgment(*row)
+    return cache
+
+
+def median_seconds(fn: Callable[[], object], runs: int) -> float:
+    fn()  # warm-up: caches, statement compilation
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def query_plans(engine: Engine) -> list[str]:
+    lines = []
+    with Session(engine) as session:
+        for metric in (None, "clarity"):
+            for corrected in (True, False):
+                sql = history_pool_sql(
+                    session=session, product=PRODUCTS[0], metric=metric, corrected=corrected, limit=20
+                )
+                if engine.dialect.name == "sqlite":
+                    plan = [r[-1] for r in session.connection().exec_driver_sql("EXPLAIN QUERY PLAN " + sql)]
+                else:
+                    plan = [
+                        r[0]
+                        for r in session.connection().exec_driver_sql("EXPLAIN (ANALYZE, COSTS OFF) " + sql)
+                    ]
+                label = f"metric={metric or 'any'}, was_corrected={corrected}"
+                lines.append(f"  [{label}]")
+                lines.extend(f"    {p}" for p in plan)
+    return lines
+
+
+def run(engine: Engine, judgments: int, runs: int) -> None:
+    with Session(engine) as session:
+        count = session.execute(text("SELECT COUNT(*) FROM judgments")).scalar_one()
+    if count == 0:
+        start = time.perf_counter()
+        made = generate(engine, judgments=judgments, seed=0)
+        print(f"generated {made} in {time.perf_counter() - start:.1f} s")
+    else:
+        print(f"reusing {count:,} judgments")
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            conn.execute(text("ANALYZE judgments"))
+            conn.commit()
+
+    start = time.perf_counter()
+    cache = load_cache(engine)
+    load_s = time.perf_counter() - start
+    print(f"loaded {len(cache):,} judgments into Python objects in {load_s:.1f} s (seed: once per process)")
+
+    print(f"{'product':<18} {'indexed ms':>11} {'in-memory ms':>13} {'ratio':>8}  same result")
+    ratios = []
+    with Session(engine) as session:
+        for product in PRODUCTS:
+
+            def indexed(product: str = product) -> list[Judgment]:
+                return select_history(session, product)
+
+            def in_memory(product: str = product) -> list[CachedJudgment]:
+                return seed_get_history_for_prompt(cache, product)
+
+            same = [j.change_id for j in indexed()] == [j.change_id for j in in_memory()]
+            fast = median_seconds(indexed, runs)
+            slow = median_seconds(in_memory, max(3, runs // 10))
+            ratios.append(slow / fast)
+            print(f"{product:<18} {fast * 1000:>11.2f} {slow * 1000:>13.1f} {slow / fast:>7.0f}x  {same}")
+            if not same:
+                raise SystemExit(f"selection differs from the seed's for {product!r}")
+        with_metric = median_seconds(lambda: select_history(session, PRODUCTS[0], metric="clarity"), runs)
+    print(f"median ratio: {statistics.median(ratios):.0f}x (goal >= 100x)")
+    print(f"select_history with metric='clarity': {with_metric * 1000:.2f} ms")
+    print("query plans of the two pool queries:")
+    print("\n".join(query_plans(engine)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--judgments", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=50, help="timed calls per product (indexed)")
+    parser.add_argument("--db", default=None, help="SQLite file to fill or reuse (default: a temp file)")
+    parser.add_argument("--pg", default=None, help="PostgreSQL admin URL: run on a throw-away database too")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="overrule-bench-") as tmp:
+        path = Path(args.db) if args.db else Path(tmp) / "history.db"
+        print(f"== SQLite ({path})")
+        engine = init_db(f"sqlite:///{path}")
+        run(engine, args.judgments, args.runs)
+        engine.dispose()
+
+    if args.pg:
+        base, _, _ = args.pg.rpartition("/")
+        name = f"overrule_bench_{secrets.token_hex(4)}"
+        admin = create_engine(
+            args.pg.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT"
+        )
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        try:
+            print(f"== PostgreSQL ({name})")
+            engine = init_db(f"{base}/{name}")
+            run(engine, args.judgments, args.runs)
+            engine.dispose()
+        finally:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            admin.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
