@@ -1,5 +1,8 @@
 """Evaluations list at 1k vs 100k snapshots: does a page rerun stay flat as the table grows?
 
+Generates its own rows rather than using bench/gen.py, because the list filters on what gen.py
+leaves constant: evidence summaries (all 0 there), archived rows with `deleted_at`, 8 judgments each.
+
 Builds two databases with realistic rows (8 judgments per snapshot, evidence summaries, 1% archived),
 then times (median of several runs, after a warm-up):
 
@@ -11,6 +14,8 @@ Prints the times and the 100k/1k ratio of each (goal for the page render: ≤ 1.
 
     .venv/bin/python bench/bench_list.py                       # SQLite files in a temp dir
     .venv/bin/python bench/bench_list.py --pg postgresql://user:pw@host/postgres   # PostgreSQL too
+
+(AppTest logs "missing ScriptRunContext" on stderr once per render; add `2>/dev/null` to hide it.)
 """
 
 from __future__ import annotations
@@ -257,9 +262,6 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    import logging
-
-    logging.getLogger("streamlit").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory() as tmp:
         urls = {n: f"sqlite:///{tmp}/bench_{n}.db" for n in (args.small, args.large)}
         bench_backend("sqlite", urls, args.repeat)
