@@ -35,6 +35,7 @@ from lib import relevance
 from lib.config import DATA_DIR, get_settings
 from lib.corrections import format_score, same_decision
 from lib.db import session_scope
+from lib.evaluation_layer import EvaluationVerdict, apply_evaluation
 from lib.evidence import ANCHOR_LEN, verify_evidence
 from lib.importer import import_evaluations, import_metrics, import_notes
 from lib.models import (
@@ -52,6 +53,7 @@ from lib.models import (
     TagRelevanceEvent,
     compute_was_corrected,
 )
+from lib.second_opinion import ACTION as SECOND_OPINION_ACTION
 
 DEMO_DIR = DATA_DIR / "demo"
 DEMO_SEED = 20261116
@@ -835,8 +837,44 @@ def build_cache_judgments(seed: int = DEMO_SEED) -> list[dict[str, Any]]:
                 version=2,
                 was_corrected=compute_was_corrected(entry["decision"], review["decision"]),
             )
+        if entry.get("second_opinion"):
+            row.update(_second_opinion(entry, row, config, rng))
         rows.append(row)
     return rows
+
+
+def _second_opinion(
+    entry: Mapping[str, Any], row: Mapping[str, Any], config: Mapping[str, Any], rng: random.Random
+) -> dict[str, Any]:
+    """The seed-000 evaluation layer's verdict on a judgment, as lib.second_opinion stores it.
+
+    Asked for by a reviewer shortly after the judgment and before any review (`_opinion_by` names
+    who asked; it is the event's reviewer, not a column).
+    """
+    op = entry["second_opinion"]
+    verdict = EvaluationVerdict(
+        valid=op["valid"],
+        improved_code=op["improved"],
+        improved_confidence=op["improved_confidence"],
+        improved_reasoning=op["improved_reasoning"],
+        evaluation=op["evaluation"],
+    )
+    decision, confidence, action = apply_evaluation(entry["decision"], entry["confidence"], verdict)
+    text = op["evaluation"]
+    if op["improved"] and op["improved_reasoning"]:
+        text += f"\n\nImproved decision {op['improved']}: {op['improved_reasoning']}"
+    stamp: datetime = row["timestamp"]
+    window = (row["reviewed_at"] - stamp) / 2 if row["reviewed_at"] else timedelta(hours=2)
+    return {
+        "second_opinion_action": action,
+        "second_opinion_valid": op["valid"],
+        "second_opinion_decision": decision,
+        "second_opinion_confidence": confidence,
+        "second_opinion_text": text,
+        "second_opinion_model": config["eval_model"],
+        "second_opinion_at": stamp + min(window, timedelta(minutes=rng.randint(5, 40))),
+        "_opinion_by": _choose(rng, config["reviewers"]["Acme Fungear"]),
+    }
 
 
 def _write_cache_judgments(session: Session, rows: list[dict[str, Any]]) -> tuple[int, int]:
@@ -848,7 +886,8 @@ def _write_cache_judgments(session: Session, rows: list[dict[str, Any]]) -> tupl
     fresh = [r for r in rows if r["change_id"] not in stored]
     if not fresh:
         return 0, 0
-    session.execute(insert(Judgment), fresh)
+    columns = set(Judgment.model_fields)
+    session.execute(insert(Judgment), [{k: v for k, v in r.items() if k in columns} for r in fresh])
     ids = dict(
         session.execute(
             select(Judgment.change_id, Judgment.id).where(
@@ -871,8 +910,23 @@ def _write_cache_judgments(session: Session, rows: list[dict[str, Any]]) -> tupl
         for r in fresh
         if r["reviewed_at"] is not None
     ]
-    if events:
-        session.execute(insert(JudgmentEvent), events)
+    opinions = [
+        {
+            "judgment_id": ids[r["change_id"]],
+            "change_id": r["change_id"],
+            "action": SECOND_OPINION_ACTION,
+            "reviewer": r["_opinion_by"],
+            "at": r["second_opinion_at"],
+            "from_decision": r["decision"],
+            "to_decision": r["second_opinion_decision"],
+            "reason": f"{r['second_opinion_action']} by {r['second_opinion_model']}: {r['second_opinion_text']}",
+            "version": 1,
+        }
+        for r in fresh
+        if r.get("second_opinion_action")
+    ]
+    if events or opinions:
+        session.execute(insert(JudgmentEvent), opinions + events)
     return len(fresh), len(events)
 
 

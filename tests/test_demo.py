@@ -177,7 +177,11 @@ def test_load_reports_what_it_added(engine: Engine) -> None:
     stored = row_counts(engine)
     assert counts["evaluations"] == stored["evaluation_snapshots"]
     assert counts["judgments"] == stored["judgments"]
-    assert counts["reviews"] == stored["judgment_events"]
+    with Session(engine) as session:
+        reviews = session.exec(
+            select(func.count()).where(JudgmentEvent.action.in_(["confirmed", "overruled"]))  # type: ignore[attr-defined]
+        ).one()
+    assert counts["reviews"] == reviews
     assert counts["notes"] == stored["session_notes"]
     assert counts["tag scores"] == stored["lesson_tag_relevance"]
     assert counts["interactions"] == stored["interactions"]
@@ -301,7 +305,10 @@ def test_reviews_are_consistent(db: Session) -> None:
 
 
 def test_every_review_has_one_audit_event(db: Session) -> None:
-    events = {e.judgment_id: e for e in db.exec(select(JudgmentEvent)).all()}
+    events = {
+        e.judgment_id: e
+        for e in db.exec(select(JudgmentEvent).where(JudgmentEvent.action != "second_opinion"))
+    }
     rows = reviewed(db)
     assert len(events) == len(rows)
     for j in rows:
@@ -347,6 +354,25 @@ def test_seed_004_judgments_for_acme_fungear(db: Session) -> None:
     assert all(j.url and j.description and j.ai_provider and j.metric is None for j in rows)
     assert all(re.fullmatch(r"(github|gitlab)\.com/acme/[\w-]+[#!]\d+", j.change_id) for j in rows)
     assert 5 <= sum(j.was_corrected for j in rows) < sum(j.reviewed_at is not None for j in rows)
+
+
+def test_some_judgments_carry_a_second_opinion_with_its_event(db: Session) -> None:
+    rows = db.exec(select(Judgment).where(Judgment.second_opinion_action.is_not(None))).all()  # type: ignore[union-attr]
+    assert {"improved", "validated", "questioned"} <= {j.second_opinion_action for j in rows}
+    events = {
+        e.judgment_id: e
+        for e in db.exec(select(JudgmentEvent).where(JudgmentEvent.action == "second_opinion"))
+    }
+    assert set(events) == {j.id for j in rows}
+    for j in rows:
+        event = events[j.id]
+        assert (event.from_decision, event.to_decision, event.at) == (
+            j.decision,
+            j.second_opinion_decision,
+            j.second_opinion_at,
+        )
+        assert j.second_opinion_text and 0 < j.second_opinion_confidence <= 1
+        assert j.reviewed_at is None or j.second_opinion_at < j.reviewed_at
 
 
 def test_notes_cover_all_types_sessions_and_languages(db: Session) -> None:
