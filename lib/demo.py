@@ -1,12 +1,18 @@
 """The demo data set: realistic, deterministic content for a first look at Overrule (SPEC §6).
 
 Everything is built by code from the hand-written inputs in `data/demo/*.json` (question/answer
-templates with the flaws a judge should catch, reason phrases, notes, seed-004 judgments and
-precedent interactions), combined with `random.Random` streams seeded from `DEMO_SEED`. Times are
-relative to the fixed `DEMO_ANCHOR`, never to "now", so two databases get identical rows.
+templates with the flaws a judge should catch, reason phrases in English and Turkish, notes,
+seed-004 judgments, precedent interactions), combined with `random.Random` streams seeded from
+`DEMO_SEED`. Times are relative to the fixed anchor in `products.json`, never to "now", so two
+databases get identical rows.
 
-Evaluations go through the importer (so evidence is verified exactly as for real files); reviews,
-notes, tag relevance and precedents are written with bulk inserts in the same transaction.
+How each part is written, so that it looks exactly as if the app had produced it:
+
+- evaluations and their judgments go through the importer (evidence verified as for real files);
+- reviews are what `lib.corrections.record_review` writes (confirmed/overruled events, version 2);
+- second opinions follow `lib.evaluation_layer`'s rules and `lib.second_opinion`'s storage;
+- tag relevance is replayed in memory with `lib.relevance`'s arithmetic and pinning rules (the
+  tests check it equals going through the `lib.relevance` API, which is too slow for a first start).
 
 `force`: the demo is normally loaded only into a database without evaluations. With `force=True`
 it is loaded anyway, and every demo row is identified by a deterministic key (snapshot id and
@@ -1172,7 +1178,7 @@ def plan_relevance(
 
 
 @dataclass
-class _Replay:
+class RelevanceReplay:
     """The rows lib.relevance would have written for the plan, computed in memory for a fast load."""
 
     rows: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
@@ -1233,10 +1239,10 @@ class _Replay:
                    prerequisites={**prerequisites, "pinned_by": reviewer, "pinned_at": at.isoformat()})  # fmt: skip
 
 
-def replay_relevance(plan: RelevancePlan, anchor: datetime) -> _Replay:
+def replay_relevance(plan: RelevancePlan, anchor: datetime) -> RelevanceReplay:
     """Apply the plan's scores in time order with lib.relevance's arithmetic and pinning rules."""
     settings = get_settings()
-    replay = _Replay()
+    replay = RelevanceReplay()
     tags_of = {a["session_id"]: a["env_tags"] for a in plan.audits}
     actions = list(plan.actions)
     if plan.manual_pin is not None:
