@@ -1070,6 +1070,34 @@ def pinned_frame(session: Session) -> pd.DataFrame:
     return pd.DataFrame(records, columns=columns)
 
 
+def note_labels(frame: pd.DataFrame) -> dict[int, str]:
+    """{note_id: `#12 TIP: first words…`} for the notes of a scores or explain frame, in order."""
+    from lib.relevance_charts import note_label
+
+    firsts = frame.drop_duplicates("note_id")
+    return {
+        int(nid): note_label(int(nid), str(kind), str(text))
+        for nid, kind, text in zip(firsts["note_id"], firsts["note_type"], firsts["content"], strict=True)
+    }
+
+
+def pin_of(frame: pd.DataFrame, note_id: int) -> str:
+    """How a note of a scores frame is pinned (`pin_kind`), or "not pinned" when it is not in the frame."""
+    found = frame.loc[frame["note_id"] == note_id, "pin"]
+    return str(found.iloc[0]) if not found.empty else "not pinned"
+
+
+def decision_counts(frame: pd.DataFrame) -> dict[str, int]:
+    """How many notes of an explain frame each decision got (every decision present, 0 when none)."""
+    counts = frame["decision"].value_counts()
+    return {d: int(counts.get(d, 0)) for d in DECISIONS}
+
+
+def explain_records(frame: pd.DataFrame) -> dict[int, dict[str, Any]]:
+    """The rows of an explain frame by note id, for picking one note to explain."""
+    return {int(r["note_id"]): r for r in frame.to_dict("records")}
+
+
 def explain(
     session: Session,
     tags: Sequence[str],

@@ -4,7 +4,7 @@ import streamlit as st
 
 from lib import notes, relevance
 from lib.models import NOTE_TYPES
-from lib.relevance_charts import ema_history_figure, note_label, tag_heatmap_figure
+from lib.relevance_charts import ema_history_figure, tag_heatmap_figure
 from lib.ui import csv_download, session_scope
 from lib.ui.relevance import manual_pin_controls
 
@@ -62,7 +62,7 @@ if scores.empty:
     st.info("No scores match these filters.")
 else:
     st.plotly_chart(tag_heatmap_figure(scores), key="tag_scores_heatmap")
-    shown_notes, total_notes = scores["note_id"].nunique(), all_scores["note_id"].nunique()
+    shown_notes, total_notes = len(relevance.note_labels(scores)), len(relevance.note_labels(all_scores))
     if shown_notes < total_notes:
         st.caption(f"The {shown_notes} most-evaluated of {total_notes} notes; the CSV holds them all.")
     st.dataframe(scores, key="tag_scores_table", hide_index=True)
@@ -71,17 +71,13 @@ csv_download(all_scores, "tag_scores.csv", key="tag_scores_csv", label="Download
 # --- EMA history ---------------------------------------------------------------------------
 st.subheader("EMA history of a note")
 if not scores.empty:
-    labels = {
-        int(r.note_id): note_label(int(r.note_id), r.note_type, r.content)
-        for r in scores.drop_duplicates("note_id").itertuples()
-    }
+    labels = relevance.note_labels(scores)
     note_id = st.selectbox(
         "Note", list(labels), format_func=labels.__getitem__, key="tag_scores_history_note"
     )
     with session_scope(read_only=True) as session:
         history = relevance.history_frame(session, note_id, tags=chosen_tags or None)
-    pin = scores.loc[scores["note_id"] == note_id, "pin"].iloc[0]
-    st.caption(f"{len(history)} scores applied · pinned state: {pin}")
+    st.caption(f"{len(history)} scores applied · pinned state: {relevance.pin_of(scores, note_id)}")
     st.plotly_chart(ema_history_figure(history), key="tag_scores_history_chart")
     csv_download(
         history, f"note_{note_id}_history.csv", key="tag_scores_history_csv", label="Download history (CSV)"
@@ -135,19 +131,16 @@ with session_scope(read_only=True) as session:
 if explained.empty:
     st.info("No note has a score under these tags (and none is pinned).")
     st.stop()
-counts = explained["decision"].value_counts()
+counts = relevance.decision_counts(explained)
 metric_cols = st.columns(4)
 for column, decision in zip(metric_cols, ("filtered", "penalized", "neutral", "boosted"), strict=True):
-    column.metric(DECISION_TEXT[decision], int(counts.get(decision, 0)))
+    column.metric(DECISION_TEXT[decision], counts[decision])
 st.dataframe(explained, key="tag_scores_explain_table", hide_index=True)
 csv_download(explained, "tag_relevance_explained.csv", key="tag_scores_explain_csv", label="Download (CSV)")
-rows = {int(r.note_id): r for r in explained.itertuples()}
+rows = relevance.explain_records(explained)
+explained_labels = relevance.note_labels(explained)
 picked = st.selectbox(
-    "Explain one note",
-    list(rows),
-    format_func=lambda nid: note_label(nid, rows[nid].note_type, rows[nid].content),
-    key="tag_scores_explain_note",
+    "Explain one note", list(rows), format_func=explained_labels.__getitem__, key="tag_scores_explain_note"
 )
-row = rows[picked]
-st.markdown(f"**Note #{picked}: {DECISION_TEXT[row.decision]}**")
-st.code(row.arithmetic, language=None, wrap_lines=True)
+st.markdown(f"**Note #{picked}: {DECISION_TEXT[rows[picked]['decision']]}**")
+st.code(rows[picked]["arithmetic"], language=None, wrap_lines=True)

@@ -937,3 +937,24 @@ def test_scores_csv_holds_every_row_with_formulas_neutralised(session: Session) 
     assert lines[0].startswith("note_id,note_type,language,content,pinned,pin,tag,score")
     assert len(lines) == 4
     assert all("'=HYPERLINK(1)" in line and ",-0.5," in line for line in lines[1:])
+
+
+def test_note_labels_are_short_and_unique_per_note() -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        {
+            "note_id": [3, 3, 9],
+            "note_type": ["TIP", "TIP", "PATTERN"],
+            "content": ["x" * 60, "x" * 60, "short"],
+        }
+    )
+    labels = relevance.note_labels(frame)
+    assert labels == {3: "#3 TIP: " + "x" * 39 + "…", 9: "#9 PATTERN: short"}
+
+
+def test_decision_counts_name_every_decision() -> None:
+    import pandas as pd
+
+    counts = relevance.decision_counts(pd.DataFrame({"decision": ["filtered", "boosted", "filtered"]}))
+    assert counts == {"filtered": 2, "boosted": 1, "penalized": 0, "neutral": 0}
