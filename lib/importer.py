@@ -3,7 +3,8 @@
 A file is validated completely before anything is written; the first fault refuses the whole file
 with its name, line (or record) and field. Validated rows are spooled to an anonymous temporary
 file, so memory stays bounded by one chunk however long the file is, and are then written in one
-transaction with bulk Core inserts.
+transaction with bulk Core inserts. JSONL lines over `MAX_LINE_BYTES` are refused after reading
+only that many bytes.
 
 Identity, so that importing the same file twice never duplicates rows:
 
@@ -13,8 +14,17 @@ Identity, so that importing the same file twice never duplicates rows:
   wins). The same answer judged again by another judge model is therefore the same evaluation.
 - judgments (seed-004 cache): ``change_id``. An entry whose change id is already stored is skipped,
   never overwritten: reviews made in Overrule since the cache was written must not be lost.
-- notes: ``(session_id, timestamp, note_type, content)``.
+- notes: ``(session_id, timestamp, note_type, content)`` after the normalization `lib.notes`
+  applies to every note (type upper-cased, language lower-cased, content on one line).
 - metric definitions: ``(product, slug)``; an existing definition is updated in place.
+
+Other decisions: an evaluation's snapshot id is its ``id`` or ``snap_<created, UTC>_<first 8 hex
+of the source key>`` (lengthened 4 digits at a time only if taken). Each judged metric becomes an
+unreviewed `Judgment` ``"{snapshot_id}:{slug}"`` whose decision is the score as text (``f"{x:g}"``).
+``weighted_gap``/``judge_meta_score`` absent from a record are computed (SPEC §5) only when some
+metric is scored on both sides; otherwise they stay empty rather than claim a perfect judge. A
+cache entry carrying a ``user_decision`` is stored as reviewed at its timestamp by the importing
+reviewer (the cache does not say who), with "imported" and "overruled"/"confirmed" audit events.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ from lib.models import (
     CACHE_DECISIONS,
     EvaluationSnapshot,
     Judgment,
+    JudgmentEvent,
     MetricDefinition,
     SessionNote,
     compute_was_corrected,
@@ -74,6 +85,8 @@ _CACHE_HEAD = re.compile(r'\{\s*"(cache_version|judgments)"\s*:')
 _SNAPSHOTS: Table = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
 _JUDGMENTS: Table = Judgment.__table__  # type: ignore[attr-defined]
 _NOTES: Table = SessionNote.__table__  # type: ignore[attr-defined]
+_METRIC_DEFS: Table = MetricDefinition.__table__  # type: ignore[attr-defined]
+_EVENTS: Table = JudgmentEvent.__table__  # type: ignore[attr-defined]
 
 
 class ImportFailed(Exception):
@@ -154,6 +167,12 @@ def _text(
     if "\x00" in value:
         # PostgreSQL text cannot hold NUL; refusing keeps both backends identical.
         raise _Invalid(path or name, "contains a NUL character, which cannot be stored")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            # JSON escapes such as "\ud800" decode to lone surrogates that no database can store.
+            raise _Invalid(path or name, "contains invalid Unicode (an unpaired surrogate)") from None
     if table is not None:
         limit = _column_limit(table, name)
         if limit is not None and len(value) > limit:
@@ -164,9 +183,13 @@ def _text(
 def _number(value: Any, label: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise _Invalid(label, f"must be a number, got {_type_name(value)}")
-    if not math.isfinite(value):
+    try:
+        number = float(value)
+    except OverflowError:
+        raise _Invalid(label, "is too large") from None
+    if not math.isfinite(number):
         raise _Invalid(label, "must be a finite number")
-    return float(value)
+    return number
 
 
 def _timestamp(value: Any, label: str, *, required: bool) -> datetime | None:
@@ -267,9 +290,10 @@ def _write_rows(session: Session, table: Table, rows: list[dict[str, Any]]) -> N
     try:
         session.execute(_bulk_insert(table, session.get_bind().dialect.name), rows)
     except IntegrityError as exc:
+        detail = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else ""
         raise ImportFailed(
-            f"another writer stored some of these {table.name} rows while this import ran; "
-            "nothing was imported, run it again"
+            f"the database refused these {table.name} rows ({detail}); another import probably "
+            "stored the same rows at the same time: run this one again"
         ) from exc
 
 
@@ -354,6 +378,8 @@ def _scores(raw: Any, name: str, metrics: _MetricSet) -> dict[str, dict[str, Any
                 number = metrics.by_slug[slug].validate(value)
             except ValueError as exc:
                 raise _Invalid(label, str(exc)) from None
+            except OverflowError:
+                raise _Invalid(label, "score is too large") from None
             value = value if isinstance(value, int) else number
         out[slug] = {"score": value, "reason": reason}
     return out
@@ -773,11 +799,9 @@ def import_notes(
 
 def _cache_judgment_row(key: str, entry: Any, reviewer: str) -> dict[str, Any]:
     entry = _record_object(entry)
-    change_id = _text(entry, "change_id", table=_JUDGMENTS) if "change_id" in entry else key
-    if change_id != key:
-        raise _Invalid("change_id", f"{change_id!r} differs from its key in 'judgments'")
-    if not key.strip() or len(key) > (_JUDGMENTS.c.change_id.type.length or 0):
-        raise _Invalid("change_id", "must be a non-empty string of at most 300 characters")
+    _text({"change_id": key}, "change_id", table=_JUDGMENTS, required=True)
+    if "change_id" in entry and entry["change_id"] != key:
+        raise _Invalid("change_id", f"{entry['change_id']!r} differs from its key in 'judgments'")
     decision = _text(entry, "decision", required=True)
     if decision not in CACHE_DECISIONS:
         raise _Invalid("decision", f"{decision!r} is not one of {', '.join(CACHE_DECISIONS)}")
@@ -803,7 +827,8 @@ def _cache_judgment_row(key: str, entry: Any, reviewer: str) -> dict[str, Any]:
         "reviewer": reviewer if reviewed else None,
         "timestamp": timestamp,
         "reviewed_at": timestamp if reviewed else None,
-        "version": 1,
+        # Like a judgment reviewed in Overrule: version 1 judged, version 2 reviewed.
+        "version": 2 if reviewed else 1,
         "was_corrected": compute_was_corrected(decision, user_decision),
         "url": _text(entry, "url"),
         "description": _text(entry, "description"),
@@ -839,8 +864,40 @@ def import_judgments_cache(
     stored = _existing(session, _JUDGMENTS.c.change_id, [row["change_id"] for row in rows])
     fresh = [row for row in rows if row["change_id"] not in stored]
     for i in range(0, len(fresh), CHUNK_ROWS):
-        _write_rows(session, _JUDGMENTS, fresh[i : i + CHUNK_ROWS])
+        chunk = fresh[i : i + CHUNK_ROWS]
+        _write_rows(session, _JUDGMENTS, chunk)
+        _write_rows(session, _EVENTS, _cache_events(session, chunk, reviewer))
     return ImportReport("judgments", len(fresh), len(rows) - len(fresh), source=source)
+
+
+def _cache_events(session: Session, rows: list[dict[str, Any]], reviewer: str) -> list[dict[str, Any]]:
+    """Audit trail of imported cache entries: "imported", then the review the cache carried, if any."""
+    found = session.execute(
+        select(_JUDGMENTS.c.change_id, _JUDGMENTS.c.id).where(
+            _JUDGMENTS.c.change_id.in_([row["change_id"] for row in rows])
+        )
+    )
+    ids = {change_id: judgment_id for change_id, judgment_id in found}
+    now = utcnow()
+    events = []
+    for row in rows:
+        base = {
+            "judgment_id": ids[row["change_id"]],
+            "change_id": row["change_id"],
+            "reviewer": reviewer,
+            "at": now,
+        }
+        events.append(
+            {**base, "action": "imported", "from_decision": None, "to_decision": row["decision"], "reason": None,
+             "version": 1}
+        )  # fmt: skip
+        if row["user_decision"] is not None:
+            events.append(
+                {**base, "action": "overruled" if row["was_corrected"] else "confirmed",
+                 "from_decision": row["decision"], "to_decision": row["user_decision"],
+                 "reason": row["user_reasoning"], "version": 2}
+            )  # fmt: skip
+    return events
 
 
 # ---------------------------------------------------------------------------------------------
@@ -858,12 +915,12 @@ def import_metrics(*, session: Session, data: Any, source: str = "<metrics>") ->
         where = f"{source} item {i}"
         try:
             spec = parse_metric_definition(raw)
-        except ValueError as exc:
+        except (ValueError, OverflowError) as exc:
             raise ImportFailed(f"{where}: {exc}") from None
-        defs = MetricDefinition.__table__  # type: ignore[attr-defined]
         try:
-            for name in ("product", "slug", "display_name"):
-                _text({name: str(raw[name])}, name, table=defs)
+            # parse_metric_definition str()s these; a number or object there is a broken file.
+            for name in ("product", "slug", "display_name", "description"):
+                _text(raw, name, table=_METRIC_DEFS if name != "description" else None)
         except _Invalid as exc:
             raise _failure(where, exc) from None
         identity = (str(raw["product"]).strip(), spec.slug)
@@ -914,11 +971,15 @@ def _parse_json(raw: bytes, where: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ImportFailed(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-    except RecursionError:
-        raise ImportFailed(f"{where}: invalid JSON (nested too deeply)") from None
+    except (ValueError, RecursionError) as exc:  # integers over 4300 digits, absurd nesting
+        raise ImportFailed(f"{where}: invalid JSON ({_reason(exc)})") from None
 
 
 _BLANK = object()
+
+
+def _reason(exc: Exception) -> str:
+    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
 
 
 def _nonblank(records: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
@@ -943,8 +1004,8 @@ def _read_document(path: Path, source: str) -> Any:
         raise ImportFailed(
             f"{source} line {exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno})"
         ) from None
-    except RecursionError:
-        raise ImportFailed(f"{source}: invalid JSON (nested too deeply)") from None
+    except (ValueError, RecursionError) as exc:
+        raise ImportFailed(f"{source}: invalid JSON ({_reason(exc)})") from None
 
 
 def _kind_of_document(data: Any, source: str) -> str:

@@ -30,7 +30,7 @@ from lib.importer import (
     import_path,
     source_key_of,
 )
-from lib.models import EvaluationSnapshot, Judgment, MetricDefinition, SessionNote
+from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, MetricDefinition, SessionNote
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "data" / "import"
@@ -450,6 +450,13 @@ BAD_LINES: list[tuple[str, Any, str, str]] = [
     ("meta-score-six", record(judge_meta_score=6), "judge_meta_score", "from 1 to 5"),
     ("weighted-gap-text", record(weighted_gap="1.2"), "weighted_gap", "must be a number"),
     ("nul-in-answer", record(model_answer="bad\x00answer"), "model_answer", "NUL"),
+    ("surrogate-in-question", record(question="bad \ud800 text"), "question", "unpaired surrogate"),
+    ("huge-integer-score", record(user_scores={"clarity": 10**400}), "user_scores.clarity", "too large"),
+    ("huge-integer-gap", record(weighted_gap=10**400), "weighted_gap", "too large"),
+    ("infinite-score", '{"question": "q", "model_answer": "a", "product": "p", "user_scores": {"clarity": Infinity}}',
+     "user_scores.clarity", "finite"),
+    ("integer-over-digit-limit", '{"question": "q", "model_answer": "a", "user_scores": {"clarity": ' + "9" * 5000 + "}}",
+     "", "invalid JSON"),
 ]  # fmt: skip
 
 
@@ -602,6 +609,25 @@ def test_seed_cache_reimport_skips_and_never_overwrites(engine: Engine) -> None:
     assert judgments(engine)["github.com/acme/fungear#124"].user_decision == "INCLUDE"
 
 
+def test_seed_cache_import_leaves_an_audit_trail(engine: Engine) -> None:
+    run_import(engine, FIXTURES / "judgments_cache.json")
+    with Session(engine) as s:
+        events = s.exec(select(JudgmentEvent).order_by(JudgmentEvent.change_id, JudgmentEvent.version)).all()
+        trail = [
+            (e.change_id[-3:], e.action, e.from_decision, e.to_decision, e.reviewer, e.version)
+            for e in events
+        ]
+        versions = {j.change_id[-3:]: j.version for j in s.exec(select(Judgment)).all()}
+    assert trail == [
+        ("123", "imported", None, "INCLUDE", "rita", 1),
+        ("123", "overruled", "INCLUDE", "EXCLUDE", "rita", 2),
+        ("124", "imported", None, "UNCERTAIN", "rita", 1),
+        ("125", "imported", None, "EXCLUDE", "rita", 1),
+        ("125", "confirmed", "EXCLUDE", "EXCLUDE", "rita", 2),
+    ]
+    assert versions == {"123": 2, "124": 1, "125": 2}
+
+
 def cache_with(**entry_overrides: Any) -> dict[str, Any]:
     """A cache whose first entry is valid and whose second ('c1') carries the overrides."""
     good = {"change_id": "c0", "decision": "INCLUDE", "product": "P", "timestamp": "2024-11-15T10:30:00Z"}
@@ -626,6 +652,9 @@ BAD_CACHES: list[tuple[str, Any, str]] = [
     ("timestamp-missing", cache_with(timestamp=None), "judgment 'c1', field 'timestamp': is required"),
     ("timestamp-garbage", cache_with(timestamp="soon"), "field 'timestamp': 'soon' is not an ISO 8601 time"),
     ("change-id-mismatch", cache_with(change_id="other"), "field 'change_id': 'other' differs from its key"),
+    ("change-id-too-long", {"cache_version": "1.0", "judgments": {"x" * 301: cache_with()["judgments"]["c0"] | {"change_id": "x" * 301}}},
+     "field 'change_id': is 301 characters long"),
+    ("reasoning-number", cache_with(reasoning=3), "field 'reasoning': must be a string"),
 ]  # fmt: skip
 
 
@@ -753,6 +782,18 @@ def test_metrics_import_inserts_then_updates(engine: Engine, tmp_path: Path) -> 
         ({"product": "rag", "slug": "Bad Slug", "display_name": "X", "min": 0, "max": 1}, "field 'slug'"),
         ({**RAG_METRICS[0], "display_name": "Again"}, "field 'slug': 'groundedness' is defined twice"),
         ("groundedness", "must be a JSON object"),
+        (
+            {"product": "rag", "slug": "x", "display_name": ["X"], "min": 0, "max": 1},
+            "field 'display_name': must be a string",
+        ),
+        (
+            {"product": 7, "slug": "x", "display_name": "X", "min": 0, "max": 1},
+            "field 'product': must be a string",
+        ),
+        (
+            {"product": "rag", "slug": "x", "display_name": "X", "min": 0, "max": 1, "description": {}},
+            "field 'description'",
+        ),
     ],
 )
 def test_bad_metric_entry_refuses_the_whole_list(
