@@ -78,6 +78,7 @@ class JudgmentContext:
 
     @property
     def metric_label(self) -> str:
+        """ "Truthfulness (truthfulness)" for a metric judgment, else the metric or "decision"."""
         if self.scale.spec is not None and self.metric:
             return f"{self.scale.spec.display_name} ({self.metric})"
         return self.metric or "decision"
@@ -212,6 +213,7 @@ class SecondOpinion:
 
     @property
     def ok(self) -> bool:
+        """True when the second opinion was obtained and stored."""
         return self.error is None
 
 
