@@ -257,9 +257,14 @@ def _existing(session: Session, column: Any, values: Sequence[Any]) -> set[Any]:
     return found
 
 
-def _json_text(value: Any) -> str:
-    """A JSON column's value, serialized once at validation time (as SQLAlchemy's JSON type would)."""
-    return json.dumps(value)
+_SNAPSHOT_JSON_COLUMNS = ("bonus_metrics", "user_scores_json", "judge_scores_json", "evidence_json")
+
+
+def _encode_json_columns(row: dict[str, Any], columns: Sequence[str]) -> dict[str, Any]:
+    """The row with its JSON columns serialized once, now (as SQLAlchemy's JSON type would)."""
+    for column in columns:
+        row[_json_key(column)] = json.dumps(row.pop(column))
+    return row
 
 
 def _json_key(column: str) -> str:
@@ -523,10 +528,10 @@ def _evaluation_row(
         "language": _text(record, "language", table=_SNAPSHOTS) or "en",
         "category": _text(record, "category", table=_SNAPSHOTS),
         "primary_metric": primary,
-        _json_key("bonus_metrics"): _json_text(bonus),
-        _json_key("user_scores_json"): _json_text(user),
-        _json_key("judge_scores_json"): _json_text(judge),
-        _json_key("evidence_json"): _json_text(evidence_json),
+        "bonus_metrics": bonus,
+        "user_scores_json": user,
+        "judge_scores_json": judge,
+        "evidence_json": evidence_json,
         "judge_meta_score": meta,
         "weighted_gap": gap,
         "max_metric_gap": round(max(rescaled_gaps), 4) if rescaled_gaps else None,
@@ -569,7 +574,7 @@ def _prepare_evaluations(
                 row["id"] = _snapshot_id(row["created_at"], row["source_key"], prepared.used_ids.__contains__)
             seen_keys.add(row["source_key"])
             prepared.used_ids.add(row["id"])
-            prepared.spool.add((row, judged, explicit))
+            prepared.spool.add((_encode_json_columns(row, _SNAPSHOT_JSON_COLUMNS), judged, explicit))
     except BaseException:
         prepared.close()
         raise
@@ -600,25 +605,17 @@ def build_snapshot_rows(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One evaluation record → (snapshot row, judgment rows), validated as an import would; for the judge.
 
-    The record must carry its `id`. ImportFailed names the field at fault.
+    The record must carry its `id`. Rows use the model's field names and plain values, ready for
+    `EvaluationSnapshot(**row)` and `Judgment(**judgment)`. ImportFailed names the field at fault.
     """
-    product = str(record.get("product") or "").strip()
+    metric_set = _MetricSet(str(record.get("product") or "").strip(), list(metrics))
     try:
-        metric_set = _MetricSet(product, list(metrics))
-        row, judged, _explicit = _evaluation_row(record, lambda _p: metric_set, reviewer)
+        row, judged, _explicit = _evaluation_row(record, lambda _product: metric_set, reviewer)
     except _Invalid as exc:
         raise _failure("evaluation", exc) from None
     if not row["id"]:
         raise ImportFailed("evaluation, field 'id': is required")
-    # Callers get model field names and values: JSON the bulk path pre-serializes is decoded back.
-    suffix = "__json"
-    plain = {
-        (key[: -len(suffix)] if key.endswith(suffix) else key): (
-            json.loads(value) if key.endswith(suffix) and isinstance(value, str) else value
-        )
-        for key, value in row.items()
-    }
-    return plain, _judgment_rows(plain, judged)
+    return row, _judgment_rows(row, judged)
 
 
 def _free_snapshot_id(session: Session, row: dict[str, Any], used_ids: set[str]) -> str:
@@ -726,7 +723,7 @@ def _note_row(record: Any, reviewer: str) -> dict[str, Any]:
         "session_id": session_id,
         "pinned": False,
         "auto_pinned": False,
-        _json_key("prerequisites"): "{}",
+        _json_key("prerequisites"): json.dumps({}),
         "created_by": reviewer,
     }
 

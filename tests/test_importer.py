@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from lib.importer import (
     MAX_LINE_BYTES,
     ImportFailed,
     ImportReport,
+    build_snapshot_rows,
     detect_kind,
     import_evaluations,
     import_judgments_cache,
@@ -30,6 +32,7 @@ from lib.importer import (
     import_path,
     source_key_of,
 )
+from lib.metrics import DEFAULT_METRICS
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, MetricDefinition, SessionNote
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -406,6 +409,30 @@ def test_import_evaluations_names_the_record_at_fault(engine: Engine) -> None:
     with pytest.raises(ImportFailed, match=r"demo record 3, field 'product'"), session_scope(engine) as s:
         import_evaluations(session=s, records=[*numbered(2), record(product=None)], source="demo")
     assert_nothing_written(engine)
+
+
+def test_build_snapshot_rows_gives_model_rows_for_one_evaluation(engine: Engine) -> None:
+    row, judgment_rows = build_snapshot_rows(record(id="snap_judge_1"), DEFAULT_METRICS, reviewer="judge")
+    assert row["judge_scores_json"]["clarity"] == {"score": 2.5, "reason": "wordy"}
+    assert row["evidence_json"]["truthfulness"]["user_score"] == 5
+    with session_scope(engine) as s:
+        s.add(EvaluationSnapshot(**row))
+        s.flush()
+        s.add_all(Judgment(**j) for j in judgment_rows)
+    assert set(judgments(engine)) == {"snap_judge_1:truthfulness", "snap_judge_1:clarity"}
+    assert snapshots(engine)[0].created_by == "judge"
+
+
+@pytest.mark.parametrize(
+    ("rec", "message"),
+    [
+        (record(), "evaluation, field 'id': is required"),
+        (record(id="s1", user_scores={"clarity": 9}), "evaluation, field 'user_scores.clarity': score 9"),
+    ],
+)
+def test_build_snapshot_rows_refuses_what_an_import_would(rec: dict[str, Any], message: str) -> None:
+    with pytest.raises(ImportFailed, match=re.escape(message)):
+        build_snapshot_rows(rec, DEFAULT_METRICS, reviewer="judge")
 
 
 # ---------------------------------------------------------------------------------------------
