@@ -525,24 +525,18 @@ def format_history_for_prompt(judgments: Sequence[Judgment]) -> str:
 def stats(*, session: Session, product: str | None = None) -> dict[str, Any]:
     """Seed-004 `stats`: totals, corrected vs correct, correction rate, products, oldest/newest."""
     corrected_sum = func.coalesce(func.sum(case((col(Judgment.was_corrected), 1), else_=0)), 0)
-    stmt = select(
-        func.count(col(Judgment.id)),
-        corrected_sum,
-        func.min(Judgment.timestamp),
-        func.max(Judgment.timestamp),
-    )
-    products_stmt = select(Judgment.product).distinct().order_by(Judgment.product)
+    stmt = select(func.count(), corrected_sum, func.min(Judgment.timestamp), func.max(Judgment.timestamp))
     if product is not None:
         stmt = stmt.where(col(Judgment.product) == product)
-        products_stmt = products_stmt.where(col(Judgment.product) == product)
     total, corrected, oldest, newest = session.exec(stmt).one()
     total, corrected = int(total or 0), int(corrected or 0)
+    products = distinct_products(session=session) if product is None else [product] * bool(total)
     return {
         "total_judgments": total,
         "corrected_count": corrected,
         "correct_count": total - corrected,
         "correction_rate": corrected / total if total else 0.0,
-        "products": list(session.exec(products_stmt).all()),
+        "products": products,
         "oldest_judgment": oldest.isoformat() if oldest else None,
         "newest_judgment": newest.isoformat() if newest else None,
     }
@@ -612,15 +606,15 @@ def _filtered(stmt: Any, filters: JudgmentFilter) -> Any:
 
 def count_judgments(*, session: Session, filters: JudgmentFilter) -> int:
     """How many judgments match the filters (for the pager)."""
-    return int(session.exec(_filtered(select(func.count(col(Judgment.id))), filters)).one())
+    return int(session.exec(_filtered(select(func.count()).select_from(Judgment), filters)).one())
 
 
 def list_judgments(
     *, session: Session, filters: JudgmentFilter, offset: int = 0, limit: int = 25
 ) -> list[Judgment]:
-    """One page of matching judgments, newest first."""
+    """One page of matching judgments, most recently added first (the primary key order: no sort)."""
     stmt = _filtered(select(Judgment), filters)
-    stmt = stmt.order_by(col(Judgment.timestamp).desc(), col(Judgment.id).desc()).offset(offset).limit(limit)
+    stmt = stmt.order_by(col(Judgment.id).desc()).offset(offset).limit(limit)
     return list(session.exec(stmt).all())
 
 
@@ -666,19 +660,47 @@ def filtered_frame(*, session: Session, filters: JudgmentFilter, limit: int = CS
     return judgments_frame(list_judgments(session=session, filters=filters, offset=0, limit=limit))
 
 
+def distinct_products(*, session: Session) -> list[str]:
+    """Every product with judgments, by a loose index scan: one index seek per product, not a table scan."""
+    found: list[str] = []
+    while True:
+        stmt = select(func.min(Judgment.product))
+        if found:
+            stmt = stmt.where(col(Judgment.product) > found[-1])
+        product = session.exec(stmt).one()
+        if product is None:
+            return found
+        found.append(product)
+
+
+def distinct_metrics(*, session: Session, products: Sequence[str]) -> list[str]:
+    """Every metric judged for these products, by loose scans of the (product, metric) index."""
+    metrics: set[str] = set()
+    for product in products:
+        last: str | None = None
+        while True:
+            stmt = select(func.min(Judgment.metric)).where(col(Judgment.product) == product)
+            if last is not None:
+                stmt = stmt.where(col(Judgment.metric) > last)
+            metric = session.exec(stmt).one()
+            if metric is None:
+                break
+            metrics.add(metric)
+            last = metric
+    return sorted(metrics)
+
+
 def filter_options(*, session: Session) -> dict[str, list[str]]:
     """Distinct products, metrics and reviewers, for the filter widgets."""
-
-    def distinct(column: Any) -> list[str]:
-        return [
-            v
-            for v in session.exec(select(column).distinct().where(column.is_not(None)).order_by(column)).all()
-        ]
-
+    products = distinct_products(session=session)
+    reviewer = col(Judgment.reviewer)
+    reviewers = session.exec(
+        select(reviewer).distinct().where(reviewer.is_not(None)).order_by(reviewer)
+    ).all()
     return {
-        "products": distinct(col(Judgment.product)),
-        "metrics": distinct(col(Judgment.metric)),
-        "reviewers": distinct(col(Judgment.reviewer)),
+        "products": products,
+        "metrics": distinct_metrics(session=session, products=products),
+        "reviewers": [r for r in reviewers if r],
     }
 
 

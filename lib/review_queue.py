@@ -9,13 +9,13 @@ filtered and limited in SQL, so the queue stays fast however many judgments wait
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, case, func, or_
+from sqlalchemy import case, func, or_
 from sqlmodel import Session, col, select
 
-from lib.corrections import sort_by_rubric
+from lib.corrections import distinct_metrics, distinct_products, sort_by_rubric
 from lib.models import EvaluationSnapshot, Judgment
 
 ORDERS: dict[str, str] = {"oldest": "Oldest first", "largest_gap": "Largest gap first"}
@@ -54,7 +54,6 @@ class QueueProgress:
 
     reviewed: int
     total: int
-    open_items: int = field(default=0)
 
     @property
     def fraction(self) -> float:
@@ -80,17 +79,20 @@ def _split_keys(keys: Collection[str]) -> tuple[list[str], list[int]]:
 
 
 def _unreviewed() -> Any:
-    # Both columns: an imported judgment may carry a decision without a review time.
-    return and_(col(Judgment.reviewed_at).is_(None), col(Judgment.user_decision).is_(None))
+    # The same definition as the Overview and Evaluations pages: no review time yet.
+    return col(Judgment.reviewed_at).is_(None)
 
 
-def _scoped(stmt: Any, filters: QueueFilter) -> Any:
-    """Join evaluations (left: stand-alone judgments stay), drop archived ones, apply the filters."""
-    stmt = stmt.outerjoin(EvaluationSnapshot, col(Judgment.snapshot_id) == col(EvaluationSnapshot.id)).where(
+def _live(stmt: Any) -> Any:
+    """Join evaluations (left: stand-alone judgments stay) and drop archived ones."""
+    return stmt.outerjoin(EvaluationSnapshot, col(Judgment.snapshot_id) == col(EvaluationSnapshot.id)).where(
         or_(col(Judgment.snapshot_id).is_(None), col(EvaluationSnapshot.deleted_at).is_(None))
     )
-    if filters.product is not None:
-        stmt = stmt.where(col(Judgment.product) == filters.product)
+
+
+def _filtered(stmt: Any, filters: QueueFilter, *, product: str | None) -> Any:
+    if product is not None:
+        stmt = stmt.where(col(Judgment.product) == product)
     if filters.metric is not None:
         stmt = stmt.where(col(Judgment.metric) == filters.metric)
     if filters.language is not None:
@@ -98,19 +100,22 @@ def _scoped(stmt: Any, filters: QueueFilter) -> Any:
     return stmt
 
 
-def _ordered(stmt: Any, order: str) -> Any:
-    if order == "oldest":
-        return stmt.order_by(col(Judgment.timestamp), col(Judgment.id))
-    if order == "largest_gap":
-        gap = col(EvaluationSnapshot.max_metric_gap)
-        # Portable NULLS LAST: evaluations without a gap (and stand-alone judgments) come after.
-        return stmt.order_by(gap.is_(None), gap.desc(), col(Judgment.timestamp), col(Judgment.id))
-    raise ValueError(f"unknown queue order {order!r}; choose one of {', '.join(ORDERS)}")
+def _not_skipped(stmt: Any, skipped: Collection[str]) -> Any:
+    skipped_snapshots, skipped_judgments = _split_keys(skipped)
+    if skipped_snapshots:
+        stmt = stmt.where(
+            or_(col(Judgment.snapshot_id).is_(None), col(Judgment.snapshot_id).not_in(skipped_snapshots))
+        )
+    if skipped_judgments:
+        stmt = stmt.where(
+            or_(col(Judgment.snapshot_id).is_not(None), col(Judgment.id).not_in(skipped_judgments))
+        )
+    return stmt
 
 
 def _open_judgments(session: Session, filters: QueueFilter, key: str) -> QueueItem | None:
     """The item `key` with its judgments still open under `filters`, or None when nothing is left."""
-    stmt = _scoped(select(Judgment), filters).where(_unreviewed())
+    stmt = _filtered(_live(select(Judgment)), filters, product=filters.product).where(_unreviewed())
     snapshot: EvaluationSnapshot | None = None
     if key.startswith(_SNAPSHOT_PREFIX):
         snapshot_id = key[len(_SNAPSHOT_PREFIX) :]
@@ -133,49 +138,119 @@ def load_item(*, session: Session, key: str, filters: QueueFilter) -> QueueItem 
     return _open_judgments(session, filters, key)
 
 
-def next_item(*, session: Session, filters: QueueFilter, skipped: Collection[str] = ()) -> QueueItem | None:
-    """The first open item in the chosen order, leaving out the items the reviewer skipped."""
-    stmt = _scoped(select(Judgment), filters).where(_unreviewed())
-    skipped_snapshots, skipped_judgments = _split_keys(skipped)
+def _oldest_open(
+    session: Session, filters: QueueFilter, skipped: Collection[str], *, without_gap: bool = False
+) -> Judgment | None:
+    """The oldest open judgment: one seek per product on the (reviewed_at, product, timestamp) index."""
+    products = [filters.product] if filters.product is not None else distinct_products(session=session)
+    best: Judgment | None = None
+    for product in products:
+        stmt = _not_skipped(_filtered(_live(select(Judgment)), filters, product=product), skipped)
+        stmt = stmt.where(_unreviewed())
+        if without_gap:
+            stmt = stmt.where(col(EvaluationSnapshot.max_metric_gap).is_(None))
+        first = session.exec(stmt.order_by(col(Judgment.timestamp), col(Judgment.id)).limit(1)).first()
+        if first is not None and (
+            best is None or (first.timestamp, first.id or 0) < (best.timestamp, best.id or 0)
+        ):
+            best = first
+    return best
+
+
+def _largest_gap_open(session: Session, filters: QueueFilter, skipped: Collection[str]) -> str | None:
+    """The evaluation with the largest gap that still has open judgments: a walk down the gap index."""
+    gap = col(EvaluationSnapshot.max_metric_gap)
+    open_judgment = select(Judgment.id).where(
+        col(Judgment.snapshot_id) == col(EvaluationSnapshot.id), _unreviewed()
+    )
+    if filters.product is not None:
+        open_judgment = open_judgment.where(col(Judgment.product) == filters.product)
+    if filters.metric is not None:
+        open_judgment = open_judgment.where(col(Judgment.metric) == filters.metric)
+    stmt = select(EvaluationSnapshot.id).where(
+        col(EvaluationSnapshot.deleted_at).is_(None), gap.is_not(None), open_judgment.exists()
+    )
+    if filters.language is not None:
+        stmt = stmt.where(col(EvaluationSnapshot.language) == filters.language)
+    skipped_snapshots, _ = _split_keys(skipped)
     if skipped_snapshots:
-        stmt = stmt.where(
-            or_(col(Judgment.snapshot_id).is_(None), col(Judgment.snapshot_id).not_in(skipped_snapshots))
-        )
-    if skipped_judgments:
-        stmt = stmt.where(
-            or_(col(Judgment.snapshot_id).is_not(None), col(Judgment.id).not_in(skipped_judgments))
-        )
-    first = session.exec(_ordered(stmt, filters.order).limit(1)).first()
-    if first is None:
-        return None
-    return _open_judgments(session, filters, item_key(first))
+        stmt = stmt.where(col(EvaluationSnapshot.id).not_in(skipped_snapshots))
+    # Ties newest first: the order of ix_snapshot_live_max_gap read backwards, so no sort at all.
+    stmt = stmt.order_by(
+        gap.desc(), col(EvaluationSnapshot.created_at).desc(), col(EvaluationSnapshot.id).desc()
+    )
+    stmt = stmt.limit(1)
+    return session.exec(stmt).first()
+
+
+def next_item(*, session: Session, filters: QueueFilter, skipped: Collection[str] = ()) -> QueueItem | None:
+    """The first open item in the chosen order, leaving out the items the reviewer skipped.
+
+    Largest gap first: evaluations by their largest metric gap; then, oldest first, the ones
+    without a gap and stand-alone judgments.
+    """
+    if filters.order not in ORDERS:
+        raise ValueError(f"unknown queue order {filters.order!r}; choose one of {', '.join(ORDERS)}")
+    if filters.order == "largest_gap":
+        snapshot_id = _largest_gap_open(session, filters, skipped)
+        if snapshot_id is not None:
+            return _open_judgments(session, filters, _SNAPSHOT_PREFIX + snapshot_id)
+        first = _oldest_open(session, filters, skipped, without_gap=True)
+    else:
+        first = _oldest_open(session, filters, skipped)
+    return None if first is None else _open_judgments(session, filters, item_key(first))
 
 
 def queue_progress(*, session: Session, filters: QueueFilter) -> QueueProgress:
-    """Reviewed vs all judgments under the filters, and how many items are still open."""
-    reviewed = func.coalesce(func.sum(case((_unreviewed(), 0), else_=1)), 0)
-    total_stmt = _scoped(select(func.count(col(Judgment.id)), reviewed).select_from(Judgment), filters)
-    total, done = session.exec(total_stmt).one()
-    standalone = func.coalesce(func.sum(case((col(Judgment.snapshot_id).is_(None), 1), else_=0)), 0)
-    open_stmt = _scoped(
-        select(func.count(func.distinct(col(Judgment.snapshot_id))), standalone).select_from(Judgment),
-        filters,
-    ).where(_unreviewed())
-    evaluations, singles = session.exec(open_stmt).one()
-    open_items = int(evaluations or 0) + int(singles or 0)
-    return QueueProgress(reviewed=int(done or 0), total=int(total or 0), open_items=open_items)
+    """Reviewed vs all judgments under the filters (archived evaluations left out).
+
+    Shaped for SQLite's planner at a million rows (PostgreSQL does well either way): with a product,
+    two counts that each stay inside one covering index; without, one pass computing both.
+    """
+    open_sum = func.coalesce(func.sum(case((_unreviewed(), 1), else_=0)), 0)
+
+    def totals(stmt: Any) -> tuple[int, int]:
+        total, still_open = session.exec(stmt).one()
+        return int(total or 0), int(still_open or 0)
+
+    if filters.language is not None:  # the language lives on the evaluation: join, archived left out
+        stmt = _filtered(
+            _live(select(func.count(), open_sum).select_from(Judgment)), filters, product=filters.product
+        )
+        total, still_open = totals(stmt)
+        return QueueProgress(reviewed=total - still_open, total=total)
+
+    if filters.product is not None:
+        counted = _filtered(select(func.count()).select_from(Judgment), filters, product=filters.product)
+        total = int(session.exec(counted).one() or 0)
+        still_open = int(session.exec(counted.where(_unreviewed())).one() or 0)
+    else:
+        total, still_open = totals(
+            _filtered(select(func.count(), open_sum).select_from(Judgment), filters, product=None)
+        )
+
+    # Few evaluations are archived: their judgments are counted apart, driven from the archived
+    # evaluations through the snapshot_id index, and subtracted.
+    gone = select(EvaluationSnapshot.id).where(col(EvaluationSnapshot.deleted_at).is_not(None))
+    if filters.product is not None:
+        gone = gone.where(col(EvaluationSnapshot.product) == filters.product)
+    archived = select(func.count(), open_sum).select_from(Judgment).where(col(Judgment.snapshot_id).in_(gone))
+    archived_total, archived_open = totals(_filtered(archived, filters, product=None))
+    total, still_open = total - archived_total, still_open - archived_open
+    return QueueProgress(reviewed=total - still_open, total=total)
 
 
 def queue_options(*, session: Session) -> dict[str, list[str]]:
     """Products, metrics and languages that have judgments, for the queue filters."""
-    products = session.exec(select(Judgment.product).distinct().order_by(Judgment.product)).all()
-    metrics = session.exec(
-        select(Judgment.metric).distinct().where(col(Judgment.metric).is_not(None)).order_by(Judgment.metric)
-    ).all()
+    products = distinct_products(session=session)
     languages = session.exec(
         select(EvaluationSnapshot.language).distinct().order_by(EvaluationSnapshot.language)
     ).all()
-    return {"products": list(products), "metrics": [m for m in metrics if m], "languages": list(languages)}
+    return {
+        "products": products,
+        "metrics": distinct_metrics(session=session, products=products),
+        "languages": list(languages),
+    }
 
 
 def evidence_for(snapshot: EvaluationSnapshot | None, metric: str | None) -> list[dict[str, Any]]:

@@ -1,5 +1,6 @@
 """Corrections: the correction cache the judge learns from — browse, measure, preview, import, export."""
 
+import pandas as pd
 import streamlit as st
 
 from lib import charts, corrections
@@ -11,6 +12,7 @@ from lib.ui import csv_download, get_engine, pager, require_reviewer, session_sc
 from lib.ui.review import show_flash
 
 ANY = "Any"
+CACHE_SECONDS = 60
 FLASH = "corrections_flash"
 PERIODS = {"D": "day", "W": "week", "M": "month"}
 
@@ -23,8 +25,29 @@ show_flash(FLASH)
 settings = get_settings()
 engine = get_engine()
 
-with session_scope(read_only=True) as session:
-    options = corrections.filter_options(session=session)
+
+# Full-table aggregates (distinct reviewers, the daily trend) are cached briefly: at a million
+# judgments each costs a scan, and neither needs to be exact to the second.
+@st.cache_data(ttl=CACHE_SECONDS, max_entries=16, show_spinner=False)
+def cached_options(database_url: str) -> dict[str, list[str]]:
+    with session_scope(read_only=True) as session:
+        return corrections.filter_options(session=session)
+
+
+@st.cache_data(ttl=CACHE_SECONDS, max_entries=64, show_spinner=False)
+def cached_trend(database_url: str, product: str | None, metric: str | None, freq: str) -> pd.DataFrame:
+    with session_scope(read_only=True) as session:
+        return corrections.correction_rate_over_time(
+            session=session, product=product, metric=metric, freq=freq
+        )
+
+
+def forget_cached() -> None:
+    cached_options.clear()
+    cached_trend.clear()
+
+
+options = cached_options(settings.database_url)
 products = options["products"]
 
 cols = st.columns(4)
@@ -87,14 +110,14 @@ st.subheader("Correction rate over time")
 freq = st.segmented_control(
     "Per", list(PERIODS), format_func=PERIODS.__getitem__, default="W", key="corrections_freq"
 )
-with session_scope(read_only=True) as session:
-    trend = corrections.correction_rate_over_time(
-        session=session, product=filters.product, metric=filters.metric, freq=freq or "W"
-    )
+trend = cached_trend(settings.database_url, filters.product, filters.metric, freq or "W")
 if trend.empty:
     st.caption("No reviewed judgments yet: the trend appears once reviewers confirm or overrule the judge.")
 else:
-    st.caption("Share of reviewed judgments that reviewers overruled, by when the judge made them.")
+    st.caption(
+        "Share of reviewed judgments that reviewers overruled, by when the judge made them "
+        f"(refreshed every {CACHE_SECONDS} s)."
+    )
     st.plotly_chart(charts.correction_rate_figure(trend), key="corrections_trend")
     csv_download(trend, "correction_rate.csv", key="corrections_trend_csv")
 
@@ -148,6 +171,7 @@ with left:
                 st.warning(escape_markdown(str(exc)), icon="⚠️")
             else:
                 st.session_state[FLASH] = ("success", f"Imported {upload.name}: {report.summary()}.")
+                forget_cached()
                 st.rerun()
 with right:
     export_product = st.selectbox("Products to export", [ANY, *products], key="corrections_export_product")
@@ -173,4 +197,5 @@ with st.expander("Admin: clear a product's judgments"):
             with session_scope() as session:
                 removed = corrections.clear_product(session=session, product=target, reviewer=name)
             st.session_state[FLASH] = ("success", f"Deleted {removed:,} judgments of {target}.")
+            forget_cached()
             st.rerun()

@@ -72,7 +72,7 @@ def queue(filters: QueueFilter) -> None:
         )
         titles = corrections.metric_titles(session=session, judgments=item.judgments) if item else {}
 
-    st.progress(progress.fraction, text=f"{progress.label} · {progress.open_items:,} items open")
+    st.progress(progress.fraction, text=progress.label)
     if item is None:
         st.session_state.pop("review_current", None)
         if skipped:
@@ -89,7 +89,7 @@ def queue(filters: QueueFilter) -> None:
         st.caption(
             f"{escape_markdown(snapshot.product)} · {escape_markdown(snapshot.language)} · "
             f"model {escape_markdown(snapshot.model_name or 'unknown')} · "
-            f"largest gap {snapshot.max_metric_gap if snapshot.max_metric_gap is not None else '—'}"
+            f"largest gap {'—' if snapshot.max_metric_gap is None else f'{snapshot.max_metric_gap:.2f}'}"
         )
         st.markdown(f"[Open the full evaluation](/evaluations?snapshot={quote(snapshot.id)})")
         st.markdown("**Question**")

@@ -799,7 +799,7 @@ def test_listing_filters_count_what_they_list(engine, filters, expected) -> None
         assert len(corrections.list_judgments(session=s, filters=filters, limit=100)) == expected
 
 
-def test_listing_pages_newest_first(engine) -> None:
+def test_listing_pages_most_recently_added_first(engine) -> None:
     pools(engine, 0, 7)
     with session_scope(engine) as s:
         page2 = corrections.list_judgments(session=s, filters=JudgmentFilter(), offset=3, limit=3)
@@ -977,3 +977,16 @@ def test_cli_history_with_a_bad_ratio_fails_on_stderr(cli_db, capsys) -> None:
     assert cli_main(["history", "--product", "acme", "--ratio", "1.5"]) == 1
     captured = capsys.readouterr()
     assert "correction_ratio" in captured.err and captured.out == ""
+
+
+def test_distinct_products_and_metrics_come_from_loose_index_scans(engine) -> None:
+    with session_scope(engine) as s:
+        for i, (product, metric) in enumerate(
+            [("b", "clarity"), ("a", None), ("a", "safety"), ("c", "clarity")]
+        ):
+            add(s, f"j{i}", product=product, metric=metric)
+    with session_scope(engine) as s:
+        products = corrections.distinct_products(session=s)
+        assert products == ["a", "b", "c"]
+        assert corrections.distinct_metrics(session=s, products=products) == ["clarity", "safety"]
+        assert corrections.distinct_metrics(session=s, products=["b"]) == ["clarity"]

@@ -109,9 +109,15 @@ def test_the_judges_view_on_an_empty_cache_is_the_cold_start_note(app_engine, op
     assert not at.exception
 
 
-def test_the_trend_chart_appears_once_there_are_reviews(app_engine, open_page) -> None:
+def test_without_reviews_there_is_no_trend_chart(app_engine, open_page) -> None:
+    cache(app_engine, "acme", corrected=0, confirmed=0, unreviewed=3)
     at = open_page(PAGE)
     assert not at.get("plotly_chart")
+    assert any("No reviewed judgments yet" in c.value for c in at.caption)
+    assert not at.exception
+
+
+def test_reviewed_judgments_draw_the_trend_chart(app_engine, open_page) -> None:
     cache(app_engine, "acme")
     at = open_page(PAGE)
     assert len(at.get("plotly_chart")) == 1
