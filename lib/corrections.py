@@ -239,10 +239,12 @@ def record_review(
         raise ReviewConflict(
             JudgmentState.of(judgment, _latest_actor(session, judgment_id)), expected_version
         )
-    scale = decision_scale(session=session, judgment=judgment)
-    decided = scale.parse(user_decision)
-    if same_decision(judgment.decision, decided):
-        decided = judgment.decision  # a confirmation stores the judge's exact text: never "corrected"
+    if str(user_decision).strip() == judgment.decision:
+        decided = judgment.decision  # confirming the judge is always allowed, even off today's rubric
+    else:
+        decided = decision_scale(session=session, judgment=judgment).parse(user_decision)
+        if same_decision(judgment.decision, decided):
+            decided = judgment.decision  # a confirmation stores the judge's exact text: never "corrected"
     corrected = compute_was_corrected(judgment.decision, decided)
     reason = (reason or "").strip() or None
     if corrected and require_reason and reason is None:

@@ -990,3 +990,14 @@ def test_distinct_products_and_metrics_come_from_loose_index_scans(engine) -> No
         assert products == ["a", "b", "c"]
         assert corrections.distinct_metrics(session=s, products=products) == ["clarity", "safety"]
         assert corrections.distinct_metrics(session=s, products=["b"]) == ["clarity"]
+
+
+def test_confirming_the_judge_is_allowed_even_off_the_current_scale(sqlite_engine) -> None:
+    _define(sqlite_engine, "acme", "clarity", 1.0, 3.0, True)  # the rubric shrank after the judge said 4
+    jid = snapshot_with_metric(sqlite_engine, decision="4")
+    with session_scope(sqlite_engine) as s:
+        corrections.record_review(
+            session=s, judgment_id=jid, expected_version=1, user_decision="4", reviewer="a"
+        )
+    j = load(sqlite_engine, jid)
+    assert (j.user_decision, j.was_corrected) == ("4", False)

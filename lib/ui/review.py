@@ -1,5 +1,5 @@
-"""Reusable review widgets: the correction form for one judgment, its audit trail, and a snapshot's
-review section for the Evaluations detail view.
+"""Reusable review widgets: the correction form for one judgment, its audit trail, and the hook that
+puts both into each metric card of the Evaluations detail view.
 
 The write happens in the submit button's callback, before the script reruns: the callback still
 knows which version the reviewer was looking at (kept in session state when the form was drawn),
