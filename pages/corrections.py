@@ -9,7 +9,7 @@ from lib.corrections import REVIEW_STATES, JudgmentFilter
 from lib.importer import ImportFailed
 from lib.safe_markdown import escape_markdown
 from lib.ui import csv_download, get_engine, pager, require_reviewer, session_scope
-from lib.ui.review import show_flash
+from lib.ui.review import correction_form, judgment_history, show_flash
 
 ANY = "Any"
 CACHE_SECONDS = 60
@@ -105,6 +105,23 @@ else:
         key="corrections_csv",
         on_click="ignore",
     )
+
+st.subheader("One judgment: review and history")
+change_id = st.text_input(
+    "Change id",
+    key="corrections_change_id",
+    placeholder="e.g. snap_20250101_120000_ab12cd34:clarity or owner/repo#123",
+).strip()
+if change_id:
+    with session_scope(read_only=True) as session:
+        judgment = corrections.get_judgment(session=session, change_id=change_id)
+        scale = corrections.decision_scale(session=session, judgment=judgment) if judgment else None
+    if judgment is None or judgment.id is None or scale is None:
+        st.info("No judgment has this change id.")
+    else:
+        with st.container(border=True):
+            correction_form(judgment, scale, key=f"corrections_review_{judgment.id}")
+            judgment_history(judgment.id, key=f"corrections_review_{judgment.id}_history")
 
 st.subheader("Correction rate over time")
 freq = st.segmented_control(

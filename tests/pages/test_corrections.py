@@ -191,3 +191,35 @@ def test_importing_without_a_reviewer_name_writes_nothing(app_engine, open_page)
     assert any("Enter your name" in w.value for w in at.warning)
     assert not at.success
     assert not at.exception
+
+
+def test_one_judgment_can_be_re_reviewed_and_shows_its_history(app_engine, open_page) -> None:
+    cache(app_engine, "acme", corrected=0, confirmed=1, unreviewed=0)
+    with session_scope(app_engine, read_only=True) as s:
+        judgment = corrections.get_judgment(session=s, change_id="acme#0")
+        assert judgment is not None
+        key = f"corrections_review_{judgment.id}"
+    at = open_page(PAGE, reviewer="bob")
+    at.text_input(key="corrections_change_id").input("acme#0").run()
+    at.selectbox(key=f"{key}_value").set_value("EXCLUDE")
+    at.text_area(key=f"{key}_reason").input("Internal tooling only")
+    at.button(key=f"{key}_overrule").click().run()
+    with session_scope(app_engine, read_only=True) as s:
+        stored = corrections.get_judgment(session=s, change_id="acme#0")
+        assert stored is not None and (stored.user_decision, stored.reviewer, stored.version) == (
+            "EXCLUDE",
+            "bob",
+            2,
+        )
+    history = next(d.value for d in at.dataframe if "action" in d.value.columns)
+    assert history[["reviewer", "action", "from", "to"]].values.tolist() == [
+        ["bob", "overruled", "INCLUDE", "EXCLUDE"]
+    ]
+    assert not at.exception
+
+
+def test_an_unknown_change_id_says_so(app_engine, open_page) -> None:
+    at = open_page(PAGE)
+    at.text_input(key="corrections_change_id").input("nope").run()
+    assert any("No judgment has this change id" in i.value for i in at.info)
+    assert not at.exception
