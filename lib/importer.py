@@ -367,25 +367,30 @@ def _scores(raw: Any, name: str, metrics: _MetricSet) -> dict[str, dict[str, Any
         raise _Invalid(name, f"must be an object of {{metric: score}}, got {_type_name(raw)}")
     out: dict[str, dict[str, Any]] = {}
     for key, value in raw.items():
-        label = f"{name}.{key}"
-        slug = metrics.resolve(key, label)
+        # Labels are built only on the error paths: this loop runs for every score of every line.
+        slug = metrics.keys.get(key) or metrics.resolve(key, f"{name}.{key}")
         if slug in out:
-            raise _Invalid(label, f"metric {slug!r} is given twice (as slug and display name)")
+            raise _Invalid(f"{name}.{key}", f"metric {slug!r} is given twice (as slug and display name)")
         reason = None
-        if isinstance(value, dict):
+        if value.__class__ is dict:
             if "score" not in value:
-                raise _Invalid(f"{label}.score", "is required when a score is an object")
-            reason_key = "reason" if value.get("reason") is not None else "rationale"
-            reason = _text(value, reason_key, path=f"{label}.{reason_key}")
+                raise _Invalid(f"{name}.{key}.score", "is required when a score is an object")
+            reason = value.get("reason")
+            reason_key = "reason" if reason is not None else "rationale"
+            reason = value.get(reason_key)
+            if reason is not None and (
+                reason.__class__ is not str or "\x00" in reason or not reason.isascii()
+            ):
+                reason = _text(value, reason_key, path=f"{name}.{key}.{reason_key}")
             value = value["score"]
         if value is not None:
             try:
                 number = metrics.by_slug[slug].validate(value)
             except ValueError as exc:
-                raise _Invalid(label, str(exc)) from None
+                raise _Invalid(f"{name}.{key}", str(exc)) from None
             except OverflowError:
-                raise _Invalid(label, "score is too large") from None
-            value = value if isinstance(value, int) else number
+                raise _Invalid(f"{name}.{key}", "score is too large") from None
+            value = value if value.__class__ is int else number
         out[slug] = {"score": value, "reason": reason}
     return out
 

@@ -950,11 +950,11 @@ def test_cli_refuses_a_missing_file(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not os.environ.get("OVERRULE_IMPORT_BENCH"), reason="set OVERRULE_IMPORT_BENCH=100000 to measure"
+    not os.environ.get("IMPORT_BENCH_LINES"), reason="set IMPORT_BENCH_LINES=100000 to measure"
 )
 def test_measure_large_import(sqlite_engine: Engine, tmp_path: Path) -> None:
     """Prints how long N generated lines take (no timing assert: machines differ)."""
-    n = int(os.environ["OVERRULE_IMPORT_BENCH"])
+    n = int(os.environ["IMPORT_BENCH_LINES"])
     rows = (
         record(
             question=f"Question {i}?",
