@@ -73,9 +73,9 @@ class EvaluationSnapshot(SQLModel, table=True):
     judge_scores_json: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     evidence_json: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     judge_meta_score: int | None = None
-    weighted_gap: float | None = Field(default=None, index=True)
+    weighted_gap: float | None = None  # sorted through ix_snapshot_live_weighted_gap
     # Largest |user - judge| over the metrics, rescaled to 1-5: lets the list sort by it in SQL.
-    max_metric_gap: float | None = Field(default=None, index=True)
+    max_metric_gap: float | None = None  # sorted through ix_snapshot_live_max_gap
     # Evidence verification summary, so the list can filter by verification state in SQL.
     evidence_count: int = 0
     evidence_highlighted: int = 0
@@ -136,9 +136,7 @@ class Judgment(SQLModel, table=True):
     change_id: str = Field(max_length=300, unique=True)
     product: str = Field(max_length=200)
     metric: str | None = Field(default=None, max_length=64)
-    snapshot_id: str | None = Field(
-        default=None, foreign_key="evaluation_snapshots.id", max_length=64, index=True
-    )
+    snapshot_id: str | None = Field(default=None, foreign_key="evaluation_snapshots.id", max_length=64)
     decision: str = Field(max_length=64)
     confidence: float | None = None
     reasoning: str | None = Field(default=None, sa_column=Column(Text))

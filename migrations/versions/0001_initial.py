@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-23 04:51:52.648438
+Create Date: 2026-11-23 05:37:20.026330
 """
 
 from __future__ import annotations
@@ -61,11 +61,9 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f('ix_evaluation_snapshots_category'), ['category'], unique=False)
         batch_op.create_index(batch_op.f('ix_evaluation_snapshots_created_at'), ['created_at'], unique=False)
         batch_op.create_index(batch_op.f('ix_evaluation_snapshots_language'), ['language'], unique=False)
-        batch_op.create_index(batch_op.f('ix_evaluation_snapshots_max_metric_gap'), ['max_metric_gap'], unique=False)
         batch_op.create_index(batch_op.f('ix_evaluation_snapshots_model_name'), ['model_name'], unique=False)
         batch_op.create_index(batch_op.f('ix_evaluation_snapshots_product'), ['product'], unique=False)
         batch_op.create_index(batch_op.f('ix_evaluation_snapshots_status'), ['status'], unique=False)
-        batch_op.create_index(batch_op.f('ix_evaluation_snapshots_weighted_gap'), ['weighted_gap'], unique=False)
         batch_op.create_index('ix_snapshot_live_created', ['deleted_at', 'created_at', 'id', 'product', 'language', 'model_name', 'category', 'weighted_gap', 'max_metric_gap', 'evidence_count', 'evidence_unlocated', 'evidence_unverified'], unique=False)
         batch_op.create_index('ix_snapshot_live_max_gap', ['deleted_at', 'max_metric_gap', 'created_at', 'id'], unique=False)
         batch_op.create_index('ix_snapshot_live_weighted_gap', ['deleted_at', 'weighted_gap', 'created_at', 'id'], unique=False)
@@ -219,7 +217,6 @@ def upgrade() -> None:
         batch_op.create_index('ix_judgment_history_metric', ['product', 'metric', 'was_corrected', 'timestamp'], unique=False)
         batch_op.create_index('ix_judgment_queue', ['reviewed_at', 'product', 'timestamp'], unique=False)
         batch_op.create_index('ix_judgment_snapshot_state', ['snapshot_id', 'reviewed_at', 'was_corrected', 'metric'], unique=False)
-        batch_op.create_index(batch_op.f('ix_judgments_snapshot_id'), ['snapshot_id'], unique=False)
 
     op.create_table('lesson_match_stats',
     sa.Column('lesson_id', sa.Integer(), nullable=False),
@@ -315,7 +312,6 @@ def downgrade() -> None:
     op.drop_table('lesson_tag_relevance')
     op.drop_table('lesson_match_stats')
     with op.batch_alter_table('judgments', schema=None) as batch_op:
-        batch_op.drop_index(batch_op.f('ix_judgments_snapshot_id'))
         batch_op.drop_index('ix_judgment_snapshot_state')
         batch_op.drop_index('ix_judgment_queue')
         batch_op.drop_index('ix_judgment_history_metric')
@@ -357,11 +353,9 @@ def downgrade() -> None:
         batch_op.drop_index('ix_snapshot_live_weighted_gap')
         batch_op.drop_index('ix_snapshot_live_max_gap')
         batch_op.drop_index('ix_snapshot_live_created')
-        batch_op.drop_index(batch_op.f('ix_evaluation_snapshots_weighted_gap'))
         batch_op.drop_index(batch_op.f('ix_evaluation_snapshots_status'))
         batch_op.drop_index(batch_op.f('ix_evaluation_snapshots_product'))
         batch_op.drop_index(batch_op.f('ix_evaluation_snapshots_model_name'))
-        batch_op.drop_index(batch_op.f('ix_evaluation_snapshots_max_metric_gap'))
         batch_op.drop_index(batch_op.f('ix_evaluation_snapshots_language'))
         batch_op.drop_index(batch_op.f('ix_evaluation_snapshots_created_at'))
         batch_op.drop_index(batch_op.f('ix_evaluation_snapshots_category'))
