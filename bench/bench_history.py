@@ -32,7 +32,7 @@ from sqlalchemy import Engine, create_engine, select, text  # noqa: E402
 from sqlmodel import Session  # noqa: E402
 
 from bench.gen import PRODUCTS, generate  # noqa: E402
-from lib.corrections import history_sql, select_history  # noqa: E402
+from lib.corrections import history_pool_sql, select_history  # noqa: E402
 from lib.db import init_db  # noqa: E402
 from lib.models import Judgment  # noqa: E402
 
@@ -120,14 +120,20 @@ def query_plans(engine: Engine) -> list[str]:
     lines = []
     with Session(engine) as session:
         for metric in (None, "clarity"):
-            sql = history_sql(session=session, product=PRODUCTS[0], metric=metric, limit=20)
-            conn = session.connection()
-            if engine.dialect.name == "sqlite":
-                plan = [r[-1] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql)]
-            else:
-                plan = [r[0] for r in conn.exec_driver_sql("EXPLAIN (ANALYZE, COSTS OFF) " + sql)]
-            lines.append(f"  [metric={metric or 'any'}]")
-            lines.extend(f"    {p}" for p in plan)
+            for corrected in (True, False):
+                sql = history_pool_sql(
+                    session=session, product=PRODUCTS[0], metric=metric, corrected=corrected, limit=20
+                )
+                if engine.dialect.name == "sqlite":
+                    plan = [r[-1] for r in session.connection().exec_driver_sql("EXPLAIN QUERY PLAN " + sql)]
+                else:
+                    plan = [
+                        r[0]
+                        for r in session.connection().exec_driver_sql("EXPLAIN (ANALYZE, COSTS OFF) " + sql)
+                    ]
+                label = f"metric={metric or 'any'}, was_corrected={corrected}"
+                lines.append(f"  [{label}]")
+                lines.extend(f"    {p}" for p in plan)
     return lines
 
 
@@ -174,7 +180,7 @@ def run(engine: Engine, judgments: int, runs: int) -> None:
         with_metric, _ = timings(lambda: select_history(session, PRODUCTS[0], metric="clarity"), runs)
     print(f"median ratio (of medians): {statistics.median(ratios):.0f}x (goal >= 100x)")
     print(f"select_history with metric='clarity': {with_metric * 1000:.2f} ms")
-    print("query plan of the history query (one statement, one LIMITed index search per pool):")
+    print("query plans of the two pool queries:")
     print("\n".join(query_plans(engine)))
 
 

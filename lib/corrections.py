@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Engine, case, delete, func, union_all, update
-from sqlalchemy.orm import aliased
+from sqlalchemy import Engine, case, delete, func, update
 from sqlmodel import Session, col, select
 
 from lib.metrics import MetricSpec, metrics_for_product
@@ -396,19 +395,12 @@ def _pool_statement(product: str, metric: str | None, corrected: bool, limit: in
     return stmt.order_by(col(Judgment.timestamp).desc(), col(Judgment.id)).limit(limit)
 
 
-def _history_statement(product: str, metric: str | None, limit: int) -> Any:
-    """Both pools in one round trip: each its own LIMITed index scan, corrections first, newest first."""
-    corrected_pool = _pool_statement(product, metric, True, limit).subquery("corrected_pool")
-    correct_pool = _pool_statement(product, metric, False, limit).subquery("correct_pool")
-    pools = union_all(select(corrected_pool), select(correct_pool)).subquery("pools")
-    row = aliased(Judgment, pools)
-    return select(row).order_by(col(row.was_corrected).desc(), col(row.timestamp).desc(), col(row.id))
-
-
-def history_sql(*, session: Session, product: str, metric: str | None = None, limit: int = 20) -> str:
-    """The SQL select_history runs, with literals inlined, for EXPLAIN in the benchmark and tests."""
+def history_pool_sql(
+    *, session: Session, product: str, metric: str | None, corrected: bool, limit: int
+) -> str:
+    """The SQL of one pool query with literals inlined, for EXPLAIN in the benchmark and tests."""
+    stmt = _pool_statement(product, metric, corrected, limit)
     bind = session.get_bind()
-    stmt = _history_statement(product, metric, limit)
     return str(stmt.compile(dialect=bind.dialect, compile_kwargs={"literal_binds": True}))
 
 
@@ -422,9 +414,8 @@ def select_history(
     """Seed 004: past judgments for the next prompt, 75% corrections, interleaved, newest first."""
     _check_history_params(max_entries, correction_ratio)
     # No slot ever takes more than max_entries rows from one pool, so nothing beyond that is read.
-    rows = session.exec(_history_statement(product, metric, max_entries)).all() if max_entries else []
-    corrected = [j for j in rows if j.was_corrected]  # Step 3: each pool newest first (SQL order)
-    correct = [j for j in rows if not j.was_corrected]
+    corrected = list(session.exec(_pool_statement(product, metric, True, max_entries)).all())
+    correct = list(session.exec(_pool_statement(product, metric, False, max_entries)).all())
 
     # From here on: the seed's Steps 4 and 5, line for line.
     target_corrections = int(max_entries * correction_ratio)

@@ -369,13 +369,15 @@ def test_selection_equals_the_seed_algorithm_on_any_cache(sqlite_engine, entries
 @pytest.mark.parametrize(
     ("metric", "index"), [(None, "ix_judgment_history"), ("clarity", "ix_judgment_history_metric")]
 )
-def test_both_pools_are_searched_on_the_history_index(sqlite_engine, metric, index) -> None:
+@pytest.mark.parametrize("corrected", [True, False])
+def test_pool_query_searches_the_history_index(sqlite_engine, metric, index, corrected) -> None:
     with session_scope(sqlite_engine, read_only=True) as s:
-        sql = corrections.history_sql(session=s, product="acme", metric=metric, limit=20)
-        plan = [str(row[-1]) for row in s.connection().exec_driver_sql("EXPLAIN QUERY PLAN " + sql)]
-    searches = [p for p in plan if p.startswith(f"SEARCH judgments USING INDEX {index} ")]
-    assert len(searches) == 2, plan  # one LIMITed index search per pool
-    assert not any(p.startswith("SCAN judgments") for p in plan)
+        sql = corrections.history_pool_sql(
+            session=s, product="acme", metric=metric, corrected=corrected, limit=20
+        )
+        plan = " ".join(str(row[-1]) for row in s.connection().exec_driver_sql("EXPLAIN QUERY PLAN " + sql))
+    assert f"SEARCH judgments USING INDEX {index}" in plan
+    assert "SCAN judgments" not in plan
 
 
 # ---------------------------------------------------------------------------------------------
