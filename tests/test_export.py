@@ -27,7 +27,6 @@ from lib import export
 from lib.db import init_db
 from lib.duck import duck_connect, fetch_frame, source_kind, table_ref
 from lib.export import (
-    EXPORTABLE_TABLES,
     ExportError,
     export_query_csv,
     export_table,
@@ -535,7 +534,3 @@ def test_typed_views_use_one_type_per_column_on_every_backend(
 def test_table_ref_refuses_unknown_names(name: str) -> None:
     with pytest.raises(ValueError, match="unknown table"):
         table_ref(name)
-
-
-def test_every_model_table_is_exportable() -> None:
-    assert set(TABLES) <= set(EXPORTABLE_TABLES)
