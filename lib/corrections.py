@@ -16,6 +16,7 @@ Two halves:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import tempfile
@@ -31,6 +32,8 @@ from sqlmodel import Session, col, select
 
 from lib.metrics import MetricSpec, metrics_for_product
 from lib.models import CACHE_DECISIONS, Judgment, JudgmentEvent, compute_was_corrected, utcnow
+
+log = logging.getLogger(__name__)
 
 HISTORY_EMPTY_TEXT = "No previous judgments available"
 REVIEW_STATES = ("unreviewed", "confirmed", "corrected")
@@ -361,11 +364,14 @@ def add_judgment(*, session: Session, judgment: Judgment, reviewer: str | None) 
 
 def clear_product(*, session: Session, product: str, reviewer: str | None) -> int:
     """Seed-004 API: remove every judgment of a product (with its audit trail); returns the count."""
-    _require_reviewer(reviewer)
+    name = _require_reviewer(reviewer)
     ids = select(Judgment.id).where(Judgment.product == product).scalar_subquery()
     session.execute(delete(JudgmentEvent).where(col(JudgmentEvent.judgment_id).in_(ids)))
     result = session.execute(delete(Judgment).where(col(Judgment.product) == product))
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+    removed = int(result.rowcount or 0)  # type: ignore[attr-defined]
+    # The events go with their judgments (they reference them); the clearing itself is logged.
+    log.warning("%s cleared product %r: %d judgments and their history deleted", name, product, removed)
+    return removed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -750,9 +756,13 @@ def correction_rate_over_time(
 
 def import_cache_bytes(*, session: Session, raw: bytes, source: str, reviewer: str | None) -> Any:
     """Import an uploaded seed-004 cache file; any fault raises ImportFailed and writes nothing."""
-    from lib.importer import ImportFailed, import_judgments_cache
+    from lib.importer import MAX_DOCUMENT_BYTES, ImportFailed, import_judgments_cache
 
     name = _require_reviewer(reviewer)
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        raise ImportFailed(
+            f"{source}: larger than {MAX_DOCUMENT_BYTES // (1024 * 1024)} MiB; nothing was imported"
+        )
     try:
         data = json.loads(raw.decode("utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
