@@ -10,6 +10,8 @@ weighted gap and the judge meta score are computed here, in code (SPEC §5), nev
 
 Atomic write (AD-7): the snapshot and its judgments are written in one transaction, and only when
 both stages succeeded; any failure raises `JudgeFailed` naming the stage, and nothing is written.
+Stage 1 may call the note tools (`lib.judge_tools`: add, search, clear); the notes it adds are
+buffered and written after the snapshot, in their own transaction, so a failed run leaves none.
 Evidence that cannot be parsed degrades to "no evidence" with a logged warning while the scores are
 kept (AD-8). A score outside its metric's scale, by contrast, fails Stage 1: storing it would put an
 impossible number in the data, and turning it into null would make the judge look as if it had
@@ -28,7 +30,7 @@ import math
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +38,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
-from lib import llm, notes, relevance
+from lib import judge_tools, llm, notes, relevance
 from lib.config import Settings, get_settings
 from lib.corrections import format_history_for_prompt, format_score, parse_score, select_history
 from lib.db import session_scope
@@ -317,6 +319,8 @@ class Stage1Result:
     scores: dict[str, MetricJudgment]
     evidence: dict[str, list[dict[str, Any]]] | None
     evidence_problem: str | None = None
+    # Notes the judge added through its note tools, written only once the snapshot is saved (AD-7).
+    pending_notes: judge_tools.PendingNotes | None = None
 
     @property
     def judge_scores(self) -> dict[str, dict[str, Any]]:
@@ -466,12 +470,31 @@ def run_stage1(
     notes_block: str | None = None,
     settings: Settings | None = None,
     eval_id: str = "?",
+    engine: Engine | None = None,
 ) -> Stage1Result:
-    """Ask the judge model for scores and evidence; JudgeFailed("stage1") when that cannot be had."""
+    """Ask the judge model for scores and evidence; JudgeFailed("stage1") when that cannot be had.
+
+    With an `engine`, the judge may call the note tools (seed 000) before answering; the notes it
+    adds carry `eval_id` as their session id and come back in `pending_notes`, unsaved.
+    """
     settings = settings or get_settings()
     messages = build_stage1_messages(prepared, history_block=history_block, notes_block=notes_block)
+    pending: judge_tools.PendingNotes | None = None
     try:
-        data = llm.chat_json(messages, model=settings.judge_model, settings=settings)
+        if engine is None:
+            data = llm.chat_json(messages, model=settings.judge_model, settings=settings)
+        else:
+            run = judge_tools.run_with_tools(
+                messages,
+                model=settings.judge_model,
+                session_factory=lambda: session_scope(engine, read_only=True),
+                session_id=eval_id,
+                created_by=judge_tools.judge_author(settings.judge_model),
+                language=prepared.evaluation.language,
+                settings=settings,
+            )
+            pending = run.pending
+            data = judge_tools.reply_json(run)
     except llm.LLMNotConfigured as exc:
         raise JudgeFailed("configuration", str(exc), kind="not_configured") from exc
     except llm.LLMError as exc:
@@ -484,7 +507,7 @@ def run_stage1(
         # AD-8: scores are the value, evidence a bonus; a broken evidence block must not sink the run.
         log.warning(EVIDENCE_PARSE_WARNING, eval_id)
         log.info("evidence problem for eval %s: %s", eval_id, result.evidence_problem)
-    return result
+    return replace(result, pending_notes=pending)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -874,6 +897,7 @@ def judge_evaluation(
         notes_block=context.notes_block,
         settings=settings,
         eval_id=snapshot_id,
+        engine=engine,
     )
     if stage1.evidence is None:
         say("The judge's evidence could not be read; continuing without evidence.")
@@ -904,6 +928,8 @@ def judge_evaluation(
         raise JudgeFailed(
             "save", f"the database refused the write ({type(exc).__name__})", kind="database"
         ) from exc
+    # The judge's own notes are written only now that the snapshot is saved (a failed run writes none).
+    judge_tools.save_pending_notes(engine, stage1.pending_notes)
     _record_notes_audit(engine, context, stage1, written)
     return written
 

@@ -470,7 +470,10 @@ def test_the_prompt_sent_carries_the_history_and_uses_the_judge_model(
     judge_evaluation(engine=rubric, evaluation=evaluation(), reviewer="ayse")
     first, second = llm_server.chat_requests
     assert first["model"] == second["model"] == "judge-x"
-    assert first["response_format"] == {"type": "json_object"}
+    # Stage 1 offers the note tools (lib.judge_tools) instead of JSON mode; Stage 2 keeps JSON mode.
+    assert "response_format" not in first and [t["function"]["name"] for t in first["tools"]] == [
+        "add_note", "search_notes", "clear_notes"]  # fmt: skip
+    assert second["response_format"] == {"type": "json_object"} and "tools" not in second
     assert "SENT-HISTORY" in first["messages"][1]["content"]
     assert "USER-REASON-COHERENCE" not in json.dumps(first) and "USER-REASON-COHERENCE" in json.dumps(second)
 
