@@ -787,8 +787,9 @@ def _notes_block(
         )
     )
     selected = notes.relevant_notes(session=session, language=ev.language, tags=tags)
-    # A judge run belongs to its process's note session (a pipeline run, or the app process).
-    block = notes.format_notes_for_prompt(selected, notes.process_session_id()) or None
+    # A judge run's own notes carry its snapshot id and are saved only after it succeeds, so no note
+    # in its prompt can be from the current session: every line names the session it came from.
+    block = notes.format_notes_for_prompt(selected, None) or None
     return block, tuple(n.id for n in selected if n.id is not None), tags
 
 
