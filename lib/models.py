@@ -10,7 +10,8 @@ import secrets
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index, Text, UniqueConstraint
+from sqlalchemy import JSON, Column, DateTime, Index, Text, UniqueConstraint, event
+from sqlalchemy.orm import Session as OrmSession
 from sqlmodel import Field, SQLModel
 
 SNAPSHOT_STATUSES = ("active", "completed", "archived")
@@ -165,6 +166,13 @@ class Judgment(SQLModel, table=True):
 def compute_was_corrected(decision: str | None, user_decision: str | None) -> bool:
     """Seed 004: corrected when the reviewer set a decision that differs from the judge's."""
     return user_decision is not None and user_decision != decision
+
+
+@event.listens_for(Judgment, "before_insert")
+@event.listens_for(Judgment, "before_update")
+def _judgment_invariants(_mapper, _connection, target: Judgment) -> None:  # type: ignore[no-untyped-def]
+    """Keep `was_corrected` true to its definition for every ORM write, whoever builds the row."""
+    target.was_corrected = compute_was_corrected(target.decision, target.user_decision)
 
 
 class JudgmentEvent(SQLModel, table=True):
@@ -346,3 +354,27 @@ class AutoEval(SQLModel, table=True):
     no_match_reason: str | None = Field(default=None, max_length=64, index=True)
     total_score: float | None = None
     created_at: datetime = Field(default_factory=utcnow)
+
+
+_DATETIME_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _datetime_fields(model: type) -> tuple[str, ...]:
+    if model not in _DATETIME_FIELDS:
+        table = getattr(model, "__table__", None)
+        names = []
+        for column in table.columns if table is not None else ():
+            if isinstance(getattr(column.type, "impl", column.type), DateTime):
+                names.append(column.key)
+        _DATETIME_FIELDS[model] = tuple(names)
+    return _DATETIME_FIELDS[model]
+
+
+@event.listens_for(OrmSession, "before_flush")
+def _naive_datetimes_are_utc(session: OrmSession, _context, _instances) -> None:  # type: ignore[no-untyped-def]
+    """Naive datetimes handed to a model are taken as UTC rather than refused at flush time."""
+    for obj in (*session.new, *session.dirty):
+        for name in _datetime_fields(type(obj)):
+            value = getattr(obj, name, None)
+            if isinstance(value, datetime) and value.tzinfo is None:
+                setattr(obj, name, value.replace(tzinfo=UTC))

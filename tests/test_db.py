@@ -130,3 +130,25 @@ def test_normalize_url_routes_postgres_to_psycopg(url: str, expected: str) -> No
 )
 def test_was_corrected_rule(decision: str, user_decision: str | None, expected: bool) -> None:
     assert compute_was_corrected(decision, user_decision) is expected
+
+
+def test_was_corrected_is_computed_on_every_orm_write(engine) -> None:
+    with session_scope(engine) as s:
+        s.add(Judgment(change_id="c1", product="p", decision="INCLUDE", user_decision="EXCLUDE"))
+    with session_scope(engine) as s:
+        j = s.exec(select(Judgment)).one()
+        assert j.was_corrected is True
+        j.user_decision = "INCLUDE"
+        s.add(j)
+    with Session(engine) as s:
+        assert s.exec(select(Judgment.was_corrected)).one() is False
+
+
+def test_naive_datetimes_are_stored_as_utc(engine) -> None:
+    from datetime import datetime
+
+    with session_scope(engine) as s:
+        s.add(Judgment(change_id="c2", product="p", decision="4", timestamp=datetime(2024, 1, 1, 12)))
+    with Session(engine) as s:
+        stored = s.exec(select(Judgment.timestamp)).one()
+    assert stored.isoformat() == "2024-01-01T12:00:00+00:00"
