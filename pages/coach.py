@@ -28,14 +28,18 @@ engine = get_engine()
 with session_scope(read_only=True) as session:
     snapshot = coach.get_snapshot(session, snapshot_id)
     if snapshot is None or snapshot.deleted_at is not None:
-        st.error(f"Evaluation {snapshot_id!r} does not exist or is archived.")
+        st.error(f"Evaluation {escape_markdown(snapshot_id)} does not exist or is archived.")
         st.stop()
     specs = coach.metrics_for_product(session=session, product=snapshot.product)
     chats = coach.list_chats(session, snapshot_id)
     used, limit = coach.turns_left(session, snapshot_id)
 
-names = {s.slug: s.display_name for s in specs}
-st.caption(f"Evaluation `{snapshot.id}` · {escape_markdown(snapshot.product)} · {snapshot.language}")
+plain_names = {s.slug: s.display_name for s in specs}
+names = {slug: escape_markdown(name) for slug, name in plain_names.items()}  # for Markdown labels
+st.caption(
+    f"Evaluation {escape_markdown(snapshot.id)} · {escape_markdown(snapshot.product)} · "
+    f"{escape_markdown(snapshot.language)}"
+)
 with st.expander("Question and model answer"):
     st.text(snapshot.question)
     st.text(snapshot.model_answer)
@@ -66,10 +70,19 @@ chosen = st.radio(
 st.session_state["coach_active_chat"] = chosen
 
 
+def _stream_safely(prepared: coach.PreparedReply) -> None:
+    """Stream a reply, rendering the text so far through safe_markdown (the model's text is untrusted)."""
+    placeholder = st.empty()
+    text = ""
+    for delta in prepared.stream():
+        text += delta
+        placeholder.markdown(safe_markdown(text))
+
+
 def _show_reply(prepared: coach.PreparedReply) -> None:
     with st.chat_message("assistant"):
         if prepared.needs_stream:
-            st.write_stream(prepared.stream())
+            _stream_safely(prepared)
         else:
             st.markdown(safe_markdown(prepared.text or ""))
 
@@ -80,7 +93,7 @@ if chosen == NEW_CHAT:
     picked = st.multiselect(
         "Metrics to discuss",
         [s.slug for s in specs],
-        format_func=lambda s: names[s],
+        format_func=lambda s: plain_names[s],
         max_selections=coach.MAX_SELECTED_METRICS,
         key="coach_metrics",
     )
@@ -89,10 +102,12 @@ if chosen == NEW_CHAT:
             prepared = coach.start_chat(engine, snapshot_id, picked, reviewer=current_reviewer())
             _show_reply(prepared)
         except (coach.CoachError, LLMNotConfigured) as exc:
-            st.error(str(exc))
+            st.error(escape_markdown(str(exc)))
             st.stop()
         except LLMError as exc:
-            st.error(f"The coach could not answer: {exc}. Open the chat again to retry.")
+            st.error(
+                f"The coach could not answer: {escape_markdown(str(exc))}. Open the chat again to retry."
+            )
             st.stop()
         st.session_state["coach_active_chat"] = prepared.chat_id
         st.rerun()
@@ -120,7 +135,7 @@ if unfinished and not no_llm:
         try:
             _show_reply(coach.resume_reply(engine, snapshot_id, row.client_message_id))
         except LLMError as exc:
-            st.error(f"The coach could not finish an earlier reply: {exc}")
+            st.error(f"The coach could not finish an earlier reply: {escape_markdown(str(exc))}")
             break
 
 st.progress(min(used / limit, 1.0), text=f"{used} of {limit} messages used")
@@ -142,10 +157,13 @@ if prompt:
             )
         )
     except coach.TurnLimitReached as exc:
-        st.info(str(exc))
+        st.info(escape_markdown(str(exc)))
     except (coach.CoachError, LLMNotConfigured) as exc:
-        st.error(str(exc))
+        st.error(escape_markdown(str(exc)))
     except LLMError as exc:
-        st.error(f"The coach could not answer: {exc}. Your message is kept; open the chat again to retry.")
+        st.error(
+            f"The coach could not answer: {escape_markdown(str(exc))}. "
+            "Your message is kept; open the chat again to retry."
+        )
     else:
         st.rerun()

@@ -85,7 +85,7 @@ def queue(filters: QueueFilter) -> None:
 
     snapshot = item.snapshot
     if snapshot is not None:
-        st.subheader(f"Evaluation {snapshot.id}")
+        st.subheader(f"Evaluation {escape_markdown(snapshot.id)}")
         st.caption(
             f"{escape_markdown(snapshot.product)} · {escape_markdown(snapshot.language)} · "
             f"model {escape_markdown(snapshot.model_name or 'unknown')} · "
@@ -99,7 +99,7 @@ def queue(filters: QueueFilter) -> None:
             st.markdown(escape_markdown(snapshot.model_answer))
     else:
         judgment = item.judgments[0]
-        st.subheader(f"Judgment {judgment.change_id}")
+        st.subheader(f"Judgment {escape_markdown(judgment.change_id)}")
         st.caption(escape_markdown(judgment.product))
         if judgment.description:
             st.markdown(escape_markdown(judgment.description))

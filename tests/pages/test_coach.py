@@ -138,3 +138,11 @@ def test_interrupted_reply_is_regenerated_on_the_next_visit(app_engine, open_pag
             )
         ).all()
     assert [(r.content, r.is_complete) for r in replies] == [("the whole answer", True)]
+
+
+def test_hostile_snapshot_parameter_is_shown_as_text(app_engine, open_page) -> None:
+    at = open_page(PAGE, query={"snapshot": "[click](https://evil.example) ![x](https://evil.example/p.png)"})
+    assert not at.exception
+    message = at.error[0].value
+    assert "does not exist" in message
+    assert "](https://evil" not in message

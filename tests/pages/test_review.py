@@ -80,7 +80,8 @@ def progress_text(at: AppTest) -> str:
 
 
 def subheaders(at: AppTest) -> list[str]:
-    return [h.value for h in at.subheader]
+    """Subheaders as a reader sees them (ids are Markdown-escaped in the page source)."""
+    return [h.value.replace("\\", "") for h in at.subheader]
 
 
 def test_queue_shows_progress_and_the_oldest_evaluation_first(app_engine, open_page) -> None:
