@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from sqlalchemy.exc import ArgumentError, OperationalError
+
 from lib.config import ConfigError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -238,12 +240,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("import", help="import evaluations, judgments, notes or metric sets")
     p.add_argument("file", help="a JSONL or JSON file")
-    p.add_argument("--kind", choices=["evaluations", "judgments", "notes", "metrics"], default=None,
-                   help="what the file holds (detected when omitted)")
+    p.add_argument(
+        "--kind",
+        choices=["evaluations", "judgments", "notes", "metrics"],
+        default=None,
+        help="what the file holds (detected when omitted)",
+    )
     p.add_argument("--reviewer", default="cli", help="recorded as the author of the import")
 
     p = sub.add_parser("export", help="export a table as CSV, Parquet or JSON")
-    p.add_argument("table", help="table or view name (see `python -m lib export --help`)")
+    from lib.export import EXPORTABLE_TABLES
+
+    p.add_argument("table", help="one of: " + ", ".join(sorted(EXPORTABLE_TABLES)))
     p.add_argument("--format", choices=["csv", "parquet", "json"], default="csv")
     p.add_argument("--out", required=True, help="output file path")
 
@@ -280,17 +288,36 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("history", help="the correction history a judge prompt gets (seed 004)")
     p.add_argument("--product", required=True, help="only this product's judgments")
     p.add_argument("--metric", default=None, help="only this metric's judgments (default: every metric)")
-    p.add_argument("--max-entries", type=int, default=None, metavar="N",
-                   help="how many entries (default OVERRULE_HISTORY_MAX_ENTRIES, 20)")
-    p.add_argument("--ratio", type=float, default=None, metavar="R",
-                   help="target share of corrections, 0..1 (default OVERRULE_HISTORY_CORRECTION_RATIO, 0.75)")
-    p.add_argument("--format", choices=["json", "prompt"], default="json",
-                   help="json: the judgments in selection order; prompt: the block a judge prompt contains")
+    p.add_argument(
+        "--max-entries",
+        type=int,
+        default=None,
+        metavar="N",
+        help="how many entries (default OVERRULE_HISTORY_MAX_ENTRIES, 20)",
+    )
+    p.add_argument(
+        "--ratio",
+        type=float,
+        default=None,
+        metavar="R",
+        help="target share of corrections, 0..1 (default OVERRULE_HISTORY_CORRECTION_RATIO, 0.75)",
+    )
+    p.add_argument(
+        "--format",
+        choices=["json", "prompt"],
+        default="json",
+        help="json: the judgments in selection order; prompt: the block a judge prompt contains",
+    )
 
     p = sub.add_parser("judge", help="judge a JSONL file of questions and answers (Stage 1 + 2), resumable")
     p.add_argument("file", help="JSONL, one evaluation per line (the import format without judge fields)")
-    p.add_argument("--concurrency", type=int, default=None, metavar="N",
-                   help="requests in flight at once (default OVERRULE_JUDGE_CONCURRENCY, 4)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests in flight at once (default OVERRULE_JUDGE_CONCURRENCY, 4)",
+    )
     p.add_argument("--reviewer", default="cli", help="recorded as the author of the snapshots")
 
     p = sub.add_parser("second-opinion", help="second opinions (seed 000 evaluation layer) for a product")
@@ -312,6 +339,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _HANDLERS[args.command](args)
     except (CliError, ConfigError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (ArgumentError, OperationalError) as exc:
+        # A wrong OVERRULE_DATABASE_URL or an unreachable server: say so without a traceback.
+        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        print(f"error: cannot use the database ({detail}); check OVERRULE_DATABASE_URL", file=sys.stderr)
         return 1
 
 

@@ -1,0 +1,39 @@
+"""The command line as a whole: every command documented, clean errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lib.__main__ import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _commands() -> list[str]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return sorted(sub.choices)
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_command_is_documented_in_the_readme(command: str) -> None:
+    assert f"python -m lib {command}" in (ROOT / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("url", "fragment"),
+    [("nonsense://x", "Can't load plugin"), ("postgresql://u:p@127.0.0.1:1/x", "Connection refused")],
+)
+def test_a_bad_database_url_is_a_one_line_error(url: str, fragment: str) -> None:
+    env = {**os.environ, "OVERRULE_DATABASE_URL": url}
+    done = subprocess.run(
+        [sys.executable, "-m", "lib", "demo"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert "check OVERRULE_DATABASE_URL" in done.stderr and fragment in done.stderr
