@@ -28,6 +28,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/gen.py` from anywhere
 from sqlalchemy import Engine, insert  # noqa: E402
 
 from lib.db import init_db  # noqa: E402
+from lib.metrics import DEFAULT_METRICS  # noqa: E402
 from lib.models import EvaluationSnapshot, Judgment  # noqa: E402
 
 BATCH_ROWS = 20_000
@@ -36,16 +37,7 @@ START = datetime(2025, 1, 1, tzinfo=UTC)
 YEAR_SECONDS = 365 * 24 * 3600
 PRODUCTS = ("Acme Fungear", "Globex Search", "Initech Support", "Umbrella Health", "Hooli Mail")
 LANGUAGES = ("en", "en", "en", "tr")
-METRICS = (
-    "truthfulness",
-    "helpfulness",
-    "safety",
-    "bias",
-    "clarity",
-    "consistency",
-    "efficiency",
-    "robustness",
-)
+METRICS = tuple(m.slug for m in DEFAULT_METRICS)
 MODELS = ("gpt-4o-mini", "mistral-nemo", "llama-3.1-70b", "qwen2.5-32b")
 JUDGES = ("gpt-4o", "claude-3.5-sonnet")
 REVIEWERS = ("ayse", "mehmet", "jane", "li", "omar", "sofia")

@@ -44,6 +44,7 @@ from lib.db import session_scope
 from lib.evaluation_layer import EvaluationVerdict, apply_evaluation
 from lib.evidence import ANCHOR_LEN, verify_evidence
 from lib.importer import import_evaluations, import_metrics, import_notes
+from lib.metrics import DEFAULT_METRICS
 from lib.models import (
     AutoEval,
     EvaluationSnapshot,
@@ -64,16 +65,7 @@ from lib.second_opinion import ACTION as SECOND_OPINION_ACTION
 DEMO_DIR = DATA_DIR / "demo"
 DEMO_SEED = 20261116
 DEMO_AUTHOR = "demo"
-DEFAULT_SLUGS = (
-    "truthfulness",
-    "helpfulness",
-    "safety",
-    "bias",
-    "clarity",
-    "consistency",
-    "efficiency",
-    "robustness",
-)
+DEFAULT_SLUGS = tuple(m.slug for m in DEFAULT_METRICS)
 # Target share of each verification stage among evidence items: every stage occurs many times.
 STAGE_WEIGHTS = {"exact": 0.34, "substring": 0.22, "anchor": 0.2, "whitespace": 0.12, "unverified": 0.12}
 NO_EVIDENCE_SHARE = 0.08  # seed 002 AD-8: some evaluations come without any evidence
@@ -166,7 +158,7 @@ class _Scale:
 def _scales(product: Mapping[str, Any]) -> list[_Scale]:
     rubric = product.get("rubric")
     if not rubric:
-        return [_Scale(slug, 1.0, 5.0, True) for slug in DEFAULT_SLUGS]
+        return [_Scale(m.slug, m.min_value, m.max_value, m.integer_scale) for m in DEFAULT_METRICS]
     return [
         _Scale(m["slug"], float(m["min"]), float(m["max"]), bool(m.get("integer_scale", True)))
         for m in rubric
