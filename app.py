@@ -15,6 +15,7 @@ except ConfigError as exc:
 
 pages = [
     st.Page("pages/overview.py", title="Overview", icon="🏠", url_path="", default=True),
+    st.Page("pages/import_data.py", title="Import", icon="📥", url_path="import"),
     st.Page("pages/evaluations.py", title="Evaluations", icon="🔎", url_path="evaluations"),
     st.Page("pages/review.py", title="Review queue", icon="✅", url_path="review"),
     st.Page("pages/corrections.py", title="Corrections", icon="🧠", url_path="corrections"),

@@ -18,7 +18,7 @@ from lib import corrections
 from lib.corrections import DecisionScale, InvalidDecision, JudgmentNotFound, MissingReviewer, ReviewConflict
 from lib.models import Judgment
 from lib.safe_markdown import escape_markdown
-from lib.ui import current_reviewer, session_scope
+from lib.ui import csv_download, current_reviewer, session_scope
 
 CONFIRM_SHORTCUT = "Alt+Y"
 OVERRULE_SHORTCUT = "Alt+O"
@@ -217,6 +217,7 @@ def judgment_history(judgment_id: int, *, key: str) -> None:
         st.caption("No changes recorded yet.")
         return
     st.dataframe(frame, hide_index=True, key=key, width="stretch")
+    csv_download(frame, "history.csv", key=f"{key}_csv")
 
 
 def review_card_extra(key_prefix: str) -> Callable[[Any], None]:

@@ -1,0 +1,58 @@
+"""Import: upload evaluations, judgment caches, notes or metric sets — the page twin of `python -m lib import`."""
+
+import tempfile
+from pathlib import Path
+
+import streamlit as st
+
+from lib import importer
+from lib.safe_markdown import escape_markdown
+from lib.ui import get_engine, require_reviewer
+
+DETECT = "Detect automatically"
+MAX_UPLOAD_MB = st.get_option("server.maxUploadSize")
+
+st.title("Import")
+st.caption(
+    "Add data in bulk: the same import as `python -m lib import FILE`. A bad file is refused whole "
+    "with the line and field at fault, and nothing is written; importing a file twice never "
+    "duplicates rows."
+)
+st.markdown(
+    "- **evaluations** (JSONL, one per line): `question`, `model_answer`, `product` and "
+    "`user_scores` and/or `judge_scores` are required; scores are checked against the product's "
+    "metric scales.\n"
+    '- **judgments**: the seed-004 JSON cache (`{"cache_version": "1.0", "judgments": {…}}`).\n'
+    "- **notes** (JSONL): `timestamp, language, note_type, content, phelps_code, confidence, session_id`.\n"
+    "- **metrics** (JSON list): `{product, slug, display_name, min, max, description}` — import a "
+    "product's metric set before its evaluations."
+)
+st.caption(
+    'Every field is described in the README, section "Data in and out". '
+    f"Uploads are limited to {MAX_UPLOAD_MB} MB; import larger files with "
+    "`python -m lib import FILE` on the server."
+)
+
+upload = st.file_uploader("File to import", type=["jsonl", "json"], key="import_file")
+kind = st.selectbox("What the file holds", [DETECT, *importer.KINDS], key="import_kind")
+reviewer = require_reviewer("import data")
+clicked = st.button("Import", key="import_run", type="primary", disabled=upload is None or not reviewer)
+if clicked and upload is not None and reviewer:
+    # import_path names the file in its messages, so the copy keeps the uploaded name.
+    with tempfile.TemporaryDirectory(prefix="overrule_upload_") as folder:
+        # Only the base name, never "." or "..": the browser's file name is untrusted.
+        name = Path(upload.name).name
+        path = Path(folder) / (name if name not in ("", ".", "..") else "upload.jsonl")
+        path.write_bytes(upload.getvalue())
+        try:
+            with st.spinner("Validating and importing…"):
+                report = importer.import_path(
+                    engine=get_engine(),
+                    path=path,
+                    kind=None if kind == DETECT else kind,
+                    reviewer=reviewer,
+                )
+        except importer.ImportFailed as exc:
+            st.error(f"The file was refused and nothing was written: {escape_markdown(str(exc))}", icon="🚫")
+        else:
+            st.success(escape_markdown(report.summary()), icon="✅")

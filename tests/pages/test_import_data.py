@@ -1,0 +1,182 @@
+"""Import page under AppTest: uploads of every kind go through the importer, bad files write nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, func
+from sqlmodel import select
+from streamlit.testing.v1 import AppTest
+
+from lib.db import session_scope
+from lib.models import EvaluationSnapshot, Judgment, MetricDefinition, SessionNote
+from lib.safe_markdown import escape_markdown
+
+PAGE = "pages/import_data.py"
+FIXTURES = Path(__file__).resolve().parents[1] / "data" / "import"
+DETECT = "Detect automatically"
+
+
+def evaluation(**overrides: Any) -> dict[str, Any]:
+    """A valid evaluation on the default 1–5 metric set."""
+    base: dict[str, Any] = {
+        "question": "Who received the 1921 Nobel Prize in Physics?",
+        "model_answer": "Einstein, for the photoelectric effect.",
+        "product": "tutor",
+        "user_scores": {"truthfulness": 5, "clarity": 4},
+        "judge_scores": {"truthfulness": {"score": 4, "reason": "thin"}, "clarity": 3},
+    }
+    return base | overrides
+
+
+def jsonl(*records: dict[str, Any]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in records).encode()
+
+
+def count(engine: Engine, model: type) -> int:
+    with session_scope(engine, read_only=True) as s:
+        return s.exec(select(func.count()).select_from(model)).one()
+
+
+def upload(at: AppTest, name: str, data: bytes, *, kind: str = DETECT) -> AppTest:
+    """Choose a file (and kind), let the page redraw, then press Import."""
+    at.file_uploader(key="import_file").set_value((name, data, "application/json"))
+    at.selectbox(key="import_kind").set_value(kind)
+    at.run()
+    at.button(key="import_run").click()
+    return at.run()
+
+
+@pytest.mark.parametrize(
+    ("reviewer", "with_file"),
+    [(None, False), ("ayse", False), (None, True)],
+    ids=["nothing", "reviewer-only", "file-only"],
+)
+def test_import_is_disabled_until_a_file_and_a_reviewer_are_given(
+    app_engine, open_page, reviewer, with_file
+) -> None:
+    at = open_page(PAGE, reviewer=reviewer)
+    if with_file:
+        at.file_uploader(key="import_file").set_value(("e.jsonl", jsonl(evaluation()), "application/json"))
+        at.run()
+    assert at.button(key="import_run").disabled
+    assert not at.exception
+
+
+def test_import_is_enabled_with_a_file_and_a_reviewer(app_engine, open_page) -> None:
+    at = open_page(PAGE, reviewer="ayse")
+    at.file_uploader(key="import_file").set_value(("e.jsonl", jsonl(evaluation()), "application/json")).run()
+    assert not at.button(key="import_run").disabled
+    assert not at.exception
+
+
+def test_without_a_reviewer_the_page_asks_for_a_name(app_engine, open_page) -> None:
+    at = open_page(PAGE)
+    assert any("Enter your name in the sidebar to import data" in w.value for w in at.warning)
+
+
+@pytest.mark.parametrize(
+    "phrase",
+    [
+        "`question`, `model_answer`, `product`",
+        "`timestamp, language, note_type, content, phelps_code, confidence, session_id`",
+        "`{product, slug, display_name, min, max, description}`",
+        '"cache_version": "1.0"',
+        'section "Data in and out"',
+        "limited to 200 MB",
+        "`python -m lib import FILE` on the server",
+    ],
+)
+def test_the_page_explains_formats_and_the_upload_limit(app_engine, open_page, phrase) -> None:
+    at = open_page(PAGE)
+    text = " ".join([*(c.value for c in at.caption), *(m.value for m in at.markdown)])
+    assert phrase in text
+
+
+def test_the_uploader_accepts_only_json_and_jsonl(app_engine, open_page) -> None:
+    at = open_page(PAGE)
+    assert sorted(at.file_uploader(key="import_file").allowed_type) == [".json", ".jsonl"]
+
+
+@pytest.mark.parametrize("kind", [DETECT, "evaluations"])
+def test_a_good_evaluations_upload_creates_snapshots_and_judgments(app_engine, open_page, kind) -> None:
+    at = upload(open_page(PAGE, reviewer="ayse"), "evals.jsonl", jsonl(evaluation()), kind=kind)
+    assert not at.exception
+    assert [s.value for s in at.success] == [
+        escape_markdown("evaluations: 1 inserted, 0 already present (skipped), 2 judgments")
+    ]
+    assert count(app_engine, EvaluationSnapshot) == 1
+    assert count(app_engine, Judgment) == 2
+
+
+def test_uploading_the_same_file_twice_reports_it_as_already_present(app_engine, open_page) -> None:
+    at = upload(open_page(PAGE, reviewer="ayse"), "evals.jsonl", jsonl(evaluation()))
+    at.button(key="import_run").click()
+    at.run()
+    assert "1 already present" in at.success[0].value
+    assert count(app_engine, EvaluationSnapshot) == 1
+
+
+@pytest.mark.parametrize(
+    ("fixture", "kind", "model", "rows"),
+    [
+        ("notes.jsonl", "notes", SessionNote, 3),
+        ("judgments_cache.json", "judgments", Judgment, 3),
+        ("metrics.json", "metrics", MetricDefinition, 2),
+    ],
+)
+@pytest.mark.parametrize("chosen", [True, False], ids=["kind-chosen", "kind-detected"])
+def test_every_kind_can_be_uploaded(app_engine, open_page, fixture, kind, model, rows, chosen) -> None:
+    before = count(app_engine, model)
+    at = upload(
+        open_page(PAGE, reviewer="ayse"),
+        fixture,
+        (FIXTURES / fixture).read_bytes(),
+        kind=kind if chosen else DETECT,
+    )
+    assert not at.exception
+    assert at.success[0].value.startswith(kind)
+    assert count(app_engine, model) - before == rows
+
+
+def test_a_score_outside_its_scale_is_refused_and_nothing_is_written(app_engine, open_page) -> None:
+    good = evaluation(question="Fine?")
+    bad = evaluation(user_scores={"truthfulness": 5, "clarity": 7})
+    at = upload(open_page(PAGE, reviewer="ayse"), "evals.jsonl", jsonl(good, bad))
+    assert not at.exception
+    assert not at.success
+    message = at.error[0].value
+    assert "nothing was written" in message
+    assert escape_markdown("evals.jsonl line 2, field 'user_scores.clarity'") in message
+    assert count(app_engine, EvaluationSnapshot) == 0
+    assert count(app_engine, Judgment) == 0
+
+
+def test_a_file_of_another_kind_than_chosen_is_refused(app_engine, open_page) -> None:
+    at = upload(
+        open_page(PAGE, reviewer="ayse"),
+        "notes.jsonl",
+        (FIXTURES / "notes.jsonl").read_bytes(),
+        kind="evaluations",
+    )
+    assert "nothing was written" in at.error[0].value
+    assert count(app_engine, SessionNote) == 0
+    assert count(app_engine, EvaluationSnapshot) == 0
+
+
+def test_markup_in_an_error_message_is_escaped(app_engine, open_page) -> None:
+    hostile = "[click](javascript:alert(1))"
+    at = upload(open_page(PAGE, reviewer="ayse"), "evals.jsonl", jsonl(evaluation(user_scores={hostile: 3})))
+    message = at.error[0].value
+    assert hostile not in message
+    assert escape_markdown(hostile) in message
+    assert count(app_engine, EvaluationSnapshot) == 0
+
+
+def test_an_empty_file_is_refused(app_engine, open_page) -> None:
+    at = upload(open_page(PAGE, reviewer="ayse"), "empty.jsonl", b"")
+    assert escape_markdown("empty.jsonl: the file is empty") in at.error[0].value
+    assert not at.exception
