@@ -789,7 +789,7 @@ def _notes_block(
     selected = notes.relevant_notes(session=session, language=ev.language, tags=tags)
     # A judge run's own notes carry its snapshot id and are saved only after it succeeds, so no note
     # in its prompt can be from the current session: every line names the session it came from.
-    block = notes.format_notes_for_prompt(selected, None) or None
+    block = notes.format_notes_for_prompt(selected, current_session="") or None
     return block, tuple(n.id for n in selected if n.id is not None), tags
 
 

@@ -45,7 +45,9 @@ def display_name_to_slug(name: str) -> str:
     try:
         return METRIC_SLUG_MAP[name]
     except KeyError:
-        raise ValueError(f"unknown metric display name {name!r}; known: {', '.join(METRIC_SLUG_MAP)}") from None
+        raise ValueError(
+            f"unknown metric display name {name!r}; known: {', '.join(METRIC_SLUG_MAP)}"
+        ) from None
 
 
 def slug_to_display_name(slug: str) -> str:
@@ -72,7 +74,7 @@ class MetricSpec:
         return self.max_value - self.min_value
 
     def scale_label(self) -> str:
-        """"1–5" or "0–1 (continuous)"."""
+        """The scale as shown to reviewers: "1–5" or "0–1 (continuous)"."""
         lo, hi = _fmt(self.min_value), _fmt(self.max_value)
         return f"{lo}–{hi}" if self.integer_scale else f"{lo}–{hi} (continuous)"
 
@@ -106,7 +108,7 @@ DEFAULT_METRICS: tuple[MetricSpec, ...] = tuple(
 )
 
 
-def metrics_for_product(*, session: Session, product: str) -> list[MetricSpec]:
+def metrics_for_product(session: Session, product: str) -> list[MetricSpec]:
     """The product's own rubric in its order, or the default set when it defines none."""
     rows = session.exec(
         select(MetricDefinition)
@@ -128,9 +130,11 @@ def metrics_for_product(*, session: Session, product: str) -> list[MetricSpec]:
     ]
 
 
-def products_with_rubrics(*, session: Session) -> list[str]:
+def products_with_rubrics(session: Session) -> list[str]:
     """Products that define their own metric set."""
-    return list(session.exec(select(MetricDefinition.product).distinct().order_by(MetricDefinition.product)).all())
+    return list(
+        session.exec(select(MetricDefinition.product).distinct().order_by(MetricDefinition.product)).all()
+    )
 
 
 def resolve_metric_key(key: str, metrics: Sequence[MetricSpec], product: str = "") -> str:
@@ -151,7 +155,7 @@ def spec_by_slug(metrics: Iterable[MetricSpec]) -> dict[str, MetricSpec]:
     return {m.slug: m for m in metrics}
 
 
-def upsert_metric_definitions(*, session: Session, definitions: Iterable[Mapping[str, Any]]) -> int:
+def upsert_metric_definitions(session: Session, definitions: Iterable[Mapping[str, Any]]) -> int:
     """Create or update metric definitions from dicts of {product, slug, display_name, min, max, ...}."""
     count = 0
     for position, raw in enumerate(definitions):

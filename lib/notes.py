@@ -21,7 +21,9 @@ Decisions the seed leaves open, pinned down here (and tested):
 - Ages in the prompt use the largest whole unit: under an hour in minutes ("0m" for under a
   minute, and for a timestamp in the future), under a day in hours, else in days.
 - A confidence prints as c×100 rounded half up ("confidence: 88%"); a SUCCESS note with a code
-  but no confidence prints just `[<code>]`.
+  but no confidence prints `[<code>, confidence: 0%]` (SPEC §5 has one form for coded notes).
+- The four SPEC §5 functions take their leading arguments positionally in the SPEC's order
+  (`add_note(session, language, note_type, content, ...)`); the rest are keyword-only.
 """
 
 from __future__ import annotations
@@ -156,13 +158,13 @@ def _bounded_text(value: str | None, name: str, limit: int) -> str | None:
 
 
 def add_note(
-    *,
     session: Session,
     language: str | None,
     note_type: str,
     content: str,
     phelps_code: str | None = None,
     confidence: float | None = None,
+    *,
     session_id: str | None = None,
     created_by: str | None = None,
     timestamp: datetime | None = None,
@@ -268,11 +270,11 @@ def _newest_first() -> tuple[Any, Any]:
 
 
 def search_notes(
-    *,
     session: Session,
     query: str = "",
     note_type: str | Sequence[str] | None = None,
     language: str | Sequence[str] | None = None,
+    *,
     session_id: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
@@ -562,10 +564,10 @@ def _relevant_from_cache(session: Session, language: str, limit: int) -> list[Se
 
 
 def relevant_notes(
-    *,
     session: Session,
     language: str,
     limit: int | None = None,
+    *,
     tags: Sequence[str] = (),
     relevance: RelevanceHook | None = None,
     use_cache: bool = True,
@@ -692,11 +694,11 @@ def _dependent_tables() -> list[Table]:
 
 
 def remove_notes(
-    *,
     session: Session,
     note_type: str | Sequence[str] | None = None,
     language: str | Sequence[str] | None = None,
     older_than: timedelta | None = None,
+    *,
     session_id: str | None = None,
     all_notes: bool = False,
     now: datetime | None = None,
@@ -769,11 +771,9 @@ def format_note_line(note: SessionNote, *, current_session: str | None, now: dat
     line = f"{TYPE_ICONS.get(kind, '📝')} {kind} ({format_age(now - _aware(note.timestamp))} ago): "
     line += clean_content(note.content)
     if kind == "SUCCESS" and note.phelps_code:
-        if note.confidence is not None:
-            line += f" [{note.phelps_code}, confidence: {format_confidence(note.confidence)}]"
-        else:
-            line += f" [{note.phelps_code}]"
-    if current_session is not None and note.session_id == current_session:
+        # SPEC §5 gives a coded SUCCESS note one form only; a missing confidence counts as 0.
+        line += f" [{note.phelps_code}, confidence: {format_confidence(note.confidence or 0.0)}]"
+    if current_session and note.session_id == current_session:
         line += " [CURRENT SESSION]"
     else:
         line += f" [SESSION: {note.session_id[-8:]}]"
@@ -785,12 +785,15 @@ def format_notes_for_prompt(
 ) -> str:
     """The seed-000 prompt block for these notes, in the order given ("" when there are none).
 
-    `current_session` is the judge run's own id (its notes say [CURRENT SESSION]); None marks
-    every note with its session, as a brand-new run would see them.
+    `current_session` is the run's own id (its notes say [CURRENT SESSION]); None means this
+    process (`process_session_id()`, the id `add_note` stamps by default); "" means no current
+    session, so every note names its session, as a brand-new run would see them.
     """
     notes = list(notes)
     if not notes:
         return ""
+    if current_session is None:
+        current_session = process_session_id()
     moment = _aware(now or utcnow())
     lines = [PROMPT_HEADER, PROMPT_INTRO, ""]
     lines += [format_note_line(n, current_session=current_session, now=moment) for n in notes]

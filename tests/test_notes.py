@@ -782,9 +782,40 @@ def test_confidence_is_a_rounded_percentage(confidence: float, shown: str) -> No
     assert f"[AB1, confidence: {shown}]" in line
 
 
-def test_success_code_without_confidence_shows_the_code_alone() -> None:
+def test_success_code_without_confidence_shows_zero_confidence() -> None:
     line = notes.format_note_line(note(note_type="SUCCESS", phelps_code="AB1"), current_session=None, now=NOW)
-    assert line == "✅ SUCCESS (0m ago): c [AB1] [SESSION: 2345_789]"
+    assert line == "✅ SUCCESS (0m ago): c [AB1, confidence: 0%] [SESSION: 2345_789]"
+
+
+def test_prompt_block_shows_zero_confidence_for_a_coded_success_note() -> None:
+    block = notes.format_notes_for_prompt(
+        [note(note_type="SUCCESS", phelps_code="AB1", confidence=None)], current_session="", now=NOW
+    )
+    assert block.splitlines()[3] == "✅ SUCCESS (0m ago): c [AB1, confidence: 0%] [SESSION: 2345_789]"
+
+
+def test_prompt_marks_this_process_notes_as_current_by_default() -> None:
+    block = notes.format_notes_for_prompt([note(session_id=notes.process_session_id())], now=NOW)
+    assert block.splitlines()[3] == "💭 TIP (0m ago): c [CURRENT SESSION]"
+
+
+def test_prompt_names_other_sessions_by_default() -> None:
+    block = notes.format_notes_for_prompt([note()], now=NOW)
+    assert block.splitlines()[3].endswith(" [SESSION: 2345_789]")
+
+
+def test_empty_current_session_means_no_current_session() -> None:
+    block = notes.format_notes_for_prompt(
+        [note(session_id=notes.process_session_id())], current_session="", now=NOW
+    )
+    assert block.splitlines()[3].endswith(f" [SESSION: {notes.process_session_id()[-8:]}]")
+
+
+def test_note_added_without_session_id_is_current_in_this_process(engine: Engine) -> None:
+    with Session(engine) as s:
+        added = notes.add_note(s, "en", "TIP", "mine")
+        block = notes.format_notes_for_prompt([added], now=NOW)
+    assert "[CURRENT SESSION]" in block
 
 
 def test_success_without_code_has_no_code_bracket() -> None:
@@ -1014,3 +1045,70 @@ def test_cli_clean_language_empty_means_every_language_notes(cli_db: tuple[Engin
     put(engine, content="universal", language="")
     run_cli("notes", "clean", "--language", "", url=url)
     assert [n.content for n in stored(engine)] == ["english"]
+
+
+# --------------------------------------------------------------------------------------------
+# SPEC §5 calling convention: (session, ...) positionally
+
+
+def test_add_note_takes_its_spec_arguments_positionally(engine: Engine) -> None:
+    with Session(engine) as s:
+        added = notes.add_note(s, "EN", "success", "matched", "AB1", 0.75, session_id="run-1")
+        s.commit()
+        got = (added.language, added.note_type, added.content, added.phelps_code, added.confidence)
+    assert got == ("en", "SUCCESS", "matched", "AB1", 0.75)
+
+
+def test_relevant_notes_take_session_language_and_limit_positionally(engine: Engine) -> None:
+    for i in range(3):
+        put(engine, content=f"n{i}", timestamp=NOW + timedelta(minutes=i))
+    put(engine, language="fr", content="french")
+    with Session(engine) as s:
+        found = notes.relevant_notes(s, "en", 2)
+    assert [n.content for n in found] == ["n2", "n1"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("tea",), ["green tea", "black tea"]),
+        (("tea", "pattern"), ["black tea"]),
+        (("tea", None, "fr"), ["green tea"]),
+        (("", "TIP", "fr"), ["green tea"]),
+    ],
+)
+def test_search_notes_takes_its_filters_positionally(
+    engine: Engine, args: tuple[Any, ...], expected: list[str]
+) -> None:
+    put(engine, language="fr", note_type="TIP", content="green tea", timestamp=NOW)
+    put(engine, language="en", note_type="PATTERN", content="black tea", timestamp=NOW - timedelta(hours=1))
+    put(engine, language="en", note_type="TIP", content="coffee", timestamp=NOW - timedelta(hours=2))
+    with Session(engine) as s:
+        found = notes.search_notes(s, *args)
+    assert [n.content for n in found] == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "left"),
+    [
+        (("TIP",), ["pattern"]),
+        ((None, "fr"), ["tip en", "pattern"]),
+        ((None, None, timedelta(days=1)), ["tip en", "tip fr"]),
+    ],
+)
+def test_remove_notes_takes_its_filters_positionally(
+    engine: Engine, args: tuple[Any, ...], left: list[str]
+) -> None:
+    put(engine, language="en", note_type="TIP", content="tip en", timestamp=utc_now())
+    put(engine, language="fr", note_type="TIP", content="tip fr", timestamp=utc_now())
+    put(
+        engine, language="en", note_type="PATTERN", content="pattern", timestamp=utc_now() - timedelta(days=2)
+    )
+    with Session(engine) as s:
+        notes.remove_notes(s, *args)
+        s.commit()
+    assert [n.content for n in stored(engine)] == left
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,48 @@
+"""lib.metrics rubric functions called in the SPEC §5 convention `(session, ...)`, on both backends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+from sqlmodel import Session
+
+from lib.metrics import DEFAULT_METRICS, metrics_for_product, products_with_rubrics, upsert_metric_definitions
+
+RUBRIC: list[dict[str, Any]] = [
+    {"product": "bot", "slug": "tone", "display_name": "Tone", "min": 0, "max": 1},
+    {"product": "bot", "slug": "accuracy", "display_name": "Accuracy", "min": 1, "max": 5},
+]
+
+
+def test_upsert_metric_definitions_takes_session_and_definitions_positionally(engine: Engine) -> None:
+    with Session(engine) as s:
+        assert upsert_metric_definitions(s, RUBRIC) == 2
+        s.commit()
+    with Session(engine) as s:
+        assert [m.slug for m in metrics_for_product(s, "bot")] == ["tone", "accuracy"]
+
+
+@pytest.mark.parametrize("positional", [True, False])
+def test_metrics_for_product_accepts_positional_and_keyword_calls(engine: Engine, positional: bool) -> None:
+    with Session(engine) as s:
+        upsert_metric_definitions(session=s, definitions=RUBRIC)
+        s.commit()
+        specs = metrics_for_product(s, "bot") if positional else metrics_for_product(session=s, product="bot")
+    assert [(m.slug, m.min_value, m.max_value, m.integer_scale) for m in specs] == [
+        ("tone", 0.0, 1.0, False),
+        ("accuracy", 1.0, 5.0, True),
+    ]
+
+
+def test_product_without_rubric_gets_the_default_set_positionally(engine: Engine) -> None:
+    with Session(engine) as s:
+        assert metrics_for_product(s, "unknown") == list(DEFAULT_METRICS)
+
+
+def test_products_with_rubrics_takes_the_session_positionally(engine: Engine) -> None:
+    with Session(engine) as s:
+        upsert_metric_definitions(s, [*RUBRIC, {**RUBRIC[0], "product": "app"}])
+        s.commit()
+        assert products_with_rubrics(s) == ["app", "bot"]
