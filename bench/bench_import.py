@@ -1,6 +1,7 @@
 """Import benchmark: bulk Core `insert()` executemany vs per-row ORM, for N judgment rows.
 
     python bench/bench_import.py [--sizes 1000 100000] [--per-row-cap 100000] [--url URL]
+                                 [--sqlite-cache-mb MB]
 
 Bulk: one transaction, `conn.execute(insert(Judgment), batch)` per 20k rows (what an importer does).
 Per-row baseline, made fair rather than strawman: `session.add(Judgment(...))` and `session.flush()`
@@ -11,7 +12,8 @@ output says so). Default database: a fresh SQLite file per measurement in bench/
 runs against another (e.g. PostgreSQL) database, emptied of judgments before each measurement.
 Wall-clock and CPU seconds are both printed: on a busy shared machine the wall clock mostly measures
 the other jobs; with SQLite everything runs in this process, so CPU time is the method's own cost
-(with `--url` PostgreSQL the server's CPU is not counted). Goal (issue): bulk >= 20x.
+(with `--url` PostgreSQL the server's CPU is not counted). `--sqlite-cache-mb` gives both methods a larger SQLite page cache (the app's default is SQLite's
+2 MB), to see how much of the bulk time is index upkeep. Goal (issue): bulk >= 20x.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import Engine, delete  # noqa: E402
+from sqlalchemy import Engine, delete, event  # noqa: E402
 from sqlmodel import Session  # noqa: E402
 
 from bench.gen import insert_batched, judgment_rows  # noqa: E402
@@ -36,14 +38,22 @@ from lib.models import Judgment, JudgmentEvent  # noqa: E402
 OUT = ROOT / "bench" / "out"
 
 
-def fresh_engine(url: str | None) -> Engine:
+def fresh_engine(url: str | None, sqlite_cache_mb: int = 0) -> Engine:
     """An empty judgments table: a new SQLite file, or the given database with judgments deleted."""
     if url is None:
         path = OUT / "bench_import.db"
         for suffix in ("", "-wal", "-shm"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
         OUT.mkdir(parents=True, exist_ok=True)
-        return init_db(f"sqlite:///{path}")
+        engine = init_db(f"sqlite:///{path}")
+        if sqlite_cache_mb:
+
+            @event.listens_for(engine, "connect")
+            def _cache(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+                dbapi_conn.execute(f"PRAGMA cache_size = -{sqlite_cache_mb * 1024}")
+
+            engine.dispose()  # reconnect so every connection gets the pragma
+        return engine
     engine = init_db(url)
     with engine.begin() as conn:
         conn.execute(delete(JudgmentEvent))
@@ -75,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 100_000])
     parser.add_argument("--per-row-cap", type=int, default=100_000, help="extrapolate per-row above this")
     parser.add_argument("--url", default=None, help="database URL (default: a fresh SQLite file)")
+    parser.add_argument("--sqlite-cache-mb", type=int, default=0, help="SQLite page cache for both methods")
     args = parser.parse_args(argv)
     header = (
         f"{'rows':>10} | {'bulk wall s':>11} | {'per-row wall s':>14} | {'ratio':>6} | "
@@ -83,11 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     lines = [header, "-" * len(header)]
     for size in args.sizes:
         rows = list(judgment_rows(size, seed=1))  # built before timing: only the insert is measured
-        engine = fresh_engine(args.url)
+        engine = fresh_engine(args.url, args.sqlite_cache_mb)
         bulk_s, bulk_cpu = bulk(engine, rows)
         engine.dispose()
         measured = min(size, args.per_row_cap)
-        engine = fresh_engine(args.url)
+        engine = fresh_engine(args.url, args.sqlite_cache_mb)
         row_s, row_cpu = per_row(engine, rows[:measured])
         row_s, row_cpu = row_s * size / measured, row_cpu * size / measured
         engine.dispose()
