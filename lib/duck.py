@@ -4,9 +4,10 @@ Usage (analytics, exports, pages)::
 
     con = duck_connect(engine)
     try:
-        frame = con.execute(
-            f"SELECT product, count(*) FROM {table_ref('judgments')} WHERE was_corrected GROUP BY 1"
-        ).df()
+        frame = fetch_frame(
+            con, f"SELECT product, count(*) AS n FROM {table_ref('judgments')} WHERE was_corrected "
+            "AND timestamp >= ? GROUP BY 1", [since]
+        )
     finally:
         con.close()
 
@@ -29,8 +30,8 @@ ship, and `.df()` raises pandas 3.1 deprecation warnings. Keep results small (ag
 If an extension cannot be loaded (another DuckDB version, a platform without the wheel), the tables
 are streamed from SQLAlchemy in Arrow record batches into DuckDB's own storage instead, never through
 a pandas frame; pass `tables=` to copy only what the query needs. `source_kind(con)` tells which path
-was taken. Opening a connection costs about 0.3 s (the extension's signature check), so a page should keep one
-per process (`st.cache_resource`) and take `con.cursor()` per use: cursors share the attachment and
+was taken. Opening a connection costs about 0.3 s (the extension's signature check), so a page
+should keep one per process (`st.cache_resource`) and take `con.cursor()` per use: cursors share the attachment and
 the views, see live data through the scanner, and may run on other threads. (On the Arrow fallback
 the copy is a snapshot; a cached connection would go stale there, see `source_kind`.)
 """
