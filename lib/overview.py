@@ -31,6 +31,10 @@ class OverviewStats:
     notes: int = 0
     note_sessions: int = 0
     latest_note: datetime | None = None
+    second_opinions: int = 0
+    second_opinion_validated: int = 0
+    second_opinion_improved: int = 0
+    second_opinion_questioned: int = 0
 
     @property
     def correction_rate(self) -> float | None:
@@ -39,6 +43,11 @@ class OverviewStats:
     @property
     def agreement_rate(self) -> float | None:
         return (self.reviewed - self.corrected) / self.reviewed if self.reviewed else None
+
+    @property
+    def second_opinion_agreement(self) -> float | None:
+        """Share of second opinions that validated the judge (seed 000 VALID: YES without a better answer)."""
+        return self.second_opinion_validated / self.second_opinions if self.second_opinions else None
 
     @property
     def verification_rate(self) -> float | None:
@@ -62,27 +71,42 @@ def overview_stats(*, session: Session) -> OverviewStats:
         )
     ).one()
     reviewed = col(Judgment.reviewed_at).is_not(None)
+    action = col(Judgment.second_opinion_action)
     jud = session.exec(
         select(
             func.count(),
             func.count().filter(~reviewed),
             func.count().filter(reviewed),
             func.count().filter(reviewed & col(Judgment.was_corrected)),
+            func.count().filter(action.in_(("validated", "improved", "questioned"))),
+            func.count().filter(action == "validated"),
+            func.count().filter(action == "improved"),
+            func.count().filter(action == "questioned"),
         )
     ).one()
     notes = session.exec(
-        select(func.count(), func.count(func.distinct(SessionNote.session_id)), func.max(SessionNote.timestamp))
+        select(
+            func.count(), func.count(func.distinct(SessionNote.session_id)), func.max(SessionNote.timestamp)
+        )
     ).one()
     return OverviewStats(
         evaluations=snap[0],
         archived=snap[1],
         products=snap[2],
         evidence_total=int(snap[3]),
-        evidence_by_state={"highlighted": int(snap[4]), "unlocated": int(snap[5]), "unverified": int(snap[6])},
+        evidence_by_state={
+            "highlighted": int(snap[4]),
+            "unlocated": int(snap[5]),
+            "unverified": int(snap[6]),
+        },
         judgments=jud[0],
         pending_reviews=jud[1],
         reviewed=jud[2],
         corrected=jud[3],
+        second_opinions=jud[4],
+        second_opinion_validated=jud[5],
+        second_opinion_improved=jud[6],
+        second_opinion_questioned=jud[7],
         notes=notes[0],
         note_sessions=notes[1],
         latest_note=notes[2],
@@ -105,23 +129,39 @@ def evidence_state_frame(stats: OverviewStats) -> pd.DataFrame:
 def recent_activity(*, session: Session, limit: int = 10) -> pd.DataFrame:
     """The latest review events and evaluations, newest first."""
     events = session.exec(
-        select(JudgmentEvent.at, JudgmentEvent.reviewer, JudgmentEvent.action, JudgmentEvent.change_id,
-               JudgmentEvent.from_decision, JudgmentEvent.to_decision)
+        select(
+            JudgmentEvent.at,
+            JudgmentEvent.reviewer,
+            JudgmentEvent.action,
+            JudgmentEvent.change_id,
+            JudgmentEvent.from_decision,
+            JudgmentEvent.to_decision,
+        )
         .order_by(col(JudgmentEvent.at).desc())
         .limit(limit)
     ).all()
     snaps = session.exec(
-        select(EvaluationSnapshot.created_at, EvaluationSnapshot.created_by, EvaluationSnapshot.id,
-               EvaluationSnapshot.product)
+        select(
+            EvaluationSnapshot.created_at,
+            EvaluationSnapshot.created_by,
+            EvaluationSnapshot.id,
+            EvaluationSnapshot.product,
+        )
         .where(col(EvaluationSnapshot.deleted_at).is_(None))
         .order_by(col(EvaluationSnapshot.created_at).desc())
         .limit(limit)
     ).all()
     rows: list[dict[str, Any]] = [
-        {"when": e.at, "who": e.reviewer, "what": f"{e.action} {e.change_id}: {e.from_decision} → {e.to_decision}"}
+        {
+            "when": e.at,
+            "who": e.reviewer,
+            "what": f"{e.action} {e.change_id}: {e.from_decision} → {e.to_decision}",
+        }
         for e in events
     ]
-    rows += [{"when": s.created_at, "who": s.created_by, "what": f"evaluation {s.id} ({s.product})"} for s in snaps]
+    rows += [
+        {"when": s.created_at, "who": s.created_by, "what": f"evaluation {s.id} ({s.product})"} for s in snaps
+    ]
     frame = pd.DataFrame(rows, columns=["when", "who", "what"])
     return frame.sort_values("when", ascending=False).head(limit).reset_index(drop=True)
 
@@ -131,11 +171,25 @@ def metric_sets_frame(*, session: Session) -> pd.DataFrame:
     rows = []
     for product in products_with_rubrics(session=session):
         for spec in metrics_for_product(session=session, product=product):
-            rows.append({"product": product, "metric": spec.display_name, "slug": spec.slug,
-                         "scale": spec.scale_label(), "rubric": spec.description})
+            rows.append(
+                {
+                    "product": product,
+                    "metric": spec.display_name,
+                    "slug": spec.slug,
+                    "scale": spec.scale_label(),
+                    "rubric": spec.description,
+                }
+            )
     for spec in DEFAULT_METRICS:
-        rows.append({"product": "(default set)", "metric": spec.display_name, "slug": spec.slug,
-                     "scale": spec.scale_label(), "rubric": spec.description})
+        rows.append(
+            {
+                "product": "(default set)",
+                "metric": spec.display_name,
+                "slug": spec.slug,
+                "scale": spec.scale_label(),
+                "rubric": spec.description,
+            }
+        )
     return pd.DataFrame(rows, columns=["product", "metric", "slug", "scale", "rubric"])
 
 

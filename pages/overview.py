@@ -29,13 +29,25 @@ cols = st.columns(5)
 cols[0].metric("Evaluations", f"{stats.evaluations:,}", help=f"{stats.archived:,} archived, not counted")
 cols[1].metric("Pending reviews", f"{stats.pending_reviews:,}", help=f"of {stats.judgments:,} judgments")
 cols[2].metric("Agreement rate", _pct(stats.agreement_rate), help="Reviewed judgments the reviewer confirmed")
-cols[3].metric("Correction rate", _pct(stats.correction_rate), help=f"{stats.corrected:,} of {stats.reviewed:,} reviewed")
-cols[4].metric("Evidence verified", _pct(stats.verification_rate), help=f"{stats.evidence_total:,} evidence items")
+cols[3].metric(
+    "Correction rate", _pct(stats.correction_rate), help=f"{stats.corrected:,} of {stats.reviewed:,} reviewed"
+)
+cols[4].metric(
+    "Evidence verified", _pct(stats.verification_rate), help=f"{stats.evidence_total:,} evidence items"
+)
 
-cols = st.columns(3)
+cols = st.columns(4)
 cols[0].metric("Products", f"{stats.products:,}")
-cols[1].metric("Session notes", f"{stats.notes:,}", help=f"from {stats.note_sessions:,} sessions")
-cols[2].metric("Latest note", stats.latest_note.strftime("%Y-%m-%d %H:%M") if stats.latest_note else "—")
+cols[1].metric(
+    "Second-opinion agreement",
+    _pct(stats.second_opinion_agreement),
+    help=(
+        f"{stats.second_opinions:,} second opinions: {stats.second_opinion_validated:,} validated, "
+        f"{stats.second_opinion_improved:,} improved, {stats.second_opinion_questioned:,} questioned"
+    ),
+)
+cols[2].metric("Session notes", f"{stats.notes:,}", help=f"from {stats.note_sessions:,} sessions")
+cols[3].metric("Latest note", stats.latest_note.strftime("%Y-%m-%d %H:%M") if stats.latest_note else "—")
 
 left, right = st.columns(2)
 with left:
