@@ -1,8 +1,9 @@
 """Shared fixtures: real databases (a SQLite file per test; PostgreSQL when available), settings
 isolation, and Streamlit cache clearing.
 
-PostgreSQL: `OVERRULE_TEST_PG_URL` is an admin URL (see scripts/start-postgres.sh). Each test gets
-a fresh database cloned from a template that was migrated once per run. Under CI (`CI=true`) a
+PostgreSQL: `OVERRULE_TEST_PG_URL` is an admin URL (see scripts/start-postgres.sh). A template is
+migrated once per worker; each worker clones it once and every test starts from it emptied by
+TRUNCATE. SQLite tests get a copy of a migrated file. Both make a test's database cost milliseconds. Under CI (`CI=true`) a
 missing server is an error, not a skip, so the PostgreSQL runs can never silently vanish.
 """
 
@@ -10,13 +11,16 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
-from sqlmodel import Session
+from sqlalchemy.exc import OperationalError
+from sqlmodel import Session, SQLModel
 
+import lib.models  # noqa: F401  (every table on SQLModel.metadata, for TRUNCATE)
 from lib.config import reset_settings
 from lib.db import init_db
 
@@ -69,16 +73,60 @@ def _drop_pg_database(name: str) -> None:
     admin.dispose()
 
 
+@pytest.fixture(scope="session")
+def _sqlite_migrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated SQLite file, built once per worker; tests get copies (4 ms instead of a migration)."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "template.db"
+    init_db(f"sqlite:///{path}").dispose()
+    return path
+
+
+@pytest.fixture(scope="session")
+def _pg_worker_database(pg_template: str) -> Iterator[str]:
+    """One PostgreSQL database per worker process, emptied before each test that uses it."""
+    name = f"overrule_w_{os.getpid()}"
+    with _pg_admin_engine().connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"'))
+    yield _pg_url_for(name)
+    _drop_pg_database(name)
+
+
+def _empty_pg_database(url: str) -> None:
+    """TRUNCATE every table (identities restarted): a clean database in milliseconds, not a new one."""
+    tables = ", ".join(f'"{t.name}"' for t in SQLModel.metadata.sorted_tables)
+    eng = create_engine(
+        url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT"
+    )
+    try:
+        with eng.connect() as conn:
+            conn.execute(text("SET lock_timeout = '3s'"))
+            try:
+                conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+            except OperationalError:
+                # A previous test left a connection inside a transaction: end it, then truncate.
+                conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                )
+                conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+    finally:
+        eng.dispose()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A URL of an empty, not yet migrated-by-you database: a SQLite file, then PostgreSQL."""
+    """A migrated, empty database: a SQLite file, then PostgreSQL (the same tests on both)."""
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'overrule.db'}"
+        target = tmp_path / "overrule.db"
+        shutil.copyfile(request.getfixturevalue("_sqlite_migrated"), target)
+        yield f"sqlite:///{target}"
         return
-    template = request.getfixturevalue("pg_template")
-    name, url = _fresh_pg_database(template)
+    url = request.getfixturevalue("_pg_worker_database")
+    _empty_pg_database(url)
     yield url
-    _drop_pg_database(name)
 
 
 @pytest.fixture
