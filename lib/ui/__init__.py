@@ -58,7 +58,7 @@ def current_reviewer() -> str | None:
             name = user.get("email") or user.get("name")
             if name:
                 return str(name)
-    except Exception:  # noqa: BLE001 - st.user raises when auth is not configured
+    except Exception:  # st.user raises when authentication is not configured
         log.debug("st.user unavailable", exc_info=True)
     name = str(st.session_state.get(REVIEWER_KEY, "") or "").strip()
     return name or None

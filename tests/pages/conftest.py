@@ -29,8 +29,9 @@ def app_engine(monkeypatch: pytest.MonkeyPatch, sqlite_url: str) -> Iterator[Eng
 def open_page() -> Callable[..., AppTest]:
     """Run a page file under AppTest, optionally with query parameters and a reviewer name."""
 
-    def _open(path: str, *, query: dict[str, str] | None = None, reviewer: str | None = None,
-              timeout: float = 30) -> AppTest:
+    def _open(
+        path: str, *, query: dict[str, str] | None = None, reviewer: str | None = None, timeout: float = 30
+    ) -> AppTest:
         at = AppTest.from_file(str(ROOT / path), default_timeout=timeout)
         if reviewer:
             at.session_state["sidebar_reviewer"] = reviewer
