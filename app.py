@@ -23,6 +23,7 @@ pages = [
     st.Page("pages/coach.py", title="Coach", icon="💬", url_path="coach"),
     st.Page("pages/notes.py", title="Notes", icon="🗒️", url_path="notes"),
     st.Page("pages/tag_scores.py", title="Tag scores", icon="🏷️", url_path="tag-scores"),
+    st.Page("pages/analytics.py", title="Analytics", icon="📊", url_path="analytics"),
 ]
 navigation = st.navigation(pages)
 reviewer_sidebar()

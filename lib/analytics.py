@@ -337,3 +337,18 @@ def display_frame(report: AgreementReport) -> pd.DataFrame:
             "n/a" if pd.isna(value) else f"{float(value):.3f}" for value in frame[column].tolist()
         ]
     return frame
+
+
+def filters_from_widgets(
+    products: Sequence[str], language: str | None, days: Sequence[date] | date | None
+) -> AnalyticsFilters:
+    """Filters from the page's widgets; a date range still being picked (one day) means from that day."""
+    if isinstance(days, date):
+        days = (days,)
+    picked = list(days or ())
+    return AnalyticsFilters(
+        products=tuple(products),
+        language=language or None,
+        start=picked[0] if picked else None,
+        end=picked[1] if len(picked) > 1 else None,
+    )

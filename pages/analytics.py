@@ -1,0 +1,56 @@
+"""Analytics: how often the judge agrees with the human scores, per metric, per gap size and per week."""
+
+import streamlit as st
+
+from lib import analytics
+from lib.analytics_charts import agreement_figure, gap_histogram_figure, weekly_trend_figure
+from lib.ui import csv_download, get_engine, session_scope
+
+ANY = "Any"
+
+st.title("Analytics")
+st.caption(
+    "Judge vs human, metric by metric on each metric's own scale. The human side is the user scores "
+    "stored with each evaluation (not reviewers' decisions on judgments); archived evaluations are "
+    "left out. Exact: equal scores. Within-1: |user − judge| at most one step of the 1–5 span, rescaled "
+    "to the metric's scale. Weighted kappa: Cohen's kappa with quadratic weights, integer scales only "
+    "(n/a on continuous scales or when undefined). Spearman: rank correlation."
+)
+
+engine = get_engine()
+options = analytics.load_filter_options(engine)
+if not options.products:
+    st.info("No evaluations yet. Import or create evaluations with user and judge scores to see agreement.")
+    st.stop()
+
+cols = st.columns(3)
+products = cols[0].multiselect(
+    "Products", options.products, key="analytics_products", placeholder="All products"
+)
+language = cols[1].selectbox("Language", [ANY, *options.languages], key="analytics_language")
+days = cols[2].date_input(
+    "Created between (UTC)", value=(options.first_day, options.last_day), key="analytics_dates"
+)
+filters = analytics.filters_from_widgets(products, None if language == ANY else language, days)
+
+with session_scope(read_only=True) as session:
+    report = analytics.load_report(engine=engine, session=session, filters=filters)
+if report.empty:
+    st.info("No metric was scored by both the user and the judge in the evaluations matching these filters.")
+    st.stop()
+
+st.subheader("Agreement per metric")
+st.plotly_chart(agreement_figure(report.metrics), key="analytics_agreement_chart")
+st.dataframe(analytics.display_frame(report), key="analytics_metrics_table", hide_index=True)
+csv_download(report.metrics, "agreement_per_metric.csv", key="analytics_metrics_csv", label="Download (CSV)")
+
+st.subheader("Gap distributions")
+st.caption("How far apart judge and human are: |user − judge| rescaled to the 1–5 span, in buckets of 0.5.")
+st.plotly_chart(gap_histogram_figure(report.gaps), key="analytics_gaps_chart")
+st.dataframe(report.gaps, key="analytics_gaps_table", hide_index=True)
+csv_download(report.gaps, "gap_distribution.csv", key="analytics_gaps_csv", label="Download (CSV)")
+
+st.subheader("Trend per week")
+st.plotly_chart(weekly_trend_figure(report.weekly), key="analytics_weekly_chart")
+st.dataframe(report.weekly, key="analytics_weekly_table", hide_index=True)
+csv_download(report.weekly, "agreement_per_week.csv", key="analytics_weekly_csv", label="Download (CSV)")
