@@ -144,7 +144,9 @@ def engine(db_url: str) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def sqlite_engine(sqlite_url: str) -> Iterator[Engine]:
+def sqlite_engine(sqlite_url: str, _sqlite_migrated: Path) -> Iterator[Engine]:
+    """A migrated SQLite engine only (a copy of the template; at `sqlite_url`)."""
+    shutil.copyfile(_sqlite_migrated, sqlite_url.split("///", 1)[1])
     eng = init_db(sqlite_url)
     yield eng
     eng.dispose()

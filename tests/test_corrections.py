@@ -7,18 +7,15 @@ from __future__ import annotations
 import csv
 import io
 import json
-import shutil
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, delete, func
-from sqlmodel import Session, SQLModel, select
+from sqlmodel import Session, select
 
 from lib import corrections
 from lib.__main__ import main as cli_main
@@ -30,61 +27,11 @@ from lib.corrections import (
     MissingReviewer,
     ReviewConflict,
 )
-from lib.db import create_db_engine, init_db, session_scope
+from lib.db import init_db, session_scope
 from lib.importer import ImportFailed
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, MetricDefinition
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
-
-
-# Fast isolation. Migrating a fresh SQLite file, or cloning a PostgreSQL database, costs far more
-# than these tests: SQLite tests copy one migrated file; PostgreSQL tests share one database per
-# module and start from empty tables. (Also imported by tests/test_review_queue.py.)
-@pytest.fixture(scope="module")
-def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("template") / "migrated.db"
-    init_db(f"sqlite:///{path}").dispose()
-    return path
-
-
-@pytest.fixture(scope="module")
-def pg_module_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    from tests.conftest import _drop_pg_database, _fresh_pg_database
-
-    name, url = _fresh_pg_database(request.getfixturevalue("pg_template"))
-    yield url
-    _drop_pg_database(name)
-
-
-def _copy_of_template(url: str, template: Path) -> Engine:
-    shutil.copy(template, url.split("///", 1)[1])
-    return create_db_engine(url)
-
-
-def _emptied_pg(url: str) -> Engine:
-    eng = create_db_engine(url)
-    # DELETE, not TRUNCATE: on these few rows it is ~50x cheaper than new relation files per table.
-    with eng.begin() as conn:
-        for table in reversed(SQLModel.metadata.sorted_tables):
-            conn.execute(table.delete())
-    return eng
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def engine(request: pytest.FixtureRequest, sqlite_url: str, sqlite_template: Path) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        eng = _copy_of_template(sqlite_url, sqlite_template)
-    else:
-        eng = _emptied_pg(request.getfixturevalue("pg_module_url"))
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture
-def sqlite_engine(sqlite_url: str, sqlite_template: Path) -> Iterator[Engine]:
-    eng = _copy_of_template(sqlite_url, sqlite_template)
-    yield eng
-    eng.dispose()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,11 +12,6 @@ from lib import corrections
 from lib.db import session_scope
 from lib.models import EvaluationSnapshot, Judgment
 from lib.review_queue import QueueFilter, evidence_for, load_item, next_item, queue_options, queue_progress
-from tests import test_corrections as fast_db
-
-# Fast per-test databases (a copied migrated SQLite file; one emptied PostgreSQL database per module).
-engine_fixture, sqlite_engine_fixture = fast_db.engine, fast_db.sqlite_engine
-sqlite_template, pg_module_url = fast_db.sqlite_template, fast_db.pg_module_url
 
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
 
