@@ -281,7 +281,7 @@ class PendingNote:
 
 
 def check_note(args: Mapping[str, Any], *, default_language: str = "") -> PendingNote:
-    """add_note's arguments validated with `lib.notes.add_note`'s rules; ToolArgumentError otherwise."""
+    """add_note's arguments checked by `lib.notes.validate_note`, as `add_note` checks them; ToolArgumentError otherwise."""
     raw_type = _text_arg(args, "type")
     if raw_type is None or not raw_type.strip():
         raise ToolArgumentError(f"'type' is required: one of {', '.join(NOTE_TYPES)}")
@@ -291,30 +291,13 @@ def check_note(args: Mapping[str, Any], *, default_language: str = "") -> Pendin
     # The seed calls the code "phelps"; both names are accepted.
     code = _text_arg(args, "phelps_code") or _text_arg(args, "phelps")
     language = _text_arg(args, "language")
+    confidence = _confidence_arg(args.get("confidence"))  # models say "85%"; notes want 0.85
     try:
-        kind = notes.normalize_note_type(raw_type)
-        text = notes.clean_content(content)
-        if not text:
-            raise ValueError("note content is empty")
-        if len(text) > notes.MAX_CONTENT_CHARS:
-            raise ValueError(
-                f"note content is longer than {notes.MAX_CONTENT_CHARS} characters ({len(text)})"
-            )
-        code = notes.clean_content(code or "") or None
-        if code is not None and len(code) > notes.MAX_CODE_CHARS:
-            raise ValueError(f"code is longer than {notes.MAX_CODE_CHARS} characters")
-        confidence = _confidence_arg(args.get("confidence"))
-        if kind != "SUCCESS":
-            # The seed's convention: an empty code and a 0.0 confidence mean "absent".
-            if code is not None:
-                raise ValueError(f"only SUCCESS notes carry a code; this is a {kind} note")
-            if confidence:
-                raise ValueError(f"only SUCCESS notes carry a confidence; this is a {kind} note")
-            confidence = None
-        lang = notes.normalize_language(default_language if language is None else language)
+        f = notes.validate_note(default_language if language is None else language, raw_type, content, code,
+                                confidence)  # fmt: skip
     except ValueError as exc:
         raise ToolArgumentError(str(exc)) from None
-    return PendingNote(lang, kind, text, code, confidence, utcnow())
+    return PendingNote(f.language, f.note_type, f.content, f.phelps_code, f.confidence, utcnow())
 
 
 # --------------------------------------------------------------------------------------------

@@ -153,6 +153,43 @@ def _bounded_text(value: str | None, name: str, limit: int) -> str | None:
     return text or None
 
 
+@dataclass(frozen=True)
+class NoteFields:
+    """A note's content fields, cleaned and checked."""
+
+    language: str
+    note_type: str
+    content: str
+    phelps_code: str | None
+    confidence: float | None
+
+
+def validate_note(
+    language: str | None,
+    note_type: str,
+    content: str,
+    phelps_code: str | None = None,
+    confidence: float | None = None,
+) -> NoteFields:
+    """The rules every note passes, whoever writes it (reviewer, CLI, judge tool); ValueError says why."""
+    kind = normalize_note_type(note_type)
+    text = clean_content(content)
+    if not text:
+        raise ValueError("note content is empty")
+    if len(text) > MAX_CONTENT_CHARS:
+        raise ValueError(f"note content is longer than {MAX_CONTENT_CHARS} characters ({len(text)})")
+    code = _bounded_text(phelps_code, "code", MAX_CODE_CHARS)
+    conf = _validate_confidence(confidence)
+    if kind != "SUCCESS":
+        # The seed's convention: an empty code and a 0.0 confidence mean "absent".
+        if code is not None:
+            raise ValueError(f"only SUCCESS notes carry a code; this is a {kind} note")
+        if conf:
+            raise ValueError(f"only SUCCESS notes carry a confidence; this is a {kind} note")
+        conf = None
+    return NoteFields(normalize_language(language), kind, text, code, conf)
+
+
 # --------------------------------------------------------------------------------------------
 # Writing
 
@@ -170,30 +207,17 @@ def add_note(
     timestamp: datetime | None = None,
 ) -> SessionNote:
     """Persist one validated note (flushed, so it has an id); the caller's transaction commits it."""
-    kind = normalize_note_type(note_type)
-    text = clean_content(content)
-    if not text:
-        raise ValueError("note content is empty")
-    if len(text) > MAX_CONTENT_CHARS:
-        raise ValueError(f"note content is longer than {MAX_CONTENT_CHARS} characters ({len(text)})")
-    code = _bounded_text(phelps_code, "code", MAX_CODE_CHARS)
-    conf = _validate_confidence(confidence)
-    if kind != "SUCCESS":
-        if code is not None:
-            raise ValueError(f"only SUCCESS notes carry a code; this is a {kind} note")
-        if conf:
-            raise ValueError(f"only SUCCESS notes carry a confidence; this is a {kind} note")
-        conf = None
+    fields = validate_note(language, note_type, content, phelps_code, confidence)
     sid = _bounded_text(session_id, "session id", MAX_SESSION_ID_CHARS) or process_session_id()
     if timestamp is not None and timestamp.utcoffset() is None:
         raise ValueError("timestamp must be timezone-aware")
     note = SessionNote(
         timestamp=(timestamp or utcnow()).astimezone(UTC),
-        language=normalize_language(language),
-        note_type=kind,
-        content=text,
-        phelps_code=code,
-        confidence=conf,
+        language=fields.language,
+        note_type=fields.note_type,
+        content=fields.content,
+        phelps_code=fields.phelps_code,
+        confidence=fields.confidence,
         session_id=sid,
         created_by=_bounded_text(created_by, "author", MAX_CREATED_BY_CHARS),
     )
