@@ -20,8 +20,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,58 +33,7 @@ from bench.gen import PRODUCTS, generate  # noqa: E402
 from lib.corrections import history_pool_sql, select_history  # noqa: E402
 from lib.db import init_db  # noqa: E402
 from lib.models import Judgment  # noqa: E402
-
-
-@dataclass(slots=True)
-class CachedJudgment:
-    """What the seed's cache holds per judgment (the fields its selection reads)."""
-
-    change_id: str
-    product: str
-    metric: str | None
-    was_corrected: bool
-    timestamp: datetime
-
-
-def seed_get_history_for_prompt(
-    judgments: dict[str, CachedJudgment], product: str, max_entries: int = 20, correction_ratio: float = 0.75
-) -> list[CachedJudgment]:
-    """Seed 004 "Detailed Algorithm", verbatim (self.judgments → judgments)."""
-    product_judgments = [j for j in judgments.values() if j.product == product]
-    corrected = [j for j in product_judgments if j.was_corrected]
-    correct = [j for j in product_judgments if not j.was_corrected]
-    corrected.sort(key=lambda j: j.timestamp, reverse=True)
-    correct.sort(key=lambda j: j.timestamp, reverse=True)
-    target_corrections = int(max_entries * correction_ratio)
-    target_correct = max_entries - target_corrections
-    actual_corrections = min(len(corrected), target_corrections)
-    actual_correct = min(len(correct), target_correct)
-    remaining_slots = max_entries - actual_corrections - actual_correct
-    if remaining_slots > 0:
-        if actual_corrections < target_corrections:
-            extra_correct = min(remaining_slots, len(correct) - actual_correct)
-            actual_correct += extra_correct
-        else:
-            extra_corrections = min(remaining_slots, len(corrected) - actual_corrections)
-            actual_corrections += extra_corrections
-    selected_corrections = corrected[:actual_corrections]
-    selected_correct = correct[:actual_correct]
-    result: list[CachedJudgment] = []
-    corr_iter = iter(selected_corrections)
-    correct_iter = iter(selected_correct)
-    while len(result) < max_entries:
-        try:  # noqa: SIM105
-            result.append(next(corr_iter))
-        except StopIteration:
-            pass
-        if len(result) < max_entries:
-            try:  # noqa: SIM105
-                result.append(next(correct_iter))
-            except StopIteration:
-                pass
-        if len(result) == actual_corrections + actual_correct:
-            break
-    return result
+from tests.seed004 import CachedJudgment, seed_get_history_for_prompt  # noqa: E402
 
 
 def load_cache(engine: Engine) -> dict[str, CachedJudgment]:
@@ -101,7 +48,8 @@ def load_cache(engine: Engine) -> dict[str, CachedJudgment]:
     )
     with Session(engine) as session:
         for row in session.execute(select(*columns).order_by(Judgment.id)).yield_per(50_000):
-            cache[row[0]] = CachedJudgment(*row)
+            change_id, product, metric, was_corrected, timestamp = row
+            cache[change_id] = CachedJudgment(change_id, product, was_corrected, timestamp, metric)
     return cache
 
 

@@ -8,7 +8,6 @@ import csv
 import io
 import json
 import threading
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -30,64 +29,13 @@ from lib.corrections import (
 from lib.db import init_db, session_scope
 from lib.importer import ImportFailed
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, MetricDefinition
+from tests.seed004 import CachedJudgment, seed_get_history_for_prompt
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
 
 # ---------------------------------------------------------------------------------------------
-# The seed's algorithm, verbatim (seed 004 "Detailed Algorithm"), over in-memory judgments: the oracle.
-
-
-@dataclass
-class CachedJudgment:
-    change_id: str
-    product: str
-    was_corrected: bool
-    timestamp: datetime
-
-
-def seed_get_history_for_prompt(
-    judgments: dict[str, CachedJudgment], product: str, max_entries: int = 20, correction_ratio: float = 0.75
-) -> list[CachedJudgment]:
-    product_judgments = [j for j in judgments.values() if j.product == product]
-    corrected = [j for j in product_judgments if j.was_corrected]
-    correct = [j for j in product_judgments if not j.was_corrected]
-    corrected.sort(key=lambda j: j.timestamp, reverse=True)
-    correct.sort(key=lambda j: j.timestamp, reverse=True)
-    target_corrections = int(max_entries * correction_ratio)
-    target_correct = max_entries - target_corrections
-    actual_corrections = min(len(corrected), target_corrections)
-    actual_correct = min(len(correct), target_correct)
-    remaining_slots = max_entries - actual_corrections - actual_correct
-    if remaining_slots > 0:
-        if actual_corrections < target_corrections:
-            extra_correct = min(remaining_slots, len(correct) - actual_correct)
-            actual_correct += extra_correct
-        else:
-            extra_corrections = min(remaining_slots, len(corrected) - actual_corrections)
-            actual_corrections += extra_corrections
-    selected_corrections = corrected[:actual_corrections]
-    selected_correct = correct[:actual_correct]
-    result: list[CachedJudgment] = []
-    corr_iter = iter(selected_corrections)
-    correct_iter = iter(selected_correct)
-    while len(result) < max_entries:
-        try:  # noqa: SIM105
-            result.append(next(corr_iter))
-        except StopIteration:
-            pass
-        if len(result) < max_entries:
-            try:  # noqa: SIM105
-                result.append(next(correct_iter))
-            except StopIteration:
-                pass
-        if len(result) == actual_corrections + actual_correct:
-            break
-    return result
-
-
-# ---------------------------------------------------------------------------------------------
-# Helpers
+# Helpers (the seed's own algorithm, the oracle, is in tests/seed004.py)
 
 
 def add(
