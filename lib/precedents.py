@@ -44,7 +44,16 @@ NO_QA_MATCH = "no_qa_match"
 NO_SENTENCE_MATCH = "no_sentence_match"
 NO_CITATION_MATCH = "no_citation_match"
 FORCED_FALLBACK_NO_MATCH = "forced_fallback_no_match"
-REASON_CODES = (NO_EMBEDDINGS, NO_QA_MATCH, NO_SENTENCE_MATCH, NO_CITATION_MATCH, FORCED_FALLBACK_NO_MATCH)
+# Not a seed reason: the evaluation itself raised (a bug, a lost database); --redo retries it.
+EVALUATION_ERROR = "evaluation_error"
+REASON_CODES = (
+    NO_EMBEDDINGS,
+    NO_QA_MATCH,
+    NO_SENTENCE_MATCH,
+    NO_CITATION_MATCH,
+    FORCED_FALLBACK_NO_MATCH,
+    EVALUATION_ERROR,
+)
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 # Sentence ends: terminal punctuation followed by space, or a line break (lists, paragraphs).
@@ -349,20 +358,31 @@ def _run_fallback(
 
 
 # ---------------------------------------------------------------------------------------------
-# Evaluation
+# Evaluation: decide (reads only) then store (one short write)
 
 
-def _no_match(session: Session, interaction_id: str, reason: str, trace: dict[str, Any]) -> AutoEval:
-    row = AutoEval(
-        interaction_id=interaction_id,
-        processed=True,
-        has_matches=False,
-        no_match_reason=reason,
-        sentence_match_trace=trace,
-    )
-    session.add(row)
-    session.flush()
-    return row
+@dataclass
+class Outcome:
+    """What evaluating one interaction decided, before anything is written.
+
+    Deciding reads only, so a worker pool can decide many interactions at once and hold the
+    database's write lock only for `store`, one short transaction per interaction.
+    """
+
+    interaction_id: str
+    reason: str | None  # None: matched, scores copied
+    trace: dict[str, Any]
+    embedding: list[float] | None = None  # the interaction's QA vector, stored with the result
+    processed: bool = True
+    matched_interaction_id: str | None = None
+    total: float | None = None
+    citation_score: float | None = None
+    citation_url: str | None = None
+    sentence_scores: list[dict[str, Any]] | None = None
+
+    @property
+    def matched(self) -> bool:
+        return self.reason is None
 
 
 def _precedent_of(matches: Sequence[SentenceMatch], qa_matches: Sequence[QAMatch]) -> QAMatch:
@@ -374,37 +394,52 @@ def _precedent_of(matches: Sequence[SentenceMatch], qa_matches: Sequence[QAMatch
     return max(qa_matches, key=lambda q: (counts.get(q.interaction.id, 0), q.similarity))
 
 
-def evaluate_interaction(session: Session, interaction_id: str) -> AutoEval:
-    """Auto-evaluate one interaction by precedent; an already evaluated one is returned unchanged."""
-    existing = session.execute(
-        select(AutoEval).where(AutoEval.interaction_id == interaction_id)
-    ).scalar_one_or_none()
-    if existing is not None:
-        return existing
-    interaction = session.get(Interaction, interaction_id)
-    if interaction is None:
-        raise LookupError(f"No interaction with id {interaction_id!r}")
-    settings = get_settings()
-    trace: dict[str, Any] = {"qa_matches": [], "sentences": [], "citation": {}}
+def _citation_precedent(
+    interaction: Interaction, qa_matches: Sequence[QAMatch], preferred: QAMatch
+) -> QAMatch | None:
+    """The QA match whose accepted URL is the interaction's: `preferred` first, then the most similar.
 
+    Seed 003 checks the source URL against the expert URL of any QA match above the threshold,
+    not only of the precedent most sentences came from.
+    """
+    ordered = [preferred, *(m for m in qa_matches if m is not preferred)]
+    return next((m for m in ordered if citation_matches(interaction.citation_url, m.citation_url)), None)
+
+
+def decide(
+    session: Session,
+    interaction: Interaction,
+    *,
+    force_fallback: bool = False,
+    settings: Settings | None = None,
+) -> Outcome:
+    """Seed 003's flow diagram for one interaction; reads the database, never writes it."""
+    settings = settings or get_settings()
+    iid = interaction.id
+    trace: dict[str, Any] = {"qa_matches": [], "sentences": [], "citation": {}}
+    if force_fallback:
+        trace["forced_fallback"] = True
     try:
         qa_matches = find_qa_matches(session, interaction, threshold=settings.qa_threshold)
     except (llm.LLMError, llm.LLMNotConfigured) as exc:
-        return _no_match(session, interaction_id, NO_EMBEDDINGS, {"error": f"embedding failed: {exc}"})
+        return Outcome(iid, NO_EMBEDDINGS, {"error": f"embedding failed: {exc}"})
     if not interaction.embedding:
-        return _no_match(
-            session, interaction_id, NO_EMBEDDINGS, {"error": "the interaction has no text to embed"}
-        )
+        return Outcome(iid, NO_EMBEDDINGS, {"error": "the interaction has no text to embed"})
+    embedding = list(interaction.embedding)
     trace["qa_matches"] = [
         {"interaction_id": m.interaction.id, "similarity": round(m.similarity, 4)} for m in qa_matches
     ]
     if not qa_matches:
-        return _no_match(session, interaction_id, NO_QA_MATCH, trace)
+        return Outcome(iid, NO_QA_MATCH, trace, embedding)
 
     sentences = split_sentences(interaction.answer)
-    matches = match_sentences(sentences, qa_matches, settings.sentence_threshold, _llm_chooser(settings))
-    trace["sentences"] = [m.as_trace() for m in matches]
-    all_matched = bool(sentences) and len(matches) == len(sentences) and all(m.best_match for m in matches)
+    all_matched = False
+    if not force_fallback:
+        matches = match_sentences(sentences, qa_matches, settings.sentence_threshold, _llm_chooser(settings))
+        trace["sentences"] = [m.as_trace() for m in matches]
+        all_matched = (
+            bool(sentences) and len(matches) == len(sentences) and all(m.best_match for m in matches)
+        )
 
     if all_matched:
         precedent = _precedent_of(matches, qa_matches)
@@ -413,44 +448,95 @@ def evaluate_interaction(session: Session, interaction_id: str) -> AutoEval:
         chosen, fallback_trace = _run_fallback(interaction, qa_matches, settings)
         trace["fallback"] = fallback_trace
         if chosen is None:
-            reason = FORCED_FALLBACK_NO_MATCH if fallback_trace["llm_pass"] is False else NO_SENTENCE_MATCH
-            return _no_match(session, interaction_id, reason, trace)
+            reason = FORCED_FALLBACK_NO_MATCH if force_fallback else NO_SENTENCE_MATCH
+            return Outcome(iid, reason, trace, embedding)
         precedent = chosen
         # Each sentence takes the score of its nearest sentence in the approved precedent.
         own = match_sentences(sentences, [precedent], threshold=-1.0)
+        trace["sentences"] = [m.as_trace() for m in own]
         scores = [_copied_score(m.score) for m in own]
 
+    cited = _citation_precedent(interaction, qa_matches, precedent)
     trace["citation"] = {
-        "expected": precedent.citation_url,
+        "expected": (cited or precedent).citation_url,
         "actual": interaction.citation_url,
-        "match": citation_matches(precedent.citation_url, interaction.citation_url),
+        "match": cited is not None,
+        "interaction_id": cited.interaction.id if cited else None,
+        "accepted": sorted({m.citation_url or "" for m in qa_matches}),
     }
-    if not trace["citation"]["match"]:
-        return _no_match(session, interaction_id, NO_CITATION_MATCH, trace)
+    if cited is None:
+        return Outcome(iid, NO_CITATION_MATCH, trace, embedding)
 
-    total = total_score(scores, precedent.feedback.citation_score)
-    feedback = ExpertFeedback(
-        interaction_id=interaction_id,
-        type="ai",
-        total_score=total,
-        citation_score=precedent.feedback.citation_score,
-        citation_url=interaction.citation_url,
-        sentence_scores=[{"sentence": s, "score": score} for s, score in zip(sentences, scores, strict=True)],
-    )
-    session.add(feedback)
-    session.flush()
-    row = AutoEval(
-        interaction_id=interaction_id,
-        processed=True,
-        has_matches=True,
-        expert_feedback_id=feedback.id,
+    citation_score = cited.feedback.citation_score
+    citation_score = DEFAULT_CITATION_SCORE if citation_score is None else float(citation_score)
+    return Outcome(
+        iid,
+        None,
+        trace,
+        embedding,
         matched_interaction_id=precedent.interaction.id,
-        sentence_match_trace=trace,
-        total_score=total,
+        total=total_score(scores, citation_score),
+        citation_score=citation_score,
+        citation_url=interaction.citation_url,
+        sentence_scores=[{"sentence": s, "score": v} for s, v in zip(sentences, scores, strict=True)],
+    )
+
+
+def failed_outcome(interaction_id: str, error: BaseException | str) -> Outcome:
+    """The outcome of an evaluation that raised: stored so the interaction never stays silent."""
+    return Outcome(interaction_id, EVALUATION_ERROR, {"error": str(error)[:2000]}, processed=False)
+
+
+def store(session: Session, outcome: Outcome) -> AutoEval:
+    """Write one outcome: the AutoEval row and, for a match, the copied `type='ai'` feedback."""
+    if outcome.embedding is not None:
+        interaction = session.get(Interaction, outcome.interaction_id)
+        if interaction is not None and interaction.embedding != outcome.embedding:
+            interaction.embedding = outcome.embedding
+            session.add(interaction)
+    feedback_id = None
+    if outcome.matched:
+        feedback = ExpertFeedback(
+            interaction_id=outcome.interaction_id,
+            type="ai",
+            total_score=outcome.total,
+            citation_score=outcome.citation_score,
+            citation_url=outcome.citation_url,
+            sentence_scores=outcome.sentence_scores or [],
+        )
+        session.add(feedback)
+        session.flush()
+        feedback_id = feedback.id
+    row = AutoEval(
+        interaction_id=outcome.interaction_id,
+        processed=outcome.processed,
+        has_matches=outcome.matched,
+        expert_feedback_id=feedback_id,
+        matched_interaction_id=outcome.matched_interaction_id,
+        sentence_match_trace=outcome.trace,
+        no_match_reason=outcome.reason,
+        total_score=outcome.total,
     )
     session.add(row)
     session.flush()
     return row
+
+
+def _existing_auto_eval(session: Session, interaction_id: str) -> AutoEval | None:
+    return session.execute(
+        select(AutoEval).where(AutoEval.interaction_id == interaction_id)
+    ).scalar_one_or_none()
+
+
+def evaluate_interaction(session: Session, interaction_id: str, *, force_fallback: bool = False) -> AutoEval:
+    """Auto-evaluate one interaction by precedent; an already evaluated one is returned unchanged."""
+    existing = _existing_auto_eval(session, interaction_id)
+    if existing is not None:
+        return existing
+    interaction = session.get(Interaction, interaction_id)
+    if interaction is None:
+        raise LookupError(f"No interaction with id {interaction_id!r}")
+    return store(session, decide(session, interaction, force_fallback=force_fallback))
 
 
 def pending_interaction_ids(session: Session, limit: int | None = None) -> list[str]:

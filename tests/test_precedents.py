@@ -13,7 +13,7 @@ from sqlmodel import Session
 from lib import precedents
 from lib.config import reset_settings
 from lib.models import AutoEval, ExpertFeedback, Interaction, utcnow
-from tests.llm_server import json_reply
+from tests.llm_server import json_reply, server_error
 
 CITE = "https://help.acme.test/reset-password"
 QUESTION = "How do I reset my password?"
@@ -342,7 +342,8 @@ def test_match_copies_expert_sentence_scores_and_computes_total(
     assert ai.id == row.expert_feedback_id
     assert [s["score"] for s in ai.sentence_scores] == copied
     assert [s["sentence"] for s in ai.sentence_scores] == [S1, S2]
-    assert (ai.total_score, ai.citation_score) == (total, citation_score)
+    # A precedent without a citation score counts (and is copied) as 25.
+    assert (ai.total_score, ai.citation_score) == (total, 25.0 if citation_score is None else citation_score)
 
 
 def test_match_trace_keeps_the_demo_shape(engine: Engine) -> None:
@@ -353,7 +354,13 @@ def test_match_trace_keeps_the_demo_shape(engine: Engine) -> None:
     assert [m["interaction_id"] for m in trace["qa_matches"]] == ["prec"]
     assert set(trace["qa_matches"][0]) == {"interaction_id", "similarity"}
     assert [(s["sentence"], s["best_match"]) for s in trace["sentences"]] == [(S1, S1), (S2, S2)]
-    assert trace["citation"] == {"expected": CITE, "actual": CITE, "match": True}
+    assert trace["citation"] == {
+        "expected": CITE,
+        "actual": CITE,
+        "match": True,
+        "interaction_id": "prec",
+        "accepted": [CITE],
+    }
 
 
 def test_citation_with_other_case_and_whitespace_still_matches(engine: Engine) -> None:
@@ -438,14 +445,92 @@ def test_fallback_cannot_pass_without_an_llm(engine: Engine) -> None:
     assert row.sentence_match_trace["fallback"]["llm_pass"] is None
 
 
-def test_fallback_rejected_by_the_llm_gives_forced_fallback_no_match(engine: Engine, llm_server: Any) -> None:
+def test_fallback_rejected_by_the_llm_gives_no_sentence_match(engine: Engine, llm_server: Any) -> None:
+    # Seed 003's diagram: "LLM decides pass? No" → no_sentence_match; forced_fallback_no_match is
+    # only for the explicit force-fallback mode.
     llm_server.script(json_reply({"pass": False, "reason": "The new answer adds a wrong phone claim."}))
     with Session(engine) as session:
         _sentence_mismatch(session, total=95.0)
     row = _evaluate(engine, "new")
-    assert (row.has_matches, row.no_match_reason) == (False, "forced_fallback_no_match")
+    assert (row.has_matches, row.no_match_reason) == (False, "no_sentence_match")
+    assert row.sentence_match_trace["fallback"]["llm_pass"] is False
     assert row.sentence_match_trace["fallback"]["llm_reason"] == "The new answer adds a wrong phone claim."
     assert llm_server.pending == 0
+
+
+def test_failing_llm_in_the_fallback_gives_no_sentence_match(engine: Engine, llm_server: Any) -> None:
+    llm_server.script(server_error(), server_error())  # the first try and its one retry
+    with Session(engine) as session:
+        _sentence_mismatch(session, total=95.0)
+    row = _evaluate(engine, "new")
+    assert (row.has_matches, row.no_match_reason) == (False, "no_sentence_match")
+    assert row.sentence_match_trace["fallback"]["llm_reason"].startswith("LLM comparison failed")
+    assert _ai_feedback(engine, "new") == []
+
+
+def _evaluate_forced(engine: Engine, iid: str) -> AutoEval:
+    with Session(engine, expire_on_commit=False) as session:
+        row = precedents.evaluate_interaction(session, iid, force_fallback=True)
+        session.commit()
+        return row
+
+
+def test_forced_fallback_rejected_gives_forced_fallback_no_match(engine: Engine, llm_server: Any) -> None:
+    llm_server.script(json_reply({"pass": False, "reason": "Different advice."}))
+    with Session(engine) as session:
+        # Every sentence would match: the forced mode must skip sentence matching all the same.
+        _add(session, "prec", scores=[90, 95], total=95.0)
+        _add(session, "new")
+    row = _evaluate_forced(engine, "new")
+    assert (row.has_matches, row.no_match_reason) == (False, "forced_fallback_no_match")
+    trace = row.sentence_match_trace
+    assert trace["forced_fallback"] is True and trace["sentences"] == []
+    assert trace["fallback"]["candidates"] == ["prec"]
+    assert len(llm_server.chat_requests) == 1
+
+
+def test_forced_fallback_without_an_llm_gives_forced_fallback_no_match(engine: Engine) -> None:
+    with Session(engine) as session:
+        _add(session, "prec", scores=[90, 95], total=95.0)
+        _add(session, "new")
+    assert _evaluate_forced(engine, "new").no_match_reason == "forced_fallback_no_match"
+
+
+def test_forced_fallback_approved_copies_the_precedent(engine: Engine, llm_server: Any) -> None:
+    llm_server.script(json_reply({"pass": True, "reason": "Same."}))
+    with Session(engine) as session:
+        _add(session, "prec", scores=[90, 96], total=95.0)
+        _add(session, "new")
+    row = _evaluate_forced(engine, "new")
+    assert (row.has_matches, row.matched_interaction_id, row.total_score) == (True, "prec", 89.75)
+
+
+def test_citation_passes_against_any_qa_match_and_takes_that_precedents_score(engine: Engine) -> None:
+    other = "https://help.acme.test/other"
+    with Session(engine) as session:
+        # "prec" is the most similar and gives the sentences, but cites another page;
+        # "cited" is a QA match above the threshold whose accepted URL is the interaction's.
+        _add(session, "prec", citation=other, scores=[80, 60], citation_score=5.0)
+        _add(session, "cited", answer=ANSWER + " Check spam.", scores=[10, 10, 10], citation_score=12.0)
+        _add(session, "new")
+    row = _evaluate(engine, "new")
+    assert (row.has_matches, row.matched_interaction_id) == (True, "prec")
+    citation = row.sentence_match_trace["citation"]
+    assert (citation["interaction_id"], citation["expected"], citation["match"]) == ("cited", CITE, True)
+    assert citation["accepted"] == sorted([CITE, other])
+    [ai] = _ai_feedback(engine, "new")
+    assert ai.citation_score == 12.0
+    assert row.total_score == precedents.total_score([80, 60], 12.0)
+
+
+def test_citation_prefers_the_sentence_precedent_when_both_match(engine: Engine) -> None:
+    with Session(engine) as session:
+        _add(session, "prec", scores=[80, 60], citation_score=5.0)
+        _add(session, "cited", answer=ANSWER + " Check spam.", scores=[10, 10, 10], citation_score=12.0)
+        _add(session, "new")
+    row = _evaluate(engine, "new")
+    assert row.sentence_match_trace["citation"]["interaction_id"] == "prec"
+    assert row.total_score == precedents.total_score([80, 60], 5.0)
 
 
 def test_fallback_approved_by_the_llm_copies_the_precedent_scores(engine: Engine, llm_server: Any) -> None:
