@@ -66,6 +66,8 @@ class Settings:
     # Precedents (seed 003).
     qa_threshold: float = 0.85
     sentence_threshold: float = 0.85
+    # Auto-evaluation workers (seed 003 evalConcurrency): CPUs − 1, at least 1; 0 = serial in the caller.
+    eval_concurrency: int = max(1, (os.cpu_count() or 2) - 1)
     # App behaviour.
     load_demo: bool = True
     page_size: int = 25
@@ -103,6 +105,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "eval_min_confidence": (0.0, 1.0),
     "qa_threshold": (0.0, 1.0),
     "sentence_threshold": (0.0, 1.0),
+    "eval_concurrency": (0, 64),
     "page_size": (1, 1000),
 }
 

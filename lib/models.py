@@ -10,7 +10,7 @@ import secrets
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Index, Text, UniqueConstraint, event
+from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, Text, UniqueConstraint, event
 from sqlalchemy.orm import Session as OrmSession
 from sqlmodel import Field, SQLModel
 
@@ -317,7 +317,9 @@ class Interaction(SQLModel, table=True):
     answer: str = Field(sa_column=Column(Text, nullable=False))
     citation_url: str | None = Field(default=None, sa_column=Column(Text))
     citations: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
-    embedding: list[float] | None = Field(default=None, sa_column=Column(JSON))
+    # The QA embedding as packed little-endian float32 (lib.precedents.pack_vector): a cache,
+    # recomputed from question and answer when missing or of another model's dimension.
+    qa_vector: bytes | None = Field(default=None, sa_column=Column(LargeBinary))
     created_at: datetime = Field(default_factory=utcnow, index=True)
 
 

@@ -18,16 +18,20 @@ import math
 import re
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from datetime import datetime
 from statistics import mean
 from typing import Any
 
-from sqlalchemy import Engine, select
+import numpy as np
+from sqlalchemy import Engine, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
 
 from lib import llm
 from lib.config import Settings, get_settings
+from lib.db import session_scope
 from lib.models import AutoEval, ExpertFeedback, Interaction
 
 log = logging.getLogger(__name__)
@@ -38,6 +42,10 @@ FALLBACK_CANDIDATES = 5
 MISSING_SENTENCE_SCORE = 100.0
 DEFAULT_CITATION_SCORE = 25.0
 SENTENCE_WEIGHT = 0.75
+# Vectors computed (and texts sent to an embedding server) per batch.
+VECTOR_BATCH = 500
+# A search sorts at most this many × limit candidates above the threshold.
+SEARCH_PREFILTER = 8
 
 NO_EMBEDDINGS = "no_embeddings"
 NO_QA_MATCH = "no_qa_match"
@@ -158,50 +166,156 @@ class QAMatch:
         return pairs or [(s, None) for s in split_sentences(self.interaction.answer)]
 
 
-def _ensure_embedding(session: Session, interactions: Sequence[Interaction], dim: int | None) -> None:
-    """Compute (and store) QA embeddings that are missing or of another model's dimension."""
-    stale = [i for i in interactions if not i.embedding or (dim is not None and len(i.embedding) != dim)]
-    stale = [i for i in stale if qa_text(i)]
-    if not stale:
-        return
-    vectors = embed_texts([qa_text(i) for i in stale])
-    for interaction, vector in zip(stale, vectors, strict=True):
-        interaction.embedding = vector
-        session.add(interaction)
+def pack_vector(vector: Sequence[float] | np.ndarray) -> bytes:
+    """A vector as stored in `Interaction.qa_vector`: little-endian float32."""
+    return np.asarray(vector, dtype="<f4").tobytes()
 
 
-def _latest_expert_feedback(session: Session, exclude_id: str) -> dict[str, ExpertFeedback]:
-    """Each expert-reviewed interaction's newest expert feedback (AI copies are never precedents)."""
+def unpack_vector(blob: bytes | None) -> np.ndarray | None:
+    """The stored vector back as float32, or None when nothing (or nothing usable) is stored."""
+    if not blob or len(blob) % 4:
+        return None
+    return np.frombuffer(blob, dtype="<f4")
+
+
+def _normalised(matrix: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (zero rows stay zero), so a dot product is the cosine."""
+    norms = np.linalg.norm(matrix, axis=-1, keepdims=True)
+    return np.divide(matrix, norms, out=np.zeros_like(matrix), where=norms > 0)
+
+
+def embedding_dim(settings: Settings | None = None) -> int:
+    """The dimension vectors of the configured model have (one probe call for a server model)."""
+    settings = settings or get_settings()
+    if not settings.embedding_model:
+        return EMBEDDING_DIM
+    return len(embed_texts(["dimension probe"], settings=settings)[0])
+
+
+def qa_vector(interaction: Interaction, dim: int) -> np.ndarray | None:
+    """The interaction's stored QA vector when it has the model's dimension, else None."""
+    vector = unpack_vector(interaction.qa_vector)
+    return vector if vector is not None and vector.shape[0] == dim else None
+
+
+def ensure_qa_vectors(session: Session, interactions: Sequence[Interaction], dim: int) -> None:
+    """Compute (and store, on the caller's commit) QA vectors missing or of another dimension."""
+    stale = [i for i in interactions if qa_vector(i, dim) is None and qa_text(i)]
+    for start in range(0, len(stale), VECTOR_BATCH):
+        part = stale[start : start + VECTOR_BATCH]
+        for interaction, vector in zip(part, embed_texts([qa_text(i) for i in part]), strict=True):
+            interaction.qa_vector = pack_vector(vector)
+            session.add(interaction)
+
+
+@dataclass
+class PrecedentIndex:
+    """Every expert-reviewed interaction's QA vector as one normalised float32 matrix.
+
+    Loaded once per run (`load`) and shared read-only by all workers: a neighbour search is one
+    matrix-vector product (numpy, BLAS, no Python loop over precedents), then only the few rows
+    above the threshold are read from the database. Rows are in id order, so ties break by id.
+    """
+
+    ids: list[str]
+    matrix: np.ndarray
+    dim: int
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def load(cls, session: Session, dim: int | None = None) -> PrecedentIndex:
+        """Read the vectors, computing the missing ones (stored when the caller commits)."""
+        dim = embedding_dim() if dim is None else dim
+        reviewed = select(ExpertFeedback.interaction_id).where(ExpertFeedback.type == "expert")
+        rows = session.execute(
+            select(Interaction.id, Interaction.qa_vector)
+            .where(col(Interaction.id).in_(reviewed))
+            .order_by(col(Interaction.id))
+        ).all()
+        stale_ids = [iid for iid, blob in rows if (v := unpack_vector(blob)) is None or v.shape[0] != dim]
+        fresh: dict[str, bytes] = {}
+        for start in range(0, len(stale_ids), VECTOR_BATCH):
+            part = list(
+                session.execute(
+                    select(Interaction).where(
+                        col(Interaction.id).in_(stale_ids[start : start + VECTOR_BATCH])
+                    )
+                ).scalars()
+            )
+            ensure_qa_vectors(session, part, dim)
+            fresh.update((i.id, i.qa_vector) for i in part if i.qa_vector is not None)
+        ids: list[str] = []
+        blobs: list[bytes] = []
+        for iid, blob in rows:
+            blob = fresh.get(iid, blob)
+            if blob and len(blob) == 4 * dim:
+                ids.append(iid)
+                blobs.append(blob)
+        matrix = np.frombuffer(b"".join(blobs), dtype="<f4").reshape(len(ids), dim) if ids else None
+        matrix = _normalised(matrix) if matrix is not None else np.zeros((0, dim), dtype=np.float32)
+        return cls(ids, matrix, dim)
+
+    def search(
+        self, vector: np.ndarray, *, limit: int, threshold: float, exclude: str | None = None
+    ) -> list[tuple[str, float]]:
+        """Up to `limit` (id, cosine) at or above `threshold`, most similar first, ties by id."""
+        if not self.ids or vector.shape[0] != self.dim:
+            return []
+        query = _normalised(vector.astype(np.float32))
+        sims = (self.matrix @ query).astype(np.float64)
+        rows = np.flatnonzero(sims >= threshold)
+        if rows.size > SEARCH_PREFILTER * limit:
+            # Only the best few can be returned; partition before sorting (boundary ties aside).
+            keep = np.argpartition(-sims[rows], SEARCH_PREFILTER * limit)[: SEARCH_PREFILTER * limit]
+            rows = rows[keep]
+        order = rows[np.lexsort((rows, -sims[rows]))]
+        out = [(self.ids[r], float(sims[r])) for r in order if self.ids[r] != exclude]
+        return out[:limit]
+
+
+def _latest_expert_feedback(session: Session, ids: Sequence[str]) -> dict[str, ExpertFeedback]:
+    """Each given interaction's newest expert feedback (AI copies are never precedents)."""
     rows = session.execute(
         select(ExpertFeedback)
-        .where(ExpertFeedback.type == "expert", ExpertFeedback.interaction_id != exclude_id)
+        .where(ExpertFeedback.type == "expert", col(ExpertFeedback.interaction_id).in_(list(ids)))
         .order_by(col(ExpertFeedback.created_at), col(ExpertFeedback.id))
     ).scalars()
     return {fb.interaction_id: fb for fb in rows}
 
 
 def find_qa_matches(
-    session: Session, interaction: Interaction, limit: int = 10, threshold: float | None = None
+    session: Session,
+    interaction: Interaction,
+    limit: int = 10,
+    threshold: float | None = None,
+    index: PrecedentIndex | None = None,
 ) -> list[QAMatch]:
-    """Up to `limit` expert-reviewed neighbours at or above the QA threshold, most similar first."""
+    """Up to `limit` expert-reviewed neighbours at or above the QA threshold, most similar first.
+
+    Pass the run's `index`; without one, it is loaded for this call (fine for one interaction).
+    """
     threshold = get_settings().qa_threshold if threshold is None else threshold
-    _ensure_embedding(session, [interaction], None)
-    if not interaction.embedding:
+    if index is None:
+        index = PrecedentIndex.load(session)
+    ensure_qa_vectors(session, [interaction], index.dim)
+    vector = qa_vector(interaction, index.dim)
+    if vector is None:
         return []
-    feedback = _latest_expert_feedback(session, interaction.id)
-    if not feedback:
+    found = index.search(vector, limit=limit, threshold=threshold, exclude=interaction.id)
+    if not found:
         return []
-    neighbours = list(
-        session.execute(select(Interaction).where(col(Interaction.id).in_(list(feedback)))).scalars()
-    )
-    _ensure_embedding(session, neighbours, len(interaction.embedding))
-    scored = [
-        QAMatch(n, feedback[n.id], cosine(interaction.embedding, n.embedding or []))
-        for n in neighbours
-        if n.id != interaction.id
+    ids = [iid for iid, _ in found]
+    feedback = _latest_expert_feedback(session, ids)
+    neighbours = {
+        n.id: n for n in session.execute(select(Interaction).where(col(Interaction.id).in_(ids))).scalars()
+    }
+    return [
+        QAMatch(neighbours[iid], feedback[iid], sim)
+        for iid, sim in found
+        if iid in neighbours and iid in feedback
     ]
-    scored.sort(key=lambda m: (-m.similarity, m.interaction.id))
-    return [m for m in scored[:limit] if m.similarity >= threshold]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,13 +380,17 @@ def match_sentences(
     pool = [(text, score, m.interaction.id) for m in qa_matches for text, score in m.scored_sentences()]
     if not pool or not sentences:
         return [SentenceMatch(s, None, 0.0) for s in sentences[:1]]
-    pool_vectors = embed_texts([p[0] for p in pool])
-    sentence_vectors = embed_texts(list(sentences))
+    pool_matrix = _normalised(np.asarray(embed_texts([p[0] for p in pool]), dtype=np.float64))
+    sentence_matrix = _normalised(np.asarray(embed_texts(list(sentences)), dtype=np.float64))
+    # One product gives every sentence × pool similarity; no Python loop over the pool.
+    similarities = (
+        sentence_matrix @ pool_matrix.T if pool_matrix.shape[1] == sentence_matrix.shape[1] else None
+    )
     out: list[SentenceMatch] = []
-    for sentence, vector in zip(sentences, sentence_vectors, strict=True):
-        ranked = sorted(
-            ((cosine(vector, pv), n) for n, pv in enumerate(pool_vectors)), key=lambda x: (-x[0], x[1])
-        )
+    for row, sentence in enumerate(sentences):
+        sims = similarities[row] if similarities is not None else np.zeros(len(pool))
+        order = np.lexsort((np.arange(len(pool)), -sims))
+        ranked = [(float(sims[n]), int(n)) for n in order]
         qualifying = [(sim, n) for sim, n in ranked if sim >= threshold]
         if not qualifying:
             best_sim = ranked[0][0] if ranked else 0.0
@@ -372,7 +490,7 @@ class Outcome:
     interaction_id: str
     reason: str | None  # None: matched, scores copied
     trace: dict[str, Any]
-    embedding: list[float] | None = None  # the interaction's QA vector, stored with the result
+    qa_vector: bytes | None = None  # the interaction's QA vector, stored with the result
     processed: bool = True
     matched_interaction_id: str | None = None
     total: float | None = None
@@ -411,21 +529,37 @@ def decide(
     interaction: Interaction,
     *,
     force_fallback: bool = False,
+    index: PrecedentIndex | None = None,
     settings: Settings | None = None,
 ) -> Outcome:
-    """Seed 003's flow diagram for one interaction; reads the database, never writes it."""
-    settings = settings or get_settings()
+    """Seed 003's flow diagram for one interaction; reads the database, never writes it.
+
+    `index` is the run's precedent index (loaded here when not given). Vectors computed on the
+    way are set on the session's objects but only written by `store`.
+    """
+    # Computed vectors stay pending on the objects: no autoflush may turn a read into a write.
+    with session.no_autoflush:
+        return _decide(session, interaction, force_fallback, index, settings or get_settings())
+
+
+def _decide(
+    session: Session,
+    interaction: Interaction,
+    force_fallback: bool,
+    index: PrecedentIndex | None,
+    settings: Settings,
+) -> Outcome:
     iid = interaction.id
     trace: dict[str, Any] = {"qa_matches": [], "sentences": [], "citation": {}}
     if force_fallback:
         trace["forced_fallback"] = True
     try:
-        qa_matches = find_qa_matches(session, interaction, threshold=settings.qa_threshold)
+        qa_matches = find_qa_matches(session, interaction, threshold=settings.qa_threshold, index=index)
     except (llm.LLMError, llm.LLMNotConfigured) as exc:
         return Outcome(iid, NO_EMBEDDINGS, {"error": f"embedding failed: {exc}"})
-    if not interaction.embedding:
+    if not interaction.qa_vector:
         return Outcome(iid, NO_EMBEDDINGS, {"error": "the interaction has no text to embed"})
-    embedding = list(interaction.embedding)
+    embedding = interaction.qa_vector
     trace["qa_matches"] = [
         {"interaction_id": m.interaction.id, "similarity": round(m.similarity, 4)} for m in qa_matches
     ]
@@ -489,10 +623,10 @@ def failed_outcome(interaction_id: str, error: BaseException | str) -> Outcome:
 
 def store(session: Session, outcome: Outcome) -> AutoEval:
     """Write one outcome: the AutoEval row and, for a match, the copied `type='ai'` feedback."""
-    if outcome.embedding is not None:
+    if outcome.qa_vector is not None:
         interaction = session.get(Interaction, outcome.interaction_id)
-        if interaction is not None and interaction.embedding != outcome.embedding:
-            interaction.embedding = outcome.embedding
+        if interaction is not None and interaction.qa_vector != outcome.qa_vector:
+            interaction.qa_vector = outcome.qa_vector
             session.add(interaction)
     feedback_id = None
     if outcome.matched:
@@ -528,7 +662,13 @@ def _existing_auto_eval(session: Session, interaction_id: str) -> AutoEval | Non
     ).scalar_one_or_none()
 
 
-def evaluate_interaction(session: Session, interaction_id: str, *, force_fallback: bool = False) -> AutoEval:
+def evaluate_interaction(
+    session: Session,
+    interaction_id: str,
+    *,
+    force_fallback: bool = False,
+    index: PrecedentIndex | None = None,
+) -> AutoEval:
     """Auto-evaluate one interaction by precedent; an already evaluated one is returned unchanged."""
     existing = _existing_auto_eval(session, interaction_id)
     if existing is not None:
@@ -536,42 +676,252 @@ def evaluate_interaction(session: Session, interaction_id: str, *, force_fallbac
     interaction = session.get(Interaction, interaction_id)
     if interaction is None:
         raise LookupError(f"No interaction with id {interaction_id!r}")
-    return store(session, decide(session, interaction, force_fallback=force_fallback))
+    return store(session, decide(session, interaction, force_fallback=force_fallback, index=index))
 
 
-def pending_interaction_ids(session: Session, limit: int | None = None) -> list[str]:
+# ---------------------------------------------------------------------------------------------
+# Runs: which interactions, a worker pool, a summary
+
+
+@dataclass
+class RunSummary:
+    """What one run did: how many were evaluated and matched, and a count per no-match reason."""
+
+    evaluated: int = 0
+    matched: int = 0
+    skipped: int = 0  # already evaluated (by another run) when its worker got to it
+    reasons: dict[str, int] = field(default_factory=dict)
+    deleted: int = 0  # auto-evaluations removed first by --redo
+
+    def add(self, row: AutoEval | None) -> None:
+        if row is None:
+            self.skipped += 1
+            return
+        self.evaluated += 1
+        if row.has_matches:
+            self.matched += 1
+        else:
+            reason = row.no_match_reason or "unknown"
+            self.reasons[reason] = self.reasons.get(reason, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "evaluated": self.evaluated,
+            "matched": self.matched,
+            "skipped": self.skipped,
+            "reasons": self.reasons,
+        }
+
+    def lines(self) -> list[str]:
+        """The operator's summary: totals, then one line per no-match reason."""
+        out = []
+        if self.deleted:
+            out.append(f"deleted {self.deleted} earlier auto-evaluations")
+        out.append(
+            f"evaluated {self.evaluated} interactions: {self.matched} matched, "
+            f"{self.evaluated - self.matched} without a match, {self.skipped} already evaluated"
+        )
+        out.extend(f"  {reason}: {count}" for reason, count in sorted(self.reasons.items()))
+        return out
+
+
+# Called after each interaction with (done, total), in the caller's thread.
+Progress = Callable[[int, int], None]
+
+
+def _window(query: Any, since: datetime | None, product: str | None) -> Any:
+    if since is not None:
+        query = query.where(col(Interaction.created_at) >= since)
+    if product:
+        query = query.where(Interaction.product == product)
+    return query
+
+
+def pending_interaction_ids(
+    session: Session,
+    limit: int | None = None,
+    *,
+    since: datetime | None = None,
+    product: str | None = None,
+    ids: Sequence[str] | None = None,
+) -> list[str]:
     """Interactions with neither an auto-evaluation nor an expert review, oldest first."""
     evaluated = select(AutoEval.interaction_id)
     reviewed = select(ExpertFeedback.interaction_id).where(ExpertFeedback.type == "expert")
-    query = (
-        select(Interaction.id)
-        .where(col(Interaction.id).not_in(evaluated), col(Interaction.id).not_in(reviewed))
-        .order_by(col(Interaction.created_at), col(Interaction.id))
-    )
+    query = _window(
+        select(Interaction.id).where(
+            col(Interaction.id).not_in(evaluated), col(Interaction.id).not_in(reviewed)
+        ),
+        since,
+        product,
+    ).order_by(col(Interaction.created_at), col(Interaction.id))
+    if ids is not None:
+        found: set[str] = set()
+        for start in range(0, len(ids), 500):
+            found.update(
+                session.execute(
+                    query.where(col(Interaction.id).in_(list(ids[start : start + 500])))
+                ).scalars()
+            )
+        ordered = [i for i in dict.fromkeys(ids) if i in found]
+        return ordered[:limit] if limit is not None else ordered
     if limit is not None:
         query = query.limit(limit)
     return list(session.execute(query).scalars())
 
 
-def evaluate_pending(engine: Engine, limit: int | None = None) -> dict[str, Any]:
-    """Auto-evaluate pending interactions, one transaction each so one failure never loses the rest."""
-    with Session(engine) as session:
-        ids = pending_interaction_ids(session, limit)
-    summary: dict[str, Any] = {"evaluated": 0, "matched": 0, "skipped": 0, "reasons": {}}
-    for interaction_id in ids:
-        with Session(engine) as session:
-            try:
-                row = evaluate_interaction(session, interaction_id)
-                session.commit()
-            except IntegrityError:
-                # Another worker evaluated it first; its result stands.
-                session.rollback()
-                summary["skipped"] += 1
-                continue
-            summary["evaluated"] += 1
-            if row.has_matches:
-                summary["matched"] += 1
+def delete_auto_evals(session: Session, *, since: datetime | None = None, product: str | None = None) -> int:
+    """Remove the window's auto-evaluations and their `type='ai'` feedback (the seed's deleteEvaluations)."""
+    in_window = _window(select(Interaction.id), since, product)
+    rows = list(
+        session.execute(select(AutoEval).where(col(AutoEval.interaction_id).in_(in_window))).scalars()
+    )
+    feedback_ids = [r.expert_feedback_id for r in rows if r.expert_feedback_id is not None]
+    for row in rows:
+        session.delete(row)
+    session.flush()
+    for start in range(0, len(feedback_ids), 500):
+        session.execute(
+            delete(ExpertFeedback).where(
+                col(ExpertFeedback.id).in_(feedback_ids[start : start + 500]), ExpertFeedback.type == "ai"
+            )
+        )
+    # AI copies left without their AutoEval (an interrupted run) go too: nothing else points at them.
+    session.execute(
+        delete(ExpertFeedback).where(
+            ExpertFeedback.type == "ai",
+            col(ExpertFeedback.interaction_id).in_(in_window),
+            col(ExpertFeedback.id).not_in(
+                select(AutoEval.expert_feedback_id).where(col(AutoEval.expert_feedback_id).is_not(None))
+            ),
+        )
+    )
+    return len(rows)
+
+
+def load_index(engine: Engine) -> PrecedentIndex:
+    """The run's precedent index; vectors missing from precedents are computed and stored once."""
+    with session_scope(engine) as session:
+        return PrecedentIndex.load(session)
+
+
+def _evaluate_one(
+    engine: Engine, interaction_id: str, force_fallback: bool, index: PrecedentIndex | None
+) -> AutoEval | None:
+    """One worker's job: decide in a read-only transaction, store in a short write one.
+
+    Never raises: an evaluation that fails still ends with an AutoEval row (`evaluation_error`),
+    so one bad interaction never stops the others and never stays silently pending.
+    None means another run evaluated it first.
+    """
+    try:
+        with session_scope(engine, read_only=True) as session:
+            if _existing_auto_eval(session, interaction_id) is not None:
+                return None
+            interaction = session.get(Interaction, interaction_id)
+            if interaction is None:
+                raise LookupError(f"No interaction with id {interaction_id!r}")
+            if index is None:
+                outcome = Outcome(
+                    interaction_id, NO_EMBEDDINGS, {"error": "the precedent index could not be built"}
+                )
             else:
-                reason = row.no_match_reason or "unknown"
-                summary["reasons"][reason] = summary["reasons"].get(reason, 0) + 1
+                outcome = decide(session, interaction, force_fallback=force_fallback, index=index)
+            # Vectors computed while deciding travel in the outcome; this transaction writes nothing.
+            session.rollback()
+    except Exception as exc:  # any failure is recorded on the interaction, never lost
+        log.exception("auto-evaluation of %s failed", interaction_id)
+        outcome = failed_outcome(interaction_id, f"{type(exc).__name__}: {exc}")
+    for attempt in (outcome, failed_outcome(interaction_id, "the result could not be stored")):
+        try:
+            with session_scope(engine) as session:
+                if _existing_auto_eval(session, interaction_id) is not None:
+                    return None
+                return store(session, attempt)
+        except IntegrityError:
+            return None  # another worker stored it between the check and the insert
+        except Exception:  # try the error row once, then give up on this one
+            log.exception("storing the auto-evaluation of %s failed", interaction_id)
+    return None
+
+
+def evaluate_ids(
+    engine: Engine,
+    ids: Sequence[str],
+    *,
+    concurrency: int | None = None,
+    force_fallback: bool = False,
+    progress: Progress | None = None,
+    index: PrecedentIndex | None = None,
+) -> RunSummary:
+    """Evaluate `ids` through a pool of `concurrency` workers (seed 003's Piscina pool).
+
+    Default `OVERRULE_EVAL_CONCURRENCY` (CPUs − 1, at least 1); 0 runs serially in the caller (the
+    seed's "Vercel" mode). Workers are threads sharing one read-only precedent index: the work is
+    database reads, numpy products and LLM calls, which release the GIL.
+    """
+    summary = RunSummary()
+    if not ids:
+        return summary
+    workers = get_settings().eval_concurrency if concurrency is None else concurrency
+    if index is None:
+        try:
+            index = load_index(engine)
+        except (llm.LLMError, llm.LLMNotConfigured):
+            log.exception("cannot build the precedent index: every interaction gets no_embeddings")
+    done = 0
+    if workers <= 0:
+        for interaction_id in ids:
+            summary.add(_evaluate_one(engine, interaction_id, force_fallback, index))
+            done += 1
+            if progress:
+                progress(done, len(ids))
+        return summary
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="auto-eval") as pool:
+        futures = [pool.submit(_evaluate_one, engine, i, force_fallback, index) for i in ids]
+        for future in as_completed(futures):
+            summary.add(future.result())
+            done += 1
+            if progress:
+                progress(done, len(ids))
     return summary
+
+
+def auto_evaluate(
+    engine: Engine,
+    *,
+    since: datetime | None = None,
+    product: str | None = None,
+    limit: int | None = None,
+    concurrency: int | None = None,
+    redo: bool = False,
+    force_fallback: bool = False,
+    progress: Progress | None = None,
+) -> RunSummary:
+    """The operator's run (seed `processEvaluationsForDuration`): what is pending in the window.
+
+    `redo` first deletes the window's auto-evaluations (and their AI feedback), then runs again.
+    """
+    deleted = 0
+    if redo:
+        with session_scope(engine) as session:
+            deleted = delete_auto_evals(session, since=since, product=product)
+    with session_scope(engine, read_only=True) as session:
+        ids = pending_interaction_ids(session, limit, since=since, product=product)
+    summary = evaluate_ids(
+        engine, ids, concurrency=concurrency, force_fallback=force_fallback, progress=progress
+    )
+    summary.deleted = deleted
+    return summary
+
+
+def evaluate_new(engine: Engine, ids: Sequence[str], *, progress: Progress | None = None) -> RunSummary:
+    """The trigger: of freshly stored interactions, evaluate those not reviewed and not evaluated."""
+    with session_scope(engine, read_only=True) as session:
+        pending = pending_interaction_ids(session, ids=ids)
+    return evaluate_ids(engine, pending, progress=progress)
+
+
+def evaluate_pending(engine: Engine, limit: int | None = None) -> dict[str, Any]:
+    """Auto-evaluate pending interactions (every window); the summary as a plain dict."""
+    return auto_evaluate(engine, limit=limit).as_dict()

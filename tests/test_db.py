@@ -28,7 +28,7 @@ def test_init_db_is_idempotent(db_url) -> None:
     with again.connect() as conn:
         version = conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
     again.dispose()
-    assert version == "0001"
+    assert version == "0002"
 
 
 @pytest.mark.parametrize(

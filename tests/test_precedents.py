@@ -6,6 +6,7 @@ import math
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import pytest
 from sqlalchemy import Engine, func, select
 from sqlmodel import Session
@@ -258,8 +259,8 @@ def test_qa_matching_stores_the_computed_embeddings(engine: Engine) -> None:
         session.commit()
     with Session(engine) as session:
         stored = session.get(Interaction, "prec")
-        assert stored is not None and stored.embedding is not None
-        assert len(stored.embedding) == precedents.EMBEDDING_DIM
+        assert stored is not None and stored.qa_vector is not None
+        assert len(stored.qa_vector) == 4 * precedents.EMBEDDING_DIM
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,8 +275,9 @@ def _qa_match(score: float | None = 70.0, sentence: str = S1) -> precedents.QAMa
 
 def test_sentence_match_at_exactly_the_threshold_counts_and_just_above_does_not() -> None:
     near = "Open Settings and choose Reset password now."
+    sim = precedents.match_sentences([near], [_qa_match()], threshold=0.0)[0].similarity
     va, vb = precedents.embed_texts([near, S1])
-    sim = precedents.cosine(va, vb)
+    assert math.isclose(sim, precedents.cosine(va, vb), rel_tol=1e-9)
     assert 0.0 < sim < 1.0
     assert precedents.match_sentences([near], [_qa_match()], threshold=sim)[0].best_match == S1
     assert (
@@ -608,3 +610,196 @@ def test_evaluate_pending_honours_the_limit_oldest_first(engine: Engine) -> None
     with Session(engine) as session:
         done = set(session.execute(select(AutoEval.interaction_id)).scalars())
     assert done == {"i0", "i1"}
+
+
+# ---------------------------------------------------------------------------------------------
+# The precedent index (vectorised neighbour search)
+
+
+def test_index_search_agrees_with_a_per_row_cosine_loop(engine: Engine) -> None:
+    with Session(engine) as session:
+        for n in range(6):
+            _add(session, f"p{n}", answer=ANSWER + " Extra words." * n, scores=[80, 60] + [50] * n)
+        _add(session, "unreviewed")
+        index = precedents.PrecedentIndex.load(session)
+        session.commit()
+        assert index.ids == [f"p{n}" for n in range(6)]  # only expert-reviewed interactions
+        query = precedents.embed_texts([f"{QUESTION}\n{ANSWER}"])[0]
+        found = index.search(np.asarray(query), limit=4, threshold=0.0)
+        by_loop = sorted(
+            (-precedents.cosine(query, precedents.embed_texts([precedents.qa_text(i)])[0]), i.id)
+            for i in session.execute(select(Interaction).where(Interaction.id != "unreviewed")).scalars()
+        )[:4]
+        assert [iid for iid, _ in found] == [iid for _, iid in by_loop]
+        for (_, sim), (neg, _) in zip(found, by_loop, strict=True):
+            assert math.isclose(sim, -neg, abs_tol=1e-6)
+
+
+def test_index_recomputes_vectors_that_are_missing_or_of_another_dimension(engine: Engine) -> None:
+    with Session(engine) as session:
+        _add(session, "p1", scores=[80, 60])
+        _add(session, "p2", scores=[80, 60])
+        session.get(Interaction, "p1").qa_vector = precedents.pack_vector([1.0, 0.0, 0.0])  # type: ignore[union-attr]
+        session.commit()
+    with Session(engine) as session:
+        index = precedents.PrecedentIndex.load(session)
+        session.commit()
+        assert index.matrix.shape == (2, precedents.EMBEDDING_DIM)
+    with Session(engine) as session:
+        for iid in ("p1", "p2"):
+            blob = session.get(Interaction, iid).qa_vector  # type: ignore[union-attr]
+            assert blob is not None and len(blob) == 4 * precedents.EMBEDDING_DIM
+
+
+def test_index_of_an_empty_database_finds_nothing(engine: Engine) -> None:
+    with Session(engine) as session:
+        index = precedents.PrecedentIndex.load(session)
+    assert len(index) == 0
+    assert index.search(np.ones(precedents.EMBEDDING_DIM), limit=10, threshold=0.0) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs: worker pool, window, --redo
+
+
+def _auto_rows(engine: Engine) -> dict[str, AutoEval]:
+    with Session(engine) as session:
+        return {r.interaction_id: r for r in session.execute(select(AutoEval)).scalars()}
+
+
+def _corpus(session: Session) -> None:
+    _add(session, "prec", scores=[80, 60], age_days=30)
+    for n in range(4):
+        _add(session, f"same{n}", age_days=n)
+    _add(session, "other", question=UNRELATED_Q, answer=UNRELATED_A, age_days=1)
+    _add(session, "old", age_days=20)
+    _add(session, "cite", citation="https://help.acme.test/other", age_days=2)
+
+
+@pytest.mark.parametrize("concurrency", [0, 1, 3])
+def test_pool_and_serial_runs_give_the_same_results(engine: Engine, concurrency: int) -> None:
+    with Session(engine) as session:
+        _corpus(session)
+    seen: list[tuple[int, int]] = []
+    summary = precedents.auto_evaluate(
+        engine, concurrency=concurrency, progress=lambda d, t: seen.append((d, t))
+    )
+    assert (summary.evaluated, summary.matched, summary.skipped) == (7, 5, 0)
+    assert summary.reasons == {"no_qa_match": 1, "no_citation_match": 1}
+    assert seen == [(n, 7) for n in range(1, 8)]
+    rows = _auto_rows(engine)
+    assert set(rows) == {"same0", "same1", "same2", "same3", "other", "old", "cite"}
+    assert rows["cite"].no_match_reason == "no_citation_match"
+    with Session(engine) as session:
+        # The pool stored each evaluated interaction's vector along with its result.
+        assert session.get(Interaction, "same2").qa_vector is not None  # type: ignore[union-attr]
+
+
+def test_default_concurrency_comes_from_the_setting(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: set[str] = set()
+    real = precedents.decide
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        import threading
+
+        threads.add(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(precedents, "decide", spy)
+    with Session(engine) as session:
+        _corpus(session)
+    _set_env(monkeypatch, eval_concurrency="0")
+    precedents.auto_evaluate(engine, limit=2)
+    assert threads == {"MainThread"}  # 0: serially in the caller, the seed's "Vercel" mode
+    _set_env(monkeypatch, eval_concurrency="2")
+    precedents.auto_evaluate(engine)
+    assert threads - {"MainThread"} and all(t.startswith("auto-eval") for t in threads - {"MainThread"})
+
+
+def test_a_worker_that_raises_never_stops_the_others(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = precedents.decide
+
+    def flaky(session: Session, interaction: Interaction, **kwargs: Any) -> Any:
+        if interaction.id == "same1":
+            raise RuntimeError("worker exploded")
+        return real(session, interaction, **kwargs)
+
+    monkeypatch.setattr(precedents, "decide", flaky)
+    with Session(engine) as session:
+        _corpus(session)
+    summary = precedents.auto_evaluate(engine, concurrency=2)
+    assert summary.evaluated == 7 and summary.reasons["evaluation_error"] == 1
+    rows = _auto_rows(engine)
+    assert len(rows) == 7  # every interaction ends with an AutoEval row
+    failed = rows["same1"]
+    assert (failed.processed, failed.has_matches) == (False, False)
+    assert failed.sentence_match_trace["error"] == "RuntimeError: worker exploded"
+    assert rows["same2"].has_matches is True
+    # --redo retries the failed one once the cause is gone.
+    monkeypatch.setattr(precedents, "decide", real)
+    again = precedents.auto_evaluate(engine, redo=True, concurrency=2)
+    assert (again.deleted, again.evaluated, again.matched) == (7, 7, 5)
+    assert _auto_rows(engine)["same1"].has_matches is True
+
+
+def test_window_by_age_and_product_and_limit(engine: Engine) -> None:
+    with Session(engine) as session:
+        _corpus(session)
+        other = _add(session, "otherproduct", age_days=0)
+        other.product = "globex"
+        session.add(other)
+        session.commit()
+    recent = utcnow() - timedelta(days=7)
+    assert precedents.auto_evaluate(engine, since=recent, product="globex").evaluated == 1
+    summary = precedents.auto_evaluate(engine, since=recent, product="acme", limit=2)
+    assert summary.evaluated == 2
+    assert set(_auto_rows(engine)) == {"otherproduct", "same3", "same2"}  # the oldest two of the window
+    assert precedents.auto_evaluate(engine, since=recent).evaluated == 4
+    assert "old" not in _auto_rows(engine)
+
+
+def test_redo_deletes_the_windows_results_and_their_ai_feedback_then_runs_again(engine: Engine) -> None:
+    with Session(engine) as session:
+        _corpus(session)
+    precedents.auto_evaluate(engine, concurrency=0)
+    first = _auto_rows(engine)
+    with Session(engine) as session:
+        # A newer expert precedent with a better score changes what a redo copies.
+        session.execute(
+            ExpertFeedback.__table__.update()
+            .where(ExpertFeedback.type == "expert")
+            .values(citation_score=0.0)
+        )
+        session.commit()
+    recent = utcnow() - timedelta(days=7)
+    summary = precedents.auto_evaluate(engine, since=recent, redo=True, concurrency=2)
+    assert (summary.deleted, summary.evaluated, summary.matched) == (6, 6, 4)
+    rows = _auto_rows(engine)
+    assert rows["old"].created_at == first["old"].created_at  # outside the window: untouched
+    assert rows["same0"].created_at > first["same0"].created_at
+    assert rows["same0"].total_score == precedents.total_score([80, 60], 0.0)
+    with Session(engine) as session:
+        ai = list(session.execute(select(ExpertFeedback).where(ExpertFeedback.type == "ai")).scalars())
+        assert len(ai) == 5  # one per matched interaction, the replaced copies deleted
+        assert {f.id for f in ai} == {r.expert_feedback_id for r in rows.values() if r.has_matches}
+    # Running --redo again is stable.
+    again = precedents.auto_evaluate(engine, since=recent, redo=True)
+    assert (again.deleted, again.evaluated, again.matched) == (6, 6, 4)
+
+
+def test_forced_fallback_run_without_llm_reports_the_forced_reason(engine: Engine) -> None:
+    with Session(engine) as session:
+        _corpus(session)
+    summary = precedents.auto_evaluate(engine, force_fallback=True, concurrency=2)
+    assert summary.matched == 0
+    assert summary.reasons == {"forced_fallback_no_match": 6, "no_qa_match": 1}
+    assert "  forced_fallback_no_match: 6" in summary.lines()
+
+
+def test_evaluate_new_skips_reviewed_and_evaluated_interactions(engine: Engine) -> None:
+    with Session(engine) as session:
+        _corpus(session)
+    precedents.evaluate_ids(engine, ["same0"])
+    summary = precedents.evaluate_new(engine, ["prec", "same0", "same1", "missing"])
+    assert (summary.evaluated, summary.matched) == (1, 1)
+    assert set(_auto_rows(engine)) == {"same0", "same1"}
