@@ -1070,10 +1070,18 @@ def pinned_frame(session: Session) -> pd.DataFrame:
     return pd.DataFrame(records, columns=columns)
 
 
+NOTE_LABEL_CHARS = 40
+
+
+def note_label(note_id: int, note_type: str, content: str) -> str:
+    """A short, unique label for a note: `#12 TIP: first words…`."""
+    text = str(content)
+    short = text if len(text) <= NOTE_LABEL_CHARS else text[: NOTE_LABEL_CHARS - 1] + "…"
+    return f"#{note_id} {note_type}: {short}"
+
+
 def note_labels(frame: pd.DataFrame) -> dict[int, str]:
     """{note_id: `#12 TIP: first words…`} for the notes of a scores or explain frame, in order."""
-    from lib.relevance_charts import note_label
-
     firsts = frame.drop_duplicates("note_id")
     return {
         int(nid): note_label(int(nid), str(kind), str(text))

@@ -12,15 +12,7 @@ import plotly.graph_objects as go
 
 from lib.charts import plotly_text
 from lib.config import get_settings
-
-NOTE_LABEL_CHARS = 40
-
-
-def note_label(note_id: int, note_type: str, content: str) -> str:
-    """A short, unique label for a note: `#12 TIP: first words…`."""
-    text = str(content)
-    short = text if len(text) <= NOTE_LABEL_CHARS else text[: NOTE_LABEL_CHARS - 1] + "…"
-    return f"#{note_id} {note_type}: {short}"
+from lib.relevance import note_label
 
 
 def tag_heatmap_figure(frame: pd.DataFrame, *, title: str = "Relevance score per note and tag") -> go.Figure:
