@@ -7,6 +7,7 @@ non-zero exit status; results go to stdout.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,6 +30,18 @@ def handler(name: str) -> Callable[[Handler], Handler]:
         return fn
 
     return register
+
+
+def progress_bar(done: int, total: int, *, width: int = 30) -> str:
+    """A text progress bar for the CLI's stderr."""
+    filled = width if total == 0 else math.floor(width * done / total)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def print_progress(done: int, total: int) -> None:
+    """Redraw the progress bar in place on stderr."""
+    end = "\n" if done >= total else ""
+    print(f"\r{progress_bar(done, total)}", end=end, file=sys.stderr, flush=True)
 
 
 def _engine():  # type: ignore[no-untyped-def]
@@ -176,7 +189,7 @@ def _cmd_judge(args: argparse.Namespace) -> int:
             engine=_engine(),
             reviewer=args.reviewer,
             concurrency=args.concurrency,
-            progress=judge.print_progress,
+            progress=print_progress,
         )
     except judge.BatchInputError as exc:
         raise CliError(f"judge: {exc}; nothing was judged") from exc
@@ -192,7 +205,7 @@ def _cmd_judge(args: argparse.Namespace) -> int:
 @handler("second-opinion")
 def _cmd_second_opinion(args: argparse.Namespace) -> int:
     """`second-opinion --product P` asks the evaluation model to validate judgments without one."""
-    from lib import judge, second_opinion
+    from lib import second_opinion
     from lib.config import get_settings
 
     if not get_settings().llm_configured:
@@ -204,7 +217,7 @@ def _cmd_second_opinion(args: argparse.Namespace) -> int:
         product=args.product,
         reviewer=args.reviewer,
         limit=args.limit,
-        progress=judge.print_progress,
+        progress=print_progress,
     )
     for change_id, message in outcome.failed:
         print(f"{change_id}: {message}", file=sys.stderr)

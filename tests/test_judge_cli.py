@@ -19,10 +19,9 @@ import pytest
 from sqlalchemy import Engine, func
 from sqlmodel import Session, select
 
-from lib.__main__ import main
+from lib.__main__ import main, progress_bar
 from lib.config import reset_settings
 from lib.db import session_scope
-from lib.judge import progress_bar
 from lib.metrics import upsert_metric_definitions
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, utcnow
 from tests.llm_server import LLMServer, json_reply, server_error, text
