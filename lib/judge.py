@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
@@ -45,7 +43,7 @@ from lib.db import session_scope
 from lib.evidence import verify_evidence_item
 from lib.importer import ImportFailed, build_snapshot_rows, source_key_of
 from lib.metrics import MetricSpec, judge_meta_score, metric_gaps, metrics_for_product, weighted_gap
-from lib.models import EvaluationSnapshot, Judgment, MetricDefinition, new_prefixed_id
+from lib.models import EvaluationSnapshot, Judgment, new_prefixed_id
 
 log = logging.getLogger(__name__)
 
@@ -1087,57 +1085,3 @@ def judge_file(
             refill()
     report.failed.sort()
     return report
-
-
-def progress_bar(done: int, total: int, *, width: int = 30) -> str:
-    """A text progress bar for the CLI's stderr."""
-    filled = width if total == 0 else math.floor(width * done / total)
-    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
-
-
-def print_progress(done: int, total: int) -> None:
-    """Redraw the progress bar in place on stderr."""
-    end = "\n" if done >= total else ""
-    print(f"\r{progress_bar(done, total)}", end=end, file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Form helpers for the New evaluation page
-
-
-def known_products(*, session: Session) -> list[str]:
-    """Products that have a rubric or evaluations, for the page's product picker."""
-    defined = set(session.exec(select(MetricDefinition.product).distinct()).all())
-    judged = set(
-        session.exec(
-            select(EvaluationSnapshot.product).where(col(EvaluationSnapshot.deleted_at).is_(None)).distinct()
-        ).all()
-    )
-    return sorted(p for p in defined | judged if p)
-
-
-def known_languages(*, session: Session) -> list[str]:
-    """Languages of stored evaluations plus English and Turkish, for the page's language picker."""
-    stored = session.exec(select(EvaluationSnapshot.language).distinct()).all()
-    return sorted({"en", "tr", *(lang for lang in stored if lang)})
-
-
-def score_bounds(spec: MetricSpec) -> tuple[int, int, int] | tuple[float, float, float]:
-    """(min, max, step) for a score input on the metric's scale: whole numbers, or hundredths."""
-    if spec.integer_scale and float(spec.min_value).is_integer() and float(spec.max_value).is_integer():
-        return int(spec.min_value), int(spec.max_value), 1
-    return float(spec.min_value), float(spec.max_value), 0.01
-
-
-def user_scores_from_form(
-    metrics: Sequence[MetricSpec], values: Mapping[str, Any], reasons: Mapping[str, str]
-) -> dict[str, dict[str, Any]]:
-    """The page's per-metric inputs as user_scores; metrics left empty are not scored."""
-    out: dict[str, dict[str, Any]] = {}
-    for spec in metrics:
-        value = values.get(spec.slug)
-        reason = (reasons.get(spec.slug) or "").strip() or None
-        if value is None and reason is None:
-            continue
-        out[spec.slug] = {"score": value, "reason": reason}
-    return out

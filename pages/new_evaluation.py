@@ -4,7 +4,7 @@ from urllib.parse import quote
 
 import streamlit as st
 
-from lib import judge
+from lib import evaluation_form, judge
 from lib.metrics import metrics_for_product
 from lib.safe_markdown import escape_markdown
 from lib.ui import get_engine, llm_unavailable_message, require_reviewer, session_scope
@@ -45,8 +45,8 @@ if unavailable:
     st.warning(unavailable, icon="🔌")
 
 with session_scope(read_only=True) as session:
-    products = judge.known_products(session=session)
-    languages = judge.known_languages(session=session)
+    products = evaluation_form.known_products(session=session)
+    languages = evaluation_form.known_languages(session=session)
 
 left, right = st.columns(2)
 product = left.selectbox(
@@ -88,7 +88,7 @@ with st.form("new_form"):
     scores: dict[str, float | None] = {}
     reasons: dict[str, str] = {}
     for spec in metrics:
-        low, high, step = judge.score_bounds(spec)
+        low, high, step = evaluation_form.score_bounds(spec)
         score_col, reason_col = st.columns([1, 3])
         scores[spec.slug] = score_col.number_input(
             f"{spec.display_name} ({spec.scale_label()})",
@@ -108,7 +108,7 @@ with st.form("new_form"):
 
 if submitted:
     st.session_state.pop(RESULT_KEY, None)
-    user_scores = judge.user_scores_from_form(metrics, scores, reasons)
+    user_scores = evaluation_form.user_scores_from_form(metrics, scores, reasons)
     reviewer = require_reviewer("run the judge")
     if reviewer and not any(s["score"] is not None for s in user_scores.values()):
         st.error("Give at least one score: the judge compares its scores with yours.")
