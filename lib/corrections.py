@@ -15,19 +15,16 @@ Two halves:
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Engine, case, delete, func, update
+from sqlalchemy import case, delete, func, update
 from sqlmodel import Session, col, select
 
 from lib.metrics import MetricSpec, metrics_for_product
@@ -207,7 +204,8 @@ def same_decision(judge: str, user: str) -> bool:
 # Writes
 
 
-def _require_reviewer(reviewer: str | None) -> str:
+def require_reviewer(reviewer: str | None) -> str:
+    """The reviewer's name, stripped; MissingReviewer when blank (every change records who made it)."""
     name = (reviewer or "").strip()
     if not name:
         raise MissingReviewer("every change records its reviewer; none was given")
@@ -234,7 +232,7 @@ def record_review(
     require_reason: bool = True,
 ) -> Judgment:
     """Confirm or overrule a judgment as of the version the reviewer saw; ReviewConflict if it moved."""
-    name = _require_reviewer(reviewer)
+    name = require_reviewer(reviewer)
     judgment = session.get(Judgment, judgment_id)
     if judgment is None:
         raise JudgmentNotFound(f"no judgment with id {judgment_id}")
@@ -326,7 +324,7 @@ _REPLACED_FIELDS = (
 
 def add_judgment(*, session: Session, judgment: Judgment, reviewer: str | None) -> Judgment:
     """Seed-004 API: add a judgment, or replace the stored one with the same change_id (a re-judge)."""
-    name = _require_reviewer(reviewer)
+    name = require_reviewer(reviewer)
     judgment.was_corrected = compute_was_corrected(judgment.decision, judgment.user_decision)
     existing = get_judgment(session=session, change_id=judgment.change_id)
     if existing is None:
@@ -364,7 +362,7 @@ def add_judgment(*, session: Session, judgment: Judgment, reviewer: str | None) 
 
 def clear_product(*, session: Session, product: str, reviewer: str | None) -> int:
     """Seed-004 API: remove every judgment of a product (with its audit trail); returns the count."""
-    name = _require_reviewer(reviewer)
+    name = require_reviewer(reviewer)
     ids = select(Judgment.id).where(Judgment.product == product).scalar_subquery()
     session.execute(delete(JudgmentEvent).where(col(JudgmentEvent.judgment_id).in_(ids)))
     result = session.execute(delete(Judgment).where(col(Judgment.product) == product))
@@ -748,59 +746,6 @@ def correction_rate_over_time(
     out["corrected"] = out["corrected"].astype(int)
     out["correction_rate"] = out["corrected"] / out["reviewed"]
     return out.sort_values(["product", "period"]).reset_index(drop=True)[columns]
-
-
-# ---------------------------------------------------------------------------------------------
-# The seed-004 JSON cache file on the Corrections page
-
-
-def import_cache_bytes(*, session: Session, raw: bytes, source: str, reviewer: str | None) -> Any:
-    """Import an uploaded seed-004 cache file; any fault raises ImportFailed and writes nothing."""
-    from lib.importer import MAX_DOCUMENT_BYTES, ImportFailed, import_judgments_cache
-
-    name = _require_reviewer(reviewer)
-    if len(raw) > MAX_DOCUMENT_BYTES:
-        raise ImportFailed(
-            f"{source}: larger than {MAX_DOCUMENT_BYTES // (1024 * 1024)} MiB; nothing was imported"
-        )
-    try:
-        data = json.loads(raw.decode("utf-8-sig"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ImportFailed(f"{source}: not a valid JSON file ({exc}); nothing was imported") from None
-    try:
-        return import_judgments_cache(session=session, data=data, source=source, reviewer=name)
-    except ImportFailed as exc:
-        raise ImportFailed(f"{exc}; nothing was imported") from None
-
-
-def export_cache_bytes(*, engine: Engine, product: str | None = None) -> bytes:
-    """The seed-004 cache file (`cache_version` "1.0") for one product or all, as bytes."""
-    from lib.export import export_table
-
-    with tempfile.TemporaryDirectory(prefix="overrule-cache-") as tmp:
-        out = Path(tmp) / "cache.json"
-        if product is None:
-            export_table(engine=engine, table="judgments", fmt="json", out=out)
-        else:
-            export_table(
-                engine=engine,
-                table="judgments",
-                fmt="json",
-                out=out,
-                where_sql="product = ?",
-                params=[product],
-            )
-        return out.read_bytes()
-
-
-def filtered_csv_bytes(*, engine: Engine, filters: JudgmentFilter, limit: int = CSV_ROW_LIMIT) -> bytes:
-    """The CSV download of every matching judgment (built on click, formulas neutralised)."""
-    from lib.db import session_scope
-    from lib.export import frame_to_csv_bytes
-
-    with session_scope(engine, read_only=True) as session:
-        frame = filtered_frame(session=session, filters=filters, limit=limit)
-    return frame_to_csv_bytes(frame)
 
 
 def history_block(

@@ -7,7 +7,8 @@ numbers are never touched, so a negative number stays a number. JSON for judgmen
 cache file `{"cache_version": "1.0", "judgments": {change_id: {...}}}`, written a batch at a time;
 JSON for other tables is JSON Lines. Files appear whole or not at all (written aside, then renamed).
 
-Small page-sized frames the UI offers for download go through `frame_to_csv_bytes`, same rule.
+Small page-sized frames the UI offers for download go through `frame_to_csv_bytes`, same rule;
+the pages' download buttons call the `*_bytes` functions here, built on click.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,8 +25,13 @@ from typing import Any
 import duckdb
 import pandas as pd
 from sqlalchemy import Engine
+from sqlmodel import Session
 
+from lib import corrections, inspector
+from lib.corrections import CSV_ROW_LIMIT, JudgmentFilter
+from lib.db import session_scope
 from lib.duck import duck_connect, model_tables, quote_ident, quote_literal, table_ref, tables_in_sql
+from lib.inspector import EvaluationFilters
 
 FORMATS = ("csv", "parquet", "json")
 # OWASP "CSV injection": cells a spreadsheet would read as a formula or a control sequence.
@@ -126,6 +133,45 @@ def export_table(
     if fmt == "json" and table in CACHE_FORMAT_TABLES:
         return _export(engine, sql, params, Path(out), _write_cache_json)
     return _export(engine, sql, params, Path(out), _copy_writer(fmt))
+
+
+def export_cache_bytes(*, engine: Engine, product: str | None = None) -> bytes:
+    """The seed-004 cache file (`cache_version` "1.0") for one product or all, as bytes."""
+    with tempfile.TemporaryDirectory(prefix="overrule-cache-") as tmp:
+        out = Path(tmp) / "cache.json"
+        if product is None:
+            export_table(engine=engine, table="judgments", fmt="json", out=out)
+        else:
+            export_table(
+                engine=engine,
+                table="judgments",
+                fmt="json",
+                out=out,
+                where_sql="product = ?",
+                params=[product],
+            )
+        return out.read_bytes()
+
+
+def _frame_csv_bytes(engine: Engine, build: Callable[[Session], pd.DataFrame]) -> bytes:
+    """CSV bytes of a frame built in a read-only session, so a download never holds a write lock."""
+    with session_scope(engine, read_only=True) as session:
+        frame = build(session)
+    return frame_to_csv_bytes(frame)
+
+
+def judgments_csv_bytes(*, engine: Engine, filters: JudgmentFilter, limit: int = CSV_ROW_LIMIT) -> bytes:
+    """The Corrections page's CSV: every matching judgment (newest `limit`), formulas neutralised."""
+    return _frame_csv_bytes(
+        engine, lambda session: corrections.filtered_frame(session=session, filters=filters, limit=limit)
+    )
+
+
+def evaluations_csv_bytes(*, engine: Engine, filters: EvaluationFilters) -> bytes:
+    """The Evaluations page's CSV: every matching evaluation (all pages), formulas neutralised."""
+    return _frame_csv_bytes(
+        engine, lambda session: inspector.filtered_frame(session=session, filters=filters)
+    )
 
 
 def export_query_csv(*, engine: Engine, sql: str, out: Path | str, params: Params = None) -> int:

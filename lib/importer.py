@@ -48,6 +48,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
 from lib import notes
+from lib.corrections import require_reviewer
 from lib.db import session_scope
 from lib.evidence import HIGHLIGHT_STAGES, stage_counts, verify_evidence_map
 from lib.metrics import (
@@ -988,14 +989,16 @@ def _nonblank(records: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
     return ((where, obj) for where, obj in records if obj is not _BLANK)
 
 
-def _read_document(path: Path, source: str) -> Any:
-    """A whole JSON document (cache or metric list), size-capped; errors give line and column."""
-    size = path.stat().st_size
+def _check_document_size(size: int, source: str) -> None:
     if size > MAX_DOCUMENT_BYTES:
         raise ImportFailed(
             f"{source}: {size // MIB} MB is over the {MAX_DOCUMENT_BYTES // MIB} MB limit for a JSON document"
         )
-    raw = path.read_bytes().removeprefix(_BOM)
+
+
+def _parse_document(raw: bytes, source: str) -> Any:
+    """A whole JSON document (cache or metric list); errors give line and column."""
+    raw = raw.removeprefix(_BOM)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -1008,6 +1011,26 @@ def _read_document(path: Path, source: str) -> Any:
         ) from None
     except (ValueError, RecursionError) as exc:
         raise ImportFailed(f"{source}: invalid JSON ({_reason(exc)})") from None
+
+
+def _read_document(path: Path, source: str) -> Any:
+    """A whole JSON document from a file, size-capped before it is read."""
+    _check_document_size(path.stat().st_size, source)
+    return _parse_document(path.read_bytes(), source)
+
+
+def import_cache_bytes(*, session: Session, raw: bytes, source: str, reviewer: str | None) -> ImportReport:
+    """Import an uploaded seed-004 cache file (the Corrections page); any fault writes nothing.
+
+    Every ImportFailed message ends with "nothing was imported", for the page to show as is.
+    """
+    name = require_reviewer(reviewer)
+    try:
+        _check_document_size(len(raw), source)
+        data = _parse_document(raw, source)
+        return import_judgments_cache(session=session, data=data, source=source, reviewer=name)
+    except ImportFailed as exc:
+        raise ImportFailed(f"{exc}; nothing was imported") from None
 
 
 def _kind_of_document(data: Any, source: str) -> str:

@@ -15,10 +15,11 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Literal
 
 import pandas as pd
-from sqlalchemy import Engine, and_, case, exists, func, text, update
+from sqlalchemy import and_, case, exists, func, text, update
 from sqlalchemy.sql import ColumnElement, Select
 from sqlmodel import Session, col, select
 
+from lib.corrections import require_reviewer
 from lib.evidence import HIGHLIGHT_STAGES, STAGE_LABELS, STAGES, verify_evidence_item
 from lib.highlight import Span
 from lib.metrics import DEFAULT_METRICS, MetricSpec, metrics_for_product, score_of
@@ -377,16 +378,6 @@ def filtered_frame(*, session: Session, filters: EvaluationFilters) -> pd.DataFr
     return pd.DataFrame(result.all(), columns=list(result.keys())).reindex(columns=LIST_FRAME_COLUMNS)
 
 
-def filtered_csv(*, engine: Engine, filters: EvaluationFilters) -> bytes:
-    """CSV bytes of every matching evaluation (spreadsheet formulas neutralised), built on demand."""
-    from lib.db import session_scope
-    from lib.export import frame_to_csv_bytes
-
-    with session_scope(engine, read_only=True) as session:
-        frame = filtered_frame(session=session, filters=filters)
-    return frame_to_csv_bytes(frame)
-
-
 def _distinct_values(session: Session, column: str) -> list[str]:
     """Distinct live values of an indexed column by a loose index scan: one index probe per value.
 
@@ -639,16 +630,9 @@ def load_evaluation(*, session: Session, snapshot_id: str) -> EvaluationDetail |
 # Archive / restore (seed 002 AD-13)
 
 
-def _require(reviewer: str) -> str:
-    name = (reviewer or "").strip()
-    if not name:
-        raise ValueError("a reviewer name is required to archive or restore an evaluation")
-    return name
-
-
 def archive_evaluation(*, session: Session, snapshot_id: str, reviewer: str) -> bool:
     """Soft-delete an evaluation (deleted_at + status archived); False when it was already archived."""
-    name = _require(reviewer)
+    name = require_reviewer(reviewer)
     now = utcnow()
     stmt = (
         update(_S)
@@ -663,7 +647,7 @@ def archive_evaluation(*, session: Session, snapshot_id: str, reviewer: str) -> 
 
 def restore_evaluation(*, session: Session, snapshot_id: str, reviewer: str) -> bool:
     """Bring an archived evaluation back into every list; False when it was not archived."""
-    name = _require(reviewer)
+    name = require_reviewer(reviewer)
     now = utcnow()
     # The status before archiving is not kept; a chat that used all its turns is what "completed" means.
     status = case((col(_S.chat_turn_count) >= col(_S.max_chat_turns), "completed"), else_="active")

@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from lib import charts, corrections
+from lib import charts, corrections, export, importer
 from lib.config import get_settings
 from lib.corrections import REVIEW_STATES, JudgmentFilter
 from lib.importer import ImportFailed
@@ -99,7 +99,7 @@ else:
     )
     st.download_button(
         "Download CSV (all matching rows)",
-        data=lambda: corrections.filtered_csv_bytes(engine=engine, filters=filters),
+        data=lambda: export.judgments_csv_bytes(engine=engine, filters=filters),
         file_name="judgments.csv",
         mime="text/csv",
         key="corrections_csv",
@@ -181,7 +181,7 @@ with left:
         if name:
             try:
                 with session_scope() as session:
-                    report = corrections.import_cache_bytes(
+                    report = importer.import_cache_bytes(
                         session=session, raw=upload.getvalue(), source=upload.name, reviewer=name
                     )
             except ImportFailed as exc:
@@ -194,7 +194,7 @@ with right:
     export_product = st.selectbox("Products to export", [ANY, *products], key="corrections_export_product")
     st.download_button(
         "Download cache JSON",
-        data=lambda: corrections.export_cache_bytes(
+        data=lambda: export.export_cache_bytes(
             engine=engine, product=None if export_product == ANY else export_product
         ),
         file_name="ai_cache.json",

@@ -12,7 +12,7 @@ from urllib.parse import quote
 import streamlit as st
 from streamlit.errors import StreamlitPageNotFoundError
 
-from lib import inspector
+from lib import export, inspector
 from lib.config import get_settings
 from lib.safe_markdown import escape_markdown
 from lib.ui import get_engine, pager, require_reviewer, session_scope
@@ -294,7 +294,7 @@ def show_list() -> None:
     st.download_button(
         f"Download CSV (all {total:,} matches)",
         # Built only when clicked, in its own thread: the page rerun itself never reads every match.
-        data=functools.partial(inspector.filtered_csv, engine=get_engine(), filters=filters),
+        data=functools.partial(export.evaluations_csv_bytes, engine=get_engine(), filters=filters),
         file_name="evaluations.csv",
         mime="text/csv",
         key="evaluations_csv",

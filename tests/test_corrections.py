@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, delete, func
 from sqlmodel import Session, select
 
-from lib import corrections
+from lib import corrections, export, importer
 from lib.__main__ import main as cli_main
 from lib.corrections import (
     HISTORY_EMPTY_TEXT,
@@ -711,7 +711,7 @@ def test_filtered_csv_holds_every_matching_row_with_formulas_neutralised(sqlite_
         j = add(s, "c1", corrected=True)
         j.user_reasoning = '=HYPERLINK("http://evil")'
         add(s, "k1", hours=1)
-    raw = corrections.filtered_csv_bytes(engine=sqlite_engine, filters=JudgmentFilter(state="corrected"))
+    raw = export.judgments_csv_bytes(engine=sqlite_engine, filters=JudgmentFilter(state="corrected"))
     rows = list(csv.DictReader(io.StringIO(raw.decode())))
     assert [r["change_id"] for r in rows] == ["c1"]
     assert rows[0]["user_reasoning"].startswith("'=")
@@ -797,14 +797,14 @@ def _cache(version: str = "1.0") -> bytes:
 def test_a_corrupted_or_wrong_version_cache_is_refused_and_changes_nothing(sqlite_engine, raw) -> None:
     pools(sqlite_engine, 1, 1)
     with pytest.raises(ImportFailed, match="nothing was imported"), session_scope(sqlite_engine) as s:
-        corrections.import_cache_bytes(session=s, raw=raw, source="cache.json", reviewer="ayse")
+        importer.import_cache_bytes(session=s, raw=raw, source="cache.json", reviewer="ayse")
     with session_scope(sqlite_engine) as s:
         assert s.exec(select(func.count()).select_from(Judgment)).one() == 2
 
 
 def test_a_valid_cache_imports_with_was_corrected_and_optional_fields(sqlite_engine) -> None:
     with session_scope(sqlite_engine) as s:
-        report = corrections.import_cache_bytes(session=s, raw=_cache(), source="cache.json", reviewer="ayse")
+        report = importer.import_cache_bytes(session=s, raw=_cache(), source="cache.json", reviewer="ayse")
     assert report.inserted == 1
     with session_scope(sqlite_engine) as s:
         j = corrections.get_judgment(session=s, change_id="github.com/o/r#123")
@@ -813,21 +813,21 @@ def test_a_valid_cache_imports_with_was_corrected_and_optional_fields(sqlite_eng
 
 def test_import_without_a_reviewer_is_refused(sqlite_engine) -> None:
     with pytest.raises(MissingReviewer), session_scope(sqlite_engine) as s:
-        corrections.import_cache_bytes(session=s, raw=_cache(), source="cache.json", reviewer=None)
+        importer.import_cache_bytes(session=s, raw=_cache(), source="cache.json", reviewer=None)
 
 
 def test_export_writes_the_seed_004_file_that_imports_back(sqlite_engine, tmp_path) -> None:
     with session_scope(sqlite_engine) as s:
-        corrections.import_cache_bytes(session=s, raw=_cache(), source="cache.json", reviewer="ayse")
+        importer.import_cache_bytes(session=s, raw=_cache(), source="cache.json", reviewer="ayse")
         add(s, "other-1", product="Other")
-    data = json.loads(corrections.export_cache_bytes(engine=sqlite_engine, product="Acme Fungear"))
+    data = json.loads(export.export_cache_bytes(engine=sqlite_engine, product="Acme Fungear"))
     assert data["cache_version"] == "1.0"
     assert list(data["judgments"]) == ["github.com/o/r#123"]
     entry = data["judgments"]["github.com/o/r#123"]
     assert (entry["user_decision"], entry["timestamp"][:19]) == ("EXCLUDE", "2024-11-15T10:30:00")
     fresh = init_db(f"sqlite:///{tmp_path / 'fresh.db'}")  # a second database, migrated from scratch
     with session_scope(fresh) as s:
-        report = corrections.import_cache_bytes(
+        report = importer.import_cache_bytes(
             session=s, raw=json.dumps(data).encode(), source="export.json", reviewer="ayse"
         )
     fresh.dispose()

@@ -12,13 +12,13 @@ import pytest
 from sqlalchemy import Engine, update
 from sqlmodel import Session, col, select
 
+from lib.export import evaluations_csv_bytes
 from lib.importer import import_evaluations, import_metrics
 from lib.inspector import (
     EvaluationFilters,
     archive_evaluation,
     count_evaluations,
     filter_options,
-    filtered_csv,
     filtered_frame,
     filters_from_params,
     list_evaluations,
@@ -351,7 +351,9 @@ def test_filtered_csv_holds_full_questions_with_formulas_neutralised(engine: Eng
         session.commit()
     rows = list(
         csv.DictReader(
-            io.StringIO(filtered_csv(engine=engine, filters=EvaluationFilters(product="acme")).decode())
+            io.StringIO(
+                evaluations_csv_bytes(engine=engine, filters=EvaluationFilters(product="acme")).decode()
+            )
         )
     )
     assert [r["id"] for r in rows] == ["s_f"]

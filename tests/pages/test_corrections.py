@@ -148,7 +148,7 @@ def _upload(at: AppTest, name: str, raw: bytes) -> AppTest:
     [
         (b'{"cache_version": "2.0", "judgments": {}}', "unsupported version"),
         (b'{"cache_version": "1.0", "judgments": {"x": {"decision": "MAYBE"}}}', "MAYBE"),
-        (b"{broken", "not a valid JSON file"),
+        (b"{broken", "invalid JSON"),
     ],
 )
 def test_a_bad_cache_file_is_refused_with_a_warning_and_changes_nothing(
