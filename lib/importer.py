@@ -29,16 +29,14 @@ reviewer (the cache does not say who), with "imported" and "overruled"/"confirme
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import pickle
 import re
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import IO, Any
@@ -50,15 +48,10 @@ from sqlmodel import Session
 from lib import notes
 from lib.corrections import require_reviewer
 from lib.db import session_scope
-from lib.evidence import HIGHLIGHT_STAGES, stage_counts, verify_evidence_map
 from lib.metrics import (
-    MetricSpec,
-    judge_meta_score,
     metrics_for_product,
     parse_metric_definition,
-    resolve_metric_key,
     upsert_metric_definitions,
-    weighted_gap,
 )
 from lib.models import (
     CACHE_DECISIONS,
@@ -70,6 +63,17 @@ from lib.models import (
     compute_was_corrected,
     utcnow,
 )
+from lib.records import (
+    ImportFailed,
+    InvalidField,
+    located_failure,
+    number_field,
+    record_object,
+    text_field,
+    timestamp_field,
+    type_name,
+)
+from lib.snapshots import MetricSet, evaluation_row, snapshot_judgment_rows
 
 KINDS = ("evaluations", "judgments", "notes", "metrics")
 MIB = 1024 * 1024
@@ -88,10 +92,6 @@ _JUDGMENTS: Table = Judgment.__table__  # type: ignore[attr-defined]
 _NOTES: Table = SessionNote.__table__  # type: ignore[attr-defined]
 _METRIC_DEFS: Table = MetricDefinition.__table__  # type: ignore[attr-defined]
 _EVENTS: Table = JudgmentEvent.__table__  # type: ignore[attr-defined]
-
-
-class ImportFailed(Exception):
-    """A file that cannot be imported; the message names the file, line and field at fault."""
 
 
 @dataclass
@@ -115,103 +115,6 @@ class ImportReport:
         if self.kind == "evaluations":
             parts.append(f"{self.judgments} judgments")
         return f"{self.kind}: " + ", ".join(parts)
-
-
-class _Invalid(Exception):
-    """A fault inside one record; the caller adds where the record is."""
-
-    def __init__(self, field_name: str | None, message: str) -> None:
-        super().__init__(message)
-        self.field_name = field_name
-        self.message = message
-
-
-def _failure(where: str, exc: _Invalid) -> ImportFailed:
-    if exc.field_name:
-        return ImportFailed(f"{where}, field {exc.field_name!r}: {exc.message}")
-    return ImportFailed(f"{where}: {exc.message}")
-
-
-# ---------------------------------------------------------------------------------------------
-# Field checks shared by every kind
-
-
-def _type_name(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
-        type(value), "null" if value is None else "a number" if isinstance(value, int | float) else "?"
-    )
-
-
-@cache
-def _column_limit(table: Table, column: str) -> int | None:
-    return getattr(table.c[column].type, "length", None)
-
-
-def _text(
-    record: dict[str, Any],
-    name: str,
-    *,
-    table: Table | None = None,
-    required: bool = False,
-    path: str | None = None,
-) -> str | None:
-    """A string field, checked for presence, type, NUL characters and the column's length."""
-    value = record.get(name)
-    if value is None:
-        if required:
-            raise _Invalid(path or name, "is required")
-        return None
-    if value.__class__ is not str:
-        raise _Invalid(path or name, f"must be a string, got {_type_name(value)}")
-    if required and not value.strip():
-        raise _Invalid(path or name, "must not be empty")
-    if "\x00" in value:
-        # PostgreSQL text cannot hold NUL; refusing keeps both backends identical.
-        raise _Invalid(path or name, "contains a NUL character, which cannot be stored")
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            # JSON escapes such as "\ud800" decode to lone surrogates that no database can store.
-            raise _Invalid(path or name, "contains invalid Unicode (an unpaired surrogate)") from None
-    if table is not None:
-        limit = _column_limit(table, name)
-        if limit is not None and len(value) > limit:
-            raise _Invalid(path or name, f"is {len(value)} characters long; at most {limit} allowed")
-    return value
-
-
-def _number(value: Any, label: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _Invalid(label, f"must be a number, got {_type_name(value)}")
-    try:
-        number = float(value)
-    except OverflowError:
-        raise _Invalid(label, "is too large") from None
-    if not math.isfinite(number):
-        raise _Invalid(label, "must be a finite number")
-    return number
-
-
-def _timestamp(value: Any, label: str, *, required: bool) -> datetime | None:
-    """An ISO 8601 time as aware UTC; a time without offset is taken to be UTC."""
-    if value is None:
-        if required:
-            raise _Invalid(label, "is required")
-        return None
-    if not isinstance(value, str):
-        raise _Invalid(label, f"must be an ISO 8601 time string, got {_type_name(value)}")
-    try:
-        moment = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise _Invalid(label, f"{value[:40]!r} is not an ISO 8601 time") from None
-    return moment.replace(tzinfo=UTC) if moment.utcoffset() is None else moment.astimezone(UTC)
-
-
-def _record_object(record: Any) -> dict[str, Any]:
-    if not isinstance(record, dict):
-        raise _Invalid(None, f"expected a JSON object, got {_type_name(record)}")
-    return record
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,12 +225,6 @@ def _roomy_sqlite_cache(session: Session) -> Iterator[None]:
 # Evaluations
 
 
-def source_key_of(product: str, question: str, model_answer: str, model_name: str | None) -> str:
-    """The identity of an evaluation across re-imports: SHA-256 of its product, question, answer, model."""
-    payload = json.dumps([product, question, model_answer, model_name or ""], ensure_ascii=False)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
-
-
 def _snapshot_id(created: datetime, source_key: str, taken: Callable[[str], bool]) -> str:
     """`snap_<time>_<8 hex of the source key>`, lengthened only when that id is already taken."""
     stem = f"snap_{created:%Y%m%d_%H%M%S}_"
@@ -337,97 +234,6 @@ def _snapshot_id(created: datetime, source_key: str, taken: Callable[[str], bool
         if not taken(candidate):
             return candidate
     raise ImportFailed(f"cannot find a free snapshot id for source key {source_key}")
-
-
-class _MetricSet:
-    """A product's metrics with an exact key → slug lookup (slugs and display names, never lower())."""
-
-    def __init__(self, product: str, specs: list[MetricSpec]) -> None:
-        self.product = product
-        self.specs = specs
-        self.by_slug = {s.slug: s for s in specs}
-        self.keys = {s.display_name: s.slug for s in specs} | {s.slug: s.slug for s in specs}
-
-    def resolve(self, key: Any, label: str) -> str:
-        if not isinstance(key, str):
-            raise _Invalid(label, f"metric name must be a string, got {_type_name(key)}")
-        slug = self.keys.get(key)
-        if slug is None:
-            try:
-                resolve_metric_key(key, self.specs, self.product)
-            except ValueError as exc:
-                raise _Invalid(label, str(exc)) from None
-        return slug  # type: ignore[return-value]
-
-
-def _scores(raw: Any, name: str, metrics: _MetricSet) -> dict[str, dict[str, Any]]:
-    """`{key: number | {"score", "reason"|"rationale"}}` → `{slug: {"score", "reason"}}`, validated."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise _Invalid(name, f"must be an object of {{metric: score}}, got {_type_name(raw)}")
-    out: dict[str, dict[str, Any]] = {}
-    for key, value in raw.items():
-        # Labels are built only on the error paths: this loop runs for every score of every line.
-        slug = metrics.keys.get(key) or metrics.resolve(key, f"{name}.{key}")
-        if slug in out:
-            raise _Invalid(f"{name}.{key}", f"metric {slug!r} is given twice (as slug and display name)")
-        reason = None
-        if value.__class__ is dict:
-            if "score" not in value:
-                raise _Invalid(f"{name}.{key}.score", "is required when a score is an object")
-            reason = value.get("reason")
-            reason_key = "reason" if reason is not None else "rationale"
-            reason = value.get(reason_key)
-            if reason is not None and (
-                reason.__class__ is not str or "\x00" in reason or not reason.isascii()
-            ):
-                reason = _text(value, reason_key, path=f"{name}.{key}.{reason_key}")
-            value = value["score"]
-        if value is not None:
-            try:
-                number = metrics.by_slug[slug].validate(value)
-            except ValueError as exc:
-                raise _Invalid(f"{name}.{key}", str(exc)) from None
-            except OverflowError:
-                raise _Invalid(f"{name}.{key}", "score is too large") from None
-            value = value if value.__class__ is int else number
-        out[slug] = {"score": value, "reason": reason}
-    return out
-
-
-def _evidence_items(raw: Any, metrics: _MetricSet) -> dict[str, list[dict[str, Any]]]:
-    """Evidence as `{metric: [items]}` or the seed shape `{metric: {"evidence": [items]}}`, checked."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise _Invalid("evidence", f"must be an object of {{metric: [items]}}, got {_type_name(raw)}")
-    out: dict[str, list[dict[str, Any]]] = {}
-    for key, value in raw.items():
-        label = f"evidence.{key}"
-        slug = metrics.resolve(key, label)
-        if slug in out:
-            raise _Invalid(label, f"metric {slug!r} is given twice (as slug and display name)")
-        if isinstance(value, dict):
-            label += ".evidence"
-            value = value.get("evidence") or []
-        if not isinstance(value, list):
-            raise _Invalid(label, f"must be a list of evidence items, got {_type_name(value)}")
-        items = []
-        for i, item in enumerate(value):
-            item_label = f"{label}[{i}]"
-            if not isinstance(item, dict):
-                raise _Invalid(item_label, f"must be an object, got {_type_name(item)}")
-            _text(item, "quote", required=True, path=f"{item_label}.quote")
-            for end in ("start", "end"):
-                pos = item.get(end)
-                if pos is not None and (isinstance(pos, bool) or not isinstance(pos, int)):
-                    raise _Invalid(
-                        f"{item_label}.{end}", f"must be an integer or null, got {_type_name(pos)}"
-                    )
-            items.append(dict(item))
-        out[slug] = items
-    return out
 
 
 @dataclass
@@ -443,136 +249,25 @@ class _Prepared:
         self.spool.close()
 
 
-def _evaluation_row(
-    record: Any, metric_set: Callable[[str], _MetricSet], reviewer: str
-) -> tuple[dict[str, Any], list[tuple[str, Any, str | None]], bool]:
-    """One record → (snapshot row, judged metrics, whether the id was given), or _Invalid."""
-    record = _record_object(record)
-    question = _text(record, "question", required=True)
-    answer = _text(record, "model_answer", required=True)
-    product = _text(record, "product", table=_SNAPSHOTS, required=True).strip()  # type: ignore[union-attr]
-    assert question is not None and answer is not None
-    if record.get("user_scores") is None and record.get("judge_scores") is None:
-        raise _Invalid("user_scores", "is required (user_scores and/or judge_scores)")
-    metrics = metric_set(product)
-    user = _scores(record.get("user_scores"), "user_scores", metrics)
-    judge = _scores(record.get("judge_scores"), "judge_scores", metrics)
-    if not user and not judge:
-        raise _Invalid("user_scores", "user_scores and judge_scores are both empty")
-    evidence = _evidence_items(record.get("evidence"), metrics)
-
-    model_name = _text(record, "model_name", table=_SNAPSHOTS)
-    snapshot_id = _text(record, "id", table=_SNAPSHOTS)
-    if snapshot_id is not None and not snapshot_id.strip():
-        raise _Invalid("id", "must not be empty")
-    question_id = record.get("question_id")
-    if isinstance(question_id, int) and not isinstance(question_id, bool):
-        question_id = str(question_id)
-    question_id = _text({"question_id": question_id}, "question_id", table=_SNAPSHOTS)
-
-    primary = record.get("primary_metric")
-    primary = metrics.resolve(primary, "primary_metric") if primary is not None else metrics.specs[0].slug
-    bonus_raw = record.get("bonus_metrics") or []
-    if not isinstance(bonus_raw, list):
-        raise _Invalid("bonus_metrics", f"must be a list of metric names, got {_type_name(bonus_raw)}")
-    bonus: list[str] = []
-    for i, key in enumerate(bonus_raw):
-        slug = metrics.resolve(key, f"bonus_metrics[{i}]")
-        if slug not in bonus:
-            bonus.append(slug)
-
-    # Seed-002 evidence shape: every scored or evidenced metric, in the rubric's order.
-    evidence_json: dict[str, Any] = {}
-    rescaled_gaps: list[float] = []
-    for spec in metrics.specs:
-        if spec.slug not in user and spec.slug not in judge and spec.slug not in evidence:
-            continue
-        u = user.get(spec.slug, {})
-        j = judge.get(spec.slug, {})
-        us, js = u.get("score"), j.get("score")
-        if us is not None and js is not None:
-            rescaled_gaps.append(spec.rescaled_gap(us, js))
-        evidence_json[spec.slug] = {
-            "user_score": us,
-            "judge_score": js,
-            "metric_gap": round(abs(us - js), 4) if us is not None and js is not None else None,
-            "user_reason": u.get("reason"),
-            "judge_reason": j.get("reason"),
-            "evidence": evidence.get(spec.slug, []),
-        }
-    evidence_json = verify_evidence_map(answer, evidence_json)
-    counts = stage_counts(evidence_json)
-
-    given_gap = record.get("weighted_gap")
-    if given_gap is not None:
-        gap: float | None = _number(given_gap, "weighted_gap")
-        if gap < 0:  # type: ignore[operator]
-            raise _Invalid("weighted_gap", "must not be negative")
-    else:
-        # No metric scored on both sides means there is no gap to weigh, not a perfect judge.
-        gap = weighted_gap(metrics.specs, user, judge, primary, bonus) if rescaled_gaps else None
-    given_meta = record.get("judge_meta_score")
-    if given_meta is not None:
-        meta_value = _number(given_meta, "judge_meta_score")
-        if not meta_value.is_integer() or not 1 <= meta_value <= 5:
-            raise _Invalid("judge_meta_score", f"must be a whole number from 1 to 5, got {given_meta}")
-        meta: int | None = int(meta_value)
-    else:
-        meta = judge_meta_score(gap) if gap is not None else None
-
-    created = _timestamp(record.get("created_at"), "created_at", required=False) or utcnow()
-    key = source_key_of(product, question, answer, model_name)
-    row = {
-        "id": snapshot_id,
-        "created_at": created,
-        "question_id": question_id,
-        "question": question,
-        "model_answer": answer,
-        "model_name": model_name,
-        "judge_model": _text(record, "judge_model", table=_SNAPSHOTS),
-        "product": product,
-        "language": _text(record, "language", table=_SNAPSHOTS) or "en",
-        "category": _text(record, "category", table=_SNAPSHOTS),
-        "primary_metric": primary,
-        "bonus_metrics": bonus,
-        "user_scores_json": user,
-        "judge_scores_json": judge,
-        "evidence_json": evidence_json,
-        "judge_meta_score": meta,
-        "weighted_gap": gap,
-        "max_metric_gap": round(max(rescaled_gaps), 4) if rescaled_gaps else None,
-        "evidence_count": sum(counts.values()),
-        "evidence_highlighted": sum(counts[s] for s in HIGHLIGHT_STAGES),
-        "evidence_unlocated": counts["whitespace"],
-        "evidence_unverified": counts["unverified"],
-        "overall_feedback": _text(record, "overall_feedback"),
-        "status": "active",
-        "source_key": key,
-        "created_by": reviewer,
-    }
-    judged = [(slug, s["score"], s["reason"]) for slug, s in judge.items() if s["score"] is not None]
-    return row, judged, snapshot_id is not None
-
-
 def _prepare_evaluations(
     *, session: Session, records: Iterable[tuple[str, Any]], source: str, reviewer: str
 ) -> _Prepared:
     """Validate every record (raising ImportFailed at the first fault) and spool the rows."""
     prepared = _Prepared(spool=_Spool(), source=source)
-    metric_sets: dict[str, _MetricSet] = {}
+    metric_sets: dict[str, MetricSet] = {}
     seen_keys: set[str] = set()
 
-    def metric_set(product: str) -> _MetricSet:
+    def metric_set(product: str) -> MetricSet:
         if product not in metric_sets:
-            metric_sets[product] = _MetricSet(product, metrics_for_product(session=session, product=product))
+            metric_sets[product] = MetricSet(product, metrics_for_product(session=session, product=product))
         return metric_sets[product]
 
     try:
         for where, record in records:
             try:
-                row, judged, explicit = _evaluation_row(record, metric_set, reviewer)
-            except _Invalid as exc:
-                raise _failure(where, exc) from None
+                row, judged, explicit = evaluation_row(record, metric_set, reviewer)
+            except InvalidField as exc:
+                raise located_failure(where, exc) from None
             if row["source_key"] in seen_keys or (explicit and row["id"] in prepared.used_ids):
                 prepared.skipped += 1
                 continue
@@ -585,43 +280,6 @@ def _prepare_evaluations(
         prepared.close()
         raise
     return prepared
-
-
-def _judgment_rows(row: Mapping[str, Any], judged: list[tuple[str, Any, str | None]]) -> list[dict[str, Any]]:
-    """One unreviewed Judgment per judged metric of a snapshot; the decision is the score as text."""
-    return [
-        {
-            "change_id": f"{row['id']}:{slug}",
-            "product": row["product"],
-            "metric": slug,
-            "snapshot_id": row["id"],
-            "decision": f"{score:g}",
-            "reasoning": reason,
-            "judge_model": row["judge_model"],
-            "timestamp": row["created_at"],
-            "version": 1,
-            "was_corrected": False,
-        }
-        for slug, score, reason in judged
-    ]
-
-
-def build_snapshot_rows(
-    record: Mapping[str, Any], metrics: Sequence[MetricSpec], *, reviewer: str
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One evaluation record → (snapshot row, judgment rows), validated as an import would; for the judge.
-
-    The record must carry its `id`. Rows use the model's field names and plain values, ready for
-    `EvaluationSnapshot(**row)` and `Judgment(**judgment)`. ImportFailed names the field at fault.
-    """
-    metric_set = _MetricSet(str(record.get("product") or "").strip(), list(metrics))
-    try:
-        row, judged, _explicit = _evaluation_row(record, lambda _product: metric_set, reviewer)
-    except _Invalid as exc:
-        raise _failure("evaluation", exc) from None
-    if not row["id"]:
-        raise ImportFailed("evaluation, field 'id': is required")
-    return row, _judgment_rows(row, judged)
 
 
 def _free_snapshot_id(session: Session, row: dict[str, Any], used_ids: set[str]) -> str:
@@ -654,7 +312,7 @@ def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
                 if row["id"] in existing_ids:
                     row["id"] = _free_snapshot_id(session, row, prepared.used_ids)
                 rows.append(row)
-                judgment_rows.extend(_judgment_rows(row, judged))
+                judgment_rows.extend(snapshot_judgment_rows(row, judged))
             _write_rows(session, _SNAPSHOTS, rows)
             taken_changes = _existing(
                 session, _JUDGMENTS.c.change_id, [j["change_id"] for j in judgment_rows]
@@ -688,39 +346,41 @@ def import_evaluations(
 
 def _note_row(record: Any, reviewer: str) -> dict[str, Any]:
     """One seed-000 note record → a session_notes row, normalized exactly as `lib.notes.add_note` does."""
-    record = _record_object(record)
-    raw_type = _text(record, "note_type", required=True)
+    record = record_object(record)
+    raw_type = text_field(record, "note_type", required=True)
     try:
         note_type = notes.normalize_note_type(raw_type or "")
     except ValueError as exc:
-        raise _Invalid("note_type", str(exc)) from None
+        raise InvalidField("note_type", str(exc)) from None
     try:
-        language = notes.normalize_language(_text(record, "language"))
+        language = notes.normalize_language(text_field(record, "language"))
     except ValueError as exc:
-        raise _Invalid("language", str(exc)) from None
-    content = notes.clean_content(_text(record, "content", required=True) or "")
+        raise InvalidField("language", str(exc)) from None
+    content = notes.clean_content(text_field(record, "content", required=True) or "")
     if not content:
-        raise _Invalid("content", "must not be empty")
+        raise InvalidField("content", "must not be empty")
     if len(content) > notes.MAX_CONTENT_CHARS:
-        raise _Invalid(
+        raise InvalidField(
             "content", f"is {len(content)} characters long; at most {notes.MAX_CONTENT_CHARS} allowed"
         )
-    code = (_text(record, "phelps_code", table=_NOTES) or "").strip() or None
+    code = (text_field(record, "phelps_code", table=_NOTES) or "").strip() or None
     confidence = record.get("confidence")
     if confidence is not None:
-        confidence = _number(confidence, "confidence")
+        confidence = number_field(confidence, "confidence")
         if not 0.0 <= confidence <= 1.0:
-            raise _Invalid("confidence", f"{confidence:g} is outside 0–1")
+            raise InvalidField("confidence", f"{confidence:g} is outside 0–1")
     if note_type != "SUCCESS":
         # Seed convention: other types pass "" and 0.0 for "no code, no confidence".
         if code is not None:
-            raise _Invalid("phelps_code", f"only SUCCESS notes carry a code; this is a {note_type} note")
+            raise InvalidField("phelps_code", f"only SUCCESS notes carry a code; this is a {note_type} note")
         if confidence:
-            raise _Invalid("confidence", f"only SUCCESS notes carry a confidence; this is a {note_type} note")
+            raise InvalidField(
+                "confidence", f"only SUCCESS notes carry a confidence; this is a {note_type} note"
+            )
         confidence = None
-    session_id = (_text(record, "session_id", table=_NOTES, required=True) or "").strip()
+    session_id = (text_field(record, "session_id", table=_NOTES, required=True) or "").strip()
     return {
-        "timestamp": _timestamp(record.get("timestamp"), "timestamp", required=True),
+        "timestamp": timestamp_field(record.get("timestamp"), "timestamp", required=True),
         "language": language,
         "note_type": note_type,
         "content": content,
@@ -745,8 +405,8 @@ def _prepare_notes(*, records: Iterable[tuple[str, Any]], source: str, reviewer:
         for where, record in records:
             try:
                 row = _note_row(record, reviewer)
-            except _Invalid as exc:
-                raise _failure(where, exc) from None
+            except InvalidField as exc:
+                raise located_failure(where, exc) from None
             identity = _note_identity(row)
             if identity in seen:
                 prepared.skipped += 1
@@ -801,31 +461,31 @@ def import_notes(
 
 
 def _cache_judgment_row(key: str, entry: Any, reviewer: str) -> dict[str, Any]:
-    entry = _record_object(entry)
-    _text({"change_id": key}, "change_id", table=_JUDGMENTS, required=True)
+    entry = record_object(entry)
+    text_field({"change_id": key}, "change_id", table=_JUDGMENTS, required=True)
     if "change_id" in entry and entry["change_id"] != key:
-        raise _Invalid("change_id", f"{entry['change_id']!r} differs from its key in 'judgments'")
-    decision = _text(entry, "decision", required=True)
+        raise InvalidField("change_id", f"{entry['change_id']!r} differs from its key in 'judgments'")
+    decision = text_field(entry, "decision", required=True)
     if decision not in CACHE_DECISIONS:
-        raise _Invalid("decision", f"{decision!r} is not one of {', '.join(CACHE_DECISIONS)}")
-    user_decision = _text(entry, "user_decision")
+        raise InvalidField("decision", f"{decision!r} is not one of {', '.join(CACHE_DECISIONS)}")
+    user_decision = text_field(entry, "user_decision")
     if user_decision is not None and user_decision not in CACHE_DECISIONS:
-        raise _Invalid("user_decision", f"{user_decision!r} is not one of {', '.join(CACHE_DECISIONS)}")
+        raise InvalidField("user_decision", f"{user_decision!r} is not one of {', '.join(CACHE_DECISIONS)}")
     confidence = entry.get("confidence")
     if confidence is not None:
-        confidence = _number(confidence, "confidence")
-    timestamp = _timestamp(entry.get("timestamp"), "timestamp", required=True)
+        confidence = number_field(confidence, "confidence")
+    timestamp = timestamp_field(entry.get("timestamp"), "timestamp", required=True)
     reviewed = user_decision is not None
     return {
         "change_id": key,
-        "product": _text(entry, "product", table=_JUDGMENTS, required=True).strip(),  # type: ignore[union-attr]
+        "product": text_field(entry, "product", table=_JUDGMENTS, required=True).strip(),  # type: ignore[union-attr]
         "metric": None,
         "snapshot_id": None,
         "decision": decision,
         "confidence": confidence,
-        "reasoning": _text(entry, "reasoning"),
+        "reasoning": text_field(entry, "reasoning"),
         "user_decision": user_decision,
-        "user_reasoning": _text(entry, "user_reasoning"),
+        "user_reasoning": text_field(entry, "user_reasoning"),
         # The cache does not say who reviewed an entry; the import's author vouches for it.
         "reviewer": reviewer if reviewed else None,
         "timestamp": timestamp,
@@ -833,9 +493,9 @@ def _cache_judgment_row(key: str, entry: Any, reviewer: str) -> dict[str, Any]:
         # Like a judgment reviewed in Overrule: version 1 judged, version 2 reviewed.
         "version": 2 if reviewed else 1,
         "was_corrected": compute_was_corrected(decision, user_decision),
-        "url": _text(entry, "url"),
-        "description": _text(entry, "description"),
-        "ai_provider": _text(entry, "ai_provider", table=_JUDGMENTS),
+        "url": text_field(entry, "url"),
+        "description": text_field(entry, "description"),
+        "ai_provider": text_field(entry, "ai_provider", table=_JUDGMENTS),
     }
 
 
@@ -856,14 +516,14 @@ def import_judgments_cache(
     entries = data.get("judgments")
     if not isinstance(entries, Mapping):
         raise ImportFailed(
-            f"{source}, field 'judgments': must be an object of {{change_id: judgment}}, got {_type_name(entries)}"
+            f"{source}, field 'judgments': must be an object of {{change_id: judgment}}, got {type_name(entries)}"
         )
     rows = []
     for key, entry in entries.items():
         try:
             rows.append(_cache_judgment_row(key, entry, reviewer))
-        except _Invalid as exc:
-            raise _failure(f"{source}, judgment {key!r}", exc) from None
+        except InvalidField as exc:
+            raise located_failure(f"{source}, judgment {key!r}", exc) from None
     stored = _existing(session, _JUDGMENTS.c.change_id, [row["change_id"] for row in rows])
     fresh = [row for row in rows if row["change_id"] not in stored]
     for i in range(0, len(fresh), CHUNK_ROWS):
@@ -923,9 +583,9 @@ def import_metrics(*, session: Session, data: Any, source: str = "<metrics>") ->
         try:
             # parse_metric_definition str()s these; a number or object there is a broken file.
             for name in ("product", "slug", "display_name", "description"):
-                _text(raw, name, table=_METRIC_DEFS if name != "description" else None)
-        except _Invalid as exc:
-            raise _failure(where, exc) from None
+                text_field(raw, name, table=_METRIC_DEFS if name != "description" else None)
+        except InvalidField as exc:
+            raise located_failure(where, exc) from None
         identity = (str(raw["product"]).strip(), spec.slug)
         if identity in seen:
             raise ImportFailed(

@@ -41,9 +41,10 @@ from lib.config import Settings, get_settings
 from lib.corrections import format_history_for_prompt, format_score, parse_score, select_history
 from lib.db import session_scope
 from lib.evidence import verify_evidence_item
-from lib.importer import ImportFailed, build_snapshot_rows, source_key_of
 from lib.metrics import MetricSpec, judge_meta_score, metric_gaps, metrics_for_product, weighted_gap
 from lib.models import EvaluationSnapshot, Judgment, new_prefixed_id
+from lib.records import ImportFailed
+from lib.snapshots import build_snapshot_rows, source_key_of
 
 log = logging.getLogger(__name__)
 

@@ -23,17 +23,16 @@ from lib.importer import (
     MAX_LINE_BYTES,
     ImportFailed,
     ImportReport,
-    build_snapshot_rows,
     detect_kind,
     import_evaluations,
     import_judgments_cache,
     import_metrics,
     import_notes,
     import_path,
-    source_key_of,
 )
 from lib.metrics import DEFAULT_METRICS
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, MetricDefinition, SessionNote
+from lib.snapshots import build_snapshot_rows, source_key_of
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "data" / "import"

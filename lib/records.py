@@ -1,0 +1,113 @@
+"""Checks of untrusted records (import files, the judge's input): one message shape for every fault.
+
+A record's fault raises `InvalidField` naming the field; the caller adds where the record is
+(`located_failure`) and raises `ImportFailed`, so the CLI, the upload page and the judge all say
+"<file> line <n>, field '<name>': <what is wrong>".
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any
+
+from sqlalchemy import Table
+
+
+class ImportFailed(Exception):
+    """A file that cannot be imported; the message names the file, line and field at fault."""
+
+
+class InvalidField(Exception):
+    """A fault inside one record; the caller adds where the record is."""
+
+    def __init__(self, field_name: str | None, message: str) -> None:
+        super().__init__(message)
+        self.field_name = field_name
+        self.message = message
+
+
+def located_failure(where: str, exc: InvalidField) -> ImportFailed:
+    """The ImportFailed for a record's fault, prefixed with where the record is."""
+    if exc.field_name:
+        return ImportFailed(f"{where}, field {exc.field_name!r}: {exc.message}")
+    return ImportFailed(f"{where}: {exc.message}")
+
+
+def type_name(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), "null" if value is None else "a number" if isinstance(value, int | float) else "?"
+    )
+
+
+@cache
+def _column_limit(table: Table, column: str) -> int | None:
+    return getattr(table.c[column].type, "length", None)
+
+
+def text_field(
+    record: dict[str, Any],
+    name: str,
+    *,
+    table: Table | None = None,
+    required: bool = False,
+    path: str | None = None,
+) -> str | None:
+    """A string field, checked for presence, type, NUL characters and the column's length."""
+    value = record.get(name)
+    if value is None:
+        if required:
+            raise InvalidField(path or name, "is required")
+        return None
+    if value.__class__ is not str:
+        raise InvalidField(path or name, f"must be a string, got {type_name(value)}")
+    if required and not value.strip():
+        raise InvalidField(path or name, "must not be empty")
+    if "\x00" in value:
+        # PostgreSQL text cannot hold NUL; refusing keeps both backends identical.
+        raise InvalidField(path or name, "contains a NUL character, which cannot be stored")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            # JSON escapes such as "\ud800" decode to lone surrogates that no database can store.
+            raise InvalidField(path or name, "contains invalid Unicode (an unpaired surrogate)") from None
+    if table is not None:
+        limit = _column_limit(table, name)
+        if limit is not None and len(value) > limit:
+            raise InvalidField(path or name, f"is {len(value)} characters long; at most {limit} allowed")
+    return value
+
+
+def number_field(value: Any, label: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidField(label, f"must be a number, got {type_name(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise InvalidField(label, "is too large") from None
+    if not math.isfinite(number):
+        raise InvalidField(label, "must be a finite number")
+    return number
+
+
+def timestamp_field(value: Any, label: str, *, required: bool) -> datetime | None:
+    """An ISO 8601 time as aware UTC; a time without offset is taken to be UTC."""
+    if value is None:
+        if required:
+            raise InvalidField(label, "is required")
+        return None
+    if not isinstance(value, str):
+        raise InvalidField(label, f"must be an ISO 8601 time string, got {type_name(value)}")
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise InvalidField(label, f"{value[:40]!r} is not an ISO 8601 time") from None
+    return moment.replace(tzinfo=UTC) if moment.utcoffset() is None else moment.astimezone(UTC)
+
+
+def record_object(record: Any) -> dict[str, Any]:
+    if not isinstance(record, dict):
+        raise InvalidField(None, f"expected a JSON object, got {type_name(record)}")
+    return record
