@@ -23,6 +23,7 @@ from sqlmodel import Session, col, select
 from lib import llm
 from lib.config import get_settings
 from lib.db import session_scope
+from lib.evidence import metric_entry
 from lib.metrics import MetricSpec, metrics_for_product, score_of
 from lib.models import ChatMessage, EvaluationSnapshot, new_prefixed_id, utcnow
 
@@ -167,14 +168,13 @@ def metric_context(
 ) -> dict:
     """Scores, reasons and evidence of the selected metrics only (seed "Chat Payload Schema")."""
     by_slug = {s.slug: s for s in specs}
-    evidence = snapshot.evidence_json or {}
     out: dict[str, Any] = {}
     for slug in selected:
         spec = by_slug[slug]
         user_entry = (snapshot.user_scores_json or {}).get(slug) or {}
         judge_entry = (snapshot.judge_scores_json or {}).get(slug) or {}
         user, judge = score_of(user_entry), score_of(judge_entry)
-        ev = evidence.get(slug) if isinstance(evidence.get(slug), dict) else {}
+        ev = metric_entry(snapshot.evidence_json, slug)
         out[slug] = {
             "display_name": spec.display_name,
             "scale": spec.scale_label(),
@@ -187,8 +187,7 @@ def metric_context(
             or ev.get("judge_reason"),
             "evidence": [
                 {k: item.get(k) for k in ("quote", "why", "better", "verified", "highlight_available")}
-                for item in (ev.get("evidence") or [])
-                if isinstance(item, dict)
+                for item in ev["evidence"]
             ],
         }
     return out

@@ -175,18 +175,102 @@ def verify_evidence_item(model_answer: str, item: Mapping[str, Any]) -> dict[str
     }
 
 
+# ---------------------------------------------------------------------------------------------
+# Reading stored evidence: the one reader of "either shape" for every caller
+
+
+def items_of(value: object) -> list[Any] | None:
+    """One metric's evidence in either shape — a list of items, or the seed's `{"evidence": [...]}` —
+    as its list of items: [] when absent, None when it is neither (the caller decides what that means).
+    """
+    if isinstance(value, Mapping):
+        value = value.get("evidence")
+    if value is None:
+        return []
+    return value if isinstance(value, list) else None
+
+
+def metric_entry(evidence_json: object, metric: str) -> dict[str, Any]:
+    """A metric's entry of a stored evidence_json in the seed-002 shape, from either stored shape.
+
+    The entry keeps its other keys (scores, reasons); "evidence" holds the well-formed items only.
+    A missing metric, a null evidence_json (AD-8 "no evidence") or a malformed entry give no items.
+    """
+    entry = evidence_json.get(metric) if isinstance(evidence_json, Mapping) else None
+    items = items_of(entry) or []
+    base = dict(entry) if isinstance(entry, Mapping) else {}
+    return {**base, "evidence": [dict(item) for item in items if isinstance(item, Mapping)]}
+
+
 def _metric_evidence(evidence_json: object) -> list[tuple[object, dict[str, Any], list[dict[str, Any]]]]:
-    """(slug, metric dict, well-formed items) per metric, skipping shapes that are not the seed-002 ones."""
+    """(slug, metric entry, well-formed items) per metric of an evidence_json in either shape."""
     if not isinstance(evidence_json, Mapping):
         return []
     out = []
-    for slug, metric in evidence_json.items():
-        if not isinstance(metric, Mapping):
+    for slug, value in evidence_json.items():
+        if not isinstance(value, Mapping | list):
             continue
-        items = metric.get("evidence")
-        items = [item for item in items if isinstance(item, Mapping)] if isinstance(items, list) else []
-        out.append((slug, dict(metric), items))
+        entry = metric_entry(evidence_json, slug)
+        out.append((slug, entry, entry["evidence"]))
     return out
+
+
+@dataclass(frozen=True)
+class EvidenceItem:
+    """One evidence quote ready to show: where verification placed it and how (seed 002 AD-2 stage)."""
+
+    metric: str
+    quote: str
+    why: str
+    better: str
+    start: int | None
+    end: int | None
+    stage: str
+
+    @property
+    def highlighted(self) -> bool:
+        return self.stage in HIGHLIGHT_STAGES
+
+    @property
+    def label(self) -> str:
+        return STAGE_LABELS[self.stage]
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _is_index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def evidence_item(model_answer: str, metric: str, raw: Mapping[str, Any]) -> EvidenceItem:
+    """A stored item as shown; re-verified when its stage is missing or its highlight positions are unusable."""
+    stage = raw.get("stage")
+    start, end = raw.get("start"), raw.get("end")
+    usable = stage in STAGES and (
+        stage not in HIGHLIGHT_STAGES
+        or (_is_index(start) and _is_index(end) and 0 <= start < end <= len(model_answer))
+    )
+    if not usable:
+        checked = verify_evidence_item(model_answer, raw)
+        stage, start, end = checked["stage"], checked["start"], checked["end"]
+    return EvidenceItem(
+        metric=metric,
+        quote=_text(raw.get("quote")),
+        why=_text(raw.get("why")),
+        better=_text(raw.get("better")),
+        start=start if _is_index(start) else None,
+        end=end if _is_index(end) else None,
+        stage=str(stage),
+    )
+
+
+def evidence_items(model_answer: str, evidence_json: object, metric: str) -> tuple[EvidenceItem, ...]:
+    """The verified evidence items of one metric of a stored evaluation, in either stored shape."""
+    return tuple(
+        evidence_item(model_answer, metric, raw) for raw in metric_entry(evidence_json, metric)["evidence"]
+    )
 
 
 def verify_evidence_map(model_answer: str, evidence_json: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from sqlalchemy.sql import ColumnElement, Select
 from sqlmodel import Session, col, select
 
 from lib.corrections import require_reviewer
-from lib.evidence import HIGHLIGHT_STAGES, STAGE_LABELS, STAGES, verify_evidence_item
+from lib.evidence import EvidenceItem, evidence_items, metric_entry
 from lib.highlight import Span
 from lib.metrics import DEFAULT_METRICS, MetricSpec, metrics_for_product, score_of
 from lib.models import EvaluationSnapshot, Judgment, MetricDefinition, utcnow
@@ -445,27 +445,6 @@ def filter_options(*, session: Session, product: str | None = None) -> FilterOpt
 
 
 @dataclass(frozen=True)
-class EvidenceItem:
-    """One evidence quote with where verification placed it and how (seed 002 AD-2 stage)."""
-
-    metric: str
-    quote: str
-    why: str
-    better: str
-    start: int | None
-    end: int | None
-    stage: str
-
-    @property
-    def highlighted(self) -> bool:
-        return self.stage in HIGHLIGHT_STAGES
-
-    @property
-    def label(self) -> str:
-        return STAGE_LABELS[self.stage]
-
-
-@dataclass(frozen=True)
 class MetricCard:
     """Everything a metric card shows: both scores on the metric's own scale, reasons, evidence."""
 
@@ -526,32 +505,6 @@ def _reason(entry: Any) -> str:
     return _text(entry.get("reason")) if isinstance(entry, Mapping) else ""
 
 
-def _is_index(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _evidence_item(answer: str, metric: str, raw: Mapping[str, Any]) -> EvidenceItem:
-    """An item as stored; re-verified when its stage is missing or its highlight positions are unusable."""
-    stage = raw.get("stage")
-    start, end = raw.get("start"), raw.get("end")
-    usable = stage in STAGES and (
-        stage not in HIGHLIGHT_STAGES
-        or (_is_index(start) and _is_index(end) and 0 <= start < end <= len(answer))
-    )
-    if not usable:
-        checked = verify_evidence_item(answer, raw)
-        stage, start, end = checked["stage"], checked["start"], checked["end"]
-    return EvidenceItem(
-        metric=metric,
-        quote=_text(raw.get("quote")),
-        why=_text(raw.get("why")),
-        better=_text(raw.get("better")),
-        start=start if _is_index(start) else None,
-        end=end if _is_index(end) else None,
-        stage=str(stage),
-    )
-
-
 def _card_sort_key(indexed: tuple[int, MetricCard]) -> tuple[int, float, int]:
     position, card = indexed
     gap = card.rescaled_gap
@@ -565,7 +518,8 @@ def build_cards(
     """A card per rubric metric (plus any metric the data holds beyond the rubric), largest gap first."""
     user = snapshot.user_scores_json if isinstance(snapshot.user_scores_json, Mapping) else {}
     judge = snapshot.judge_scores_json if isinstance(snapshot.judge_scores_json, Mapping) else {}
-    evidence = snapshot.evidence_json if isinstance(snapshot.evidence_json, Mapping) else {}
+    stored = snapshot.evidence_json
+    evidence = stored if isinstance(stored, Mapping) else {}
     by_metric = {j.metric: j for j in judgments if j.metric}
     bonus = set(snapshot.bonus_metrics or [])
     specs = list(metrics)
@@ -576,10 +530,7 @@ def build_cards(
             specs.append(MetricSpec(slug=slug, display_name=slug))
     cards: list[MetricCard] = []
     for spec in specs:
-        entry = evidence.get(spec.slug)
-        entry = entry if isinstance(entry, Mapping) else {}
-        items = entry.get("evidence")
-        items = [i for i in items if isinstance(i, Mapping)] if isinstance(items, list) else []
+        entry = metric_entry(stored, spec.slug)
         role: Literal["primary", "bonus"] | None = None
         if spec.slug == snapshot.primary_metric:
             role = "primary"
@@ -592,7 +543,7 @@ def build_cards(
                 judge_score=score_of(judge.get(spec.slug)),
                 user_reason=_reason(user.get(spec.slug)) or _text(entry.get("user_reason")),
                 judge_reason=_reason(judge.get(spec.slug)) or _text(entry.get("judge_reason")),
-                evidence=tuple(_evidence_item(snapshot.model_answer, spec.slug, i) for i in items),
+                evidence=evidence_items(snapshot.model_answer, stored, spec.slug),
                 role=role,
                 in_rubric=spec.slug in known,
                 judgment=by_metric.get(spec.slug),

@@ -40,7 +40,7 @@ from lib import judge_tools, llm, notes, relevance
 from lib.config import Settings, get_settings
 from lib.corrections import format_history_for_prompt, format_score, parse_score, select_history
 from lib.db import session_scope
-from lib.evidence import verify_evidence_item
+from lib.evidence import items_of, verify_evidence_item
 from lib.metrics import MetricSpec, judge_meta_score, metric_gaps, metrics_for_product, weighted_gap
 from lib.models import EvaluationSnapshot, Judgment, new_prefixed_id
 from lib.records import ImportFailed
@@ -416,11 +416,8 @@ def parse_stage1_evidence(
         slug = lookup.get(str(key).strip())
         if slug is None:
             continue  # a metric the rubric does not define: nothing to attach it to
-        if isinstance(value, Mapping):
-            value = value.get("evidence")
+        value = items_of(value)
         if value is None:
-            value = []
-        if not isinstance(value, list):
             dropped += 1
             continue
         items = [_clean_evidence_item(item) for item in value]

@@ -251,13 +251,3 @@ def queue_options(*, session: Session) -> dict[str, list[str]]:
         "metrics": distinct_metrics(session=session, products=products),
         "languages": list(languages),
     }
-
-
-def evidence_for(snapshot: EvaluationSnapshot | None, metric: str | None) -> list[dict[str, Any]]:
-    """The judge's evidence items for one metric of an evaluation (either stored shape)."""
-    if snapshot is None or not metric or not isinstance(snapshot.evidence_json, dict):
-        return []
-    items = snapshot.evidence_json.get(metric) or []
-    if isinstance(items, dict):  # the seed shape {"evidence": [...]}
-        items = items.get("evidence") or []
-    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []

@@ -37,6 +37,7 @@ from lib.evaluation_layer import (
     parse_evaluation_response,
     should_evaluate,
 )
+from lib.evidence import metric_entry
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, utcnow
 
 log = logging.getLogger(__name__)
@@ -103,10 +104,8 @@ def load_judgment_context(*, session: Session, judgment_id: int) -> JudgmentCont
         raise JudgmentMissing(f"no judgment with id {judgment_id}")
     snapshot = session.get(EvaluationSnapshot, judgment.snapshot_id) if judgment.snapshot_id else None
     evidence: list[Mapping[str, Any]] = []
-    if snapshot is not None and judgment.metric and isinstance(snapshot.evidence_json, Mapping):
-        entry = snapshot.evidence_json.get(judgment.metric)
-        items = entry.get("evidence") if isinstance(entry, Mapping) else None
-        evidence = [i for i in items if isinstance(i, Mapping)] if isinstance(items, list) else []
+    if snapshot is not None and judgment.metric:
+        evidence = metric_entry(snapshot.evidence_json, judgment.metric)["evidence"]
     assert judgment.id is not None
     return JudgmentContext(
         judgment_id=judgment.id,

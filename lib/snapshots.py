@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import Table
 
-from lib.evidence import HIGHLIGHT_STAGES, stage_counts, verify_evidence_map
+from lib.evidence import HIGHLIGHT_STAGES, items_of, stage_counts, verify_evidence_map
 from lib.metrics import MetricSpec, judge_meta_score, resolve_metric_key, weighted_gap
 from lib.models import EvaluationSnapshot, utcnow
 from lib.records import (
@@ -106,13 +106,14 @@ def _evidence_items(raw: Any, metrics: MetricSet) -> dict[str, list[dict[str, An
         slug = metrics.resolve(key, label)
         if slug in out:
             raise InvalidField(label, f"metric {slug!r} is given twice (as slug and display name)")
+        listed = items_of(value)
         if isinstance(value, dict):
             label += ".evidence"
-            value = value.get("evidence") or []
-        if not isinstance(value, list):
+            value = value.get("evidence")
+        if listed is None:
             raise InvalidField(label, f"must be a list of evidence items, got {type_name(value)}")
         items = []
-        for i, item in enumerate(value):
+        for i, item in enumerate(listed):
             item_label = f"{label}[{i}]"
             if not isinstance(item, dict):
                 raise InvalidField(item_label, f"must be an object, got {type_name(item)}")

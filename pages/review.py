@@ -5,10 +5,12 @@ from urllib.parse import quote
 import streamlit as st
 
 from lib import corrections, review_queue
+from lib.evidence import evidence_items
 from lib.metrics import score_of
 from lib.review_queue import ORDERS, QueueFilter
 from lib.safe_markdown import escape_markdown
 from lib.ui import current_reviewer, session_scope
+from lib.ui.evidence import render_evidence_list
 from lib.ui.review import correction_form, judgment_history, show_flash
 
 ANY = "Any"
@@ -120,13 +122,14 @@ def queue(filters: QueueFilter) -> None:
                 flash_key=FLASH,
                 shortcuts=position == 0,
             )
-            evidence = review_queue.evidence_for(snapshot, judgment.metric)
+            evidence = (
+                evidence_items(snapshot.model_answer, snapshot.evidence_json, judgment.metric)
+                if snapshot is not None and judgment.metric
+                else ()
+            )
             if evidence:
                 with st.expander(f"Evidence ({len(evidence)})"):
-                    for ev in evidence:
-                        st.markdown("> " + escape_markdown(str(ev.get("quote") or "")))
-                        if ev.get("why"):
-                            st.caption(escape_markdown(str(ev["why"])))
+                    render_evidence_list(evidence)
             with st.expander("History"):
                 judgment_history(judgment.id, key=f"{key}_history")
     st.button("Skip", key="review_skip", on_click=_skip, args=(item.key,), shortcut=SKIP_SHORTCUT)

@@ -13,7 +13,11 @@ from lib.evidence import (
     ANCHOR_LEN,
     STAGE_LABELS,
     STAGES,
+    EvidenceItem,
     EvidenceResult,
+    evidence_items,
+    items_of,
+    metric_entry,
     normalize_whitespace,
     stage_counts,
     verify_evidence,
@@ -618,8 +622,8 @@ def test_map_does_not_mutate_input() -> None:
     assert data == before
 
 
-@pytest.mark.parametrize("metric_value", [None, 3, "text", ["list"]])
-def test_map_drops_metric_value_that_is_not_a_dict(metric_value: object) -> None:
+@pytest.mark.parametrize("metric_value", [None, 3, "text"])
+def test_map_drops_metric_value_that_is_neither_stored_shape(metric_value: object) -> None:
     data = seed_evidence_json()
     data["bad"] = metric_value
     assert set(verify_evidence_map(ANSWER, data)) == {"truthfulness", "clarity"}
@@ -770,3 +774,74 @@ def test_property_anchor_stage_matches_the_seed_loop(
         assert result.stage == "unverified"
     else:
         assert (result.stage, result.start, result.end) == ("anchor", *expected)
+
+
+# --- reading stored evidence (either shape) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("evidence", "expected"),
+    [
+        ({"clarity": [{"quote": "x"}]}, [{"quote": "x"}]),
+        ({"clarity": {"evidence": [{"quote": "y"}]}}, [{"quote": "y"}]),
+        ({"clarity": ["not an item", {"quote": "z"}]}, [{"quote": "z"}]),
+        ({"clarity": {"evidence": "not a list"}}, []),
+        ({"clarity": "neither shape"}, []),
+        ({"safety": [{"quote": "x"}]}, []),
+        (None, []),
+        ([{"quote": "x"}], []),
+    ],
+)
+def test_metric_entry_reads_either_stored_shape(evidence, expected) -> None:
+    assert metric_entry(evidence, "clarity")["evidence"] == expected
+
+
+def test_metric_entry_keeps_the_seed_entry_keys() -> None:
+    stored = {"clarity": {"user_score": 4, "judge_reason": "r", "evidence": [{"quote": "q"}]}}
+    assert metric_entry(stored, "clarity") == {
+        "user_score": 4,
+        "judge_reason": "r",
+        "evidence": [{"quote": "q"}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ([1], [1]),
+        ({"evidence": [2]}, [2]),
+        (None, []),
+        ({"evidence": None}, []),
+        ("x", None),
+        ({"evidence": 3}, None),
+    ],
+)
+def test_items_of_gives_the_list_of_either_shape_or_none(value, expected) -> None:
+    assert items_of(value) == expected
+
+
+def test_verify_evidence_map_accepts_the_list_shape_too() -> None:
+    out = verify_evidence_map(ANSWER, {"clarity": [{"quote": QUOTE}], "junk": 3})
+    assert list(out) == ["clarity"]
+    assert out["clarity"]["evidence"][0]["stage"] == "substring"
+
+
+@pytest.mark.parametrize("shape", ["list", "seed"])
+def test_evidence_items_are_verified_the_same_for_both_stored_shapes(shape) -> None:
+    raw = [{"quote": QUOTE, "start": 0, "end": 3, "why": "w"}, {"quote": "not in the answer"}]
+    stored = {"clarity": raw if shape == "list" else {"evidence": raw}}
+    items = evidence_items(ANSWER, stored, "clarity")
+    assert items == (
+        EvidenceItem("clarity", QUOTE, "w", "", QUOTE_AT, QUOTE_AT + len(QUOTE), "substring"),
+        EvidenceItem("clarity", "not in the answer", "", "", None, None, "unverified"),
+    )
+    assert items[0].highlighted and not items[1].highlighted
+    assert items[1].label == STAGE_LABELS["unverified"]
+
+
+def test_evidence_items_trust_a_stored_stage_with_usable_positions() -> None:
+    stored = {"m": [{"quote": "Q", "start": 1, "end": 2, "stage": "exact"}]}
+    # A stored, usable verification is shown as stored (not recomputed on every page view).
+    assert evidence_items(ANSWER, stored, "m")[0].stage == "exact"
+    broken = {"m": [{"quote": QUOTE, "start": 5, "end": 999, "stage": "exact"}]}
+    assert evidence_items(ANSWER, broken, "m")[0].start == QUOTE_AT

@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 from lib import corrections
 from lib.db import session_scope
 from lib.models import EvaluationSnapshot, Judgment
-from lib.review_queue import QueueFilter, evidence_for, load_item, next_item, queue_options, queue_progress
+from lib.review_queue import QueueFilter, load_item, next_item, queue_options, queue_progress
 
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
 
@@ -225,18 +225,3 @@ def test_queue_options_list_products_metrics_and_languages(sqlite_engine) -> Non
             "metrics": ["clarity"],
             "languages": ["tr"],
         }
-
-
-@pytest.mark.parametrize(
-    ("evidence", "expected"),
-    [
-        ({"clarity": [{"quote": "x"}]}, [{"quote": "x"}]),
-        ({"clarity": {"evidence": [{"quote": "y"}]}}, [{"quote": "y"}]),
-        ({"clarity": ["not an item", {"quote": "z"}]}, [{"quote": "z"}]),
-        ({"safety": [{"quote": "x"}]}, []),
-        (None, []),
-    ],
-)
-def test_evidence_for_reads_either_stored_shape(evidence, expected) -> None:
-    snapshot = EvaluationSnapshot(id="s", question="q", model_answer="a", product="p", evidence_json=evidence)
-    assert evidence_for(snapshot, "clarity") == expected

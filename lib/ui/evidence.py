@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import streamlit as st
 
+from lib.evidence import EvidenceItem
 from lib.highlight import metric_palette, render_highlighted_answer, render_legend
-from lib.inspector import EvaluationDetail, EvidenceItem, MetricCard
+from lib.inspector import EvaluationDetail, MetricCard
 from lib.safe_markdown import escape_markdown
 
 # A hook that draws more inside a metric card (e.g. the review form of lib/ui/review.py).

@@ -32,6 +32,7 @@ def evaluation(
                 model_answer=fields.get("model_answer", "Paris."),
                 product=product,
                 user_scores_json={"clarity": {"score": 2}, "safety": {"score": 5}},
+                evidence_json=fields.get("evidence_json"),
                 created_at=T0 + timedelta(hours=hours),
             )
         )
@@ -90,6 +91,20 @@ def test_queue_shows_progress_and_the_oldest_evaluation_first(app_engine, open_p
     at = open_page(PAGE, reviewer="ayse")
     assert progress_text(at).startswith("0 of 4 reviewed")
     assert subheaders(at) == ["Evaluation snap_old"]
+    assert not at.exception
+
+
+@pytest.mark.parametrize("shape", ["list", "seed"])
+def test_evidence_shows_verified_items_with_their_stage_label(app_engine, open_page, shape) -> None:
+    raw = [{"quote": "Paris", "start": 3, "end": 9, "why": "*names* it"}, {"quote": "Lyon <b>"}]
+    evaluation(app_engine, "s1", evidence_json={"clarity": raw if shape == "list" else {"evidence": raw}})
+    at = open_page(PAGE, reviewer="ayse")
+    assert [e.label for e in at.expander if e.label.startswith("Evidence")] == ["Evidence (2)"]
+    shown = [m.value for m in at.markdown]
+    assert "> Paris" in shown and "**Why:** \\*names\\* it" in shown
+    assert "> Lyon \\<b\\>" in shown
+    assert [w.value for w in at.warning] == ["Evidence could not be verified"]
+    assert any("Verified, position corrected" in c.value for c in at.caption)
     assert not at.exception
 
 
