@@ -21,6 +21,9 @@ from sqlmodel import Session, select
 
 from lib import demo, relevance
 from lib.db import init_db
+from lib.demo import evaluations as demo_evaluations
+from lib.demo import inputs as demo_inputs
+from lib.demo import notes as demo_notes
 from lib.evidence import STAGES, verify_evidence
 from lib.importer import import_evaluations, import_notes
 from lib.models import (
@@ -96,19 +99,19 @@ def evidence_items(snapshot: EvaluationSnapshot) -> list[dict[str, Any]]:
 
 
 def test_inputs_flaw_quotes_appear_in_the_answer_they_produce() -> None:
-    config = demo._read_input("products.json")
+    config = demo_inputs._read_input("products.json")
     for product in config["products"]:
-        templates = demo._inputs(product["templates"])
+        templates = demo_inputs._inputs(product["templates"])
         for template in templates:
             for flaw in template["flaws"] + product["generic_flaws"]:
-                paras = demo._apply_flaws(template, [flaw])
+                paras = demo_evaluations._apply_flaws(template, [flaw])
                 assert paras is not None, (template["key"], flaw["kind"])
                 assert demo.flaw_quote(template, flaw) in "\n\n".join(paras), (template["key"], flaw["kind"])
 
 
 def test_inputs_strength_quotes_appear_in_the_plain_answer() -> None:
     for name in ("acme_support.json", "mentor_tr.json", "docsearch_rag.json"):
-        for template in demo._inputs(name):
+        for template in demo_inputs._inputs(name):
             answer = "\n\n".join(template["paragraphs"])
             for strength in template["strengths"]:
                 assert strength["quote"] in answer, (template["key"], strength["quote"])
@@ -121,7 +124,7 @@ def test_evidence_placement_lands_in_the_requested_stage(stage: str) -> None:
         "purchase, so you are well inside the window.\n\nTo request the refund:\n1. Go to Settings → Billing."
     )
     quote = "annual Pro subscriptions are fully refundable within 14 days of purchase"
-    item = demo._place_evidence(
+    item = demo_evaluations._place_evidence(
         answer, {"quote": quote, "why": "", "better": ""}, stage, random.Random(7), "refunds for 14 days"
     )
     assert verify_evidence(answer, item["quote"], item["start"], item["end"]).stage == stage
@@ -525,8 +528,8 @@ def test_bulk_tag_relevance_equals_what_lib_relevance_writes(tmp_path: Path) -> 
                 import_notes(session=session, records=notes.records, reviewer="demo")
                 session.commit()
         with Session(engines[0]) as session:
-            plan = demo.plan_relevance(notes, demo._note_ids(session, notes.records), evaluations)
-            demo._write_relevance(session, plan, demo.demo_anchor())
+            plan = demo.plan_relevance(notes, demo_notes._note_ids(session, notes.records), evaluations)
+            demo_notes._write_relevance(session, plan, demo.demo_anchor())
             session.commit()
         _replay_through_the_api(engines[1], plan)
         bulk, api = relevance_state(engines[0]), relevance_state(engines[1])

@@ -1,0 +1,79 @@
+"""Loading the demo: every part written in one transaction, once per database (or forced, idempotently)."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, func, select, text
+from sqlmodel import Session, col
+
+from lib.db import session_scope
+from lib.demo.evaluations import build_evaluations
+from lib.demo.inputs import DEMO_AUTHOR, demo_anchor
+from lib.demo.notes import _note_ids, _write_relevance, build_notes, plan_relevance
+from lib.demo.precedents import _write_precedents, build_precedents
+from lib.demo.reviews import _apply_reviews, _write_cache_judgments, build_cache_judgments, plan_reviews
+from lib.importer import import_evaluations, import_metrics, import_notes
+from lib.models import EvaluationSnapshot, LessonTagRelevance, SessionAudit, TagRelevanceEvent
+
+PG_DEMO_LOCK = 7_140_513  # serialises concurrent first starts of several replicas
+
+
+def _relevance_rows(session: Session) -> tuple[int, int]:
+    """(tag score rows, tag history events) in the database."""
+    scores = session.execute(select(func.count()).select_from(LessonTagRelevance)).scalar_one()
+    events = session.execute(select(func.count()).select_from(TagRelevanceEvent)).scalar_one()
+    return int(scores), int(events)
+
+
+def _lock(session: Session) -> None:
+    """Serialise demo loads: two app replicas starting on an empty PostgreSQL load it only once."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PG_DEMO_LOCK})
+    # SQLite: the writer transaction (BEGIN IMMEDIATE) already serialises this check and the writes.
+
+
+def _has_evaluations(session: Session) -> bool:
+    return session.execute(select(EvaluationSnapshot.id).limit(1)).first() is not None
+
+
+def load_demo(*, engine: Engine, force: bool = False) -> dict[str, int]:
+    """Load the demo data set; {} without writing when evaluations exist and `force` is False.
+
+    Returns how many rows of each kind were added. Everything is written in one transaction.
+    """
+    evaluations = build_evaluations()
+    reviews = plan_reviews(evaluations)
+    cache_rows = build_cache_judgments()
+    notes = build_notes()
+    precedents = build_precedents()
+    with session_scope(engine) as session:
+        _lock(session)
+        if not force and _has_evaluations(session):
+            return {}
+        counts: dict[str, int] = {}
+        import_metrics(session=session, data=evaluations.metric_definitions, source="demo rubric")
+        report = import_evaluations(
+            session=session, records=evaluations.records, source="demo", reviewer=DEMO_AUTHOR
+        )
+        counts["evaluations"] = report.inserted
+        cache_added, cache_events = _write_cache_judgments(session, cache_rows)
+        counts["judgments"] = report.judgments + cache_added
+        counts["reviews"] = _apply_reviews(session, reviews) + cache_events
+
+        note_report = import_notes(
+            session=session, records=notes.records, source="demo notes", reviewer=DEMO_AUTHOR
+        )
+        counts["notes"] = note_report.inserted
+        note_ids = _note_ids(session, notes.records)
+        audit_ids = [s.session_id for s in notes.sessions]
+        have_audits = session.execute(
+            select(SessionAudit.id).where(col(SessionAudit.session_id).in_(audit_ids)).limit(1)
+        ).first()
+        counts["session audits"] = 0
+        before = _relevance_rows(session)
+        if not have_audits:
+            plan = plan_relevance(notes, note_ids, evaluations)
+            counts["session audits"] = _write_relevance(session, plan, demo_anchor())
+        after = _relevance_rows(session)
+        counts["tag scores"], counts["tag events"] = after[0] - before[0], after[1] - before[1]
+        counts.update(_write_precedents(session, precedents))
+    return counts
