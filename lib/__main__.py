@@ -119,10 +119,12 @@ def _cmd_notes(args: argparse.Namespace) -> int:
             elif action == "search":
                 found = notes.search_notes(
                     session=session,
-                    query=args.query,
-                    note_type=args.type,
-                    language=args.search_language,
-                    session_id=args.session,
+                    filters=notes.NoteFilter(
+                        query=args.query,
+                        note_type=args.type,
+                        language=args.search_language,
+                        session_id=args.session,
+                    ),
                     limit=args.limit,
                 )
                 print(json.dumps([notes.note_record(n) for n in found], ensure_ascii=False, indent=2))

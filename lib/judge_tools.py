@@ -495,7 +495,9 @@ def _search(
             session=session, query=query, note_type=note_type, language=language, limit=SEARCH_RESULT_LIMIT
         )
         if len(stored) == SEARCH_RESULT_LIMIT:
-            total += notes.count_notes(session=session, query=query, note_type=note_type, language=language)
+            total += notes.count_notes(
+                session=session, filters=notes.NoteFilter(query=query, note_type=note_type, language=language)
+            )
         else:
             total += len(stored)
     shown = (mine + stored)[:SEARCH_RESULT_LIMIT]

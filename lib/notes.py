@@ -252,36 +252,44 @@ def _lower(session: Session) -> Callable[[Any], Any]:
     return getattr(func, _SQLITE_LOWER)
 
 
-def _filters(
-    session: Session,
-    *,
-    query: str = "",
-    note_type: str | Sequence[str] | None = None,
-    language: str | Sequence[str] | None = None,
-    session_id: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-) -> list[ColumnElement[bool]]:
+@dataclass(frozen=True)
+class NoteFilter:
+    """Filters of the notes list, its counts, the session timeline and removal; None means "any".
+
+    `query` matches content case-insensitively and literally; `note_type` and `language` take one
+    value or several (an empty list matches nothing; `language=""` means notes for every language);
+    `since` is inclusive and `until` exclusive.
+    """
+
+    query: str = ""
+    note_type: str | Sequence[str] | None = None
+    language: str | Sequence[str] | None = None
+    session_id: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def _filters(session: Session, filters: NoteFilter) -> list[ColumnElement[bool]]:
     conds: list[ColumnElement[bool]] = []
-    query = str(query or "").strip()
+    query = str(filters.query or "").strip()
     if query:
         lower = _lower(session)
         conds.append(lower(col(SessionNote.content)).like(lower(_like_pattern(query)), escape="\\"))
-    types = _as_list(note_type)
+    types = _as_list(filters.note_type)
     if types is not None:
         conds.append(
             col(SessionNote.note_type).in_([normalize_note_type(t) for t in types]) if types else false()
         )
-    languages = _as_list(language)
+    languages = _as_list(filters.language)
     if languages is not None:
         normalized = [normalize_language(lang) for lang in languages]
         conds.append(col(SessionNote.language).in_(normalized) if normalized else false())
-    if session_id is not None:
-        conds.append(col(SessionNote.session_id) == session_id)
-    if since is not None:
-        conds.append(col(SessionNote.timestamp) >= since)
-    if until is not None:
-        conds.append(col(SessionNote.timestamp) < until)
+    if filters.session_id is not None:
+        conds.append(col(SessionNote.session_id) == filters.session_id)
+    if filters.since is not None:
+        conds.append(col(SessionNote.timestamp) >= filters.since)
+    if filters.until is not None:
+        conds.append(col(SessionNote.timestamp) < filters.until)
     return conds
 
 
@@ -299,22 +307,20 @@ def search_notes(
     note_type: str | Sequence[str] | None = None,
     language: str | Sequence[str] | None = None,
     *,
-    session_id: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    filters: NoteFilter | None = None,
     limit: int = 100,
     offset: int = 0,
 ) -> list[SessionNote]:
-    """Notes across all sessions whose content contains `query` (case-insensitive, literal), newest first."""
-    conds = _filters(
-        session,
-        query=query,
-        note_type=note_type,
-        language=language,
-        session_id=session_id,
-        since=since,
-        until=until,
-    )
+    """Notes across all sessions whose content contains `query` (case-insensitive, literal), newest first.
+
+    The positional form `search_notes(session, query, note_type, language)` is SPEC §5's; any
+    other filter comes as `filters`, which then holds every filter.
+    """
+    if filters is None:
+        filters = NoteFilter(query=query, note_type=note_type, language=language)
+    elif (query, note_type, language) != ("", None, None):
+        raise TypeError("give the filters as query/note_type/language or as a NoteFilter, not both")
+    conds = _filters(session, filters)
     stmt = (
         select(SessionNote)
         .where(*conds)
@@ -328,23 +334,10 @@ def search_notes(
 def count_notes(
     *,
     session: Session,
-    query: str = "",
-    note_type: str | Sequence[str] | None = None,
-    language: str | Sequence[str] | None = None,
-    session_id: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    filters: NoteFilter = NoteFilter(),
 ) -> int:
     """How many notes `search_notes` would find with the same filters and no limit."""
-    conds = _filters(
-        session,
-        query=query,
-        note_type=note_type,
-        language=language,
-        session_id=session_id,
-        since=since,
-        until=until,
-    )
+    conds = _filters(session, filters)
     return int(session.exec(select(func.count()).select_from(SessionNote).where(*conds)).one())
 
 
@@ -384,25 +377,12 @@ class SessionSummary:
 def session_timeline(
     *,
     session: Session,
-    query: str = "",
-    note_type: str | Sequence[str] | None = None,
-    language: str | Sequence[str] | None = None,
-    session_id: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    filters: NoteFilter = NoteFilter(),
     limit: int = 50,
     offset: int = 0,
 ) -> list[SessionSummary]:
     """Sessions with matching notes, newest activity first, counted per type in one GROUP BY."""
-    conds = _filters(
-        session,
-        query=query,
-        note_type=note_type,
-        language=language,
-        session_id=session_id,
-        since=since,
-        until=until,
-    )
+    conds = _filters(session, filters)
     kind = col(SessionNote.note_type)
     last = func.max(SessionNote.timestamp)
     stmt = (
@@ -434,23 +414,10 @@ def session_timeline(
 def count_sessions(
     *,
     session: Session,
-    query: str = "",
-    note_type: str | Sequence[str] | None = None,
-    language: str | Sequence[str] | None = None,
-    session_id: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    filters: NoteFilter = NoteFilter(),
 ) -> int:
     """How many sessions `session_timeline` would list with the same filters and no limit."""
-    conds = _filters(
-        session,
-        query=query,
-        note_type=note_type,
-        language=language,
-        session_id=session_id,
-        since=since,
-        until=until,
-    )
+    conds = _filters(session, filters)
     stmt = select(func.count(func.distinct(SessionNote.session_id))).where(*conds)
     return int(session.exec(stmt).one())
 
@@ -676,7 +643,9 @@ def _removal_conditions(
     if older_than is not None and older_than <= timedelta(0):
         raise ValueError("older_than must be a positive duration")
     until = (now or utcnow()) - older_than if older_than is not None else None
-    conds = _filters(session, note_type=note_type, language=language, session_id=session_id, until=until)
+    conds = _filters(
+        session, NoteFilter(note_type=note_type, language=language, session_id=session_id, until=until)
+    )
     if not conds and not all_notes:
         raise ValueError(
             "refusing to remove every note: give a type, language, session or age (or all_notes=True)"

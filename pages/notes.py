@@ -121,14 +121,14 @@ session_choice = cols[2].selectbox("Session", [ANY, *recent_sessions], key="note
 age_label = cols[3].selectbox("Age", list(AGES), key="notes_age")
 newer, older = AGES[age_label]
 now = utcnow()
-filters = {
-    "query": query,
-    "note_type": types or None,
-    "language": None if language == ANY else language,
-    "session_id": None if session_choice == ANY else session_choice,
-    "since": now - newer if newer else None,
-    "until": now - older if older else None,
-}
+filters = notes.NoteFilter(
+    query=query,
+    note_type=types or None,
+    language=None if language == ANY else language,
+    session_id=None if session_choice == ANY else session_choice,
+    since=now - newer if newer else None,
+    until=now - older if older else None,
+)
 signature = repr((query, types, language, session_choice, age_label))
 if st.session_state.get(SIG_KEY) not in (None, signature):
     for key in PAGE_KEYS:  # new filters: back to the first page
@@ -140,13 +140,15 @@ tab_list, tab_timeline, tab_add, tab_remove, tab_prompt = st.tabs(
 )
 
 with tab_list, session_scope(read_only=True) as session:
-    total = notes.count_notes(session=session, **filters)
+    total = notes.count_notes(session=session, filters=filters)
     st.caption(f"{total:,} note{'' if total == 1 else 's'} match")
     if total == 0:
         st.info("No notes match these filters.")
     else:
         offset, limit = pager(total, key="notes_page")
-        shown = notes.as_frame(notes.search_notes(session=session, limit=limit, offset=offset, **filters))
+        shown = notes.as_frame(
+            notes.search_notes(session=session, limit=limit, offset=offset, filters=filters)
+        )
         st.dataframe(
             shown,
             hide_index=True,
@@ -156,20 +158,20 @@ with tab_list, session_scope(read_only=True) as session:
                 "confidence": st.column_config.NumberColumn("confidence", format="percent"),
             },
         )
-        export = notes.as_frame(notes.search_notes(session=session, limit=CSV_CAP, **filters))
+        export = notes.as_frame(notes.search_notes(session=session, limit=CSV_CAP, filters=filters))
         csv_download(export, "notes.csv", key="notes_csv", label="Download these notes (CSV)")
         if total > CSV_CAP:
             st.caption(f"The CSV holds the newest {CSV_CAP:,}; use `python -m lib export` for all.")
 
 with tab_timeline, session_scope(read_only=True) as session:
     st.caption("Sessions with matching notes, newest activity first, with their notes counted per type.")
-    sessions_total = notes.count_sessions(session=session, **filters)
+    sessions_total = notes.count_sessions(session=session, filters=filters)
     if sessions_total == 0:
         st.info("No sessions have notes matching these filters.")
     else:
         offset, limit = pager(sessions_total, key="notes_timeline_page")
         timeline = notes.timeline_frame(
-            notes.session_timeline(session=session, limit=limit, offset=offset, **filters)
+            notes.session_timeline(session=session, limit=limit, offset=offset, filters=filters)
         )
         st.dataframe(timeline, hide_index=True, key="notes_timeline_table")
         csv_download(timeline, "note_sessions.csv", key="notes_timeline_csv")

@@ -508,7 +508,10 @@ def corpus(engine: Engine) -> Engine:
 
 def search(engine: Engine, **kwargs: Any) -> list[str]:
     with session_scope(engine, read_only=True) as s:
-        return [n.content for n in notes.search_notes(session=s, **kwargs)]
+        paging = {k: kwargs.pop(k) for k in ("limit", "offset") if k in kwargs}
+        return [
+            n.content for n in notes.search_notes(session=s, filters=notes.NoteFilter(**kwargs), **paging)
+        ]
 
 
 @pytest.mark.parametrize("query", ["opening", "OPENING", "Phrases Decide", "match"])
@@ -557,6 +560,11 @@ def test_search_filters(corpus: Engine, filters: dict[str, Any], expected: list[
     assert search(corpus, **filters) == expected
 
 
+def test_search_takes_its_filters_one_way_only(corpus: Engine) -> None:
+    with session_scope(corpus, read_only=True) as s, pytest.raises(TypeError, match="not both"):
+        notes.search_notes(s, "tip", filters=notes.NoteFilter(language="en"))
+
+
 def test_search_refuses_an_unknown_type(corpus: Engine) -> None:
     with pytest.raises(ValueError, match="not one of"):
         search(corpus, note_type="HINT")
@@ -573,7 +581,11 @@ def test_search_pages_with_limit_and_offset(corpus: Engine) -> None:
 @pytest.mark.parametrize(("filters", "expected"), [({}, 5), ({"query": "%"}, 1), ({"language": "en"}, 3)])
 def test_count_matches_search(corpus: Engine, filters: dict[str, Any], expected: int) -> None:
     with session_scope(corpus, read_only=True) as s:
-        assert notes.count_notes(session=s, **filters) == expected == len(search(corpus, **filters))
+        assert (
+            notes.count_notes(session=s, filters=notes.NoteFilter(**filters))
+            == expected
+            == len(search(corpus, **filters))
+        )
 
 
 def test_note_languages_lists_each_once(corpus: Engine) -> None:
@@ -599,8 +611,8 @@ def test_timeline_lists_sessions_newest_first_with_counts_per_type(corpus: Engin
 
 def test_timeline_respects_filters_and_paging(corpus: Engine) -> None:
     with session_scope(corpus, read_only=True) as s:
-        tips = notes.session_timeline(session=s, note_type="TIP")
-        assert notes.count_sessions(session=s, note_type="TIP") == 2
+        tips = notes.session_timeline(session=s, filters=notes.NoteFilter(note_type="TIP"))
+        assert notes.count_sessions(session=s, filters=notes.NoteFilter(note_type="TIP")) == 2
         page = notes.session_timeline(session=s, limit=1, offset=1)
     assert [(t.session_id, t.notes) for t in tips] == [("s_three", 1), ("s_one", 1)]
     assert [t.session_id for t in page] == ["s_two"]
