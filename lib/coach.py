@@ -306,7 +306,7 @@ def _streamer(
         settings = get_settings()
         parts: list[str] = []
         flushed = 0
-        for delta in llm.stream_chat(messages, model=settings.coach_model):
+        for delta in llm.stream_chat(messages, model=settings.coach_model, purpose="coach"):
             parts.append(delta)
             yield delta
             text = "".join(parts)

@@ -20,6 +20,10 @@ DEFAULT_SQLITE_PATH = DATA_DIR / "overrule.db"
 SECRETS_PATH = ROOT / ".streamlit" / "secrets.toml"
 
 
+LLM_PROFILES = ("default", "local")
+LOCAL_MIN_TIMEOUT = 600.0
+
+
 class ConfigError(ValueError):
     """A setting has a value Overrule cannot use; the message names the variable."""
 
@@ -39,6 +43,17 @@ class Settings:
     embedding_model: str | None = None
     llm_timeout: float = 60.0
     llm_max_retries: int = 2
+    # "local" (Ollama, llama.cpp on a CPU): timeout >= 600 s, no retries, long calls streamed.
+    llm_profile: str = "default"
+    # Reply caps per call kind (issue 18): a runaway reply stops here instead of at the context limit.
+    max_tokens_judge: int = 2048
+    max_tokens_mentor: int = 1024
+    max_tokens_evaluator: int = 512
+    max_tokens_compare: int = 256
+    max_tokens_second_opinion: int = 512
+    max_tokens_coach: int = 1024
+    # The server's context window; prompts are shrunk (history, then notes) to fit it with the reply.
+    context_tokens: int = 8192
     judge_concurrency: int = 4
     # Coach chat (seed 002 AD-4, AD-9).
     max_chat_turns: int = 15
@@ -78,6 +93,11 @@ class Settings:
         return bool(self.openai_api_key or self.openai_base_url)
 
     @property
+    def streams_long_calls(self) -> bool:
+        """Local profile: long calls stream, so a request the client abandons is cancelled server-side."""
+        return self.llm_profile == "local"
+
+    @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
 
@@ -90,6 +110,13 @@ _ENV_NAMES = {
 _RANGES: dict[str, tuple[float, float]] = {
     "llm_timeout": (0.1, 3600),
     "llm_max_retries": (0, 20),
+    "max_tokens_judge": (16, 1_000_000),
+    "max_tokens_mentor": (16, 1_000_000),
+    "max_tokens_evaluator": (16, 1_000_000),
+    "max_tokens_compare": (16, 1_000_000),
+    "max_tokens_second_opinion": (16, 1_000_000),
+    "max_tokens_coach": (16, 1_000_000),
+    "context_tokens": (512, 10_000_000),
     "judge_concurrency": (1, 64),
     "max_chat_turns": (1, 1000),
     "chat_window": (0, 200),
@@ -168,6 +195,17 @@ def load_settings(environ: dict[str, str] | None = None, secrets_path: Path = SE
         values[f.name] = _coerce(f.name, raw, f.default)
     if values.get("autounpin_threshold", 0.2) > values.get("autopin_threshold", 0.6):
         raise ConfigError("OVERRULE_AUTOUNPIN_THRESHOLD must not exceed OVERRULE_AUTOPIN_THRESHOLD")
+    profile = str(values.get("llm_profile", "default")).strip().lower()
+    if profile not in LLM_PROFILES:
+        raise ConfigError(
+            f"OVERRULE_LLM_PROFILE={profile!r} is invalid: expected one of {', '.join(LLM_PROFILES)}"
+        )
+    values["llm_profile"] = profile
+    if profile == "local":
+        # A CPU model reads a 4k-token prompt for minutes; a retry would queue behind the request
+        # the server is still working on, so the local profile waits long and never retries.
+        values["llm_timeout"] = max(float(values.get("llm_timeout", LOCAL_MIN_TIMEOUT)), LOCAL_MIN_TIMEOUT)
+        values["llm_max_retries"] = 0
     return Settings(**values)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
@@ -459,6 +460,120 @@ def parse_stage1_response(data: Mapping[str, Any], metrics: Sequence[MetricSpec]
     return Stage1Result(scores=scores, evidence=evidence, evidence_problem=problem)
 
 
+# Weak-but-well-shaped output (issue 18) is refused, so a small model's template echo or one-word
+# reason gets a repair turn instead of being saved as a judgment.
+MIN_REASON_CHARS = 12
+MIN_REASON_WORDS = 3
+_PLACEHOLDER_RE = re.compile(r"^\s*(<[^<>\n]{0,40}>|\.{2,}|…+|\[[^\[\]\n]{0,40}\])\s*$")
+# A note line as `lib.notes.format_note_line` writes it: the judge copied its notes, not judged.
+_NOTE_LINE_RE = re.compile(r"\[(?:SESSION: |CURRENT SESSION\])|\b[A-Z]{3,8} \(\d+\w* ago\): ")
+
+
+def _score_schema(spec: MetricSpec) -> dict[str, Any]:
+    low, high = float(spec.min_value), float(spec.max_value)
+    if spec.integer_scale and low.is_integer() and high.is_integer() and high - low <= 100:
+        return {"enum": [*range(int(low), int(high) + 1), None]}
+    return {"type": ["number", "null"], "minimum": low, "maximum": high}
+
+
+def _text_schema(min_chars: int = MIN_REASON_CHARS) -> dict[str, Any]:
+    return {"type": "string", "minLength": min_chars}
+
+
+def stage1_schema(metrics: Sequence[MetricSpec]) -> dict[str, Any]:
+    """The JSON schema of a Stage 1 reply, from the rubric: each metric's scale, reasons, ≤ 3 evidence items."""
+    slugs = [m.slug for m in metrics]
+    evidence_item = {
+        "type": "object",
+        "properties": {
+            "quote": {"type": "string", "minLength": 3},
+            "start": {"type": "integer", "minimum": 0},
+            "end": {"type": "integer", "minimum": 0},
+            "why": _text_schema(),
+            "better": _text_schema(),
+        },
+        "required": ["quote", "start", "end", "why", "better"],
+        "additionalProperties": False,
+    }
+    scores = {
+        m.slug: {
+            "type": "object",
+            "properties": {
+                "score": _score_schema(m),
+                "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+                "rationale": _text_schema(),
+            },
+            "required": ["score", "confidence", "rationale"],
+            "additionalProperties": False,
+        }
+        for m in metrics
+    }
+    evidence = {
+        slug: {"type": "array", "items": evidence_item, "maxItems": MAX_EVIDENCE_PER_METRIC} for slug in slugs
+    }
+    return {
+        "type": "object",
+        "properties": {
+            "independent_scores": {
+                "type": "object",
+                "properties": scores,
+                "required": slugs,
+                "additionalProperties": False,
+            },
+            "evidence": {
+                "type": "object",
+                "properties": evidence,
+                "required": slugs,
+                "additionalProperties": False,
+            },
+        },
+        "required": ["independent_scores", "evidence"],
+        "additionalProperties": False,
+    }
+
+
+def weak_text_problem(label: str, value: str | None, *, min_words: int = MIN_REASON_WORDS) -> str | None:
+    """Why a reason is too weak to store (placeholder, echoed note, too short), or None."""
+    if value is None or not value.strip():
+        return f"{label} is empty"
+    if _PLACEHOLDER_RE.match(value):
+        return f"{label} is the placeholder {value.strip()!r}, not a reason"
+    if _NOTE_LINE_RE.search(value):
+        return f"{label} copies a cross-session note line instead of judging the answer"
+    if len(value.strip()) < MIN_REASON_CHARS or len(value.split()) < min_words:
+        return (
+            f"{label} {value.strip()!r} is too short "
+            f"(at least {min_words} words and {MIN_REASON_CHARS} characters)"
+        )
+    return None
+
+
+def check_stage1_reply(data: Mapping[str, Any], metrics: Sequence[MetricSpec]) -> Stage1Result:
+    """`parse_stage1_response` plus the refusal of weak output; ValueError names what to fix."""
+    result = parse_stage1_response(data, metrics)
+    problems = [
+        weak_text_problem(f"the rationale for {slug!r}", j.rationale)
+        for slug, j in result.scores.items()
+        if j.score is not None
+    ]
+    for slug, items in (result.evidence or {}).items():
+        for n, item in enumerate(items, start=1):
+            quote = str(item.get("quote") or "")
+            if _PLACEHOLDER_RE.match(quote):
+                problems.append(
+                    f"evidence {n} for {slug!r} quotes the placeholder {quote.strip()!r}; "
+                    "copy a span of the model answer"
+                )
+            elif _NOTE_LINE_RE.search(quote):
+                problems.append(
+                    f"evidence {n} for {slug!r} quotes a cross-session note, not the model answer"
+                )
+    found = [p for p in problems if p]
+    if found:
+        raise ValueError("; ".join(found[:4]))
+    return result
+
+
 def run_stage1(
     prepared: PreparedInput,
     *,
@@ -475,10 +590,26 @@ def run_stage1(
     """
     settings = settings or get_settings()
     messages = build_stage1_messages(prepared, history_block=history_block, notes_block=notes_block)
+    schema = stage1_schema(prepared.metrics)
+
+    def check(data: dict[str, Any]) -> Stage1Result:
+        return check_stage1_reply(data, prepared.metrics)
+
+    # The tolerant parser accepts what the schema would not (display names, "reason", 85 for 0.85);
+    # the schema constrains the server, the check decides.
+    options: dict[str, Any] = {
+        "model": settings.judge_model,
+        "settings": settings,
+        "schema": schema,
+        "check": check,
+        "purpose": "judge",
+        "validate_schema": False,
+        "schema_name": "stage1",
+    }
     pending: judge_tools.PendingNotes | None = None
     try:
         if engine is None:
-            data = llm.chat_json(messages, model=settings.judge_model, settings=settings)
+            data = llm.chat_json(messages, **options)
         else:
             run = judge_tools.run_with_tools(
                 messages,
@@ -488,15 +619,19 @@ def run_stage1(
                 created_by=judge_tools.judge_author(settings.judge_model),
                 language=prepared.evaluation.language,
                 settings=settings,
+                schema=schema,
+                purpose="judge",
             )
             pending = run.pending
-            data = judge_tools.reply_json(run)
+            data = llm.finish_json(
+                run.messages[:-1], llm.ChatResult(text=run.text, finish_reason=run.finish_reason), **options
+            )
     except llm.LLMNotConfigured as exc:
         raise JudgeFailed("configuration", str(exc), kind="not_configured") from exc
     except llm.LLMError as exc:
         raise JudgeFailed("stage1", str(exc), kind=exc.kind) from exc
     try:
-        result = parse_stage1_response(data, prepared.metrics)
+        result = check_stage1_reply(data, prepared.metrics)
     except ValueError as exc:
         raise JudgeFailed("stage1", f"the judge's reply is unusable: {exc}", kind="invalid_reply") from exc
     if result.evidence is None:
@@ -609,6 +744,25 @@ def build_stage2_messages(
     ]
 
 
+def stage2_schema(metrics: Sequence[MetricSpec]) -> dict[str, Any]:
+    """The JSON schema of a Stage 2 reply: a comparison per rubric metric and the overall feedback."""
+    slugs = [m.slug for m in metrics]
+    return {
+        "type": "object",
+        "properties": {
+            "metric_feedback": {
+                "type": "object",
+                "properties": {slug: _text_schema() for slug in slugs},
+                "required": slugs,
+                "additionalProperties": False,
+            },
+            "overall_feedback": _text_schema(),
+        },
+        "required": ["metric_feedback", "overall_feedback"],
+        "additionalProperties": False,
+    }
+
+
 @dataclass(frozen=True)
 class Stage2Result:
     """Mentoring text from the LLM and the arithmetic from code."""
@@ -654,8 +808,24 @@ def run_stage2(
     if not any(u.get("score") is not None for u in prepared.user_scores.values()):
         return Stage2Result(overall_feedback=None, metric_feedback={}, gaps=gaps)
     messages = build_stage2_messages(prepared, stage1, gaps, verified_evidence)
+
+    def check(data: dict[str, Any]) -> None:
+        overall, _per_metric = parse_stage2_response(data, prepared.metrics)
+        problem = weak_text_problem("overall_feedback", overall)
+        if problem:
+            raise ValueError(problem)
+
     try:
-        data = llm.chat_json(messages, model=settings.judge_model, settings=settings)
+        data = llm.chat_json(
+            messages,
+            model=settings.judge_model,
+            settings=settings,
+            schema=stage2_schema(prepared.metrics),
+            check=check,
+            purpose="mentor",
+            validate_schema=False,
+            schema_name="stage2",
+        )
     except llm.LLMNotConfigured as exc:
         raise JudgeFailed("configuration", str(exc), kind="not_configured") from exc
     except llm.LLMError as exc:

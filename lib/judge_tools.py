@@ -681,6 +681,41 @@ def _assistant_with_calls(result: llm.ChatResult) -> dict[str, Any]:
     }
 
 
+NOTE_COMMANDS_INSTRUCTION = """Cross-session notes (optional): put command lines in the "note_commands"
+list of your JSON reply, at most 3:
+- "ADD_NOTE:<TYPE>,<content>[,<code>,<confidence 0-1>]" leaves a lesson for later judge runs; TYPE is
+  one of SUCCESS, FAILURE, PATTERN, STRATEGY, TIP; only SUCCESS notes carry a code and confidence.
+- "CLEAR_NOTES:[<TYPE>],[<language>],[<days_old>]" takes back notes you added in this run.
+Leave the list empty when you have no lesson worth keeping."""
+MAX_JSON_NOTE_COMMANDS = 3
+
+
+def with_note_commands(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The reply schema plus an optional `note_commands` list (text mode under structured output)."""
+    out = dict(schema)
+    out["properties"] = {
+        **dict(schema.get("properties") or {}),
+        "note_commands": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_JSON_NOTE_COMMANDS},
+    }
+    return out
+
+
+def _text_instruction(schema: Mapping[str, Any] | None) -> str:
+    return TEXT_COMMANDS_INSTRUCTION if schema is None else NOTE_COMMANDS_INSTRUCTION
+
+
+def _json_note_commands(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """ADD_NOTE / CLEAR_NOTES lines from the reply's `note_commands` list (searches need a round trip)."""
+    try:
+        lines = llm.parse_json_loose(text).get("note_commands")
+    except llm.LLMError:
+        return []
+    if not isinstance(lines, list):
+        return []
+    picked = [line for line in lines if isinstance(line, str)][:MAX_JSON_NOTE_COMMANDS]
+    return [(n, a) for n, a in parse_text_commands("\n".join(picked)) if n != "search_notes"]
+
+
 def _has_json_object(text: str) -> bool:
     try:
         llm.parse_json_loose(text)
@@ -699,8 +734,15 @@ def run_with_tools(
     created_by: str | None = None,
     language: str = "",
     settings: Settings | None = None,
+    schema: Mapping[str, Any] | None = None,
+    purpose: str | None = None,
 ) -> ToolRun:
     """Chat with the note tools until the model answers with content; text commands when tools are refused.
+
+    Tools are offered only to a server that calls them (`lib.llm.uses_tools`, probed once); one
+    that ignores them gets the text commands from the start. `schema` asks every call for
+    structured output; in text mode it gains an optional `note_commands` list, since a server that
+    enforces the schema leaves no room for command lines around the JSON.
 
     Tool calls are executed between calls (each in a short session from `session_factory`, never
     held across an LLM call); their writes go to the returned `ToolRun.pending`. A model still
@@ -730,20 +772,28 @@ def run_with_tools(
                 pending=pending,
             )
 
-    mode: Literal["tools", "text"] = "tools"
-    conversation = _with_instruction(messages, TOOLS_INSTRUCTION)
+    mode: Literal["tools", "text"] = "tools" if llm.uses_tools(model=model, settings=settings) else "text"
+    conversation = _with_instruction(
+        messages, TOOLS_INSTRUCTION if mode == "tools" else _text_instruction(schema)
+    )
     rounds = 0
     while True:
         try:
             result = llm.chat(
-                conversation, model=model, tools=NOTE_TOOLS if mode == "tools" else None, settings=settings
+                conversation,
+                model=model,
+                tools=NOTE_TOOLS if mode == "tools" else None,
+                settings=settings,
+                purpose=purpose,
+                schema=schema if mode == "tools" or schema is None else with_note_commands(schema),
+                json_mode=schema is not None,
             )
         except llm.LLMError as exc:
             # invalid_json from chat() can only be a tool call's arguments: this model's tool use is broken.
             if mode == "tools" and (rejects_tools(exc) or exc.kind == "invalid_json"):
                 log.info("note tools unavailable for %s (%s); using text commands", model, exc)
                 mode, rounds = "text", 0
-                conversation = _with_instruction(messages, TEXT_COMMANDS_INSTRUCTION)
+                conversation = _with_instruction(messages, _text_instruction(schema))
                 continue
             raise
         if result.tool_calls:
@@ -764,6 +814,7 @@ def run_with_tools(
             continue
         commands = parse_text_commands(result.text)
         final = strip_text_commands(result.text) if commands else result.text
+        commands += _json_note_commands(final)
         conversation.append({"role": "assistant", "content": result.text})
         asks = any(name == "search_notes" for name, _ in commands)
         if commands and asks and not _has_json_object(final) and rounds < max_rounds:

@@ -1,22 +1,37 @@
 """LLM access (SPEC §7): the only module that builds an OpenAI client.
 
 Any OpenAI-compatible server works (OpenAI, vLLM, Ollama, llama.cpp, LiteLLM), so nothing here
-assumes more than `/chat/completions` and `/embeddings`: JSON mode is requested but not relied on,
-replies are parsed tolerantly, and every client failure becomes an `LLMError` whose message a
-reviewer can act on. Without a key or base URL, calls raise `LLMNotConfigured` and the UI shows
-its message instead of a traceback.
+assumes more than `/chat/completions` and `/embeddings`, and every client failure becomes an
+`LLMError` whose message a reviewer can act on. Without a key or base URL, calls raise
+`LLMNotConfigured` and the UI shows its message instead of a traceback.
+
+What servers differ in is negotiated once per server and model, and remembered in-process:
+- structured output (`chat_json`): `json_schema` → `json_object` with `schema` (llama.cpp) →
+  `json_object` → the prompt only; a 400, 422 or 500 that names `response_format` is a refusal.
+  Whatever the server enforced, the reply is validated here against the same schema.
+- tools (`uses_tools`): one tiny probe with a forced function call; a server that answers it
+  without a tool call ignores `tools` (llama.cpp with an ordinary chat template), and callers
+  then use the seed's text commands instead.
+Every JSON call has a reply cap (`OVERRULE_MAX_TOKENS_<purpose>`); a reply that stopped at the cap
+is reported as cut off before anything is parsed. A reply that is not valid JSON, or fails the
+schema or the caller's check, gets one repair turn that shows the model its error; a second
+failure is a clean `LLMError`. Under `OVERRULE_LLM_PROFILE=local` long calls stream, so a request
+the client abandons (timeout, closed tab) is cancelled by the server instead of running on.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
+import jsonschema
 import openai
 from openai.types.chat import ChatCompletion
 
@@ -34,6 +49,26 @@ OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 PLACEHOLDER_API_KEY = "not-needed"
 JSON_INSTRUCTION = "Reply with a single JSON object and nothing else."
 _MAX_CACHED_CLIENTS = 8
+# The structured-output ladder, most to least enforced by the server.
+JSON_MODES = ("json_schema", "json_object_schema", "json_object", "prompt")
+REPAIR_INSTRUCTION = (
+    "Your previous reply could not be used: {error}. Reply again with only the corrected JSON object, "
+    "in exactly the shape asked for, with real text in place of every placeholder."
+)
+PROBE_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "overrule_probe",
+        "description": "Call this function to show that you can call functions.",
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+    },
+}
+# Messages servers use for a prompt longer than their context window (OpenAI, vLLM, llama.cpp, Ollama).
+_CONTEXT_ERROR_RE = re.compile(
+    r"context[ _](length|size|window)|maximum context|exceeds the available context|n_ctx|too many tokens"
+    r"|prompt is too long",
+    re.IGNORECASE,
+)
 
 
 class LLMNotConfigured(RuntimeError):
@@ -79,7 +114,10 @@ class ChatResult:
 
 _ClientKey = tuple[str, str, float, int]
 _clients: dict[_ClientKey, openai.OpenAI] = {}
-_no_json_mode: set[str] = set()
+# Per (base URL, model): the index in JSON_MODES of the most enforcing mode not refused so far.
+_json_modes: dict[tuple[str, str], int] = {}
+# Per (base URL, model): whether the server really calls tools (see `uses_tools`).
+_tool_support: dict[tuple[str, str], bool] = {}
 _lock = threading.Lock()
 
 
@@ -115,7 +153,8 @@ def close_clients() -> None:
     with _lock:
         clients = list(_clients.values())
         _clients.clear()
-        _no_json_mode.clear()
+        _json_modes.clear()
+        _tool_support.clear()
     for client in clients:
         client.close()
 
@@ -154,6 +193,15 @@ def _describe(exc: Exception, settings: Settings) -> LLMError:
                 f"The LLM server at {where} failed (HTTP {exc.status_code}) after {retries} retries: "
                 f"{exc.message}",
                 kind="server",
+                status=exc.status_code,
+            )
+        if _CONTEXT_ERROR_RE.search(f"{exc.message} {json.dumps(exc.body, default=str)}"):
+            return LLMError(
+                f"The prompt does not fit the LLM server's context window (HTTP {exc.status_code}: "
+                f"{exc.message}). Set {env_name('context_tokens')} to the server's context size so prompts "
+                "are shortened to fit, or start the server with a larger context (llama.cpp: -c 8192; "
+                "Ollama: OLLAMA_CONTEXT_LENGTH=8192 or the num_ctx option).",
+                kind="context",
                 status=exc.status_code,
             )
         return LLMError(
@@ -214,6 +262,71 @@ def _to_result(completion: object) -> ChatResult:
     )
 
 
+def max_tokens_for(purpose: str | None, settings: Settings) -> int | None:
+    """The reply cap of a call kind (`OVERRULE_MAX_TOKENS_<PURPOSE>`); None for an uncapped call."""
+    if purpose is None:
+        return None
+    return int(getattr(settings, f"max_tokens_{purpose}"))
+
+
+def estimate_tokens(text: str) -> int:
+    """Tokens of a text without a tokenizer: UTF-8 bytes / 3.5, rounded up.
+
+    BPE tokenizers average about 4 bytes per token on English and fewer on Turkish or emoji; 3.5
+    over-counts slightly on purpose, so a prompt cut to this estimate fits the real window.
+    """
+    return math.ceil(len(text.encode("utf-8")) / 3.5)
+
+
+def estimate_messages_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
+    """`estimate_tokens` over a conversation, plus 4 tokens per message for the chat template."""
+    return sum(estimate_tokens(str(m.get("content") or "")) + 4 for m in messages)
+
+
+def _server_key(settings: Settings, model: str) -> tuple[str, str]:
+    return _client_key(settings)[1], model
+
+
+def _response_format(mode: str, schema: Mapping[str, Any] | None, name: str) -> dict[str, Any] | None:
+    if mode == "json_schema" and schema is not None:
+        return {"type": "json_schema", "json_schema": {"name": name, "schema": dict(schema), "strict": False}}
+    if mode == "json_object_schema" and schema is not None:
+        return {"type": "json_object", "schema": dict(schema)}
+    if mode in ("json_schema", "json_object_schema", "json_object"):
+        return {"type": "json_object"}
+    return None
+
+
+def _first_mode(key: tuple[str, str], schema: Mapping[str, Any] | None) -> int:
+    known = _json_modes.get(key, 0)
+    # Without a schema the two schema modes mean nothing; plain JSON mode is the most to ask for.
+    return known if schema is not None else max(known, JSON_MODES.index("json_object"))
+
+
+def json_mode_of(model: str, settings: Settings | None = None) -> str:
+    """The structured-output mode negotiated with this server and model so far (for status lines)."""
+    settings = settings or get_settings()
+    return JSON_MODES[_json_modes.get(_server_key(settings, model), 0)]
+
+
+def _refuses_response_format(exc: openai.APIStatusError) -> bool:
+    # llama.cpp answers an unknown response_format type with HTTP 500, not 400.
+    if exc.status_code not in (400, 422, 500):
+        return False
+    return "response_format" in f"{exc.message} {json.dumps(exc.body, default=str)}"
+
+
+def _create(client: openai.OpenAI, params: dict[str, Any], settings: Settings, *, stream: bool) -> ChatResult:
+    if not stream:
+        return _to_result(client.chat.completions.create(**params))
+    response = client.chat.completions.create(**params, stream=True)
+    parts: list[str] = []
+    outcome: dict[str, Any] = {}
+    for delta in _stream_deltas(response, settings, outcome):
+        parts.append(delta)
+    return ChatResult(text="".join(parts), finish_reason=outcome.get("finish_reason"))
+
+
 def chat(
     messages: Sequence[Mapping[str, Any]],
     *,
@@ -221,16 +334,85 @@ def chat(
     temperature: float = 0.0,
     tools: Sequence[Mapping[str, Any]] | None = None,
     settings: Settings | None = None,
+    purpose: str | None = None,
+    schema: Mapping[str, Any] | None = None,
+    json_mode: bool = False,
+    schema_name: str = "reply",
 ) -> ChatResult:
-    """One chat completion; failures surface as `LLMError`, never as openai exceptions."""
+    """One chat completion; failures surface as `LLMError`, never as openai exceptions.
+
+    `purpose` caps the reply (`max_tokens_for`); `schema` or `json_mode` asks for structured output
+    in the best mode this server accepts (see the module docstring). Calls without tools stream
+    under the local profile.
+    """
     settings = settings or get_settings()
     client = get_client(settings)
-    extra: dict[str, Any] = {"tools": [dict(t) for t in tools]} if tools else {}
+    key = _server_key(settings, model)
+    params: dict[str, Any] = {
+        "model": model,
+        "messages": cast(Any, _as_messages(messages)),
+        "temperature": temperature,
+    }
+    cap = max_tokens_for(purpose, settings)
+    if cap is not None:
+        params["max_tokens"] = cap
+    if tools:
+        params["tools"] = [dict(t) for t in tools]
+    structured = schema is not None or json_mode
+    mode = _first_mode(key, schema) if structured else len(JSON_MODES) - 1
+    stream = settings.streams_long_calls and not tools
     with _translated_errors(settings):
-        completion = client.chat.completions.create(
-            model=model, messages=cast(Any, _as_messages(messages)), temperature=temperature, **extra
-        )
-        return _to_result(completion)
+        while True:
+            fmt = _response_format(JSON_MODES[mode], schema, schema_name)
+            try:
+                return _create(
+                    client, params | ({"response_format": fmt} if fmt else {}), settings, stream=stream
+                )
+            except openai.APIStatusError as exc:
+                if fmt is None or not _refuses_response_format(exc):
+                    raise
+                log.info("%s refused response_format %s; trying %s", key[0], fmt, JSON_MODES[mode + 1])
+                mode += 1
+                with _lock:
+                    _json_modes[key] = max(_json_modes.get(key, 0), mode)
+
+
+def uses_tools(*, model: str, settings: Settings | None = None) -> bool:
+    """Whether this server really calls tools: a forced call to a probe function, once per server and model.
+
+    llama.cpp with an ordinary chat template accepts `tools` and ignores them (no error, no call),
+    so a refusal cannot be waited for; a server that refuses the probe or answers it in words
+    does not use tools. Connection failures raise and are not remembered.
+    """
+    settings = settings or get_settings()
+    key = _server_key(settings, model)
+    known = _tool_support.get(key)
+    if known is not None:
+        return known
+    client = get_client(settings)
+    with _translated_errors(settings):
+        try:
+            completion = client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "Call the function overrule_probe."}],
+                tools=cast(Any, [PROBE_TOOL]),
+                tool_choice={"type": "function", "function": {"name": "overrule_probe"}},
+                temperature=0.0,
+                max_tokens=64,
+            )
+            supported = any(call.name == "overrule_probe" for call in _to_result(completion).tool_calls)
+        except openai.APIStatusError as exc:
+            if exc.status_code not in (400, 404, 422, 500, 501):
+                raise
+            supported = False
+        except LLMError as exc:
+            if exc.kind != "invalid_json":  # unreadable tool arguments: its tool use is broken
+                raise
+            supported = False
+    log.info("%s %s tools", key[0], "calls" if supported else "ignores")
+    with _lock:
+        _tool_support[key] = supported
+    return supported
 
 
 def _with_json_instruction(
@@ -250,10 +432,98 @@ def _with_json_instruction(
     return sent
 
 
-def _rejects_response_format(exc: openai.APIStatusError) -> bool:
-    if exc.status_code not in (400, 422):
-        return False
-    return "response_format" in f"{exc.message} {json.dumps(exc.body, default=str)}"
+def schema_errors(value: Any, schema: Mapping[str, Any], *, limit: int = 3) -> list[str]:
+    """What makes `value` break the JSON schema, as short lines for a reviewer and for a repair turn."""
+    validator = jsonschema.Draft202012Validator(schema)
+    out = []
+    for error in sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))[:limit]:
+        where = ".".join(str(p) for p in error.absolute_path) or "the reply"
+        message = error.message if len(error.message) <= 160 else error.message[:157] + "..."
+        out.append(f"{where}: {message}")
+    return out
+
+
+Check = Callable[[dict[str, Any]], object]
+
+
+def cut_off_error(result: ChatResult, purpose: str | None, settings: Settings) -> LLMError | None:
+    """An error for a reply that stopped at the token cap, before any parsing (an inner object is no answer)."""
+    if result.finish_reason != "length":
+        return None
+    cap = max_tokens_for(purpose, settings)
+    where = (
+        f" of {cap} tokens; raise {env_name(f'max_tokens_{purpose}')} if the model needs more"
+        if cap is not None and purpose is not None
+        else " (the server's limit)"
+    )
+    return LLMError(f"The model's reply was cut off at the token limit{where}.", kind="truncated")
+
+
+def _checked(
+    result: ChatResult, schema: Mapping[str, Any] | None, check: Check | None, validate_schema: bool
+) -> dict[str, Any]:
+    """The reply's JSON object, or LLMError (invalid_json / invalid_reply) saying what is wrong with it."""
+    data = parse_json_loose(result.text)
+    if schema is not None and validate_schema:
+        problems = schema_errors(data, schema)
+        if problems:
+            raise LLMError(
+                "the reply does not match the schema: " + "; ".join(problems), kind="invalid_reply"
+            )
+    if check is not None:
+        try:
+            check(data)
+        except ValueError as exc:
+            raise LLMError(str(exc), kind="invalid_reply") from exc
+    return data
+
+
+def finish_json(
+    conversation: Sequence[Mapping[str, Any]],
+    result: ChatResult,
+    *,
+    model: str,
+    schema: Mapping[str, Any] | None = None,
+    check: Check | None = None,
+    purpose: str | None = None,
+    settings: Settings | None = None,
+    repair: bool = True,
+    schema_name: str = "reply",
+    validate_schema: bool = True,
+) -> dict[str, Any]:
+    """The checked JSON object of a reply already received, with one repair turn when it is unusable.
+
+    `conversation` is what produced `result`; the repair turn appends the reply and the error.
+    A reply cut off at the token cap is not repaired: a second try would stop at the same cap.
+    """
+    settings = settings or get_settings()
+    for attempt in range(2):
+        cut = cut_off_error(result, purpose, settings)
+        if cut is not None:
+            raise cut
+        try:
+            return _checked(result, schema, check, validate_schema)
+        except LLMError as exc:
+            if not repair or attempt:
+                raise LLMError(
+                    f"{exc} (after a repair turn)" if attempt else str(exc), kind=exc.kind
+                ) from exc
+            log.info("asking %s to repair its reply: %s", model, exc)
+            conversation = [
+                *_as_messages(conversation),
+                {"role": "assistant", "content": result.text},
+                {"role": "user", "content": REPAIR_INSTRUCTION.format(error=str(exc).rstrip("."))},
+            ]
+        result = chat(
+            conversation,
+            model=model,
+            settings=settings,
+            purpose=purpose,
+            schema=schema,
+            json_mode=True,
+            schema_name=schema_name,
+        )
+    raise AssertionError("unreachable")
 
 
 def chat_json(
@@ -262,38 +532,43 @@ def chat_json(
     model: str,
     schema_hint: str | None = None,
     settings: Settings | None = None,
+    schema: Mapping[str, Any] | None = None,
+    check: Check | None = None,
+    purpose: str | None = None,
+    repair: bool = True,
+    schema_name: str = "reply",
+    validate_schema: bool = True,
 ) -> dict[str, Any]:
-    """A chat completion whose reply must be one JSON object; JSON mode where the server has it."""
+    """A chat completion whose reply must be one JSON object matching `schema` and passing `check`.
+
+    Structured output is negotiated per server (`chat`); the reply is checked here whatever the
+    server enforced, and gets one repair turn (`finish_json`). `check` raises ValueError with a
+    message the model can act on; `validate_schema=False` leaves the decision to `check` alone, for
+    callers whose parser accepts more than the schema describes.
+    """
     settings = settings or get_settings()
-    client = get_client(settings)
-    base_url = _client_key(settings)[1]
-    sent = cast(Any, _with_json_instruction(messages, schema_hint))
-    with _translated_errors(settings):
-        completion: object
-        if base_url in _no_json_mode:
-            completion = client.chat.completions.create(model=model, messages=sent, temperature=0.0)
-        else:
-            try:
-                completion = client.chat.completions.create(
-                    model=model, messages=sent, temperature=0.0, response_format={"type": "json_object"}
-                )
-            except openai.APIStatusError as exc:
-                if not _rejects_response_format(exc):
-                    raise
-                log.info("%s has no JSON mode; asking for JSON in the prompt only", base_url)
-                with _lock:
-                    _no_json_mode.add(base_url)
-                completion = client.chat.completions.create(model=model, messages=sent, temperature=0.0)
-        result = _to_result(completion)
-    try:
-        return parse_json_loose(result.text)
-    except LLMError as exc:
-        if result.finish_reason == "length":
-            raise LLMError(
-                "The model's reply was cut off at its token limit before the JSON was complete.",
-                kind="invalid_json",
-            ) from exc
-        raise
+    sent = _with_json_instruction(messages, schema_hint)
+    result = chat(
+        sent,
+        model=model,
+        settings=settings,
+        purpose=purpose,
+        schema=schema,
+        json_mode=True,
+        schema_name=schema_name,
+    )
+    return finish_json(
+        sent,
+        result,
+        model=model,
+        schema=schema,
+        check=check,
+        purpose=purpose,
+        settings=settings,
+        repair=repair,
+        schema_name=schema_name,
+        validate_schema=validate_schema,
+    )
 
 
 def parse_json_loose(text: str) -> dict[str, Any]:
@@ -327,19 +602,22 @@ def stream_chat(
     *,
     model: str,
     settings: Settings | None = None,
+    purpose: str | None = None,
 ) -> Iterator[str]:
     """Text deltas of a streamed reply (for `st.write_stream`); the request is sent before returning."""
     settings = settings or get_settings()
     client = get_client(settings)
+    cap = max_tokens_for(purpose, settings)
+    extra: dict[str, Any] = {"max_tokens": cap} if cap is not None else {}
     # Sending eagerly means configuration, HTTP and retry failures raise here, before any output.
     with _translated_errors(settings):
         response = client.chat.completions.create(
-            model=model, messages=cast(Any, _as_messages(messages)), stream=True
+            model=model, messages=cast(Any, _as_messages(messages)), stream=True, **extra
         )
     return _stream_deltas(response, settings)
 
 
-def _stream_deltas(response: Any, settings: Settings) -> Iterator[str]:
+def _stream_deltas(response: Any, settings: Settings, outcome: dict[str, Any] | None = None) -> Iterator[str]:
     finish_reason: str | None = None
     with _translated_errors(settings), response:
         try:
@@ -361,6 +639,8 @@ def _stream_deltas(response: Any, settings: Settings) -> Iterator[str]:
             "The LLM server ended the reply before the model finished; the answer is incomplete.",
             kind="bad_response",
         )
+    if outcome is not None:
+        outcome["finish_reason"] = finish_reason
 
 
 def embed(texts: Sequence[str], *, settings: Settings | None = None) -> list[list[float]]:

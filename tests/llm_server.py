@@ -10,6 +10,15 @@ longer than the client timeout, a 200 with a body that is not a completion, a st
         server.script(text("hello"), rate_limited(), json_reply({"ok": True}))
         ... point OPENAI_BASE_URL at server.base_url ...
         assert server.requests[0]["messages"] == [...]
+
+Server behaviours that real servers have, switched on per test (issue 18):
+- `lib.llm.uses_tools`' probe (a forced call to `overrule_probe`) is answered by the server itself,
+  with the call, or in words when `ignore_tools` (llama.cpp with an ordinary chat template); probes
+  are recorded in `probes`, not in `requests`, so scripts and request indexes stay as they were.
+- `json_schema_status=500` answers `response_format: json_schema` as llama.cpp does;
+  `reject_response_format` refuses every `response_format` with a 400.
+- `max_tokens` is honoured: a longer reply is cut to that many words with `finish_reason: length`.
+- `context_words`: a prompt longer than this many words gets llama.cpp's context-size 400.
 """
 
 from __future__ import annotations
@@ -168,6 +177,16 @@ def _word_count(messages: Any) -> int:
     return sum(len(str(m.get("content") or "").split()) for m in messages if isinstance(m, dict))
 
 
+def _capped(reply: Reply, max_tokens: Any) -> Reply:
+    """A text reply cut to `max_tokens` words (one word per token), as a server stops at the cap."""
+    if not isinstance(max_tokens, int) or not isinstance(reply, TextReply):
+        return reply
+    words = reply.content.split(" ")
+    if len(reply.content.split()) <= max_tokens:
+        return reply
+    return TextReply(" ".join(words[:max_tokens]), "length")
+
+
 @dataclass
 class LLMServer:
     """The running server and its script; tests read `requests` to see exactly what was sent."""
@@ -175,11 +194,15 @@ class LLMServer:
     default_reply: Reply = field(default_factory=lambda: TextReply("ok"))
     responder: Callable[[dict[str, Any]], Reply | str | dict[str, Any]] | None = None
     reject_response_format: bool = False
+    json_schema_status: int | None = None
+    ignore_tools: bool = False
+    context_words: int | None = None
     embedding_dim: int = 8
     model_ids: tuple[str, ...] = ("test-model",)
     requests: list[dict[str, Any]] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    probes: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._queue: deque[Reply] = deque()
@@ -275,7 +298,29 @@ class LLMServer:
         """The reply for a chat request; JSON-mode rejection wins over the script, like a real server."""
         if self.reject_response_format and "response_format" in body:
             return RESPONSE_FORMAT_REJECTION
+        fmt = body.get("response_format")
+        if self.json_schema_status and isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+            return http_error(
+                self.json_schema_status,
+                'response_format type must be one of "text" or "json_object", but got: json_schema',
+                headers=(),
+            )
+        if self.context_words is not None and _word_count(body.get("messages")) > self.context_words:
+            return http_error(
+                400,
+                "the request exceeds the available context size, try increasing it",
+                headers=(),
+            )
         return self._next_reply(body)
+
+    def probe_reply(self, body: dict[str, Any]) -> Reply | None:
+        """The answer to `lib.llm.uses_tools`' probe, or None when the request is no probe."""
+        names = [t.get("function", {}).get("name") for t in body.get("tools") or [] if isinstance(t, dict)]
+        if "overrule_probe" not in names:
+            return None
+        with self._lock:
+            self.probes.append(body)
+        return text("I would call overrule_probe.") if self.ignore_tools else tool_call("overrule_probe", {})
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -314,6 +359,10 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = {"_unparsable": raw.decode("utf-8", "replace")}
         headers = {k.lower(): v for k, v in self.headers.items()}
+        probe = self.llm.probe_reply(body) if self.path == "/v1/chat/completions" else None
+        if probe is not None:
+            self._send_json(200, self._completion(body, probe))
+            return
         self.llm._record(self.path, body, headers)
         try:
             if self.path == "/v1/chat/completions":
@@ -330,6 +379,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _chat(self, body: dict[str, Any]) -> None:
         reply = self.llm.next_reply_for(body)
+        reply = _capped(reply, body.get("max_tokens"))
         wants_stream = bool(body.get("stream"))
         if isinstance(reply, StallReply):
             self.llm._stopping.wait(reply.seconds)

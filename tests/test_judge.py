@@ -76,7 +76,7 @@ def stage1_payload(**overrides: Any) -> dict[str, Any]:
         "independent_scores": {
             "coherence": {"score": 3, "confidence": 0.8, "rationale": "Clear line of thought."},
             "groundedness": {"score": 0.5, "confidence": 0.6, "rationale": "Population claim unsupported."},
-            "fluency": {"score": 4, "confidence": 0.9, "rationale": "Fluent."},
+            "fluency": {"score": 4, "confidence": 0.9, "rationale": "Fluent and easy to read."},
         },
         "evidence": {
             "coherence": [
@@ -453,7 +453,7 @@ def test_both_stages_write_one_snapshot_with_its_judgments(rubric: Engine, llm_s
     assert (snap.evidence_count, snap.evidence_highlighted, snap.evidence_unverified) == (3, 2, 1)
     assert [(j.change_id, j.decision, j.confidence, j.reasoning) for j in judgments] == [
         (f"{snapshot_id}:coherence", "3", 0.8, "Clear line of thought."),
-        (f"{snapshot_id}:fluency", "4", 0.9, "Fluent."),
+        (f"{snapshot_id}:fluency", "4", 0.9, "Fluent and easy to read."),
         (f"{snapshot_id}:groundedness", "0.5", 0.6, "Population claim unsupported."),
     ]
     assert all(j.snapshot_id == snapshot_id and j.user_decision is None for j in judgments)
@@ -470,10 +470,14 @@ def test_the_prompt_sent_carries_the_history_and_uses_the_judge_model(
     judge_evaluation(engine=rubric, evaluation=evaluation(), reviewer="ayse")
     first, second = llm_server.chat_requests
     assert first["model"] == second["model"] == "judge-x"
-    # Stage 1 offers the note tools (lib.judge_tools) instead of JSON mode; Stage 2 keeps JSON mode.
-    assert "response_format" not in first and [t["function"]["name"] for t in first["tools"]] == [
-        "add_note", "search_notes", "clear_notes"]  # fmt: skip
-    assert second["response_format"] == {"type": "json_object"} and "tools" not in second
+    # Stage 1 offers the note tools (lib.judge_tools) and asks for its schema; Stage 2 asks for its own.
+    assert [t["function"]["name"] for t in first["tools"]] == ["add_note", "search_notes", "clear_notes"]
+    assert first["response_format"]["type"] == "json_schema"
+    assert first["response_format"]["json_schema"]["schema"] == judge.stage1_schema(SPECS)
+    assert second["response_format"]["json_schema"]["schema"] == judge.stage2_schema(SPECS)
+    assert "tools" not in second
+    assert (first["max_tokens"], second["max_tokens"]) == (get_settings().max_tokens_judge,
+                                                           get_settings().max_tokens_mentor)  # fmt: skip
     assert "SENT-HISTORY" in first["messages"][1]["content"]
     assert "USER-REASON-COHERENCE" not in json.dumps(first) and "USER-REASON-COHERENCE" in json.dumps(second)
 
@@ -512,13 +516,15 @@ def no_retries(monkeypatch: pytest.MonkeyPatch, timeout: str = "5") -> None:
     [
         ([server_error(), server_error()], "stage1", "server", "HTTP 500"),
         ([rate_limited(), rate_limited()], "stage1", "rate_limit", "HTTP 429"),
-        ([text("I think the answer is fine, score 3.")], "stage1", "invalid_json", "not valid JSON"),
+        ([text("I think the answer is fine, score 3.")] * 2, "stage1", "invalid_json", "not valid JSON"),
         ([malformed()], "stage1", "bad_response", "not an OpenAI-style completion"),
-        ([json_reply({"independent_scores": {"coherence": 7}})], "stage1", "invalid_reply", "outside its scale"),
+        ([json_reply({"independent_scores": {"coherence": 7}})] * 2, "stage1", "invalid_reply",
+         "outside its scale"),
         ([json_reply(stage1_payload()), server_error(), server_error()], "stage2", "server", "HTTP 500"),
-        ([json_reply(stage1_payload()), text("no json here")], "stage2", "invalid_json", "not valid JSON"),
-        ([json_reply(stage1_payload()), json_reply({"metric_feedback": {}})], "stage2", "invalid_reply",
-         "overall_feedback"),
+        ([json_reply(stage1_payload()), text("no json here"), text("no json here")], "stage2", "invalid_json",
+         "not valid JSON"),
+        ([json_reply(stage1_payload()), json_reply({"metric_feedback": {}}), json_reply({"metric_feedback": {}})],
+         "stage2", "invalid_reply", "overall_feedback"),
         ([json_reply(stage1_payload()), http_error(400, "context too long", headers=())], "stage2", "request",
          "HTTP 400"),
     ],
@@ -597,7 +603,7 @@ def test_without_reviewer_scores_stage2_is_not_asked_and_there_is_no_gap(
 
 
 def test_the_default_rubric_is_used_for_a_product_without_one(engine: Engine, llm_server: LLMServer) -> None:
-    scores = {m.slug: {"score": 4, "confidence": 0.5, "rationale": "ok"} for m in DEFAULT_METRICS}
+    scores = {m.slug: {"score": 4, "confidence": 0.5, "rationale": "Good enough on this metric."} for m in DEFAULT_METRICS}
     llm_server.script(json_reply({"independent_scores": scores, "evidence": {}}), json_reply(STAGE2_PAYLOAD))
     ev = evaluation(product="plain", primary_metric="Truthfulness", bonus_metrics=("clarity",),
                     user_scores={"truthfulness": 2})  # fmt: skip

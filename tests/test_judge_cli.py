@@ -215,7 +215,7 @@ def test_without_an_llm_the_commands_say_how_to_configure_one(
 
 def test_judge_runs_as_a_real_subprocess(sqlite_url: str, llm_server: LLMServer, tmp_path: Path) -> None:
     batch = write_jsonl(tmp_path / "b.jsonl", [line(1, product="plain", user_scores={})])
-    scores = {"truthfulness": {"score": 5, "rationale": "true"}}
+    scores = {"truthfulness": {"score": 5, "rationale": "Every claim is true."}}
     llm_server.default_reply = json_reply({"independent_scores": scores, "evidence": {}})
     env = {
         "PATH": "/usr/bin:/bin",

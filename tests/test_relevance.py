@@ -826,7 +826,7 @@ def judge_input() -> EvaluationInput:
 
 
 STAGE1 = {
-    "independent_scores": {"clarity": {"score": 4, "rationale": "clear", "confidence": 0.8}},
+    "independent_scores": {"clarity": {"score": 4, "rationale": "Clear and well structured.", "confidence": 0.8}},
     "evidence": {},
 }
 

@@ -104,7 +104,8 @@ def test_a_failed_stage_shows_the_error_and_writes_nothing(
 
 
 def test_untrusted_reply_text_in_an_error_is_escaped(acme: Engine, llm_server: LLMServer, open_page) -> None:
-    llm_server.script(text("[click](javascript:alert(1)) <img src=x onerror=alert(1)>"))
+    # The same reply twice: the first and the repair turn.
+    llm_server.script(*[text("[click](javascript:alert(1)) <img src=x onerror=alert(1)>")] * 2)
     at = submit(fill(open_page(PAGE, reviewer="ayse")))
     error = at.error[0].value
     assert "\\[click\\]\\(javascript\\:alert\\(1\\)\\)" in error and "\\<img" in error
