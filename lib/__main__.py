@@ -233,6 +233,17 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from lib.llm import LLMNotConfigured
     from lib.relevance import evaluate_pending
 
+    if args.reset_retries:
+        from lib.db import session_scope
+        from lib.relevance import reset_retries
+
+        try:
+            with session_scope(_engine()) as session:
+                reset_retries(session, args.reset_retries)
+        except ValueError as exc:
+            raise CliError(f"evaluate: {exc}") from exc
+        print(f"audit {args.reset_retries}: retries reset; the next `evaluate` run tries it again")
+        return 0
     if args.limit < 1:
         raise CliError("evaluate: --limit must be at least 1")
     try:
@@ -342,6 +353,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="score the notes judge runs showed (tag relevance evaluator)")
     p.add_argument("--limit", type=int, default=5, help="process at most N pending audits (default 5)")
+    p.add_argument(
+        "--reset-retries",
+        metavar="SESSION_ID",
+        default=None,
+        help="give a failed audit its retries back (after fixing the LLM server) instead of evaluating",
+    )
 
     # Each capability adds its subcommand parser above this line and its @handler function above.
     return parser

@@ -56,7 +56,13 @@ def _clean(value: str) -> str:
     return value
 
 
+# The format line itself ("VALID: YES or NO (is the judge's decision correct?)") echoed back: no answer.
+_ECHO_RE = re.compile(r"\b(YES|NO)\s*(?:or|/|\|)\s*(YES|NO)\b", re.IGNORECASE)
+
+
 def _parse_bool(value: str) -> bool | None:
+    if _ECHO_RE.search(value.splitlines()[0] if value.strip() else value):
+        return None
     word = re.split(r"[\s,.;:!()\-—]+", _clean(value).upper(), maxsplit=1)[0] if value.strip() else ""
     if word in _YES:
         return True
@@ -75,9 +81,7 @@ def _parse_confidence(value: str) -> float | None:
     return max(0.0, min(1.0, number))
 
 
-def parse_evaluation_response(text: str) -> EvaluationVerdict:
-    """Parse the evaluation model's KEY: value answer (seed 000), tolerant of markdown decoration."""
-    text = (text or "").replace("\r\n", "\n")
+def _key_values(text: str) -> dict[str, str]:
     matches = list(_KEY_RE.finditer(text))
     values: dict[str, str] = {}
     for i, match in enumerate(matches):
@@ -85,6 +89,26 @@ def parse_evaluation_response(text: str) -> EvaluationVerdict:
         end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
         if key not in values:  # the first statement of a key wins over later repetitions
             values[key] = text[match.end() : end]
+    return values
+
+
+def _echoes(value: str, template_value: str) -> bool:
+    """Whether a value is the format line's own text copied back (a small model's template echo)."""
+    said, asked = _clean(value).lower(), _clean(template_value).lower()
+    return bool(asked) and said[:24] == asked[:24]
+
+
+def parse_evaluation_response(text: str, template: str | None = None) -> EvaluationVerdict:
+    """Parse the evaluation model's KEY: value answer (seed 000), tolerant of markdown decoration.
+
+    With the `template` the prompt showed, a value that copies the template's text for its key
+    ("VALID: YES or NO (…)") counts as not given, as does any "YES or NO" answer.
+    """
+    text = (text or "").replace("\r\n", "\n")
+    values = _key_values(text)
+    if template:
+        asked = _key_values(template)
+        values = {k: v for k, v in values.items() if not (k in asked and _echoes(v, asked[k]))}
     code = _clean(values.get("IMPROVED_CODE", "")).splitlines()
     improved_code = code[0].strip().strip("*_`\"'").strip() if code else ""
     if improved_code.upper() in {"", "NONE", "N/A", "NULL", "-"}:

@@ -363,6 +363,14 @@ def _llm_chooser(settings: Settings) -> Chooser | None:
             model=settings.eval_model,
             schema_hint='{"index": <number of the best candidate>}',
             settings=settings,
+            schema={
+                "type": "object",
+                "properties": {"index": {"type": "integer", "minimum": 0, "maximum": len(candidates) - 1}},
+                "required": ["index"],
+                "additionalProperties": False,
+            },
+            purpose="compare",
+            schema_name="sentence_pick",
         )
         return int(reply.get("index", 0))
 
@@ -421,6 +429,21 @@ def _copied_score(score: Any) -> float:
 # Fallback
 
 
+COMPARE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"pass": {"type": "boolean"}, "reason": {"type": "string", "minLength": 12}},
+    "required": ["pass", "reason"],
+    "additionalProperties": False,
+}
+
+
+def _check_compare(reply: dict[str, Any]) -> None:
+    """Refuse a compare verdict whose reason is a placeholder or echo of the shape asked for."""
+    reason = str(reply.get("reason") or "").strip()
+    if reason.startswith("<") or len(reason.split()) < 3:
+        raise ValueError(f"the reason {reason!r} is not a sentence about the two answers")
+
+
 def _llm_compare(settings: Settings, interaction: Interaction, precedent: QAMatch) -> tuple[bool, str]:
     """Seed 003's compare agent: does the new answer say what the high-scoring precedent said?"""
     reply = llm.chat_json(
@@ -439,6 +462,10 @@ def _llm_compare(settings: Settings, interaction: Interaction, precedent: QAMatc
         model=settings.eval_model,
         schema_hint='{"pass": true|false, "reason": "<one sentence>"}',
         settings=settings,
+        schema=COMPARE_SCHEMA,
+        check=_check_compare,
+        purpose="compare",
+        schema_name="precedent_compare",
     )
     return reply.get("pass") is True, str(reply.get("reason") or "")
 

@@ -271,12 +271,21 @@ def request_second_opinion(
     except JudgmentMissing as exc:
         return SecondOpinion(judgment_id, error=str(exc))
     try:
-        reply = llm.chat(build_evaluation_messages(ctx), model=settings.eval_model, settings=settings)
+        reply = llm.chat(
+            build_evaluation_messages(ctx),
+            model=settings.eval_model,
+            settings=settings,
+            purpose="second_opinion",
+        )
     except (llm.LLMError, llm.LLMNotConfigured) as exc:
         return SecondOpinion(
             judgment_id, ctx.change_id, error=f"The evaluation model failed; the judgment is unchanged. {exc}"
         )
-    verdict = checked_verdict(parse_evaluation_response(reply.text), ctx)
+    cut = llm.cut_off_error(reply, "second_opinion", settings)
+    if cut is not None:
+        return SecondOpinion(judgment_id, ctx.change_id, error=f"{cut} The judgment is unchanged.")
+    template = EVALUATION_FORMAT.format(allowed=_allowed(ctx.scale))
+    verdict = checked_verdict(parse_evaluation_response(reply.text, template), ctx)
     if verdict.valid is None and verdict.improved_code is None and not verdict.evaluation:
         excerpt = reply.text.strip()[:200]
         return SecondOpinion(

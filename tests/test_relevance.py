@@ -628,9 +628,11 @@ def test_a_reply_that_scores_no_shown_note_is_a_failure(
     engine: Engine, llm_server: LLMServer, reply: dict[str, Any]
 ) -> None:
     audited(engine, "A note")
-    llm_server.script(json_reply(reply))
+    llm_server.script(json_reply(reply), json_reply(reply))  # the reply and its repair turn
     assert evaluate_pending(engine).failed == 1
-    assert scores_and_mark(engine) == ({}, ("failed", 1))
+    # A malformed reply is the model's fault: it spends none of the audit's retries (issue 18).
+    assert scores_and_mark(engine) == ({}, ("malformed", 0))
+    assert llm_server.pending == 0
 
 
 def test_evaluator_without_an_llm_refuses_before_touching_anything(engine: Engine) -> None:
