@@ -431,7 +431,7 @@ def _copied_score(score: Any) -> float:
 
 COMPARE_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {"pass": {"type": "boolean"}, "reason": {"type": "string", "minLength": 12}},
+    "properties": {"pass": {"type": "boolean"}, "reason": {"type": "string", "minLength": 8}},
     "required": ["pass", "reason"],
     "additionalProperties": False,
 }
@@ -440,7 +440,7 @@ COMPARE_SCHEMA: dict[str, Any] = {
 def _check_compare(reply: dict[str, Any]) -> None:
     """Refuse a compare verdict whose reason is a placeholder or echo of the shape asked for."""
     reason = str(reply.get("reason") or "").strip()
-    if reason.startswith("<") or len(reason.split()) < 3:
+    if reason.startswith("<") or len(reason.split()) < 2:
         raise ValueError(f"the reason {reason!r} is not a sentence about the two answers")
 
 

@@ -499,7 +499,7 @@ def test_forced_fallback_without_an_llm_gives_forced_fallback_no_match(engine: E
 
 
 def test_forced_fallback_approved_copies_the_precedent(engine: Engine, llm_server: Any) -> None:
-    llm_server.script(json_reply({"pass": True, "reason": "Same."}))
+    llm_server.script(json_reply({"pass": True, "reason": "Same advice as the expert."}))
     with Session(engine) as session:
         _add(session, "prec", scores=[90, 96], total=95.0)
         _add(session, "new")
