@@ -55,7 +55,13 @@ def _cmd_import(args: argparse.Namespace) -> int:
     from lib.importer import ImportFailed, import_path
 
     try:
-        report = import_path(engine=_engine(), path=Path(args.file), kind=args.kind, reviewer=args.reviewer)
+        report = import_path(
+            engine=_engine(),
+            path=Path(args.file),
+            kind=args.kind,
+            reviewer=args.reviewer,
+            progress=print_progress,
+        )
     except ImportFailed as exc:
         raise CliError(str(exc)) from exc
     print(report.summary())
@@ -227,6 +233,34 @@ def _cmd_second_opinion(args: argparse.Namespace) -> int:
     return 1 if outcome.failed else 0
 
 
+@handler("auto-eval")
+def _cmd_auto_eval(args: argparse.Namespace) -> int:
+    """Auto-evaluate pending interactions by precedent (seed 003 processEvaluationsForDuration)."""
+    from lib import notes, precedents
+    from lib.models import utcnow
+
+    try:
+        since = utcnow() - notes.parse_age(args.since) if args.since else None
+    except ValueError as exc:
+        raise CliError(f"auto-eval: --since: {exc}") from exc
+    if args.limit is not None and args.limit < 1:
+        raise CliError("auto-eval: --limit must be at least 1")
+    if args.concurrency is not None and not 0 <= args.concurrency <= 64:
+        raise CliError("auto-eval: --concurrency must be between 0 (serial) and 64")
+    summary = precedents.auto_evaluate(
+        _engine(),
+        since=since,
+        product=args.product,
+        limit=args.limit,
+        concurrency=args.concurrency,
+        redo=args.redo,
+        force_fallback=args.force_fallback,
+        progress=print_progress,
+    )
+    print("\n".join(summary.lines()))
+    return 0
+
+
 @handler("evaluate")
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     """Score the notes that judge runs showed (seed 001 evaluator); failures are retried next time."""
@@ -264,11 +298,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lib", description="Overrule command line.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("import", help="import evaluations, judgments, notes or metric sets")
+    p = sub.add_parser("import", help="import evaluations, judgments, notes, metric sets or interactions")
     p.add_argument("file", help="a JSONL or JSON file")
+    from lib.importer import KINDS
+
     p.add_argument(
         "--kind",
-        choices=["evaluations", "judgments", "notes", "metrics"],
+        choices=list(KINDS),
         default=None,
         help="what the file holds (detected when omitted)",
     )
@@ -358,6 +394,30 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SESSION_ID",
         default=None,
         help="give a failed audit its retries back (after fixing the LLM server) instead of evaluating",
+    )
+
+    p = sub.add_parser("auto-eval", help="auto-evaluate pending interactions by precedent (seed 003)")
+    p.add_argument(
+        "--since", default=None, metavar="AGE", help="only interactions newer than this, e.g. 7d, 12h"
+    )
+    p.add_argument("--product", default=None, help="only this product's interactions")
+    p.add_argument(
+        "--limit", type=int, default=None, metavar="N", help="at most N interactions, oldest first"
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="workers (default OVERRULE_EVAL_CONCURRENCY: CPUs − 1; 0 = serially in this process)",
+    )
+    p.add_argument(
+        "--redo", action="store_true", help="delete the window's auto-evaluations (and AI feedback) first"
+    )
+    p.add_argument(
+        "--force-fallback",
+        action="store_true",
+        help="skip sentence matching: only the high-score fallback with its LLM comparison decides",
     )
 
     # Each capability adds its subcommand parser above this line and its @handler function above.

@@ -17,6 +17,9 @@ Identity, so that importing the same file twice never duplicates rows:
 - notes: ``(session_id, timestamp, note_type, content)`` after the normalization `lib.notes`
   applies to every note (type upper-cased, language lower-cased, content on one line).
 - metric definitions: ``(product, slug)``; an existing definition is updated in place.
+- interactions (seed 003): ``id``, derived from the content when absent (`lib.interaction_records`);
+  a stored one gains the line's expert review only when it has none. Storing interactions
+  triggers their auto-evaluation (`import_path`).
 
 Other decisions: an evaluation's snapshot id is its ``id`` or ``snap_<created, UTC>_<first 8 hex
 of the source key>`` (lengthened 4 digits at a time only if taken). Each judged metric becomes an
@@ -48,6 +51,7 @@ from sqlmodel import Session
 from lib import notes
 from lib.corrections import require_reviewer
 from lib.db import session_scope
+from lib.interaction_records import interaction_rows
 from lib.metrics import (
     metrics_for_product,
     parse_metric_definition,
@@ -56,6 +60,8 @@ from lib.metrics import (
 from lib.models import (
     CACHE_DECISIONS,
     EvaluationSnapshot,
+    ExpertFeedback,
+    Interaction,
     Judgment,
     JudgmentEvent,
     MetricDefinition,
@@ -75,7 +81,7 @@ from lib.records import (
 )
 from lib.snapshots import MetricSet, evaluation_row, snapshot_judgment_rows
 
-KINDS = ("evaluations", "judgments", "notes", "metrics")
+KINDS = ("evaluations", "judgments", "notes", "metrics", "interactions")
 MIB = 1024 * 1024
 # A JSONL line holds one record; anything longer is a broken or hostile file, refused unread.
 MAX_LINE_BYTES = 10 * MIB
@@ -92,6 +98,8 @@ _JUDGMENTS: Table = Judgment.__table__  # type: ignore[attr-defined]
 _NOTES: Table = SessionNote.__table__  # type: ignore[attr-defined]
 _METRIC_DEFS: Table = MetricDefinition.__table__  # type: ignore[attr-defined]
 _EVENTS: Table = JudgmentEvent.__table__  # type: ignore[attr-defined]
+_INTERACTIONS: Table = Interaction.__table__  # type: ignore[attr-defined]
+_FEEDBACK: Table = ExpertFeedback.__table__  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -104,6 +112,11 @@ class ImportReport:
     judgments: int = 0
     source: str = ""
     updated: int = 0
+    # Interactions: the ids stored by this import, expert reviews added, and the auto-evaluation
+    # of the new unreviewed ones (a lib.precedents.RunSummary) that the import triggered.
+    new_ids: list[str] = field(default_factory=list)
+    expert_reviews: int = 0
+    evaluation: Any = None
 
     def summary(self) -> str:
         """One line for a human: counts of inserted, skipped (or updated) rows and judgments."""
@@ -114,7 +127,12 @@ class ImportReport:
             parts.append(f"{self.skipped} already present (skipped)")
         if self.kind == "evaluations":
             parts.append(f"{self.judgments} judgments")
-        return f"{self.kind}: " + ", ".join(parts)
+        if self.kind == "interactions":
+            parts.append(f"{self.expert_reviews} expert reviews")
+        line = f"{self.kind}: " + ", ".join(parts)
+        if self.evaluation is not None:
+            line += "; auto-evaluated " + self.evaluation.short()
+        return line
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,6 +475,57 @@ def import_notes(
 
 
 # ---------------------------------------------------------------------------------------------
+# Interactions (seed 003)
+
+
+def _prepare_interactions(*, records: Iterable[tuple[str, Any]], source: str, reviewer: str) -> _Prepared:
+    """Validate every line (the first fault refuses the file) and spool (interaction, expert review)."""
+    prepared = _Prepared(spool=_Spool(), source=source)
+    try:
+        for where, record in records:
+            try:
+                row, expert, _explicit = interaction_rows(record, reviewer)
+            except InvalidField as exc:
+                raise located_failure(where, exc) from None
+            if row["id"] in prepared.used_ids:
+                prepared.skipped += 1  # the first line with an id wins
+                continue
+            prepared.used_ids.add(row["id"])
+            row = _encode_json_columns(row, ("citations",))
+            if expert is not None:
+                expert = _encode_json_columns(expert, ("sentence_scores",))
+            prepared.spool.add((row, expert))
+    except BaseException:
+        prepared.close()
+        raise
+    return prepared
+
+
+def _write_interactions(session: Session, prepared: _Prepared) -> ImportReport:
+    """Insert new interactions and their expert reviews. A stored one is skipped, but gains the
+    line's expert review when it has none yet (interactions first, their reviews in a later file)."""
+    report = ImportReport("interactions", 0, prepared.skipped, source=prepared.source)
+    for chunk in prepared.spool.chunks():
+        existing_ids = _existing(session, _INTERACTIONS.c.id, [row["id"] for row, _ in chunk])
+        rows, feedback, late_reviews = [], [], []
+        for row, expert in chunk:
+            if row["id"] not in existing_ids:
+                rows.append(row)
+                feedback.extend([expert] if expert is not None else [])
+                continue
+            report.skipped += 1
+            late_reviews.extend([expert] if expert is not None else [])
+        reviewed = _existing(session, _FEEDBACK.c.interaction_id, [f["interaction_id"] for f in late_reviews])
+        feedback.extend(f for f in late_reviews if f["interaction_id"] not in reviewed)
+        _write_rows(session, _INTERACTIONS, rows)
+        _write_rows(session, _FEEDBACK, feedback)
+        report.inserted += len(rows)
+        report.expert_reviews += len(feedback)
+        report.new_ids.extend(row["id"] for row in rows)
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
 # Judgments (seed-004 JSON cache)
 
 
@@ -698,9 +767,7 @@ def _kind_of_document(data: Any, source: str) -> str:
         return "judgments"
     if isinstance(data, list) and data and isinstance(data[0], Mapping) and "slug" in data[0]:
         return "metrics"
-    raise ImportFailed(
-        f"{source}: cannot tell what this file holds; pass --kind evaluations|judgments|notes|metrics"
-    )
+    raise ImportFailed(f"{source}: cannot tell what this file holds; pass --kind " + "|".join(KINDS))
 
 
 def detect_kind(path: Path, source: str | None = None) -> tuple[str, Any]:
@@ -708,7 +775,7 @@ def detect_kind(path: Path, source: str | None = None) -> tuple[str, Any]:
 
     A JSON list is a metric set; an object starting with "cache_version"/"judgments" is a seed-004
     cache; otherwise the first JSONL object decides: "note_type" → notes, "model_answer" →
-    evaluations. A pretty-printed document, whose first line alone is not JSON, is parsed whole.
+    evaluations, "product" + "question" + "answer" → interactions. A pretty-printed document, whose first line alone is not JSON, is parsed whole.
     """
     source = source or path.name
     with path.open("rb") as fh:
@@ -735,6 +802,8 @@ def detect_kind(path: Path, source: str | None = None) -> tuple[str, Any]:
             return "notes", None
         if "model_answer" in obj:
             return "evaluations", None
+        if {"product", "question", "answer"} <= obj.keys():
+            return "interactions", None
     return _kind_of_document(obj, source), None
 
 
@@ -756,12 +825,28 @@ def _first_line_is_incomplete(path: Path) -> bool:
     return False
 
 
-def import_path(*, engine: Engine, path: Path, kind: str | None, reviewer: str) -> ImportReport:
-    """Import one file, detecting its kind when not given; a bad file is refused whole."""
+def import_path(
+    *,
+    engine: Engine,
+    path: Path,
+    kind: str | None,
+    reviewer: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> ImportReport:
+    """Import one file, detecting its kind when not given; a bad file is refused whole.
+
+    Storing interactions triggers their auto-evaluation (seed 003 §1): every new, unreviewed one
+    goes through the worker pool, `progress(done, total)` after each.
+    """
     try:
-        return _import_file(engine=engine, path=path, kind=kind, reviewer=reviewer)
+        report = _import_file(engine=engine, path=path, kind=kind, reviewer=reviewer)
     except ImportFailed as exc:
         raise ImportFailed(f"{exc}; nothing was imported") from None
+    if report.kind == "interactions":
+        from lib import precedents
+
+        report.evaluation = precedents.evaluate_new(engine, report.new_ids, progress=progress)
+    return report
 
 
 def _import_file(*, engine: Engine, path: Path, kind: str | None, reviewer: str) -> ImportReport:
@@ -773,7 +858,7 @@ def _import_file(*, engine: Engine, path: Path, kind: str | None, reviewer: str)
     document = None
     if kind is None:
         kind, document = detect_kind(path, source)
-    if kind in ("evaluations", "notes"):
+    if kind in ("evaluations", "notes", "interactions"):
         records = _nonblank(_jsonl_records(path, source))
         # Validate under a read-only session: SQLite's write lock is held only for the inserts.
         with session_scope(engine, read_only=True) as session:
@@ -781,12 +866,16 @@ def _import_file(*, engine: Engine, path: Path, kind: str | None, reviewer: str)
                 prepared = _prepare_evaluations(
                     session=session, records=records, source=source, reviewer=reviewer
                 )
+            elif kind == "interactions":
+                prepared = _prepare_interactions(records=records, source=source, reviewer=reviewer)
             else:
                 prepared = _prepare_notes(records=records, source=source, reviewer=reviewer)
         try:
             with session_scope(engine) as session:
                 if kind == "evaluations":
                     return _write_evaluations(session, prepared)
+                if kind == "interactions":
+                    return _write_interactions(session, prepared)
                 return _write_notes(session, prepared)
         finally:
             prepared.close()

@@ -41,6 +41,8 @@ FALLBACK_MIN_TOTAL = 90.0
 FALLBACK_CANDIDATES = 5
 MISSING_SENTENCE_SCORE = 100.0
 DEFAULT_CITATION_SCORE = 25.0
+# The citation is a quarter of the total: sentences give at most 75 (mean × 0.75), the citation 25.
+MAX_CITATION_SCORE = 25.0
 SENTENCE_WEIGHT = 0.75
 # Vectors computed (and texts sent to an embedding server) per batch.
 VECTOR_BATCH = 500
@@ -136,6 +138,11 @@ def total_score(sentence_scores: Sequence[float], citation_score: float | None) 
         raise ValueError("total_score needs at least one sentence score")
     citation = DEFAULT_CITATION_SCORE if citation_score is None else citation_score
     return round(mean(float(s) for s in sentence_scores) * SENTENCE_WEIGHT + citation, 2)
+
+
+def expert_total(sentence_scores: Sequence[Mapping[str, Any]], citation_score: float | None) -> float:
+    """An expert review's total: the same rule as a copy (a blank sentence score counts 100)."""
+    return total_score([_copied_score(s.get("score")) for s in sentence_scores], citation_score)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -738,6 +745,11 @@ class RunSummary:
             "skipped": self.skipped,
             "reasons": self.reasons,
         }
+
+    def short(self) -> str:
+        """One clause: how many were evaluated, matched, and why the others were not."""
+        reasons = ", ".join(f"{n} {r}" for r, n in sorted(self.reasons.items()))
+        return f"{self.evaluated}: {self.matched} matched" + (f", {reasons}" if reasons else "")
 
     def lines(self) -> list[str]:
         """The operator's summary: totals, then one line per no-match reason."""

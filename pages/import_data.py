@@ -1,4 +1,5 @@
-"""Import: upload evaluations, judgment caches, notes or metric sets — the page twin of `python -m lib import`."""
+"""Import: upload evaluations, judgment caches, notes, metric sets or interactions — the page twin of
+`python -m lib import`. Imported interactions are auto-evaluated by precedent, with a progress bar."""
 
 import tempfile
 from pathlib import Path
@@ -25,7 +26,12 @@ st.markdown(
     '- **judgments**: the seed-004 JSON cache (`{"cache_version": "1.0", "judgments": {…}}`).\n'
     "- **notes** (JSONL): `timestamp, language, note_type, content, phelps_code, confidence, session_id`.\n"
     "- **metrics** (JSON list): `{product, slug, display_name, min, max, description}` — import a "
-    "product's metric set before its evaluations."
+    "product's metric set before its evaluations.\n"
+    "- **interactions** (JSONL): `id` (optional), `product`, `language`, `question`, `answer`, "
+    "`citation_url`, `created_at` (optional) and an optional `expert` object "
+    "(`sentence_scores: [{sentence, score}]`, `citation_score`, `citation_url`, `reviewer`) that makes "
+    "the line an expert-reviewed precedent. New unreviewed interactions are then auto-evaluated "
+    "against the precedents (see the Precedents page)."
 )
 st.caption(
     'Every field is described in the README, section "Data in and out". '
@@ -44,6 +50,11 @@ if clicked and upload is not None and reviewer:
         name = Path(upload.name).name
         path = Path(folder) / (name if name not in ("", ".", "..") else "upload.jsonl")
         path.write_bytes(upload.getvalue())
+        progress_slot = st.empty()
+
+        def show_progress(done: int, total: int) -> None:
+            progress_slot.progress(done / total if total else 1.0, text=f"Auto-evaluating {done}/{total}")
+
         try:
             with st.spinner("Validating and importing…"):
                 report = importer.import_path(
@@ -51,6 +62,7 @@ if clicked and upload is not None and reviewer:
                     path=path,
                     kind=None if kind == DETECT else kind,
                     reviewer=reviewer,
+                    progress=show_progress,
                 )
         except importer.ImportFailed as exc:
             st.error(f"The file was refused and nothing was written: {escape_markdown(str(exc))}", icon="🚫")
