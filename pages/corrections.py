@@ -8,8 +8,8 @@ from lib.config import get_settings
 from lib.corrections import REVIEW_STATES, JudgmentFilter
 from lib.importer import ImportFailed
 from lib.safe_markdown import escape_markdown
-from lib.ui import csv_download, get_engine, pager, require_reviewer, session_scope
-from lib.ui.review import correction_form, judgment_history, show_flash
+from lib.ui import csv_download, flash, get_engine, pager, require_reviewer, session_scope, show_flash
+from lib.ui.review import correction_form, judgment_history
 
 ANY = "Any"
 CACHE_SECONDS = 60
@@ -187,7 +187,7 @@ with left:
             except ImportFailed as exc:
                 st.warning(escape_markdown(str(exc)), icon="⚠️")
             else:
-                st.session_state[FLASH] = ("success", f"Imported {upload.name}: {report.summary()}.")
+                flash(FLASH, "success", f"Imported {upload.name}: {report.summary()}.")
                 forget_cached()
                 st.rerun()
 with right:
@@ -213,6 +213,6 @@ with st.expander("Admin: clear a product's judgments"):
         if name and target is not None:
             with session_scope() as session:
                 removed = corrections.clear_product(session=session, product=target, reviewer=name)
-            st.session_state[FLASH] = ("success", f"Deleted {removed:,} judgments of {target}.")
+            flash(FLASH, "success", f"Deleted {removed:,} judgments of {target}.")
             forget_cached()
             st.rerun()

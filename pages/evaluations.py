@@ -6,7 +6,6 @@ written back whenever they change.
 """
 
 import functools
-import math
 from urllib.parse import quote
 
 import streamlit as st
@@ -15,7 +14,7 @@ from streamlit.errors import StreamlitPageNotFoundError
 from lib import export, inspector
 from lib.config import get_settings
 from lib.safe_markdown import escape_markdown
-from lib.ui import get_engine, pager, require_reviewer, session_scope
+from lib.ui import flash, get_engine, pager, require_reviewer, session_scope, show_flash
 from lib.ui.evidence import (
     NO_EVIDENCE_MESSAGE,
     detail_colors,
@@ -31,12 +30,6 @@ ALL = "All"
 FLASH_KEY = "evaluations_flash"
 SIG_KEY = "evaluations_filter_sig"
 PAGE_KEY = "evaluations_page"
-
-
-def _show_flash() -> None:
-    message = st.session_state.pop(FLASH_KEY, None)
-    if message:
-        st.success(message)
 
 
 def _open(snapshot_id: str | None) -> None:
@@ -55,7 +48,7 @@ def _set_status(snapshot_id: str, *, archive: bool) -> None:
     with session_scope() as session:
         action = inspector.archive_evaluation if archive else inspector.restore_evaluation
         action(session=session, snapshot_id=snapshot_id, reviewer=reviewer)
-    st.session_state[FLASH_KEY] = "Evaluation archived." if archive else "Evaluation restored."
+    flash(FLASH_KEY, "success", "Evaluation archived." if archive else "Evaluation restored.")
     st.rerun()
 
 
@@ -78,7 +71,7 @@ def show_detail(snapshot_id: str) -> None:
         st.error(f"No evaluation has the id “{escape_markdown(snapshot_id)}”. It may have been mistyped.")
         return
     snap = detail.snapshot
-    _show_flash()
+    show_flash(FLASH_KEY)
     st.header(f"Evaluation {escape_markdown(snap.id)}")
     if detail.archived:
         st.warning("This evaluation is archived: it is hidden from every list and count until restored.")
@@ -241,7 +234,7 @@ def read_filters() -> inspector.EvaluationFilters:
 def show_list() -> None:
     """The filtered, sorted, paginated list with its match count and the CSV of every match."""
     st.title("Evaluations")
-    _show_flash()
+    show_flash(FLASH_KEY)
     _init_filter_state()
     filters = read_filters()
     params = inspector.to_params(filters)
@@ -254,8 +247,6 @@ def show_list() -> None:
     page_size = get_settings().page_size
     with session_scope(read_only=True) as session:
         total = inspector.count_evaluations(session=session, filters=filters)
-        if st.session_state.get(PAGE_KEY, 1) > max(1, math.ceil(total / page_size)):
-            st.session_state.pop(PAGE_KEY, None)  # a stale page number (fewer matches now)
         offset, limit = pager(total, key=PAGE_KEY, page_size=page_size)
         rows = inspector.fetch_page(session=session, filters=filters, offset=offset, limit=limit)
 

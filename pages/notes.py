@@ -13,7 +13,7 @@ from lib import notes
 from lib.config import get_settings
 from lib.models import NOTE_TYPES, utcnow
 from lib.safe_markdown import escape_markdown
-from lib.ui import csv_download, current_reviewer, pager, require_reviewer, session_scope
+from lib.ui import csv_download, current_reviewer, flash, pager, require_reviewer, session_scope, show_flash
 
 ANY = "(any)"
 EVERY_LANGUAGE = "(notes for every language)"
@@ -69,7 +69,7 @@ def _add_note() -> None:
         state[ADD_ERROR] = str(exc)
         return
     state.update(ADD_DEFAULTS)
-    state[FLASH] = "Note added."
+    flash(FLASH, "success", "Note added.")
 
 
 def _remove_notes(filters: dict) -> None:
@@ -79,7 +79,7 @@ def _remove_notes(filters: dict) -> None:
         return
     with session_scope() as session:
         removed = notes.remove_notes(session=session, removed_by=reviewer, **filters)
-    st.session_state[FLASH] = f"Removed {removed:,} note{'' if removed == 1 else 's'}."
+    flash(FLASH, "success", f"Removed {removed:,} note{'' if removed == 1 else 's'}.")
 
 
 st.title("Notes")
@@ -87,8 +87,7 @@ st.caption(
     "Cross-session notes: what judge runs learned and left for the next runs. The judge sees the "
     "relevant ones for its language in its prompt (see the prompt preview)."
 )
-if message := st.session_state.pop(FLASH, None):
-    st.success(message)
+show_flash(FLASH)
 
 with session_scope(read_only=True) as session:
     health = notes.notes_health(session=session)

@@ -9,9 +9,9 @@ from lib.evidence import evidence_items
 from lib.metrics import score_of
 from lib.review_queue import ORDERS, QueueFilter
 from lib.safe_markdown import escape_markdown
-from lib.ui import current_reviewer, session_scope
+from lib.ui import current_reviewer, session_scope, show_flash
 from lib.ui.evidence import render_evidence_list
-from lib.ui.review import correction_form, judgment_history, show_flash
+from lib.ui.review import correction_form, judgment_history
 
 ANY = "Any"
 FLASH = "review_flash"

@@ -19,6 +19,7 @@ from sqlmodel import Session
 
 from lib import db
 from lib.config import get_settings
+from lib.safe_markdown import escape_markdown
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +94,36 @@ def csv_download(frame: pd.DataFrame, filename: str, *, key: str, label: str = "
 
 
 def pager(total: int, *, key: str, page_size: int | None = None) -> tuple[int, int]:
-    """A page selector; returns (offset, limit) so the query fetches one page only."""
+    """A page selector; returns (offset, limit) so the query fetches one page only.
+
+    A page number left over from more matches (the filters changed) falls back to the first page.
+    """
     size = page_size or get_settings().page_size
     pages = max(1, math.ceil(total / size))
+    if st.session_state.get(key, 1) > pages:
+        st.session_state.pop(key, None)
     if pages == 1:
         return 0, size
     page = st.number_input(f"Page (of {pages})", min_value=1, max_value=pages, value=1, step=1, key=key)
     return (int(page) - 1) * size, size
+
+
+_FLASH_ICONS = {"success": "✅", "info": "ℹ️", "warning": "👤", "error": "⚠️"}
+
+
+def flash(key: str, level: str, message: str) -> None:
+    """Keep an outcome for the next run to show: a write is usually followed by a rerun that would lose it."""
+    if level not in _FLASH_ICONS:
+        raise ValueError(f"flash level must be one of {', '.join(_FLASH_ICONS)}, got {level!r}")
+    st.session_state[key] = (level, message)
+
+
+def show_flash(key: str) -> None:
+    """Show (once) the outcome kept under `key`, escaped: messages may quote names and file names."""
+    level, message = st.session_state.pop(key, (None, None))
+    if level in _FLASH_ICONS:
+        show = {"success": st.success, "info": st.info, "warning": st.warning, "error": st.error}[level]
+        show(escape_markdown(str(message)), icon=_FLASH_ICONS[level])
 
 
 def llm_unavailable_message() -> str | None:

@@ -10,27 +10,15 @@ import streamlit as st
 
 from lib import relevance
 from lib.safe_markdown import escape_markdown
-from lib.ui import current_reviewer, require_reviewer, session_scope
+from lib.ui import current_reviewer, flash, require_reviewer, session_scope, show_flash
 
 _VOTE_ICON = {"useful": "👍", "not useful": "👎"}
-
-
-def _flash(key: str, level: str, message: str) -> None:
-    st.session_state[f"{key}_flash"] = (level, message)
-
-
-def _show_flash(key: str) -> None:
-    level, message = st.session_state.pop(f"{key}_flash", (None, None))
-    if level == "success":
-        st.success(escape_markdown(message), icon="✅")
-    elif level == "error":
-        st.error(escape_markdown(message), icon="⚠️")
 
 
 def _vote(key: str, audit_session_id: str, note_id: int, useful: bool) -> None:
     reviewer = current_reviewer()
     if not reviewer:
-        _flash(key, "error", "Enter your name in the sidebar to score notes.")
+        flash(f"{key}_flash", "error", "Enter your name in the sidebar to score notes.")
         return
     try:
         with session_scope() as session:
@@ -38,13 +26,17 @@ def _vote(key: str, audit_session_id: str, note_id: int, useful: bool) -> None:
                 session, audit_session_id=audit_session_id, note_id=note_id, useful=useful, reviewer=reviewer
             )
     except (relevance.AlreadyRated, relevance.UnknownNote, LookupError, ValueError) as exc:
-        _flash(key, "error", str(exc))
+        flash(f"{key}_flash", "error", str(exc))
         return
     verdict = "useful" if useful else "not useful"
     pin = {"pinned": " It is now auto-pinned.", "unpinned": " Its auto-pin was removed."}.get(
         update.pin or "", ""
     )
-    _flash(key, "success", f"Recorded: note #{note_id} was {verdict} here (weight {update.weight:g}).{pin}")
+    flash(
+        f"{key}_flash",
+        "success",
+        f"Recorded: note #{note_id} was {verdict} here (weight {update.weight:g}).{pin}",
+    )
 
 
 def shown_notes_feedback(snapshot_id: str, *, key: str = "relevance_feedback") -> None:
@@ -53,7 +45,7 @@ def shown_notes_feedback(snapshot_id: str, *, key: str = "relevance_feedback") -
     with session_scope(read_only=True) as session:
         shown = relevance.shown_notes_for_snapshot(session, snapshot_id, reviewer=reviewer)
     st.subheader("Notes shown to this judge run")
-    _show_flash(key)
+    show_flash(f"{key}_flash")
     if not shown:
         st.caption("The judge run of this evaluation showed no cross-session notes.")
         return
@@ -97,23 +89,25 @@ def _pin(key: str, pinned: bool) -> None:
     reviewer = current_reviewer()
     note_id = st.session_state.get(f"{key}_note")
     if not reviewer:
-        _flash(key, "error", "Enter your name in the sidebar to pin or unpin notes.")
+        flash(f"{key}_flash", "error", "Enter your name in the sidebar to pin or unpin notes.")
         return
     if note_id is None:
-        _flash(key, "error", "Enter a note id first.")
+        flash(f"{key}_flash", "error", "Enter a note id first.")
         return
     try:
         with session_scope() as session:
             relevance.set_manual_pin(session, int(note_id), pinned, reviewer=reviewer)
     except (relevance.UnknownNote, ValueError) as exc:
-        _flash(key, "error", str(exc))
+        flash(f"{key}_flash", "error", str(exc))
         return
-    _flash(key, "success", f"Note #{int(note_id)} {'pinned' if pinned else 'unpinned'} by {reviewer}.")
+    flash(
+        f"{key}_flash", "success", f"Note #{int(note_id)} {'pinned' if pinned else 'unpinned'} by {reviewer}."
+    )
 
 
 def manual_pin_controls(*, key: str = "relevance_pin") -> None:
     """Pin or unpin a note by id; a manual pin is never removed automatically."""
-    _show_flash(key)
+    show_flash(f"{key}_flash")
     cols = st.columns([2, 1, 1])
     cols[0].number_input("Note id", min_value=1, step=1, value=None, key=f"{key}_note")
     disabled = current_reviewer() is None

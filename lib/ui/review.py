@@ -18,25 +18,11 @@ from lib import corrections
 from lib.corrections import DecisionScale, InvalidDecision, JudgmentNotFound, MissingReviewer, ReviewConflict
 from lib.models import Judgment
 from lib.safe_markdown import escape_markdown
-from lib.ui import csv_download, current_reviewer, session_scope
+from lib.ui import csv_download, current_reviewer, session_scope, show_flash
+from lib.ui import flash as _flash  # renamed at the call sites once the overrule-rule change lands
 
 CONFIRM_SHORTCUT = "Alt+Y"
 OVERRULE_SHORTCUT = "Alt+O"
-
-
-def _flash(flash_key: str, level: str, message: str) -> None:
-    st.session_state[flash_key] = (level, message)
-
-
-def show_flash(flash_key: str) -> None:
-    """Show (once) the outcome of the last review submitted under `flash_key`."""
-    level, message = st.session_state.pop(flash_key, (None, None))
-    if level == "success":
-        st.success(escape_markdown(message), icon="✅")
-    elif level == "error":
-        st.error(escape_markdown(message), icon="⚠️")
-    elif level == "warning":
-        st.warning(escape_markdown(message), icon="👤")
 
 
 def _submit(
