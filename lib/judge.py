@@ -38,12 +38,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
 from lib import judge_tools, llm, notes, relevance
-from lib.config import Settings, get_settings
+from lib.config import Settings, env_name, get_settings
 from lib.corrections import format_history_for_prompt, format_score, parse_score, select_history
 from lib.db import session_scope
 from lib.evidence import items_of, verify_evidence_item
 from lib.metrics import MetricSpec, judge_meta_score, metric_gaps, metrics_for_product, weighted_gap
-from lib.models import EvaluationSnapshot, Judgment, new_prefixed_id
+from lib.models import EvaluationSnapshot, Judgment, SessionNote, new_prefixed_id
 from lib.records import ImportFailed
 from lib.snapshots import build_snapshot_rows, source_key_of
 
@@ -936,11 +936,88 @@ class JudgeContext:
     # Seed 001: which notes the prompt shows, under which context tags (recorded as the run's audit).
     shown_note_ids: tuple[int, ...] = ()
     env_tags: tuple[str, ...] = ()
+    # What the prompt budget left out, said to the reviewer (None when everything fit).
+    left_out: str | None = None
 
 
-def _notes_block(
-    session: Session, prepared: PreparedInput
-) -> tuple[str | None, tuple[int, ...], tuple[str, ...]]:
+# Stage 1 instructions added after the budget is checked (note tools or commands, JSON request).
+PROMPT_OVERHEAD_TOKENS = 300
+
+
+def stage1_prompt_budget(settings: Settings) -> int:
+    """Tokens the Stage 1 prompt may use: the context window less the reply cap and the instructions."""
+    return settings.context_tokens - settings.max_tokens_judge - PROMPT_OVERHEAD_TOKENS
+
+
+@dataclass(frozen=True)
+class FittedPrompt:
+    """The history and notes that fit the context window, and what was left out."""
+
+    history: list[Judgment]
+    notes: list[SessionNote]
+    left_out: str | None
+
+
+def fit_stage1_prompt(
+    prepared: PreparedInput,
+    history: Sequence[Judgment],
+    shown_notes: Sequence[SessionNote],
+    settings: Settings,
+    *,
+    notes_block: str | None = None,
+) -> FittedPrompt:
+    """Drop the oldest history entries, then the lowest-ranked notes, until Stage 1 fits `OVERRULE_CONTEXT_TOKENS`.
+
+    Tokens are estimated without a tokenizer (`lib.llm.estimate_tokens`: UTF-8 bytes / 3.5), which
+    over-counts a little, so a prompt cut to the estimate fits. ValueError when even the rubric,
+    question and answer alone do not fit: a silently truncated prompt would be judged as if whole.
+    """
+    budget = stage1_prompt_budget(settings)
+    kept_history, kept_notes = list(history), list(shown_notes)
+
+    def size() -> int:
+        block = notes_block if notes_block is not None else _format_notes(kept_notes)
+        messages = build_stage1_messages(
+            prepared, history_block=format_history_for_prompt(kept_history), notes_block=block
+        )
+        return llm.estimate_messages_tokens(messages)
+
+    while kept_history and size() > budget:
+        kept_history.pop()  # newest first: the oldest entry goes first
+    while kept_notes and size() > budget:
+        kept_notes.pop()  # ranked by relevance: the least relevant goes first
+    if size() > budget:
+        raise ValueError(
+            f"the rubric, question and answer alone need about {size()} tokens, more than the "
+            f"{max(budget, 0)} that {env_name('context_tokens')}={settings.context_tokens} leaves after "
+            f"{env_name('max_tokens_judge')}={settings.max_tokens_judge} for the reply; raise "
+            f"{env_name('context_tokens')} (and the server's context size) or shorten the answer"
+        )
+    dropped = []
+    if len(kept_history) < len(history):
+        dropped.append(f"{len(history) - len(kept_history)} of {len(history)} history entries (the oldest)")
+    if len(kept_notes) < len(shown_notes):
+        dropped.append(
+            f"{len(shown_notes) - len(kept_notes)} of {len(shown_notes)} notes (the least relevant)"
+        )
+    left_out = (
+        f"To fit {env_name('context_tokens')}={settings.context_tokens} tokens (estimated as UTF-8 bytes / 3.5, "
+        f"{settings.max_tokens_judge} kept for the reply), the judge's prompt left out "
+        + " and ".join(dropped)
+        + "."
+        if dropped
+        else None
+    )
+    return FittedPrompt(kept_history, kept_notes, left_out)
+
+
+def _format_notes(selected: Sequence[SessionNote]) -> str | None:
+    # A judge run's own notes carry its snapshot id and are saved only after it succeeds, so no note
+    # in its prompt can be from the current session: every line names the session it came from.
+    return notes.format_notes_for_prompt(selected, current_session="") or None
+
+
+def _relevant_notes(session: Session, prepared: PreparedInput) -> tuple[list[SessionNote], tuple[str, ...]]:
     """Notes for the run's language (seed 000), filtered and ranked by tag relevance for its context (seed 001)."""
     ev = prepared.evaluation
     tags = tuple(
@@ -952,11 +1029,7 @@ def _notes_block(
             category=ev.category,
         )
     )
-    selected = notes.relevant_notes(session=session, language=ev.language, tags=tags)
-    # A judge run's own notes carry its snapshot id and are saved only after it succeeds, so no note
-    # in its prompt can be from the current session: every line names the session it came from.
-    block = notes.format_notes_for_prompt(selected, current_session="") or None
-    return block, tuple(n.id for n in selected if n.id is not None), tags
+    return list(notes.relevant_notes(session=session, language=ev.language, tags=tags)), tags
 
 
 def _record_notes_audit(
@@ -1005,17 +1078,21 @@ def load_context(
         max_entries=settings.history_max_entries,
         correction_ratio=settings.history_correction_ratio,
     )
-    shown: tuple[int, ...] = ()
+    selected: list[SessionNote] = []
     tags: tuple[str, ...] = ()
     if notes_block is None:
-        notes_block, shown, tags = _notes_block(session, prepared)
+        selected, tags = _relevant_notes(session, prepared)
+    fitted = fit_stage1_prompt(prepared, history, selected, settings, notes_block=notes_block)
+    if notes_block is None:
+        notes_block = _format_notes(fitted.notes)
     return JudgeContext(
         prepared=prepared,
-        history_block=format_history_for_prompt(history),
+        history_block=format_history_for_prompt(fitted.history),
         notes_block=notes_block,
         existing_snapshot=_existing_snapshot(session, evaluation.source_key),
-        shown_note_ids=shown if notes_block else (),
+        shown_note_ids=tuple(n.id for n in fitted.notes if n.id is not None),
         env_tags=tags,
+        left_out=fitted.left_out,
     )
 
 
@@ -1056,6 +1133,9 @@ def judge_evaluation(
     if context.existing_snapshot is not None:
         raise AlreadyJudged(context.existing_snapshot)
     prepared = context.prepared
+    if context.left_out:
+        log.warning("%s", context.left_out)
+        say(context.left_out)
 
     say("Stage 1: the judge scores the answer and collects evidence…")
     stage1 = run_stage1(
