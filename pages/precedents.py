@@ -1,0 +1,158 @@
+"""Precedents: interactions auto-evaluated by precedent (seed 003), why they (did not) match, and the
+expert review that turns an interaction into a precedent. `?interaction=<id>` opens one directly."""
+
+import streamlit as st
+
+from lib import precedent_view as view
+from lib.safe_markdown import escape_markdown
+from lib.ui import csv_download, get_engine, pager, require_reviewer, session_scope
+
+ANY = "Any"
+
+st.title("Precedents")
+st.caption(
+    "Auto-evaluation by precedent: an interaction gets an expert's scores copied only when an expert "
+    "already scored a nearly identical question and answer, every sentence has a near-identical "
+    "expert-scored sentence and the cited URL is the same. Otherwise the outcome names the gate that "
+    "failed. Import interactions on the Import page or run `python -m lib auto-eval`."
+)
+
+get_engine()
+with session_scope(read_only=True) as session:
+    options = view.filter_options(session)
+if not options.products:
+    st.info(
+        "No interactions yet. Import a JSONL file of interactions (kind: interactions) on the Import page."
+    )
+    st.stop()
+
+cols = st.columns(4)
+product = cols[0].selectbox("Product", [ANY, *options.products], key="prec_product")
+language = cols[1].selectbox("Language", [ANY, *options.languages], key="prec_language")
+outcome = cols[2].selectbox("Outcome", [ANY, *view.OUTCOMES], key="prec_outcome")
+days = cols[3].date_input("Created between (UTC)", value=(), key="prec_dates")
+filters = view.filters_from_widgets(
+    None if product == ANY else product,
+    None if language == ANY else language,
+    None if outcome == ANY else outcome,
+    days,
+)
+
+with session_scope(read_only=True) as session:
+    total = view.count_interactions(session, filters)
+    counts = view.reason_counts(session, filters)
+    offset, limit = pager(total, key="prec_page")
+    frame = view.list_page(session, filters, offset=offset, limit=limit)
+
+if not counts.empty:
+    st.plotly_chart(view.reason_figure(counts), key="prec_reasons_chart")
+st.caption(f"{total} interactions match the filters; showing {len(frame)} from {offset + 1 if total else 0}.")
+st.dataframe(frame, key="prec_table", hide_index=True)
+csv_download(frame, "precedents.csv", key="prec_csv", label="Download this page (CSV)")
+
+ids = list(frame["id"])
+wanted = st.query_params.get("interaction")
+if wanted and wanted not in ids:
+    ids.insert(0, wanted)
+if not ids:
+    st.stop()
+picked = st.selectbox("Interaction", ids, index=ids.index(wanted) if wanted else 0, key="prec_pick")
+
+with session_scope(read_only=True) as session:
+    detail = view.load_detail(session, picked)
+if detail is None:
+    st.warning(f"No interaction with id {escape_markdown(str(picked))}.")
+    st.stop()
+
+interaction = detail.interaction
+st.subheader(f"Interaction {escape_markdown(interaction.id)}")
+st.markdown(
+    f"**Outcome:** {escape_markdown(detail.outcome)} · **product** {escape_markdown(interaction.product)} · "
+    f"**language** {escape_markdown(interaction.language)}"
+)
+st.markdown("**Question**")
+st.text(interaction.question)
+st.markdown("**Answer**")
+st.text(interaction.answer)
+if detail.auto_eval is not None and detail.auto_eval.total_score is not None:
+    st.metric("Copied total", f"{detail.auto_eval.total_score:g}")
+if detail.expert_feedback is not None:
+    st.metric(
+        "Expert total",
+        "–" if detail.expert_feedback.total_score is None else f"{detail.expert_feedback.total_score:g}",
+    )
+    st.caption(f"Reviewed by {escape_markdown(detail.expert_feedback.reviewer or 'unknown')}.")
+if detail.distance is not None:
+    st.info(f"Distance between the copied and the expert total: {detail.distance:g} points.", icon="📏")
+
+trace = detail.trace
+if detail.auto_eval is not None:
+    st.markdown("#### Match trace")
+    if trace.get("error"):
+        st.error(escape_markdown(str(trace["error"])))
+    st.markdown("QA neighbours above the threshold")
+    st.dataframe(detail.qa_frame(), key="prec_qa_table", hide_index=True)
+    st.markdown("Sentences")
+    st.dataframe(detail.sentence_frame(), key="prec_sentence_table", hide_index=True)
+    citation = trace.get("citation") or {}
+    if citation:
+        st.markdown(
+            f"**Citation** {'✅ matches' if citation.get('match') else '❌ differs'} — expected: "
+            f"{escape_markdown(str(citation.get('expected') or '–'))}, actual: "
+            f"{escape_markdown(str(citation.get('actual') or '–'))}"
+        )
+    fallback = trace.get("fallback")
+    if fallback is not None:
+        verdict = {True: "passed", False: "did not pass", None: "not asked"}[fallback.get("llm_pass")]
+        st.markdown(
+            f"**Fallback** (candidates: {escape_markdown(', '.join(fallback.get('candidates') or []) or 'none')}): "
+            f"the LLM comparison {verdict}."
+        )
+        if fallback.get("llm_reason"):
+            st.markdown(f"> {escape_markdown(str(fallback['llm_reason']))}")
+
+st.markdown("#### Expert review")
+flash = st.session_state.pop("prec_flash", None)
+if flash:
+    st.success(flash, icon="✅")
+st.caption(
+    "Score each sentence 0–100 (leave blank: counts as 100) and the citation 0–25. Saving makes this "
+    "interaction a precedent: later interactions that match it get these scores."
+)
+reviewer = require_reviewer("add an expert review")
+with st.form(key="prec_review_form"):
+    scores = [
+        st.number_input(
+            escape_markdown(sentence),
+            min_value=0,
+            max_value=100,
+            value=None,
+            step=1,
+            key=f"prec_score_{n}",
+            placeholder="blank",
+        )
+        for n, sentence in enumerate(detail.sentences)
+    ]
+    citation_score = st.number_input(
+        "Citation score", min_value=0, max_value=25, value=25, step=1, key="prec_citation_score"
+    )
+    citation_url = st.text_input(
+        "Accepted citation URL", value=interaction.citation_url or "", key="prec_citation_url"
+    )
+    submitted = st.form_submit_button("Save expert review", disabled=not reviewer, key="prec_review_save")
+if submitted and reviewer:
+    try:
+        with session_scope() as session:
+            view.add_expert_review(
+                session,
+                interaction.id,
+                sentence_scores=scores,
+                citation_score=citation_score,
+                citation_url=citation_url,
+                reviewer=reviewer,
+            )
+    except view.ReviewRefused as exc:
+        st.error(f"The review was not saved: {escape_markdown(str(exc))}", icon="🚫")
+    else:
+        st.session_state["prec_flash"] = "Expert review saved: this interaction is now a precedent."
+        st.rerun()

@@ -1,0 +1,128 @@
+"""lib.precedent_view on SQLite and PostgreSQL: filters, counts, paging, and the expert review rule."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine
+from sqlmodel import Session
+
+from lib import precedent_view as view
+from lib import precedents
+from lib.models import ExpertFeedback, Interaction, utcnow
+
+CITE = "https://help.acme.test/reset-password"
+ANSWER = "Open Settings and choose Reset password. We email you a link that works for one hour."
+
+
+def _add(
+    session: Session, iid: str, *, days: int, language: str = "en", expert: bool = False, **kw: str
+) -> None:
+    session.add(
+        Interaction(
+            id=iid,
+            product=kw.get("product", "acme"),
+            language=language,
+            question=kw.get("question", "How do I reset my password?"),
+            answer=kw.get("answer", ANSWER),
+            citation_url=kw.get("citation", CITE),
+            created_at=utcnow() - timedelta(days=days),
+        )
+    )
+    session.flush()
+    if expert:
+        view.add_expert_review(
+            session, iid, sentence_scores=[80, None], citation_score=20, citation_url=CITE, reviewer="ayse"
+        )
+    session.commit()
+
+
+@pytest.fixture
+def filled(engine: Engine) -> Engine:
+    with Session(engine) as session:
+        _add(session, "prec", days=10, expert=True)
+        _add(session, "same", days=5)
+        _add(session, "cite", days=4, citation="https://help.acme.test/other")
+        _add(session, "other", days=3, language="tr", question="Invoices?", answer="Monthly, by email.")
+        _add(session, "globex", days=2, product="globex", question="Q?", answer="A.")
+    precedents.evaluate_ids(engine, ["same", "cite", "other"], concurrency=0)
+    return engine
+
+
+@pytest.mark.parametrize(
+    ("filters", "ids"),
+    [
+        (view.PrecedentFilters(), ["globex", "other", "cite", "same", "prec"]),
+        (view.PrecedentFilters(product="acme", language="en"), ["cite", "same", "prec"]),
+        (view.PrecedentFilters(outcome="matched"), ["same"]),
+        (view.PrecedentFilters(outcome="no_citation_match"), ["cite"]),
+        (view.PrecedentFilters(outcome="pending"), ["globex"]),
+        (view.PrecedentFilters(outcome="expert-reviewed"), ["prec"]),
+        (
+            view.PrecedentFilters(
+                start=utcnow().date() - timedelta(days=4), end=utcnow().date() - timedelta(days=3)
+            ),
+            ["other", "cite"],
+        ),
+    ],
+)
+def test_filters_count_and_page_in_sql(
+    filled: Engine, filters: view.PrecedentFilters, ids: list[str]
+) -> None:
+    with Session(filled) as session:
+        assert view.count_interactions(session, filters) == len(ids)
+        assert list(view.list_page(session, filters, offset=0, limit=50)["id"]) == ids
+        assert list(view.list_page(session, filters, offset=1, limit=1)["id"]) == ids[1:2]
+
+
+def test_reason_counts_over_the_filter(filled: Engine) -> None:
+    with Session(filled) as session:
+        counts = view.reason_counts(session, view.PrecedentFilters())
+        assert dict(zip(counts["outcome"], counts["count"], strict=True)) == {
+            "matched": 1,
+            "no_citation_match": 1,
+            "no_qa_match": 1,
+        }
+        assert view.reason_counts(session, view.PrecedentFilters(language="tr"))["outcome"].tolist() == [
+            "no_qa_match"
+        ]
+        fig = view.reason_figure(counts)
+        assert list(fig.data[0].y) == [1, 1, 1]
+
+
+def test_detail_and_distance_once_an_expert_scores_an_auto_evaluated_interaction(filled: Engine) -> None:
+    with Session(filled) as session:
+        detail = view.load_detail(session, "same")
+        assert detail is not None and detail.outcome == "matched" and detail.distance is None
+        assert list(detail.sentence_frame()["copied score"]) == [80, 100]
+        view.add_expert_review(
+            session, "same", sentence_scores=[0, 0], citation_score=0, citation_url=None, reviewer="bo"
+        )
+        session.commit()
+        detail = view.load_detail(session, "same")
+        assert detail is not None and detail.distance == precedents.total_score([80, 100], 20)
+        assert view.load_detail(session, "missing") is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"sentence_scores": [101, 0]}, "review.sentence_scores[0].score: 101 is outside 0–100"),
+        ({"sentence_scores": [1]}, "2 sentence scores are needed, got 1"),
+        ({"citation_score": 26}, "review.citation_score: 26 is outside 0–25"),
+        ({"reviewer": "  "}, "a reviewer name is required"),
+    ],
+)
+def test_a_bad_review_is_refused_and_writes_nothing(filled: Engine, kwargs: dict, message: str) -> None:
+    args = {
+        "sentence_scores": [50, 50],
+        "citation_score": 10,
+        "citation_url": CITE,
+        "reviewer": "ayse",
+    } | kwargs
+    with Session(filled) as session:
+        with pytest.raises(view.ReviewRefused, match=message.replace("[", r"\[").replace("]", r"\]")):
+            view.add_expert_review(session, "same", **args)
+        session.rollback()
+        assert session.query(ExpertFeedback).filter_by(interaction_id="same", type="expert").count() == 0
