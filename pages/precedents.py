@@ -5,7 +5,7 @@ import streamlit as st
 
 from lib import precedent_view as view
 from lib.safe_markdown import escape_markdown
-from lib.ui import csv_download, get_engine, pager, require_reviewer, session_scope
+from lib.ui import csv_download, flash, get_engine, pager, require_reviewer, session_scope, show_flash
 
 ANY = "Any"
 
@@ -112,9 +112,7 @@ if detail.auto_eval is not None:
             st.markdown(f"> {escape_markdown(str(fallback['llm_reason']))}")
 
 st.markdown("#### Expert review")
-flash = st.session_state.pop("prec_flash", None)
-if flash:
-    st.success(flash, icon="✅")
+show_flash("prec_flash")
 st.caption(
     "Score each sentence 0–100 (leave blank: counts as 100) and the citation 0–25. Saving makes this "
     "interaction a precedent: later interactions that match it get these scores."
@@ -154,5 +152,5 @@ if submitted and reviewer:
     except view.ReviewRefused as exc:
         st.error(f"The review was not saved: {escape_markdown(str(exc))}", icon="🚫")
     else:
-        st.session_state["prec_flash"] = "Expert review saved: this interaction is now a precedent."
+        flash("prec_flash", "success", "Expert review saved: this interaction is now a precedent.")
         st.rerun()
