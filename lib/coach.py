@@ -106,7 +106,7 @@ def validate_metrics(specs: Sequence[MetricSpec], selected: Sequence[str]) -> li
     return [slug for slug in known if slug in chosen]
 
 
-def list_chats(session: Session, snapshot_id: str) -> list[ChatSummary]:
+def list_chats(*, session: Session, snapshot_id: str) -> list[ChatSummary]:
     """The evaluation's chats, oldest first, with their fixed metrics and message counts."""
     rows = session.exec(
         select(
@@ -122,7 +122,7 @@ def list_chats(session: Session, snapshot_id: str) -> list[ChatSummary]:
     return [
         ChatSummary(
             chat_id=cid,
-            selected_metrics=chat_metrics(session, snapshot_id, cid),
+            selected_metrics=chat_metrics(session=session, snapshot_id=snapshot_id, chat_id=cid),
             started_at=started,
             user_messages=users,
             messages=total,
@@ -131,7 +131,7 @@ def list_chats(session: Session, snapshot_id: str) -> list[ChatSummary]:
     ]
 
 
-def chat_metrics(session: Session, snapshot_id: str, chat_id: str) -> list[str]:
+def chat_metrics(*, session: Session, snapshot_id: str, chat_id: str) -> list[str]:
     """The metrics fixed for a chat when it started (stored on its first message)."""
     first = session.exec(
         select(ChatMessage.selected_metrics)
@@ -142,7 +142,7 @@ def chat_metrics(session: Session, snapshot_id: str, chat_id: str) -> list[str]:
     return list(first or [])
 
 
-def chat_messages(session: Session, snapshot_id: str, chat_id: str = "") -> list[ChatMessage]:
+def chat_messages(*, session: Session, snapshot_id: str, chat_id: str = "") -> list[ChatMessage]:
     """A chat's messages in order (greeting first)."""
     return list(
         session.exec(
@@ -153,7 +153,7 @@ def chat_messages(session: Session, snapshot_id: str, chat_id: str = "") -> list
     )
 
 
-def new_chat_id(session: Session, snapshot_id: str) -> str:
+def new_chat_id(*, session: Session, snapshot_id: str) -> str:
     """The id for another chat on this evaluation: "" for the first, then a short random id."""
     exists = session.exec(
         select(ChatMessage.id)
@@ -289,7 +289,7 @@ class PreparedReply:
 def _load_chat_context(session: Session, snapshot_id: str, chat_id: str):  # type: ignore[no-untyped-def]
     snap = _live_snapshot(session, snapshot_id)
     specs = metrics_for_product(session=session, product=snap.product)
-    selected = chat_metrics(session, snapshot_id, chat_id)
+    selected = chat_metrics(session=session, snapshot_id=snapshot_id, chat_id=chat_id)
     return snap, specs, selected
 
 
@@ -301,7 +301,7 @@ def _streamer(
     def run() -> Iterator[str]:
         with session_scope(engine, read_only=True) as s:
             snap, specs, selected = _load_chat_context(s, snapshot_id, chat_id)
-            history = chat_messages(s, snapshot_id, chat_id)
+            history = chat_messages(session=s, snapshot_id=snapshot_id, chat_id=chat_id)
         messages = build_messages(snap, specs, selected, history, greeting=greeting)
         settings = get_settings()
         parts: list[str] = []
@@ -351,8 +351,8 @@ def start_chat(
         snap = _live_snapshot(s, snapshot_id)
         specs = metrics_for_product(session=s, product=snap.product)
         selected = validate_metrics(specs, selected_metrics)
-        cid = new_chat_id(s, snapshot_id) if chat_id is None else chat_id
-        fixed = chat_metrics(s, snapshot_id, cid)
+        cid = new_chat_id(session=s, snapshot_id=snapshot_id) if chat_id is None else chat_id
+        fixed = chat_metrics(session=s, snapshot_id=snapshot_id, chat_id=cid)
         if fixed and fixed != selected:
             raise CoachError(
                 "the metrics of a chat cannot change once it has started; start a new chat for other metrics"
@@ -411,7 +411,7 @@ def send_message(
         raise CoachError("a client_message_id is required and must not start with 'init_'")
     with session_scope(engine) as s:
         _live_snapshot(s, snapshot_id)
-        selected = chat_metrics(s, snapshot_id, chat_id)
+        selected = chat_metrics(session=s, snapshot_id=snapshot_id, chat_id=chat_id)
         if not selected:
             raise CoachError("start the chat by picking its metrics first")
         prepared = _existing_turn(s, snapshot_id, chat_id, client_message_id)
@@ -527,7 +527,7 @@ def _finish_existing(engine: Engine, prepared: PreparedReply) -> PreparedReply:
     return prepared
 
 
-def unfinished_replies(session: Session, snapshot_id: str, chat_id: str = "") -> list[ChatMessage]:
+def unfinished_replies(*, session: Session, snapshot_id: str, chat_id: str = "") -> list[ChatMessage]:
     """Assistant rows left incomplete by an interrupted stream; the page regenerates them in place."""
     return list(
         session.exec(
@@ -561,13 +561,13 @@ def resume_reply(engine: Engine, snapshot_id: str, client_message_id: str) -> Pr
     return _finish_existing(engine, prepared)
 
 
-def get_snapshot(session: Session, snapshot_id: str) -> EvaluationSnapshot | None:
+def get_snapshot(*, session: Session, snapshot_id: str) -> EvaluationSnapshot | None:
     """A live (not archived) snapshot, or None."""
     snap = session.get(EvaluationSnapshot, snapshot_id)
     return None if snap is None or snap.deleted_at is not None else snap
 
 
-def recent_snapshot_ids(session: Session, limit: int = 50) -> list[str]:
+def recent_snapshot_ids(*, session: Session, limit: int = 50) -> list[str]:
     """Ids of the newest live evaluations, for picking one to coach on."""
     return list(
         session.exec(
@@ -579,7 +579,7 @@ def recent_snapshot_ids(session: Session, limit: int = 50) -> list[str]:
     )
 
 
-def turns_left(session: Session, snapshot_id: str) -> tuple[int, int]:
+def turns_left(*, session: Session, snapshot_id: str) -> tuple[int, int]:
     """(used, limit) user turns of the evaluation."""
     snap = _live_snapshot(session, snapshot_id)
     return snap.chat_turn_count, snap.max_chat_turns

@@ -15,7 +15,7 @@ st.title("Coach")
 snapshot_id = st.query_params.get("snapshot", "")
 if not snapshot_id:
     with session_scope(read_only=True) as session:
-        recent = coach.recent_snapshot_ids(session, limit=50)
+        recent = coach.recent_snapshot_ids(session=session, limit=50)
     st.info("Open a chat from an evaluation's detail page, or pick a recent evaluation.")
     if recent:
         choice = st.selectbox("Evaluation", recent, index=None, key="coach_pick")
@@ -26,13 +26,13 @@ if not snapshot_id:
 
 engine = get_engine()
 with session_scope(read_only=True) as session:
-    snapshot = coach.get_snapshot(session, snapshot_id)
+    snapshot = coach.get_snapshot(session=session, snapshot_id=snapshot_id)
     if snapshot is None or snapshot.deleted_at is not None:
         st.error(f"Evaluation {escape_markdown(snapshot_id)} does not exist or is archived.")
         st.stop()
     specs = coach.metrics_for_product(session=session, product=snapshot.product)
-    chats = coach.list_chats(session, snapshot_id)
-    used, limit = coach.turns_left(session, snapshot_id)
+    chats = coach.list_chats(session=session, snapshot_id=snapshot_id)
+    used, limit = coach.turns_left(session=session, snapshot_id=snapshot_id)
 
 plain_names = {s.slug: s.display_name for s in specs}
 names = {slug: escape_markdown(name) for slug, name in plain_names.items()}  # for Markdown labels
@@ -115,8 +115,8 @@ if chosen == NEW_CHAT:
 
 chat_id = str(chosen)
 with session_scope(read_only=True) as session:
-    history = coach.chat_messages(session, snapshot_id, chat_id)
-    unfinished = coach.unfinished_replies(session, snapshot_id, chat_id)
+    history = coach.chat_messages(session=session, snapshot_id=snapshot_id, chat_id=chat_id)
+    unfinished = coach.unfinished_replies(session=session, snapshot_id=snapshot_id, chat_id=chat_id)
 st.caption("Metrics: " + ", ".join(names.get(m, m) for m in (history[0].selected_metrics if history else [])))
 
 for message in history:

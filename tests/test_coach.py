@@ -150,7 +150,7 @@ def test_interrupted_reply_is_regenerated_in_place(engine, llm_server) -> None:
     with pytest.raises(LLMError):
         _drain(coach.send_message(engine, sid, "explain", "turn-x"))
     with Session(engine) as s:
-        broken = coach.unfinished_replies(s, sid)
+        broken = coach.unfinished_replies(session=s, snapshot_id=sid)
     assert len(broken) == 1
     llm_server.script(fake.stream(["full ", "answer"]))
     resumed = coach.resume_reply(engine, sid, "turn-x")
@@ -186,7 +186,7 @@ def test_metrics_of_a_started_chat_are_immutable(engine, llm_server) -> None:
     other = coach.start_chat(engine, sid, ["safety"])  # a new chat
     assert other.chat_id != "" and _drain(other) == "second chat"
     with Session(engine) as s:
-        chats = coach.list_chats(s, sid)
+        chats = coach.list_chats(session=s, snapshot_id=sid)
     assert [c.selected_metrics for c in chats] == [["clarity"], ["safety"]]
 
 
