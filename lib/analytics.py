@@ -105,7 +105,7 @@ def filter_options(con: duckdb.DuckDBPyConnection) -> FilterOptions:
     )
 
 
-def metric_specs_frame(session: Session, products: Sequence[str]) -> pd.DataFrame:
+def metric_specs_frame(*, session: Session, products: Sequence[str]) -> pd.DataFrame:
     """One row per (product, metric) of each product's rubric: the scales pairs are compared on."""
     rows = [
         _spec_row(product, position, spec)
@@ -308,7 +308,7 @@ def load_report(*, engine: Engine, session: Session, filters: AnalyticsFilters) 
     con = connect(engine)
     try:
         products = list(filters.products) or filter_options(con).products
-        specs = metric_specs_frame(session, products)
+        specs = metric_specs_frame(session=session, products=products)
         return agreement_report(con, specs=specs, filters=filters)
     finally:
         con.close()

@@ -454,7 +454,7 @@ def _write_notes(session: Session, prepared: _Prepared) -> ImportReport:
         _write_rows(session, _NOTES, rows)
         inserted += len(rows)
     if inserted:
-        notes.invalidate_notes_cache(session)
+        notes.invalidate_notes_cache(session=session)
     return ImportReport("notes", inserted, skipped, source=prepared.source)
 
 

@@ -409,10 +409,10 @@ def save_pending_notes(engine: Engine, pending: PendingNotes | None) -> int:
 
 
 def execute_tool_call(
+    *,
     session: Session | None,
     name: str,
     args: Any,
-    *,
     session_id: str,
     created_by: str,
     language: str = "",
@@ -763,9 +763,9 @@ def run_with_tools(
     def execute(name: str, args: Any) -> str:
         with session_factory() as session:
             return execute_tool_call(
-                session,
-                name,
-                args,
+                session=session,
+                name=name,
+                args=args,
                 session_id=session_id,
                 created_by=pending.created_by,
                 language=pending.language,

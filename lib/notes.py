@@ -223,7 +223,7 @@ def add_note(
     )
     session.add(note)
     session.flush()
-    invalidate_notes_cache(session)
+    invalidate_notes_cache(session=session)
     return note
 
 
@@ -498,7 +498,7 @@ def _engine_key(session: Session) -> str:
     return str(engine.url)  # the password is masked, so the key is safe to log
 
 
-def invalidate_notes_cache(session: Session | None = None) -> None:
+def invalidate_notes_cache(*, session: Session | None = None) -> None:
     """Drop the cached recent notes (of the session's database, or all) after a write elsewhere."""
     _recent_cache().invalidate(None if session is None else _engine_key(session))
 
@@ -719,7 +719,7 @@ def remove_notes(
                 session.exec(delete(table).where(fk.parent.in_(doomed)))
     result = session.exec(delete(SessionNote).where(where).execution_options(synchronize_session="fetch"))
     session.flush()
-    invalidate_notes_cache(session)
+    invalidate_notes_cache(session=session)
     removed = int(result.rowcount or 0)
     # No table records deletions, so the log is where "who removed what" survives.
     log.info(

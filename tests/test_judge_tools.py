@@ -79,7 +79,7 @@ def pending() -> PendingNotes:
 
 def run_buffered(engine: Engine, name: str, args: Any, buffer: PendingNotes) -> str:
     with session_scope(engine, read_only=True) as session:
-        return execute_tool_call(session, name, args, session_id=SID, created_by=AUTHOR, language="en",
+        return execute_tool_call(session=session, name=name, args=args, session_id=SID, created_by=AUTHOR, language="en",
                                  pending=buffer)  # fmt: skip
 
 
@@ -296,7 +296,7 @@ def test_one_run_adds_at_most_the_run_limit_of_notes(engine: Engine) -> None:
 
 def test_direct_add_note_writes_in_the_callers_session_with_its_session_id(engine: Engine) -> None:
     with session_scope(engine) as session:
-        result = execute_tool_call(session, "add_note", {"type": "STRATEGY", "content": "s", "language": ""},
+        result = execute_tool_call(session=session, name="add_note", args={"type": "STRATEGY", "content": "s", "language": ""},
                                    session_id=SID, created_by=AUTHOR)  # fmt: skip
     [note] = stored_notes(engine)
     assert result == f"Saved STRATEGY note for every language (#{note.id})."
@@ -373,7 +373,9 @@ def test_direct_clear_removes_only_notes_of_the_current_session(engine: Engine) 
     add_stored(engine, "reviewer memory", session_id="reviewer_session")
     add_stored(engine, "this session's tip", session_id=SID, created_by=AUTHOR)
     with session_scope(engine) as session:
-        result = execute_tool_call(session, "clear_notes", {"type": "TIP"}, session_id=SID, created_by=AUTHOR)
+        result = execute_tool_call(
+            session=session, name="clear_notes", args={"type": "TIP"}, session_id=SID, created_by=AUTHOR
+        )
     assert result.startswith("Removed 1 notes of this session.")
     assert [n.content for n in stored_notes(engine)] == ["reviewer memory"]
 
