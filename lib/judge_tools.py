@@ -3,8 +3,11 @@
 Stage 1 offers the judge model three OpenAI function tools that mirror the seed's text commands
 `ADD_NOTE:type,content[,phelps,confidence]`, `SEARCH_NOTES:query[,type,language]` and
 `CLEAR_NOTES:[type],[language],[days_old]`. A server that refuses `tools` (HTTP 400/422 naming
-tools) gets the same Stage 1 prompt without them plus a paragraph describing the text commands;
-command lines in a reply are executed and removed before its JSON is read.
+tools), or ignores them (`lib.llm.uses_tools`, probed once per server and model), gets the same
+Stage 1 prompt without them plus a paragraph describing the text commands; command lines in a
+reply are executed and removed before its JSON is read. Under structured output the commands go
+in the reply's `note_commands` list instead (searches need a round trip, so there only add and
+clear are run).
 
 Decisions, pinned down here (and tested):
 
