@@ -603,7 +603,10 @@ def test_without_reviewer_scores_stage2_is_not_asked_and_there_is_no_gap(
 
 
 def test_the_default_rubric_is_used_for_a_product_without_one(engine: Engine, llm_server: LLMServer) -> None:
-    scores = {m.slug: {"score": 4, "confidence": 0.5, "rationale": "Good enough on this metric."} for m in DEFAULT_METRICS}
+    scores = {
+        m.slug: {"score": 4, "confidence": 0.5, "rationale": "Good enough on this metric."}
+        for m in DEFAULT_METRICS
+    }
     llm_server.script(json_reply({"independent_scores": scores, "evidence": {}}), json_reply(STAGE2_PAYLOAD))
     ev = evaluation(product="plain", primary_metric="Truthfulness", bonus_metrics=("clarity",),
                     user_scores={"truthfulness": 2})  # fmt: skip

@@ -828,7 +828,9 @@ def judge_input() -> EvaluationInput:
 
 
 STAGE1 = {
-    "independent_scores": {"clarity": {"score": 4, "rationale": "Clear and well structured.", "confidence": 0.8}},
+    "independent_scores": {
+        "clarity": {"score": 4, "rationale": "Clear and well structured.", "confidence": 0.8}
+    },
     "evidence": {},
 }
 
