@@ -119,18 +119,20 @@ st.caption(
 )
 reviewer = require_reviewer("add an expert review")
 with st.form(key="prec_review_form"):
-    scores = [
-        st.number_input(
-            escape_markdown(sentence),
-            min_value=0,
-            max_value=100,
-            value=None,
-            step=1,
-            key=f"prec_score_{n}",
-            placeholder="blank",
+    scores = []
+    for n, sentence in enumerate(detail.sentences):
+        st.text(sentence)  # untrusted: shown as plain text, never as markdown
+        scores.append(
+            st.number_input(
+                f"Score for sentence {n + 1} (0–100)",
+                min_value=0,
+                max_value=100,
+                value=None,
+                step=1,
+                key=f"prec_score_{n}",
+                placeholder="blank",
+            )
         )
-        for n, sentence in enumerate(detail.sentences)
-    ]
     citation_score = st.number_input(
         "Citation score", min_value=0, max_value=25, value=25, step=1, key="prec_citation_score"
     )
