@@ -816,6 +816,19 @@ def reset_retries(session: Session, audit_session_id: str) -> ProcessedRelevance
     return mark
 
 
+def abandoned_audits(session: Session, limit: int = 50) -> list[ProcessedRelevanceSession]:
+    """Audits the evaluator gave up on (every retry spent on LLM failures), most recent failure first."""
+    prs = ProcessedRelevanceSession
+    return list(
+        session.exec(
+            select(prs)
+            .where(col(prs.status) == "failed", col(prs.retry_count) >= MAX_EVALUATION_RETRIES)
+            .order_by(col(prs.processed_at).desc(), col(prs.session_id))
+            .limit(limit)
+        ).all()
+    )
+
+
 # Failures that are the reply's, not the server's: they spend no retry.
 MALFORMED_KINDS = frozenset({"invalid_json", "invalid_reply", "truncated"})
 

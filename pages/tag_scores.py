@@ -5,7 +5,7 @@ import streamlit as st
 from lib import notes, relevance
 from lib.models import NOTE_TYPES
 from lib.relevance_charts import ema_history_figure, tag_heatmap_figure
-from lib.ui import csv_download, session_scope
+from lib.ui import csv_download, flash, require_reviewer, session_scope, show_flash
 from lib.ui.relevance import manual_pin_controls
 
 ANY = "Any"
@@ -28,6 +28,28 @@ with session_scope(read_only=True) as session:
     tags = relevance.known_tags(session)
     languages = notes.note_languages(session=session)
     context_tags = relevance.latest_audit_tags(session)
+    abandoned = [mark.session_id for mark in relevance.abandoned_audits(session)]
+
+show_flash("tag_scores_flash")
+if abandoned:
+    with st.expander(f"The evaluator gave up on {len(abandoned)} judge run(s)"):
+        st.caption(
+            f"Each failed {relevance.MAX_EVALUATION_RETRIES} times on the LLM server (timeouts, server "
+            "errors). Once the server works again, give a run its retries back and the next "
+            "`python -m lib evaluate` scores its notes."
+        )
+        audit = st.selectbox("Judge run", abandoned, key="tag_scores_abandoned_audit")
+        if st.button("Reset its retries", key="tag_scores_reset_retries") and require_reviewer(
+            "reset an audit's retries"
+        ):
+            try:
+                with session_scope() as session:
+                    relevance.reset_retries(session, audit)
+            except ValueError as exc:  # evaluated or removed since the page was drawn
+                flash("tag_scores_flash", "error", f"Nothing was reset: {exc}.")
+            else:
+                flash("tag_scores_flash", "success", f"Judge run {audit} will be evaluated again.")
+            st.rerun()
 
 if not tags:
     st.info(

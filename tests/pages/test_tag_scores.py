@@ -222,3 +222,22 @@ def test_an_evaluation_without_shown_notes_says_so(app_engine: Engine) -> None:
     at = open_feedback("ayse")
     assert any("showed no cross-session notes" in c.value for c in at.caption)
     assert not at.exception
+
+
+def test_a_lead_gives_an_abandoned_audit_its_retries_back(
+    app_engine: Engine, open_page: Callable[..., AppTest]
+) -> None:
+    with session_scope(app_engine) as session:
+        note_id = make_note(session, "Read the rubric scale first")
+        relevance.record_audit(session, session_id="run-x", shown_note_ids=[note_id], env_tags=["python"])
+        for _ in range(relevance.MAX_EVALUATION_RETRIES):
+            relevance.mark_failed(session, "run-x")
+    at = open_page(PAGE, reviewer="lead")
+    assert at.selectbox(key="tag_scores_abandoned_audit").value == "run-x"
+    at.button(key="tag_scores_reset_retries").click().run()
+    assert not at.exception
+    assert any("will be evaluated again" in s.value for s in at.success)
+    with Session(app_engine) as session:
+        assert relevance.abandoned_audits(session) == []
+        assert [a.session_id for a in relevance.unprocessed_audits(session)] == ["run-x"]
+    assert not at.get("expander")
