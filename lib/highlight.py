@@ -17,6 +17,13 @@ metrics it sees, and two calls with different metric sets may disagree.
 
 Details open on hover (`title`) or click (a `<details>` per evidence in the numbered list after the
 answer), without any JavaScript.
+
+Long answers (issue #17): a browser needs minutes to lay out a megabyte of text or a 300k-character
+word, so at most `INLINE_CHARS` characters are rendered at once. `answer_parts` cuts an answer into
+parts of that size and `render_highlighted_answer(..., window=part)` renders one of them, with the
+highlights that fall inside it (clipped at its edges) and the evidence numbers of the whole answer.
+The answer's box breaks unbroken runs anywhere (`overflow-wrap:anywhere`), which is all Chromium
+needs once a run is no longer than a part.
 """
 
 from __future__ import annotations
@@ -56,7 +63,12 @@ _SLUG_BAD_RE = re.compile(r"[^a-z0-9_-]+")
 _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _SCRIPT_SCHEME_RE = re.compile(r"(?i)script(?=\s*:)")
 _QUOTE_PREVIEW_CHARS = 160
-_TEXT_COLOR = "#111827"  # dark text on light marks, so highlights stay readable in dark theme too
+_TEXT_COLOR = "#111827"
+# Characters of text rendered at once (one part); a part renders in well under a second in Chromium.
+INLINE_CHARS = 20_000
+# A part ends at the last line break or space this close to its limit, so words are rarely cut.
+_CUT_LOOKBACK = 200
+_TITLE_CHARS = 500  # dark text on light marks, so highlights stay readable in dark theme too
 
 
 @dataclass(frozen=True)
@@ -124,6 +136,33 @@ def valid_spans(answer: str, spans: Sequence[Span]) -> list[Span]:
     return [item[3] for item in kept]
 
 
+def answer_parts(text: str, size: int = INLINE_CHARS) -> list[tuple[int, int]]:
+    """`(start, end)` of each part of `text`: at most `size` characters, cut after a break when one is near."""
+    if size <= 0:
+        raise ValueError("size must be positive")
+    parts: list[tuple[int, int]] = []
+    start, length = 0, len(text)
+    while True:
+        end = min(start + size, length)
+        if end < length:
+            floor = max(start + 1, end - _CUT_LOOKBACK)
+            cut = max(text.rfind("\n", floor, end), text.rfind(" ", floor, end))
+            if cut >= floor:
+                end = cut + 1
+        parts.append((start, end))
+        if end >= length:
+            return parts
+        start = end
+
+
+def clip_text(text: str, limit: int = INLINE_CHARS) -> str:
+    """`text` cut to `limit` characters plus a note of what is left: quotes and reasons shown inline."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text) - limit:,} more characters]"
+
+
 def _resolve_colors(metrics: Sequence[str], colors: Mapping[str, str] | None) -> dict[str, str]:
     """Caller colours where they are valid `#rrggbb`, palette colours for everything else."""
     resolved = metric_palette(metrics)
@@ -151,10 +190,11 @@ def _background(colors: Sequence[str]) -> str:
 def _span_title(number: int, span: Span, labels: Mapping[str, str] | None) -> str:
     """Hover text for one span: `[n] Metric: why — Better: better` (unescaped)."""
     text = f"[{number}] {_label(span.metric, labels)}"
+    # Repeated on every segment the span covers, so kept short; the full text is in the list below.
     if span.why:
-        text += f": {span.why}"
+        text += f": {clip_text(span.why, _TITLE_CHARS)}"
     if span.better:
-        text += f" — Better: {span.better}"
+        text += f" — Better: {clip_text(span.better, _TITLE_CHARS)}"
     return text
 
 
@@ -173,18 +213,34 @@ def render_highlighted_answer(
     labels: Mapping[str, str] | None = None,
     *,
     notes: bool = True,
+    window: tuple[int, int] | None = None,
 ) -> str:
-    """HTML of the answer with each evidence span highlighted and a numbered, click-to-open list after it."""
+    """HTML of the answer with each evidence span highlighted and a numbered, click-to-open list after it.
+
+    With `window=(start, end)` only that part of the answer is shown (see `answer_parts`), spans
+    clipped to it; evidence numbers and the list after it stay those of the whole answer.
+    """
     kept = valid_spans(answer, spans)
     numbered = list(enumerate(kept, start=1))
     palette = _resolve_colors([span.metric for span in kept], colors)
+    low, high = (0, len(answer)) if window is None else window
+    low, high = min(max(low, 0), len(answer)), min(max(high, 0), len(answer))
+    high = max(low, high)
 
-    boundaries = sorted({0, len(answer)} | {s.start for s in kept} | {s.end for s in kept})
+    boundaries = sorted(
+        {low, high}
+        | {min(max(s.start, low), high) for s in kept}
+        | {min(max(s.end, low), high) for s in kept}
+    )
     starts_at: dict[int, list[int]] = {}
     ends_at: dict[int, list[int]] = {}
     for number, span in numbered:
-        starts_at.setdefault(span.start, []).append(number)
-        ends_at.setdefault(span.end, []).append(number)
+        if span.end <= low or span.start >= high:
+            continue  # entirely in another part
+        starts_at.setdefault(max(span.start, low), []).append(number)
+        # A span running on into the next part gets its footnote number where it really ends.
+        if span.end <= high:
+            ends_at.setdefault(span.end, []).append(number)
 
     # Sweep the boundaries once, keeping the open spans, so many spans stay linear-ish, not quadratic.
     active: set[int] = set()
@@ -238,9 +294,9 @@ def _render_notes(
             quote = quote[:_QUOTE_PREVIEW_CHARS] + "…"
         body = ""
         if span.why:
-            body += f'<div class="ov-why"><b>Why:</b> {esc(span.why)}</div>'
+            body += f'<div class="ov-why"><b>Why:</b> {esc(clip_text(span.why))}</div>'
         if span.better:
-            body += f'<div class="ov-better"><b>Better:</b> {esc(span.better)}</div>'
+            body += f'<div class="ov-better"><b>Better:</b> {esc(clip_text(span.better))}</div>'
         if not body:
             body = '<div class="ov-why">No reason given.</div>'
         items.append(

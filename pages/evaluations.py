@@ -13,6 +13,7 @@ from streamlit.errors import StreamlitPageNotFoundError
 
 from lib import export, inspector
 from lib.config import get_settings
+from lib.highlight import clip_text
 from lib.safe_markdown import escape_markdown
 from lib.ui import flash, get_engine, pager, require_reviewer, session_scope, show_flash
 from lib.ui.evidence import (
@@ -20,6 +21,7 @@ from lib.ui.evidence import (
     detail_colors,
     format_score,
     render_highlighted_answer_block,
+    render_long_text,
     render_metric_cards,
 )
 from lib.ui.relevance import shown_notes_feedback
@@ -96,7 +98,7 @@ def show_detail(snapshot_id: str) -> None:
     st.markdown(" · ".join(f"**{name}:** {escape_markdown(value)}" for name, value in fields.items()))
 
     st.subheader("Question")
-    st.markdown(escape_markdown(snap.question))
+    render_long_text(snap.question, key="evaluations_question", file_name="question.txt")
     st.subheader("Model answer")
     colors = detail_colors(detail)
     render_highlighted_answer_block(detail, colors)
@@ -104,7 +106,7 @@ def show_detail(snapshot_id: str) -> None:
         st.info(NO_EVIDENCE_MESSAGE)
     if snap.overall_feedback:
         st.subheader("Overall feedback")
-        st.markdown(escape_markdown(snap.overall_feedback))
+        st.markdown(escape_markdown(clip_text(snap.overall_feedback)))
 
     _start_chat_link(snap.id)
 

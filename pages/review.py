@@ -10,7 +10,7 @@ from lib.metrics import score_of
 from lib.review_queue import ORDERS, QueueFilter
 from lib.safe_markdown import escape_markdown
 from lib.ui import current_reviewer, session_scope, show_flash
-from lib.ui.evidence import render_evidence_list
+from lib.ui.evidence import render_evidence_list, render_long_text
 from lib.ui.review import correction_form, judgment_history
 
 ANY = "Any"
@@ -95,10 +95,9 @@ def queue(filters: QueueFilter) -> None:
         )
         st.markdown(f"[Open the full evaluation](/evaluations?snapshot={quote(snapshot.id)})")
         st.markdown("**Question**")
-        st.markdown(escape_markdown(snapshot.question))
+        render_long_text(snapshot.question, key="review_question", file_name="question.txt")
         st.markdown("**Model answer**")
-        with st.container(height=260, border=True):
-            st.markdown(escape_markdown(snapshot.model_answer))
+        render_long_text(snapshot.model_answer, key="review_answer", file_name="answer.txt", height=260)
     else:
         judgment = item.judgments[0]
         st.subheader(f"Judgment {escape_markdown(judgment.change_id)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from html.parser import HTMLParser
+from itertools import pairwise
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,8 +12,11 @@ from hypothesis import strategies as st
 
 from lib.highlight import (
     APP_TAGS,
+    INLINE_CHARS,
     PALETTE,
     Span,
+    answer_parts,
+    clip_text,
     metric_palette,
     render_highlighted_answer,
     render_legend,
@@ -477,3 +481,69 @@ def test_property_each_character_is_marked_by_exactly_the_spans_covering_it(
     for text, _, refs, _ in _segments(render_highlighted_answer(answer, spans)):
         seen.extend([int(r) for r in refs.split()] for _ in text)
     assert seen == expected
+
+
+# --- Issue #17: long answers are rendered one part at a time, highlights intact.
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "short", "x" * 50_001, ("word " * 9_000) + "\n" + ("line\n" * 5_000), "é" * 20_000, "a b" * 7_000],
+)
+def test_answer_parts_cover_the_text_in_order_within_the_limit(text: str) -> None:
+    parts = answer_parts(text)
+    assert parts[0][0] == 0 and parts[-1][1] == len(text)
+    assert all(end == nxt for (_, end), (nxt, _) in pairwise(parts))
+    assert all(0 < end - start <= INLINE_CHARS for start, end in parts) or text == ""
+    assert len(parts) == max(1, -(-len(text) // INLINE_CHARS)) or " " in text or "\n" in text
+
+
+def test_answer_parts_cut_after_a_space_when_one_is_near() -> None:
+    text = "word " * 10_000
+    assert all(text[end - 1] == " " for _, end in answer_parts(text)[:-1])
+
+
+def test_window_shows_exactly_its_part_with_highlights_clipped_and_global_numbers() -> None:
+    answer = "a" * 100 + "B" * 50 + "c" * 100
+    spans = [Span(0, 10, "m1"), Span(90, 160, "m2", why="crosses"), Span(200, 250, "m3")]
+    parts = [(0, 120), (120, 250)]
+    html = [render_highlighted_answer(answer, spans, window=w) for w in parts]
+
+    assert [strip_app_markup(h) for h in html] == [answer[:120], answer[120:]]
+    first, second = ([(refs, text) for text, _, refs, _ in _marks(h)] for h in html)
+    assert first == [("1", "a" * 10), ("2", "a" * 10 + "B" * 20)]
+    assert second == [("2", "B" * 30 + "c" * 10), ("3", "c" * 50)]
+    # The footnote number sits where the span really ends: in the second part, not at the cut.
+    assert '">2</sup>' not in html[0].split('class="ov-notes"')[0]
+    assert '">2</sup>' in html[1].split('class="ov-notes"')[0]
+    # The evidence list is that of the whole answer, in both parts.
+    assert all(h.count("<li ") == 3 for h in html)
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.text(alphabet="ab \n<&", min_size=1, max_size=300),
+    st.lists(st.tuples(st.integers(0, 300), st.integers(0, 300)), max_size=6),
+    st.integers(1, 120),
+)
+def test_property_parts_together_show_the_answer_and_every_highlighted_character(
+    answer: str, raw: list[tuple[int, int]], size: int
+) -> None:
+    spans = [Span(a, b, f"m{i}") for i, (a, b) in enumerate(raw)]
+    whole = _segments(render_highlighted_answer(answer, spans))
+    pieces = [render_highlighted_answer(answer, spans, window=w) for w in answer_parts(answer, size)]
+    assert "".join(strip_app_markup(p) for p in pieces) == answer
+    # Character by character, each part marks exactly what the whole answer marks, with the same numbers.
+    per_char = [(ch, refs) for text, _, refs, _ in whole for ch in text]
+    assert [(ch, refs) for p in pieces for text, _, refs, _ in _segments(p) for ch in text] == per_char
+
+
+def test_clip_text_keeps_short_text_and_says_how_much_is_cut() -> None:
+    assert clip_text("abc", 3) == "abc"
+    assert clip_text("abcdef", 3) == "abc… [3 more characters]"
+    assert clip_text("x" * (INLINE_CHARS + 1234)) == "x" * INLINE_CHARS + "… [1,234 more characters]"
+
+
+def test_huge_reason_is_clipped_in_the_title_and_the_list() -> None:
+    html = render_highlighted_answer("abc", [Span(0, 3, "m", why="w" * 1_000_000, better="b" * 1_000_000)])
+    assert len(html) < 2 * INLINE_CHARS + 5_000

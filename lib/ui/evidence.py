@@ -10,12 +10,22 @@ stage 5 shows the warning "Evidence could not be verified".
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 
 import streamlit as st
 
 from lib.evidence import EvidenceItem
-from lib.highlight import metric_palette, render_highlighted_answer, render_legend
+from lib.highlight import (
+    INLINE_CHARS,
+    Span,
+    answer_parts,
+    clip_text,
+    metric_palette,
+    render_highlighted_answer,
+    render_legend,
+    sanitize_slug,
+)
 from lib.inspector import EvaluationDetail, MetricCard
 from lib.safe_markdown import escape_markdown
 
@@ -37,14 +47,64 @@ def detail_colors(detail: EvaluationDetail) -> dict[str, str]:
     return metric_palette([card.spec.slug for card in detail.cards])
 
 
+def render_long_text(
+    text: str,
+    *,
+    key: str,
+    file_name: str,
+    spans: Sequence[Span] = (),
+    colors: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    height: int | None = None,
+) -> None:
+    """Data text (an answer, a question) as escaped HTML, one part of `INLINE_CHARS` at a time.
+
+    The one rendering path for text that may be huge (issue #17): short text shows whole; long text
+    gets a part selector and a download of the full text, so no page ever lays out a megabyte.
+    """
+    parts = answer_parts(text)
+    window = None
+    if len(parts) > 1:
+        # Another text under the same key (the queue's next item, another evaluation) starts at part 1.
+        digest = hashlib.blake2s(text.encode("utf-8", "replace"), digest_size=8).hexdigest()
+        if st.session_state.get(f"{key}_of") != digest:
+            st.session_state[f"{key}_of"] = digest
+            st.session_state[f"{key}_part"] = 1
+        st.caption(
+            f"{len(text):,} characters: shown in {len(parts)} parts of up to {INLINE_CHARS:,} characters "
+            "so the page stays responsive. Pick a part, or download the full text."
+        )
+        left, right = st.columns([1, 2], vertical_alignment="bottom")
+        number = left.number_input(
+            f"Part (of {len(parts)})", min_value=1, max_value=len(parts), value=1, step=1, key=f"{key}_part"
+        )
+        right.download_button(
+            "Download the full text",
+            # Lone surrogates (from older imports) must not make the download fail.
+            data=text.encode("utf-8", "replace"),
+            file_name=file_name,
+            mime="text/plain",
+            key=f"{key}_download",
+            on_click="ignore",
+        )
+        window = parts[int(number) - 1]
+    # Safe: lib.highlight escapes the text and every reason before adding its own constant markup.
+    html = render_highlighted_answer(text, spans, colors, labels, window=window)
+    with st.container(height=height or "content", border=height is not None, key=f"{key}_text"):
+        st.markdown(html, unsafe_allow_html=True)
+
+
 def render_highlighted_answer_block(detail: EvaluationDetail, colors: Mapping[str, str]) -> None:
     """The model answer with stage 1–3 evidence painted in, and a legend of the metrics used."""
     if detail.spans:
         st.markdown(render_legend(detail.highlighted_metrics, colors, detail.labels), unsafe_allow_html=True)
-    # Safe: lib.highlight escapes the answer and every reason before adding its own constant markup.
-    st.markdown(
-        render_highlighted_answer(detail.snapshot.model_answer, detail.spans, colors, detail.labels),
-        unsafe_allow_html=True,
+    render_long_text(
+        detail.snapshot.model_answer,
+        key="evaluations_answer",
+        file_name=f"{sanitize_slug(detail.snapshot.id)}-answer.txt",
+        spans=detail.spans,
+        colors=colors,
+        labels=detail.labels,
     )
     if detail.spans:
         st.caption("Hover a highlight for its reason, or open a numbered item below the answer.")
@@ -63,12 +123,12 @@ def render_stage_label(item: EvidenceItem) -> None:
 def render_evidence_list(items: Sequence[EvidenceItem]) -> None:
     """Each evidence item: its quote, why it matters, a better wording, and its verification label."""
     for item in items:
-        quote = escape_markdown(item.quote) if item.quote.strip() else "*(empty quote)*"
+        quote = escape_markdown(clip_text(item.quote)) if item.quote.strip() else "*(empty quote)*"
         st.markdown(f"> {quote}")
         if item.why:
-            st.markdown(f"**Why:** {escape_markdown(item.why)}")
+            st.markdown(f"**Why:** {escape_markdown(clip_text(item.why))}")
         if item.better:
-            st.markdown(f"**Better:** {escape_markdown(item.better)}")
+            st.markdown(f"**Better:** {escape_markdown(clip_text(item.better))}")
         render_stage_label(item)
 
 
@@ -103,9 +163,9 @@ def render_metric_card(card: MetricCard, *, key: str, extra: CardExtra | None = 
         judge.metric("Judge", format_score(card.judge_score))
         gap.metric("Gap", format_score(card.gap))
         if card.user_reason:
-            st.markdown(f"**User reason:** {escape_markdown(card.user_reason)}")
+            st.markdown(f"**User reason:** {escape_markdown(clip_text(card.user_reason))}")
         if card.judge_reason:
-            st.markdown(f"**Judge reason:** {escape_markdown(card.judge_reason)}")
+            st.markdown(f"**Judge reason:** {escape_markdown(clip_text(card.judge_reason))}")
         line = _judgment_line(card)
         if line:
             st.caption(line)

@@ -171,7 +171,8 @@ def detail(open_page, sid: str, **kwargs: Any) -> AppTest:
 
 
 def answer_html(at: AppTest) -> str:
-    return next(m.value for m in at.markdown if m.value.startswith('<div class="ov-highlight">'))
+    # The question and the answer both render through lib.highlight (render_long_text); the answer is second.
+    return [m.value for m in at.markdown if m.value.startswith('<div class="ov-highlight">')][1]
 
 
 def test_detail_highlights_exact_evidence_in_the_answer(seeded, open_page) -> None:

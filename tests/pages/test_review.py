@@ -12,6 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from lib import corrections
 from lib.db import session_scope
+from lib.highlight import strip_app_markup
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent
 
 PAGE = "pages/review.py"
@@ -218,8 +219,12 @@ def test_untrusted_text_is_shown_escaped(app_engine, open_page, payload) -> None
     evaluation(app_engine, "snap_a", question=payload, model_answer=payload, reasoning=payload)
     at = open_page(PAGE, reviewer="ayse")
     shown = [m.value for m in at.markdown if "alert" in m.value or "bold" in m.value]
-    # Every Markdown-active character arrives backslash-escaped, so nothing renders as HTML or a link.
-    assert shown and not any(UNESCAPED.search(v) for v in shown)
+    html = [v for v in shown if v.startswith('<div class="ov-highlight">')]
+    # Question and answer: lib.highlight's HTML, holding only app tags and the payload as text.
+    assert [strip_app_markup(v) for v in html] == [payload, payload]
+    # Everything else: every Markdown-active character arrives backslash-escaped.
+    markdown = [v for v in shown if v not in html]
+    assert markdown and not any(UNESCAPED.search(v) for v in markdown)
     assert not at.exception
 
 
