@@ -5,15 +5,55 @@ file-based multipage mode, and keeps that mode until `app.py` has called `st.nav
 freshly started server, a shared deep link such as `/review` would therefore run `pages/review.py`
 on its own: no router, no sidebar, no reviewer name. Settling the flag before the server starts
 makes every URL go through `app.py`. Usage: `python -m lib.ui.server [streamlit run options]`.
+
+Exposure (issue #17): Streamlit listens on every interface unless told otherwise, and in open mode
+anyone who reaches the port can act as anyone. So the launcher binds loopback (`127.0.0.1`) unless
+an address is chosen: `--server.address 0.0.0.0` (or any address), `STREAMLIT_SERVER_ADDRESS`, or
+`address` under `[server]` in a Streamlit config file.
+Cross-site protection stays on in `.streamlit/config.toml` (`enableXsrfProtection`, `enableCORS`:
+the WebSocket accepts only same-origin and local origins).
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 APP = Path(__file__).resolve().parents[2] / "app.py"
+DEFAULT_ADDRESS = "127.0.0.1"
+_ADDRESS_FLAG = "--server.address"
+
+
+def address_given(
+    args: Sequence[str], environ: Mapping[str, str], configured: str | None = None
+) -> str | None:
+    """The address the operator chose (flag, environment variable, config file), or None for the default."""
+    for index, arg in enumerate(args):
+        if arg == _ADDRESS_FLAG and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith(f"{_ADDRESS_FLAG}="):
+            return arg.split("=", 1)[1]
+    return environ.get("STREAMLIT_SERVER_ADDRESS") or configured or None
+
+
+def configured_address() -> str | None:
+    """`server.address` from Streamlit's config files (`~/.streamlit`, `./.streamlit`), if set there."""
+    from streamlit import config
+
+    config.get_config_options()
+    if config.get_where_defined("server.address") == config.ConfigOption.DEFAULT_DEFINITION:
+        return None
+    return config.get_option("server.address") or None
+
+
+def streamlit_args(
+    args: Sequence[str], environ: Mapping[str, str], configured: str | None = None
+) -> list[str]:
+    """`streamlit run app.py` with the given options, bound to loopback when no address is chosen."""
+    chosen = address_given(args, environ, configured)
+    return ["streamlit", "run", str(APP), *([] if chosen else [_ADDRESS_FLAG, DEFAULT_ADDRESS]), *args]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -22,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from streamlit.web import cli
 
     PagesManager.uses_pages_directory = False
-    sys.argv = ["streamlit", "run", str(APP), *(sys.argv[1:] if argv is None else argv)]
+    sys.argv = streamlit_args(sys.argv[1:] if argv is None else argv, os.environ, configured_address())
     cli.main()
 
 

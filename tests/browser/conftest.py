@@ -39,7 +39,8 @@ def _free_port() -> int:
 class StreamlitServer:
     """A running `streamlit run app.py` on localhost."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, *, address: str | None = "127.0.0.1") -> None:
+        """`address=None` leaves the listening address to the launcher's default."""
         self.port = _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._log = log_path.open("wb")
@@ -50,8 +51,7 @@ class StreamlitServer:
                 "lib.ui.server",
                 "--server.port",
                 str(self.port),
-                "--server.address",
-                "127.0.0.1",
+                *(["--server.address", address] if address else []),
                 "--server.headless",
                 "true",
                 "--browser.gatherUsageStats",

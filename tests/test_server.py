@@ -1,0 +1,89 @@
+"""The launcher binds loopback unless told otherwise, and the WebSocket refuses foreign origins (issue #17)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from lib.ui.server import APP, DEFAULT_ADDRESS, address_given, streamlit_args
+from tests.browser.conftest import StreamlitServer
+
+ALL = "0.0.0.0"  # noqa: S104 - the address that means "every interface"
+
+
+@pytest.mark.parametrize(
+    ("args", "environ", "configured", "expected"),
+    [
+        ([], {}, None, None),
+        (["--server.port", "9000"], {}, None, None),
+        (["--server.address", ALL], {}, None, ALL),
+        (["--server.address=192.168.1.5"], {}, None, "192.168.1.5"),
+        ([], {"STREAMLIT_SERVER_ADDRESS": "10.0.0.1"}, None, "10.0.0.1"),
+        ([], {"STREAMLIT_SERVER_ADDRESS": ""}, None, None),
+        ([], {}, ALL, ALL),
+    ],
+)
+def test_address_given(args, environ, configured, expected) -> None:
+    assert address_given(args, environ, configured) == expected
+
+
+def test_streamlit_args_default_to_loopback_and_keep_a_chosen_address() -> None:
+    assert streamlit_args(["--server.port", "9"], {}) == [
+        "streamlit", "run", str(APP), "--server.address", DEFAULT_ADDRESS, "--server.port", "9"
+    ]  # fmt: skip
+    assert streamlit_args(["--server.address", ALL], {}) == [
+        "streamlit", "run", str(APP), "--server.address", ALL
+    ]  # fmt: skip
+    assert streamlit_args([], {}, configured="::") == ["streamlit", "run", str(APP)]
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """Local addresses with a TCP socket in LISTEN state on `port`, from /proc/net/tcp{,6}."""
+    found: set[str] = set()
+    for name, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        path = Path("/proc/net") / name
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state != "0A" or int(hex_port, 16) != port:
+                continue
+            raw = bytes.fromhex(address)
+            # The kernel prints each 32-bit word in host (little-endian) order.
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            found.add(socket.inet_ntop(family, raw))
+    return found
+
+
+def _upgrade_status(port: int, origin: str) -> int:
+    """HTTP status of a WebSocket handshake to Streamlit's stream endpoint from `origin`."""
+    request = (
+        "GET /_stcore/stream HTTP/1.1\r\n"
+        f"Host: 127.0.0.1:{port}\r\n"
+        "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        "Sec-WebSocket-Protocol: streamlit\r\n"
+        f"Origin: {origin}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(request.encode())
+        status_line = conn.recv(4096).split(b"\r\n", 1)[0].decode()
+    return int(status_line.split()[1])
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from /proc")
+def test_launcher_listens_on_loopback_only_and_refuses_foreign_websocket_origins(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERRULE_", "OPENAI_", "STREAMLIT_"))}
+    env.update(OVERRULE_DATABASE_URL=f"sqlite:///{tmp_path / 'x.db'}", OVERRULE_LOAD_DEMO="false")
+    server = StreamlitServer(env, tmp_path / "server.log", address=None)
+    try:
+        assert _listening_addresses(server.port) == {"127.0.0.1"}
+        assert _upgrade_status(server.port, f"http://127.0.0.1:{server.port}") == 101
+        assert _upgrade_status(server.port, "http://evil.test") == 403
+        assert _upgrade_status(server.port, "https://attacker.example:8501") == 403
+    finally:
+        server.stop()
