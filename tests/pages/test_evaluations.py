@@ -12,6 +12,7 @@ from sqlmodel import Session
 from streamlit.testing.v1 import AppTest
 
 from lib.config import reset_settings
+from lib.highlight import strip_app_markup
 from lib.importer import import_evaluations
 from lib.models import EvaluationSnapshot
 from tests.test_inspector import RECORDS, record
@@ -268,9 +269,12 @@ def test_detail_escapes_untrusted_text_outside_the_highlight(app_engine, open_pa
     carrying = [m.value for m in at.markdown if "img" in m.value]
     html = [v for v in carrying if v.startswith('<div class="ov-')]
     text = [v for v in carrying if not v.startswith('<div class="ov-')]
-    # Fields, question, feedback, user and judge reason, why, better; the answer's evidence list in HTML.
-    assert len(html) == 1 and len(text) == 7
-    assert "<img" not in html[0] and "&lt;img src=x onerror=alert(1)&gt;" in html[0]
+    # Fields, feedback, user and judge reason, why, better as Markdown; the question and the answer's
+    # evidence list as lib.highlight HTML.
+    assert len(html) == 2 and len(text) == 6
+    assert strip_app_markup(html[0]) == hostile
+    for value in html:
+        assert "<img" not in value and "&lt;img src=x onerror=alert(1)&gt;" in value
     for value in text:
         # Every `<`, `[` and `(` is backslash-escaped: no HTML, no link can form.
         assert re.search(r"(?<!\\)[<\[(]", value.replace(":blue-badge[", "")) is None, value
