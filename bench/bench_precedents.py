@@ -164,7 +164,7 @@ def new_ids(engine: Engine) -> list[str]:
 
 def clear_results(engine: Engine) -> None:
     with session_scope(engine) as session:
-        precedents.delete_auto_evals(session)
+        precedents.delete_auto_evals(session=session)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -181,9 +181,9 @@ def bench_search(engine: Engine, ids: list[str], loop_sample: int) -> dict[str, 
         for iid in ids:
             interaction = session.get(Interaction, iid)
             assert interaction is not None
-            precedents.ensure_qa_vectors(session, [interaction], index.dim)
+            precedents.ensure_qa_vectors(session=session, interactions=[interaction], dim=index.dim)
             seconds, matches = timed(
-                lambda i=interaction: precedents.find_qa_matches(session, i, index=index)
+                lambda i=interaction: precedents.find_qa_matches(session=session, interaction=i, index=index)
             )
             per_new.append(seconds)
             found_new[iid] = [m.interaction.id for m in matches]

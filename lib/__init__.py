@@ -13,6 +13,7 @@ which keep `session` first and positional:
 - `lib.metrics.metrics_for_product(session, product)`, `products_with_rubrics(session)`,
   `upsert_metric_definitions(session, definitions)` ("the metric set of a product")
 - `lib.coach.claim_turn(session, snapshot_id)`
+- `lib.precedents.evaluate_interaction(session, interaction_id)` (seed 003's evaluateInteraction)
 
 Each of these also accepts `session=` by keyword. Functions without a session (`verify_evidence`,
 `ema_update`, `relevance_decision`, `format_notes_for_prompt`, `parse_evaluation_response`, ...)

@@ -106,7 +106,7 @@ class FilterOptions:
     languages: list[str]
 
 
-def filter_options(session: Session) -> FilterOptions:
+def filter_options(*, session: Session) -> FilterOptions:
     """The products and languages that have interactions, for the filter widgets."""
     products = session.execute(select(Interaction.product).distinct().order_by(Interaction.product)).scalars()
     languages = session.execute(
@@ -115,7 +115,7 @@ def filter_options(session: Session) -> FilterOptions:
     return FilterOptions([p for p in products if p], [lang for lang in languages if lang])
 
 
-def count_interactions(session: Session, filters: PrecedentFilters) -> int:
+def count_interactions(*, session: Session, filters: PrecedentFilters) -> int:
     return session.execute(_filtered(_base(func.count()), filters)).scalar_one()
 
 
@@ -128,7 +128,7 @@ def _latest_expert_totals(session: Session, ids: Sequence[str]) -> dict[str, flo
     return dict(rows)
 
 
-def list_page(session: Session, filters: PrecedentFilters, *, offset: int, limit: int) -> pd.DataFrame:
+def list_page(*, session: Session, filters: PrecedentFilters, offset: int, limit: int) -> pd.DataFrame:
     """One page of interactions, newest first, with their outcome and (copied / expert) totals."""
     rows = session.execute(
         _filtered(
@@ -170,7 +170,7 @@ def list_page(session: Session, filters: PrecedentFilters, *, offset: int, limit
     return pd.DataFrame.from_records(records, columns=LIST_COLUMNS)
 
 
-def reason_counts(session: Session, filters: PrecedentFilters) -> pd.DataFrame:
+def reason_counts(*, session: Session, filters: PrecedentFilters) -> pd.DataFrame:
     """Auto-evaluations per outcome (matched or no-match reason) over the filter, for the chart."""
     outcome = func.coalesce(AutoEval.no_match_reason, MATCHED)
     rows = session.execute(
@@ -254,7 +254,7 @@ class PrecedentDetail:
         return round(abs(self.ai_feedback.total_score - self.expert_feedback.total_score), 2)
 
 
-def load_detail(session: Session, interaction_id: str) -> PrecedentDetail | None:
+def load_detail(*, session: Session, interaction_id: str) -> PrecedentDetail | None:
     """One interaction with its auto-evaluation, the AI copy and the newest expert review."""
     interaction = session.get(Interaction, interaction_id)
     if interaction is None:
@@ -277,9 +277,9 @@ class ReviewRefused(ValueError):
 
 
 def add_expert_review(
+    *,
     session: Session,
     interaction_id: str,
-    *,
     sentence_scores: Sequence[float | None],
     citation_score: float | None,
     citation_url: str | None,

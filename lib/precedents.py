@@ -205,7 +205,7 @@ def qa_vector(interaction: Interaction, dim: int) -> np.ndarray | None:
     return vector if vector is not None and vector.shape[0] == dim else None
 
 
-def ensure_qa_vectors(session: Session, interactions: Sequence[Interaction], dim: int) -> None:
+def ensure_qa_vectors(*, session: Session, interactions: Sequence[Interaction], dim: int) -> None:
     """Compute (and store, on the caller's commit) QA vectors missing or of another dimension."""
     stale = [i for i in interactions if qa_vector(i, dim) is None and qa_text(i)]
     for start in range(0, len(stale), VECTOR_BATCH):
@@ -232,7 +232,7 @@ class PrecedentIndex:
         return len(self.ids)
 
     @classmethod
-    def load(cls, session: Session, dim: int | None = None) -> PrecedentIndex:
+    def load(cls, *, session: Session, dim: int | None = None) -> PrecedentIndex:
         """Read the vectors, computing the missing ones (stored when the caller commits)."""
         dim = embedding_dim() if dim is None else dim
         reviewed = select(ExpertFeedback.interaction_id).where(ExpertFeedback.type == "expert")
@@ -251,7 +251,7 @@ class PrecedentIndex:
                     )
                 ).scalars()
             )
-            ensure_qa_vectors(session, part, dim)
+            ensure_qa_vectors(session=session, interactions=part, dim=dim)
             fresh.update((i.id, i.qa_vector) for i in part if i.qa_vector is not None)
         ids: list[str] = []
         blobs: list[bytes] = []
@@ -293,6 +293,7 @@ def _latest_expert_feedback(session: Session, ids: Sequence[str]) -> dict[str, E
 
 
 def find_qa_matches(
+    *,
     session: Session,
     interaction: Interaction,
     limit: int = 10,
@@ -305,8 +306,8 @@ def find_qa_matches(
     """
     threshold = get_settings().qa_threshold if threshold is None else threshold
     if index is None:
-        index = PrecedentIndex.load(session)
-    ensure_qa_vectors(session, [interaction], index.dim)
+        index = PrecedentIndex.load(session=session)
+    ensure_qa_vectors(session=session, interactions=[interaction], dim=index.dim)
     vector = qa_vector(interaction, index.dim)
     if vector is None:
         return []
@@ -559,9 +560,9 @@ def _citation_precedent(
 
 
 def decide(
+    *,
     session: Session,
     interaction: Interaction,
-    *,
     force_fallback: bool = False,
     index: PrecedentIndex | None = None,
     settings: Settings | None = None,
@@ -588,7 +589,9 @@ def _decide(
     if force_fallback:
         trace["forced_fallback"] = True
     try:
-        qa_matches = find_qa_matches(session, interaction, threshold=settings.qa_threshold, index=index)
+        qa_matches = find_qa_matches(
+            session=session, interaction=interaction, threshold=settings.qa_threshold, index=index
+        )
     except (llm.LLMError, llm.LLMNotConfigured) as exc:
         return Outcome(iid, NO_EMBEDDINGS, {"error": f"embedding failed: {exc}"})
     if not interaction.qa_vector:
@@ -655,7 +658,7 @@ def failed_outcome(interaction_id: str, error: BaseException | str) -> Outcome:
     return Outcome(interaction_id, EVALUATION_ERROR, {"error": str(error)[:2000]}, processed=False)
 
 
-def store(session: Session, outcome: Outcome) -> AutoEval:
+def store(*, session: Session, outcome: Outcome) -> AutoEval:
     """Write one outcome: the AutoEval row and, for a match, the copied `type='ai'` feedback."""
     if outcome.qa_vector is not None:
         interaction = session.get(Interaction, outcome.interaction_id)
@@ -710,7 +713,8 @@ def evaluate_interaction(
     interaction = session.get(Interaction, interaction_id)
     if interaction is None:
         raise LookupError(f"No interaction with id {interaction_id!r}")
-    return store(session, decide(session, interaction, force_fallback=force_fallback, index=index))
+    outcome = decide(session=session, interaction=interaction, force_fallback=force_fallback, index=index)
+    return store(session=session, outcome=outcome)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -777,9 +781,9 @@ def _window(query: Any, since: datetime | None, product: str | None) -> Any:
 
 
 def pending_interaction_ids(
+    *,
     session: Session,
     limit: int | None = None,
-    *,
     since: datetime | None = None,
     product: str | None = None,
     ids: Sequence[str] | None = None,
@@ -809,7 +813,7 @@ def pending_interaction_ids(
     return list(session.execute(query).scalars())
 
 
-def delete_auto_evals(session: Session, *, since: datetime | None = None, product: str | None = None) -> int:
+def delete_auto_evals(*, session: Session, since: datetime | None = None, product: str | None = None) -> int:
     """Remove the window's auto-evaluations and their `type='ai'` feedback (the seed's deleteEvaluations)."""
     in_window = _window(select(Interaction.id), since, product)
     rows = list(
@@ -841,7 +845,7 @@ def delete_auto_evals(session: Session, *, since: datetime | None = None, produc
 def load_index(engine: Engine) -> PrecedentIndex:
     """The run's precedent index; vectors missing from precedents are computed and stored once."""
     with session_scope(engine) as session:
-        return PrecedentIndex.load(session)
+        return PrecedentIndex.load(session=session)
 
 
 def _evaluate_one(
@@ -865,7 +869,9 @@ def _evaluate_one(
                     interaction_id, NO_EMBEDDINGS, {"error": "the precedent index could not be built"}
                 )
             else:
-                outcome = decide(session, interaction, force_fallback=force_fallback, index=index)
+                outcome = decide(
+                    session=session, interaction=interaction, force_fallback=force_fallback, index=index
+                )
             # Vectors computed while deciding travel in the outcome; this transaction writes nothing.
             session.rollback()
     except Exception as exc:  # any failure is recorded on the interaction, never lost
@@ -876,7 +882,7 @@ def _evaluate_one(
             with session_scope(engine) as session:
                 if _existing_auto_eval(session, interaction_id) is not None:
                     return None
-                return store(session, attempt)
+                return store(session=session, outcome=attempt)
         except IntegrityError:
             return None  # another worker stored it between the check and the insert
         except Exception:  # try the error row once, then give up on this one
@@ -944,9 +950,9 @@ def auto_evaluate(
     deleted = 0
     if redo:
         with session_scope(engine) as session:
-            deleted = delete_auto_evals(session, since=since, product=product)
+            deleted = delete_auto_evals(session=session, since=since, product=product)
     with session_scope(engine, read_only=True) as session:
-        ids = pending_interaction_ids(session, limit, since=since, product=product)
+        ids = pending_interaction_ids(session=session, limit=limit, since=since, product=product)
     summary = evaluate_ids(
         engine, ids, concurrency=concurrency, force_fallback=force_fallback, progress=progress
     )
@@ -957,7 +963,7 @@ def auto_evaluate(
 def evaluate_new(engine: Engine, ids: Sequence[str], *, progress: Progress | None = None) -> RunSummary:
     """The trigger: of freshly stored interactions, evaluate those not reviewed and not evaluated."""
     with session_scope(engine, read_only=True) as session:
-        pending = pending_interaction_ids(session, ids=ids)
+        pending = pending_interaction_ids(session=session, ids=ids)
     return evaluate_ids(engine, pending, progress=progress)
 
 

@@ -19,7 +19,7 @@ st.caption(
 
 get_engine()
 with session_scope(read_only=True) as session:
-    options = view.filter_options(session)
+    options = view.filter_options(session=session)
 if not options.products:
     st.info(
         "No interactions yet. Import a JSONL file of interactions (kind: interactions) on the Import page."
@@ -39,10 +39,10 @@ filters = view.filters_from_widgets(
 )
 
 with session_scope(read_only=True) as session:
-    total = view.count_interactions(session, filters)
-    counts = view.reason_counts(session, filters)
+    total = view.count_interactions(session=session, filters=filters)
+    counts = view.reason_counts(session=session, filters=filters)
     offset, limit = pager(total, key="prec_page")
-    frame = view.list_page(session, filters, offset=offset, limit=limit)
+    frame = view.list_page(session=session, filters=filters, offset=offset, limit=limit)
 
 if not counts.empty:
     st.plotly_chart(view.reason_figure(counts), key="prec_reasons_chart")
@@ -59,7 +59,7 @@ if not ids:
 picked = st.selectbox("Interaction", ids, index=ids.index(wanted) if wanted else 0, key="prec_pick")
 
 with session_scope(read_only=True) as session:
-    detail = view.load_detail(session, picked)
+    detail = view.load_detail(session=session, interaction_id=picked)
 if detail is None:
     st.warning(f"No interaction with id {escape_markdown(str(picked))}.")
     st.stop()
@@ -144,8 +144,8 @@ if submitted and reviewer:
     try:
         with session_scope() as session:
             view.add_expert_review(
-                session,
-                interaction.id,
+                session=session,
+                interaction_id=interaction.id,
                 sentence_scores=scores,
                 citation_score=citation_score,
                 citation_url=citation_url,

@@ -33,7 +33,12 @@ def _add(
     session.flush()
     if expert:
         view.add_expert_review(
-            session, iid, sentence_scores=[80, None], citation_score=20, citation_url=CITE, reviewer="ayse"
+            session=session,
+            interaction_id=iid,
+            sentence_scores=[80, None],
+            citation_score=20,
+            citation_url=CITE,
+            reviewer="ayse",
         )
     session.commit()
 
@@ -71,38 +76,43 @@ def test_filters_count_and_page_in_sql(
     filled: Engine, filters: view.PrecedentFilters, ids: list[str]
 ) -> None:
     with Session(filled) as session:
-        assert view.count_interactions(session, filters) == len(ids)
-        assert list(view.list_page(session, filters, offset=0, limit=50)["id"]) == ids
-        assert list(view.list_page(session, filters, offset=1, limit=1)["id"]) == ids[1:2]
+        assert view.count_interactions(session=session, filters=filters) == len(ids)
+        assert list(view.list_page(session=session, filters=filters, offset=0, limit=50)["id"]) == ids
+        assert list(view.list_page(session=session, filters=filters, offset=1, limit=1)["id"]) == ids[1:2]
 
 
 def test_reason_counts_over_the_filter(filled: Engine) -> None:
     with Session(filled) as session:
-        counts = view.reason_counts(session, view.PrecedentFilters())
+        counts = view.reason_counts(session=session, filters=view.PrecedentFilters())
         assert dict(zip(counts["outcome"], counts["count"], strict=True)) == {
             "matched": 1,
             "no_citation_match": 1,
             "no_qa_match": 1,
         }
-        assert view.reason_counts(session, view.PrecedentFilters(language="tr"))["outcome"].tolist() == [
-            "no_qa_match"
-        ]
+        assert view.reason_counts(session=session, filters=view.PrecedentFilters(language="tr"))[
+            "outcome"
+        ].tolist() == ["no_qa_match"]
         fig = view.reason_figure(counts)
         assert list(fig.data[0].y) == [1, 1, 1]
 
 
 def test_detail_and_distance_once_an_expert_scores_an_auto_evaluated_interaction(filled: Engine) -> None:
     with Session(filled) as session:
-        detail = view.load_detail(session, "same")
+        detail = view.load_detail(session=session, interaction_id="same")
         assert detail is not None and detail.outcome == "matched" and detail.distance is None
         assert list(detail.sentence_frame()["copied score"]) == [80, 100]
         view.add_expert_review(
-            session, "same", sentence_scores=[0, 0], citation_score=0, citation_url=None, reviewer="bo"
+            session=session,
+            interaction_id="same",
+            sentence_scores=[0, 0],
+            citation_score=0,
+            citation_url=None,
+            reviewer="bo",
         )
         session.commit()
-        detail = view.load_detail(session, "same")
+        detail = view.load_detail(session=session, interaction_id="same")
         assert detail is not None and detail.distance == precedents.total_score([80, 100], 20)
-        assert view.load_detail(session, "missing") is None
+        assert view.load_detail(session=session, interaction_id="missing") is None
 
 
 @pytest.mark.parametrize(
@@ -123,6 +133,6 @@ def test_a_bad_review_is_refused_and_writes_nothing(filled: Engine, kwargs: dict
     } | kwargs
     with Session(filled) as session:
         with pytest.raises(view.ReviewRefused, match=message.replace("[", r"\[").replace("]", r"\]")):
-            view.add_expert_review(session, "same", **args)
+            view.add_expert_review(session=session, interaction_id="same", **args)
         session.rollback()
         assert session.query(ExpertFeedback).filter_by(interaction_id="same", type="expert").count() == 0

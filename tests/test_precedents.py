@@ -212,7 +212,7 @@ def test_embeddings_come_from_the_server_when_an_embedding_model_is_configured(
 def test_qa_matches_skip_the_same_interaction(engine: Engine) -> None:
     with Session(engine) as session:
         me = _add(session, "self", scores=[80, 60])
-        assert precedents.find_qa_matches(session, me) == []
+        assert precedents.find_qa_matches(session=session, interaction=me) == []
 
 
 @pytest.mark.parametrize("feedback_type", [None, "ai"])
@@ -225,7 +225,7 @@ def test_qa_matches_ignore_neighbours_without_expert_feedback(
         else:
             _add(session, "neighbour", scores=[80, 60], feedback_type=feedback_type)
         me = _add(session, "new")
-        assert precedents.find_qa_matches(session, me) == []
+        assert precedents.find_qa_matches(session=session, interaction=me) == []
 
 
 def test_qa_matches_return_at_most_limit_neighbours_most_similar_first(engine: Engine) -> None:
@@ -234,7 +234,7 @@ def test_qa_matches_return_at_most_limit_neighbours_most_similar_first(engine: E
             _add(session, f"p{n:02d}", scores=[80, 60])
         _add(session, "near", answer=ANSWER + " Check spam too.", scores=[80, 60, 50])
         me = _add(session, "new")
-        matches = precedents.find_qa_matches(session, me)
+        matches = precedents.find_qa_matches(session=session, interaction=me)
         assert len(matches) == 10
         sims = [m.similarity for m in matches]
         assert sims == sorted(sims, reverse=True)
@@ -245,17 +245,23 @@ def test_qa_match_at_exactly_the_threshold_counts_and_just_above_does_not(engine
     with Session(engine) as session:
         _add(session, "prec", answer=ANSWER + " Check your spam folder.", scores=[80, 60, 40])
         me = _add(session, "new")
-        sim = precedents.find_qa_matches(session, me, threshold=0.0)[0].similarity
+        sim = precedents.find_qa_matches(session=session, interaction=me, threshold=0.0)[0].similarity
         assert 0.0 < sim < 1.0
-        assert [m.interaction.id for m in precedents.find_qa_matches(session, me, threshold=sim)] == ["prec"]
-        assert precedents.find_qa_matches(session, me, threshold=math.nextafter(sim, 2.0)) == []
+        assert [
+            m.interaction.id
+            for m in precedents.find_qa_matches(session=session, interaction=me, threshold=sim)
+        ] == ["prec"]
+        assert (
+            precedents.find_qa_matches(session=session, interaction=me, threshold=math.nextafter(sim, 2.0))
+            == []
+        )
 
 
 def test_qa_matching_stores_the_computed_embeddings(engine: Engine) -> None:
     with Session(engine) as session:
         _add(session, "prec", scores=[80, 60])
         me = _add(session, "new")
-        precedents.find_qa_matches(session, me)
+        precedents.find_qa_matches(session=session, interaction=me)
         session.commit()
     with Session(engine) as session:
         stored = session.get(Interaction, "prec")
@@ -621,7 +627,7 @@ def test_index_search_agrees_with_a_per_row_cosine_loop(engine: Engine) -> None:
         for n in range(6):
             _add(session, f"p{n}", answer=ANSWER + " Extra words." * n, scores=[80, 60] + [50] * n)
         _add(session, "unreviewed")
-        index = precedents.PrecedentIndex.load(session)
+        index = precedents.PrecedentIndex.load(session=session)
         session.commit()
         assert index.ids == [f"p{n}" for n in range(6)]  # only expert-reviewed interactions
         query = precedents.embed_texts([f"{QUESTION}\n{ANSWER}"])[0]
@@ -642,7 +648,7 @@ def test_index_recomputes_vectors_that_are_missing_or_of_another_dimension(engin
         session.get(Interaction, "p1").qa_vector = precedents.pack_vector([1.0, 0.0, 0.0])  # type: ignore[union-attr]
         session.commit()
     with Session(engine) as session:
-        index = precedents.PrecedentIndex.load(session)
+        index = precedents.PrecedentIndex.load(session=session)
         session.commit()
         assert index.matrix.shape == (2, precedents.EMBEDDING_DIM)
     with Session(engine) as session:
@@ -653,7 +659,7 @@ def test_index_recomputes_vectors_that_are_missing_or_of_another_dimension(engin
 
 def test_index_of_an_empty_database_finds_nothing(engine: Engine) -> None:
     with Session(engine) as session:
-        index = precedents.PrecedentIndex.load(session)
+        index = precedents.PrecedentIndex.load(session=session)
     assert len(index) == 0
     assert index.search(np.ones(precedents.EMBEDDING_DIM), limit=10, threshold=0.0) == []
 
@@ -719,10 +725,10 @@ def test_default_concurrency_comes_from_the_setting(engine: Engine, monkeypatch:
 def test_a_worker_that_raises_never_stops_the_others(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     real = precedents.decide
 
-    def flaky(session: Session, interaction: Interaction, **kwargs: Any) -> Any:
+    def flaky(*, session: Session, interaction: Interaction, **kwargs: Any) -> Any:
         if interaction.id == "same1":
             raise RuntimeError("worker exploded")
-        return real(session, interaction, **kwargs)
+        return real(session=session, interaction=interaction, **kwargs)
 
     monkeypatch.setattr(precedents, "decide", flaky)
     with Session(engine) as session:
