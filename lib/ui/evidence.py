@@ -60,7 +60,8 @@ def render_long_text(
     """Data text (an answer, a question) as escaped HTML, one part of `INLINE_CHARS` at a time.
 
     The one rendering path for text that may be huge (issue #17): short text shows whole; long text
-    gets a part selector and a download of the full text, so no page ever lays out a megabyte.
+    gets a part selector, a "show all" toggle and a download of the full text, so no page lays out a
+    megabyte unless the reviewer asks for it.
     """
     parts = answer_parts(text)
     window = None
@@ -70,15 +71,23 @@ def render_long_text(
         if st.session_state.get(f"{key}_of") != digest:
             st.session_state[f"{key}_of"] = digest
             st.session_state[f"{key}_part"] = 1
+            st.session_state[f"{key}_all"] = False
         st.caption(
             f"{len(text):,} characters: shown in {len(parts)} parts of up to {INLINE_CHARS:,} characters "
-            "so the page stays responsive. Pick a part, or download the full text."
+            "so the page stays responsive. Pick a part, show all at once (slower), or download the full text."
         )
-        left, right = st.columns([1, 2], vertical_alignment="bottom")
-        number = left.number_input(
-            f"Part (of {len(parts)})", min_value=1, max_value=len(parts), value=1, step=1, key=f"{key}_part"
+        part, whole, download = st.columns([1, 1, 1.4], vertical_alignment="bottom")
+        show_all = whole.toggle("Show all at once", key=f"{key}_all")
+        # No `value=`: the part lives in session state (reset above), and Streamlit warns about both.
+        number = part.number_input(
+            f"Part (of {len(parts)})",
+            min_value=1,
+            max_value=len(parts),
+            step=1,
+            key=f"{key}_part",
+            disabled=show_all,
         )
-        right.download_button(
+        download.download_button(
             "Download the full text",
             # Lone surrogates (from older imports) must not make the download fail.
             data=text.encode("utf-8", "replace"),
@@ -87,7 +96,7 @@ def render_long_text(
             key=f"{key}_download",
             on_click="ignore",
         )
-        window = parts[int(number) - 1]
+        window = None if show_all else parts[int(number) - 1]
     # Safe: lib.highlight escapes the text and every reason before adding its own constant markup.
     html = render_highlighted_answer(text, spans, colors, labels, window=window)
     with st.container(height=height or "content", border=height is not None, key=f"{key}_text"):

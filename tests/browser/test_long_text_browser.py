@@ -4,6 +4,7 @@ with highlights and the full text still reachable; text from data never becomes 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,14 @@ def test_huge_answer_renders_quickly_on_detail_and_queue_with_highlights_and_ful
     with page.expect_download(timeout=30_000) as info:
         page.locator(".st-key-evaluations_answer_download button").click()
     assert Path(info.value.path()).read_text(encoding="utf-8") == answer
+    # "Show all at once" renders the whole text (slower, the reviewer's choice), both highlights in it.
+    started = time.perf_counter()
+    page.locator(".st-key-evaluations_answer_all label").click()
+    page.locator('.st-key-evaluations_answer_text mark.ov-ev[data-refs="1"]').wait_for(timeout=60_000)
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => setTimeout(r, 0)))")
+    print(f"detail page, show all: {time.perf_counter() - started:.2f} s")
+    assert len(shown.inner_text()) == len(answer) + 2  # and the two footnote numbers
+    assert page.get_by_text("created with a default value").count() == 0
 
     seconds = time_until_interactive(
         page, f"{server.base_url}/review", ".st-key-review_skip", timeout_ms=INTERACTIVE_MS
