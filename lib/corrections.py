@@ -468,12 +468,6 @@ def sort_by_rubric(*, session: Session, judgments: list[Judgment]) -> list[Judgm
     return judgments
 
 
-def judgments_of_snapshot(*, session: Session, snapshot_id: str) -> list[Judgment]:
-    """An evaluation's judgments in its rubric's metric order."""
-    stmt = select(Judgment).where(Judgment.snapshot_id == snapshot_id).order_by(col(Judgment.id))
-    return sort_by_rubric(session=session, judgments=list(session.exec(stmt).all()))
-
-
 def metric_titles(*, session: Session, judgments: Sequence[Judgment]) -> dict[int, str]:
     """Per judgment id, the heading a reviewer sees: the metric's display name, else the change id."""
     names: dict[str, dict[str, str]] = {}

@@ -844,16 +844,3 @@ def run_with_tools(
             finish_reason=result.finish_reason,
             messages=conversation,
         )
-
-
-def reply_json(run: ToolRun) -> dict[str, Any]:
-    """The final reply's JSON object, with `lib.llm.chat_json`'s errors (cut off, not JSON)."""
-    try:
-        return llm.parse_json_loose(run.text)
-    except llm.LLMError as exc:
-        if run.finish_reason == "length":
-            raise llm.LLMError(
-                "The model's reply was cut off at its token limit before the JSON was complete.",
-                kind="invalid_json",
-            ) from exc
-        raise

@@ -151,10 +151,6 @@ def resolve_metric_key(key: str, metrics: Sequence[MetricSpec], product: str = "
     )
 
 
-def spec_by_slug(metrics: Iterable[MetricSpec]) -> dict[str, MetricSpec]:
-    return {m.slug: m for m in metrics}
-
-
 def upsert_metric_definitions(session: Session, definitions: Iterable[Mapping[str, Any]]) -> int:
     """Create or update metric definitions from dicts of {product, slug, display_name, min, max, ...}."""
     count = 0

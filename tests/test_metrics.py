@@ -8,7 +8,16 @@ import pytest
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-from lib.metrics import DEFAULT_METRICS, metrics_for_product, products_with_rubrics, upsert_metric_definitions
+from lib.metrics import (
+    DEFAULT_METRICS,
+    METRIC_SLUG_MAP,
+    SLUG_DISPLAY_MAP,
+    display_name_to_slug,
+    metrics_for_product,
+    products_with_rubrics,
+    slug_to_display_name,
+    upsert_metric_definitions,
+)
 
 RUBRIC: list[dict[str, Any]] = [
     {"product": "bot", "slug": "tone", "display_name": "Tone", "min": 0, "max": 1},
@@ -46,3 +55,21 @@ def test_products_with_rubrics_takes_the_session_positionally(engine: Engine) ->
         upsert_metric_definitions(s, [*RUBRIC, {**RUBRIC[0], "product": "app"}])
         s.commit()
         assert products_with_rubrics(s) == ["app", "bot"]
+
+
+@pytest.mark.parametrize(("name", "slug"), sorted(METRIC_SLUG_MAP.items()))
+def test_default_display_names_and_slugs_map_both_ways(name: str, slug: str) -> None:
+    assert display_name_to_slug(name) == slug and slug_to_display_name(slug) == name
+    assert SLUG_DISPLAY_MAP[slug] == name
+
+
+@pytest.mark.parametrize("unknown", ["truthfulness", "Tone", "", "CLARITY"])
+def test_an_unknown_display_name_raises(unknown: str) -> None:
+    with pytest.raises(ValueError, match="unknown metric display name"):
+        display_name_to_slug(unknown)
+
+
+@pytest.mark.parametrize("unknown", ["Truthfulness", "tone", ""])
+def test_an_unknown_slug_raises(unknown: str) -> None:
+    with pytest.raises(ValueError, match="unknown metric slug"):
+        slug_to_display_name(unknown)
