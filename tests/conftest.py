@@ -1,16 +1,19 @@
 """Shared fixtures: real databases (a SQLite file per test; PostgreSQL when available), settings
 isolation, and Streamlit cache clearing.
 
-PostgreSQL: `OVERRULE_TEST_PG_URL` is an admin URL (see scripts/start-postgres.sh). A template is
-migrated once per worker; each worker clones it once and every test starts from it emptied by
-TRUNCATE. SQLite tests get a copy of a migrated file. Both make a test's database cost milliseconds. Under CI (`CI=true`) a
+PostgreSQL: `OVERRULE_TEST_PG_URL` is an admin URL (see scripts/start-postgres.sh). Each worker
+claims a migrated database from a pool kept on the server between runs (see `PgDatabase`) and
+empties it (DELETE) before each test, plus one for module-scoped data (`pg_module_url`); no test
+creates or drops a database. SQLite tests get
+a copy of a migrated file. Both make a test's database cost milliseconds. Under CI (`CI=true`) a
 missing server is an error, not a skip, so the PostgreSQL runs can never silently vanish.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import os
-import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,11 +25,11 @@ from sqlmodel import Session, SQLModel
 
 import lib.models  # noqa: F401  (every table on SQLModel.metadata, for TRUNCATE)
 from lib.config import reset_settings
-from lib.db import init_db
+from lib.db import create_db_engine, init_db
 
 PG_ADMIN_URL = os.environ.get("OVERRULE_TEST_PG_URL", "")
-# Per process, so concurrent test runs on one server never drop each other's template.
-PG_TEMPLATE = f"overrule_test_template_{os.getpid()}"
+PG_POOL_PREFIX = "overrule_test_"
+PG_POOL_LOCK = 7_140_513  # advisory-lock class of the test database pool (any constant of its own)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -41,36 +44,107 @@ def _pg_url_for(dbname: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def pg_template() -> Iterator[str]:
-    """A migrated template database, built once per test run."""
+def pg_server() -> str:
+    """The admin URL of the PostgreSQL test server; skips PostgreSQL tests without one (fails under CI)."""
     if not PG_ADMIN_URL:
         if os.environ.get("CI"):
             pytest.fail("CI=true but OVERRULE_TEST_PG_URL is not set: PostgreSQL tests cannot run")
         pytest.skip("no PostgreSQL server (set OVERRULE_TEST_PG_URL, see scripts/start-postgres.sh)")
-    admin = _pg_admin_engine()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{PG_TEMPLATE}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{PG_TEMPLATE}"'))
-    engine = init_db(_pg_url_for(PG_TEMPLATE))
-    engine.dispose()
-    yield PG_TEMPLATE
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{PG_TEMPLATE}" WITH (FORCE)'))
-    admin.dispose()
+    return PG_ADMIN_URL
 
 
-def _fresh_pg_database(template: str) -> tuple[str, str]:
-    name = f"overrule_t_{secrets.token_hex(6)}"
-    with _pg_admin_engine().connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
-    return name, _pg_url_for(name)
+def _schema_fingerprint() -> str:
+    """A hash of every migration file: a kept test database is reused only while this is unchanged."""
+    digest = hashlib.sha256()
+    for path in sorted((ROOT / "migrations").rglob("*.py")):
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return f"overrule test database, migrations {digest.hexdigest()[:16]}"
 
 
-def _drop_pg_database(name: str) -> None:
-    admin = _pg_admin_engine()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+class PgDatabase:
+    """A migrated PostgreSQL test database held by this process, emptied in milliseconds before use.
+
+    The databases are a pool kept on the server between runs (`overrule_test_0`, `_1`, ...): a
+    process claims a free one with an advisory lock held for its session, so parallel runs and
+    xdist workers never share one, and nothing is dropped at the end. CREATE and DROP DATABASE each
+    cost the whole server a checkpoint (tens of seconds when other runs share it); a kept database
+    costs nothing. It is rebuilt when the migrations changed (their hash is the database's comment).
+    """
+
+    def __init__(self) -> None:
+        fingerprint = _schema_fingerprint()
+        self._admin = _pg_admin_engine()
+        self._lock = self._admin.connect()  # the advisory lock lasts as long as this connection
+        kept = {
+            int(name.removeprefix(PG_POOL_PREFIX)): comment
+            for name, comment in self._lock.execute(
+                text(
+                    "SELECT datname, shobj_description(oid, 'pg_database') FROM pg_database "
+                    "WHERE starts_with(datname, :prefix)"
+                ),
+                {"prefix": PG_POOL_PREFIX},
+            )
+            if name.removeprefix(PG_POOL_PREFIX).isdigit()
+        }
+        # Up-to-date databases first, then outdated ones (rebuilt), then new ones.
+        candidates = itertools.chain(
+            sorted(kept, key=lambda i: (kept[i] != fingerprint, i)),
+            (i for i in itertools.count() if i not in kept),
+        )
+        index = next(
+            i
+            for i in candidates
+            if self._lock.execute(
+                text("SELECT pg_try_advisory_lock(:pool, :index)"), {"pool": PG_POOL_LOCK, "index": i}
+            ).scalar()
+        )
+        self.name = f"{PG_POOL_PREFIX}{index}"
+        self.url = _pg_url_for(self.name)
+        if kept.get(index) != fingerprint:
+            self._lock.execute(text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
+            self._lock.execute(text(f'CREATE DATABASE "{self.name}"'))
+            init_db(self.url).dispose()
+            self._lock.execute(text(f"COMMENT ON DATABASE \"{self.name}\" IS '{fingerprint}'"))
+        self.engine = create_engine(
+            self.url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT"
+        )
+        with self.engine.connect() as conn:
+            sequences = conn.execute(
+                text("SELECT schemaname, sequencename FROM pg_sequences WHERE schemaname = current_schema()")
+            ).all()
+        # Children before parents, so every foreign key holds after each DELETE; then every
+        # sequence back to 1 (what TRUNCATE ... RESTART IDENTITY would do, without its file rewrites).
+        deletes = [f'DELETE FROM "{t.name}"' for t in reversed(SQLModel.metadata.sorted_tables)]
+        restarts = [f'SELECT setval(\'"{schema}"."{seq}"\', 1, false)' for schema, seq in sequences]
+        self._reset_sql = "; ".join(["BEGIN", *deletes, *restarts, "COMMIT"])
+
+    def empty(self) -> None:
+        """Delete every row and restart every sequence.
+
+        DELETE, not TRUNCATE: on tables this small TRUNCATE costs 50-500 ms (it creates new files
+        and waits for their fsync), DELETE about 5 ms. `synchronous_commit = off` skips the WAL
+        flush wait; a crash of the test server cannot matter.
+        """
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql("SET lock_timeout = '3s'; SET synchronous_commit = off")
+            try:
+                conn.exec_driver_sql(self._reset_sql)
+            except OperationalError:
+                # A previous test left a connection inside a transaction: end it, then empty.
+                conn.exec_driver_sql("ROLLBACK")
+                conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                )
+                conn.exec_driver_sql(self._reset_sql)
+
+    def release(self) -> None:
+        """Hand the database back to the pool (its rows stay until the next user empties it)."""
+        self.engine.dispose()
+        self._lock.close()
+        self._admin.dispose()  # closes the connection, which releases the advisory lock
 
 
 @pytest.fixture(scope="session")
@@ -82,38 +156,26 @@ def _sqlite_migrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def _pg_worker_database(pg_template: str) -> Iterator[str]:
-    """One PostgreSQL database per worker process, emptied before each test that uses it."""
-    name = f"overrule_w_{os.getpid()}"
-    with _pg_admin_engine().connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"'))
-    yield _pg_url_for(name)
-    _drop_pg_database(name)
+def _pg_worker_database(pg_server: str) -> Iterator[PgDatabase]:
+    """The database of this worker's function-scoped PostgreSQL tests (`db_url`), emptied before each."""
+    database = PgDatabase()
+    yield database
+    database.release()
 
 
-def _empty_pg_database(url: str) -> None:
-    """TRUNCATE every table (identities restarted): a clean database in milliseconds, not a new one."""
-    tables = ", ".join(f'"{t.name}"' for t in SQLModel.metadata.sorted_tables)
-    eng = create_engine(
-        url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT"
-    )
-    try:
-        with eng.connect() as conn:
-            conn.execute(text("SET lock_timeout = '3s'"))
-            try:
-                conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
-            except OperationalError:
-                # A previous test left a connection inside a transaction: end it, then truncate.
-                conn.execute(
-                    text(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                    )
-                )
-                conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
-    finally:
-        eng.dispose()
+@pytest.fixture(scope="session")
+def _pg_module_database(pg_server: str) -> Iterator[PgDatabase]:
+    """A second database for module-scoped data (`pg_module_url`), beside the per-test one."""
+    database = PgDatabase()
+    yield database
+    database.release()
+
+
+@pytest.fixture(scope="module")
+def pg_module_url(_pg_module_database: PgDatabase) -> str:
+    """An empty migrated PostgreSQL database that a module's tests share (for module-scoped fixtures)."""
+    _pg_module_database.empty()
+    return _pg_module_database.url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -124,9 +186,9 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         shutil.copyfile(request.getfixturevalue("_sqlite_migrated"), target)
         yield f"sqlite:///{target}"
         return
-    url = request.getfixturevalue("_pg_worker_database")
-    _empty_pg_database(url)
-    yield url
+    database = request.getfixturevalue("_pg_worker_database")
+    database.empty()
+    yield database.url
 
 
 @pytest.fixture
@@ -137,8 +199,8 @@ def sqlite_url(tmp_path: Path) -> str:
 
 @pytest.fixture
 def engine(db_url: str) -> Iterator[Engine]:
-    """A migrated engine on each backend."""
-    eng = init_db(db_url)
+    """A migrated engine on each backend (the database is a migrated copy: no Alembic run per test)."""
+    eng = create_db_engine(db_url)
     yield eng
     eng.dispose()
 
@@ -147,7 +209,7 @@ def engine(db_url: str) -> Iterator[Engine]:
 def sqlite_engine(sqlite_url: str, _sqlite_migrated: Path) -> Iterator[Engine]:
     """A migrated SQLite engine only (a copy of the template; at `sqlite_url`)."""
     shutil.copyfile(_sqlite_migrated, sqlite_url.split("///", 1)[1])
-    eng = init_db(sqlite_url)
+    eng = create_db_engine(sqlite_url)
     yield eng
     eng.dispose()
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from lib.__main__ import build_parser
+from tests.cli import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,10 +31,17 @@ def test_every_command_is_documented_in_the_readme(command: str) -> None:
     [("nonsense://x", "Can't load plugin"), ("postgresql://u:p@127.0.0.1:1/x", "Connection refused")],
 )
 def test_a_bad_database_url_is_a_one_line_error(url: str, fragment: str) -> None:
-    env = {**os.environ, "OVERRULE_DATABASE_URL": url}
-    done = subprocess.run(
-        [sys.executable, "-m", "lib", "demo"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    done = run_cli("demo", env={"OVERRULE_DATABASE_URL": url})
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
     assert "check OVERRULE_DATABASE_URL" in done.stderr and fragment in done.stderr
+
+
+def test_python_dash_m_lib_runs_main_and_exits_with_its_status() -> None:
+    """The entry point itself, as a real process: `main`'s status becomes the exit code, errors go to stderr."""
+    env = {**os.environ, "OVERRULE_DATABASE_URL": "nonsense://x"}
+    done = subprocess.run(
+        [sys.executable, "-m", "lib", "demo"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr.startswith("error: cannot use the database (") and "Traceback" not in done.stderr

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import subprocess
-import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -20,7 +17,7 @@ from sqlalchemy import Engine, func
 from sqlmodel import Session, select
 
 from lib import demo, relevance
-from lib.db import init_db
+from lib.db import create_db_engine, init_db
 from lib.demo import evaluations as demo_evaluations
 from lib.demo import inputs as demo_inputs
 from lib.demo import notes as demo_notes
@@ -42,7 +39,7 @@ from lib.models import (
     TagRelevanceEvent,
     compute_was_corrected,
 )
-from tests.conftest import _drop_pg_database, _fresh_pg_database
+from tests.cli import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = [
@@ -64,12 +61,10 @@ def loaded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         yield engine
         engine.dispose()
         return
-    name, url = _fresh_pg_database(request.getfixturevalue("pg_template"))
-    engine = init_db(url)
+    engine = create_db_engine(request.getfixturevalue("pg_module_url"))
     demo.load_demo(engine=engine)
     yield engine
     engine.dispose()
-    _drop_pg_database(name)
 
 
 @pytest.fixture
@@ -707,16 +702,11 @@ def test_two_fresh_databases_get_identical_demo_data(engine: Engine, tmp_path: P
 
 def test_cli_demo_loads_then_declines(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cli.db'}"
-    env = {**os.environ, "OVERRULE_DATABASE_URL": url}
-    first = subprocess.run(
-        [sys.executable, "-m", "lib", "demo"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
+    first = run_cli("demo", env={"OVERRULE_DATABASE_URL": url})
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith("demo data loaded: ")
     assert re.search(r"\b1[6-9]\d evaluations\b", first.stdout)
-    second = subprocess.run(
-        [sys.executable, "-m", "lib", "demo"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
+    second = run_cli("demo", env={"OVERRULE_DATABASE_URL": url})
     assert second.returncode == 0 and "already holds data" in second.stdout
     engine = init_db(url)
     try:

@@ -7,7 +7,6 @@ import csv
 import io
 import json
 import os
-import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from sqlalchemy import Engine, insert
 from sqlmodel import SQLModel
 
 from lib import export
-from lib.db import init_db
+from lib.db import create_db_engine, init_db
 from lib.duck import duck_connect, fetch_frame, source_kind, table_ref
 from lib.export import (
     ExportError,
@@ -34,6 +33,8 @@ from lib.export import (
     neutralise_cell,
 )
 from lib.models import EvaluationSnapshot, Judgment
+from tests import cli
+from tests.cli import CliResult
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ["=cmd|' /C calc'!A0", "+1", "-2+3", "@SUM(1)", "\tx", "\rx"]
@@ -108,22 +109,11 @@ def filled(
         yield engine, _insert_everywhere(engine)
         engine.dispose()
         return
-    template = request.getfixturevalue("pg_template")
-    admin_url = os.environ["OVERRULE_TEST_PG_URL"]
-    admin = sa.create_engine(
-        admin_url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT"
-    )
-    name = f"overrule_export_{secrets.token_hex(4)}"
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
-    engine = init_db(f"{admin_url.rpartition('/')[0]}/{name}")
+    engine = create_db_engine(request.getfixturevalue("pg_module_url"))
     try:
         yield engine, _insert_everywhere(engine)
     finally:
         engine.dispose()
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def _insert_judgments(engine: Engine, rows: list[dict[str, Any]]) -> None:
@@ -431,11 +421,8 @@ def test_frame_csv_neutralises_header_cells() -> None:
 # --- the CLI --------------------------------------------------------------------------------------
 
 
-def _cli(engine: Engine, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OVERRULE_DATABASE_URL": engine.url.render_as_string(hide_password=False)}
-    return subprocess.run(
-        [sys.executable, "-m", "lib", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
+def _cli(engine: Engine, *args: str) -> CliResult:
+    return cli.run_cli(*args, env={"OVERRULE_DATABASE_URL": engine.url.render_as_string(hide_password=False)})
 
 
 @pytest.mark.parametrize("fmt", ["csv", "json"])

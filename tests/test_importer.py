@@ -6,8 +6,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime
 from functools import cache
@@ -33,6 +31,8 @@ from lib.importer import (
 from lib.metrics import DEFAULT_METRICS
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, MetricDefinition, SessionNote
 from lib.snapshots import build_snapshot_rows, source_key_of
+from tests import cli
+from tests.cli import CliResult
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "data" / "import"
@@ -899,16 +899,8 @@ def test_fixture_evaluations_import_end_to_end(engine: Engine) -> None:
 # CLI
 
 
-def run_cli(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OVERRULE_DATABASE_URL": f"sqlite:///{db}"}
-    return subprocess.run(
-        [sys.executable, "-m", "lib", "import", *args],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def run_cli(db: Path, *args: str) -> CliResult:
+    return cli.run_cli("import", *args, env={"OVERRULE_DATABASE_URL": f"sqlite:///{db}"})
 
 
 def test_cli_imports_and_reports_on_stdout(tmp_path: Path) -> None:

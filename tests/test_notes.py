@@ -22,6 +22,8 @@ from lib import notes
 from lib.config import reset_settings
 from lib.db import init_db, session_scope
 from lib.models import NOTE_TYPES, LessonTagRelevance, SessionNote, TagRelevanceEvent
+from tests import cli
+from tests.cli import CliResult
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = datetime(2025, 11, 8, 14, 30, 22, tzinfo=UTC)
@@ -930,14 +932,11 @@ def test_parse_age_refuses_nonsense(text_: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Command line (a real subprocess against the same database)
+# Command line (`main(argv)` in this process, against the same database)
 
 
-def run_cli(*args: str, url: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OVERRULE_DATABASE_URL": url, "OVERRULE_LOAD_DEMO": "false"}
-    result = subprocess.run(
-        [sys.executable, "-m", "lib", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
+def run_cli(*args: str, url: str, check: bool = True) -> CliResult:
+    result = cli.run_cli(*args, env={"OVERRULE_DATABASE_URL": url, "OVERRULE_LOAD_DEMO": "false"})
     if check:
         assert result.returncode == 0, result.stderr
     return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -10,19 +11,30 @@ from sqlalchemy import Engine
 from streamlit.testing.v1 import AppTest
 
 from lib.config import reset_settings
-from lib.db import init_db
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _scan_installed_components_once() -> Iterator[None]:
+    """Each new AppTest scans the metadata of every installed package for Streamlit components
+    (about 0.5 s, most of a page test); the installed packages cannot change during a run, so the
+    first scan's result serves every AppTest."""
+    from streamlit.components.v2 import manifest_scanner
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(
+            manifest_scanner, "scan_component_manifests", cache(manifest_scanner.scan_component_manifests)
+        )
+        yield
+
+
 @pytest.fixture
-def app_engine(monkeypatch: pytest.MonkeyPatch, sqlite_url: str) -> Iterator[Engine]:
+def app_engine(monkeypatch: pytest.MonkeyPatch, sqlite_url: str, sqlite_engine: Engine) -> Engine:
     """The database the pages will open (same URL as OVERRULE_DATABASE_URL), already migrated."""
     monkeypatch.setenv("OVERRULE_DATABASE_URL", sqlite_url)
     reset_settings()
-    engine = init_db(sqlite_url)
-    yield engine
-    engine.dispose()
+    return sqlite_engine
 
 
 @pytest.fixture
