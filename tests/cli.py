@@ -1,23 +1,29 @@
-"""`python -m lib ...` run in this process: the same `main(argv)` without a new interpreter.
+"""`python -m lib ...` for tests: in this process (`run_cli`) or as a real one (`run_cli_process`).
 
 A subprocess spends about a second importing SQLAlchemy, Alembic and pandas before it does
 anything; the commands' own behaviour (arguments, exit status, stdout, stderr, the database they
-write) is the same in-process. `tests/test_cli.py` keeps one real `python -m lib` subprocess for
-the entry point itself.
+write) is the same in-process. A real process is for what only another process shows: the entry
+point itself (`tests/test_cli.py`) and state one process cannot see another change (caches).
 """
 
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 from collections.abc import Mapping
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 
 import lib.__main__ as cli
 from lib.config import reset_settings
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -60,3 +66,16 @@ def run_cli(*args: str, env: Mapping[str, str] | None = None) -> CliResult:
                 engine.dispose()
             reset_settings()
     return CliResult(status, out.getvalue(), err.getvalue())
+
+
+def run_cli_process(*args: str, env: Mapping[str, str] | None = None) -> CliResult:
+    """Run `python -m lib *args` as a new process, with `env` added to this one's environment."""
+    done = subprocess.run(
+        [sys.executable, "-m", "lib", *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return CliResult(done.returncode, done.stdout, done.stderr)

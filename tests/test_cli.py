@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from lib.__main__ import build_parser
-from tests.cli import run_cli
+from tests.cli import run_cli, run_cli_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,11 +34,9 @@ def test_a_bad_database_url_is_a_one_line_error(url: str, fragment: str) -> None
     assert "check OVERRULE_DATABASE_URL" in done.stderr and fragment in done.stderr
 
 
+@pytest.mark.slow  # a new interpreter importing the whole stack
 def test_python_dash_m_lib_runs_main_and_exits_with_its_status() -> None:
     """The entry point itself, as a real process: `main`'s status becomes the exit code, errors go to stderr."""
-    env = {**os.environ, "OVERRULE_DATABASE_URL": "nonsense://x"}
-    done = subprocess.run(
-        [sys.executable, "-m", "lib", "demo"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    done = run_cli_process("demo", env={"OVERRULE_DATABASE_URL": "nonsense://x"})
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr.startswith("error: cannot use the database (") and "Traceback" not in done.stderr

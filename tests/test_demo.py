@@ -170,6 +170,7 @@ def test_counts_meet_the_minimums(loaded: Engine) -> None:
     assert counts["judgments"] > counts["evaluation_snapshots"] * 4
 
 
+@pytest.mark.slow  # loads the whole demo into a new database
 def test_load_reports_what_it_added(engine: Engine) -> None:
     counts = demo.load_demo(engine=engine)
     stored = row_counts(engine)
@@ -514,6 +515,7 @@ def relevance_state(engine: Engine) -> dict[str, Any]:
         }  # fmt: skip
 
 
+@pytest.mark.slow  # replays every demo tag-relevance update through the API
 def test_bulk_tag_relevance_equals_what_lib_relevance_writes(tmp_path: Path) -> None:
     notes, evaluations = demo.build_notes(), demo.build_evaluations()
     engines = [init_db(f"sqlite:///{tmp_path / name}") for name in ("bulk.db", "api.db")]
@@ -594,21 +596,20 @@ def test_matched_auto_evaluations_copy_the_expert_scores(db: Session) -> None:
 # Loading rules
 
 
-def test_second_load_returns_nothing_and_writes_nothing(engine: Engine) -> None:
-    demo.load_demo(engine=engine)
-    before = row_counts(engine)
-    assert demo.load_demo(engine=engine) == {}
-    assert row_counts(engine) == before
+def test_second_load_returns_nothing_and_writes_nothing(loaded: Engine) -> None:
+    before = row_counts(loaded)
+    assert demo.load_demo(engine=loaded) == {}
+    assert row_counts(loaded) == before
 
 
-def test_forced_load_adds_nothing_already_present(engine: Engine) -> None:
-    demo.load_demo(engine=engine)
-    before = row_counts(engine)
-    counts = demo.load_demo(engine=engine, force=True)
+def test_forced_load_adds_nothing_already_present(loaded: Engine) -> None:
+    before = row_counts(loaded)
+    counts = demo.load_demo(engine=loaded, force=True)
     assert counts and set(counts.values()) == {0}
-    assert row_counts(engine) == before
+    assert row_counts(loaded) == before
 
 
+@pytest.mark.slow  # loads the whole demo into a new database
 def test_forced_load_fills_a_database_holding_other_evaluations(engine: Engine) -> None:
     with Session(engine) as session:
         import_evaluations(
@@ -629,6 +630,7 @@ def test_forced_load_fills_a_database_holding_other_evaluations(engine: Engine) 
     assert row_counts(engine)["evaluation_snapshots"] == counts["evaluations"] + 1
 
 
+@pytest.mark.slow  # loads the whole demo into a new database
 def test_a_load_into_a_database_with_only_notes_skips_the_notes_it_has(engine: Engine) -> None:
     records = demo.build_notes().records
     with Session(engine) as session:
@@ -687,6 +689,7 @@ def dump(engine: Engine) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow  # loads the whole demo into a new database
 def test_two_fresh_databases_get_identical_demo_data(engine: Engine, tmp_path: Path) -> None:
     other = init_db(f"sqlite:///{tmp_path / 'other.db'}")
     try:
@@ -700,6 +703,7 @@ def test_two_fresh_databases_get_identical_demo_data(engine: Engine, tmp_path: P
         assert first[key] == second[key], key
 
 
+@pytest.mark.slow  # loads the whole demo into a new database
 def test_cli_demo_loads_then_declines(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     first = run_cli("demo", env={"OVERRULE_DATABASE_URL": url})

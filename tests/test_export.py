@@ -457,6 +457,7 @@ print(json.dumps({"source": source_kind(con), "loaded": row[0], "installed": row
 """
 
 
+@pytest.mark.slow  # a new interpreter importing the whole stack and DuckDB's scanner
 def test_scanner_loads_from_the_package_without_install(engine, tmp_path: Path) -> None:
     _insert_judgments(engine, [_judgment("c1")])
     home = tmp_path / "home"

@@ -579,6 +579,7 @@ def test_blank_lines_and_a_byte_order_mark_are_tolerated(engine: Engine, tmp_pat
     assert run_import(engine, path).inserted == 2
 
 
+@pytest.mark.slow  # 5,000 evaluations and 10,000 judgments
 def test_five_thousand_records_go_through_the_bulk_path(engine: Engine, tmp_path: Path) -> None:
     rows = [
         record(question=f"Question {i}?", evidence={"truthfulness": [{"quote": QUOTE, "start": 0, "end": 0}]})

@@ -213,6 +213,7 @@ def test_without_an_llm_the_commands_say_how_to_configure_one(
     assert "OPENAI_API_KEY" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a new interpreter importing the whole stack
 def test_judge_runs_as_a_real_subprocess(sqlite_url: str, llm_server: LLMServer, tmp_path: Path) -> None:
     batch = write_jsonl(tmp_path / "b.jsonl", [line(1, product="plain", user_scores={})])
     scores = {"truthfulness": {"score": 5, "rationale": "Every claim is true."}}

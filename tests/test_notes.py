@@ -83,6 +83,7 @@ def test_process_session_id_is_stable_within_a_process() -> None:
     assert notes.process_session_id() == notes.process_session_id()
 
 
+@pytest.mark.slow  # a new interpreter
 def test_process_session_id_differs_in_another_process() -> None:
     code = "from lib.notes import process_session_id; print(process_session_id())"
     other = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -437,10 +438,21 @@ def test_raw_delete_inside_a_full_window_is_seen(engine: Engine) -> None:
     assert "n58" not in shown and shown[:2] == ["n59", "n57"] and len(shown) == 20
 
 
+@pytest.mark.slow  # a new interpreter importing the whole stack
 def test_note_added_by_another_process_is_seen(engine: Engine) -> None:
     put(engine, content="mine", timestamp=NOW - timedelta(days=1))
     relevant(engine, "en")
-    run_cli("notes", "add", "--type", "TIP", "--language", "en", "from the cli", url=url_of(engine))
+    added = cli.run_cli_process(
+        "notes",
+        "add",
+        "--type",
+        "TIP",
+        "--language",
+        "en",
+        "from the cli",
+        env={"OVERRULE_DATABASE_URL": url_of(engine)},
+    )
+    assert added.returncode == 0, added.stderr
     assert [n.content for n in relevant(engine, "en")] == ["from the cli", "mine"]
 
 
