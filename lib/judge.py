@@ -17,6 +17,13 @@ kept (AD-8). A score outside its metric's scale, by contrast, fails Stage 1: sto
 impossible number in the data, and turning it into null would make the judge look as if it had
 abstained, which it did not.
 
+Small local models (issue 18): both stages send a JSON schema built from the rubric
+(`stage1_schema`, `stage2_schema`) through `lib.llm`'s per-server negotiation, with reply caps
+`OVERRULE_MAX_TOKENS_JUDGE` / `_MENTOR`. Well-shaped but weak replies (placeholder quotes, reasons
+under three words, note lines copied into a reason) are refused by `check_stage1_reply` and get
+one repair turn. The Stage 1 prompt is fitted to `OVERRULE_CONTEXT_TOKENS` (`fit_stage1_prompt`:
+oldest history first, then the least relevant notes), and what was left out is said.
+
 LLM calls are slow, so `judge_evaluation` takes the engine and opens its own short sessions: one to
 read the rubric and history, one to write. Holding a transaction open across an LLM call would keep
 SQLite's write lock (or a PostgreSQL connection) for the whole call.

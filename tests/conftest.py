@@ -259,4 +259,8 @@ def llm_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     reset_settings()
     yield server
     server.stop()
+    # What lib.llm negotiated (JSON mode, tools) is keyed by URL; a later server may get this port.
+    from lib import llm
+
+    llm.close_clients()
     reset_settings()
