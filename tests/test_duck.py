@@ -1,0 +1,146 @@
+"""lib.duck: quoting, the table whitelist, and the `db.*` views on both backends and both read paths.
+
+The export tests (tests/test_export.py) cover the scanner's offline loading and the typed columns;
+these cover the helpers every DuckDB query is built from, and what a cursor of a kept connection sees.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import Engine
+from sqlmodel import Session
+
+from lib.duck import (
+    DuckUnavailable,
+    duck_connect,
+    extension_path,
+    fetch_frame,
+    model_tables,
+    quote_ident,
+    quote_literal,
+    source_kind,
+    table_ref,
+    tables_in_sql,
+)
+from lib.models import Judgment
+
+T0 = datetime(2024, 5, 1, 12, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("name", "quoted"),
+    [
+        ("judgments", '"judgments"'),
+        ('we"ird', '"we""ird"'),
+        ('"; DROP TABLE x; --', '"""; DROP TABLE x; --"'),
+    ],
+)
+def test_quote_ident_doubles_quotes(name: str, quoted: str) -> None:
+    assert quote_ident(name) == quoted
+
+
+@pytest.mark.parametrize(
+    ("value", "quoted"), [("/tmp/a.db", "'/tmp/a.db'"), ("it's", "'it''s'"), ("''", "''''''")]
+)
+def test_quote_literal_doubles_single_quotes(value: str, quoted: str) -> None:
+    assert quote_literal(value) == quoted
+
+
+def test_table_ref_names_the_typed_view_of_a_model_table() -> None:
+    assert "judgments" in model_tables()
+    assert table_ref("judgments") == 'db."judgments"'
+
+
+@pytest.mark.parametrize("name", ["nope", "judgments; DROP TABLE judgments", 'judgments"', ""])
+def test_table_ref_refuses_what_is_not_a_model_table(name: str) -> None:
+    with pytest.raises(ValueError, match="unknown table"):
+        table_ref(name)
+
+
+@pytest.mark.parametrize(
+    ("sql", "tables"),
+    [
+        ('SELECT * FROM db."judgments" j JOIN db.evaluation_snapshots s ON true', {"judgments", "evaluation_snapshots"}),
+        ("SELECT * FROM db . session_notes", {"session_notes"}),
+        ("SELECT * FROM db.not_a_table, other.judgments", set()),
+        ("SELECT 1", set()),
+    ],
+)  # fmt: skip
+def test_tables_in_sql_finds_only_model_tables_under_db(sql: str, tables: set[str]) -> None:
+    assert tables_in_sql(sql) == tables
+
+
+def test_extension_path_of_an_unknown_backend_is_a_key_error() -> None:
+    with pytest.raises(KeyError):
+        extension_path("mysql")
+
+
+def test_extension_path_points_at_an_existing_file_or_says_why_not() -> None:
+    try:
+        path = extension_path("sqlite")
+    except DuckUnavailable as exc:  # a platform without the wheel: the message names the package
+        assert "duckdb_extension_sqlite_scanner" in str(exc)
+    else:
+        assert path.endswith("sqlite_scanner.duckdb_extension")
+
+
+def test_the_fallback_refuses_unknown_tables(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="unknown tables: nope"):
+        duck_connect(engine, tables=["judgments", "nope"], scanner=False)
+
+
+def _judgment(engine: Engine, change_id: str, *, corrected: bool) -> None:
+    with Session(engine) as s:
+        s.add(
+            Judgment(
+                change_id=change_id,
+                product="acme",
+                decision="INCLUDE",
+                user_decision="EXCLUDE" if corrected else None,
+                was_corrected=corrected,
+                timestamp=T0,
+            )
+        )
+        s.commit()
+
+
+@pytest.mark.parametrize("scanner", [True, False], ids=["scanner", "arrow"])
+def test_fetch_frame_binds_parameters_and_returns_typed_columns(engine: Engine, scanner: bool) -> None:
+    _judgment(engine, "a", corrected=True)
+    _judgment(engine, "b", corrected=False)
+    con = duck_connect(engine, tables=["judgments"], scanner=scanner)
+    try:
+        kind = source_kind(con)
+        assert kind == (
+            {"sqlite": "sqlite", "postgresql": "postgres"}[engine.dialect.name] if scanner else "duckdb"
+        )
+        frame = fetch_frame(
+            con,
+            f"SELECT change_id, was_corrected, timestamp FROM {table_ref('judgments')} "
+            "WHERE product = ? ORDER BY change_id",
+            ["acme"],
+        )
+        assert list(frame["change_id"]) == ["a", "b"]
+        assert list(frame["was_corrected"]) == [True, False]
+        assert frame["timestamp"].iloc[0] == T0  # TIMESTAMPTZ in UTC on both backends
+        none = fetch_frame(
+            con, f"SELECT count(*) AS n FROM {table_ref('judgments')} WHERE product = ?", ["'; --"]
+        )
+        assert int(none["n"].iloc[0]) == 0  # a value is bound, never spliced into the SQL
+    finally:
+        con.close()
+
+
+def test_a_cursor_of_a_kept_scanner_connection_sees_later_writes(engine: Engine) -> None:
+    con = duck_connect(engine)
+    try:
+        if source_kind(con) == "duckdb":
+            pytest.skip("the scanner extension is not available here; the Arrow copy is a snapshot")
+        count = f"SELECT count(*) AS n FROM {table_ref('judgments')}"
+        assert int(fetch_frame(con.cursor(), count)["n"].iloc[0]) == 0
+        _judgment(engine, "later", corrected=False)
+        assert int(fetch_frame(con.cursor(), count)["n"].iloc[0]) == 1
+    finally:
+        con.close()
