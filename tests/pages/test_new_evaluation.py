@@ -12,6 +12,7 @@ from streamlit.testing.v1 import AppTest
 from lib.db import session_scope
 from lib.metrics import upsert_metric_definitions
 from lib.models import EvaluationSnapshot, Judgment
+from lib.safe_markdown import escape_markdown
 from tests.llm_server import LLMServer, json_reply, server_error, text
 from tests.test_judge import ANSWER, RUBRIC, STAGE2_PAYLOAD, stage1_payload
 
@@ -108,7 +109,7 @@ def test_untrusted_reply_text_in_an_error_is_escaped(acme: Engine, llm_server: L
     llm_server.script(*[text("[click](javascript:alert(1)) <img src=x onerror=alert(1)>")] * 2)
     at = submit(fill(open_page(PAGE, reviewer="ayse")))
     error = at.error[0].value
-    assert "\\[click\\]\\(javascript\\:alert\\(1\\)\\)" in error and "\\<img" in error
+    assert escape_markdown("[click](javascript:alert(1))") in error and "\\<img" in error
     assert counts(acme) == (0, 0)
     assert not at.exception
 
