@@ -18,8 +18,7 @@ from lib import corrections
 from lib.corrections import DecisionScale, InvalidDecision, JudgmentNotFound, MissingReviewer, ReviewConflict
 from lib.models import Judgment
 from lib.safe_markdown import escape_markdown
-from lib.ui import csv_download, current_reviewer, session_scope, show_flash
-from lib.ui import flash as _flash  # renamed at the call sites once the overrule-rule change lands
+from lib.ui import csv_download, current_reviewer, flash, session_scope, show_flash
 
 CONFIRM_SHORTCUT = "Alt+Y"
 OVERRULE_SHORTCUT = "Alt+O"
@@ -37,7 +36,7 @@ def _submit(
     """Button callback: write the review as of the version the reviewer saw, then flash the outcome."""
     reviewer = current_reviewer()
     if not reviewer:
-        _flash(
+        flash(
             flash_key, "warning", "Enter your name in the sidebar first: every review records its reviewer."
         )
         return
@@ -48,10 +47,10 @@ def _submit(
         try:
             proposed = scale.parse(value)
         except InvalidDecision as exc:
-            _flash(flash_key, "error", f"Not saved: {exc}")
+            flash(flash_key, "error", f"Not saved: {exc}")
             return
         if corrections.same_decision(judge_decision, proposed):
-            _flash(
+            flash(
                 flash_key,
                 "error",
                 "Not saved: your decision equals the judge's. Use “Confirm judge” instead.",
@@ -74,13 +73,13 @@ def _submit(
             )
     except ReviewConflict as exc:
         st.session_state[f"{key}_seen_version"] = exc.current.version
-        _flash(flash_key, "error", exc.describe())
+        flash(flash_key, "error", exc.describe())
         return
     except (InvalidDecision, MissingReviewer, JudgmentNotFound) as exc:
-        _flash(flash_key, "error", f"Not saved: {exc}")
+        flash(flash_key, "error", f"Not saved: {exc}")
         return
     st.session_state[f"{key}_reason"] = ""
-    _flash(flash_key, "success", f"{summary} Saved as {reviewer}.")
+    flash(flash_key, "success", f"{summary} Saved as {reviewer}.")
 
 
 def _review_state_text(judgment: Judgment) -> str | None:
