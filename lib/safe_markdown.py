@@ -110,6 +110,8 @@ def _limit_line(line: str) -> str:
         space = _SPACE_RE.match(line, pos)
         indent = len(space.group().replace("\t", "    ")) // 2
         if levels + indent > MAX_NESTING:  # deep indentation nests lists too: keep what the budget allows
+            if _MARKER_RE.match(line, space.end()) is None:
+                return line  # no marker, no new level: an indented code line or text keeps its spaces
             keep = " " * (2 * (MAX_NESTING - levels))
             line, levels = line[:pos] + keep + line[space.end() :], MAX_NESTING
             space = _SPACE_RE.match(line, pos)

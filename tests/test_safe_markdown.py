@@ -372,3 +372,8 @@ def test_safe_markdown_keeps_nesting_up_to_the_limit() -> None:
 )
 def test_property_safe_markdown_nesting_stays_bounded(text: str) -> None:
     assert _max_depth(safe_markdown(text * 3)) <= MAX_NESTING
+
+
+def test_safe_markdown_keeps_deep_indentation_in_code() -> None:
+    text = "```python\ndef f():\n" + " " * 40 + "return 1\n```"
+    assert safe_markdown(text) == text
