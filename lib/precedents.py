@@ -17,8 +17,10 @@ import logging
 import math
 import re
 import unicodedata
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from statistics import mean
@@ -98,12 +100,30 @@ def hashing_embedding(text: str) -> list[float]:
     return [v / norm for v in vector] if norm else vector
 
 
+_OFFLINE: ContextVar[bool] = ContextVar("precedents_offline", default=False)
+
+
+@contextmanager
+def offline() -> Iterator[None]:
+    """Evaluate with the hashing embedding and without any LLM, whatever is configured (the demo
+    build: deterministic, no network). The fallback then cannot pass, as with no LLM configured."""
+    token = _OFFLINE.set(True)
+    try:
+        yield
+    finally:
+        _OFFLINE.reset(token)
+
+
+def _llm_usable(settings: Settings) -> bool:
+    return settings.llm_configured and not _OFFLINE.get()
+
+
 def embed_texts(texts: Sequence[str], *, settings: Settings | None = None) -> list[list[float]]:
     """One vector per text: the configured embedding model when set, else the offline hashing one."""
     settings = settings or get_settings()
     if not texts:
         return []
-    if settings.embedding_model:
+    if settings.embedding_model and not _OFFLINE.get():
         return llm.embed(list(texts), settings=settings)
     return [hashing_embedding(t) for t in texts]
 
@@ -194,7 +214,7 @@ def _normalised(matrix: np.ndarray) -> np.ndarray:
 def embedding_dim(settings: Settings | None = None) -> int:
     """The dimension vectors of the configured model have (one probe call for a server model)."""
     settings = settings or get_settings()
-    if not settings.embedding_model:
+    if not settings.embedding_model or _OFFLINE.get():
         return EMBEDDING_DIM
     return len(embed_texts(["dimension probe"], settings=settings)[0])
 
@@ -354,7 +374,7 @@ Chooser = Callable[[str, Sequence[tuple[str, float]]], int]
 
 def _llm_chooser(settings: Settings) -> Chooser | None:
     """The seed's LLM pick among several qualifying sentences; None without an LLM."""
-    if not settings.llm_configured:
+    if not _llm_usable(settings):
         return None
 
     def choose(sentence: str, candidates: Sequence[tuple[str, float]]) -> int:
@@ -495,7 +515,7 @@ def _run_fallback(
     }
     if not candidates:
         return None, trace
-    if not settings.llm_configured:
+    if not _llm_usable(settings):
         trace["llm_reason"] = "no LLM configured; the fallback cannot pass without one"
         return None, trace
     for candidate in candidates:
