@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +13,10 @@ from sqlalchemy import Engine, func, select
 from sqlmodel import Session
 
 from lib import importer, precedents
+from lib.__main__ import main
+from lib.config import reset_settings
 from lib.models import AutoEval, ExpertFeedback, Interaction
 
-ROOT = Path(__file__).resolve().parent.parent
 CITE = "https://help.acme.test/reset-password"
 QUESTION = "How do I reset my password?"
 S1 = "Open Settings and choose Reset password."
@@ -175,30 +175,41 @@ def test_the_kind_is_detected_from_the_first_line(engine: Engine, tmp_path: Path
     assert report.kind == "interactions"
 
 
-def _cli(*args: str, db: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OVERRULE_", "OPENAI_"))}
-    environ.update(OVERRULE_DATABASE_URL=db, OVERRULE_LOAD_DEMO="false", **env)
-    return subprocess.run(
-        [sys.executable, "-m", "lib", *args],
-        cwd=ROOT,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[..., Done]:
+    """`python -m lib ...` in this process (lib.__main__.main), on the database URL given."""
+
+    def run(*args: str, db: str, **env: str) -> Done:
+        monkeypatch.setenv("OVERRULE_DATABASE_URL", db)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        reset_settings()
+        capsys.readouterr()
+        code = main(list(args))
+        out = capsys.readouterr()
+        return Done(code, out.out, out.err)
+
+    return run
 
 
 def test_cli_import_evaluates_with_progress_on_stderr_then_auto_eval_redo(
-    sqlite_engine: Engine, sqlite_url: str, tmp_path: Path
+    sqlite_engine: Engine, sqlite_url: str, tmp_path: Path, cli: Callable[..., Done]
 ) -> None:
     path = _corpus(tmp_path)
-    done = _cli("import", str(path), "--kind", "interactions", db=sqlite_url, OVERRULE_EVAL_CONCURRENCY="2")
+    done = cli("import", str(path), "--kind", "interactions", db=sqlite_url, OVERRULE_EVAL_CONCURRENCY="2")
     assert done.returncode == 0, done.stderr
     assert "interactions: 4 inserted" in done.stdout and "auto-evaluated 3: 1 matched" in done.stdout
     assert "3/3" in done.stderr  # the progress bar
-    nothing = _cli("auto-eval", db=sqlite_url)
+    nothing = cli("auto-eval", db=sqlite_url)
     assert nothing.returncode == 0 and "evaluated 0 interactions" in nothing.stdout
-    redo = _cli("auto-eval", "--redo", "--concurrency", "0", db=sqlite_url)
+    redo = cli("auto-eval", "--redo", "--concurrency", "0", db=sqlite_url)
     assert redo.returncode == 0, redo.stderr
     assert redo.stdout.splitlines() == [
         "deleted 3 earlier auto-evaluations",
@@ -206,7 +217,7 @@ def test_cli_import_evaluates_with_progress_on_stderr_then_auto_eval_redo(
         "  no_citation_match: 1",
         "  no_qa_match: 1",
     ]
-    forced = _cli(
+    forced = cli(
         "auto-eval", "--redo", "--force-fallback", "--product", "acme", "--since", "3650d", db=sqlite_url
     )
     assert "  forced_fallback_no_match: 2" in forced.stdout
@@ -221,6 +232,8 @@ def test_cli_import_evaluates_with_progress_on_stderr_then_auto_eval_redo(
         (["--concurrency", "-1"], "--concurrency must be between 0 (serial) and 64"),
     ],
 )
-def test_cli_auto_eval_refuses_bad_options(sqlite_url: str, args: list[str], message: str) -> None:
-    done = _cli("auto-eval", *args, db=sqlite_url)
+def test_cli_auto_eval_refuses_bad_options(
+    sqlite_url: str, args: list[str], message: str, cli: Callable[..., Done]
+) -> None:
+    done = cli("auto-eval", *args, db=sqlite_url)
     assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr
