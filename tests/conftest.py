@@ -178,6 +178,11 @@ def pg_module_url(_pg_module_database: PgDatabase) -> str:
     return _pg_module_database.url
 
 
+# For tests of refusals that happen before any write (validation, parsing): the database only
+# proves nothing was written, which one backend shows as well as two. Overrides `db_url`'s params.
+sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A migrated, empty database: a SQLite file, then PostgreSQL (the same tests on both)."""

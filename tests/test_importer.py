@@ -33,6 +33,7 @@ from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, MetricDefini
 from lib.snapshots import build_snapshot_rows, source_key_of
 from tests import cli
 from tests.cli import CliResult
+from tests.conftest import sqlite_only
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "data" / "import"
@@ -486,6 +487,7 @@ BAD_LINES: list[tuple[str, Any, str, str]] = [
 ]  # fmt: skip
 
 
+@sqlite_only
 @pytest.mark.parametrize(
     ("line", "field", "reason"), [b[1:] for b in BAD_LINES], ids=[b[0] for b in BAD_LINES]
 )
@@ -685,6 +687,7 @@ BAD_CACHES: list[tuple[str, Any, str]] = [
 ]  # fmt: skip
 
 
+@sqlite_only
 @pytest.mark.parametrize(("data", "reason"), [b[1:] for b in BAD_CACHES], ids=[b[0] for b in BAD_CACHES])
 def test_bad_seed_cache_is_refused_whole(engine: Engine, tmp_path: Path, data: Any, reason: str) -> None:
     path = tmp_path / "cache.json"
@@ -755,6 +758,7 @@ def note(**overrides: Any) -> dict[str, Any]:
     return {k: v for k, v in base.items() if v is not None}
 
 
+@sqlite_only
 @pytest.mark.parametrize(
     ("bad", "field", "reason"),
     [
@@ -798,6 +802,7 @@ def test_metrics_import_inserts_then_updates(engine: Engine, tmp_path: Path) -> 
     assert (rows["coherence"].min_value, rows["coherence"].max_value) == (1, 4)
 
 
+@sqlite_only
 @pytest.mark.parametrize(
     ("bad", "reason"),
     [
@@ -865,6 +870,7 @@ def test_cache_is_detected_in_any_layout(tmp_path: Path, text: str) -> None:
     assert detect_kind(path)[0] == "judgments"
 
 
+@sqlite_only
 @pytest.mark.parametrize(
     ("text", "reason"),
     [

@@ -31,6 +31,7 @@ from lib.judge_tools import (
 from lib.llm import LLMError
 from lib.metrics import upsert_metric_definitions
 from lib.models import EvaluationSnapshot, SessionNote, utcnow
+from tests.conftest import sqlite_only
 from tests.llm_server import (
     LLMServer,
     ToolCallReply,
@@ -233,6 +234,7 @@ def test_the_seeds_phelps_name_is_accepted_for_the_code() -> None:
 # -- executing calls -----------------------------------------------------------------------------
 
 
+@sqlite_only
 @pytest.mark.parametrize(
     ("name", "args", "message"),
     [

@@ -24,6 +24,7 @@ from lib.db import init_db, session_scope
 from lib.models import NOTE_TYPES, LessonTagRelevance, SessionNote, TagRelevanceEvent
 from tests import cli
 from tests.cli import CliResult
+from tests.conftest import sqlite_only
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = datetime(2025, 11, 8, 14, 30, 22, tzinfo=UTC)
@@ -101,6 +102,7 @@ def test_note_type_is_stored_upper_case(engine: Engine, given: str) -> None:
     assert stored(engine)[0].note_type == "TIP"
 
 
+@sqlite_only
 @pytest.mark.parametrize("given", ["HINT", "", "SUCCESSFUL"])
 def test_unknown_note_type_is_refused(engine: Engine, given: str) -> None:
     with pytest.raises(ValueError, match="not one of SUCCESS, FAILURE, PATTERN, STRATEGY, TIP"):
@@ -115,6 +117,7 @@ def test_language_is_normalised(engine: Engine, given: str | None, expected: str
     assert put(engine, language=given).language == expected
 
 
+@sqlite_only
 @pytest.mark.parametrize("given", ["english-uk-x", "e n", "en;drop", "en\tgb"])
 def test_invalid_language_is_refused(engine: Engine, given: str) -> None:
     with pytest.raises(ValueError, match="language"):
@@ -126,6 +129,7 @@ def test_content_becomes_one_line(engine: Engine) -> None:
     assert note.content == "first line second line"
 
 
+@sqlite_only
 @pytest.mark.parametrize("content", ["", "   ", "\n\t"])
 def test_empty_content_is_refused(engine: Engine, content: str) -> None:
     with pytest.raises(ValueError, match="empty"):
@@ -147,6 +151,7 @@ def test_success_note_keeps_code_and_confidence(engine: Engine) -> None:
     assert (note.phelps_code, note.confidence) == ("AB00123PRO", 0.9)
 
 
+@sqlite_only
 @pytest.mark.parametrize("confidence", [-0.01, 1.01, math.nan, True, "0.5"])
 def test_confidence_outside_zero_to_one_is_refused(engine: Engine, confidence: Any) -> None:
     with pytest.raises(ValueError, match="confidence"):
@@ -158,6 +163,7 @@ def test_code_longer_than_twenty_characters_is_refused(engine: Engine) -> None:
         put(engine, note_type="SUCCESS", phelps_code="X" * 21)
 
 
+@sqlite_only
 @pytest.mark.parametrize("note_type", ["FAILURE", "PATTERN", "STRATEGY", "TIP"])
 def test_code_on_a_non_success_note_is_refused(engine: Engine, note_type: str) -> None:
     with pytest.raises(ValueError, match="only SUCCESS notes carry a code"):

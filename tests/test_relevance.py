@@ -56,6 +56,7 @@ from lib.relevance import (
     update_pin_state,
 )
 from lib.relevance_charts import ema_history_figure, tag_heatmap_figure
+from tests.conftest import sqlite_only
 from tests.llm_server import LLMServer, json_reply, server_error
 
 pytestmark = pytest.mark.timeout(60)
@@ -304,6 +305,7 @@ def test_applied_scores_reproduce_the_seed_sequence_in_the_database(session: Ses
     assert seen == [-0.300, -0.510, -0.657]
 
 
+@sqlite_only
 @pytest.mark.parametrize("raw", [math.nan, math.inf, -math.inf, True, "0.5"])
 def test_apply_score_refuses_a_raw_score_that_is_not_a_finite_number(session: Session, raw: Any) -> None:
     note_id = make_note(session)
