@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import case, delete, func, update
+from sqlalchemy import case, delete, func, insert, update
 from sqlmodel import Session, col, select
 
 from lib.metrics import MetricSpec, metrics_for_product
@@ -168,8 +168,14 @@ def parse_score(value: Any) -> float | None:
 
 
 def format_score(value: float) -> str:
-    """Scores as decisions are written: "4" rather than "4.0", "2.67" as given."""
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
+    """The one text form of a score as a decision: whole numbers without ".0" ("4"), others the
+    shortest text that reads back to the same float ("2.67", "0.3333333333333333").
+
+    Every writer uses it (importer, judge, reviews, demo), so a stored decision never loses
+    precision (`f"{x:g}"` would store 0.333333) and equal scores are equal text.
+    """
+    number = float(value)
+    return str(int(number)) if number.is_integer() else repr(number)
 
 
 def decision_scale(*, session: Session, judgment: Judgment) -> DecisionScale:
@@ -212,6 +218,94 @@ def require_reviewer(reviewer: str | None) -> str:
     return name
 
 
+REVIEW_ACTIONS = ("confirm", "overrule")
+
+
+def settle_decision(judge_decision: str, user_decision: str) -> tuple[str, bool]:
+    """(decision to store, was_corrected): a confirmation stores the judge's exact text ("4" for 4.0)."""
+    decided = judge_decision if same_decision(judge_decision, user_decision) else user_decision
+    return decided, compute_was_corrected(judge_decision, decided)
+
+
+def review_event_row(
+    *,
+    judgment_id: int,
+    change_id: str,
+    corrected: bool,
+    reviewer: str,
+    at: datetime,
+    from_decision: str | None,
+    to_decision: str,
+    reason: str | None,
+    version: int,
+) -> dict[str, Any]:
+    """The audit-trail row of one review ("overruled" or "confirmed"): the only place one is built.
+
+    `record_review`, `record_reviews`, the cache importer and the demo all write these rows.
+    """
+    return {
+        "judgment_id": judgment_id,
+        "change_id": change_id,
+        "action": "overruled" if corrected else "confirmed",
+        "reviewer": reviewer,
+        "at": at,
+        "from_decision": from_decision,
+        "to_decision": to_decision,
+        "reason": reason,
+        "version": version,
+    }
+
+
+@dataclass(frozen=True)
+class BulkReview:
+    """One review for `record_reviews`: a decision already in the judgment's scale (canonical text)."""
+
+    change_id: str
+    user_decision: str
+    reviewer: str
+    reason: str | None
+    reviewed_at: datetime
+
+
+def record_reviews(*, session: Session, reviews: Sequence[BulkReview]) -> int:
+    """Bulk-apply reviews to judgments nobody has reviewed yet (loading data, not a reviewer's click).
+
+    Same rows as `record_review` (confirmation keeps the judge's text, version + 1, one audit event
+    each), without its per-row version check: already-reviewed judgments are skipped, never
+    overwritten. Returns how many were applied.
+    """
+    by_change = {r.change_id: r for r in reviews}
+    ids = list(by_change)
+    rows = []
+    for i in range(0, len(ids), 500):
+        rows.extend(
+            session.execute(
+                select(Judgment.id, Judgment.change_id, Judgment.decision, Judgment.version).where(
+                    col(Judgment.change_id).in_(ids[i : i + 500]), col(Judgment.reviewed_at).is_(None)
+                )
+            ).all()
+        )
+    updates, events = [], []
+    for judgment_id, change_id, decision, version in sorted(rows, key=lambda r: r[1]):
+        r = by_change[change_id]
+        decided, corrected = settle_decision(decision, r.user_decision)
+        updates.append(
+            {"id": judgment_id, "user_decision": decided, "user_reasoning": r.reason, "reviewer": r.reviewer,
+             "reviewed_at": r.reviewed_at, "version": version + 1, "was_corrected": corrected}
+        )  # fmt: skip
+        events.append(
+            review_event_row(
+                judgment_id=judgment_id, change_id=change_id, corrected=corrected, reviewer=r.reviewer,
+                at=r.reviewed_at, from_decision=decision, to_decision=decided, reason=r.reason,
+                version=version + 1,
+            )
+        )  # fmt: skip
+    if updates:
+        session.execute(update(Judgment), updates)
+        session.execute(insert(JudgmentEvent), events)
+    return len(updates)
+
+
 def _latest_actor(session: Session, judgment_id: int) -> str | None:
     return session.exec(
         select(JudgmentEvent.reviewer)
@@ -226,12 +320,21 @@ def record_review(
     session: Session,
     judgment_id: int,
     expected_version: int,
-    user_decision: Any,
+    action: str,
+    user_decision: Any = None,
     reviewer: str | None,
     reason: str | None = None,
     require_reason: bool = True,
 ) -> Judgment:
-    """Confirm or overrule a judgment as of the version the reviewer saw; ReviewConflict if it moved."""
+    """Confirm or overrule a judgment as of the version the reviewer saw; ReviewConflict if it moved.
+
+    `action` is "confirm" (stores the judge's decision; `user_decision` is ignored) or "overrule"
+    (`user_decision` must parse on the judgment's scale and differ from the judge's). A bad action,
+    an unparsable or out-of-scale score and an overrule equal to the judge all raise
+    InvalidDecision and change nothing: this is the rule's one home, callers only pass the action.
+    """
+    if action not in REVIEW_ACTIONS:
+        raise InvalidDecision(f"action must be one of {', '.join(REVIEW_ACTIONS)}, got {action!r}")
     name = require_reviewer(reviewer)
     judgment = session.get(Judgment, judgment_id)
     if judgment is None:
@@ -240,12 +343,12 @@ def record_review(
         raise ReviewConflict(
             JudgmentState.of(judgment, _latest_actor(session, judgment_id)), expected_version
         )
-    if str(user_decision).strip() == judgment.decision:
+    if action == "confirm":
         decided = judgment.decision  # confirming the judge is always allowed, even off today's rubric
     else:
         decided = decision_scale(session=session, judgment=judgment).parse(user_decision)
         if same_decision(judgment.decision, decided):
-            decided = judgment.decision  # a confirmation stores the judge's exact text: never "corrected"
+            raise InvalidDecision("your decision equals the judge's; confirm the judge instead")
     corrected = compute_was_corrected(judgment.decision, decided)
     reason = (reason or "").strip() or None
     if corrected and require_reason and reason is None:
@@ -274,17 +377,13 @@ def record_review(
         raise ReviewConflict(JudgmentState.of(current, _latest_actor(session, judgment_id)), expected_version)
     session.add(
         JudgmentEvent(
-            judgment_id=judgment_id,
-            change_id=judgment.change_id,
-            action="overruled" if corrected else "confirmed",
-            reviewer=name,
-            at=now,
-            from_decision=previous,
-            to_decision=decided,
-            reason=reason,
-            version=expected_version + 1,
+            **review_event_row(
+                judgment_id=judgment_id, change_id=judgment.change_id, corrected=corrected, reviewer=name,
+                at=now, from_decision=previous, to_decision=decided, reason=reason,
+                version=expected_version + 1,
+            )
         )
-    )
+    )  # fmt: skip
     session.flush()
     session.refresh(judgment)
     return judgment
@@ -304,10 +403,13 @@ def update_with_user_decision(
     if judgment is None:
         raise JudgmentNotFound(f"no judgment with change_id {change_id!r}")
     assert judgment.id is not None
+    # The seed API takes a decision, not an action: the judge's own decision is a confirmation.
+    confirm = same_decision(judgment.decision, str(user_decision).strip())
     return record_review(
         session=session,
         judgment_id=judgment.id,
         expected_version=judgment.version if expected_version is None else expected_version,
+        action="confirm" if confirm else "overrule",
         user_decision=user_decision,
         reviewer=reviewer,
         reason=user_reasoning,

@@ -23,7 +23,7 @@ Identity, so that importing the same file twice never duplicates rows:
 
 Other decisions: an evaluation's snapshot id is its ``id`` or ``snap_<created, UTC>_<first 8 hex
 of the source key>`` (lengthened 4 digits at a time only if taken). Each judged metric becomes an
-unreviewed `Judgment` ``"{snapshot_id}:{slug}"`` whose decision is the score as text (``f"{x:g}"``).
+unreviewed `Judgment` ``"{snapshot_id}:{slug}"`` whose decision is the score as text (``corrections.format_score``).
 ``weighted_gap``/``judge_meta_score`` absent from a record are computed (SPEC §5) only when some
 metric is scored on both sides; otherwise they stay empty rather than claim a perfect judge. A
 cache entry carrying a ``user_decision`` is stored as reviewed at its timestamp by the importing
@@ -49,7 +49,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
 from lib import notes
-from lib.corrections import require_reviewer
+from lib.corrections import require_reviewer, review_event_row
 from lib.db import session_scope
 from lib.interaction_records import interaction_rows
 from lib.metrics import (
@@ -625,9 +625,11 @@ def _cache_events(session: Session, rows: list[dict[str, Any]], reviewer: str) -
         )  # fmt: skip
         if row["user_decision"] is not None:
             events.append(
-                {**base, "action": "overruled" if row["was_corrected"] else "confirmed",
-                 "from_decision": row["decision"], "to_decision": row["user_decision"],
-                 "reason": row["user_reasoning"], "version": 2}
+                review_event_row(
+                    judgment_id=base["judgment_id"], change_id=row["change_id"], corrected=row["was_corrected"],
+                    reviewer=reviewer, at=now, from_decision=row["decision"], to_decision=row["user_decision"],
+                    reason=row["user_reasoning"], version=2,
+                )
             )  # fmt: skip
     return events
 

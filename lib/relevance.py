@@ -134,6 +134,15 @@ def ema_update(old: float, raw: float, weight: float = 1.0) -> float:
     return max(-bound, min(bound, value))
 
 
+def tag_step(score: float, positive: int, negative: int, raw: float, weight: float) -> tuple[float, int, int]:
+    """One score under one tag: (new EMA, positive count, negative count).
+
+    The seed counts direction only: 0 is "not acted on" and counts neither way. Pure, so the demo
+    replays a history with exactly the arithmetic `apply_score` stores.
+    """
+    return ema_update(score, raw, weight), positive + (raw > 0), negative + (raw < 0)
+
+
 def relevance_decision(avg_score: float, total_evals: int) -> tuple[str, float]:
     """(decision, boost): filter on enough negative evidence, otherwise nudge by the average."""
     settings = get_settings()
@@ -318,10 +327,9 @@ def apply_score(
     for tag in wanted:
         row = existing.get(tag) or LessonTagRelevance(lesson_id=note.id, tag=tag)
         old = float(row.score)
-        row.score = ema_update(old, raw, weight)
-        # The seed counts direction only: 0 is "not acted on" and counts neither way.
-        row.positive_evals += 1 if raw > 0 else 0
-        row.negative_evals += 1 if raw < 0 else 0
+        row.score, row.positive_evals, row.negative_evals = tag_step(
+            old, row.positive_evals, row.negative_evals, raw, weight
+        )
         row.last_evaluated = moment
         session.add(row)
         session.add(
@@ -359,50 +367,85 @@ def note_relevance_summary(session: Session, note_id: int) -> tuple[float, int]:
     return float(avg or 0.0), int(total or 0)
 
 
+@dataclass(frozen=True)
+class PinState:
+    """A note's pin columns: what the pin decisions read and return (never mutated in place)."""
+
+    pinned: bool = False
+    auto_pinned: bool = False
+    prerequisites: dict[str, Any] = field(default_factory=dict)
+
+
+def auto_pin_decision(
+    state: PinState, tag_scores: Mapping[str, float], total_evals: int
+) -> tuple[PinState, str | None]:
+    """Seed 001 auto-pin/unpin from a note's scores under all its tags: (new state, "pinned"/"unpinned"/None).
+
+    Pinned when the average is above `autopin_threshold` after enough evaluations (the positive tags
+    are kept as its prerequisites); unpinned only if it was auto-pinned and the average fell below
+    `autounpin_threshold`. Pure: `update_pin_state` and the demo's replay both decide with it.
+    """
+    settings = get_settings()
+    if total_evals < settings.autopin_min_evals or not tag_scores:
+        return state, None
+    avg = sum(tag_scores.values()) / len(tag_scores)
+    prerequisites = dict(state.prerequisites)
+    if not state.pinned and avg > settings.autopin_threshold:
+        prerequisites["auto_pinned"] = True
+        positive = sorted(tag for tag, score in tag_scores.items() if score > 0)
+        if positive:
+            prerequisites["tags"] = positive
+        return PinState(True, True, prerequisites), "pinned"
+    if state.pinned and state.auto_pinned and avg < settings.autounpin_threshold:
+        prerequisites.pop("auto_pinned", None)
+        return PinState(False, False, prerequisites), "unpinned"
+    return state, None
+
+
+def manual_pin_state(state: PinState, pinned: bool, reviewer: str, at: datetime) -> PinState:
+    """A reviewer's pin or unpin: replaces an auto- or match-pin, and is never auto-unpinned."""
+    prerequisites = {k: v for k, v in state.prerequisites.items() if k not in ("auto_pinned", "match_pinned")}
+    prerequisites["pinned_by"] = reviewer
+    prerequisites["pinned_at" if pinned else "unpinned_at"] = at.isoformat()
+    return PinState(bool(pinned), False, prerequisites)
+
+
+def _pin_state(note: SessionNote) -> PinState:
+    return PinState(bool(note.pinned), bool(note.auto_pinned), dict(note.prerequisites or {}))
+
+
+def _store_pin(session: Session, note: SessionNote, state: PinState) -> None:
+    note.pinned, note.auto_pinned, note.prerequisites = state.pinned, state.auto_pinned, state.prerequisites
+    session.add(note)
+    session.flush()
+
+
 def update_pin_state(session: Session, note: SessionNote | int) -> str | None:
     """Auto-pin a note the evaluator keeps praising; auto-unpin it (only if auto-pinned) when praise fades."""
     if not isinstance(note, SessionNote):
         note = _locked_note(session, note)
-    settings = get_settings()
-    avg, total = note_relevance_summary(session, int(note.id or 0))
-    if total < settings.autopin_min_evals:
-        return None
-    prerequisites = dict(note.prerequisites or {})
-    if not note.pinned and avg > settings.autopin_threshold:
-        positive = session.exec(
-            select(LessonTagRelevance.tag)
-            .where(col(LessonTagRelevance.lesson_id) == note.id, col(LessonTagRelevance.score) > 0)
-            .order_by(col(LessonTagRelevance.tag))
-        ).all()
-        prerequisites["auto_pinned"] = True
-        if positive:
-            prerequisites["tags"] = list(positive)
-        note.pinned, note.auto_pinned, note.prerequisites = True, True, prerequisites
-        session.add(note)
-        session.flush()
-        return "pinned"
-    if note.pinned and note.auto_pinned and avg < settings.autounpin_threshold:
-        prerequisites.pop("auto_pinned", None)
-        note.pinned, note.auto_pinned, note.prerequisites = False, False, prerequisites
-        session.add(note)
-        session.flush()
-        return "unpinned"
-    return None
+    rows = session.exec(
+        select(
+            LessonTagRelevance.tag,
+            LessonTagRelevance.score,
+            LessonTagRelevance.positive_evals + LessonTagRelevance.negative_evals,
+        ).where(col(LessonTagRelevance.lesson_id) == note.id)
+    ).all()
+    scores = {tag: float(score) for tag, score, _ in rows}
+    state, change = auto_pin_decision(_pin_state(note), scores, sum(int(n or 0) for _, _, n in rows))
+    if change is not None:
+        _store_pin(session, note, state)
+    return change
 
 
-def set_manual_pin(session: Session, note_id: int, pinned: bool, *, reviewer: str) -> SessionNote:
+def set_manual_pin(
+    session: Session, note_id: int, pinned: bool, *, reviewer: str, at: datetime | None = None
+) -> SessionNote:
     """A reviewer's pin or unpin; a manual pin is never auto-unpinned, so it replaces an auto-pin."""
     if not (reviewer or "").strip():
         raise ValueError("a reviewer must be named to pin or unpin a note")
     note = _locked_note(session, note_id)
-    prerequisites = dict(note.prerequisites or {})
-    prerequisites.pop("auto_pinned", None)
-    prerequisites.pop("match_pinned", None)
-    prerequisites["pinned_by"] = reviewer.strip()
-    prerequisites["pinned_at" if pinned else "unpinned_at"] = utcnow().isoformat()
-    note.pinned, note.auto_pinned, note.prerequisites = bool(pinned), False, prerequisites
-    session.add(note)
-    session.flush()
+    _store_pin(session, note, manual_pin_state(_pin_state(note), pinned, reviewer.strip(), at or utcnow()))
     return note
 
 

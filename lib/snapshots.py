@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Table
 
+from lib.corrections import format_score
 from lib.evidence import HIGHLIGHT_STAGES, items_of, stage_counts, verify_evidence_map
 from lib.metrics import MetricSpec, judge_meta_score, resolve_metric_key, weighted_gap
 from lib.models import EvaluationSnapshot, utcnow
@@ -250,7 +251,7 @@ def snapshot_judgment_rows(
             "product": row["product"],
             "metric": slug,
             "snapshot_id": row["id"],
-            "decision": f"{score:g}",
+            "decision": format_score(score),
             "reasoning": reason,
             "judge_model": row["judge_model"],
             "timestamp": row["created_at"],

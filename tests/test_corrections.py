@@ -283,7 +283,13 @@ def test_overrule_stores_decision_reviewer_and_bumps_version(engine) -> None:
     jid = snapshot_with_metric(engine)
     with session_scope(engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=1, user_decision=2, reviewer="ayse", reason="vague"
+            session=s,
+            judgment_id=jid,
+            expected_version=1,
+            action="overrule",
+            user_decision=2,
+            reviewer="ayse",
+            reason="vague",
         )
     j = load(engine, jid)
     assert (j.user_decision, j.was_corrected, j.reviewer, j.version, j.user_reasoning) == (
@@ -300,11 +306,22 @@ def test_every_review_appends_one_event_with_who_from_to_and_why(engine) -> None
     jid = snapshot_with_metric(engine)
     with session_scope(engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=1, user_decision="2", reviewer="ayse", reason="vague"
+            session=s,
+            judgment_id=jid,
+            expected_version=1,
+            action="overrule",
+            user_decision="2",
+            reviewer="ayse",
+            reason="vague",
         )
     with session_scope(engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=2, user_decision="4", reviewer="bob"
+            session=s,
+            judgment_id=jid,
+            expected_version=2,
+            action="confirm",
+            user_decision="4",
+            reviewer="bob",
         )
     got = [
         (e.action, e.reviewer, e.from_decision, e.to_decision, e.reason, e.version)
@@ -317,35 +334,94 @@ def test_confirming_after_an_overrule_clears_was_corrected(engine) -> None:
     jid = snapshot_with_metric(engine)
     with session_scope(engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=1, user_decision=1, reviewer="a", reason="x"
+            session=s,
+            judgment_id=jid,
+            expected_version=1,
+            action="overrule",
+            user_decision=1,
+            reviewer="a",
+            reason="x",
         )
     with session_scope(engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=2, user_decision="4", reviewer="b"
+            session=s, judgment_id=jid, expected_version=2, action="confirm", user_decision="4", reviewer="b"
         )
     assert load(engine, jid).was_corrected is False
 
 
 @pytest.mark.parametrize("answer", ["4", "4.0", 4, 4.0, " 4 "])
-def test_a_score_equal_to_the_judges_is_a_confirmation_stored_as_the_judges_text(engine, answer) -> None:
+def test_an_overrule_equal_to_the_judge_is_refused_and_writes_nothing(engine, answer) -> None:
+    jid = snapshot_with_metric(engine, decision="4")
+    with pytest.raises(InvalidDecision, match="equals the judge"), session_scope(engine) as s:
+        corrections.record_review(
+            session=s, judgment_id=jid, expected_version=1, action="overrule", user_decision=answer,
+            reviewer="a", reason="r",
+        )  # fmt: skip
+    assert (load(engine, jid).version, events(engine, jid)) == (1, [])
+
+
+@pytest.mark.parametrize("answer", [None, "2", 1])
+def test_a_confirmation_stores_the_judges_exact_text_whatever_value_came_with_it(engine, answer) -> None:
     jid = snapshot_with_metric(engine, decision="4")
     with session_scope(engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=1, user_decision=answer, reviewer="a"
+            session=s,
+            judgment_id=jid,
+            expected_version=1,
+            action="confirm",
+            user_decision=answer,
+            reviewer="a",
         )
     j = load(engine, jid)
     assert (j.user_decision, j.was_corrected) == ("4", False)
+
+
+@pytest.mark.parametrize("action", ["", "confirmed", "OVERRULE", None])
+def test_an_unknown_action_is_refused_and_writes_nothing(engine, action) -> None:
+    jid = snapshot_with_metric(engine, decision="4")
+    with pytest.raises(InvalidDecision, match="action"), session_scope(engine) as s:
+        corrections.record_review(
+            session=s, judgment_id=jid, expected_version=1, action=action, user_decision=2, reviewer="a",
+            reason="r",
+        )  # fmt: skip
+    assert (load(engine, jid).version, events(engine, jid)) == (1, [])
+
+
+@pytest.mark.parametrize(("answer", "stored"), [("4.0", "4"), (" 4 ", "4"), ("2", "2")])
+def test_the_seed_api_takes_a_decision_and_treats_the_judges_own_as_a_confirmation(
+    engine, answer, stored
+) -> None:
+    jid = snapshot_with_metric(engine, decision="4")
+    with session_scope(engine) as s:
+        change_id = load(engine, jid).change_id
+        corrections.update_with_user_decision(
+            session=s, change_id=change_id, user_decision=answer, reviewer="a"
+        )
+    assert load(engine, jid).user_decision == stored
+    assert [e.action for e in events(engine, jid)] == ["confirmed" if stored == "4" else "overruled"]
 
 
 def test_stale_version_raises_conflict_carrying_the_other_reviewers_decision(engine) -> None:
     jid = snapshot_with_metric(engine)
     with session_scope(engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=1, user_decision=1, reviewer="bob", reason="wrong"
+            session=s,
+            judgment_id=jid,
+            expected_version=1,
+            action="overrule",
+            user_decision=1,
+            reviewer="bob",
+            reason="wrong",
         )
     with pytest.raises(ReviewConflict) as info, session_scope(engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=1, user_decision=5, reviewer="ayse", reason="r"
+            session=s,
+            judgment_id=jid,
+            expected_version=1,
+            action="overrule",
+            user_decision=5,
+            reviewer="ayse",
+            reason="r",
         )
     cur = info.value.current
     assert (cur.changed_by, cur.user_decision, cur.user_reasoning, cur.version) == ("bob", "1", "wrong", 2)
@@ -367,6 +443,7 @@ def test_two_reviewers_racing_on_one_judgment_exactly_one_wins(engine) -> None:
                     session=s,
                     judgment_id=jid,
                     expected_version=1,
+                    action="overrule",
                     user_decision=score,
                     reviewer=name,
                     reason="r",
@@ -394,7 +471,13 @@ def test_a_review_without_a_reviewer_is_refused_and_writes_nothing(engine, revie
     jid = snapshot_with_metric(engine)
     with pytest.raises(MissingReviewer), session_scope(engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=1, user_decision=2, reviewer=reviewer, reason="r"
+            session=s,
+            judgment_id=jid,
+            expected_version=1,
+            action="overrule",
+            user_decision=2,
+            reviewer=reviewer,
+            reason="r",
         )
     assert load(engine, jid).version == 1 and events(engine) == []
 
@@ -404,7 +487,13 @@ def test_overruling_without_a_reason_is_refused(sqlite_engine, reason) -> None:
     jid = snapshot_with_metric(sqlite_engine)
     with pytest.raises(InvalidDecision, match="reason"), session_scope(sqlite_engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=1, user_decision=2, reviewer="a", reason=reason
+            session=s,
+            judgment_id=jid,
+            expected_version=1,
+            action="overrule",
+            user_decision=2,
+            reviewer="a",
+            reason=reason,
         )
     assert load(sqlite_engine, jid).user_decision is None
 
@@ -436,7 +525,13 @@ def test_a_score_off_the_metrics_scale_is_refused(sqlite_engine, scale, answer) 
     jid = snapshot_with_metric(sqlite_engine, decision="1")
     with pytest.raises(InvalidDecision), session_scope(sqlite_engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=1, user_decision=answer, reviewer="a", reason="r"
+            session=s,
+            judgment_id=jid,
+            expected_version=1,
+            action="overrule",
+            user_decision=answer,
+            reviewer="a",
+            reason="r",
         )
 
 
@@ -448,7 +543,13 @@ def test_a_score_on_a_custom_scale_is_accepted(sqlite_engine, scale, answer, sto
     jid = snapshot_with_metric(sqlite_engine, decision="1")
     with session_scope(sqlite_engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=1, user_decision=answer, reviewer="a", reason="r"
+            session=s,
+            judgment_id=jid,
+            expected_version=1,
+            action="overrule",
+            user_decision=answer,
+            reviewer="a",
+            reason="r",
         )
     assert load(sqlite_engine, jid).user_decision == stored
 
@@ -460,7 +561,13 @@ def test_a_label_judgment_takes_one_of_its_labels(sqlite_engine, answer, stored)
     jid = label_judgment(sqlite_engine)
     with session_scope(sqlite_engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=1, user_decision=answer, reviewer="a", reason="r"
+            session=s,
+            judgment_id=jid,
+            expected_version=1,
+            action="overrule",
+            user_decision=answer,
+            reviewer="a",
+            reason="r",
         )
     assert load(sqlite_engine, jid).user_decision == stored
 
@@ -470,7 +577,13 @@ def test_a_label_judgment_refuses_other_answers(sqlite_engine, answer) -> None:
     jid = label_judgment(sqlite_engine)
     with pytest.raises(InvalidDecision), session_scope(sqlite_engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=1, user_decision=answer, reviewer="a", reason="r"
+            session=s,
+            judgment_id=jid,
+            expected_version=1,
+            action="overrule",
+            user_decision=answer,
+            reviewer="a",
+            reason="r",
         )
 
 
@@ -750,11 +863,22 @@ def test_events_frame_lists_the_trail_oldest_first(sqlite_engine) -> None:
     jid = label_judgment(sqlite_engine)
     with session_scope(sqlite_engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=1, user_decision="EXCLUDE", reviewer="a", reason="r1"
+            session=s,
+            judgment_id=jid,
+            expected_version=1,
+            action="overrule",
+            user_decision="EXCLUDE",
+            reviewer="a",
+            reason="r1",
         )
     with session_scope(sqlite_engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=2, user_decision="INCLUDE", reviewer="b"
+            session=s,
+            judgment_id=jid,
+            expected_version=2,
+            action="confirm",
+            user_decision="INCLUDE",
+            reviewer="b",
         )
     with session_scope(sqlite_engine) as s:
         frame = corrections.events_frame(corrections.events_for(session=s, judgment_id=jid))
@@ -892,7 +1016,39 @@ def test_confirming_the_judge_is_allowed_even_off_the_current_scale(sqlite_engin
     jid = snapshot_with_metric(sqlite_engine, decision="4")
     with session_scope(sqlite_engine) as s:
         corrections.record_review(
-            session=s, judgment_id=jid, expected_version=1, user_decision="4", reviewer="a"
+            session=s, judgment_id=jid, expected_version=1, action="confirm", user_decision="4", reviewer="a"
         )
     j = load(sqlite_engine, jid)
     assert (j.user_decision, j.was_corrected) == ("4", False)
+
+
+# ---------------------------------------------------------------------------------------------
+# One text form of a score (format_score), used by every writer
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(4, "4"), (4.0, "4"), (-0.0, "0"), (2.67, "2.67"), (1 / 3, "0.3333333333333333"), (1e-7, "1e-07")],
+)
+def test_format_score_writes_whole_numbers_bare_and_others_in_their_shortest_exact_form(value, text) -> None:
+    assert corrections.format_score(value) == text
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False))
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_format_score_reads_back_to_the_same_number(value: float) -> None:
+    text = corrections.format_score(value)
+    assert float(text) == value and not text.endswith(".0")
+
+
+def test_the_importer_and_the_judge_write_scores_with_format_score() -> None:
+    from lib.snapshots import snapshot_judgment_rows
+
+    row = {
+        "id": "snap",
+        "product": "acme",
+        "judge_model": "m",
+        "created_at": datetime(2026, 1, 1, tzinfo=UTC),
+    }
+    rows = snapshot_judgment_rows(row, [("groundedness", 1 / 3, None), ("clarity", 4.0, "ok")])
+    assert [r["decision"] for r in rows] == ["0.3333333333333333", "4"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from collections import Counter, defaultdict
@@ -20,7 +19,6 @@ from lib import demo, precedents, relevance
 from lib.db import create_db_engine, init_db
 from lib.demo import evaluations as demo_evaluations
 from lib.demo import inputs as demo_inputs
-from lib.demo import notes as demo_notes
 from lib.evidence import STAGES, verify_evidence
 from lib.importer import import_evaluations, import_notes
 from lib.models import (
@@ -472,70 +470,6 @@ def test_pins_follow_the_auto_pin_rules_plus_one_manual_pin(db: Session) -> None
 def test_no_unpinned_note_reached_the_match_count_pin(db: Session) -> None:
     for note in db.exec(select(SessionNote).where(SessionNote.pinned == False)).all():  # noqa: E712
         assert relevance.find_match_pin_tags(db, note.id) is None, note.id
-
-
-def _replay_through_the_api(engine: Engine, plan: demo.RelevancePlan) -> None:
-    """The slow reference: every audit and score through lib.relevance's public functions."""
-    with Session(engine) as session:
-        for audit in plan.audits:
-            relevance.record_audit(session, **audit)
-        actions = list(plan.actions)
-        actions.append((demo.demo_anchor() - timedelta(days=12), "pin", "", plan.manual_pin))
-        for at, kind, session_id, payload in sorted(actions, key=lambda a: (a[0], a[2], a[1])):
-            if kind == "evaluation":
-                relevance.apply_evaluation(session, audit_session_id=session_id, scores=payload, at=at)
-            elif kind == "feedback":
-                note, useful, reviewer = payload
-                relevance.record_feedback(session, audit_session_id=session_id, note_id=note, useful=useful,
-                                          reviewer=reviewer, at=at)  # fmt: skip
-            elif kind == "failed":
-                for _ in range(payload):
-                    relevance.mark_failed(session, session_id)
-            else:
-                relevance.set_manual_pin(session, payload, True, reviewer="ayse")
-        session.commit()
-
-
-def relevance_state(engine: Engine) -> dict[str, Any]:
-    with Session(engine) as session:
-        return {
-            "scores": sorted((r.lesson_id, r.tag, round(r.score, 9), r.positive_evals, r.negative_evals,
-                              r.last_evaluated) for r in session.exec(select(LessonTagRelevance)).all()),
-            "events": sorted((e.lesson_id, e.tag, e.at, e.raw_score, e.weight, round(e.new_score, 9), e.source,
-                              e.session_id, e.reviewer) for e in session.exec(select(TagRelevanceEvent)).all()),
-            "audits": sorted((a.session_id, tuple(a.shown_lesson_ids), tuple(a.env_tags), a.repo, a.snapshot_id,
-                              a.timestamp) for a in session.exec(select(SessionAudit)).all()),
-            "matches": sorted((m.lesson_id, m.tag_set, m.times_matched, m.last_matched)
-                              for m in session.exec(select(LessonMatchStat)).all()),
-            "processed": sorted((p.session_id, p.status, p.retry_count)
-                                for p in session.exec(select(ProcessedRelevanceSession)).all()),
-            "pins": sorted((n.id, n.pinned, n.auto_pinned, json.dumps({k: v for k, v in n.prerequisites.items()
-                                                                        if k != "pinned_at"}, sort_keys=True))
-                           for n in session.exec(select(SessionNote)).all()),
-        }  # fmt: skip
-
-
-@pytest.mark.slow  # replays every demo tag-relevance update through the API
-def test_bulk_tag_relevance_equals_what_lib_relevance_writes(tmp_path: Path) -> None:
-    notes, evaluations = demo.build_notes(), demo.build_evaluations()
-    engines = [init_db(f"sqlite:///{tmp_path / name}") for name in ("bulk.db", "api.db")]
-    try:
-        for engine in engines:
-            with Session(engine) as session:
-                import_notes(session=session, records=notes.records, reviewer="demo")
-                session.commit()
-        with Session(engines[0]) as session:
-            plan = demo.plan_relevance(notes, demo_notes._note_ids(session, notes.records), evaluations)
-            demo_notes._write_relevance(session, plan, demo.demo_anchor())
-            session.commit()
-        _replay_through_the_api(engines[1], plan)
-        bulk, api = relevance_state(engines[0]), relevance_state(engines[1])
-    finally:
-        for engine in engines:
-            engine.dispose()
-    assert len(bulk["events"]) > 500
-    for key in bulk:
-        assert bulk[key] == api[key], key
 
 
 def test_precedents_have_expert_feedback_or_an_auto_evaluation(db: Session) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -33,14 +33,17 @@ from lib.models import (
 from lib.notes import add_note, relevant_notes, remove_notes
 from lib.relevance import (
     AlreadyRated,
+    PinState,
     UnknownNote,
     apply_evaluation,
     apply_score,
+    auto_pin_decision,
     build_env_tags,
     ema_update,
     evaluate_pending,
     explain,
     find_match_pin_tags,
+    manual_pin_state,
     mark_failed,
     normalize_tags,
     parse_evaluator_reply,
@@ -51,6 +54,7 @@ from lib.relevance import (
     set_manual_pin,
     shown_notes_for_snapshot,
     tag_relevance_with_evidence,
+    tag_step,
     transcript_excerpt,
     unprocessed_audits,
     update_pin_state,
@@ -139,6 +143,61 @@ def test_raw_score_is_not_clamped_before_the_update(raw: float, weight: float, e
 
 def test_ema_keeps_seventy_percent_of_the_old_score() -> None:
     assert ema_update(1.0, 0.0) == pytest.approx(0.7)
+
+
+@pytest.mark.parametrize(("raw", "counts"), [(0.5, (3, 1)), (-0.5, (2, 2)), (0.0, (2, 1))])
+def test_tag_step_counts_the_direction_only(raw: float, counts: tuple[int, int]) -> None:
+    score, positive, negative = tag_step(0.4, 2, 1, raw, 2.0)
+    assert score == ema_update(0.4, raw, 2.0)
+    assert (positive, negative) == counts
+
+
+# --------------------------------------------------------------------------------------------
+# The pure pin decisions (update_pin_state, set_manual_pin and the demo replay all use them)
+
+
+@pytest.mark.parametrize(
+    ("scores", "total", "change"),
+    [({"a": 0.61}, 5, "pinned"), ({"a": 0.6}, 5, None), ({"a": 2.0}, 4, None), ({}, 9, None),
+     ({"a": 1.5, "b": -0.2}, 6, "pinned")],
+)  # fmt: skip
+def test_auto_pin_decision_on_an_unpinned_note(
+    scores: dict[str, float], total: int, change: str | None
+) -> None:
+    state, got = auto_pin_decision(PinState(), scores, total)
+    assert got == change
+    assert state.pinned is (change == "pinned")
+    if change:
+        assert state.prerequisites == {
+            "auto_pinned": True,
+            "tags": sorted(t for t, s in scores.items() if s > 0),
+        }
+
+
+@pytest.mark.parametrize(
+    ("state", "change"),
+    [(PinState(True, True, {"auto_pinned": True, "tags": ["a"]}), "unpinned"),
+     (PinState(True, False, {"pinned_by": "ayse"}), None),
+     (PinState(True, False, {"match_pinned": True}), None)],
+)  # fmt: skip
+def test_auto_pin_decision_unpins_only_auto_pins(state: PinState, change: str | None) -> None:
+    new, got = auto_pin_decision(state, {"a": 0.1, "b": 0.2}, 10)
+    assert got == change
+    assert new.pinned is (change is None)
+    if change:
+        assert new.prerequisites == {"tags": ["a"]}
+
+
+def test_manual_pin_state_replaces_auto_and_match_pins() -> None:
+    at = datetime(2026, 11, 1, 12, 0)
+    old = PinState(True, True, {"auto_pinned": True, "match_pinned": True, "tags": ["a"]})
+    new = manual_pin_state(old, True, "ayse", at)
+    assert new == PinState(True, False, {"tags": ["a"], "pinned_by": "ayse", "pinned_at": at.isoformat()})
+    assert old.prerequisites["auto_pinned"] is True  # the input state is never mutated
+    unpinned = manual_pin_state(new, False, "bora", at)
+    assert (unpinned.pinned, unpinned.prerequisites["pinned_by"], unpinned.prerequisites["unpinned_at"]) == (
+        False, "bora", at.isoformat(),
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

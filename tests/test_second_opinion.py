@@ -296,7 +296,7 @@ def test_a_reviewer_mid_review_is_not_in_conflict_with_a_second_opinion(
     request_second_opinion(engine=judged, judgment_id=judgment_id(judged), reviewer="lead")
     with session_scope(judged) as session:
         record_review(session=session, judgment_id=judgment_id(judged), expected_version=seen_version,
-                      user_decision="1", reviewer="ayse", reason="Physics, not Chemistry")  # fmt: skip
+                      action="overrule", user_decision="1", reviewer="ayse", reason="Physics, not Chemistry")  # fmt: skip
     row = the_judgment(judged)
     assert (row.user_decision, row.second_opinion_action) == ("1", "validated")
 

@@ -10,7 +10,6 @@ from functools import cache
 from typing import Any
 
 from lib.config import DATA_DIR
-from lib.corrections import format_score
 from lib.metrics import DEFAULT_METRICS
 
 DEMO_DIR = DATA_DIR / "demo"
@@ -38,11 +37,6 @@ def demo_anchor() -> datetime:
 def _rng(seed: int, stream: str) -> random.Random:
     """An independent random stream per part, so changing one part never reshuffles another."""
     return random.Random(f"{seed}:{stream}")
-
-
-def _fmt(value: float) -> str:
-    """A score as decision text: what the importer writes for the judge and `record_review` for reviewers."""
-    return format_score(value)
 
 
 def _short_model(name: str) -> str:

@@ -8,7 +8,6 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from statistics import mean
 from typing import Any
 
 from sqlalchemy import insert, select, update
@@ -277,64 +276,47 @@ def plan_relevance(
 
 @dataclass
 class RelevanceReplay:
-    """The rows lib.relevance would have written for the plan, computed in memory for a fast load."""
+    """The rows lib.relevance would have written for the plan, computed in memory for a fast load.
+
+    Every step is lib.relevance's own: `tag_step` for a score under a tag, `auto_pin_decision`
+    after every score, `manual_pin_state` for a reviewer's pin; only the storage is in memory.
+    """
 
     rows: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     processed: list[dict[str, Any]] = field(default_factory=list)
-    pins: dict[int, dict[str, Any]] = field(
-        default_factory=dict
-    )  # note id -> pinned, auto_pinned, prerequisites
+    pins: dict[int, relevance.PinState] = field(default_factory=dict)
 
     def score(
         self, note: int, tags: Sequence[str], raw: float, weight: float, at: datetime, **extra: Any
     ) -> None:
-        """lib.relevance.apply_score: one EMA step under every tag, a history event each, then pins."""
+        """As lib.relevance.apply_score: one step under every tag, a history event each, then pins."""
         for tag in relevance.normalize_tags(tags):
             row = self.rows.setdefault(
                 (note, tag),
                 {"lesson_id": note, "tag": tag, "score": 0.0, "positive_evals": 0, "negative_evals": 0},
             )
             old = row["score"]
-            row["score"] = relevance.ema_update(old, raw, weight)
-            row["positive_evals"] += raw > 0
-            row["negative_evals"] += raw < 0
+            row["score"], row["positive_evals"], row["negative_evals"] = relevance.tag_step(
+                old, row["positive_evals"], row["negative_evals"], raw, weight
+            )
             row["last_evaluated"] = at
             self.events.append(
                 {"lesson_id": note, "tag": tag, "at": at, "raw_score": raw, "weight": weight, "old_score": old,
                  "new_score": row["score"], **extra}
             )  # fmt: skip
-        self._update_pin(note)
-
-    def _update_pin(self, note: int) -> None:
-        """lib.relevance.update_pin_state, on the in-memory rows."""
-        settings = get_settings()
         rows = [r for (n, _tag), r in self.rows.items() if n == note]
         total = sum(r["positive_evals"] + r["negative_evals"] for r in rows)
-        if total < settings.autopin_min_evals:
-            return
-        avg = mean(r["score"] for r in rows)
-        pin = self.pins.setdefault(note, {"pinned": False, "auto_pinned": False, "prerequisites": {}})
-        if not pin["pinned"] and avg > settings.autopin_threshold:
-            positive = sorted(r["tag"] for r in rows if r["score"] > 0)
-            pin["prerequisites"] = {
-                **pin["prerequisites"],
-                "auto_pinned": True,
-                **({"tags": positive} if positive else {}),
-            }
-            pin["pinned"] = pin["auto_pinned"] = True
-        elif pin["pinned"] and pin["auto_pinned"] and avg < settings.autounpin_threshold:
-            pin["prerequisites"] = {k: v for k, v in pin["prerequisites"].items() if k != "auto_pinned"}
-            pin["pinned"] = pin["auto_pinned"] = False
+        state = self.pins.get(note, relevance.PinState())
+        state, change = relevance.auto_pin_decision(state, {r["tag"]: r["score"] for r in rows}, total)
+        if change is not None:
+            self.pins[note] = state
 
     def manual_pin(self, note: int, reviewer: str, at: datetime) -> None:
-        """lib.relevance.set_manual_pin: a manual pin replaces an auto-pin and is never auto-unpinned."""
-        pin = self.pins.setdefault(note, {"pinned": False, "auto_pinned": False, "prerequisites": {}})
-        prerequisites = {
-            k: v for k, v in pin["prerequisites"].items() if k not in ("auto_pinned", "match_pinned")
-        }
-        pin.update(pinned=True, auto_pinned=False,
-                   prerequisites={**prerequisites, "pinned_by": reviewer, "pinned_at": at.isoformat()})  # fmt: skip
+        """As lib.relevance.set_manual_pin."""
+        self.pins[note] = relevance.manual_pin_state(
+            self.pins.get(note, relevance.PinState()), True, reviewer, at
+        )
 
 
 def replay_relevance(plan: RelevancePlan, anchor: datetime) -> RelevanceReplay:
@@ -390,9 +372,9 @@ def _write_relevance(session: Session, plan: RelevancePlan, anchor: datetime) ->
     if replay.rows:
         session.execute(insert(LessonTagRelevance), [replay.rows[k] for k in sorted(replay.rows)])
     pinned = [
-        {"id": note, **pin}
+        {"id": note, "pinned": pin.pinned, "auto_pinned": pin.auto_pinned, "prerequisites": pin.prerequisites}
         for note, pin in sorted(replay.pins.items())
-        if pin["pinned"] or pin["prerequisites"]
+        if pin.pinned or pin.prerequisites
     ]
     if pinned:
         session.execute(update(SessionNote), pinned)

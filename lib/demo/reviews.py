@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select
 from sqlmodel import Session, col
 
-from lib.corrections import same_decision
+from lib.corrections import BulkReview, format_score, record_reviews, review_event_row
 from lib.demo.evaluations import DemoEvaluations, _scales
-from lib.demo.inputs import DEMO_SEED, _choose, _fmt, _inputs, _read_input, _rng, demo_anchor
+from lib.demo.inputs import DEMO_SEED, _choose, _inputs, _read_input, _rng, demo_anchor
 from lib.evaluation_layer import EvaluationVerdict, apply_evaluation
 from lib.models import Judgment, JudgmentEvent, compute_was_corrected
 from lib.second_opinion import ACTION as SECOND_OPINION_ACTION
@@ -71,7 +71,7 @@ def plan_reviews(evaluations: DemoEvaluations, seed: int = DEMO_SEED) -> list[Pl
                 verdict = scale.clamp(truth + rng.choice([-1, 1]) * scale.step())
             if not scale.integer and abs(verdict - judge) <= 0.1:
                 verdict = judge  # on a continuous scale reviewers let small differences pass
-            decision = _fmt(judge)
+            decision = format_score(judge)
             if verdict == judge:
                 reason = _choose(rng, phrases["confirm"][lang]) if rng.random() < 0.3 else None
                 plan.append(PlannedReview(f"{snapshot_id}:{slug}", reviewer, decision, reason, at))
@@ -83,58 +83,19 @@ def plan_reviews(evaluations: DemoEvaluations, seed: int = DEMO_SEED) -> list[Pl
                     direction = "too_high" if verdict < judge else "too_low"
                     pool = corrections[direction].get(slug) or phrases["corrections"]["en"][direction][slug]
                     reason = _choose(rng, pool)
-                plan.append(PlannedReview(f"{snapshot_id}:{slug}", reviewer, _fmt(verdict), reason, at))
+                plan.append(
+                    PlannedReview(f"{snapshot_id}:{slug}", reviewer, format_score(verdict), reason, at)
+                )
             at += timedelta(seconds=rng.randint(20, 240))
     return plan
 
 
 def _apply_reviews(session: Session, plan: Sequence[PlannedReview]) -> int:
     """Write planned reviews onto judgments nobody has reviewed yet; one audit event each."""
-    by_change = {p.change_id: p for p in plan}
-    rows = []
-    ids = list(by_change)
-    for i in range(0, len(ids), 500):
-        rows.extend(
-            session.execute(
-                select(Judgment.id, Judgment.change_id, Judgment.decision, Judgment.version).where(
-                    col(Judgment.change_id).in_(ids[i : i + 500]), col(Judgment.reviewed_at).is_(None)
-                )
-            ).all()
-        )
-    updates, events = [], []
-    for judgment_id, change_id, decision, version in sorted(rows, key=lambda r: r[1]):
-        p = by_change[change_id]
-        # As record_review does: a confirmation stores the judge's exact text.
-        user_decision = decision if same_decision(decision, p.user_decision) else p.user_decision
-        corrected = compute_was_corrected(decision, user_decision)
-        updates.append(
-            {
-                "id": judgment_id,
-                "user_decision": user_decision,
-                "user_reasoning": p.reason,
-                "reviewer": p.reviewer,
-                "reviewed_at": p.reviewed_at,
-                "version": version + 1,
-                "was_corrected": corrected,
-            }
-        )
-        events.append(
-            {
-                "judgment_id": judgment_id,
-                "change_id": change_id,
-                "action": "overruled" if corrected else "confirmed",
-                "reviewer": p.reviewer,
-                "at": p.reviewed_at,
-                "from_decision": decision,
-                "to_decision": user_decision,
-                "reason": p.reason,
-                "version": version + 1,
-            }
-        )
-    if updates:
-        session.execute(update(Judgment), updates)
-        session.execute(insert(JudgmentEvent), events)
-    return len(updates)
+    return record_reviews(
+        session=session,
+        reviews=[BulkReview(p.change_id, p.user_decision, p.reviewer, p.reason, p.reviewed_at) for p in plan],
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,20 +206,14 @@ def _write_cache_judgments(session: Session, rows: list[dict[str, Any]]) -> tupl
         ).all()
     )
     events = [
-        {
-            "judgment_id": ids[r["change_id"]],
-            "change_id": r["change_id"],
-            "action": "overruled" if r["was_corrected"] else "confirmed",
-            "reviewer": r["reviewer"],
-            "at": r["reviewed_at"],
-            "from_decision": r["decision"],
-            "to_decision": r["user_decision"],
-            "reason": r["user_reasoning"],
-            "version": 2,
-        }
+        review_event_row(
+            judgment_id=ids[r["change_id"]], change_id=r["change_id"], corrected=r["was_corrected"],
+            reviewer=r["reviewer"], at=r["reviewed_at"], from_decision=r["decision"],
+            to_decision=r["user_decision"], reason=r["user_reasoning"], version=2,
+        )
         for r in fresh
         if r["reviewed_at"] is not None
-    ]
+    ]  # fmt: skip
     opinions = [
         {
             "judgment_id": ids[r["change_id"]],

@@ -28,12 +28,14 @@ def _submit(
     action: str,
     *,
     judgment_id: int,
-    judge_decision: str,
     key: str,
     flash_key: str,
-    scale: DecisionScale,
 ) -> None:
-    """Button callback: write the review as of the version the reviewer saw, then flash the outcome."""
+    """Button callback: write the review as of the version the reviewer saw, then flash the outcome.
+
+    The rules (an overrule parses on the scale and differs from the judge) are `record_review`'s:
+    this callback only passes the button's action and shows what it answers.
+    """
     reviewer = current_reviewer()
     if not reviewer:
         flash(
@@ -42,26 +44,14 @@ def _submit(
         return
     seen = st.session_state.get(f"{key}_seen_version")
     reason = str(st.session_state.get(f"{key}_reason") or "")
-    value: Any = judge_decision if action == "confirm" else st.session_state.get(f"{key}_value")
-    if action == "overrule":
-        try:
-            proposed = scale.parse(value)
-        except InvalidDecision as exc:
-            flash(flash_key, "error", f"Not saved: {exc}")
-            return
-        if corrections.same_decision(judge_decision, proposed):
-            flash(
-                flash_key,
-                "error",
-                "Not saved: your decision equals the judge's. Use “Confirm judge” instead.",
-            )
-            return
+    value: Any = st.session_state.get(f"{key}_value") if action == "overrule" else None
     try:
         with session_scope() as session:
             saved = corrections.record_review(
                 session=session,
                 judgment_id=judgment_id,
                 expected_version=int(seen) if seen is not None else -1,
+                action=action,
                 user_decision=value,
                 reviewer=reviewer,
                 reason=reason,
@@ -144,10 +134,8 @@ def correction_form(
 
     callback_kwargs = {
         "judgment_id": judgment.id,
-        "judge_decision": judgment.decision,
         "key": key,
         "flash_key": flash_key,
-        "scale": scale,
     }
     with st.form(key=f"{key}_form", border=True):
         default = _default_value(judgment, scale)

@@ -169,6 +169,7 @@ def test_a_concurrent_change_is_reported_with_the_other_decision_and_not_overwri
             session=s,
             judgment_id=ids["clarity"],
             expected_version=1,
+            action="overrule",
             user_decision=1,
             reviewer="bob",
             reason="bob's view",
