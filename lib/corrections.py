@@ -28,7 +28,14 @@ from sqlalchemy import case, delete, func, insert, update
 from sqlmodel import Session, col, select
 
 from lib.metrics import MetricSpec, metrics_for_product
-from lib.models import CACHE_DECISIONS, Judgment, JudgmentEvent, compute_was_corrected, utcnow
+from lib.models import (
+    CACHE_DECISIONS,
+    EvaluationSnapshot,
+    Judgment,
+    JudgmentEvent,
+    compute_was_corrected,
+    utcnow,
+)
 
 log = logging.getLogger(__name__)
 
@@ -417,47 +424,97 @@ def update_with_user_decision(
     )
 
 
-_REPLACED_FIELDS = (
-    "product", "metric", "snapshot_id", "decision", "confidence", "reasoning", "user_decision",
-    "user_reasoning", "reviewer", "timestamp", "reviewed_at", "url", "description", "ai_provider",
-    "judge_model",
+_JUDGE_FIELDS = (
+    "product", "metric", "snapshot_id", "decision", "confidence", "reasoning", "timestamp", "url", "description",
+    "ai_provider", "judge_model",
 )  # fmt: skip
+_REVIEW_FIELDS = ("user_decision", "user_reasoning", "reviewer", "reviewed_at")
 
 
-def add_judgment(*, session: Session, judgment: Judgment, reviewer: str | None) -> Judgment:
-    """Seed-004 API: add a judgment, or replace the stored one with the same change_id (a re-judge)."""
+def _final(decision: str, user_decision: str | None) -> str:
+    return user_decision if user_decision is not None else decision
+
+
+def add_judgment(
+    *, session: Session, judgment: Judgment, reviewer: str | None, expected_version: int | None = None
+) -> Judgment:
+    """Seed-004 API: add a judgment, or re-judge the stored one with the same change_id.
+
+    A re-judge never loses a reviewer's correction:
+
+    - an entry a reviewer decided is kept as it is when the final decisions agree (the seed's
+      rule: the correction stays in the history pool), with a "rejudge_kept" audit event;
+    - when they disagree, the judge's fields are replaced but the reviewer's decision stays (it
+      still corrects the new decision), and a "rejudge_conflict" event records both sides;
+    - an unreviewed entry is simply replaced ("rejudged").
+
+    `expected_version` (when given) is checked like a review's: ReviewConflict if the entry moved.
+    """
     name = require_reviewer(reviewer)
-    judgment.was_corrected = compute_was_corrected(judgment.decision, judgment.user_decision)
-    existing = get_judgment(session=session, change_id=judgment.change_id)
+    existing = session.exec(
+        select(Judgment).where(col(Judgment.change_id) == judgment.change_id).with_for_update()
+    ).first()
     if existing is None:
+        judgment.was_corrected = compute_was_corrected(judgment.decision, judgment.user_decision)
         judgment.version = 1
         session.add(judgment)
         session.flush()
         assert judgment.id is not None
-        stored, action, previous = judgment, "judged", None
-    else:
-        assert existing.id is not None
-        previous = existing.user_decision if existing.user_decision is not None else existing.decision
-        for field in _REPLACED_FIELDS:
+        return _log_judge_event(session, judgment, name, "judged", None, judgment.decision)
+    assert existing.id is not None
+    if expected_version is not None and existing.version != expected_version:
+        raise ReviewConflict(
+            JudgmentState.of(existing, _latest_actor(session, existing.id)), expected_version
+        )
+    previous = _final(existing.decision, existing.user_decision)
+    incoming = _final(judgment.decision, judgment.user_decision)
+    if existing.user_decision is None:
+        for field in (*_JUDGE_FIELDS, *_REVIEW_FIELDS):
             setattr(existing, field, getattr(judgment, field))
-        existing.was_corrected = judgment.was_corrected
-        existing.version += 1
-        session.add(existing)
-        stored, action = existing, "rejudged"
+        return _replace(session, existing, name, "rejudged", previous, None)
+    if same_decision(existing.user_decision, incoming):
+        return _log_judge_event(
+            session, existing, name, "rejudge_kept", previous, incoming,
+            reason=f"the re-judge ({judgment.decision}) agrees with {existing.reviewer}'s decision; entry kept",
+        )  # fmt: skip
+    conflict = (
+        f"the re-judge decided {incoming}; {existing.reviewer}'s decision {existing.user_decision} "
+        + (f'("{existing.user_reasoning}") ' if existing.user_reasoning else "")
+        + ("is kept" if judgment.user_decision is None else f"was replaced by {judgment.user_decision}")
+    )
+    fields = _JUDGE_FIELDS if judgment.user_decision is None else (*_JUDGE_FIELDS, *_REVIEW_FIELDS)
+    for field in fields:
+        setattr(existing, field, getattr(judgment, field))
+    return _replace(session, existing, name, "rejudge_conflict", previous, conflict)
+
+
+def _replace(
+    session: Session, stored: Judgment, name: str, action: str, previous: str, reason: str | None
+) -> Judgment:
+    stored.was_corrected = compute_was_corrected(stored.decision, stored.user_decision)
+    stored.version += 1
+    session.add(stored)
     session.flush()
+    return _log_judge_event(session, stored, name, action, previous, stored.decision, reason=reason)
+
+
+def _log_judge_event(
+    session: Session,
+    stored: Judgment,
+    name: str,
+    action: str,
+    previous: str | None,
+    to: str,
+    *,
+    reason: str | None = None,
+) -> Judgment:
     assert stored.id is not None
     session.add(
         JudgmentEvent(
-            judgment_id=stored.id,
-            change_id=stored.change_id,
-            action=action,
-            reviewer=name,
-            from_decision=previous,
-            to_decision=stored.decision,
-            reason=None,
-            version=stored.version,
+            judgment_id=stored.id, change_id=stored.change_id, action=action, reviewer=name,
+            from_decision=previous, to_decision=to, reason=reason, version=stored.version,
         )
-    )
+    )  # fmt: skip
     session.flush()
     return stored
 
@@ -483,6 +540,20 @@ def get_judgment(*, session: Session, change_id: str) -> Judgment | None:
     return session.exec(select(Judgment).where(Judgment.change_id == change_id)).first()
 
 
+def live_judgment() -> Any:
+    """Seed 002 AD-13: a judgment counts only while its evaluation is live (not archived/deleted).
+
+    A correlated NOT EXISTS on the snapshot's primary key, so every query keeps its own index
+    (select_history still walks the history index newest first and probes one snapshot per row);
+    stand-alone judgments (no snapshot) are always live. Every normal read of judgments uses it.
+    """
+    archived = select(EvaluationSnapshot.id).where(
+        col(EvaluationSnapshot.id) == col(Judgment.snapshot_id),
+        col(EvaluationSnapshot.deleted_at).is_not(None),
+    )
+    return ~archived.exists()
+
+
 def _check_history_params(max_entries: int, correction_ratio: float) -> None:
     # Outside these ranges the seed's arithmetic yields negative slot counts (and its loop may
     # never end), so they are refused rather than reproduced.
@@ -494,7 +565,9 @@ def _check_history_params(max_entries: int, correction_ratio: float) -> None:
 
 def _pool_statement(product: str, metric: str | None, corrected: bool, limit: int) -> Any:
     """The newest `limit` judgments of one pool, straight off the history index."""
-    stmt = select(Judgment).where(col(Judgment.product) == product, col(Judgment.was_corrected) == corrected)
+    stmt = select(Judgment).where(
+        col(Judgment.product) == product, col(Judgment.was_corrected) == corrected, live_judgment()
+    )
     if metric is not None:
         stmt = stmt.where(col(Judgment.metric) == metric)
     # Ties on timestamp keep insertion order, as the seed's stable sort over its dict does.
@@ -627,7 +700,9 @@ def format_history_for_prompt(judgments: Sequence[Judgment]) -> str:
 def stats(*, session: Session, product: str | None = None) -> dict[str, Any]:
     """Seed-004 `stats`: totals, corrected vs correct, correction rate, products, oldest/newest."""
     corrected_sum = func.coalesce(func.sum(case((col(Judgment.was_corrected), 1), else_=0)), 0)
-    stmt = select(func.count(), corrected_sum, func.min(Judgment.timestamp), func.max(Judgment.timestamp))
+    stmt = select(
+        func.count(), corrected_sum, func.min(Judgment.timestamp), func.max(Judgment.timestamp)
+    ).where(live_judgment())
     if product is not None:
         stmt = stmt.where(col(Judgment.product) == product)
     total, corrected, oldest, newest = session.exec(stmt).one()
@@ -689,6 +764,7 @@ class JudgmentFilter:
 
 
 def _filtered(stmt: Any, filters: JudgmentFilter) -> Any:
+    stmt = stmt.where(live_judgment())
     if filters.product is not None:
         stmt = stmt.where(col(Judgment.product) == filters.product)
     if filters.metric is not None:
@@ -766,7 +842,7 @@ def distinct_products(*, session: Session) -> list[str]:
     """Every product with judgments, by a loose index scan: one index seek per product, not a table scan."""
     found: list[str] = []
     while True:
-        stmt = select(func.min(Judgment.product))
+        stmt = select(func.min(Judgment.product)).where(live_judgment())
         if found:
             stmt = stmt.where(col(Judgment.product) > found[-1])
         product = session.exec(stmt).one()
@@ -781,7 +857,7 @@ def distinct_metrics(*, session: Session, products: Sequence[str]) -> list[str]:
     for product in products:
         last: str | None = None
         while True:
-            stmt = select(func.min(Judgment.metric)).where(col(Judgment.product) == product)
+            stmt = select(func.min(Judgment.metric)).where(col(Judgment.product) == product, live_judgment())
             if last is not None:
                 stmt = stmt.where(col(Judgment.metric) > last)
             metric = session.exec(stmt).one()
@@ -797,7 +873,7 @@ def filter_options(*, session: Session) -> dict[str, list[str]]:
     products = distinct_products(session=session)
     reviewer = col(Judgment.reviewer)
     reviewers = session.exec(
-        select(reviewer).distinct().where(reviewer.is_not(None)).order_by(reviewer)
+        select(reviewer).distinct().where(reviewer.is_not(None), live_judgment()).order_by(reviewer)
     ).all()
     return {
         "products": products,
@@ -824,7 +900,7 @@ def correction_rate_over_time(
     corrected_sum = func.sum(case((col(Judgment.was_corrected), 1), else_=0))
     stmt = (
         select(Judgment.product, day.label("day"), func.count(col(Judgment.id)), corrected_sum)
-        .where(col(Judgment.user_decision).is_not(None))
+        .where(col(Judgment.user_decision).is_not(None), live_judgment())
         .group_by(Judgment.product, day)
     )
     if product is not None:

@@ -635,30 +635,74 @@ def test_add_judgment_inserts_version_1_with_a_judged_event(engine) -> None:
     ]
 
 
-def test_add_judgment_with_a_known_change_id_replaces_it_and_recomputes_was_corrected(engine) -> None:
+def _rejudge(engine: Engine, decision: str, **kwargs) -> Judgment:
+    with session_scope(engine) as s:
+        corrections.add_judgment(
+            session=s,
+            judgment=Judgment(change_id="pr#1", product="acme", decision=decision, reasoning="new run"),
+            reviewer="judge",
+            **kwargs,
+        )
+    with session_scope(engine, read_only=True) as s:
+        j = corrections.get_judgment(session=s, change_id="pr#1")
+        assert j is not None and s.exec(select(func.count()).select_from(Judgment)).one() == 1
+        return j
+
+
+def test_a_rejudge_replaces_an_unreviewed_judgment(engine) -> None:
+    label_judgment(engine)
+    j = _rejudge(engine, "EXCLUDE")
+    assert (j.decision, j.user_decision, j.was_corrected, j.version, j.reasoning) == (
+        "EXCLUDE", None, False, 2, "new run",
+    )  # fmt: skip
+    assert [e.action for e in events(engine)] == ["rejudged"]
+
+
+def test_a_rejudge_agreeing_with_the_reviewer_keeps_the_reviewed_entry(engine) -> None:
+    label_judgment(engine)
+    with session_scope(engine) as s:
+        corrections.update_with_user_decision(
+            session=s, change_id="pr#1", user_decision="EXCLUDE", user_reasoning="internal", reviewer="a"
+        )
+    j = _rejudge(engine, "EXCLUDE")
+    # Seed 004: the correction stays a correction (INCLUDE overruled by EXCLUDE) for the history.
+    assert (j.decision, j.user_decision, j.user_reasoning, j.was_corrected, j.version) == (
+        "INCLUDE", "EXCLUDE", "internal", True, 2,
+    )  # fmt: skip
+    assert [(e.action, e.to_decision) for e in events(engine)] == [
+        ("overruled", "EXCLUDE"), ("rejudge_kept", "EXCLUDE"),
+    ]  # fmt: skip
+
+
+def test_a_rejudge_disagreeing_with_the_reviewer_keeps_the_correction_and_records_the_conflict(
+    engine,
+) -> None:
+    label_judgment(engine)
+    with session_scope(engine) as s:
+        corrections.update_with_user_decision(
+            session=s, change_id="pr#1", user_decision="EXCLUDE", user_reasoning="internal", reviewer="a"
+        )
+    j = _rejudge(engine, "UNCERTAIN")
+    assert (j.decision, j.user_decision, j.user_reasoning, j.reviewer, j.was_corrected, j.version) == (
+        "UNCERTAIN", "EXCLUDE", "internal", "a", True, 3,
+    )  # fmt: skip
+    last = events(engine)[-1]
+    assert (last.action, last.from_decision, last.to_decision) == ("rejudge_conflict", "EXCLUDE", "UNCERTAIN")
+    assert "EXCLUDE" in last.reason and "internal" in last.reason and "kept" in last.reason
+
+
+def test_a_rejudge_against_a_version_that_moved_is_refused_and_changes_nothing(engine) -> None:
     label_judgment(engine)
     with session_scope(engine) as s:
         corrections.update_with_user_decision(
             session=s, change_id="pr#1", user_decision="EXCLUDE", reviewer="a"
         )
-    with session_scope(engine) as s:
-        corrections.add_judgment(
-            session=s,
-            judgment=Judgment(change_id="pr#1", product="acme", decision="EXCLUDE", reasoning="new run"),
-            reviewer="judge",
-        )
-    with session_scope(engine) as s:
+    with pytest.raises(ReviewConflict):
+        _rejudge(engine, "UNCERTAIN", expected_version=1)
+    with session_scope(engine, read_only=True) as s:
         j = corrections.get_judgment(session=s, change_id="pr#1")
-        assert j is not None
-        assert (j.decision, j.user_decision, j.was_corrected, j.version, j.reasoning) == (
-            "EXCLUDE",
-            None,
-            False,
-            3,
-            "new run",
-        )
-        assert s.exec(select(func.count()).select_from(Judgment)).one() == 1
-    assert [e.action for e in events(engine)] == ["overruled", "rejudged"]
+        assert j is not None and (j.decision, j.user_decision, j.version) == ("INCLUDE", "EXCLUDE", 2)
+    assert [e.action for e in events(engine)] == ["overruled"]
 
 
 def test_add_judgment_without_a_reviewer_is_refused(sqlite_engine) -> None:
@@ -1052,3 +1096,49 @@ def test_the_importer_and_the_judge_write_scores_with_format_score() -> None:
     }
     rows = snapshot_judgment_rows(row, [("groundedness", 1 / 3, None), ("clarity", 4.0, "ok")])
     assert [r["decision"] for r in rows] == ["0.3333333333333333", "4"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Soft delete (seed 002 AD-13): an archived evaluation's judgments feed no normal query
+
+
+def test_judgments_of_an_archived_evaluation_leave_history_stats_and_lists_until_restored(engine) -> None:
+    from lib.inspector import archive_evaluation, restore_evaluation
+
+    pools(engine, 2, 2)
+    with session_scope(engine) as s:
+        s.add(EvaluationSnapshot(id="snap_old", question="q", model_answer="a", product="acme"))
+        s.flush()
+        for metric, corrected in (("clarity", True), ("safety", False)):
+            j = add(s, f"snap_old:{metric}", corrected=corrected, reviewed=True, metric=metric, hours=100)
+            j.snapshot_id = "snap_old"
+
+    def seen() -> tuple[list[str], int, list[str], int, list[str]]:
+        with session_scope(engine, read_only=True) as s:
+            history = [j.change_id for j in corrections.select_history(s, "acme")]
+            total = corrections.stats(session=s)["total_judgments"]
+            metrics = corrections.distinct_metrics(session=s, products=["acme"])
+            listed = corrections.count_judgments(
+                session=s, filters=corrections.JudgmentFilter(product="acme")
+            )
+            rate = corrections.correction_rate_over_time(session=s)
+            return history, total, metrics, listed, rate["reviewed"].tolist()
+
+    live = seen()
+    assert "snap_old:clarity" in live[0] and "snap_old:safety" in live[0]
+    assert (live[1], live[2], live[3], sum(live[4])) == (6, ["clarity", "safety"], 6, 4)
+    with session_scope(engine) as s:
+        assert archive_evaluation(session=s, snapshot_id="snap_old", reviewer="ayse")
+    archived = seen()
+    assert not any(c.startswith("snap_old") for c in archived[0])
+    assert (archived[1], archived[2], archived[3], sum(archived[4])) == (4, [], 4, 2)
+    with session_scope(engine) as s:
+        assert restore_evaluation(session=s, snapshot_id="snap_old", reviewer="ayse")
+    assert seen() == live
+
+
+def test_select_history_still_walks_the_history_index_with_the_archive_check(sqlite_engine) -> None:
+    with session_scope(sqlite_engine, read_only=True) as s:
+        sql = corrections.history_pool_sql(session=s, product="acme", metric=None, corrected=True, limit=20)
+        plan = " ".join(str(r[-1]) for r in s.connection().exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}"))
+    assert "USING INDEX ix_judgment_history" in plan and "SCAN judgments" not in plan
