@@ -18,11 +18,12 @@ Decisions, pinned down here (and tested):
   after the snapshot was saved, in their own transaction (`save_pending_notes`); a run that fails
   at any stage writes no note. Searches read the database (plus this run's pending notes). A note
   write that fails after the snapshot was saved is logged and never fails the run, like the audit.
-- clear_notes removes only notes of the current run's session id. A judge run's id is fresh, so in
-  a judge run that means only the notes it added itself and has not saved yet: a judge can take
-  back what it said, but never wipe the memory reviewers or earlier runs built up (reviewers remove
-  notes on the Notes page or with `python -m lib notes clean`). `days_old` counts whole days, so
-  `days_old` ≥ 1 matches none of a run's own notes; 0 or absent means any age.
+- clear_notes clears as seed 000 says: by type, language or age, across sessions (the notes this
+  run added and stored notes of earlier runs alike), with the Notes page's rule from
+  `lib.notes.remove_notes`: never everything, so a call without a type, language or days_old is
+  refused and changes nothing. In a judge run the removal of stored notes is buffered with the
+  run's notes and applied only when the evaluation is saved (AD-7), as of the moment it was asked
+  for. `days_old` counts whole days; 0 or absent means any age.
 - Bounds: at most `MAX_NOTES_PER_RUN` notes per run (an exact repeat is acknowledged, not added
   twice), `MAX_CALLS_PER_ROUND` tool calls executed per reply, `SEARCH_RESULT_LIMIT` search hits
   shown, and `max_rounds` tool rounds before the run fails with kind "tool_loop".
@@ -136,8 +137,8 @@ NOTE_TOOLS: tuple[dict[str, Any], ...] = (
         "function": {
             "name": "clear_notes",
             "description": (
-                "Take back notes you added earlier in this run (all of them, or those of a type, "
-                "language or age). Notes from other sessions cannot be removed."
+                "Remove notes of a type, language or age, from every session (yours and earlier "
+                "runs'). Give at least one filter: clearing every note is refused."
             ),
             "parameters": {
                 "type": "object",
@@ -158,7 +159,7 @@ NOTE_TOOLS: tuple[dict[str, Any], ...] = (
 
 TOOLS_INSTRUCTION = """Cross-session notes: you may call search_notes to look up what earlier judge runs
 and reviewers noted, and add_note to leave one short lesson that would help a later judge (a
-pattern, a strategy, a failure to avoid, a tip). clear_notes takes back notes you added in this run.
+pattern, a strategy, a failure to avoid, a tip). clear_notes removes notes of a type, language or age (at least one filter).
 The tools are optional; always finish with the JSON reply."""
 
 TEXT_COMMANDS_INSTRUCTION = """Cross-session notes (optional), as command lines of their own:
@@ -166,7 +167,8 @@ TEXT_COMMANDS_INSTRUCTION = """Cross-session notes (optional), as command lines 
   one of SUCCESS, FAILURE, PATTERN, STRATEGY, TIP; only SUCCESS notes carry a code and confidence.
 - SEARCH_NOTES:<query>[,<TYPE>,<language>] looks notes up: reply with only such lines and no JSON,
   and the results come back before you answer.
-- CLEAR_NOTES:[<TYPE>],[<language>],[<days_old>] takes back notes you added in this run.
+- CLEAR_NOTES:[<TYPE>],[<language>],[<days_old>] removes notes of that type, language or age from
+  every session; give at least one of the three (clearing every note is refused).
 Put command lines before your JSON; they are removed before the JSON is read."""
 
 _COMMANDS = {"ADD_NOTE": "add_note", "SEARCH_NOTES": "search_notes", "CLEAR_NOTES": "clear_notes"}
@@ -315,6 +317,8 @@ class PendingNotes:
     created_by: str
     language: str = ""
     notes: list[PendingNote] = field(default_factory=list)
+    # Removals of stored notes asked for during the run: remove_notes arguments, applied on save.
+    clears: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -353,7 +357,13 @@ class PendingNotes:
         return found[::-1]
 
     def save(self, session: Session) -> list[SessionNote]:
-        """Write the pending notes in the caller's transaction; a note add_note refuses is skipped."""
+        """Apply the run's clears, then write its notes, in the caller's transaction.
+
+        A note add_note refuses is skipped. Clears go first: a note the run added after a clear
+        must survive it (those it added before were already dropped from the buffer).
+        """
+        for clear in self.clears:
+            notes.remove_notes(session=session, removed_by=self.created_by, **clear)
         saved = []
         for note in list(self.notes):
             try:
@@ -396,7 +406,7 @@ def _matches(note: PendingNote, note_type: str | None, language: str | None, cut
 
 def save_pending_notes(engine: Engine, pending: PendingNotes | None) -> int:
     """After the snapshot is saved: write the run's notes in their own transaction; never fails the run."""
-    if pending is None or not pending.notes:
+    if pending is None or not (pending.notes or pending.clears):
         return 0
     try:
         with session_scope(engine) as session:
@@ -523,26 +533,27 @@ def _clear(
     created_by: str,
     pending: PendingNotes | None,
 ) -> str:
+    """Seed 000 CLEAR_NOTES: by type, language or age, across sessions; never everything."""
     note_type = _filter_type(args)
     language = _filter_language(args)
     older_than = _days_old(args)
-    if pending is not None:
-        removed = pending.remove(note_type=note_type, language=language, older_than=older_than)
-        return (
-            f"Removed {removed} of the notes you added in this run. Notes of other sessions "
-            "(earlier runs, reviewers) cannot be removed by a judge."
-        )
     if session is None:
         raise ToolArgumentError("notes cannot be removed here")
-    removed = notes.remove_notes(
-        session=session,
-        note_type=note_type,
-        language=language,
-        older_than=older_than,
-        session_id=session_id,
-        removed_by=created_by,
+    clear = {"note_type": note_type, "language": language, "older_than": older_than, "now": utcnow()}
+    try:
+        stored = notes.preview_remove(session=session, **clear)  # the Notes page's rule: never everything
+    except ValueError as exc:
+        raise ToolArgumentError(f"{exc}; give a type, language or days_old") from None
+    if pending is None:
+        removed = notes.remove_notes(session=session, removed_by=created_by, **clear)
+        return f"Removed {removed} note{'' if removed == 1 else 's'}."
+    own = pending.remove(note_type=note_type, language=language, older_than=older_than)
+    with pending._lock:
+        pending.clears.append(clear)
+    return (
+        f"Removed {own} of the notes you added in this run; {stored} stored note"
+        f"{' is' if stored == 1 else 's are'} removed when this evaluation is saved."
     )
-    return f"Removed {removed} notes of this session. Notes of other sessions cannot be removed by a judge."
 
 
 # --------------------------------------------------------------------------------------------

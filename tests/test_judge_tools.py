@@ -349,37 +349,63 @@ def test_search_sees_this_runs_pending_notes_marked_as_the_current_session(engin
     assert lines[2].endswith("stored lesson about dates [SESSION: 1_123456]")
 
 
-def test_buffered_clear_takes_back_only_this_runs_notes(engine: Engine) -> None:
+def test_buffered_clear_removes_by_type_and_language_across_sessions_once_the_run_is_saved(
+    engine: Engine,
+) -> None:
     add_stored(engine, "a reviewer's tip")
     add_stored(engine, "an earlier judge run's tip", session_id="snap_earlier", created_by="judge:x")
+    add_stored(engine, "a Turkish tip", language="tr")
+    add_stored(engine, "a pattern", note_type="PATTERN")
     buffer = pending()
     for args in ({"type": "TIP", "content": "mine 1"}, {"type": "PATTERN", "content": "mine 2"},
                  {"type": "TIP", "content": "mine 3", "language": "tr"}):  # fmt: skip
         run_buffered(engine, "add_note", args, buffer)
     result = run_buffered(engine, "clear_notes", {"type": "TIP", "language": "en"}, buffer)
-    assert result.startswith("Removed 1 of the notes you added in this run.")
+    assert result == (
+        "Removed 1 of the notes you added in this run; 2 stored notes are removed when this evaluation is saved."
+    )
     assert [n.content for n in buffer.notes] == ["mine 2", "mine 3"]
-    assert run_buffered(engine, "clear_notes", {}, buffer).startswith("Removed 2 ")
-    assert [n.content for n in stored_notes(engine)] == ["a reviewer's tip", "an earlier judge run's tip"]
+    assert len(stored_notes(engine)) == 4  # AD-7: nothing is written before the run is saved
+    run_buffered(engine, "add_note", {"type": "TIP", "content": "added after the clear"}, buffer)
+    assert judge_tools.save_pending_notes(engine, buffer) == 3
+    assert sorted(n.content for n in stored_notes(engine)) == [
+        "a Turkish tip", "a pattern", "added after the clear", "mine 2", "mine 3",
+    ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("days_old", "removed"), [(None, 1), (0, 1), ("0", 1), (1, 0), (30, 0)])
+@pytest.mark.parametrize("args", [{}, {"days_old": 0}, {"type": " ", "language": ""}])
+def test_clear_without_a_filter_is_refused_and_changes_nothing(engine: Engine, args: dict) -> None:
+    add_stored(engine, "reviewer memory")
+    buffer = pending()
+    run_buffered(engine, "add_note", {"type": "TIP", "content": "mine"}, buffer)
+    result = run_buffered(engine, "clear_notes", args, buffer)
+    assert result.startswith("Error: refusing to remove every note") and result.endswith(
+        "Nothing was changed."
+    )
+    assert ([n.content for n in buffer.notes], buffer.clears) == (["mine"], [])
+    with session_scope(engine) as session:
+        execute_tool_call(session=session, name="clear_notes", args=args, session_id=SID, created_by=AUTHOR)
+    assert [n.content for n in stored_notes(engine)] == ["reviewer memory"]
+
+
+@pytest.mark.parametrize(("days_old", "removed"), [(0, 1), ("0", 1), (1, 0), (30, 0)])
 def test_clear_by_age_counts_whole_days(engine: Engine, days_old: Any, removed: int) -> None:
     buffer = pending()
     run_buffered(engine, "add_note", {"type": "TIP", "content": "fresh"}, buffer)
-    args = {} if days_old is None else {"days_old": days_old}
+    args = {"type": "TIP", "days_old": days_old}
     assert run_buffered(engine, "clear_notes", args, buffer).startswith(f"Removed {removed} ")
 
 
-def test_direct_clear_removes_only_notes_of_the_current_session(engine: Engine) -> None:
+def test_direct_clear_removes_matching_notes_of_every_session(engine: Engine) -> None:
     add_stored(engine, "reviewer memory", session_id="reviewer_session")
     add_stored(engine, "this session's tip", session_id=SID, created_by=AUTHOR)
+    add_stored(engine, "a pattern", note_type="PATTERN", session_id=SID, created_by=AUTHOR)
     with session_scope(engine) as session:
         result = execute_tool_call(
             session=session, name="clear_notes", args={"type": "TIP"}, session_id=SID, created_by=AUTHOR
         )
-    assert result.startswith("Removed 1 notes of this session.")
-    assert [n.content for n in stored_notes(engine)] == ["reviewer memory"]
+    assert result == "Removed 2 notes."
+    assert [n.content for n in stored_notes(engine)] == ["a pattern"]
 
 
 # -- the conversation loop against the local server ------------------------------------------------
@@ -587,18 +613,24 @@ def test_the_judge_reads_search_results_from_its_tool(rubric: Engine, llm_server
     assert "formal address" not in result["content"]
 
 
-def test_a_judge_cannot_clear_a_reviewers_notes(rubric: Engine, llm_server: LLMServer) -> None:
+def test_a_judge_clears_by_type_across_sessions_but_never_everything(
+    rubric: Engine, llm_server: LLMServer
+) -> None:
     add_stored(rubric, "reviewer memory")
+    add_stored(rubric, "a reviewer's pattern", note_type="PATTERN")
     llm_server.script(
         tool_call("add_note", {"type": "TIP", "content": "second thoughts"}),
         tool_call("clear_notes", {}),
+        tool_call("clear_notes", {"type": "TIP"}),
         json_reply(stage1_payload()),
         json_reply(STAGE2_PAYLOAD),
     )
     judge_evaluation(engine=rubric, evaluation=evaluation(), reviewer="ayse")
-    [result] = tool_messages(llm_server.chat_requests[2])[-1:]
-    assert result["content"].startswith("Removed 1 of the notes you added in this run.")
-    assert [n.content for n in stored_notes(rubric)] == ["reviewer memory"]
+    refused = tool_messages(llm_server.chat_requests[2])[-1]["content"]
+    cleared = tool_messages(llm_server.chat_requests[3])[-1]["content"]
+    assert refused.startswith("Error: refusing to remove every note")
+    assert cleared.startswith("Removed 1 of the notes you added in this run; 1 stored note is removed")
+    assert [n.content for n in stored_notes(rubric)] == ["a reviewer's pattern"]
 
 
 def test_invalid_tool_arguments_reach_the_judge_and_the_run_still_succeeds(
