@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, func, update
+from sqlalchemy import Engine, case, func, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -40,6 +40,8 @@ TURN_LIMIT_MESSAGES = {
     "en": "We have talked enough about this evaluation! How about working on a new question to "
     "consolidate what you learned?",
 }
+NEW_EVALUATION_LABELS = {"tr": "Yeni bir değerlendirme başlat", "en": "Start a new evaluation"}
+TURN_LIMIT_OUTCOME = "turn_limit_reached"  # seed 002 AD-9's error code (HTTP 429 in the seed)
 # Written into the assistant row while its reply is streaming, flushed every this many characters.
 _FLUSH_EVERY = 400
 
@@ -49,23 +51,53 @@ class CoachError(ValueError):
 
 
 class TurnLimitReached(CoachError):
-    """The snapshot has used all its user turns (seed 002 AD-9: HTTP 429 turn_limit_reached)."""
+    """The snapshot has used all its user turns (seed 002 AD-9: HTTP 429 turn_limit_reached).
+
+    Machine-readable: `outcome` is "turn_limit_reached", with `used`, `limit` and `language`; the
+    message is the seed's guidance in the evaluation's language.
+    """
+
+    outcome = TURN_LIMIT_OUTCOME
+
+    def __init__(self, *, used: int, limit: int, language: str) -> None:
+        self.used, self.limit, self.language = used, limit, language
+        super().__init__(turn_limit_message(language))
+
+
+def _language(language: str) -> str:
+    return language if language in TURN_LIMIT_MESSAGES else "en"
 
 
 def turn_limit_message(language: str) -> str:
     """The seed's guidance text when the limit is reached, in the evaluation's language."""
-    return TURN_LIMIT_MESSAGES.get(language, TURN_LIMIT_MESSAGES["en"])
+    return TURN_LIMIT_MESSAGES[_language(language)]
+
+
+def new_evaluation_label(language: str) -> str:
+    """The guidance button's label, in the evaluation's language (tr/en, English otherwise)."""
+    return NEW_EVALUATION_LABELS[_language(language)]
 
 
 def claim_turn(session: Session, snapshot_id: str) -> bool:
-    """Atomically take one user turn; False when the limit is reached (the caller commits)."""
+    """Atomically take one user turn; False when the limit is reached (the caller commits).
+
+    The turn that uses the last one marks the snapshot "completed" in the same statement: its chat
+    is complete (read-only) from that moment, not from the next page load.
+    """
+    turns = EvaluationSnapshot.chat_turn_count
     result = session.execute(
         update(EvaluationSnapshot)
         .where(
             col(EvaluationSnapshot.id) == snapshot_id,
             col(EvaluationSnapshot.chat_turn_count) < col(EvaluationSnapshot.max_chat_turns),
         )
-        .values(chat_turn_count=EvaluationSnapshot.chat_turn_count + 1)
+        .values(
+            chat_turn_count=turns + 1,
+            status=case(
+                (turns + 1 >= col(EvaluationSnapshot.max_chat_turns), "completed"),
+                else_=col(EvaluationSnapshot.status),
+            ),
+        )
         .execution_options(synchronize_session=False)
     )
     return result.rowcount == 1
@@ -273,6 +305,8 @@ class PreparedReply:
     assistant_id: str
     text: str | None = None
     streamer: Callable[[], Iterator[str]] | None = None
+    # True when this message used the evaluation's last turn: its chat is read-only from now on.
+    chat_complete: bool = False
 
     @property
     def needs_stream(self) -> bool:
@@ -423,8 +457,13 @@ def send_message(
     try:
         with session_scope(engine) as s:
             if not claim_turn(s, snapshot_id):
-                snap = s.get(EvaluationSnapshot, snapshot_id)
-                raise TurnLimitReached(turn_limit_message(snap.language if snap else "en"))
+                snap = s.get(EvaluationSnapshot, snapshot_id, populate_existing=True)
+                assert snap is not None  # _live_snapshot found it above
+                raise TurnLimitReached(
+                    used=snap.chat_turn_count, limit=snap.max_chat_turns, language=snap.language
+                )
+            claimed = s.get(EvaluationSnapshot, snapshot_id, populate_existing=True)
+            complete = claimed is not None and claimed.chat_turn_count >= claimed.max_chat_turns
             now = utcnow()
             s.add(
                 ChatMessage(
@@ -468,6 +507,7 @@ def send_message(
         client_message_id,
         assistant_id,
         streamer=_streamer(engine, assistant_id, snapshot_id, chat_id, greeting=False),
+        chat_complete=complete,
     )
 
 

@@ -8,7 +8,9 @@ import streamlit as st
 from lib import coach
 from lib.llm import LLMError, LLMNotConfigured
 from lib.safe_markdown import escape_markdown, safe_markdown
-from lib.ui import current_reviewer, get_engine, llm_unavailable_message, session_scope
+from lib.ui import current_reviewer, flash, get_engine, llm_unavailable_message, session_scope, show_flash
+
+FLASH_KEY = "coach_flash"
 
 st.title("Coach")
 
@@ -138,10 +140,11 @@ if unfinished and not no_llm:
             st.error(f"The coach could not finish an earlier reply: {escape_markdown(str(exc))}")
             break
 
+show_flash(FLASH_KEY)
 st.progress(min(used / limit, 1.0), text=f"{used} of {limit} messages used")
 if used >= limit:
     st.info(coach.turn_limit_message(snapshot.language))
-    if st.button("Start a new evaluation", key="coach_new_eval", type="primary"):
+    if st.button(coach.new_evaluation_label(snapshot.language), key="coach_new_eval", type="primary"):
         st.switch_page("pages/new_evaluation.py")
     st.chat_input("This chat is read-only now.", disabled=True, key="coach_input")
     st.stop()
@@ -150,20 +153,21 @@ prompt = st.chat_input("Ask the coach…", disabled=bool(no_llm), key="coach_inp
 if prompt:
     with st.chat_message("user"):
         st.markdown(escape_markdown(prompt))
+    prepared: coach.PreparedReply | None = None
     try:
-        _show_reply(
-            coach.send_message(
-                engine, snapshot_id, prompt, str(uuid.uuid4()), chat_id=chat_id, reviewer=current_reviewer()
-            )
+        prepared = coach.send_message(
+            engine, snapshot_id, prompt, str(uuid.uuid4()), chat_id=chat_id, reviewer=current_reviewer()
         )
-    except coach.TurnLimitReached as exc:
-        st.info(escape_markdown(str(exc)))
+        _show_reply(prepared)
+    except coach.TurnLimitReached:
+        st.rerun()  # another tab used the last turn: show the read-only chat at once
     except (coach.CoachError, LLMNotConfigured) as exc:
         st.error(escape_markdown(str(exc)))
     except LLMError as exc:
-        st.error(
-            f"The coach could not answer: {escape_markdown(str(exc))}. "
-            "Your message is kept; open the chat again to retry."
-        )
+        message = f"The coach could not answer: {exc}. Your message is kept; open the chat again to retry."
+        if prepared is not None and prepared.chat_complete:
+            flash(FLASH_KEY, "error", message)  # the last turn is used: the chat turns read-only now
+            st.rerun()
+        st.error(escape_markdown(message))
     else:
         st.rerun()

@@ -142,6 +142,42 @@ def test_sixteenth_message_is_refused_with_guidance(engine, llm_server) -> None:
     assert users == 15
 
 
+def test_the_last_turn_completes_the_chat_at_once_and_the_limit_is_a_machine_readable_outcome(
+    engine, llm_server
+) -> None:
+    sid = _snapshot(engine, max_turns=3)
+    llm_server.script(fake.stream(["g"]))
+    _drain(coach.start_chat(engine, sid, ["clarity"]))
+    llm_server.default_reply = fake.text("ok")
+    flags = []
+    for i in range(3):
+        prepared = coach.send_message(engine, sid, f"m{i}", f"c{i}")
+        flags.append(prepared.chat_complete)
+        with Session(engine) as s:
+            status = s.get(EvaluationSnapshot, sid).status
+        # Completed as soon as the last turn is claimed, before its reply is even streamed.
+        assert status == ("completed" if i == 2 else "active")
+        _drain(prepared)
+    assert flags == [False, False, True]
+    with pytest.raises(coach.TurnLimitReached) as info:
+        coach.send_message(engine, sid, "one more", "c3")
+    assert (info.value.outcome, info.value.used, info.value.limit, info.value.language) == (
+        "turn_limit_reached", 3, 3, "tr",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("language", "label"),
+    [
+        ("tr", "Yeni bir değerlendirme başlat"),
+        ("en", "Start a new evaluation"),
+        ("es", "Start a new evaluation"),
+    ],
+)
+def test_the_guidance_button_speaks_the_evaluations_language(language, label) -> None:
+    assert coach.new_evaluation_label(language) == label
+
+
 def test_interrupted_reply_is_regenerated_in_place(engine, llm_server) -> None:
     sid = _snapshot(engine)
     llm_server.script(fake.stream(["g"]))

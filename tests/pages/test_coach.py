@@ -14,7 +14,7 @@ from tests import llm_server as fake
 PAGE = "pages/coach.py"
 
 
-def _snapshot(engine, *, turns_used: int = 0, max_turns: int = 15) -> str:
+def _snapshot(engine, *, turns_used: int = 0, max_turns: int = 15, language: str = "en") -> str:
     with session_scope(engine) as s:
         s.add(
             EvaluationSnapshot(
@@ -22,7 +22,7 @@ def _snapshot(engine, *, turns_used: int = 0, max_turns: int = 15) -> str:
                 question="What is 2+2?",
                 model_answer="It is <b>5</b>.",
                 product="acme",
-                language="en",
+                language=language,
                 chat_turn_count=turns_used,
                 max_chat_turns=max_turns,
                 user_scores_json={"truthfulness": {"score": 1}, "clarity": {"score": 4}},
@@ -120,6 +120,31 @@ def test_limit_reached_makes_the_chat_read_only_with_guidance(app_engine, open_p
     assert any("talked enough" in i.value for i in at.info)
     assert at.chat_input(key="coach_input").disabled
     assert at.button(key="coach_new_eval").label == "Start a new evaluation"
+
+
+def test_a_turkish_evaluation_gets_its_guidance_button_in_turkish(app_engine, open_page, llm_server) -> None:
+    _snapshot(app_engine, turns_used=15, language="tr")
+    _start(app_engine, llm_server)
+    at = open_page(PAGE, query={"snapshot": "snap_page"})
+    assert not at.exception
+    assert any("yeterince konuştuk" in i.value for i in at.info)
+    assert at.button(key="coach_new_eval").label == "Yeni bir değerlendirme başlat"
+
+
+def test_the_message_using_the_last_turn_makes_the_chat_read_only_at_once(
+    app_engine, open_page, llm_server
+) -> None:
+    _snapshot(app_engine, turns_used=14)
+    _start(app_engine, llm_server)
+    at = open_page(PAGE, query={"snapshot": "snap_page"})
+    assert not at.chat_input(key="coach_input").disabled
+    llm_server.script(fake.stream(["The last answer."]))
+    at.chat_input(key="coach_input").set_value("Last question").run()
+    assert not at.exception
+    assert at.chat_input(key="coach_input").disabled
+    assert any("talked enough" in i.value for i in at.info)
+    with Session(app_engine) as s:
+        assert s.get(EvaluationSnapshot, "snap_page").status == "completed"
 
 
 def test_interrupted_reply_is_regenerated_on_the_next_visit(app_engine, open_page, llm_server) -> None:
