@@ -13,7 +13,7 @@ How each part is written, so that it looks exactly as if the app had produced it
 - second opinions follow `lib.evaluation_layer`'s rules and `lib.second_opinion`'s storage;
 - tag relevance is replayed in memory with `lib.relevance`'s own pure steps (`tag_step`,
   `auto_pin_decision`, `manual_pin_state`): the API's per-row locking is too slow for a first start;
-- precedent totals and citation matches are `lib.precedents`' (`total_score`, `citation_matches`).
+- auto-evaluations are `lib.precedents.evaluate_interaction`'s own results (offline, no LLM).
 
 `force`: the demo is normally loaded only into a database without evaluations. With `force=True`
 it is loaded anyway, and every demo row is identified by a deterministic key (snapshot id and
