@@ -10,6 +10,7 @@ import pandas as pd
 from sqlalchemy import case, func
 from sqlmodel import Session, col, select
 
+from lib.corrections import live_judgment
 from lib.evidence import HIGHLIGHT_STAGES, STAGES
 from lib.metrics import DEFAULT_METRICS, metrics_for_product, products_with_rubrics
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, SessionNote
@@ -82,7 +83,7 @@ def overview_stats(*, session: Session) -> OverviewStats:
             func.count().filter(action == "validated"),
             func.count().filter(action == "improved"),
             func.count().filter(action == "questioned"),
-        )
+        ).where(live_judgment())
     ).one()
     notes = session.exec(
         select(
@@ -208,7 +209,9 @@ def per_product_frame(*, session: Session) -> pd.DataFrame:
             func.count().filter(~reviewed),
             func.count().filter(reviewed & col(Judgment.was_corrected)),
             func.count().filter(reviewed),
-        ).group_by(Judgment.product)
+        )
+        .where(live_judgment())
+        .group_by(Judgment.product)
     ).all()
     by_product: dict[str, dict[str, Any]] = {}
     for product, n in snaps:

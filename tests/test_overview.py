@@ -69,6 +69,10 @@ def filled(engine: Engine) -> Engine:
         s.add(_judgment("a3", "acme", opinion="questioned"))
         s.add(_judgment("b1", "beta"))
         s.add(_judgment("b2", "beta", opinion="error"))  # a failed second opinion is not an opinion
+        # A judgment of the archived evaluation: left out of every judgment figure (seed 002 AD-13).
+        archived = _judgment("s4:clarity", "gamma", reviewed=True, corrected=True, opinion="validated")
+        archived.snapshot_id = "s4"
+        s.add(archived)
         s.commit()
         j = s.get(Judgment, 1)
         assert j is not None and j.id is not None
