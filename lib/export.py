@@ -167,6 +167,19 @@ def judgments_csv_bytes(*, engine: Engine, filters: JudgmentFilter, limit: int =
     )
 
 
+def precedents_csv_bytes(*, engine: Engine, filters: Any, limit: int = CSV_ROW_LIMIT) -> bytes:
+    """The Precedents page's CSV: every matching interaction (newest `limit`), formulas neutralised.
+
+    `filters` is a `lib.precedent_view.PrecedentFilters`.
+    """
+    from lib import precedent_view
+
+    return _frame_csv_bytes(
+        engine,
+        lambda session: precedent_view.list_page(session=session, filters=filters, offset=0, limit=limit),
+    )
+
+
 def evaluations_csv_bytes(*, engine: Engine, filters: EvaluationFilters) -> bytes:
     """The Evaluations page's CSV: every matching evaluation (all pages), formulas neutralised."""
     return _frame_csv_bytes(

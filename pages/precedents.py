@@ -1,11 +1,14 @@
 """Precedents: interactions auto-evaluated by precedent (seed 003), why they (did not) match, and the
 expert review that turns an interaction into a precedent. `?interaction=<id>` opens one directly."""
 
+import functools
+
 import streamlit as st
 
+from lib import export
 from lib import precedent_view as view
 from lib.safe_markdown import escape_markdown
-from lib.ui import csv_download, flash, get_engine, pager, require_reviewer, session_scope, show_flash
+from lib.ui import flash, get_engine, pager, require_reviewer, session_scope, show_flash
 
 ANY = "Any"
 
@@ -48,7 +51,15 @@ if not counts.empty:
     st.plotly_chart(view.reason_figure(counts), key="prec_reasons_chart")
 st.caption(f"{total} interactions match the filters; showing {len(frame)} from {offset + 1 if total else 0}.")
 st.dataframe(frame, key="prec_table", hide_index=True)
-csv_download(frame, "precedents.csv", key="prec_csv", label="Download this page (CSV)")
+st.download_button(
+    f"Download CSV (all {total:,} matches)",
+    # Built only when clicked: the page rerun itself never reads every match.
+    data=functools.partial(export.precedents_csv_bytes, engine=get_engine(), filters=filters),
+    file_name="precedents.csv",
+    mime="text/csv",
+    key="prec_csv",
+    on_click="ignore",
+)
 
 ids = list(frame["id"])
 wanted = st.query_params.get("interaction")

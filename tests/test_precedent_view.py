@@ -136,3 +136,20 @@ def test_a_bad_review_is_refused_and_writes_nothing(filled: Engine, kwargs: dict
             view.add_expert_review(session=session, interaction_id="same", **args)
         session.rollback()
         assert session.query(ExpertFeedback).filter_by(interaction_id="same", type="expert").count() == 0
+
+
+def test_csv_holds_every_match_of_the_filter_with_formulas_neutralised(filled: Engine) -> None:
+    import csv
+    import io
+
+    from lib import export
+
+    with Session(filled) as session:
+        _add(session, "formula", days=1, question='=HYPERLINK("http://evil.test","x")', answer="A.")
+    data = export.precedents_csv_bytes(engine=filled, filters=view.PrecedentFilters(product="acme"))
+    rows = list(csv.DictReader(io.StringIO(data.decode("utf-8-sig"))))
+    assert [r["id"] for r in rows] == ["formula", "other", "cite", "same", "prec"]
+    assert not rows[0]["question"].startswith("=")
+    assert "HYPERLINK" in rows[0]["question"]
+    one = export.precedents_csv_bytes(engine=filled, filters=view.PrecedentFilters(outcome="matched"))
+    assert [r["id"] for r in csv.DictReader(io.StringIO(one.decode("utf-8-sig")))] == ["same"]
