@@ -750,10 +750,14 @@ class RunSummary:
     skipped: int = 0  # already evaluated (by another run) when its worker got to it
     reasons: dict[str, int] = field(default_factory=dict)
     deleted: int = 0  # auto-evaluations removed first by --redo
+    not_stored: int = 0  # the database refused the result and the error row: still pending
 
-    def add(self, row: AutoEval | None) -> None:
+    def add(self, row: AutoEval | str | None) -> None:
         if row is None:
             self.skipped += 1
+            return
+        if isinstance(row, str):  # NOT_STORED: the database refused even the error row
+            self.not_stored += 1
             return
         self.evaluated += 1
         if row.has_matches:
@@ -785,8 +789,13 @@ class RunSummary:
             f"{self.evaluated - self.matched} without a match, {self.skipped} already evaluated"
         )
         out.extend(f"  {reason}: {count}" for reason, count in sorted(self.reasons.items()))
+        if self.not_stored:
+            out.append(f"{self.not_stored} results could not be stored (see the log); they stay pending")
         return out
 
+
+# What a worker returns when not even the error row could be stored (the database is gone).
+NOT_STORED = "not stored"
 
 # Called after each interaction with (done, total), in the caller's thread.
 Progress = Callable[[int, int], None]
@@ -870,12 +879,12 @@ def load_index(engine: Engine) -> PrecedentIndex:
 
 def _evaluate_one(
     engine: Engine, interaction_id: str, force_fallback: bool, index: PrecedentIndex | None
-) -> AutoEval | None:
+) -> AutoEval | str | None:
     """One worker's job: decide in a read-only transaction, store in a short write one.
 
     Never raises: an evaluation that fails still ends with an AutoEval row (`evaluation_error`),
     so one bad interaction never stops the others and never stays silently pending.
-    None means another run evaluated it first.
+    None means another run evaluated it first; NOT_STORED that the database refused both rows.
     """
     try:
         with session_scope(engine, read_only=True) as session:
@@ -907,7 +916,7 @@ def _evaluate_one(
             return None  # another worker stored it between the check and the insert
         except Exception:  # try the error row once, then give up on this one
             log.exception("storing the auto-evaluation of %s failed", interaction_id)
-    return None
+    return NOT_STORED
 
 
 def evaluate_ids(

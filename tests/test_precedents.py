@@ -809,3 +809,23 @@ def test_evaluate_new_skips_reviewed_and_evaluated_interactions(engine: Engine) 
     summary = precedents.evaluate_new(engine, ["prec", "same0", "same1", "missing"])
     assert (summary.evaluated, summary.matched) == (1, 1)
     assert set(_auto_rows(engine)) == {"same0", "same1"}
+
+
+def test_a_result_the_database_refuses_is_counted_and_stays_pending(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = precedents.store
+
+    def refusing(*, session: Session, outcome: precedents.Outcome) -> AutoEval:
+        if outcome.interaction_id == "same1":
+            raise RuntimeError("disk full")
+        return real(session=session, outcome=outcome)
+
+    monkeypatch.setattr(precedents, "store", refusing)
+    with Session(engine) as session:
+        _corpus(session)
+    summary = precedents.auto_evaluate(engine, concurrency=2)
+    assert (summary.evaluated, summary.not_stored) == (6, 1)
+    assert "1 results could not be stored (see the log); they stay pending" in summary.lines()
+    with Session(engine) as session:
+        assert precedents.pending_interaction_ids(session=session) == ["same1"]
