@@ -543,15 +543,18 @@ def get_judgment(*, session: Session, change_id: str) -> Judgment | None:
 def live_judgment() -> Any:
     """Seed 002 AD-13: a judgment counts only while its evaluation is live (not archived/deleted).
 
-    A correlated NOT EXISTS on the snapshot's primary key, so every query keeps its own index
-    (select_history still walks the history index newest first and probes one snapshot per row);
-    stand-alone judgments (no snapshot) are always live. Every normal read of judgments uses it.
+    Written as a correlated scalar subquery on the snapshot's primary key ("its snapshot's
+    deleted_at is NULL"; NULL too for stand-alone judgments): planners keep it a per-row probe,
+    so select_history still walks the history index newest first and stops at its LIMIT. (A NOT
+    EXISTS would let PostgreSQL turn it into a hash anti-join that reads every row of the product
+    and sorts them.) Every normal read of judgments uses it.
     """
-    archived = select(EvaluationSnapshot.id).where(
-        col(EvaluationSnapshot.id) == col(Judgment.snapshot_id),
-        col(EvaluationSnapshot.deleted_at).is_not(None),
+    deleted_at = (
+        select(EvaluationSnapshot.deleted_at)
+        .where(col(EvaluationSnapshot.id) == col(Judgment.snapshot_id))
+        .scalar_subquery()
     )
-    return ~archived.exists()
+    return deleted_at.is_(None)
 
 
 def _check_history_params(max_entries: int, correction_ratio: float) -> None:
