@@ -20,7 +20,7 @@ import pyarrow as pa
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-from lib.duck import duck_connect, fetch_frame, table_ref
+from lib.duck import fetch_frame, table_ref, with_duck
 from lib.metrics import MetricSpec, metrics_for_product
 
 SNAPSHOTS = "evaluation_snapshots"
@@ -76,11 +76,6 @@ class AgreementReport:
     @property
     def empty(self) -> bool:
         return self.metrics.empty
-
-
-def connect(engine: Engine) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection reading only the snapshots table (the only one analytics needs)."""
-    return duck_connect(engine, tables=[SNAPSHOTS])
 
 
 def filter_options(con: duckdb.DuckDBPyConnection) -> FilterOptions:
@@ -304,23 +299,15 @@ def quadratic_weighted_kappa(
 
 
 def load_report(*, engine: Engine, session: Session, filters: AnalyticsFilters) -> AgreementReport:
-    """The whole report for the page: one DuckDB connection, the products' rubrics from the session."""
-    con = connect(engine)
-    try:
-        products = list(filters.products) or filter_options(con).products
-        specs = metric_specs_frame(session=session, products=products)
-        return agreement_report(con, specs=specs, filters=filters)
-    finally:
-        con.close()
+    """The whole report for the page: the products' rubrics from the session, the counting in DuckDB."""
+    products = list(filters.products) or load_filter_options(engine).products
+    specs = metric_specs_frame(session=session, products=products)
+    return with_duck(engine, agreement_report, tables=[SNAPSHOTS], specs=specs, filters=filters)
 
 
 def load_filter_options(engine: Engine) -> FilterOptions:
     """The filter choices, read through DuckDB like everything else on the page."""
-    con = connect(engine)
-    try:
-        return filter_options(con)
-    finally:
-        con.close()
+    return with_duck(engine, filter_options, tables=[SNAPSHOTS])
 
 
 def display_frame(report: AgreementReport) -> pd.DataFrame:

@@ -11,39 +11,53 @@ Usage (analytics, exports, pages)::
     finally:
         con.close()
 
-How it works (SPEC §8): the app database is attached read-only as the catalog `app_raw`, through the
-sqlite or postgres scanner extension shipped by the PyPI packages `duckdb-extension-sqlite-scanner` /
-`duckdb-extension-postgres-scanner` and loaded from their files (`LOAD '<path>'`, signature checked;
-never `INSTALL`, which would download). The raw column types differ by backend (SQLite booleans are
-integers, JSON is text, timestamps are naive), so every model table is also exposed as a view in the
-schema `db` with one set of types on both backends:
+How it works (SPEC §8): `db.<table>` views with one set of types on both backends (below) over a
+catalog `app_raw` that holds the app's tables, filled in one of two ways:
+
+- PostgreSQL: attached read-only through the postgres scanner extension, shipped by the PyPI package
+  `duckdb-extension-postgres-scanner` and loaded from its file (`LOAD '<path>'`, signature checked;
+  never `INSTALL`, which would download).
+- SQLite: the tables are read through the app's own SQLAlchemy connection (Python's sqlite3, the
+  same SQLite library the app uses) and handed to DuckDB as Arrow record batches, never through a
+  pandas frame; pass `tables=` to copy only what the query needs. DuckDB's sqlite scanner carries a
+  second SQLite library: if it opened and closed the database file inside a process that holds it,
+  POSIX lock semantics (locks belong to the process, and any close drops them) would release the
+  app's locks, and the next other process to close the database would delete the app's `-wal` and
+  `-shm` files under it (lost writes, corruption; issue #17). So the scanner may only open the SQLite
+  file in a child process that holds no connection: `with_duck(engine, func, ...)` runs `func(con)`
+  there (`run_isolated`), which is how exports and analytics read SQLite, at the scanner's speed.
+
+Raw column types differ by backend (SQLite booleans are integers, JSON is text, timestamps are
+naive), so every model table is exposed as a view in the schema `db` with one set of types:
 
     BOOLEAN, BIGINT, DOUBLE, VARCHAR, JSON, TIMESTAMPTZ (UTC; the session time zone is UTC)
 
 Callers write `db.judgments` (or `table_ref("judgments")`, which also refuses unknown names) and get
-the same result on SQLite and PostgreSQL. Filters and projections still push down into the scanner.
+the same result on SQLite and PostgreSQL.
 
 Fetch results with `fetch_frame(con, sql, params)` (through Arrow) or `.to_arrow_reader()`, not
 `fetchall()`: DuckDB turns TIMESTAMPTZ into Python datetimes only with pytz, which Overrule does not
 ship, and `.df()` raises pandas 3.1 deprecation warnings. Keep results small (aggregates, one page).
 
-If an extension cannot be loaded (another DuckDB version, a platform without the wheel), the tables
-are streamed from SQLAlchemy in Arrow record batches into DuckDB's own storage instead, never through
-a pandas frame; pass `tables=` to copy only what the query needs. `source_kind(con)` tells which path
-was taken. Opening a connection costs about 0.3 s (the extension's signature check), so a page
-should keep one per process (`st.cache_resource`) and take `con.cursor()` per use: cursors share the attachment and
-the views, see live data through the scanner, and may run on other threads. (On the Arrow fallback
-the copy is a snapshot; a cached connection would go stale there, see `source_kind`.)
+If the postgres extension cannot be loaded (another DuckDB version, a platform without the wheel),
+PostgreSQL tables are copied through Arrow batches too. `source_kind(con)` tells which path was
+taken. A scanner connection costs about 0.3 s to open (the extension's signature check); the Arrow
+copy is a snapshot, so take a new connection per use rather than caching one.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import re
-from collections.abc import Iterable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from importlib import resources
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import duckdb
 import pandas as pd
@@ -53,6 +67,7 @@ from sqlalchemy import Engine
 from sqlmodel import SQLModel
 
 import lib.models  # noqa: F401 - registers every table on SQLModel.metadata
+from lib.db import create_db_engine
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +79,15 @@ _EXTENSION_PACKAGES = {
     "postgres": ("duckdb_extension_postgres_scanner", "postgres_scanner"),
 }
 _TABLE_NAME_IN_SQL = re.compile(rf'\b{VIEW_SCHEMA}\s*\.\s*"?(\w+)"?')
+
+
+T = TypeVar("T")
+# At most this many DuckDB child processes at once (exports, analytics) per app process.
+ISOLATED_WORKERS = 2
+# True only in a `run_isolated` child, which holds no SQLite connection of its own.
+_sqlite_scanner_allowed = False
+_pool: ProcessPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
 class DuckUnavailable(RuntimeError):
@@ -166,6 +190,8 @@ def _attach_scanner(con: duckdb.DuckDBPyConnection, engine: Engine) -> None:
             path = engine.url.database
             if not path or path == ":memory:":
                 raise DuckUnavailable("an in-memory SQLite database cannot be attached")
+            if not _sqlite_scanner_allowed:  # see the module docstring: it would drop the app's locks
+                raise DuckUnavailable("the sqlite scanner only runs in an isolated process")
             con.execute(f"LOAD {quote_literal(extension_path('sqlite'))}")
             con.execute(f"ATTACH {quote_literal(path)} AS {RAW_CATALOG} (TYPE sqlite, READ_ONLY)")
         elif dialect == "postgresql":
@@ -251,7 +277,8 @@ def duck_connect(
 ) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection where `db.<table>` reads the app database with backend-neutral types.
 
-    `tables` only matters on the Arrow fallback (which copies just those); `scanner=False` forces it.
+    `tables` only matters on the Arrow path (which copies just those); `scanner=False` forces it.
+    On SQLite the Arrow path is the rule, except in a `run_isolated` child.
     """
     con = duckdb.connect(
         config={
@@ -261,12 +288,16 @@ def duck_connect(
         }
     )
     con.execute("SET TimeZone = 'UTC'")  # TIMESTAMPTZ values print and export as UTC
+    con.execute("SET enable_progress_bar = false")  # a child's stderr is the server's log
     try:
         if not scanner:
             raise DuckUnavailable("scanner disabled by the caller")
+        if engine.dialect.name == "sqlite" and not _sqlite_scanner_allowed:
+            raise DuckUnavailable("SQLite is read through the app's own connection")
         _attach_scanner(con, engine)
     except DuckUnavailable as exc:
-        log.warning("DuckDB reads %s through Arrow batches (slower): %s", engine.dialect.name, exc)
+        if engine.dialect.name != "sqlite":
+            log.warning("DuckDB reads %s through Arrow batches (slower): %s", engine.dialect.name, exc)
         wanted = set(model_tables()) if tables is None else set(tables)
         unknown = wanted - set(model_tables())
         if unknown:
@@ -289,3 +320,95 @@ def fetch_frame(
 ) -> pd.DataFrame:
     """A small (aggregated or paged) query result as a DataFrame, through Arrow (no pytz needed)."""
     return con.execute(sql, params or []).to_arrow_table().to_pandas()
+
+
+def isolated_url(engine: Engine) -> str:
+    """The engine's URL for a child process: password kept, a SQLite path made absolute."""
+    url = engine.url
+    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
+        url = url.set(database=str(Path(url.database).resolve()))
+    return url.render_as_string(hide_password=False)
+
+
+def _allow_sqlite_scanner() -> None:
+    """Worker initializer: this process holds no other SQLite connection, so the scanner may open it."""
+    global _sqlite_scanner_allowed
+    _sqlite_scanner_allowed = True
+
+
+def _isolated_pool() -> ProcessPoolExecutor:
+    """Worker processes forked from a preloaded fork server, reused; each call opens and closes its own
+    DuckDB connection, so no file handle outlives a call."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(["lib.export", "lib.analytics"])  # imports paid once
+            _pool = ProcessPoolExecutor(
+                max_workers=ISOLATED_WORKERS,
+                mp_context=ctx,
+                initializer=_allow_sqlite_scanner,
+            )
+        return _pool
+
+
+def start_isolated_workers() -> None:
+    """Start the fork server now (about 2 s of imports) rather than on the first export or chart."""
+    run_isolated(_no_op)
+
+
+def _no_op() -> None:
+    return None
+
+
+def run_isolated(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """`func(*args, **kwargs)` in a child process where the sqlite scanner may open the database file.
+
+    `func` must be a module-level function, its arguments and result picklable (give it a URL from
+    `isolated_url`, not an engine); its exceptions are raised here. The child is forked from a fork
+    server that has already imported lib (started on first use, ~2 s), then reused: a call costs
+    about as much as the same call in this process. Like any multiprocessing start, a program whose
+    main script runs code at import needs the `if __name__ == "__main__"` guard.
+    """
+    global _pool
+    try:
+        return _isolated_pool().submit(func, *args, **kwargs).result()
+    except BrokenProcessPool as exc:
+        with _pool_lock:
+            _pool = None  # the next call starts a new pool
+        raise RuntimeError(f"the DuckDB worker process died: {exc}") from exc
+
+
+def with_duck(
+    engine: Engine,
+    func: Callable[..., T],
+    /,
+    *args: Any,
+    tables: Iterable[str] | None = None,
+    **kwargs: Any,
+) -> T:
+    """`func(con, *args, **kwargs)` on a fresh `duck_connect(engine, tables=...)` connection, closed after.
+
+    The one way lib code runs DuckDB over the app database. On SQLite it runs in a `run_isolated`
+    child, where the scanner reads the file at full speed without touching this process's locks;
+    `func` (module-level) and its result cross the process boundary, so keep results small.
+    """
+    if engine.dialect.name == "sqlite" and not _sqlite_scanner_allowed:
+        wanted = None if tables is None else sorted(tables)
+        return run_isolated(_with_duck_at, isolated_url(engine), func, args, kwargs, wanted)
+    con = duck_connect(engine, tables=tables)
+    try:
+        return func(con, *args, **kwargs)
+    finally:
+        con.close()
+
+
+def _with_duck_at(
+    url: str, func: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any], tables: list[str] | None
+) -> T:
+    """`with_duck` inside the child: an engine of its own that never opens a connection on SQLite."""
+    engine = create_db_engine(url)
+    try:
+        return with_duck(engine, func, *args, tables=tables, **kwargs)
+    finally:
+        engine.dispose()

@@ -13,6 +13,7 @@ the pages' download buttons call the `*_bytes` functions here, built on click.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -30,7 +31,7 @@ from sqlmodel import Session
 from lib import corrections, inspector
 from lib.corrections import CSV_ROW_LIMIT, JudgmentFilter
 from lib.db import session_scope
-from lib.duck import duck_connect, model_tables, quote_ident, quote_literal, table_ref, tables_in_sql
+from lib.duck import model_tables, quote_ident, quote_literal, table_ref, tables_in_sql, with_duck
 from lib.inspector import EvaluationFilters
 
 FORMATS = ("csv", "parquet", "json")
@@ -196,12 +197,17 @@ Writer = Callable[[duckdb.DuckDBPyConnection, str, Params, Path], int]
 
 
 def _export(engine: Engine, sql: str, params: Params, out: Path, writer: Writer) -> int:
-    """Run `writer` into a hidden file beside `out`, then rename it, so readers never see half a file."""
+    """Run `writer` into a hidden file beside `out`, then rename it, so readers never see half a file.
+
+    Through `with_duck`: on SQLite the writing happens in a child process (see `lib.duck`).
+    """
     _check_writable(out)
+    return with_duck(engine, _write_aside, sql, params, out.resolve(), writer, tables=tables_in_sql(sql))
+
+
+def _write_aside(con: duckdb.DuckDBPyConnection, sql: str, params: Params, out: Path, writer: Writer) -> int:
     partial = out.with_name(f".{out.name}.{secrets.token_hex(4)}.partial")
-    con: duckdb.DuckDBPyConnection | None = None
     try:
-        con = duck_connect(engine, tables=tables_in_sql(sql))
         rows = writer(con, sql, params, partial)
         os.replace(partial, out)
         return rows
@@ -210,8 +216,6 @@ def _export(engine: Engine, sql: str, params: Params, out: Path, writer: Writer)
     except OSError as exc:
         raise ExportError(f"cannot write {out}: {exc.strerror or exc}") from exc
     finally:
-        if con is not None:
-            con.close()
         partial.unlink(missing_ok=True)
 
 
@@ -259,16 +263,17 @@ _COPY_OPTIONS = {
 
 
 def _copy_writer(fmt: str) -> Writer:
-    def write(con: duckdb.DuckDBPyConnection, sql: str, params: Params, path: Path) -> int:
-        select_list = _projection(_column_types(con, sql, params), fmt)
-        row = con.execute(
-            f"COPY (SELECT {select_list} FROM ({sql}) AS t) TO {quote_literal(str(path))} "
-            f"({_COPY_OPTIONS[fmt]})",
-            params or [],
-        ).fetchone()
-        return int(row[0]) if row else 0
+    """A writer for `COPY ... TO` in `fmt`; a partial of a module function, so it pickles."""
+    return functools.partial(_copy_write, fmt)
 
-    return write
+
+def _copy_write(fmt: str, con: duckdb.DuckDBPyConnection, sql: str, params: Params, path: Path) -> int:
+    select_list = _projection(_column_types(con, sql, params), fmt)
+    row = con.execute(
+        f"COPY (SELECT {select_list} FROM ({sql}) AS t) TO {quote_literal(str(path))} ({_COPY_OPTIONS[fmt]})",
+        params or [],
+    ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def _write_cache_json(con: duckdb.DuckDBPyConnection, sql: str, params: Params, path: Path) -> int:

@@ -24,7 +24,7 @@ from sqlmodel import SQLModel
 
 from lib import export
 from lib.db import create_db_engine, init_db
-from lib.duck import duck_connect, fetch_frame, source_kind, table_ref
+from lib.duck import duck_connect, fetch_frame, source_kind, table_ref, with_duck
 from lib.export import (
     ExportError,
     export_query_csv,
@@ -445,8 +445,10 @@ def test_cli_export_of_unknown_table_fails_with_the_valid_names(engine, tmp_path
 
 _PROBE = """
 import json, sys
+import lib.duck
 from lib.db import create_db_engine
 from lib.duck import duck_connect, source_kind
+lib.duck._sqlite_scanner_allowed = True  # as in a run_isolated child: this process holds no connection
 con = duck_connect(create_db_engine(sys.argv[1]))
 row = con.execute(
     "SELECT loaded, installed FROM duckdb_extensions() WHERE extension_name LIKE '%scanner'"
@@ -478,20 +480,41 @@ def test_scanner_loads_from_the_package_without_install(engine, tmp_path: Path) 
     assert not (home / ".duckdb" / "extensions").exists()
 
 
-def test_arrow_fallback_reads_the_same_rows_as_the_scanner(filled) -> None:
+def test_arrow_path_reads_the_same_rows_as_the_scanner(filled) -> None:
     engine, _ = filled
-    scanner = duck_connect(engine)
+    # with_duck uses the scanner: in a child process on SQLite (issue #17), in this one on PostgreSQL.
+    assert with_duck(engine, source_kind) == ("sqlite" if engine.dialect.name == "sqlite" else "postgres")
     fallback = duck_connect(engine, scanner=False)
     try:
         assert source_kind(fallback) == "duckdb"
         for table in TABLES:
             query = f"SELECT * FROM {table_ref(table)}"
             pd.testing.assert_frame_equal(
-                fetch_frame(fallback, query), fetch_frame(scanner, query), obj=table
+                fetch_frame(fallback, query), with_duck(engine, fetch_frame, query), obj=table
             )
     finally:
-        scanner.close()
         fallback.close()
+
+
+def test_sqlite_scanner_never_opens_the_file_in_the_app_process(sqlite_engine) -> None:
+    """Issue #17: DuckDB's own SQLite library in this process would drop this process's locks."""
+    con = duck_connect(sqlite_engine)
+    try:
+        assert source_kind(con) == "duckdb"  # read through the app's connection, as Arrow batches
+        loaded = con.execute(
+            "SELECT count(*) FROM duckdb_extensions() WHERE loaded AND extension_name LIKE 'sqlite%'"
+        )
+        assert loaded.fetchone() == (0,)
+    finally:
+        con.close()
+    assert with_duck(sqlite_engine, source_kind) == "sqlite"
+
+
+def test_an_error_inside_the_child_reaches_the_caller(sqlite_engine, tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match="failed"):
+        export_query_csv(
+            engine=sqlite_engine, sql="SELECT no_such_column FROM db.judgments", out=tmp_path / "x.csv"
+        )
 
 
 @pytest.mark.parametrize(
