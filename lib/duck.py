@@ -30,7 +30,7 @@ catalog `app_raw` that holds the app's tables, filled in one of two ways:
 Raw column types differ by backend (SQLite booleans are integers, JSON is text, timestamps are
 naive), so every model table is exposed as a view in the schema `db` with one set of types:
 
-    BOOLEAN, BIGINT, DOUBLE, VARCHAR, JSON, TIMESTAMPTZ (UTC; the session time zone is UTC)
+    BOOLEAN, BIGINT, DOUBLE, VARCHAR, JSON, BLOB, TIMESTAMPTZ (UTC; the session time zone is UTC)
 
 Callers write `db.judgments` (or `table_ref("judgments")`, which also refuses unknown names) and get
 the same result on SQLite and PostgreSQL.
@@ -78,6 +78,7 @@ _EXTENSION_PACKAGES = {
     "sqlite": ("duckdb_extension_sqlite_scanner", "sqlite_scanner"),
     "postgres": ("duckdb_extension_postgres_scanner", "postgres_scanner"),
 }
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _TABLE_NAME_IN_SQL = re.compile(rf'\b{VIEW_SCHEMA}\s*\.\s*"?(\w+)"?')
 
 
@@ -146,6 +147,7 @@ def _duck_type(column: sa.Column) -> str:
         (sa.Float, "DOUBLE"),
         (sa.Numeric, "DOUBLE"),
         (sa.DateTime, "TIMESTAMPTZ"),
+        (sa.LargeBinary, "BLOB"),
     ):
         if isinstance(col_type, sql_type):
             return duck_type
@@ -159,6 +161,7 @@ _ARROW_TYPES = {
     "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),
     "VARCHAR": pa.string(),
     "JSON": pa.string(),
+    "BLOB": pa.binary(),
 }
 
 
@@ -225,7 +228,7 @@ def _create_typed_views(con: duckdb.DuckDBPyConnection) -> None:
         if not present:
             continue  # a table the database does not have yet (an older schema)
         select_list = ", ".join(
-            f"CAST({quote_ident(c.name)} AS {_duck_type(c)}) AS {quote_ident(c.name)}"
+            f"{_typed(quote_ident(c.name), _duck_type(c))} AS {quote_ident(c.name)}"
             for c in table.columns
             if c.name in present
         )
@@ -235,8 +238,27 @@ def _create_typed_views(con: duckdb.DuckDBPyConnection) -> None:
         )
 
 
+def _typed(column: str, duck_type: str) -> str:
+    """The cast of a raw column to its shared type; JSON that DuckDB cannot parse never fails a read.
+
+    Imports refuse unpaired surrogates (issue #17), but JSON stored earlier may hold an escaped one
+    (`\\ud800`; SQLite text and PostgreSQL `json` accept it, DuckDB's parser does not). Such a value
+    is read with every surrogate escape replaced by U+FFFD, and anything still unparsable as a JSON
+    string of its text, so exports and analytics of the other rows go on.
+    """
+    if duck_type != "JSON":
+        return f"CAST({column} AS {duck_type})"
+    text = f"CAST({column} AS VARCHAR)"
+    repaired = f"regexp_replace({text}, '\\\\u[dD][89a-fA-F][0-9a-fA-F]{{2}}', '\\\\ufffd', 'g')"
+    return f"COALESCE(TRY_CAST({text} AS JSON), TRY_CAST({repaired} AS JSON), to_json({text}))"
+
+
 def _json_text(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, ensure_ascii=False)
+    """JSON text for the Arrow copy; escaped (ASCII) when a lone surrogate cannot be UTF-8 encoded."""
+    if value is None:
+        return None
+    text = json.dumps(value, ensure_ascii=False)
+    return text if text.isascii() or not _SURROGATE.search(text) else json.dumps(value)
 
 
 def _record_batches(engine: Engine, table: sa.Table, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -359,6 +381,15 @@ def start_isolated_workers() -> None:
 
 def _no_op() -> None:
     return None
+
+
+def stop_isolated_workers() -> None:
+    """Stop the worker processes (they also stop when this process exits); the next call starts anew."""
+    global _pool
+    with _pool_lock:
+        pool, _pool = _pool, None
+    if pool is not None:
+        pool.shutdown(wait=True)
 
 
 def run_isolated(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

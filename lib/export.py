@@ -246,7 +246,7 @@ def _projection(columns: list[tuple[str, str]], fmt: str) -> str:
     parts = []
     for name, duck_type in columns:
         col = quote_ident(name)
-        if fmt == "csv" and duck_type in ("VARCHAR", "JSON"):
+        if fmt == "csv" and duck_type in ("VARCHAR", "JSON", "BLOB"):
             parts.append(f"{_neutralised(f'CAST({col} AS VARCHAR)')} AS {col}")
         elif fmt == "parquet" and duck_type == "JSON":
             parts.append(f"CAST({col} AS VARCHAR) AS {col}")

@@ -26,6 +26,7 @@ from lib import export
 from lib.db import create_db_engine, init_db
 from lib.duck import duck_connect, fetch_frame, source_kind, table_ref, with_duck
 from lib.export import (
+    FORMATS,
     ExportError,
     export_query_csv,
     export_table,
@@ -58,6 +59,7 @@ def _kind(column: sa.Column) -> str:
         (sa.Integer, "int"),
         (sa.Float, "float"),
         (sa.DateTime, "datetime"),
+        (sa.LargeBinary, "bytes"),
     ):
         if isinstance(col_type, sql_type):
             return kind
@@ -86,6 +88,7 @@ def _hostile_rows() -> dict[str, dict[str, Any]]:
                     "int": 1 if column.primary_key else -3,
                     "float": -2.5,
                     "datetime": MOMENT,
+                    "bytes": b"=1\x00",
                 }[kind]
         rows[table.name] = row
     return rows
@@ -157,6 +160,7 @@ def test_csv_round_trip_neutralises_text_and_keeps_other_values(filled, tmp_path
         "bool": lambda _: "true",
         "datetime": lambda _: MOMENT_TEXT,
         "json": lambda value: json.dumps(value),
+        "bytes": lambda _: "'=1\\x00",  # DuckDB's escaped text of the blob, neutralised
     }
     for column in SQLModel.metadata.tables[table].columns:
         expected = expected_by_kind[_kind(column)](rows[table][column.name])
@@ -271,7 +275,7 @@ def test_json_lines_round_trip_keeps_values(filled, tmp_path: Path, table: str) 
     (line,) = out.read_text(encoding="utf-8").splitlines()
     back = json.loads(line)
     for column in SQLModel.metadata.tables[table].columns:
-        expected = MOMENT_TEXT if _kind(column) == "datetime" else rows[table][column.name]
+        expected = {"datetime": MOMENT_TEXT, "bytes": "=1\\x00"}.get(_kind(column), rows[table][column.name])
         assert back[column.name] == expected, column.name
 
 
@@ -545,3 +549,41 @@ def test_typed_views_use_one_type_per_column_on_every_backend(
 def test_table_ref_refuses_unknown_names(name: str) -> None:
     with pytest.raises(ValueError, match="unknown table"):
         table_ref(name)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("table", ["evaluation_snapshots", "evaluations"])
+def test_a_lone_surrogate_already_stored_does_not_fail_the_export(
+    engine, tmp_path: Path, table: str, fmt: str
+) -> None:
+    """Issue #17: imports refuse them now, but JSON stored earlier can hold one (SQLite, PostgreSQL json)."""
+    broken = {"clarity": {"user_reason": "why \ud800 not", "evidence": [{"quote": "a", "better": "\udc00"}]}}
+    with engine.begin() as conn:
+        conn.execute(
+            insert(EvaluationSnapshot),
+            [_snapshot("broken", evidence_json=broken), _snapshot("fine", evidence_json={"ok": "😀"})],
+        )
+    out = tmp_path / f"{table}.{fmt}"
+    assert export_table(engine=engine, table=table, fmt=fmt, out=out) == 2
+    if fmt == "parquet":
+        values = {row["id"]: row["evidence_json"] for row in pq.read_table(out).to_pylist()}
+    elif fmt == "csv":
+        values = {row["id"]: row["evidence_json"] for row in _csv_rows(out)}
+    else:
+        lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+        values = {row["id"]: json.dumps(row["evidence_json"]) for row in lines}
+    assert json.loads(values["broken"]) == {
+        "clarity": {"user_reason": "why \ufffd not", "evidence": [{"quote": "a", "better": "\ufffd"}]}
+    }
+    assert json.loads(values["fine"]) == {"ok": "😀"}  # a valid surrogate pair is untouched
+
+
+def test_the_arrow_copy_reads_a_stored_lone_surrogate_too(engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(insert(EvaluationSnapshot), [_snapshot("broken", evidence_json={"why": "\ud800"})])
+    con = duck_connect(engine, scanner=False)
+    try:
+        frame = fetch_frame(con, f"SELECT evidence_json FROM {table_ref('evaluation_snapshots')}")
+    finally:
+        con.close()
+    assert json.loads(frame["evidence_json"][0]) == {"why": "\ufffd"}
