@@ -32,6 +32,7 @@ reviewer (the cache does not say who), with "imported" and "overruled"/"confirme
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import re
@@ -72,6 +73,7 @@ from lib.models import (
 from lib.records import (
     ImportFailed,
     InvalidField,
+    check_unicode,
     located_failure,
     number_field,
     record_object,
@@ -274,6 +276,9 @@ def _prepare_evaluations(
     prepared = _Prepared(spool=_Spool(), source=source)
     metric_sets: dict[str, MetricSet] = {}
     seen_keys: set[str] = set()
+    # id → (where it first appeared, fingerprint of that record): a different record under the same
+    # id is a conflict, refused with both places; the very same record again stays idempotent.
+    seen_ids: dict[str, tuple[str, str]] = {}
 
     def metric_set(product: str) -> MetricSet:
         if product not in metric_sets:
@@ -286,6 +291,14 @@ def _prepare_evaluations(
                 row, judged, explicit = evaluation_row(record, metric_set, reviewer)
             except InvalidField as exc:
                 raise located_failure(where, exc) from None
+            if explicit:
+                fingerprint = _fingerprint(record)
+                first = seen_ids.setdefault(row["id"], (where, fingerprint))
+                if first[1] != fingerprint:
+                    raise ImportFailed(
+                        f"{where}, field 'id': {row['id']!r} is also the id of a different record at "
+                        f"{first[0]}; give each evaluation its own id"
+                    )
             if row["source_key"] in seen_keys or (explicit and row["id"] in prepared.used_ids):
                 prepared.skipped += 1
                 continue
@@ -298,6 +311,12 @@ def _prepare_evaluations(
         prepared.close()
         raise
     return prepared
+
+
+def _fingerprint(record: Any) -> str:
+    """A digest of a record's content, whatever its key order."""
+    text = json.dumps(record, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 def _free_snapshot_id(session: Session, row: dict[str, Any], used_ids: set[str]) -> str:
@@ -648,6 +667,10 @@ def import_metrics(*, session: Session, data: Any, source: str = "<metrics>") ->
     for i, raw in enumerate(data, start=1):
         where = f"{source} item {i}"
         try:
+            check_unicode(raw)
+        except InvalidField as exc:
+            raise located_failure(where, exc) from None
+        try:
             spec = parse_metric_definition(raw)
         except (ValueError, OverflowError) as exc:
             raise ImportFailed(f"{where}: {exc}") from None
@@ -701,12 +724,31 @@ def _parse_json(raw: bytes, where: str) -> Any:
         raise ImportFailed(f"{where}: not valid UTF-8 text (byte {exc.start + 1})") from None
     if not text.strip():
         return _BLANK
+    text = text.rstrip("\r\n")  # the line end is not part of the record: errors point into the line
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ImportFailed(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+        raise ImportFailed(f"{where}: invalid JSON ({_json_error(exc, text)})") from None
     except (ValueError, RecursionError) as exc:  # integers over 4300 digits, absurd nesting
         raise ImportFailed(f"{where}: invalid JSON ({_reason(exc)})") from None
+
+
+def _json_error(exc: json.JSONDecodeError, text: str) -> str:
+    """What is wrong and where; a value cut short says so (not "column 1" of the line after it)."""
+    end = text.rstrip()
+    # The decoder reports an unterminated string at its opening quote; the text ran out after it.
+    if exc.pos >= len(end) or exc.msg.startswith("Unterminated string"):
+        line = end.count("\n") + 1
+        column = len(end) - end.rfind("\n") - 1  # of the last character
+        at = f"column {column}" if line == 1 else f"line {line}, column {column}"
+        detail = (
+            f"a string opened at column {exc.colno} is not closed"
+            if exc.msg.startswith("Unterminated string")
+            else exc.msg.lower()
+        )
+        return f"truncated: the text stops after {at} before the JSON value is complete; {detail}"
+    where = f"column {exc.colno}" if exc.lineno == 1 else f"line {exc.lineno}, column {exc.colno}"
+    return f"{exc.msg.removesuffix(' at')} at {where}"
 
 
 _BLANK = object()
@@ -737,9 +779,7 @@ def _parse_document(raw: bytes, source: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ImportFailed(
-            f"{source} line {exc.lineno}: invalid JSON ({exc.msg} at column {exc.colno})"
-        ) from None
+        raise ImportFailed(f"{source}: invalid JSON ({_json_error(exc, text)})") from None
     except (ValueError, RecursionError) as exc:
         raise ImportFailed(f"{source}: invalid JSON ({_reason(exc)})") from None
 
@@ -791,10 +831,15 @@ def detect_kind(path: Path, source: str | None = None) -> tuple[str, Any]:
         return "judgments", None
     try:
         first = next(_nonblank(_jsonl_records(path, source)), None)
-    except ImportFailed:
+    except ImportFailed as line_error:
         if not _first_line_is_incomplete(path):
             raise
-        data = _read_document(path, source)
+        try:  # a pretty-printed document, or JSON Lines whose first line is cut short?
+            data = _read_document(path, source)
+        except ImportFailed:
+            if _second_line_is_a_record(path):
+                raise line_error from None
+            raise
         return _kind_of_document(data, source), data
     if first is None:
         raise ImportFailed(f"{source}: the file is empty")
@@ -825,6 +870,19 @@ def _first_line_is_incomplete(path: Path) -> bool:
     except RecursionError:
         return False
     return False
+
+
+def _second_line_is_a_record(path: Path) -> bool:
+    """True when the second non-blank line is a JSON object on its own: the file is JSON Lines."""
+    with path.open("rb") as fh:
+        lines = (raw.strip() for raw in iter(lambda: fh.readline(MAX_LINE_BYTES + 1), b""))
+        nonblank = [line for _, line in zip(range(2), (line for line in lines if line), strict=False)]
+    if len(nonblank) < 2 or len(nonblank[1]) > MAX_LINE_BYTES:
+        return False
+    try:
+        return isinstance(json.loads(nonblank[1]), dict)
+    except (ValueError, RecursionError):
+        return False
 
 
 def import_path(

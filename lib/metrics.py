@@ -174,6 +174,12 @@ def upsert_metric_definitions(session: Session, definitions: Iterable[Mapping[st
     return count
 
 
+# Scale bounds a metric definition may use. Scores are rescaled, averaged and charted over the
+# span: ±Infinity, NaN or ±1e308 break that arithmetic (inf - inf, overflow to inf) on every page,
+# while no real rubric comes near a million.
+SCALE_BOUND = 1_000_000
+
+
 def parse_metric_definition(raw: Mapping[str, Any]) -> MetricSpec:
     """Validate one metric definition dict; ValueError names the field at fault."""
     if not isinstance(raw, Mapping):
@@ -188,6 +194,12 @@ def parse_metric_definition(raw: Mapping[str, Any]) -> MetricSpec:
     for name, value in (("min", lo), ("max", hi)):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"field {name!r} must be a number")
+        if not (math.isfinite(value) if isinstance(value, float) else True) or abs(value) > SCALE_BOUND:
+            shown = repr(value) if len(repr(value)) <= 30 else repr(value)[:27] + "..."
+            raise ValueError(
+                f"field {name!r}: {shown} is not a usable scale bound; min and max must be finite "
+                f"numbers from {-SCALE_BOUND:,} to {SCALE_BOUND:,}"
+            )
     if not lo < hi:
         raise ValueError("field 'max' must be greater than 'min'")
     integer = raw.get("integer_scale")

@@ -8,6 +8,7 @@ A record's fault raises `InvalidField` naming the field; the caller adds where t
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -104,10 +105,53 @@ def timestamp_field(value: Any, label: str, *, required: bool) -> datetime | Non
         moment = datetime.fromisoformat(value.strip())
     except ValueError:
         raise InvalidField(label, f"{value[:40]!r} is not an ISO 8601 time") from None
-    return moment.replace(tzinfo=UTC) if moment.utcoffset() is None else moment.astimezone(UTC)
+    try:
+        return moment.replace(tzinfo=UTC) if moment.utcoffset() is None else moment.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00 is before year 1 in UTC
+        raise InvalidField(label, f"{value[:40]!r} is out of range (years 1 to 9999 in UTC)") from None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _printable(path: str) -> str:
+    return path.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def lone_surrogate_at(value: Any, path: str = "") -> str | None:
+    """The path (`a.b[2].c`) of the first string or key holding an unpaired surrogate, else None.
+
+    Python's UTF-8 decoder refuses encoded surrogates, but JSON escapes such as `\\ud800` decode
+    to lone surrogates, which no database, page or file can encode.
+    """
+    if value.__class__ is str:
+        return path if not value.isascii() and _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and not key.isascii() and _SURROGATE.search(key):
+                return _printable(here)
+            found = lone_surrogate_at(item, here)
+            if found is not None:
+                return _printable(found)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = lone_surrogate_at(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+def check_unicode(value: Any) -> None:
+    """Refuse a record with an unpaired surrogate in any text, naming the field (every kind, every field)."""
+    where = lone_surrogate_at(value)
+    if where is not None:
+        raise InvalidField(where or None, "contains invalid Unicode (an unpaired surrogate)")
 
 
 def record_object(record: Any) -> dict[str, Any]:
+    """The record as an object, refused unless it is one and all its text is valid Unicode."""
     if not isinstance(record, dict):
         raise InvalidField(None, f"expected a JSON object, got {type_name(record)}")
+    check_unicode(record)
     return record

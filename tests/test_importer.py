@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import time
@@ -78,8 +79,18 @@ def numbered(n: int, **overrides: Any) -> list[dict[str, Any]]:
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    path.write_text("".join(_json_line(r) + "\n" for r in rows), encoding="utf-8")
     return path
+
+
+def _json_line(row: Any) -> str:
+    """UTF-8 JSON, except a lone surrogate, which only a JSON escape (`\\ud800`) can carry."""
+    text = json.dumps(row, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(row)
+    return text
 
 
 def run_import(engine: Engine, path: Path, kind: str | None = None) -> ImportReport:
@@ -389,13 +400,38 @@ def test_duplicates_within_one_file_keep_the_first(engine: Engine, tmp_path: Pat
         record(overall_feedback="first"),
         record(overall_feedback="second"),  # same product, question, answer and model
         record(id="snap_a", question="Other?"),
-        record(id="snap_a", question="Third?"),  # same id
+        record(question="Other?", id="snap_a"),  # the very same record again (key order aside)
     ]
     report = run_import(engine, write_jsonl(tmp_path / "evals.jsonl", rows))
     assert (report.inserted, report.skipped) == (2, 2)
     stored = {s.question: s for s in snapshots(engine)}
     assert set(stored) == {record()["question"], "Other?"}
     assert stored[record()["question"]].overall_feedback == "first"
+
+
+def test_one_id_for_two_different_records_in_a_file_is_refused_with_both_lines(
+    engine: Engine, tmp_path: Path
+) -> None:
+    rows = [record(id="snap_a"), record(id="snap_b", question="B?"), record(id="snap_a", question="Third?")]
+    with pytest.raises(ImportFailed) as caught:
+        run_import(engine, write_jsonl(tmp_path / "evals.jsonl", rows))
+    assert str(caught.value) == (
+        "evals.jsonl line 3, field 'id': 'snap_a' is also the id of a different record at evals.jsonl "
+        "line 1; give each evaluation its own id; nothing was imported"
+    )
+    assert_nothing_written(engine)
+
+
+def test_jsonl_whose_first_line_is_cut_short_reports_that_line(engine: Engine, tmp_path: Path) -> None:
+    """Not "line 2, column 1" of the file read as one document (kind detection tries that)."""
+    path = tmp_path / "evals.jsonl"
+    path.write_text('{"question": "q", "model_answer":\n' + json.dumps(record()) + "\n")
+    with pytest.raises(ImportFailed) as caught:
+        run_import(engine, path)
+    assert str(caught.value).startswith(
+        "evals.jsonl line 1: invalid JSON (truncated: the text stops after column 33 before the JSON value is complete"
+    )
+    assert_nothing_written(engine)
 
 
 def test_import_evaluations_takes_parsed_records(engine: Engine) -> None:
@@ -478,6 +514,18 @@ BAD_LINES: list[tuple[str, Any, str, str]] = [
     ("weighted-gap-text", record(weighted_gap="1.2"), "weighted_gap", "must be a number"),
     ("nul-in-answer", record(model_answer="bad\x00answer"), "model_answer", "NUL"),
     ("surrogate-in-question", record(question="bad \ud800 text"), "question", "unpaired surrogate"),
+    # Issue #17: every text of the record, also the ones the importer only stores (evidence why/better).
+    ("surrogate-in-evidence-why", record(evidence={"clarity": [{"quote": QUOTE, "why": "x\ud800"}]}),
+     "evidence.clarity[0].why", "unpaired surrogate"),
+    ("surrogate-in-evidence-better", record(evidence={"clarity": [{"quote": QUOTE, "better": "\udc00"}]}),
+     "evidence.clarity[0].better", "unpaired surrogate"),
+    ("surrogate-in-a-score-reason", record(judge_scores={"clarity": {"score": 3, "reason": "\udfff"}}),
+     "judge_scores.clarity.reason", "unpaired surrogate"),
+    ("surrogate-in-an-extra-field", record(extra={"k": ["ok", "\ud83d"]}), "extra.k[1]", "unpaired surrogate"),
+    ("created-at-before-year-1-in-utc", record(created_at="0001-01-01T00:00:00+01:00"), "created_at",
+     "'0001-01-01T00:00:00+01:00' is out of range"),
+    ("truncated-in-a-string", json.dumps(record())[:50], "", "truncated: the text stops after column 50"),
+    ("truncated-after-a-comma", '{"question": "x", ', "", "truncated: the text stops after column 17"),
     ("huge-integer-score", record(user_scores={"clarity": 10**400}), "user_scores.clarity", "too large"),
     ("huge-integer-gap", record(weighted_gap=10**400), "weighted_gap", "too large"),
     ("infinite-score", '{"question": "q", "model_answer": "a", "product": "p", "user_scores": {"clarity": Infinity}}',
@@ -684,6 +732,10 @@ BAD_CACHES: list[tuple[str, Any, str]] = [
     ("change-id-too-long", {"cache_version": "1.0", "judgments": {"x" * 301: cache_with()["judgments"]["c0"] | {"change_id": "x" * 301}}},
      "field 'change_id': is 301 characters long"),
     ("reasoning-number", cache_with(reasoning=3), "field 'reasoning': must be a string"),
+    ("surrogate-in-reasoning", cache_with(reasoning="\ud800"), "judgment 'c1', field 'reasoning': contains invalid Unicode"),
+    ("surrogate-in-an-extra-field", cache_with(extra={"x": "\udc00"}), "judgment 'c1', field 'extra.x': contains invalid"),
+    ("timestamp-before-year-1-in-utc", cache_with(timestamp="0001-01-01T00:30:00+01:00"), "field 'timestamp': "
+     "'0001-01-01T00:30:00+01:00' is out of range"),
 ]  # fmt: skip
 
 
@@ -703,7 +755,9 @@ def test_corrupted_cache_json_is_refused_with_its_line(engine: Engine, tmp_path:
     text = (FIXTURES / "judgments_cache.json").read_text()
     path = tmp_path / "cache.json"
     path.write_text(text[: len(text) // 2])
-    with pytest.raises(ImportFailed, match=r"cache.json line \d+: invalid JSON"):
+    with pytest.raises(
+        ImportFailed, match=r"cache.json: invalid JSON \(truncated: the text stops after line \d+, column \d+"
+    ):
         run_import(engine, path)
     assert count(engine, Judgment) == 0
 
@@ -769,6 +823,9 @@ def note(**overrides: Any) -> dict[str, Any]:
         (note(confidence=1.5), "confidence", "outside 0–1"),
         (note(phelps_code="PH1"), "phelps_code", "only SUCCESS notes carry a code"),
         (note(language="english language"), "language", "at most 10"),
+        (note(content="tip \ud800"), "content", "unpaired surrogate"),
+        (note(session_id="s\udc00"), "session_id", "unpaired surrogate"),
+        (note(timestamp="0001-01-01T00:00:00+05:00"), "timestamp", "out of range"),
     ],
 )
 def test_bad_note_refuses_the_whole_file(
@@ -825,6 +882,27 @@ def test_metrics_import_inserts_then_updates(engine: Engine, tmp_path: Path) -> 
         (
             {"product": "rag", "slug": "x", "display_name": "X", "min": 0, "max": 1, "description": {}},
             "field 'description'",
+        ),
+        (
+            {"product": "rag", "slug": "x", "display_name": "X", "min": 0, "max": 1, "description": "\ud800"},
+            "field 'description': contains invalid Unicode (an unpaired surrogate)",
+        ),
+        # Issue #17: absurd scales broke every page of the product.
+        *(
+            (
+                {"product": "rag", "slug": "x", "display_name": "X", "min": lo, "max": hi},
+                f"field {field!r}: {shown} is not a usable scale bound; min and max must be finite numbers "
+                "from -1,000,000 to 1,000,000",
+            )
+            for lo, hi, field, shown in [
+                (0, math.inf, "max", "inf"),
+                (-math.inf, 1, "min", "-inf"),
+                (math.nan, 1, "min", "nan"),
+                (0, 1e308, "max", "1e+308"),
+                (-1e308, 0, "min", "-1e+308"),
+                (0, 10**400, "max", repr(10**400)[:27] + "..."),
+                (0, 1_000_001, "max", "1000001"),
+            ]
         ),
     ],
 )
