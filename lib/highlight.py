@@ -36,6 +36,8 @@ from html import escape
 from html.parser import HTMLParser
 from itertools import pairwise
 
+from lib.safe_markdown import replace_unencodable
+
 # Light backgrounds that keep dark text readable (Tailwind's 200 shades).
 PALETTE: tuple[str, ...] = (
     "#fde68a",
@@ -60,7 +62,6 @@ _NON_ANSWER_CLASSES = frozenset({"ov-ref", "ov-notes", "ov-legend"})
 
 _COLOR_RE = re.compile(r"#[0-9a-fA-F]{6}")
 _SLUG_BAD_RE = re.compile(r"[^a-z0-9_-]+")
-_SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _SCRIPT_SCHEME_RE = re.compile(r"(?i)script(?=\s*:)")
 _QUOTE_PREVIEW_CHARS = 160
 _TEXT_COLOR = "#111827"
@@ -85,7 +86,7 @@ class Span:
 
 def esc(value: object) -> str:
     """Escape data for HTML text or a quoted attribute, with line breaks as character references."""
-    text = _SURROGATE_RE.sub("\ufffd", str(value))
+    text = replace_unencodable(str(value))
     # Literal newlines could end Markdown's HTML block (a blank line) and expose the rest as Markdown.
     return escape(text, quote=True).replace("\r", "&#13;").replace("\n", "&#10;")
 

@@ -56,9 +56,23 @@ _MARKER_RE = re.compile(r">|[-+*](?=[ \t]|$)|[0-9]{1,9}[.)](?=[ \t]|$)")
 _IMAGE_RE = re.compile(r"!(?=\[)")
 
 
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+
+def replace_unencodable(text: str) -> str:
+    """Text with unpaired surrogates replaced by U+FFFD, so a page or file can encode it as UTF-8.
+
+    Imports refuse such text (issue #17), but a JSON field stored earlier can still hold an escaped
+    lone surrogate; every renderer of untrusted text goes through this (escape_markdown, highlight.esc).
+    """
+    return text if text.isascii() else _SURROGATE_RE.sub("\ufffd", text)
+
+
 def escape_markdown(text: str) -> str:
     """Untrusted text as Markdown that renders literally: no link, HTML, formatting or LaTeX."""
-    escaped = "".join(f"\\{char}" if char in _PUNCTUATION else char for char in str(text))
+    escaped = "".join(
+        f"\\{char}" if char in _PUNCTUATION else char for char in replace_unencodable(str(text))
+    )
     lines = _INERT_RE.sub(WORD_JOINER, escaped).replace("\r\n", "\n").replace("\r", "\n")
     # Two trailing spaces make each newline a hard break, so line structure survives rendering.
     return _keep_indentation(lines).replace("\n", "  \n")

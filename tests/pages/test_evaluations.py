@@ -344,3 +344,26 @@ def test_archive_without_a_reviewer_name_changes_nothing(seeded, open_page) -> N
         "Enter your name in the sidebar to archive or restore evaluations.",
     ]
     assert not at.exception
+
+
+def test_detail_survives_a_lone_surrogate_already_stored(seeded, open_page) -> None:
+    """Issue #17: imports now refuse them, but one stored earlier must not crash the page."""
+    with Session(seeded) as session:
+        snapshot = session.get(EvaluationSnapshot, "s_a")
+        assert snapshot is not None and snapshot.evidence_json
+        evidence = dict(snapshot.evidence_json)
+        metric = next(iter(evidence))
+        items = [
+            dict(item, why="why \ud800", better="\udc00 better") for item in evidence[metric]["evidence"]
+        ]
+        evidence[metric] = {**evidence[metric], "evidence": items, "judge_reason": "reason \ud800"}
+        snapshot.evidence_json = evidence
+        snapshot.user_scores_json = {
+            slug: {**entry, "reason": "user \udfff"} for slug, entry in snapshot.user_scores_json.items()
+        }
+        session.add(snapshot)
+        session.commit()
+    at = detail(open_page, "s_a")
+    assert not at.exception
+    shown = " ".join(m.value for m in at.markdown)
+    assert "user \ufffd" in shown and "reason \ufffd" in shown  # replaced, not dropped
