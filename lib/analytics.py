@@ -18,10 +18,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 from sqlalchemy import Engine
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from lib.duck import fetch_frame, table_ref, with_duck
 from lib.metrics import MetricSpec, metrics_for_product
+from lib.models import EvaluationSnapshot
 
 SNAPSHOTS = "evaluation_snapshots"
 SPEC_VIEW = "analytics_metric_specs"
@@ -300,9 +301,16 @@ def quadratic_weighted_kappa(
 
 def load_report(*, engine: Engine, session: Session, filters: AnalyticsFilters) -> AgreementReport:
     """The whole report for the page: the products' rubrics from the session, the counting in DuckDB."""
-    products = list(filters.products) or load_filter_options(engine).products
+    products = list(filters.products) or _live_products(session)
     specs = metric_specs_frame(session=session, products=products)
     return with_duck(engine, agreement_report, tables=[SNAPSHOTS], specs=specs, filters=filters)
+
+
+def _live_products(session: Session) -> list[str]:
+    """The products of live snapshots, read here rather than in a second DuckDB call (a worker round trip)."""
+    column = EvaluationSnapshot.product
+    query = select(column).where(col(EvaluationSnapshot.deleted_at).is_(None)).distinct().order_by(column)
+    return list(session.exec(query).all())
 
 
 def load_filter_options(engine: Engine) -> FilterOptions:
