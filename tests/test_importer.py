@@ -447,6 +447,19 @@ def test_import_evaluations_names_the_record_at_fault(engine: Engine) -> None:
     assert_nothing_written(engine)
 
 
+def test_parsed_records_are_checked_for_lone_surrogates_too(engine: Engine) -> None:
+    """The API path (parsed records, no JSON text) gets the same refusal as a file (issue #17)."""
+    bad = record(evidence={"clarity": [{"quote": QUOTE, "why": "\ud800"}]})
+    with (
+        pytest.raises(
+            ImportFailed, match=r"api record 2, field 'evidence.clarity\[0\].why': contains invalid Unicode"
+        ),
+        session_scope(engine) as s,
+    ):
+        import_evaluations(session=s, records=[*numbered(1), bad], source="api")
+    assert_nothing_written(engine)
+
+
 def test_build_snapshot_rows_gives_model_rows_for_one_evaluation(engine: Engine) -> None:
     row, judgment_rows = build_snapshot_rows(record(id="snap_judge_1"), DEFAULT_METRICS, reviewer="judge")
     assert row["judge_scores_json"]["clarity"] == {"score": 2.5, "reason": "wordy"}
