@@ -543,11 +543,9 @@ def get_judgment(*, session: Session, change_id: str) -> Judgment | None:
 def live_judgment() -> Any:
     """Seed 002 AD-13: a judgment counts only while its evaluation is live (not archived/deleted).
 
-    Written as a correlated scalar subquery on the snapshot's primary key ("its snapshot's
-    deleted_at is NULL"; NULL too for stand-alone judgments): planners keep it a per-row probe,
-    so select_history still walks the history index newest first and stops at its LIMIT. (A NOT
-    EXISTS would let PostgreSQL turn it into a hash anti-join that reads every row of the product
-    and sorts them.) Every normal read of judgments uses it.
+    A correlated scalar subquery on the snapshot's primary key ("its snapshot's deleted_at is
+    NULL"; NULL too for stand-alone judgments), for the statistics and lists. select_history keeps
+    its plain index walk and drops archived rows after it (`_live_pool`).
     """
     deleted_at = (
         select(EvaluationSnapshot.deleted_at)
@@ -568,13 +566,40 @@ def _check_history_params(max_entries: int, correction_ratio: float) -> None:
 
 def _pool_statement(product: str, metric: str | None, corrected: bool, limit: int) -> Any:
     """The newest `limit` judgments of one pool, straight off the history index."""
-    stmt = select(Judgment).where(
-        col(Judgment.product) == product, col(Judgment.was_corrected) == corrected, live_judgment()
-    )
+    stmt = select(Judgment).where(col(Judgment.product) == product, col(Judgment.was_corrected) == corrected)
     if metric is not None:
         stmt = stmt.where(col(Judgment.metric) == metric)
     # Ties on timestamp keep insertion order, as the seed's stable sort over its dict does.
     return stmt.order_by(col(Judgment.timestamp).desc(), col(Judgment.id)).limit(limit)
+
+
+def _live_pool(
+    session: Session, product: str, metric: str | None, corrected: bool, limit: int
+) -> list[Judgment]:
+    """The newest `limit` judgments of one pool whose evaluation is live (seed 002 AD-13).
+
+    The pool query stays the plain walk of the history index; archived evaluations' judgments are
+    dropped after it, with one primary-key probe of their snapshots, and the walk continues (in
+    doubling pages) only when some were dropped. A filter inside the query would let PostgreSQL
+    trade the index walk for a scan and sort of the whole product (measured: 0.1 ms → 12 ms).
+    """
+    found: list[Judgment] = []
+    offset, page = 0, limit
+    while len(found) < limit:
+        chunk = list(session.exec(_pool_statement(product, metric, corrected, page).offset(offset)).all())
+        linked = {j.snapshot_id for j in chunk if j.snapshot_id is not None}
+        archived = set(
+            session.exec(
+                select(EvaluationSnapshot.id).where(
+                    col(EvaluationSnapshot.id).in_(linked), col(EvaluationSnapshot.deleted_at).is_not(None)
+                )
+            ).all()
+        ) if linked else set()  # fmt: skip
+        found.extend(j for j in chunk if j.snapshot_id not in archived)
+        if len(chunk) < page:
+            break
+        offset, page = offset + page, page * 2
+    return found[:limit]
 
 
 def history_pool_sql(
@@ -596,8 +621,8 @@ def select_history(
     """Seed 004: past judgments for the next prompt, 75% corrections, interleaved, newest first."""
     _check_history_params(max_entries, correction_ratio)
     # No slot ever takes more than max_entries rows from one pool, so nothing beyond that is read.
-    corrected = list(session.exec(_pool_statement(product, metric, True, max_entries)).all())
-    correct = list(session.exec(_pool_statement(product, metric, False, max_entries)).all())
+    corrected = _live_pool(session, product, metric, True, max_entries)
+    correct = _live_pool(session, product, metric, False, max_entries)
 
     # From here on: the seed's Steps 4 and 5, line for line.
     target_corrections = int(max_entries * correction_ratio)

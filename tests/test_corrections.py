@@ -1142,3 +1142,22 @@ def test_select_history_still_walks_the_history_index_with_the_archive_check(sql
         sql = corrections.history_pool_sql(session=s, product="acme", metric=None, corrected=True, limit=20)
         plan = " ".join(str(r[-1]) for r in s.connection().exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}"))
     assert "USING INDEX ix_judgment_history" in plan and "SCAN judgments" not in plan
+
+
+def test_select_history_skips_archived_judgments_among_the_newest_and_still_fills_its_slots(engine) -> None:
+    from lib.inspector import archive_evaluation
+
+    pools(engine, 3, 3)
+    with session_scope(engine) as s:
+        for n in range(5):  # the five newest corrections belong to one evaluation, then archived
+            s.add(EvaluationSnapshot(id=f"snap_{n}", question="q", model_answer="a", product="acme"))
+            s.flush()
+            add(
+                s, f"snap_{n}:clarity", corrected=True, metric="clarity", hours=100 + n
+            ).snapshot_id = f"snap_{n}"
+        s.flush()
+        for n in range(5):
+            archive_evaluation(session=s, snapshot_id=f"snap_{n}", reviewer="ayse")
+    assert history_ids(engine, max_entries=4, correction_ratio=0.5) == interleave(
+        newest("acme-c", 3, 2), newest("acme-k", 3, 2)
+    )
