@@ -293,6 +293,62 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+@handler("align")
+def _cmd_align(args: argparse.Namespace) -> int:
+    """`align --product P --sample N --arms bare,full`: create (or continue) and run an experiment."""
+    from datetime import date
+
+    from lib import alignment
+    from lib.db import session_scope
+
+    engine = _engine()
+    try:
+        if args.cancel is not None:
+            alignment.request_cancel(engine, args.cancel)
+            print(f"experiment {args.cancel}: cancel requested")
+            return 0
+        if args.experiment is not None:
+            experiment_id = args.experiment
+        else:
+            if not args.product:
+                raise CliError("align: --product is required (or --experiment ID to continue one)")
+            spec = alignment.ExperimentSpec(
+                product=args.product,
+                sample_size=args.sample,
+                seed=args.seed,
+                arms=alignment.parse_arms(args.arms),
+                metrics=tuple(m.strip() for m in (args.metrics or "").split(",") if m.strip()),
+                language=args.language,
+                start=date.fromisoformat(args.since) if args.since else None,
+                end=date.fromisoformat(args.until) if args.until else None,
+                created_by=args.reviewer,
+            )
+            with session_scope(engine, read_only=True) as session:
+                found = alignment.find_unfinished(session, spec)
+            experiment_id = found if found is not None else alignment.create_experiment(engine, spec)
+            verb = "continuing" if found is not None else "created"
+            print(f"{verb} experiment {experiment_id}", file=sys.stderr)
+        report = alignment.run_experiment(
+            engine, experiment_id, concurrency=args.concurrency, progress=print_progress
+        )
+        with session_scope(engine, read_only=True) as session:
+            result = alignment.measure(session, experiment_id)
+    except (alignment.ExperimentError, ValueError) as exc:
+        raise CliError(f"align: {exc}") from exc
+    print(
+        f"experiment {experiment_id}: {report.status}; {report.done} calls done, "
+        f"{report.failed} failed, {report.pending} pending"
+    )
+    print(alignment.display_frame(result).to_string(index=False))
+    if len(result.paired):
+        print(result.paired.to_string(index=False))
+    print(result.cost.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    if report.failed:
+        print("rerun the same command to retry the failed calls; finished calls are kept", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; other modules' commands are registered here so `--help` lists all."""
     parser = argparse.ArgumentParser(prog="python -m lib", description="Overrule command line.")
@@ -419,6 +475,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="skip sentence matching: only the high-score fallback with its LLM comparison decides",
     )
+
+    p = sub.add_parser("align", help="judge-alignment experiment: re-judge reviewed judgments per prompt arm")
+    p.add_argument("--product", default=None, help="the product whose reviewed judgments to sample")
+    p.add_argument("--sample", type=int, default=200, metavar="N", help="reviewed judgments to sample (200)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (0)")
+    p.add_argument("--arms", default="bare,full", help="comma-separated: bare, history, notes, full, rubric")
+    p.add_argument("--metrics", default=None, help="comma-separated metric slugs (default: all)")
+    p.add_argument("--language", default=None, help="only evaluations in this language")
+    p.add_argument("--since", default=None, metavar="YYYY-MM-DD", help="evaluations created on or after")
+    p.add_argument("--until", default=None, metavar="YYYY-MM-DD", help="evaluations created on or before")
+    p.add_argument("--concurrency", type=int, default=1, metavar="N", help="calls in flight at once (1)")
+    p.add_argument("--experiment", type=int, default=None, metavar="ID", help="continue this experiment")
+    p.add_argument("--cancel", type=int, default=None, metavar="ID", help="ask a running experiment to stop")
+    p.add_argument("--reviewer", default="cli", help="recorded as who started the experiment")
 
     # Each capability adds its subcommand parser above this line and its @handler function above.
     return parser

@@ -299,6 +299,31 @@ def quadratic_weighted_kappa(
     return 1.0 - float((weights * observed).sum()) / disagreement_expected
 
 
+def rescaled_gaps(user: np.ndarray, judge: np.ndarray, min_value: float, max_value: float) -> np.ndarray:
+    """|user - judge| on the 1-5 span (the SQL's `rescaled_gap`), for measures outside DuckDB."""
+    span = max_value - min_value
+    return np.abs(user - judge) * 4.0 / span if span else np.full(len(user), np.nan)
+
+
+def within_one(gaps: np.ndarray) -> np.ndarray:
+    """1.0 where a rescaled gap is at most one step (the SQL's within-1 rule, same epsilon)."""
+    return (gaps <= 1.0 + _EPSILON).astype(float)
+
+
+def spearman_rho(user: np.ndarray, judge: np.ndarray) -> float:
+    """Spearman's rho with average ranks for ties (the SQL's definition); NaN when a side is constant."""
+    ru = pd.Series(user).rank(method="average").to_numpy()
+    rj = pd.Series(judge).rank(method="average").to_numpy()
+    if len(ru) < 2 or ru.var() == 0 or rj.var() == 0:
+        return float("nan")
+    return float(np.corrcoef(ru, rj)[0, 1])
+
+
+def kappa_of_pairs(user: np.ndarray, judge: np.ndarray) -> float:
+    """`quadratic_weighted_kappa` from raw pairs rather than a count table."""
+    return quadratic_weighted_kappa(user, judge, np.ones(len(user)))
+
+
 def load_report(*, engine: Engine, session: Session, filters: AnalyticsFilters) -> AgreementReport:
     """The whole report for the page: the products' rubrics from the session, the counting in DuckDB."""
     products = list(filters.products) or _live_products(session)

@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import case, delete, func, insert, update
+from sqlalchemy import case, delete, func, insert, or_, update
 from sqlmodel import Session, col, select
 
 from lib.metrics import MetricSpec, metrics_for_product
@@ -564,17 +564,46 @@ def _check_history_params(max_entries: int, correction_ratio: float) -> None:
         raise ValueError(f"correction_ratio must be between 0 and 1, got {correction_ratio!r}")
 
 
-def _pool_statement(product: str, metric: str | None, corrected: bool, limit: int) -> Any:
-    """The newest `limit` judgments of one pool, straight off the history index."""
+def _pool_statement(
+    product: str,
+    metric: str | None,
+    corrected: bool,
+    limit: int,
+    *,
+    as_of: datetime | None = None,
+    exclude_snapshot: str | None = None,
+) -> Any:
+    """The newest `limit` judgments of one pool, straight off the history index.
+
+    `as_of` is the no-leakage rule of the alignment lab: only judgments that existed then, and none
+    reviewed after it (its review state then is unknown, so it is left out rather than guessed);
+    `exclude_snapshot` drops the judged evaluation's own judgments.
+    """
     stmt = select(Judgment).where(col(Judgment.product) == product, col(Judgment.was_corrected) == corrected)
     if metric is not None:
         stmt = stmt.where(col(Judgment.metric) == metric)
+    if as_of is not None:
+        stmt = stmt.where(
+            col(Judgment.timestamp) <= as_of,
+            or_(col(Judgment.reviewed_at).is_(None), col(Judgment.reviewed_at) <= as_of),
+        )
+    if exclude_snapshot is not None:
+        stmt = stmt.where(
+            or_(col(Judgment.snapshot_id).is_(None), col(Judgment.snapshot_id) != exclude_snapshot)
+        )
     # Ties on timestamp keep insertion order, as the seed's stable sort over its dict does.
     return stmt.order_by(col(Judgment.timestamp).desc(), col(Judgment.id)).limit(limit)
 
 
 def _live_pool(
-    session: Session, product: str, metric: str | None, corrected: bool, limit: int
+    session: Session,
+    product: str,
+    metric: str | None,
+    corrected: bool,
+    limit: int,
+    *,
+    as_of: datetime | None = None,
+    exclude_snapshot: str | None = None,
 ) -> list[Judgment]:
     """The newest `limit` judgments of one pool whose evaluation is live (seed 002 AD-13).
 
@@ -586,7 +615,10 @@ def _live_pool(
     found: list[Judgment] = []
     offset, page = 0, limit
     while len(found) < limit:
-        chunk = list(session.exec(_pool_statement(product, metric, corrected, page).offset(offset)).all())
+        stmt = _pool_statement(
+            product, metric, corrected, page, as_of=as_of, exclude_snapshot=exclude_snapshot
+        )
+        chunk = list(session.exec(stmt.offset(offset)).all())
         linked = {j.snapshot_id for j in chunk if j.snapshot_id is not None}
         archived = set(
             session.exec(
@@ -617,12 +649,20 @@ def select_history(
     max_entries: int = 20,
     correction_ratio: float = 0.75,
     metric: str | None = None,
+    *,
+    as_of: datetime | None = None,
+    exclude_snapshot: str | None = None,
 ) -> list[Judgment]:
-    """Seed 004: past judgments for the next prompt, 75% corrections, interleaved, newest first."""
+    """Seed 004: past judgments for the next prompt, 75% corrections, interleaved, newest first.
+
+    With `as_of` / `exclude_snapshot` it is the history a judge could have seen when that
+    evaluation was created, without the evaluation itself (the alignment lab's re-judging).
+    """
     _check_history_params(max_entries, correction_ratio)
     # No slot ever takes more than max_entries rows from one pool, so nothing beyond that is read.
-    corrected = _live_pool(session, product, metric, True, max_entries)
-    correct = _live_pool(session, product, metric, False, max_entries)
+    window = {"as_of": as_of, "exclude_snapshot": exclude_snapshot}
+    corrected = _live_pool(session, product, metric, True, max_entries, **window)
+    correct = _live_pool(session, product, metric, False, max_entries, **window)
 
     # From here on: the seed's Steps 4 and 5, line for line.
     target_corrections = int(max_entries * correction_ratio)

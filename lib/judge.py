@@ -37,6 +37,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -1024,9 +1025,17 @@ def _format_notes(selected: Sequence[SessionNote]) -> str | None:
     return notes.format_notes_for_prompt(selected, current_session="") or None
 
 
-def _relevant_notes(session: Session, prepared: PreparedInput) -> tuple[list[SessionNote], tuple[str, ...]]:
-    """Notes for the run's language (seed 000), filtered and ranked by tag relevance for its context (seed 001)."""
+def _relevant_notes(
+    session: Session, prepared: PreparedInput, *, ranked: bool = True, as_of: datetime | None = None
+) -> tuple[list[SessionNote], tuple[str, ...]]:
+    """Notes for the run's language (seed 000), filtered and ranked by tag relevance for its context (seed 001).
+
+    `ranked=False` is the seed-000 query alone (the alignment lab's `notes` arm); `as_of` keeps
+    only notes written by then.
+    """
     ev = prepared.evaluation
+    if not ranked:
+        return list(notes.relevant_notes(session=session, language=ev.language, as_of=as_of)), ()
     tags = tuple(
         relevance.build_env_tags(
             language=ev.language,
@@ -1036,7 +1045,7 @@ def _relevant_notes(session: Session, prepared: PreparedInput) -> tuple[list[Ses
             category=ev.category,
         )
     )
-    return list(notes.relevant_notes(session=session, language=ev.language, tags=tags)), tags
+    return list(notes.relevant_notes(session=session, language=ev.language, tags=tags, as_of=as_of)), tags
 
 
 def _record_notes_audit(
@@ -1073,22 +1082,39 @@ def load_context(
     evaluation: EvaluationInput,
     settings: Settings,
     notes_block: str | None = None,
+    with_history: bool = True,
+    ranked_notes: bool = True,
+    as_of: datetime | None = None,
+    exclude_snapshot: str | None = None,
+    metrics: Sequence[MetricSpec] | None = None,
 ) -> JudgeContext:
-    """Rubric, correction history and notes for a run; ValueError when the input does not fit the rubric."""
-    metrics = metrics_for_product(session=session, product=evaluation.product.strip())
+    """Rubric, correction history and notes for a run; ValueError when the input does not fit the rubric.
+
+    The keyword switches are the alignment lab's arms: no history, notes without tag relevance
+    (`notes_block=""` leaves notes out), history and notes as of a moment without one snapshot,
+    and an edited rubric (`metrics`).
+    """
+    if metrics is None:
+        metrics = metrics_for_product(session=session, product=evaluation.product.strip())
     prepared = prepare_input(evaluation, metrics)
     # One Stage 1 call scores every metric, so its history is the product's across metrics
     # (each entry names its metric); a per-metric block for 8 metrics would be 8× the tokens.
-    history = select_history(
-        session,
-        evaluation.product,
-        max_entries=settings.history_max_entries,
-        correction_ratio=settings.history_correction_ratio,
+    history = (
+        select_history(
+            session,
+            evaluation.product,
+            max_entries=settings.history_max_entries,
+            correction_ratio=settings.history_correction_ratio,
+            as_of=as_of,
+            exclude_snapshot=exclude_snapshot,
+        )
+        if with_history
+        else []
     )
     selected: list[SessionNote] = []
     tags: tuple[str, ...] = ()
     if notes_block is None:
-        selected, tags = _relevant_notes(session, prepared)
+        selected, tags = _relevant_notes(session, prepared, ranked=ranked_notes, as_of=as_of)
     fitted = fit_stage1_prompt(prepared, history, selected, settings, notes_block=notes_block)
     if notes_block is None:
         notes_block = _format_notes(fitted.notes)

@@ -316,15 +316,48 @@ def _refuses_response_format(exc: openai.APIStatusError) -> bool:
     return "response_format" in f"{exc.message} {json.dumps(exc.body, default=str)}"
 
 
+@dataclass
+class Usage:
+    """Completions and tokens spent by the calls of one thread inside `metered()` (cost reports)."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+_meter = threading.local()
+
+
+@contextmanager
+def metered() -> Iterator[Usage]:
+    """Count every completion this thread makes inside the block (repair turns included)."""
+    usage = Usage()
+    outer = getattr(_meter, "usage", None)
+    _meter.usage = usage
+    try:
+        yield usage
+    finally:
+        _meter.usage = outer
+
+
+def _count(result: ChatResult) -> ChatResult:
+    usage: Usage | None = getattr(_meter, "usage", None)
+    if usage is not None:
+        usage.calls += 1
+        usage.prompt_tokens += result.prompt_tokens
+        usage.completion_tokens += result.completion_tokens
+    return result
+
+
 def _create(client: openai.OpenAI, params: dict[str, Any], settings: Settings, *, stream: bool) -> ChatResult:
     if not stream:
-        return _to_result(client.chat.completions.create(**params))
+        return _count(_to_result(client.chat.completions.create(**params)))
     response = client.chat.completions.create(**params, stream=True)
     parts: list[str] = []
     outcome: dict[str, Any] = {}
     for delta in _stream_deltas(response, settings, outcome):
         parts.append(delta)
-    return ChatResult(text="".join(parts), finish_reason=outcome.get("finish_reason"))
+    return _count(ChatResult(text="".join(parts), finish_reason=outcome.get("finish_reason")))
 
 
 def chat(

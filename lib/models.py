@@ -358,6 +358,74 @@ class AutoEval(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
 
 
+ALIGNMENT_ARMS = ("bare", "history", "notes", "full", "rubric")
+EXPERIMENT_STATUSES = ("pending", "running", "finished", "incomplete", "cancelled")
+CALL_STATUSES = ("pending", "done", "failed")
+
+
+class AlignmentExperiment(SQLModel, table=True):
+    """A judge-alignment experiment (issue 16): a sample of reviewed judgments re-judged per arm."""
+
+    __tablename__ = "alignment_experiments"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(default="", max_length=200)
+    product: str = Field(max_length=200, index=True)
+    metrics: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    language: str | None = Field(default=None, max_length=16)
+    start_date: datetime | None = None
+    end_date: datetime | None = None
+    sample_size: int = 200
+    seed: int = 0
+    arms: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    # {metric slug: rubric text} for the `rubric` arm (full context with an edited rubric).
+    edited_rubric: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    judge_model: str | None = Field(default=None, max_length=200)
+    status: str = Field(default="pending", max_length=16)
+    cancel_requested: bool = False
+    created_at: datetime = Field(default_factory=utcnow)
+    created_by: str | None = Field(default=None, max_length=200)
+    finished_at: datetime | None = None
+
+
+class AlignmentItem(SQLModel, table=True):
+    """One sampled reviewed judgment: the reviewer's final score is what every arm is measured against."""
+
+    __tablename__ = "alignment_items"
+    __table_args__ = (UniqueConstraint("experiment_id", "judgment_id", name="uq_alignment_item"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    experiment_id: int = Field(foreign_key="alignment_experiments.id", index=True)
+    judgment_id: int = Field(foreign_key="judgments.id")
+    snapshot_id: str = Field(max_length=64)
+    metric: str = Field(max_length=64)
+    reviewer_score: float
+    original_score: float | None = None
+    # The judged evaluation's creation: history and notes are taken as of this moment.
+    as_of: datetime
+
+
+class AlignmentCall(SQLModel, table=True):
+    """One arm's Stage-1 re-judging of one sampled evaluation (scores for all its metrics)."""
+
+    __tablename__ = "alignment_calls"
+    __table_args__ = (UniqueConstraint("experiment_id", "arm", "snapshot_id", name="uq_alignment_call"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    experiment_id: int = Field(foreign_key="alignment_experiments.id", index=True)
+    arm: str = Field(max_length=16)
+    snapshot_id: str = Field(max_length=64)
+    status: str = Field(default="pending", max_length=16)
+    scores: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    error: str | None = Field(default=None, sa_column=Column(Text))
+    prompt: str | None = Field(default=None, sa_column=Column(Text))
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_seconds: float = 0.0
+    finished_at: datetime | None = None
+
+
 _DATETIME_FIELDS: dict[type, tuple[str, ...]] = {}
 
 

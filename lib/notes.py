@@ -538,8 +538,20 @@ def _load_recent(session: Session, size: int) -> _CacheEntry:
     return _CacheEntry(rows=rows, fingerprint=fingerprint, complete=len(rows) < size)
 
 
-def _seed_query(session: Session, language: str, limit: int) -> list[SessionNote]:
-    stmt = select(SessionNote).where(_relevance_condition(language)).order_by(*_newest_first()).limit(limit)
+def _written_by(as_of: datetime | None) -> list[ColumnElement[bool]]:
+    """Notes that existed at `as_of` (all when None): the alignment lab's no-leakage rule."""
+    return [] if as_of is None else [col(SessionNote.timestamp) <= as_of]
+
+
+def _seed_query(
+    session: Session, language: str, limit: int, as_of: datetime | None = None
+) -> list[SessionNote]:
+    stmt = (
+        select(SessionNote)
+        .where(_relevance_condition(language), *_written_by(as_of))
+        .order_by(*_newest_first())
+        .limit(limit)
+    )
     return list(session.exec(stmt).all())
 
 
@@ -562,6 +574,7 @@ def relevant_notes(
     tags: Sequence[str] = (),
     relevance: RelevanceHook | None = None,
     use_cache: bool = True,
+    as_of: datetime | None = None,
 ) -> list[SessionNote]:
     """Notes to show a judge for this language, newest first (seed 000 query), optionally tag-filtered.
 
@@ -570,6 +583,7 @@ def relevant_notes(
     is fetched and tag relevance applies (seed 001; `lib.relevance.relevance_for_notes` unless
     another `relevance` hook is given): "filtered" notes are dropped, the rest are re-ranked by
     recency rank + boost, and pinned notes of this language that pass the check come first.
+    With `as_of`, only notes written by then count (pinned ones too); the cache is bypassed.
     """
     limit = get_settings().notes_limit if limit is None else int(limit)
     if limit < 1:
@@ -581,12 +595,12 @@ def relevant_notes(
         relevance = relevance_for_notes
     ranked = bool(tags) and relevance is not None
     pool = limit * RELEVANCE_POOL_FACTOR if ranked else limit
-    found = _relevant_from_cache(session, lang, pool) if use_cache else None
-    notes = found if found is not None else _seed_query(session, lang, pool)
+    found = _relevant_from_cache(session, lang, pool) if use_cache and as_of is None else None
+    notes = found if found is not None else _seed_query(session, lang, pool, as_of)
     if ranked:
         assert relevance is not None
         notes = _rerank(session, notes, list(tags), relevance)
-        notes = _pinned_first(session, notes, lang, list(tags), relevance)
+        notes = _pinned_first(session, notes, lang, list(tags), relevance, as_of)
     return notes[:limit]
 
 
@@ -606,12 +620,17 @@ def _rerank(
 
 
 def _pinned_first(
-    session: Session, notes: list[SessionNote], language: str, tags: list[str], hook: RelevanceHook
+    session: Session,
+    notes: list[SessionNote],
+    language: str,
+    tags: list[str],
+    hook: RelevanceHook,
+    as_of: datetime | None = None,
 ) -> list[SessionNote]:
     """Seed 001: pinned notes are always shown once they pass the language and relevance checks."""
     stmt = (
         select(SessionNote)
-        .where(col(SessionNote.pinned), _relevance_condition(language))
+        .where(col(SessionNote.pinned), _relevance_condition(language), *_written_by(as_of))
         .order_by(*_newest_first())
     )
     pinned = list(session.exec(stmt).all())

@@ -7,10 +7,11 @@ import threading
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 from sqlmodel import Session, SQLModel, select
 
-from lib.db import init_db, normalize_url, session_scope
+from lib.db import alembic_config, init_db, normalize_url, session_scope
 from lib.models import ChatMessage, EvaluationSnapshot, Judgment, compute_was_corrected, utcnow
 
 
@@ -28,7 +29,7 @@ def test_init_db_is_idempotent(db_url) -> None:
     with again.connect() as conn:
         version = conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
     again.dispose()
-    assert version == "0002"
+    assert version == ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 @pytest.mark.parametrize(
