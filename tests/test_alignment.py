@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import Engine
 from sqlmodel import select
 
-from lib import alignment
+from lib import alignment, analytics
 from lib.alignment import ExperimentError, ExperimentSpec
 from lib.config import get_settings, reset_settings
 from lib.corrections import select_history
@@ -367,3 +367,12 @@ def test_cli_runs_and_a_rerun_continues(sqlite_engine, sqlite_url, judge_server,
         table["bare"].split()[3] == f"{2 / ITEMS:.2f}" and table["history"].split()[3] == f"{8 / ITEMS:.2f}"
     )
     assert len(judge_server.chat_requests) == 2 * ITEMS + 2
+
+
+def test_analytics_measures_outside_sql() -> None:
+    u, j = np.array([1.0, 2, 3, 4]), np.array([1.0, 3, 2, 4])
+    assert analytics.spearman_rho(u, j) == pytest.approx(0.8)  # 1 - 6 * 2 / (4 * 15)
+    assert np.isnan(analytics.spearman_rho(u, np.full(4, 3.0)))
+    gaps = analytics.rescaled_gaps(np.array([0.0, 0.0]), np.array([0.25, 0.5]), 0.0, 1.0)
+    assert gaps.tolist() == [1.0, 2.0]  # a 0-1 scale: a quarter is one step on the 1-5 span
+    assert analytics.within_one(gaps).tolist() == [1.0, 0.0]
