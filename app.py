@@ -24,6 +24,7 @@ pages = [
     st.Page("pages/notes.py", title="Notes", icon="🗒️", url_path="notes"),
     st.Page("pages/tag_scores.py", title="Tag scores", icon="🏷️", url_path="tag-scores"),
     st.Page("pages/analytics.py", title="Analytics", icon="📊", url_path="analytics"),
+    st.Page("pages/alignment.py", title="Alignment lab", icon="🧪", url_path="alignment"),
     st.Page("pages/precedents.py", title="Precedents", icon="🧾", url_path="precedents"),
 ]
 navigation = st.navigation(pages)

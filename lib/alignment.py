@@ -23,6 +23,7 @@ a cancel flag on the experiment is read between calls.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -630,3 +631,58 @@ def _paired(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     )
     summary["net"] = summary["flipped_to_agree"] - summary["flipped_away"]
     return flips, summary if len(summary) else empty
+
+
+# ---------------------------------------------------------------------------------------------
+# For the page
+
+
+def experiments_frame(session: Session) -> pd.DataFrame:
+    """Every experiment, newest first, with its progress (for the page's selector and table)."""
+    rows = session.exec(select(AlignmentExperiment).order_by(col(AlignmentExperiment.id).desc())).all()
+    out = []
+    for e in rows:
+        assert e.id is not None
+        counts = call_counts(session, e.id)
+        out.append(
+            {
+                "id": e.id,
+                "name": e.name,
+                "product": e.product,
+                "arms": ", ".join(e.arms),
+                "status": e.status,
+                "done": counts["done"],
+                "failed": counts["failed"],
+                "pending": counts["pending"],
+                "judge_model": e.judge_model,
+                "created_at": e.created_at,
+                "created_by": e.created_by,
+            }
+        )
+    columns = ["id", "name", "product", "arms", "status", "done", "failed", "pending", "judge_model"]
+    return pd.DataFrame(out, columns=[*columns, "created_at", "created_by"])
+
+
+def call_prompt(session: Session, experiment_id: int, arm: str, snapshot_id: str) -> AlignmentCall | None:
+    """The call of one arm on one evaluation: the prompt it sent and the scores it got."""
+    return session.exec(
+        select(AlignmentCall).where(
+            col(AlignmentCall.experiment_id) == experiment_id,
+            col(AlignmentCall.arm) == arm,
+            col(AlignmentCall.snapshot_id) == snapshot_id,
+        )
+    ).first()
+
+
+def start_in_background(engine: Engine, experiment_id: int, *, concurrency: int = 1) -> threading.Thread:
+    """Run an experiment in a daemon thread (the page); progress and results are read from its rows."""
+
+    def work() -> None:
+        try:
+            run_experiment(engine, experiment_id, concurrency=concurrency)
+        except Exception:  # a background run must log, not vanish
+            log.exception("alignment experiment %s stopped", experiment_id)
+
+    thread = threading.Thread(target=work, name=f"alignment-{experiment_id}", daemon=True)
+    thread.start()
+    return thread

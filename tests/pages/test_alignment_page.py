@@ -1,0 +1,69 @@
+"""The Alignment lab page under AppTest: start an experiment, its progress, the comparison, flips, CSV."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from sqlmodel import select
+
+from lib import alignment
+from lib.db import session_scope
+from lib.models import AlignmentExperiment
+from tests.test_alignment import ITEMS, PRODUCT, scripted_judge, seed_lab
+
+pytestmark = pytest.mark.timeout(120)
+PAGE = "pages/alignment.py"
+
+
+def test_without_experiments_or_llm_the_page_says_what_to_do(app_engine, open_page) -> None:
+    seed_lab(app_engine)
+    at = open_page(PAGE)
+    assert not at.exception
+    assert any("No experiments yet" in i.value for i in at.info)
+    assert any("No LLM is configured" in i.value for i in at.info)
+    assert at.button(key="alignment_start").disabled
+
+
+def test_a_finished_experiment_shows_the_comparison_and_the_flips(app_engine, open_page, llm_server) -> None:
+    seed_lab(app_engine)
+    llm_server.responder = scripted_judge
+    spec = alignment.ExperimentSpec(product=PRODUCT, sample_size=ITEMS, arms=("bare", "history"))
+    experiment_id = alignment.create_experiment(app_engine, spec)
+    alignment.run_experiment(app_engine, experiment_id)
+    at = open_page(PAGE)
+    assert not at.exception
+    table, paired, flips, cost = (frame.value for frame in at.dataframe)  # in page order
+    assert list(table["arm"]) == ["bare", "history"]
+    assert table.set_index("arm").loc["history", "exact_agreement"].startswith(f"{8 / ITEMS:.2f} [")
+    assert paired.set_index("arm").loc["history", "flipped_to_agree"] == 6
+    assert list(cost["llm_calls"]) == [ITEMS, ITEMS]
+    assert set(flips["direction"]) == {"to_agree"} and len(flips) == 6
+    assert any("topic-" in c.value for c in at.code)  # the prompt each arm saw
+    at.selectbox(key="alignment_measure").set_value("mean_rescaled_gap").run()
+    assert not at.exception
+
+
+def test_starting_from_the_page_runs_the_experiment(app_engine, open_page, llm_server) -> None:
+    seed_lab(app_engine)
+    llm_server.responder = scripted_judge
+    at = open_page(PAGE, reviewer="lena")
+    at.number_input(key="alignment_sample").set_value(4)
+    at.multiselect(key="alignment_arms").set_value(["bare", "history"])
+    at.button(key="alignment_start").click().run()
+    assert not at.exception
+    with session_scope(app_engine, read_only=True) as session:
+        experiment = session.exec(select(AlignmentExperiment)).one()
+        assert (experiment.created_by, experiment.arms, experiment.sample_size) == (
+            "lena",
+            ["bare", "history"],
+            4,
+        )
+    for _ in range(200):  # the background run: wait for its rows, never for a time
+        with session_scope(app_engine, read_only=True) as session:
+            if session.get(AlignmentExperiment, experiment.id).status == "finished":  # type: ignore[union-attr]
+                break
+        time.sleep(0.1)
+    at.run()
+    assert not at.exception
+    assert "finished" in at.selectbox(key="alignment_experiment").format_func(experiment.id)
