@@ -686,3 +686,13 @@ def start_in_background(engine: Engine, experiment_id: int, *, concurrency: int 
     thread = threading.Thread(target=work, name=f"alignment-{experiment_id}", daemon=True)
     thread.start()
     return thread
+
+
+def latest_per_product(session: Session) -> dict[str, int]:
+    """The newest experiment id of each product (the Analytics page links them)."""
+    newest = (
+        select(AlignmentExperiment.product, func.max(AlignmentExperiment.id))
+        .group_by(col(AlignmentExperiment.product))
+        .order_by(col(AlignmentExperiment.product))
+    )
+    return {product: int(experiment_id) for product, experiment_id in session.exec(newest).all()}

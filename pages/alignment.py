@@ -66,7 +66,15 @@ if experiments.empty:
     st.stop()
 
 labels = {int(r.id): f"#{r.id} {r.name} ({r.status})" for r in experiments.itertuples()}
-chosen = st.selectbox("Experiment", list(labels), format_func=labels.__getitem__, key="alignment_experiment")
+asked = st.query_params.get("experiment", "")  # the Analytics page links the latest per product
+ids = list(labels)
+chosen = st.selectbox(
+    "Experiment",
+    ids,
+    index=ids.index(int(asked)) if asked.isdigit() and int(asked) in labels else 0,
+    format_func=labels.__getitem__,
+    key="alignment_experiment",
+)
 row = experiments.set_index("id").loc[chosen]
 total = int(row["done"] + row["failed"] + row["pending"])
 st.progress(

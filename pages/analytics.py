@@ -2,8 +2,9 @@
 
 import streamlit as st
 
-from lib import analytics
+from lib import alignment, analytics
 from lib.analytics_charts import agreement_figure, gap_histogram_figure, weekly_trend_figure
+from lib.safe_markdown import escape_markdown
 from lib.ui import csv_download, get_engine, session_scope
 
 ANY = "Any"
@@ -43,6 +44,15 @@ st.subheader("Agreement per metric")
 st.plotly_chart(agreement_figure(report.metrics), key="analytics_agreement_chart")
 st.dataframe(analytics.display_frame(report), key="analytics_metrics_table", hide_index=True)
 csv_download(report.metrics, "agreement_per_metric.csv", key="analytics_metrics_csv", label="Download (CSV)")
+with session_scope(read_only=True) as session:
+    latest_experiments = alignment.latest_per_product(session)
+for product, experiment_id in latest_experiments.items():
+    st.page_link(
+        "pages/alignment.py",
+        label=f"Latest alignment experiment for {escape_markdown(product)} (#{experiment_id})",
+        icon="🧪",
+        query_params={"experiment": str(experiment_id)},
+    )
 
 st.subheader("Gap distributions")
 st.caption("How far apart judge and human are: |user − judge| rescaled to the 1–5 span, in buckets of 0.5.")

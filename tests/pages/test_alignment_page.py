@@ -67,3 +67,18 @@ def test_starting_from_the_page_runs_the_experiment(app_engine, open_page, llm_s
     at.run()
     assert not at.exception
     assert "finished" in at.selectbox(key="alignment_experiment").format_func(experiment.id)
+
+
+def test_the_latest_experiment_per_product_opens_by_its_link(app_engine, open_page) -> None:
+    """The Analytics page links `/alignment?experiment=ID` for `latest_per_product` (its own page
+    test cannot run here: the DuckDB worker of tests/pages/test_analytics.py dies on this machine)."""
+    seed_lab(app_engine)
+    first = alignment.create_experiment(app_engine, alignment.ExperimentSpec(product=PRODUCT, sample_size=2))
+    latest = alignment.create_experiment(app_engine, alignment.ExperimentSpec(product=PRODUCT, sample_size=3))
+    with session_scope(app_engine, read_only=True) as session:
+        assert alignment.latest_per_product(session) == {PRODUCT: latest}
+    at = open_page(PAGE, query={"experiment": str(first)})
+    assert not at.exception
+    assert at.selectbox(key="alignment_experiment").value == first
+    at = open_page(PAGE)
+    assert at.selectbox(key="alignment_experiment").value == latest  # newest first by default
