@@ -293,6 +293,23 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def _edited_rubric(path: str | None) -> dict[str, str]:
+    """The `rubric` arm's text: a JSON object {metric slug: rubric text}."""
+    import json
+
+    if path is None:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CliError(f"align: cannot read --rubric-file {path}: {exc}") from exc
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+    ):
+        raise CliError("align: --rubric-file must hold a JSON object of {metric slug: rubric text}")
+    return data
+
+
 @handler("align")
 def _cmd_align(args: argparse.Namespace) -> int:
     """`align --product P --sample N --arms bare,full`: create (or continue) and run an experiment."""
@@ -321,6 +338,7 @@ def _cmd_align(args: argparse.Namespace) -> int:
                 language=args.language,
                 start=date.fromisoformat(args.since) if args.since else None,
                 end=date.fromisoformat(args.until) if args.until else None,
+                edited_rubric=_edited_rubric(args.rubric_file),
                 created_by=args.reviewer,
             )
             with session_scope(engine, read_only=True) as session:
@@ -485,6 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--language", default=None, help="only evaluations in this language")
     p.add_argument("--since", default=None, metavar="YYYY-MM-DD", help="evaluations created on or after")
     p.add_argument("--until", default=None, metavar="YYYY-MM-DD", help="evaluations created on or before")
+    p.add_argument(
+        "--rubric-file", default=None, metavar="PATH", help="JSON {metric slug: text} for the 'rubric' arm"
+    )
     p.add_argument("--concurrency", type=int, default=1, metavar="N", help="calls in flight at once (1)")
     p.add_argument("--experiment", type=int, default=None, metavar="ID", help="continue this experiment")
     p.add_argument("--cancel", type=int, default=None, metavar="ID", help="ask a running experiment to stop")

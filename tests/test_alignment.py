@@ -376,3 +376,22 @@ def test_analytics_measures_outside_sql() -> None:
     gaps = analytics.rescaled_gaps(np.array([0.0, 0.0]), np.array([0.25, 0.5]), 0.0, 1.0)
     assert gaps.tolist() == [1.0, 2.0]  # a 0-1 scale: a quarter is one step on the 1-5 span
     assert analytics.within_one(gaps).tolist() == [1.0, 0.0]
+
+
+def test_cli_rubric_file_feeds_the_rubric_arm(
+    sqlite_engine, sqlite_url, judge_server, monkeypatch, tmp_path
+) -> None:
+    from lib.__main__ import main
+
+    seed_lab(sqlite_engine)
+    monkeypatch.setenv("OVERRULE_DATABASE_URL", sqlite_url)
+    reset_settings()
+    edits = tmp_path / "edits.json"
+    edits.write_text('["not an object"]', encoding="utf-8")
+    args = ["align", "--product", PRODUCT, "--sample", "1", "--arms", "rubric", "--rubric-file", str(edits)]
+    assert main(args) == 1
+    edits.write_text('{"accuracy": "EDITED FROM A FILE"}', encoding="utf-8")
+    assert main(args) == 0
+    with session_scope(sqlite_engine, read_only=True) as session:
+        call = session.exec(select(AlignmentCall)).one()
+        assert call.arm == "rubric" and "EDITED FROM A FILE" in (call.prompt or "")
