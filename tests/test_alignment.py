@@ -395,3 +395,53 @@ def test_cli_rubric_file_feeds_the_rubric_arm(
     with session_scope(sqlite_engine, read_only=True) as session:
         call = session.exec(select(AlignmentCall)).one()
         assert call.arm == "rubric" and "EDITED FROM A FILE" in (call.prompt or "")
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_keeping_its_finished_calls(
+    sqlite_engine, sqlite_url, judge_server, monkeypatch
+) -> None:
+    """A real `python -m lib align` process is killed mid-call; the same command continues it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from lib.__main__ import main
+    from tests.llm_server import stall
+
+    seed_lab(sqlite_engine)
+    monkeypatch.setenv("OVERRULE_DATABASE_URL", sqlite_url)
+    reset_settings()
+
+    def stalls_on_the_fifth(body: dict[str, Any]) -> Any:
+        return stall(8.0) if len(judge_server.chat_requests) == 5 else scripted_judge(body)
+
+    judge_server.responder = stalls_on_the_fifth
+    args = ["align", "--product", PRODUCT, "--sample", "14", "--arms", "bare"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lib", *args],
+        env=dict(os.environ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(600):  # wait for the stalled fifth request, never for a time
+            if len(judge_server.chat_requests) >= 5:
+                break
+            time.sleep(0.05)
+        assert len(judge_server.chat_requests) == 5
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with session_scope(sqlite_engine, read_only=True) as session:
+        statuses = [c.status for c in session.exec(select(AlignmentCall)).all()]
+        assert statuses.count("done") == 4 and statuses.count("pending") == ITEMS - 4
+        assert session.exec(select(AlignmentExperiment)).one().status == "running"
+    judge_server.responder = scripted_judge
+    assert main(args) == 0
+    # The four finished calls were kept: only the killed one and the nine never started were sent.
+    assert len(judge_server.chat_requests) == 5 + ITEMS - 4
+    with session_scope(sqlite_engine, read_only=True) as session:
+        assert session.exec(select(AlignmentExperiment)).one().status == "finished"
