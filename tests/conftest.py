@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, SQLModel
@@ -26,6 +27,13 @@ from sqlmodel import Session, SQLModel
 import lib.models  # noqa: F401  (every table on SQLModel.metadata, for TRUNCATE)
 from lib.config import reset_settings
 from lib.db import create_db_engine, init_db
+
+# Hypothesis: no per-example deadline. A deadline is a wall-clock assertion: on a shared or loaded
+# machine it fails a correct example at random (FlakyFailure: "took 375 ms, which exceeded the
+# deadline of 200 ms, but on a subsequent run it took 18 ms"). Example counts stay as each test sets
+# them: all property tests together cost about 2% of the suite's CPU time.
+settings.register_profile("overrule", deadline=None)
+settings.load_profile("overrule")
 
 PG_ADMIN_URL = os.environ.get("OVERRULE_TEST_PG_URL", "")
 PG_POOL_PREFIX = "overrule_test_"
