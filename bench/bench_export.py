@@ -108,12 +108,13 @@ def _run(method: str, url: str, out: str) -> tuple[float, float, float]:
     A DuckDB export of SQLite runs in a child forked by `lib.duck.run_isolated` (issue #17): the
     wall time is measured here, around the fork; CPU and memory are the child's own, where the work is.
     """
+    from bench.bench_export import _export_here as export_here  # by module name: the worker imports it
     from lib.duck import run_isolated, start_isolated_workers, stop_isolated_workers
 
     if method.startswith("duckdb") and url.startswith("sqlite"):
         start_isolated_workers()  # the fork server starts once per app process, not per export
         started = time.perf_counter()
-        _, cpu, rss = run_isolated(_export_here, method, url, out)
+        _, cpu, rss = run_isolated(export_here, method, url, out)
         seconds = time.perf_counter() - started
         stop_isolated_workers()
         return seconds, cpu, rss

@@ -47,15 +47,19 @@ copy is a snapshot, so take a new connection per use rather than caching one.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
-import multiprocessing
+import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from importlib import resources
+from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
+from multiprocessing.context import ForkServerContext, ForkServerProcess, set_spawning_popen
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -352,10 +356,63 @@ def isolated_url(engine: Engine) -> str:
     return url.render_as_string(hide_password=False)
 
 
-def _allow_sqlite_scanner() -> None:
-    """Worker initializer: this process holds no other SQLite connection, so the scanner may open it."""
+def _init_worker(app_pid: int) -> None:
+    """Worker initializer: this process holds no other SQLite connection, so the scanner may open it.
+
+    It also leaves when the app process is gone (even killed with SIGKILL), instead of lingering.
+    """
     global _sqlite_scanner_allowed
     _sqlite_scanner_allowed = True
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(app_pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+            except PermissionError:  # the pid now belongs to another user's process: ours is gone
+                os._exit(0)
+
+    threading.Thread(target=watch, name="overrule-app-watch", daemon=True).start()
+
+
+class _Popen(popen_forkserver.Popen):
+    """Forkserver start without re-running the parent's main script in the worker.
+
+    multiprocessing re-imports `__main__` in a new worker; under Streamlit `__main__` is the page
+    script being run, which would run again in the worker (and ask for a worker itself). The call's
+    function is always imported by module name, so the main script is never needed: the same launch
+    as Python's, with the main-module keys left out of the preparation data.
+    """
+
+    def _launch(self, process_obj: Any) -> None:
+        prep_data = spawn.get_preparation_data(process_obj._name)
+        for key in ("init_main_from_name", "init_main_from_path"):
+            prep_data.pop(key, None)
+        buf = io.BytesIO()
+        set_spawning_popen(self)
+        try:
+            reduction.dump(prep_data, buf)
+            reduction.dump(process_obj, buf)
+        finally:
+            set_spawning_popen(None)
+        self.sentinel, w = forkserver.connect_to_new_process(self._fds)
+        parent_w = os.dup(w)  # the child watches this end to notice the parent's death
+        self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = forkserver.read_signed(self.sentinel)
+
+
+class _Process(ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> _Popen:
+        return _Popen(process_obj)
+
+
+class _Context(ForkServerContext):
+    Process = _Process  # type: ignore[assignment]
 
 
 def _isolated_pool() -> ProcessPoolExecutor:
@@ -364,12 +421,13 @@ def _isolated_pool() -> ProcessPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            ctx = multiprocessing.get_context("forkserver")
+            ctx = _Context()
             ctx.set_forkserver_preload(["lib.export", "lib.analytics"])  # imports paid once
             _pool = ProcessPoolExecutor(
                 max_workers=ISOLATED_WORKERS,
                 mp_context=ctx,
-                initializer=_allow_sqlite_scanner,
+                initializer=_init_worker,
+                initargs=(os.getpid(),),
             )
         return _pool
 
@@ -398,8 +456,8 @@ def run_isolated(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     `func` must be a module-level function, its arguments and result picklable (give it a URL from
     `isolated_url`, not an engine); its exceptions are raised here. The child is forked from a fork
     server that has already imported lib (started on first use, ~2 s), then reused: a call costs
-    about as much as the same call in this process. Like any multiprocessing start, a program whose
-    main script runs code at import needs the `if __name__ == "__main__"` guard.
+    about as much as the same call in this process. The main script is never re-run in a worker
+    (see `_Popen`), so `func` cannot live in `__main__`.
     """
     global _pool
     try:
