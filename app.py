@@ -2,8 +2,9 @@
 
 import streamlit as st
 
+from lib.auth import PermissionDenied
 from lib.config import ConfigError, get_settings
-from lib.ui import reviewer_sidebar
+from lib.ui import report_denied, reviewer_sidebar, sign_in_gate
 
 st.set_page_config(page_title="Overrule", page_icon="⚖️", layout="wide")
 
@@ -12,6 +13,8 @@ try:
 except ConfigError as exc:
     st.error(f"Overrule cannot start: {exc}")
     st.stop()
+
+sign_in_gate()  # sign-in mode: nothing of the app before the provider has signed the user in
 
 pages = [
     st.Page("pages/overview.py", title="Overview", icon="🏠", url_path="", default=True),
@@ -26,7 +29,11 @@ pages = [
     st.Page("pages/analytics.py", title="Analytics", icon="📊", url_path="analytics"),
     st.Page("pages/alignment.py", title="Alignment lab", icon="🧪", url_path="alignment"),
     st.Page("pages/precedents.py", title="Precedents", icon="🧾", url_path="precedents"),
+    st.Page("pages/admin.py", title="Admin", icon="🛡️", url_path="admin"),
 ]
 navigation = st.navigation(pages)
 reviewer_sidebar()
-navigation.run()
+try:
+    navigation.run()
+except PermissionDenied as exc:  # lib refused a write: the page's transaction rolled back
+    report_denied(exc)

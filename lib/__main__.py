@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sqlalchemy.exc import ArgumentError, OperationalError
 
+from lib.auth import system_actor
 from lib.config import ConfigError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -59,7 +60,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
             engine=_engine(),
             path=Path(args.file),
             kind=args.kind,
-            reviewer=args.reviewer,
+            reviewer=system_actor(args.reviewer),
             progress=print_progress,
         )
     except ImportFailed as exc:
@@ -119,7 +120,7 @@ def _cmd_notes(args: argparse.Namespace) -> int:
                     phelps_code=args.code,
                     confidence=args.confidence,
                     session_id=args.session,
-                    created_by=args.by,
+                    created_by=system_actor(args.by),
                 )
                 print(json.dumps(notes.note_record(note), ensure_ascii=False))
             elif action == "search":
@@ -145,7 +146,8 @@ def _cmd_notes(args: argparse.Namespace) -> int:
                 if args.dry_run:
                     print(f"{notes.preview_remove(session=session, **kwargs)} notes would be removed")
                 else:
-                    print(f"removed {notes.remove_notes(session=session, **kwargs)} notes")
+                    removed = notes.remove_notes(session=session, removed_by=system_actor(), **kwargs)
+                    print(f"removed {removed} notes")
             else:
                 found = notes.relevant_notes(session=session, language=args.language, tags=args.tags)
                 if args.format == "prompt":
@@ -195,7 +197,7 @@ def _cmd_judge(args: argparse.Namespace) -> int:
         report = judge.judge_file(
             Path(args.file),
             engine=_engine(),
-            reviewer=args.reviewer,
+            reviewer=system_actor(args.reviewer),
             concurrency=args.concurrency,
             progress=print_progress,
         )
@@ -223,7 +225,7 @@ def _cmd_second_opinion(args: argparse.Namespace) -> int:
     outcome = second_opinion.second_opinion_batch(
         engine=_engine(),
         product=args.product,
-        reviewer=args.reviewer,
+        reviewer=system_actor(args.reviewer),
         limit=args.limit,
         progress=print_progress,
     )

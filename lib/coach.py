@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from lib import llm
+from lib.auth import Actor, Permission, authorize
 from lib.config import get_settings
 from lib.db import session_scope
 from lib.evidence import metric_entry
@@ -373,7 +374,7 @@ def start_chat(
     snapshot_id: str,
     selected_metrics: Sequence[str],
     *,
-    reviewer: str | None = None,
+    reviewer: Actor | str | None = None,
     chat_id: str | None = None,
 ) -> PreparedReply:
     """Start (or reopen) a chat with fixed metrics; returns its greeting, stored or to be streamed.
@@ -381,6 +382,7 @@ def start_chat(
     The greeting is idempotent: asking again returns the stored greeting and calls no LLM. It never
     counts against the turn limit.
     """
+    reviewer = authorize(engine, reviewer, Permission.COACH).identity or None
     with session_scope(engine) as s:
         snap = _live_snapshot(s, snapshot_id)
         specs = metrics_for_product(session=s, product=snap.product)
@@ -435,9 +437,10 @@ def send_message(
     client_message_id: str,
     *,
     chat_id: str = "",
-    reviewer: str | None = None,
+    reviewer: Actor | str | None = None,
 ) -> PreparedReply:
     """Send a user message in the seed's order; TurnLimitReached when the budget is used up."""
+    reviewer = authorize(engine, reviewer, Permission.COACH).identity or None
     content = (content or "").strip()
     if not content:
         raise CoachError("the message is empty")

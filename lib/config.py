@@ -83,6 +83,12 @@ class Settings:
     sentence_threshold: float = 0.85
     # Auto-evaluation workers (seed 003 evalConcurrency): CPUs − 1, at least 1; 0 = serial in the caller.
     eval_concurrency: int = max(1, (os.cpu_count() or 2) - 1)
+    # Identity (lib.auth): "open" trusts a typed name (as admin); "signin" uses st.login with the
+    # OpenID Connect provider of `.streamlit/secrets.toml` [auth].
+    auth_mode: str = "open"
+    admins: str = ""  # comma-separated identities that start as admin
+    default_role: str = "viewer"  # the role of a signed-in identity without a role row
+    system_identity: str = "overrule-cli"  # who the CLI and the demo loader act as (role admin)
     # App behaviour.
     load_demo: bool = True
     page_size: int = 25
@@ -180,6 +186,18 @@ def _coerce(name: str, raw: Any, default: Any) -> Any:
     return value
 
 
+AUTH_MODES = ("open", "signin")
+
+
+def _check_choice(values: dict[str, Any], name: str, choices: tuple[str, ...]) -> None:
+    if name in values:
+        values[name] = str(values[name]).strip().lower()
+        if values[name] not in choices:
+            raise ConfigError(
+                f"{env_name(name)}={values[name]!r} is invalid: choose one of {', '.join(choices)}"
+            )
+
+
 def load_settings(environ: dict[str, str] | None = None, secrets_path: Path = SECRETS_PATH) -> Settings:
     """Build settings from the environment first, then secrets.toml, then the seeds' defaults."""
     env = os.environ if environ is None else environ
@@ -193,6 +211,8 @@ def load_settings(environ: dict[str, str] | None = None, secrets_path: Path = SE
         if raw is None or raw == "":
             continue
         values[f.name] = _coerce(f.name, raw, f.default)
+    _check_choice(values, "auth_mode", AUTH_MODES)
+    _check_choice(values, "default_role", ("viewer", "reviewer", "lead", "admin"))
     if values.get("autounpin_threshold", 0.2) > values.get("autopin_threshold", 0.6):
         raise ConfigError("OVERRULE_AUTOUNPIN_THRESHOLD must not exceed OVERRULE_AUTOPIN_THRESHOLD")
     profile = str(values.get("llm_profile", "default")).strip().lower()

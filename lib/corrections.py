@@ -24,9 +24,10 @@ from datetime import datetime
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import case, delete, func, insert, or_, update
+from sqlalchemy import Engine, case, delete, func, insert, or_, update
 from sqlmodel import Session, col, select
 
+from lib.auth import Actor, Permission, authorize, identity_of
 from lib.metrics import MetricSpec, metrics_for_product
 from lib.models import (
     CACHE_DECISIONS,
@@ -217,12 +218,14 @@ def same_decision(judge: str, user: str) -> bool:
 # Writes
 
 
-def require_reviewer(reviewer: str | None) -> str:
-    """The reviewer's name, stripped; MissingReviewer when blank (every change records who made it)."""
-    name = (reviewer or "").strip()
-    if not name:
+def require_reviewer(
+    reviewer: Actor | str | None, permission: Permission, *, bind: Session | Engine | None
+) -> str:
+    """The acting reviewer's identity: MissingReviewer when blank (every change records who made it),
+    PermissionDenied when their role does not allow `permission` (lib.auth's table)."""
+    if not identity_of(reviewer):
         raise MissingReviewer("every change records its reviewer; none was given")
-    return name
+    return authorize(bind, reviewer, permission).identity
 
 
 REVIEW_ACTIONS = ("confirm", "overrule")
@@ -329,7 +332,7 @@ def record_review(
     expected_version: int,
     action: str,
     user_decision: Any = None,
-    reviewer: str | None,
+    reviewer: Actor | str | None,
     reason: str | None = None,
     require_reason: bool = True,
 ) -> Judgment:
@@ -342,7 +345,7 @@ def record_review(
     """
     if action not in REVIEW_ACTIONS:
         raise InvalidDecision(f"action must be one of {', '.join(REVIEW_ACTIONS)}, got {action!r}")
-    name = require_reviewer(reviewer)
+    name = require_reviewer(reviewer, Permission.REVIEW, bind=session)
     judgment = session.get(Judgment, judgment_id)
     if judgment is None:
         raise JudgmentNotFound(f"no judgment with id {judgment_id}")
@@ -402,7 +405,7 @@ def update_with_user_decision(
     change_id: str,
     user_decision: Any,
     user_reasoning: str | None = None,
-    reviewer: str | None,
+    reviewer: Actor | str | None,
     expected_version: int | None = None,
 ) -> Judgment:
     """Seed-004 API: record a reviewer's decision by change_id (reason optional, as in the seed)."""
@@ -436,7 +439,7 @@ def _final(decision: str, user_decision: str | None) -> str:
 
 
 def add_judgment(
-    *, session: Session, judgment: Judgment, reviewer: str | None, expected_version: int | None = None
+    *, session: Session, judgment: Judgment, reviewer: Actor | str | None, expected_version: int | None = None
 ) -> Judgment:
     """Seed-004 API: add a judgment, or re-judge the stored one with the same change_id.
 
@@ -450,7 +453,7 @@ def add_judgment(
 
     `expected_version` (when given) is checked like a review's: ReviewConflict if the entry moved.
     """
-    name = require_reviewer(reviewer)
+    name = require_reviewer(reviewer, Permission.IMPORT, bind=session)
     existing = session.exec(
         select(Judgment).where(col(Judgment.change_id) == judgment.change_id).with_for_update()
     ).first()
@@ -519,9 +522,9 @@ def _log_judge_event(
     return stored
 
 
-def clear_product(*, session: Session, product: str, reviewer: str | None) -> int:
+def clear_product(*, session: Session, product: str, reviewer: Actor | str | None) -> int:
     """Seed-004 API: remove every judgment of a product (with its audit trail); returns the count."""
-    name = require_reviewer(reviewer)
+    name = require_reviewer(reviewer, Permission.CLEAR_CACHE, bind=session)
     ids = select(Judgment.id).where(Judgment.product == product).scalar_subquery()
     session.execute(delete(JudgmentEvent).where(col(JudgmentEvent.judgment_id).in_(ids)))
     result = session.execute(delete(Judgment).where(col(Judgment.product) == product))

@@ -50,6 +50,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
 from lib import notes
+from lib.auth import Actor, Permission, authorize
 from lib.corrections import require_reviewer, review_event_row
 from lib.db import session_scope
 from lib.interaction_records import interaction_rows
@@ -366,9 +367,10 @@ def import_evaluations(
     session: Session,
     records: Iterable[dict[str, Any]],
     source: str = "<records>",
-    reviewer: str = "import",
+    reviewer: Actor | str = "import",
 ) -> ImportReport:
     """Validate parsed evaluation records and bulk insert them with their judgments, all or nothing."""
+    reviewer = authorize(session, reviewer, Permission.IMPORT).identity
     numbered = ((f"{source} record {i}", record) for i, record in enumerate(records, start=1))
     prepared = _prepare_evaluations(session=session, records=numbered, source=source, reviewer=reviewer)
     try:
@@ -482,9 +484,10 @@ def import_notes(
     session: Session,
     records: Iterable[dict[str, Any]],
     source: str = "<records>",
-    reviewer: str = "import",
+    reviewer: Actor | str = "import",
 ) -> ImportReport:
     """Validate seed-000 note records and bulk insert the ones not stored yet, all or nothing."""
+    reviewer = authorize(session, reviewer, Permission.IMPORT).identity
     numbered = ((f"{source} record {i}", record) for i, record in enumerate(records, start=1))
     prepared = _prepare_notes(records=numbered, source=source, reviewer=reviewer)
     try:
@@ -588,9 +591,10 @@ def _cache_judgment_row(key: str, entry: Any, reviewer: str) -> dict[str, Any]:
 
 
 def import_judgments_cache(
-    *, session: Session, data: Any, source: str = "<cache>", reviewer: str = "import"
+    *, session: Session, data: Any, source: str = "<cache>", reviewer: Actor | str = "import"
 ) -> ImportReport:
     """Import a seed-004 JSON cache; entries whose change_id is stored are skipped, never overwritten."""
+    reviewer = authorize(session, reviewer, Permission.IMPORT).identity
     if not isinstance(data, Mapping):
         raise ImportFailed(f"{source}: expected a JSON object with 'cache_version' and 'judgments'")
     version = data.get("cache_version")
@@ -657,8 +661,11 @@ def _cache_events(session: Session, rows: list[dict[str, Any]], reviewer: str) -
 # Metric definitions
 
 
-def import_metrics(*, session: Session, data: Any, source: str = "<metrics>") -> ImportReport:
+def import_metrics(
+    *, session: Session, data: Any, source: str = "<metrics>", reviewer: Actor | str = "import"
+) -> ImportReport:
     """Create or update metric definitions from a JSON list; one bad entry refuses the whole list."""
+    authorize(session, reviewer, Permission.IMPORT)
     if not isinstance(data, list):
         raise ImportFailed(
             f"{source}: expected a JSON list of {{product, slug, display_name, min, max, description}}"
@@ -790,16 +797,18 @@ def _read_document(path: Path, source: str) -> Any:
     return _parse_document(path.read_bytes(), source)
 
 
-def import_cache_bytes(*, session: Session, raw: bytes, source: str, reviewer: str | None) -> ImportReport:
+def import_cache_bytes(
+    *, session: Session, raw: bytes, source: str, reviewer: Actor | str | None
+) -> ImportReport:
     """Import an uploaded seed-004 cache file (the Corrections page); any fault writes nothing.
 
     Every ImportFailed message ends with "nothing was imported", for the page to show as is.
     """
-    name = require_reviewer(reviewer)
+    require_reviewer(reviewer, Permission.IMPORT, bind=session)
     try:
         _check_document_size(len(raw), source)
         data = _parse_document(raw, source)
-        return import_judgments_cache(session=session, data=data, source=source, reviewer=name)
+        return import_judgments_cache(session=session, data=data, source=source, reviewer=reviewer)
     except ImportFailed as exc:
         raise ImportFailed(f"{exc}; nothing was imported") from None
 
@@ -890,7 +899,7 @@ def import_path(
     engine: Engine,
     path: Path,
     kind: str | None,
-    reviewer: str,
+    reviewer: Actor | str,
     progress: Callable[[int, int], None] | None = None,
 ) -> ImportReport:
     """Import one file, detecting its kind when not given; a bad file is refused whole.
@@ -898,8 +907,9 @@ def import_path(
     Storing interactions triggers their auto-evaluation (seed 003 §1): every new, unreviewed one
     goes through the worker pool, `progress(done, total)` after each.
     """
+    actor = authorize(engine, reviewer, Permission.IMPORT)
     try:
-        report = _import_file(engine=engine, path=path, kind=kind, reviewer=reviewer)
+        report = _import_file(engine=engine, path=path, kind=kind, actor=actor)
     except ImportFailed as exc:
         raise ImportFailed(f"{exc}; nothing was imported") from None
     if report.kind == "interactions":
@@ -909,8 +919,9 @@ def import_path(
     return report
 
 
-def _import_file(*, engine: Engine, path: Path, kind: str | None, reviewer: str) -> ImportReport:
+def _import_file(*, engine: Engine, path: Path, kind: str | None, actor: Actor) -> ImportReport:
     source = path.name
+    reviewer = actor.identity
     if not path.is_file():
         raise ImportFailed(f"{path}: no such file")
     if kind is not None and kind not in KINDS:
@@ -942,5 +953,5 @@ def _import_file(*, engine: Engine, path: Path, kind: str | None, reviewer: str)
     data = document if document is not None else _read_document(path, source)
     with session_scope(engine) as session:
         if kind == "judgments":
-            return import_judgments_cache(session=session, data=data, source=source, reviewer=reviewer)
-        return import_metrics(session=session, data=data, source=source)
+            return import_judgments_cache(session=session, data=data, source=source, reviewer=actor)
+        return import_metrics(session=session, data=data, source=source, reviewer=actor)

@@ -19,6 +19,7 @@ from sqlalchemy import and_, case, exists, func, text, update
 from sqlalchemy.sql import ColumnElement, Select
 from sqlmodel import Session, col, select
 
+from lib.auth import Actor, Permission
 from lib.corrections import require_reviewer
 from lib.evidence import EvidenceItem, evidence_items, metric_entry
 from lib.highlight import Span
@@ -581,9 +582,9 @@ def load_evaluation(*, session: Session, snapshot_id: str) -> EvaluationDetail |
 # Archive / restore (seed 002 AD-13)
 
 
-def archive_evaluation(*, session: Session, snapshot_id: str, reviewer: str) -> bool:
+def archive_evaluation(*, session: Session, snapshot_id: str, reviewer: Actor | str) -> bool:
     """Soft-delete an evaluation (deleted_at + status archived); False when it was already archived."""
-    name = require_reviewer(reviewer)
+    name = require_reviewer(reviewer, Permission.ARCHIVE, bind=session)
     now = utcnow()
     stmt = (
         update(_S)
@@ -596,9 +597,9 @@ def archive_evaluation(*, session: Session, snapshot_id: str, reviewer: str) -> 
     return changed
 
 
-def restore_evaluation(*, session: Session, snapshot_id: str, reviewer: str) -> bool:
+def restore_evaluation(*, session: Session, snapshot_id: str, reviewer: Actor | str) -> bool:
     """Bring an archived evaluation back into every list; False when it was not archived."""
-    name = require_reviewer(reviewer)
+    name = require_reviewer(reviewer, Permission.ARCHIVE, bind=session)
     now = utcnow()
     # The status before archiving is not kept; a chat that used all its turns is what "completed" means.
     status = case((col(_S.chat_turn_count) >= col(_S.max_chat_turns), "completed"), else_="active")

@@ -46,6 +46,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
 from lib import judge_tools, llm, notes, relevance
+from lib.auth import Actor, Permission, authorize, identity_of
 from lib.config import Settings, env_name, get_settings
 from lib.corrections import format_history_for_prompt, format_score, parse_score, select_history
 from lib.db import session_scope
@@ -1136,7 +1137,7 @@ def judge_evaluation(
     *,
     engine: Engine,
     evaluation: EvaluationInput,
-    reviewer: str,
+    reviewer: Actor | str,
     settings: Settings | None = None,
     notes_block: str | None = None,
     progress: Progress | None = None,
@@ -1146,8 +1147,9 @@ def judge_evaluation(
     say = progress or (lambda _message: None)
     if not settings.llm_configured:
         raise JudgeFailed("configuration", llm.NOT_CONFIGURED_MESSAGE, kind="not_configured")
-    if not (reviewer or "").strip():
+    if not identity_of(reviewer):
         raise JudgeFailed("input", "no reviewer was named; every write records who made it", kind="input")
+    reviewer = authorize(engine, reviewer, Permission.JUDGE).identity
     snapshot_id = new_prefixed_id("snap")
     try:
         with session_scope(engine, read_only=True) as session:
@@ -1313,13 +1315,14 @@ def judge_file(
     path: Path,
     *,
     engine: Engine,
-    reviewer: str = "cli",
+    reviewer: Actor | str = "cli",
     concurrency: int | None = None,
     settings: Settings | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> BatchReport:
     """Judge every not-yet-judged line of a JSONL file with a bounded pool; rerun it to resume."""
     settings = settings or get_settings()
+    reviewer = authorize(engine, reviewer, Permission.JUDGE)
     if not settings.llm_configured:
         raise BatchInputError(llm.NOT_CONFIGURED_MESSAGE)
     workers = max(1, concurrency or settings.judge_concurrency)

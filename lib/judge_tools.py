@@ -53,6 +53,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
 from lib import llm, notes
+from lib.auth import agent_actor
 from lib.config import Settings, get_settings
 from lib.db import session_scope
 from lib.models import NOTE_TYPES, SessionNote, utcnow
@@ -363,7 +364,7 @@ class PendingNotes:
         must survive it (those it added before were already dropped from the buffer).
         """
         for clear in self.clears:
-            notes.remove_notes(session=session, removed_by=self.created_by, **clear)
+            notes.remove_notes(session=session, removed_by=agent_actor(self.created_by), **clear)
         saved = []
         for note in list(self.notes):
             try:
@@ -376,7 +377,7 @@ class PendingNotes:
                         phelps_code=note.phelps_code,
                         confidence=note.confidence,
                         session_id=self.session_id,
-                        created_by=self.created_by,
+                        created_by=agent_actor(self.created_by),
                         timestamp=note.timestamp,
                     )
                 )
@@ -479,7 +480,7 @@ def _add(
         phelps_code=note.phelps_code,
         confidence=note.confidence,
         session_id=session_id,
-        created_by=created_by,
+        created_by=agent_actor(created_by),
         timestamp=note.timestamp,
     )
     return f"Saved {where} (#{stored.id})."
@@ -545,7 +546,7 @@ def _clear(
     except ValueError as exc:
         raise ToolArgumentError(f"{exc}; give a type, language or days_old") from None
     if pending is None:
-        removed = notes.remove_notes(session=session, removed_by=created_by, **clear)
+        removed = notes.remove_notes(session=session, removed_by=agent_actor(created_by), **clear)
         return f"Removed {removed} note{'' if removed == 1 else 's'}."
     own = pending.remove(note_type=note_type, language=language, older_than=older_than)
     with pending._lock:

@@ -426,6 +426,29 @@ class AlignmentCall(SQLModel, table=True):
     finished_at: datetime | None = None
 
 
+class UserRole(SQLModel, table=True):
+    """A signed-in identity's role (lib.auth); identities without a row get OVERRULE_DEFAULT_ROLE."""
+
+    __tablename__ = "user_roles"
+
+    identity: str = Field(primary_key=True, max_length=320)  # lower-cased e-mail, else the OIDC sub
+    role: str = Field(max_length=16)
+    updated_by: str | None = Field(default=None, max_length=320)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class AuditEvent(SQLModel, table=True):
+    """Append-only access trail: sign-ins, role changes and refused attempts (lib.auth)."""
+
+    __tablename__ = "audit_events"
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime = Field(default_factory=utcnow, index=True)
+    identity: str = Field(max_length=320, index=True)
+    action: str = Field(max_length=32, index=True)  # sign_in | role_change | denied
+    detail: str = Field(default="", sa_column=Column(Text, nullable=False))
+
+
 _DATETIME_FIELDS: dict[type, tuple[str, ...]] = {}
 
 

@@ -44,6 +44,7 @@ import pandas as pd
 from sqlalchemy import ColumnElement, Engine, Table, and_, delete, false, func, or_, true
 from sqlmodel import Session, SQLModel, col, select
 
+from lib.auth import Actor, Permission, authorize, removal_permission
 from lib.config import get_settings
 from lib.models import NOTE_TYPES, SessionNote, utcnow
 
@@ -203,10 +204,11 @@ def add_note(
     confidence: float | None = None,
     *,
     session_id: str | None = None,
-    created_by: str | None = None,
+    created_by: Actor | str | None = None,
     timestamp: datetime | None = None,
 ) -> SessionNote:
     """Persist one validated note (flushed, so it has an id); the caller's transaction commits it."""
+    created_by = authorize(session, created_by, Permission.NOTE).identity or None
     fields = validate_note(language, note_type, content, phelps_code, confidence)
     sid = _bounded_text(session_id, "session id", MAX_SESSION_ID_CHARS) or process_session_id()
     if timestamp is not None and timestamp.utcoffset() is None:
@@ -714,13 +716,17 @@ def remove_notes(
     session_id: str | None = None,
     all_notes: bool = False,
     now: datetime | None = None,
-    removed_by: str | None = None,
+    removed_by: Actor | str | None = None,
 ) -> int:
     """Delete matching notes (and the relevance rows that point at them); returns how many notes went.
 
     With no filter at all this refuses (ValueError) unless `all_notes=True`. `language=''` means the
-    notes written for every language, not "any language" (that is `None`).
+    notes written for every language, not "any language" (that is `None`). Removing one session's
+    notes needs `lead`; any wider removal is the admin's bulk removal.
     """
+    removed_by = authorize(
+        session, removed_by, removal_permission(removed_by, one_session=session_id is not None)
+    ).identity
     conds = _removal_conditions(
         session,
         note_type=note_type,

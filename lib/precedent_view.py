@@ -17,6 +17,7 @@ from sqlalchemy import Select, and_, exists, func, select
 from sqlmodel import Session, col
 
 from lib import precedents
+from lib.auth import Actor, Permission, authorize, identity_of
 from lib.charts import plotly_text
 from lib.interaction_records import expert_feedback_fields
 from lib.models import AutoEval, ExpertFeedback, Interaction, utcnow
@@ -283,15 +284,16 @@ def add_expert_review(
     sentence_scores: Sequence[float | None],
     citation_score: float | None,
     citation_url: str | None,
-    reviewer: str,
+    reviewer: Actor | str,
 ) -> ExpertFeedback:
     """Store an expert's review of an interaction, which makes it a precedent for later ones.
 
     The same checks as an imported `expert` object (`lib.interaction_records`): scores 0–100 or
     blank, citation score 0–25; the total follows seed 003's rule.
     """
-    if not reviewer or not reviewer.strip():
+    if not identity_of(reviewer):
         raise ReviewRefused("a reviewer name is required")
+    reviewer = authorize(session, reviewer, Permission.FEEDBACK).identity
     interaction = session.get(Interaction, interaction_id)
     if interaction is None:
         raise ReviewRefused(f"no interaction with id {interaction_id!r}")

@@ -47,6 +47,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from lib import llm
+from lib.auth import Actor, Permission, authorize, identity_of
 from lib.config import Settings, get_settings
 from lib.db import session_scope
 from lib.models import (
@@ -439,11 +440,12 @@ def update_pin_state(session: Session, note: SessionNote | int) -> str | None:
 
 
 def set_manual_pin(
-    session: Session, note_id: int, pinned: bool, *, reviewer: str, at: datetime | None = None
+    session: Session, note_id: int, pinned: bool, *, reviewer: Actor | str, at: datetime | None = None
 ) -> SessionNote:
     """A reviewer's pin or unpin; a manual pin is never auto-unpinned, so it replaces an auto-pin."""
-    if not (reviewer or "").strip():
+    if not identity_of(reviewer):
         raise ValueError("a reviewer must be named to pin or unpin a note")
+    reviewer = authorize(session, reviewer, Permission.NOTE).identity
     note = _locked_note(session, note_id)
     _store_pin(session, note, manual_pin_state(_pin_state(note), pinned, reviewer.strip(), at or utcnow()))
     return note
@@ -845,8 +847,11 @@ def mark_failed(
     return mark
 
 
-def reset_retries(session: Session, audit_session_id: str) -> ProcessedRelevanceSession:
+def reset_retries(
+    session: Session, audit_session_id: str, *, reviewer: Actor | str | None = None
+) -> ProcessedRelevanceSession:
     """Give a failed audit its retries back (a lead's decision, after fixing the server); ValueError otherwise."""
+    authorize(session, reviewer, Permission.JUDGE)
     audit = session.exec(select(SessionAudit).where(col(SessionAudit.session_id) == audit_session_id)).first()
     if audit is None:
         raise ValueError(f"there is no audit {audit_session_id!r}")
@@ -1021,13 +1026,13 @@ def record_feedback(
     audit_session_id: str,
     note_id: int,
     useful: bool,
-    reviewer: str,
+    reviewer: Actor | str,
     at: datetime | None = None,
 ) -> ScoreUpdate:
     """A reviewer's "useful here" / "not useful here" for a note a judge run showed (weight 2.0)."""
-    name = (reviewer or "").strip()
-    if not name:
+    if not identity_of(reviewer):
         raise ValueError("a reviewer must be named to score a note")
+    name = authorize(session, reviewer, Permission.FEEDBACK).identity
     audit = session.exec(select(SessionAudit).where(col(SessionAudit.session_id) == audit_session_id)).first()
     if audit is None:
         raise LookupError(f"no audit for session {audit_session_id!r}")

@@ -28,6 +28,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
 from lib import llm
+from lib.auth import Actor, Permission, authorize, identity_of
 from lib.config import Settings, get_settings
 from lib.corrections import DecisionScale, InvalidDecision, decision_scale
 from lib.db import session_scope
@@ -224,8 +225,9 @@ def _explanation(verdict: EvaluationVerdict, raw: str) -> str:
     return text.replace("\x00", "")[:_MAX_TEXT]
 
 
-def store_second_opinion(*, session: Session, opinion: SecondOpinion, reviewer: str) -> None:
+def store_second_opinion(*, session: Session, opinion: SecondOpinion, reviewer: Actor | str) -> None:
     """Write the second opinion onto the judgment and append its audit event, in the caller's transaction."""
+    reviewer = authorize(session, reviewer, Permission.SECOND_OPINION).identity
     judgment = session.get(Judgment, opinion.judgment_id)
     if judgment is None:
         raise JudgmentMissing(f"no judgment with id {opinion.judgment_id}")
@@ -256,13 +258,16 @@ def store_second_opinion(*, session: Session, opinion: SecondOpinion, reviewer: 
 
 
 def request_second_opinion(
-    *, engine: Engine, judgment_id: int, reviewer: str, settings: Settings | None = None
+    *, engine: Engine, judgment_id: int, reviewer: Actor | str, settings: Settings | None = None
 ) -> SecondOpinion:
-    """Ask the evaluation model about one judgment and store the result; failures come back in `error`."""
+    """Ask the evaluation model about one judgment and store the result; failures come back in `error`.
+
+    A role without the right to ask raises PermissionDenied before the model is called.
+    """
     settings = settings or get_settings()
-    name = (reviewer or "").strip()
-    if not name:
+    if not identity_of(reviewer):
         return SecondOpinion(judgment_id, error="Enter your name first: every change records its reviewer.")
+    name = authorize(engine, reviewer, Permission.SECOND_OPINION)
     if not settings.llm_configured:
         return SecondOpinion(judgment_id, error=llm.NOT_CONFIGURED_MESSAGE)
     try:
@@ -386,13 +391,14 @@ def second_opinion_batch(
     *,
     engine: Engine,
     product: str,
-    reviewer: str,
+    reviewer: Actor | str,
     limit: int | None = None,
     settings: Settings | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> BatchOutcome:
     """Second opinions for a product's judgments that have none and pass the seed's threshold."""
     settings = settings or get_settings()
+    reviewer = authorize(engine, reviewer, Permission.SECOND_OPINION)
     with session_scope(engine, read_only=True) as session:
         ids, skipped = eligible_judgments(session=session, product=product, limit=limit, settings=settings)
     outcome = BatchOutcome(skipped=skipped)

@@ -6,9 +6,18 @@ from urllib.parse import quote
 import streamlit as st
 
 from lib import coach
+from lib.auth import Permission
 from lib.llm import LLMError, LLMNotConfigured
 from lib.safe_markdown import escape_markdown, safe_markdown
-from lib.ui import current_reviewer, flash, get_engine, llm_unavailable_message, session_scope, show_flash
+from lib.ui import (
+    current_actor,
+    denied_reason,
+    flash,
+    get_engine,
+    llm_unavailable_message,
+    session_scope,
+    show_flash,
+)
 
 FLASH_KEY = "coach_flash"
 
@@ -89,6 +98,9 @@ def _show_reply(prepared: coach.PreparedReply) -> None:
             st.markdown(safe_markdown(prepared.text or ""))
 
 
+coach_denied = denied_reason(Permission.COACH) if current_actor() else None
+if coach_denied:
+    st.caption(f"🔒 {escape_markdown(coach_denied)}")
 if chosen == NEW_CHAT:
     st.subheader("Start a chat")
     st.caption("Pick 1–3 metrics. They are fixed for this chat; other metrics need a new chat.")
@@ -99,9 +111,11 @@ if chosen == NEW_CHAT:
         max_selections=coach.MAX_SELECTED_METRICS,
         key="coach_metrics",
     )
-    if st.button("Start chat", key="coach_start", type="primary", disabled=bool(no_llm) or not picked):
+    if st.button(
+        "Start chat", key="coach_start", type="primary", disabled=bool(no_llm or coach_denied) or not picked
+    ):
         try:
-            prepared = coach.start_chat(engine, snapshot_id, picked, reviewer=current_reviewer())
+            prepared = coach.start_chat(engine, snapshot_id, picked, reviewer=current_actor())
             _show_reply(prepared)
         except (coach.CoachError, LLMNotConfigured) as exc:
             st.error(escape_markdown(str(exc)))
@@ -149,14 +163,14 @@ if used >= limit:
     st.chat_input("This chat is read-only now.", disabled=True, key="coach_input")
     st.stop()
 
-prompt = st.chat_input("Ask the coach…", disabled=bool(no_llm), key="coach_input")
+prompt = st.chat_input("Ask the coach…", disabled=bool(no_llm or coach_denied), key="coach_input")
 if prompt:
     with st.chat_message("user"):
         st.markdown(escape_markdown(prompt))
     prepared: coach.PreparedReply | None = None
     try:
         prepared = coach.send_message(
-            engine, snapshot_id, prompt, str(uuid.uuid4()), chat_id=chat_id, reviewer=current_reviewer()
+            engine, snapshot_id, prompt, str(uuid.uuid4()), chat_id=chat_id, reviewer=current_actor()
         )
         _show_reply(prepared)
     except coach.TurnLimitReached:

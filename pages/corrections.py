@@ -4,11 +4,22 @@ import pandas as pd
 import streamlit as st
 
 from lib import charts, corrections, export, importer
+from lib.auth import Permission
 from lib.config import get_settings
 from lib.corrections import REVIEW_STATES, JudgmentFilter
 from lib.importer import ImportFailed
 from lib.safe_markdown import escape_markdown
-from lib.ui import csv_download, flash, get_engine, pager, require_reviewer, session_scope, show_flash
+from lib.ui import (
+    csv_download,
+    current_actor,
+    denied_reason,
+    flash,
+    get_engine,
+    pager,
+    require_reviewer,
+    session_scope,
+    show_flash,
+)
 from lib.ui.review import correction_form, judgment_history
 
 ANY = "Any"
@@ -176,8 +187,14 @@ st.subheader("Import and export the cache")
 left, right = st.columns(2)
 with left:
     upload = st.file_uploader("Seed-004 cache file (JSON)", type=["json"], key="corrections_upload")
-    if st.button("Import", key="corrections_import", disabled=upload is None) and upload is not None:
-        name = require_reviewer("import a cache file")
+    import_denied = denied_reason(Permission.IMPORT) if current_actor() else None
+    if import_denied:
+        st.caption(f"🔒 {escape_markdown(import_denied)}")
+    if (
+        st.button("Import", key="corrections_import", disabled=upload is None or import_denied is not None)
+        and upload is not None
+    ):
+        name = require_reviewer("import a cache file", Permission.IMPORT)
         if name:
             try:
                 with session_scope() as session:
@@ -208,8 +225,16 @@ with st.expander("Admin: clear a product's judgments"):
     target = st.selectbox("Product to clear", products, index=None, key="corrections_clear_product")
     typed = st.text_input("Type the product name to confirm", key="corrections_clear_confirm")
     confirmed = target is not None and typed == target
-    if st.button("Delete all its judgments", type="primary", key="corrections_clear", disabled=not confirmed):
-        name = require_reviewer("clear a product")
+    clear_denied = denied_reason(Permission.CLEAR_CACHE) if current_actor() else None
+    if clear_denied:
+        st.caption(f"🔒 {escape_markdown(clear_denied)}")
+    if st.button(
+        "Delete all its judgments",
+        type="primary",
+        key="corrections_clear",
+        disabled=not confirmed or clear_denied is not None,
+    ):
+        name = require_reviewer("clear a product", Permission.CLEAR_CACHE)
         if name and target is not None:
             with session_scope() as session:
                 removed = corrections.clear_product(session=session, product=target, reviewer=name)

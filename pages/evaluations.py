@@ -12,10 +12,20 @@ import streamlit as st
 from streamlit.errors import StreamlitPageNotFoundError
 
 from lib import export, inspector
+from lib.auth import Permission
 from lib.config import get_settings
 from lib.highlight import clip_text
 from lib.safe_markdown import escape_markdown
-from lib.ui import flash, get_engine, pager, require_reviewer, session_scope, show_flash
+from lib.ui import (
+    current_actor,
+    denied_reason,
+    flash,
+    get_engine,
+    pager,
+    require_reviewer,
+    session_scope,
+    show_flash,
+)
 from lib.ui.evidence import (
     NO_EVIDENCE_MESSAGE,
     detail_colors,
@@ -44,7 +54,7 @@ def _open(snapshot_id: str | None) -> None:
 
 
 def _set_status(snapshot_id: str, *, archive: bool) -> None:
-    reviewer = require_reviewer("archive or restore evaluations")
+    reviewer = require_reviewer("archive or restore evaluations", Permission.ARCHIVE)
     if reviewer is None:
         return
     with session_scope() as session:
@@ -125,10 +135,13 @@ def show_detail(snapshot_id: str) -> None:
     shown_notes_feedback(snap.id, key="evaluations_notes")
 
     st.divider()
+    denied = denied_reason(Permission.ARCHIVE) if current_actor() else None
+    if denied:
+        st.caption(f"🔒 {escape_markdown(denied)}")
     if detail.archived:
-        if st.button("Restore evaluation", key="evaluations_restore", icon="♻️"):
+        if st.button("Restore evaluation", key="evaluations_restore", icon="♻️", disabled=denied is not None):
             _set_status(snap.id, archive=False)
-    elif st.button("Archive evaluation", key="evaluations_archive", icon="🗄️"):
+    elif st.button("Archive evaluation", key="evaluations_archive", icon="🗄️", disabled=denied is not None):
         _set_status(snap.id, archive=True)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import streamlit as st
 
 from lib import importer
+from lib.auth import Permission
 from lib.safe_markdown import escape_markdown
 from lib.ui import get_engine, require_reviewer
 
@@ -41,7 +42,7 @@ st.caption(
 
 upload = st.file_uploader("File to import", type=["jsonl", "json"], key="import_file")
 kind = st.selectbox("What the file holds", [DETECT, *importer.KINDS], key="import_kind")
-reviewer = require_reviewer("import data")
+reviewer = require_reviewer("import data", Permission.IMPORT)
 clicked = st.button("Import", key="import_run", type="primary", disabled=upload is None or not reviewer)
 if clicked and upload is not None and reviewer:
     # import_path names the file in its messages, so the copy keeps the uploaded name.

@@ -5,9 +5,17 @@ from urllib.parse import quote
 import streamlit as st
 
 from lib import evaluation_form, judge
+from lib.auth import Permission
 from lib.metrics import metrics_for_product
 from lib.safe_markdown import escape_markdown
-from lib.ui import get_engine, llm_unavailable_message, require_reviewer, session_scope
+from lib.ui import (
+    current_actor,
+    denied_reason,
+    get_engine,
+    llm_unavailable_message,
+    require_reviewer,
+    session_scope,
+)
 
 RESULT_KEY = "new_result"
 
@@ -102,14 +110,21 @@ with st.form("new_form"):
         reasons[spec.slug] = reason_col.text_input(
             f"Why {spec.display_name}?", key=f"new_reason_{product}_{spec.slug}", placeholder="your reason"
         )
+    judge_denied = denied_reason(Permission.JUDGE) if current_actor() else None
+    if judge_denied:
+        st.caption(f"🔒 {escape_markdown(judge_denied)}")
     submitted = st.form_submit_button(
-        "Run the judge", key="new_submit", type="primary", icon="⚖️", disabled=unavailable is not None
+        "Run the judge",
+        key="new_submit",
+        type="primary",
+        icon="⚖️",
+        disabled=unavailable is not None or judge_denied is not None,
     )
 
 if submitted:
     st.session_state.pop(RESULT_KEY, None)
     user_scores = evaluation_form.user_scores_from_form(metrics, scores, reasons)
-    reviewer = require_reviewer("run the judge")
+    reviewer = require_reviewer("run the judge", Permission.JUDGE)
     if reviewer and not any(s["score"] is not None for s in user_scores.values()):
         st.error("Give at least one score: the judge compares its scores with yours.")
     elif reviewer:

@@ -10,10 +10,20 @@ from datetime import timedelta
 import streamlit as st
 
 from lib import notes
+from lib.auth import Permission, PermissionDenied
 from lib.config import get_settings
 from lib.models import NOTE_TYPES, utcnow
 from lib.safe_markdown import escape_markdown
-from lib.ui import csv_download, current_reviewer, flash, pager, require_reviewer, session_scope, show_flash
+from lib.ui import (
+    audit_denied,
+    csv_download,
+    current_actor,
+    flash,
+    pager,
+    require_reviewer,
+    session_scope,
+    show_flash,
+)
 
 ANY = "(any)"
 EVERY_LANGUAGE = "(notes for every language)"
@@ -49,7 +59,7 @@ def _note_session_id() -> str:
 
 def _add_note() -> None:
     """Form callback: write the note, then clear the form (only a callback may reset its widgets)."""
-    reviewer = current_reviewer()
+    reviewer = current_actor()
     if reviewer is None:
         return
     state = st.session_state
@@ -65,6 +75,9 @@ def _add_note() -> None:
                 session_id=_note_session_id(),
                 created_by=reviewer,
             )
+    except PermissionDenied as exc:
+        state[ADD_ERROR] = audit_denied(exc)
+        return
     except ValueError as exc:
         state[ADD_ERROR] = str(exc)
         return
@@ -74,11 +87,15 @@ def _add_note() -> None:
 
 def _remove_notes(filters: dict) -> None:
     """Button callback: remove what the preview counted, with the confirmation reset afterwards."""
-    reviewer = current_reviewer()
+    reviewer = current_actor()
     if reviewer is None:
         return
-    with session_scope() as session:
-        removed = notes.remove_notes(session=session, removed_by=reviewer, **filters)
+    try:
+        with session_scope() as session:
+            removed = notes.remove_notes(session=session, removed_by=reviewer, **filters)
+    except PermissionDenied as exc:
+        flash(FLASH, "error", audit_denied(exc))
+        return
     flash(FLASH, "success", f"Removed {removed:,} note{'' if removed == 1 else 's'}.")
 
 
@@ -176,7 +193,7 @@ with tab_timeline, session_scope(read_only=True) as session:
         csv_download(timeline, "note_sessions.csv", key="notes_timeline_csv")
 
 with tab_add:
-    reviewer = require_reviewer("add notes")
+    reviewer = require_reviewer("add notes", Permission.NOTE)
     if error := st.session_state.pop(ADD_ERROR, None):
         st.error(escape_markdown(error), icon="⚠️")
     for key, value in {"notes_add_type": "TIP", **ADD_DEFAULTS}.items():
@@ -230,7 +247,7 @@ with tab_remove:
     if count is not None:
         st.metric("Notes that will be removed", f"{count:,}")
         remove_signature = zlib.crc32(repr(sorted((k, str(v)) for k, v in remove_filters.items())).encode())
-        remover = require_reviewer("remove notes")
+        remover = require_reviewer("remove notes", Permission.REMOVE_NOTES)
         # A new filter gives a new checkbox, so a confirmation never carries over to other notes.
         confirmed = st.checkbox(
             f"Yes, permanently remove these {count:,} notes",

@@ -7,6 +7,7 @@ import streamlit as st
 
 from lib import export
 from lib import precedent_view as view
+from lib.auth import Permission
 from lib.safe_markdown import escape_markdown
 from lib.ui import flash, get_engine, pager, require_reviewer, session_scope, show_flash
 
@@ -128,7 +129,7 @@ st.caption(
     "Score each sentence 0–100 (leave blank: counts as 100) and the citation 0–25. Saving makes this "
     "interaction a precedent: later interactions that match it get these scores."
 )
-reviewer = require_reviewer("add an expert review")
+reviewer = require_reviewer("add an expert review", Permission.FEEDBACK)
 with st.form(key="prec_review_form"):
     scores = []
     for n, sentence in enumerate(detail.sentences):

@@ -5,11 +5,12 @@ from urllib.parse import quote
 import streamlit as st
 
 from lib import corrections, review_queue
+from lib.auth import Permission
 from lib.evidence import evidence_items
 from lib.metrics import score_of
 from lib.review_queue import ORDERS, QueueFilter
 from lib.safe_markdown import escape_markdown
-from lib.ui import current_reviewer, session_scope, show_flash
+from lib.ui import current_reviewer, denied_reason, session_scope, show_flash
 from lib.ui.evidence import render_evidence_list, render_long_text
 from lib.ui.review import correction_form, judgment_history
 
@@ -43,6 +44,8 @@ filters = QueueFilter(
 
 if not current_reviewer():
     st.warning("Enter your name in the sidebar to review: every decision records who made it.", icon="👤")
+elif denied := denied_reason(Permission.REVIEW):
+    st.info(f"🔒 {escape_markdown(denied)} You can still read the queue.")
 
 
 def _skip(key: str) -> None:

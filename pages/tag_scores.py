@@ -3,6 +3,7 @@
 import streamlit as st
 
 from lib import notes, relevance
+from lib.auth import Permission
 from lib.models import NOTE_TYPES
 from lib.relevance_charts import ema_history_figure, tag_heatmap_figure
 from lib.ui import csv_download, flash, require_reviewer, session_scope, show_flash
@@ -39,12 +40,12 @@ if abandoned:
             "`python -m lib evaluate` scores its notes."
         )
         audit = st.selectbox("Judge run", abandoned, key="tag_scores_abandoned_audit")
-        if st.button("Reset its retries", key="tag_scores_reset_retries") and require_reviewer(
-            "reset an audit's retries"
+        if st.button("Reset its retries", key="tag_scores_reset_retries") and (
+            lead := require_reviewer("reset an audit's retries", Permission.JUDGE)
         ):
             try:
                 with session_scope() as session:
-                    relevance.reset_retries(session, audit)
+                    relevance.reset_retries(session, audit, reviewer=lead)
             except ValueError as exc:  # evaluated or removed since the page was drawn
                 flash("tag_scores_flash", "error", f"Nothing was reset: {exc}.")
             else:

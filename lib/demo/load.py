@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy import Engine, func, select, text
 from sqlmodel import Session, col
 
+from lib.auth import system_actor
 from lib.db import session_scope
 from lib.demo.evaluations import build_evaluations
 from lib.demo.inputs import DEMO_AUTHOR, demo_anchor
@@ -50,9 +51,14 @@ def load_demo(*, engine: Engine, force: bool = False) -> dict[str, int]:
         if not force and _has_evaluations(session):
             return {}
         counts: dict[str, int] = {}
-        import_metrics(session=session, data=evaluations.metric_definitions, source="demo rubric")
+        import_metrics(
+            session=session,
+            data=evaluations.metric_definitions,
+            source="demo rubric",
+            reviewer=system_actor(DEMO_AUTHOR),
+        )
         report = import_evaluations(
-            session=session, records=evaluations.records, source="demo", reviewer=DEMO_AUTHOR
+            session=session, records=evaluations.records, source="demo", reviewer=system_actor(DEMO_AUTHOR)
         )
         counts["evaluations"] = report.inserted
         cache_added, cache_events = _write_cache_judgments(session, cache_rows)
@@ -60,7 +66,7 @@ def load_demo(*, engine: Engine, force: bool = False) -> dict[str, int]:
         counts["reviews"] = _apply_reviews(session, reviews) + cache_events
 
         note_report = import_notes(
-            session=session, records=notes.records, source="demo notes", reviewer=DEMO_AUTHOR
+            session=session, records=notes.records, source="demo notes", reviewer=system_actor(DEMO_AUTHOR)
         )
         counts["notes"] = note_report.inserted
         note_ids = _note_ids(session, notes.records)

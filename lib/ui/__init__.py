@@ -7,17 +7,19 @@ visible table can be downloaded as CSV.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import unquote
 
 import pandas as pd
 import streamlit as st
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-from lib import db
+from lib import auth, db
 from lib.config import get_settings
 from lib.safe_markdown import escape_markdown
 
@@ -29,6 +31,8 @@ REVIEWER_KEY = "sidebar_reviewer"
 @st.cache_resource(show_spinner="Preparing the database…")
 def _engine_for(url: str, load_demo: bool) -> Engine:
     engine = db.init_db(url)
+    with db.session_scope(engine) as session:
+        auth.bootstrap_admins(session=session)
     if load_demo:
         from lib.demo import load_demo as _load
 
@@ -51,39 +55,159 @@ def session_scope(*, read_only: bool = False) -> Iterator[Session]:
         yield session
 
 
-def current_reviewer() -> str | None:
-    """Who is acting: the signed-in user when Streamlit auth is configured, else the sidebar name."""
+# ---------------------------------------------------------------------------------------------
+# Identity: who is acting, in open mode (a name kept in a cookie) or sign-in mode (st.login)
+
+REVIEWER_COOKIE = "overrule_reviewer"
+_SAVED_KEY = "sidebar_reviewer_saved"
+_SIGNED_IN_KEY = "auth_signed_in_recorded"
+
+
+def _signed_in_identity() -> str | None:
+    """The provider's stable identity of the signed-in user (e-mail, else `sub`), or None."""
     try:
         user = st.user
-        if getattr(user, "is_logged_in", False):
-            name = user.get("email") or user.get("name")
-            if name:
-                return str(name)
+        if not user.get("is_logged_in", False):
+            return None
+        identity = user.get("email") or user.get("sub")
     except Exception:  # st.user raises when authentication is not configured
         log.debug("st.user unavailable", exc_info=True)
-    name = str(st.session_state.get(REVIEWER_KEY, "") or "").strip()
-    return name or None
+        return None
+    return auth.normalize_identity(str(identity)) if identity else None
+
+
+def current_actor() -> auth.Actor | None:
+    """Who is acting in this browser: the signed-in user with their role, or open mode's typed name."""
+    if auth.open_mode():
+        name = str(st.session_state.get(REVIEWER_KEY, "") or "").strip()
+        return auth.Actor(identity=name, role="admin", kind="open") if name else None
+    identity = _signed_in_identity()
+    if identity is None:
+        return None
+    with session_scope(read_only=True) as session:
+        return auth.Actor(identity=identity, role=auth.role_of(session, identity), kind="user")
+
+
+def current_reviewer() -> str | None:
+    """The acting identity as recorded on rows (None when nobody is named or signed in)."""
+    actor = current_actor()
+    return actor.identity if actor else None
+
+
+def denied_reason(permission: auth.Permission, actor: auth.Actor | None = None) -> str | None:
+    """Why this browser cannot do `permission` (for a disabled button's help), or None when it can."""
+    actor = actor or current_actor()
+    if actor is None:
+        return "Sign in first." if not auth.open_mode() else "Enter your name in the sidebar first."
+    return None if actor.can(permission) else auth.denial_message(actor, permission)
+
+
+def require_reviewer(
+    action: str = "make changes", permission: auth.Permission = auth.Permission.REVIEW
+) -> auth.Actor | None:
+    """The acting user when their role allows `permission`, or None after saying why not."""
+    actor = current_actor()
+    if actor is None:
+        where = "Enter your name in the sidebar" if auth.open_mode() else "Sign in"
+        st.warning(f"{where} to {action}.", icon="👤")
+        return None
+    if not actor.can(permission):
+        st.warning(auth.denial_message(actor, permission), icon="🔒")
+        return None
+    return actor
+
+
+def audit_denied(exc: auth.PermissionDenied) -> str:
+    """Append a refused attempt to the audit trail (after its write rolled back); the message to show."""
+    with session_scope() as session:
+        auth.record_denied(session=session, exc=exc)
+    return f"Not allowed, nothing was changed: {exc}"
+
+
+def report_denied(exc: auth.PermissionDenied) -> None:
+    """Audit a refused attempt and say so on the page."""
+    st.error(escape_markdown(audit_denied(exc)), icon="🔒")
+
+
+def _restore_name_from_cookie() -> None:
+    """Open mode: the name typed once in this browser comes back on reloads, deep links and new tabs."""
+    if REVIEWER_KEY in st.session_state:
+        return
+    raw = st.context.cookies.get(REVIEWER_COOKIE)
+    name = unquote(raw).strip()[:200] if isinstance(raw, str) else ""  # AppTest hands out mocks
+    st.session_state[REVIEWER_KEY] = name
+    st.session_state[_SAVED_KEY] = name
+
+
+def _save_name_cookie(name: str) -> None:
+    """Store the typed name in a first-party cookie (one year), so the server sees it on every visit."""
+    if st.session_state.get(_SAVED_KEY) == name:
+        return
+    st.session_state[_SAVED_KEY] = name
+    # JSON-encoded, with <, > and & escaped, so no name can end the script element.
+    value = json.dumps(name).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    age = 365 * 24 * 3600 if name else 0
+    st.html(
+        f"<script>document.cookie = '{REVIEWER_COOKIE}=' + encodeURIComponent({value}) + "
+        f"'; path=/; max-age={age}; SameSite=Lax';</script>",
+        unsafe_allow_javascript=True,
+    )
+
+
+def sign_in_gate() -> None:
+    """Sign-in mode: show only the sign-in screen until the provider has signed the user in."""
+    if auth.open_mode():
+        _restore_name_from_cookie()
+        return
+    if not _auth_configured():
+        st.error(
+            "Sign-in mode (OVERRULE_AUTH_MODE=signin) needs an [auth] section in .streamlit/secrets.toml "
+            "with redirect_uri, cookie_secret, client_id, client_secret and server_metadata_url. "
+            'See the README, section "Sign-in and roles".'
+        )
+        st.stop()
+    identity = _signed_in_identity()
+    if identity is None:
+        st.title("Overrule")
+        st.write("Sign in to continue.")
+        st.button("Sign in", key="auth_sign_in", type="primary", on_click=st.login, icon="🔑")
+        st.stop()
+    if not st.session_state.get(_SIGNED_IN_KEY):
+        issued = st.user.get("iat")
+        with session_scope() as session:
+            auth.record_sign_in(session=session, identity=identity, issued_at=str(issued) if issued else None)
+        st.session_state[_SIGNED_IN_KEY] = True
+
+
+def _auth_configured() -> bool:
+    try:
+        return "auth" in st.secrets
+    except Exception:  # no secrets file at all
+        log.debug("no secrets", exc_info=True)
+        return False
 
 
 def reviewer_sidebar() -> None:
-    """The sidebar field asking for the reviewer's name once per browser session."""
+    """The sidebar identity: open mode asks for a name once per browser; sign-in mode shows the user."""
     with st.sidebar:
-        st.text_input(
-            "Your name (recorded with every change)",
-            key=REVIEWER_KEY,
-            placeholder="e.g. ayse",
-            max_chars=200,
-        )
-        if not current_reviewer():
-            st.caption("Enter your name to review, add notes or import data.")
-
-
-def require_reviewer(action: str = "make changes") -> str | None:
-    """The reviewer's name, or None after telling the user to enter it first."""
-    name = current_reviewer()
-    if not name:
-        st.warning(f"Enter your name in the sidebar to {action}.", icon="👤")
-    return name
+        if auth.open_mode():
+            _restore_name_from_cookie()
+            st.text_input(
+                "Your name (recorded with every change)",
+                key=REVIEWER_KEY,
+                placeholder="e.g. ayse",
+                max_chars=200,
+            )
+            name = str(st.session_state.get(REVIEWER_KEY, "") or "").strip()
+            _save_name_cookie(name)
+            if not name:
+                st.caption("Enter your name to review, add notes or import data.")
+            st.caption("⚠️ Open mode: anyone who can reach this server can act as anyone.")
+            return
+        actor = current_actor()
+        if actor is not None:
+            st.markdown(f"Signed in as **{escape_markdown(actor.identity)}** · role `{actor.role}`")
+            st.button("Sign out", key="auth_sign_out", on_click=st.logout, icon="🚪")
 
 
 def csv_download(frame: pd.DataFrame, filename: str, *, key: str, label: str = "Download CSV") -> None:

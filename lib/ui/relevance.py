@@ -9,14 +9,24 @@ from __future__ import annotations
 import streamlit as st
 
 from lib import relevance
+from lib.auth import Permission, PermissionDenied
 from lib.safe_markdown import escape_markdown
-from lib.ui import current_reviewer, flash, require_reviewer, session_scope, show_flash
+from lib.ui import (
+    audit_denied,
+    current_actor,
+    current_reviewer,
+    denied_reason,
+    flash,
+    require_reviewer,
+    session_scope,
+    show_flash,
+)
 
 _VOTE_ICON = {"useful": "👍", "not useful": "👎"}
 
 
 def _vote(key: str, audit_session_id: str, note_id: int, useful: bool) -> None:
-    reviewer = current_reviewer()
+    reviewer = current_actor()
     if not reviewer:
         flash(f"{key}_flash", "error", "Enter your name in the sidebar to score notes.")
         return
@@ -25,6 +35,9 @@ def _vote(key: str, audit_session_id: str, note_id: int, useful: bool) -> None:
             update = relevance.record_feedback(
                 session, audit_session_id=audit_session_id, note_id=note_id, useful=useful, reviewer=reviewer
             )
+    except PermissionDenied as exc:
+        flash(f"{key}_flash", "error", audit_denied(exc))
+        return
     except (relevance.AlreadyRated, relevance.UnknownNote, LookupError, ValueError) as exc:
         flash(f"{key}_flash", "error", str(exc))
         return
@@ -54,7 +67,10 @@ def shown_notes_feedback(snapshot_id: str, *, key: str = "relevance_feedback") -
         "run's tags (weight 2.0): " + escape_markdown(", ".join(shown[0].env_tags))
     )
     if reviewer is None:
-        require_reviewer("score notes")
+        require_reviewer("score notes", Permission.FEEDBACK)
+    denied = denied_reason(Permission.FEEDBACK) if reviewer else None
+    if denied:
+        st.caption(f"🔒 {escape_markdown(denied)}")
     for item in shown:
         cols = st.columns([6, 1, 1])
         if item.note is None:
@@ -72,21 +88,21 @@ def shown_notes_feedback(snapshot_id: str, *, key: str = "relevance_feedback") -
         cols[1].button(
             "👍 Useful",
             key=f"{base}_useful",
-            disabled=reviewer is None,
+            disabled=reviewer is None or denied is not None,
             on_click=_vote,
             args=(key, item.audit_session_id, item.note_id, True),
         )
         cols[2].button(
             "👎 Not useful",
             key=f"{base}_not_useful",
-            disabled=reviewer is None,
+            disabled=reviewer is None or denied is not None,
             on_click=_vote,
             args=(key, item.audit_session_id, item.note_id, False),
         )
 
 
 def _pin(key: str, pinned: bool) -> None:
-    reviewer = current_reviewer()
+    reviewer = current_actor()
     note_id = st.session_state.get(f"{key}_note")
     if not reviewer:
         flash(f"{key}_flash", "error", "Enter your name in the sidebar to pin or unpin notes.")
@@ -97,6 +113,9 @@ def _pin(key: str, pinned: bool) -> None:
     try:
         with session_scope() as session:
             relevance.set_manual_pin(session, int(note_id), pinned, reviewer=reviewer)
+    except PermissionDenied as exc:
+        flash(f"{key}_flash", "error", audit_denied(exc))
+        return
     except (relevance.UnknownNote, ValueError) as exc:
         flash(f"{key}_flash", "error", str(exc))
         return
@@ -110,8 +129,9 @@ def manual_pin_controls(*, key: str = "relevance_pin") -> None:
     show_flash(f"{key}_flash")
     cols = st.columns([2, 1, 1])
     cols[0].number_input("Note id", min_value=1, step=1, value=None, key=f"{key}_note")
-    disabled = current_reviewer() is None
+    denied = denied_reason(Permission.NOTE)
+    disabled = denied is not None
     cols[1].button("📌 Pin", key=f"{key}_pin", on_click=_pin, args=(key, True), disabled=disabled)
     cols[2].button("Unpin", key=f"{key}_unpin", on_click=_pin, args=(key, False), disabled=disabled)
-    if disabled:
-        st.caption("Enter your name in the sidebar to pin or unpin notes.")
+    if denied:
+        st.caption(f"🔒 {escape_markdown(denied)}")

@@ -15,10 +15,11 @@ from typing import Any
 import streamlit as st
 
 from lib import corrections
+from lib.auth import Permission, PermissionDenied
 from lib.corrections import DecisionScale, InvalidDecision, JudgmentNotFound, MissingReviewer, ReviewConflict
 from lib.models import Judgment
 from lib.safe_markdown import escape_markdown
-from lib.ui import csv_download, current_reviewer, flash, session_scope, show_flash
+from lib.ui import audit_denied, csv_download, current_actor, denied_reason, flash, session_scope, show_flash
 
 CONFIRM_SHORTCUT = "Alt+Y"
 OVERRULE_SHORTCUT = "Alt+O"
@@ -36,7 +37,7 @@ def _submit(
     The rules (an overrule parses on the scale and differs from the judge) are `record_review`'s:
     this callback only passes the button's action and shows what it answers.
     """
-    reviewer = current_reviewer()
+    reviewer = current_actor()
     if not reviewer:
         flash(
             flash_key, "warning", "Enter your name in the sidebar first: every review records its reviewer."
@@ -64,6 +65,9 @@ def _submit(
     except ReviewConflict as exc:
         st.session_state[f"{key}_seen_version"] = exc.current.version
         flash(flash_key, "error", exc.describe())
+        return
+    except PermissionDenied as exc:
+        flash(flash_key, "error", audit_denied(exc))
         return
     except (InvalidDecision, MissingReviewer, JudgmentNotFound) as exc:
         flash(flash_key, "error", f"Not saved: {exc}")
@@ -156,10 +160,15 @@ def correction_form(
         else:
             st.selectbox("Your decision", scale.labels, index=scale.labels.index(default), key=f"{key}_value")
         st.text_area("Reason (required when overruling)", key=f"{key}_reason", height=80, max_chars=4000)
+        # Only a role can disable these; without a name the click explains what is missing.
+        denied = denied_reason(Permission.REVIEW) if current_actor() else None
+        if denied:
+            st.caption(f"🔒 {escape_markdown(denied)}")
         left, right = st.columns(2)
         with left:
             st.form_submit_button(
                 "Confirm judge",
+                disabled=denied is not None,
                 key=f"{key}_confirm",
                 on_click=_submit,
                 args=("confirm",),
@@ -170,6 +179,7 @@ def correction_form(
         with right:
             st.form_submit_button(
                 "Overrule",
+                disabled=denied is not None,
                 key=f"{key}_overrule",
                 type="primary",
                 on_click=_submit,

@@ -10,10 +10,11 @@ from __future__ import annotations
 import streamlit as st
 
 from lib import second_opinion
+from lib.auth import Permission
 from lib.inspector import MetricCard
 from lib.models import Judgment
 from lib.safe_markdown import escape_markdown
-from lib.ui import get_engine, llm_unavailable_message, require_reviewer
+from lib.ui import current_actor, denied_reason, get_engine, llm_unavailable_message, require_reviewer
 
 ACTION_ICONS = {"validated": "✅", "improved": "🔁", "questioned": "⚠️", "unchanged": "➖"}
 ACTION_TEXT = {
@@ -41,16 +42,18 @@ def second_opinion_panel(judgment: Judgment, *, key: str) -> None:
     label = (
         "Ask for a second opinion" if judgment.second_opinion_at is None else "Ask for a new second opinion"
     )
+    denied = denied_reason(Permission.SECOND_OPINION) if current_actor() else None
     clicked = st.button(
         label,
         key=key,
         icon="🧐",
-        disabled=unavailable is not None or judgment.id is None,
+        disabled=unavailable is not None or judgment.id is None or denied is not None,
         help=unavailable
+        or denied
         or "A second LLM checks this judgment against the answer and adjusts its confidence.",
     )
     if clicked and judgment.id is not None:
-        reviewer = require_reviewer("ask for a second opinion")
+        reviewer = require_reviewer("ask for a second opinion", Permission.SECOND_OPINION)
         if reviewer:
             with st.spinner("Asking the evaluation model…"):
                 st.session_state[result_key] = second_opinion.request_second_opinion(

@@ -58,12 +58,25 @@ def streamlit_args(
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the Overrule app with Streamlit's CLI in this process; options pass through."""
+    from streamlit import config
     from streamlit.runtime.pages_manager import PagesManager
     from streamlit.web import cli
 
     PagesManager.uses_pages_directory = False
+    config.on_config_parsed(_warn_if_open, force_connect=True)
     sys.argv = streamlit_args(sys.argv[1:] if argv is None else argv, os.environ, configured_address())
     cli.main()
+
+
+def _warn_if_open() -> None:
+    """Open mode on an address others can reach: say so at start, naming the setting for sign-in."""
+    from streamlit import config
+
+    from lib.auth import open_mode_warning
+
+    warning = open_mode_warning(config.get_option("server.address"))
+    if warning:
+        print(f"WARNING: {warning}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -39,7 +39,14 @@ def _free_port() -> int:
 class StreamlitServer:
     """A running `streamlit run app.py` on localhost."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, *, address: str | None = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_path: Path,
+        *,
+        address: str | None = "127.0.0.1",
+        args: Sequence[str] = (),
+    ) -> None:
         """`address=None` leaves the listening address to the launcher's default."""
         self.port = _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -58,6 +65,7 @@ class StreamlitServer:
                 "false",
                 "--server.fileWatcherType",
                 "none",
+                *args,
             ],
             cwd=ROOT,
             env=env,
@@ -94,10 +102,10 @@ def streamlit_app(tmp_path: Path) -> Iterator[Callable[..., StreamlitServer]]:
     """Start the app against a given database URL (and extra env); stopped after the test."""
     servers: list[StreamlitServer] = []
 
-    def _start(database_url: str, **extra_env: str) -> StreamlitServer:
+    def _start(database_url: str, *, args: Sequence[str] = (), **extra_env: str) -> StreamlitServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERRULE_", "OPENAI_"))}
         env.update({"OVERRULE_DATABASE_URL": database_url, "OVERRULE_LOAD_DEMO": "false", **extra_env})
-        server = StreamlitServer(env, tmp_path / f"streamlit-{len(servers)}.log")
+        server = StreamlitServer(env, tmp_path / f"streamlit-{len(servers)}.log", args=args)
         servers.append(server)
         return server
 

@@ -1,0 +1,378 @@
+"""Who may do what: actors, roles, the permission table, and the audit of access.
+
+Every write path in `lib` calls `authorize` (or `require`) first, so a role is enforced whether the
+write comes from a page, the CLI, an importer or (later) an API token; pages only disable buttons
+the same table says the role lacks. An `Actor` is whoever acts: a signed-in user, the name typed in
+open mode, the CLI/demo system actor, a judge run's agent, or an API token carrying a role.
+
+The one rule: an action needs a permission, a permission needs a minimum role, roles are ordered
+viewer < reviewer < lead < admin. `PERMISSIONS` below is the only copy of that table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+import pandas as pd
+from sqlalchemy import Engine
+from sqlmodel import Session, col, select
+
+from lib.config import get_settings
+from lib.models import AuditEvent, UserRole, utcnow
+
+ROLES: tuple[str, ...] = ("viewer", "reviewer", "lead", "admin")
+ActorKind = Literal["user", "open", "system", "agent", "token"]
+MAX_IDENTITY_CHARS = 320  # an e-mail address can be this long
+MAX_DETAIL_CHARS = 2000
+
+
+class Permission(StrEnum):
+    """An action the permission table knows; the value is what the audit trail records."""
+
+    READ = "read"
+    EXPORT = "export"
+    REVIEW = "review"  # confirm or overrule a judgment
+    NOTE = "note"  # add, pin or unpin a note
+    FEEDBACK = "feedback"  # expert feedback: "this note was (not) useful here"
+    COACH = "coach"
+    ARCHIVE = "archive"  # archive or restore an evaluation
+    IMPORT = "import"
+    SECOND_OPINION = "second_opinion"
+    JUDGE = "judge"  # judge runs, and the notes a run removes from its own session
+    REMOVE_SESSION_NOTES = "remove_session_notes"
+    CLEAR_CACHE = "clear_cache"
+    REMOVE_NOTES = "remove_notes"  # in bulk, across sessions
+    MANAGE_ROLES = "manage_roles"
+    MANAGE_TOKENS = "manage_tokens"
+
+
+# The permission table: the least role that may do each thing (higher roles inherit it).
+PERMISSIONS: dict[Permission, str] = {
+    Permission.READ: "viewer",
+    Permission.EXPORT: "viewer",
+    Permission.REVIEW: "reviewer",
+    Permission.NOTE: "reviewer",
+    Permission.FEEDBACK: "reviewer",
+    Permission.COACH: "reviewer",
+    Permission.ARCHIVE: "lead",
+    Permission.IMPORT: "lead",
+    Permission.SECOND_OPINION: "lead",
+    Permission.JUDGE: "lead",
+    Permission.REMOVE_SESSION_NOTES: "lead",
+    Permission.CLEAR_CACHE: "admin",
+    Permission.REMOVE_NOTES: "admin",
+    Permission.MANAGE_ROLES: "admin",
+    Permission.MANAGE_TOKENS: "admin",
+}
+
+# What the page says an action is, for "your role cannot …" messages.
+DESCRIPTIONS: dict[Permission, str] = {
+    Permission.READ: "read evaluations",
+    Permission.EXPORT: "export data",
+    Permission.REVIEW: "confirm or overrule judgments",
+    Permission.NOTE: "add or pin notes",
+    Permission.FEEDBACK: "give feedback on notes",
+    Permission.COACH: "chat with the coach",
+    Permission.ARCHIVE: "archive or restore evaluations",
+    Permission.IMPORT: "import data",
+    Permission.SECOND_OPINION: "ask for second opinions",
+    Permission.JUDGE: "run the judge",
+    Permission.REMOVE_SESSION_NOTES: "remove a session's notes",
+    Permission.CLEAR_CACHE: "clear a product's judgments",
+    Permission.REMOVE_NOTES: "remove notes in bulk",
+    Permission.MANAGE_ROLES: "manage roles",
+    Permission.MANAGE_TOKENS: "manage API tokens",
+}
+
+
+class PermissionDenied(PermissionError):
+    """The acting user's role does not allow the action; the message says which role would."""
+
+    def __init__(self, message: str, *, actor: Actor | None = None, permission: Permission | None = None):
+        super().__init__(message)
+        self.actor = actor
+        self.permission = permission
+
+
+class MissingIdentity(PermissionDenied, ValueError):
+    """No one is named as the actor: every change records who made it."""
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Whoever acts: an identity (email, sub, typed name, token name), its role and where it came from."""
+
+    identity: str
+    role: str
+    kind: ActorKind = "user"
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"unknown role {self.role!r}; roles are {', '.join(ROLES)}")
+
+    def __str__(self) -> str:
+        return self.identity  # what a message or a row shows for whoever acted
+
+    def can(self, permission: Permission) -> bool:
+        """True when this actor's role allows `permission`."""
+        return role_allows(self.role, permission)
+
+
+def role_allows(role: str, permission: Permission) -> bool:
+    """True when `role` is at least the role the permission table asks for."""
+    return role in ROLES and ROLES.index(role) >= ROLES.index(PERMISSIONS[Permission(permission)])
+
+
+def denial_message(actor: Actor, permission: Permission) -> str:
+    """Why `actor` may not do `permission`, naming the role that may."""
+    needed = PERMISSIONS[permission]
+    return (
+        f"{actor.identity} has the role '{actor.role}', which cannot {DESCRIPTIONS[permission]}: "
+        f"that needs the role '{needed}' or higher. Ask an admin to change your role."
+    )
+
+
+def require(actor: Actor, permission: Permission) -> Actor:
+    """The single check: return `actor` when its role allows `permission`, else raise PermissionDenied."""
+    if not actor.can(permission):
+        raise PermissionDenied(denial_message(actor, permission), actor=actor, permission=permission)
+    return actor
+
+
+def open_mode() -> bool:
+    """True when no sign-in is configured: the typed name is trusted and acts as admin."""
+    return get_settings().auth_mode == "open"
+
+
+def configured_admins() -> frozenset[str]:
+    """Identities named in OVERRULE_ADMINS (comma-separated), lower-cased like stored identities."""
+    return frozenset(normalize_identity(x) for x in get_settings().admins.split(",") if x.strip())
+
+
+def normalize_identity(identity: str) -> str:
+    """Identities compare case-insensitively (e-mail addresses do), without surrounding blanks."""
+    return identity.strip().lower()[:MAX_IDENTITY_CHARS]
+
+
+def identity_of(who: Actor | str | None) -> str:
+    """The name a write records for `who` ('' when nobody is named)."""
+    if isinstance(who, Actor):
+        return who.identity
+    return (who or "").strip()
+
+
+def role_of(session: Session, identity: str) -> str:
+    """A signed-in identity's role: its row, else admin when listed in OVERRULE_ADMINS, else the default."""
+    key = normalize_identity(identity)
+    row = session.get(UserRole, key)
+    if row is not None:
+        return row.role
+    if key in configured_admins():
+        return "admin"
+    return get_settings().default_role
+
+
+def removal_permission(who: Actor | str | None, *, one_session: bool) -> Permission:
+    """Removing one session's notes, or a judge run's own CLEAR_NOTES (seed 000, applied inside a
+    lead's run by its agent), needs `lead`; any other removal across sessions is the admin's bulk one."""
+    if one_session or (isinstance(who, Actor) and who.kind == "agent"):
+        return Permission.REMOVE_SESSION_NOTES
+    return Permission.REMOVE_NOTES
+
+
+def system_actor(identity: str | None = None) -> Actor:
+    """The CLI and the demo loader: whoever can run them already holds the database, so admin."""
+    return Actor(
+        identity=(identity or "").strip() or get_settings().system_identity, role="admin", kind="system"
+    )
+
+
+def agent_actor(identity: str) -> Actor:
+    """A judge run's own writes (its notes); runs need `lead`, so their agent acts as lead."""
+    return Actor(identity=identity, role="lead", kind="agent")
+
+
+def resolve(bind: Session | Engine | None, who: Actor | str | None) -> Actor:
+    """The actor for `who`: an Actor as given; a name is admin in open mode, else its role row."""
+    if isinstance(who, Actor):
+        return who
+    name = identity_of(who)
+    if open_mode():
+        # Open mode trusts whatever name is given, even none (the seed APIs allow anonymous notes).
+        return Actor(identity=name, role="admin", kind="open")
+    if not name:
+        raise MissingIdentity("a reviewer must be named: every change records who made it")
+    if bind is None:
+        raise MissingIdentity(f"cannot look up the role of {name!r} without a database")
+    if isinstance(bind, Session):
+        return Actor(identity=name, role=role_of(bind, name), kind="user")
+    with Session(bind) as session:
+        return Actor(identity=name, role=role_of(session, name), kind="user")
+
+
+def authorize(bind: Session | Engine | None, who: Actor | str | None, permission: Permission) -> Actor:
+    """Resolve `who` and require `permission`: the first line of every write path in lib."""
+    return require(resolve(bind, who), permission)
+
+
+# --------------------------------------------------------------------------------------------
+# Roles
+
+
+def set_role(*, session: Session, actor: Actor | str, identity: str, role: str) -> UserRole:
+    """Give `identity` a role (admin only); the change is audited with the previous role."""
+    admin = authorize(session, actor, Permission.MANAGE_ROLES)
+    key = normalize_identity(identity)
+    if not key:
+        raise ValueError("name the identity (e-mail or sub) whose role to set")
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+    row = session.get(UserRole, key)
+    before = row.role if row is not None else f"{role_of(session, key)} (no row)"
+    if row is None:
+        row = UserRole(identity=key, role=role, updated_by=admin.identity)
+    else:
+        row.role, row.updated_by, row.updated_at = role, admin.identity, utcnow()
+    session.add(row)
+    record_event(
+        session=session, identity=admin.identity, action="role_change", detail=f"{key}: {before} -> {role}"
+    )
+    session.flush()
+    return row
+
+
+def remove_role(*, session: Session, actor: Actor | str, identity: str) -> bool:
+    """Delete a role row (admin only) so the identity falls back to the default role."""
+    admin = authorize(session, actor, Permission.MANAGE_ROLES)
+    key = normalize_identity(identity)
+    row = session.get(UserRole, key)
+    if row is None:
+        return False
+    session.delete(row)
+    record_event(
+        session=session,
+        identity=admin.identity,
+        action="role_change",
+        detail=f"{key}: {row.role} -> {role_of_default(key)} (row removed)",
+    )
+    session.flush()
+    return True
+
+
+def role_of_default(identity: str) -> str:
+    """The role an identity has without a row: admin when listed in OVERRULE_ADMINS, else the default."""
+    return "admin" if normalize_identity(identity) in configured_admins() else get_settings().default_role
+
+
+def bootstrap_admins(*, session: Session) -> int:
+    """Give every OVERRULE_ADMINS identity without a row an admin row; returns how many were added."""
+    added = 0
+    for key in sorted(configured_admins()):
+        if session.get(UserRole, key) is None:
+            session.add(UserRole(identity=key, role="admin", updated_by="OVERRULE_ADMINS"))
+            record_event(
+                session=session, identity=key, action="role_change", detail=f"{key}: admin (OVERRULE_ADMINS)"
+            )
+            added += 1
+    session.flush()
+    return added
+
+
+def list_roles(*, session: Session) -> list[UserRole]:
+    """Every role row, by identity."""
+    return list(session.exec(select(UserRole).order_by(col(UserRole.identity))).all())
+
+
+def roles_frame(rows: Sequence[UserRole]) -> pd.DataFrame:
+    """Role rows as a table for the admin page."""
+    return pd.DataFrame(
+        [
+            {"identity": r.identity, "role": r.role, "updated_by": r.updated_by, "updated_at": r.updated_at}
+            for r in rows
+        ],
+        columns=["identity", "role", "updated_by", "updated_at"],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Audit
+
+
+def record_event(*, session: Session, identity: str, action: str, detail: str = "") -> AuditEvent:
+    """Append one access event (sign-in, role change, denied attempt) to the audit trail."""
+    event = AuditEvent(
+        identity=(identity or "unknown")[:MAX_IDENTITY_CHARS],
+        action=action[:32],
+        detail=detail[:MAX_DETAIL_CHARS],
+    )
+    session.add(event)
+    return event
+
+
+def record_sign_in(*, session: Session, identity: str, issued_at: str | None = None) -> bool:
+    """Audit a sign-in once per token (the same token seen by another tab is not a new sign-in)."""
+    detail = f"token issued at {issued_at}" if issued_at else "signed in"
+    if issued_at:
+        seen = session.exec(
+            select(AuditEvent.id).where(
+                col(AuditEvent.action) == "sign_in",
+                col(AuditEvent.identity) == identity[:MAX_IDENTITY_CHARS],
+                col(AuditEvent.detail) == detail,
+            )
+        ).first()
+        if seen is not None:
+            return False
+    record_event(session=session, identity=identity, action="sign_in", detail=detail)
+    return True
+
+
+def record_denied(*, session: Session, exc: PermissionDenied) -> AuditEvent:
+    """Audit a refused attempt; call it after the refused transaction rolled back (it commits apart)."""
+    identity = exc.actor.identity if exc.actor is not None else "anonymous"
+    permission = f"{exc.permission.value}: " if exc.permission is not None else ""
+    return record_event(session=session, identity=identity, action="denied", detail=f"{permission}{exc}")
+
+
+def list_events(*, session: Session, limit: int = 1000, action: str | None = None) -> list[AuditEvent]:
+    """The newest audit events first."""
+    stmt = select(AuditEvent).order_by(col(AuditEvent.at).desc(), col(AuditEvent.id).desc()).limit(limit)
+    if action:
+        stmt = stmt.where(col(AuditEvent.action) == action)
+    return list(session.exec(stmt).all())
+
+
+def events_frame(events: Sequence[AuditEvent]) -> pd.DataFrame:
+    """Audit events as a table (and CSV) for the admin page."""
+    return pd.DataFrame(
+        [{"at": e.at, "identity": e.identity, "action": e.action, "detail": e.detail} for e in events],
+        columns=["at", "identity", "action", "detail"],
+    )
+
+
+def permissions_frame() -> pd.DataFrame:
+    """The permission table as the admin page shows it: one row per action, one column per role."""
+    return pd.DataFrame(
+        [{"action": DESCRIPTIONS[p], **{r: role_allows(r, p) for r in ROLES}} for p in Permission],
+        columns=["action", *ROLES],
+    )
+
+
+def is_loopback(address: str | None) -> bool:
+    """True for addresses only this machine can reach (an empty address means every interface)."""
+    host = (address or "").strip().strip("[]").lower()
+    return host in {"localhost", "::1"} or host.startswith("127.")
+
+
+def open_mode_warning(address: str | None) -> str | None:
+    """The start-up warning for open mode on a reachable address, naming the setting that fixes it."""
+    if not open_mode() or is_loopback(address):
+        return None
+    where = address or "every network interface"
+    return (
+        f"Overrule is in open mode on {where}: anyone who can reach this server can act as anyone, "
+        "including as admin. Set OVERRULE_AUTH_MODE=signin (with an [auth] section in "
+        ".streamlit/secrets.toml) to require sign-in, or bind 127.0.0.1."
+    )

@@ -1,0 +1,207 @@
+"""Identity in a real browser (issue 12): open mode keeps the typed name across reloads, deep links
+and new tabs; sign-in mode with a real OpenID Connect provider shows nothing before sign-in and
+enforces roles."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from sqlmodel import select
+
+from lib.db import init_db, session_scope
+from lib.models import AuditEvent, EvaluationSnapshot, Judgment, UserRole
+
+pytestmark = pytest.mark.browser
+
+NAME_LABEL = "Your name (recorded with every change)"
+
+
+def seed(url: str, metrics: tuple[str, ...] = ("clarity",)) -> int:
+    """One evaluation with a judgment per metric to confirm; returns the first judgment's id."""
+    engine = init_db(url)
+    with session_scope(engine) as s:
+        s.add(
+            EvaluationSnapshot(
+                id="snap_who",
+                question="Which river flows through Vienna?",
+                model_answer="The Danube flows through Vienna.",
+                product="acme",
+                user_scores_json={"clarity": {"score": 4}},
+            )
+        )
+        s.flush()
+        ids = []
+        for metric in metrics:
+            judgment = Judgment(
+                change_id=f"snap_who:{metric}",
+                product="acme",
+                metric=metric,
+                snapshot_id="snap_who",
+                decision="4",
+            )
+            s.add(judgment)
+            s.flush()
+            assert judgment.id is not None
+            ids.append(judgment.id)
+        judgment_id = ids[0]
+    engine.dispose()
+    return judgment_id
+
+
+def stored_review(url: str, judgment_id: int) -> tuple[str | None, str | None]:
+    engine = init_db(url)
+    with session_scope(engine, read_only=True) as s:
+        j = s.get(Judgment, judgment_id)
+        assert j is not None
+        result = (j.user_decision, j.reviewer)
+    engine.dispose()
+    return result
+
+
+def test_open_mode_name_survives_reload_deep_link_and_new_tab(streamlit_app, page, tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'open.db'}"
+    judgment_id = seed(url)
+    server = streamlit_app(url)
+    try:
+        page.goto(server.base_url)
+        name = page.get_by_label(NAME_LABEL)
+        name.wait_for(timeout=30_000)
+        page.get_by_text("Open mode: anyone who can reach this server can act as anyone").wait_for()
+        name.fill("ayse")
+        name.press("Enter")
+        page.get_by_text("Enter your name to review").wait_for(state="hidden", timeout=30_000)
+        page.wait_for_function("document.cookie.includes('overrule_reviewer=ayse')", timeout=30_000)
+
+        page.reload()
+        page.get_by_label(NAME_LABEL).wait_for(timeout=30_000)
+        page.wait_for_function(
+            "[...document.querySelectorAll('input')].some(i => i.value === 'ayse')", timeout=30_000
+        )
+
+        tab = page.context.new_page()
+        tab.goto(f"{server.base_url}/review")
+        tab.get_by_text("Evaluation snap_who").first.wait_for(timeout=30_000)
+        tab.wait_for_function(
+            "[...document.querySelectorAll('input')].some(i => i.value === 'ayse')", timeout=30_000
+        )
+        tab.get_by_role("button", name=re.compile(r"^Confirm judge")).click()
+        tab.get_by_text("Nothing left to review with these filters").wait_for(timeout=30_000)
+    except Exception:
+        for i, p in enumerate(page.context.pages):
+            p.screenshot(path=str(tmp_path / f"open_mode_failure_{i}.png"), full_page=True)
+        print("streamlit log:", server.log_path.read_text()[-3000:])
+        raise
+    assert stored_review(url, judgment_id) == ("4", "ayse")
+
+
+# --------------------------------------------------------------------------------------------
+# Sign-in mode with a real OpenID Connect provider (oidc-provider-mock on 127.0.0.1)
+
+SECRET_TEXT = "Danube"  # in the evaluation: must never reach a browser that has not signed in
+
+
+@pytest.fixture
+def oidc_provider():
+    from oidc_provider_mock import run_server_in_thread
+
+    with run_server_in_thread(port=0) as server:
+        yield f"http://127.0.0.1:{server.server_port}"
+
+
+def signin_server(streamlit_app, tmp_path, provider: str, url: str):
+    secrets = tmp_path / "secrets.toml"
+    secrets.write_text(
+        "[auth]\n"
+        'redirect_uri = "http://127.0.0.1:{port}/oauth2callback"\n'
+        'cookie_secret = "a-test-cookie-secret-of-enough-length-0123456789"\n'
+        'client_id = "overrule"\n'
+        'client_secret = "overrule-secret"\n'
+        f'server_metadata_url = "{provider}/.well-known/openid-configuration"\n'
+    )
+    return streamlit_app(
+        url,
+        args=["--secrets.files", str(secrets)],
+        OVERRULE_AUTH_MODE="signin",
+        OVERRULE_ADMINS="root@example.com",
+    )
+
+
+def sign_in(page, base_url: str, identity: str) -> None:
+    """Through the provider's own form: the `sub` typed there becomes the e-mail claim too."""
+    page.goto(base_url)
+    page.get_by_role("button", name=re.compile("Sign in")).click()
+    page.locator("input[name=sub]").fill(identity)
+    page.get_by_role("button", name="Authorize").click()
+    page.get_by_text(f"Signed in as {identity}").wait_for(timeout=30_000)
+
+
+def test_signed_out_browser_sees_the_sign_in_screen_only(
+    streamlit_app, page, tmp_path, oidc_provider
+) -> None:
+    url = f"sqlite:///{tmp_path / 'signin.db'}"
+    seed(url)
+    server = signin_server(streamlit_app, tmp_path, oidc_provider, url)
+    for path in ("", "/evaluations?snapshot=snap_who", "/review", "/corrections", "/admin"):
+        page.goto(f"{server.base_url}{path}")
+        page.get_by_role("button", name=re.compile("Sign in")).wait_for(timeout=30_000)
+        page.wait_for_timeout(1500)  # let any late rerun draw whatever it would draw
+        body = page.locator("body").inner_text()
+        assert SECRET_TEXT not in body and "snap_who" not in body, path
+        assert "Download" not in body and "reviewed" not in body, path
+        assert page.get_by_test_id("stSidebarNav").count() == 0, path
+
+
+def test_two_users_sign_in_and_roles_are_enforced(streamlit_app, browser, tmp_path, oidc_provider) -> None:
+    url = f"sqlite:///{tmp_path / 'signin.db'}"
+    first, second = seed(url, metrics=("clarity", "accuracy")), None
+    engine = init_db(url)
+    with session_scope(engine) as s:
+        s.add(UserRole(identity="bob@example.com", role="reviewer", updated_by="test"))
+        second = s.exec(select(Judgment.id).where(Judgment.id != first)).one()
+    server = signin_server(streamlit_app, tmp_path, oidc_provider, url)
+    viewer = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    reviewer = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    try:
+        # A viewer (no role row: OVERRULE_DEFAULT_ROLE) reads, and is told why it cannot confirm.
+        sign_in(viewer, server.base_url, "alice@example.com")
+        viewer.get_by_text("role viewer").first.wait_for()
+        viewer.get_by_role("button", name="Sign out").wait_for()
+        viewer.goto(f"{server.base_url}/review")
+        viewer.get_by_text("Evaluation snap_who").first.wait_for(timeout=30_000)
+        viewer.get_by_text("which cannot confirm or overrule judgments").first.wait_for()
+        buttons = viewer.get_by_role("button", name=re.compile(r"^Confirm judge"))
+        assert buttons.count() >= 1 and all(b.is_disabled() for b in buttons.all())
+
+        # A reviewer confirms one judgment: the row records the provider's identity.
+        sign_in(reviewer, server.base_url, "bob@example.com")
+        reviewer.get_by_text("role reviewer").first.wait_for()
+        reviewer.goto(f"{server.base_url}/review")
+        reviewer.get_by_text("0 of 2 reviewed").first.wait_for(timeout=30_000)
+        reviewer.get_by_role("button", name=re.compile(r"^Confirm judge")).first.click()
+        reviewer.get_by_text("1 of 2 reviewed").first.wait_for(timeout=30_000)
+        assert stored_review(url, first) == ("4", "bob@example.com")
+
+        # An admin demotes bob while his page is open: lib refuses the next write, says so, audits it.
+        with session_scope(engine) as s:
+            s.get(UserRole, "bob@example.com").role = "viewer"  # type: ignore[union-attr]
+        reviewer.get_by_role("button", name=re.compile(r"^Confirm judge")).first.click()
+        reviewer.get_by_text("Not allowed, nothing was changed").first.wait_for(timeout=30_000)
+        assert stored_review(url, second) == (None, None)
+
+        # The row bob wrote shows his identity on the evaluation's page.
+        reviewer.goto(f"{server.base_url}/evaluations?snapshot=snap_who")
+        reviewer.get_by_text("Confirmed by bob@example.com").first.wait_for(state="attached", timeout=30_000)
+    except Exception:
+        for name, p in (("viewer", viewer), ("reviewer", reviewer)):
+            p.screenshot(path=str(tmp_path / f"signin_{name}.png"), full_page=True)
+        print("streamlit log:", server.log_path.read_text()[-3000:])
+        raise
+    with session_scope(engine, read_only=True) as s:
+        events = {(e.identity, e.action) for e in s.exec(select(AuditEvent)).all()}
+    engine.dispose()
+    assert {
+        ("alice@example.com", "sign_in"),
+        ("bob@example.com", "sign_in"),
+        ("bob@example.com", "denied"),
+    } <= events

@@ -1,0 +1,110 @@
+"""Admin page and the sign-in gate under AppTest (issue 12): roles managed and audited, the page
+closed to other roles, and nothing of the app drawn before sign-in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+from sqlmodel import Session, select
+from streamlit.testing.v1 import AppTest
+
+from lib.config import reset_settings
+from lib.models import AuditEvent, EvaluationSnapshot, UserRole
+from lib.safe_markdown import escape_markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = "pages/admin.py"
+AUTH = {
+    "redirect_uri": "http://localhost:8501/oauth2callback",
+    "cookie_secret": "test-cookie-secret",
+    "client_id": "overrule",
+    "client_secret": "s",
+    "server_metadata_url": "http://127.0.0.1:9/.well-known/openid-configuration",
+}
+
+
+def signin_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OVERRULE_AUTH_MODE", "signin")
+    monkeypatch.setenv("OVERRULE_ADMINS", "root@example.com")
+    reset_settings()
+
+
+def as_user(path: str, email: str | None) -> AppTest:
+    at = AppTest.from_file(str(ROOT / path), default_timeout=30)
+    at.secrets["auth"] = AUTH
+    at.user = {"is_logged_in": True, "email": email} if email else {"is_logged_in": False}
+    return at.run()
+
+
+def test_open_mode_admin_sets_a_role_and_the_change_is_audited(app_engine: Engine, open_page) -> None:
+    at = open_page(PAGE, reviewer="ayse")
+    assert any("Open mode" in w.value for w in at.warning)
+    at.text_input(key="admin_role_identity").set_value("Bob@Example.com")
+    at.selectbox(key="admin_role_role").set_value("lead")
+    at.button(key="admin_role_set").click().run()
+    with Session(app_engine) as s:
+        row = s.get(UserRole, "bob@example.com")
+        event = s.exec(select(AuditEvent)).one()
+    assert row is not None and (row.role, row.updated_by) == ("lead", "ayse")
+    assert (event.identity, event.action, event.detail) == (
+        "ayse",
+        "role_change",
+        "bob@example.com: viewer (no row) -> lead",
+    )
+    assert at.dataframe[-1].value["action"].tolist() == ["role_change"]  # the audit trail, last on the page
+    assert at.get("download_button")
+    assert not at.exception
+
+
+def test_the_admin_page_is_closed_to_other_roles(app_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    signin_mode(monkeypatch)
+    at = as_user(PAGE, "viewer@example.com")
+    assert any("Only admins" in i.value and "'viewer'" in i.value for i in at.info)
+    assert not at.dataframe
+    assert not at.exception
+
+
+def test_a_configured_admin_manages_roles_in_signin_mode(
+    app_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    signin_mode(monkeypatch)
+    at = as_user(PAGE, "root@example.com")
+    at.text_input(key="admin_role_identity").set_value("rev@example.com")
+    at.selectbox(key="admin_role_role").set_value("reviewer")
+    at.button(key="admin_role_set").click().run()
+    with Session(app_engine) as s:
+        assert s.get(UserRole, "rev@example.com").role == "reviewer"  # type: ignore[union-attr]
+    assert not at.exception
+
+
+def test_signed_out_the_app_draws_only_the_sign_in_screen(
+    app_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    signin_mode(monkeypatch)
+    with Session(app_engine) as s:
+        s.add(EvaluationSnapshot(id="snap_x", question="Secret question", model_answer="Secret", product="p"))
+        s.commit()
+    at = as_user("app.py", None)
+    assert at.button(key="auth_sign_in")
+    drawn = " ".join(str(e.value) for e in (*at.markdown, *at.title, *at.caption, *at.metric))
+    assert "Secret" not in drawn and "snap_x" not in drawn
+    assert not at.sidebar.text_input and not at.dataframe
+    assert not at.exception
+
+
+def test_signed_in_the_sidebar_shows_the_identity_and_the_sign_in_is_audited(
+    app_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    signin_mode(monkeypatch)
+    at = as_user("app.py", "Root@Example.com")
+    shown = f"Signed in as **{escape_markdown('root@example.com')}** · role `admin`"
+    assert any(shown in m.value for m in at.sidebar.markdown)
+    assert at.sidebar.button(key="auth_sign_out")
+    with Session(app_engine) as s:
+        events = s.exec(select(AuditEvent)).all()
+    assert [(e.identity, e.action) for e in events if e.action == "sign_in"] == [
+        ("root@example.com", "sign_in")
+    ]
+    assert not at.exception
