@@ -341,7 +341,7 @@ def _cmd_align(args: argparse.Namespace) -> int:
                 start=date.fromisoformat(args.since) if args.since else None,
                 end=date.fromisoformat(args.until) if args.until else None,
                 edited_rubric=_edited_rubric(args.rubric_file),
-                created_by=args.reviewer,
+                created_by=system_actor(args.reviewer),
             )
             with session_scope(engine, read_only=True) as session:
                 found = alignment.find_unfinished(session, spec)

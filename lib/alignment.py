@@ -39,6 +39,7 @@ from sqlalchemy import Engine, func
 from sqlmodel import Session, col, select
 
 from lib import analytics, llm
+from lib.auth import Actor, Permission, authorize
 from lib.config import Settings, get_settings
 from lib.corrections import parse_score
 from lib.db import session_scope
@@ -89,7 +90,7 @@ class ExperimentSpec:
     end: date | None = None  # inclusive
     edited_rubric: dict[str, str] = field(default_factory=dict)
     name: str = ""
-    created_by: str | None = None
+    created_by: Actor | str | None = None
 
 
 def parse_arms(text: str) -> tuple[str, ...]:
@@ -182,6 +183,7 @@ def stratified_sample(metrics: Sequence[str], size: int, seed: int) -> list[int]
 def create_experiment(engine: Engine, spec: ExperimentSpec) -> int:
     """Sample, then write the experiment, its items and one pending call per arm and evaluation."""
     with session_scope(engine) as session:
+        created_by = authorize(session, spec.created_by, Permission.JUDGE).identity or None
         _check_spec(session, spec)
         pool = reviewed_pool(session, spec)
         if not pool:
@@ -202,7 +204,7 @@ def create_experiment(engine: Engine, spec: ExperimentSpec) -> int:
             arms=list(spec.arms),
             edited_rubric=dict(spec.edited_rubric),
             judge_model=get_settings().judge_model,
-            created_by=spec.created_by,
+            created_by=created_by,
         )
         session.add(experiment)
         session.flush()

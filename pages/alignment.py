@@ -4,6 +4,7 @@ import streamlit as st
 
 from lib import alignment, corrections
 from lib.alignment_charts import MEASURE_TITLES, comparison_figure
+from lib.auth import Permission
 from lib.ui import (
     csv_download,
     flash,
@@ -43,7 +44,7 @@ with st.expander("Start an experiment", expanded=experiments.empty):
         format_func=lambda arm: f"{arm}: {alignment.ARM_DESCRIPTIONS[arm]}",
     )
     start = st.button("Start", key="alignment_start", disabled=bool(unavailable) or not products)
-    reviewer = require_reviewer("start an experiment") if start else None
+    reviewer = require_reviewer("start an experiment", Permission.JUDGE) if start else None
     if reviewer:
         spec = alignment.ExperimentSpec(
             product=product or "",
@@ -85,7 +86,7 @@ if row["status"] in ("pending", "running"):
     cols = st.columns(2)
     if cols[0].button("Refresh", key="alignment_refresh"):
         st.rerun()
-    if cols[1].button("Cancel", key="alignment_cancel") and require_reviewer("cancel an experiment"):
+    if cols[1].button("Cancel", key="alignment_cancel") and require_reviewer("cancel an experiment", Permission.JUDGE):
         alignment.request_cancel(get_engine(), int(chosen))
         flash("alignment_flash", "info", f"Experiment {chosen} stops before its next call.")
         st.rerun()

@@ -133,7 +133,15 @@ def sign_in(page, base_url: str, identity: str) -> None:
     page.get_by_role("button", name=re.compile("Sign in")).click()
     page.locator("input[name=sub]").fill(identity)
     page.get_by_role("button", name="Authorize").click()
-    page.get_by_text(f"Signed in as {identity}").wait_for(timeout=30_000)
+    page.get_by_role("button", name="Sign out").wait_for(timeout=30_000)
+    wait_for_text(page, f"Signed in as {identity}")
+
+
+def wait_for_text(page, text: str, timeout: float = 30_000) -> None:
+    """Wait until the page holds `text` (folded expanders too), ignoring escape_markdown's word joiners."""
+    page.wait_for_function(
+        "t => document.body.textContent.replaceAll('\\u2060', '').includes(t)", arg=text, timeout=timeout
+    )
 
 
 def test_signed_out_browser_sees_the_sign_in_screen_only(
@@ -191,7 +199,7 @@ def test_two_users_sign_in_and_roles_are_enforced(streamlit_app, browser, tmp_pa
 
         # The row bob wrote shows his identity on the evaluation's page.
         reviewer.goto(f"{server.base_url}/evaluations?snapshot=snap_who")
-        reviewer.get_by_text("Confirmed by bob@example.com").first.wait_for(state="attached", timeout=30_000)
+        wait_for_text(reviewer, "confirmed by bob@example.com")
     except Exception:
         for name, p in (("viewer", viewer), ("reviewer", reviewer)):
             p.screenshot(path=str(tmp_path / f"signin_{name}.png"), full_page=True)
