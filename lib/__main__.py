@@ -366,6 +366,34 @@ def _cmd_align(args: argparse.Namespace) -> int:
     if report.failed:
         print("rerun the same command to retry the failed calls; finished calls are kept", file=sys.stderr)
         return 1
+
+
+@handler("token")
+def _cmd_token(args: argparse.Namespace) -> int:
+    """`token create|list|revoke`: bearer tokens for the pipeline API (lib.tokens); create prints the secret once."""
+    from lib import tokens
+    from lib.db import session_scope
+
+    try:
+        with session_scope(_engine(), read_only=args.action == "list") as session:
+            if args.action == "create":
+                token, secret = tokens.create_token(
+                    session=session, actor=system_actor(args.by), name=args.name, role=args.role
+                )
+                print(f"token {token.name} ({token.role}) created; its secret, shown only now:")
+                print(secret)
+            elif args.action == "revoke":
+                token = tokens.revoke_token(session=session, actor=system_actor(args.by), name=args.name)
+                print(f"token {token.name} revoked at {token.revoked_at:%Y-%m-%d %H:%M:%S} UTC")
+            else:
+                for token in tokens.list_tokens(session=session):
+                    state = f"revoked {token.revoked_at:%Y-%m-%d %H:%M}" if token.revoked_at else "live"
+                    print(
+                        f"{token.name}\t{token.role}\t{state}\tcreated {token.created_at:%Y-%m-%d %H:%M}"
+                        f" by {token.created_by}"
+                    )
+    except tokens.TokenError as exc:
+        raise CliError(f"token: {exc}") from exc
     return 0
 
 
@@ -512,6 +540,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", type=int, default=None, metavar="ID", help="continue this experiment")
     p.add_argument("--cancel", type=int, default=None, metavar="ID", help="ask a running experiment to stop")
     p.add_argument("--reviewer", default="cli", help="recorded as who started the experiment")
+    p = sub.add_parser("token", help="bearer tokens for the pipeline API: create, list, revoke")
+    token_sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    t = token_sub.add_parser("create", help="create a token and print its secret once")
+    t.add_argument("--name", required=True, help="the token's name, recorded as the actor of its writes")
+    t.add_argument("--role", required=True, choices=["viewer", "reviewer", "lead", "admin"])
+    t.add_argument("--by", default=None, help="recorded as who created it (default: the system identity)")
+    token_sub.add_parser("list", help="list tokens (names, roles, state; never secrets)")
+    t = token_sub.add_parser("revoke", help="revoke a token by name")
+    t.add_argument("--name", required=True)
+    t.add_argument("--by", default=None, help="recorded as who revoked it")
 
     # Each capability adds its subcommand parser above this line and its @handler function above.
     return parser

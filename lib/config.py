@@ -89,6 +89,8 @@ class Settings:
     admins: str = ""  # comma-separated identities that start as admin
     default_role: str = "viewer"  # the role of a signed-in identity without a role row
     system_identity: str = "overrule-cli"  # who the CLI and the demo loader act as (role admin)
+    # Pipeline API (lib.api): the largest request body accepted, in MB (as Streamlit's maxUploadSize).
+    api_max_body_mb: int = 200
     # App behaviour.
     load_demo: bool = True
     page_size: int = 25
@@ -140,6 +142,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "sentence_threshold": (0.0, 1.0),
     "eval_concurrency": (0, 64),
     "page_size": (1, 1000),
+    "api_max_body_mb": (1, 100_000),
 }
 
 

@@ -46,8 +46,14 @@ TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # DuckDB strftime; connections run i
 Params = Sequence[Any] | Mapping[str, Any] | None
 
 # Every model table by its table name, plus the views reviewers and pipelines ask for by name.
+# API token hashes never leave the database (lib.tokens).
+UNEXPORTABLE_TABLES = frozenset({"api_tokens"})
 EXPORTABLE_TABLES: dict[str, str] = {
-    **{name: f"SELECT * FROM {table_ref(name)}" for name in sorted(model_tables())},
+    **{
+        name: f"SELECT * FROM {table_ref(name)}"
+        for name in sorted(model_tables())
+        if name not in UNEXPORTABLE_TABLES
+    },
     "evaluations": f"SELECT * FROM {table_ref('evaluation_snapshots')} WHERE deleted_at IS NULL",
     "corrections": f"SELECT * FROM {table_ref('judgments')} WHERE was_corrected",
 }

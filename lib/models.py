@@ -449,6 +449,20 @@ class AuditEvent(SQLModel, table=True):
     detail: str = Field(default="", sa_column=Column(Text, nullable=False))
 
 
+class ApiToken(SQLModel, table=True):
+    """A bearer token for the pipeline API (lib.tokens): only the sha256 of its secret is stored."""
+
+    __tablename__ = "api_tokens"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=64, unique=True, index=True)  # the actor a token's writes record
+    role: str = Field(max_length=16)
+    secret_hash: str = Field(max_length=64, unique=True, index=True)
+    created_by: str = Field(max_length=320)
+    created_at: datetime = Field(default_factory=utcnow)
+    revoked_at: datetime | None = Field(default=None)
+
+
 _DATETIME_FIELDS: dict[type, tuple[str, ...]] = {}
 
 

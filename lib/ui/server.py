@@ -21,7 +21,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-APP = Path(__file__).resolve().parents[2] / "app.py"
+# serve.py is the ASGI entry: app.py (the pages) plus the pipeline API at /api/v1, on one port.
+APP = Path(__file__).resolve().parents[2] / "serve.py"
 DEFAULT_ADDRESS = "127.0.0.1"
 _ADDRESS_FLAG = "--server.address"
 

@@ -1,0 +1,371 @@
+"""The pipeline API (issue 13): `/api/v1`, served by the app's own server (see `serve.py`).
+
+Thin on purpose: every endpoint authenticates a bearer token (lib.tokens), checks the token's role
+against lib.auth's one permission table, and calls the lib function the CLI calls. The history and
+notes blocks are the very text `python -m lib history|notes --format prompt` prints; evaluations go
+through lib.importer (all or nothing, idempotent); reviews through corrections.record_review
+(optimistic locking). Errors: no token 401, role too low 403, unknown 404, stale version 409 with
+the other reviewer's decision, body too large 413, invalid record 422 naming line and field,
+malformed JSON 400 with its position. A refused request writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import Body, Depends, FastAPI, Header, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from sqlalchemy import Engine
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+
+from lib.auth import Actor, Permission, PermissionDenied, require
+from lib.records import ImportFailed
+
+API_PREFIX = "/api/v1"
+MIB = 1024 * 1024
+_LINE = re.compile(r"(?:line|record) (\d+)")
+_FIELD = re.compile(r"field '?([A-Za-z_][A-Za-z0-9_.]*)'?")
+
+
+class ApiError(Exception):
+    """An HTTP error with a JSON body: `detail` plus any extra keys (line, field, current, ...)."""
+
+    def __init__(self, status: int, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.status, self.detail, self.extra = status, detail, extra
+
+
+@lru_cache(maxsize=1)
+def _default_engine() -> Engine:
+    from lib.db import init_db
+
+    return init_db()
+
+
+def token_actor(request: Request) -> Actor:
+    """The bearer token's actor; 401 when the token is missing, unknown or revoked."""
+    from lib.db import session_scope
+    from lib.tokens import actor_for_secret
+
+    scheme, _, secret = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise ApiError(401, "an API token is required: send 'Authorization: Bearer <token>'")
+    with session_scope(request.app.state.get_engine(), read_only=True) as session:
+        actor = actor_for_secret(session=session, secret=secret.strip())
+    if actor is None:
+        raise ApiError(401, "unknown or revoked API token")
+    return actor
+
+
+Token = Annotated[Actor, Depends(token_actor)]
+
+
+def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) -> FastAPI:
+    """The FastAPI sub-application; mount it at `/api/v1`. `engine` defaults to the app's database."""
+    from lib.config import get_settings
+
+    limit = (max_body_mb if max_body_mb is not None else get_settings().api_max_body_mb) * MIB
+    api = FastAPI(
+        title="Overrule pipeline API",
+        version="1",
+        description="Push evaluations, pull the correction history and notes a judge prompt gets, review.",
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+    )
+
+    def get_engine() -> Engine:
+        return engine if engine is not None else _default_engine()
+
+    api.state.get_engine = get_engine
+
+    @api.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse({"detail": exc.detail, **exc.extra}, status_code=exc.status, headers=headers)
+
+    @api.exception_handler(PermissionDenied)
+    async def _denied(_: Request, exc: PermissionDenied) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=403)
+
+    def _run(fn: Callable[[], Any]) -> Any:
+        """Call a lib function, turning its refusals into HTTP errors (ValueError: bad input, 422)."""
+        from lib.corrections import JudgmentNotFound, ReviewConflict
+
+        try:
+            return fn()
+        except ReviewConflict as exc:
+            raise ApiError(
+                409, exc.describe(), current=jsonable_encoder(dataclasses.asdict(exc.current))
+            ) from None
+        except JudgmentNotFound as exc:
+            raise ApiError(404, str(exc)) from None
+        except PermissionDenied:
+            raise
+        except ValueError as exc:
+            raise ApiError(422, str(exc)) from None
+
+    @api.get("/health")
+    def health() -> dict[str, Any]:
+        """Database reachable and migrated to the newest revision (no token needed: it shows no data)."""
+        from alembic.runtime.migration import MigrationContext
+        from alembic.script import ScriptDirectory
+
+        from lib.db import alembic_config
+
+        eng = get_engine()
+        head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+        try:
+            with eng.connect() as conn:
+                current = MigrationContext.configure(conn).get_current_revision()
+        except Exception as exc:  # any driver error means "not reachable"
+            raise ApiError(503, f"database unreachable: {type(exc).__name__}") from None
+        if current != head:
+            raise ApiError(503, "database schema is not current", revision=current, head=head)
+        return {"status": "ok", "database": eng.dialect.name, "revision": current}
+
+    @api.get("/history", response_model=None)
+    def history(
+        actor: Token,
+        product: str,
+        metric: str | None = None,
+        max_entries: int | None = None,
+        ratio: float | None = None,
+        format: Literal["json", "prompt"] = "json",
+    ) -> Any:
+        """The seed-004 history a judge prompt for `product` gets: what `python -m lib history` prints."""
+        from lib import corrections
+        from lib.config import get_settings
+        from lib.db import session_scope
+
+        require(actor, Permission.READ)
+        settings = get_settings()
+        entries = settings.history_max_entries if max_entries is None else max_entries
+        share = settings.history_correction_ratio if ratio is None else ratio
+        with session_scope(get_engine(), read_only=True) as session:
+            chosen = _run(
+                lambda: corrections.select_history(
+                    session, product, max_entries=entries, correction_ratio=share, metric=metric
+                )
+            )
+            if format == "prompt":  # byte for byte the CLI's stdout (print adds the newline)
+                return PlainTextResponse(corrections.format_history_for_prompt(chosen) + "\n")
+            return [corrections.history_record(j) for j in chosen]
+
+    @api.get("/notes", response_model=None)
+    def get_notes(
+        actor: Token,
+        language: str,
+        tags: Annotated[list[str], Query()] = [],  # noqa: B006 - FastAPI copies defaults
+        session_id: str | None = Query(None, alias="session"),
+        format: Literal["json", "prompt"] = "json",
+    ) -> Any:
+        """Notes relevant to a judge of `language` (and tags): what `python -m lib notes` prints."""
+        from lib import notes
+        from lib.db import session_scope
+
+        require(actor, Permission.READ)
+        with session_scope(get_engine(), read_only=True) as session:
+            found = _run(lambda: notes.relevant_notes(session=session, language=language, tags=tags))
+            if format == "prompt":
+                return PlainTextResponse(
+                    notes.format_notes_for_prompt(found, current_session=session_id) + "\n"
+                )
+            return [notes.note_record(n) for n in found]
+
+    @api.post("/notes", status_code=201)
+    def post_note(actor: Token, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        """Add one note (`content`, `type`, optional `language`, `code`, `confidence`, `session`)."""
+        from lib import notes
+        from lib.db import session_scope
+
+        require(actor, Permission.NOTE)
+
+        def add() -> dict[str, Any]:
+            with session_scope(get_engine()) as session:
+                note = notes.add_note(
+                    session=session,
+                    language=_opt_str(body, "language") or "",
+                    note_type=_req_str(body, "type"),
+                    content=_req_str(body, "content"),
+                    phelps_code=_opt_str(body, "code"),
+                    confidence=body.get("confidence"),
+                    session_id=_opt_str(body, "session"),
+                    created_by=actor,
+                )
+                return notes.note_record(note)
+
+        return _run(add)
+
+    @api.post("/evaluations")
+    async def post_evaluations(actor: Token, request: Request) -> dict[str, Any]:
+        """Import evaluations (JSON Lines, or one JSON array) all or nothing; re-posting adds nothing."""
+        require(actor, Permission.IMPORT)
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"the body is over the {limit // MIB} MB limit (OVERRULE_API_MAX_BODY_MB)")
+        folder = Path(tempfile.mkdtemp(prefix="overrule-api-"))
+        try:
+            path = folder / "request.jsonl"
+            size = 0
+            with path.open("wb") as fh:  # streamed to disk: the importer reads it line by line
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise ApiError(
+                            413, f"the body is over the {limit // MIB} MB limit (OVERRULE_API_MAX_BODY_MB)"
+                        )
+                    await run_in_threadpool(fh.write, chunk)
+            report = await run_in_threadpool(_import_evaluations, get_engine(), path, actor)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return {
+            "summary": report.summary(),
+            **{k: v for k, v in dataclasses.asdict(report).items() if isinstance(v, (int, str))},
+        }
+
+    @api.get("/judgments/{change_id}")
+    def get_judgment(actor: Token, change_id: str) -> JSONResponse:
+        """One judgment's reviewable state; its `version` (also the ETag) goes into PATCH's If-Match."""
+        from lib import corrections
+        from lib.db import session_scope
+
+        require(actor, Permission.READ)
+        with session_scope(get_engine(), read_only=True) as session:
+            judgment = corrections.get_judgment(session=session, change_id=change_id)
+            if judgment is None:
+                raise ApiError(404, f"no judgment with change_id {change_id!r}")
+            state = corrections.JudgmentState.of(judgment, None)
+        return JSONResponse(
+            jsonable_encoder(dataclasses.asdict(state)), headers={"ETag": f'"{state.version}"'}
+        )
+
+    @api.patch("/judgments/{change_id}")
+    def review_judgment(
+        actor: Token,
+        change_id: str,
+        body: Annotated[dict[str, Any], Body()],
+        if_match: Annotated[str | None, Header()] = None,
+    ) -> JSONResponse:
+        """Confirm or overrule (`decision`, `reason`) as of the version in If-Match; 409 if it moved."""
+        from lib import corrections
+        from lib.db import session_scope
+
+        require(actor, Permission.REVIEW)
+        if if_match is None:
+            raise ApiError(428, "send If-Match with the judgment's version (GET it first)")
+        try:
+            expected = int(if_match.strip().removeprefix("W/").strip('"'))
+        except ValueError:
+            raise ApiError(400, f"If-Match must be a judgment version, got {if_match!r}") from None
+        if "decision" not in body:
+            raise ApiError(422, "the body needs 'decision'", field="decision")
+
+        def review() -> corrections.JudgmentState:
+            with session_scope(get_engine()) as session:
+                judgment = corrections.get_judgment(session=session, change_id=change_id)
+                if judgment is None or judgment.id is None:
+                    raise corrections.JudgmentNotFound(f"no judgment with change_id {change_id!r}")
+                done = corrections.record_review(
+                    session=session,
+                    judgment_id=judgment.id,
+                    expected_version=expected,
+                    user_decision=body["decision"],
+                    reviewer=actor,
+                    reason=_opt_str(body, "reason"),
+                )
+                return corrections.JudgmentState.of(done, actor.identity)
+
+        state = _run(review)
+        return JSONResponse(
+            jsonable_encoder(dataclasses.asdict(state)), headers={"ETag": f'"{state.version}"'}
+        )
+
+    @api.get("/exports/{table}", response_model=None)
+    def export(actor: Token, table: str, format: Literal["csv", "parquet", "jsonl"] = "csv") -> FileResponse:
+        """A table streamed as CSV (formula-safe), Parquet or JSON Lines, through lib.export."""
+        from lib.export import EXPORTABLE_TABLES, ExportError, export_table
+
+        require(actor, Permission.EXPORT)
+        if table not in EXPORTABLE_TABLES:
+            raise ApiError(
+                404, f"unknown table {table!r}; exportable: {', '.join(sorted(EXPORTABLE_TABLES))}"
+            )
+        folder = Path(tempfile.mkdtemp(prefix="overrule-export-"))
+        out = folder / f"{table}.{format}"
+        try:
+            export_table(
+                engine=get_engine(), table=table, fmt="json" if format == "jsonl" else format, out=out
+            )
+        except ExportError as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise ApiError(422, str(exc)) from None
+        media = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet", "jsonl": "application/jsonl"}
+        return FileResponse(
+            out,
+            media_type=media[format],
+            filename=out.name,
+            background=BackgroundTask(shutil.rmtree, folder, ignore_errors=True),
+        )
+
+    return api
+
+
+def _req_str(body: dict[str, Any], key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str):
+        raise ApiError(422, f"the body needs '{key}' as a string", field=key)
+    return value
+
+
+def _opt_str(body: dict[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ApiError(422, f"'{key}' must be a string", field=key)
+    return value
+
+
+def _import_evaluations(engine: Engine, path: Path, actor: Actor) -> Any:
+    """The importer on the spooled body: a JSON array through import_evaluations, JSONL through import_path."""
+    from lib.db import session_scope
+    from lib.importer import import_evaluations, import_path
+
+    with path.open("rb") as fh:
+        head = fh.read(64).removeprefix(b"\xef\xbb\xbf").lstrip()
+    try:
+        if head.startswith(b"["):
+            raw = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
+            try:
+                records = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ApiError(
+                    400,
+                    f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno} (char {exc.pos})",
+                    line=exc.lineno,
+                    column=exc.colno,
+                    position=exc.pos,
+                ) from None
+            except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+                raise ApiError(400, f"malformed JSON: {str(exc).split(';')[0]}") from None
+            with session_scope(engine) as session:
+                return import_evaluations(session=session, records=records, source="request", reviewer=actor)
+        return import_path(engine=engine, path=path, kind="evaluations", reviewer=actor)
+    except ImportFailed as exc:
+        message = str(exc)
+        line = _LINE.search(message)
+        field = _FIELD.search(message)
+        extra: dict[str, Any] = {"line": int(line.group(1)) if line else None}
+        if field:
+            extra["field"] = field.group(1)
+        if "invalid JSON" in message or "not valid UTF-8" in message:
+            raise ApiError(400, message, **extra) from None
+        raise ApiError(422, message, **extra) from None

@@ -1,0 +1,281 @@
+"""The pipeline API over real HTTP: uvicorn on 127.0.0.1, httpx and lib.client, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from sqlalchemy import Engine, func
+from sqlmodel import Session, select
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from lib import client as api_client
+from lib.__main__ import main as cli_main
+from lib.api import API_PREFIX, create_app
+from lib.auth import system_actor
+from lib.models import ApiToken, EvaluationSnapshot, Judgment, JudgmentEvent, SessionNote
+from lib.tokens import create_token, hash_secret, list_tokens, revoke_token
+from tests.test_importer import record
+
+
+@dataclass
+class Server:
+    base: str
+    engine: Engine
+    secrets: dict[str, str]
+
+    def headers(self, role: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.secrets[role]}"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(engine: Engine) -> Iterator[Server]:
+    """The API mounted at /api/v1 as serve.py mounts it, served by uvicorn on a free loopback port."""
+    secrets: dict[str, str] = {}
+    with Session(engine) as session:
+        for role in ("viewer", "reviewer", "lead", "admin"):
+            _, secrets[role] = create_token(
+                session=session, actor=system_actor(), name=f"ci-{role}", role=role
+            )
+        _, secrets["revoked"] = create_token(session=session, actor=system_actor(), name="old", role="admin")
+        revoke_token(session=session, actor=system_actor(), name="old")
+        session.commit()
+    app = Starlette(routes=[Mount(API_PREFIX, app=create_app(engine, max_body_mb=1))])
+    port = _free_port()
+    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if uv.started:
+            break
+        time.sleep(0.02)
+    yield Server(f"http://127.0.0.1:{port}{API_PREFIX}", engine, secrets)
+    uv.should_exit = True
+    thread.join(timeout=10)
+
+
+def count(engine: Engine, model: type) -> int:
+    with Session(engine) as session:
+        return int(session.exec(select(func.count()).select_from(model)).one())
+
+
+def jsonl(rows: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def test_tokens_are_stored_as_hashes_and_revoked_tokens_stop(server: Server) -> None:
+    with Session(server.engine) as session:
+        rows = {t.name: t for t in list_tokens(session=session)}
+    assert rows["ci-lead"].secret_hash == hash_secret(server.secrets["lead"])
+    assert server.secrets["lead"] not in {t.secret_hash for t in rows.values()}
+    assert rows["old"].revoked_at is not None
+    r = httpx.get(f"{server.base}/history", params={"product": "p"}, headers=server.headers("revoked"))
+    assert r.status_code == 401
+
+
+def test_health_needs_no_token_and_reports_the_head_revision(server: Server) -> None:
+    r = httpx.get(f"{server.base}/health")
+    assert r.status_code == 200
+    assert r.json()["status"] == "ok"
+    assert r.json()["database"] == server.engine.dialect.name
+
+
+def test_openapi_docs_are_served(server: Server) -> None:
+    assert httpx.get(f"{server.base}/docs").status_code == 200
+    paths = httpx.get(f"{server.base}/openapi.json").json()["paths"]
+    assert {"/history", "/notes", "/evaluations", "/judgments/{change_id}", "/exports/{table}"} <= set(paths)
+
+
+def test_no_token_401_wrong_role_403_and_nothing_written(server: Server) -> None:
+    body = jsonl([record(question="Q1?")])
+    assert httpx.post(f"{server.base}/evaluations", content=body).status_code == 401
+    bad = {"Authorization": "Bearer nope"}
+    assert httpx.post(f"{server.base}/evaluations", content=body, headers=bad).status_code == 401
+    r = httpx.post(f"{server.base}/evaluations", content=body, headers=server.headers("reviewer"))
+    assert r.status_code == 403
+    assert "lead" in r.json()["detail"]
+    note = {"content": "Check the year.", "type": "TIP"}
+    assert httpx.post(f"{server.base}/notes", json=note, headers=server.headers("viewer")).status_code == 403
+    assert httpx.get(f"{server.base}/notes", params={"language": ""}).status_code == 401
+    assert count(server.engine, EvaluationSnapshot) == 0
+    assert count(server.engine, SessionNote) == 0
+
+
+def test_push_evaluations_jsonl_and_array_idempotent(server: Server) -> None:
+    rows = [record(question=f"Q{i}?") for i in range(3)]
+    r = httpx.post(f"{server.base}/evaluations", content=jsonl(rows), headers=server.headers("lead"))
+    assert r.status_code == 200, r.text
+    assert r.json()["inserted"] == 3
+    again = httpx.post(f"{server.base}/evaluations", json=rows, headers=server.headers("lead"))
+    assert again.status_code == 200, again.text
+    assert again.json()["inserted"] == 0
+    assert count(server.engine, EvaluationSnapshot) == 3
+
+
+def test_push_evaluations_bad_record_422_malformed_400_too_large_413(server: Server) -> None:
+    lead = server.headers("lead")
+    bad = jsonl([record(question="ok?"), record(question="bad?", product=None)])
+    r = httpx.post(f"{server.base}/evaluations", content=bad, headers=lead)
+    assert r.status_code == 422, r.text
+    assert r.json()["line"] == 2
+    assert "product" in r.json()["detail"]
+    r = httpx.post(f"{server.base}/evaluations", content=b'{"question": "x"\n', headers=lead)
+    assert r.status_code == 400
+    assert "column" in r.json()["detail"]
+    r = httpx.post(f"{server.base}/evaluations", content=b'[{"question": }]', headers=lead)
+    assert r.status_code == 400
+    assert r.json()["position"] == 14
+    big = b" " * (1024 * 1024 + 1)
+    assert httpx.post(f"{server.base}/evaluations", content=big, headers=lead).status_code == 413
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit is counted while streaming
+        for _ in range(20):
+            yield b" " * 65536
+
+    assert httpx.post(f"{server.base}/evaluations", content=chunks(), headers=lead).status_code == 413
+    assert count(server.engine, EvaluationSnapshot) == 0
+
+
+def test_history_prompt_is_byte_identical_to_the_cli(
+    server: Server, db_url: str, monkeypatch: pytest.MonkeyPatch, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    rows = [record(question=f"Q{i}?") for i in range(4)]
+    assert (
+        httpx.post(f"{server.base}/evaluations", json=rows, headers=server.headers("lead")).status_code == 200
+    )
+    monkeypatch.setenv("OVERRULE_DATABASE_URL", db_url)
+    from lib.config import reset_settings
+
+    reset_settings()
+    for args in ([], ["--max-entries", "3", "--ratio", "0.5"], ["--metric", "clarity"]):
+        capsysbinary.readouterr()
+        assert cli_main(["history", "--product", "tutor", "--format", "prompt", *args]) == 0
+        expected = capsysbinary.readouterr().out
+        params: dict[str, Any] = {"product": "tutor", "format": "prompt"}
+        for flag, key in (("--max-entries", "max_entries"), ("--ratio", "ratio"), ("--metric", "metric")):
+            if flag in args:
+                params[key] = args[args.index(flag) + 1]
+        got = httpx.get(f"{server.base}/history", params=params, headers=server.headers("viewer"))
+        assert got.status_code == 200
+        assert got.content == expected
+        assert expected.startswith(b"PREVIOUS JUDGMENTS")  # a real block, not two empty answers
+    as_json = httpx.get(
+        f"{server.base}/history", params={"product": "tutor"}, headers=server.headers("viewer")
+    )
+    assert len(as_json.json()) == 4 * 2  # two metrics per evaluation
+    assert api_client.Client(server.base, server.secrets["viewer"]).history_prompt("tutor").encode() == (
+        httpx.get(
+            f"{server.base}/history",
+            params={"product": "tutor", "format": "prompt"},
+            headers=server.headers("viewer"),
+        ).content
+    )
+    bad = httpx.get(
+        f"{server.base}/history", params={"product": "tutor", "ratio": 2}, headers=server.headers("viewer")
+    )
+    assert bad.status_code == 422
+
+
+def test_notes_post_and_get_record_the_token_name(server: Server) -> None:
+    c = api_client.Client(server.base, server.secrets["reviewer"])
+    note = c.add_note("Check the year before the name.", note_type="TIP", language="en")
+    assert note["created_by"] == "ci-reviewer"
+    listed = httpx.get(f"{server.base}/notes", params={"language": "en"}, headers=server.headers("viewer"))
+    assert [n["content"] for n in listed.json()] == ["Check the year before the name."]
+    prompt = c.notes_prompt("en")
+    assert "Check the year before the name." in prompt
+    bad = httpx.post(
+        f"{server.base}/notes", json={"content": "x", "type": "NOPE"}, headers=server.headers("lead")
+    )
+    assert bad.status_code == 422
+    missing = httpx.post(f"{server.base}/notes", json={"type": "TIP"}, headers=server.headers("lead"))
+    assert missing.status_code == 422
+    assert missing.json()["field"] == "content"
+    assert count(server.engine, SessionNote) == 1
+
+
+def _a_change_id(engine: Engine) -> str:
+    with Session(engine) as session:
+        return session.exec(select(Judgment.change_id).order_by(Judgment.id)).first()  # type: ignore[arg-type]
+
+
+def test_review_with_if_match_404_428_and_two_concurrent_reviewers_one_409(server: Server) -> None:
+    rows = [record(question="Q?")]
+    httpx.post(f"{server.base}/evaluations", json=rows, headers=server.headers("lead"))
+    change_id = _a_change_id(server.engine)
+    rev = server.headers("reviewer")
+    assert httpx.get(f"{server.base}/judgments/nope", headers=rev).status_code == 404
+    got = httpx.get(f"{server.base}/judgments/{change_id}", headers=rev)
+    assert got.status_code == 200
+    version = got.json()["version"]
+    assert got.headers["etag"] == f'"{version}"'
+    body = {"decision": got.json()["decision"]}
+    assert httpx.patch(f"{server.base}/judgments/{change_id}", json=body, headers=rev).status_code == 428
+    viewer = {**server.headers("viewer"), "If-Match": str(version)}
+    assert httpx.patch(f"{server.base}/judgments/{change_id}", json=body, headers=viewer).status_code == 403
+
+    def review(decision: str) -> httpx.Response:
+        headers = {**rev, "If-Match": f'"{version}"'}
+        return httpx.patch(
+            f"{server.base}/judgments/{change_id}",
+            json={"decision": decision, "reason": "checked"},
+            headers=headers,
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(review, ["1", "5"]))
+    codes = sorted(r.status_code for r in results)
+    assert codes == [200, 409], [r.text for r in results]
+    won = next(r for r in results if r.status_code == 200).json()
+    lost = next(r for r in results if r.status_code == 409).json()
+    assert lost["current"]["user_decision"] == won["user_decision"]
+    assert won["reviewer"] == "ci-reviewer"
+    with Session(server.engine) as session:
+        events = session.exec(select(JudgmentEvent)).all()
+    assert [e.reviewer for e in events if e.action in ("confirmed", "overruled")] == ["ci-reviewer"]
+
+
+def test_client_push_and_review(server: Server) -> None:
+    lead = api_client.Client(server.base, server.secrets["lead"])
+    report = lead.push_evaluations([record(question="Via client?")])
+    assert report["inserted"] == 1
+    change_id = _a_change_id(server.engine)
+    state = lead.review(change_id, decision="3", reason="too harsh")
+    assert state["user_decision"] == "3"
+    assert state["reviewer"] == "ci-lead"
+    with pytest.raises(api_client.ApiError) as err:
+        lead.review(change_id, decision="2", reason="again", version=state["version"] - 1)
+    assert err.value.status == 409
+
+
+def test_exports_stream_formula_safe_csv_and_refuse_unknown_tables(server: Server) -> None:
+    httpx.post(
+        f"{server.base}/evaluations",
+        json=[record(question='=HYPERLINK("x")')],
+        headers=server.headers("lead"),
+    )
+    viewer = server.headers("viewer")
+    csv = httpx.get(f"{server.base}/exports/evaluations", params={"format": "csv"}, headers=viewer)
+    assert csv.status_code == 200
+    assert "'=HYPERLINK" in csv.text
+    lines = httpx.get(f"{server.base}/exports/evaluations", params={"format": "jsonl"}, headers=viewer)
+    assert len(lines.text.strip().splitlines()) == 1
+    assert httpx.get(f"{server.base}/exports/api_tokens", headers=viewer).status_code == 404
+    assert httpx.get(f"{server.base}/exports/evaluations").status_code == 401
+    assert count(server.engine, ApiToken) == 5
