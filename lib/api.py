@@ -99,7 +99,7 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
 
     def _run(fn: Callable[[], Any]) -> Any:
         """Call a lib function, turning its refusals into HTTP errors (ValueError: bad input, 422)."""
-        from lib.corrections import JudgmentNotFound, ReviewConflict
+        from lib.corrections import ReviewConflict
 
         try:
             return fn()
@@ -107,8 +107,8 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
             raise ApiError(
                 409, exc.describe(), current=jsonable_encoder(dataclasses.asdict(exc.current))
             ) from None
-        except JudgmentNotFound as exc:
-            raise ApiError(404, str(exc)) from None
+        except LookupError as exc:  # JudgmentNotFound, an unknown audit or note
+            raise ApiError(404, str(exc).strip("'\"")) from None
         except PermissionDenied:
             raise
         except ValueError as exc:
@@ -289,6 +289,74 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
         return JSONResponse(
             jsonable_encoder(dataclasses.asdict(state)), headers={"ETag": f'"{state.version}"'}
         )
+
+    @api.post("/relevance/audits")
+    def post_audit(actor: Token, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        """Which notes a remote judge run showed, under which tags (`session_id`, `shown_note_ids`,
+        `tags`, optional `product`, `snapshot_id`, `transcript`); idempotent per session id."""
+        from lib import relevance
+        from lib.db import session_scope
+
+        require(actor, Permission.JUDGE)
+        shown = body.get("shown_note_ids")
+        tags = body.get("tags", [])
+        if not isinstance(shown, list) or not all(isinstance(i, int) for i in shown):
+            raise ApiError(422, "'shown_note_ids' must be a list of note ids", field="shown_note_ids")
+        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+            raise ApiError(422, "'tags' must be a list of strings", field="tags")
+        transcript = body.get("transcript")
+        if transcript is not None and not (
+            isinstance(transcript, list) and all(isinstance(m, dict) for m in transcript)
+        ):
+            raise ApiError(422, "'transcript' must be a list of {role, content} messages", field="transcript")
+
+        def record() -> dict[str, Any]:
+            with session_scope(get_engine()) as session:
+                audit = relevance.record_audit(
+                    session,
+                    session_id=_req_str(body, "session_id"),
+                    shown_note_ids=shown,
+                    env_tags=tags,
+                    product=_opt_str(body, "product"),
+                    snapshot_id=_opt_str(body, "snapshot_id"),
+                    transcript=transcript,
+                )
+                if audit is None:
+                    return {"recorded": False, "detail": "none of the shown notes exists"}
+                return {
+                    "recorded": True,
+                    "session_id": audit.session_id,
+                    "shown_note_ids": audit.shown_lesson_ids,
+                    "tags": audit.env_tags,
+                }
+
+        return _run(record)
+
+    @api.post("/relevance/scores")
+    def post_scores(actor: Token, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        """A remote evaluator's scores for an audit (`session_id`, `scores`: {note_id: -1..1} or the
+        seed's list); applied once per audit, as the built-in evaluator applies them."""
+        from sqlmodel import col, select
+
+        from lib import relevance
+        from lib.db import session_scope
+        from lib.models import SessionAudit
+
+        require(actor, Permission.JUDGE)
+        session_id = _req_str(body, "session_id")
+
+        def apply() -> dict[str, Any]:
+            with session_scope(get_engine()) as session:
+                audit = session.exec(
+                    select(SessionAudit).where(col(SessionAudit.session_id) == session_id)
+                ).first()
+                if audit is None:
+                    raise LookupError(f"no audit for session {session_id!r}")
+                scores = relevance.parse_evaluator_reply(body, audit.shown_lesson_ids or [])
+                applied = relevance.apply_evaluation(session, audit_session_id=session_id, scores=scores)
+                return {"applied": applied, "scores": {str(k): v for k, v in scores.items()}}
+
+        return _run(apply)
 
     @api.get("/exports/{table}", response_model=None)
     def export(actor: Token, table: str, format: Literal["csv", "parquet", "jsonl"] = "csv") -> FileResponse:

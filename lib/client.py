@@ -103,9 +103,21 @@ class Client:
             "POST", "/notes", {"content": content, "type": note_type, "language": language, **fields}
         )
 
-    def record_shown_notes(self, **audit: Any) -> dict[str, Any]:
-        """Tell Overrule which notes a remote judge run showed (tag relevance); needs /relevance/audits."""
-        return self._json("POST", "/relevance/audits", audit)
+    def record_shown_notes(
+        self, session_id: str, shown_note_ids: Iterable[int], tags: Iterable[str] = (), **extra: Any
+    ) -> dict[str, Any]:
+        """Tell Overrule which notes a remote judge run showed, under which tags (feeds tag relevance);
+        `product`, `snapshot_id` and `transcript` may go in `extra`. Idempotent per session id."""
+        payload = {"session_id": session_id, "shown_note_ids": list(shown_note_ids), "tags": list(tags)}
+        return self._json("POST", "/relevance/audits", {**payload, **extra})
+
+    def record_scores(self, session_id: str, scores: Mapping[int, float]) -> dict[str, Any]:
+        """A remote evaluator's scores (-1..1) for the notes an audited run showed; applied once."""
+        return self._json(
+            "POST",
+            "/relevance/scores",
+            {"session_id": session_id, "scores": {str(k): v for k, v in scores.items()}},
+        )
 
     def review(
         self, change_id: str, *, decision: str, reason: str | None = None, version: int | None = None

@@ -279,3 +279,37 @@ def test_exports_stream_formula_safe_csv_and_refuse_unknown_tables(server: Serve
     assert httpx.get(f"{server.base}/exports/api_tokens", headers=viewer).status_code == 404
     assert httpx.get(f"{server.base}/exports/evaluations").status_code == 401
     assert count(server.engine, ApiToken) == 5
+
+
+def test_relevance_audits_and_scores_feed_tag_relevance_once(server: Server) -> None:
+    from lib.models import LessonTagRelevance, SessionAudit
+
+    reviewer = api_client.Client(server.base, server.secrets["reviewer"])
+    note_id = reviewer.add_note("Units matter in physics answers.", note_type="TIP")["id"]
+    with pytest.raises(api_client.ApiError) as err:
+        reviewer.record_shown_notes("run-1", [note_id], tags=["physics"])
+    assert err.value.status == 403
+    lead = api_client.Client(server.base, server.secrets["lead"])
+    bad = httpx.post(
+        f"{server.base}/relevance/audits",
+        json={"session_id": "run-1", "shown_note_ids": "x"},
+        headers=server.headers("lead"),
+    )
+    assert bad.status_code == 422
+    assert count(server.engine, SessionAudit) == 0
+    done = lead.record_shown_notes("run-1", [note_id, 999_999], tags=["physics"], product="tutor")
+    assert done["shown_note_ids"] == [note_id]
+    assert lead.record_shown_notes("run-1", [note_id], tags=["physics"])["session_id"] == "run-1"
+    assert count(server.engine, SessionAudit) == 1
+    with pytest.raises(api_client.ApiError) as err:
+        lead.record_scores("no-such-run", {note_id: 1.0})
+    assert err.value.status == 404
+    with pytest.raises(api_client.ApiError) as err:
+        lead.record_scores("run-1", {999_999: 1.0})  # scores none of the shown notes
+    assert err.value.status == 422
+    assert count(server.engine, LessonTagRelevance) == 0
+    assert lead.record_scores("run-1", {note_id: 1.0})["applied"] is True
+    assert lead.record_scores("run-1", {note_id: 1.0})["applied"] is False
+    with Session(server.engine) as session:
+        rows = session.exec(select(LessonTagRelevance)).all()
+    assert [(r.lesson_id, r.tag, r.positive_evals) for r in rows] == [(note_id, "physics", 1)]
