@@ -206,13 +206,13 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
 
         return _run(add)
 
-    @api.post("/evaluations")
-    async def post_evaluations(actor: Token, request: Request) -> dict[str, Any]:
-        """Import evaluations (JSON Lines, or one JSON array) all or nothing; re-posting adds nothing."""
+    async def receive_and_import(request: Request, actor: Actor, kind: str) -> dict[str, Any]:
+        """Stream the body to a private file (413 past the limit), then run the importer on it."""
         require(actor, Permission.IMPORT)
+        too_big = f"the body is over the {limit // MIB} MB limit (OVERRULE_API_MAX_BODY_MB)"
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
-            raise ApiError(413, f"the body is over the {limit // MIB} MB limit (OVERRULE_API_MAX_BODY_MB)")
+            raise ApiError(413, too_big)
         folder = Path(tempfile.mkdtemp(prefix="overrule-api-"))
         try:
             path = folder / "request.jsonl"
@@ -221,17 +221,26 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
                 async for chunk in request.stream():
                     size += len(chunk)
                     if size > limit:
-                        raise ApiError(
-                            413, f"the body is over the {limit // MIB} MB limit (OVERRULE_API_MAX_BODY_MB)"
-                        )
+                        raise ApiError(413, too_big)
                     await run_in_threadpool(fh.write, chunk)
-            report = await run_in_threadpool(_import_evaluations, get_engine(), path, actor)
+            report = await run_in_threadpool(_import_body, get_engine(), path, actor, kind)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         return {
             "summary": report.summary(),
             **{k: v for k, v in dataclasses.asdict(report).items() if isinstance(v, (int, str))},
         }
+
+    @api.post("/evaluations")
+    async def post_evaluations(actor: Token, request: Request) -> dict[str, Any]:
+        """Import evaluations (JSON Lines, or one JSON array) all or nothing; re-posting adds nothing."""
+        return await receive_and_import(request, actor, "evaluations")
+
+    @api.post("/interactions")
+    async def post_interactions(actor: Token, request: Request) -> dict[str, Any]:
+        """Import seed-003 interactions (JSON Lines) all or nothing, as `python -m lib import --kind
+        interactions`: new unreviewed ones are auto-evaluated by precedent before the answer."""
+        return await receive_and_import(request, actor, "interactions")
 
     @api.get("/judgments/{change_id}")
     def get_judgment(actor: Token, change_id: str) -> JSONResponse:
@@ -402,14 +411,17 @@ def _opt_str(body: dict[str, Any], key: str) -> str | None:
     return value
 
 
-def _import_evaluations(engine: Engine, path: Path, actor: Actor) -> Any:
-    """The importer on the spooled body: a JSON array through import_evaluations, JSONL through import_path."""
+def _import_body(engine: Engine, path: Path, actor: Actor, kind: str) -> Any:
+    """The importer on the spooled body: an evaluations JSON array through import_evaluations,
+    JSON Lines through import_path (the CLI's import)."""
     from lib.db import session_scope
     from lib.importer import import_evaluations, import_path
 
     with path.open("rb") as fh:
         head = fh.read(64).removeprefix(b"\xef\xbb\xbf").lstrip()
     try:
+        if head.startswith(b"[") and kind != "evaluations":
+            raise ApiError(422, f"send {kind} as JSON Lines (one object per line)", line=1)
         if head.startswith(b"["):
             raw = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
             try:
@@ -426,7 +438,7 @@ def _import_evaluations(engine: Engine, path: Path, actor: Actor) -> Any:
                 raise ApiError(400, f"malformed JSON: {str(exc).split(';')[0]}") from None
             with session_scope(engine) as session:
                 return import_evaluations(session=session, records=records, source="request", reviewer=actor)
-        return import_path(engine=engine, path=path, kind="evaluations", reviewer=actor)
+        return import_path(engine=engine, path=path, kind=kind, reviewer=actor)
     except ImportFailed as exc:
         message = str(exc)
         line = _LINE.search(message)

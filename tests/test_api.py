@@ -313,3 +313,28 @@ def test_relevance_audits_and_scores_feed_tag_relevance_once(server: Server) -> 
     with Session(server.engine) as session:
         rows = session.exec(select(LessonTagRelevance)).all()
     assert [(r.lesson_id, r.tag, r.positive_evals) for r in rows] == [(note_id, "physics", 1)]
+
+
+def test_push_interactions_is_the_cli_import_with_its_refusals(server: Server) -> None:
+    from lib.models import Interaction
+    from tests.test_precedents_import import _line
+
+    lead = server.headers("lead")
+    rows = [_line(id="a", created_at="2026-01-01T10:00:00Z"), _line(id="b", question="When?")]
+    assert (
+        httpx.post(
+            f"{server.base}/interactions", content=jsonl(rows), headers=server.headers("reviewer")
+        ).status_code
+        == 403
+    )
+    bad = httpx.post(f"{server.base}/interactions", content=jsonl([rows[0], {"id": "c"}]), headers=lead)
+    assert bad.status_code == 422
+    assert bad.json()["line"] == 2
+    assert httpx.post(f"{server.base}/interactions", json=rows, headers=lead).status_code == 422
+    assert count(server.engine, Interaction) == 0
+    ok = httpx.post(f"{server.base}/interactions", content=jsonl(rows), headers=lead, timeout=120)
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["inserted"] == 2
+    again = httpx.post(f"{server.base}/interactions", content=jsonl(rows), headers=lead, timeout=120)
+    assert again.json()["inserted"] == 0
+    assert count(server.engine, Interaction) == 2
