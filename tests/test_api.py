@@ -338,3 +338,23 @@ def test_push_interactions_is_the_cli_import_with_its_refusals(server: Server) -
     again = httpx.post(f"{server.base}/interactions", content=jsonl(rows), headers=lead, timeout=120)
     assert again.json()["inserted"] == 0
     assert count(server.engine, Interaction) == 2
+
+
+def test_notes_prompt_is_byte_identical_to_the_cli(
+    server: Server, db_url: str, monkeypatch: pytest.MonkeyPatch, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    c = api_client.Client(server.base, server.secrets["reviewer"])
+    c.add_note("Read the question twice.", note_type="STRATEGY", language="en", session="run-0")
+    c.add_note("Dates come first.", note_type="TIP", language="de", session="run-1")
+    monkeypatch.setenv("OVERRULE_DATABASE_URL", db_url)
+    from lib.config import reset_settings
+
+    reset_settings()
+    for language, tags in (("en", []), ("de", ["math"])):
+        capsysbinary.readouterr()
+        tag_args = ["--tags", *tags] if tags else []
+        argv = ["notes", "--language", language, *tag_args, "--format", "prompt", "--session", "run-1"]
+        assert cli_main(argv) == 0
+        expected = capsysbinary.readouterr().out
+        assert b"Read the question twice." in expected
+        assert c.notes_prompt(language, tags=tags, session="run-1").encode() == expected
