@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from collections.abc import Sequence
 
+import pandas as pd
 from sqlmodel import Session, col, select
 
 from lib.auth import ROLES, Actor, Permission, authorize, record_event
@@ -55,6 +57,23 @@ def create_token(
 def list_tokens(*, session: Session) -> list[ApiToken]:
     """Every token, live and revoked, by name (the hashes stay in the database)."""
     return list(session.exec(select(ApiToken).order_by(col(ApiToken.name))).all())
+
+
+def tokens_frame(rows: Sequence[ApiToken]) -> pd.DataFrame:
+    """Tokens as the admin page lists them: never the secret, never its hash."""
+    return pd.DataFrame(
+        [
+            {
+                "name": t.name,
+                "role": t.role,
+                "created_by": t.created_by,
+                "created_at": t.created_at,
+                "revoked_at": t.revoked_at,
+            }
+            for t in rows
+        ],
+        columns=["name", "role", "created_by", "created_at", "revoked_at"],
+    )
 
 
 def revoke_token(*, session: Session, actor: Actor | str | None, name: str) -> ApiToken:

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from lib import auth
+from lib import auth, tokens
 from lib.ui import csv_download, current_actor, denied_reason, report_denied, session_scope
 
 st.title("Admin")
@@ -56,6 +56,44 @@ if roles:
 
 with st.expander("What each role may do"):
     st.dataframe(auth.permissions_frame(), hide_index=True, key="admin_permissions_table")
+
+st.subheader("API tokens")
+st.caption(
+    'Bearer tokens for the pipeline API at /api/v1 (README, "Pipeline API"); only their hashes are stored.'
+)
+with session_scope(read_only=True) as session:
+    token_rows = tokens.list_tokens(session=session)
+st.dataframe(tokens.tokens_frame(token_rows), hide_index=True, key="admin_tokens_table")
+with st.form("admin_token_form", clear_on_submit=True):
+    cols = st.columns([3, 1])
+    token_name = cols[0].text_input(
+        "Token name (recorded as the actor of its writes)", key="admin_token_name"
+    )
+    token_role = cols[1].selectbox("Role", auth.ROLES, index=2, key="admin_token_role")
+    create = st.form_submit_button("Create token", key="admin_token_create")
+if create:
+    try:
+        with session_scope() as session:
+            _, st.session_state["admin_new_token_secret"] = tokens.create_token(
+                session=session, actor=actor, name=token_name, role=token_role
+            )
+        st.rerun()
+    except auth.PermissionDenied as exc:
+        report_denied(exc)
+    except ValueError as exc:
+        st.error(str(exc))
+new_secret = st.session_state.pop("admin_new_token_secret", None)
+if new_secret:
+    st.success("Token created. Copy its secret now: it is not stored and will not be shown again.", icon="🔑")
+    st.code(new_secret, language=None)
+live = [t.name for t in token_rows if t.revoked_at is None]
+if live:
+    cols = st.columns([3, 1])
+    revoked = cols[0].selectbox("Revoke a token", live, index=None, key="admin_token_revoke")
+    if cols[1].button("Revoke", key="admin_token_revoke_button", disabled=revoked is None) and revoked:
+        with session_scope() as session:
+            tokens.revoke_token(session=session, actor=actor, name=revoked)
+        st.rerun()
 
 st.subheader("Audit trail")
 action = st.selectbox("Show", ["all", "sign_in", "role_change", "denied"], key="admin_audit_action")

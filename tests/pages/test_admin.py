@@ -108,3 +108,46 @@ def test_signed_in_the_sidebar_shows_the_identity_and_the_sign_in_is_audited(
         ("root@example.com", "sign_in")
     ]
     assert not at.exception
+
+
+def test_admin_creates_shows_the_secret_once_and_revokes_a_token(app_engine: Engine, open_page) -> None:
+    from lib.models import ApiToken
+    from lib.tokens import actor_for_secret, hash_secret
+
+    at = open_page(PAGE, reviewer="ayse")
+    at.text_input(key="admin_token_name").set_value("ci")
+    at.selectbox(key="admin_token_role").set_value("lead")
+    at.button(key="admin_token_create").click().run()
+    assert not at.exception
+    secret = at.code[0].value
+    with Session(app_engine) as s:
+        row = s.exec(select(ApiToken)).one()
+        assert (row.name, row.role, row.created_by, row.secret_hash) == (
+            "ci",
+            "lead",
+            "ayse",
+            hash_secret(secret),
+        )
+    table = next(d.value for d in at.dataframe if "revoked_at" in d.value.columns)
+    assert table["name"].tolist() == ["ci"]
+    assert secret not in table.to_string() and row.secret_hash not in table.to_string()
+    at.run()
+    assert not at.code  # shown once only
+    at.selectbox(key="admin_token_revoke").set_value("ci").run()
+    at.button(key="admin_token_revoke_button").click().run()
+    with Session(app_engine) as s:
+        assert actor_for_secret(session=s, secret=secret) is None
+
+
+def test_a_lead_cannot_manage_tokens(app_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lib.models import ApiToken
+
+    signin_mode(monkeypatch)
+    with Session(app_engine) as s:
+        s.add(UserRole(identity="lead@example.com", role="lead"))
+        s.commit()
+    at = as_user(PAGE, "lead@example.com")
+    assert not at.exception
+    assert not [w for w in at.text_input if w.key == "admin_token_name"]
+    with Session(app_engine) as s:
+        assert s.exec(select(ApiToken)).all() == []
