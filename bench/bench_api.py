@@ -1,0 +1,158 @@
+"""Pipeline API benchmark: push throughput over HTTP vs the CLI's import of the same file, and the
+latency of fetching the history prompt block over HTTP vs calling lib directly.
+
+    python bench/bench_api.py [--records 2000] [--judgments 100000] [--runs 20]
+
+Push: N evaluation records (2 judgments each) written to one JSONL file; `import_path` (what
+`python -m lib import` runs) on a fresh SQLite file, then `POST /api/v1/evaluations` of the same
+bytes to the API under uvicorn on 127.0.0.1 over a fresh SQLite file; evaluations/s for both and
+their ratio. History: `--judgments` rows from bench/gen.py, then the median of `--runs` fetches of
+`GET /history?format=prompt` vs `corrections.history_block` in-process. Figures are ratios for a
+shared machine: the wall clock there mostly measures the other jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+from sqlalchemy import Engine  # noqa: E402
+from sqlmodel import Session, select  # noqa: E402
+from starlette.applications import Starlette  # noqa: E402
+from starlette.routing import Mount  # noqa: E402
+
+from bench.gen import insert_batched, judgment_rows  # noqa: E402
+from lib import corrections  # noqa: E402
+from lib.api import API_PREFIX, create_app  # noqa: E402
+from lib.auth import system_actor  # noqa: E402
+from lib.db import init_db, session_scope  # noqa: E402
+from lib.importer import import_path  # noqa: E402
+from lib.models import Judgment  # noqa: E402
+from lib.tokens import create_token  # noqa: E402
+
+OUT = ROOT / "bench" / "out"
+
+
+def fresh(name: str) -> Engine:
+    path = OUT / name
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    return init_db(f"sqlite:///{path}")
+
+
+def serve(engine: Engine) -> tuple[str, str, uvicorn.Server, threading.Thread]:
+    """The API under uvicorn on a free loopback port, with an admin token."""
+    with Session(engine) as session:
+        _, secret = create_token(session=session, actor=system_actor(), name="bench", role="admin")
+        session.commit()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    app = Starlette(routes=[Mount(API_PREFIX, app=create_app(engine, max_body_mb=10_000))])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    return f"http://127.0.0.1:{port}{API_PREFIX}", secret, server, thread
+
+
+def records_file(n: int) -> Path:
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / "bench_api.jsonl"
+    with path.open("w", encoding="utf-8") as fh:
+        for i in range(n):
+            record = {
+                "question": f"Question {i}: who received the 1921 Nobel Prize in Physics?",
+                "model_answer": f"Albert Einstein, for the photoelectric effect ({i}).",
+                "product": "tutor",
+                "model_name": "bench",
+                "judge_model": "bench",
+                "judge_scores": {"truthfulness": {"score": 4, "reason": "ok"}, "clarity": {"score": 3}},
+            }
+            fh.write(json.dumps(record) + "\n")
+    return path
+
+
+def push(n: int) -> None:
+    path = records_file(n)
+    cli_engine = fresh("bench_api_cli.db")
+    start = time.perf_counter()
+    report = import_path(engine=cli_engine, path=path, kind="evaluations", reviewer=system_actor())
+    cli = time.perf_counter() - start
+    assert report.inserted == n, report.summary()
+    api_engine = fresh("bench_api_http.db")
+    base, secret, server, thread = serve(api_engine)
+    try:
+        body = path.read_bytes()
+        start = time.perf_counter()
+        response = httpx.post(
+            f"{base}/evaluations", content=body, headers={"Authorization": f"Bearer {secret}"}, timeout=3600
+        )
+        api = time.perf_counter() - start
+        assert response.status_code == 200 and response.json()["inserted"] == n, response.text
+    finally:
+        server.should_exit = True
+        thread.join()
+    print(f"push {n} evaluations ({len(body) / 1e6:.1f} MB):")
+    print(f"  CLI import  {n / cli:10.0f} evaluations/s")
+    print(f"  API POST    {n / api:10.0f} evaluations/s   (API/CLI throughput = {cli / api:.2f})")
+
+
+def history(judgments: int, runs: int) -> None:
+    engine = fresh("bench_api_history.db")
+    insert_batched(engine, Judgment, judgment_rows(judgments))
+    base, secret, server, thread = serve(engine)
+    headers = {"Authorization": f"Bearer {secret}"}
+    try:
+        with session_scope(engine, read_only=True) as session:
+            product = session.exec(select(Judgment.product).limit(1)).one()
+        params = {"product": product, "format": "prompt"}
+        with httpx.Client(headers=headers) as http:
+            http.get(f"{base}/history", params=params)  # warm
+            over_http = []
+            for _ in range(runs):
+                start = time.perf_counter()
+                http.get(f"{base}/history", params=params).raise_for_status()
+                over_http.append(time.perf_counter() - start)
+        direct = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            with session_scope(engine, read_only=True) as session:
+                corrections.history_block(session=session, product=product)
+            direct.append(time.perf_counter() - start)
+    finally:
+        server.should_exit = True
+        thread.join()
+    http_ms, lib_ms = statistics.median(over_http) * 1e3, statistics.median(direct) * 1e3
+    print(f"history prompt at {judgments} judgments, median of {runs}:")
+    print(f"  lib (in-process)  {lib_ms:8.2f} ms")
+    print(f"  GET /history      {http_ms:8.2f} ms   (HTTP/lib = {http_ms / lib_ms:.1f})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=2000)
+    parser.add_argument("--judgments", type=int, default=100_000)
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args(argv)
+    push(args.records)
+    history(args.judgments, args.runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
