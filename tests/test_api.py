@@ -126,6 +126,9 @@ def test_push_evaluations_jsonl_and_array_idempotent(server: Server) -> None:
     assert again.status_code == 200, again.text
     assert again.json()["inserted"] == 0
     assert count(server.engine, EvaluationSnapshot) == 3
+    with Session(server.engine) as session:
+        authors = set(session.exec(select(EvaluationSnapshot.created_by)).all())
+    assert authors == {"ci-lead"}  # the token's name is the actor of its writes
 
 
 def test_push_evaluations_bad_record_422_malformed_400_too_large_413(server: Server) -> None:
