@@ -265,7 +265,8 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
         body: Annotated[dict[str, Any], Body()],
         if_match: Annotated[str | None, Header()] = None,
     ) -> JSONResponse:
-        """Confirm or overrule (`decision`, `reason`) as of the version in If-Match; 409 if it moved."""
+        """`{"action": "confirm"}` or `{"action": "overrule", "decision": ..., "reason": ...}` as of the
+        version in If-Match; 409 with the other reviewer's decision if it moved."""
         from lib import corrections
         from lib.db import session_scope
 
@@ -276,8 +277,7 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
             expected = int(if_match.strip().removeprefix("W/").strip('"'))
         except ValueError:
             raise ApiError(400, f"If-Match must be a judgment version, got {if_match!r}") from None
-        if "decision" not in body:
-            raise ApiError(422, "the body needs 'decision'", field="decision")
+        action = _req_str(body, "action")  # "confirm" or "overrule": record_review checks it
 
         def review() -> corrections.JudgmentState:
             with session_scope(get_engine()) as session:
@@ -288,7 +288,8 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
                     session=session,
                     judgment_id=judgment.id,
                     expected_version=expected,
-                    user_decision=body["decision"],
+                    action=action,
+                    user_decision=body.get("decision"),
                     reviewer=actor,
                     reason=_opt_str(body, "reason"),
                 )

@@ -120,14 +120,18 @@ class Client:
         )
 
     def review(
-        self, change_id: str, *, decision: str, reason: str | None = None, version: int | None = None
+        self,
+        change_id: str,
+        *,
+        action: str = "overrule",
+        decision: str | None = None,
+        reason: str | None = None,
+        version: int | None = None,
     ) -> dict[str, Any]:
-        """Confirm or overrule a judgment as of `version` (fetched first when not given); 409 if it moved."""
+        """Confirm (`action="confirm"`) or overrule a judgment as of `version` (fetched first when not
+        given); ApiError 409 when another reviewer changed it meanwhile, with their decision."""
+        path = f"/judgments/{urllib.parse.quote(change_id)}"
         if version is None:
-            version = int(self._json("GET", f"/judgments/{urllib.parse.quote(change_id)}")["version"])
-        return self._json(
-            "PATCH",
-            f"/judgments/{urllib.parse.quote(change_id)}",
-            {"decision": decision, "reason": reason},
-            headers={"If-Match": f'"{version}"'},
-        )
+            version = int(self._json("GET", path)["version"])
+        body = {"action": action, "decision": decision, "reason": reason}
+        return self._json("PATCH", path, body, headers={"If-Match": f'"{version}"'})

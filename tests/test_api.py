@@ -228,16 +228,26 @@ def test_review_with_if_match_404_428_and_two_concurrent_reviewers_one_409(serve
     assert got.status_code == 200
     version = got.json()["version"]
     assert got.headers["etag"] == f'"{version}"'
-    body = {"decision": got.json()["decision"]}
+    body = {"action": "confirm"}
     assert httpx.patch(f"{server.base}/judgments/{change_id}", json=body, headers=rev).status_code == 428
     viewer = {**server.headers("viewer"), "If-Match": str(version)}
     assert httpx.patch(f"{server.base}/judgments/{change_id}", json=body, headers=viewer).status_code == 403
+    bad = {**rev, "If-Match": str(version)}
+    for wrong in ({"action": "nope"}, {"action": "overrule", "decision": "99", "reason": "x"}, {}):
+        assert httpx.patch(f"{server.base}/judgments/{change_id}", json=wrong, headers=bad).status_code == 422
+    assert (
+        httpx.patch(
+            f"{server.base}/judgments/{change_id}", json=body, headers={**rev, "If-Match": "v"}
+        ).status_code
+        == 400
+    )
+    assert count(server.engine, JudgmentEvent) == 0
 
     def review(decision: str) -> httpx.Response:
         headers = {**rev, "If-Match": f'"{version}"'}
         return httpx.patch(
             f"{server.base}/judgments/{change_id}",
-            json={"decision": decision, "reason": "checked"},
+            json={"action": "overrule", "decision": decision, "reason": "checked"},
             headers=headers,
         )
 
