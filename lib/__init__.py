@@ -6,7 +6,8 @@ functions whose positional form is public (tests and pipelines call them as the 
 which keep `session` first and positional:
 
 - `lib.corrections.select_history(session, product, max_entries=20, correction_ratio=0.75, metric=None)`
-- `lib.relevance.tag_relevance_with_evidence(session, note_id, tags)`
+- `lib.relevance.tag_relevance_with_evidence(session, note_id, tags)`; also `relevance_for_notes(session,
+  note_ids, tags)`, which `lib.notes.relevant_notes` calls positionally as its `RelevanceHook`
 - `lib.notes.add_note(session, language, note_type, content, phelps_code=None, confidence=None)`,
   `relevant_notes(session, language, limit=20)`, `search_notes(session, query, note_type, language)`,
   `remove_notes(session, note_type, language, older_than)`

@@ -275,7 +275,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
         try:
             with session_scope(_engine()) as session:
-                reset_retries(session, args.reset_retries, reviewer=system_actor())
+                reset_retries(session=session, audit_session_id=args.reset_retries, reviewer=system_actor())
         except ValueError as exc:
             raise CliError(f"evaluate: {exc}") from exc
         print(f"audit {args.reset_retries}: retries reset; the next `evaluate` run tries it again")

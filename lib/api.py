@@ -323,7 +323,7 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
         def record() -> dict[str, Any]:
             with session_scope(get_engine()) as session:
                 audit = relevance.record_audit(
-                    session,
+                    session=session,
                     session_id=_req_str(body, "session_id"),
                     shown_note_ids=shown,
                     env_tags=tags,
@@ -363,7 +363,9 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
                 if audit is None:
                     raise LookupError(f"no audit for session {session_id!r}")
                 scores = relevance.parse_evaluator_reply(body, audit.shown_lesson_ids or [])
-                applied = relevance.apply_evaluation(session, audit_session_id=session_id, scores=scores)
+                applied = relevance.apply_evaluation(
+                    session=session, audit_session_id=session_id, scores=scores
+                )
                 return {"applied": applied, "scores": {str(k): v for k, v in scores.items()}}
 
         return _run(apply)

@@ -1064,7 +1064,7 @@ def _record_notes_audit(
     try:
         with session_scope(engine) as session:
             relevance.record_audit(
-                session,
+                session=session,
                 session_id=snapshot_id,
                 shown_note_ids=context.shown_note_ids,
                 env_tags=context.env_tags,

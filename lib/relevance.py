@@ -228,7 +228,9 @@ def _chunks(values: Sequence[int]) -> Iterable[Sequence[int]]:
         yield values[start : start + _IN_CHUNK]
 
 
-def evidence_for_notes(session: Session, note_ids: Iterable[int], tags: Iterable[str]) -> dict[int, Evidence]:
+def evidence_for_notes(
+    *, session: Session, note_ids: Iterable[int], tags: Iterable[str]
+) -> dict[int, Evidence]:
     """Evidence of many notes under the same tags, read in one query per 500 notes."""
     wanted = normalize_tags(tags)
     ids = list(dict.fromkeys(int(i) for i in note_ids))
@@ -256,7 +258,7 @@ def evidence_for_notes(session: Session, note_ids: Iterable[int], tags: Iterable
 
 def tag_relevance_with_evidence(session: Session, note_id: int, tags: Sequence[str]) -> tuple[float, int]:
     """(avg_score, total_evals) of a note over all requested tags; missing tags count 0.0."""
-    evidence = evidence_for_notes(session, [note_id], tags)[int(note_id)]
+    evidence = evidence_for_notes(session=session, note_ids=[note_id], tags=tags)[int(note_id)]
     return evidence.avg_score, evidence.total_evals
 
 
@@ -264,7 +266,10 @@ def relevance_for_notes(
     session: Session, note_ids: Sequence[int], tags: Sequence[str]
 ) -> dict[int, tuple[str, float]]:
     """The `relevant_notes` hook: {note_id: (decision, boost)} for the caller's env tags."""
-    return {nid: ev.decision for nid, ev in evidence_for_notes(session, note_ids, tags).items()}
+    return {
+        nid: ev.decision
+        for nid, ev in evidence_for_notes(session=session, note_ids=note_ids, tags=tags).items()
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -297,6 +302,7 @@ def _locked_note(session: Session, note_id: int) -> SessionNote:
 
 
 def apply_score(
+    *,
     session: Session,
     note_id: int,
     tags: Sequence[str],
@@ -305,7 +311,6 @@ def apply_score(
     source: str = "evaluator",
     session_id: str | None = None,
     reviewer: str | None = None,
-    *,
     at: datetime | None = None,
 ) -> ScoreUpdate:
     """Move a note's EMA under every tag by one raw score; counts, history and pin state follow."""
@@ -349,7 +354,7 @@ def apply_score(
         )
         changes.append((tag, old, row.score))
     session.flush()
-    pin = update_pin_state(session, note) if changes else None
+    pin = update_pin_state(session=session, note=note) if changes else None
     return ScoreUpdate(note_id=int(note.id or 0), raw=raw, weight=weight, changes=tuple(changes), pin=pin)
 
 
@@ -357,7 +362,7 @@ def apply_score(
 # Pinning
 
 
-def note_relevance_summary(session: Session, note_id: int) -> tuple[float, int]:
+def note_relevance_summary(*, session: Session, note_id: int) -> tuple[float, int]:
     """(average score over all of the note's tag rows, total evaluations): what pinning looks at."""
     avg, total = session.exec(
         select(
@@ -421,7 +426,7 @@ def _store_pin(session: Session, note: SessionNote, state: PinState) -> None:
     session.flush()
 
 
-def update_pin_state(session: Session, note: SessionNote | int) -> str | None:
+def update_pin_state(*, session: Session, note: SessionNote | int) -> str | None:
     """Auto-pin a note the evaluator keeps praising; auto-unpin it (only if auto-pinned) when praise fades."""
     if not isinstance(note, SessionNote):
         note = _locked_note(session, note)
@@ -440,7 +445,7 @@ def update_pin_state(session: Session, note: SessionNote | int) -> str | None:
 
 
 def set_manual_pin(
-    session: Session, note_id: int, pinned: bool, *, reviewer: Actor | str, at: datetime | None = None
+    *, session: Session, note_id: int, pinned: bool, reviewer: Actor | str, at: datetime | None = None
 ) -> SessionNote:
     """A reviewer's pin or unpin; a manual pin is never auto-unpinned, so it replaces an auto-pin."""
     if not identity_of(reviewer):
@@ -479,7 +484,7 @@ def tag_set_key(tags: Iterable[str]) -> str:
     return ",".join(sorted(normalize_tags(tags)))
 
 
-def find_match_pin_tags(session: Session, note_id: int, threshold: int | None = None) -> list[str] | None:
+def find_match_pin_tags(*, session: Session, note_id: int, threshold: int | None = None) -> list[str] | None:
     """The seed's minimal tag subset (≤ 4 tags) shown with the note at least `threshold` times, or None."""
     threshold = get_settings().match_pin_threshold if threshold is None else threshold
     rows = session.exec(
@@ -499,7 +504,7 @@ def find_match_pin_tags(session: Session, note_id: int, threshold: int | None = 
 
 
 def record_matches(
-    session: Session, note_ids: Iterable[int], tags: Sequence[str], *, at: datetime | None = None
+    *, session: Session, note_ids: Iterable[int], tags: Sequence[str], at: datetime | None = None
 ) -> list[int]:
     """Count one showing of each note under this tag set; returns the notes this pinned (threshold 15)."""
     key = tag_set_key(tags)
@@ -522,7 +527,7 @@ def record_matches(
         note = _locked_note(session, note_id)
         if note.pinned:
             continue
-        subset = find_match_pin_tags(session, note_id)
+        subset = find_match_pin_tags(session=session, note_id=note_id)
         if subset:
             prerequisites = dict(note.prerequisites or {})
             prerequisites["tags"] = subset
@@ -539,8 +544,8 @@ def record_matches(
 
 
 def record_audit(
-    session: Session,
     *,
+    session: Session,
     session_id: str,
     shown_note_ids: Iterable[int],
     env_tags: Sequence[str],
@@ -586,11 +591,11 @@ def record_audit(
     )
     session.add(audit)
     session.flush()
-    record_matches(session, audit.shown_lesson_ids, tags, at=audit.timestamp)
+    record_matches(session=session, note_ids=audit.shown_lesson_ids, tags=tags, at=audit.timestamp)
     return audit
 
 
-def unprocessed_audits(session: Session, limit: int = 10) -> list[SessionAudit]:
+def unprocessed_audits(*, session: Session, limit: int = 10) -> list[SessionAudit]:
     """Audits the evaluator still owes a score: never processed, or failed fewer than 3 times; oldest first."""
     prs = ProcessedRelevanceSession
     stmt = (
@@ -800,8 +805,8 @@ def _claim(session: Session, session_id: str) -> ProcessedRelevanceSession:
 
 
 def apply_evaluation(
-    session: Session,
     *,
+    session: Session,
     audit_session_id: str,
     scores: Mapping[int, float],
     weight: float | None = None,
@@ -823,7 +828,16 @@ def apply_evaluation(
     )
     for note_id, raw in sorted(scores.items()):
         if note_id in existing:  # a note removed since the run has nothing left to score
-            apply_score(session, note_id, audit.env_tags, raw, weight, "evaluator", audit.session_id, at=at)
+            apply_score(
+                session=session,
+                note_id=note_id,
+                tags=audit.env_tags,
+                raw=raw,
+                weight=weight,
+                source="evaluator",
+                session_id=audit.session_id,
+                at=at,
+            )
     mark.status, mark.processed_at = "completed", at or utcnow()
     session.add(mark)
     session.flush()
@@ -831,7 +845,7 @@ def apply_evaluation(
 
 
 def mark_failed(
-    session: Session, audit_session_id: str, *, spends_retry: bool = True
+    *, session: Session, audit_session_id: str, spends_retry: bool = True
 ) -> ProcessedRelevanceSession:
     """Record a failed evaluation (nothing applied); a completed audit stays completed.
 
@@ -848,7 +862,7 @@ def mark_failed(
 
 
 def reset_retries(
-    session: Session, audit_session_id: str, *, reviewer: Actor | str | None = None
+    *, session: Session, audit_session_id: str, reviewer: Actor | str | None = None
 ) -> ProcessedRelevanceSession:
     """Give a failed audit its retries back (a lead's decision, after fixing the server); ValueError otherwise."""
     authorize(session, reviewer, Permission.JUDGE)
@@ -864,7 +878,7 @@ def reset_retries(
     return mark
 
 
-def abandoned_audits(session: Session, limit: int = 50) -> list[ProcessedRelevanceSession]:
+def abandoned_audits(*, session: Session, limit: int = 50) -> list[ProcessedRelevanceSession]:
     """Audits the evaluator gave up on (every retry spent on LLM failures), most recent failure first."""
     prs = ProcessedRelevanceSession
     return list(
@@ -910,7 +924,7 @@ def evaluate_pending(engine: Engine, limit: int = 5, *, settings: Settings | Non
     if not settings.llm_configured:
         raise llm.LLMNotConfigured()
     with session_scope(engine, read_only=True) as session:
-        work = [_audit_work(session, a) for a in unprocessed_audits(session, limit)]
+        work = [_audit_work(session, a) for a in unprocessed_audits(session=session, limit=limit)]
     report = EvaluationReport(total=len(work))
     for item in work:
         outcome, message = _evaluate_one(engine, item, settings)
@@ -925,7 +939,7 @@ def _evaluate_one(engine: Engine, work: AuditWork, settings: Settings) -> tuple[
     if not work.notes:
         # Every shown note was removed since: nothing to learn, and nothing to retry.
         with session_scope(engine) as session:
-            apply_evaluation(session, audit_session_id=work.session_id, scores={})
+            apply_evaluation(session=session, audit_session_id=work.session_id, scores={})
         return "skipped", None
     try:
         # No transaction is open during the call: an LLM can take a minute.
@@ -946,12 +960,15 @@ def _evaluate_one(engine: Engine, work: AuditWork, settings: Settings) -> tuple[
         log.warning("relevance evaluation of %s failed: %s", work.session_id, exc)
         malformed = not isinstance(exc, llm.LLMError) or exc.kind in MALFORMED_KINDS
         with session_scope(engine) as session:
-            mark_failed(session, work.session_id, spends_retry=not malformed)
+            mark_failed(session=session, audit_session_id=work.session_id, spends_retry=not malformed)
         return "failed", str(exc) + (" (malformed reply: no retry spent)" if malformed else "")
     try:
         with session_scope(engine) as session:
             applied = apply_evaluation(
-                session, audit_session_id=work.session_id, scores=scores, weight=settings.evaluator_weight
+                session=session,
+                audit_session_id=work.session_id,
+                scores=scores,
+                weight=settings.evaluator_weight,
             )
     except IntegrityError:
         return "skipped", None  # another evaluator claimed the same audit at the same moment
@@ -990,7 +1007,7 @@ def _reviewer_votes(
 
 
 def shown_notes_for_snapshot(
-    session: Session, snapshot_id: str, *, reviewer: str | None = None
+    *, session: Session, snapshot_id: str, reviewer: str | None = None
 ) -> list[ShownNote]:
     """The notes the judge runs of an evaluation showed, for the "was this note useful here?" buttons."""
     audits = session.exec(
@@ -1003,7 +1020,7 @@ def shown_notes_for_snapshot(
     for audit in audits:
         ids = [int(i) for i in audit.shown_lesson_ids or []]
         notes = {n.id: n for n in session.exec(select(SessionNote).where(col(SessionNote.id).in_(ids))).all()}
-        evidence = evidence_for_notes(session, ids, audit.env_tags or [])
+        evidence = evidence_for_notes(session=session, note_ids=ids, tags=audit.env_tags or [])
         for note_id in ids:
             raw = votes.get((audit.session_id, note_id))
             vote = None if raw is None else ("useful" if raw > 0 else "not useful")
@@ -1021,8 +1038,8 @@ def shown_notes_for_snapshot(
 
 
 def record_feedback(
-    session: Session,
     *,
+    session: Session,
     audit_session_id: str,
     note_id: int,
     useful: bool,
@@ -1041,14 +1058,14 @@ def record_feedback(
     if _reviewer_votes(session, [audit.session_id], name).get((audit.session_id, int(note_id))) is not None:
         raise AlreadyRated(f"{name} already scored note {note_id} for this judge run")
     return apply_score(
-        session,
-        int(note_id),
-        audit.env_tags,
-        1.0 if useful else -1.0,
-        get_settings().feedback_weight,
-        "reviewer",
-        audit.session_id,
-        name,
+        session=session,
+        note_id=int(note_id),
+        tags=audit.env_tags,
+        raw=1.0 if useful else -1.0,
+        weight=get_settings().feedback_weight,
+        source="reviewer",
+        session_id=audit.session_id,
+        reviewer=name,
         at=at,
     )
 
@@ -1094,13 +1111,13 @@ EXPLAIN_COLUMNS = (
 )
 
 
-def known_tags(session: Session) -> list[str]:
+def known_tags(*, session: Session) -> list[str]:
     """Every tag that has a score, sorted (for filter menus)."""
     stmt = select(LessonTagRelevance.tag).distinct().order_by(col(LessonTagRelevance.tag))
     return list(session.exec(stmt).all())
 
 
-def latest_audit_tags(session: Session) -> list[str]:
+def latest_audit_tags(*, session: Session) -> list[str]:
     """The env tags of the most recent judge run that showed notes (the explainer's starting point)."""
     audit = session.exec(
         select(SessionAudit)
@@ -1120,8 +1137,8 @@ def _note_filters(note_type: str | None, language: str | None) -> list[Any]:
 
 
 def scores_frame(
-    session: Session,
     *,
+    session: Session,
     tags: Sequence[str] | None = None,
     note_type: str | None = None,
     language: str | None = None,
@@ -1166,7 +1183,7 @@ def scores_frame(
     return frame
 
 
-def history_frame(session: Session, note_id: int, *, tags: Sequence[str] | None = None) -> pd.DataFrame:
+def history_frame(*, session: Session, note_id: int, tags: Sequence[str] | None = None) -> pd.DataFrame:
     """Every applied score of a note, oldest first: the EMA's path per tag."""
     ev = TagRelevanceEvent
     stmt = select(ev).where(col(ev.lesson_id) == int(note_id))
@@ -1180,14 +1197,14 @@ def history_frame(session: Session, note_id: int, *, tags: Sequence[str] | None 
     return frame
 
 
-def pinned_frame(session: Session) -> pd.DataFrame:
+def pinned_frame(*, session: Session) -> pd.DataFrame:
     """Pinned notes, how they were pinned, their pin tags and the averages pinning looks at."""
     notes = session.exec(
         select(SessionNote).where(col(SessionNote.pinned)).order_by(col(SessionNote.id))
     ).all()
     records = []
     for note in notes:
-        avg, total = note_relevance_summary(session, int(note.id or 0))
+        avg, total = note_relevance_summary(session=session, note_id=int(note.id or 0))
         records.append(
             {
                 "note_id": note.id,
@@ -1241,9 +1258,9 @@ def explain_records(frame: pd.DataFrame) -> dict[int, dict[str, Any]]:
 
 
 def explain(
+    *,
     session: Session,
     tags: Sequence[str],
-    *,
     note_ids: Sequence[int] | None = None,
     note_type: str | None = None,
     language: str | None = None,
@@ -1269,7 +1286,7 @@ def explain(
         .limit(max(0, int(limit)))
     )
     notes = session.exec(stmt).all()
-    evidence = evidence_for_notes(session, [int(n.id or 0) for n in notes], wanted)
+    evidence = evidence_for_notes(session=session, note_ids=[int(n.id or 0) for n in notes], tags=wanted)
     records = []
     for note in notes:
         ev = evidence[int(note.id or 0)]

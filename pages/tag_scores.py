@@ -26,10 +26,10 @@ st.caption(
 )
 
 with session_scope(read_only=True) as session:
-    tags = relevance.known_tags(session)
+    tags = relevance.known_tags(session=session)
     languages = notes.note_languages(session=session)
-    context_tags = relevance.latest_audit_tags(session)
-    abandoned = [mark.session_id for mark in relevance.abandoned_audits(session)]
+    context_tags = relevance.latest_audit_tags(session=session)
+    abandoned = [mark.session_id for mark in relevance.abandoned_audits(session=session)]
 
 show_flash("tag_scores_flash")
 if abandoned:
@@ -45,7 +45,7 @@ if abandoned:
         ):
             try:
                 with session_scope() as session:
-                    relevance.reset_retries(session, audit, reviewer=lead)
+                    relevance.reset_retries(session=session, audit_session_id=audit, reviewer=lead)
             except ValueError as exc:  # evaluated or removed since the page was drawn
                 flash("tag_scores_flash", "error", f"Nothing was reset: {exc}.")
             else:
@@ -76,8 +76,8 @@ filters = {
 }
 
 with session_scope(read_only=True) as session:
-    scores = relevance.scores_frame(session, **filters, limit_notes=HEATMAP_NOTES)
-    all_scores = relevance.scores_frame(session, **filters, limit_notes=None)
+    scores = relevance.scores_frame(session=session, **filters, limit_notes=HEATMAP_NOTES)
+    all_scores = relevance.scores_frame(session=session, **filters, limit_notes=None)
 
 # --- Heatmap -------------------------------------------------------------------------------
 st.subheader("Scores by note and tag")
@@ -99,7 +99,7 @@ if not scores.empty:
         "Note", list(labels), format_func=labels.__getitem__, key="tag_scores_history_note"
     )
     with session_scope(read_only=True) as session:
-        history = relevance.history_frame(session, note_id, tags=chosen_tags or None)
+        history = relevance.history_frame(session=session, note_id=note_id, tags=chosen_tags or None)
     st.caption(f"{len(history)} scores applied · pinned state: {relevance.pin_of(scores, note_id)}")
     st.plotly_chart(ema_history_figure(history), key="tag_scores_history_chart")
     csv_download(
@@ -114,7 +114,7 @@ st.caption(
     "shown 15 times under a tag subset. Manual pins are never removed automatically."
 )
 with session_scope(read_only=True) as session:
-    pinned = relevance.pinned_frame(session)
+    pinned = relevance.pinned_frame(session=session)
 if pinned.empty:
     st.caption("No note is pinned.")
 else:
@@ -145,8 +145,8 @@ if not explain_tags:
     st.stop()
 with session_scope(read_only=True) as session:
     explained = relevance.explain(
-        session,
-        explain_tags,
+        session=session,
+        tags=explain_tags,
         note_type=filters["note_type"],
         language=filters["language"],
         include_unscored=include_all,

@@ -460,7 +460,7 @@ def test_pins_follow_the_auto_pin_rules_plus_one_manual_pin(db: Session) -> None
     assert len(auto) >= 2 and all(n.pinned and n.prerequisites["auto_pinned"] for n in auto)
     assert len(manual) == 1 and manual[0].prerequisites["pinned_by"] == "ayse"
     for note in notes:
-        avg, evals = relevance.note_relevance_summary(db, note.id)
+        avg, evals = relevance.note_relevance_summary(session=db, note_id=note.id)
         if evals >= 5 and avg > 0.6:
             assert note.pinned, note.id  # the app pins such a note the moment it qualifies
         if note.auto_pinned:
@@ -469,7 +469,7 @@ def test_pins_follow_the_auto_pin_rules_plus_one_manual_pin(db: Session) -> None
 
 def test_no_unpinned_note_reached_the_match_count_pin(db: Session) -> None:
     for note in db.exec(select(SessionNote).where(SessionNote.pinned == False)).all():  # noqa: E712
-        assert relevance.find_match_pin_tags(db, note.id) is None, note.id
+        assert relevance.find_match_pin_tags(session=db, note_id=note.id) is None, note.id
 
 
 def test_precedents_have_expert_feedback_or_an_auto_evaluation(db: Session) -> None:

@@ -262,20 +262,20 @@ def test_a_malformed_evaluator_reply_spends_no_retry_and_a_lead_can_reset_retrie
         relevance.evaluate_pending(engine)
     assert scores_and_mark(engine)[1] == ("failed", relevance.MAX_EVALUATION_RETRIES)
     with Session(engine) as session:
-        assert relevance.unprocessed_audits(session) == []  # left alone after three server failures
+        assert relevance.unprocessed_audits(session=session) == []  # left alone after three server failures
     monkeypatch.setenv("OVERRULE_DATABASE_URL", str(engine.url.render_as_string(hide_password=False)))
     reset_settings()
     assert main(["evaluate", "--reset-retries", "run-1"]) == 0
     assert "retries reset" in capsys.readouterr().out
     assert scores_and_mark(engine)[1] == ("pending", 0)
     with session_scope(engine) as session, pytest.raises(ValueError, match="no audit"):
-        relevance.reset_retries(session, "nope")
+        relevance.reset_retries(session=session, audit_session_id="nope")
 
 
 def test_failed_audits_go_to_the_back_of_the_queue(engine: Engine) -> None:
     audited(engine, "A note")
     with session_scope(engine) as session:
-        relevance.mark_failed(session, "run-1", spends_retry=False)
+        relevance.mark_failed(session=session, audit_session_id="run-1", spends_retry=False)
         session.add(
             SessionAudit(
                 session_id="run-2",
@@ -286,7 +286,7 @@ def test_failed_audits_go_to_the_back_of_the_queue(engine: Engine) -> None:
             )
         )
     with Session(engine) as session:
-        assert [a.session_id for a in relevance.unprocessed_audits(session)] == ["run-2", "run-1"]
+        assert [a.session_id for a in relevance.unprocessed_audits(session=session)] == ["run-2", "run-1"]
     with Session(engine) as session:
         mark = session.get(ProcessedRelevanceSession, "run-1")
         assert mark is not None and mark.retry_count == 0

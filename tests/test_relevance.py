@@ -319,7 +319,7 @@ def test_raw_score_sign_decides_which_count_grows(
     session: Session, raw: float, positive: int, negative: int
 ) -> None:
     note_id = make_note(session)
-    apply_score(session, note_id, ["lang:en"], raw)
+    apply_score(session=session, note_id=note_id, tags=["lang:en"], raw=raw)
     row = session.get(LessonTagRelevance, (note_id, "lang:en"))
     assert row is not None
     assert (row.positive_evals, row.negative_evals) == (positive, negative)
@@ -328,7 +328,7 @@ def test_raw_score_sign_decides_which_count_grows(
 def test_zero_raw_score_still_decays_the_ema_and_is_recorded(session: Session) -> None:
     note_id = make_note(session)
     set_row(session, note_id, "lang:en", 1.0, pos=4)
-    apply_score(session, note_id, ["lang:en"], 0.0)
+    apply_score(session=session, note_id=note_id, tags=["lang:en"], raw=0.0)
     assert tag_relevance_with_evidence(session, note_id, ["lang:en"]) == (pytest.approx(0.7), 4)
     assert session.exec(select(func.count()).select_from(TagRelevanceEvent)).one() == 1
 
@@ -338,7 +338,15 @@ def test_apply_score_moves_every_tag_and_writes_its_history(session: Session) ->
     set_row(session, note_id, "product:acme", 1.0, pos=2)
     moment = utcnow() - timedelta(hours=1)
     apply_score(
-        session, note_id, ["lang:en", "product:acme"], -1.0, 2.0, "reviewer", "run-1", "ayse", at=moment
+        session=session,
+        note_id=note_id,
+        tags=["lang:en", "product:acme"],
+        raw=-1.0,
+        weight=2.0,
+        source="reviewer",
+        session_id="run-1",
+        reviewer="ayse",
+        at=moment,
     )
     rows = {r.tag: r for r in session.exec(select(LessonTagRelevance)).all()}
     assert rows["lang:en"].score == pytest.approx(-0.6)
@@ -359,7 +367,7 @@ def test_applied_scores_reproduce_the_seed_sequence_in_the_database(session: Ses
     note_id = make_note(session)
     seen = []
     for _ in range(3):
-        apply_score(session, note_id, ["python"], -1.0)
+        apply_score(session=session, note_id=note_id, tags=["python"], raw=-1.0)
         seen.append(round(tag_relevance_with_evidence(session, note_id, ["python"])[0], 3))
     assert seen == [-0.300, -0.510, -0.657]
 
@@ -369,17 +377,17 @@ def test_applied_scores_reproduce_the_seed_sequence_in_the_database(session: Ses
 def test_apply_score_refuses_a_raw_score_that_is_not_a_finite_number(session: Session, raw: Any) -> None:
     note_id = make_note(session)
     with pytest.raises(ValueError, match="finite number"):
-        apply_score(session, note_id, ["lang:en"], raw)
+        apply_score(session=session, note_id=note_id, tags=["lang:en"], raw=raw)
 
 
 def test_apply_score_refuses_an_unknown_note(session: Session) -> None:
     with pytest.raises(UnknownNote):
-        apply_score(session, 999, ["lang:en"], 1.0)
+        apply_score(session=session, note_id=999, tags=["lang:en"], raw=1.0)
 
 
 def test_apply_score_refuses_an_unknown_source(session: Session) -> None:
     with pytest.raises(ValueError, match="source"):
-        apply_score(session, make_note(session), ["lang:en"], 1.0, source="gossip")
+        apply_score(session=session, note_id=make_note(session), tags=["lang:en"], raw=1.0, source="gossip")
 
 
 # --------------------------------------------------------------------------------------------
@@ -408,7 +416,7 @@ def test_auto_pin_needs_average_above_point_six_and_five_evaluations(
     session: Session, score: float, evals: int, pinned: bool
 ) -> None:
     note_id = scored_note(session, score, evals, tags=2)
-    assert (update_pin_state(session, note_id) == "pinned") is pinned
+    assert (update_pin_state(session=session, note=note_id) == "pinned") is pinned
     assert note(session, note_id).pinned is pinned
     assert note(session, note_id).auto_pinned is pinned
 
@@ -417,7 +425,7 @@ def test_auto_pin_averages_over_all_of_the_notes_tags(session: Session) -> None:
     note_id = make_note(session)
     set_row(session, note_id, "a", 1.5, pos=3)
     set_row(session, note_id, "b", -0.2, neg=3)  # (1.5 - 0.2) / 2 = 0.65
-    assert update_pin_state(session, note_id) == "pinned"
+    assert update_pin_state(session=session, note=note_id) == "pinned"
 
 
 def test_auto_pin_records_the_positive_tags_as_prerequisites(session: Session) -> None:
@@ -425,7 +433,7 @@ def test_auto_pin_records_the_positive_tags_as_prerequisites(session: Session) -
     set_row(session, note_id, "lang:en", 2.0, pos=3)
     set_row(session, note_id, "product:b", -0.1, neg=1)
     set_row(session, note_id, "product:a", 0.5, pos=1)
-    update_pin_state(session, note_id)
+    update_pin_state(session=session, note=note_id)
     assert note(session, note_id).prerequisites == {"auto_pinned": True, "tags": ["lang:en", "product:a"]}
 
 
@@ -434,20 +442,20 @@ def test_auto_unpin_needs_average_below_point_two_and_five_evaluations(
     session: Session, score: float, evals: int, unpinned: bool
 ) -> None:
     note_id = scored_note(session, score, evals, pinned=True, auto_pinned=True)
-    assert (update_pin_state(session, note_id) == "unpinned") is unpinned
+    assert (update_pin_state(session=session, note=note_id) == "unpinned") is unpinned
     assert note(session, note_id).pinned is not unpinned
 
 
 @pytest.mark.parametrize("prerequisites", [{}, {"match_pinned": True, "tags": ["lang:en"]}])
 def test_manual_and_match_count_pins_are_never_auto_unpinned(session: Session, prerequisites: dict) -> None:
     note_id = scored_note(session, -3.0, 100, pinned=True, auto_pinned=False, prerequisites=prerequisites)
-    assert update_pin_state(session, note_id) is None
+    assert update_pin_state(session=session, note=note_id) is None
     assert note(session, note_id).pinned is True
 
 
 def test_apply_score_reports_the_auto_pin_it_caused(session: Session) -> None:
     note_id = make_note(session)
-    results = [apply_score(session, note_id, ["a", "b"], 1.0).pin for _ in range(3)]
+    results = [apply_score(session=session, note_id=note_id, tags=["a", "b"], raw=1.0).pin for _ in range(3)]
     # 2 tags × 3 evaluations = 6 ≥ 5, avg 0.657 > 0.6 on the third.
     assert results == [None, None, "pinned"]
 
@@ -456,15 +464,15 @@ def test_a_manual_pin_replaces_an_auto_pin_and_survives_bad_scores(session: Sess
     note_id = scored_note(
         session, 0.1, 10, pinned=True, auto_pinned=True, prerequisites={"auto_pinned": True}
     )
-    set_manual_pin(session, note_id, True, reviewer="ayse")
-    assert update_pin_state(session, note_id) is None
+    set_manual_pin(session=session, note_id=note_id, pinned=True, reviewer="ayse")
+    assert update_pin_state(session=session, note=note_id) is None
     pinned = note(session, note_id)
     assert (pinned.pinned, pinned.auto_pinned, pinned.prerequisites["pinned_by"]) == (True, False, "ayse")
 
 
 def test_manual_pin_needs_a_reviewer(session: Session) -> None:
     with pytest.raises(ValueError, match="reviewer"):
-        set_manual_pin(session, make_note(session), True, reviewer=" ")
+        set_manual_pin(session=session, note_id=make_note(session), pinned=True, reviewer=" ")
 
 
 # --------------------------------------------------------------------------------------------
@@ -475,7 +483,7 @@ def test_manual_pin_needs_a_reviewer(session: Session) -> None:
 def test_match_count_pins_a_note_shown_fifteen_times(session: Session, showings: int, pinned: bool) -> None:
     note_id = make_note(session)
     for _ in range(showings):
-        record_matches(session, [note_id], ["lang:en", "product:acme"])
+        record_matches(session=session, note_ids=[note_id], tags=["lang:en", "product:acme"])
     shown = note(session, note_id)
     assert shown.pinned is pinned
     assert shown.auto_pinned is False
@@ -484,27 +492,27 @@ def test_match_count_pins_a_note_shown_fifteen_times(session: Session, showings:
 def test_match_count_pin_takes_the_smallest_tag_subset_across_tag_sets(session: Session) -> None:
     note_id = make_note(session)
     for _ in range(8):
-        record_matches(session, [note_id], ["product:acme", "metric:clarity"])
+        record_matches(session=session, note_ids=[note_id], tags=["product:acme", "metric:clarity"])
     for _ in range(7):
-        record_matches(session, [note_id], ["product:acme", "metric:safety"])
-    assert find_match_pin_tags(session, note_id) == ["product:acme"]
+        record_matches(session=session, note_ids=[note_id], tags=["product:acme", "metric:safety"])
+    assert find_match_pin_tags(session=session, note_id=note_id) == ["product:acme"]
     assert note(session, note_id).prerequisites == {"tags": ["product:acme"], "match_pinned": True}
 
 
 def test_match_count_leaves_an_already_pinned_note_alone(session: Session) -> None:
     note_id = make_note(session)
-    set_manual_pin(session, note_id, True, reviewer="ayse")
+    set_manual_pin(session=session, note_id=note_id, pinned=True, reviewer="ayse")
     before = dict(note(session, note_id).prerequisites)
     for _ in range(15):
-        record_matches(session, [note_id], ["lang:en"])
+        record_matches(session=session, note_ids=[note_id], tags=["lang:en"])
     assert note(session, note_id).prerequisites == before
 
 
 def test_match_counts_accumulate_per_tag_set(session: Session) -> None:
     note_id = make_note(session)
     for _ in range(3):
-        record_matches(session, [note_id], ["b", "a"])
-    record_matches(session, [note_id], ["a"])
+        record_matches(session=session, note_ids=[note_id], tags=["b", "a"])
+    record_matches(session=session, note_ids=[note_id], tags=["a"])
     rows = session.exec(select(LessonMatchStat.tag_set, LessonMatchStat.times_matched)).all()
     assert sorted(rows) == [("a", 1), ("a,b", 3)]
 
@@ -516,7 +524,7 @@ def test_match_counts_accumulate_per_tag_set(session: Session) -> None:
 def test_record_audit_stores_sorted_tags_and_existing_shown_notes(session: Session) -> None:
     first, second = make_note(session, "one"), make_note(session, "two")
     audit = record_audit(
-        session,
+        session=session,
         session_id="run-1",
         shown_note_ids=[second, first, 999],
         env_tags=["product:acme", "lang:en"],
@@ -535,13 +543,15 @@ def test_record_audit_stores_sorted_tags_and_existing_shown_notes(session: Sessi
 def test_record_audit_is_idempotent_per_run_and_counts_showings_once(session: Session) -> None:
     note_id = make_note(session)
     for _ in range(2):
-        record_audit(session, session_id="run-1", shown_note_ids=[note_id], env_tags=["lang:en"])
+        record_audit(session=session, session_id="run-1", shown_note_ids=[note_id], env_tags=["lang:en"])
     assert session.exec(select(func.count()).select_from(SessionAudit)).one() == 1
     assert session.exec(select(LessonMatchStat.times_matched)).one() == 1
 
 
 def test_record_audit_skips_a_run_that_showed_no_notes(session: Session) -> None:
-    assert record_audit(session, session_id="run-1", shown_note_ids=[999], env_tags=["lang:en"]) is None
+    assert (
+        record_audit(session=session, session_id="run-1", shown_note_ids=[999], env_tags=["lang:en"]) is None
+    )
     assert session.exec(select(func.count()).select_from(SessionAudit)).one() == 0
 
 
@@ -558,11 +568,13 @@ def test_record_audit_skips_a_run_that_showed_no_notes(session: Session) -> None
 def test_unprocessed_audits_are_new_or_failed_fewer_than_three_times(
     session: Session, status: str | None, retries: int, pending: bool
 ) -> None:
-    record_audit(session, session_id="run-1", shown_note_ids=[make_note(session)], env_tags=["lang:en"])
+    record_audit(
+        session=session, session_id="run-1", shown_note_ids=[make_note(session)], env_tags=["lang:en"]
+    )
     if status is not None:
         session.add(ProcessedRelevanceSession(session_id="run-1", status=status, retry_count=retries))
         session.flush()
-    assert [a.session_id for a in unprocessed_audits(session)] == (["run-1"] if pending else [])
+    assert [a.session_id for a in unprocessed_audits(session=session)] == (["run-1"] if pending else [])
 
 
 def test_unprocessed_audits_come_oldest_first_up_to_the_limit(session: Session) -> None:
@@ -570,23 +582,25 @@ def test_unprocessed_audits_come_oldest_first_up_to_the_limit(session: Session) 
     now = utcnow()
     for i, name in enumerate(["new", "old", "mid"]):
         at = now - timedelta(minutes={"new": 1, "old": 30, "mid": 10}[name] + i)
-        record_audit(session, session_id=name, shown_note_ids=[note_id], env_tags=["t"], at=at)
-    assert [a.session_id for a in unprocessed_audits(session, limit=2)] == ["old", "mid"]
+        record_audit(session=session, session_id=name, shown_note_ids=[note_id], env_tags=["t"], at=at)
+    assert [a.session_id for a in unprocessed_audits(session=session, limit=2)] == ["old", "mid"]
 
 
 def test_applying_an_evaluation_twice_never_double_counts(session: Session) -> None:
     note_id = make_note(session)
-    record_audit(session, session_id="run-1", shown_note_ids=[note_id], env_tags=["lang:en", "product:a"])
-    assert apply_evaluation(session, audit_session_id="run-1", scores={note_id: 1.0}) is True
-    assert apply_evaluation(session, audit_session_id="run-1", scores={note_id: 1.0}) is False
+    record_audit(
+        session=session, session_id="run-1", shown_note_ids=[note_id], env_tags=["lang:en", "product:a"]
+    )
+    assert apply_evaluation(session=session, audit_session_id="run-1", scores={note_id: 1.0}) is True
+    assert apply_evaluation(session=session, audit_session_id="run-1", scores={note_id: 1.0}) is False
     assert tag_relevance_with_evidence(session, note_id, ["lang:en", "product:a"]) == (pytest.approx(0.3), 2)
 
 
 def test_a_failure_after_completion_leaves_the_audit_completed(session: Session) -> None:
     note_id = make_note(session)
-    record_audit(session, session_id="run-1", shown_note_ids=[note_id], env_tags=["t"])
-    apply_evaluation(session, audit_session_id="run-1", scores={note_id: 1.0})
-    assert mark_failed(session, "run-1").status == "completed"
+    record_audit(session=session, session_id="run-1", shown_note_ids=[note_id], env_tags=["t"])
+    apply_evaluation(session=session, audit_session_id="run-1", scores={note_id: 1.0})
+    assert mark_failed(session=session, audit_session_id="run-1").status == "completed"
 
 
 # --------------------------------------------------------------------------------------------
@@ -597,7 +611,7 @@ def audited(engine: Engine, *contents: str, tags: tuple[str, ...] = ("lang:en", 
     with session_scope(engine) as session:
         ids = [make_note(session, text) for text in contents]
         record_audit(
-            session,
+            session=session,
             session_id="run-1",
             shown_note_ids=ids,
             env_tags=tags,
@@ -744,7 +758,7 @@ def test_transcript_excerpt_keeps_the_head_and_the_tail() -> None:
 def shown_run(session: Session) -> tuple[int, int]:
     shown, hidden = make_note(session, "shown"), make_note(session, "not shown")
     record_audit(
-        session,
+        session=session,
         session_id="run-1",
         shown_note_ids=[shown],
         env_tags=["lang:en", "product:a"],
@@ -758,7 +772,7 @@ def test_reviewer_feedback_weighs_two_and_records_the_reviewer(
     session: Session, useful: bool, score: float, counts: tuple[int, int]
 ) -> None:
     shown, _ = shown_run(session)
-    record_feedback(session, audit_session_id="run-1", note_id=shown, useful=useful, reviewer="ayse")
+    record_feedback(session=session, audit_session_id="run-1", note_id=shown, useful=useful, reviewer="ayse")
     row = session.get(LessonTagRelevance, (shown, "product:a"))
     assert row is not None
     assert (round(row.score, 6), (row.positive_evals, row.negative_evals)) == (score, counts)
@@ -774,29 +788,33 @@ def test_reviewer_feedback_weighs_two_and_records_the_reviewer(
 
 def test_a_reviewer_scores_a_note_once_per_run(session: Session) -> None:
     shown, _ = shown_run(session)
-    record_feedback(session, audit_session_id="run-1", note_id=shown, useful=True, reviewer="ayse")
+    record_feedback(session=session, audit_session_id="run-1", note_id=shown, useful=True, reviewer="ayse")
     with pytest.raises(AlreadyRated):
-        record_feedback(session, audit_session_id="run-1", note_id=shown, useful=False, reviewer="ayse")
-    record_feedback(session, audit_session_id="run-1", note_id=shown, useful=False, reviewer="mehmet")
+        record_feedback(
+            session=session, audit_session_id="run-1", note_id=shown, useful=False, reviewer="ayse"
+        )
+    record_feedback(session=session, audit_session_id="run-1", note_id=shown, useful=False, reviewer="mehmet")
 
 
 def test_feedback_on_a_note_the_run_did_not_show_is_refused(session: Session) -> None:
     _, hidden = shown_run(session)
     with pytest.raises(ValueError, match="not shown"):
-        record_feedback(session, audit_session_id="run-1", note_id=hidden, useful=True, reviewer="ayse")
+        record_feedback(
+            session=session, audit_session_id="run-1", note_id=hidden, useful=True, reviewer="ayse"
+        )
 
 
 def test_feedback_needs_a_reviewer(session: Session) -> None:
     shown, _ = shown_run(session)
     with pytest.raises(ValueError, match="reviewer"):
-        record_feedback(session, audit_session_id="run-1", note_id=shown, useful=True, reviewer="  ")
+        record_feedback(session=session, audit_session_id="run-1", note_id=shown, useful=True, reviewer="  ")
 
 
 def test_shown_notes_of_a_snapshot_carry_the_reviewers_own_vote(session: Session) -> None:
     shown, _ = shown_run(session)
-    record_feedback(session, audit_session_id="run-1", note_id=shown, useful=False, reviewer="ayse")
-    [mine] = shown_notes_for_snapshot(session, "snap_1", reviewer="ayse")
-    [theirs] = shown_notes_for_snapshot(session, "snap_1", reviewer="mehmet")
+    record_feedback(session=session, audit_session_id="run-1", note_id=shown, useful=False, reviewer="ayse")
+    [mine] = shown_notes_for_snapshot(session=session, snapshot_id="snap_1", reviewer="ayse")
+    [theirs] = shown_notes_for_snapshot(session=session, snapshot_id="snap_1", reviewer="mehmet")
     assert (mine.note_id, mine.vote, theirs.vote) == (shown, "not useful", None)
     assert mine.evidence.total_evals == 2
 
@@ -807,7 +825,7 @@ def test_shown_notes_of_a_snapshot_carry_the_reviewers_own_vote(session: Session
 
 def test_explainer_spells_out_the_seed_worked_example(session: Session) -> None:
     note_id = seed_lesson(session)
-    row = explain(session, SEED_TAGS).set_index("note_id").loc[note_id]
+    row = explain(session=session, tags=SEED_TAGS).set_index("note_id").loc[note_id]
     assert (row["decision"], row["total_evals"], round(row["avg_score"], 3)) == ("filtered", 345, -0.289)
     assert "sum = -0.283 [python] + -0.584 [github] + +0.000 [personal] = -0.867" in row["arithmetic"]
     assert "avg = -0.867 / 3 = -0.289" in row["arithmetic"]
@@ -816,7 +834,7 @@ def test_explainer_spells_out_the_seed_worked_example(session: Session) -> None:
 
 def test_explainer_says_a_note_with_little_evidence_passes_for_exploration(session: Session) -> None:
     note_id = seed_lesson(session)
-    row = explain(session, ["acme", "frontend"]).set_index("note_id").loc[note_id]
+    row = explain(session=session, tags=["acme", "frontend"]).set_index("note_id").loc[note_id]
     assert row["decision"] == "neutral"
     assert "1 < 3 evals → not enough evidence to filter, passes (exploration)" in row["arithmetic"]
 
@@ -824,10 +842,14 @@ def test_explainer_says_a_note_with_little_evidence_passes_for_exploration(sessi
 def test_explainer_lists_scored_and_pinned_notes_unless_asked_for_all(session: Session) -> None:
     scored = seed_lesson(session)
     pinned = make_note(session, "pinned")
-    set_manual_pin(session, pinned, True, reviewer="ayse")
+    set_manual_pin(session=session, note_id=pinned, pinned=True, reviewer="ayse")
     unscored = make_note(session, "never scored")
-    assert set(explain(session, ["python"])["note_id"]) == {scored, pinned}
-    assert set(explain(session, ["python"], include_unscored=True)["note_id"]) == {scored, pinned, unscored}
+    assert set(explain(session=session, tags=["python"])["note_id"]) == {scored, pinned}
+    assert set(explain(session=session, tags=["python"], include_unscored=True)["note_id"]) == {
+        scored,
+        pinned,
+        unscored,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -848,7 +870,7 @@ def test_a_pinned_note_outside_the_newest_is_included_first(session: Session) ->
     now = utcnow()
     old = make_note(session, "old but pinned", timestamp=now - timedelta(days=30))
     newer = [make_note(session, f"new {i}", timestamp=now - timedelta(minutes=i)) for i in range(8)]
-    set_manual_pin(session, old, True, reviewer="ayse")
+    set_manual_pin(session=session, note_id=old, pinned=True, reviewer="ayse")
     shown = [
         n.id
         for n in relevant_notes(session=session, language="en", limit=2, tags=["lang:en"], use_cache=False)
@@ -859,7 +881,7 @@ def test_a_pinned_note_outside_the_newest_is_included_first(session: Session) ->
 def test_a_pinned_note_that_fails_the_check_is_not_shown(session: Session) -> None:
     pinned = make_note(session, "pinned but misleading here")
     make_note(session, "plain")
-    set_manual_pin(session, pinned, True, reviewer="ayse")
+    set_manual_pin(session=session, note_id=pinned, pinned=True, reviewer="ayse")
     set_row(session, pinned, "lang:en", -2.0, neg=10)
     shown = [n.id for n in relevant_notes(session=session, language="en", tags=["lang:en"], use_cache=False)]
     assert pinned not in shown
@@ -867,7 +889,7 @@ def test_a_pinned_note_that_fails_the_check_is_not_shown(session: Session) -> No
 
 def test_a_pinned_note_of_another_language_stays_out(session: Session) -> None:
     pinned = make_note(session, "Turkish only", language="tr")
-    set_manual_pin(session, pinned, True, reviewer="ayse")
+    set_manual_pin(session=session, note_id=pinned, pinned=True, reviewer="ayse")
     shown = [n.id for n in relevant_notes(session=session, language="en", tags=["lang:en"], use_cache=False)]
     assert pinned not in shown
 
@@ -959,23 +981,23 @@ def test_scores_frame_keeps_the_most_evaluated_notes(session: Session) -> None:
     busy, quiet = make_note(session, "busy"), make_note(session, "quiet")
     set_row(session, busy, "a", 1.0, pos=9)
     set_row(session, quiet, "a", 1.0, pos=1)
-    frame = relevance.scores_frame(session, limit_notes=1)
+    frame = relevance.scores_frame(session=session, limit_notes=1)
     assert list(frame["note_id"]) == [busy]
-    assert len(relevance.scores_frame(session, limit_notes=None)) == 2
+    assert len(relevance.scores_frame(session=session, limit_notes=None)) == 2
 
 
 def test_history_frame_lists_a_notes_scores_oldest_first(session: Session) -> None:
     note_id = make_note(session)
     now = utcnow()
-    apply_score(session, note_id, ["a"], 1.0, at=now)
-    apply_score(session, note_id, ["a"], -1.0, at=now - timedelta(hours=1))
-    assert list(relevance.history_frame(session, note_id)["raw_score"]) == [-1.0, 1.0]
+    apply_score(session=session, note_id=note_id, tags=["a"], raw=1.0, at=now)
+    apply_score(session=session, note_id=note_id, tags=["a"], raw=-1.0, at=now - timedelta(hours=1))
+    assert list(relevance.history_frame(session=session, note_id=note_id)["raw_score"]) == [-1.0, 1.0]
 
 
 def test_heatmap_is_centred_at_zero_with_counts_in_the_hover_and_literal_labels(session: Session) -> None:
     note_id = make_note(session, "<b>bold</b> claim")
     set_row(session, note_id, "lang:<i>en</i>", -0.5, pos=2, neg=7)
-    trace = tag_heatmap_figure(relevance.scores_frame(session)).data[0]
+    trace = tag_heatmap_figure(relevance.scores_frame(session=session)).data[0]
     assert trace.zmid == 0 and trace.zmin == -trace.zmax
     assert "+%{customdata[0]} / −%{customdata[1]}" in trace.hovertemplate
     assert list(trace.customdata[0][0]) == [2, 7]
@@ -986,8 +1008,8 @@ def test_heatmap_is_centred_at_zero_with_counts_in_the_hover_and_literal_labels(
 def test_ema_history_chart_draws_one_line_per_tag(session: Session) -> None:
     note_id = make_note(session)
     for raw in (1.0, -1.0):
-        apply_score(session, note_id, ["a", "b"], raw)
-    figure = ema_history_figure(relevance.history_frame(session, note_id))
+        apply_score(session=session, note_id=note_id, tags=["a", "b"], raw=raw)
+    figure = ema_history_figure(relevance.history_frame(session=session, note_id=note_id))
     assert [(t.name, len(t.y)) for t in figure.data] == [("a", 2), ("b", 2)]
 
 
@@ -997,7 +1019,7 @@ def test_scores_csv_holds_every_row_with_formulas_neutralised(session: Session) 
     note_id = make_note(session, "=HYPERLINK(1)")
     for tag in ("a", "b", "c"):
         set_row(session, note_id, tag, -0.5, neg=2)
-    text = frame_to_csv_bytes(relevance.scores_frame(session, limit_notes=None)).decode()
+    text = frame_to_csv_bytes(relevance.scores_frame(session=session, limit_notes=None)).decode()
     lines = text.strip().splitlines()
     assert lines[0].startswith("note_id,note_type,language,content,pinned,pin,tag,score")
     assert len(lines) == 4

@@ -33,7 +33,11 @@ def _vote(key: str, audit_session_id: str, note_id: int, useful: bool) -> None:
     try:
         with session_scope() as session:
             update = relevance.record_feedback(
-                session, audit_session_id=audit_session_id, note_id=note_id, useful=useful, reviewer=reviewer
+                session=session,
+                audit_session_id=audit_session_id,
+                note_id=note_id,
+                useful=useful,
+                reviewer=reviewer,
             )
     except PermissionDenied as exc:
         flash(f"{key}_flash", "error", audit_denied(exc))
@@ -56,7 +60,9 @@ def shown_notes_feedback(snapshot_id: str, *, key: str = "relevance_feedback") -
     """The notes a judge run showed for this evaluation, each with useful / not useful buttons."""
     reviewer = current_reviewer()
     with session_scope(read_only=True) as session:
-        shown = relevance.shown_notes_for_snapshot(session, snapshot_id, reviewer=reviewer)
+        shown = relevance.shown_notes_for_snapshot(
+            session=session, snapshot_id=snapshot_id, reviewer=reviewer
+        )
     st.subheader("Notes shown to this judge run")
     show_flash(f"{key}_flash")
     if not shown:
@@ -112,7 +118,7 @@ def _pin(key: str, pinned: bool) -> None:
         return
     try:
         with session_scope() as session:
-            relevance.set_manual_pin(session, int(note_id), pinned, reviewer=reviewer)
+            relevance.set_manual_pin(session=session, note_id=int(note_id), pinned=pinned, reviewer=reviewer)
     except PermissionDenied as exc:
         flash(f"{key}_flash", "error", audit_denied(exc))
         return

@@ -42,9 +42,9 @@ def scored(app_engine: Engine) -> dict[str, int]:
         row(session, lesson, "github", -0.584, neg=197)
         row(session, helpful, "python", 0.9, pos=6)
         session.flush()
-        relevance.apply_score(session, helpful, ["python"], 1.0)
+        relevance.apply_score(session=session, note_id=helpful, tags=["python"], raw=1.0)
         relevance.record_audit(
-            session, session_id="run-1", shown_note_ids=[lesson, helpful], env_tags=SEED_TAGS
+            session=session, session_id="run-1", shown_note_ids=[lesson, helpful], env_tags=SEED_TAGS
         )
     return {"lesson": lesson, "helpful": helpful}
 
@@ -181,7 +181,11 @@ def shown(app_engine: Engine) -> int:
     with session_scope(app_engine) as session:
         note_id = make_note(session, "**Bold** <script>x</script> tip")
         relevance.record_audit(
-            session, session_id="snap_1", shown_note_ids=[note_id], env_tags=["lang:en"], snapshot_id="snap_1"
+            session=session,
+            session_id="snap_1",
+            shown_note_ids=[note_id],
+            env_tags=["lang:en"],
+            snapshot_id="snap_1",
         )
     return note_id
 
@@ -229,15 +233,17 @@ def test_a_lead_gives_an_abandoned_audit_its_retries_back(
 ) -> None:
     with session_scope(app_engine) as session:
         note_id = make_note(session, "Read the rubric scale first")
-        relevance.record_audit(session, session_id="run-x", shown_note_ids=[note_id], env_tags=["python"])
+        relevance.record_audit(
+            session=session, session_id="run-x", shown_note_ids=[note_id], env_tags=["python"]
+        )
         for _ in range(relevance.MAX_EVALUATION_RETRIES):
-            relevance.mark_failed(session, "run-x")
+            relevance.mark_failed(session=session, audit_session_id="run-x")
     at = open_page(PAGE, reviewer="lead")
     assert at.selectbox(key="tag_scores_abandoned_audit").value == "run-x"
     at.button(key="tag_scores_reset_retries").click().run()
     assert not at.exception
     assert any("will be evaluated again" in s.value for s in at.success)
     with Session(app_engine) as session:
-        assert relevance.abandoned_audits(session) == []
-        assert [a.session_id for a in relevance.unprocessed_audits(session)] == ["run-x"]
+        assert relevance.abandoned_audits(session=session) == []
+        assert [a.session_id for a in relevance.unprocessed_audits(session=session)] == ["run-x"]
     assert not at.get("expander")
