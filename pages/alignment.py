@@ -86,7 +86,9 @@ if row["status"] in ("pending", "running"):
     cols = st.columns(2)
     if cols[0].button("Refresh", key="alignment_refresh"):
         st.rerun()
-    if cols[1].button("Cancel", key="alignment_cancel") and require_reviewer("cancel an experiment", Permission.JUDGE):
+    if cols[1].button("Cancel", key="alignment_cancel") and require_reviewer(
+        "cancel an experiment", Permission.JUDGE
+    ):
         alignment.request_cancel(get_engine(), int(chosen))
         flash("alignment_flash", "info", f"Experiment {chosen} stops before its next call.")
         st.rerun()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
+from playwright.sync_api import Error as PlaywrightError
 
 from lib.db import init_db
 from tests.test_alignment import scripted_judge, seed_lab
@@ -32,9 +35,11 @@ def test_start_a_small_experiment_and_see_the_comparison(streamlit_app, page, tm
         for _ in range(60):  # the run is a background thread: refresh until its rows say finished
             if page.get_by_text("(finished)").count():
                 break
-            refresh = page.get_by_role("button", name="Refresh")
+            # While a rerun replaces the page, the old button can still stand beside the new one.
+            refresh = page.locator(".st-key-alignment_refresh button")
             if refresh.count():
-                refresh.click()
+                with contextlib.suppress(PlaywrightError):  # the stale one, gone before the click
+                    refresh.first.click(timeout=5_000)
             page.wait_for_timeout(500)
         page.get_by_text("28 calls done, 0 failed, 0 pending").wait_for(timeout=30_000)
         page.get_by_role("heading", name="Comparison").wait_for(timeout=30_000)
