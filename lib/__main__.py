@@ -366,6 +366,7 @@ def _cmd_align(args: argparse.Namespace) -> int:
     if report.failed:
         print("rerun the same command to retry the failed calls; finished calls are kept", file=sys.stderr)
         return 1
+    return 0
 
 
 @handler("token")
