@@ -179,6 +179,7 @@ def test_two_users_sign_in_and_roles_are_enforced(streamlit_app, browser, tmp_pa
         viewer.get_by_text("Evaluation snap_who").first.wait_for(timeout=30_000)
         viewer.get_by_text("which cannot confirm or overrule judgments").first.wait_for()
         buttons = viewer.get_by_role("button", name=re.compile(r"^Confirm judge"))
+        buttons.first.wait_for(timeout=30_000)  # the caption can arrive before the metric rows
         assert buttons.count() >= 1 and all(b.is_disabled() for b in buttons.all())
 
         # A reviewer confirms one judgment: the row records the provider's identity.
