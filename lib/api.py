@@ -330,6 +330,7 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
                     product=_opt_str(body, "product"),
                     snapshot_id=_opt_str(body, "snapshot_id"),
                     transcript=transcript,
+                    recorded_by=actor.identity,
                 )
                 if audit is None:
                     return {"recorded": False, "detail": "none of the shown notes exists"}
@@ -364,7 +365,7 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
                     raise LookupError(f"no audit for session {session_id!r}")
                 scores = relevance.parse_evaluator_reply(body, audit.shown_lesson_ids or [])
                 applied = relevance.apply_evaluation(
-                    session=session, audit_session_id=session_id, scores=scores
+                    session=session, audit_session_id=session_id, scores=scores, reviewer=actor.identity
                 )
                 return {"applied": applied, "scores": {str(k): v for k, v in scores.items()}}
 

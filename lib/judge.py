@@ -1050,7 +1050,7 @@ def _relevant_notes(
 
 
 def _record_notes_audit(
-    engine: Engine, context: JudgeContext, stage1: Stage1Result, snapshot_id: str
+    engine: Engine, context: JudgeContext, stage1: Stage1Result, snapshot_id: str, reviewer: str
 ) -> None:
     """Seed 001: remember which notes this run showed (prompt and reply as transcript); never fails the run."""
     if not context.shown_note_ids:
@@ -1071,6 +1071,7 @@ def _record_notes_audit(
                 product=context.prepared.evaluation.product,
                 snapshot_id=snapshot_id,
                 transcript=[*messages, {"role": "assistant", "content": reply}],
+                recorded_by=reviewer,
             )
     except SQLAlchemyError:
         # The snapshot is saved; a missing audit only means this run teaches the evaluator nothing.
@@ -1212,7 +1213,7 @@ def judge_evaluation(
         ) from exc
     # The judge's own notes are written only now that the snapshot is saved (a failed run writes none).
     judge_tools.save_pending_notes(engine, stage1.pending_notes)
-    _record_notes_audit(engine, context, stage1, written)
+    _record_notes_audit(engine, context, stage1, written, reviewer)
     return written
 
 

@@ -232,6 +232,7 @@ class SessionAudit(SQLModel, table=True):
     timestamp: datetime = Field(default_factory=utcnow, index=True)
     transcript_path: str | None = Field(default=None, sa_column=Column(Text))
     transcript: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON))
+    recorded_by: str | None = Field(default=None, max_length=320)  # a token's name or a signed-in user
 
 
 class ProcessedRelevanceSession(SQLModel, table=True):

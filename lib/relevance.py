@@ -554,11 +554,13 @@ def record_audit(
     transcript: Sequence[Mapping[str, Any]] | None = None,
     transcript_path: str | None = None,
     at: datetime | None = None,
+    recorded_by: str | None = None,
 ) -> SessionAudit | None:
     """Record which notes a judge run showed, under which tags (and count the showings); None if none.
 
     Idempotent per `session_id`: recording the same run twice returns the first audit and counts
-    its showings once.
+    its showings once. `recorded_by` names the writer (the judge run's actor, or an API token's
+    name) so a remote run's effect on tag relevance can be traced to who sent it.
     """
     sid = str(session_id or "").strip()
     if not sid:
@@ -588,6 +590,7 @@ def record_audit(
         if transcript is not None
         else None,
         transcript_path=transcript_path,
+        recorded_by=recorded_by,
     )
     session.add(audit)
     session.flush()
@@ -811,8 +814,13 @@ def apply_evaluation(
     scores: Mapping[int, float],
     weight: float | None = None,
     at: datetime | None = None,
+    reviewer: str | None = None,
 ) -> bool:
-    """Apply an evaluation's scores and mark the audit processed, together; False if it already was."""
+    """Apply an evaluation's scores and mark the audit processed, together; False if it already was.
+
+    `reviewer` is recorded on every score event: None for the built-in evaluator, an API token's
+    name for a remote one, so the tag-history shows who moved a score.
+    """
     audit = session.exec(select(SessionAudit).where(col(SessionAudit.session_id) == audit_session_id)).first()
     if audit is None:
         raise LookupError(f"no audit for session {audit_session_id!r}")
@@ -836,6 +844,7 @@ def apply_evaluation(
                 weight=weight,
                 source="evaluator",
                 session_id=audit.session_id,
+                reviewer=reviewer,
                 at=at,
             )
     mark.status, mark.processed_at = "completed", at or utcnow()

@@ -295,7 +295,7 @@ def test_exports_stream_formula_safe_csv_and_refuse_unknown_tables(server: Serve
 
 
 def test_relevance_audits_and_scores_feed_tag_relevance_once(server: Server) -> None:
-    from lib.models import LessonTagRelevance, SessionAudit
+    from lib.models import LessonTagRelevance, SessionAudit, TagRelevanceEvent
 
     reviewer = api_client.Client(server.base, server.secrets["reviewer"])
     note_id = reviewer.add_note("Units matter in physics answers.", note_type="TIP")["id"]
@@ -325,7 +325,12 @@ def test_relevance_audits_and_scores_feed_tag_relevance_once(server: Server) -> 
     assert lead.record_scores("run-1", {note_id: 1.0})["applied"] is False
     with Session(server.engine) as session:
         rows = session.exec(select(LessonTagRelevance)).all()
+        audits = session.exec(select(SessionAudit)).all()
+        events = session.exec(select(TagRelevanceEvent)).all()
     assert [(r.lesson_id, r.tag, r.positive_evals) for r in rows] == [(note_id, "physics", 1)]
+    # every write records the token's name as the actor
+    assert [a.recorded_by for a in audits] == ["ci-lead"]
+    assert [(e.lesson_id, e.source, e.reviewer) for e in events] == [(note_id, "evaluator", "ci-lead")]
 
 
 def test_push_interactions_is_the_cli_import_with_its_refusals(server: Server) -> None:

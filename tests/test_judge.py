@@ -704,3 +704,8 @@ def test_notes_for_the_evaluations_language_fill_the_notes_section(
     notes_section = prompt.split("## Cross-session notes\n", 1)[1].split("\n\n## Question", 1)[0]
     assert notes_section.startswith("CROSS-SESSION EXPERIENCE NOTES:")
     assert "TURKISH-TIP" in notes_section and "ENGLISH-TIP" not in prompt
+    from lib.models import SessionAudit
+
+    with session_scope(rubric, read_only=True) as session:
+        audits = session.exec(select(SessionAudit)).all()
+    assert [a.recorded_by for a in audits] == ["ayse"]  # the run's actor, like every other write
