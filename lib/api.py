@@ -206,9 +206,14 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
 
         return _run(add)
 
-    async def receive_and_import(request: Request, actor: Actor, kind: str) -> dict[str, Any]:
-        """Stream the body to a private file (413 past the limit), then run the importer on it."""
+    async def receive_and_import(
+        request: Request, actor: Actor, kind: str, *, judge: bool = False, concurrency: int | None = None
+    ) -> dict[str, Any]:
+        """Stream the body to a private file (413 past the limit), then run the importer on it, or,
+        with `judge`, the judge's batch (`python -m lib judge FILE`) on it."""
         require(actor, Permission.IMPORT)
+        if judge:
+            _check_can_judge(actor)
         too_big = f"the body is over the {limit // MIB} MB limit (OVERRULE_API_MAX_BODY_MB)"
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
@@ -223,6 +228,8 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
                     if size > limit:
                         raise ApiError(413, too_big)
                     await run_in_threadpool(fh.write, chunk)
+            if judge:
+                return await run_in_threadpool(_judge_body, get_engine(), path, actor, concurrency)
             report = await run_in_threadpool(_import_body, get_engine(), path, actor, kind)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
@@ -232,9 +239,20 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
         }
 
     @api.post("/evaluations")
-    async def post_evaluations(actor: Token, request: Request) -> dict[str, Any]:
-        """Import evaluations (JSON Lines, or one JSON array) all or nothing; re-posting adds nothing."""
-        return await receive_and_import(request, actor, "evaluations")
+    async def post_evaluations(
+        actor: Token,
+        request: Request,
+        judge: bool = False,
+        concurrency: Annotated[int | None, Query(ge=1, le=64)] = None,
+    ) -> dict[str, Any]:
+        """Import evaluations (JSON Lines, or one JSON array) all or nothing; re-posting adds nothing.
+
+        With `?judge=true` the lines are questions and answers without judge fields (the format of
+        `python -m lib judge FILE`): the built-in judge runs Stage 1 + 2 on each line not yet judged
+        and the answer reports judged / skipped / failed lines; re-posting resumes (judged lines are
+        skipped). Needs a role that may judge (lead) and a configured LLM (503 otherwise).
+        """
+        return await receive_and_import(request, actor, "evaluations", judge=judge, concurrency=concurrency)
 
     @api.post("/interactions")
     async def post_interactions(actor: Token, request: Request) -> dict[str, Any]:
@@ -415,6 +433,66 @@ def _opt_str(body: dict[str, Any], key: str) -> str | None:
     return value
 
 
+def _check_can_judge(actor: Actor) -> None:
+    """Refuse a judge run before the body is read: wrong role 403, no LLM configured 503."""
+    from lib import llm
+    from lib.config import get_settings
+
+    require(actor, Permission.JUDGE)
+    if not get_settings().llm_configured:
+        raise ApiError(503, llm.NOT_CONFIGURED_MESSAGE)
+
+
+def _judge_body(engine: Engine, path: Path, actor: Actor, concurrency: int | None) -> dict[str, Any]:
+    """lib.judge.judge_file on the spooled body (a JSON array is first written out as JSON Lines)."""
+    from lib import judge
+
+    with path.open("rb") as fh:
+        head = fh.read(64).removeprefix(b"\xef\xbb\xbf").lstrip()
+    if head.startswith(b"["):
+        records = _json_array(path)
+        if not isinstance(records, list):
+            raise ApiError(422, "send one JSON array of evaluations, or JSON Lines")
+        lines = path.with_name("request-lines.jsonl")
+        with lines.open("w", encoding="utf-8") as out:
+            for item in records:
+                out.write(json.dumps(item, ensure_ascii=False) + "\n")
+        path = lines
+    try:
+        report = judge.judge_file(path, engine=engine, reviewer=actor, concurrency=concurrency)
+    except judge.BatchInputError as exc:
+        message = str(exc).replace(path.name, "request")
+        line = _LINE.search(message)
+        raise ApiError(
+            422, f"{message}; nothing was judged", line=int(line.group(1)) if line else None
+        ) from None
+    return {
+        "summary": report.summary(),
+        "total": report.total,
+        "judged": report.judged,
+        "skipped": report.skipped,
+        "failed": [{"line": lineno, "detail": message} for lineno, message in report.failed],
+        "snapshot_ids": report.snapshot_ids,
+    }
+
+
+def _json_array(path: Path) -> Any:
+    """The body as one JSON document; 400 with the position when it is malformed."""
+    raw = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ApiError(
+            400,
+            f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno} (char {exc.pos})",
+            line=exc.lineno,
+            column=exc.colno,
+            position=exc.pos,
+        ) from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ApiError(400, f"malformed JSON: {str(exc).split(';')[0]}") from None
+
+
 def _import_body(engine: Engine, path: Path, actor: Actor, kind: str) -> Any:
     """The importer on the spooled body: an evaluations JSON array through import_evaluations,
     JSON Lines through import_path (the CLI's import)."""
@@ -427,19 +505,7 @@ def _import_body(engine: Engine, path: Path, actor: Actor, kind: str) -> Any:
         if head.startswith(b"[") and kind != "evaluations":
             raise ApiError(422, f"send {kind} as JSON Lines (one object per line)", line=1)
         if head.startswith(b"["):
-            raw = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
-            try:
-                records = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise ApiError(
-                    400,
-                    f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno} (char {exc.pos})",
-                    line=exc.lineno,
-                    column=exc.colno,
-                    position=exc.pos,
-                ) from None
-            except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-                raise ApiError(400, f"malformed JSON: {str(exc).split(';')[0]}") from None
+            records = _json_array(path)
             with session_scope(engine) as session:
                 return import_evaluations(session=session, records=records, source="request", reviewer=actor)
         return import_path(engine=engine, path=path, kind=kind, reviewer=actor)

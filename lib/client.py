@@ -67,14 +67,22 @@ class Client:
         raw, _ = self._call(method, path, body=body, headers=headers, **kwargs)
         return json.loads(raw)
 
-    def push_evaluations(self, records: Iterable[Mapping[str, Any]] | bytes) -> dict[str, Any]:
-        """Import evaluations (all or nothing; re-pushing the same records inserts nothing)."""
+    def push_evaluations(
+        self,
+        records: Iterable[Mapping[str, Any]] | bytes,
+        *,
+        judge: bool = False,
+        concurrency: int | None = None,
+    ) -> dict[str, Any]:
+        """Import evaluations (all or nothing; re-pushing the same records inserts nothing), or with
+        `judge=True` have Overrule's judge score questions and answers (re-pushing resumes)."""
         if isinstance(records, bytes):
             body = records
         else:
             body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
+        params = {"judge": "true", "concurrency": concurrency} if judge else None
         raw, _ = self._call(
-            "POST", "/evaluations", body=body, headers={"Content-Type": "application/x-ndjson"}
+            "POST", "/evaluations", params=params, body=body, headers={"Content-Type": "application/x-ndjson"}
         )
         return json.loads(raw)
 

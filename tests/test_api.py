@@ -376,3 +376,62 @@ def test_notes_prompt_is_byte_identical_to_the_cli(
         expected = capsysbinary.readouterr().out
         assert b"Read the question twice." in expected
         assert c.notes_prompt(language, tags=tags, session="run-1").encode() == expected
+
+
+def test_push_with_judge_runs_the_built_in_judge_and_a_repost_resumes(server: Server, llm_server: Any) -> None:
+    """`?judge=true`: the judge's batch on the posted lines, as the token; failures reported by line."""
+    from lib.db import session_scope
+    from lib.metrics import upsert_metric_definitions
+    from tests.llm_server import json_reply, server_error
+    from tests.test_judge import RUBRIC, STAGE2_PAYLOAD, stage1_payload
+    from tests.test_judge_cli import line
+
+    with session_scope(server.engine) as session:
+        upsert_metric_definitions(session=session, definitions=RUBRIC)
+    lines = [line(1), line(2)]
+    reviewer = api_client.Client(server.base, server.secrets["reviewer"])
+    with pytest.raises(api_client.ApiError) as err:  # importing is not judging
+        reviewer.push_evaluations(lines, judge=True)
+    assert err.value.status == 403
+    bad = httpx.post(
+        f"{server.base}/evaluations",
+        params={"judge": "true"},
+        content=jsonl([line(1), {"question": "Q?", "product": "acme"}]),
+        headers=server.headers("lead"),
+    )
+    assert bad.status_code == 422 and bad.json()["line"] == 2, bad.text
+    assert "nothing was judged" in bad.json()["detail"] and "request line 2" in bad.json()["detail"]
+    assert llm_server.chat_requests == [] and count(server.engine, EvaluationSnapshot) == 0
+
+    lead = api_client.Client(server.base, server.secrets["lead"])
+    # line 1 is judged (Stage 1 + 2); line 2's Stage 1 fails after the client's retry
+    llm_server.script(
+        json_reply(stage1_payload()), json_reply(STAGE2_PAYLOAD), server_error(), server_error()
+    )
+    first = lead.push_evaluations(lines, judge=True, concurrency=1)
+    assert (first["total"], first["judged"], first["skipped"]) == (2, 1, 0), first
+    assert [f["line"] for f in first["failed"]] == [2]
+    assert count(server.engine, EvaluationSnapshot) == 1
+    with Session(server.engine) as session:
+        snapshot = session.exec(select(EvaluationSnapshot)).one()
+    assert snapshot.id == first["snapshot_ids"][0]
+    assert snapshot.created_by == "ci-lead"  # the token's name is the writer
+
+    llm_server.script(json_reply(stage1_payload()), json_reply(STAGE2_PAYLOAD))
+    again = httpx.post(  # a JSON array is accepted too; the judged line is skipped
+        f"{server.base}/evaluations", params={"judge": "true"}, json=lines, headers=server.headers("lead")
+    ).json()
+    assert (again["judged"], again["skipped"], again["failed"]) == (1, 1, []), again
+    assert count(server.engine, EvaluationSnapshot) == 2
+    assert llm_server.pending == 0
+
+
+def test_push_with_judge_without_an_llm_is_503_and_reads_nothing(server: Server) -> None:
+    r = httpx.post(
+        f"{server.base}/evaluations",
+        params={"judge": "true"},
+        content=jsonl([record(question="Q1?")]),
+        headers=server.headers("lead"),
+    )
+    assert r.status_code == 503 and "OPENAI" in r.json()["detail"], r.text
+    assert count(server.engine, EvaluationSnapshot) == 0
