@@ -378,7 +378,9 @@ def test_notes_prompt_is_byte_identical_to_the_cli(
         assert c.notes_prompt(language, tags=tags, session="run-1").encode() == expected
 
 
-def test_push_with_judge_runs_the_built_in_judge_and_a_repost_resumes(server: Server, llm_server: Any) -> None:
+def test_push_with_judge_runs_the_built_in_judge_and_a_repost_resumes(
+    server: Server, llm_server: Any
+) -> None:
     """`?judge=true`: the judge's batch on the posted lines, as the token; failures reported by line."""
     from lib.db import session_scope
     from lib.metrics import upsert_metric_definitions
