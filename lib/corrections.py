@@ -25,6 +25,7 @@ from typing import Any
 
 import pandas as pd
 from sqlalchemy import Engine, case, delete, func, insert, or_, update
+from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
 from lib.auth import Actor, Permission, authorize, identity_of
@@ -365,15 +366,45 @@ def record_review(
         raise InvalidDecision("a reason is required when overruling the judge")
     previous = judgment.user_decision if judgment.user_decision is not None else judgment.decision
     now = utcnow()
+    event = review_event_row(
+        judgment_id=judgment_id, change_id=judgment.change_id, corrected=corrected, reviewer=name, at=now,
+        from_decision=previous, to_decision=decided, reason=reason, version=expected_version + 1,
+    )  # fmt: skip
+    state = ReviewState(user_decision=decided, user_reasoning=reason, reviewer=name, reviewed_at=now)
+    return _write_review_state(session, judgment, expected_version, state, event)
+
+
+@dataclass(frozen=True)
+class ReviewState:
+    """The reviewer's side of a judgment; all None is "unreviewed"."""
+
+    user_decision: str | None = None
+    user_reasoning: str | None = None
+    reviewer: str | None = None
+    reviewed_at: datetime | None = None
+
+
+def _write_review_state(
+    session: Session, judgment: Judgment, expected_version: int, state: ReviewState, event: dict[str, Any]
+) -> Judgment:
+    """The one write of a judgment's review state, for a review and for its undo alike.
+
+    An optimistic-locking UPDATE (ReviewConflict when another change got there first) plus the
+    audit event, in the caller's transaction. Anything that must stay in step with review states
+    (was_corrected here; counters) belongs here, so no path can skip it. `judgment` still holds
+    the state before the write until the final refresh.
+    """
+    assert judgment.id is not None
+    judgment_id = judgment.id
     result = session.execute(
         update(Judgment)
         .where(col(Judgment.id) == judgment_id, col(Judgment.version) == expected_version)
         .values(
-            user_decision=decided,
-            user_reasoning=reason,
-            reviewer=name,
-            reviewed_at=now,
-            was_corrected=corrected,
+            user_decision=state.user_decision,
+            user_reasoning=state.user_reasoning,
+            reviewer=state.reviewer,
+            reviewed_at=state.reviewed_at,
+            was_corrected=compute_was_corrected(judgment.decision, state.user_decision),
             version=col(Judgment.version) + 1,
         )
         .execution_options(synchronize_session=False)
@@ -385,18 +416,126 @@ def record_review(
         if current is None:
             raise JudgmentNotFound(f"judgment {judgment_id} was deleted while you were reviewing it")
         raise ReviewConflict(JudgmentState.of(current, _latest_actor(session, judgment_id)), expected_version)
-    session.add(
-        JudgmentEvent(
-            **review_event_row(
-                judgment_id=judgment_id, change_id=judgment.change_id, corrected=corrected, reviewer=name,
-                at=now, from_decision=previous, to_decision=decided, reason=reason,
-                version=expected_version + 1,
-            )
-        )
-    )  # fmt: skip
+    session.add(JudgmentEvent(**event))
     session.flush()
     session.refresh(judgment)
     return judgment
+
+
+# ---------------------------------------------------------------------------------------------
+# Undo: a reviewer takes back their own latest decision, as a new audit event
+
+UNDO_ACTION = "undone"
+REVIEW_EVENT_ACTIONS = ("confirmed", "overruled")
+
+
+class NothingToUndo(ValueError):
+    """The judgment's latest change is not a decision of this reviewer, so there is nothing of theirs to undo."""
+
+
+def _review_stack(events: Sequence[JudgmentEvent]) -> list[JudgmentEvent]:
+    """The decisions in force, oldest first: each review pushes, each undo pops the one it undid.
+
+    Replaying the trail is how an undo finds the state before the decision it takes back (the
+    decision before it, or "unreviewed"), however many reviews and undos came before.
+    """
+    stack: list[JudgmentEvent] = []
+    for event in sorted(events, key=lambda e: e.id or 0):
+        if event.action in REVIEW_EVENT_ACTIONS:
+            stack.append(event)
+        elif event.action == UNDO_ACTION and stack:
+            stack.pop()
+    return stack
+
+
+def undoable_event(events: Sequence[JudgmentEvent], reviewer: str | None) -> JudgmentEvent | None:
+    """The decision of `reviewer` that an undo would take back: the trail's latest event, when it is
+    their confirmation or overrule; else None (someone changed it since, or it is not theirs)."""
+    if not events or not reviewer:
+        return None
+    latest = max(events, key=lambda e: e.id or 0)
+    if latest.action not in REVIEW_EVENT_ACTIONS or latest.reviewer != reviewer:
+        return None
+    return latest
+
+
+def undo_review(
+    *, session: Session, judgment_id: int, expected_version: int, reviewer: Actor | str | None
+) -> Judgment:
+    """Undo the reviewer's own latest decision on a judgment, as of the version they saw.
+
+    The state before that decision comes back (the earlier decision, or unreviewed) and an
+    "undone" event is appended: history is never deleted. Same rules as `record_review`: the
+    REVIEW permission, ReviewConflict when the judgment moved, one write path. NothingToUndo
+    when the latest change is not this reviewer's decision (only your own last decision can go).
+    """
+    name = require_reviewer(reviewer, Permission.REVIEW, bind=session)
+    judgment = session.get(Judgment, judgment_id)
+    if judgment is None:
+        raise JudgmentNotFound(f"no judgment with id {judgment_id}")
+    if judgment.version != expected_version:
+        raise ReviewConflict(
+            JudgmentState.of(judgment, _latest_actor(session, judgment_id)), expected_version
+        )
+    events = events_for(session=session, judgment_id=judgment_id)
+    target = undoable_event(events, name)
+    if target is None:
+        raise NothingToUndo(
+            f"the latest change of {judgment.change_id} is not a decision of yours, so there is nothing to undo"
+        )
+    stack = _review_stack(events)
+    before = stack[-2] if len(stack) > 1 else None  # stack[-1] is `target`: nothing came after it
+    state = (
+        ReviewState(
+            user_decision=before.to_decision, user_reasoning=before.reason, reviewer=before.reviewer,
+            reviewed_at=before.at,
+        )
+        if before is not None
+        else ReviewState()
+    )  # fmt: skip
+    now = utcnow()
+    event = {
+        "judgment_id": judgment_id,
+        "change_id": judgment.change_id,
+        "action": UNDO_ACTION,
+        "reviewer": name,
+        "at": now,
+        "from_decision": target.to_decision,
+        "to_decision": state.user_decision,
+        "reason": f"undid the decision of {target.at:%Y-%m-%d %H:%M:%S} UTC ({target.action})",
+        "version": expected_version + 1,
+    }
+    return _write_review_state(session, judgment, expected_version, state, event)
+
+
+def undoable_reviews(*, session: Session, reviewer: str, limit: int = 5) -> list[JudgmentEvent]:
+    """The reviewer's latest decisions that an undo can still take back, newest first.
+
+    A decision qualifies while it is the latest change of its judgment. Served by the
+    (reviewer, id) index: a walk back through this reviewer's events only, each checked with one
+    probe of the judgment_id index, however large the audit trail grows.
+    """
+    if not reviewer:
+        return []
+    later = aliased(JudgmentEvent)
+    newer = (
+        select(later.id)
+        .where(
+            col(later.judgment_id) == col(JudgmentEvent.judgment_id), col(later.id) > col(JudgmentEvent.id)
+        )
+        .exists()
+    )
+    stmt = (
+        select(JudgmentEvent)
+        .where(
+            col(JudgmentEvent.reviewer) == reviewer,
+            col(JudgmentEvent.action).in_(REVIEW_EVENT_ACTIONS),
+            ~newer,
+        )
+        .order_by(col(JudgmentEvent.id).desc())
+        .limit(limit)
+    )
+    return list(session.exec(stmt).all())
 
 
 def update_with_user_decision(

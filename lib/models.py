@@ -179,6 +179,8 @@ class JudgmentEvent(SQLModel, table=True):
     """Append-only audit trail of every change to a judgment."""
 
     __tablename__ = "judgment_events"
+    # A reviewer's own latest decisions (what Undo offers): a walk back through their events only.
+    __table_args__ = (Index("ix_judgment_event_reviewer", "reviewer", "id"),)
 
     id: int | None = Field(default=None, primary_key=True)
     judgment_id: int = Field(foreign_key="judgments.id", index=True)

@@ -1,0 +1,20 @@
+"""judgment_events: (reviewer, id) index, so Undo finds a reviewer's latest decisions without a scan
+
+Revision ID: 0006
+Revises: 0005
+"""
+
+from alembic import op
+
+revision = "0006"
+down_revision = "0005"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_index("ix_judgment_event_reviewer", "judgment_events", ["reviewer", "id"], unique=False)
+
+
+def downgrade() -> None:
+    op.drop_index("ix_judgment_event_reviewer", table_name="judgment_events")
