@@ -1,13 +1,13 @@
 """judgment_events: (reviewer, id) index, so Undo finds a reviewer's latest decisions without a scan
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 """
 
 from alembic import op
 
-revision = "0006"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
