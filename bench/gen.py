@@ -32,6 +32,9 @@ from lib.metrics import DEFAULT_METRICS  # noqa: E402
 from lib.models import EvaluationSnapshot, Judgment  # noqa: E402
 
 BATCH_ROWS = 20_000
+# Bump when the rows change: bench_pages.py rebuilds its cached databases when this moves.
+GEN_VERSION = 1
+JUDGMENTS_PER_EVALUATION = 10
 GEN_CACHE_MB = 256
 START = datetime(2025, 1, 1, tzinfo=UTC)
 YEAR_SECONDS = 365 * 24 * 3600
@@ -231,27 +234,38 @@ def generate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Build a SQLite benchmark database at --db with --rows judgments."""
+    """Build a benchmark database (a SQLite file at --db, or the empty database at --url)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, required=True, help="number of judgments")
-    parser.add_argument("--db", type=Path, required=True, help="SQLite file to create")
+    size = parser.add_mutually_exclusive_group(required=True)
+    size.add_argument("--rows", type=int, help="number of judgments (snapshots: rows / 10)")
+    size.add_argument(
+        "--evaluations",
+        type=int,
+        help=f"number of evaluations, with {JUDGMENTS_PER_EVALUATION} judgments each",
+    )
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--db", type=Path, help="SQLite file to create")
+    target.add_argument("--url", help="an empty database to fill (e.g. PostgreSQL)")
     parser.add_argument("--snapshots", type=int, default=None, help="default: rows / 10")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="replace an existing file")
     args = parser.parse_args(argv)
-    if args.db.exists():
+    if args.evaluations is not None:
+        args.rows, args.snapshots = args.evaluations * JUDGMENTS_PER_EVALUATION, args.evaluations
+    if args.db is not None and args.db.exists():
         if not args.force:
             print(f"error: {args.db} exists (use --force to replace it)", file=sys.stderr)
             return 1
         for suffix in ("", "-wal", "-shm"):
             Path(f"{args.db}{suffix}").unlink(missing_ok=True)
     started = time.perf_counter()
-    engine = init_db(f"sqlite:///{args.db.resolve()}")
+    url = args.url or f"sqlite:///{args.db.resolve()}"
+    engine = init_db(url)
     counts = generate(engine, judgments=args.rows, snapshots=args.snapshots, seed=args.seed)
     engine.dispose()
     print(
-        f"{args.db}: {counts['judgments']:,} judgments, {counts['snapshots']:,} snapshots "
-        f"in {time.perf_counter() - started:.1f} s"
+        f"{args.db or engine.url.render_as_string()}: {counts['judgments']:,} judgments, "
+        f"{counts['snapshots']:,} snapshots in {time.perf_counter() - started:.1f} s"
     )
     return 0
 
