@@ -17,7 +17,7 @@ Indices are Python ``str`` positions (code points). Pure module: no I/O, no data
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,11 +105,34 @@ def _anchor_span(answer: str, quote: str) -> tuple[int, int] | None:
     return None
 
 
+class _Answer:
+    """A model answer and, computed on first need, its whitespace-collapsed form.
+
+    Collapsing is linear in the answer (about 1.8 ms at 200k characters) and only the whitespace
+    stage needs it: every quote of one answer shares one collapse instead of redoing it.
+    """
+
+    __slots__ = ("_collapsed", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._collapsed: str | None = None
+
+    def collapsed(self) -> str:
+        if self._collapsed is None:
+            self._collapsed = normalize_whitespace(self.text)
+        return self._collapsed
+
+
 def verify_evidence(
     model_answer: str, quote: str, start: int | None = None, end: int | None = None
 ) -> EvidenceResult:
     """Check a judge's quote against the answer and repair its positions where that is safe."""
-    answer = _as_text(model_answer)
+    return _verify(_Answer(_as_text(model_answer)), quote, start, end)
+
+
+def _verify(answer_text: _Answer, quote: str, start: int | None, end: int | None) -> EvidenceResult:
+    answer = answer_text.text
     text = _as_text(quote)
     claimed_start = _as_index(start)
     claimed_end = _as_index(end)
@@ -136,7 +159,7 @@ def verify_evidence(
     if span is not None:
         return EvidenceResult(True, True, span[0], span[1], "anchor")
 
-    if normalize_whitespace(text) in normalize_whitespace(answer):
+    if normalize_whitespace(text) in answer_text.collapsed():
         # Safe mode: positions in the collapsed text do not map back reliably, so keep the claim.
         return EvidenceResult(True, False, claimed_start, claimed_end, "whitespace")
 
@@ -158,12 +181,20 @@ def _parse_index(value: object) -> int | None:
 
 def verify_evidence_item(model_answer: str, item: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of one evidence item with its verification fields computed from the answer."""
+    return _verify_item(_Answer(_as_text(model_answer)), item)
+
+
+def verify_evidence_items(model_answer: str, items: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`verify_evidence_item` for several quotes of one answer, which is prepared once for all."""
+    answer = _Answer(_as_text(model_answer))
+    return [_verify_item(answer, item) for item in items]
+
+
+def _verify_item(answer: _Answer, item: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(item, Mapping):
         item = {}
     quote = _as_text(item.get("quote"))
-    result = verify_evidence(
-        model_answer, quote, _parse_index(item.get("start")), _parse_index(item.get("end"))
-    )
+    result = _verify(answer, quote, _parse_index(item.get("start")), _parse_index(item.get("end")))
     return {
         **item,
         "quote": quote,
@@ -246,6 +277,11 @@ def _is_index(value: object) -> bool:
 
 def evidence_item(model_answer: str, metric: str, raw: Mapping[str, Any]) -> EvidenceItem:
     """A stored item as shown; re-verified when its stage is missing or its highlight positions are unusable."""
+    return _evidence_item(_Answer(model_answer), metric, raw)
+
+
+def _evidence_item(answer: _Answer, metric: str, raw: Mapping[str, Any]) -> EvidenceItem:
+    model_answer = answer.text
     stage = raw.get("stage")
     start, end = raw.get("start"), raw.get("end")
     usable = stage in STAGES and (
@@ -253,7 +289,7 @@ def evidence_item(model_answer: str, metric: str, raw: Mapping[str, Any]) -> Evi
         or (_is_index(start) and _is_index(end) and 0 <= start < end <= len(model_answer))
     )
     if not usable:
-        checked = verify_evidence_item(model_answer, raw)
+        checked = _verify_item(answer, raw)
         stage, start, end = checked["stage"], checked["start"], checked["end"]
     return EvidenceItem(
         metric=metric,
@@ -268,15 +304,17 @@ def evidence_item(model_answer: str, metric: str, raw: Mapping[str, Any]) -> Evi
 
 def evidence_items(model_answer: str, evidence_json: object, metric: str) -> tuple[EvidenceItem, ...]:
     """The verified evidence items of one metric of a stored evaluation, in either stored shape."""
+    answer = _Answer(model_answer)
     return tuple(
-        evidence_item(model_answer, metric, raw) for raw in metric_entry(evidence_json, metric)["evidence"]
+        _evidence_item(answer, metric, raw) for raw in metric_entry(evidence_json, metric)["evidence"]
     )
 
 
 def verify_evidence_map(model_answer: str, evidence_json: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of a seed-002 evidence_json with every item verified and malformed parts dropped."""
+    answer = _Answer(_as_text(model_answer))
     return {
-        slug: {**metric, "evidence": [verify_evidence_item(model_answer, item) for item in items]}
+        slug: {**metric, "evidence": [_verify_item(answer, item) for item in items]}
         for slug, metric, items in _metric_evidence(evidence_json)
     }
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from statistics import mean
 from typing import Any
 
 from sqlmodel import Session, col, select
@@ -244,14 +243,22 @@ def weighted_gap(
     bonus_metrics: Sequence[str] = (),
 ) -> float:
     """SPEC §5: round(0.7·primary + 0.2·mean(bonus) + 0.1·mean(others), 2); empty groups count 0."""
-    gaps = metric_gaps(metrics, user_scores, judge_scores)
+    return weighted_gap_of(metric_gaps(metrics, user_scores, judge_scores), primary_metric, bonus_metrics)
+
+
+def weighted_gap_of(
+    gaps: Mapping[str, float], primary_metric: str | None, bonus_metrics: Sequence[str] = ()
+) -> float:
+    """`weighted_gap` from rescaled gaps already computed per metric (the importer has them at hand)."""
     bonus = [s for s in bonus_metrics if s != primary_metric]
     primary_group = [gaps[primary_metric]] if primary_metric in gaps else []
     bonus_group = [gaps[s] for s in bonus if s in gaps]
     other_group = [g for s, g in gaps.items() if s != primary_metric and s not in bonus]
 
     def avg(values: list[float]) -> float:
-        return mean(values) if values else 0.0
+        # fsum/len, not statistics.mean: ~40x cheaper on every imported line, and equal to the
+        # exact mean up to one rounding, far below the 2 decimals kept.
+        return math.fsum(values) / len(values) if values else 0.0
 
     return round(0.7 * avg(primary_group) + 0.2 * avg(bonus_group) + 0.1 * avg(other_group), 2)
 

@@ -118,12 +118,37 @@ def _printable(path: str) -> str:
     return path.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def _holds_surrogate(value: Any) -> bool:
+    """Whether any string or key in `value` may hold an unpaired surrogate; no paths built, ASCII skipped.
+
+    True for subclasses of str/dict/list too, so that `lone_surrogate_at` walks them in full.
+    """
+    cls = value.__class__
+    if cls is str:
+        return not value.isascii() and _SURROGATE.search(value) is not None
+    if cls is dict:
+        for key, item in value.items():
+            if key.__class__ is not str or (not key.isascii() and _SURROGATE.search(key)):
+                return True
+            if item.__class__ not in _SCALARS and _holds_surrogate(item):
+                return True
+        return False
+    if cls is list:
+        return any(item.__class__ not in _SCALARS and _holds_surrogate(item) for item in value)
+    return isinstance(value, dict | list | str)
+
+
+_SCALARS = frozenset((int, float, bool, type(None)))
+
+
 def lone_surrogate_at(value: Any, path: str = "") -> str | None:
     """The path (`a.b[2].c`) of the first string or key holding an unpaired surrogate, else None.
 
     Python's UTF-8 decoder refuses encoded surrogates, but JSON escapes such as `\\ud800` decode
     to lone surrogates, which no database, page or file can encode.
     """
+    if not _holds_surrogate(value):  # every record of every import passes here: no paths built
+        return None
     if value.__class__ is str:
         return path if not value.isascii() and _SURROGATE.search(value) else None
     if isinstance(value, dict):

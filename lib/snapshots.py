@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import Table
 
 from lib.corrections import format_score
-from lib.evidence import HIGHLIGHT_STAGES, items_of, stage_counts, verify_evidence_map
-from lib.metrics import MetricSpec, judge_meta_score, resolve_metric_key, weighted_gap
+from lib.evidence import HIGHLIGHT_STAGES, STAGES, items_of, verify_evidence_items
+from lib.metrics import MetricSpec, judge_meta_score, resolve_metric_key, weighted_gap_of
 from lib.models import EvaluationSnapshot, utcnow
 from lib.records import (
     ImportFailed,
@@ -168,27 +168,35 @@ def evaluation_row(
         if slug not in bonus:
             bonus.append(slug)
 
-    # Seed-002 evidence shape: every scored or evidenced metric, in the rubric's order.
+    # Seed-002 evidence shape: every scored or evidenced metric, in the rubric's order, its items
+    # verified against the answer (one prepared answer for all quotes of the record).
     evidence_json: dict[str, Any] = {}
-    rescaled_gaps: list[float] = []
+    gaps: dict[str, float] = {}
+    counts = dict.fromkeys(STAGES, 0)
+    empty: dict[str, Any] = {}
     for spec in metrics.specs:
-        if spec.slug not in user and spec.slug not in judge and spec.slug not in evidence:
+        slug = spec.slug
+        if slug not in user and slug not in judge and slug not in evidence:
             continue
-        u = user.get(spec.slug, {})
-        j = judge.get(spec.slug, {})
+        u = user.get(slug, empty)
+        j = judge.get(slug, empty)
         us, js = u.get("score"), j.get("score")
         if us is not None and js is not None:
-            rescaled_gaps.append(spec.rescaled_gap(us, js))
-        evidence_json[spec.slug] = {
+            gaps[slug] = spec.rescaled_gap(us, js)
+        items = evidence.get(slug)
+        if items:
+            items = verify_evidence_items(answer, items)
+            for item in items:
+                counts[item["stage"]] += 1
+        evidence_json[slug] = {
             "user_score": us,
             "judge_score": js,
             "metric_gap": round(abs(us - js), 4) if us is not None and js is not None else None,
             "user_reason": u.get("reason"),
             "judge_reason": j.get("reason"),
-            "evidence": evidence.get(spec.slug, []),
+            "evidence": items or [],
         }
-    evidence_json = verify_evidence_map(answer, evidence_json)
-    counts = stage_counts(evidence_json)
+    rescaled_gaps = list(gaps.values())
 
     given_gap = record.get("weighted_gap")
     if given_gap is not None:
@@ -197,7 +205,7 @@ def evaluation_row(
             raise InvalidField("weighted_gap", "must not be negative")
     else:
         # No metric scored on both sides means there is no gap to weigh, not a perfect judge.
-        gap = weighted_gap(metrics.specs, user, judge, primary, bonus) if rescaled_gaps else None
+        gap = weighted_gap_of(gaps, primary, bonus) if gaps else None
     given_meta = record.get("judge_meta_score")
     if given_meta is not None:
         meta_value = number_field(given_meta, "judge_meta_score")

@@ -845,3 +845,32 @@ def test_evidence_items_trust_a_stored_stage_with_usable_positions() -> None:
     assert evidence_items(ANSWER, stored, "m")[0].stage == "exact"
     broken = {"m": [{"quote": QUOTE, "start": 5, "end": 999, "stage": "exact"}]}
     assert evidence_items(ANSWER, broken, "m")[0].start == QUOTE_AT
+
+
+def test_an_answer_is_collapsed_once_for_all_its_quotes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19 item 7: the whitespace stage collapses the answer once per answer, not once per quote."""
+    import lib.evidence as evidence
+
+    answer = "Line one  of\tthe answer.\n\nLine   two, with more   words. " * 50
+    collapsed: list[str] = []
+    real = evidence.normalize_whitespace
+
+    def counting(text: str) -> str:
+        collapsed.append(text)
+        return real(text)
+
+    monkeypatch.setattr(evidence, "normalize_whitespace", counting)
+    quotes = ["one of the answer.", "two, with more words.", "never said at all", "Line two,\nwith"]
+    evidence_json = {
+        "clarity": {"evidence": [{"quote": q} for q in quotes[:2]]},
+        "truthfulness": {"evidence": [{"quote": q} for q in quotes[2:]]},
+    }
+    verified = verify_evidence_map(answer, evidence_json)
+    stages = [item["stage"] for slug in ("clarity", "truthfulness") for item in verified[slug]["evidence"]]
+    assert stages == ["whitespace", "whitespace", "unverified", "whitespace"]
+    assert collapsed.count(answer) == 1
+    assert sorted(text for text in collapsed if text != answer) == sorted(quotes)
+    collapsed.clear()
+    items = evidence.verify_evidence_items(answer, [{"quote": q} for q in quotes])
+    assert [item["stage"] for item in items] == ["whitespace", "whitespace", "unverified", "whitespace"]
+    assert collapsed.count(answer) == 1
