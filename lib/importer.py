@@ -82,6 +82,7 @@ from lib.records import (
     timestamp_field,
     type_name,
 )
+from lib.search import normalize_search_text
 from lib.snapshots import MetricSet, evaluation_row, snapshot_judgment_rows
 
 KINDS = ("evaluations", "judgments", "notes", "metrics", "interactions")
@@ -423,6 +424,7 @@ def _note_row(record: Any, reviewer: str) -> dict[str, Any]:
         "language": language,
         "note_type": note_type,
         "content": content,
+        "search_text": normalize_search_text(content),
         "phelps_code": code,
         "confidence": confidence,
         "session_id": session_id,

@@ -25,6 +25,7 @@ from lib.evidence import EvidenceItem, evidence_items, metric_entry
 from lib.highlight import Span
 from lib.metrics import DEFAULT_METRICS, MetricSpec, metrics_for_product, score_of
 from lib.models import EvaluationSnapshot, Judgment, MetricDefinition, utcnow
+from lib.search import text_match
 
 ReviewState = Literal["any", "pending", "reviewed", "corrected"]
 EvidenceState = Literal["any", "unverified", "unlocated", "verified", "none"]
@@ -206,8 +207,8 @@ def filter_conditions(filters: EvaluationFilters) -> list[ColumnElement[bool]]:
         # The whole "to" day is included.
         conds.append(col(_S.created_at) < _day_start(filters.date_to + timedelta(days=1)))
     if filters.text:
-        # autoescape: a `%` or `_` typed by the reviewer matches itself, not "anything".
-        conds.append(col(_S.question).icontains(filters.text, autoescape=True))
+        # Unicode-aware and literal, through the trigram index (lib.search).
+        conds.append(text_match(_S.__table__, filters.text))
     return conds
 
 

@@ -57,6 +57,7 @@ from lib.auth import agent_actor
 from lib.config import Settings, get_settings
 from lib.db import session_scope
 from lib.models import NOTE_TYPES, SessionNote, utcnow
+from lib.search import normalize_search_text
 
 log = logging.getLogger(__name__)
 
@@ -348,12 +349,12 @@ class PendingNotes:
 
     def matching(self, *, query: str, note_type: str | None, language: str | None) -> list[PendingNote]:
         """This run's notes that a search with these filters would find, newest first."""
-        needle = query.strip().lower()
+        needle = normalize_search_text(query.strip())  # the rule the stored notes' search uses
         with self._lock:
             found = [
                 n
                 for n in self.notes
-                if _matches(n, note_type, language, None) and needle in n.content.lower()
+                if _matches(n, note_type, language, None) and needle in normalize_search_text(n.content)
             ]
         return found[::-1]
 

@@ -14,6 +14,8 @@ from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, Text, UniqueC
 from sqlalchemy.orm import Session as OrmSession
 from sqlmodel import Field, SQLModel
 
+from lib.search import normalize_search_text
+
 SNAPSHOT_STATUSES = ("active", "completed", "archived")
 NOTE_TYPES = ("SUCCESS", "FAILURE", "PATTERN", "STRATEGY", "TIP")
 CACHE_DECISIONS = ("INCLUDE", "EXCLUDE", "UNCERTAIN")
@@ -28,6 +30,15 @@ def new_prefixed_id(prefix: str, at: datetime | None = None) -> str:
     """Seed-002 ids: `<prefix>_YYYYMMDD_HHMMSS_randomhex`."""
     moment = at or utcnow()
     return f"{prefix}_{moment:%Y%m%d_%H%M%S}_{secrets.token_hex(4)}"
+
+
+def _search_column(source: str) -> Column[str]:
+    """A `search_text` column: Core inserts that leave it out get it computed from `source`."""
+
+    def default(context: Any) -> str:
+        return normalize_search_text(context.get_current_parameters().get(source))
+
+    return Column(Text, nullable=False, default=default, server_default="")
 
 
 class EvaluationSnapshot(SQLModel, table=True):
@@ -95,6 +106,8 @@ class EvaluationSnapshot(SQLModel, table=True):
     # Identity for idempotent re-import: a hash of product, question, answer and model.
     source_key: str | None = Field(default=None, max_length=64, unique=True)
     created_by: str | None = Field(default=None, max_length=200)
+    # The question under lib.search's normalisation (Unicode case folding, Turkish i), trigram-indexed.
+    search_text: str = Field(default="", sa_column=_search_column("question"))
 
 
 class ChatMessage(SQLModel, table=True):
@@ -218,6 +231,22 @@ class SessionNote(SQLModel, table=True):
     auto_pinned: bool = False
     prerequisites: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     created_by: str | None = Field(default=None, max_length=200)
+    # The content under lib.search's normalisation, trigram-indexed.
+    search_text: str = Field(default="", sa_column=_search_column("content"))
+
+
+@event.listens_for(EvaluationSnapshot, "before_insert")
+@event.listens_for(EvaluationSnapshot, "before_update")
+def _snapshot_search_text(_mapper, _connection, target: EvaluationSnapshot) -> None:  # type: ignore[no-untyped-def]
+    """ORM writes: the search text follows the question, whoever builds the object."""
+    target.search_text = normalize_search_text(target.question)
+
+
+@event.listens_for(SessionNote, "before_insert")
+@event.listens_for(SessionNote, "before_update")
+def _note_search_text(_mapper, _connection, target: SessionNote) -> None:  # type: ignore[no-untyped-def]
+    """ORM writes: the search text follows the content."""
+    target.search_text = normalize_search_text(target.content)
 
 
 class SessionAudit(SQLModel, table=True):

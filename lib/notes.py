@@ -47,6 +47,7 @@ from sqlmodel import Session, SQLModel, col, select
 from lib.auth import Actor, Permission, authorize, removal_permission
 from lib.config import get_settings
 from lib.models import NOTE_TYPES, SessionNote, utcnow
+from lib.search import text_match
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,6 @@ _CONTROL_RE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _AGE_RE = re.compile(r"\s*(\d{1,7})\s*([mhdw])\s*", re.IGNORECASE)
 _AGE_UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 _MAX_AGE = timedelta(days=36_500)
-_SQLITE_LOWER = "overrule_notes_lower"
 
 # Called as relevance(session, note_ids, tags) -> {note_id: (decision, boost)}; decision
 # "filtered" drops a note, boost re-ranks it (seed 001). Notes missing from the map stay as they are.
@@ -239,21 +239,6 @@ def _as_list(value: str | Sequence[str] | None) -> list[str] | None:
     return [value] if isinstance(value, str) else list(value)
 
 
-def _like_pattern(query: str) -> str:
-    """A LIKE pattern matching `query` literally anywhere (its own % _ and \\ escaped)."""
-    escaped = query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
-
-
-def _lower(session: Session) -> Callable[[Any], Any]:
-    """Unicode lower() for this connection: PostgreSQL's own, or Python's on SQLite (ASCII-only otherwise)."""
-    if session.get_bind().dialect.name != "sqlite":
-        return func.lower
-    raw = session.connection().connection.dbapi_connection
-    raw.create_function(_SQLITE_LOWER, 1, lambda s: None if s is None else str(s).lower(), deterministic=True)
-    return getattr(func, _SQLITE_LOWER)
-
-
 @dataclass(frozen=True)
 class NoteFilter:
     """Filters of the notes list, its counts, the session timeline and removal; None means "any".
@@ -275,8 +260,7 @@ def _filters(session: Session, filters: NoteFilter) -> list[ColumnElement[bool]]
     conds: list[ColumnElement[bool]] = []
     query = str(filters.query or "").strip()
     if query:
-        lower = _lower(session)
-        conds.append(lower(col(SessionNote.content)).like(lower(_like_pattern(query)), escape="\\"))
+        conds.append(text_match(SessionNote.__table__, query))  # Unicode-aware, literal, indexed
     types = _as_list(filters.note_type)
     if types is not None:
         conds.append(

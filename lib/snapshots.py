@@ -28,6 +28,7 @@ from lib.records import (
     timestamp_field,
     type_name,
 )
+from lib.search import normalize_search_text
 
 _SNAPSHOTS: Table = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
 
@@ -244,6 +245,7 @@ def evaluation_row(
         "status": "active",
         "source_key": key,
         "created_by": reviewer,
+        "search_text": normalize_search_text(question),
     }
     judged = [(slug, s["score"], s["reason"]) for slug, s in judge.items() if s["score"] is not None]
     return row, judged, snapshot_id is not None

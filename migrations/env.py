@@ -7,9 +7,15 @@ from sqlalchemy import create_engine
 from sqlmodel import SQLModel
 
 import lib.models  # noqa: F401  (registers every table on SQLModel.metadata)
+from lib.search import is_search_index_object
 
 config = context.config
 target_metadata = SQLModel.metadata
+
+
+def include_name(name, _type, _parent_names) -> bool:  # type: ignore[no-untyped-def]
+    """Autogenerate leaves the search index (FTS5 tables, trigram indexes) alone: migration-built."""
+    return not is_search_index_object(name)
 
 
 def _run(connection) -> None:  # type: ignore[no-untyped-def]
@@ -18,6 +24,7 @@ def _run(connection) -> None:  # type: ignore[no-untyped-def]
         target_metadata=target_metadata,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        include_name=include_name,
     )
     with context.begin_transaction():
         context.run_migrations()

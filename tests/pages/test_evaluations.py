@@ -114,6 +114,24 @@ def test_url_value_that_no_row_has_yet_is_kept_and_matches_nothing(seeded, open_
     assert not at.exception
 
 
+@pytest.mark.parametrize("typed", ["istanbul", "ISTANBUL", "ıstanbul"])
+def test_text_filter_finds_turkish_capitals_by_any_case(app_engine, open_page, typed: str) -> None:
+    records = [
+        record("s_ist", question="İstanbul'da hangi müzeler açık?"),
+        record("s_odul", question="Nobel Ödülü kimlere verildi?", created_at="2025-01-11T12:00:00Z"),
+    ]
+    with Session(app_engine) as session:
+        import_evaluations(session=session, records=records, reviewer="tester")
+        session.commit()
+    at = open_page(PAGE)
+    at.text_input(key="evaluations_q").set_value(typed).run()
+    assert listed_ids(at) == ["s_ist"]
+    assert count_line(at) == "**1** evaluation matches"
+    at.text_input(key="evaluations_q").set_value("ödülü").run()
+    assert listed_ids(at) == ["s_odul"]
+    assert not at.exception
+
+
 @pytest.fixture
 def thirty(app_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> Engine:
     monkeypatch.setenv("OVERRULE_PAGE_SIZE", "10")

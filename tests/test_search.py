@@ -1,0 +1,324 @@
+"""Text search (lib.search) on both backends: one normalisation rule, every write path, the index."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic import command
+from sqlalchemy import Engine, delete, insert, text, update
+from sqlmodel import Session, col, select
+
+from lib.db import alembic_config, create_db_engine
+from lib.importer import import_evaluations, import_notes
+from lib.inspector import EvaluationFilters, count_evaluations, list_evaluations
+from lib.models import EvaluationSnapshot, Judgment
+from lib.notes import add_note, search_notes
+from lib.search import (
+    MIN_TRIGRAM_CHARS,
+    SEARCHABLE,
+    like_pattern,
+    normalize_search_text,
+    search_table_name,
+    sqlite_trigram_available,
+    text_match,
+)
+
+QUESTIONS = {
+    "s_ist": "İstanbul'da en iyi müze hangisi?",
+    "s_ist_upper": "ISTANBUL TRAFİĞİ NASIL?",
+    "s_odul": "Nobel Ödülü kimlere verildi?",
+    "s_odul_lower": "ödülü kim aldı?",
+    "s_strasse": "Wo ist die Hauptstraße?",
+    "s_pct": "What does 100% mean for a_b and c\\d?",
+    "s_plain": "How tall is the Eiffel Tower?",
+}
+
+
+def record(sid: str, question: str) -> dict[str, Any]:
+    return {
+        "id": sid,
+        "question": question,
+        "model_answer": "an answer",
+        "product": "acme",
+        "language": "tr",
+        "created_at": "2025-01-10T12:00:00Z",
+        "user_scores": {"clarity": 4},
+        "judge_scores": {"clarity": 3},
+    }
+
+
+@pytest.fixture
+def seeded(engine: Engine) -> Iterator[Session]:
+    with Session(engine, expire_on_commit=False) as session:
+        import_evaluations(
+            session=session, records=[record(sid, q) for sid, q in QUESTIONS.items()], reviewer="tester"
+        )
+        session.commit()
+        yield session
+
+
+def found(session: Session, query: str) -> set[str]:
+    filters = EvaluationFilters(text=query)
+    rows = list_evaluations(session=session, filters=filters, limit=100).rows
+    assert count_evaluations(session=session, filters=filters) == len(rows)
+    return {r.id for r in rows}
+
+
+# --------------------------------------------------------------------------------------------
+# The rule
+
+
+@pytest.mark.parametrize(
+    ("raw", "normalised"),
+    [
+        ("İstanbul", "istanbul"),
+        ("ISTANBUL", "istanbul"),
+        ("ıstanbul", "istanbul"),
+        ("I\u0307stanbul", "istanbul"),  # I + combining dot above, decomposed
+        ("i\u0307stanbul", "istanbul"),  # what "İstanbul".lower() gives
+        ("Ödülü", "ödülü"),
+        ("O\u0308dülü", "ödülü"),  # decomposed Ö composes under NFKC
+        ("Straße", "strasse"),
+        ("ﬁle", "file"),  # ligature, NFKC
+        ("ＡＢＣ", "abc"),  # full width, NFKC
+        ("100% a_b", "100% a_b"),
+        ("", ""),
+    ],
+)
+def test_normalisation_folds_case_turkish_i_and_compatibility_forms(raw: str, normalised: str) -> None:
+    assert normalize_search_text(raw) == normalised
+
+
+def test_normalisation_keeps_accents_apart() -> None:
+    assert normalize_search_text("ödül") != normalize_search_text("odul")
+
+
+def test_like_pattern_escapes_its_metacharacters() -> None:
+    assert like_pattern("1%_\\x") == "%1\\%\\_\\\\x%"
+
+
+def test_text_match_refuses_a_table_without_search_text() -> None:
+    with pytest.raises(ValueError, match="has no search text"):
+        text_match(EvaluationSnapshot.__table__.metadata.tables["judgments"], "x")
+
+
+# --------------------------------------------------------------------------------------------
+# The Evaluations text filter on both backends
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("istanbul", {"s_ist", "s_ist_upper"}),
+        ("İstanbul", {"s_ist", "s_ist_upper"}),
+        ("ISTANBUL", {"s_ist", "s_ist_upper"}),
+        ("ıstanbul", {"s_ist", "s_ist_upper"}),
+        ("trafiği", {"s_ist_upper"}),
+        ("ödülü", {"s_odul", "s_odul_lower"}),
+        ("Ödülü", {"s_odul", "s_odul_lower"}),
+        ("ÖDÜLÜ", {"s_odul", "s_odul_lower"}),
+        ("odulu", set()),
+        ("HAUPTSTRASSE", {"s_strasse"}),
+        ("hauptstraße", {"s_strasse"}),
+        ("eiffel tower", {"s_plain"}),
+        ("tower?", {"s_plain"}),
+        ("nowhere", set()),
+    ],
+)
+def test_text_filter_is_unicode_aware(seeded: Session, query: str, expected: set[str]) -> None:
+    assert found(seeded, query) == expected
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("%", {"s_pct"}),
+        ("_", {"s_pct"}),
+        ("\\", {"s_pct"}),
+        ("100%", {"s_pct"}),
+        ("0% mean", {"s_pct"}),
+        ("a_b", {"s_pct"}),
+        ("c\\d", {"s_pct"}),
+        ("a%b", set()),  # as a wildcard it would match "a_b"
+        ("100_", set()),  # as a wildcard it would match "100%"
+        ("c_d", set()),
+        ('"', set()),
+        ('a" OR "b', set()),  # FTS5 syntax is text here, never an operator
+    ],
+)
+def test_text_filter_takes_metacharacters_literally(seeded: Session, query: str, expected: set[str]) -> None:
+    assert found(seeded, query) == expected
+
+
+@pytest.mark.parametrize("query", ["is", "İs", "ö", "ı", "%"])
+def test_short_queries_fall_back_to_like_on_the_normalised_text(seeded: Session, query: str) -> None:
+    needle = normalize_search_text(query)
+    assert len(needle) < MIN_TRIGRAM_CHARS
+    expected = {sid for sid, q in QUESTIONS.items() if needle in normalize_search_text(q)}
+    assert expected
+    assert found(seeded, query) == expected
+
+
+# --------------------------------------------------------------------------------------------
+# Every write path keeps the search text (and the SQLite index) current
+
+
+def test_orm_insert_and_question_update_are_searchable(engine: Engine) -> None:
+    with Session(engine) as session:
+        session.add(EvaluationSnapshot(id="s_orm", question="İzmir'de hava", model_answer="a", product="p"))
+        session.commit()
+    with Session(engine) as session:
+        assert found(session, "izmir") == {"s_orm"}
+        snapshot = session.get(EvaluationSnapshot, "s_orm")
+        assert snapshot is not None
+        snapshot.question = "Ankara'da hava"
+        session.commit()
+    with Session(engine) as session:
+        assert found(session, "izmir") == set()
+        assert found(session, "ANKARA") == {"s_orm"}
+
+
+def test_core_insert_without_search_text_gets_it_from_the_question(engine: Engine) -> None:
+    # bench/gen.py and other bulk writers insert plain dicts: the column default fills search_text.
+    rows = [
+        {
+            "id": f"s_core{i}",
+            "question": q,
+            "model_answer": "a",
+            "product": "p",
+            "source_key": f"k{i}",
+            "bonus_metrics": [],
+            "user_scores_json": {},
+            "judge_scores_json": {},
+        }
+        for i, q in enumerate(["Şişli'deki İŞ", "plain text"])
+    ]
+    with Session(engine) as session:
+        session.execute(insert(EvaluationSnapshot), rows)
+        session.commit()
+        assert found(session, "şişli'deki iş") == {"s_core0"}
+        stored = session.exec(
+            select(EvaluationSnapshot.search_text).where(col(EvaluationSnapshot.id) == "s_core0")
+        )
+        assert stored.one() == "şişli'deki iş"
+
+
+def test_deleted_rows_leave_the_index(seeded: Session) -> None:
+    seeded.execute(delete(Judgment).where(col(Judgment.snapshot_id) == "s_odul"))
+    seeded.execute(delete(EvaluationSnapshot).where(col(EvaluationSnapshot.id) == "s_odul"))
+    seeded.commit()
+    assert found(seeded, "ödülü") == {"s_odul_lower"}
+
+
+def test_archived_rows_are_found_only_in_the_archived_list(seeded: Session) -> None:
+    seeded.execute(
+        update(EvaluationSnapshot)
+        .where(col(EvaluationSnapshot.id) == "s_ist")
+        .values(deleted_at=text("CURRENT_TIMESTAMP"))
+    )
+    seeded.commit()
+    assert found(seeded, "istanbul") == {"s_ist_upper"}
+    archived = list_evaluations(
+        session=seeded, filters=EvaluationFilters(text="istanbul", archived=True)
+    ).rows
+    assert [r.id for r in archived] == ["s_ist"]
+
+
+def test_stored_search_text_is_the_normalised_question(seeded: Session) -> None:
+    rows = seeded.exec(select(EvaluationSnapshot.id, EvaluationSnapshot.search_text)).all()
+    assert {sid: t for sid, t in rows} == {sid: normalize_search_text(q) for sid, q in QUESTIONS.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# Notes share the rule
+
+
+def test_note_search_is_unicode_aware(session: Session) -> None:
+    add_note(
+        session=session,
+        language="tr",
+        note_type="TIP",
+        content="İstanbul soruları için kaynak ver",
+        created_by="t",
+    )
+    import_notes(
+        session=session,
+        records=[
+            {
+                "timestamp": "2025-01-01T00:00:00Z",
+                "language": "tr",
+                "note_type": "PATTERN",
+                "content": "ÖDÜLÜ sorularında tarih kontrol et",
+                "session_id": "s1",
+            }
+        ],
+        reviewer="t",
+    )
+    session.commit()
+    assert [n.content for n in search_notes(session, "istanbul")] == ["İstanbul soruları için kaynak ver"]
+    assert [n.content for n in search_notes(session, "ödülü")] == ["ÖDÜLÜ sorularında tarih kontrol et"]
+    assert [n.content for n in search_notes(session, "ıi")] == []
+
+
+# --------------------------------------------------------------------------------------------
+# The index is used, and survives in the head schema
+
+
+def _plan(session: Session, query: str) -> str:
+    stmt = select(EvaluationSnapshot.id).where(text_match(EvaluationSnapshot.__table__, query))
+    bind = session.get_bind()
+    compiled = stmt.compile(bind, compile_kwargs={"literal_binds": True})
+    prefix = "EXPLAIN QUERY PLAN " if bind.dialect.name == "sqlite" else "EXPLAIN "
+    return "\n".join(str(r[-1]) for r in session.connection().exec_driver_sql(prefix + str(compiled)).all())
+
+
+def test_search_reads_the_trigram_index(seeded: Session) -> None:
+    if seeded.get_bind().dialect.name == "sqlite":
+        if not sqlite_trigram_available():
+            pytest.skip("this Python's SQLite has no FTS5 trigram tokenizer: the LIKE fallback is the design")
+        plan = _plan(seeded, "istanbul")
+        assert "VIRTUAL TABLE INDEX" in plan and search_table_name("evaluation_snapshots") in plan
+        assert "VIRTUAL TABLE" not in _plan(seeded, "is")  # under three characters: LIKE
+    else:
+        seeded.connection().exec_driver_sql("SET LOCAL enable_seqscan = off")
+        assert "ix_evaluation_snapshots_search_trgm" in _plan(seeded, "istanbul")
+
+
+def test_head_schema_keeps_the_search_index(engine: Engine) -> None:
+    # A later SQLite migration that rebuilds a searchable table drops its triggers: this catches it.
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            if not sqlite_trigram_available():
+                pytest.skip("no FTS5 trigram tokenizer in this Python's SQLite")
+            names = set(conn.exec_driver_sql("SELECT name FROM sqlite_master").scalars())
+            for table in SEARCHABLE:
+                fts = search_table_name(table)
+                assert {fts, f"{fts}_ai", f"{fts}_ad", f"{fts}_au"} <= names
+        else:
+            names = set(conn.exec_driver_sql("SELECT indexname FROM pg_indexes").scalars())
+            assert {f"ix_{table}_search_trgm" for table in SEARCHABLE} <= names
+
+
+def test_migration_backfills_existing_rows(tmp_path: Path, _sqlite_migrated: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = create_db_engine(url)
+    cfg = alembic_config(engine)
+    command.upgrade(cfg, "0005")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO evaluation_snapshots (id, created_at, question, model_answer, product, language, "
+            "bonus_metrics, user_scores_json, judge_scores_json, evidence_count, evidence_highlighted, "
+            "evidence_unlocated, evidence_unverified, chat_turn_count, max_chat_turns, status) VALUES "
+            "('s_old', '2025-01-01 00:00:00', 'İSTANBUL ödülü', 'a', 'p', 'tr', '[]', '{}', '{}', "
+            "0, 0, 0, 0, 0, 15, 'active')"
+        )
+    command.upgrade(cfg, "head")
+    with Session(engine) as session:
+        assert found(session, "istanbul ödülü") == {"s_old"}
+        assert found(session, "ıs") == {"s_old"}
+    engine.dispose()
+    shutil.rmtree(tmp_path, ignore_errors=True)
