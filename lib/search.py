@@ -15,7 +15,7 @@ Core insert that leaves it out, and by an ORM hook for objects (`lib.models`), w
 it on update. A matching query is `search_text` containing the normalised query, literally
 (`%`, `_` and `\\` match themselves).
 
-How it is found without a scan (the index is built by migration 0006):
+How it is found without a scan (the index is built by migration 0008):
 - SQLite: an FTS5 table `<table>_search` with the `trigram` tokenizer over `search_text` (external
   content, so the text is not stored twice), kept in step by triggers; the condition is
   `rowid IN (SELECT rowid FROM <table>_search WHERE <table>_search MATCH '"<query>"')`. A trigram

@@ -307,7 +307,7 @@ def test_migration_backfills_existing_rows(tmp_path: Path, _sqlite_migrated: Pat
     url = f"sqlite:///{tmp_path / 'old.db'}"
     engine = create_db_engine(url)
     cfg = alembic_config(engine)
-    command.upgrade(cfg, "0005")
+    command.upgrade(cfg, "0007")
     with engine.begin() as conn:
         conn.exec_driver_sql(
             "INSERT INTO evaluation_snapshots (id, created_at, question, model_answer, product, language, "

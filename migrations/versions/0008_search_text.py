@@ -12,8 +12,8 @@ folded), backfilled here in batches. The index under it:
 A later SQLite migration that rebuilds one of these tables (batch "move and copy") drops its
 triggers: it must recreate them (tests/test_search.py checks the head schema keeps them).
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0008
+Revises: 0007
 """
 
 from __future__ import annotations
@@ -21,12 +21,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-# The normalisation rule lives in lib.search (one rule for backfill and for every write); the
-# schema below is frozen here, as a migration's must be.
-from lib.search import normalize_search_text, sqlite_trigram_available
-
-revision = "0006"
-down_revision = "0005"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
@@ -40,6 +36,10 @@ def search_table_name(table: str) -> str:
 
 def _backfill(conn: sa.Connection, table: str, source: str) -> None:
     """search_text for every existing row, a batch of primary keys at a time (keyset, not OFFSET)."""
+    # The rule lives in lib.search (one rule for the backfill and every write); imported here, not at
+    # the top, so `alembic heads` can read this file without lib on the path.
+    from lib.search import normalize_search_text
+
     key = "id"
     t = sa.table(table, sa.column(key), sa.column(source), sa.column("search_text"))
     update = sa.update(t).where(t.c[key] == sa.bindparam("k")).values(search_text=sa.bindparam("v"))
@@ -72,6 +72,8 @@ def _sqlite_index(table: str) -> list[str]:
 
 
 def upgrade() -> None:
+    from lib.search import sqlite_trigram_available
+
     conn = op.get_bind()
     dialect = conn.dialect.name
     for table, source in SEARCHABLE.items():
