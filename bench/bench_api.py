@@ -1,14 +1,16 @@
 """Pipeline API benchmark: push throughput over HTTP vs the CLI's import of the same file, and the
 latency of fetching the history prompt block over HTTP vs calling lib directly.
 
-    python bench/bench_api.py [--records 2000] [--judgments 100000] [--runs 20]
+    python bench/bench_api.py [--records 2000] [--judgments 1000,100000,1000000] [--runs 20]
 
 Push: N evaluation records (2 judgments each) written to one JSONL file; `import_path` (what
 `python -m lib import` runs) on a fresh SQLite file, then `POST /api/v1/evaluations` of the same
 bytes to the API under uvicorn on 127.0.0.1 over a fresh SQLite file; evaluations/s for both and
-their ratio. History: `--judgments` rows from bench/gen.py, then the median of `--runs` fetches of
-`GET /history?format=prompt` vs `corrections.history_block` in-process. Figures are ratios for a
-shared machine: the wall clock there mostly measures the other jobs.
+their ratio. History: for each size in `--judgments`, that many rows from bench/gen.py, then the
+median of `--runs` fetches of `GET /history?format=prompt` vs `corrections.history_block`
+in-process, and each size's HTTP latency against the smallest size's (flat means the indexed
+selection does not grow with the table). Figures are ratios for a shared machine: the wall clock
+there mostly measures the other jobs.
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ def push(n: int) -> None:
     print(f"  API POST    {n / api:10.0f} evaluations/s   (API/CLI throughput = {cli / api:.2f})")
 
 
-def history(judgments: int, runs: int) -> None:
+def history(judgments: int, runs: int) -> float:
     engine = fresh("bench_api_history.db")
     insert_batched(engine, Judgment, judgment_rows(judgments))
     base, secret, server, thread = serve(engine)
@@ -141,16 +143,23 @@ def history(judgments: int, runs: int) -> None:
     print(f"history prompt at {judgments} judgments, median of {runs}:")
     print(f"  lib (in-process)  {lib_ms:8.2f} ms")
     print(f"  GET /history      {http_ms:8.2f} ms   (HTTP/lib = {http_ms / lib_ms:.1f})")
+    return http_ms
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=2000)
-    parser.add_argument("--judgments", type=int, default=100_000)
+    parser.add_argument("--judgments", default="1000,100000,1000000", help="comma-separated table sizes")
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--skip-push", action="store_true", help="only the history fetches")
     args = parser.parse_args(argv)
-    push(args.records)
-    history(args.judgments, args.runs)
+    sizes = sorted(int(part) for part in args.judgments.split(","))
+    if not args.skip_push:
+        push(args.records)
+    latencies = {size: history(size, args.runs) for size in sizes}
+    smallest = sizes[0]
+    for size in sizes[1:]:
+        print(f"GET /history at {size} vs {smallest} judgments: {latencies[size] / latencies[smallest]:.2f}x")
     return 0
 
 
