@@ -115,6 +115,19 @@ _ENV_NAMES = {
     "openai_base_url": "OPENAI_BASE_URL",
 }
 
+# The one configuration hint every "no LLM" message ends with (pages, CLI, lib errors), so the
+# reviewer is told the same variables wherever an LLM action is greyed out or refused.
+LLM_SETUP_HINT = (
+    "Set OPENAI_API_KEY to use OpenAI, or OPENAI_BASE_URL to use an OpenAI-compatible server such as "
+    "vLLM, Ollama or llama.cpp, in the environment or in .streamlit/secrets.toml, then restart."
+)
+
+
+def llm_off_reason(action: str) -> str:
+    """Why `action` (e.g. "A second opinion") cannot run without an LLM, with the one setup hint."""
+    return f"{action} needs an LLM, and none is configured. {LLM_SETUP_HINT}"
+
+
 _RANGES: dict[str, tuple[float, float]] = {
     "llm_timeout": (0.1, 3600),
     "llm_max_retries": (0, 20),

@@ -21,6 +21,7 @@ from sqlmodel import Session, col, select
 
 from lib.auth import Actor, Permission
 from lib.corrections import require_reviewer
+from lib.display import evaluation_title, evaluation_url
 from lib.evidence import EvidenceItem, evidence_items, metric_entry
 from lib.highlight import Span
 from lib.metrics import DEFAULT_METRICS, MetricSpec, metrics_for_product, score_of
@@ -351,6 +352,60 @@ LIST_FRAME_COLUMNS = [f.name for f in fields(EvaluationRow)]
 def rows_frame(rows: Sequence[EvaluationRow]) -> pd.DataFrame:
     """The list rows as a table for display or download."""
     return pd.DataFrame([r.__dict__ for r in rows], columns=LIST_FRAME_COLUMNS)
+
+
+def review_summary(*, judged: int, reviewed: int, corrected: int) -> str | None:
+    """One evaluation's review state in words, as the list shows it ("3 of 8 pending", "corrected")."""
+    if judged == 0:
+        return None
+    if reviewed < judged:
+        return f"{judged - reviewed} of {judged} pending"
+    return f"{corrected} corrected" if corrected else "all confirmed"
+
+
+def evidence_summary(*, evidence: int, unverified: int, unlocated: int) -> str | None:
+    """One evaluation's evidence state in words: how many items, and which could not be verified/located."""
+    if evidence == 0:
+        return None
+    problems = [f"{n} {what}" for n, what in ((unverified, "unverified"), (unlocated, "unlocated")) if n]
+    return f"{evidence} ({', '.join(problems)})" if problems else f"{evidence} verified"
+
+
+# The list's columns in reading order: what opens the row, what it is, how far judge and reviewer
+# are apart and how far the review got come first, so they fit a 1400 px window; the rest follows.
+LIST_DISPLAY_COLUMNS = [
+    "open", "title", "max_gap", "weighted_gap", "review", "reviewed_share", "product", "language",
+    "evidence", "created_at", "model", "category", "judge_meta_score", "id",
+]  # fmt: skip
+
+
+def list_display_frame(rows: Sequence[EvaluationRow]) -> pd.DataFrame:
+    """The list rows as reviewers read them: a link to the detail, the question's first line as the
+    title, gaps, review and evidence state in words; missing values stay missing (shown as "—")."""
+    return pd.DataFrame(
+        [
+            {
+                "open": evaluation_url(r.id),
+                "title": evaluation_title(r.question),
+                "max_gap": r.max_gap,
+                "weighted_gap": r.weighted_gap,
+                "review": review_summary(judged=r.judged, reviewed=r.reviewed, corrected=r.corrected),
+                "reviewed_share": r.reviewed / r.judged if r.judged else None,
+                "product": r.product,
+                "language": r.language,
+                "evidence": evidence_summary(
+                    evidence=r.evidence, unverified=r.unverified, unlocated=r.unlocated
+                ),
+                "created_at": r.created_at,
+                "model": r.model,
+                "category": r.category,
+                "judge_meta_score": r.judge_meta_score,
+                "id": r.id,
+            }
+            for r in rows
+        ],
+        columns=LIST_DISPLAY_COLUMNS,
+    )
 
 
 def filtered_frame(*, session: Session, filters: EvaluationFilters) -> pd.DataFrame:

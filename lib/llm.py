@@ -35,14 +35,13 @@ import jsonschema
 import openai
 from openai.types.chat import ChatCompletion
 
-from lib.config import Settings, env_name, get_settings
+from lib.config import LLM_SETUP_HINT, Settings, env_name, get_settings
 
 log = logging.getLogger(__name__)
 
 NOT_CONFIGURED_MESSAGE = (
     "No LLM is configured, so LLM actions are disabled (reviewing, corrections and notes still work). "
-    "Set OPENAI_API_KEY to use OpenAI, or OPENAI_BASE_URL to use an OpenAI-compatible server such as "
-    "vLLM, Ollama or llama.cpp, in the environment or in .streamlit/secrets.toml, then restart."
+    + LLM_SETUP_HINT
 )
 OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 # Local servers ignore the key, but the client refuses to start without one.

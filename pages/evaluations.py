@@ -6,12 +6,10 @@ written back whenever they change.
 """
 
 import functools
-from urllib.parse import quote
 
 import streamlit as st
-from streamlit.errors import StreamlitPageNotFoundError
 
-from lib import export, inspector
+from lib import display, export, inspector
 from lib.auth import Permission
 from lib.config import get_settings
 from lib.highlight import clip_text
@@ -21,6 +19,7 @@ from lib.ui import (
     denied_reason,
     flash,
     get_engine,
+    llm_off_help,
     pager,
     require_reviewer,
     session_scope,
@@ -36,7 +35,18 @@ from lib.ui.evidence import (
 )
 from lib.ui.relevance import shown_notes_feedback
 from lib.ui.review import review_card_extra
-from lib.ui.second_opinion import second_opinion_card_extra
+from lib.ui.second_opinion import second_opinion_card_extra, second_opinions_off_caption
+from lib.ui.tables import (
+    datetime_column,
+    gap_column,
+    link_column,
+    link_to,
+    rate_column,
+    score_column,
+    show_table,
+    text_column,
+    title_column,
+)
 
 ALL = "All"
 FLASH_KEY = "evaluations_flash"
@@ -65,12 +75,19 @@ def _set_status(snapshot_id: str, *, archive: bool) -> None:
 
 
 def _start_chat_link(snapshot_id: str) -> None:
-    """The coach chat on this evaluation (`/coach?snapshot=<id>`, SPEC §4 deep links)."""
-    try:
-        st.page_link("pages/coach.py", label="Start chat", icon="💬", query_params={"snapshot": snapshot_id})
-    except StreamlitPageNotFoundError:
-        # The page runs outside the app's navigation (e.g. on its own under test): a plain link.
-        st.markdown(f"[💬 Start chat](coach?snapshot={quote(snapshot_id, safe='')})")
+    """The coach chat on this evaluation (`/coach?snapshot=<id>`), greyed with the reason without an LLM."""
+    off = llm_off_help("The coach")
+    link_to(
+        "pages/coach.py",
+        "Start chat",
+        url_path=display.COACH_PATH,
+        query={"snapshot": snapshot_id},
+        icon="💬",
+        help=off or "Talk the judge's reasoning through with the coach (1–3 metrics per chat).",
+        disabled=off is not None,
+    )
+    if off:
+        st.caption(f"💬 {escape_markdown(off)}")
 
 
 def show_detail(snapshot_id: str) -> None:
@@ -84,7 +101,8 @@ def show_detail(snapshot_id: str) -> None:
         return
     snap = detail.snapshot
     show_flash(FLASH_KEY)
-    st.header(f"Evaluation {escape_markdown(snap.id)}")
+    st.header(escape_markdown(display.evaluation_title(snap.question)))
+    st.caption(f"Evaluation `{snap.id}`" if "`" not in snap.id else escape_markdown(f"Evaluation {snap.id}"))
     if detail.archived:
         st.warning("This evaluation is archived: it is hidden from every list and count until restored.")
 
@@ -124,6 +142,7 @@ def show_detail(snapshot_id: str) -> None:
     st.caption("Largest gap first; each metric on its own scale. Gap = |user − judge|.")
     # Review forms (lib/ui/review.py) plug in here through the `extra` hook of each card.
     review_extra = review_card_extra("evaluations")
+    second_opinions_off_caption()  # without an LLM: once here, instead of a greyed button per card
 
     def card_extra(card: inspector.MetricCard) -> None:
         review_extra(card)
@@ -277,22 +296,38 @@ def show_list() -> None:
         st.info("No evaluations match these filters." if total == 0 else "This page is empty.")
         return
 
-    frame = inspector.rows_frame(rows)
-    event = st.dataframe(
-        frame,
+    event = show_table(
+        inspector.list_display_frame(rows),
         key="evaluations_table",
-        hide_index=True,
+        order=inspector.LIST_DISPLAY_COLUMNS,
         on_select="rerun",
-        selection_mode="single-row",
-        column_config={
-            "id": st.column_config.TextColumn("id"),
-            "created_at": st.column_config.DatetimeColumn("created (UTC)", format="YYYY-MM-DD HH:mm"),
-            "weighted_gap": st.column_config.NumberColumn("weighted gap", format="%.2f"),
-            "max_gap": st.column_config.NumberColumn("max gap", format="%.2f"),
-            "judge_meta_score": st.column_config.NumberColumn("meta"),
+        alt="Evaluations matching the filters, one page",
+        columns={
+            "open": link_column("", help="Open the evaluation's detail"),
+            "title": title_column("Question", help="The question's first line"),
+            "max_gap": gap_column(
+                "Max gap", help="Largest |user − judge| over the metrics, rescaled to 1–5."
+            ),
+            "weighted_gap": gap_column(
+                "Weighted gap", help="0.7 primary + 0.2 bonus + 0.1 others, 1–5 span."
+            ),
+            "review": text_column(
+                "Review", help="Judgments still pending, or the outcome once all are reviewed"
+            ),
+            "reviewed_share": rate_column("Reviewed", help="Share of this evaluation's judgments reviewed"),
+            "product": text_column("Product"),
+            "language": text_column("Lang."),
+            "evidence": text_column("Evidence", help="Evidence items, and those not verified or not located"),
+            "created_at": datetime_column("Created (UTC)"),
+            "model": text_column("Model"),
+            "category": text_column("Category"),
+            "judge_meta_score": score_column(
+                "Meta", low=1, high=5, help="Judge meta score: 5 = judge and user agree."
+            ),
+            "id": text_column("Id"),
         },
     )
-    st.caption(f"Showing {offset + 1:,}–{offset + len(rows):,}. Select a row to open it.")
+    st.caption(f"Showing {offset + 1:,}–{offset + len(rows):,}. Open a row with its link, or select it.")
     selected = event.selection.rows if event is not None else []
     if selected:
         _open(rows[selected[0]].id)

@@ -20,7 +20,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session
 
 from lib import auth, db
-from lib.config import get_settings
+from lib.config import LLM_SETUP_HINT, get_settings, llm_off_reason
 from lib.safe_markdown import escape_markdown
 
 log = logging.getLogger(__name__)
@@ -217,9 +217,17 @@ def csv_download(frame: pd.DataFrame, filename: str, *, key: str, label: str = "
     st.download_button(label, data=frame_to_csv_bytes(frame), file_name=filename, mime="text/csv", key=key)
 
 
-def pager(total: int, *, key: str, page_size: int | None = None) -> tuple[int, int]:
-    """A page selector; returns (offset, limit) so the query fetches one page only.
+def _step_page(key: str, delta: int, pages: int) -> None:
+    """Move the page number by `delta` before the rerun draws the number box (a callback may)."""
+    current = int(st.session_state.get(key, 1) or 1)
+    st.session_state[key] = min(pages, max(1, current + delta))
 
+
+def pager(total: int, *, key: str, page_size: int | None = None) -> tuple[int, int]:
+    """A compact page selector (‹ [n] › of N); returns (offset, limit) so the query fetches one page.
+
+    One row of small controls, not a full-width box: the number box is keyed `key` (the page
+    number lives there, so a deep link may seed it), the arrows are `key`_prev / `key`_next.
     A page number left over from more matches (the filters changed) falls back to the first page.
     """
     size = page_size or get_settings().page_size
@@ -228,7 +236,37 @@ def pager(total: int, *, key: str, page_size: int | None = None) -> tuple[int, i
         st.session_state.pop(key, None)
     if pages == 1:
         return 0, size
-    page = st.number_input(f"Page (of {pages})", min_value=1, max_value=pages, value=1, step=1, key=key)
+    current = int(st.session_state.get(key, 1) or 1)
+    with st.container(horizontal=True, vertical_alignment="center", gap="small", key=f"{key}_bar"):
+        st.button(
+            "",
+            key=f"{key}_prev",
+            icon=":material/chevron_left:",
+            help="Previous page",
+            disabled=current <= 1,
+            on_click=_step_page,
+            args=(key, -1, pages),
+        )
+        page = st.number_input(
+            "Page",
+            min_value=1,
+            max_value=pages,
+            value=1,
+            step=1,
+            key=key,
+            label_visibility="collapsed",
+            width=90,
+        )
+        st.button(
+            "",
+            key=f"{key}_next",
+            icon=":material/chevron_right:",
+            help="Next page",
+            disabled=current >= pages,
+            on_click=_step_page,
+            args=(key, 1, pages),
+        )
+        st.caption(f"of {pages:,} pages · {size:,} per page")
     return (int(page) - 1) * size, size
 
 
@@ -251,11 +289,15 @@ def show_flash(key: str) -> None:
 
 
 def llm_unavailable_message() -> str | None:
-    """Why LLM actions are disabled, or None when an LLM is configured."""
+    """Why LLM actions are disabled (the page-wide notice), or None when an LLM is configured."""
     if get_settings().llm_configured:
         return None
     return (
-        "No LLM is configured, so judging, coaching and second opinions are disabled. "
-        "Set OPENAI_API_KEY (and OPENAI_BASE_URL for any OpenAI-compatible server such as "
-        "vLLM, Ollama or LiteLLM), then restart. Everything else works without it."
+        "No LLM is configured, so judging, coaching and second opinions are disabled; "
+        f"everything else works without it. {LLM_SETUP_HINT}"
     )
+
+
+def llm_off_help(action: str) -> str | None:
+    """The `help=` of a control that needs an LLM: why it is disabled, or None when it can work."""
+    return None if get_settings().llm_configured else llm_off_reason(action)

@@ -11,10 +11,11 @@ import streamlit as st
 
 from lib import second_opinion
 from lib.auth import Permission
+from lib.config import get_settings
 from lib.inspector import MetricCard
 from lib.models import Judgment
 from lib.safe_markdown import escape_markdown
-from lib.ui import current_actor, denied_reason, get_engine, llm_unavailable_message, require_reviewer
+from lib.ui import current_actor, denied_reason, get_engine, llm_off_help, require_reviewer
 
 ACTION_ICONS = {"validated": "✅", "improved": "🔁", "questioned": "⚠️", "unchanged": "➖"}
 ACTION_TEXT = {
@@ -36,22 +37,27 @@ def render_opinion(opinion: second_opinion.SecondOpinion, *, decision: str) -> N
 
 
 def second_opinion_panel(judgment: Judgment, *, key: str) -> None:
-    """A judgment's second opinion, and a button that asks the evaluation model (disabled without an LLM)."""
+    """A judgment's second opinion, and a button that asks the evaluation model.
+
+    Without an LLM the button is not drawn at all (a page of eight greyed buttons says nothing):
+    the page says once why, with `second_opinions_off_caption`; stored opinions still show.
+    """
     result_key = f"{key}_result"
-    unavailable = llm_unavailable_message()
-    label = (
-        "Ask for a second opinion" if judgment.second_opinion_at is None else "Ask for a new second opinion"
-    )
-    denied = denied_reason(Permission.SECOND_OPINION) if current_actor() else None
-    clicked = st.button(
-        label,
-        key=key,
-        icon="🧐",
-        disabled=unavailable is not None or judgment.id is None or denied is not None,
-        help=unavailable
-        or denied
-        or "A second LLM checks this judgment against the answer and adjusts its confidence.",
-    )
+    clicked = False
+    if get_settings().llm_configured:
+        label = (
+            "Ask for a second opinion"
+            if judgment.second_opinion_at is None
+            else "Ask for a new second opinion"
+        )
+        denied = denied_reason(Permission.SECOND_OPINION) if current_actor() else None
+        clicked = st.button(
+            label,
+            key=key,
+            icon="🧐",
+            disabled=judgment.id is None or denied is not None,
+            help=denied or "A second LLM checks this judgment against the answer and adjusts its confidence.",
+        )
     if clicked and judgment.id is not None:
         reviewer = require_reviewer("ask for a second opinion", Permission.SECOND_OPINION)
         if reviewer:
@@ -68,6 +74,13 @@ def second_opinion_panel(judgment: Judgment, *, key: str) -> None:
     stored = second_opinion.opinion_of(judgment)
     if stored is not None:
         render_opinion(stored, decision=judgment.decision)
+
+
+def second_opinions_off_caption() -> None:
+    """Where the second-opinion buttons would be: one line saying why they are not, and how to enable them."""
+    off = llm_off_help("A second opinion")
+    if off:
+        st.caption(f"🧐 {escape_markdown(off)}")
 
 
 def second_opinion_card_extra(card: MetricCard) -> None:

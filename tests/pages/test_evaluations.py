@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import date
 from typing import Any
@@ -15,6 +16,7 @@ from lib.config import reset_settings
 from lib.highlight import strip_app_markup
 from lib.importer import import_evaluations
 from lib.models import EvaluationSnapshot
+from lib.safe_markdown import escape_markdown
 from tests.test_inspector import RECORDS, record
 
 PAGE = "pages/evaluations.py"
@@ -299,9 +301,91 @@ def test_detail_escapes_untrusted_text_outside_the_highlight(app_engine, open_pa
     assert not at.exception
 
 
-def test_start_chat_links_to_the_coach_for_this_evaluation(seeded, open_page) -> None:
+def test_start_chat_links_to_the_coach_for_this_evaluation(seeded, open_page, monkeypatch) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # configured; never called here
+    reset_settings()
     at = detail(open_page, "s_a")
     assert "[💬 Start chat](coach?snapshot=s_a)" in [m.value for m in at.markdown]
+    assert not any("needs an LLM" in c.value for c in at.caption)
+    assert not at.exception
+
+
+def test_without_an_llm_start_chat_is_not_a_link_and_says_which_variable_to_set(seeded, open_page) -> None:
+    at = detail(open_page, "s_a")
+    markdown = [m.value for m in at.markdown]
+    assert "💬 Start chat" in markdown
+    assert not any("](coach?" in m for m in markdown)
+    captions = [c.value for c in at.caption]
+    assert any(c.startswith("💬 The coach needs an LLM") and "OPENAI\\_API\\_KEY" in c for c in captions)
+    assert not at.exception
+
+
+def test_without_an_llm_second_opinions_say_why_once_instead_of_a_greyed_button_per_metric(
+    seeded, open_page
+) -> None:
+    at = detail(open_page, "s_a", reviewer="ayse")
+    assert not [b for b in at.button if "second_opinion" in str(b.key)]
+    assert len([c for c in at.caption if c.value.startswith("🧐 A second opinion needs an LLM")]) == 1
+    assert not at.exception
+
+
+def test_detail_is_titled_by_the_question_with_the_id_below(seeded, open_page) -> None:
+    at = detail(open_page, "s_d")
+    assert [h.value for h in at.header] == [escape_markdown("What does 100% mean?")]
+    assert "Evaluation `s_d`" in [c.value for c in at.caption]
+    assert not at.exception
+
+
+# --- the table: links, titles, column types --------------------------------------------------------
+
+
+def column_config(at: AppTest) -> dict[str, Any]:
+    return json.loads(at.dataframe[0].proto.columns)
+
+
+def test_list_rows_link_to_their_detail_and_read_as_their_question(seeded, open_page) -> None:
+    at = open_page(PAGE)
+    frame = at.dataframe[0].value
+    assert list(frame["open"]) == [f"evaluations?snapshot={sid}" for sid in ["s_d", "s_c", "s_b", "s_a"]]
+    assert list(frame["title"])[:2] == ["What does 100% mean?", "Question s_c?"]
+    config = column_config(at)
+    assert config["open"]["type_config"] == {"type": "link", "display_text": "Open"}
+    assert config["reviewed_share"]["type_config"]["type"] == "progress"
+    assert config["max_gap"]["type_config"] == {"type": "number", "format": "%.2f"}
+    assert config["created_at"]["type_config"]["type"] == "datetime"
+    assert "Scale 1–5" in config["judge_meta_score"]["help"]
+    assert not at.exception
+
+
+def test_list_shows_gap_and_review_state_first_and_missing_values_as_a_dash(seeded, open_page) -> None:
+    at = open_page(PAGE)
+    proto = at.dataframe[0].proto
+    assert list(proto.column_order)[:6] == [
+        "open",
+        "title",
+        "max_gap",
+        "weighted_gap",
+        "review",
+        "reviewed_share",
+    ]
+    assert proto.placeholder == "—"
+    frame = at.dataframe[0].value.set_index("id")
+    assert frame.loc["s_d", "review"] == "1 of 1 pending"
+    assert frame.loc["s_c", "evidence"] == "2 (1 unverified)"
+    assert "None" not in frame.astype(str).to_string().replace("nan", "")
+    assert not at.exception
+
+
+def test_pager_arrows_step_one_page(thirty, open_page) -> None:
+    at = open_page(PAGE)
+    assert at.button(key="evaluations_page_prev").disabled
+    at.button(key="evaluations_page_next").click().run()
+    assert listed_ids(at) == [f"p{i:02d}" for i in range(19, 9, -1)]
+    assert dict(at.query_params) == {"page": "2"}
+    at.button(key="evaluations_page_next").click().run()
+    assert at.button(key="evaluations_page_next").disabled
+    at.button(key="evaluations_page_prev").click().run()
+    assert dict(at.query_params) == {"page": "2"}
     assert not at.exception
 
 

@@ -7,6 +7,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session, select
 from streamlit.testing.v1 import AppTest
 
+from lib.config import reset_settings
 from lib.db import session_scope
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, utcnow
 from lib.safe_markdown import escape_markdown
@@ -45,11 +46,11 @@ def stored(engine: Engine) -> Judgment:
         return session.exec(select(Judgment)).one()
 
 
-def test_without_an_llm_the_button_is_disabled_and_says_why(judged: int, open_page) -> None:
+def test_without_an_llm_there_is_no_button_and_one_caption_says_why(judged: int, open_page) -> None:
     at = open_page(PAGE, query={"snapshot": "snap_w"}, reviewer="ayse")
-    button = at.button(key=button_key(judged))
-    assert button.disabled
-    assert "No LLM is configured" in (button.help or "")
+    assert button_key(judged) not in [b.key for b in at.button]
+    captions = [c.value for c in at.caption if "second opinion needs an LLM" in c.value]
+    assert len(captions) == 1 and "OPENAI\\_BASE\\_URL" in captions[0]
     assert not at.exception
 
 
@@ -91,7 +92,9 @@ def test_asking_without_a_name_asks_for_it_first(judged: int, llm_server: LLMSer
     assert not at.exception
 
 
-def test_a_stored_opinion_is_shown_escaped(judged: int, app_engine: Engine, open_page) -> None:
+def test_a_stored_opinion_is_shown_escaped(
+    judged: int, app_engine: Engine, open_page, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with session_scope(app_engine) as session:
         row = session.get(Judgment, judged)
         assert row is not None
@@ -103,6 +106,9 @@ def test_a_stored_opinion_is_shown_escaped(judged: int, app_engine: Engine, open
     shown = [m.value for m in at.markdown]
     assert f"🔁 **Second opinion:** {escape_markdown('improved, → 2, confidence 90%, by eval-x')}" in shown
     assert escape_markdown("[x](javascript:alert(1)) <script>alert(1)</script>") in shown
-    assert not any("<script>" in v or "](javascript" in v for v in shown)
+    assert not any("<script>" in v or "](javascript" in v for v in shown)  # shown without an LLM too
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # configured; never called here
+    reset_settings()
+    at = open_page(PAGE, query={"snapshot": "snap_w"}, reviewer="ayse")
     assert at.button(key=button_key(judged)).label == "Ask for a new second opinion"
     assert not at.exception

@@ -1,0 +1,71 @@
+"""How records are named and addressed on screen: evaluation titles and in-app links.
+
+Every page that titles an evaluation or links to one goes through here, so an evaluation reads the
+same everywhere (its question's first line, not "Evaluation snap_2026…") and every link honours
+the same query parameters the target page reads (SPEC §4 deep links). Pure functions: no
+streamlit, no database, so the CLI and the API could use them too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from urllib.parse import urlencode
+
+TITLE_CHARS = 90
+UNTITLED = "(no question text)"
+
+# In-app URL paths (st.Page url_path in app.py). Links are relative ("evaluations?…", not
+# "/evaluations?…") so they keep working when the app is served under a base path.
+EVALUATIONS_PATH = "evaluations"
+CORRECTIONS_PATH = "corrections"
+NOTES_PATH = "notes"
+COACH_PATH = "coach"
+PRECEDENTS_PATH = "precedents"
+
+
+def evaluation_title(question: str | None, *, limit: int = TITLE_CHARS) -> str:
+    """An evaluation's title: the question's first non-empty line, cut at a word near `limit` chars."""
+    for line in str(question or "").splitlines():
+        line = " ".join(line.split())  # tabs, non-breaking spaces and runs of blanks read as one space
+        if line:
+            break
+    else:
+        return UNTITLED
+    if len(line) <= limit:
+        return line
+    cut = line[:limit]
+    space = cut.rfind(" ")
+    if space > limit // 2:  # end on a whole word unless that would lose more than half the title
+        cut = cut[:space]
+    return cut.rstrip(" ,;:.-–—") + "…"
+
+
+def page_url(path: str, params: Mapping[str, str] | None = None) -> str:
+    """A relative in-app URL: `path` plus its query string (values URL-encoded, empty ones dropped)."""
+    kept = {k: str(v) for k, v in (params or {}).items() if v not in (None, "")}
+    return f"{path}?{urlencode(kept)}" if kept else path
+
+
+def evaluation_url(snapshot_id: str) -> str:
+    """The evaluation's detail view (`/evaluations?snapshot=<id>`)."""
+    return page_url(EVALUATIONS_PATH, {"snapshot": snapshot_id})
+
+
+def evaluations_list_url(params: Mapping[str, str] | None = None) -> str:
+    """The Evaluations list filtered by `params` (names of `lib.inspector.to_params`)."""
+    return page_url(EVALUATIONS_PATH, params)
+
+
+def judgment_url(change_id: str) -> str:
+    """One judgment's review form and audit trail on the Corrections page (`?change_id=`)."""
+    return page_url(CORRECTIONS_PATH, {"change_id": change_id})
+
+
+def coach_url(snapshot_id: str) -> str:
+    """The coach chat on one evaluation (`/coach?snapshot=<id>`)."""
+    return page_url(COACH_PATH, {"snapshot": snapshot_id})
+
+
+def interaction_url(interaction_id: str) -> str:
+    """One precedent interaction's trace on the Precedents page (`?interaction=<id>`)."""
+    return page_url(PRECEDENTS_PATH, {"interaction": interaction_id})
