@@ -1,11 +1,10 @@
 """Coach: a metric-scoped, evidence-grounded chat about one evaluation (seed 002)."""
 
 import uuid
-from urllib.parse import quote
 
 import streamlit as st
 
-from lib import coach
+from lib import coach, display
 from lib.auth import Permission
 from lib.llm import LLMError, LLMNotConfigured
 from lib.safe_markdown import escape_markdown, safe_markdown
@@ -14,7 +13,7 @@ from lib.ui import (
     denied_reason,
     flash,
     get_engine,
-    llm_unavailable_message,
+    llm_off_help,
     session_scope,
     show_flash,
 )
@@ -47,6 +46,7 @@ with session_scope(read_only=True) as session:
 
 plain_names = {s.slug: s.display_name for s in specs}
 names = {slug: escape_markdown(name) for slug, name in plain_names.items()}  # for Markdown labels
+st.subheader(escape_markdown(display.evaluation_title(snapshot.question)))
 st.caption(
     f"Evaluation {escape_markdown(snapshot.id)} · {escape_markdown(snapshot.product)} · "
     f"{escape_markdown(snapshot.language)}"
@@ -54,11 +54,14 @@ st.caption(
 with st.expander("Question and model answer"):
     st.text(snapshot.question)
     st.text(snapshot.model_answer)
-st.markdown(f"[🔎 Back to the evaluation](/evaluations?snapshot={quote(snapshot.id)})")
+st.markdown(f"[🔎 Back to the evaluation]({display.evaluation_url(snapshot.id)})")
 
-no_llm = llm_unavailable_message()
+no_llm = llm_off_help("The coach")
 if no_llm:
-    st.warning(no_llm)
+    # Earlier chats stay readable; a new chat cannot start, so its form is not offered at all.
+    st.warning(escape_markdown(no_llm), icon="🔌")
+    if not chats:
+        st.stop()
 
 NEW_CHAT = "➕ New chat"
 labels = {
@@ -66,10 +69,10 @@ labels = {
     f"({c.user_messages} messages)"
     for i, c in enumerate(chats)
 }
-options = [*labels, NEW_CHAT]
+options = [*labels] if no_llm else [*labels, NEW_CHAT]
 # The active chat lives in session state; the radio's key follows it so a new chat becomes selected.
 active = st.session_state.get("coach_active_chat")
-default = active if active in options else (options[-2] if chats else NEW_CHAT)
+default = active if active in options else (list(labels)[-1] if chats else NEW_CHAT)
 chosen = st.radio(
     "Chats on this evaluation",
     options,

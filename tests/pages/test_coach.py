@@ -6,9 +6,11 @@ import pytest
 from sqlmodel import Session, select
 
 from lib import coach
+from lib.config import reset_settings
 from lib.db import session_scope
 from lib.llm import LLMError
 from lib.models import ChatMessage, EvaluationSnapshot
+from lib.safe_markdown import escape_markdown
 from tests import llm_server as fake
 
 PAGE = "pages/coach.py"
@@ -63,12 +65,33 @@ def test_unknown_snapshot_is_reported(app_engine, open_page) -> None:
     assert "does not exist" in at.error[0].value
 
 
-def test_without_llm_history_is_readable_and_start_is_disabled(app_engine, open_page) -> None:
+def test_without_llm_no_chat_can_be_started_and_the_page_says_which_variable_to_set(
+    app_engine, open_page
+) -> None:
     _snapshot(app_engine)
     at = open_page(PAGE, query={"snapshot": "snap_page"})
     assert not at.exception
-    assert any("No LLM is configured" in w.value for w in at.warning)
-    assert at.button(key="coach_start").disabled
+    assert any(
+        w.value.startswith("The coach needs an LLM") and "OPENAI\\_API\\_KEY" in w.value for w in at.warning
+    )
+    assert "coach_start" not in [b.key for b in at.button]
+    assert "coach_metrics" not in [m.key for m in at.multiselect]
+    assert at.subheader[0].value == escape_markdown("What is 2+2?")  # titled by the question
+
+
+def test_without_llm_earlier_chats_stay_readable_but_no_new_one_is_offered(
+    app_engine, open_page, llm_server, monkeypatch
+) -> None:
+    _snapshot(app_engine)
+    _start(app_engine, llm_server, text="Let us look at truthfulness.")
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    monkeypatch.delenv("OPENAI_API_KEY")
+    reset_settings()
+    at = open_page(PAGE, query={"snapshot": "snap_page"})
+    assert not at.exception
+    assert not any("New chat" in o for o in at.radio[0].options)
+    assert any("Let us look at truthfulness." in m.value for m in at.markdown)
+    assert at.chat_input(key="coach_input").disabled
 
 
 def test_starting_a_chat_streams_the_greeting_and_stores_it(app_engine, open_page, llm_server) -> None:
