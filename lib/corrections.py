@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -29,6 +29,7 @@ from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
 from lib.auth import Actor, Permission, authorize, identity_of
+from lib.display import evaluation_url, judgment_url
 from lib.metrics import MetricSpec, metrics_for_product
 from lib.models import (
     CACHE_DECISIONS,
@@ -973,6 +974,23 @@ class JudgmentFilter:
     reviewer: str | None = None
 
 
+FILTER_PARAMS = ("product", "metric", "state", "reviewer")
+
+
+def filter_params(params: Mapping[str, str]) -> dict[str, str]:
+    """The list filters a deep link asks for (`corrections?state=corrected&product=acme`), by name.
+
+    Other pages (Overview's figures, activity rows) link here with these names; an unknown review
+    state is dropped rather than shown as a filter that would raise.
+    """
+    wanted = {
+        name: str(params[name]).strip() for name in FILTER_PARAMS if str(params.get(name) or "").strip()
+    }
+    if wanted.get("state") not in (None, *REVIEW_STATES):
+        wanted.pop("state")
+    return wanted
+
+
 def _filtered(stmt: Any, filters: JudgmentFilter) -> Any:
     stmt = stmt.where(live_judgment())
     if filters.product is not None:
@@ -1041,6 +1059,25 @@ def judgments_frame(judgments: Sequence[Judgment]) -> pd.DataFrame:
         for j in judgments
     ]
     return pd.DataFrame(rows, columns=JUDGMENT_COLUMNS)
+
+
+# On screen: the link and what was decided first, the long reasons after (the CSV keeps JUDGMENT_COLUMNS).
+JUDGMENT_DISPLAY_COLUMNS = [
+    "open", "change_id", "metric", "decision", "user_decision", "state", "reviewer", "reviewed_at",
+    "product", "confidence", "user_reasoning", "reasoning", "timestamp", "was_corrected", "version",
+]  # fmt: skip
+
+
+def judgments_display_frame(judgments: Sequence[Judgment]) -> pd.DataFrame:
+    """The judgments table as reviewers see it: each row links to its evaluation's detail (where its
+    card and audit trail are), or to itself on this page when it belongs to no evaluation."""
+    frame = judgments_frame(judgments)
+    frame.insert(
+        0,
+        "open",
+        [evaluation_url(j.snapshot_id) if j.snapshot_id else judgment_url(j.change_id) for j in judgments],
+    )
+    return frame
 
 
 def filtered_frame(*, session: Session, filters: JudgmentFilter, limit: int = CSV_ROW_LIMIT) -> pd.DataFrame:

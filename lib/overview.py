@@ -11,6 +11,16 @@ from sqlalchemy import case, func
 from sqlmodel import Session, col, select
 
 from lib.corrections import live_judgment
+from lib.display import (
+    CORRECTIONS_PATH,
+    EVALUATIONS_PATH,
+    NOTES_PATH,
+    TITLE_CHARS,
+    evaluation_title,
+    evaluation_url,
+    evaluations_list_url,
+    judgment_url,
+)
 from lib.evidence import HIGHLIGHT_STAGES, STAGES
 from lib.metrics import DEFAULT_METRICS, metrics_for_product, products_with_rubrics
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, SessionNote
@@ -55,6 +65,31 @@ class OverviewStats:
         if not self.evidence_total:
             return None
         return (self.evidence_total - self.evidence_by_state.get("unverified", 0)) / self.evidence_total
+
+
+@dataclass(frozen=True)
+class FigureLink:
+    """Where an Overview figure's rows are listed: the page and the filter that selects exactly them."""
+
+    page: str  # the page file, for st.page_link
+    path: str  # its URL path (lib.display), for a plain link
+    params: dict[str, str]
+    label: str
+
+
+# Each figure links to the list it counts, filtered by the query parameters the target page reads
+# (Evaluations: lib.inspector.filters_from_params; Corrections: lib.corrections.filter_params).
+FIGURE_LINKS: dict[str, FigureLink] = {
+    "evaluations": FigureLink("pages/evaluations.py", EVALUATIONS_PATH, {}, "All evaluations"),
+    "archived": FigureLink("pages/evaluations.py", EVALUATIONS_PATH, {"archived": "1"}, "Archived"),
+    "pending": FigureLink("pages/corrections.py", CORRECTIONS_PATH, {"state": "unreviewed"}, "Unreviewed"),
+    "agreement": FigureLink("pages/corrections.py", CORRECTIONS_PATH, {"state": "confirmed"}, "Confirmed"),
+    "correction": FigureLink("pages/corrections.py", CORRECTIONS_PATH, {"state": "corrected"}, "Corrected"),
+    "evidence": FigureLink(
+        "pages/evaluations.py", EVALUATIONS_PATH, {"evidence": "unverified"}, "With unverified evidence"
+    ),
+    "notes": FigureLink("pages/notes.py", NOTES_PATH, {}, "Notes"),
+}
 
 
 def overview_stats(*, session: Session) -> OverviewStats:
@@ -127,8 +162,16 @@ def evidence_state_frame(stats: OverviewStats) -> pd.DataFrame:
     )
 
 
+ACTIVITY_COLUMNS = ["when", "who", "what", "link"]
+
+
 def recent_activity(*, session: Session, limit: int = 10) -> pd.DataFrame:
-    """The latest review events and evaluations, newest first."""
+    """The latest review events and evaluations, newest first, each with a link to what changed.
+
+    A review event links to its evaluation's detail (where the judgment's card and audit trail
+    are), or to the judgment on Corrections when it belongs to no evaluation; a new evaluation
+    links to its detail and reads as its question's first line, not its id.
+    """
     events = session.exec(
         select(
             JudgmentEvent.at,
@@ -137,7 +180,9 @@ def recent_activity(*, session: Session, limit: int = 10) -> pd.DataFrame:
             JudgmentEvent.change_id,
             JudgmentEvent.from_decision,
             JudgmentEvent.to_decision,
+            Judgment.snapshot_id,
         )
+        .join(Judgment, col(Judgment.id) == col(JudgmentEvent.judgment_id))
         .order_by(col(JudgmentEvent.at).desc())
         .limit(limit)
     ).all()
@@ -147,6 +192,7 @@ def recent_activity(*, session: Session, limit: int = 10) -> pd.DataFrame:
             EvaluationSnapshot.created_by,
             EvaluationSnapshot.id,
             EvaluationSnapshot.product,
+            func.substr(EvaluationSnapshot.question, 1, TITLE_CHARS * 3),
         )
         .where(col(EvaluationSnapshot.deleted_at).is_(None))
         .order_by(col(EvaluationSnapshot.created_at).desc())
@@ -156,14 +202,21 @@ def recent_activity(*, session: Session, limit: int = 10) -> pd.DataFrame:
         {
             "when": e.at,
             "who": e.reviewer,
-            "what": f"{e.action} {e.change_id}: {e.from_decision} → {e.to_decision}",
+            "what": f"{e.action} {e.change_id}: {e.from_decision or '—'} → {e.to_decision or '—'}",
+            "link": evaluation_url(e.snapshot_id) if e.snapshot_id else judgment_url(e.change_id),
         }
         for e in events
     ]
     rows += [
-        {"when": s.created_at, "who": s.created_by, "what": f"evaluation {s.id} ({s.product})"} for s in snaps
+        {
+            "when": created_at,
+            "who": created_by,
+            "what": f"new evaluation ({product}): {evaluation_title(question)}",
+            "link": evaluation_url(snapshot_id),
+        }
+        for created_at, created_by, snapshot_id, product, question in snaps
     ]
-    frame = pd.DataFrame(rows, columns=["when", "who", "what"])
+    frame = pd.DataFrame(rows, columns=ACTIVITY_COLUMNS)
     return frame.sort_values("when", ascending=False).head(limit).reset_index(drop=True)
 
 
@@ -221,7 +274,10 @@ def per_product_frame(*, session: Session) -> pd.DataFrame:
             judgments=total, pending=pending, correction_rate=(corrected / done) if done else None
         )
     frame = pd.DataFrame(
-        [{"product": p, **v} for p, v in sorted(by_product.items())],
-        columns=["product", "evaluations", "judgments", "pending", "correction_rate"],
+        [
+            {"product": p, **v, "link": evaluations_list_url({"product": p})}
+            for p, v in sorted(by_product.items())
+        ],
+        columns=["product", "evaluations", "judgments", "pending", "correction_rate", "link"],
     )
     return frame.fillna({"evaluations": 0, "judgments": 0, "pending": 0})

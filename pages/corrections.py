@@ -21,6 +21,15 @@ from lib.ui import (
     show_flash,
 )
 from lib.ui.review import correction_form, judgment_history
+from lib.ui.tables import (
+    check_column,
+    count_column,
+    datetime_column,
+    link_column,
+    rate_column,
+    show_table,
+    text_column,
+)
 
 ANY = "Any"
 CACHE_SECONDS = 60
@@ -61,11 +70,27 @@ def forget_cached() -> None:
 options = cached_options(settings.database_url)
 products = options["products"]
 
+# Deep links (Overview's figures and activity rows): `?state=corrected&product=…&change_id=…`
+# seed the filters when the page opens; after that the widgets own them.
+linked = corrections.filter_params(st.query_params.to_dict())
+for name, value in linked.items():
+    st.session_state.setdefault(f"corrections_{name}", value)
+st.session_state.setdefault("corrections_change_id", st.query_params.get("change_id", ""))
+
+
+def choices(name: str, values: list[str] | tuple[str, ...]) -> list[str]:
+    """ "Any" plus the known values, and a linked value no row has yet (so it still selects)."""
+    current = st.session_state.get(f"corrections_{name}", ANY)
+    return [ANY, *values] + ([current] if current not in (ANY, *values) else [])
+
+
 cols = st.columns(4)
-product = cols[0].selectbox("Product", [ANY, *products], key="corrections_product")
-metric = cols[1].selectbox("Metric", [ANY, *options["metrics"]], key="corrections_metric")
-state = cols[2].selectbox("Review state", [ANY, *REVIEW_STATES], key="corrections_state")
-reviewer = cols[3].selectbox("Reviewer", [ANY, *options["reviewers"]], key="corrections_reviewer")
+product = cols[0].selectbox("Product", choices("product", products), key="corrections_product")
+metric = cols[1].selectbox("Metric", choices("metric", options["metrics"]), key="corrections_metric")
+state = cols[2].selectbox("Review state", choices("state", REVIEW_STATES), key="corrections_state")
+reviewer = cols[3].selectbox(
+    "Reviewer", choices("reviewer", options["reviewers"]), key="corrections_reviewer"
+)
 filters = JudgmentFilter(
     product=None if product == ANY else product,
     metric=None if metric == ANY else metric,
@@ -91,17 +116,34 @@ st.caption(
 st.subheader("Judgments")
 offset, limit = pager(total, key="corrections_page")
 with session_scope(read_only=True) as session:
-    frame = corrections.judgments_frame(
+    frame = corrections.judgments_display_frame(
         corrections.list_judgments(session=session, filters=filters, offset=offset, limit=limit)
     )
 if frame.empty:
     st.info("No judgments match these filters.")
 else:
-    st.dataframe(
+    show_table(
         frame,
-        hide_index=True,
         key="corrections_table",
-        column_config={"was_corrected": st.column_config.CheckboxColumn("corrected")},
+        order=corrections.JUDGMENT_DISPLAY_COLUMNS,
+        alt="Judgments matching the filters, one page",
+        columns={
+            "open": link_column("", help="Open the judgment's evaluation (its card and audit trail)"),
+            "change_id": text_column("Change id"),
+            "product": text_column("Product"),
+            "metric": text_column("Metric"),
+            "decision": text_column("Judge"),
+            "user_decision": text_column("Reviewer's", help="The reviewer's decision; — while unreviewed"),
+            "state": text_column("State"),
+            "was_corrected": check_column("Corrected"),
+            "reviewer": text_column("Reviewer"),
+            "reviewed_at": datetime_column("Reviewed (UTC)"),
+            "user_reasoning": text_column("Reviewer's reason", width="medium"),
+            "reasoning": text_column("Judge's reason", width="medium"),
+            "confidence": rate_column("Confidence", help="The judge's confidence in its decision"),
+            "timestamp": datetime_column("Judged (UTC)"),
+            "version": count_column("Version", help="Optimistic-locking version: one more per change"),
+        },
     )
     capped = total > corrections.CSV_ROW_LIMIT
     st.caption(

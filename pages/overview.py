@@ -4,6 +4,15 @@ import streamlit as st
 
 from lib import overview
 from lib.ui import csv_download, session_scope
+from lib.ui.tables import (
+    count_column,
+    datetime_column,
+    link_column,
+    link_to,
+    rate_column,
+    show_table,
+    text_column,
+)
 
 st.title("Overrule")
 st.caption("Review what the AI judge decided, overrule it where it is wrong, and watch it improve.")
@@ -25,19 +34,37 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{value:.0%}"
 
 
+def _list_link(name: str) -> None:
+    """The link under a figure to the filtered list it counts (lib.overview.FIGURE_LINKS)."""
+    target = overview.FIGURE_LINKS[name]
+    link_to(target.page, f"{target.label} →", url_path=target.path, query=target.params)
+
+
 cols = st.columns(5)
-cols[0].metric("Evaluations", f"{stats.evaluations:,}", help=f"{stats.archived:,} archived, not counted")
-cols[1].metric("Pending reviews", f"{stats.pending_reviews:,}", help=f"of {stats.judgments:,} judgments")
-cols[2].metric("Agreement rate", _pct(stats.agreement_rate), help="Reviewed judgments the reviewer confirmed")
-cols[3].metric(
-    "Correction rate", _pct(stats.correction_rate), help=f"{stats.corrected:,} of {stats.reviewed:,} reviewed"
-)
-cols[4].metric(
-    "Evidence verified", _pct(stats.verification_rate), help=f"{stats.evidence_total:,} evidence items"
-)
+with cols[0]:
+    st.metric("Evaluations", f"{stats.evaluations:,}", help=f"{stats.archived:,} archived, not counted")
+    _list_link("evaluations")
+with cols[1]:
+    st.metric("Pending reviews", f"{stats.pending_reviews:,}", help=f"of {stats.judgments:,} judgments")
+    _list_link("pending")
+with cols[2]:
+    st.metric("Agreement rate", _pct(stats.agreement_rate), help="Reviewed judgments the reviewer confirmed")
+    _list_link("agreement")
+with cols[3]:
+    st.metric(
+        "Correction rate",
+        _pct(stats.correction_rate),
+        help=f"{stats.corrected:,} of {stats.reviewed:,} reviewed",
+    )
+    _list_link("correction")
+with cols[4]:
+    st.metric(
+        "Evidence verified", _pct(stats.verification_rate), help=f"{stats.evidence_total:,} evidence items"
+    )
+    _list_link("evidence")
 
 cols = st.columns(4)
-cols[0].metric("Products", f"{stats.products:,}")
+cols[0].metric("Products", f"{stats.products:,}", help="One row each in the per-product table below")
 cols[1].metric(
     "Second-opinion agreement",
     _pct(stats.second_opinion_agreement),
@@ -46,7 +73,9 @@ cols[1].metric(
         f"{stats.second_opinion_improved:,} improved, {stats.second_opinion_questioned:,} questioned"
     ),
 )
-cols[2].metric("Session notes", f"{stats.notes:,}", help=f"from {stats.note_sessions:,} sessions")
+with cols[2]:
+    st.metric("Session notes", f"{stats.notes:,}", help=f"from {stats.note_sessions:,} sessions")
+    _list_link("notes")
 cols[3].metric("Latest note", stats.latest_note.strftime("%Y-%m-%d %H:%M") if stats.latest_note else "—")
 
 left, right = st.columns(2)
@@ -60,11 +89,19 @@ with left:
     csv_download(evidence, "evidence_verification.csv", key="overview_evidence_csv")
 with right:
     st.subheader("Per product")
-    st.dataframe(
+    show_table(
         products,
-        hide_index=True,
         key="overview_products",
-        column_config={"correction_rate": st.column_config.NumberColumn("correction rate", format="percent")},
+        order=["link", "product", "evaluations", "pending", "judgments", "correction_rate"],
+        alt="Evaluations and review progress per product",
+        columns={
+            "link": link_column("", text="List", help="The product's evaluations"),
+            "product": text_column("Product"),
+            "evaluations": count_column("Evaluations", help="Live evaluations (archived left out)"),
+            "pending": count_column("Pending", help="Judgments not reviewed yet"),
+            "judgments": count_column("Judgments"),
+            "correction_rate": rate_column("Correction rate", help="Corrected ÷ reviewed judgments"),
+        },
     )
     csv_download(products, "products.csv", key="overview_products_csv")
 
@@ -72,9 +109,22 @@ st.subheader("Recent activity")
 if activity.empty:
     st.caption("Nothing has happened yet.")
 else:
-    st.dataframe(activity, hide_index=True, key="overview_activity")
+    show_table(
+        activity,
+        key="overview_activity",
+        order=["link", "when", "who", "what"],
+        alt="The latest reviews and evaluations",
+        columns={
+            "link": link_column("", help="Open what changed: the evaluation, or the judgment on Corrections"),
+            "when": datetime_column("When (UTC)"),
+            "who": text_column("Who"),
+            "what": text_column("What", width="large"),
+        },
+    )
     csv_download(activity, "recent_activity.csv", key="overview_activity_csv")
 
 with st.expander("Metric sets (rubrics and scales)"):
-    st.dataframe(metric_sets, hide_index=True, key="overview_metric_sets")
+    show_table(
+        metric_sets, key="overview_metric_sets", columns={"rubric": text_column("Rubric", width="large")}
+    )
     csv_download(metric_sets, "metric_sets.csv", key="overview_metric_sets_csv")

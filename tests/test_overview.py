@@ -11,11 +11,11 @@ from datetime import UTC, datetime, timedelta
 import pandas as pd
 import pytest
 from sqlalchemy import Engine
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from lib import overview
 from lib.metrics import DEFAULT_METRICS, upsert_metric_definitions
-from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, SessionNote
+from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, SessionNote, utcnow
 
 T0 = datetime(2024, 5, 1, 9, tzinfo=UTC)
 
@@ -128,19 +128,37 @@ def test_evidence_state_frame_has_a_row_per_state() -> None:
 def test_recent_activity_mixes_events_and_evaluations_newest_first(filled: Engine) -> None:
     with Session(filled) as s:
         frame = overview.recent_activity(session=s, limit=3)
-    assert list(frame.columns) == ["when", "who", "what"]
+    assert list(frame.columns) == ["when", "who", "what", "link"]
     assert list(frame["what"]) == [
         "overruled a1: 4 → 2",
-        "evaluation s3 (beta)",  # s4 is archived: not shown
-        "evaluation s2 (acme)",
+        "new evaluation (beta): q",  # s4 is archived: not shown; titled by the question
+        "new evaluation (acme): q",
     ]
     assert list(frame["who"]) == ["ayse", "import", "import"]
+    # Each row links to what changed: a1 belongs to no evaluation, so to its judgment on Corrections.
+    assert list(frame["link"]) == [
+        "corrections?change_id=a1",
+        "evaluations?snapshot=s3",
+        "evaluations?snapshot=s2",
+    ]
+
+
+def test_recent_activity_links_a_review_to_its_evaluation_and_never_says_none(filled: Engine) -> None:
+    with Session(filled) as s:
+        judgment = s.exec(select(Judgment).where(Judgment.change_id == "a1")).one()
+        judgment.snapshot_id = "s2"
+        s.add(JudgmentEvent(judgment_id=judgment.id, change_id="a1", action="review", reviewer="zeynep",
+                            at=utcnow(), from_decision=None, to_decision="3"))  # fmt: skip
+        s.commit()
+        frame = overview.recent_activity(session=s, limit=2)
+    assert frame["what"].iloc[0] == "review a1: — → 3"
+    assert list(frame["link"]) == ["evaluations?snapshot=s2", "evaluations?snapshot=s2"]
 
 
 def test_recent_activity_of_an_empty_database_is_an_empty_table(engine: Engine) -> None:
     with Session(engine) as s:
         frame = overview.recent_activity(session=s)
-    assert frame.empty and list(frame.columns) == ["when", "who", "what"]
+    assert frame.empty and list(frame.columns) == ["when", "who", "what", "link"]
 
 
 def test_metric_sets_list_each_rubric_then_the_default_set(engine: Engine) -> None:
@@ -164,3 +182,4 @@ def test_per_product_frame_counts_live_evaluations_and_review_progress(filled: E
     assert rows["acme"].correction_rate == 0.5
     assert (rows["beta"].evaluations, rows["beta"].judgments, rows["beta"].pending) == (1, 2, 2)
     assert pd.isna(rows["beta"].correction_rate)  # nothing reviewed: no rate, not 0%
+    assert rows["beta"].link == "evaluations?product=beta"

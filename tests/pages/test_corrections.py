@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from lib import corrections
 from lib.db import session_scope
-from lib.models import Judgment
+from lib.models import EvaluationSnapshot, Judgment
 
 PAGE = "pages/corrections.py"
 T0 = datetime(2024, 6, 3, tzinfo=UTC)
@@ -222,4 +222,59 @@ def test_an_unknown_change_id_says_so(app_engine, open_page) -> None:
     at = open_page(PAGE)
     at.text_input(key="corrections_change_id").input("nope").run()
     assert any("No judgment has this change id" in i.value for i in at.info)
+    assert not at.exception
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ({"state": "corrected"}, ["beta#0", "acme#1", "acme#0"]),
+        ({"state": "unreviewed", "product": "acme"}, ["acme#5", "acme#4", "acme#3"]),
+        ({"state": "confirmed", "reviewer": "ayse"}, ["acme#2"]),
+        ({"state": "bogus"}, None),  # an unknown state is ignored: every judgment is listed
+    ],
+)
+def test_a_deep_link_selects_the_filters_and_the_rows(app_engine, open_page, query, expected) -> None:
+    cache(app_engine, "acme")
+    cache(app_engine, "beta", corrected=1, confirmed=0, unreviewed=0)
+    at = open_page(PAGE, query=query)
+    if expected is None:
+        assert at.selectbox(key="corrections_state").value == "Any"
+        assert len(at.dataframe[0].value) == 7
+    else:
+        assert list(at.dataframe[0].value["change_id"]) == expected
+        assert at.selectbox(key="corrections_state").value == query["state"]
+    assert not at.exception
+
+
+def test_a_linked_change_id_opens_that_judgment(app_engine, open_page) -> None:
+    cache(app_engine, "acme")
+    at = open_page(PAGE, query={"change_id": "acme#1"})
+    assert at.text_input(key="corrections_change_id").value == "acme#1"
+    assert not any("No judgment has this change id" in i.value for i in at.info)
+    assert not at.exception
+
+
+def test_the_table_links_each_row_and_types_its_columns(app_engine, open_page) -> None:
+    cache(app_engine, "acme", corrected=1, confirmed=0, unreviewed=1)
+    with session_scope(app_engine) as s:
+        s.add(EvaluationSnapshot(id="snap_x", question="q", model_answer="a", product="acme"))
+        s.flush()
+        s.exec(select(Judgment).where(Judgment.change_id == "acme#0")).one().snapshot_id = "snap_x"
+    at = open_page(PAGE)
+    table = at.dataframe[0]
+    assert list(table.value["open"]) == ["corrections?change_id=acme%231", "evaluations?snapshot=snap_x"]
+    config = json.loads(table.proto.columns)
+    assert config["open"]["type_config"]["type"] == "link"
+    assert config["confidence"]["type_config"]["type"] == "progress"
+    assert config["reviewed_at"]["type_config"]["type"] == "datetime"
+    assert list(table.proto.column_order)[:6] == [
+        "open",
+        "change_id",
+        "metric",
+        "decision",
+        "user_decision",
+        "state",
+    ]
+    assert table.proto.placeholder == "—"  # the unreviewed row's reviewer and reason: never "None"
     assert not at.exception

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
+import pytest
+from sqlmodel import select
+from streamlit.testing.v1 import AppTest
+
+from lib import overview
 from lib.db import session_scope
-from lib.models import EvaluationSnapshot, Judgment, SessionNote, utcnow
+from lib.display import page_url
+from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, SessionNote, utcnow
+from lib.safe_markdown import escape_markdown
+from tests.pages.conftest import ROOT
 
 
 def _metric(at, label: str) -> str:
@@ -93,3 +102,85 @@ def test_counts_come_from_the_database(app_engine, open_page) -> None:
     assert _metric(at, "Evidence verified") == "75%"
     assert _metric(at, "Session notes") == "1"
     assert not at.info
+
+
+def _filled(engine) -> None:
+    """Two evaluations (one with unverified evidence), a corrected, a confirmed and a pending judgment."""
+    now = utcnow()
+    with session_scope(engine) as s:
+        s.add(EvaluationSnapshot(id="snap_a", question="Where is Ankara?\nMore text", model_answer="a",
+                                 product="p1", evidence_count=2, evidence_highlighted=1, evidence_unverified=1,
+                                 created_at=now - timedelta(hours=2)))  # fmt: skip
+        s.add(EvaluationSnapshot(id="snap_b", question="Why?", model_answer="a", product="p2",
+                                 created_at=now - timedelta(hours=1)))  # fmt: skip
+        s.flush()
+        for metric, user, corrected, reviewed in (("clarity", "2", True, True), ("safety", "5", False, True),
+                                                  ("bias", None, False, False)):  # fmt: skip
+            s.add(Judgment(change_id=f"snap_a:{metric}", snapshot_id="snap_a", product="p1", metric=metric,
+                           decision="4" if metric != "safety" else "5", user_decision=user,
+                           was_corrected=corrected, reviewed_at=now if reviewed else None,
+                           reviewer="ayse" if reviewed else None))  # fmt: skip
+
+
+def test_figures_link_to_the_filtered_lists_they_count(app_engine) -> None:
+    # Under the app's navigation (app.py) the links are st.page_link elements with query strings.
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=30).run()
+    links = {p.proto.label: (p.proto.page, p.proto.query_string) for p in at.page_link}
+    assert links == {
+        "All evaluations →": ("evaluations", ""),
+        "Unreviewed →": ("corrections", "state=unreviewed"),
+        "Confirmed →": ("corrections", "state=confirmed"),
+        "Corrected →": ("corrections", "state=corrected"),
+        "With unverified evidence →": ("evaluations", "evidence=unverified"),
+        "Notes →": ("notes", ""),
+    }
+    assert not at.exception
+
+
+@pytest.mark.parametrize(
+    ("figure", "page", "expected"),
+    [
+        ("Correction rate", "pages/corrections.py", ["snap_a:clarity"]),
+        ("Pending reviews", "pages/corrections.py", ["snap_a:bias"]),
+        ("Agreement rate", "pages/corrections.py", ["snap_a:safety"]),
+        ("Evidence verified", "pages/evaluations.py", ["snap_a"]),
+    ],
+)
+def test_each_figures_link_lists_the_rows_it_counts(app_engine, open_page, figure, page, expected) -> None:
+    _filled(app_engine)
+    at = open_page("pages/overview.py")
+    name = {"Correction rate": "correction", "Pending reviews": "pending", "Agreement rate": "agreement",
+            "Evidence verified": "evidence"}[figure]  # fmt: skip
+    target = overview.FIGURE_LINKS[name]
+    assert target.page == page
+    # A page run on its own renders the same link as Markdown, with the same relative URL.
+    assert f"[{escape_markdown(target.label + ' →')}]({page_url(target.path, target.params)})" in [
+        m.value for m in at.markdown
+    ]
+    listed = open_page(page, query=target.params).dataframe[0].value
+    assert list(listed["change_id" if "corrections" in page else "id"]) == expected
+    assert not at.exception
+
+
+def test_activity_rows_and_product_rows_link_to_what_they_name(app_engine, open_page) -> None:
+    _filled(app_engine)
+    with session_scope(app_engine) as s:
+        judgment = s.exec(select(Judgment).where(Judgment.change_id == "snap_a:clarity")).one()
+        s.add(JudgmentEvent(judgment_id=judgment.id, change_id=judgment.change_id, action="overruled",
+                            reviewer="ayse", from_decision="4", to_decision="2"))  # fmt: skip
+    at = open_page("pages/overview.py")
+    activity = next(d for d in at.dataframe if d.proto.column_order[:2] == ["link", "when"]).value
+    assert list(activity["what"]) == [
+        "overruled snap_a:clarity: 4 → 2",
+        "new evaluation (p2): Why?",
+        "new evaluation (p1): Where is Ankara?",
+    ]
+    assert list(activity["link"]) == [
+        "evaluations?snapshot=snap_a",
+        "evaluations?snapshot=snap_b",
+        "evaluations?snapshot=snap_a",
+    ]
+    products = next(d for d in at.dataframe if "correction_rate" in d.value.columns)
+    assert list(products.value["link"]) == ["evaluations?product=p1", "evaluations?product=p2"]
+    assert json.loads(products.proto.columns)["correction_rate"]["type_config"]["type"] == "progress"
+    assert not at.exception
