@@ -102,6 +102,7 @@ class TextMatch(ColumnElement[bool]):
     """`table`'s normalised search text contains `query`; compiled per database (see module doc)."""
 
     type = Boolean()
+    _is_implicitly_boolean = True  # a condition itself: no "= 1" appended on SQLite
     inherit_cache = False  # the SQL text depends on the query's length: never reuse a compiled form
 
     def __init__(self, table: Table, query: str) -> None:

@@ -281,6 +281,8 @@ def test_search_reads_the_trigram_index(seeded: Session) -> None:
         if not sqlite_trigram_available():
             pytest.skip("this Python's SQLite has no FTS5 trigram tokenizer: the LIKE fallback is the design")
         plan = _plan(seeded, "istanbul")
+        # A bare condition, not "(rowid IN (...)) = 1", which no index can serve.
+        assert "SEARCH evaluation_snapshots USING INTEGER PRIMARY KEY (rowid=?)" in plan
         assert "VIRTUAL TABLE INDEX" in plan and search_table_name("evaluation_snapshots") in plan
         assert "VIRTUAL TABLE" not in _plan(seeded, "is")  # under three characters: LIKE
     else:
