@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import cache
+from functools import cache, partial
 from typing import Any, TypedDict
 
 import pandas as pd
@@ -46,7 +46,7 @@ from sqlmodel import Session, SQLModel, col, select
 
 from lib.auth import Actor, Permission, authorize, removal_permission
 from lib.config import get_settings
-from lib.models import NOTE_TYPES, SessionNote, utcnow
+from lib.models import NOTE_TYPES, SessionNote, TagRelevanceEvent, utcnow
 from lib.search import text_match
 
 log = logging.getLogger(__name__)
@@ -569,7 +569,8 @@ def relevant_notes(
     is fetched and tag relevance applies (seed 001; `lib.relevance.relevance_for_notes` unless
     another `relevance` hook is given): "filtered" notes are dropped, the rest are re-ranked by
     recency rank + boost, and pinned notes of this language that pass the check come first.
-    With `as_of`, only notes written by then count (pinned ones too); the cache is bypassed.
+    With `as_of`, only notes written by then count, with the tag relevance and pins recorded by
+    then (`lib.relevance`'s `as_of`); the cache is bypassed.
     """
     limit = get_settings().notes_limit if limit is None else int(limit)
     if limit < 1:
@@ -578,7 +579,7 @@ def relevant_notes(
     if tags and relevance is None:
         from lib.relevance import relevance_for_notes  # lib.relevance reads notes' tables only
 
-        relevance = relevance_for_notes
+        relevance = partial(relevance_for_notes, as_of=as_of)
     ranked = bool(tags) and relevance is not None
     pool = limit * RELEVANCE_POOL_FACTOR if ranked else limit
     found = _relevant_from_cache(session, lang, pool) if use_cache and as_of is None else None
@@ -613,13 +614,26 @@ def _pinned_first(
     hook: RelevanceHook,
     as_of: datetime | None = None,
 ) -> list[SessionNote]:
-    """Seed 001: pinned notes are always shown once they pass the language and relevance checks."""
+    """Seed 001: pinned notes are always shown once they pass the language and relevance checks.
+
+    With `as_of`, the notes pinned at that moment (`lib.relevance.pinned_as_of`), not today's: a
+    candidate is pinned now or was scored by then (a note unpinned since may have been pinned then).
+    """
+    pin_condition: ColumnElement[bool] = col(SessionNote.pinned)
+    if as_of is not None:
+        scored_by_then = select(TagRelevanceEvent.lesson_id).where(col(TagRelevanceEvent.at) <= as_of)
+        pin_condition = or_(pin_condition, col(SessionNote.id).in_(scored_by_then))
     stmt = (
         select(SessionNote)
-        .where(col(SessionNote.pinned), _relevance_condition(language), *_written_by(as_of))
+        .where(pin_condition, _relevance_condition(language), *_written_by(as_of))
         .order_by(*_newest_first())
     )
     pinned = list(session.exec(stmt).all())
+    if as_of is not None:
+        from lib.relevance import pinned_as_of  # lib.relevance reads notes' tables only
+
+        then = pinned_as_of(session=session, notes=pinned, as_of=as_of)
+        pinned = [n for n in pinned if n.id in then]
     if not pinned:
         return notes
     listed = {n.id for n in notes}

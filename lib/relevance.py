@@ -36,8 +36,8 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from itertools import combinations
+from datetime import UTC, datetime
+from itertools import combinations, groupby
 from pathlib import Path
 from typing import Any
 
@@ -228,32 +228,73 @@ def _chunks(values: Sequence[int]) -> Iterable[Sequence[int]]:
         yield values[start : start + _IN_CHUNK]
 
 
+def _events_by_tag(
+    session: Session, note_ids: Sequence[int], tags: Sequence[str] | None, as_of: datetime
+) -> dict[int, list[TagRelevanceEvent]]:
+    """Score events recorded by `as_of` (under `tags`, or all), per note in the order they were applied."""
+    out: dict[int, list[TagRelevanceEvent]] = {}
+    for chunk in _chunks(list(note_ids)):
+        stmt = select(TagRelevanceEvent).where(
+            col(TagRelevanceEvent.lesson_id).in_(chunk), col(TagRelevanceEvent.at) <= as_of
+        )
+        if tags is not None:
+            stmt = stmt.where(col(TagRelevanceEvent.tag).in_(tags))
+        for event in session.exec(stmt.order_by(col(TagRelevanceEvent.at), col(TagRelevanceEvent.id))).all():
+            out.setdefault(event.lesson_id, []).append(event)
+    return out
+
+
+def _replayed(previous: TagEvidence | None, event: TagRelevanceEvent) -> TagEvidence:
+    """A tag's row after one more event: the score `apply_score` stored, the counts `tag_step` keeps."""
+    before = previous or TagEvidence(event.tag)
+    _, positive, negative = tag_step(
+        before.score, before.positive_evals, before.negative_evals, event.raw_score, event.weight
+    )
+    return TagEvidence(event.tag, float(event.new_score), positive, negative)
+
+
+def _tag_rows_as_of(
+    session: Session, note_ids: Sequence[int], tags: Sequence[str], as_of: datetime
+) -> dict[tuple[int, str], TagEvidence]:
+    """Each (note, tag) row as it stood at `as_of`, replayed from the score events recorded by then.
+
+    Rows without events (none are written so) count as unknown then: never a later score.
+    """
+    rows: dict[tuple[int, str], TagEvidence] = {}
+    for note_id, events in _events_by_tag(session, note_ids, tags, as_of).items():
+        for event in events:
+            rows[(note_id, event.tag)] = _replayed(rows.get((note_id, event.tag)), event)
+    return rows
+
+
 def evidence_for_notes(
-    *, session: Session, note_ids: Iterable[int], tags: Iterable[str]
+    *, session: Session, note_ids: Iterable[int], tags: Iterable[str], as_of: datetime | None = None
 ) -> dict[int, Evidence]:
-    """Evidence of many notes under the same tags, read in one query per 500 notes."""
+    """Evidence of many notes under the same tags, read in one query per 500 notes.
+
+    With `as_of`, the evidence as it stood then (only score events recorded by that moment): the
+    alignment lab judges a past evaluation with the relevance its judge could have known.
+    """
     wanted = normalize_tags(tags)
     ids = list(dict.fromkeys(int(i) for i in note_ids))
-    rows: dict[tuple[int, str], LessonTagRelevance] = {}
-    if wanted and ids:
+    rows: dict[tuple[int, str], TagEvidence] = {}
+    if wanted and ids and as_of is not None:
+        rows = _tag_rows_as_of(session, ids, wanted, as_of)
+    elif wanted and ids:
         for chunk in _chunks(ids):
             stmt = select(LessonTagRelevance).where(
                 col(LessonTagRelevance.lesson_id).in_(chunk), col(LessonTagRelevance.tag).in_(wanted)
             )
             for row in session.exec(stmt).all():
-                rows[(row.lesson_id, row.tag)] = row
-    out: dict[int, Evidence] = {}
-    for note_id in ids:
-        per_tag = []
-        for tag in wanted:
-            row = rows.get((note_id, tag))
-            per_tag.append(
-                TagEvidence(tag, row.score, row.positive_evals, row.negative_evals)
-                if row
-                else TagEvidence(tag)
-            )
-        out[note_id] = Evidence(note_id=note_id, tags=tuple(per_tag))
-    return out
+                rows[(row.lesson_id, row.tag)] = TagEvidence(
+                    row.tag, row.score, row.positive_evals, row.negative_evals
+                )
+    return {
+        note_id: Evidence(
+            note_id=note_id, tags=tuple(rows.get((note_id, tag)) or TagEvidence(tag) for tag in wanted)
+        )
+        for note_id in ids
+    }
 
 
 def tag_relevance_with_evidence(session: Session, note_id: int, tags: Sequence[str]) -> tuple[float, int]:
@@ -263,12 +304,12 @@ def tag_relevance_with_evidence(session: Session, note_id: int, tags: Sequence[s
 
 
 def relevance_for_notes(
-    session: Session, note_ids: Sequence[int], tags: Sequence[str]
+    session: Session, note_ids: Sequence[int], tags: Sequence[str], *, as_of: datetime | None = None
 ) -> dict[int, tuple[str, float]]:
-    """The `relevant_notes` hook: {note_id: (decision, boost)} for the caller's env tags."""
+    """The `relevant_notes` hook: {note_id: (decision, boost)} for the caller's env tags (as of a moment)."""
     return {
         nid: ev.decision
-        for nid, ev in evidence_for_notes(session=session, note_ids=note_ids, tags=tags).items()
+        for nid, ev in evidence_for_notes(session=session, note_ids=note_ids, tags=tags, as_of=as_of).items()
     }
 
 
@@ -492,6 +533,11 @@ def find_match_pin_tags(*, session: Session, note_id: int, threshold: int | None
             col(LessonMatchStat.lesson_id) == int(note_id)
         )
     ).all()
+    return _minimal_tag_subset(rows, threshold)
+
+
+def _minimal_tag_subset(rows: Iterable[tuple[str, int]], threshold: int) -> list[str] | None:
+    """The seed's match-pin rule over (tag-set key, times matched) rows."""
     tag_sets = [(frozenset(t for t in key.split(",") if t), count) for key, count in rows if key]
     all_tags = sorted(set().union(*(ts for ts, _ in tag_sets))) if tag_sets else []
     for size in range(1, min(len(all_tags), MATCH_PIN_MAX_SUBSET) + 1):
@@ -537,6 +583,75 @@ def record_matches(
             pinned.append(note_id)
     session.flush()
     return pinned
+
+
+def _manual_pin_as_of(note: SessionNote, as_of: datetime) -> bool | None:
+    """A reviewer's pin or unpin dated by `as_of` decides; None when there is none (or it came later)."""
+    prerequisites = note.prerequisites or {}
+    stamp = prerequisites.get("pinned_at" if note.pinned else "unpinned_at")
+    if not prerequisites.get("pinned_by") or not isinstance(stamp, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(stamp)
+    except ValueError:
+        return None
+    moment = moment if moment.utcoffset() is not None else moment.replace(tzinfo=UTC)
+    return bool(note.pinned) if moment <= as_of else None
+
+
+def _auto_pinned_by(events: Sequence[TagRelevanceEvent]) -> bool:
+    """Replays `update_pin_state` after every applied score (one `at` per `apply_score`)."""
+    state, rows = PinState(), dict[str, TagEvidence]()
+    for _, group in groupby(events, key=lambda e: e.at):
+        for event in group:
+            rows[event.tag] = _replayed(rows.get(event.tag), event)
+        scores = {tag: row.score for tag, row in rows.items()}
+        state, _ = auto_pin_decision(state, scores, sum(row.evals for row in rows.values()))
+    return state.pinned
+
+
+def _match_pinned_by(session: Session, note_ids: Sequence[int], as_of: datetime) -> set[int]:
+    """Notes the match-count rule had pinned by `as_of`, counted from the audits recorded by then."""
+    if not note_ids:
+        return set()
+    wanted, counts = set(note_ids), dict[int, dict[str, int]]()
+    audits = session.exec(
+        select(SessionAudit.shown_lesson_ids, SessionAudit.env_tags).where(
+            col(SessionAudit.timestamp) <= as_of
+        )
+    ).all()
+    for shown, env_tags in audits:
+        key = tag_set_key(env_tags or [])
+        for note_id in set(shown or []) & wanted:
+            per_note = counts.setdefault(note_id, {})
+            per_note[key] = per_note.get(key, 0) + 1
+    threshold = get_settings().match_pin_threshold
+    return {n for n, rows in counts.items() if _minimal_tag_subset(rows.items(), threshold)}
+
+
+def pinned_as_of(*, session: Session, notes: Sequence[SessionNote], as_of: datetime) -> set[int]:
+    """Which of these notes were pinned at `as_of`, judged only from what was recorded by then.
+
+    A dated manual pin or unpin decides; otherwise the auto-pin rule is replayed over the score
+    events recorded by then, and the match-count rule over the audits recorded by then (only for
+    notes the rule pinned since: a count can only grow). Unknown counts as not pinned, so a later
+    pin never leaks into the alignment lab's past.
+    """
+    pinned: set[int] = set()
+    undecided: list[SessionNote] = []
+    for note in notes:
+        manual = _manual_pin_as_of(note, as_of)
+        if manual is None:
+            undecided.append(note)
+        elif manual and note.id is not None:
+            pinned.add(note.id)
+    ids = [n.id for n in undecided if n.id is not None]
+    events = _events_by_tag(session, ids, None, as_of)
+    pinned |= {note_id for note_id, rows in events.items() if _auto_pinned_by(rows)}
+    match_pinned = [
+        n.id for n in undecided if n.id is not None and (n.prerequisites or {}).get("match_pinned")
+    ]
+    return pinned | _match_pinned_by(session, match_pinned, as_of)
 
 
 # --------------------------------------------------------------------------------------------

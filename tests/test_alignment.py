@@ -21,6 +21,7 @@ from sqlmodel import select
 
 from lib import alignment, analytics
 from lib.alignment import ExperimentError, ExperimentSpec
+from lib.auth import system_actor
 from lib.config import get_settings, reset_settings
 from lib.corrections import select_history
 from lib.db import session_scope
@@ -34,6 +35,7 @@ from lib.models import (
     SessionNote,
 )
 from lib.notes import relevant_notes
+from lib.relevance import apply_score, pinned_as_of, record_audit, relevance_for_notes, set_manual_pin
 from tests.llm_server import json_reply, server_error
 
 pytestmark = pytest.mark.timeout(120)
@@ -198,6 +200,104 @@ def test_arm_prompts_show_only_the_past(engine) -> None:
         assert first is not None
         history = alignment.arm_prompt(session, experiment, "history", first, settings)
         assert "snap-" not in history.history_block  # nothing was reviewed before the first evaluation
+
+
+def test_tag_relevance_and_pins_are_those_recorded_by_the_moment(engine) -> None:
+    """`full` filters, boosts and pins notes with the relevance known at t, never a later score."""
+    moment = T0 + timedelta(days=1)
+    with session_scope(engine) as session:
+        notes = {
+            content: SessionNote(
+                timestamp=T0 + timedelta(minutes=minute), note_type="TIP", content=content, session_id="s"
+            )
+            for minute, content in enumerate(["star later", "bad early", "bad later", "plain"], start=1)
+        }
+        session.add_all(notes.values())
+        session.flush()
+        ids = {content: note.id for content, note in notes.items()}
+
+        def scores(content: str, raw: float, start: datetime, times: int) -> None:
+            for i in range(times):
+                apply_score(
+                    session=session,
+                    note_id=ids[content],
+                    tags=["lang:en"],
+                    raw=raw,
+                    at=start + timedelta(hours=i),
+                )
+
+        scores("bad early", -3.0, T0 + timedelta(hours=1), 3)  # filtered by the moment
+        scores("bad later", -3.0, moment + timedelta(hours=1), 3)  # filtered only afterwards
+        scores("star later", 3.0, moment + timedelta(hours=1), 5)  # auto-pinned only afterwards
+        session.add(
+            EvaluationSnapshot(
+                id="snap-then",
+                created_at=moment,
+                question="Q",
+                model_answer="Answer about topic-0.",
+                product=PRODUCT,
+                primary_metric="accuracy",
+            )
+        )
+        session.add(
+            MetricDefinition(product=PRODUCT, slug="accuracy", display_name="Accuracy", description="Right?")
+        )
+    with session_scope(engine, read_only=True) as session:
+        assert session.get(SessionNote, ids["star later"]).pinned  # type: ignore[union-attr]
+        today = relevant_notes(session, "en", tags=["lang:en"])
+        assert [n.content for n in today] == ["star later", "plain"]
+        then = relevant_notes(session, "en", tags=["lang:en"], as_of=moment)
+        assert [n.content for n in then] == ["plain", "bad later", "star later"]
+        assert relevance_for_notes(
+            session, [ids["bad later"], ids["star later"]], ["lang:en"], as_of=moment
+        ) == {
+            ids["bad later"]: ("neutral", 0.0),
+            ids["star later"]: ("neutral", 0.0),
+        }
+        # The experiment's `full` arm is that same selection, as of the judged evaluation's creation.
+        snapshot = session.get(EvaluationSnapshot, "snap-then")
+        assert snapshot is not None
+        experiment = AlignmentExperiment(product=PRODUCT, arms=["full"])
+        full = alignment.arm_prompt(session, experiment, "full", snapshot, get_settings())
+        shown = re.findall(r"(star later|bad early|bad later|plain)", full.notes_block)
+        assert shown == ["plain", "bad later", "star later"]
+
+
+def test_manual_and_match_pins_count_only_from_when_they_were_made(engine) -> None:
+    moment = T0 + timedelta(days=1)
+    with session_scope(engine) as session:
+        notes = [
+            SessionNote(timestamp=T0, note_type="TIP", content=content, session_id="s")
+            for content in ("pinned before", "pinned after", "matched after")
+        ]
+        session.add_all(notes)
+        session.flush()
+        before, after, matched = (int(n.id or 0) for n in notes)
+        set_manual_pin(session=session, note_id=before, pinned=True, reviewer=system_actor("rita"), at=T0)
+        set_manual_pin(
+            session=session,
+            note_id=after,
+            pinned=True,
+            reviewer=system_actor("rita"),
+            at=moment + timedelta(hours=1),
+        )
+        for i in range(get_settings().match_pin_threshold):
+            record_audit(
+                session=session,
+                session_id=f"run-{i}",
+                shown_note_ids=[matched],
+                env_tags=["lang:en"],
+                at=moment + timedelta(minutes=i + 1),
+            )
+    with session_scope(engine, read_only=True) as session:
+        rows = list(session.exec(select(SessionNote)).all())
+        assert all(n.pinned for n in rows)
+        assert pinned_as_of(session=session, notes=rows, as_of=moment) == {before}
+        assert pinned_as_of(session=session, notes=rows, as_of=moment + timedelta(days=1)) == {
+            before,
+            after,
+            matched,
+        }
 
 
 # ---------------------------------------------------------------------------------------------
