@@ -104,6 +104,20 @@ def parse_arms(text: str) -> tuple[str, ...]:
     return arms
 
 
+def rubric_edits(rubric: Sequence[MetricSpec], texts: dict[str, str]) -> dict[str, str]:
+    """The `rubric` arm's edits from texts prefilled with the current rubric: only those changed.
+
+    Unchanged or blank texts are dropped, so an untouched form leaves no edit and `create_experiment`
+    refuses the arm with the same message as an empty `--rubric-file`.
+    """
+    current = {m.slug: m.description.strip() for m in rubric}
+    return {
+        slug: text.strip()
+        for slug, text in texts.items()
+        if text.strip() and text.strip() != current.get(slug, "")
+    }
+
+
 def _day_start(day: date) -> datetime:
     return datetime.combine(day, dtime.min, tzinfo=UTC)
 
@@ -657,12 +671,13 @@ def experiments_frame(session: Session) -> pd.DataFrame:
                 "failed": counts["failed"],
                 "pending": counts["pending"],
                 "judge_model": e.judge_model,
+                "edited_rubric": dict(e.edited_rubric or {}),
                 "created_at": e.created_at,
                 "created_by": e.created_by,
             }
         )
     columns = ["id", "name", "product", "arms", "status", "done", "failed", "pending", "judge_model"]
-    return pd.DataFrame(out, columns=[*columns, "created_at", "created_by"])
+    return pd.DataFrame(out, columns=[*columns, "edited_rubric", "created_at", "created_by"])
 
 
 def call_prompt(session: Session, experiment_id: int, arm: str, snapshot_id: str) -> AlignmentCall | None:

@@ -5,6 +5,7 @@ import streamlit as st
 from lib import alignment, corrections
 from lib.alignment_charts import MEASURE_TITLES, comparison_figure
 from lib.auth import Permission
+from lib.metrics import metrics_for_product
 from lib.ui import (
     csv_download,
     flash,
@@ -38,11 +39,24 @@ with st.expander("Start an experiment", expanded=experiments.empty):
     concurrency = cols[3].number_input("Calls at once", 1, 16, 1, key="alignment_concurrency")
     arms = st.multiselect(
         "Arms",
-        [a for a in alignment.ARMS if a != "rubric"],
+        list(alignment.ARMS),
         default=["bare", "full"],
         key="alignment_arms",
         format_func=lambda arm: f"{arm}: {alignment.ARM_DESCRIPTIONS[arm]}",
     )
+    rubric, texts = [], {}
+    if "rubric" in arms and product:
+        with session_scope(read_only=True) as session:
+            rubric = metrics_for_product(session=session, product=product)
+        st.caption(
+            "The `rubric` arm judges with this text instead of the current rubric; edit at least one metric."
+        )
+        for metric in rubric:
+            texts[metric.slug] = st.text_area(
+                f"{metric.display_name} ({metric.slug})",
+                value=metric.description,
+                key=f"alignment_rubric_{product}_{metric.slug}",
+            )
     start = st.button("Start", key="alignment_start", disabled=bool(unavailable) or not products)
     reviewer = require_reviewer("start an experiment", Permission.JUDGE) if start else None
     if reviewer:
@@ -51,6 +65,7 @@ with st.expander("Start an experiment", expanded=experiments.empty):
             sample_size=int(sample),
             seed=int(seed),
             arms=tuple(arms),
+            edited_rubric=alignment.rubric_edits(rubric, texts),
             created_by=reviewer,
         )
         try:
@@ -82,6 +97,10 @@ st.progress(
     (total - int(row["pending"])) / total if total else 1.0,
     text=f"{row['done']} calls done, {row['failed']} failed, {row['pending']} pending ({row['status']})",
 )
+if row["edited_rubric"]:
+    with st.expander("Edited rubric of the `rubric` arm"):
+        for slug, text in row["edited_rubric"].items():
+            st.code(f"{slug}: {text}", language=None)
 if row["status"] in ("pending", "running"):
     cols = st.columns(2)
     if cols[0].button("Refresh", key="alignment_refresh"):

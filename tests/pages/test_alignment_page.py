@@ -9,7 +9,7 @@ from sqlmodel import select
 
 from lib import alignment
 from lib.db import session_scope
-from lib.models import AlignmentExperiment
+from lib.models import AlignmentCall, AlignmentExperiment
 from tests.test_alignment import ITEMS, PRODUCT, scripted_judge, seed_lab
 
 pytestmark = pytest.mark.timeout(120)
@@ -67,6 +67,46 @@ def test_starting_from_the_page_runs_the_experiment(app_engine, open_page, llm_s
     at.run()
     assert not at.exception
     assert "finished" in at.selectbox(key="alignment_experiment").format_func(experiment.id)
+
+
+def wait_until_finished(engine, experiment_id: int) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(200):  # the background run: wait for its rows, never for a time
+        with session_scope(engine, read_only=True) as session:
+            if session.get(AlignmentExperiment, experiment_id).status == "finished":  # type: ignore[union-attr]
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"experiment {experiment_id} did not finish")
+
+
+def test_the_rubric_arm_is_edited_on_the_page_stored_and_used(app_engine, open_page, llm_server) -> None:
+    seed_lab(app_engine)
+    llm_server.responder = scripted_judge
+    at = open_page(PAGE, reviewer="lena")
+    at.number_input(key="alignment_sample").set_value(2)
+    at.multiselect(key="alignment_arms").set_value(["bare", "rubric"]).run()
+    editor = at.text_area(key=f"alignment_rubric_{PRODUCT}_accuracy")
+    assert editor.value == "Is it right?"  # prefilled with the current rubric
+    at.button(key="alignment_start").click().run()  # unchanged: the same refusal as the CLI's
+    assert not at.exception
+    assert any("needs edited rubric text" in e.value for e in at.error)
+    with session_scope(app_engine, read_only=True) as session:
+        assert session.exec(select(AlignmentExperiment)).first() is None
+    at.text_area(key=f"alignment_rubric_{PRODUCT}_accuracy").set_value("Score 5 only for <b>cited</b> facts.")
+    at.button(key="alignment_start").click().run()
+    assert not at.exception
+    with session_scope(app_engine, read_only=True) as session:
+        experiment = session.exec(select(AlignmentExperiment)).one()
+        assert experiment.edited_rubric == {"accuracy": "Score 5 only for <b>cited</b> facts."}
+    assert experiment.id is not None
+    wait_until_finished(app_engine, experiment.id)
+    with session_scope(app_engine, read_only=True) as session:
+        calls = session.exec(select(AlignmentCall).where(AlignmentCall.experiment_id == experiment.id)).all()
+        prompts = {c.arm: c.prompt or "" for c in calls}
+    assert "only for <b>cited</b> facts" in prompts["rubric"]
+    assert "only for" not in prompts["bare"] and "Is it right?" in prompts["bare"]
+    at.run()
+    assert not at.exception
+    assert any("<b>cited</b>" in c.value for c in at.code)  # shown as text, never as HTML
 
 
 def test_the_latest_experiment_per_product_opens_by_its_link(app_engine, open_page) -> None:
