@@ -323,7 +323,7 @@ def _cmd_align(args: argparse.Namespace) -> int:
     engine = _engine()
     try:
         if args.cancel is not None:
-            alignment.request_cancel(engine, args.cancel)
+            alignment.request_cancel(engine, args.cancel, by=system_actor(args.reviewer))
             print(f"experiment {args.cancel}: cancel requested")
             return 0
         if args.experiment is not None:

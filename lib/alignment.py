@@ -274,9 +274,10 @@ def find_unfinished(session: Session, spec: ExperimentSpec) -> int | None:
     return None
 
 
-def request_cancel(engine: Engine, experiment_id: int) -> None:
-    """Ask a running experiment to stop; workers read the flag before each call."""
+def request_cancel(engine: Engine, experiment_id: int, *, by: Actor | str | None) -> None:
+    """Ask a running experiment to stop (whoever may start one); workers read the flag before each call."""
     with session_scope(engine) as session:
+        authorize(session, by, Permission.JUDGE)
         experiment = session.get(AlignmentExperiment, experiment_id)
         if experiment is None:
             raise ExperimentError(f"no experiment {experiment_id}")

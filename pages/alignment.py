@@ -105,10 +105,13 @@ if row["status"] in ("pending", "running"):
     cols = st.columns(2)
     if cols[0].button("Refresh", key="alignment_refresh"):
         st.rerun()
-    if cols[1].button("Cancel", key="alignment_cancel") and require_reviewer(
-        "cancel an experiment", Permission.JUDGE
-    ):
-        alignment.request_cancel(get_engine(), int(chosen))
+    canceller = (
+        require_reviewer("cancel an experiment", Permission.JUDGE)
+        if cols[1].button("Cancel", key="alignment_cancel")
+        else None
+    )
+    if canceller:
+        alignment.request_cancel(get_engine(), int(chosen), by=canceller)
         flash("alignment_flash", "info", f"Experiment {chosen} stops before its next call.")
         st.rerun()
 elif row["failed"]:

@@ -21,7 +21,7 @@ from sqlmodel import select
 
 from lib import alignment, analytics
 from lib.alignment import ExperimentError, ExperimentSpec
-from lib.auth import system_actor
+from lib.auth import Actor, PermissionDenied, system_actor
 from lib.config import get_settings, reset_settings
 from lib.corrections import select_history
 from lib.db import session_scope
@@ -416,7 +416,7 @@ def test_cancel_stops_between_calls_and_a_rerun_continues(engine, judge_server) 
 
     def cancelling(body: dict[str, Any]) -> Any:
         if len(judge_server.chat_requests) == 3:
-            alignment.request_cancel(engine, experiment_id)
+            alignment.request_cancel(engine, experiment_id, by=system_actor("lead"))
         return scripted_judge(body)
 
     judge_server.responder = cancelling
@@ -426,6 +426,18 @@ def test_cancel_stops_between_calls_and_a_rerun_continues(engine, judge_server) 
     report = alignment.run_experiment(engine, experiment_id)
     assert (report.status, report.done) == ("finished", ITEMS)
     assert len(judge_server.chat_requests) == ITEMS
+
+
+def test_only_those_who_may_start_an_experiment_may_cancel_it(engine) -> None:
+    seed_lab(engine)
+    experiment_id = alignment.create_experiment(engine, ExperimentSpec(product=PRODUCT, sample_size=2))
+    with pytest.raises(PermissionDenied):
+        alignment.request_cancel(engine, experiment_id, by=Actor("rita", "reviewer"))
+    with session_scope(engine, read_only=True) as session:
+        assert not session.get(AlignmentExperiment, experiment_id).cancel_requested  # type: ignore[union-attr]
+    alignment.request_cancel(engine, experiment_id, by=Actor("lena", "lead"))
+    with session_scope(engine, read_only=True) as session:
+        assert session.get(AlignmentExperiment, experiment_id).cancel_requested  # type: ignore[union-attr]
 
 
 def test_edited_rubric_arm_sends_the_edited_text(engine, judge_server) -> None:

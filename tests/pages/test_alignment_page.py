@@ -109,6 +109,26 @@ def test_the_rubric_arm_is_edited_on_the_page_stored_and_used(app_engine, open_p
     assert any("<b>cited</b>" in c.value for c in at.code)  # shown as text, never as HTML
 
 
+def test_cancel_on_the_page_needs_a_name_and_then_flags_the_run(app_engine, open_page) -> None:
+    seed_lab(app_engine)
+    experiment_id = alignment.create_experiment(
+        app_engine, alignment.ExperimentSpec(product=PRODUCT, sample_size=2)
+    )
+
+    def requested() -> bool:
+        with session_scope(app_engine, read_only=True) as session:
+            return bool(session.get(AlignmentExperiment, experiment_id).cancel_requested)  # type: ignore[union-attr]
+
+    at = open_page(PAGE)
+    at.button(key="alignment_cancel").click().run()
+    assert any("to cancel an experiment" in w.value for w in at.warning) and not requested()
+    at = open_page(PAGE, reviewer="lena")
+    at.button(key="alignment_cancel").click().run()
+    assert not at.exception
+    assert requested()
+    assert any(f"Experiment {experiment_id} stops" in i.value for i in at.info)
+
+
 def test_the_latest_experiment_per_product_opens_by_its_link(app_engine, open_page) -> None:
     """The Analytics page links `/alignment?experiment=ID` for `latest_per_product` (its own page
     test cannot run here: the DuckDB worker of tests/pages/test_analytics.py dies on this machine)."""
