@@ -1,23 +1,26 @@
 """Analytics charts (DataFrame → plotly Figure): agreement per metric, gap histograms, weekly trend.
 
-No streamlit here. Product and metric names come from imported data, so every label taken from data goes through
-`plotly_text` (HTML-escaped) and hover templates refer to names as `%{fullData.name}` instead of
-pasting them in, so a name containing `%{...}` is not read as a template.
+No streamlit here. Colours, measure ranges, escaping and the rate-with-sample-size layout come
+from `lib.charts`, so these charts read like every other page's.
 """
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
-from lib.charts import plotly_text
+from lib.analytics import GAP_BUCKET
+from lib.charts import MEASURES, colors_for, measure_range, plotly_text, rate_figure
 
 AGREEMENT_SERIES = {
-    "exact_agreement": "Exact agreement",
-    "within_1_agreement": "Within-1 agreement",
-    "weighted_kappa": "Weighted kappa (quadratic)",
-    "spearman": "Spearman ρ",
+    key: MEASURES[key].title
+    for key in ("exact_agreement", "within_1_agreement", "weighted_kappa", "spearman")
 }
+GAP_FACET_COLUMNS = 4  # facets per row: four 1–5 histograms side by side still read at 1400 px
+MAX_GAP = 4.0  # the rescaled gap's span (1–5)
 
 
 def metric_label(product: object, metric_name: object, *, with_product: bool) -> str:
@@ -33,89 +36,143 @@ def _empty(title: str, message: str) -> go.Figure:
 
 
 def agreement_figure(frame: pd.DataFrame, *, title: str = "Judge vs human agreement per metric") -> go.Figure:
-    """Grouped bars per metric: exact, within-1, kappa and Spearman (all on −1…1); n/a bars are left out.
+    """Grouped bars per metric: exact, within-1, kappa and Spearman; n/a bars are left out.
 
-    `frame` has the columns of `lib.analytics.AgreementReport.metrics`.
+    The y axis covers the values shown (from 0 unless one is negative), not the measures' full
+    −1…1, which left half the plot empty. `frame` has the columns of
+    `lib.analytics.AgreementReport.metrics`.
     """
     if frame.empty:
         return _empty(title, "No scored pairs")
     several = frame["product"].nunique() > 1
     labels = [metric_label(r.product, r.metric_name, with_product=several) for r in frame.itertuples()]
     fig = go.Figure()
+    shown: list[float] = []
     for column, name in AGREEMENT_SERIES.items():
         values = pd.to_numeric(frame[column], errors="coerce")
+        shown.extend(values.tolist())
         fig.add_trace(
             go.Bar(
                 x=labels,
                 y=values,
                 name=name,
+                marker={"color": MEASURES[column].color},
                 customdata=frame["pairs"],
-                hovertemplate=f"%{{x}}<br>{name}: %{{y:.3f}}<br>pairs: %{{customdata}}<extra></extra>",
+                hovertemplate=f"%{{x}}<br>{name}: %{{y:.3f}}<br>n = %{{customdata}} pairs<extra></extra>",
             )
         )
+    fig.add_hline(y=0, line_width=1, line_color="grey")
     fig.update_layout(
-        title=title, barmode="group", yaxis={"range": [-1, 1], "title": "value"}, legend_title_text=""
+        title=title,
+        barmode="group",
+        yaxis={"range": measure_range(list(AGREEMENT_SERIES), shown), "title": "value"},
+        legend_title_text="",
     )
     return fig
 
 
-def gap_histogram_figure(
-    frame: pd.DataFrame, *, title: str = "Gap distribution (|user − judge| on 1–5)"
-) -> go.Figure:
-    """Bars per rescaled-gap bucket, one series per metric: how far apart judge and human are.
+def _bucket_text(start: float) -> str:
+    """A gap bucket as its interval: "1.0–1.5"; the last one holds only the full span (4.0)."""
+    return f"{start:.1f}" if start >= MAX_GAP else f"{start:.1f}–{start + GAP_BUCKET:.1f}"
 
+
+def gap_products(frame: pd.DataFrame) -> list[str]:
+    """The products a gap frame covers, in order: what the page's product picker offers."""
+    return [] if frame.empty else [str(p) for p in dict.fromkeys(frame["product"])]
+
+
+def gap_histogram_figure(
+    frame: pd.DataFrame,
+    *,
+    product: str | None = None,
+    title: str = "Gap distribution (|user − judge| on 1–5)",
+) -> go.Figure:
+    """One small histogram per metric (facets, four to a row) for one product: how far apart judge
+    and human are, as the share of that metric's pairs per gap bucket.
+
+    Twenty overlaid series could not be told apart; facets on one shared 0–4 axis can, and shares
+    (with n in each facet's title and hover) let a metric with 12 pairs sit next to one with 300.
+    `product=None` draws every product in the frame (use it for a single product).
     `frame` has the columns of `lib.analytics.AgreementReport.gaps`.
     """
+    if product is not None:
+        frame = frame[frame["product"] == product] if not frame.empty else frame
     if frame.empty:
         return _empty(title, "No scored pairs")
     several = frame["product"].nunique() > 1
-    fig = go.Figure()
-    for (product, _metric), rows in frame.groupby(["product", "metric"], sort=False):
-        label = metric_label(product, rows["metric_name"].iloc[0], with_product=several)
+    groups = list(frame.groupby(["product", "metric"], sort=False))
+    columns = min(GAP_FACET_COLUMNS, len(groups))
+    rows = math.ceil(len(groups) / columns)
+    titles = [
+        f"{metric_label(p, g['metric_name'].iloc[0], with_product=several)} (n = {int(g['pairs'].sum())})"
+        for (p, _m), g in groups
+    ]
+    fig = make_subplots(
+        rows=rows,
+        cols=columns,
+        subplot_titles=titles,
+        shared_xaxes=True,
+        shared_yaxes=True,
+        horizontal_spacing=0.04,
+        vertical_spacing=0.5 / rows if rows > 1 else 0.0,
+    )
+    colors = colors_for(str(m) for (_p, m), _g in groups)
+    for index, ((product_name, metric), rows_of) in enumerate(groups):
+        total = int(rows_of["pairs"].sum())
+        share = rows_of["pairs"] / total
         fig.add_trace(
             go.Bar(
-                x=rows["gap_bucket"],
-                y=rows["pairs"],
-                name=label,
-                hovertemplate="%{fullData.name}<br>gap ≥ %{x}: %{y} pairs<extra></extra>",
-            )
+                # Each bar spans its bucket (a histogram), so bucket [1.0, 1.5) sits between 1 and 1.5.
+                x=rows_of["gap_bucket"] + GAP_BUCKET / 2,
+                width=GAP_BUCKET * 0.92,
+                y=share,
+                name=metric_label(product_name, rows_of["metric_name"].iloc[0], with_product=several),
+                marker={"color": colors[str(metric)]},
+                customdata=[
+                    [int(pairs), total, _bucket_text(float(bucket))]
+                    for pairs, bucket in zip(rows_of["pairs"], rows_of["gap_bucket"], strict=True)
+                ],
+                hovertemplate=(
+                    "%{fullData.name}<br>gap %{customdata[2]}: %{customdata[0]} of n = "
+                    "%{customdata[1]} pairs (%{y:.0%})<extra></extra>"
+                ),
+                showlegend=False,
+            ),
+            row=index // columns + 1,
+            col=index % columns + 1,
         )
+    fig.update_xaxes(range=[0, MAX_GAP + GAP_BUCKET], dtick=1)
+    # One explicit range for every facet: shares compare across panels, and autorange over shared
+    # axes overshoots (it ran to 400 %).
+    top = max(float((g["pairs"] / g["pairs"].sum()).max()) for _key, g in groups)
+    fig.update_yaxes(tickformat=".0%", range=[0, min(1.0, top * 1.1) + 0.02])
+    fig.update_xaxes(title_text="rescaled gap", row=rows)
+    fig.update_yaxes(title_text="share of pairs", col=1)
     fig.update_layout(
         title=title,
-        barmode="group",
-        xaxis={"title": "rescaled gap (bucket start)", "dtick": 0.5},
-        yaxis={"title": "pairs"},
-        legend_title_text="",
+        height=max(320, 230 * rows + 90),
+        margin={"l": 10, "r": 10, "t": 80, "b": 10},
     )
     return fig
 
 
 def weekly_trend_figure(frame: pd.DataFrame, *, title: str = "Exact agreement per week") -> go.Figure:
-    """One line per product: the share of metric scores where judge and human agree exactly, per week.
+    """One line per product: the share of metric scores where judge and human agree exactly, per
+    week, over faint bars of the week's pairs (n also in every hover).
 
     `frame` has the columns of `lib.analytics.AgreementReport.weekly`.
     """
     if frame.empty:
         return _empty(title, "No scored pairs")
-    fig = go.Figure()
-    for product, rows in frame.groupby("product", sort=True):
-        name = plotly_text(product)
-        fig.add_trace(
-            go.Scatter(
-                x=rows["week"],
-                y=rows["exact_agreement"],
-                mode="lines+markers",
-                name=name,
-                customdata=rows[["pairs", "within_1_agreement"]].to_numpy(),
-                hovertemplate=(
-                    "%{fullData.name}<br>week of %{x|%Y-%m-%d}<br>exact: %{y:.1%}"
-                    "<br>within-1: %{customdata[1]:.1%}<br>pairs: %{customdata[0]}<extra></extra>"
-                ),
-            )
-        )
-    fig.update_layout(
+    return rate_figure(
+        frame,
+        x="week",
+        rate="exact_agreement",
+        n="pairs",
+        extra=["within_1_agreement"],
         title=title,
-        yaxis={"range": [0, 1], "tickformat": ".0%", "title": "exact agreement"},
-        legend_title_text="",
+        rate_title="exact agreement",
+        n_title="pairs",
+        x_title="week starting",
+        hover="week of %{x|%Y-%m-%d}<br>exact: %{y:.1%}<br>within-1: %{customdata[1]:.1%}<br>n = %{customdata[0]} pairs",
     )
-    return fig

@@ -58,6 +58,16 @@ TYPE_ICONS: dict[str, str] = {
     "STRATEGY": "💡",
     "TIP": "💭",
 }
+TYPE_LABELS: dict[str, str] = {kind: f"{TYPE_ICONS[kind]} {kind}" for kind in NOTE_TYPES}
+
+
+def note_type_label(note_type: object) -> str:
+    """A note type as every page shows it, icon and word ("💡 STRATEGY"): the icon alone says nothing
+    to a newcomer, the word alone is slow to scan. Unknown types keep the generic note icon."""
+    kind = str(note_type)
+    return TYPE_LABELS.get(kind, f"📝 {kind}")
+
+
 # Seed 000: these types are useful whatever the language, so every query includes them.
 CROSS_LANGUAGE_TYPES = ("STRATEGY", "PATTERN")
 PROMPT_HEADER = "CROSS-SESSION EXPERIENCE NOTES:"
@@ -395,6 +405,21 @@ def session_timeline(
         )
         for row in session.exec(stmt).all()
     ]
+
+
+def notes_of_sessions(
+    *,
+    session: Session,
+    session_ids: Sequence[str],
+    filters: NoteFilter = NoteFilter(),
+    limit: int = 2000,
+) -> list[SessionNote]:
+    """The notes matching `filters` of these sessions (a timeline page), newest first, at most `limit`."""
+    if not session_ids:
+        return []
+    conds = [*_filters(session, filters), col(SessionNote.session_id).in_(list(session_ids))]
+    stmt = select(SessionNote).where(*conds).order_by(*_newest_first()).limit(max(0, limit))
+    return list(session.exec(stmt).all())
 
 
 def count_sessions(
@@ -784,7 +809,7 @@ def _aware(moment: datetime) -> datetime:
 def format_note_line(note: SessionNote, *, current_session: str | None, now: datetime) -> str:
     """One prompt line: `<icon> <TYPE> (<age> ago): <content>` plus code and session markers."""
     kind = str(note.note_type).upper()
-    line = f"{TYPE_ICONS.get(kind, '📝')} {kind} ({format_age(now - _aware(note.timestamp))} ago): "
+    line = f"{note_type_label(kind)} ({format_age(now - _aware(note.timestamp))} ago): "
     line += clean_content(note.content)
     if kind == "SUCCESS" and note.phelps_code:
         # SPEC §5 gives a coded SUCCESS note one form only; a missing confidence counts as 0.
@@ -823,11 +848,17 @@ FRAME_COLUMNS = (
 )  # fmt: skip
 
 
-def as_frame(notes: Iterable[SessionNote]) -> pd.DataFrame:
-    """Notes as a table with the seed's column names (what the page shows and the CSV holds)."""
+def as_frame(notes: Iterable[SessionNote], *, type_labels: bool = False) -> pd.DataFrame:
+    """Notes as a table with the seed's column names (what the page shows and the CSV holds).
+
+    `type_labels=True` shows each type with its icon (`note_type_label`), for screens; CSVs and
+    the CLI keep the bare type, which is what an import reads back.
+    """
     frame = pd.DataFrame(
         [{c: getattr(n, c) for c in FRAME_COLUMNS} for n in notes], columns=list(FRAME_COLUMNS)
     )
+    if type_labels:
+        frame["note_type"] = frame["note_type"].map(note_type_label)
     frame["timestamp"] = pd.to_datetime(frame["timestamp"], utc=True)
     return frame
 

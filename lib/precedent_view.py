@@ -18,7 +18,7 @@ from sqlmodel import Session, col
 
 from lib import precedents
 from lib.auth import Actor, Permission, authorize, identity_of
-from lib.charts import plotly_text
+from lib.charts import OKABE_ITO, plotly_text
 from lib.interaction_records import expert_feedback_fields
 from lib.models import AutoEval, ExpertFeedback, Interaction, utcnow
 from lib.records import InvalidField
@@ -189,7 +189,7 @@ def reason_figure(counts: pd.DataFrame) -> go.Figure:
         go.Bar(
             x=[plotly_text(o) for o in counts["outcome"]],
             y=counts["count"],
-            marker_color=["#2e7d32" if o == MATCHED else "#c62828" for o in counts["outcome"]],
+            marker_color=[OKABE_ITO[2] if o == MATCHED else OKABE_ITO[5] for o in counts["outcome"]],
             hovertemplate="%{x}: %{y}<extra></extra>",
         )
     )

@@ -59,6 +59,7 @@ from lib.models import (
     TagRelevanceEvent,
     utcnow,
 )
+from lib.notes import note_type_label
 
 log = logging.getLogger(__name__)
 
@@ -1349,10 +1350,10 @@ NOTE_LABEL_CHARS = 40
 
 
 def note_label(note_id: int, note_type: str, content: str) -> str:
-    """A short, unique label for a note: `#12 TIP: first words…`."""
+    """A short, unique label for a note: `#12 💭 TIP: first words…`."""
     text = str(content)
     short = text if len(text) <= NOTE_LABEL_CHARS else text[: NOTE_LABEL_CHARS - 1] + "…"
-    return f"#{note_id} {note_type}: {short}"
+    return f"#{note_id} {note_type_label(note_type)}: {short}"
 
 
 def note_labels(frame: pd.DataFrame) -> dict[int, str]:

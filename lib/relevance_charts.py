@@ -6,13 +6,18 @@ and every label taken from data goes through `plotly_text`, so notes and tags sh
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
-from lib.charts import plotly_text
+from lib.charts import NEUTRAL, OKABE_ITO, colors_for, plotly_text
 from lib.config import get_settings
 from lib.relevance import note_label
+
+HISTORY_LINES_PER_FAMILY = 6  # more lines than this in one facet hide each other
 
 
 def tag_heatmap_figure(frame: pd.DataFrame, *, title: str = "Relevance score per note and tag") -> go.Figure:
@@ -71,45 +76,101 @@ def tag_heatmap_figure(frame: pd.DataFrame, *, title: str = "Relevance score per
     return fig
 
 
-def ema_history_figure(frame: pd.DataFrame, *, title: str = "EMA history per tag") -> go.Figure:
-    """One line per tag: the score after each applied evaluation, with the raw score in the hover.
+def tag_family(tag: str) -> str:
+    """The kind of context a tag names: "lang" for `lang:tr`, "other" for a tag without a prefix."""
+    family, sep, _value = str(tag).partition(":")
+    return family if sep and family else "other"
 
-    `frame` has the columns of `lib.relevance.history_frame` (oldest first).
+
+def history_tags(frame: pd.DataFrame) -> list[str]:
+    """The tags of a history frame, most-evaluated first (ties by name): what the tag picker offers."""
+    if frame.empty:
+        return []
+    counts = frame.groupby("tag").size()
+    return sorted(counts.index.astype(str), key=lambda tag: (-int(counts[tag]), tag))
+
+
+def ema_history_figure(
+    frame: pd.DataFrame,
+    *,
+    tags: Sequence[str] = (),
+    per_family: int = HISTORY_LINES_PER_FAMILY,
+    title: str = "EMA history per tag",
+) -> go.Figure:
+    """The score after each applied evaluation, one facet per tag family (lang, product, metric, …)
+    and in each at most `per_family` lines (the most evaluated), each labelled at its end.
+
+    A note run under many contexts collects 14–30 tags; one legend listed them all while the lines,
+    moved by the same evaluations, hid each other. Facets by family with direct labels show each
+    line; the facet title says how many tags it leaves out, and `tags` (the page's picker) draws
+    exactly those instead. `frame` has the columns of `lib.relevance.history_frame` (oldest first).
     """
     fig = go.Figure()
-    for tag, rows in frame.groupby("tag", sort=True):
-        rows = rows.sort_values("at")
-        fig.add_trace(
-            go.Scatter(
-                x=rows["at"],
-                y=rows["new_score"],
-                mode="lines+markers",
-                name=plotly_text(tag),
-                customdata=rows[["raw_score", "weight", "old_score", "source"]]
-                .assign(source=rows["source"].map(plotly_text))
-                .to_numpy(dtype=object),
-                hovertemplate=(
-                    "%{x|%Y-%m-%d %H:%M}<br>%{customdata[2]:+.3f} → %{y:+.3f}"
-                    "<br>raw %{customdata[0]:+.2f} × weight %{customdata[1]} (%{customdata[3]})"
-                    "<extra>%{fullData.name}</extra>"
-                ),
-            )
-        )
-    settings = get_settings()
-    fig.add_hline(y=0, line_width=1, line_color="grey")
-    fig.add_hline(
-        y=settings.negative_score_threshold,
-        line_dash="dot",
-        line_color="firebrick",
-        annotation_text="filter threshold (avg, with enough evidence)",
-        annotation_position="bottom right",
+    if tags:
+        frame = frame[frame["tag"].isin(list(tags))]
+    if frame.empty:
+        fig.update_layout(title=title, annotations=[{"text": "No scores applied yet", "showarrow": False}])
+        return fig
+    ranked = history_tags(frame)
+    families: dict[str, list[str]] = {}
+    for tag in ranked:
+        families.setdefault(tag_family(tag), []).append(tag)
+    names = sorted(families)
+    limit = max(len(ranked), 1) if tags else max(per_family, 1)
+    titles = []
+    for family in names:
+        total = len(families[family])
+        shown = min(total, limit)
+        more = f", {shown} most evaluated of {total} tags" if shown < total else ""
+        titles.append(plotly_text(f"{family}{more}"))
+    fig = make_subplots(
+        rows=len(names), cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.12 / len(names)
     )
+    for row, family in enumerate(names, start=1):
+        chosen = families[family][:limit]
+        colors = colors_for(chosen)
+        for tag in sorted(chosen):
+            rows = frame[frame["tag"] == tag].sort_values("at")
+            name = plotly_text(tag)
+            label = [""] * (len(rows) - 1) + [plotly_text(str(tag).partition(":")[2] or tag)]
+            fig.add_trace(
+                go.Scatter(
+                    x=rows["at"],
+                    y=rows["new_score"],
+                    mode="lines+markers+text",
+                    name=name,
+                    text=label,
+                    textposition="middle right",
+                    textfont={"color": colors[tag]},
+                    line={"color": colors[tag]},
+                    showlegend=False,
+                    customdata=rows[["raw_score", "weight", "old_score", "source"]]
+                    .assign(source=rows["source"].map(plotly_text))
+                    .to_numpy(dtype=object),
+                    hovertemplate=(
+                        "%{fullData.name}<br>%{x|%Y-%m-%d %H:%M}<br>%{customdata[2]:+.3f} → %{y:+.3f}"
+                        "<br>raw %{customdata[0]:+.2f} × weight %{customdata[1]} (%{customdata[3]})"
+                        "<extra></extra>"
+                    ),
+                ),
+                row=row,
+                col=1,
+            )
+    settings = get_settings()
+    scores = pd.concat([frame["new_score"], frame["old_score"]]).astype(float)
+    low = min(float(scores.min()), settings.negative_score_threshold) - 0.15
+    high = max(float(scores.max()), 0.0) + 0.15
+    for row in range(1, len(names) + 1):
+        fig.add_hline(y=0, line_width=1, line_color=NEUTRAL, row=row, col=1)
+        fig.add_hline(
+            y=settings.negative_score_threshold, line_dash="dot", line_color=OKABE_ITO[5], row=row, col=1
+        )
+    fig.update_yaxes(range=[low, high], title_text="score")
+    fig.update_xaxes(title_text="evaluated at", row=len(names), col=1)
     fig.update_layout(
-        title=title,
-        xaxis_title="evaluated at",
-        yaxis_title="score (EMA)",
-        legend_title_text="tag",
+        title={"text": f"{title} (dotted: filter threshold, averaged over a run's tags)"},
         hovermode="closest",
-        margin={"l": 10, "r": 10, "t": 50, "b": 10},
+        height=max(320, 190 * len(names) + 110),
+        margin={"l": 10, "r": 80, "t": 80, "b": 10},
     )
     return fig

@@ -4,6 +4,7 @@ import streamlit as st
 
 from lib import alignment, analytics
 from lib.analytics_charts import agreement_figure, gap_histogram_figure, weekly_trend_figure
+from lib.analytics_charts import gap_products as gap_products_of
 from lib.safe_markdown import escape_markdown
 from lib.ui import csv_download, get_engine, session_scope
 
@@ -55,8 +56,15 @@ for product, experiment_id in latest_experiments.items():
     )
 
 st.subheader("Gap distributions")
-st.caption("How far apart judge and human are: |user − judge| rescaled to the 1–5 span, in buckets of 0.5.")
-st.plotly_chart(gap_histogram_figure(report.gaps), key="analytics_gaps_chart")
+st.caption(
+    "How far apart judge and human are: |user − judge| rescaled to the 1–5 span, in buckets of 0.5, "
+    "as the share of each metric's pairs (n in each panel's title); one panel per metric."
+)
+gap_products = gap_products_of(report.gaps)
+gap_product = (
+    st.selectbox("Product", gap_products, key="analytics_gaps_product") if len(gap_products) > 1 else None
+)
+st.plotly_chart(gap_histogram_figure(report.gaps, product=gap_product), key="analytics_gaps_chart")
 st.dataframe(report.gaps, key="analytics_gaps_table", hide_index=True)
 csv_download(report.gaps, "gap_distribution.csv", key="analytics_gaps_csv", label="Download (CSV)")
 

@@ -11,6 +11,7 @@ import streamlit as st
 
 from lib import notes
 from lib.auth import Permission, PermissionDenied
+from lib.charts import notes_timeline_figure
 from lib.config import get_settings
 from lib.models import NOTE_TYPES, utcnow
 from lib.safe_markdown import escape_markdown
@@ -131,7 +132,9 @@ if linked_session:
     st.session_state.setdefault("notes_session", linked_session)
 query = st.text_input("Search note text", key="notes_query", placeholder="words anywhere in a note")
 cols = st.columns(4)
-types = cols[0].multiselect("Type", NOTE_TYPES, key="notes_types", placeholder="All types")
+types = cols[0].multiselect(
+    "Type", NOTE_TYPES, key="notes_types", placeholder="All types", format_func=notes.note_type_label
+)
 language = cols[1].selectbox("Language", [ANY, *languages], key="notes_language", format_func=_language_label)
 session_choice = cols[2].selectbox("Session", [ANY, *recent_sessions], key="notes_session")
 age_label = cols[3].selectbox("Age", list(AGES), key="notes_age")
@@ -163,7 +166,7 @@ with tab_list, session_scope(read_only=True) as session:
     else:
         offset, limit = pager(total, key="notes_page")
         shown = notes.as_frame(
-            notes.search_notes(session=session, limit=limit, offset=offset, filters=filters)
+            notes.search_notes(session=session, limit=limit, offset=offset, filters=filters), type_labels=True
         )
         st.dataframe(
             shown,
@@ -180,16 +183,33 @@ with tab_list, session_scope(read_only=True) as session:
             st.caption(f"The CSV holds the newest {CSV_CAP:,}; use `python -m lib export` for all.")
 
 with tab_timeline, session_scope(read_only=True) as session:
-    st.caption("Sessions with matching notes, newest activity first, with their notes counted per type.")
+    st.caption(
+        "Each row is a session (newest on top), a grey span from its first to its last note; each "
+        "mark is a note, shaped and coloured by type. Hover a mark to read the note; drag across "
+        "the chart to zoom into a session's minutes, double-click to zoom out."
+    )
     sessions_total = notes.count_sessions(session=session, filters=filters)
     if sessions_total == 0:
         st.info("No sessions have notes matching these filters.")
     else:
         offset, limit = pager(sessions_total, key="notes_timeline_page")
-        timeline = notes.timeline_frame(
-            notes.session_timeline(session=session, limit=limit, offset=offset, filters=filters)
+        summaries = notes.session_timeline(session=session, limit=limit, offset=offset, filters=filters)
+        timeline = notes.timeline_frame(summaries)
+        marks = notes.as_frame(
+            notes.notes_of_sessions(
+                session=session, session_ids=[s.session_id for s in summaries], filters=filters
+            )
         )
-        st.dataframe(timeline, hide_index=True, key="notes_timeline_table")
+        st.plotly_chart(
+            notes_timeline_figure(timeline, marks, type_labels=notes.TYPE_LABELS), key="notes_timeline_chart"
+        )
+        with st.expander("Notes per session and type (table)"):
+            st.dataframe(
+                timeline,
+                hide_index=True,
+                key="notes_timeline_table",
+                column_config={kind: notes.note_type_label(kind) for kind in NOTE_TYPES},
+            )
         csv_download(timeline, "note_sessions.csv", key="notes_timeline_csv")
 
 with tab_add:
@@ -199,7 +219,7 @@ with tab_add:
     for key, value in {"notes_add_type": "TIP", **ADD_DEFAULTS}.items():
         st.session_state.setdefault(key, value)
     with st.form("notes_add_form"):
-        st.selectbox("Type", NOTE_TYPES, key="notes_add_type")
+        st.selectbox("Type", NOTE_TYPES, key="notes_add_type", format_func=notes.note_type_label)
         st.text_input(
             "Language",
             key="notes_add_language",
@@ -222,7 +242,13 @@ with tab_add:
 with tab_remove:
     st.caption("Remove notes by type, language and age. Their tag-relevance history goes with them.")
     cols = st.columns(3)
-    remove_types = cols[0].multiselect("Type", NOTE_TYPES, key="notes_remove_types", placeholder="All types")
+    remove_types = cols[0].multiselect(
+        "Type",
+        NOTE_TYPES,
+        key="notes_remove_types",
+        placeholder="All types",
+        format_func=notes.note_type_label,
+    )
     remove_language = cols[1].selectbox(
         "Language", [ANY, *languages], key="notes_remove_language", format_func=_language_label
     )

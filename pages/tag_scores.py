@@ -5,7 +5,12 @@ import streamlit as st
 from lib import notes, relevance
 from lib.auth import Permission
 from lib.models import NOTE_TYPES
-from lib.relevance_charts import ema_history_figure, tag_heatmap_figure
+from lib.relevance_charts import (
+    HISTORY_LINES_PER_FAMILY,
+    ema_history_figure,
+    history_tags,
+    tag_heatmap_figure,
+)
 from lib.ui import csv_download, flash, require_reviewer, session_scope, show_flash
 from lib.ui.relevance import manual_pin_controls
 
@@ -62,7 +67,12 @@ if not tags:
 
 cols = st.columns(3)
 chosen_tags = cols[0].multiselect("Tags", tags, key="tag_scores_tags", placeholder="All tags")
-note_type = cols[1].selectbox("Note type", [ANY, *NOTE_TYPES], key="tag_scores_type")
+note_type = cols[1].selectbox(
+    "Note type",
+    [ANY, *NOTE_TYPES],
+    key="tag_scores_type",
+    format_func=lambda value: value if value == ANY else notes.note_type_label(value),
+)
 language = cols[2].selectbox(
     "Language",
     [ANY, *languages],
@@ -101,7 +111,15 @@ if not scores.empty:
     with session_scope(read_only=True) as session:
         history = relevance.history_frame(session=session, note_id=note_id, tags=chosen_tags or None)
     st.caption(f"{len(history)} scores applied · pinned state: {relevance.pin_of(scores, note_id)}")
-    st.plotly_chart(ema_history_figure(history), key="tag_scores_history_chart")
+    history_picked = st.multiselect(
+        "Tags in the chart",
+        history_tags(history),
+        key=f"tag_scores_history_tags_{note_id}",
+        placeholder=f"The {HISTORY_LINES_PER_FAMILY} most evaluated of each kind",
+        help="Lines are grouped by kind of tag (lang, product, metric, …), one panel each; pick tags "
+        "to draw exactly those.",
+    )
+    st.plotly_chart(ema_history_figure(history, tags=history_picked), key="tag_scores_history_chart")
     csv_download(
         history, f"note_{note_id}_history.csv", key="tag_scores_history_csv", label="Download history (CSV)"
     )

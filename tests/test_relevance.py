@@ -1037,7 +1037,7 @@ def test_note_labels_are_short_and_unique_per_note() -> None:
         }
     )
     labels = relevance.note_labels(frame)
-    assert labels == {3: "#3 TIP: " + "x" * 39 + "…", 9: "#9 PATTERN: short"}
+    assert labels == {3: "#3 💭 TIP: " + "x" * 39 + "…", 9: "#9 🔍 PATTERN: short"}
 
 
 def test_decision_counts_name_every_decision() -> None:

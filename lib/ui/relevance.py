@@ -10,6 +10,7 @@ import streamlit as st
 
 from lib import relevance
 from lib.auth import Permission, PermissionDenied
+from lib.notes import note_type_label
 from lib.safe_markdown import escape_markdown
 from lib.ui import (
     audit_denied,
@@ -84,7 +85,7 @@ def shown_notes_feedback(snapshot_id: str, *, key: str = "relevance_feedback") -
             continue
         avg, evals = item.evidence.avg_score, item.evidence.total_evals
         cols[0].markdown(
-            f"`#{item.note_id}` **{item.note.note_type}** · {escape_markdown(item.note.content)}"
+            f"`#{item.note_id}` **{note_type_label(item.note.note_type)}** · {escape_markdown(item.note.content)}"
         )
         cols[0].caption(f"avg {avg:+.3f} over {evals} evaluations for these tags")
         if item.vote is not None:

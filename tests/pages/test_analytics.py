@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from lib.db import session_scope
 from lib.models import EvaluationSnapshot
+from tests.pages.figures import figure_titled
 from tests.test_analytics import seed_analytics_data
 
 PAGE = "pages/analytics.py"
@@ -121,4 +122,37 @@ def test_hostile_product_name_is_escaped_in_chart_labels(
     at = open_page(PAGE)
     weekly = json.loads(at.get("plotly_chart")[2].proto.spec)
     assert weekly["data"][0]["name"] == "&lt;img src=x onerror=alert(1)&gt;"
+    assert not at.exception
+
+
+def test_gap_histogram_shows_one_panel_per_metric_of_the_picked_product(
+    seeded: Engine, open_page: Callable[..., AppTest]
+) -> None:
+    at = open_page(PAGE)
+    picker = at.selectbox(key="analytics_gaps_product")
+    assert picker.options == ["alpha", "beta"] and picker.value == "alpha"
+    gaps = figure_titled(at, "Gap distribution")
+    panels = [a["text"] for a in gaps["layout"]["annotations"]]
+    assert panels == ["Truthfulness (n = 6)", "Helpfulness (n = 6)"]
+    assert {t["xaxis"] for t in gaps["data"]} == {"x", "x2"}  # two panels, not overlaid series
+    picker.set_value("beta").run()
+    gaps = figure_titled(at, "Gap distribution")
+    assert [a["text"] for a in gaps["layout"]["annotations"]] == [
+        f"{name} (n = {n})" for name, n in [("Fluency", 4)]
+    ]
+    assert not at.exception
+
+
+def test_agreement_axis_and_trend_show_the_real_range_and_the_sample_size(
+    seeded: Engine, open_page: Callable[..., AppTest]
+) -> None:
+    at = open_page(PAGE)
+    agreement = figure_titled(at, "Judge vs human agreement")
+    low, high = agreement["layout"]["yaxis"]["range"]
+    assert -1 < low <= 0 and high == pytest.approx(1.02)
+    trend = figure_titled(at, "Exact agreement per week")
+    bars = [t for t in trend["data"] if t["type"] == "bar"]
+    lines = [t for t in trend["data"] if t["type"] == "scatter"]
+    assert len(bars) == len(lines) == 2 and all(b["yaxis"] == "y2" for b in bars)
+    assert all("n = %{customdata[0]} pairs" in t["hovertemplate"] for t in lines)
     assert not at.exception

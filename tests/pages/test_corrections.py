@@ -13,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 from lib import corrections
 from lib.db import session_scope
 from lib.models import EvaluationSnapshot, Judgment
+from tests.pages.figures import figures, values
 
 PAGE = "pages/corrections.py"
 T0 = datetime(2024, 6, 3, tzinfo=UTC)
@@ -117,10 +118,14 @@ def test_without_reviews_there_is_no_trend_chart(app_engine, open_page) -> None:
     assert not at.exception
 
 
-def test_reviewed_judgments_draw_the_trend_chart(app_engine, open_page) -> None:
+def test_reviewed_judgments_draw_the_trend_chart_with_its_sample_size(app_engine, open_page) -> None:
     cache(app_engine, "acme")
     at = open_page(PAGE)
-    assert len(at.get("plotly_chart")) == 1
+    (trend,) = figures(at)
+    (line,) = [t for t in trend["data"] if t["type"] == "scatter"]
+    (bar,) = [t for t in trend["data"] if t["type"] == "bar"]
+    assert values(bar["y"]) == [row[0] for row in values(line["customdata"])]  # n reviewed, under every rate
+    assert "of n = %{customdata[0]} reviewed" in line["hovertemplate"]
     assert not at.exception
 
 

@@ -13,7 +13,8 @@ from streamlit.testing.v1 import AppTest
 from lib import notes
 from lib.config import reset_settings
 from lib.db import session_scope
-from lib.models import SessionNote, utcnow
+from lib.models import NOTE_TYPES, SessionNote, utcnow
+from tests.pages.figures import figure_titled
 
 PAGE = "pages/notes.py"
 HOSTILE = "<script>alert(1)</script> [x](javascript:alert(1)) **bold**"
@@ -133,6 +134,38 @@ def test_timeline_groups_by_session_newest_first(seeded, open_page) -> None:
     timeline = next(d.value for d in at.dataframe if "first_note" in d.value.columns)
     assert list(timeline["session_id"]) == ["run_b", "run_a"]
     assert timeline.iloc[0][["notes", "TIP", "PATTERN", "FAILURE"]].tolist() == [2, 1, 1, 0]
+    assert not at.exception
+
+
+def test_timeline_draws_sessions_on_a_time_axis_and_notes_as_marks_by_type(seeded, open_page) -> None:
+    at = open_page(PAGE)
+    chart = figure_titled(at, "Sessions and their notes")
+    assert chart["layout"]["yaxis"]["ticktext"] == ["run_a · 2 notes", "run_b · 2 notes"]  # newest on top
+    assert chart["layout"]["xaxis"]["type"] == "date"
+    marks = {t["name"]: len(t["x"]) for t in chart["data"] if t["mode"] == "markers"}
+    assert marks == {"❌ FAILURE": 1, "🔍 PATTERN": 1, "💭 TIP": 2}
+    at.multiselect(key="notes_types").set_value(["TIP"]).run()  # the page's filters apply to the marks
+    chart = figure_titled(at, "Sessions and their notes")
+    assert {t["name"]: len(t["x"]) for t in chart["data"] if t["mode"] == "markers"} == {"💭 TIP": 2}
+    assert not at.exception
+
+
+def test_timeline_hover_shows_the_note_text_escaped(app_engine, open_page) -> None:
+    put(app_engine, content=HOSTILE, note_type="STRATEGY")
+    at = open_page(PAGE)
+    chart = figure_titled(at, "Sessions and their notes")
+    (mark,) = [t for t in chart["data"] if t["mode"] == "markers"]
+    excerpt = mark["customdata"][0][2]
+    assert "<script>" not in excerpt and "&lt;script&gt;" in excerpt
+    assert not at.exception
+
+
+def test_note_types_are_offered_with_their_icons(seeded, open_page) -> None:
+    at = open_page(PAGE)
+    assert at.multiselect(key="notes_types").options == [notes.note_type_label(t) for t in NOTE_TYPES]
+    assert at.multiselect(key="notes_types").options[0] == "✅ SUCCESS"
+    listed_types = next(d.value for d in at.dataframe if "content" in d.value.columns)["note_type"]
+    assert set(listed_types) == {"💭 TIP", "🔍 PATTERN", "❌ FAILURE"}
     assert not at.exception
 
 

@@ -14,6 +14,7 @@ from lib import relevance
 from lib.db import session_scope
 from lib.models import LessonTagRelevance, SessionNote, TagRelevanceEvent
 from lib.notes import add_note
+from tests.pages.figures import figure_titled
 
 PAGE = "pages/tag_scores.py"
 SEED_TAGS = ["github", "personal", "python"]
@@ -247,3 +248,24 @@ def test_a_lead_gives_an_abandoned_audit_its_retries_back(
         assert relevance.abandoned_audits(session=session) == []
         assert [a.session_id for a in relevance.unprocessed_audits(session=session)] == ["run-x"]
     assert not at.get("expander")
+
+
+def test_history_has_a_panel_per_tag_kind_and_the_tag_picker_narrows_it(
+    scored: dict[str, int], app_engine: Engine, open_page
+) -> None:
+    tags = ["lang:tr", "lang:en", "metric:clarity", "model:m1"]
+    with session_scope(app_engine) as session:
+        relevance.apply_score(session=session, note_id=scored["helpful"], tags=tags, raw=1.0)
+        relevance.apply_score(session=session, note_id=scored["helpful"], tags=["lang:tr"], raw=-1.0)
+    at = open_page(PAGE)
+    at.selectbox(key="tag_scores_history_note").set_value(scored["helpful"]).run()
+    history = figure_titled(at, "EMA history per tag")
+    assert [a["text"] for a in history["layout"]["annotations"]] == ["lang", "metric", "model", "other"]
+    assert sorted(t["name"] for t in history["data"]) == sorted([*tags, "python"])
+    picker = at.multiselect(key=f"tag_scores_history_tags_{scored['helpful']}")
+    assert picker.options[0] == "lang:tr"  # the most evaluated first
+    picker.set_value(["lang:tr", "model:m1"]).run()
+    history = figure_titled(at, "EMA history per tag")
+    assert sorted(t["name"] for t in history["data"]) == ["lang:tr", "model:m1"]
+    assert [a["text"] for a in history["layout"]["annotations"]] == ["lang", "model"]
+    assert not at.exception
