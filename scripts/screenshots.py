@@ -1,0 +1,188 @@
+"""Screenshots of the main pages over the demo data, for the README (run it as `scripts/screenshots`).
+
+A fresh demo database in a temporary directory, the app started exactly as the browser tests start
+it (`tests/browser/conftest.StreamlitServer`), and Debian's headless Chromium at 1400×900. Each
+shot waits for content rather than for time: the page's title, Streamlit's "script not running"
+state, every plotly chart drawn and every image loaded, so a slow machine only makes it slower.
+PNGs are reduced to a 256-colour palette, which keeps each one small enough to commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from PIL import Image  # noqa: E402
+from sqlalchemy import case, func  # noqa: E402
+from sqlmodel import col, select  # noqa: E402
+
+from lib.db import init_db, session_scope  # noqa: E402
+from lib.demo import load_demo  # noqa: E402
+from lib.models import EvaluationSnapshot, Judgment  # noqa: E402
+from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, StreamlitServer  # noqa: E402
+
+OUT = ROOT / "docs" / "screenshots"
+VIEWPORT = {"width": 1400, "height": 900}
+TIMEOUT_MS = 180_000  # per wait: generous, the 2-core CI machine may be busy
+REVIEWER = "demo-reviewer"
+NAME_LABEL = "Your name (recorded with every change)"
+SETTLE_S = 0.6  # after everything is drawn: let plotly's and Streamlit's transitions finish
+CHARTS_DRAWN = """() => [...document.querySelectorAll('[data-testid="stPlotlyChart"]')]
+    .filter(c => c.offsetParent !== null)
+    .every(c => c.querySelector('.main-svg'))"""
+IMAGES_LOADED = "() => [...document.images].every(i => i.complete)"
+IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
+
+
+@dataclass(frozen=True)
+class Shot:
+    """One screenshot: the file name, the page (path and query), and what to show on it."""
+
+    name: str
+    path: str
+    title: str  # text of the page's first heading (h1/h2): there once the page has started drawing
+    tab: str | None = None  # a tab to open first
+    heading: str | None = None  # scroll this heading to the top
+
+
+def shots(snapshot_id: str) -> list[Shot]:
+    """The README's screenshots, in README order."""
+    return [
+        Shot("review-queue", "review", "Review queue"),
+        Shot("evaluation-detail", f"evaluations?snapshot={quote(snapshot_id, safe='')}", "Evaluation"),
+        Shot("analytics", "analytics", "Analytics"),
+        Shot("analytics-gaps", "analytics", "Analytics", heading="Gap distributions"),
+        Shot("notes-timeline", "notes", "Notes", tab="Timeline"),
+    ]
+
+
+def showcase_snapshot(url: str) -> str:
+    """The demo evaluation with the most judgments reviewers corrected: a detail worth showing."""
+    engine = init_db(url)
+    try:
+        with session_scope(engine) as session:
+            corrected = func.sum(case((col(Judgment.was_corrected), 1), else_=0))
+            row = session.exec(
+                select(EvaluationSnapshot.id)
+                .join(Judgment, col(Judgment.snapshot_id) == col(EvaluationSnapshot.id))
+                .group_by(col(EvaluationSnapshot.id))
+                .order_by(corrected.desc(), func.count().desc(), col(EvaluationSnapshot.id))
+                .limit(1)
+            ).first()
+    finally:
+        engine.dispose()
+    if row is None:
+        raise SystemExit("the demo data has no evaluation with judgments")
+    return str(row)
+
+
+def wait_until_drawn(page: object) -> None:
+    """Wait for content: the script finished, charts drawn, images loaded, web fonts ready."""
+    page.wait_for_selector(IDLE, timeout=TIMEOUT_MS)  # type: ignore[attr-defined]
+    page.wait_for_function(CHARTS_DRAWN, timeout=TIMEOUT_MS)  # type: ignore[attr-defined]
+    page.wait_for_function(IMAGES_LOADED, timeout=TIMEOUT_MS)  # type: ignore[attr-defined]
+    page.evaluate("document.fonts.ready")  # type: ignore[attr-defined]
+    time.sleep(SETTLE_S)
+    page.wait_for_selector(IDLE, timeout=TIMEOUT_MS)  # type: ignore[attr-defined]
+
+
+def save_small_png(png: bytes, path: Path) -> int:
+    """Write a screenshot as a 256-colour PNG (a third of the size, no visible loss on UI); its size."""
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    small = image.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    small.save(path, format="PNG", optimize=True)
+    return path.stat().st_size
+
+
+def take(page: object, base_url: str, shot: Shot, out: Path) -> Path:
+    """Open one page, bring the part to show into view, wait until it is drawn, save the PNG."""
+    page.goto(f"{base_url}/{shot.path}")  # type: ignore[attr-defined]
+    main = page.locator('[data-testid="stMain"]')  # type: ignore[attr-defined]
+    main.locator("h1, h2").filter(has_text=shot.title).first.wait_for(timeout=TIMEOUT_MS)
+    wait_until_drawn(page)
+    if shot.tab:
+        page.get_by_role("tab", name=shot.tab).click()  # type: ignore[attr-defined]
+        wait_until_drawn(page)
+        page.get_by_role("tab", name=shot.tab).evaluate("e => e.scrollIntoView({block: 'start'})")  # type: ignore[attr-defined]
+    if shot.heading:
+        target = page.get_by_role("heading", name=shot.heading).first  # type: ignore[attr-defined]
+        target.wait_for(timeout=TIMEOUT_MS)
+        target.evaluate("e => e.scrollIntoView({block: 'start'})")
+    wait_until_drawn(page)
+    path = out / f"{shot.name}.png"
+    size = save_small_png(page.screenshot(), path)  # type: ignore[attr-defined]
+    print(f"{path}: {size // 1024} KB", flush=True)
+    return path
+
+
+def sign_in(page: object, base_url: str) -> None:
+    """Open the router once (deep links need it on a fresh server) and give the sidebar a name."""
+    page.goto(base_url)  # type: ignore[attr-defined]
+    name = page.get_by_label(NAME_LABEL)  # type: ignore[attr-defined]
+    name.wait_for(timeout=TIMEOUT_MS)
+    name.fill(REVIEWER)
+    name.press("Enter")
+    page.wait_for_function(  # type: ignore[attr-defined]
+        f"document.cookie.includes('overrule_reviewer={REVIEWER}')", timeout=TIMEOUT_MS
+    )
+    wait_until_drawn(page)
+
+
+def run(out: Path, only: Sequence[str] = ()) -> list[Path]:
+    """Load the demo into a temporary database, serve it, and write the screenshots into `out`."""
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory(prefix="overrule-screenshots-") as tmp:
+        url = f"sqlite:///{Path(tmp) / 'demo.db'}"
+        engine = init_db(url)
+        try:
+            load_demo(engine=engine)
+        finally:
+            engine.dispose()
+        wanted = [s for s in shots(showcase_snapshot(url)) if not only or s.name in only]
+        if not wanted:
+            raise SystemExit(f"no screenshot is named {', '.join(only)}")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERRULE_", "OPENAI_"))}
+        env.update({"OVERRULE_DATABASE_URL": url, "OVERRULE_LOAD_DEMO": "false"})
+        server = StreamlitServer(env, Path(tmp) / "streamlit.log")
+        written: list[Path] = []
+        try:
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+                context = browser.new_context(viewport=VIEWPORT)
+                page = context.new_page()
+                sign_in(page, server.base_url)
+                written = [take(page, server.base_url, shot, out) for shot in wanted]
+                browser.close()
+        except Exception:
+            print("streamlit log (tail):\n" + server.log_path.read_text()[-3000:], file=sys.stderr)
+            raise
+        finally:
+            server.stop()
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT, help=f"directory for the PNGs (default {OUT})")
+    parser.add_argument("--only", nargs="*", default=[], help="names of the shots to take (default: all)")
+    args = parser.parse_args(argv)
+    run(args.out.resolve(), args.only)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,44 @@
+"""`scripts/screenshots`, the README's screenshots: one command writes small 1400×900 PNGs.
+
+Two of the shots only (the whole set takes a minute or two on the CI machine); which pages they
+show is the README's business, that the command works end to end is this test's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from tests.browser.conftest import CHROMIUM, ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+SHOTS = ("analytics", "notes-timeline")
+
+
+def test_the_screenshots_command_writes_small_pngs_of_the_pages(tmp_path: Path) -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OVERRULE_")}
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "screenshots"), "--out", str(tmp_path), "--only", *SHOTS],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{name}.png" for name in SHOTS)
+    for name in SHOTS:
+        path = tmp_path / f"{name}.png"
+        with Image.open(path) as image:
+            assert image.format == "PNG" and image.size == (1400, 900)
+            # A page, not a blank: many colours used, and small enough to commit.
+            assert len(image.convert("RGB").getcolors(maxcolors=1 << 16) or []) > 20
+        assert 10_000 < path.stat().st_size < 400_000
