@@ -1,31 +1,30 @@
-"""Judge-vs-human agreement analytics (SPEC §4 "Analytics"), aggregated in DuckDB (SPEC §8).
+"""Judge-vs-human agreement analytics (SPEC §4 "Analytics"), computed from maintained counts.
 
 The human side is the snapshot's own user scores (`user_scores_json`), compared with the judge's
 (`judge_scores_json`) metric by metric, on each metric's own scale (its product's rubric from
-`lib.metrics`). Pairs are extracted and aggregated in DuckDB SQL; Python only ever sees small frames
-(one row per product × metric, per gap bucket, or per week), and kappa is computed with numpy from
-the tiny per-(user, judge) count table.
+`lib.metrics`). `lib.scores` extracts those pairs once, when a snapshot is written, and counts them
+per (product, language, metric, week, user score, judge score); this module reads those counts with
+plain SQL aggregates through the app's own engine (no DuckDB, so no second SQLite library and no
+worker round trip) and computes every measure from the small count table: a pair's gap, exactness
+and within-1 depend only on its two scores, kappa and Spearman only on the (user, judge) counts.
+Date filters that cut a week in two read the cut days from the narrow `metric_scores` rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 
-import duckdb
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-from sqlalchemy import Engine
-from sqlmodel import Session, col, select
+from sqlalchemy import func, select
+from sqlmodel import Session
 
-from lib.duck import fetch_frame, table_ref, with_duck
 from lib.metrics import MetricSpec, metrics_for_product
-from lib.models import EvaluationSnapshot
+from lib.models import AgreementCount, EvaluationSnapshot, MetricScore
+from lib.scores import utc_day
 
-SNAPSHOTS = "evaluation_snapshots"
-SPEC_VIEW = "analytics_metric_specs"
 # A gap equal to one step on the 1-5 span is "within 1"; float noise must not push it out.
 _EPSILON = 1e-9
 GAP_BUCKET = 0.5  # histogram bucket width on the rescaled 1-5 span
@@ -58,7 +57,10 @@ class AnalyticsFilters:
 
 @dataclass(frozen=True)
 class FilterOptions:
-    """The choices the filters offer: what live snapshots actually contain."""
+    """The choices the filters offer: products and languages with live scored pairs, the live date span.
+
+    `first_day` is None exactly when there is no live evaluation at all.
+    """
 
     products: list[str]
     languages: list[str]
@@ -77,28 +79,6 @@ class AgreementReport:
     @property
     def empty(self) -> bool:
         return self.metrics.empty
-
-
-def filter_options(con: duckdb.DuckDBPyConnection) -> FilterOptions:
-    """Products, languages and the date span of live (not archived) snapshots."""
-    snaps = table_ref(SNAPSHOTS)
-    products = fetch_frame(
-        con, f"SELECT DISTINCT product FROM {snaps} WHERE deleted_at IS NULL ORDER BY product"
-    )
-    languages = fetch_frame(
-        con, f"SELECT DISTINCT language FROM {snaps} WHERE deleted_at IS NULL ORDER BY language"
-    )
-    span = con.execute(
-        f"SELECT CAST(min(created_at) AS DATE)::VARCHAR, CAST(max(created_at) AS DATE)::VARCHAR "
-        f"FROM {snaps} WHERE deleted_at IS NULL"
-    ).fetchone()
-    first, last = span if span else (None, None)
-    return FilterOptions(
-        products=[str(p) for p in products["product"]],
-        languages=[str(lang) for lang in languages["language"]],
-        first_day=date.fromisoformat(first) if first else None,
-        last_day=date.fromisoformat(last) if last else None,
-    )
 
 
 def metric_specs_frame(*, session: Session, products: Sequence[str]) -> pd.DataFrame:
@@ -126,147 +106,92 @@ def _spec_row(product: str, position: int, spec: MetricSpec) -> dict[str, object
     }
 
 
-def _score_sql(column: str) -> str:
-    """SQL for the numeric score of one metric in a scores JSON column, like `lib.metrics.score_of`."""
-    entry = f"json_extract(s.{column}, '/' || m.slug)"
-    value = f"CASE WHEN json_type({entry}) = 'OBJECT' THEN json_extract({entry}, '/score') ELSE {entry} END"
-    # Booleans and strings are not scores (score_of agrees); only JSON numbers count.
-    return (
-        f"CASE WHEN json_type({value}) IN ('BIGINT', 'UBIGINT', 'DOUBLE') "
-        f"THEN CAST(CAST({value} AS VARCHAR) AS DOUBLE) END"
-    )
+CELL_COLUMNS = ["product", "metric", "week", "user_score", "judge_score", "n"]
 
 
-def _pairs_sql(filters: AnalyticsFilters) -> tuple[str, list[object]]:
-    """A CTE `pairs` of (product, metric, scale, created_at, u, j) where both sides scored the metric."""
-    where = ["s.deleted_at IS NULL"]
-    params: list[object] = []
-    if filters.products:
-        where.append(f"s.product IN ({', '.join('?' for _ in filters.products)})")
-        params.extend(filters.products)
-    if filters.language:
-        where.append("s.language = ?")
-        params.append(filters.language)
-    if filters.start:
-        where.append("s.created_at >= CAST(? AS TIMESTAMPTZ)")
-        params.append(f"{filters.start.isoformat()} 00:00:00+00")
-    if filters.end:
-        where.append("s.created_at < CAST(? AS TIMESTAMPTZ)")
-        params.append(f"{(filters.end + timedelta(days=1)).isoformat()} 00:00:00+00")
-    sql = f"""
-    WITH scored AS (
-        SELECT s.product, m.slug AS metric, m.display_name AS metric_name, m.position,
-               m.min_value, m.max_value, m.integer_scale, s.created_at,
-               {_score_sql("user_scores_json")} AS u,
-               {_score_sql("judge_scores_json")} AS j
-        FROM {table_ref(SNAPSHOTS)} AS s
-        JOIN {SPEC_VIEW} AS m ON m.product = s.product
-        WHERE {" AND ".join(where)}
-    ),
-    pairs AS (
-        SELECT *, abs(u - j) * 4.0 / nullif(max_value - min_value, 0) AS rescaled_gap
-        FROM scored WHERE u IS NOT NULL AND j IS NOT NULL
-    )
+def report_from_cells(cells: pd.DataFrame, specs: pd.DataFrame) -> AgreementReport:
+    """Per-metric agreement, gap histograms and weekly trends from (product, metric, week, u, j, n) counts.
+
+    Only metrics of each product's rubric (`specs`) count, on the rubric's scale: a cell's gap,
+    exactness and within-1 are functions of its two scores, so each measure is a count-weighted sum.
     """
-    return sql, params
-
-
-def agreement_report(
-    con: duckdb.DuckDBPyConnection, *, specs: pd.DataFrame, filters: AnalyticsFilters
-) -> AgreementReport:
-    """Per-metric agreement, gap histograms and weekly trends for the filtered live snapshots."""
-    if specs.empty:
+    if cells.empty or specs.empty:
         return AgreementReport()
-    cursor = con.cursor()  # the spec view is registered on this cursor only
-    try:
-        cursor.register(SPEC_VIEW, pa.Table.from_pandas(specs, preserve_index=False))
-        pairs_sql, params = _pairs_sql(filters)
-        metrics = _metric_rows(cursor, pairs_sql, params)
-        if metrics.empty:
-            return AgreementReport()
-        gaps = fetch_frame(
-            cursor,
-            pairs_sql
-            + f"""
-            SELECT product, metric, metric_name,
-                   least(floor(rescaled_gap / {GAP_BUCKET}) * {GAP_BUCKET}, 4.0) AS gap_bucket,
-                   count(*) AS pairs
-            FROM pairs GROUP BY ALL ORDER BY product, any_value(position), gap_bucket
-            """,
-            params,
-        )
-        weekly = fetch_frame(
-            cursor,
-            pairs_sql
-            + f"""
-            SELECT product, CAST(date_trunc('week', created_at) AS DATE) AS week, count(*) AS pairs,
-                   avg(CASE WHEN u = j THEN 1.0 ELSE 0.0 END) AS exact_agreement,
-                   avg(CASE WHEN rescaled_gap <= 1.0 + {_EPSILON} THEN 1.0 ELSE 0.0 END)
-                       AS within_1_agreement
-            FROM pairs GROUP BY ALL ORDER BY product, week
-            """,
-            params,
-        )
-    finally:
-        cursor.close()
-    return AgreementReport(metrics=metrics, gaps=gaps[GAP_COLUMNS], weekly=weekly[WEEK_COLUMNS])
+    spec_cols = ["product", "slug", "display_name", "position", "min_value", "max_value", "integer_scale"]
+    frame = cells[cells["n"] > 0].merge(
+        specs[spec_cols], left_on=["product", "metric"], right_on=["product", "slug"]
+    )
+    if frame.empty:
+        return AgreementReport()
+    frame = frame.rename(columns={"display_name": "metric_name"})
+    u = frame["user_score"].to_numpy(dtype=float)
+    j = frame["judge_score"].to_numpy(dtype=float)
+    span = (frame["max_value"] - frame["min_value"]).to_numpy(dtype=float)
+    gap = _rescaled(u, j, span)
+    n = frame["n"].to_numpy(dtype=np.int64)
+    frame["rescaled_gap"] = gap
+    frame["exact_n"] = np.where(u == j, n, 0)
+    frame["within_n"] = np.where(within_one(gap) > 0, n, 0)
+    frame["gap_n"] = np.where(np.isnan(gap), 0, n)
+    frame["gap_sum"] = np.where(np.isnan(gap), 0.0, gap * n)
+    return AgreementReport(metrics=_metric_rows(frame), gaps=_gap_rows(frame), weekly=_week_rows(frame))
 
 
-def _metric_rows(cursor: duckdb.DuckDBPyConnection, pairs_sql: str, params: list[object]) -> pd.DataFrame:
-    """One row per product × metric: rates and Spearman in SQL, kappa from the (u, j) count table."""
-    summary = fetch_frame(
-        cursor,
-        pairs_sql
-        + f"""
-        , ranked AS (
-            -- Average ranks for ties (rank + (ties - 1) / 2), as Spearman's rho requires.
-            SELECT product, metric, u, j,
-                   rank() OVER (PARTITION BY product, metric ORDER BY u)
-                     + (count(*) OVER (PARTITION BY product, metric, u) - 1) / 2.0 AS ru,
-                   rank() OVER (PARTITION BY product, metric ORDER BY j)
-                     + (count(*) OVER (PARTITION BY product, metric, j) - 1) / 2.0 AS rj
-            FROM pairs
-        ),
-        rho AS (
-            SELECT product, metric,
-                   CASE WHEN var_pop(ru) > 0 AND var_pop(rj) > 0 THEN corr(ru, rj) END AS spearman
-            FROM ranked GROUP BY ALL
+def _metric_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per product x metric, in rubric order; kappa on integer scales only."""
+    rows = []
+    for (product, metric), group in frame.groupby(["product", "metric"], sort=False):
+        first = group.iloc[0]
+        pairs = int(group["n"].sum())
+        cells = group.groupby(["user_score", "judge_score"], as_index=False)["n"].sum()
+        integer = bool(group["integer_scale"].all())
+        gap_n = int(group["gap_n"].sum())
+        rows.append(
+            {
+                "product": product,
+                "metric": metric,
+                "metric_name": first["metric_name"],
+                "scale": f"{_fmt(first['min_value'])}–{_fmt(first['max_value'])}"
+                + ("" if integer else " (continuous)"),
+                "pairs": pairs,
+                "exact_agreement": int(group["exact_n"].sum()) / pairs,
+                "within_1_agreement": int(group["within_n"].sum()) / pairs,
+                "weighted_kappa": (
+                    quadratic_weighted_kappa(cells["user_score"], cells["judge_score"], cells["n"])
+                    if integer
+                    else float("nan")
+                ),
+                "spearman": spearman_of_counts(cells["user_score"], cells["judge_score"], cells["n"]),
+                "mean_rescaled_gap": float(group["gap_sum"].sum()) / gap_n if gap_n else float("nan"),
+                "_position": int(first["position"]),
+            }
         )
-        SELECT p.product, p.metric, any_value(p.metric_name) AS metric_name,
-               any_value(p.position) AS position, any_value(p.min_value) AS min_value,
-               any_value(p.max_value) AS max_value, bool_and(p.integer_scale) AS integer_scale,
-               count(*) AS pairs,
-               avg(CASE WHEN p.u = p.j THEN 1.0 ELSE 0.0 END) AS exact_agreement,
-               avg(CASE WHEN p.rescaled_gap <= 1.0 + {_EPSILON} THEN 1.0 ELSE 0.0 END)
-                   AS within_1_agreement,
-               avg(p.rescaled_gap) AS mean_rescaled_gap,
-               any_value(r.spearman) AS spearman
-        FROM pairs AS p JOIN rho AS r USING (product, metric)
-        GROUP BY p.product, p.metric ORDER BY p.product, position
-        """,
-        params,
+    metrics = pd.DataFrame(rows).sort_values(["product", "_position"], kind="stable")
+    return metrics[METRIC_COLUMNS].reset_index(drop=True)
+
+
+def _gap_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """Pairs per bucket of rescaled gap (width GAP_BUCKET, the last bucket holding the 4.0 gaps)."""
+    rated = frame[~np.isnan(frame["rescaled_gap"])].copy()
+    rated["gap_bucket"] = np.minimum(np.floor(rated["rescaled_gap"] / GAP_BUCKET) * GAP_BUCKET, 4.0)
+    gaps = (
+        rated.groupby(["product", "metric", "metric_name", "gap_bucket"], as_index=False, sort=False)
+        .agg(pairs=("n", "sum"), position=("position", "first"))
+        .sort_values(["product", "position", "gap_bucket"], kind="stable")
     )
-    if summary.empty:
-        return pd.DataFrame(columns=METRIC_COLUMNS)
-    counts = fetch_frame(
-        cursor,
-        pairs_sql + "SELECT product, metric, u, j, count(*) AS n FROM pairs WHERE integer_scale GROUP BY ALL",
-        params,
+    gaps["pairs"] = gaps["pairs"].astype("int64")
+    return gaps[GAP_COLUMNS].reset_index(drop=True)
+
+
+def _week_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """Exact and within-1 agreement per product and week over all its metrics' pairs."""
+    weekly = frame.groupby(["product", "week"], as_index=False, sort=True).agg(
+        pairs=("n", "sum"), exact=("exact_n", "sum"), within=("within_n", "sum")
     )
-    kappas = {
-        (str(product), str(metric)): quadratic_weighted_kappa(group["u"], group["j"], group["n"])
-        for (product, metric), group in counts.groupby(["product", "metric"], sort=False)
-    }
-    summary["weighted_kappa"] = [
-        kappas.get((str(r.product), str(r.metric)), float("nan")) if r.integer_scale else float("nan")
-        for r in summary.itertuples()
-    ]
-    summary["scale"] = [
-        f"{_fmt(r.min_value)}–{_fmt(r.max_value)}" + ("" if r.integer_scale else " (continuous)")
-        for r in summary.itertuples()
-    ]
-    summary["spearman"] = summary["spearman"].astype(float)
-    return summary[METRIC_COLUMNS].reset_index(drop=True)
+    weekly["pairs"] = weekly["pairs"].astype("int64")
+    weekly["exact_agreement"] = weekly["exact"] / weekly["pairs"]
+    weekly["within_1_agreement"] = weekly["within"] / weekly["pairs"]
+    return weekly[WEEK_COLUMNS].reset_index(drop=True)
 
 
 def _fmt(value: float) -> str:
@@ -300,9 +225,17 @@ def quadratic_weighted_kappa(
 
 
 def rescaled_gaps(user: np.ndarray, judge: np.ndarray, min_value: float, max_value: float) -> np.ndarray:
-    """|user - judge| on the 1-5 span (the SQL's `rescaled_gap`), for measures outside DuckDB."""
-    span = max_value - min_value
-    return np.abs(user - judge) * 4.0 / span if span else np.full(len(user), np.nan)
+    """|user - judge| on the 1-5 span, for one metric's pairs (NaN on a zero-width scale)."""
+    return _rescaled(
+        np.asarray(user, dtype=float), np.asarray(judge, dtype=float), float(max_value - min_value)
+    )
+
+
+def _rescaled(user: np.ndarray, judge: np.ndarray, span: np.ndarray | float) -> np.ndarray:
+    """The rescaled gap, element-wise; `span` may differ per pair (cells of several metrics)."""
+    span = np.broadcast_to(np.asarray(span, dtype=float), np.shape(user))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(span != 0, np.abs(user - judge) * 4.0 / np.where(span != 0, span, 1.0), np.nan)
 
 
 def within_one(gaps: np.ndarray) -> np.ndarray:
@@ -311,12 +244,37 @@ def within_one(gaps: np.ndarray) -> np.ndarray:
 
 
 def spearman_rho(user: np.ndarray, judge: np.ndarray) -> float:
-    """Spearman's rho with average ranks for ties (the SQL's definition); NaN when a side is constant."""
-    ru = pd.Series(user).rank(method="average").to_numpy()
-    rj = pd.Series(judge).rank(method="average").to_numpy()
-    if len(ru) < 2 or ru.var() == 0 or rj.var() == 0:
+    """Spearman's rho of raw pairs: `spearman_of_counts` with a count of one per pair."""
+    return spearman_of_counts(user, judge, np.ones(len(user)))
+
+
+def spearman_of_counts(
+    user: Sequence[float] | pd.Series, judge: Sequence[float] | pd.Series, counts: Sequence[int] | pd.Series
+) -> float:
+    """Spearman's rho from (user, judge, count) rows, with average ranks for ties; NaN when a side is constant.
+
+    A score's average rank is the number of pairs ranked below it plus (its own count + 1) / 2, so
+    the ranks need only the marginal counts; rho is then the count-weighted Pearson correlation.
+    """
+    n = np.asarray(counts, dtype=float)
+    total = n.sum()
+    if total < 2:
         return float("nan")
-    return float(np.corrcoef(ru, rj)[0, 1])
+    ru = _average_ranks(np.asarray(user, dtype=float), n)
+    rj = _average_ranks(np.asarray(judge, dtype=float), n)
+    du = ru - (n * ru).sum() / total
+    dj = rj - (n * rj).sum() / total
+    var_u, var_j = (n * du * du).sum(), (n * dj * dj).sum()
+    if var_u <= 0 or var_j <= 0:
+        return float("nan")
+    return float((n * du * dj).sum() / np.sqrt(var_u * var_j))
+
+
+def _average_ranks(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    categories, index = np.unique(values, return_inverse=True)
+    per_category = np.bincount(index, weights=counts, minlength=len(categories))
+    below = np.cumsum(per_category) - per_category
+    return (below + (per_category + 1) / 2)[index]
 
 
 def kappa_of_pairs(user: np.ndarray, judge: np.ndarray) -> float:
@@ -324,23 +282,103 @@ def kappa_of_pairs(user: np.ndarray, judge: np.ndarray) -> float:
     return quadratic_weighted_kappa(user, judge, np.ones(len(user)))
 
 
-def load_report(*, engine: Engine, session: Session, filters: AnalyticsFilters) -> AgreementReport:
-    """The whole report for the page: the products' rubrics from the session, the counting in DuckDB."""
-    products = list(filters.products) or _live_products(session)
-    specs = metric_specs_frame(session=session, products=products)
-    return with_duck(engine, agreement_report, tables=[SNAPSHOTS], specs=specs, filters=filters)
+def _pair_filters(table: type[AgreementCount] | type[MetricScore], filters: AnalyticsFilters) -> list:
+    where = []
+    if filters.products:
+        where.append(table.product.in_(filters.products))  # type: ignore[attr-defined]
+    if filters.language:
+        where.append(table.language == filters.language)
+    return where
 
 
-def _live_products(session: Session) -> list[str]:
-    """The products of live snapshots, read here rather than in a second DuckDB call (a worker round trip)."""
-    column = EvaluationSnapshot.product
-    query = select(column).where(col(EvaluationSnapshot.deleted_at).is_(None)).distinct().order_by(column)
-    return list(session.exec(query).all())
+def _week_split(
+    filters: AnalyticsFilters,
+) -> tuple[tuple[date | None, date | None] | None, list[tuple[date, date]]]:
+    """The whole weeks inside the date filter (read from counts) and the cut days (read from rows).
+
+    Returns ((first Monday, last Monday) or None when no whole week fits, [(first day, last day)]).
+    """
+    start, end = filters.start, filters.end
+    first = start + timedelta(days=(7 - start.weekday()) % 7) if start else None  # first whole week's Monday
+    last = end - timedelta(days=(end.weekday() + 1) % 7) - timedelta(days=6) if end else None  # last one's
+    if first is not None and last is not None and first > last:
+        assert start is not None and end is not None
+        return None, [(start, end)] if start <= end else []
+    cuts = []
+    if start is not None and first is not None and start < first:
+        cuts.append((start, first - timedelta(days=1)))
+    if end is not None and last is not None and last + timedelta(days=6) < end:
+        cuts.append((last + timedelta(days=7), end))
+    return (first, last), cuts
 
 
-def load_filter_options(engine: Engine) -> FilterOptions:
-    """The filter choices, read through DuckDB like everything else on the page."""
-    return with_duck(engine, filter_options, tables=[SNAPSHOTS])
+def agreement_cells(*, session: Session, filters: AnalyticsFilters) -> pd.DataFrame:
+    """Live pair counts per (product, metric, week, user score, judge score) matching the filters.
+
+    Reads `agreement_counts` for whole weeks and `metric_scores` only for the days of a week the
+    date filter cuts, so the cost is bounded by products x metrics x weeks, not by evaluations.
+    """
+    weeks, cuts = _week_split(filters)
+    frames = []
+    c = AgreementCount
+    if weeks is not None:
+        where = [c.n > 0, *_pair_filters(c, filters)]
+        if weeks[0] is not None:
+            where.append(c.week >= weeks[0])
+        if weeks[1] is not None:
+            where.append(c.week <= weeks[1])
+        key = (c.product, c.metric, c.week, c.user_score, c.judge_score)
+        frames.append(session.execute(select(*key, func.sum(c.n)).where(*where).group_by(*key)).all())
+    s = MetricScore
+    for first_day, last_day in cuts:
+        key = (s.product, s.metric, s.week, s.user_score, s.judge_score)
+        where = [s.live.is_(True), s.day >= first_day, s.day <= last_day, *_pair_filters(s, filters)]  # type: ignore[attr-defined]
+        frames.append(session.execute(select(*key, func.count()).where(*where).group_by(*key)).all())
+    rows = [tuple(r) for frame in frames for r in frame]
+    cells = pd.DataFrame(rows, columns=CELL_COLUMNS)
+    if cells.empty:
+        return cells
+    cells["n"] = cells["n"].astype("int64")
+    return cells.groupby(CELL_COLUMNS[:-1], as_index=False, sort=False)["n"].sum()
+
+
+def load_report(*, session: Session, filters: AnalyticsFilters) -> AgreementReport:
+    """The whole report for the page: counts through the app's session, the products' rubrics."""
+    cells = agreement_cells(session=session, filters=filters)
+    if cells.empty:
+        return AgreementReport()
+    products = sorted(set(cells["product"]))
+    return report_from_cells(cells, metric_specs_frame(session=session, products=products))
+
+
+def load_filter_options(*, session: Session) -> FilterOptions:
+    """Products and languages that have live scored pairs (from the counts) and the live date span.
+
+    The span's min/max read the live-snapshot index (`ix_snapshot_live_created`): two index probes.
+    """
+    c = AgreementCount
+    products = session.execute(select(c.product).where(c.n > 0).distinct().order_by(c.product)).scalars()
+    languages = session.execute(select(c.language).where(c.n > 0).distinct().order_by(c.language)).scalars()
+    live = EvaluationSnapshot.deleted_at.is_(None)  # type: ignore[union-attr]
+    created = EvaluationSnapshot.created_at
+    first = session.execute(select(func.min(created)).where(live)).scalar()
+    last = session.execute(select(func.max(created)).where(live)).scalar()
+    return FilterOptions(
+        products=[str(p) for p in products],
+        languages=[str(lang) for lang in languages],
+        first_day=_utc_day(first),
+        last_day=_utc_day(last),
+    )
+
+
+def _utc_day(moment: object) -> date | None:
+    """min()/max() come back as aware datetimes on PostgreSQL and as stored text on SQLite."""
+    if moment is None:
+        return None
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment)
+    assert isinstance(moment, datetime)
+    return utc_day(moment)
 
 
 def display_frame(report: AgreementReport) -> pd.DataFrame:

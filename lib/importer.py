@@ -49,7 +49,7 @@ from sqlalchemy import JSON, Engine, Table, Text, bindparam, cast, insert, selec
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
-from lib import notes
+from lib import notes, scores
 from lib.auth import Actor, Permission, authorize
 from lib.corrections import require_reviewer, review_event_row
 from lib.db import session_scope
@@ -353,6 +353,7 @@ def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
                 rows.append(row)
                 judgment_rows.extend(snapshot_judgment_rows(row, judged))
             _write_rows(session, _SNAPSHOTS, rows)
+            scores.add_snapshot_scores(session=session, snapshots=map(_scored_snapshot, rows))
             taken_changes = _existing(
                 session, _JUDGMENTS.c.change_id, [j["change_id"] for j in judgment_rows]
             )
@@ -361,6 +362,19 @@ def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
             inserted += len(rows)
             judgments += len(judgment_rows)
     return ImportReport("evaluations", inserted, skipped, judgments, prepared.source)
+
+
+def _scored_snapshot(row: Mapping[str, Any]) -> scores.ScoredSnapshot:
+    """The spooled row as `lib.scores` reads it (its score columns are spooled as JSON text)."""
+    return scores.ScoredSnapshot(
+        id=row["id"],
+        product=row["product"],
+        language=row["language"],
+        created_at=row["created_at"],
+        live=True,
+        user_scores=json.loads(row[_json_key("user_scores_json")]),
+        judge_scores=json.loads(row[_json_key("judge_scores_json")]),
+    )
 
 
 def import_evaluations(

@@ -19,6 +19,7 @@ from sqlalchemy import and_, case, exists, func, text, update
 from sqlalchemy.sql import ColumnElement, Select
 from sqlmodel import Session, col, select
 
+from lib import scores
 from lib.auth import Actor, Permission
 from lib.corrections import require_reviewer
 from lib.display import evaluation_title, evaluation_url
@@ -648,7 +649,9 @@ def archive_evaluation(*, session: Session, snapshot_id: str, reviewer: Actor | 
         .values(deleted_at=now, status="archived", status_changed_by=name, status_changed_at=now)
     )
     changed = session.connection().execute(stmt).rowcount == 1
-    if not changed:
+    if changed:
+        scores.set_snapshots_live(session=session, snapshot_ids=[snapshot_id], live=False)
+    else:
         _ensure_exists(session, snapshot_id)
     return changed
 
@@ -665,7 +668,9 @@ def restore_evaluation(*, session: Session, snapshot_id: str, reviewer: Actor | 
         .values(deleted_at=None, status=status, status_changed_by=name, status_changed_at=now)
     )
     changed = session.connection().execute(stmt).rowcount == 1
-    if not changed:
+    if changed:
+        scores.set_snapshots_live(session=session, snapshot_ids=[snapshot_id], live=True)
+    else:
         _ensure_exists(session, snapshot_id)
     return changed
 

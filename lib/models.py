@@ -7,7 +7,7 @@ them as UTC text, PostgreSQL as timestamptz. `utcnow()` is the one place that pr
 from __future__ import annotations
 
 import secrets
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, Text, UniqueConstraint, event
@@ -108,6 +108,48 @@ class EvaluationSnapshot(SQLModel, table=True):
     created_by: str | None = Field(default=None, max_length=200)
     # The question under lib.search's normalisation (Unicode case folding, Turkish i), trigram-indexed.
     search_text: str = Field(default="", sa_column=_search_column("question"))
+
+
+class MetricScore(SQLModel, table=True):
+    """One metric of one snapshot that both the user and the judge scored (issue 19): the narrow
+    copy of the two JSON score columns that Analytics reads instead of extracting JSON per render.
+
+    Written with the snapshot (importer, judge), its `live` flag follows archive and restore;
+    `lib.scores` is the only writer and keeps `AgreementCount` in step in the same transaction.
+    """
+
+    __tablename__ = "metric_scores"
+    # Date filters that cut a week read the cut days' rows here (a range on day), never a scan.
+    __table_args__ = (Index("ix_metric_score_day", "day", "product", "language"),)
+
+    snapshot_id: str = Field(foreign_key="evaluation_snapshots.id", primary_key=True, max_length=64)
+    metric: str = Field(primary_key=True, max_length=64)
+    product: str = Field(max_length=200)
+    language: str = Field(max_length=16)
+    day: date  # UTC day of the snapshot's created_at
+    week: date  # Monday of that day's ISO week (DuckDB's date_trunc('week'))
+    user_score: float
+    judge_score: float
+    live: bool = True  # false while the snapshot is archived
+
+
+class AgreementCount(SQLModel, table=True):
+    """How many live (user score, judge score) pairs each (product, language, metric, week) holds.
+
+    Every agreement measure on the Analytics page is a function of these counts, so the page reads
+    rows in proportion to products x metrics x weeks x score cells, never to evaluations. Rows are
+    upserted with `n = n + delta`; a row may fall to 0 and stay.
+    """
+
+    __tablename__ = "agreement_counts"
+
+    product: str = Field(primary_key=True, max_length=200)
+    language: str = Field(primary_key=True, max_length=16)
+    metric: str = Field(primary_key=True, max_length=64)
+    week: date = Field(primary_key=True)
+    user_score: float = Field(primary_key=True)
+    judge_score: float = Field(primary_key=True)
+    n: int = 0
 
 
 class ChatMessage(SQLModel, table=True):
@@ -517,3 +559,8 @@ def _naive_datetimes_are_utc(session: OrmSession, _context, _instances) -> None:
             value = getattr(obj, name, None)
             if isinstance(value, datetime) and value.tzinfo is None:
                 setattr(obj, name, value.replace(tzinfo=UTC))
+
+
+# Last, once every table exists: the ORM hooks that keep `metric_scores` / `agreement_counts` in step
+# with snapshots written through a Session must be registered whoever imports the models.
+import lib.scores  # noqa: E402, F401

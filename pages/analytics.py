@@ -6,7 +6,7 @@ from lib import alignment, analytics
 from lib.analytics_charts import agreement_figure, gap_histogram_figure, weekly_trend_figure
 from lib.analytics_charts import gap_products as gap_products_of
 from lib.safe_markdown import escape_markdown
-from lib.ui import csv_download, get_engine, session_scope
+from lib.ui import csv_download, session_scope
 
 ANY = "Any"
 
@@ -19,9 +19,9 @@ st.caption(
     "(n/a on continuous scales or when undefined). Spearman: rank correlation."
 )
 
-engine = get_engine()
-options = analytics.load_filter_options(engine)
-if not options.products:
+with session_scope(read_only=True) as session:
+    options = analytics.load_filter_options(session=session)
+if options.first_day is None:  # no live evaluation at all (products lists only those with pairs)
     st.info("No evaluations yet. Import or create evaluations with user and judge scores to see agreement.")
     st.stop()
 
@@ -36,7 +36,7 @@ days = cols[2].date_input(
 filters = analytics.filters_from_widgets(products, None if language == ANY else language, days)
 
 with session_scope(read_only=True) as session:
-    report = analytics.load_report(engine=engine, session=session, filters=filters)
+    report = analytics.load_report(session=session, filters=filters)
 if report.empty:
     st.info("No metric was scored by both the user and the judge in the evaluations matching these filters.")
     st.stop()

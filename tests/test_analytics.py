@@ -103,7 +103,7 @@ def seed_analytics_data(engine: Engine) -> None:
 
 def _report(engine: Engine, **filters: object) -> analytics.AgreementReport:
     with Session(engine) as session:
-        return analytics.load_report(engine=engine, session=session, filters=AnalyticsFilters(**filters))
+        return analytics.load_report(session=session, filters=AnalyticsFilters(**filters))
 
 
 def _row(report: analytics.AgreementReport, product: str, metric: str) -> pd.Series:
@@ -239,7 +239,8 @@ def test_empty_database_gives_an_empty_report(engine: Engine) -> None:
 
 
 def test_filter_options_list_live_products_languages_and_days(seeded: Engine) -> None:
-    options = analytics.load_filter_options(seeded)
+    with Session(seeded) as session:
+        options = analytics.load_filter_options(session=session)
     assert (options.products, options.languages, options.first_day, options.last_day) == (
         ["alpha", "beta"],
         ["en", "tr"],

@@ -38,9 +38,9 @@ out = Path(sys.argv[2])
 held = engine.connect()  # a connection the app keeps, as the pool does between reruns
 held.execute(text("SELECT count(*) FROM session_notes")).scalar_one()
 held.commit()
-analytics.load_filter_options(engine)
 with session_scope(engine, read_only=True) as session:
-    analytics.load_report(engine=engine, session=session, filters=analytics.AnalyticsFilters())
+    analytics.load_filter_options(session=session)
+    analytics.load_report(session=session, filters=analytics.AnalyticsFilters())
 export_table(engine=engine, table="judgments", fmt="json", out=out / "j.json")  # the cache writer
 export_table(engine=engine, table="evaluations", fmt="csv", out=out / "e.csv")  # the COPY writer
 with session_scope(engine) as session:

@@ -1,0 +1,251 @@
+"""The narrow scores table and its agreement counts (issue 19 item 2), kept in step on every write.
+
+Analytics compares each snapshot's user scores with its judge scores. Extracting them from the two
+JSON columns per render grows with the evaluations (55 s at 1M), so the pairs are extracted once,
+when the snapshot is written, into `metric_scores` (one row per metric scored on both sides), and
+counted per (product, language, metric, week, user score, judge score) in `agreement_counts`. The
+page then reads counts, whose size depends on products x metrics x weeks x score cells only.
+
+This module is the only writer of both tables:
+
+- `add_snapshot_scores` (the importer, per batch) and the ORM events below (every snapshot added,
+  changed or deleted through a Session: the judge, the demo, tests) write rows and counts;
+- `set_snapshots_live` follows archive and restore;
+- `rebuild_scores` recomputes both tables from the snapshots (the migration's backfill, the
+  recount CLI, and the proof that the maintained counts are right).
+
+Counts change with `n = n + delta` upserts in the caller's transaction, valid on SQLite and
+PostgreSQL, so concurrent writers never lose an increment. Reviews do not touch these tables: the
+human side of Analytics is the user scores stored with the snapshot, not reviewers' decisions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, delete, event, func, insert, inspect, literal, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Mapper
+from sqlmodel import Session
+
+# A module import: lib.models imports this module last, possibly while lib.metrics is half loaded.
+from lib import metrics
+from lib.models import AgreementCount, EvaluationSnapshot, MetricScore
+
+_SCORES = MetricScore.__table__  # type: ignore[attr-defined]
+_COUNTS = AgreementCount.__table__  # type: ignore[attr-defined]
+_SNAPSHOTS = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
+COUNT_KEY = ("product", "language", "metric", "week", "user_score", "judge_score")
+# A snapshot's contribution depends on these columns only; a change to any of them re-derives it.
+SCORED_FIELDS = ("user_scores_json", "judge_scores_json", "deleted_at", "product", "language", "created_at")
+_ID_SLICE = 500  # ids per IN list: well under SQLite's variable limit
+REBUILD_BATCH = 2_000
+
+
+@dataclass(frozen=True)
+class ScoredSnapshot:
+    """What the scores of one snapshot are derived from (its columns, JSON already decoded)."""
+
+    id: str
+    product: str
+    language: str
+    created_at: datetime
+    live: bool
+    user_scores: Mapping[str, Any]
+    judge_scores: Mapping[str, Any]
+
+
+def utc_day(moment: datetime) -> date:
+    """The UTC calendar day of a timestamp (naive ones are UTC, the storage convention)."""
+    return (moment.astimezone(UTC) if moment.tzinfo else moment).date()
+
+
+def week_of(day: date) -> date:
+    """Monday of the day's ISO week: the week Analytics trends are grouped by."""
+    return day - timedelta(days=day.weekday())
+
+
+def score_rows(snapshots: Iterable[ScoredSnapshot]) -> list[dict[str, Any]]:
+    """`metric_scores` rows: one per metric both sides scored with a number (`lib.metrics.score_of`'s rule)."""
+    rows: list[dict[str, Any]] = []
+    for snap in snapshots:
+        day = utc_day(snap.created_at)
+        week = week_of(day)
+        judge = snap.judge_scores if isinstance(snap.judge_scores, Mapping) else {}
+        user = snap.user_scores if isinstance(snap.user_scores, Mapping) else {}
+        for metric, entry in user.items():
+            u = metrics.score_of(entry)
+            j = metrics.score_of(judge.get(metric)) if u is not None else None
+            if j is None:
+                continue
+            rows.append(
+                {
+                    "snapshot_id": snap.id,
+                    "metric": metric,
+                    "product": snap.product,
+                    "language": snap.language,
+                    "day": day,
+                    "week": week,
+                    "user_score": u,
+                    "judge_score": j,
+                    "live": snap.live,
+                }
+            )
+    return rows
+
+
+def add_snapshot_scores(*, session: Session, snapshots: Iterable[ScoredSnapshot]) -> int:
+    """Write the score rows and count increments of newly inserted snapshots; returns the rows."""
+    return _add(session.connection(), snapshots)
+
+
+def set_snapshots_live(*, session: Session, snapshot_ids: Sequence[str], live: bool) -> None:
+    """Archive (live=False) or restore (True) the snapshots' scores: flag and counts, set-based."""
+    _set_live(session.connection(), snapshot_ids, live)
+
+
+def rebuild_scores(*, session: Session) -> int:
+    """Recompute both tables from every snapshot; returns the score rows written."""
+    return rebuild_scores_on(session.connection())
+
+
+def rebuild_scores_on(connection: Connection) -> int:
+    """`rebuild_scores` on a plain connection (the Alembic backfill has no Session)."""
+    connection.execute(delete(_COUNTS))
+    connection.execute(delete(_SCORES))
+    written = 0
+    last = ""
+    s = _SNAPSHOTS.c
+    while True:
+        # Keyset pages over the primary key: bounded memory, and no cursor left open across writes.
+        batch = connection.execute(
+            select(
+                s.id,
+                s.product,
+                s.language,
+                s.created_at,
+                s.deleted_at,
+                s.user_scores_json,
+                s.judge_scores_json,
+            )
+            .where(s.id > last)
+            .order_by(s.id)
+            .limit(REBUILD_BATCH)
+        ).all()
+        if not batch:
+            break
+        rows = score_rows(
+            ScoredSnapshot(r.id, r.product, r.language, r.created_at, r.deleted_at is None, r.user_scores_json,
+                           r.judge_scores_json)
+            for r in batch
+        )  # fmt: skip
+        if rows:
+            connection.execute(insert(_SCORES), rows)
+        written += len(rows)
+        last = batch[-1].id
+    key = [_SCORES.c[name] for name in COUNT_KEY]
+    connection.execute(
+        insert(_COUNTS).from_select(
+            [*COUNT_KEY, "n"],
+            select(*key, func.count()).where(_SCORES.c.live.is_(True)).group_by(*key),
+        )
+    )
+    return written
+
+
+def _add(connection: Connection, snapshots: Iterable[ScoredSnapshot]) -> int:
+    rows = score_rows(snapshots)
+    if not rows:
+        return 0
+    connection.execute(insert(_SCORES), rows)
+    _upsert_counts(connection, Counter(tuple(r[k] for k in COUNT_KEY) for r in rows if r["live"]))
+    return len(rows)
+
+
+def _upsert(connection: Connection) -> Any:
+    """The dialect's INSERT for `agreement_counts` (both spell ON CONFLICT the same way)."""
+    return (postgresql if connection.dialect.name == "postgresql" else sqlite).insert(_COUNTS)
+
+
+def _on_conflict_add(stmt: Any) -> Any:
+    return stmt.on_conflict_do_update(
+        index_elements=list(COUNT_KEY), set_={"n": _COUNTS.c.n + stmt.excluded.n}
+    )
+
+
+def _upsert_counts(connection: Connection, deltas: Mapping[tuple[Any, ...], int]) -> None:
+    """Add each delta to its count row, creating the row when it is new."""
+    params = [{**dict(zip(COUNT_KEY, key, strict=True)), "n": n} for key, n in deltas.items() if n]
+    if params:
+        connection.execute(_on_conflict_add(_upsert(connection)), params)
+
+
+def _shift_counts(connection: Connection, ids: Sequence[str], *, live: bool, sign: int) -> None:
+    """Add `sign` x the snapshots' rows whose live flag is `live` to the counts, in one statement."""
+    key = [_SCORES.c[name] for name in COUNT_KEY]
+    rows = (
+        select(*key, func.count() * literal(sign))
+        .where(_SCORES.c.snapshot_id.in_(ids), _SCORES.c.live.is_(live))
+        .group_by(*key)
+    )
+    connection.execute(_on_conflict_add(_upsert(connection).from_select([*COUNT_KEY, "n"], rows)))
+
+
+def _slices(ids: Sequence[str]) -> Iterator[Sequence[str]]:
+    for i in range(0, len(ids), _ID_SLICE):
+        yield ids[i : i + _ID_SLICE]
+
+
+def _set_live(connection: Connection, snapshot_ids: Sequence[str], live: bool) -> None:
+    for ids in _slices(list(snapshot_ids)):
+        # Rows already in the wanted state are left alone, so a repeated archive changes nothing.
+        _shift_counts(connection, ids, live=not live, sign=1 if live else -1)
+        connection.execute(
+            update(_SCORES)
+            .where(_SCORES.c.snapshot_id.in_(ids), _SCORES.c.live.is_(not live))
+            .values(live=live)
+        )
+
+
+def _remove(connection: Connection, snapshot_ids: Sequence[str]) -> None:
+    for ids in _slices(list(snapshot_ids)):
+        _shift_counts(connection, ids, live=True, sign=-1)
+        connection.execute(delete(_SCORES).where(_SCORES.c.snapshot_id.in_(ids)))
+
+
+def _of(target: EvaluationSnapshot) -> ScoredSnapshot:
+    return ScoredSnapshot(
+        id=target.id,
+        product=target.product,
+        language=target.language,
+        created_at=target.created_at,
+        live=target.deleted_at is None,
+        user_scores=target.user_scores_json,
+        judge_scores=target.judge_scores_json,
+    )
+
+
+# Snapshots written through a Session (the judge, the demo, the coach, tests) keep their scores in
+# step here, in the flush's own transaction; Core bulk writes call the functions above instead.
+
+
+@event.listens_for(EvaluationSnapshot, "after_insert")
+def _snapshot_inserted(_mapper: Mapper[Any], connection: Connection, target: EvaluationSnapshot) -> None:
+    _add(connection, [_of(target)])
+
+
+@event.listens_for(EvaluationSnapshot, "after_update")
+def _snapshot_updated(_mapper: Mapper[Any], connection: Connection, target: EvaluationSnapshot) -> None:
+    state = inspect(target)
+    if any(state.attrs[name].history.has_changes() for name in SCORED_FIELDS):
+        _remove(connection, [target.id])
+        _add(connection, [_of(target)])
+
+
+@event.listens_for(EvaluationSnapshot, "before_delete")
+def _snapshot_deleted(_mapper: Mapper[Any], connection: Connection, target: EvaluationSnapshot) -> None:
+    _remove(connection, [target.id])
