@@ -19,6 +19,7 @@ from sqlmodel import Session, col
 from lib import precedents
 from lib.auth import Actor, Permission, authorize, identity_of
 from lib.charts import OKABE_ITO, plotly_text
+from lib.display import evaluation_title, interaction_url
 from lib.interaction_records import expert_feedback_fields
 from lib.models import AutoEval, ExpertFeedback, Interaction, utcnow
 from lib.records import InvalidField
@@ -38,6 +39,28 @@ LIST_COLUMNS = [
     "total_score",
     "expert_total",
 ]
+
+
+DISPLAY_COLUMNS = [
+    "open",
+    "title",
+    "outcome",
+    "total_score",
+    "expert_total",
+    "product",
+    "language",
+    "created_at",
+    "id",
+]
+
+
+def display_frame(page: pd.DataFrame) -> pd.DataFrame:
+    """A list page as reviewers read it: a link that opens the interaction's trace on this page and
+    the question's first line as its title (the CSV keeps LIST_COLUMNS)."""
+    frame = page.copy()
+    frame.insert(0, "open", [interaction_url(str(i)) for i in frame["id"]])
+    frame.insert(1, "title", [evaluation_title(q) for q in frame["question"]])
+    return frame[DISPLAY_COLUMNS]
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ import streamlit as st
 
 from lib import auth, tokens
 from lib.ui import csv_download, current_actor, denied_reason, report_denied, session_scope
+from lib.ui.tables import check_column, datetime_column, show_table, text_column
 
 st.title("Admin")
 actor = current_actor()
@@ -26,7 +27,16 @@ st.caption(
     f"Identities without a row have the role '{auth.role_of_default('')}' "
     "(OVERRULE_DEFAULT_ROLE); those in OVERRULE_ADMINS start as admin."
 )
-st.dataframe(auth.roles_frame(roles), hide_index=True, key="admin_roles_table")
+show_table(
+    auth.roles_frame(roles),
+    key="admin_roles_table",
+    columns={
+        "identity": text_column("Identity"),
+        "role": text_column("Role"),
+        "updated_by": text_column("Set by"),
+        "updated_at": datetime_column("Set at (UTC)"),
+    },
+)
 
 with st.form("admin_role_form", clear_on_submit=True):
     cols = st.columns([3, 1])
@@ -55,7 +65,11 @@ if roles:
         st.rerun()
 
 with st.expander("What each role may do"):
-    st.dataframe(auth.permissions_frame(), hide_index=True, key="admin_permissions_table")
+    show_table(
+        auth.permissions_frame(),
+        key="admin_permissions_table",
+        columns={"action": text_column("Action"), **{role: check_column(role) for role in auth.ROLES}},
+    )
 
 st.subheader("API tokens")
 st.caption(
@@ -63,7 +77,17 @@ st.caption(
 )
 with session_scope(read_only=True) as session:
     token_rows = tokens.list_tokens(session=session)
-st.dataframe(tokens.tokens_frame(token_rows), hide_index=True, key="admin_tokens_table")
+show_table(
+    tokens.tokens_frame(token_rows),
+    key="admin_tokens_table",
+    columns={
+        "name": text_column("Name"),
+        "role": text_column("Role"),
+        "created_by": text_column("Created by"),
+        "created_at": datetime_column("Created (UTC)"),
+        "revoked_at": datetime_column("Revoked (UTC)", help="— while the token is live"),
+    },
+)
 with st.form("admin_token_form", clear_on_submit=True):
     cols = st.columns([3, 1])
     token_name = cols[0].text_input(
@@ -100,5 +124,14 @@ action = st.selectbox("Show", ["all", "sign_in", "role_change", "denied"], key="
 with session_scope(read_only=True) as session:
     events = auth.list_events(session=session, action=None if action == "all" else action)
 frame = auth.events_frame(events)
-st.dataframe(frame, hide_index=True, key="admin_audit_table")
+show_table(
+    frame,
+    key="admin_audit_table",
+    columns={
+        "at": datetime_column("When (UTC)"),
+        "identity": text_column("Identity"),
+        "action": text_column("Action"),
+        "detail": text_column("Detail", width="large"),
+    },
+)
 csv_download(frame, "audit.csv", key="admin_audit_csv")

@@ -15,6 +15,7 @@ from lib.ui import (
     session_scope,
     show_flash,
 )
+from lib.ui.tables import show_table
 
 st.title("Alignment lab")
 st.caption(
@@ -122,7 +123,7 @@ with session_scope(read_only=True) as session:
     items = alignment.item_frame(session, int(chosen))
 
 st.subheader("Comparison")
-st.dataframe(alignment.display_frame(report), hide_index=True, key="alignment_table")
+show_table(alignment.display_frame(report), key="alignment_table")
 measure = st.selectbox(
     "Chart", list(MEASURE_TITLES), format_func=MEASURE_TITLES.__getitem__, key="alignment_measure"
 )
@@ -133,8 +134,8 @@ st.subheader("Against bare: flipped items")
 if report.paired.empty:
     st.caption("Add the `bare` arm and another one to compare them item by item.")
 else:
-    st.dataframe(report.paired, hide_index=True, key="alignment_paired")
-    st.dataframe(report.flips, hide_index=True, key="alignment_flips")
+    show_table(report.paired, key="alignment_paired")
+    show_table(report.flips, key="alignment_flips")
     if not report.flips.empty:
         choices = list(report.flips.index)
         pick = st.selectbox(
@@ -156,5 +157,5 @@ else:
             column.code(call.prompt if call and call.prompt else "(no prompt recorded)", language=None)
 
 st.subheader("Cost per arm")
-st.dataframe(report.cost, hide_index=True, key="alignment_cost")
+show_table(report.cost, key="alignment_cost")
 csv_download(items, f"alignment-{chosen}-items.csv", key="alignment_items_csv", label="Download items CSV")

@@ -7,6 +7,7 @@ from lib.analytics_charts import agreement_figure, gap_histogram_figure, weekly_
 from lib.analytics_charts import gap_products as gap_products_of
 from lib.safe_markdown import escape_markdown
 from lib.ui import csv_download, session_scope
+from lib.ui.tables import show_table
 
 ANY = "Any"
 
@@ -43,7 +44,7 @@ if report.empty:
 
 st.subheader("Agreement per metric")
 st.plotly_chart(agreement_figure(report.metrics), key="analytics_agreement_chart")
-st.dataframe(analytics.display_frame(report), key="analytics_metrics_table", hide_index=True)
+show_table(analytics.display_frame(report), key="analytics_metrics_table")
 csv_download(report.metrics, "agreement_per_metric.csv", key="analytics_metrics_csv", label="Download (CSV)")
 with session_scope(read_only=True) as session:
     latest_experiments = alignment.latest_per_product(session)
@@ -65,10 +66,10 @@ gap_product = (
     st.selectbox("Product", gap_products, key="analytics_gaps_product") if len(gap_products) > 1 else None
 )
 st.plotly_chart(gap_histogram_figure(report.gaps, product=gap_product), key="analytics_gaps_chart")
-st.dataframe(report.gaps, key="analytics_gaps_table", hide_index=True)
+show_table(report.gaps, key="analytics_gaps_table")
 csv_download(report.gaps, "gap_distribution.csv", key="analytics_gaps_csv", label="Download (CSV)")
 
 st.subheader("Trend per week")
 st.plotly_chart(weekly_trend_figure(report.weekly), key="analytics_weekly_chart")
-st.dataframe(report.weekly, key="analytics_weekly_table", hide_index=True)
+show_table(report.weekly, key="analytics_weekly_table")
 csv_download(report.weekly, "agreement_per_week.csv", key="analytics_weekly_csv", label="Download (CSV)")

@@ -25,6 +25,7 @@ from lib.ui import (
     session_scope,
     show_flash,
 )
+from lib.ui.tables import check_column, count_column, datetime_column, rate_column, show_table, text_column
 
 ANY = "(any)"
 EVERY_LANGUAGE = "(notes for every language)"
@@ -168,13 +169,33 @@ with tab_list, session_scope(read_only=True) as session:
         shown = notes.as_frame(
             notes.search_notes(session=session, limit=limit, offset=offset, filters=filters), type_labels=True
         )
-        st.dataframe(
+        show_table(
             shown,
-            hide_index=True,
             key="notes_table",
-            column_config={
-                "content": st.column_config.TextColumn("content", width="large"),
-                "confidence": st.column_config.NumberColumn("confidence", format="percent"),
+            order=[
+                "timestamp",
+                "note_type",
+                "language",
+                "content",
+                "confidence",
+                "pinned",
+                "phelps_code",
+                "session_id",
+                "created_by",
+                "id",
+            ],
+            alt="Notes matching the filters, one page",
+            columns={
+                "timestamp": datetime_column("When (UTC)"),
+                "note_type": text_column("Type"),
+                "language": text_column("Lang."),
+                "content": text_column("Note", width="large"),
+                "confidence": rate_column("Confidence", help="How sure the judge run was of this note"),
+                "pinned": check_column("Pinned", help="Shown to every judge run of its language"),
+                "phelps_code": text_column("Phelps code"),
+                "session_id": text_column("Session"),
+                "created_by": text_column("Added by"),
+                "id": count_column("Id"),
             },
         )
         export = notes.as_frame(notes.search_notes(session=session, limit=CSV_CAP, filters=filters))
@@ -204,11 +225,16 @@ with tab_timeline, session_scope(read_only=True) as session:
             notes_timeline_figure(timeline, marks, type_labels=notes.TYPE_LABELS), key="notes_timeline_chart"
         )
         with st.expander("Notes per session and type (table)"):
-            st.dataframe(
+            show_table(
                 timeline,
-                hide_index=True,
                 key="notes_timeline_table",
-                column_config={kind: notes.note_type_label(kind) for kind in NOTE_TYPES},
+                columns={
+                    "session_id": text_column("Session"),
+                    "notes": count_column("Notes"),
+                    **{kind: count_column(notes.note_type_label(kind)) for kind in NOTE_TYPES},
+                    "first_note": datetime_column("First note (UTC)"),
+                    "last_note": datetime_column("Last note (UTC)"),
+                },
             )
         csv_download(timeline, "note_sessions.csv", key="notes_timeline_csv")
 

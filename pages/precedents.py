@@ -10,6 +10,7 @@ from lib import precedent_view as view
 from lib.auth import Permission
 from lib.safe_markdown import escape_markdown
 from lib.ui import flash, get_engine, pager, require_reviewer, session_scope, show_flash
+from lib.ui.tables import datetime_column, link_column, number_column, show_table, text_column, title_column
 
 ANY = "Any"
 
@@ -51,7 +52,22 @@ with session_scope(read_only=True) as session:
 if not counts.empty:
     st.plotly_chart(view.reason_figure(counts), key="prec_reasons_chart")
 st.caption(f"{total} interactions match the filters; showing {len(frame)} from {offset + 1 if total else 0}.")
-st.dataframe(frame, key="prec_table", hide_index=True)
+show_table(
+    view.display_frame(frame),
+    key="prec_table",
+    alt="Interactions matching the filters, one page",
+    columns={
+        "open": link_column("", help="Open the interaction's match trace"),
+        "title": title_column("Question", help="The question's first line"),
+        "outcome": text_column("Outcome", help="matched, the gate that failed, pending or expert-reviewed"),
+        "total_score": number_column("Copied total", decimals=1),
+        "expert_total": number_column("Expert total", decimals=1),
+        "product": text_column("Product"),
+        "language": text_column("Lang."),
+        "created_at": datetime_column("Created (UTC)"),
+        "id": text_column("Id"),
+    },
+)
 st.download_button(
     f"Download CSV (all {total:,} matches)",
     # Built only when clicked: the page rerun itself never reads every match.
@@ -103,9 +119,21 @@ if detail.auto_eval is not None:
     if trace.get("error"):
         st.error(escape_markdown(str(trace["error"])))
     st.markdown("QA neighbours above the threshold")
-    st.dataframe(detail.qa_frame(), key="prec_qa_table", hide_index=True)
+    show_table(
+        detail.qa_frame(),
+        key="prec_qa_table",
+        columns={"similarity": number_column("Similarity", decimals=3, help="Cosine similarity, 0–1")},
+    )
     st.markdown("Sentences")
-    st.dataframe(detail.sentence_frame(), key="prec_sentence_table", hide_index=True)
+    show_table(
+        detail.sentence_frame(),
+        key="prec_sentence_table",
+        columns={
+            "sentence": text_column("Sentence", width="medium"),
+            "best expert sentence": text_column("Best expert sentence", width="medium"),
+            "similarity": number_column("Similarity", decimals=3, help="Cosine similarity, 0–1"),
+        },
+    )
     citation = trace.get("citation") or {}
     if citation:
         st.markdown(

@@ -4,6 +4,7 @@ import streamlit as st
 
 from lib import notes, relevance
 from lib.auth import Permission
+from lib.config import get_settings
 from lib.models import NOTE_TYPES
 from lib.relevance_charts import (
     HISTORY_LINES_PER_FAMILY,
@@ -13,9 +14,14 @@ from lib.relevance_charts import (
 )
 from lib.ui import csv_download, flash, require_reviewer, session_scope, show_flash
 from lib.ui.relevance import manual_pin_controls
+from lib.ui.tables import check_column, count_column, datetime_column, number_column, show_table, text_column
 
 ANY = "Any"
 HEATMAP_NOTES = 40
+SCORE_HELP = (
+    f"Tag relevance (an EMA), clamped to ±{get_settings().score_clamp:g} (OVERRULE_SCORE_CLAMP): "
+    "above 0 the note helped under this tag, below 0 it misled."
+)
 DECISION_TEXT = {
     "filtered": "filtered out",
     "penalized": "shown, slightly penalised",
@@ -98,7 +104,24 @@ else:
     shown_notes, total_notes = len(relevance.note_labels(scores)), len(relevance.note_labels(all_scores))
     if shown_notes < total_notes:
         st.caption(f"The {shown_notes} most-evaluated of {total_notes} notes; the CSV holds them all.")
-    st.dataframe(scores, key="tag_scores_table", hide_index=True)
+    show_table(
+        scores,
+        key="tag_scores_table",
+        alt="Scores by note and tag",
+        columns={
+            "note_id": count_column("Note"),
+            "note_type": text_column("Type"),
+            "language": text_column("Lang."),
+            "content": text_column("Note text", width="medium"),
+            "pinned": check_column("Pinned"),
+            "pin": text_column("Pin"),
+            "tag": text_column("Tag"),
+            "score": number_column("Score", help=SCORE_HELP),
+            "positive_evals": count_column("+ evals", help="Evaluations where the note helped"),
+            "negative_evals": count_column("− evals", help="Evaluations where the note misled"),
+            "last_evaluated": datetime_column("Last evaluated (UTC)"),
+        },
+    )
 csv_download(all_scores, "tag_scores.csv", key="tag_scores_csv", label="Download scores (CSV)")
 
 # --- EMA history ---------------------------------------------------------------------------
@@ -136,7 +159,20 @@ with session_scope(read_only=True) as session:
 if pinned.empty:
     st.caption("No note is pinned.")
 else:
-    st.dataframe(pinned, key="tag_scores_pinned", hide_index=True)
+    show_table(
+        pinned,
+        key="tag_scores_pinned",
+        columns={
+            "note_id": count_column("Note"),
+            "note_type": text_column("Type"),
+            "language": text_column("Lang."),
+            "content": text_column("Note text", width="medium"),
+            "pin": text_column("Pin"),
+            "pin_tags": text_column("Pin tags"),
+            "avg_score": number_column("Avg score", help=SCORE_HELP),
+            "total_evals": count_column("Evaluations"),
+        },
+    )
     csv_download(pinned, "pinned_notes.csv", key="tag_scores_pinned_csv", label="Download pinned notes (CSV)")
 manual_pin_controls(key="tag_scores_pin")
 
@@ -176,7 +212,34 @@ counts = relevance.decision_counts(explained)
 metric_cols = st.columns(4)
 for column, decision in zip(metric_cols, ("filtered", "penalized", "neutral", "boosted"), strict=True):
     column.metric(DECISION_TEXT[decision], counts[decision])
-st.dataframe(explained, key="tag_scores_explain_table", hide_index=True)
+show_table(
+    explained,
+    key="tag_scores_explain_table",
+    order=[
+        "note_id",
+        "decision",
+        "avg_score",
+        "total_evals",
+        "boost",
+        "note_type",
+        "language",
+        "content",
+        "pinned",
+    ],
+    columns={
+        "note_id": count_column("Note"),
+        "decision": text_column("Decision"),
+        "avg_score": number_column(
+            "Avg score", help="Averaged over ALL picked tags; never evaluated counts 0"
+        ),
+        "total_evals": count_column("Evaluations"),
+        "boost": number_column("Boost", decimals=4, help="Rank change: (avg / clamp) × relevance weight"),
+        "note_type": text_column("Type"),
+        "language": text_column("Lang."),
+        "content": text_column("Note text", width="medium"),
+        "pinned": check_column("Pinned"),
+    },
+)
 csv_download(explained, "tag_relevance_explained.csv", key="tag_scores_explain_csv", label="Download (CSV)")
 rows = relevance.explain_records(explained)
 explained_labels = relevance.note_labels(explained)

@@ -20,6 +20,7 @@ from lib.corrections import DecisionScale, InvalidDecision, JudgmentNotFound, Mi
 from lib.models import Judgment
 from lib.safe_markdown import escape_markdown
 from lib.ui import audit_denied, csv_download, current_actor, denied_reason, flash, session_scope, show_flash
+from lib.ui.tables import datetime_column, show_table, text_column
 
 CONFIRM_SHORTCUT = "Alt+Y"
 OVERRULE_SHORTCUT = "Alt+O"
@@ -199,7 +200,11 @@ def judgment_history(judgment_id: int, *, key: str) -> None:
     if frame.empty:
         st.caption("No changes recorded yet.")
         return
-    st.dataframe(frame, hide_index=True, key=key, width="stretch")
+    show_table(
+        frame,
+        key=key,
+        columns={"when": datetime_column("When (UTC)"), "reason": text_column("Reason", width="large")},
+    )
     csv_download(frame, "history.csv", key=f"{key}_csv")
 
 
