@@ -24,6 +24,7 @@ from lib import llm
 from lib.auth import Actor, Permission, authorize
 from lib.config import get_settings
 from lib.db import session_scope
+from lib.display import TITLE_CHARS, evaluation_title
 from lib.evidence import metric_entry
 from lib.metrics import MetricSpec, metrics_for_product, score_of
 from lib.models import ChatMessage, EvaluationSnapshot, new_prefixed_id, utcnow
@@ -610,16 +611,15 @@ def get_snapshot(*, session: Session, snapshot_id: str) -> EvaluationSnapshot | 
     return None if snap is None or snap.deleted_at is not None else snap
 
 
-def recent_snapshot_ids(*, session: Session, limit: int = 50) -> list[str]:
-    """Ids of the newest live evaluations, for picking one to coach on."""
-    return list(
-        session.exec(
-            select(EvaluationSnapshot.id)
-            .where(col(EvaluationSnapshot.deleted_at).is_(None))
-            .order_by(col(EvaluationSnapshot.created_at).desc())
-            .limit(limit)
-        ).all()
-    )
+def recent_snapshot_titles(*, session: Session, limit: int = 50) -> dict[str, str]:
+    """The newest live evaluations as {id: title}, newest first: the picker reads questions, not ids."""
+    rows = session.exec(
+        select(EvaluationSnapshot.id, func.substr(EvaluationSnapshot.question, 1, TITLE_CHARS * 3))
+        .where(col(EvaluationSnapshot.deleted_at).is_(None))
+        .order_by(col(EvaluationSnapshot.created_at).desc())
+        .limit(limit)
+    ).all()
+    return {sid: evaluation_title(question) for sid, question in rows}
 
 
 def turns_left(*, session: Session, snapshot_id: str) -> tuple[int, int]:

@@ -25,10 +25,12 @@ st.title("Coach")
 snapshot_id = st.query_params.get("snapshot", "")
 if not snapshot_id:
     with session_scope(read_only=True) as session:
-        recent = coach.recent_snapshot_ids(session=session, limit=50)
+        recent = coach.recent_snapshot_titles(session=session, limit=50)
     st.info("Open a chat from an evaluation's detail page, or pick a recent evaluation.")
     if recent:
-        choice = st.selectbox("Evaluation", recent, index=None, key="coach_pick")
+        choice = st.selectbox(
+            "Evaluation", list(recent), index=None, key="coach_pick", format_func=lambda sid: recent[sid]
+        )
         if choice:
             st.query_params["snapshot"] = choice
             st.rerun()

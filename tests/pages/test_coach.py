@@ -56,7 +56,7 @@ def test_without_snapshot_the_page_offers_recent_evaluations(app_engine, open_pa
     at = open_page(PAGE)
     assert not at.exception
     assert any("Open a chat from an evaluation" in i.value for i in at.info)
-    assert at.selectbox(key="coach_pick").options == ["snap_page"]
+    assert at.selectbox(key="coach_pick").options == ["What is 2+2?"]  # titled by the question, not the id
 
 
 def test_unknown_snapshot_is_reported(app_engine, open_page) -> None:
