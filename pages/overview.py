@@ -92,7 +92,7 @@ with right:
     show_table(
         products,
         key="overview_products",
-        order=["link", "product", "evaluations", "pending", "judgments", "correction_rate"],
+        order=["link", "product", "correction_rate", "pending", "evaluations", "judgments"],
         alt="Evaluations and review progress per product",
         columns={
             "link": link_column("", text="List", help="The product's evaluations"),
@@ -100,7 +100,9 @@ with right:
             "evaluations": count_column("Evaluations", help="Live evaluations (archived left out)"),
             "pending": count_column("Pending", help="Judgments not reviewed yet"),
             "judgments": count_column("Judgments"),
-            "correction_rate": rate_column("Correction rate", help="Corrected ÷ reviewed judgments"),
+            "correction_rate": rate_column(
+                "Correction rate", help="Corrected ÷ reviewed judgments", width=130
+            ),
         },
     )
     csv_download(products, "products.csv", key="overview_products_csv")

@@ -42,9 +42,20 @@ def text_column(label: str, *, width: str | None = None, help: str | None = None
     return st.column_config.TextColumn(label, width=width, help=help)  # type: ignore[arg-type]
 
 
-def rate_column(label: str, *, help: str | None = None) -> ColumnConfig:
-    """A share between 0 and 1, drawn as a bar with its percentage."""
-    return st.column_config.ProgressColumn(label, min_value=0.0, max_value=1.0, format="percent", help=help)
+def rate_column(label: str, *, help: str | None = None, width: int | str | None = None) -> ColumnConfig:
+    """A share between 0 and 1, drawn as a bar with its percentage.
+
+    Blue, not the theme's red: a rate is a measurement, and red would read as an alarm at any value.
+    """
+    return st.column_config.ProgressColumn(
+        label,
+        min_value=0.0,
+        max_value=1.0,
+        format="percent",
+        help=help,
+        color="blue",
+        width=width,  # type: ignore[arg-type]
+    )
 
 
 def score_column(
