@@ -71,10 +71,15 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 @handler("export")
 def _cmd_export(args: argparse.Namespace) -> int:
-    from lib.export import ExportError, export_table
+    from lib.export import ExportError, export_evaluations_csv, export_table
 
     try:
-        rows = export_table(engine=_engine(), table=args.table, fmt=args.format, out=Path(args.out))
+        if args.form is not None:
+            if args.table != "evaluations" or args.format != "csv":
+                raise CliError("--form applies to `export evaluations --format csv` only")
+            rows = export_evaluations_csv(engine=_engine(), out=Path(args.out), form=args.form)
+        else:
+            rows = export_table(engine=_engine(), table=args.table, fmt=args.format, out=Path(args.out))
     except ExportError as exc:
         raise CliError(str(exc)) from exc
     print(f"exported {rows} rows of {args.table} to {args.out}")
@@ -421,6 +426,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("table", help="one of: " + ", ".join(sorted(EXPORTABLE_TABLES)))
     p.add_argument("--format", choices=["csv", "parquet", "json"], default="csv")
     p.add_argument("--out", required=True, help="output file path")
+    p.add_argument(
+        "--form",
+        choices=["wide", "long"],
+        default=None,
+        help="evaluations only: per-metric judge score, reviewer score and gap with the answer, "
+        "one row per evaluation (wide) or per judgment (long)",
+    )
 
     p = sub.add_parser("demo", help="load the deterministic demo data set")
     p.add_argument("--force", action="store_true", help="load even when the database is not empty")

@@ -9,11 +9,19 @@ JSON for other tables is JSON Lines. Files appear whole or not at all (written a
 
 Small page-sized frames the UI offers for download go through `frame_to_csv_bytes`, same rule;
 the pages' download buttons call the `*_bytes` functions here, built on click.
+
+The Evaluations CSV of every match (wide: per-metric judge score, reviewer score and gap; long: one
+row per judgment; both with the answer) streams rows from the app's own connection a batch at a
+time into a file (`write_evaluations_csv`): its filters are the inspector's SQL (the trigram
+search, the review-state EXISTS), so they keep one definition, and no DuckDB scanner opens the
+SQLite file in the app process (issue #17). Memory is one batch, never a frame of every match.
 """
 
 from __future__ import annotations
 
+import csv
 import functools
+import io
 import json
 import os
 import secrets
@@ -21,7 +29,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import duckdb
 import pandas as pd
@@ -29,7 +37,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session
 
 from lib import corrections, inspector
-from lib.corrections import CSV_ROW_LIMIT, JudgmentFilter
+from lib.corrections import CSV_ROW_LIMIT, JudgmentFilter, format_score
 from lib.db import session_scope
 from lib.duck import model_tables, quote_ident, quote_literal, table_ref, tables_in_sql, with_duck
 from lib.inspector import EvaluationFilters
@@ -187,11 +195,77 @@ def precedents_csv_bytes(*, engine: Engine, filters: Any, limit: int = CSV_ROW_L
     )
 
 
-def evaluations_csv_bytes(*, engine: Engine, filters: EvaluationFilters) -> bytes:
-    """The Evaluations page's CSV: every matching evaluation (all pages), formulas neutralised."""
-    return _frame_csv_bytes(
-        engine, lambda session: inspector.filtered_frame(session=session, filters=filters)
-    )
+def _stream_cell(value: Any) -> Any:
+    """A value as a streamed CSV writes it: text neutralised, times ISO 8601 UTC, nothing as empty."""
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return iso_utc(value if value.tzinfo else value.replace(tzinfo=UTC))
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return format_score(value)  # "4", "2.67": the one text form of a score
+    return neutralise_cell(value)
+
+
+def write_evaluations_csv(
+    *, session: Session, filters: EvaluationFilters, out: TextIO, form: str = "wide"
+) -> int:
+    """Every matching evaluation as CSV into `out`, a batch of rows at a time; returns the row count.
+
+    `form` is "wide" or "long" (`lib.inspector.EXPORT_FORMS`); text cells are neutralised like
+    every CSV here. Memory stays one batch of rows whatever the number of matches: no frame.
+    """
+    export = inspector.export_evaluations(session=session, filters=filters, form=form)
+    writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180: a bare CR in a cell gets quoted
+    writer.writerow([neutralise_cell(c) for c in export.columns])
+    count = 0
+    for row in export.rows:
+        writer.writerow([_stream_cell(v) for v in row])
+        count += 1
+    return count
+
+
+def evaluations_csv_bytes(*, engine: Engine, filters: EvaluationFilters, form: str = "wide") -> bytes:
+    """The Evaluations page's CSV of every match (all pages), formulas neutralised.
+
+    Rows stream from the database into a temporary file, so the app never holds more than a batch
+    of rows; only the finished file's bytes come back (Streamlit's download button keeps those in
+    memory while the session lasts, whatever we hand it). A read-only session: no write lock.
+    """
+    with tempfile.TemporaryFile() as raw:
+        text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        with session_scope(engine, read_only=True) as session:
+            write_evaluations_csv(session=session, filters=filters, out=text, form=form)
+        text.flush()
+        text.detach()  # the temporary file stays ours to read and close
+        raw.seek(0)
+        return raw.read()
+
+
+def export_evaluations_csv(
+    *, engine: Engine, out: Path | str, form: str = "wide", filters: EvaluationFilters | None = None
+) -> int:
+    """Write the evaluations CSV (wide or long) to `out`, whole or not at all; for the CLI."""
+    path = Path(out)
+    _check_writable(path)
+    partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
+    try:
+        with (
+            partial.open("w", encoding="utf-8", newline="") as fh,
+            session_scope(engine, read_only=True) as session,
+        ):
+            rows = write_evaluations_csv(
+                session=session, filters=filters or EvaluationFilters(), out=fh, form=form
+            )
+        os.replace(partial, path)
+        return rows
+    except ValueError as exc:
+        raise ExportError(str(exc)) from exc
+    except OSError as exc:
+        raise ExportError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def export_query_csv(*, engine: Engine, sql: str, out: Path | str, params: Params = None) -> int:

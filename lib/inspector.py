@@ -9,7 +9,7 @@ through the URL query string (`to_params` / `filters_from_params`) so a filtered
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Literal
@@ -21,7 +21,7 @@ from sqlmodel import Session, col, select
 
 from lib import scores
 from lib.auth import Actor, Permission
-from lib.corrections import require_reviewer
+from lib.corrections import distinct_metrics, parse_score, require_reviewer
 from lib.display import evaluation_title, evaluation_url
 from lib.evidence import EvidenceItem, evidence_items, metric_entry
 from lib.highlight import Span
@@ -409,31 +409,165 @@ def list_display_frame(rows: Sequence[EvaluationRow]) -> pd.DataFrame:
     )
 
 
-def filtered_frame(*, session: Session, filters: EvaluationFilters) -> pd.DataFrame:
-    """Every matching evaluation (all pages, full question), for the CSV download."""
+# ---------------------------------------------------------------------------------------------
+# Export of every match (the CSV download): streamed, never a frame
+
+
+EXPORT_FORMS: dict[str, str] = {
+    "wide": "one row per evaluation, judge score, reviewer score and gap per metric",
+    "long": "one row per judgment",
+}
+# Rows fetched from the database at a time: the export's memory is one batch, whatever the match count.
+EXPORT_BATCH_ROWS = 1_000
+LONG_EXPORT_COLUMNS = [
+    "id",
+    "created_at",
+    "product",
+    "language",
+    "model",
+    "category",
+    "question",
+    "answer",
+    "metric",
+    "judge_score",
+    "reviewer_score",
+    "gap",
+    "judge_reason",
+    "review_decision",
+    "review_reason",
+    "reviewed_by",
+    "reviewed_at",
+    "was_corrected",
+    "change_id",
+]
+
+
+@dataclass(frozen=True)
+class EvaluationExport:
+    """The header and the lazily fetched rows of an export; iterate `rows` inside the session."""
+
+    columns: list[str]
+    rows: Iterator[tuple[Any, ...]]
+
+
+def _review_count_columns() -> list[Any]:
+    """(judged, reviewed, corrected) per row as correlated counts on ix_judgment_snapshot_state.
+
+    Per row rather than one GROUP BY over every judgment, so the first rows stream at once.
+    """
     reviewed = col(_J.reviewed_at).is_not(None)
-    review = (
-        select(
-            col(_J.snapshot_id).label("snapshot_id"),
-            func.count().label("judged"),
-            func.count().filter(reviewed).label("reviewed"),
-            func.count().filter(reviewed & col(_J.was_corrected)).label("corrected"),
-        )
-        .where(col(_J.snapshot_id).is_not(None))
-        .group_by(col(_J.snapshot_id))
-        .subquery()
+
+    def count(*conds: ColumnElement[bool]) -> Any:
+        return select(func.count()).where(col(_J.snapshot_id) == col(_S.id), *conds).scalar_subquery()
+
+    return [
+        count().label("judged"),
+        count(reviewed).label("reviewed"),
+        count(reviewed, col(_J.was_corrected).is_(True)).label("corrected"),
+    ]
+
+
+def export_metrics(*, session: Session, filters: EvaluationFilters) -> list[str]:
+    """The metrics the wide form has columns for: the rubrics in scope plus every metric judged."""
+    options = filter_options(session=session, product=filters.product)
+    slugs = dict.fromkeys(options.metrics)
+    products = [filters.product] if filters.product else options.products
+    for slug in distinct_metrics(session=session, products=products):
+        slugs.setdefault(slug)
+    return list(slugs)
+
+
+def _scores(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _gap(reviewer: float | None, judge: float | None) -> float | None:
+    """|reviewer − judge| on the metric's own scale, as the detail card shows it."""
+    return abs(reviewer - judge) if reviewer is not None and judge is not None else None
+
+
+def _stream(session: Session, stmt: Select[Any]) -> Iterator[Any]:
+    yield from session.execute(stmt.execution_options(yield_per=EXPORT_BATCH_ROWS))
+
+
+def _wide_rows(
+    session: Session, filters: EvaluationFilters, slugs: Sequence[str]
+) -> Iterator[tuple[Any, ...]]:
+    stmt = _list_select(filters).add_columns(
+        *_review_count_columns(),
+        col(_S.model_answer).label("answer"),
+        col(_S.user_scores_json).label("user_scores"),
+        col(_S.judge_scores_json).label("judge_scores"),
     )
+    for row in _stream(session, stmt):
+        m = row._mapping
+        user, judge = _scores(m["user_scores"]), _scores(m["judge_scores"])
+        values = [m[name] for name in LIST_FRAME_COLUMNS]
+        values.append(m["answer"])
+        for slug in slugs:
+            reviewer_score, judge_score = score_of(user.get(slug)), score_of(judge.get(slug))
+            values += [judge_score, reviewer_score, _gap(reviewer_score, judge_score)]
+        yield tuple(values)
+
+
+def _long_rows(session: Session, filters: EvaluationFilters) -> Iterator[tuple[Any, ...]]:
     stmt = (
-        _list_select(filters)
-        .add_columns(
-            func.coalesce(review.c.judged, 0).label("judged"),
-            func.coalesce(review.c.reviewed, 0).label("reviewed"),
-            func.coalesce(review.c.corrected, 0).label("corrected"),
+        select(
+            col(_S.id),
+            col(_S.created_at),
+            col(_S.product),
+            col(_S.language),
+            col(_S.model_name),
+            col(_S.category),
+            col(_S.question),
+            col(_S.model_answer),
+            col(_S.user_scores_json),
+            col(_J.metric),
+            col(_J.decision),
+            col(_J.reasoning),
+            col(_J.user_decision),
+            col(_J.user_reasoning),
+            col(_J.reviewer),
+            col(_J.reviewed_at),
+            col(_J.was_corrected),
+            col(_J.change_id),
         )
-        .outerjoin(review, review.c.snapshot_id == col(_S.id))
+        .select_from(_S)
+        .join(_J, col(_J.snapshot_id) == col(_S.id))
+        .where(*filter_conditions(filters))
+        .order_by(*_order_by(filters.sort), col(_J.metric), col(_J.id))
     )
-    result = session.exec(stmt)
-    return pd.DataFrame(result.all(), columns=list(result.keys())).reindex(columns=LIST_FRAME_COLUMNS)
+    for row in _stream(session, stmt):
+        (sid, created, product, language, model, category, question, answer, user, metric, decision,
+         reason, user_decision, user_reason, reviewer, reviewed_at, corrected, change_id) = row  # fmt: skip
+        judge_score = parse_score(decision)
+        reviewer_score = score_of(_scores(user).get(metric)) if metric else None
+        yield (
+            sid, created, product, language, model, category, question, answer, metric, judge_score,
+            reviewer_score, _gap(reviewer_score, judge_score), reason, user_decision, user_reason,
+            reviewer, reviewed_at, bool(corrected), change_id,
+        )  # fmt: skip
+
+
+def export_evaluations(
+    *, session: Session, filters: EvaluationFilters, form: str = "wide"
+) -> EvaluationExport:
+    """Every matching evaluation (all pages) in list order, as rows fetched a batch at a time.
+
+    "wide": the list's columns, the answer, then per metric `<slug> judge`, `<slug> reviewer` and
+    `<slug> gap` (the reviewer score is the human score stored with the evaluation, as the detail
+    cards show it). "long": one row per judgment, with the judge's score and reason, the reviewer
+    score, the gap and the review decision made in Overrule. Memory is one batch, never every match.
+    """
+    if form not in EXPORT_FORMS:
+        raise ValueError(f"unknown export form {form!r}; choose one of: {', '.join(EXPORT_FORMS)}")
+    if form == "long":
+        return EvaluationExport(columns=list(LONG_EXPORT_COLUMNS), rows=_long_rows(session, filters))
+    slugs = export_metrics(session=session, filters=filters)
+    columns = [*LIST_FRAME_COLUMNS, "answer"]
+    for slug in slugs:
+        columns += [f"{slug} judge", f"{slug} reviewer", f"{slug} gap"]
+    return EvaluationExport(columns=columns, rows=_wide_rows(session, filters, slugs))
 
 
 def _distinct_values(session: Session, column: str) -> list[str]:

@@ -332,11 +332,18 @@ def show_list() -> None:
     if selected:
         _open(rows[selected[0]].id)
 
-    st.download_button(
+    cols = st.columns([1, 2], vertical_alignment="bottom")
+    form = cols[0].selectbox(
+        "CSV form",
+        list(inspector.EXPORT_FORMS),
+        key="evaluations_csv_form",
+        format_func=lambda f: f"{f}: {inspector.EXPORT_FORMS[f]}",
+    )
+    cols[1].download_button(
         f"Download CSV (all {total:,} matches)",
-        # Built only when clicked, in its own thread: the page rerun itself never reads every match.
-        data=functools.partial(export.evaluations_csv_bytes, engine=get_engine(), filters=filters),
-        file_name="evaluations.csv",
+        # Built only when clicked, in its own thread, streamed from the database in batches.
+        data=functools.partial(export.evaluations_csv_bytes, engine=get_engine(), filters=filters, form=form),
+        file_name=f"evaluations_{form}.csv",
         mime="text/csv",
         key="evaluations_csv",
         on_click="ignore",

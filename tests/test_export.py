@@ -595,3 +595,46 @@ def test_api_token_hashes_are_not_exportable(tmp_path: Path) -> None:
     assert "api_tokens" not in export.EXPORTABLE_TABLES
     with pytest.raises(export.ExportError):
         export.export_table(engine=None, table="api_tokens", fmt="csv", out=tmp_path / "t.csv")  # type: ignore[arg-type]
+
+
+# --- the evaluations CSV, wide and long ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("form", "rows"), [("wide", 1), ("long", 2)])
+def test_cli_exports_evaluations_wide_or_long(engine, tmp_path: Path, form: str, rows: int) -> None:
+    from sqlmodel import Session
+
+    from lib.importer import import_evaluations
+
+    record = {
+        "id": "s_1",
+        "question": "Ödülü kim aldı?",
+        "model_answer": "+cmd|' /C calc'!A0",
+        "product": "acme",
+        "user_scores": {"clarity": 2, "safety": 5},
+        "judge_scores": {"clarity": 4, "safety": 5},
+    }
+    with Session(engine) as session:
+        import_evaluations(session=session, records=[record], reviewer="t")
+        session.commit()
+    out = tmp_path / f"evaluations_{form}.csv"
+    result = _cli(engine, "export", "evaluations", "--form", form, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert f"exported {rows} rows of evaluations" in result.stdout
+    read = list(csv.DictReader(io.StringIO(out.read_text(encoding="utf-8"))))
+    assert len(read) == rows
+    assert {r["answer"] for r in read} == {"'+cmd|' /C calc'!A0"}
+    assert {r["question"] for r in read} == {"Ödülü kim aldı?"}
+    if form == "wide":
+        assert (read[0]["clarity judge"], read[0]["clarity reviewer"], read[0]["clarity gap"]) == (
+            "4",
+            "2",
+            "2",
+        )
+
+
+def test_cli_export_form_is_for_the_evaluations_csv_only(engine, tmp_path: Path) -> None:
+    result = _cli(engine, "export", "judgments", "--form", "long", "--out", str(tmp_path / "x.csv"))
+    assert result.returncode == 1
+    assert "--form applies to `export evaluations --format csv` only" in result.stderr
+    assert not (tmp_path / "x.csv").exists()

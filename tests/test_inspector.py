@@ -19,7 +19,6 @@ from lib.inspector import (
     archive_evaluation,
     count_evaluations,
     filter_options,
-    filtered_frame,
     filters_from_params,
     list_evaluations,
     load_evaluation,
@@ -336,10 +335,69 @@ def test_filter_options_offer_the_metrics_of_every_product(engine, products, exp
     assert [m for m in metrics if m in ("truthfulness", "coherence", "groundedness")] == expected
 
 
-def test_filtered_frame_holds_every_match_not_one_page(seeded) -> None:
-    frame = filtered_frame(session=seeded, filters=EvaluationFilters(product="beta"))
-    assert list(frame["id"]) == ["s_d", "s_c"]
-    assert list(frame["judged"]) == [1, 2]
+def _csv_rows(engine: Engine, filters: EvaluationFilters, form: str) -> list[dict[str, str]]:
+    return list(
+        csv.DictReader(io.StringIO(evaluations_csv_bytes(engine=engine, filters=filters, form=form).decode()))
+    )
+
+
+def test_wide_export_holds_every_match_with_scores_per_metric(seeded) -> None:
+    rows = _csv_rows(seeded.get_bind(), EvaluationFilters(product="beta"), "wide")
+    assert [r["id"] for r in rows] == ["s_d", "s_c"]
+    assert [r["judged"] for r in rows] == ["1", "2"]
+    s_c = rows[1]
+    assert (s_c["safety judge"], s_c["safety reviewer"], s_c["safety gap"]) == ("5", "1", "4")
+    assert (s_c["clarity judge"], s_c["clarity reviewer"], s_c["clarity gap"]) == ("4", "4", "0")
+    assert s_c["answer"] == ANSWER
+    # The judge did not score s_d's safety: a reviewer score and no gap.
+    assert (rows[0]["safety judge"], rows[0]["safety reviewer"], rows[0]["safety gap"]) == ("", "5", "")
+
+
+def test_long_export_has_one_row_per_judgment_with_the_review(seeded) -> None:
+    _review(seeded, "s_c:safety", "2")
+    rows = _csv_rows(seeded.get_bind(), EvaluationFilters(product="beta"), "long")
+    assert [(r["id"], r["metric"]) for r in rows] == [
+        ("s_d", "clarity"),
+        ("s_c", "clarity"),
+        ("s_c", "safety"),
+    ]
+    safety = rows[2]
+    assert (safety["judge_score"], safety["reviewer_score"], safety["gap"]) == ("5", "1", "4")
+    assert (safety["review_decision"], safety["reviewed_by"], safety["was_corrected"]) == (
+        "2",
+        "ayse",
+        "true",
+    )
+    assert safety["reviewed_at"].endswith("Z")
+    assert rows[1]["was_corrected"] == "false" and rows[1]["reviewed_by"] == ""
+
+
+@pytest.mark.parametrize("form", ["wide", "long"])
+def test_export_applies_the_text_filter(seeded, form: str) -> None:
+    rows = _csv_rows(seeded.get_bind(), EvaluationFilters(text="QUESTION S_B"), form)
+    assert {r["id"] for r in rows} == {"s_b"}
+
+
+def test_export_streams_rows_in_batches(seeded, monkeypatch: pytest.MonkeyPatch) -> None:
+    import lib.inspector as inspector
+
+    monkeypatch.setattr(inspector, "EXPORT_BATCH_ROWS", 1)
+    export = inspector.export_evaluations(session=seeded, filters=EvaluationFilters(), form="wide")
+    assert [row[0] for row in export.rows] == ["s_d", "s_c", "s_b", "s_a"]
+
+
+def test_export_refuses_an_unknown_form(seeded) -> None:
+    with pytest.raises(ValueError, match="unknown export form 'tall'; choose one of: wide, long"):
+        _csv_rows(seeded.get_bind(), EvaluationFilters(), "tall")
+
+
+@pytest.mark.parametrize("form", ["wide", "long"])
+def test_export_neutralises_formulas_in_the_answer(engine: Engine, form: str) -> None:
+    with Session(engine) as session:
+        import_evaluations(session=session, records=[record("s_f", model_answer="=1+2 and @SUM(A1)")])
+        session.commit()
+    rows = _csv_rows(engine, EvaluationFilters(), form)
+    assert {r["answer"] for r in rows} == {"'=1+2 and @SUM(A1)"}
 
 
 def test_filtered_csv_holds_full_questions_with_formulas_neutralised(engine: Engine) -> None:
