@@ -15,7 +15,7 @@ from sqlmodel import Session, col, select
 from lib.db import alembic_config, create_db_engine
 from lib.importer import import_evaluations, import_notes
 from lib.inspector import EvaluationFilters, count_evaluations, list_evaluations
-from lib.models import EvaluationSnapshot, Judgment
+from lib.models import EvaluationSnapshot, Judgment, MetricScore
 from lib.notes import add_note, search_notes
 from lib.search import (
     MIN_TRIGRAM_CHARS,
@@ -208,7 +208,8 @@ def test_core_insert_without_search_text_gets_it_from_the_question(engine: Engin
 
 
 def test_deleted_rows_leave_the_index(seeded: Session) -> None:
-    seeded.execute(delete(Judgment).where(col(Judgment.snapshot_id) == "s_odul"))
+    for child in (Judgment, MetricScore):
+        seeded.execute(delete(child).where(col(child.snapshot_id) == "s_odul"))
     seeded.execute(delete(EvaluationSnapshot).where(col(EvaluationSnapshot.id) == "s_odul"))
     seeded.commit()
     assert found(seeded, "ödülü") == {"s_odul_lower"}
