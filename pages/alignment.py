@@ -15,7 +15,7 @@ from lib.ui import (
     session_scope,
     show_flash,
 )
-from lib.ui.tables import show_table
+from lib.ui.tables import count_column, number_column, show_table
 
 st.title("Alignment lab")
 st.caption(
@@ -123,7 +123,11 @@ with session_scope(read_only=True) as session:
     items = alignment.item_frame(session, int(chosen))
 
 st.subheader("Comparison")
-show_table(alignment.display_frame(report), key="alignment_table")
+show_table(
+    alignment.display_frame(report),
+    key="alignment_table",
+    columns={"pairs": count_column("Pairs", help="Items scored by the arm and reviewed")},
+)
 measure = st.selectbox(
     "Chart", list(MEASURE_TITLES), format_func=MEASURE_TITLES.__getitem__, key="alignment_measure"
 )
@@ -134,7 +138,16 @@ st.subheader("Against bare: flipped items")
 if report.paired.empty:
     st.caption("Add the `bare` arm and another one to compare them item by item.")
 else:
-    show_table(report.paired, key="alignment_paired")
+    show_table(
+        report.paired,
+        key="alignment_paired",
+        columns={
+            "pairs": count_column("Pairs"),
+            "flipped_to_agree": count_column("Flipped to agree", help="bare disagreed, this arm agrees"),
+            "flipped_away": count_column("Flipped away", help="bare agreed, this arm disagrees"),
+            "net": count_column("Net"),
+        },
+    )
     show_table(report.flips, key="alignment_flips")
     if not report.flips.empty:
         choices = list(report.flips.index)
@@ -157,5 +170,16 @@ else:
             column.code(call.prompt if call and call.prompt else "(no prompt recorded)", language=None)
 
 st.subheader("Cost per arm")
-show_table(report.cost, key="alignment_cost")
+show_table(
+    report.cost,
+    key="alignment_cost",
+    columns={
+        "done": count_column("Done"),
+        "failed": count_column("Failed"),
+        "llm_calls": count_column("LLM calls"),
+        "prompt_tokens": count_column("Prompt tokens"),
+        "completion_tokens": count_column("Completion tokens"),
+        "wall_seconds": number_column("Wall time (s)", decimals=1),
+    },
+)
 csv_download(items, f"alignment-{chosen}-items.csv", key="alignment_items_csv", label="Download items CSV")

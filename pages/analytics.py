@@ -7,7 +7,7 @@ from lib.analytics_charts import agreement_figure, gap_histogram_figure, weekly_
 from lib.analytics_charts import gap_products as gap_products_of
 from lib.safe_markdown import escape_markdown
 from lib.ui import csv_download, session_scope
-from lib.ui.tables import show_table
+from lib.ui.tables import count_column, date_column, number_column, rate_column, show_table
 
 ANY = "Any"
 
@@ -44,7 +44,11 @@ if report.empty:
 
 st.subheader("Agreement per metric")
 st.plotly_chart(agreement_figure(report.metrics), key="analytics_agreement_chart")
-show_table(analytics.display_frame(report), key="analytics_metrics_table")
+show_table(
+    analytics.display_frame(report),
+    key="analytics_metrics_table",
+    columns={"pairs": count_column("Pairs", help="Judgments scored by both the reviewer and the judge")},
+)
 csv_download(report.metrics, "agreement_per_metric.csv", key="analytics_metrics_csv", label="Download (CSV)")
 with session_scope(read_only=True) as session:
     latest_experiments = alignment.latest_per_product(session)
@@ -66,10 +70,28 @@ gap_product = (
     st.selectbox("Product", gap_products, key="analytics_gaps_product") if len(gap_products) > 1 else None
 )
 st.plotly_chart(gap_histogram_figure(report.gaps, product=gap_product), key="analytics_gaps_chart")
-show_table(report.gaps, key="analytics_gaps_table")
+show_table(
+    report.gaps,
+    key="analytics_gaps_table",
+    columns={
+        "gap_bucket": number_column(
+            "Gap from", decimals=1, help="Bucket start, |user − judge| on the 1–5 span"
+        ),
+        "pairs": count_column("Pairs"),
+    },
+)
 csv_download(report.gaps, "gap_distribution.csv", key="analytics_gaps_csv", label="Download (CSV)")
 
 st.subheader("Trend per week")
 st.plotly_chart(weekly_trend_figure(report.weekly), key="analytics_weekly_chart")
-show_table(report.weekly, key="analytics_weekly_table")
+show_table(
+    report.weekly,
+    key="analytics_weekly_table",
+    columns={
+        "week": date_column("Week of"),
+        "pairs": count_column("Pairs", help="Judge–reviewer pairs behind the week's rates"),
+        "exact_agreement": rate_column("Exact agreement"),
+        "within_1_agreement": rate_column("Within 1"),
+    },
+)
 csv_download(report.weekly, "agreement_per_week.csv", key="analytics_weekly_csv", label="Download (CSV)")

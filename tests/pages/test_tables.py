@@ -26,6 +26,7 @@ PAGES = [
     "pages/tag_scores.py",
     "pages/precedents.py",
     "pages/admin.py",
+    "pages/analytics.py",
 ]
 
 
