@@ -8,6 +8,7 @@ filtered and limited in SQL, so the queue stays fast however many judgments wait
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,19 @@ from typing import Any
 from sqlalchemy import case, func, or_
 from sqlmodel import Session, col, select
 
-from lib.corrections import distinct_metrics, distinct_products, sort_by_rubric
+from lib.corrections import (
+    DecisionScale,
+    decision_scale,
+    distinct_metrics,
+    distinct_products,
+    format_score,
+    parse_score,
+    sort_by_rubric,
+)
+from lib.evidence import EvidenceItem
+from lib.highlight import Span
+from lib.inspector import build_cards, highlight_spans
+from lib.metrics import metrics_for_product
 from lib.models import EvaluationSnapshot, Judgment
 
 ORDERS: dict[str, str] = {"oldest": "Oldest first", "largest_gap": "Largest gap first"}
@@ -251,3 +264,130 @@ def queue_options(*, session: Session) -> dict[str, list[str]]:
         "metrics": distinct_metrics(session=session, products=products),
         "languages": list(languages),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# The workspace: one item as the queue page lays it out (answer with highlights, compact rows)
+
+# Score keys: at most this many evenly spaced points of a scale that has no small whole-number range.
+_SCALE_POINTS = 5
+
+
+def score_keys(scale: DecisionScale) -> dict[str, str]:
+    """The keys ("1", "2", ...) a reviewer presses to give a decision, and the decision each gives.
+
+    A whole-number scale inside 0–9 uses its own numbers (1–5 → keys 1–5); a label set numbers its
+    labels from 1; any other bounded scale offers five evenly spaced points (0–1 → 0, 0.25, … 1);
+    an unbounded scale has no keys (the reviewer types the score).
+    """
+    if not scale.is_score:
+        return {str(i): label for i, label in enumerate(scale.labels[:9], start=1)}
+    spec = scale.spec
+    assert spec is not None
+    lo, hi = spec.min_value, spec.max_value
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
+        return {}
+    if spec.integer_scale and float(lo).is_integer() and float(hi).is_integer() and lo >= 0 and hi <= 9:
+        return {str(v): str(v) for v in range(int(lo), int(hi) + 1)}
+    points = [lo + (hi - lo) * i / (_SCALE_POINTS - 1) for i in range(_SCALE_POINTS)]
+    if spec.integer_scale:
+        points = [float(round(p)) for p in points]
+    return {str(i): format_score(p) for i, p in enumerate(dict.fromkeys(points), start=1)}
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One compact row: an open judgment with the judge's and the user's score, the gap, and why."""
+
+    judgment: Judgment
+    title: str
+    scale: DecisionScale
+    user_score: float | None
+    gap: float | None  # |user − judge| on the metric's own scale
+    judge_reason: str
+    evidence: tuple[EvidenceItem, ...]
+    keys: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """What the queue shows for one item: the highlighted answer's spans and the open metric rows."""
+
+    item: QueueItem
+    rows: list[MetricRow]
+    spans: list[Span]
+    labels: dict[str, str]  # metric slug -> display name, for the highlight titles and legend
+    metrics: list[str]  # every metric of the evaluation, in card order: the palette's input
+
+    @property
+    def highlighted_metrics(self) -> list[str]:
+        """Metrics with at least one highlight, in card order (for the legend)."""
+        used = {span.metric for span in self.spans}
+        return [slug for slug in self.metrics if slug in used]
+
+
+def load_workspace(*, session: Session, item: QueueItem) -> Workspace:
+    """The item's open judgments as rows, largest gap first, with the evaluation's verified highlights.
+
+    The rows and highlights come from `lib.inspector`'s cards, the same ones the evaluation detail
+    view draws, so the queue and the detail never disagree on a score, a gap or a highlight.
+    """
+    snapshot = item.snapshot
+    if snapshot is None:
+        rows = [_bare_row(session, j) for j in item.judgments]
+        return Workspace(item=item, rows=rows, spans=[], labels={}, metrics=[])
+    specs = metrics_for_product(session=session, product=snapshot.product)
+    cards = build_cards(snapshot, specs, item.judgments)
+    ranked: list[tuple[tuple[int, float, int], MetricRow]] = []
+    for position, card in enumerate(cards):
+        judgment = card.judgment
+        if judgment is None:
+            continue
+        scale = (
+            DecisionScale(spec=card.spec)
+            if card.in_rubric
+            else decision_scale(session=session, judgment=judgment)
+        )
+        # The judge's score is the judgment's decision: the value a confirmation stores.
+        judge, user = parse_score(judgment.decision), card.user_score
+        gap: float | None = None
+        rescaled: float | None = None
+        if judge is not None and user is not None:
+            gap, rescaled = abs(user - judge), card.spec.rescaled_gap(user, judge)
+        row = MetricRow(
+            judgment=judgment,
+            title=card.spec.display_name,
+            scale=scale,
+            user_score=user,
+            gap=gap,
+            judge_reason=card.judge_reason or judgment.reasoning or "",
+            evidence=card.evidence,
+            keys=score_keys(scale),
+        )
+        # Largest gap first, rescaled so scales compare; rows without a gap last, in rubric order.
+        ranked.append(((1, 0.0, position) if rescaled is None else (0, -rescaled, position), row))
+    rows = [row for _, row in sorted(ranked, key=lambda pair: pair[0])]
+    shown = {row.judgment.id for row in rows}
+    rows += [_bare_row(session, j) for j in item.judgments if j.id not in shown]  # metric without a card
+    return Workspace(
+        item=item,
+        rows=rows,
+        spans=highlight_spans(cards),
+        labels={card.spec.slug: card.spec.display_name for card in cards},
+        metrics=[card.spec.slug for card in cards],
+    )
+
+
+def _bare_row(session: Session, judgment: Judgment) -> MetricRow:
+    """A row for a judgment outside any evaluation's cards (a seed-004 cache entry)."""
+    scale = decision_scale(session=session, judgment=judgment)
+    return MetricRow(
+        judgment=judgment,
+        title=judgment.metric or judgment.change_id,
+        scale=scale,
+        user_score=None,
+        gap=None,
+        judge_reason=judgment.reasoning or "",
+        evidence=(),
+        keys=score_keys(scale),
+    )

@@ -3,15 +3,26 @@ archived evaluations left out, progress counts — on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import Engine
 
 from lib import corrections
+from lib.corrections import DecisionScale
 from lib.db import session_scope
+from lib.metrics import MetricSpec
 from lib.models import EvaluationSnapshot, Judgment
-from lib.review_queue import QueueFilter, load_item, next_item, queue_options, queue_progress
+from lib.review_queue import (
+    QueueFilter,
+    load_item,
+    load_workspace,
+    next_item,
+    queue_options,
+    queue_progress,
+    score_keys,
+)
 
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
 
@@ -225,3 +236,71 @@ def test_queue_options_list_products_metrics_and_languages(sqlite_engine) -> Non
             "metrics": ["clarity"],
             "languages": ["tr"],
         }
+
+
+# ---------------------------------------------------------------------------------------------
+# The workspace: rows by gap and the score keys
+
+
+@pytest.mark.parametrize(
+    ("scale", "keys"),
+    [
+        (DecisionScale(spec=MetricSpec(slug="m", display_name="M")), {str(i): str(i) for i in range(1, 6)}),
+        (
+            DecisionScale(
+                spec=MetricSpec(slug="m", display_name="M", min_value=0, max_value=1, integer_scale=False)
+            ),
+            {"1": "0", "2": "0.25", "3": "0.5", "4": "0.75", "5": "1"},
+        ),
+        (
+            DecisionScale(spec=MetricSpec(slug="m", display_name="M", min_value=0, max_value=100)),
+            {"1": "0", "2": "25", "3": "50", "4": "75", "5": "100"},
+        ),
+        (DecisionScale(labels=("INCLUDE", "EXCLUDE")), {"1": "INCLUDE", "2": "EXCLUDE"}),
+        (
+            DecisionScale(
+                spec=MetricSpec(
+                    slug="m", display_name="M", min_value=-math.inf, max_value=math.inf, integer_scale=False
+                )
+            ),
+            {},
+        ),
+    ],
+)
+def test_score_keys_fit_each_scale(scale: DecisionScale, keys: dict[str, str]) -> None:
+    assert score_keys(scale) == keys
+    for decision in keys.values():
+        assert scale.parse(decision) == decision  # every key gives a decision the scale accepts
+
+
+def test_workspace_rows_come_largest_gap_first_with_the_judgments_own_score(engine) -> None:
+    with session_scope(engine) as s:
+        s.add(
+            EvaluationSnapshot(
+                id="ws", question="q", model_answer="Paris is big.", product="acme",
+                user_scores_json={"truthfulness": {"score": 5}, "clarity": {"score": 1}, "safety": {"score": 4}},
+                evidence_json={"clarity": [{"quote": "Paris", "start": 0, "end": 5, "why": "w"}]},
+            )
+        )  # fmt: skip
+        s.flush()
+        for metric, decision in (("truthfulness", "4"), ("safety", "4"), ("clarity", "4")):
+            s.add(
+                Judgment(
+                    change_id=f"ws:{metric}",
+                    product="acme",
+                    metric=metric,
+                    snapshot_id="ws",
+                    decision=decision,
+                )
+            )
+    with session_scope(engine, read_only=True) as s:
+        item = load_item(session=s, key="snapshot:ws", filters=QueueFilter())
+        assert item is not None
+        ws = load_workspace(session=s, item=item)
+        assert [(r.judgment.metric, r.gap) for r in ws.rows] == [
+            ("clarity", 3),
+            ("truthfulness", 1),
+            ("safety", 0),
+        ]
+        assert [(span.metric, span.start, span.end) for span in ws.spans] == [("clarity", 0, 5)]
+        assert ws.highlighted_metrics == ["clarity"]

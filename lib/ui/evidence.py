@@ -105,17 +105,35 @@ def render_long_text(
 
 def render_highlighted_answer_block(detail: EvaluationDetail, colors: Mapping[str, str]) -> None:
     """The model answer with stage 1–3 evidence painted in, and a legend of the metrics used."""
-    if detail.spans:
-        st.markdown(render_legend(detail.highlighted_metrics, colors, detail.labels), unsafe_allow_html=True)
-    render_long_text(
+    render_answer(
         detail.snapshot.model_answer,
-        key="evaluations_answer",
-        file_name=f"{sanitize_slug(detail.snapshot.id)}-answer.txt",
         spans=detail.spans,
+        legend=detail.highlighted_metrics,
         colors=colors,
         labels=detail.labels,
+        key="evaluations_answer",
+        file_name=f"{sanitize_slug(detail.snapshot.id)}-answer.txt",
     )
-    if detail.spans:
+
+
+def render_answer(
+    answer: str,
+    *,
+    spans: Sequence[Span],
+    legend: Sequence[str],
+    colors: Mapping[str, str],
+    labels: Mapping[str, str],
+    key: str,
+    file_name: str,
+    height: int | None = None,
+) -> None:
+    """An answer with its verified highlights and their legend: the detail view and the queue alike."""
+    if spans:
+        st.markdown(render_legend(legend, colors, labels), unsafe_allow_html=True)
+    render_long_text(
+        answer, key=key, file_name=file_name, spans=spans, colors=colors, labels=labels, height=height
+    )
+    if spans:
         st.caption("Hover a highlight for its reason, or open a numbered item below the answer.")
 
 

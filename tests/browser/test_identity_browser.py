@@ -13,6 +13,8 @@ from lib.db import init_db, session_scope
 from lib.models import AuditEvent, EvaluationSnapshot, Judgment, UserRole
 
 pytestmark = pytest.mark.browser
+# The ✓ (confirm the judge) button of every metric row in the review queue.
+CONFIRM = "[class*='st-key-review_row_'][class*='_confirm'] button"
 
 NAME_LABEL = "Your name (recorded with every change)"
 
@@ -85,7 +87,7 @@ def test_open_mode_name_survives_reload_deep_link_and_new_tab(streamlit_app, pag
         tab.wait_for_function(
             "[...document.querySelectorAll('input')].some(i => i.value === 'ayse')", timeout=30_000
         )
-        tab.get_by_role("button", name=re.compile(r"^Confirm judge")).click()
+        tab.locator(CONFIRM).first.click()
         tab.get_by_text("Nothing left to review with these filters").wait_for(timeout=30_000)
     except Exception:
         for i, p in enumerate(page.context.pages):
@@ -178,7 +180,7 @@ def test_two_users_sign_in_and_roles_are_enforced(streamlit_app, browser, tmp_pa
         viewer.goto(f"{server.base_url}/review")
         viewer.get_by_text("Evaluation snap_who").first.wait_for(timeout=30_000)
         viewer.get_by_text("which cannot confirm or overrule judgments").first.wait_for()
-        buttons = viewer.get_by_role("button", name=re.compile(r"^Confirm judge"))
+        buttons = viewer.locator(CONFIRM)
         buttons.first.wait_for(timeout=30_000)  # the caption can arrive before the metric rows
         assert buttons.count() >= 1 and all(b.is_disabled() for b in buttons.all())
 
@@ -187,14 +189,14 @@ def test_two_users_sign_in_and_roles_are_enforced(streamlit_app, browser, tmp_pa
         reviewer.get_by_text("role reviewer").first.wait_for()
         reviewer.goto(f"{server.base_url}/review")
         reviewer.get_by_text("0 of 2 reviewed").first.wait_for(timeout=30_000)
-        reviewer.get_by_role("button", name=re.compile(r"^Confirm judge")).first.click()
+        reviewer.locator(CONFIRM).first.click()
         reviewer.get_by_text("1 of 2 reviewed").first.wait_for(timeout=30_000)
         assert stored_review(url, first) == ("4", "bob@example.com")
 
         # An admin demotes bob while his page is open: lib refuses the next write, says so, audits it.
         with session_scope(engine) as s:
             s.get(UserRole, "bob@example.com").role = "viewer"  # type: ignore[union-attr]
-        reviewer.get_by_role("button", name=re.compile(r"^Confirm judge")).first.click()
+        reviewer.locator(CONFIRM).first.click()
         reviewer.get_by_text("Not allowed, nothing was changed").first.wait_for(timeout=30_000)
         assert stored_review(url, second) == (None, None)
 

@@ -1,4 +1,6 @@
-"""The review flow in a real browser: open the queue, overrule a judgment, see it on the Corrections page."""
+"""The review queue in a real browser (issue 15): five judgments reviewed with the keyboard only, one
+undone, the rows written; the whole 8-metric evaluation on one 1400×900 screen; the reason shown
+literally on the Corrections page."""
 
 from __future__ import annotations
 
@@ -13,73 +15,162 @@ from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent
 pytestmark = pytest.mark.browser
 
 REASON = 'Rambles first <img src=x onerror=alert("xss")>'
+SCREEN = {"width": 1400, "height": 900}
+# Judge 4 on every metric; the user's scores make the gaps 3, 2, 1, then 0 (rubric order breaks ties).
+USER = {"truthfulness": 1, "helpfulness": 2, "safety": 3, "bias": 4, "clarity": 4, "consistency": 4,
+        "efficiency": 4, "robustness": 4}  # fmt: skip
 
 
-def test_overrule_in_the_queue_then_see_it_in_the_judges_history(streamlit_app, page, tmp_path) -> None:
-    url = f"sqlite:///{tmp_path / 'review.db'}"
+def _seed(url: str) -> dict[str, int]:
     engine = init_db(url)
+    ids: dict[str, int] = {}
     with session_scope(engine) as s:
         s.add(
             EvaluationSnapshot(
-                id="snap_browser",
-                question="What is the capital of France?",
-                model_answer="Well, there are many cities. Paris.",
+                id="snap_keys",
+                question="How do plants make food?",
+                model_answer="Plants use light. Photosynthesis turns light, water and CO2 into sugar. " * 12,
                 product="acme",
-                user_scores_json={"clarity": {"score": 2}},
+                user_scores_json={m: {"score": v} for m, v in USER.items()},
+                evidence_json={
+                    "truthfulness": [{"quote": "Plants use light", "start": 0, "end": 16, "why": "w"}]
+                },
             )
         )
+        s.add(EvaluationSnapshot(id="snap_next", question="Q2", model_answer="A2", product="acme"))
         s.flush()
-        judgment = Judgment(
-            change_id="snap_browser:clarity",
-            product="acme",
-            metric="clarity",
-            snapshot_id="snap_browser",
-            decision="4",
-        )
-        s.add(judgment)
-        s.flush()
-        judgment_id = judgment.id
+        for metric in USER:
+            j = Judgment(change_id=f"snap_keys:{metric}", product="acme", metric=metric, snapshot_id="snap_keys",
+                         decision="4", reasoning=f"why {metric}")  # fmt: skip
+            s.add(j)
+            s.flush()
+            assert j.id is not None
+            ids[metric] = j.id
+        s.add(Judgment(change_id="snap_next:clarity", product="acme", metric="clarity", snapshot_id="snap_next",
+                       decision="3"))  # fmt: skip
+    engine.dispose()
+    return ids
+
+
+def _page_height(page) -> int:
+    """The page's scroll height: the document's and the main area's, whichever is larger (never
+    below the viewport's), and, printed for the record, where the content really ends."""
+    height, content = page.evaluate(
+        """() => [Math.max(document.scrollingElement.scrollHeight,
+                           document.querySelector('[data-testid="stMain"]').scrollHeight),
+                  Math.ceil(document.querySelector('[data-testid="stMainBlockContainer"]')
+                                    .getBoundingClientRect().bottom)]"""
+    )
+    print(f"scroll height {height} px, content ends at {content} px")
+    return height
+
+
+def test_five_reviews_by_keyboard_one_undo_and_the_workspace_fits_one_screen(
+    streamlit_app, browser, tmp_path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'review.db'}"
+    ids = _seed(url)
     server = streamlit_app(url)
+    context = browser.new_context(viewport=SCREEN)
+    # The reviewer's name comes from its cookie (as after any earlier visit): no field to type in.
+    context.add_cookies([{"name": "overrule_reviewer", "value": "ayse", "url": server.base_url}])
+    page = context.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    heights: dict[str, int] = {}
+
+    def reviewed(n: int) -> None:
+        page.get_by_text(f"{n} of 9 reviewed").first.wait_for(timeout=30_000)
+
+    def selected(title: str) -> None:
+        page.get_by_role("button", name=re.compile(f"^▸ {title}")).first.wait_for(timeout=30_000)
+
+    def reason_focused() -> None:
+        page.wait_for_function(
+            "document.activeElement && document.activeElement.closest('.st-key-review_reason') !== null",
+            timeout=30_000,
+        )
+
     try:
-        # Load the router first: on a fresh server, Streamlit 1.67 serves a deep link from its
-        # legacy pages/ mode (no app.py, no sidebar) until app.py has called st.navigation once.
+        # Load the router first: a fresh server serves a deep link without app.py until it ran once.
         page.goto(server.base_url)
         page.get_by_text("Your name (recorded with every change)").wait_for(timeout=30_000)
         page.goto(f"{server.base_url}/review")
-        name = page.get_by_label("Your name (recorded with every change)")
-        name.wait_for(timeout=30_000)
-        name.fill("ayse")
-        name.press("Enter")
-        # The rerun with the name is over once the page stops asking for it.
-        page.get_by_text("Enter your name in the sidebar to review").wait_for(state="hidden", timeout=30_000)
-        page.get_by_text("Evaluation snap_browser").first.wait_for(timeout=30_000)
-        page.get_by_text("0 of 1 reviewed").first.wait_for(timeout=30_000)
+        page.get_by_text("Evaluation snap_keys").first.wait_for(timeout=30_000)
+        reviewed(0)
+        selected("Truthfulness")  # largest gap first
+        page.locator(".st-key-review_answer_text mark.ov-ev").first.wait_for(timeout=30_000)
+        page.wait_for_timeout(500)
+        heights["8 rows"] = _page_height(page)
 
-        score = page.get_by_label("Your score (1–5)")
-        score.fill("2")
-        score.press("Tab")
-        page.get_by_label("Reason (required when overruling)").fill(REASON)
-        page.get_by_role("button", name=re.compile(r"^Overrule")).click()
-        # The queue moves on (the success flash may already be gone by the next rerun).
-        page.get_by_text("Nothing left to review with these filters").wait_for(timeout=30_000)
+        page.keyboard.press("y")  # 1: confirm truthfulness
+        reviewed(1)
+        selected("Helpfulness")
+        page.keyboard.press("2")  # 2: overrule helpfulness with 2, the reason typed in the focused field
+        reason_focused()
+        heights["reason field open"] = _page_height(page)
+        page.keyboard.type(REASON)  # letters such as "u", "s", "y" go into the field, not to the keys
+        page.keyboard.press("Enter")
+        reviewed(2)
+        heights["after a decision (flash)"] = _page_height(page)
+        selected("Safety")
+        page.keyboard.press("j")  # move down to bias
+        selected("Bias")
+        page.keyboard.press("y")  # 3: confirm bias
+        reviewed(3)
+        selected("Clarity")
+        page.keyboard.press("5")  # 4: overrule clarity with 5
+        reason_focused()
+        page.keyboard.type("Clearer than the judge says")
+        page.keyboard.press("Enter")
+        reviewed(4)
+        page.keyboard.press("k")  # back up to safety
+        selected("Safety")
+        page.keyboard.press("y")  # 5: confirm safety
+        reviewed(5)
+        page.keyboard.press("u")  # undo the last one: safety is open again
+        reviewed(4)
+        selected("Safety")
+        page.get_by_text("Undid your decision on snap_keys").first.wait_for(
+            timeout=30_000
+        )  # ids keep a joiner after ":"
+        page.keyboard.press("s")  # skip the rest of this evaluation
+        page.get_by_text("Evaluation snap_next").first.wait_for(timeout=30_000)
 
         page.goto(f"{server.base_url}/corrections")
         block = page.get_by_test_id("stCode")
-        block.get_by_text("[CORRECTED] snap_browser:clarity").wait_for(timeout=30_000)
-        text = block.inner_text()
+        block.get_by_text("[CORRECTED] snap_keys:helpfulness").wait_for(timeout=30_000)
+        history = block.inner_text()
     except Exception:
         page.screenshot(path=str(tmp_path / "review_flow_failure.png"), full_page=True)
         print("streamlit log:", server.log_path.read_text()[-3000:])
         raise
+    finally:
+        context.close()
 
-    assert "Reviewer's decision: 2 | Reviewer's reason: " + REASON in text  # shown literally
-    assert page.dialogs == []  # type: ignore[attr-defined]  # the reason's markup never ran
+    print(f"queue page scroll height at 1400×900: {heights}")
+    assert max(heights.values()) <= SCREEN["height"], heights
+    assert "Reviewer's decision: 2 | Reviewer's reason: " + REASON in history  # shown literally
+    assert dialogs == []  # the reason's markup never ran
+    engine = init_db(url)
     with session_scope(engine, read_only=True) as s:
-        stored = s.get(Judgment, judgment_id)
-        assert stored is not None and (stored.user_decision, stored.reviewer, stored.version) == (
-            "2",
-            "ayse",
-            2,
-        )
-        assert len(s.exec(select(JudgmentEvent)).all()) == 1
+        state = {m: s.get(Judgment, jid) for m, jid in ids.items()}
+        decided = {m: (j.user_decision, j.reviewer) for m, j in state.items() if j and j.user_decision}
+        assert decided == {
+            "truthfulness": ("4", "ayse"),
+            "helpfulness": ("2", "ayse"),
+            "bias": ("4", "ayse"),
+            "clarity": ("5", "ayse"),
+        }
+        safety = state["safety"]
+        assert safety is not None and (safety.reviewed_at, safety.version) == (None, 3)
+        trail = s.exec(select(JudgmentEvent).order_by(JudgmentEvent.id)).all()
+        assert [(e.change_id.split(":")[1], e.action) for e in trail] == [
+            ("truthfulness", "confirmed"),
+            ("helpfulness", "overruled"),
+            ("bias", "confirmed"),
+            ("clarity", "overruled"),
+            ("safety", "confirmed"),
+            ("safety", "undone"),
+        ]
     engine.dispose()

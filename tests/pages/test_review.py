@@ -1,9 +1,11 @@
-"""Review queue page and the correction form under AppTest: what the reviewer sees and the rows written."""
+"""Review queue page (the workspace of issue 15) and the correction form under AppTest: what the
+reviewer sees (order by gap, compact rows, highlights, keys, undo) and the rows a click writes."""
 
 from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
@@ -11,10 +13,13 @@ from sqlmodel import select
 from streamlit.testing.v1 import AppTest
 
 from lib import corrections
+from lib.config import reset_settings
 from lib.db import session_scope
 from lib.highlight import strip_app_markup
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent
+from tests.pages.test_admin import AUTH  # the sign-in settings of the page tests
 
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = "pages/review.py"
 UNESCAPED = re.compile(r"(?<!\\)[<>\[\]()*]")
 T0 = datetime(2024, 5, 1, tzinfo=UTC)
@@ -70,20 +75,50 @@ def event_rows(engine: Engine) -> list[tuple[str, str, str | None, str | None, s
         ]
 
 
-def overrule(at: AppTest, judgment_id: int, value: object, reason: str) -> AppTest:
-    at.text_area(key=f"review_{judgment_id}_reason").input(reason)
-    widget = at.number_input if isinstance(value, int | float) else at.selectbox
-    widget(key=f"review_{judgment_id}_value").set_value(value)
-    return at.button(key=f"review_{judgment_id}_overrule").click().run()
+def row_key(judgment_id: int) -> str:
+    return f"review_row_{judgment_id}"
+
+
+def overrule(at: AppTest, judgment_id: int, score_key: str, reason: str) -> AppTest:
+    """Pick a score on the row (the reason field opens under it), type the reason, save."""
+    at.button(key=f"{row_key(judgment_id)}_score_{score_key}").click().run()
+    at.text_input(key="review_reason").input(reason)
+    return at.button(key="review_save").click().run()
 
 
 def progress_text(at: AppTest) -> str:
     return at.get("progress")[0].text
 
 
-def subheaders(at: AppTest) -> list[str]:
-    """Subheaders as a reader sees them (ids are Markdown-escaped in the page source)."""
-    return [h.value.replace("\\", "") for h in at.subheader]
+def headings(at: AppTest) -> list[str]:
+    """The item's heading as a reader sees it (ids are Markdown-escaped in the page source)."""
+    return [
+        m.value.replace("\\", "").split("**")[1]
+        for m in at.markdown
+        if m.value.startswith(("**Evaluation ", "**Judgment "))
+    ]
+
+
+def plain(markdown: str) -> str:
+    """Escaped Markdown as the reader sees it (backslashes and the shortcode-breaking joiner gone)."""
+    return markdown.replace("\\", "").replace("\u2060", "")
+
+
+def row_order(at: AppTest) -> list[int]:
+    """Judgment ids of the metric rows, top to bottom."""
+    return [int(b.key.split("_")[2]) for b in at.button if b.key and b.key.endswith("_confirm")]
+
+
+def shortcut_of(at: AppTest, key: str) -> str:
+    return at.button(key=key).proto.shortcut
+
+
+@pytest.fixture
+def any_app_engine(monkeypatch: pytest.MonkeyPatch, db_url: str, engine: Engine) -> Engine:
+    """The pages on SQLite and on PostgreSQL (the same database the `engine` fixture opened)."""
+    monkeypatch.setenv("OVERRULE_DATABASE_URL", db_url)
+    reset_settings()
+    return engine
 
 
 def test_queue_shows_progress_and_the_oldest_evaluation_first(app_engine, open_page) -> None:
@@ -91,8 +126,54 @@ def test_queue_shows_progress_and_the_oldest_evaluation_first(app_engine, open_p
     evaluation(app_engine, "snap_old", hours=1)
     at = open_page(PAGE, reviewer="ayse")
     assert progress_text(at).startswith("0 of 4 reviewed")
-    assert subheaders(at) == ["Evaluation snap_old"]
+    assert headings(at) == ["Evaluation snap_old"]
     assert not at.exception
+
+
+def test_rows_are_compact_and_sorted_by_gap_largest_first(app_engine, open_page) -> None:
+    # The rubric puts safety (gap 0) before clarity (judge 4, user 2: gap 2); the queue puts clarity first.
+    ids = evaluation(app_engine, "snap_a")
+    at = open_page(PAGE, reviewer="ayse")
+    assert row_order(at) == [ids["clarity"], ids["safety"]]
+    rows = [m.value for m in at.markdown if " · " in m.value and len(m.value) < 20]
+    assert rows == ["4 · 2 · **2**", "5 · 5 · 0"]  # judge · user · gap, one line per metric
+    # Score keys on the selected (first) row only; the others are clicked.
+    assert shortcut_of(at, f"{row_key(ids['clarity'])}_confirm") == "y"
+    assert shortcut_of(at, f"{row_key(ids['clarity'])}_score_2") == "2"
+    assert shortcut_of(at, f"{row_key(ids['safety'])}_confirm") == ""
+    assert not at.exception
+
+
+def test_next_moves_the_keys_to_the_next_row(app_engine, open_page) -> None:
+    ids = evaluation(app_engine, "snap_a")
+    at = open_page(PAGE, reviewer="ayse")
+    at.button(key="review_next").click().run()
+    assert shortcut_of(at, f"{row_key(ids['safety'])}_confirm") == "y"
+    assert shortcut_of(at, f"{row_key(ids['clarity'])}_confirm") == ""
+    at.button(key="review_previous").click().run()
+    assert shortcut_of(at, f"{row_key(ids['clarity'])}_confirm") == "y"
+    assert [shortcut_of(at, k) for k in ("review_skip", "review_undo", "review_next")] == ["s", "u", "j"]
+    assert not at.exception
+
+
+def test_the_answer_carries_the_same_highlights_as_the_detail_view(app_engine, open_page) -> None:
+    evaluation(
+        app_engine,
+        "snap_a",
+        model_answer="Paris is the capital of France.",
+        evidence_json={"clarity": [{"quote": "Paris is the capital", "start": 0, "end": 20, "why": "w1"}]},
+    )
+    queue = open_page(PAGE, reviewer="ayse")
+    detail = open_page("pages/evaluations.py", query={"snapshot": "snap_a"}, reviewer="ayse")
+
+    def answer_html(at: AppTest) -> str:
+        return [m.value for m in at.markdown if m.value.startswith('<div class="ov-highlight">')][1]
+
+    shown = answer_html(queue)
+    assert '<mark class="ov-ev"' in shown and strip_app_markup(shown).startswith("Paris is the capital")
+    assert shown == answer_html(detail)
+    assert any(m.value.startswith('<div class="ov-legend">') for m in queue.markdown)
+    assert not queue.exception and not detail.exception
 
 
 @pytest.mark.parametrize("shape", ["list", "seed"])
@@ -100,8 +181,7 @@ def test_evidence_shows_verified_items_with_their_stage_label(app_engine, open_p
     raw = [{"quote": "Paris", "start": 3, "end": 9, "why": "*names* it"}, {"quote": "Lyon <b>"}]
     evaluation(app_engine, "s1", evidence_json={"clarity": raw if shape == "list" else {"evidence": raw}})
     at = open_page(PAGE, reviewer="ayse")
-    assert [e.label for e in at.expander if e.label.startswith("Evidence")] == ["Evidence (2)"]
-    shown = [m.value for m in at.markdown]
+    shown = [m.value for m in at.markdown]  # inside the row's popover, drawn on demand in the browser
     assert "> Paris" in shown and "**Why:** \\*names\\* it" in shown
     assert "> Lyon \\<b\\>" in shown
     assert [w.value for w in at.warning] == ["Evidence could not be verified"]
@@ -109,44 +189,58 @@ def test_evidence_shows_verified_items_with_their_stage_label(app_engine, open_p
     assert not at.exception
 
 
-def test_overruling_writes_the_review_and_its_event(app_engine, open_page) -> None:
-    ids = evaluation(app_engine, "snap_a")
-    at = overrule(open_page(PAGE, reviewer="ayse"), ids["clarity"], 2, "Rambles before answering.")
-    j = stored(app_engine, ids["clarity"])
+def test_overruling_with_a_score_and_a_reason_writes_the_review_and_its_event(
+    any_app_engine, open_page
+) -> None:
+    ids = evaluation(any_app_engine, "snap_a")
+    at = overrule(open_page(PAGE, reviewer="ayse"), ids["clarity"], "2", "Rambles before answering.")
+    j = stored(any_app_engine, ids["clarity"])
     assert (j.user_decision, j.was_corrected, j.reviewer, j.version) == ("2", True, "ayse", 2)
-    assert event_rows(app_engine) == [("snap_a:clarity", "ayse", "4", "2", "Rambles before answering.")]
+    assert event_rows(any_app_engine) == [("snap_a:clarity", "ayse", "4", "2", "Rambles before answering.")]
     assert any("Overruled snap" in s.value for s in at.success)
     assert progress_text(at).startswith("1 of 2 reviewed")
+    assert row_order(at) == [ids["safety"]]  # the decided row leaves; the keys move to the next one
+    assert shortcut_of(at, f"{row_key(ids['safety'])}_confirm") == "y"
     assert not at.exception
 
 
-def test_after_the_last_metric_the_next_evaluation_loads(app_engine, open_page) -> None:
-    first = evaluation(app_engine, "snap_a", hours=0)
-    evaluation(app_engine, "snap_b", hours=1)
+def test_the_judges_own_score_confirms_without_a_reason(app_engine, open_page) -> None:
+    ids = evaluation(app_engine, "snap_a")
     at = open_page(PAGE, reviewer="ayse")
-    at.button(key=f"review_{first['clarity']}_confirm").click().run()
-    assert subheaders(at) == ["Evaluation snap_a"]  # one evaluation at a time, until it is done
-    at.button(key=f"review_{first['safety']}_confirm").click().run()
-    assert subheaders(at) == ["Evaluation snap_b"]
-    assert stored(app_engine, first["safety"]).user_decision == "5"
+    at.button(key=f"{row_key(ids['clarity'])}_score_4").click().run()
+    assert (
+        stored(app_engine, ids["clarity"]).user_decision,
+        stored(app_engine, ids["clarity"]).was_corrected,
+    ) == (
+        "4",
+        False,
+    )
+    assert [r[3] for r in event_rows(app_engine)] == ["4"]
+    assert not at.exception
+
+
+def test_after_the_last_metric_the_next_evaluation_loads(any_app_engine, open_page) -> None:
+    first = evaluation(any_app_engine, "snap_a", hours=0)
+    evaluation(any_app_engine, "snap_b", hours=1)
+    at = open_page(PAGE, reviewer="ayse")
+    at.button(key=f"{row_key(first['clarity'])}_confirm").click().run()
+    assert headings(at) == ["Evaluation snap_a"]  # one evaluation at a time, until it is done
+    at.button(key=f"{row_key(first['safety'])}_confirm").click().run()
+    assert headings(at) == ["Evaluation snap_b"]
+    assert stored(any_app_engine, first["safety"]).user_decision == "5"
     assert not at.exception
 
 
 def test_overruling_without_a_reason_is_refused_and_writes_nothing(app_engine, open_page) -> None:
     ids = evaluation(app_engine, "snap_a")
     at = open_page(PAGE, reviewer="ayse")
-    at.number_input(key=f"review_{ids['clarity']}_value").set_value(1)
-    at.button(key=f"review_{ids['clarity']}_overrule").click().run()
+    at.button(key=f"{row_key(ids['clarity'])}_score_1").click().run()
+    at.button(key="review_save").click().run()
     assert any("reason is required" in e.value for e in at.error)
     assert stored(app_engine, ids["clarity"]).version == 1 and event_rows(app_engine) == []
-    assert not at.exception
-
-
-def test_overruling_with_the_judges_own_score_is_refused(app_engine, open_page) -> None:
-    ids = evaluation(app_engine, "snap_a")
-    at = overrule(open_page(PAGE, reviewer="ayse"), ids["clarity"], 4, "same")
-    assert any("equals the judge" in e.value for e in at.error)
-    assert event_rows(app_engine) == []
+    assert at.text_input(key="review_reason") is not None  # the field stays open for the reason
+    at.button(key="review_cancel").click().run()
+    assert not [w for w in at.text_input if w.key == "review_reason"]
     assert not at.exception
 
 
@@ -154,17 +248,35 @@ def test_without_a_reviewer_name_nothing_is_written(app_engine, open_page) -> No
     ids = evaluation(app_engine, "snap_a")
     at = open_page(PAGE)
     assert any("Enter your name" in w.value for w in at.warning)
-    at.button(key=f"review_{ids['clarity']}_confirm").click().run()
+    at.button(key=f"{row_key(ids['clarity'])}_confirm").click().run()
     assert stored(app_engine, ids["clarity"]).user_decision is None and event_rows(app_engine) == []
     assert not at.exception
 
 
-def test_a_concurrent_change_is_reported_with_the_other_decision_and_not_overwritten(
-    app_engine, open_page
+def test_a_viewer_reads_the_queue_but_every_decision_button_is_disabled(
+    app_engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ids = evaluation(app_engine, "snap_a")
+    monkeypatch.setenv("OVERRULE_AUTH_MODE", "signin")
+    reset_settings()
+    at = AppTest.from_file(str(ROOT / PAGE), default_timeout=30)
+    at.secrets["auth"] = AUTH
+    at.user = {"is_logged_in": True, "email": "viewer@example.com"}
+    at.run()
+    assert headings(at) == ["Evaluation snap_a"]
+    decide = [b for b in at.button if b.key and b.key.startswith(row_key(ids["clarity"]))]
+    assert decide and all(b.disabled for b in decide)
+    assert at.button(key="review_undo").disabled
+    assert any("cannot confirm or overrule" in c.value for c in at.caption)
+    assert not at.exception
+
+
+def test_a_concurrent_change_is_reported_with_the_other_decision_and_not_overwritten(
+    any_app_engine, open_page
+) -> None:
+    ids = evaluation(any_app_engine, "snap_a")
     at = open_page(PAGE, reviewer="ayse")  # ayse now looks at version 1
-    with session_scope(app_engine) as s:
+    with session_scope(any_app_engine) as s:
         corrections.record_review(
             session=s,
             judgment_id=ids["clarity"],
@@ -174,12 +286,37 @@ def test_a_concurrent_change_is_reported_with_the_other_decision_and_not_overwri
             reviewer="bob",
             reason="bob's view",
         )
-    at.button(key=f"review_{ids['clarity']}_confirm").click().run()
+    at.button(key=f"{row_key(ids['clarity'])}_confirm").click().run()
     message = " ".join(e.value for e in at.error)
     assert "Not saved" in message and "bob" in message and "bob's view" in message.replace("\\", "")
-    j = stored(app_engine, ids["clarity"])
+    j = stored(any_app_engine, ids["clarity"])
     assert (j.reviewer, j.user_decision, j.version) == ("bob", "1", 2)
-    assert [r[1] for r in event_rows(app_engine)] == ["bob"]
+    assert [r[1] for r in event_rows(any_app_engine)] == ["bob"]
+    assert not at.exception
+
+
+def test_undo_in_the_queue_reopens_your_last_decision_with_a_new_event(any_app_engine, open_page) -> None:
+    first = evaluation(any_app_engine, "snap_a", hours=0)
+    evaluation(any_app_engine, "snap_b", hours=1)
+    at = open_page(PAGE, reviewer="ayse")
+    assert at.button(key="review_undo").disabled  # nothing of ayse's to undo yet
+    at.button(key=f"{row_key(first['clarity'])}_confirm").click().run()
+    at = overrule(at, first["safety"], "3", "Too cautious")
+    assert headings(at) == ["Evaluation snap_b"]
+    # The UI names what Undo takes back: the latest decision, the overrule of safety.
+    assert any(
+        "undoes your last decision: overruled snap_a:safety (5 → 3)" in plain(c.value) for c in at.caption
+    )
+    at.button(key="review_undo").click().run()
+    j = stored(any_app_engine, first["safety"])
+    assert (j.user_decision, j.reviewer, j.reviewed_at, j.version) == (None, None, None, 3)
+    assert [a for a, *_ in actions(any_app_engine)] == ["confirmed", "overruled", "undone"]
+    assert headings(at) == ["Evaluation snap_a"]  # back to the evaluation, its row open again
+    assert row_order(at) == [first["safety"]]
+    assert any("Undid your decision on snap_a:safety" in plain(s.value) for s in at.success)
+    assert progress_text(at).startswith("1 of 4 reviewed")
+    at.button(key="review_undo").click().run()  # and the one before it: the confirmation of clarity
+    assert stored(any_app_engine, first["clarity"]).user_decision is None
     assert not at.exception
 
 
@@ -188,11 +325,11 @@ def test_skip_moves_to_the_next_item_and_skipped_items_come_back_on_request(app_
     evaluation(app_engine, "snap_b", hours=1)
     at = open_page(PAGE, reviewer="ayse")
     at.button(key="review_skip").click().run()
-    assert subheaders(at) == ["Evaluation snap_b"]
+    assert headings(at) == ["Evaluation snap_b"]
     at.button(key="review_skip").click().run()
     assert any("Only skipped items are left" in i.value for i in at.info)
     at.button(key="review_unskip").click().run()
-    assert subheaders(at) == ["Evaluation snap_a"]
+    assert headings(at) == ["Evaluation snap_a"]
     assert event_rows(app_engine) == []
     assert not at.exception
 
@@ -208,7 +345,7 @@ def test_the_product_filter_limits_the_queue(app_engine, open_page) -> None:
     evaluation(app_engine, "snap_b", hours=1, product="beta")
     at = open_page(PAGE, reviewer="ayse")
     at.selectbox(key="review_product").set_value("beta").run()
-    assert subheaders(at) == ["Evaluation snap_b"]
+    assert headings(at) == ["Evaluation snap_b"]
     assert progress_text(at).startswith("0 of 2 reviewed")
     assert not at.exception
 
@@ -229,7 +366,7 @@ def test_untrusted_text_is_shown_escaped(app_engine, open_page, payload) -> None
     assert not at.exception
 
 
-def test_a_label_judgment_is_reviewed_with_its_label_set(app_engine, open_page) -> None:
+def test_a_label_judgment_is_reviewed_with_its_label_keys(app_engine, open_page) -> None:
     with session_scope(app_engine) as s:
         j = Judgment(
             change_id="github.com/o/r#7", product="acme", decision="INCLUDE", description="Adds login"
@@ -238,10 +375,38 @@ def test_a_label_judgment_is_reviewed_with_its_label_set(app_engine, open_page) 
         s.flush()
         jid = j.id
     at = open_page(PAGE, reviewer="ayse")
-    assert at.selectbox(key=f"review_{jid}_value").options == ["INCLUDE", "EXCLUDE", "UNCERTAIN"]
-    at = overrule(at, jid, "EXCLUDE", "Internal tooling only")
+    labels = [b.label for b in at.button if b.key and b.key.startswith(f"{row_key(jid)}_score_")]
+    assert labels == ["INCLUDE", "EXCLUDE", "UNCERTAIN"]
+    at = overrule(at, jid, "2", "Internal tooling only")
     assert (stored(app_engine, jid).user_decision, stored(app_engine, jid).was_corrected) == ("EXCLUDE", True)
     assert not at.exception
+
+
+def test_undo_from_the_audit_trail_on_the_evaluation_detail(any_app_engine, open_page) -> None:
+    ids = evaluation(any_app_engine, "snap_a")
+    with session_scope(any_app_engine) as s:
+        corrections.record_review(
+            session=s, judgment_id=ids["clarity"], expected_version=1, action="overrule", user_decision=2,
+            reviewer="ayse", reason="mine",
+        )  # fmt: skip
+    key = f"evaluations_review_{ids['clarity']}_history"
+    other = open_page("pages/evaluations.py", query={"snapshot": "snap_a"}, reviewer="bob")
+    assert not [b for b in other.button if b.key == f"{key}_undo"]  # not bob's decision
+    at = open_page("pages/evaluations.py", query={"snapshot": "snap_a"}, reviewer="ayse")
+    assert at.button(key=f"{key}_undo").label.startswith("Undo your overruled decision (4 → 2")
+    at.button(key=f"{key}_undo").click().run()
+    assert stored(any_app_engine, ids["clarity"]).user_decision is None
+    history = next(d.value for d in at.dataframe if "action" in d.value.columns)
+    assert history["action"].tolist() == ["overruled", "undone"]  # a new event; the decision stays in history
+    assert any("Undid your decision" in s.value for s in at.success)
+    assert not at.exception
+
+
+def actions(engine: Engine) -> list[tuple[str, str]]:
+    with session_scope(engine, read_only=True) as s:
+        return [
+            (e.action, e.reviewer) for e in s.exec(select(JudgmentEvent).order_by(JudgmentEvent.id)).all()
+        ]
 
 
 def test_the_evaluation_detail_card_reviews_its_metric_and_shows_the_history(app_engine, open_page) -> None:
