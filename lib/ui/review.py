@@ -10,7 +10,7 @@ outcome is kept as a "flash" message that the next run shows. All data text is e
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import streamlit as st
@@ -266,10 +266,11 @@ def describe_decision(event: JudgmentEvent) -> str:
     return f"{event.from_decision or '—'} → {event.to_decision or '—'} at {event.at:%Y-%m-%d %H:%M} UTC"
 
 
-def undo_decision(judgment_id: int, version: int, *, flash_key: str, current_key: str | None = None) -> None:
+def undo_decision(judgment_id: int, version: int, *, flash_key: str, queue_key: str | None = None) -> None:
     """Button callback: undo the reviewer's own latest decision on a judgment, as of the version seen.
 
-    `current_key` (the queue) is pointed at the judgment's item, so the reviewer sees it open again.
+    In the queue (`queue_key`, its session-state prefix) the judgment's item becomes the current one
+    with the keys on its row, so the reviewer sees it open again and can decide anew.
     """
     reviewer = current_actor()
     if not reviewer:
@@ -298,8 +299,9 @@ def undo_decision(judgment_id: int, version: int, *, flash_key: str, current_key
     except (NothingToUndo, MissingReviewer, JudgmentNotFound) as exc:
         flash(flash_key, "error", f"Not undone: {exc}")
         return
-    if current_key is not None:
-        st.session_state[current_key] = key
+    if queue_key is not None:  # the queue: show the judgment's evaluation, the keys on its row
+        st.session_state[f"{queue_key}_current"] = key
+        st.session_state[f"{queue_key}_select_id"] = judgment_id
     flash(flash_key, "success", f"{summary} The undo is recorded in its history.")
 
 
@@ -333,9 +335,14 @@ KEY_MAP = (
 )
 
 
-def _selected(key: str, rows: int) -> int:
-    """The row the keys act on, kept inside the rows that are still open."""
-    index = min(max(int(st.session_state.get(f"{key}_selected", 0)), 0), max(rows - 1, 0))
+def _selected(key: str, rows: Sequence[MetricRow]) -> int:
+    """The row the keys act on, kept inside the rows that are still open; an undone judgment's row
+    when an undo just reopened one."""
+    reopened = st.session_state.pop(f"{key}_select_id", None)
+    ids = [row.judgment.id for row in rows]
+    if reopened in ids:
+        st.session_state[f"{key}_selected"] = ids.index(reopened)
+    index = min(max(int(st.session_state.get(f"{key}_selected", 0)), 0), max(len(rows) - 1, 0))
     st.session_state[f"{key}_selected"] = index
     return index
 
@@ -410,7 +417,7 @@ def metric_rows(ws: Workspace, *, key: str, flash_key: str) -> None:
     denied = denied_reason(Permission.REVIEW) if current_actor() else None
     if denied:
         st.caption(f"🔒 {escape_markdown(denied)}")
-    selected = _selected(key, len(ws.rows))
+    selected = _selected(key, ws.rows)
     pending = st.session_state.get(f"{key}_pending")
     pending_id = pending["id"] if pending else None
     if pending_id is not None and pending_id not in {r.judgment.id for r in ws.rows}:
@@ -575,7 +582,7 @@ def queue_toolbar(*, key: str, flash_key: str, on_skip: Callable[[], None] | Non
             ),
             on_click=undo_decision,
             args=(last.judgment_id if last else -1, version),
-            kwargs={"flash_key": flash_key, "current_key": f"{key}_current"},
+            kwargs={"flash_key": flash_key, "queue_key": key},
             shortcut=UNDO_KEY,
         )
         if on_skip is not None:  # an item is open: its rows can be walked

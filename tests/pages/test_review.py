@@ -423,3 +423,14 @@ def test_the_evaluation_detail_card_reviews_its_metric_and_shows_the_history(app
         ["ayse", "overruled", "4", "3", "Too long"]
     ]
     assert not at.exception
+
+
+def test_an_undo_puts_the_keys_on_the_reopened_row(app_engine, open_page) -> None:
+    ids = evaluation(app_engine, "snap_a")
+    at = open_page(PAGE, reviewer="ayse")
+    at.button(key=f"{row_key(ids['safety'])}_confirm").click().run()  # the second row, by mouse
+    assert row_order(at) == [ids["clarity"]]
+    at.button(key="review_undo").click().run()
+    assert row_order(at) == [ids["clarity"], ids["safety"]]
+    assert shortcut_of(at, f"{row_key(ids['safety'])}_confirm") == "y"
+    assert not at.exception
