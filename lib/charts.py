@@ -58,23 +58,27 @@ def hover_excerpt(value: object, *, chars: int = 160, width: int = 60) -> str:
 # Colours: one per name, the same on every page
 
 
+STRONG = 6  # the first six colours; yellow and black serve only when a chart needs more
+
+
 def color_for(name: object) -> str:
-    """The palette colour a name prefers: a stable hash (crc32), so it never depends on call order."""
-    return OKABE_ITO[zlib.crc32(str(name).encode("utf-8")) % len(OKABE_ITO)]
+    """The colour a name prefers, one of the six strong ones: a stable hash (crc32), so it never
+    depends on call order, page or process."""
+    return OKABE_ITO[zlib.crc32(str(name).encode("utf-8")) % STRONG]
 
 
 def colors_for(names: Iterable[object]) -> dict[str, str]:
     """A colour per name for one chart: each its preferred colour unless an earlier name (sorted) has it.
 
     The same set of names always gets the same colours whatever their order, and a name keeps its
-    preferred colour on every page unless another name of the same chart hashes to it. More names
-    than colours cycle the palette.
+    preferred colour on every page unless another name of the same chart hashes to it. Yellow and
+    black come after the six strong colours are taken; more names than colours cycle the palette.
     """
     taken: set[str] = set()
     colors: dict[str, str] = {}
     for name in sorted({str(n) for n in names}):
         preferred = OKABE_ITO.index(color_for(name))
-        free = [OKABE_ITO[(preferred + k) % len(OKABE_ITO)] for k in range(len(OKABE_ITO))]
+        free = [OKABE_ITO[(preferred + k) % STRONG] for k in range(STRONG)] + list(OKABE_ITO[STRONG:])
         color = next((c for c in free if c not in taken), free[0])
         taken.add(color)
         if len(taken) == len(OKABE_ITO):

@@ -857,10 +857,15 @@ def as_frame(notes: Iterable[SessionNote], *, type_labels: bool = False) -> pd.D
     frame = pd.DataFrame(
         [{c: getattr(n, c) for c in FRAME_COLUMNS} for n in notes], columns=list(FRAME_COLUMNS)
     )
-    if type_labels:
-        frame["note_type"] = frame["note_type"].map(note_type_label)
     frame["timestamp"] = pd.to_datetime(frame["timestamp"], utc=True)
-    return frame
+    return with_type_labels(frame) if type_labels else frame
+
+
+def with_type_labels(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy of a table to show, its `note_type` column with icons ("💭 TIP"); CSVs keep the bare type."""
+    if "note_type" not in frame.columns:
+        return frame
+    return frame.assign(note_type=frame["note_type"].map(note_type_label))
 
 
 def timeline_frame(summaries: Iterable[SessionSummary]) -> pd.DataFrame:

@@ -105,7 +105,7 @@ else:
     if shown_notes < total_notes:
         st.caption(f"The {shown_notes} most-evaluated of {total_notes} notes; the CSV holds them all.")
     show_table(
-        scores,
+        notes.with_type_labels(scores),
         key="tag_scores_table",
         alt="Scores by note and tag",
         columns={
@@ -160,7 +160,7 @@ if pinned.empty:
     st.caption("No note is pinned.")
 else:
     show_table(
-        pinned,
+        notes.with_type_labels(pinned),
         key="tag_scores_pinned",
         columns={
             "note_id": count_column("Note"),
@@ -213,7 +213,7 @@ metric_cols = st.columns(4)
 for column, decision in zip(metric_cols, ("filtered", "penalized", "neutral", "boosted"), strict=True):
     column.metric(DECISION_TEXT[decision], counts[decision])
 show_table(
-    explained,
+    notes.with_type_labels(explained),
     key="tag_scores_explain_table",
     order=[
         "note_id",

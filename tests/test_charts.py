@@ -129,6 +129,13 @@ def test_a_name_without_a_clash_gets_its_preferred_colour() -> None:
     assert colors_for(["acme"])["acme"] == color_for("acme")
 
 
+def test_yellow_and_black_are_kept_for_charts_with_more_than_six_series() -> None:
+    weak = {"#F0E442", "#000000"}
+    assert not weak & {color_for(f"name-{i}") for i in range(200)}
+    assert not weak & set(colors_for([f"m{i}" for i in range(6)]).values())
+    assert weak <= set(colors_for([f"m{i}" for i in range(8)]).values())
+
+
 def test_the_same_product_has_the_same_colour_on_every_page() -> None:
     """Corrections trend, Analytics trend and the alignment lab colour a name the same way."""
     products = ["acme", "beta"]

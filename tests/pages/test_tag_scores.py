@@ -269,3 +269,12 @@ def test_history_has_a_panel_per_tag_kind_and_the_tag_picker_narrows_it(
     assert sorted(t["name"] for t in history["data"]) == ["lang:tr", "model:m1"]
     assert [a["text"] for a in history["layout"]["annotations"]] == ["lang", "model"]
     assert not at.exception
+
+
+def test_note_types_are_shown_with_their_icons(scored: dict[str, int], open_page) -> None:
+    at = open_page(PAGE)
+    assert set(table(at, "positive_evals")["note_type"]) == {"💭 TIP", "🔍 PATTERN"}
+    assert at.selectbox(key="tag_scores_type").options[1:] == [
+        "✅ SUCCESS", "❌ FAILURE", "🔍 PATTERN", "💡 STRATEGY", "💭 TIP"
+    ]  # fmt: skip
+    assert not at.exception
