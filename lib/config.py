@@ -123,9 +123,9 @@ LLM_SETUP_HINT = (
 )
 
 
-def llm_off_reason(action: str) -> str:
+def llm_off_reason(action: str, *, plural: bool = False) -> str:
     """Why `action` (e.g. "A second opinion") cannot run without an LLM, with the one setup hint."""
-    return f"{action} needs an LLM, and none is configured. {LLM_SETUP_HINT}"
+    return f"{action} {'need' if plural else 'needs'} an LLM, and none is configured. {LLM_SETUP_HINT}"
 
 
 _RANGES: dict[str, tuple[float, float]] = {

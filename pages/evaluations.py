@@ -75,8 +75,12 @@ def _set_status(snapshot_id: str, *, archive: bool) -> None:
 
 
 def _start_chat_link(snapshot_id: str) -> None:
-    """The coach chat on this evaluation (`/coach?snapshot=<id>`), greyed with the reason without an LLM."""
-    off = llm_off_help("The coach")
+    """The coach chat on this evaluation (`/coach?snapshot=<id>`), greyed with the reason without an LLM.
+
+    Without an LLM this is also where the page gives the setup hint, once, for the coach and the
+    second opinions below.
+    """
+    off = llm_off_help("The coach and second opinions", plural=True)
     link_to(
         "pages/coach.py",
         "Start chat",
@@ -87,7 +91,7 @@ def _start_chat_link(snapshot_id: str) -> None:
         disabled=off is not None,
     )
     if off:
-        st.caption(f"💬 {escape_markdown(off)}")
+        st.caption(f"🔌 {escape_markdown(off)}")
 
 
 def show_detail(snapshot_id: str) -> None:
@@ -142,7 +146,7 @@ def show_detail(snapshot_id: str) -> None:
     st.caption("Largest gap first; each metric on its own scale. Gap = |user − judge|.")
     # Review forms (lib/ui/review.py) plug in here through the `extra` hook of each card.
     review_extra = review_card_extra("evaluations")
-    second_opinions_off_caption()  # without an LLM: once here, instead of a greyed button per card
+    second_opinions_off_caption(hint=False)  # without an LLM: one line, not a greyed button per card
 
     def card_extra(card: inspector.MetricCard) -> None:
         review_extra(card)

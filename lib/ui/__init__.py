@@ -298,6 +298,6 @@ def llm_unavailable_message() -> str | None:
     )
 
 
-def llm_off_help(action: str) -> str | None:
-    """The `help=` of a control that needs an LLM: why it is disabled, or None when it can work."""
-    return None if get_settings().llm_configured else llm_off_reason(action)
+def llm_off_help(action: str, *, plural: bool = False) -> str | None:
+    """Why a control that needs an LLM is disabled (with the setup hint), or None when it can work."""
+    return None if get_settings().llm_configured else llm_off_reason(action, plural=plural)

@@ -17,6 +17,7 @@ from lib.models import Judgment
 from lib.safe_markdown import escape_markdown
 from lib.ui import current_actor, denied_reason, get_engine, llm_off_help, require_reviewer
 
+SECOND_OPINIONS_OFF = "No second-opinion buttons: no LLM is configured."
 ACTION_ICONS = {"validated": "✅", "improved": "🔁", "questioned": "⚠️", "unchanged": "➖"}
 ACTION_TEXT = {
     "validated": "The evaluation model agrees with the judge.",
@@ -76,11 +77,15 @@ def second_opinion_panel(judgment: Judgment, *, key: str) -> None:
         render_opinion(stored, decision=judgment.decision)
 
 
-def second_opinions_off_caption() -> None:
-    """Where the second-opinion buttons would be: one line saying why they are not, and how to enable them."""
+def second_opinions_off_caption(*, hint: bool = True) -> None:
+    """Where the second-opinion buttons would be: one line saying why they are not there.
+
+    `hint=False` when the page already gave the setup hint nearby (the evaluation detail says it once,
+    under "Start chat"), so the same instructions are not repeated a few lines apart.
+    """
     off = llm_off_help("A second opinion")
     if off:
-        st.caption(f"🧐 {escape_markdown(off)}")
+        st.caption(f"🧐 {escape_markdown(off if hint else SECOND_OPINIONS_OFF)}")
 
 
 def second_opinion_card_extra(card: MetricCard) -> None:

@@ -306,7 +306,7 @@ def test_start_chat_links_to_the_coach_for_this_evaluation(seeded, open_page, mo
     reset_settings()
     at = detail(open_page, "s_a")
     assert "[💬 Start chat](coach?snapshot=s_a)" in [m.value for m in at.markdown]
-    assert not any("needs an LLM" in c.value for c in at.caption)
+    assert not any("none is configured" in c.value for c in at.caption)
     assert not at.exception
 
 
@@ -316,7 +316,8 @@ def test_without_an_llm_start_chat_is_not_a_link_and_says_which_variable_to_set(
     assert "💬 Start chat" in markdown
     assert not any("](coach?" in m for m in markdown)
     captions = [c.value for c in at.caption]
-    assert any(c.startswith("💬 The coach needs an LLM") and "OPENAI\\_API\\_KEY" in c for c in captions)
+    hints = [c for c in captions if "OPENAI\\_API\\_KEY" in c]
+    assert len(hints) == 1 and hints[0].startswith("🔌 The coach and second opinions need an LLM")
     assert not at.exception
 
 
@@ -325,7 +326,9 @@ def test_without_an_llm_second_opinions_say_why_once_instead_of_a_greyed_button_
 ) -> None:
     at = detail(open_page, "s_a", reviewer="ayse")
     assert not [b for b in at.button if "second_opinion" in str(b.key)]
-    assert len([c for c in at.caption if c.value.startswith("🧐 A second opinion needs an LLM")]) == 1
+    assert [c.value for c in at.caption if c.value.startswith("🧐")] == [
+        "🧐 " + escape_markdown("No second-opinion buttons: no LLM is configured.")
+    ]
     assert not at.exception
 
 

@@ -49,8 +49,12 @@ def stored(engine: Engine) -> Judgment:
 def test_without_an_llm_there_is_no_button_and_one_caption_says_why(judged: int, open_page) -> None:
     at = open_page(PAGE, query={"snapshot": "snap_w"}, reviewer="ayse")
     assert button_key(judged) not in [b.key for b in at.button]
-    captions = [c.value for c in at.caption if "second opinion needs an LLM" in c.value]
-    assert len(captions) == 1 and "OPENAI\\_BASE\\_URL" in captions[0]
+    assert [c.value for c in at.caption if c.value.startswith("🧐")] == [
+        "🧐 " + escape_markdown("No second-opinion buttons: no LLM is configured.")
+    ]
+    assert any(
+        "second opinions need an LLM" in c.value and "OPENAI\\_BASE\\_URL" in c.value for c in at.caption
+    )
     assert not at.exception
 
 
