@@ -10,6 +10,7 @@ from lib.ui import (
     csv_download,
     flash,
     get_engine,
+    llm_off_help,
     llm_unavailable_message,
     require_reviewer,
     session_scope,
@@ -58,7 +59,12 @@ with st.expander("Start an experiment", expanded=experiments.empty):
                 value=metric.description,
                 key=f"alignment_rubric_{product}_{metric.slug}",
             )
-    start = st.button("Start", key="alignment_start", disabled=bool(unavailable) or not products)
+    start = st.button(
+        "Start",
+        key="alignment_start",
+        disabled=bool(unavailable) or not products,
+        help=llm_off_help("An experiment") or (None if products else "Import reviewed judgments first."),
+    )
     reviewer = require_reviewer("start an experiment", Permission.JUDGE) if start else None
     if reviewer:
         spec = alignment.ExperimentSpec(

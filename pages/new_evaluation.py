@@ -12,6 +12,7 @@ from lib.ui import (
     current_actor,
     denied_reason,
     get_engine,
+    llm_off_help,
     llm_unavailable_message,
     require_reviewer,
     session_scope,
@@ -119,6 +120,7 @@ with st.form("new_form"):
         type="primary",
         icon="⚖️",
         disabled=unavailable is not None or judge_denied is not None,
+        help=llm_off_help("The judge") or judge_denied,
     )
 
 if submitted:

@@ -23,6 +23,7 @@ def test_without_experiments_or_llm_the_page_says_what_to_do(app_engine, open_pa
     assert any("No experiments yet" in i.value for i in at.info)
     assert any("No LLM is configured" in i.value for i in at.info)
     assert at.button(key="alignment_start").disabled
+    assert "An experiment needs an LLM" in (at.button(key="alignment_start").help or "")
 
 
 def test_a_finished_experiment_shows_the_comparison_and_the_flips(app_engine, open_page, llm_server) -> None:
