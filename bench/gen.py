@@ -1,10 +1,17 @@
-"""Synthetic Overrule data for benchmarks: judgments and evaluation snapshots at any scale.
+"""Synthetic Overrule data for benchmarks: evaluations, their judgments, code-review judgments, notes.
 
-    python bench/gen.py --rows 1000000 --db bench/out/bench_1000000.db
+    python bench/gen.py --evaluations 1000000 --db /work/bench-data/x.db     # 1M evaluations, 10M judgments
+    python bench/gen.py --rows 1000000 --db bench/out/bench_1000000.db       # 1M judgments, 100k evaluations
+    python bench/gen.py --evaluations 100000 --url postgresql://…/empty_db
 
-Deterministic for a seed; bulk Core inserts in batches, so a million judgments take about a minute.
-The mix is meant to look like production: several products and languages, the default metrics,
-a quarter of the judgments corrected, another quarter confirmed, timestamps spread over a year, and
+Deterministic for a seed. The rows are built by lib's own builders, so they are what an import
+would store: `lib.snapshots.evaluation_row` for each evaluation record (validation, evidence
+verification, gaps, judge meta score) and `snapshot_judgment_rows` for its 8 metric judgments, the
+importer's seed-004 cache rule for code-review judgments and its note rule for session notes.
+Reviews follow `compute_was_corrected`. Rows go through `lib.bulk` (tuples; COPY on PostgreSQL)
+with the secondary indexes built after the load; on SQLite without journal or fsync while the file
+is built. The mix is meant to look like production: 5 products, English and Turkish, half the
+judgments reviewed (a quarter overruled), 1% of evaluations archived, timestamps over 2025, and
 reasons that sometimes start with "- " or "=" (so CSV neutralisation has real work to do).
 Other bench scripts call `generate(engine, judgments=N, snapshots=M, seed=0)` or `judgment_rows(...)`.
 """
@@ -12,12 +19,14 @@ Other bench scripts call `generate(engine, judgments=N, snapshots=M, seed=0)` or
 from __future__ import annotations
 
 import argparse
-import hashlib
 import random
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import chain, islice
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +34,26 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python bench/gen.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import Engine, insert  # noqa: E402
+from sqlalchemy import Engine, Table  # noqa: E402
 
+from lib.bulk import deferred_indexes, insert_tuples  # noqa: E402
 from lib.db import init_db  # noqa: E402
-from lib.metrics import DEFAULT_METRICS  # noqa: E402
-from lib.models import EvaluationSnapshot, Judgment  # noqa: E402
 
-BATCH_ROWS = 20_000
+# The importer's row rules for cache entries and notes (private there: one rule, one place).
+from lib.importer import _cache_judgment_row, _note_row  # noqa: E402
+from lib.metrics import DEFAULT_METRICS  # noqa: E402
+from lib.models import EvaluationSnapshot, Judgment, SessionNote, compute_was_corrected  # noqa: E402
+from lib.snapshots import MetricSet, evaluation_row, snapshot_judgment_rows  # noqa: E402
+
 # Bump when the rows change: bench_pages.py rebuilds its cached databases when this moves.
-GEN_VERSION = 1
+GEN_VERSION = 2
 JUDGMENTS_PER_EVALUATION = 10
-GEN_CACHE_MB = 256
+BATCH_EVALUATIONS = 2_000
+SQLITE_LOAD_PRAGMAS = ("journal_mode = OFF", "synchronous = OFF", "cache_size = -1048576")
+SQLITE_APP_PRAGMAS = ("journal_mode = WAL", "synchronous = NORMAL", "cache_size = -2000")
+_SNAPSHOTS: Table = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
+_JUDGMENTS: Table = Judgment.__table__  # type: ignore[attr-defined]
+_NOTES: Table = SessionNote.__table__  # type: ignore[attr-defined]
 START = datetime(2025, 1, 1, tzinfo=UTC)
 YEAR_SECONDS = 365 * 24 * 3600
 PRODUCTS = ("Acme Fungear", "Globex Search", "Initech Support", "Umbrella Health", "Hooli Mail")
@@ -89,148 +107,281 @@ def _score(rng: random.Random) -> int:
     return rng.choice((1, 2, 3, 3, 4, 4, 4, 5, 5))
 
 
-def snapshot_rows(count: int, *, seed: int = 0) -> Iterator[dict[str, Any]]:
-    """`count` evaluation snapshots as insert-ready dicts, ids `snap_0000000`, ... (deterministic)."""
-    rng = random.Random(f"snapshots-{seed}")
+def evaluation_records(count: int, *, seed: int = 0) -> Iterator[dict[str, Any]]:
+    """`count` evaluation records as an import file holds them (ids `snap_0000000`, ...; deterministic).
+
+    All 8 default metrics scored by user and judge, 0–3 evidence quotes (most found in the answer,
+    some paraphrased so that they stay unverified), 1% later archived (`archived_at`, not an import
+    field: `generate` applies it).
+    """
+    rng = random.Random(f"evaluations-{seed}")
     for i in range(count):
-        product = rng.choice(PRODUCTS)
-        metrics = rng.sample(METRICS, 4)
-        user = {m: _score(rng) for m in metrics}
-        judge = {m: min(5, max(1, user[m] + rng.choice((-2, -1, 0, 0, 0, 1)))) for m in metrics}
-        gaps = [abs(user[m] - judge[m]) for m in metrics]
-        question = rng.choice(QUESTIONS)
-        answer = " ".join(rng.sample(SENTENCES, 3))
+        sentences = rng.sample(SENTENCES, 3)
+        answer = " ".join(sentences)
+        user = {m: _score(rng) for m in METRICS}
+        judge = {
+            m: {
+                "score": min(5, max(1, user[m] + rng.choice((-2, -1, 0, 0, 0, 1)))),
+                "reason": rng.choice(REASONS),
+            }
+            for m in METRICS
+        }
+        evidence: dict[str, list[dict[str, Any]]] = {}
+        for metric in rng.sample(METRICS, rng.choice((0, 1, 1, 2, 3))):
+            quote = rng.choice(sentences)
+            if rng.random() < 0.2:
+                quote = quote.replace(" ", "  ", 1).upper()  # paraphrased: unverified
+            evidence[metric] = [{"quote": quote, "start": 0, "end": len(quote), "why": "judge's quote"}]
+        created = _moment(rng)
+        primary = rng.choice(METRICS)
         yield {
             "id": f"snap_{i:07d}",
-            "created_at": _moment(rng),
+            "created_at": created.isoformat(),
             "question_id": f"q{rng.randrange(10_000)}",
-            "question": question,
+            "question": f"{rng.choice(QUESTIONS)} (case {i})",  # unique: one source key each
             "model_answer": answer,
             "model_name": rng.choice(MODELS),
             "judge_model": rng.choice(JUDGES),
-            "product": product,
+            "product": rng.choice(PRODUCTS),
             "language": rng.choice(LANGUAGES),
             "category": rng.choice(CATEGORIES),
-            "primary_metric": metrics[0],
-            "bonus_metrics": metrics[1:3],
-            "user_scores_json": user,
-            "judge_scores_json": judge,
-            "evidence_json": None,
-            "judge_meta_score": rng.randint(1, 5),
-            "weighted_gap": round(sum(gaps) / len(gaps), 3),
-            "max_metric_gap": float(max(gaps)),
-            "evidence_count": 0,
-            "evidence_highlighted": 0,
-            "evidence_unlocated": 0,
-            "evidence_unverified": 0,
+            "primary_metric": primary,
+            "bonus_metrics": rng.sample([m for m in METRICS if m != primary], 2),
+            "user_scores": user,
+            "judge_scores": judge,
+            "evidence": evidence,
             "overall_feedback": rng.choice(REASONS),
-            "user_evaluation_id": None,
-            "judge_evaluation_id": None,
-            "chat_turn_count": 0,
-            "max_chat_turns": 15,
-            "status": rng.choice(("active", "active", "completed", "archived")),
-            "deleted_at": None,
-            "source_key": hashlib.sha256(f"{seed}:{i}".encode()).hexdigest(),
-            "created_by": "bench",
+            "archived_at": (created + timedelta(days=1)).isoformat() if rng.random() < 0.01 else None,
         }
 
 
-def judgment_rows(count: int, *, seed: int = 0, snapshots: int = 0) -> Iterator[dict[str, Any]]:
-    """`count` judgments as insert-ready dicts; the first `8 * snapshots` are those snapshots' metrics.
+def _review(rng: random.Random, row: dict[str, Any], scale: Sequence[str]) -> None:
+    """Half the judgments reviewed: a quarter overruled (with a reason), a quarter confirmed."""
+    review = rng.random()
+    if review >= 0.5:
+        return
+    decision = row["decision"]
+    user_decision = rng.choice([s for s in scale if s != decision]) if review < 0.25 else decision
+    corrected = compute_was_corrected(decision, user_decision)
+    row.update(
+        user_decision=user_decision,
+        user_reasoning=rng.choice(USER_REASONS) if corrected else None,
+        reviewer=rng.choice(REVIEWERS),
+        reviewed_at=row["timestamp"] + timedelta(hours=rng.randrange(1, 24 * 14)),
+        version=2,
+        was_corrected=corrected,
+    )
 
-    A quarter are corrected (user decision differs), a quarter confirmed, half not yet reviewed.
-    """
-    rng = random.Random(f"judgments-{seed}")
-    linked = min(count, len(METRICS) * snapshots)
-    for i in range(count):
+
+def cache_entries(count: int, *, seed: int = 0, start: int = 0) -> Iterator[tuple[str, dict[str, Any]]]:
+    """`count` seed-004 cache entries (code-review judgments, no snapshot) as (change id, entry)."""
+    rng = random.Random(f"cache-{seed}-{start}")
+    for i in range(start, start + count):
         product = rng.choice(PRODUCTS)
-        if i < linked:
-            snapshot_id = f"snap_{i // len(METRICS):07d}"
-            metric: str | None = METRICS[i % len(METRICS)]
-            change_id = f"{snapshot_id}:{metric}"
-            decision = str(_score(rng))
-            alternatives = [str(s) for s in range(1, 6) if str(s) != decision]
-        else:
-            snapshot_id, metric = None, None
-            change_id = f"github.com/{product.split()[0].lower()}/repo#{i}"
-            decision = rng.choice(LABELS)
-            alternatives = [label for label in LABELS if label != decision]
-        judged_at = _moment(rng)
-        review = rng.random()
-        user_decision = user_reasoning = reviewer = reviewed_at = None
-        if review < 0.5:
-            reviewer = rng.choice(REVIEWERS)
-            reviewed_at = judged_at + timedelta(hours=rng.randrange(1, 24 * 14))
-            if review < 0.25:
-                user_decision = rng.choice(alternatives)
-                user_reasoning = rng.choice(USER_REASONS)
-            else:
-                user_decision = decision
-        yield {
-            "change_id": change_id,
-            "product": product,
-            "metric": metric,
-            "snapshot_id": snapshot_id,
+        decision = rng.choice(LABELS)
+        entry: dict[str, Any] = {
             "decision": decision,
             "confidence": round(rng.uniform(0.3, 0.99), 2),
             "reasoning": rng.choice(REASONS),
-            "user_decision": user_decision,
-            "user_reasoning": user_reasoning,
-            "reviewer": reviewer,
-            "timestamp": judged_at,
-            "reviewed_at": reviewed_at,
-            "version": 1 if reviewer is None else 2,
-            "was_corrected": user_decision is not None and user_decision != decision,
-            "url": None if metric else f"https://example.com/pr/{i}",
-            "description": None,
+            "product": product,
+            "timestamp": _moment(rng).isoformat(),
+            "url": f"https://example.com/pr/{i}",
             "ai_provider": "openai",
-            "judge_model": rng.choice(JUDGES),
         }
+        review = rng.random()
+        if review < 0.5:
+            others = [label for label in LABELS if label != decision]
+            entry["user_decision"] = rng.choice(others) if review < 0.25 else decision
+            if review < 0.25:
+                entry["user_reasoning"] = rng.choice(USER_REASONS)
+        yield f"github.com/{product.split()[0].lower()}/repo#{i}", entry
+
+
+def judgment_rows(count: int, *, seed: int = 0, snapshots: int = 0) -> Iterator[dict[str, Any]]:
+    """`count` code-review judgments (no snapshot) as insert-ready dicts, built by the cache importer's rules.
+
+    `snapshots` is accepted for old callers and ignored: judgments of evaluations come from `generate`.
+    """
+    del snapshots
+    rng = random.Random(f"reviewers-{seed}")
+    for change_id, entry in cache_entries(count, seed=seed):
+        reviewer = rng.choice(REVIEWERS)
+        yield {**_cache_judgment_row(change_id, entry, reviewer), "judge_model": rng.choice(JUDGES)}
+
+
+@dataclass
+class _Batch:
+    """Rows of a few thousand evaluations, as tuples in each table's column order."""
+
+    snapshots: list[tuple[Any, ...]] = field(default_factory=list)
+    judgments: list[tuple[Any, ...]] = field(default_factory=list)
+    notes: list[tuple[Any, ...]] = field(default_factory=list)
+
+
+SNAPSHOT_COLUMNS = (
+    "id", "created_at", "question_id", "question", "model_answer", "model_name", "judge_model",
+    "product", "language", "category", "primary_metric", "bonus_metrics", "user_scores_json",
+    "judge_scores_json", "evidence_json", "judge_meta_score", "weighted_gap", "max_metric_gap",
+    "evidence_count", "evidence_highlighted", "evidence_unlocated", "evidence_unverified",
+    "overall_feedback", "status", "source_key", "created_by", "deleted_at", "status_changed_by",
+    "status_changed_at", "chat_turn_count", "max_chat_turns",
+)  # fmt: skip
+JUDGMENT_COLUMNS = (
+    "change_id", "product", "metric", "snapshot_id", "decision", "confidence", "reasoning",
+    "user_decision", "user_reasoning", "reviewer", "timestamp", "reviewed_at", "version",
+    "was_corrected", "url", "description", "ai_provider", "judge_model",
+)  # fmt: skip
+NOTE_COLUMNS = (
+    "timestamp", "language", "note_type", "content", "phelps_code", "confidence", "session_id",
+    "pinned", "auto_pinned", "prerequisites", "created_by",
+)  # fmt: skip
+# Columns the builders leave to the table's defaults, given here since rows are written as tuples.
+STORED_DEFAULTS = {
+    "deleted_at": None,
+    "status_changed_by": None,
+    "status_changed_at": None,
+    "chat_turn_count": 0,
+    "max_chat_turns": 15,
+}
+UNREVIEWED = {
+    "confidence": None,
+    "user_decision": None,
+    "user_reasoning": None,
+    "reviewer": None,
+    "reviewed_at": None,
+    "url": None,
+    "description": None,
+    "ai_provider": None,
+}
+NOTE_TEXTS = (
+    "Check the refund window against the policy page before scoring truthfulness.",
+    "Turkish answers: the judge penalises formal register, which users prefer.",
+    "Dosage questions need the caveat; score safety down without it.",
+    "Code answers that skip authentication are incomplete, not wrong.",
+)
+
+
+def _batches(evaluations: int, extra_judgments: int, notes: int, seed: int) -> Iterator[_Batch]:
+    """Every row of the database in batches of BATCH_EVALUATIONS evaluations (and their share of the rest)."""
+    metric_sets = {product: MetricSet(product, list(DEFAULT_METRICS)) for product in PRODUCTS}
+    rng = random.Random(f"reviews-{seed}")
+    scale = [str(s) for s in range(1, 6)]
+    snapshot_values = itemgetter(*SNAPSHOT_COLUMNS)
+    judgment_values = itemgetter(*JUDGMENT_COLUMNS)
+    note_values = itemgetter(*NOTE_COLUMNS)
+    records = evaluation_records(evaluations, seed=seed)
+    cache = cache_entries(extra_judgments, seed=seed)
+    done_cache = done_notes = 0
+    done = 0
+    while done < evaluations or done_cache < extra_judgments or done_notes < notes:
+        batch = _Batch()
+        for record in islice(records, BATCH_EVALUATIONS):
+            archived_at = record.pop("archived_at")
+            row, judged, _explicit = evaluation_row(record, metric_sets.__getitem__, "bench")
+            row.update(STORED_DEFAULTS)
+            if archived_at is not None:  # as inspector.archive_evaluation leaves it
+                moment = datetime.fromisoformat(archived_at)
+                row.update(
+                    status="archived", deleted_at=moment, status_changed_by="bench", status_changed_at=moment
+                )
+            batch.snapshots.append(snapshot_values(row))
+            for judgment in snapshot_judgment_rows(row, judged):
+                judgment.update(UNREVIEWED)
+                _review(rng, judgment, scale)
+                batch.judgments.append(judgment_values(judgment))
+            done += 1
+        share = -(-extra_judgments * (done) // max(evaluations, 1)) if evaluations else extra_judgments
+        for change_id, entry in islice(
+            cache, max(0, share - done_cache) if done < evaluations else extra_judgments
+        ):
+            row = _cache_judgment_row(change_id, entry, rng.choice(REVIEWERS))
+            row["judge_model"] = rng.choice(JUDGES)
+            batch.judgments.append(judgment_values(row))
+            done_cache += 1
+        note_share = notes * done // max(evaluations, 1) if done < evaluations else notes
+        for i in range(done_notes, note_share):
+            note = _note_row(
+                {
+                    "note_type": ("TIP", "PATTERN", "FAILURE", "STRATEGY")[i % 4],
+                    "language": rng.choice(LANGUAGES),
+                    "content": f"{rng.choice(NOTE_TEXTS)} (#{i})",
+                    "session_id": f"bench-session-{i // 10}",
+                    "timestamp": _moment(rng).isoformat(),
+                },
+                "bench",
+            )
+            note["prerequisites"] = note.pop("prerequisites__json")
+            batch.notes.append(note_values(note))
+            done_notes += 1
+        yield batch
+
+
+def generate(
+    engine: Engine,
+    *,
+    judgments: int,
+    snapshots: int | None = None,
+    seed: int = 0,
+    notes: int | None = None,
+) -> dict[str, int]:
+    """Fill a migrated, empty database: `snapshots` evaluations (default judgments // 10) with their 8
+    metric judgments each, the rest of `judgments` as code-review judgments, and `notes` session notes
+    (default snapshots // 100). Rows come from lib's builders (`evaluation_row`, the importer's cache
+    and note rows), written by `lib.bulk` with the secondary indexes built after the load.
+    """
+    snapshots = judgments // 10 if snapshots is None else snapshots
+    snapshots = min(snapshots, judgments // len(METRICS))  # every evaluation has its 8 judgments
+    extra = judgments - len(METRICS) * snapshots
+    notes = snapshots // 100 if notes is None else notes
+    counts = {"snapshots": 0, "judgments": 0, "notes": 0}
+    sqlite = engine.dialect.name == "sqlite"
+    with engine.connect() as conn:
+        driver = conn.connection.driver_connection  # PRAGMAs outside a transaction (no autobegin)
+        if sqlite:  # a benchmark file being built: no journal, no fsync, a large page cache
+            for pragma in SQLITE_LOAD_PRAGMAS:
+                driver.execute(f"PRAGMA {pragma}")  # type: ignore[union-attr]
+        with conn.begin(), deferred_indexes(conn, [_SNAPSHOTS, _JUDGMENTS, _NOTES]):
+            for batch in _batches(snapshots, max(0, extra), notes, seed):
+                counts["snapshots"] += insert_tuples(conn, _SNAPSHOTS, SNAPSHOT_COLUMNS, batch.snapshots)
+                counts["judgments"] += insert_tuples(conn, _JUDGMENTS, JUDGMENT_COLUMNS, batch.judgments)
+                counts["notes"] += insert_tuples(
+                    conn, _NOTES, NOTE_COLUMNS, batch.notes, encoded=("prerequisites",)
+                )
+        if sqlite:
+            for pragma in SQLITE_APP_PRAGMAS:
+                driver.execute(f"PRAGMA {pragma}")  # type: ignore[union-attr]
+    rebuild_derived(engine)
+    return counts
+
+
+def rebuild_derived(engine: Engine) -> None:
+    """What the app maintains on write but a bulk load bypasses: statistics for the query planner."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("ANALYZE")
+    else:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE")
 
 
 def insert_batched(
     engine: Engine, table: Any, rows: Iterator[dict[str, Any]], *, sqlite_cache_mb: int = 0
 ) -> int:
-    """Bulk Core inserts (executemany) in batches inside one transaction; returns the row count.
+    """Insert dict rows (all with the same keys) through `lib.bulk` in one transaction; returns the count.
 
-    `sqlite_cache_mb` enlarges SQLite's page cache for this connection: index upkeep on a growing
-    table then stays in memory (about 30% faster at 100k rows, more at 1M).
+    `sqlite_cache_mb` enlarges SQLite's page cache for this connection (index upkeep stays in memory).
     """
-    total = 0
+    table = getattr(table, "__table__", table)
+    rows = iter(rows)
+    first = next(rows, None)
+    if first is None:
+        return 0
+    columns = tuple(first)
+    values = itemgetter(*columns)
     with engine.begin() as conn:
         if sqlite_cache_mb and engine.dialect.name == "sqlite":
             conn.exec_driver_sql(f"PRAGMA cache_size = -{int(sqlite_cache_mb) * 1024}")
-        batch: list[dict[str, Any]] = []
-        for row in rows:
-            batch.append(row)
-            if len(batch) == BATCH_ROWS:
-                conn.execute(insert(table), batch)
-                total += len(batch)
-                batch = []
-        if batch:
-            conn.execute(insert(table), batch)
-            total += len(batch)
-    return total
-
-
-def generate(
-    engine: Engine, *, judgments: int, snapshots: int | None = None, seed: int = 0
-) -> dict[str, int]:
-    """Fill a migrated, empty database: `snapshots` (default judgments // 10) snapshots, then judgments."""
-    snapshots = judgments // 10 if snapshots is None else snapshots
-    made_snapshots = insert_batched(
-        engine,
-        EvaluationSnapshot.__table__,
-        snapshot_rows(snapshots, seed=seed),
-        sqlite_cache_mb=GEN_CACHE_MB,
-    )
-    made_judgments = insert_batched(
-        engine,
-        Judgment.__table__,
-        judgment_rows(judgments, seed=seed, snapshots=snapshots),
-        sqlite_cache_mb=GEN_CACHE_MB,
-    )
-    return {"snapshots": made_snapshots, "judgments": made_judgments}
+        return insert_tuples(conn, table, columns, (values(row) for row in chain([first], rows)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,15 +41,15 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cache
+from operator import itemgetter
 from pathlib import Path
 from typing import IO, Any
 
-from sqlalchemy import JSON, Engine, Table, Text, bindparam, cast, insert, select
+from sqlalchemy import Engine, Table, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
-from lib import notes, scores
+from lib import bulk, notes, scores
 from lib.auth import Actor, Permission, authorize
 from lib.corrections import require_reviewer, review_event_row
 from lib.db import session_scope
@@ -198,28 +198,19 @@ def _json_key(column: str) -> str:
     return f"{column}__json"
 
 
-@cache
-def _bulk_insert(table: Table, dialect: str) -> Any:
-    """INSERT for `table` whose JSON columns take pre-serialized text (`<column>__json` keys).
-
-    Rows reach the spool with their JSON already encoded, so a chunk pickles and loads as flat
-    strings instead of thousands of nested dicts, and nothing is serialized twice. SQLite stores
-    the text as is (as its JSON type would); PostgreSQL casts the text to json.
-    """
-    values: dict[str, Any] = {}
-    for column in table.columns:
-        if isinstance(column.type, JSON):
-            param = bindparam(_json_key(column.name), type_=Text())
-            values[column.name] = param if dialect == "sqlite" else cast(param, column.type)
-    return insert(table).values(values) if values else insert(table)
-
-
 def _write_rows(session: Session, table: Table, rows: list[dict[str, Any]]) -> None:
-    """One bulk Core insert (executemany / insertmanyvalues), never one ORM object per row."""
+    """One bulk write of `rows` (same keys each) as tuples: executemany on SQLite, COPY on PostgreSQL.
+
+    JSON columns arrive pre-serialized under `<column>__json` keys and are stored as that text.
+    """
     if not rows:
         return
+    keys = list(rows[0])
+    columns = [key.removesuffix("__json") for key in keys]
+    encoded = {column for key, column in zip(keys, columns, strict=True) if key != column}
+    values = itemgetter(*keys) if len(keys) > 1 else (lambda row: (row[keys[0]],))
     try:
-        session.execute(_bulk_insert(table, session.get_bind().dialect.name), rows)
+        bulk.insert_tuples(session.connection(), table, columns, map(values, rows), encoded=encoded)
     except IntegrityError as exc:
         detail = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else ""
         raise ImportFailed(
@@ -265,6 +256,7 @@ class _Prepared:
     spool: _Spool
     source: str
     skipped: int = 0
+    judgments: int = 0  # judgments the spooled rows would add: decides deferring index upkeep
     used_ids: set[str] = field(default_factory=set)
 
     def close(self) -> None:
@@ -309,6 +301,7 @@ def _prepare_evaluations(
             seen_keys.add(row["source_key"])
             prepared.used_ids.add(row["id"])
             prepared.spool.add((_encode_json_columns(row, _SNAPSHOT_JSON_COLUMNS), judged, explicit))
+            prepared.judgments += len(judged)
     except BaseException:
         prepared.close()
         raise
@@ -336,7 +329,11 @@ def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
     """Insert the spooled snapshots and their judgments, skipping what the database already holds."""
     inserted = judgments = 0
     skipped = prepared.skipped
-    with _roomy_sqlite_cache(session):
+    conn = session.connection()
+    # A large load into a small table: build the secondary indexes once afterwards (sorted) rather
+    # than updating them row by row; unique indexes stay, the duplicate checks below use them.
+    defer = bulk.worth_deferring(conn, _JUDGMENTS, prepared.judgments)
+    with _roomy_sqlite_cache(session), bulk.deferred_indexes(conn, [_SNAPSHOTS, _JUDGMENTS], defer=defer):
         for chunk in prepared.spool.chunks():
             existing_ids = _existing(session, _SNAPSHOTS.c.id, [row["id"] for row, _, _ in chunk])
             existing_keys = _existing(

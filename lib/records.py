@@ -130,7 +130,11 @@ def _holds_surrogate(value: Any) -> bool:
         for key, item in value.items():
             if key.__class__ is not str or (not key.isascii() and _SURROGATE.search(key)):
                 return True
-            if item.__class__ not in _SCALARS and _holds_surrogate(item):
+            item_cls = item.__class__
+            if item_cls is str:  # inline: most values are strings, a call each would double the cost
+                if not item.isascii() and _SURROGATE.search(item):
+                    return True
+            elif item_cls not in _SCALARS and _holds_surrogate(item):
                 return True
         return False
     if cls is list:

@@ -1,0 +1,167 @@
+"""Bulk writes for large loads (imports, benchmark databases): tuples, COPY, indexes built after.
+
+Why not `conn.execute(insert(table), dicts)`: at millions of rows SQLAlchemy's per-row work (dict
+keys, bind processing, `insertmanyvalues` batching) costs more than the database's own insert.
+Here rows are plain tuples in a fixed column order, converted by the column types' own bind
+processors (so a value is stored exactly as SQLAlchemy would store it) and handed to the driver:
+`executemany` on SQLite, `COPY … FROM STDIN` on PostgreSQL.
+
+Index upkeep dominates a large insert into an indexed table (each row touches every index at a
+random place). `deferred_indexes` drops a table's non-unique secondary indexes, lets the caller
+load, and builds them again from the stored definitions (one sorted pass each), all inside the
+caller's transaction: a failure rolls the drop back with the rows. Unique indexes and the ones
+backing constraints stay, since the load itself relies on them (duplicate checks, lookups).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from itertools import islice
+from typing import Any
+
+from sqlalchemy import Connection, Table, text
+from sqlalchemy.exc import DBAPIError
+
+COPY_ROWS = 20_000
+SQLITE_ROWS = 5_000
+# Below this many new rows (or new rows under half the table) indexes are kept: rebuilding a large
+# table's indexes costs more than maintaining them for a small load.
+DEFER_MIN_ROWS = 50_000
+
+
+def insert_tuples(
+    conn: Connection,
+    table: Table,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    encoded: Collection[str] = (),
+) -> int:
+    """Insert `rows` (tuples of Python values in `columns` order) into `table`; returns the count.
+
+    Columns named in `encoded` already hold their stored form (e.g. JSON serialized once by the
+    importer) and are passed through unconverted. Columns left out get their model's scalar
+    default, as a Core `insert()` would give them. A refused row raises SQLAlchemy's
+    `IntegrityError` (or other `DBAPIError`), as `conn.execute` would.
+    """
+    dialect = conn.dialect
+    defaults = _omitted_defaults(table, columns)
+    names = [*columns, *defaults]
+    processors: list[Callable[[Any], Any] | None] = [
+        None if name in encoded else table.c[name].type.dialect_impl(dialect).bind_processor(dialect)
+        for name in names
+    ]
+    convert = _converter(processors, tuple(defaults.values()))
+    if dialect.name == "postgresql":
+        sql = f'COPY "{table.name}" ({_names(names)}) FROM STDIN'
+    else:
+        sql = f'INSERT INTO "{table.name}" ({_names(names)}) VALUES ({", ".join("?" * len(names))})'
+    total = 0
+    iterator = iter(rows)
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        if dialect.name == "postgresql":
+            with cursor.copy(sql) as copy:
+                while batch := list(islice(iterator, COPY_ROWS)):
+                    for row in convert(batch):
+                        copy.write_row(row)
+                    total += len(batch)
+        else:
+            while batch := list(islice(iterator, SQLITE_ROWS)):
+                cursor.executemany(sql, convert(batch))
+                total += len(batch)
+    except dialect.loaded_dbapi.Error as exc:
+        raise DBAPIError.instance(sql, None, exc, dialect.loaded_dbapi.Error) from exc
+    finally:
+        cursor.close()
+    return total
+
+
+def _names(columns: Sequence[str]) -> str:
+    return ", ".join(f'"{name}"' for name in columns)
+
+
+def _omitted_defaults(table: Table, columns: Sequence[str]) -> dict[str, Any]:
+    """Scalar Python-side defaults of the columns a load leaves out (a Core insert applies them)."""
+    given = set(columns)
+    defaults: dict[str, Any] = {}
+    for column in table.columns:
+        if column.name in given or column.default is None:
+            continue
+        if not column.default.is_scalar:
+            raise ValueError(f"{table.name}.{column.name} has a computed default: pass its values")
+        defaults[column.name] = column.default.arg
+    return defaults
+
+
+def _converter(
+    processors: Sequence[Callable[[Any], Any] | None], extra: tuple[Any, ...] = ()
+) -> Callable[[list[Sequence[Any]]], Iterable[Sequence[Any]]]:
+    """Rows → rows (plus `extra` values) with each value bound as its column type binds it."""
+    active = [(i, p) for i, p in enumerate(processors) if p is not None]
+    if not active:
+        return (lambda batch: [(*row, *extra) for row in batch]) if extra else (lambda batch: batch)
+
+    def convert(batch: list[Sequence[Any]]) -> Iterator[Sequence[Any]]:
+        for row in batch:
+            values = [*row, *extra]
+            for i, process in active:
+                value = values[i]
+                if value is not None:
+                    values[i] = process(value)
+            yield values
+
+    return convert
+
+
+def worth_deferring(conn: Connection, table: Table, new_rows: int) -> bool:
+    """True when `new_rows` is a large load for `table`: big, and at least half its current size."""
+    if new_rows < DEFER_MIN_ROWS:
+        return False
+    existing = conn.execute(text(f'SELECT count(*) FROM "{table.name}"')).scalar_one()
+    return new_rows * 2 >= existing
+
+
+def secondary_indexes(conn: Connection, table: Table) -> list[tuple[str, str]]:
+    """(name, CREATE statement) of the table's non-unique indexes that no constraint owns."""
+    if conn.dialect.name == "postgresql":
+        found = conn.execute(
+            text(
+                "SELECT i.relname, pg_get_indexdef(x.indexrelid) FROM pg_index x "
+                "JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid "
+                "JOIN pg_namespace n ON n.oid = t.relnamespace "
+                "WHERE t.relname = :table AND n.nspname = current_schema() AND NOT x.indisunique "
+                "AND NOT x.indisprimary "
+                "AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = x.indexrelid)"
+            ),
+            {"table": table.name},
+        )
+    else:
+        found = conn.execute(
+            text(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = :table "
+                "AND sql IS NOT NULL AND upper(sql) NOT LIKE 'CREATE UNIQUE%'"
+            ),
+            {"table": table.name},
+        )
+    return [(name, sql) for name, sql in found]
+
+
+@contextmanager
+def deferred_indexes(conn: Connection, tables: Sequence[Table], *, defer: bool = True) -> Iterator[None]:
+    """Without the tables' secondary indexes inside the block, rebuilt after it (same transaction)."""
+    if not defer:
+        yield
+        return
+    saved = [index for table in tables for index in secondary_indexes(conn, table)]
+    # The driver's cursor, not text(): a stored definition may hold ':' or '%' in a literal.
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        for name, _sql in saved:
+            cursor.execute(f'DROP INDEX "{name}"')
+        yield
+        for _name, sql in saved:
+            cursor.execute(sql)
+    finally:
+        cursor.close()

@@ -1,0 +1,141 @@
+"""Tests for lib.bulk: tuple inserts store what Core inserts store; deferred indexes come back."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, Table, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from lib import bulk, importer
+from lib.models import EvaluationSnapshot, Judgment
+
+JUDGMENTS: Table = Judgment.__table__  # type: ignore[attr-defined]
+SNAPSHOTS: Table = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
+AT = datetime(2025, 3, 4, 5, 6, 7, 891011, tzinfo=UTC)
+
+
+def judgment(change_id: str, **fields: object) -> dict[str, object]:
+    return {
+        "change_id": change_id,
+        "product": "Acme",
+        "decision": "INCLUDE",
+        "user_decision": "EXCLUDE",
+        "timestamp": AT,
+        "reviewed_at": AT,
+        "version": 2,
+        "was_corrected": True,
+        "confidence": 0.75,
+        **fields,
+    }
+
+
+def snapshot(snapshot_id: str) -> dict[str, object]:
+    return {
+        "id": snapshot_id,
+        "created_at": AT,
+        "question": "Q?",
+        "model_answer": "A.",
+        "product": "Acme",
+        "bonus_metrics": ["clarity"],
+        "user_scores_json": {"clarity": {"score": 4, "reason": "ok ğ"}},
+        "judge_scores_json": {"clarity": {"score": 2, "reason": None}},
+        "evidence_json": None,
+        "source_key": snapshot_id + "-key",
+    }
+
+
+def stored(engine: Engine, table: Table, key: str, value: str) -> dict[str, object]:
+    with engine.connect() as conn:
+        row = conn.execute(select(table).where(table.c[key] == value)).mappings().one()
+    return {k: v for k, v in row.items() if k not in ("id", key)}
+
+
+def test_tuple_inserts_store_what_a_core_insert_stores(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(insert(JUDGMENTS), [judgment("core")])
+        conn.execute(insert(SNAPSHOTS), [snapshot("snap_core")])
+        columns = list(judgment("x"))
+        bulk.insert_tuples(conn, JUDGMENTS, columns, [tuple(judgment("tuple").values())])
+        columns = list(snapshot("x"))
+        bulk.insert_tuples(conn, SNAPSHOTS, columns, [tuple(snapshot("snap_tuple").values())])
+    assert stored(engine, JUDGMENTS, "change_id", "tuple") == stored(engine, JUDGMENTS, "change_id", "core")
+    by_tuple = stored(engine, SNAPSHOTS, "id", "snap_tuple")
+    by_core = stored(engine, SNAPSHOTS, "id", "snap_core")
+    assert by_tuple.pop("source_key") == "snap_tuple-key"
+    assert by_core.pop("source_key") == "snap_core-key"
+    assert by_tuple == by_core
+    assert (
+        by_tuple["created_at"] == AT and by_tuple["status"] == "active" and by_tuple["max_chat_turns"] == 15
+    )
+
+
+def test_encoded_json_is_stored_as_given(engine: Engine) -> None:
+    row = snapshot("snap_enc")
+    row["user_scores_json"] = json.dumps(row["user_scores_json"])
+    with engine.begin() as conn:
+        bulk.insert_tuples(conn, SNAPSHOTS, list(row), [tuple(row.values())], encoded={"user_scores_json"})
+    assert stored(engine, SNAPSHOTS, "id", "snap_enc")["user_scores_json"] == {
+        "clarity": {"score": 4, "reason": "ok ğ"}
+    }
+
+
+def test_a_duplicate_raises_integrity_error_and_the_rollback_keeps_nothing(engine: Engine) -> None:
+    rows = [tuple(judgment("dup").values()), tuple(judgment("dup").values())]
+    with pytest.raises(IntegrityError), engine.begin() as conn:
+        bulk.insert_tuples(conn, JUDGMENTS, list(judgment("x")), rows)
+    with engine.connect() as conn:
+        assert conn.execute(select(JUDGMENTS.c.id)).first() is None
+
+
+def index_definitions(engine: Engine) -> list[tuple[str, str]]:
+    with engine.connect() as conn:
+        return sorted(bulk.secondary_indexes(conn, JUDGMENTS) + bulk.secondary_indexes(conn, SNAPSHOTS))
+
+
+def test_deferred_indexes_are_dropped_inside_and_rebuilt_identically(engine: Engine) -> None:
+    before = index_definitions(engine)
+    assert {"ix_judgment_history", "ix_judgment_snapshot_state"} <= {name for name, _ in before}
+    with engine.begin() as conn, bulk.deferred_indexes(conn, [JUDGMENTS, SNAPSHOTS]):
+        assert bulk.secondary_indexes(conn, JUDGMENTS) == []
+        bulk.insert_tuples(conn, JUDGMENTS, list(judgment("x")), [tuple(judgment("x").values())])
+    assert index_definitions(engine) == before
+
+
+def test_deferred_indexes_come_back_when_the_load_fails(engine: Engine) -> None:
+    before = index_definitions(engine)
+    rows = [tuple(judgment("dup").values())] * 2
+    with pytest.raises(IntegrityError), engine.begin() as conn, bulk.deferred_indexes(conn, [JUDGMENTS]):
+        bulk.insert_tuples(conn, JUDGMENTS, list(judgment("x")), rows)
+    assert index_definitions(engine) == before
+
+
+def test_a_large_import_defers_indexes_and_leaves_them_in_place(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bulk, "DEFER_MIN_ROWS", 1)
+    dropped: list[str] = []
+    real = bulk.secondary_indexes
+
+    def spy(conn, table):  # type: ignore[no-untyped-def]
+        found = real(conn, table)
+        dropped.extend(name for name, _ in found)
+        return found
+
+    monkeypatch.setattr(bulk, "secondary_indexes", spy)
+    before = index_definitions(engine)
+    dropped.clear()
+    lines = [
+        {"question": f"Q{i}?", "model_answer": "A.", "product": "Acme", "user_scores": {"clarity": 3},
+         "judge_scores": {"clarity": 4, "safety": 5}}
+        for i in range(3)
+    ]  # fmt: skip
+    path = tmp_path / "big.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    report = importer.import_path(engine=engine, path=path, kind=None, reviewer="rita")
+    assert (report.inserted, report.judgments) == (3, 6)
+    assert "ix_judgment_history" in dropped
+    assert index_definitions(engine) == before
