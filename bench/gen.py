@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/gen.py` from anywhere
 
 from sqlalchemy import Engine, Table  # noqa: E402
 
+from lib import scores  # noqa: E402
 from lib.bulk import deferred_indexes, insert_tuples  # noqa: E402
 from lib.db import init_db  # noqa: E402
 
@@ -46,7 +47,7 @@ from lib.models import EvaluationSnapshot, Judgment, SessionNote, compute_was_co
 from lib.snapshots import MetricSet, evaluation_row, snapshot_judgment_rows  # noqa: E402
 
 # Bump when the rows change: bench_pages.py rebuilds its cached databases when this moves.
-GEN_VERSION = 2
+GEN_VERSION = 3
 JUDGMENTS_PER_EVALUATION = 10
 BATCH_EVALUATIONS = 2_000
 SQLITE_LOAD_PRAGMAS = ("journal_mode = OFF", "synchronous = OFF", "cache_size = -1048576")
@@ -224,7 +225,7 @@ SNAPSHOT_COLUMNS = (
     "judge_scores_json", "evidence_json", "judge_meta_score", "weighted_gap", "max_metric_gap",
     "evidence_count", "evidence_highlighted", "evidence_unlocated", "evidence_unverified",
     "overall_feedback", "status", "source_key", "created_by", "deleted_at", "status_changed_by",
-    "status_changed_at", "chat_turn_count", "max_chat_turns",
+    "status_changed_at", "chat_turn_count", "max_chat_turns", "search_text",
 )  # fmt: skip
 JUDGMENT_COLUMNS = (
     "change_id", "product", "metric", "snapshot_id", "decision", "confidence", "reasoning",
@@ -233,7 +234,7 @@ JUDGMENT_COLUMNS = (
 )  # fmt: skip
 NOTE_COLUMNS = (
     "timestamp", "language", "note_type", "content", "phelps_code", "confidence", "session_id",
-    "pinned", "auto_pinned", "prerequisites", "created_by",
+    "pinned", "auto_pinned", "prerequisites", "created_by", "search_text",
 )  # fmt: skip
 # Columns the builders leave to the table's defaults, given here since rows are written as tuples.
 STORED_DEFAULTS = {
@@ -355,7 +356,10 @@ def generate(
 
 
 def rebuild_derived(engine: Engine) -> None:
-    """What the app maintains on write but a bulk load bypasses: statistics for the query planner."""
+    """What the app maintains on write but a bulk load bypasses, rebuilt by lib's own rebuilds:
+    the scores and agreement counts (`lib.scores`), then planner statistics."""
+    with engine.begin() as conn:
+        scores.rebuild_scores_on(conn)
     if engine.dialect.name == "postgresql":
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.exec_driver_sql("ANALYZE")

@@ -12,6 +12,7 @@ from sqlalchemy.exc import IntegrityError
 
 from lib import bulk, importer
 from lib.models import EvaluationSnapshot, Judgment
+from lib.search import normalize_search_text
 
 JUDGMENTS: Table = Judgment.__table__  # type: ignore[attr-defined]
 SNAPSHOTS: Table = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
@@ -60,8 +61,8 @@ def test_tuple_inserts_store_what_a_core_insert_stores(engine: Engine) -> None:
         conn.execute(insert(SNAPSHOTS), [snapshot("snap_core")])
         columns = list(judgment("x"))
         bulk.insert_tuples(conn, JUDGMENTS, columns, [tuple(judgment("tuple").values())])
-        columns = list(snapshot("x"))
-        bulk.insert_tuples(conn, SNAPSHOTS, columns, [tuple(snapshot("snap_tuple").values())])
+        row = snapshot("snap_tuple") | {"search_text": normalize_search_text("Q?")}  # computed by Core
+        bulk.insert_tuples(conn, SNAPSHOTS, list(row), [tuple(row.values())])
     assert stored(engine, JUDGMENTS, "change_id", "tuple") == stored(engine, JUDGMENTS, "change_id", "core")
     by_tuple = stored(engine, SNAPSHOTS, "id", "snap_tuple")
     by_core = stored(engine, SNAPSHOTS, "id", "snap_core")
@@ -73,8 +74,14 @@ def test_tuple_inserts_store_what_a_core_insert_stores(engine: Engine) -> None:
     )
 
 
+def test_a_left_out_computed_default_is_refused_not_stored_empty(engine: Engine) -> None:
+    row = snapshot("snap_x")
+    with pytest.raises(ValueError, match="search_text has a computed default"), engine.begin() as conn:
+        bulk.insert_tuples(conn, SNAPSHOTS, list(row), [tuple(row.values())])
+
+
 def test_encoded_json_is_stored_as_given(engine: Engine) -> None:
-    row = snapshot("snap_enc")
+    row = snapshot("snap_enc") | {"search_text": ""}
     row["user_scores_json"] = json.dumps(row["user_scores_json"])
     with engine.begin() as conn:
         bulk.insert_tuples(conn, SNAPSHOTS, list(row), [tuple(row.values())], encoded={"user_scores_json"})
