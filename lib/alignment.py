@@ -66,6 +66,8 @@ ARM_DESCRIPTIONS = {
     "full": "rubric + history + notes filtered and boosted by tag relevance",
     "rubric": "full context with the edited rubric text",
 }
+# A judge model name with this prefix is a scripted policy (the demo's), not a model: the page says so.
+SCRIPTED_JUDGE_PREFIX = "scripted: "
 BOOTSTRAP_RESAMPLES = 1000
 MEASURES = ("exact_agreement", "within_1_agreement", "weighted_kappa", "spearman", "mean_rescaled_gap")
 
@@ -194,8 +196,16 @@ def stratified_sample(metrics: Sequence[str], size: int, seed: int) -> list[int]
     return sorted(chosen)
 
 
-def create_experiment(engine: Engine, spec: ExperimentSpec) -> int:
-    """Sample, then write the experiment, its items and one pending call per arm and evaluation."""
+def is_scripted(judge_model: str | None) -> bool:
+    """True when an experiment's judge was a scripted policy, so its figures say nothing about a model."""
+    return str(judge_model or "").startswith(SCRIPTED_JUDGE_PREFIX)
+
+
+def create_experiment(engine: Engine, spec: ExperimentSpec, *, settings: Settings | None = None) -> int:
+    """Sample, then write the experiment, its items and one pending call per arm and evaluation.
+
+    `settings` names the judge model recorded with it (the one `run_experiment` will be given).
+    """
     with session_scope(engine) as session:
         created_by = authorize(session, spec.created_by, Permission.JUDGE).identity or None
         _check_spec(session, spec)
@@ -217,7 +227,7 @@ def create_experiment(engine: Engine, spec: ExperimentSpec) -> int:
             seed=spec.seed,
             arms=list(spec.arms),
             edited_rubric=dict(spec.edited_rubric),
-            judge_model=get_settings().judge_model,
+            judge_model=(settings or get_settings()).judge_model,
             created_by=created_by,
         )
         session.add(experiment)

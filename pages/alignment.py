@@ -99,6 +99,13 @@ chosen = st.selectbox(
     key="alignment_experiment",
 )
 row = experiments.set_index("id").loc[chosen]
+if alignment.is_scripted(row["judge_model"]):
+    st.warning(
+        "These figures come from a scripted judge, not a real model: a deterministic policy "
+        f"({row['judge_model']}) served by a local test server. They show what the lab measures, "
+        "not what a real judge gains. Start an experiment with your own judge model to measure that.",
+        icon="🧪",
+    )
 total = int(row["done"] + row["failed"] + row["pending"])
 st.progress(
     (total - int(row["pending"])) / total if total else 1.0,

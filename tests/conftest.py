@@ -262,7 +262,7 @@ def _clear_streamlit_caches() -> None:
 @pytest.fixture
 def llm_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     """The local OpenAI-compatible server, with the app's settings pointed at it."""
-    from tests.llm_server import start_llm_server
+    from lib.scripted_llm import start_llm_server
 
     server = start_llm_server()
     monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)

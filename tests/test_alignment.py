@@ -36,7 +36,7 @@ from lib.models import (
 )
 from lib.notes import relevant_notes
 from lib.relevance import apply_score, pinned_as_of, record_audit, relevance_for_notes, set_manual_pin
-from tests.llm_server import json_reply, server_error
+from lib.scripted_llm import json_reply, server_error
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -521,7 +521,7 @@ def test_a_killed_run_resumes_keeping_its_finished_calls(
     import time
 
     from lib.__main__ import main
-    from tests.llm_server import stall
+    from lib.scripted_llm import stall
 
     seed_lab(sqlite_engine)
     monkeypatch.setenv("OVERRULE_DATABASE_URL", sqlite_url)

@@ -15,13 +15,17 @@ import pytest
 from sqlalchemy import Engine, func
 from sqlmodel import Session, select
 
-from lib import demo, precedents, relevance
+from lib import alignment, demo, precedents, relevance
 from lib.db import create_db_engine, init_db
 from lib.demo import evaluations as demo_evaluations
+from lib.demo import experiment as demo_experiment
 from lib.demo import inputs as demo_inputs
 from lib.evidence import STAGES, verify_evidence
 from lib.importer import import_evaluations, import_notes
 from lib.models import (
+    AlignmentCall,
+    AlignmentExperiment,
+    AlignmentItem,
     AutoEval,
     EvaluationSnapshot,
     ExpertFeedback,
@@ -43,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLES = [
     EvaluationSnapshot, Judgment, JudgmentEvent, MetricDefinition, SessionNote, SessionAudit,
     ProcessedRelevanceSession, LessonTagRelevance, TagRelevanceEvent, LessonMatchStat, Interaction,
-    ExpertFeedback, AutoEval,
+    ExpertFeedback, AutoEval, AlignmentExperiment, AlignmentItem, AlignmentCall,
 ]  # fmt: skip
 SESSION_ID = re.compile(r"^\d{8}_\d{6}_\d+_\d+$")
 RAG_SCALES = {"groundedness": (0.0, 1.0, False), "coherence": (1.0, 3.0, True),
@@ -547,6 +551,25 @@ def test_matched_auto_evaluations_copy_the_expert_scores(db: Session) -> None:
 # Loading rules
 
 
+def test_one_finished_experiment_from_the_scripted_judge(db: Session) -> None:
+    """The demo's experiment ran through the real experiment code; history is where it gains."""
+    experiment = db.exec(select(AlignmentExperiment)).one()
+    assert experiment.status == "finished" and alignment.is_scripted(experiment.judge_model)
+    assert experiment.judge_model == demo_experiment.DEMO_JUDGE_MODEL
+    assert experiment.id is not None
+    assert alignment.call_counts(db, experiment.id) == {"pending": 0, "done": 84, "failed": 0}
+    frame = alignment.item_frame(db, experiment.id)
+    assert len(frame) == demo_experiment.DEMO_SAMPLE * len(demo_experiment.DEMO_ARMS)
+    assert set(frame.loc[frame["arm"] == "bare", "arm_score"]) == {3.0}  # no context: mid-scale
+    exact = (frame["arm_score"] == frame["reviewer_score"]).groupby(frame["arm"]).mean()
+    assert exact["history"] == exact["full"] > exact["bare"] + 0.1
+    report = alignment.measure(db, experiment.id, resamples=50)
+    flips = report.paired.groupby("arm")[["flipped_to_agree", "flipped_away"]].sum()
+    assert flips.loc["full", "flipped_to_agree"] > 2 * flips.loc["full", "flipped_away"]
+    calls = db.exec(select(AlignmentCall).where(AlignmentCall.arm == "full")).all()
+    assert all("## Correction history for this product" in (c.prompt or "") for c in calls)
+
+
 def test_second_load_returns_nothing_and_writes_nothing(loaded: Engine) -> None:
     before = row_counts(loaded)
     assert demo.load_demo(engine=loaded) == {}
@@ -630,7 +653,12 @@ def dump(engine: Engine) -> dict[str, Any]:
             (a.interaction_id, a.no_match_reason, a.total_score, a.sentence_match_trace)
             for a in session.exec(select(AutoEval).order_by(AutoEval.interaction_id)).all()
         ]
+        experiment = sorted(
+            (c.arm, c.snapshot_id, c.status, sorted((c.scores or {}).items()))
+            for c in session.exec(select(AlignmentCall)).all()
+        )
     return {
+        "experiment": experiment,
         "snapshots": snaps,
         "judgments": judgments,
         "notes": notes,

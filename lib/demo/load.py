@@ -8,6 +8,7 @@ from sqlmodel import Session, col
 from lib.auth import system_actor
 from lib.db import session_scope
 from lib.demo.evaluations import build_evaluations
+from lib.demo.experiment import demo_experiment_id, run_demo_experiment
 from lib.demo.inputs import DEMO_AUTHOR, demo_anchor
 from lib.demo.notes import _note_ids, _write_relevance, build_notes, plan_relevance
 from lib.demo.precedents import _write_precedents, build_precedents
@@ -82,4 +83,7 @@ def load_demo(*, engine: Engine, force: bool = False) -> dict[str, int]:
         after = _relevance_rows(session)
         counts["tag scores"], counts["tag events"] = after[0] - before[0], after[1] - before[1]
         counts.update(_write_precedents(session, precedents))
+    # After the commit: the experiment reads the demo through its own sessions, as the CLI does.
+    counts["alignment experiments"] = 0 if demo_experiment_id(engine) is not None else 1
+    run_demo_experiment(engine)
     return counts
