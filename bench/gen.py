@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/gen.py` from anywhere
 from sqlalchemy import Engine, Table  # noqa: E402
 
 from lib import scores  # noqa: E402
-from lib.bulk import deferred_indexes, insert_tuples  # noqa: E402
+from lib.bulk import deferred_indexes, insert_tuples, worth_deferring  # noqa: E402
 from lib.db import init_db  # noqa: E402
 
 # The importer's row rules for cache entries and notes (private there: one rule, one place).
@@ -371,7 +371,8 @@ def rebuild_derived(engine: Engine) -> None:
 def insert_batched(
     engine: Engine, table: Any, rows: Iterator[dict[str, Any]], *, sqlite_cache_mb: int = 0
 ) -> int:
-    """Insert dict rows (all with the same keys) through `lib.bulk` in one transaction; returns the count.
+    """Insert dict rows (all with the same keys) in one transaction as the importer writes them:
+    `lib.bulk` tuples, the secondary indexes deferred when the load is large for the table.
 
     `sqlite_cache_mb` enlarges SQLite's page cache for this connection (index upkeep stays in memory).
     """
@@ -385,7 +386,10 @@ def insert_batched(
     with engine.begin() as conn:
         if sqlite_cache_mb and engine.dialect.name == "sqlite":
             conn.exec_driver_sql(f"PRAGMA cache_size = -{int(sqlite_cache_mb) * 1024}")
-        return insert_tuples(conn, table, columns, (values(row) for row in chain([first], rows)))
+        rest = list(rows)
+        defer = worth_deferring(conn, table, 1 + len(rest))
+        with deferred_indexes(conn, [table], defer=defer):
+            return insert_tuples(conn, table, columns, map(values, chain([first], rest)))
 
 
 def main(argv: list[str] | None = None) -> int:
