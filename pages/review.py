@@ -1,11 +1,9 @@
 """Review queue: a workspace for one evaluation at a time — the highlighted answer beside compact
 metric rows, largest gap first, every row reachable from the keyboard."""
 
-from urllib.parse import quote
-
 import streamlit as st
 
-from lib import review_queue
+from lib import display, review_queue
 from lib.auth import Permission
 from lib.highlight import metric_palette, sanitize_slug
 from lib.review_queue import ORDERS, QueueFilter
@@ -88,10 +86,11 @@ def queue(filters: QueueFilter) -> None:
         if snapshot is not None:
             gap = "—" if snapshot.max_metric_gap is None else f"{snapshot.max_metric_gap:.2f}"
             st.markdown(
-                f"**Evaluation {escape_markdown(snapshot.id)}**  \n"
-                f":small[{escape_markdown(snapshot.product)} · {escape_markdown(snapshot.language)} · "
+                f"**{escape_markdown(display.evaluation_title(snapshot.question, limit=60))}**  \n"
+                f":small[Evaluation {escape_markdown(snapshot.id)} · "
+                f"{escape_markdown(snapshot.product)} · {escape_markdown(snapshot.language)} · "
                 f"model {escape_markdown(snapshot.model_name or 'unknown')} · largest gap {gap} · "
-                f"[open the full evaluation](/evaluations?snapshot={quote(snapshot.id, safe='')})]"
+                f"[open the full evaluation]({display.evaluation_url(snapshot.id)})]"
             )
             render_long_text(snapshot.question, key="review_question", file_name="question.txt", height=76)
             render_answer(

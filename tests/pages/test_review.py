@@ -17,6 +17,7 @@ from lib.config import reset_settings
 from lib.db import session_scope
 from lib.highlight import strip_app_markup
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent
+from lib.safe_markdown import escape_markdown
 from tests.pages.test_admin import AUTH  # the sign-in settings of the page tests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,12 +92,30 @@ def progress_text(at: AppTest) -> str:
 
 
 def headings(at: AppTest) -> list[str]:
-    """The item's heading as a reader sees it (ids are Markdown-escaped in the page source)."""
-    return [
-        m.value.replace("\\", "").split("**")[1]
-        for m in at.markdown
-        if m.value.startswith(("**Evaluation ", "**Judgment "))
-    ]
+    """Which item is shown: "Evaluation <id>" (the line under the question's title) or "Judgment <id>"
+    (ids are Markdown-escaped in the page source)."""
+    shown = []
+    for m in at.markdown:
+        value = m.value.replace("\\", "")
+        if value.startswith("**Judgment "):
+            shown.append(value.split("**")[1])
+        elif "  \n:small[Evaluation " in value:
+            shown.append("Evaluation " + value.split(":small[Evaluation ", 1)[1].split(" · ", 1)[0])
+    return shown
+
+
+def test_the_item_is_titled_by_its_questions_first_line(app_engine, open_page) -> None:
+    with session_scope(app_engine) as s:
+        s.add(EvaluationSnapshot(id="snap_t", question="Where is *Ankara*?\nSecond line", model_answer="a",
+                                 product="acme"))  # fmt: skip
+        s.flush()
+        s.add(Judgment(change_id="snap_t:clarity", snapshot_id="snap_t", product="acme", metric="clarity",
+                       decision="4"))  # fmt: skip
+    at = open_page(PAGE, reviewer="ayse")
+    titles = [m.value.split("  \n", 1)[0] for m in at.markdown if "  \n:small[Evaluation " in m.value]
+    assert titles == [f"**{escape_markdown('Where is *Ankara*?')}**"]
+    assert headings(at) == ["Evaluation snap_t"]
+    assert not at.exception
 
 
 def plain(markdown: str) -> str:
@@ -360,8 +379,13 @@ def test_untrusted_text_is_shown_escaped(app_engine, open_page, payload) -> None
     html = [v for v in shown if v.startswith('<div class="ov-highlight">')]
     # Question and answer: lib.highlight's HTML, holding only app tags and the payload as text.
     assert [strip_app_markup(v) for v in html] == [payload, payload]
-    # Everything else: every Markdown-active character arrives backslash-escaped.
-    markdown = [v for v in shown if v not in html]
+    # Everything else: every Markdown-active character arrives backslash-escaped. The item's title
+    # line is "**<question's first line>**  \n:small[<the app's line>]": its inner text is checked.
+    markdown = [
+        v.split("  \n", 1)[0].removeprefix("**").removesuffix("**") if "  \n:small[Evaluation " in v else v
+        for v in shown
+        if v not in html
+    ]
     assert markdown and not any(UNESCAPED.search(v) for v in markdown)
     assert not at.exception
 
