@@ -35,8 +35,9 @@ if str(ROOT) not in sys.path:  # run as `python bench/gen.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import Engine, Table  # noqa: E402
+from sqlmodel import Session  # noqa: E402
 
-from lib import scores  # noqa: E402
+from lib import counters, scores  # noqa: E402
 from lib.bulk import deferred_indexes, insert_tuples, worth_deferring  # noqa: E402
 from lib.db import init_db  # noqa: E402
 
@@ -357,9 +358,10 @@ def generate(
 
 def rebuild_derived(engine: Engine) -> None:
     """What the app maintains on write but a bulk load bypasses, rebuilt by lib's own rebuilds:
-    the scores and agreement counts (`lib.scores`), then planner statistics."""
+    the scores and agreement counts (`lib.scores`), the counters (`lib.counters`), then planner statistics."""
     with engine.begin() as conn:
         scores.rebuild_scores_on(conn)
+        counters.rebuild_counts(session=Session(bind=conn))
     if engine.dialect.name == "postgresql":
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.exec_driver_sql("ANALYZE")

@@ -403,6 +403,21 @@ def _cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
+@handler("recount")
+def _cmd_recount(args: argparse.Namespace) -> int:
+    """`recount [NAME ...]`: rebuild the counters and other derived tables (lib.counters.REBUILDS) from the rows."""
+    from lib import counters
+    from lib.db import session_scope
+
+    with session_scope(_engine()) as session:
+        try:
+            done = counters.recount(session=session, only=args.names or None)
+        except ValueError as exc:
+            raise CliError(f"recount: {exc}") from exc
+    print(f"rebuilt {', '.join(done)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; other modules' commands are registered here so `--help` lists all."""
     parser = argparse.ArgumentParser(prog="python -m lib", description="Overrule command line.")
@@ -563,6 +578,9 @@ def build_parser() -> argparse.ArgumentParser:
     t = token_sub.add_parser("revoke", help="revoke a token by name")
     t.add_argument("--name", required=True)
     t.add_argument("--by", default=None, help="recorded as who revoked it")
+
+    p = sub.add_parser("recount", help="rebuild the counters the pages read (and every other derived table)")
+    p.add_argument("names", nargs="*", metavar="NAME", help="only these (default: all registered rebuilds)")
 
     # Each capability adds its subcommand parser above this line and its @handler function above.
     return parser

@@ -24,10 +24,11 @@ from datetime import datetime
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Engine, case, delete, func, insert, or_, update
+from sqlalchemy import Engine, delete, func, insert, or_, update
 from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
+from lib import counters
 from lib.auth import Actor, Permission, authorize, identity_of
 from lib.display import evaluation_url, judgment_url
 from lib.metrics import MetricSpec, metrics_for_product
@@ -312,8 +313,11 @@ def record_reviews(*, session: Session, reviews: Sequence[BulkReview]) -> int:
                 version=version + 1,
             )
         )  # fmt: skip
-    if updates:
-        session.execute(update(Judgment), updates)
+    for i in range(0, len(updates), 5000):
+        part = updates[i : i + 5000]
+        with counters.judgments_change(session=session, where=col(Judgment.id).in_([u["id"] for u in part])):
+            session.execute(update(Judgment), part)
+    if events:
         session.execute(insert(JudgmentEvent), events)
     return len(updates)
 
@@ -417,6 +421,16 @@ def _write_review_state(
         if current is None:
             raise JudgmentNotFound(f"judgment {judgment_id} was deleted while you were reviewing it")
         raise ReviewConflict(JudgmentState.of(current, _latest_actor(session, judgment_id)), expected_version)
+    # The counters move by this write's known delta: `judgment` still holds the replaced state.
+    corrected = compute_was_corrected(judgment.decision, state.user_decision)
+    was_reviewed, now_reviewed = judgment.reviewed_at is not None, state.reviewed_at is not None
+    counters.bump_review(
+        session=session,
+        judgment_id=judgment_id,
+        snapshot_id=judgment.snapshot_id,
+        reviewed=int(now_reviewed) - int(was_reviewed),
+        corrected=int(now_reviewed and corrected) - int(was_reviewed and judgment.was_corrected),
+    )
     session.add(JudgmentEvent(**event))
     session.flush()
     session.refresh(judgment)
@@ -666,8 +680,13 @@ def clear_product(*, session: Session, product: str, reviewer: Actor | str | Non
     """Seed-004 API: remove every judgment of a product (with its audit trail); returns the count."""
     name = require_reviewer(reviewer, Permission.CLEAR_CACHE, bind=session)
     ids = select(Judgment.id).where(Judgment.product == product).scalar_subquery()
-    session.execute(delete(JudgmentEvent).where(col(JudgmentEvent.judgment_id).in_(ids)))
-    result = session.execute(delete(Judgment).where(col(Judgment.product) == product))
+    with counters.judgments_change(
+        session=session,
+        where=col(Judgment.product) == product,
+        snapshots=col(EvaluationSnapshot.product) == product,
+    ):
+        session.execute(delete(JudgmentEvent).where(col(JudgmentEvent.judgment_id).in_(ids)))
+        result = session.execute(delete(Judgment).where(col(Judgment.product) == product))
     removed = int(result.rowcount or 0)  # type: ignore[attr-defined]
     # The events go with their judgments (they reference them); the clearing itself is logged.
     log.warning("%s cleared product %r: %d judgments and their history deleted", name, product, removed)
@@ -909,24 +928,25 @@ def format_history_for_prompt(judgments: Sequence[Judgment]) -> str:
 
 
 def stats(*, session: Session, product: str | None = None) -> dict[str, Any]:
-    """Seed-004 `stats`: totals, corrected vs correct, correction rate, products, oldest/newest."""
-    corrected_sum = func.coalesce(func.sum(case((col(Judgment.was_corrected), 1), else_=0)), 0)
-    stmt = select(
-        func.count(), corrected_sum, func.min(Judgment.timestamp), func.max(Judgment.timestamp)
-    ).where(live_judgment())
+    """Seed-004 `stats` from lib.counters: totals, corrected vs correct, correction rate, products, days.
+
+    `correction_rate` is the one definition (corrected ÷ reviewed, `counters.correction_rate`);
+    oldest and newest are days (UTC), which is what the counters keep.
+    """
+    totals = counters.judgment_totals(session=session, product=product)
+    oldest, newest = counters.judged_day_range(session=session, product=product)
+    products = list(counters.judgment_totals_by_product(session=session))
     if product is not None:
-        stmt = stmt.where(col(Judgment.product) == product)
-    total, corrected, oldest, newest = session.exec(stmt).one()
-    total, corrected = int(total or 0), int(corrected or 0)
-    products = distinct_products(session=session) if product is None else [product] * bool(total)
+        products = [product] if product in products else []
     return {
-        "total_judgments": total,
-        "corrected_count": corrected,
-        "correct_count": total - corrected,
-        "correction_rate": corrected / total if total else 0.0,
+        "total_judgments": totals.judgments,
+        "reviewed_count": totals.reviewed,
+        "corrected_count": totals.corrected,
+        "correct_count": totals.judgments - totals.corrected,
+        "correction_rate": totals.correction_rate,
         "products": products,
-        "oldest_judgment": oldest.isoformat() if oldest else None,
-        "newest_judgment": newest.isoformat() if newest else None,
+        "oldest_judgment": oldest,
+        "newest_judgment": newest,
     }
 
 
@@ -1010,9 +1030,27 @@ def _filtered(stmt: Any, filters: JudgmentFilter) -> Any:
     return stmt
 
 
-def count_judgments(*, session: Session, filters: JudgmentFilter) -> int:
-    """How many judgments match the filters (for the pager)."""
-    return int(session.exec(_filtered(select(func.count()).select_from(Judgment), filters)).one())
+COUNT_CAP = 10_000
+
+
+def count_judgments(*, session: Session, filters: JudgmentFilter, cap: int = COUNT_CAP) -> int:
+    """How many judgments match the filters (for the pager): exact from lib.counters unless a reviewer
+    is chosen; then counted up to `cap` + 1 ("10,000+"), never a scan of every judgment."""
+    if filters.reviewer is None:
+        totals = counters.judgment_totals(session=session, product=filters.product, metric=filters.metric)
+        by_state = {
+            None: totals.judgments,
+            "unreviewed": totals.pending,
+            "confirmed": totals.reviewed - totals.corrected,
+            "corrected": totals.corrected,
+        }
+        if filters.state not in by_state:
+            raise ValueError(
+                f"unknown review state {filters.state!r}; choose one of {', '.join(REVIEW_STATES)}"
+            )
+        return by_state[filters.state]
+    matches = _filtered(select(Judgment.id), filters).limit(cap + 1).subquery()
+    return int(session.exec(select(func.count()).select_from(matches)).one())
 
 
 def list_judgments(
@@ -1134,28 +1172,19 @@ def correction_rate_over_time(
 ) -> pd.DataFrame:
     """Per product and period (by when judged): reviewed, corrected and their ratio.
 
-    Aggregated per day in SQL (one row per product and day reaches Python), then per `freq`
-    ("D", "W" or "M") in pandas.
+    Read from lib.counters' per-day rows (products × metrics × days, whatever the judgments), then
+    summed per `freq` ("D", "W" or "M") in pandas. The ratio is `counters.correction_rate`.
     """
     if freq not in ("D", "W", "M"):
         raise ValueError(f"freq must be D, W or M, got {freq!r}")
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        day = func.to_char(func.timezone("UTC", col(Judgment.timestamp)), "YYYY-MM-DD")
-    else:  # SQLite stores UTC text "YYYY-MM-DD HH:MM:SS.ffffff"
-        day = func.substr(col(Judgment.timestamp), 1, 10)
-    corrected_sum = func.sum(case((col(Judgment.was_corrected), 1), else_=0))
-    stmt = (
-        select(Judgment.product, day.label("day"), func.count(col(Judgment.id)), corrected_sum)
-        .where(col(Judgment.user_decision).is_not(None), live_judgment())
-        .group_by(Judgment.product, day)
-    )
-    if product is not None:
-        stmt = stmt.where(col(Judgment.product) == product)
-    if metric is not None:
-        stmt = stmt.where(col(Judgment.metric) == metric)
     columns = ["product", "period", "reviewed", "corrected", "correction_rate"]
-    rows = session.exec(stmt).all()
+    rows = [
+        (p, day, reviewed, corrected)
+        for p, day, _n, reviewed, corrected in counters.judgment_days(
+            session=session, product=product, metric=metric
+        )
+        if reviewed
+    ]
     if not rows:
         return pd.DataFrame(columns=columns)
     daily = pd.DataFrame(rows, columns=["product", "day", "reviewed", "corrected"])

@@ -18,6 +18,7 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
 from sqlmodel import Session
 
+import lib.counters  # noqa: F401  (registers the ORM flush hooks that keep the counters)
 from lib.config import ROOT, get_settings
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from sqlalchemy import and_, case, exists, func, text, update
 from sqlalchemy.sql import ColumnElement, Select
 from sqlmodel import Session, col, select
 
-from lib import scores
+from lib import counters, scores
 from lib.auth import Actor, Permission
 from lib.corrections import distinct_metrics, parse_score, require_reviewer
 from lib.display import evaluation_title, evaluation_url
@@ -782,7 +782,8 @@ def archive_evaluation(*, session: Session, snapshot_id: str, reviewer: Actor | 
         .where(col(_S.id) == snapshot_id, col(_S.deleted_at).is_(None))
         .values(deleted_at=now, status="archived", status_changed_by=name, status_changed_at=now)
     )
-    changed = session.connection().execute(stmt).rowcount == 1
+    with counters.snapshots_change(session=session, where=col(_S.id) == snapshot_id):
+        changed = session.connection().execute(stmt).rowcount == 1
     if changed:
         scores.set_snapshots_live(session=session, snapshot_ids=[snapshot_id], live=False)
     else:
@@ -801,7 +802,8 @@ def restore_evaluation(*, session: Session, snapshot_id: str, reviewer: Actor | 
         .where(col(_S.id) == snapshot_id, col(_S.deleted_at).is_not(None))
         .values(deleted_at=None, status=status, status_changed_by=name, status_changed_at=now)
     )
-    changed = session.connection().execute(stmt).rowcount == 1
+    with counters.snapshots_change(session=session, where=col(_S.id) == snapshot_id):
+        changed = session.connection().execute(stmt).rowcount == 1
     if changed:
         scores.set_snapshots_live(session=session, snapshot_ids=[snapshot_id], live=True)
     else:

@@ -62,6 +62,11 @@ class EvaluationSnapshot(SQLModel, table=True):
             "evidence_count",
             "evidence_unlocated",
             "evidence_unverified",
+            # lib.counters keeps these four: the review-state and metric filters read the index.
+            "judgments_total",
+            "judgments_reviewed",
+            "judgments_corrected",
+            "judged_metrics",
         ),
         # The list's gap sorts: the first page is an index range read, not a sort of every live row.
         Index("ix_snapshot_live_weighted_gap", "deleted_at", "weighted_gap", "created_at", "id"),
@@ -93,6 +98,12 @@ class EvaluationSnapshot(SQLModel, table=True):
     evidence_highlighted: int = 0
     evidence_unlocated: int = 0
     evidence_unverified: int = 0
+    # Its judgments: how many, reviewed, corrected, and `,slug,slug,` of the metrics judged. Kept on
+    # write by lib.counters (rebuilt by `python -m lib recount`), so the list never counts judgments.
+    judgments_total: int = 0
+    judgments_reviewed: int = 0
+    judgments_corrected: int = 0
+    judged_metrics: str = Field(default="", max_length=1000)
     overall_feedback: str | None = Field(default=None, sa_column=Column(Text))
     user_evaluation_id: str | None = Field(default=None, max_length=128)
     judge_evaluation_id: str | None = Field(default=None, max_length=128)
@@ -228,6 +239,52 @@ def compute_was_corrected(decision: str | None, user_decision: str | None) -> bo
 def _judgment_invariants(_mapper, _connection, target: Judgment) -> None:  # type: ignore[no-untyped-def]
     """Keep `was_corrected` true to its definition for every ORM write, whoever builds the row."""
     target.was_corrected = compute_was_corrected(target.decision, target.user_decision)
+
+
+class ProductCount(SQLModel, table=True):
+    """Per product: evaluations (live, archived) and live evidence by state. Kept by lib.counters."""
+
+    __tablename__ = "product_counts"
+
+    product: str = Field(primary_key=True, max_length=200)
+    evaluations: int = 0
+    archived: int = 0
+    evidence_total: int = 0
+    evidence_highlighted: int = 0
+    evidence_unlocated: int = 0
+    evidence_unverified: int = 0
+
+
+class JudgmentDayCount(SQLModel, table=True):
+    """Live judgments per product × metric ('' for none) × UTC day judged. Kept by lib.counters."""
+
+    __tablename__ = "judgment_day_counts"
+
+    product: str = Field(primary_key=True, max_length=200)
+    metric: str = Field(primary_key=True, max_length=64)
+    day: str = Field(primary_key=True, max_length=10)  # YYYY-MM-DD
+    judgments: int = 0
+    reviewed: int = 0
+    corrected: int = 0
+    opinion_validated: int = 0
+    opinion_improved: int = 0
+    opinion_questioned: int = 0
+
+
+class JudgmentLanguageCount(SQLModel, table=True):
+    """Live judgments per product × metric × evaluation language ('' stand-alone). Kept by lib.counters."""
+
+    __tablename__ = "judgment_language_counts"
+
+    product: str = Field(primary_key=True, max_length=200)
+    metric: str = Field(primary_key=True, max_length=64)
+    language: str = Field(primary_key=True, max_length=16)
+    judgments: int = 0
+    reviewed: int = 0
+    corrected: int = 0
+    opinion_validated: int = 0
+    opinion_improved: int = 0
+    opinion_questioned: int = 0
 
 
 class JudgmentEvent(SQLModel, table=True):

@@ -1,4 +1,4 @@
-"""Overview figures, each computed by one SQL aggregation (never by loading tables)."""
+"""Overview figures, read from the counters lib.counters keeps on write (never by counting rows)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from datetime import datetime
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import case, func
+from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from lib.corrections import live_judgment
+from lib import counters
 from lib.display import (
     CORRECTIONS_PATH,
     EVALUATIONS_PATH,
@@ -49,7 +49,8 @@ class OverviewStats:
 
     @property
     def correction_rate(self) -> float | None:
-        return self.corrected / self.reviewed if self.reviewed else None
+        """lib.counters.correction_rate: corrected ÷ reviewed (the one definition, issue 15)."""
+        return counters.correction_rate(self.corrected, self.reviewed)
 
     @property
     def agreement_rate(self) -> float | None:
@@ -93,56 +94,36 @@ FIGURE_LINKS: dict[str, FigureLink] = {
 
 
 def overview_stats(*, session: Session) -> OverviewStats:
-    """Counts for the overview page: three aggregate queries, whatever the table sizes."""
-    live = col(EvaluationSnapshot.deleted_at).is_(None)
-    snap = session.exec(
-        select(
-            func.count().filter(live),
-            func.count().filter(~live),
-            func.count(func.distinct(case((live, EvaluationSnapshot.product)))),
-            func.coalesce(func.sum(case((live, EvaluationSnapshot.evidence_count), else_=0)), 0),
-            func.coalesce(func.sum(case((live, EvaluationSnapshot.evidence_highlighted), else_=0)), 0),
-            func.coalesce(func.sum(case((live, EvaluationSnapshot.evidence_unlocated), else_=0)), 0),
-            func.coalesce(func.sum(case((live, EvaluationSnapshot.evidence_unverified), else_=0)), 0),
-        )
-    ).one()
-    reviewed = col(Judgment.reviewed_at).is_not(None)
-    action = col(Judgment.second_opinion_action)
-    jud = session.exec(
-        select(
-            func.count(),
-            func.count().filter(~reviewed),
-            func.count().filter(reviewed),
-            func.count().filter(reviewed & col(Judgment.was_corrected)),
-            func.count().filter(action.in_(("validated", "improved", "questioned"))),
-            func.count().filter(action == "validated"),
-            func.count().filter(action == "improved"),
-            func.count().filter(action == "questioned"),
-        ).where(live_judgment())
-    ).one()
+    """Counts for the overview page, read from lib.counters: rows per product and metric, never per judgment."""
+    by_product = counters.evaluation_totals_by_product(session=session)
+    jud = counters.judgment_totals(session=session)
     notes = session.exec(
         select(
             func.count(), func.count(func.distinct(SessionNote.session_id)), func.max(SessionNote.timestamp)
         )
     ).one()
+
+    def total(name: str) -> int:
+        return sum(getattr(t, name) for t in by_product.values())
+
     return OverviewStats(
-        evaluations=snap[0],
-        archived=snap[1],
-        products=snap[2],
-        evidence_total=int(snap[3]),
+        evaluations=total("evaluations"),
+        archived=total("archived"),
+        products=sum(1 for t in by_product.values() if t.evaluations),
+        evidence_total=total("evidence_total"),
         evidence_by_state={
-            "highlighted": int(snap[4]),
-            "unlocated": int(snap[5]),
-            "unverified": int(snap[6]),
+            "highlighted": total("evidence_highlighted"),
+            "unlocated": total("evidence_unlocated"),
+            "unverified": total("evidence_unverified"),
         },
-        judgments=jud[0],
-        pending_reviews=jud[1],
-        reviewed=jud[2],
-        corrected=jud[3],
-        second_opinions=jud[4],
-        second_opinion_validated=jud[5],
-        second_opinion_improved=jud[6],
-        second_opinion_questioned=jud[7],
+        judgments=jud.judgments,
+        pending_reviews=jud.pending,
+        reviewed=jud.reviewed,
+        corrected=jud.corrected,
+        second_opinions=jud.second_opinions,
+        second_opinion_validated=jud.opinion_validated,
+        second_opinion_improved=jud.opinion_improved,
+        second_opinion_questioned=jud.opinion_questioned,
         notes=notes[0],
         note_sessions=notes[1],
         latest_note=notes[2],
@@ -248,36 +229,25 @@ def metric_sets_frame(*, session: Session) -> pd.DataFrame:
 
 
 def per_product_frame(*, session: Session) -> pd.DataFrame:
-    """Evaluations and review progress per product (live evaluations only)."""
-    snaps = session.exec(
-        select(EvaluationSnapshot.product, func.count())
-        .where(col(EvaluationSnapshot.deleted_at).is_(None))
-        .group_by(EvaluationSnapshot.product)
-    ).all()
-    reviewed = col(Judgment.reviewed_at).is_not(None)
-    jud = session.exec(
-        select(
-            Judgment.product,
-            func.count(),
-            func.count().filter(~reviewed),
-            func.count().filter(reviewed & col(Judgment.was_corrected)),
-            func.count().filter(reviewed),
+    """Evaluations and review progress per product (live evaluations only), from lib.counters."""
+    evaluations = counters.evaluation_totals_by_product(session=session)
+    judgments = counters.judgment_totals_by_product(session=session)
+    rows = []
+    for product in sorted(set(evaluations) | set(judgments)):
+        ev = evaluations.get(product)
+        jud = judgments.get(product)
+        if (ev is None or not ev.evaluations) and jud is None:
+            continue  # only archived evaluations: nothing live to show
+        rows.append(
+            {
+                "product": product,
+                "evaluations": ev.evaluations if ev else 0,
+                "judgments": jud.judgments if jud else 0,
+                "pending": jud.pending if jud else 0,
+                "correction_rate": jud.correction_rate if jud else None,
+            }
         )
-        .where(live_judgment())
-        .group_by(Judgment.product)
-    ).all()
-    by_product: dict[str, dict[str, Any]] = {}
-    for product, n in snaps:
-        by_product.setdefault(product, {})["evaluations"] = n
-    for product, total, pending, corrected, done in jud:
-        by_product.setdefault(product, {}).update(
-            judgments=total, pending=pending, correction_rate=(corrected / done) if done else None
-        )
-    frame = pd.DataFrame(
-        [
-            {"product": p, **v, "link": evaluations_list_url({"product": p})}
-            for p, v in sorted(by_product.items())
-        ],
+    return pd.DataFrame(
+        [{**row, "link": evaluations_list_url({"product": row["product"]})} for row in rows],
         columns=["product", "evaluations", "judgments", "pending", "correction_rate", "link"],
     )
-    return frame.fillna({"evaluations": 0, "judgments": 0, "pending": 0})

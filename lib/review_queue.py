@@ -13,9 +13,10 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, func, or_
+from sqlalchemy import or_
 from sqlmodel import Session, col, select
 
+from lib import counters
 from lib.corrections import (
     DecisionScale,
     decision_scale,
@@ -217,40 +218,13 @@ def next_item(*, session: Session, filters: QueueFilter, skipped: Collection[str
 def queue_progress(*, session: Session, filters: QueueFilter) -> QueueProgress:
     """Reviewed vs all judgments under the filters (archived evaluations left out).
 
-    Shaped for SQLite's planner at a million rows (PostgreSQL does well either way): with a product,
-    two counts that each stay inside one covering index; without, one pass computing both.
+    Read from lib.counters (per product × metric × language), so it costs the same after every
+    review at a thousand or a million judgments.
     """
-    open_sum = func.coalesce(func.sum(case((_unreviewed(), 1), else_=0)), 0)
-
-    def totals(stmt: Any) -> tuple[int, int]:
-        total, still_open = session.exec(stmt).one()
-        return int(total or 0), int(still_open or 0)
-
-    if filters.language is not None:  # the language lives on the evaluation: join, archived left out
-        stmt = _filtered(
-            _live(select(func.count(), open_sum).select_from(Judgment)), filters, product=filters.product
-        )
-        total, still_open = totals(stmt)
-        return QueueProgress(reviewed=total - still_open, total=total)
-
-    if filters.product is not None:
-        counted = _filtered(select(func.count()).select_from(Judgment), filters, product=filters.product)
-        total = int(session.exec(counted).one() or 0)
-        still_open = int(session.exec(counted.where(_unreviewed())).one() or 0)
-    else:
-        total, still_open = totals(
-            _filtered(select(func.count(), open_sum).select_from(Judgment), filters, product=None)
-        )
-
-    # Few evaluations are archived: their judgments are counted apart, driven from the archived
-    # evaluations through the snapshot_id index, and subtracted.
-    gone = select(EvaluationSnapshot.id).where(col(EvaluationSnapshot.deleted_at).is_not(None))
-    if filters.product is not None:
-        gone = gone.where(col(EvaluationSnapshot.product) == filters.product)
-    archived = select(func.count(), open_sum).select_from(Judgment).where(col(Judgment.snapshot_id).in_(gone))
-    archived_total, archived_open = totals(_filtered(archived, filters, product=None))
-    total, still_open = total - archived_total, still_open - archived_open
-    return QueueProgress(reviewed=total - still_open, total=total)
+    totals = counters.judgment_totals(
+        session=session, product=filters.product, metric=filters.metric, language=filters.language
+    )
+    return QueueProgress(reviewed=totals.reviewed, total=totals.judgments)
 
 
 def queue_options(*, session: Session) -> dict[str, list[str]]:

@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from lib import charts, corrections, export, importer
+from lib import charts, corrections, counters, export, importer
 from lib.auth import Permission
 from lib.config import get_settings
 from lib.corrections import REVIEW_STATES, JudgmentFilter
@@ -107,7 +107,12 @@ cols = st.columns(4)
 cols[0].metric("Judgments", f"{summary['total_judgments']:,}")
 cols[1].metric("Corrected", f"{summary['corrected_count']:,}")
 cols[2].metric("Correct (or unreviewed)", f"{summary['correct_count']:,}")
-cols[3].metric("Correction rate", f"{summary['correction_rate']:.0%}")
+rate = summary["correction_rate"]
+cols[3].metric(
+    "Correction rate",
+    "—" if rate is None else f"{rate:.0%}",
+    help=f"{counters.CORRECTION_RATE_HELP} {summary['corrected_count']:,} of {summary['reviewed_count']:,} reviewed.",
+)
 st.caption(
     f"Products: {escape_markdown(', '.join(summary['products']) or '—')} · "
     f"oldest {summary['oldest_judgment'] or '—'} · newest {summary['newest_judgment'] or '—'}"

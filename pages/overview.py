@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from lib import overview
+from lib import counters, overview
 from lib.ui import csv_download, session_scope
 from lib.ui.tables import (
     count_column,
@@ -54,7 +54,7 @@ with cols[3]:
     st.metric(
         "Correction rate",
         _pct(stats.correction_rate),
-        help=f"{stats.corrected:,} of {stats.reviewed:,} reviewed",
+        help=f"{counters.CORRECTION_RATE_HELP} {stats.corrected:,} of {stats.reviewed:,} reviewed.",
     )
     _list_link("correction")
 with cols[4]:

@@ -743,8 +743,8 @@ def test_clear_product_without_a_reviewer_is_refused(sqlite_engine) -> None:
 def test_stats_on_an_empty_cache(engine) -> None:
     with session_scope(engine) as s:
         assert corrections.stats(session=s) == {
-            "total_judgments": 0, "corrected_count": 0, "correct_count": 0, "correction_rate": 0.0,
-            "products": [], "oldest_judgment": None, "newest_judgment": None,
+            "total_judgments": 0, "reviewed_count": 0, "corrected_count": 0, "correct_count": 0,
+            "correction_rate": None, "products": [], "oldest_judgment": None, "newest_judgment": None,
         }  # fmt: skip
 
 
@@ -760,9 +760,11 @@ def test_stats_counts_corrections_products_and_age(engine) -> None:
         9,
     )
     assert everything["products"] == ["acme", "beta"]
-    assert (acme["total_judgments"], acme["correction_rate"], acme["products"]) == (12, 0.25, ["acme"])
-    assert acme["oldest_judgment"] == T0.isoformat()
-    assert acme["newest_judgment"] == (T0 + timedelta(hours=17)).isoformat()
+    # The one correction rate (issue 15) is corrected ÷ reviewed: the 9 correct ones are unreviewed.
+    assert (acme["total_judgments"], acme["reviewed_count"], acme["products"]) == (12, 3, ["acme"])
+    assert acme["correction_rate"] == 1.0
+    assert acme["oldest_judgment"] == T0.date().isoformat()  # days: what the counters keep
+    assert acme["newest_judgment"] == (T0 + timedelta(hours=17)).date().isoformat()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import false, insert, select
 from sqlmodel import Session, col
 
+from lib import counters
 from lib.corrections import BulkReview, format_score, record_reviews, review_event_row
 from lib.demo.evaluations import DemoEvaluations, _scales
 from lib.demo.inputs import DEMO_SEED, _choose, _inputs, _read_input, _rng, demo_anchor
@@ -198,6 +199,9 @@ def _write_cache_judgments(session: Session, rows: list[dict[str, Any]]) -> tupl
         return 0, 0
     columns = set(Judgment.model_fields)
     session.execute(insert(Judgment), [{k: v for k, v in r.items() if k in columns} for r in fresh])
+    counters.judgments_added(
+        session=session, where=col(Judgment.change_id).in_([r["change_id"] for r in fresh]), snapshots=false()
+    )
     ids = dict(
         session.execute(
             select(Judgment.change_id, Judgment.id).where(

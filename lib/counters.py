@@ -1,0 +1,570 @@
+"""Counters maintained on write: what the Overview, Corrections and review-queue figures read.
+
+Counting a million judgments on every page rerun grows with the data (issue 19: 40 s on Overview
+at 1M). Instead, every write path adjusts small tables in its own transaction, and the pages read
+rows in proportion to products × metrics × days, never to evaluations or judgments:
+
+- `product_counts`: per product, live and archived evaluations and their evidence by state;
+- `judgment_day_counts`: per product × metric × day judged, judgments, reviewed, corrected and
+  second-opinion outcomes (trends, Corrections' statistics);
+- `judgment_language_counts`: the same per product × metric × language (Overview totals and the
+  queue's progress, which filters by language);
+- per evaluation, `judgments_total`, `judgments_reviewed`, `judgments_corrected` and
+  `judged_metrics` on `evaluation_snapshots` itself, inside the Evaluations list index, so the
+  list's review-state and metric filters read the index instead of probing judgments per row.
+
+Only live judgments count (seed 002 AD-13: an archived evaluation's judgments drop out), and
+"reviewed" means `reviewed_at` is set, "corrected" reviewed and `was_corrected`. These definitions
+live here and in `rebuild_*` below; nowhere else.
+
+How writers keep them right: a write that may change judgments runs inside `judgments_change`
+(retract the rows' contribution, write, add it back: set-based `INSERT … SELECT … GROUP BY … ON
+CONFLICT DO UPDATE SET n = n + excluded.n`, atomic on SQLite and PostgreSQL alike, so concurrent
+writers never lose an increment); a review, the hot path, adds its known delta (`bump_review`).
+Archive and restore run inside `snapshots_change`. Bulk inserts call `judgments_added` once per batch.
+
+`python -m lib recount` rebuilds everything derived from scratch by calling every function in
+`REBUILDS`, in registration order. **Another derived table registers its own rebuild with
+`@register_rebuild("name")`** and `recount` picks it up; nothing else needs to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Table, case, delete, event, func, inspect, literal, or_, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.sql import ColumnElement
+from sqlmodel import Session, col
+
+from lib.models import (
+    EvaluationSnapshot,
+    Judgment,
+    JudgmentDayCount,
+    JudgmentLanguageCount,
+    ProductCount,
+)
+
+_S = EvaluationSnapshot
+_J = Judgment
+_DAY: Table = JudgmentDayCount.__table__  # type: ignore[attr-defined]
+_LANGUAGE: Table = JudgmentLanguageCount.__table__  # type: ignore[attr-defined]
+_PRODUCT: Table = ProductCount.__table__  # type: ignore[attr-defined]
+
+CORRECTION_RATE_HELP = (
+    "Correction rate = corrected ÷ reviewed: the share of the judgments reviewers looked at that "
+    "they overruled. Unreviewed judgments are not counted."
+)
+JUDGMENT_VALUES = (
+    "judgments",
+    "reviewed",
+    "corrected",
+    "opinion_validated",
+    "opinion_improved",
+    "opinion_questioned",
+)
+SECOND_OPINION_OUTCOMES = ("validated", "improved", "questioned")
+
+
+def correction_rate(corrected: int, reviewed: int) -> float | None:
+    """The one correction rate (issue 15): corrected ÷ reviewed; None before anything is reviewed."""
+    return corrected / reviewed if reviewed else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The definitions: a judgment's key and contribution
+
+
+def day_of(session: Session, column: Any) -> Any:
+    """The UTC day of a timestamp column as 'YYYY-MM-DD' text, in this session's SQL dialect."""
+    if session.get_bind().dialect.name == "postgresql":
+        return func.to_char(func.timezone("UTC", column), "YYYY-MM-DD")
+    return func.substr(column, 1, 10)  # SQLite stores UTC text "YYYY-MM-DD HH:MM:SS.ffffff"
+
+
+def _reviewed() -> ColumnElement[bool]:
+    return col(_J.reviewed_at).is_not(None)
+
+
+def _judgment_values(sign: int) -> dict[str, Any]:
+    """Each counter's aggregate over a group of judgments, times `sign` (−1 retracts)."""
+    reviewed = _reviewed()
+
+    def count_if(cond: Any) -> Any:
+        return func.coalesce(func.sum(case((cond, sign), else_=0)), 0)
+
+    action = col(_J.second_opinion_action)
+    return {
+        "judgments": func.count() * sign,
+        "reviewed": count_if(reviewed),
+        "corrected": count_if(reviewed & col(_J.was_corrected)),
+        "opinion_validated": count_if(action == "validated"),
+        "opinion_improved": count_if(action == "improved"),
+        "opinion_questioned": count_if(action == "questioned"),
+    }
+
+
+def _judgment_keys(session: Session, table: Table) -> dict[str, Any]:
+    metric = func.coalesce(col(_J.metric), "")
+    if table is _DAY:
+        return {"product": col(_J.product), "metric": metric, "day": day_of(session, col(_J.timestamp))}
+    return {"product": col(_J.product), "metric": metric, "language": func.coalesce(col(_S.language), "")}
+
+
+def _insert(session: Session, table: Table) -> Any:
+    return (postgresql if session.get_bind().dialect.name == "postgresql" else sqlite).insert(table)
+
+
+def _upsert_add(
+    session: Session, table: Table, keys: dict[str, Any], values: dict[str, Any], where: Any
+) -> None:
+    """INSERT … SELECT keys, aggregates … GROUP BY keys ON CONFLICT DO UPDATE SET v = v + excluded.v."""
+    source = (
+        select(*(e.label(k) for k, e in keys.items()), *(e.label(k) for k, e in values.items()))
+        .select_from(_J)
+        .outerjoin(_S, col(_S.id) == col(_J.snapshot_id))
+        .where(col(_S.deleted_at).is_(None), where)  # a WHERE is required: SQLite's upsert parse rule
+        .group_by(*keys.values())
+    )
+    stmt = _insert(session, table).from_select([*keys, *values], source)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=list(keys), set_={k: table.c[k] + stmt.excluded[k] for k in values}
+    )
+    session.execute(stmt)
+
+
+def _shift_judgments(session: Session, where: Any, sign: int) -> None:
+    """Add (`sign` 1) or retract (−1) the contribution of the live judgments matching `where`."""
+    for table in (_DAY, _LANGUAGE):
+        _upsert_add(session, table, _judgment_keys(session, table), _judgment_values(sign), where)
+
+
+def include_judgments(*, session: Session, where: Any) -> None:
+    """Count the live judgments matching `where` (after they were written)."""
+    _shift_judgments(session, where, 1)
+
+
+def retract_judgments(*, session: Session, where: Any) -> None:
+    """Uncount the live judgments matching `where` (before they change or go)."""
+    _shift_judgments(session, where, -1)
+
+
+def _metrics_list(session: Session) -> Any:
+    """`,slug,slug,` of an evaluation's judged metrics, sorted (the list's metric filter reads it)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return text(
+            "COALESCE((SELECT ',' || string_agg(DISTINCT j.metric, ',' ORDER BY j.metric) || ',' "
+            "FROM judgments j WHERE j.snapshot_id = evaluation_snapshots.id AND j.metric IS NOT NULL), '')"
+        )
+    return text(
+        "COALESCE((SELECT ',' || group_concat(m, ',') || ',' FROM (SELECT DISTINCT j.metric AS m "
+        "FROM judgments j WHERE j.snapshot_id = evaluation_snapshots.id AND j.metric IS NOT NULL "
+        "ORDER BY m)), '')"
+    )
+
+
+def refresh_snapshots(*, session: Session, where: Any) -> None:
+    """Recompute the per-evaluation counters of the evaluations matching `where` from their judgments.
+
+    Used by the rarer writes (imports, the judge, re-judging, clearing a product); a review adds
+    its delta instead (`bump_review`), so concurrent reviews of one evaluation stay exact.
+    """
+
+    def count(*conds: Any) -> Any:
+        return (
+            select(func.count())
+            .select_from(_J)
+            .where(col(_J.snapshot_id) == col(_S.id), *conds)
+            .scalar_subquery()
+        )
+
+    session.execute(
+        update(_S)
+        .where(where)
+        .values(
+            judgments_total=count(),
+            judgments_reviewed=count(_reviewed()),
+            judgments_corrected=count(_reviewed(), col(_J.was_corrected)),
+            judged_metrics=_metrics_list(session),
+        )
+        .execution_options(synchronize_session=False)
+    )
+
+
+@contextmanager
+def judgments_change(*, session: Session, where: Any, snapshots: Any = None) -> Iterator[None]:
+    """Around a write that may change or delete the judgments matching `where`: counters follow it.
+
+    `snapshots` selects the evaluations whose counters to recompute afterwards; by default those
+    of the judgments matching `where` after the write (pass it when the write deletes them).
+    """
+    # Lock the rows first (PostgreSQL): a concurrent review then commits before we count, or after we wrote.
+    session.execute(select(_J.id).where(where).with_for_update())
+    retract_judgments(session=session, where=where)
+    try:
+        yield
+    except BaseException:
+        _restore(session, lambda: include_judgments(session=session, where=where))
+        raise
+    session.flush()
+    include_judgments(session=session, where=where)
+    if snapshots is None:
+        snapshots = col(_S.id).in_(select(_J.snapshot_id).where(where, col(_J.snapshot_id).is_not(None)))
+    refresh_snapshots(session=session, where=snapshots)
+
+
+def _restore(session: Session, undo: Callable[[], Any]) -> None:
+    """Give back a retraction when the write failed: a caller that catches the error and commits
+    must not commit half a change. A transaction the database already aborted is left as it is."""
+    with suppress(Exception):  # the original error is the one to report
+        undo()
+
+
+def judgments_added(*, session: Session, where: Any, snapshots: Any = None) -> None:
+    """After a bulk insert of judgments (one set-based statement per counter table, per batch).
+
+    `snapshots` (evaluations matching it) is the batch's evaluations when the caller knows them.
+    """
+    include_judgments(session=session, where=where)
+    if snapshots is None:
+        snapshots = col(_S.id).in_(select(_J.snapshot_id).where(where, col(_J.snapshot_id).is_not(None)))
+    refresh_snapshots(session=session, where=snapshots)
+
+
+def bump_review(
+    *, session: Session, judgment_id: int, snapshot_id: str | None, reviewed: int, corrected: int
+) -> None:
+    """A review's known delta (−1, 0 or 1 each), after its UPDATE succeeded, by atomic increments.
+
+    The evaluation's row is updated first: on PostgreSQL that lock orders a review behind a
+    concurrent archive of the same evaluation, whose counting then sees the review committed.
+    """
+    if not (reviewed or corrected):
+        return
+    if snapshot_id is not None:
+        session.execute(
+            update(_S)
+            .where(col(_S.id) == snapshot_id)
+            .values(
+                judgments_reviewed=col(_S.judgments_reviewed) + reviewed,
+                judgments_corrected=col(_S.judgments_corrected) + corrected,
+            )
+            .execution_options(synchronize_session=False)
+        )
+    values = {"reviewed": func.count() * reviewed, "corrected": func.count() * corrected}
+    for table in (_DAY, _LANGUAGE):
+        _upsert_add(session, table, _judgment_keys(session, table), values, col(_J.id) == judgment_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluations per product
+
+
+def _snapshot_values(sign: int) -> dict[str, Any]:
+    live = col(_S.deleted_at).is_(None)
+
+    def total(cond: Any, value: Any = 1) -> Any:
+        return func.coalesce(func.sum(case((cond, value), else_=0)), 0) * sign
+
+    return {
+        "evaluations": total(live),
+        "archived": total(~live),
+        "evidence_total": total(live, col(_S.evidence_count)),
+        "evidence_highlighted": total(live, col(_S.evidence_highlighted)),
+        "evidence_unlocated": total(live, col(_S.evidence_unlocated)),
+        "evidence_unverified": total(live, col(_S.evidence_unverified)),
+    }
+
+
+def _shift_snapshots(session: Session, where: Any, sign: int) -> None:
+    values = _snapshot_values(sign)
+    source = select(col(_S.product).label("product"), *(e.label(k) for k, e in values.items()))
+    source = source.where(where).group_by(col(_S.product))
+    stmt = _insert(session, _PRODUCT).from_select(["product", *values], source)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["product"], set_={k: _PRODUCT.c[k] + stmt.excluded[k] for k in values}
+    )
+    session.execute(stmt)
+
+
+def snapshots_added(*, session: Session, where: Any) -> None:
+    """After inserting the evaluations matching `where` (before or after their judgments)."""
+    _shift_snapshots(session, where, 1)
+
+
+@contextmanager
+def snapshots_change(*, session: Session, where: Any) -> Iterator[None]:
+    """Around archiving or restoring the evaluations matching `where`: they and their judgments move."""
+    judgments = col(_J.snapshot_id).in_(select(_S.id).where(where))
+    # Lock the evaluations first (PostgreSQL): a concurrent review's `bump_review` waits for us or
+    # has committed before we count, never in between.
+    session.execute(select(_S.id).where(where).with_for_update())
+    _shift_snapshots(session, where, -1)
+    retract_judgments(session=session, where=judgments)
+    try:
+        yield
+    except BaseException:
+        _restore(
+            session,
+            lambda: (
+                _shift_snapshots(session, where, 1),
+                include_judgments(session=session, where=judgments),
+            ),
+        )
+        raise
+    session.flush()
+    _shift_snapshots(session, where, 1)
+    include_judgments(session=session, where=judgments)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reads: rows in proportion to products × metrics × (days | languages)
+
+
+@dataclass(frozen=True)
+class JudgmentTotals:
+    """Live judgments and their review outcomes, summed over some counter rows."""
+
+    judgments: int = 0
+    reviewed: int = 0
+    corrected: int = 0
+    opinion_validated: int = 0
+    opinion_improved: int = 0
+    opinion_questioned: int = 0
+
+    @property
+    def pending(self) -> int:
+        return self.judgments - self.reviewed
+
+    @property
+    def second_opinions(self) -> int:
+        return self.opinion_validated + self.opinion_improved + self.opinion_questioned
+
+    @property
+    def correction_rate(self) -> float | None:
+        return correction_rate(self.corrected, self.reviewed)
+
+
+def _sums(table: Table) -> list[Any]:
+    return [func.coalesce(func.sum(table.c[k]), 0) for k in JUDGMENT_VALUES]
+
+
+def _where(table: Table, **equal: str | None) -> list[Any]:
+    return [table.c[k] == v for k, v in equal.items() if v is not None]
+
+
+def judgment_totals(
+    *, session: Session, product: str | None = None, metric: str | None = None, language: str | None = None
+) -> JudgmentTotals:
+    """Totals under optional product / metric / language filters (None: any)."""
+    row = session.execute(
+        select(*_sums(_LANGUAGE)).where(*_where(_LANGUAGE, product=product, metric=metric, language=language))
+    ).one()
+    return JudgmentTotals(*(int(v) for v in row))
+
+
+def judgment_totals_by_product(*, session: Session) -> dict[str, JudgmentTotals]:
+    """Totals per product that has (or had) live judgments."""
+    rows = session.execute(
+        select(_LANGUAGE.c.product, *_sums(_LANGUAGE))
+        .group_by(_LANGUAGE.c.product)
+        .order_by(_LANGUAGE.c.product)
+    ).all()
+    return {r[0]: JudgmentTotals(*(int(v) for v in r[1:])) for r in rows if int(r[1])}
+
+
+def judgment_days(
+    *, session: Session, product: str | None = None, metric: str | None = None
+) -> list[tuple[str, str, int, int, int]]:
+    """(product, day, judgments, reviewed, corrected) per product and day judged."""
+    rows = session.execute(
+        select(
+            _DAY.c.product,
+            _DAY.c.day,
+            func.sum(_DAY.c.judgments),
+            func.sum(_DAY.c.reviewed),
+            func.sum(_DAY.c.corrected),
+        )
+        .where(*_where(_DAY, product=product, metric=metric), _DAY.c.judgments > 0)
+        .group_by(_DAY.c.product, _DAY.c.day)
+        .order_by(_DAY.c.product, _DAY.c.day)
+    ).all()
+    return [(p, d, int(n), int(r), int(c)) for p, d, n, r, c in rows]
+
+
+def judged_day_range(*, session: Session, product: str | None = None) -> tuple[str | None, str | None]:
+    """The first and last day (UTC, 'YYYY-MM-DD') with live judgments."""
+    first, last = session.execute(
+        select(func.min(_DAY.c.day), func.max(_DAY.c.day)).where(
+            *_where(_DAY, product=product), _DAY.c.judgments > 0
+        )
+    ).one()
+    return first, last
+
+
+@dataclass(frozen=True)
+class EvaluationTotals:
+    """Evaluations of one product (or all) and their evidence by verification state."""
+
+    evaluations: int = 0
+    archived: int = 0
+    evidence_total: int = 0
+    evidence_highlighted: int = 0
+    evidence_unlocated: int = 0
+    evidence_unverified: int = 0
+
+
+_SNAPSHOT_VALUES = tuple(EvaluationTotals.__dataclass_fields__)
+
+
+def evaluation_totals_by_product(*, session: Session) -> dict[str, EvaluationTotals]:
+    """Per product with evaluations (live or archived)."""
+    rows = session.execute(
+        select(_PRODUCT.c.product, *(_PRODUCT.c[k] for k in _SNAPSHOT_VALUES)).order_by(_PRODUCT.c.product)
+    ).all()
+    return {r[0]: EvaluationTotals(*(int(v) for v in r[1:])) for r in rows if int(r[1]) or int(r[2])}
+
+
+# ---------------------------------------------------------------------------------------------
+# Rebuilding from scratch (`python -m lib recount`, the migration's backfill)
+
+Rebuild = Callable[[Session], None]
+REBUILDS: dict[str, Rebuild] = {}
+
+
+def register_rebuild(name: str) -> Callable[[Rebuild], Rebuild]:
+    """Register a derived table's rebuild under `name` for `recount` (any module may add one)."""
+
+    def register(rebuild: Rebuild) -> Rebuild:
+        REBUILDS[name] = rebuild
+        return rebuild
+
+    return register
+
+
+@register_rebuild("product_counts")
+def rebuild_product_counts(session: Session) -> None:
+    """Per-product evaluation counters from every evaluation."""
+    session.execute(delete(_PRODUCT))
+    _shift_snapshots(session, literal(True), 1)
+
+
+@register_rebuild("judgment_counts")
+def rebuild_judgment_counts(session: Session) -> None:
+    """Per product × metric × day and × language judgment counters from every live judgment."""
+    session.execute(delete(_DAY))
+    session.execute(delete(_LANGUAGE))
+    include_judgments(session=session, where=literal(True))
+
+
+@register_rebuild("evaluation_review_counts")
+def rebuild_evaluation_review_counts(session: Session) -> None:
+    """Every evaluation's review counts and judged metrics from its judgments."""
+    refresh_snapshots(session=session, where=literal(True))
+
+
+def rebuild_counts(*, session: Session) -> None:
+    """This module's own tables and columns from scratch (a bulk load's end, the migration's backfill)."""
+    rebuild_product_counts(session)
+    rebuild_judgment_counts(session)
+    rebuild_evaluation_review_counts(session)
+
+
+def recount(*, session: Session, only: Iterator[str] | list[str] | None = None) -> list[str]:
+    """Rebuild every registered derived table (or the named ones) in the caller's transaction."""
+    names = list(REBUILDS) if only is None else list(only)
+    unknown = [n for n in names if n not in REBUILDS]
+    if unknown:
+        raise ValueError(f"unknown counters {', '.join(unknown)}; known: {', '.join(REBUILDS)}")
+    for name in names:
+        REBUILDS[name](session)
+    session.flush()
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
+# ORM writes: any judgment or evaluation added, changed or deleted through a Session flush is
+# counted here, so no ORM writer (the judge, re-judging, second opinions, coach, tests) can forget.
+# Core statements (bulk inserts, record_review's versioned UPDATE, archive) call the functions above.
+
+_JUDGMENT_KEYS = (
+    "product", "metric", "timestamp", "snapshot_id", "reviewed_at", "was_corrected", "user_decision",
+    "decision", "second_opinion_action",
+)  # fmt: skip
+_SNAPSHOT_KEYS = (
+    "product", "language", "deleted_at", "evidence_count", "evidence_highlighted", "evidence_unlocated",
+    "evidence_unverified",
+)  # fmt: skip
+_PENDING = "lib.counters.pending"
+
+
+def _changed(obj: Any, keys: tuple[str, ...]) -> bool:
+    state = inspect(obj)
+    return any(state.attrs[k].history.has_changes() for k in keys)
+
+
+def _committed(obj: Any, name: str) -> Any:
+    history = inspect(obj).attrs[name].history
+    return history.deleted[0] if history.deleted else getattr(obj, name)
+
+
+@event.listens_for(Session, "before_flush")
+def _before_flush(session: Session, _context: Any, _instances: Any) -> None:
+    """Retract what the flush is about to change, while the database still holds the old rows."""
+    judgment_ids: set[int] = set()
+    snapshot_ids: set[str] = set()  # evaluations changing: their product row and their judgments move
+    refresh: set[str] = set()  # evaluations whose per-evaluation counters to recompute after
+    for obj in session.new:
+        if isinstance(obj, Judgment) and obj.snapshot_id is not None:
+            refresh.add(obj.snapshot_id)
+    for obj in (*session.dirty, *session.deleted):
+        deleted = obj in session.deleted
+        if isinstance(obj, Judgment) and obj.id is not None and (deleted or _changed(obj, _JUDGMENT_KEYS)):
+            judgment_ids.add(obj.id)
+            for sid in (_committed(obj, "snapshot_id"), obj.snapshot_id):
+                if sid is not None:
+                    refresh.add(sid)
+        elif isinstance(obj, EvaluationSnapshot) and (deleted or _changed(obj, _SNAPSHOT_KEYS)):
+            snapshot_ids.add(_committed(obj, "id"))
+    if not (
+        judgment_ids or snapshot_ids or refresh or any(isinstance(o, EvaluationSnapshot) for o in session.new)
+    ):
+        return
+    where = _pending_where(judgment_ids, snapshot_ids)
+    if where is not None:
+        retract_judgments(session=session, where=where)
+    if snapshot_ids:
+        _shift_snapshots(session, col(_S.id).in_(snapshot_ids), -1)
+    session.info[_PENDING] = (judgment_ids, snapshot_ids, refresh)
+
+
+def _pending_where(judgment_ids: set[int], snapshot_ids: set[str]) -> Any:
+    conds = []
+    if judgment_ids:
+        conds.append(col(_J.id).in_(judgment_ids))
+    if snapshot_ids:
+        conds.append(col(_J.snapshot_id).in_(snapshot_ids))
+    return or_(*conds) if conds else None
+
+
+@event.listens_for(Session, "after_flush")
+def _after_flush(session: Session, context: Any) -> None:
+    """Count the flushed rows as they are now (new ones have their ids by now)."""
+    judgment_ids, snapshot_ids, refresh = session.info.pop(_PENDING, (set(), set(), set()))
+    new_snapshots: set[str] = set()
+    for obj in session.new:
+        if isinstance(obj, Judgment) and obj.id is not None:
+            judgment_ids.add(obj.id)
+        elif isinstance(obj, EvaluationSnapshot):
+            new_snapshots.add(obj.id)
+    live_snapshots = snapshot_ids - {o.id for o in session.deleted if isinstance(o, EvaluationSnapshot)}
+    where = _pending_where(judgment_ids, live_snapshots)
+    if where is not None:
+        include_judgments(session=session, where=where)
+    if live_snapshots | new_snapshots:
+        _shift_snapshots(session, col(_S.id).in_(live_snapshots | new_snapshots), 1)
+    if refresh | new_snapshots:
+        refresh_snapshots(session=session, where=col(_S.id).in_(refresh | new_snapshots))

@@ -1,0 +1,279 @@
+"""lib.counters: counters kept on write equal a full recount, whatever the writes, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlmodel import Session, col, select
+
+from lib import counters, importer, inspector, judge, overview, review_queue
+from lib.corrections import (
+    BulkReview,
+    add_judgment,
+    clear_product,
+    correction_rate_over_time,
+    record_review,
+    record_reviews,
+    stats,
+)
+from lib.db import session_scope
+from lib.metrics import DEFAULT_METRICS
+from lib.models import EvaluationSnapshot, Judgment
+from lib.second_opinion import SecondOpinion, store_second_opinion
+from lib.snapshots import build_snapshot_rows
+
+T0 = datetime(2025, 3, 1, 8, tzinfo=UTC)
+PRODUCTS = ("tutor", "atlas", "quill")
+LANGUAGES = ("en", "de", "tr")
+SLUGS = [spec.slug for spec in DEFAULT_METRICS]
+REVIEWER = "ayse"
+
+
+def _record(rng: random.Random, n: int) -> dict[str, Any]:
+    metrics = rng.sample(SLUGS, rng.randint(1, 3))
+    return {
+        "question": f"Question {n} {rng.random()}?",
+        "model_answer": "An answer.",
+        "product": rng.choice(PRODUCTS),
+        "language": rng.choice(LANGUAGES),
+        "model_name": "m",
+        "judge_model": "j",
+        "created_at": (T0 + timedelta(hours=rng.randint(0, 24 * 20))).isoformat(),
+        "user_scores": {m: rng.randint(1, 5) for m in metrics},
+        "judge_scores": {m: rng.randint(1, 5) for m in metrics},
+    }
+
+
+def _cache(rng: random.Random, n: int) -> dict[str, Any]:
+    entries = {}
+    for i in range(rng.randint(1, 4)):
+        reviewed = rng.random() < 0.4
+        decision = rng.choice(("INCLUDE", "EXCLUDE"))
+        entries[f"owner/repo#{n}-{i}"] = {
+            "product": rng.choice(PRODUCTS),
+            "decision": decision,
+            "reasoning": "r",
+            "timestamp": (T0 + timedelta(days=rng.randint(0, 30))).isoformat(),
+            **({"user_decision": rng.choice(("INCLUDE", "EXCLUDE"))} if reviewed else {}),
+        }
+    return {"cache_version": "1.0", "judgments": entries}
+
+
+def _snapshot(rng: random.Random, s: Session) -> str | None:
+    return s.exec(select(EvaluationSnapshot.id).order_by(EvaluationSnapshot.id)).all() and rng.choice(
+        s.exec(select(EvaluationSnapshot.id).order_by(EvaluationSnapshot.id)).all()
+    )
+
+
+def _judgment(rng: random.Random, s: Session, *, unreviewed: bool = False) -> Judgment | None:
+    stmt = select(Judgment).order_by(Judgment.id)
+    if unreviewed:
+        stmt = stmt.where(col(Judgment.reviewed_at).is_(None))
+    rows = s.exec(stmt).all()
+    return rng.choice(rows) if rows else None
+
+
+def _operate(rng: random.Random, s: Session, n: int) -> str:
+    """One random write through a real write path; returns its name (for a failing seed's story)."""
+    op = rng.choice(
+        ["import", "import", "cache", "review", "review", "review", "overrule", "archive", "restore",
+         "judge", "add", "rejudge", "opinion", "bulk", "clear"]
+    )  # fmt: skip
+    if op == "import":
+        importer.import_evaluations(session=s, records=[_record(rng, n) for _ in range(rng.randint(1, 4))])
+    elif op == "cache":
+        importer.import_judgments_cache(session=s, data=_cache(rng, n))
+    elif op in ("review", "overrule"):
+        j = _judgment(rng, s)
+        if j is None or j.id is None:
+            return op
+        overrule = op == "overrule" and j.metric is not None
+        user = str(int(j.decision) % 5 + 1) if overrule and j.decision.isdigit() else None
+        record_review(
+            session=s, judgment_id=j.id, expected_version=j.version, action="overrule" if user else "confirm",
+            user_decision=user, reviewer=REVIEWER, reason="because",
+        )  # fmt: skip
+    elif op in ("archive", "restore"):
+        sid = _snapshot(rng, s)
+        if sid:
+            change = inspector.archive_evaluation if op == "archive" else inspector.restore_evaluation
+            change(session=s, snapshot_id=sid, reviewer=REVIEWER)
+    elif op == "judge":
+        record = {**_record(rng, n), "id": f"snap_judged_{n}"}
+        row, judgments = build_snapshot_rows(record, DEFAULT_METRICS, reviewer=REVIEWER)
+        judge.write_snapshot(session=s, row=row, judgments=judgments)
+    elif op == "add":
+        add_judgment(
+            session=s,
+            judgment=Judgment(change_id=f"added-{n}", product=rng.choice(PRODUCTS), decision="INCLUDE",
+                              timestamp=T0 + timedelta(days=rng.randint(0, 30))),
+            reviewer=REVIEWER,
+        )  # fmt: skip
+    elif op == "rejudge":
+        j = _judgment(rng, s)
+        if j is not None:
+            fresh = Judgment(
+                change_id=j.change_id, product=j.product, metric=j.metric, snapshot_id=j.snapshot_id,
+                decision=j.decision if j.metric is None else str(rng.randint(1, 5)),
+                timestamp=T0 + timedelta(days=rng.randint(0, 30)),
+                user_decision=rng.choice((None, j.decision)) if j.metric is None else None,
+                reviewed_at=T0 if rng.random() < 0.3 else None,
+            )  # fmt: skip
+            s.expunge(j)
+            add_judgment(session=s, judgment=fresh, reviewer=REVIEWER)
+    elif op == "opinion":
+        j = _judgment(rng, s)
+        if j is not None and j.id is not None:
+            action = rng.choice(("validated", "improved", "questioned", "unchanged"))
+            store_second_opinion(
+                session=s,
+                opinion=SecondOpinion(judgment_id=j.id, action=action, decision=j.decision),
+                reviewer=REVIEWER,
+            )
+    elif op == "bulk":
+        picked = [j for j in s.exec(select(Judgment).where(col(Judgment.reviewed_at).is_(None))).all()
+                  if rng.random() < 0.3]  # fmt: skip
+        record_reviews(
+            session=s,
+            reviews=[
+                BulkReview(j.change_id, j.decision, REVIEWER, None, T0 + timedelta(days=40)) for j in picked
+            ],
+        )
+    elif op == "clear" and rng.random() < 0.3:
+        clear_product(session=s, product=rng.choice(PRODUCTS), reviewer=REVIEWER)
+    return op
+
+
+def _snapshot_of_counters(s: Session) -> dict[str, Any]:
+    """Every counter as plain data, zero rows dropped (a retraction may leave one; a recount does not)."""
+    found: dict[str, Any] = {}
+    for table in ("product_counts", "judgment_day_counts", "judgment_language_counts"):
+        rows = s.connection().execute(text(f"SELECT * FROM {table}")).mappings().all()
+        found[table] = sorted(
+            tuple(sorted(r.items())) for r in rows if any(v for k, v in r.items() if isinstance(v, int))
+        )
+    found["evaluation_snapshots"] = sorted(
+        s.connection()
+        .execute(
+            text(
+                "SELECT id, judgments_total, judgments_reviewed, judgments_corrected, judged_metrics "
+                "FROM evaluation_snapshots"
+            )
+        )
+        .all()
+    )
+    return found
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_counters_equal_a_full_recount_after_random_writes(engine: Engine, seed: int) -> None:
+    rng = random.Random(seed)
+    story = []
+    for n in range(45):
+        with session_scope(engine) as s:
+            story.append(_operate(rng, s, n))
+    with session_scope(engine) as s:
+        kept = _snapshot_of_counters(s)
+    with session_scope(engine) as s:
+        counters.recount(session=s)
+    with session_scope(engine) as s:
+        recounted = _snapshot_of_counters(s)
+    assert sum(len(v) for v in recounted.values()) > 10, story  # the writes did write something
+    for table in kept:
+        assert kept[table] == recounted[table], (table, story)
+
+
+def test_a_failed_review_leaves_the_counters_as_they_were(engine: Engine) -> None:
+    from lib.corrections import InvalidDecision
+
+    with session_scope(engine) as s:
+        importer.import_evaluations(session=s, records=[_record(random.Random(5), 0)])
+    with session_scope(engine) as s:
+        before = _snapshot_of_counters(s)
+        j = s.exec(select(Judgment)).first()
+        assert j is not None and j.id is not None
+        with pytest.raises(InvalidDecision):
+            record_review(session=s, judgment_id=j.id, expected_version=j.version, action="overrule",
+                          user_decision=j.decision, reviewer=REVIEWER)  # fmt: skip
+        assert _snapshot_of_counters(s) == before
+
+
+def _filled(engine: Engine) -> None:
+    rng = random.Random(11)
+    with session_scope(engine) as s:
+        importer.import_evaluations(session=s, records=[_record(rng, n) for n in range(30)])
+        importer.import_judgments_cache(session=s, data=_cache(rng, 99))
+    for n in range(25):
+        with session_scope(engine) as s:
+            _operate(random.Random(100 + n), s, 1000 + n)
+
+
+def test_pages_read_the_same_figures_as_a_count_of_the_rows(engine: Engine) -> None:
+    _filled(engine)
+    with session_scope(engine) as s:
+        live = Judgment.snapshot_id.is_(None) | col(Judgment.snapshot_id).in_(  # type: ignore[union-attr]
+            select(EvaluationSnapshot.id).where(col(EvaluationSnapshot.deleted_at).is_(None))
+        )
+        rows = s.exec(select(Judgment).where(live)).all()
+        reviewed = [j for j in rows if j.reviewed_at is not None]
+        corrected = [j for j in reviewed if j.was_corrected]
+        o = overview.overview_stats(session=s)
+        assert (o.judgments, o.reviewed, o.corrected) == (len(rows), len(reviewed), len(corrected))
+        assert o.evaluations == len(s.exec(select(EvaluationSnapshot.id).where(
+            col(EvaluationSnapshot.deleted_at).is_(None))).all())  # fmt: skip
+        summary = stats(session=s)
+        assert (
+            summary["correction_rate"]
+            == o.correction_rate
+            == counters.correction_rate(len(corrected), len(reviewed))
+        )
+        progress = review_queue.queue_progress(session=s, filters=review_queue.QueueFilter(product="tutor"))
+        tutor = [j for j in rows if j.product == "tutor"]
+        assert (progress.reviewed, progress.total) == (
+            sum(j.reviewed_at is not None for j in tutor),
+            len(tutor),
+        )
+        trend = correction_rate_over_time(session=s, freq="M")
+        assert int(trend["reviewed"].sum()) == len(reviewed)
+        assert int(trend["corrected"].sum()) == len(corrected)
+
+
+def test_recount_repairs_counters_a_raw_write_left_behind(engine: Engine) -> None:
+    _filled(engine)
+    with session_scope(engine) as s:
+        s.connection().execute(text("UPDATE judgment_language_counts SET judgments = judgments + 7"))
+        s.connection().execute(text("UPDATE evaluation_snapshots SET judgments_total = 99"))
+    with session_scope(engine) as s:
+        wrong = overview.overview_stats(session=s).judgments
+        assert counters.recount(session=s) == list(counters.REBUILDS)
+    with session_scope(engine) as s:
+        right = overview.overview_stats(session=s).judgments
+        assert right == len(s.exec(select(Judgment.id).where(  # type: ignore[call-overload]
+            Judgment.snapshot_id.is_(None)  # type: ignore[union-attr]
+            | col(Judgment.snapshot_id).in_(select(EvaluationSnapshot.id).where(
+                col(EvaluationSnapshot.deleted_at).is_(None))))).all())  # fmt: skip
+        assert right < wrong
+        assert 99 not in s.exec(select(EvaluationSnapshot.judgments_total)).all()
+
+
+def test_recount_refuses_an_unknown_name(sqlite_engine: Engine) -> None:
+    with session_scope(sqlite_engine) as s, pytest.raises(ValueError, match="unknown counters nope"):
+        counters.recount(session=s, only=["nope"])
+
+
+def test_a_large_import_without_its_indexes_still_leaves_exact_counters(engine: Engine, monkeypatch) -> None:
+    from lib import bulk
+
+    monkeypatch.setattr(bulk, "DEFER_MIN_ROWS", 1)  # every import counts as a large load here
+    rng = random.Random(21)
+    with session_scope(engine) as s:
+        importer.import_evaluations(session=s, records=[_record(rng, n) for n in range(12)])
+    with session_scope(engine) as s:
+        kept = _snapshot_of_counters(s)
+        assert kept["judgment_day_counts"] and kept["product_counts"]
+        counters.recount(session=s)
+        assert _snapshot_of_counters(s) == kept
