@@ -19,6 +19,8 @@ from lib.corrections import (
     record_review,
     record_reviews,
     stats,
+    undo_review,
+    undoable_reviews,
 )
 from lib.db import session_scope
 from lib.metrics import DEFAULT_METRICS
@@ -81,7 +83,7 @@ def _operate(rng: random.Random, s: Session, n: int) -> str:
     """One random write through a real write path; returns its name (for a failing seed's story)."""
     op = rng.choice(
         ["import", "import", "cache", "review", "review", "review", "overrule", "archive", "restore",
-         "judge", "add", "rejudge", "opinion", "bulk", "clear"]
+         "judge", "add", "rejudge", "opinion", "bulk", "clear", "undo", "undo"]
     )  # fmt: skip
     if op == "import":
         importer.import_evaluations(session=s, records=[_record(rng, n) for _ in range(rng.randint(1, 4))])
@@ -143,6 +145,12 @@ def _operate(rng: random.Random, s: Session, n: int) -> str:
                 BulkReview(j.change_id, j.decision, REVIEWER, None, T0 + timedelta(days=40)) for j in picked
             ],
         )
+    elif op == "undo":
+        mine = undoable_reviews(session=s, reviewer=REVIEWER, limit=10)
+        if mine:
+            target = s.get(Judgment, rng.choice(mine).judgment_id)
+            assert target is not None and target.id is not None
+            undo_review(session=s, judgment_id=target.id, expected_version=target.version, reviewer=REVIEWER)
     elif op == "clear" and rng.random() < 0.3:
         clear_product(session=s, product=rng.choice(PRODUCTS), reviewer=REVIEWER)
     return op

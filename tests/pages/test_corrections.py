@@ -65,8 +65,10 @@ def test_stats_show_the_seed_004_counts(app_engine, open_page) -> None:
         "4",
         "2",
         "2",
-        "50%",
+        "67%",  # corrected ÷ reviewed (issue 15's one definition): 2 of the 3 reviewed
     ]
+    rate = next(m for m in at.metric if m.label == "Correction rate")
+    assert "corrected ÷ reviewed" in rate.help and "2 of 3 reviewed" in rate.help
     assert not at.exception
 
 
