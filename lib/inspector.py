@@ -15,7 +15,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Literal
 
 import pandas as pd
-from sqlalchemy import and_, case, exists, func, text, update
+from sqlalchemy import and_, case, func, or_, text, update
 from sqlalchemy.sql import ColumnElement, Select
 from sqlmodel import Session, col, select
 
@@ -166,11 +166,6 @@ def _day_start(day: date) -> datetime:
     return datetime.combine(day, time.min, tzinfo=UTC)
 
 
-def _judgment_exists(*conditions: ColumnElement[bool]) -> ColumnElement[bool]:
-    """EXISTS over this snapshot's judgments (served by the index on judgments.snapshot_id)."""
-    return exists().where(col(_J.snapshot_id) == col(_S.id), *conditions)
-
-
 def filter_conditions(filters: EvaluationFilters) -> list[ColumnElement[bool]]:
     """The WHERE clauses of the list, shared by the page query, the count and the CSV export."""
     conds: list[ColumnElement[bool]] = [
@@ -184,17 +179,19 @@ def filter_conditions(filters: EvaluationFilters) -> list[ColumnElement[bool]]:
     ):
         if value is not None:
             conds.append(col(column) == value)
+    # Review state and judged metric read the evaluation's own counters (lib.counters), inside the
+    # list index: no probe of its judgments per row, which at 1M evaluations is 1M probes.
     if filters.metric:
-        conds.append(_judgment_exists(col(_J.metric) == filters.metric))
+        conds.append(col(_S.judged_metrics).contains(f",{filters.metric},", autoescape=True))
     if filters.min_gap is not None and filters.min_gap > 0:
         conds.append(col(_S.max_metric_gap) >= filters.min_gap)
     if filters.review == "pending":
-        conds.append(_judgment_exists(col(_J.reviewed_at).is_(None)))
+        conds.append(col(_S.judgments_reviewed) < col(_S.judgments_total))
     elif filters.review == "reviewed":
-        conds.append(_judgment_exists())
-        conds.append(~_judgment_exists(col(_J.reviewed_at).is_(None)))
+        conds.append(col(_S.judgments_total) > 0)
+        conds.append(col(_S.judgments_reviewed) == col(_S.judgments_total))
     elif filters.review == "corrected":
-        conds.append(_judgment_exists(col(_J.was_corrected).is_(True)))
+        conds.append(col(_S.judgments_corrected) > 0)
     if filters.evidence == "unverified":
         conds.append(col(_S.evidence_unverified) > 0)
     elif filters.evidence == "unlocated":
@@ -284,58 +281,108 @@ def _list_select(filters: EvaluationFilters) -> Select[Any]:
     )
 
 
-def count_evaluations(*, session: Session, filters: EvaluationFilters) -> int:
-    """How many evaluations match, counted in SQL."""
-    stmt = select(func.count()).select_from(_S).where(*filter_conditions(filters))
-    return int(session.exec(stmt).one())
+# Beyond this many matches the list says "10,000+" instead of counting every match.
+COUNT_CAP = 10_000
 
 
-def _review_counts(session: Session, ids: Sequence[str]) -> dict[str, tuple[int, int, int]]:
-    """(judged, reviewed, corrected) per snapshot, for the ids of one page only."""
-    if not ids:
-        return {}
-    reviewed = col(_J.reviewed_at).is_not(None)
-    stmt = (
-        select(
-            col(_J.snapshot_id),
-            func.count(),
-            func.count().filter(reviewed),
-            func.count().filter(reviewed & col(_J.was_corrected)),
-        )
-        .where(col(_J.snapshot_id).in_(list(ids)))
-        .group_by(col(_J.snapshot_id))
-    )
-    return {sid: (n, r, c) for sid, n, r, c in session.exec(stmt).all()}
+def count_evaluations(*, session: Session, filters: EvaluationFilters, cap: int = COUNT_CAP) -> int:
+    """How many evaluations match: exact, or `cap` + 1 when more match (`count_label` says "10,000+").
+
+    The unfiltered list (and one product) is answered exactly by lib.counters; other filters count
+    at most `cap` + 1 index entries, so a broad filter at a million rows costs the same as at 10k.
+    """
+    if _only_product(filters):
+        totals = counters.evaluation_totals_by_product(session=session)
+        picked = [t for p, t in totals.items() if filters.product in (None, p)]
+        return sum(t.archived if filters.archived else t.evaluations for t in picked)
+    matches = select(col(_S.id)).where(*filter_conditions(filters)).limit(cap + 1).subquery()
+    return int(session.exec(select(func.count()).select_from(matches)).one())
+
+
+def _only_product(filters: EvaluationFilters) -> bool:
+    return filters == EvaluationFilters(product=filters.product, sort=filters.sort, archived=filters.archived)
+
+
+def count_label(total: int, cap: int = COUNT_CAP) -> str:
+    """ "1,234", or "10,000+" for a count `count_evaluations` stopped at its cap."""
+    return f"{cap:,}+" if total > cap else f"{total:,}"
+
+
+@dataclass(frozen=True)
+class PageKey:
+    """Where a page ended, in list order: the next page starts right after it (keyset paging)."""
+
+    gap: float | None
+    created_at: datetime
+    id: str
+
+
+def page_key(row: EvaluationRow, sort: str) -> PageKey:
+    """The key of a page's last row, to ask for the page after it."""
+    gap = row.weighted_gap if sort == "weighted_gap" else row.max_gap if sort == "max_gap" else None
+    return PageKey(gap=gap, created_at=row.created_at, id=row.id)
+
+
+def _before(key: PageKey) -> ColumnElement[bool]:
+    """Rows after `key` in newest-first order; the `<=` bound lets the index seek instead of skip."""
+    created, sid = col(_S.created_at), col(_S.id)
+    return and_(created <= key.created_at, or_(created < key.created_at, sid < key.id))
+
+
+def _page_ids(
+    session: Session, filters: EvaluationFilters, offset: int, limit: int, after: PageKey | None
+) -> list[str]:
+    """One page of ids on the list index: after `after` (keyset: an index seek) or, without it, at `offset`."""
+    base = select(col(_S.id)).where(*filter_conditions(filters))
+    if after is None:
+        stmt = base.order_by(*_order_by(filters.sort)).offset(max(0, offset)).limit(limit)
+        return list(session.exec(stmt).all())
+    newest = [col(_S.created_at).desc(), col(_S.id).desc()]
+    if filters.sort == "newest":
+        return list(session.exec(base.where(_before(after)).order_by(*newest).limit(limit)).all())
+    # Gap sorts put rows without a gap last: the rest of the gapped rows, then the gapless ones.
+    gap = col(_S.weighted_gap) if filters.sort == "weighted_gap" else col(_S.max_metric_gap)
+    ids: list[str] = []
+    if after.gap is not None:
+        later = or_(gap < after.gap, and_(gap == after.gap, _before(after)))
+        stmt = base.where(gap <= after.gap, later).order_by(gap.desc(), *newest).limit(limit)
+        ids = list(session.exec(stmt).all())
+    if len(ids) < limit:
+        gapless = base.where(gap.is_(None))
+        if after.gap is None:
+            gapless = gapless.where(_before(after))
+        ids += session.exec(gapless.order_by(*newest).limit(limit - len(ids))).all()
+    return ids
 
 
 def fetch_page(
-    *, session: Session, filters: EvaluationFilters, offset: int = 0, limit: int = 25
+    *,
+    session: Session,
+    filters: EvaluationFilters,
+    offset: int = 0,
+    limit: int = 25,
+    after: PageKey | None = None,
 ) -> list[EvaluationRow]:
-    """One page of matching evaluations in the chosen order: only `limit` narrow rows leave the database."""
+    """One page of matching evaluations in the chosen order: only `limit` narrow rows leave the database.
+
+    With `after` (the previous page's `page_key`) the page is a keyset seek, whatever its depth;
+    `offset` is for a jump to a page whose predecessor was never shown.
+    """
     # Deferred join: filter, sort and cut the page on the narrow list index alone (ids only), then
     # read the wide rows of just this page. Sorting full rows would read every match's answer and JSON.
-    ids_stmt = (
-        select(col(_S.id))
-        .where(*filter_conditions(filters))
-        .order_by(*_order_by(filters.sort))
-        .offset(max(0, offset))
-        .limit(max(1, limit))
-    )
-    ids = list(session.exec(ids_stmt).all())
+    ids = _page_ids(session, filters, offset, max(1, limit), after)
     if not ids:
         return []
     question = func.substr(col(_S.question), 1, QUESTION_PREVIEW_CHARS).label("question")
-    found = {r.id: r for r in session.exec(select(*_LIST_COLUMNS, question).where(col(_S.id).in_(ids))).all()}
-    counts = _review_counts(session, ids)
-    rows = []
-    for sid in ids:
-        if sid not in found:  # deleted between the two reads
-            continue
-        judged, reviewed, corrected = counts.get(sid, (0, 0, 0))
-        rows.append(
-            EvaluationRow(**found[sid]._mapping, judged=judged, reviewed=reviewed, corrected=corrected)
-        )
-    return rows
+    counts = (
+        col(_S.judgments_total).label("judged"),
+        col(_S.judgments_reviewed).label("reviewed"),
+        col(_S.judgments_corrected).label("corrected"),
+    )
+    stmt = select(*_LIST_COLUMNS, question, *counts).where(col(_S.id).in_(ids))
+    found = {r.id: r for r in session.exec(stmt).all()}
+    # An id gone between the two reads (deleted) is left out.
+    return [EvaluationRow(**found[sid]._mapping) for sid in ids if sid in found]
 
 
 def list_evaluations(

@@ -52,6 +52,7 @@ ALL = "All"
 FLASH_KEY = "evaluations_flash"
 SIG_KEY = "evaluations_filter_sig"
 PAGE_KEY = "evaluations_page"
+PAGE_ENDS_KEY = "evaluations_page_ends"  # where each shown page ended: the next one is a keyset seek
 
 
 def _open(snapshot_id: str | None) -> None:
@@ -280,22 +281,29 @@ def show_list() -> None:
     signature = repr(sorted(params.items()))
     if st.session_state.get(SIG_KEY) not in (None, signature):
         st.session_state.pop(PAGE_KEY, None)  # new filters: back to the first page
+        st.session_state.pop(PAGE_ENDS_KEY, None)
     st.session_state[SIG_KEY] = signature
+    page_ends = st.session_state.setdefault(PAGE_ENDS_KEY, {})  # page number -> inspector.PageKey
 
     page_size = get_settings().page_size
     with session_scope(read_only=True) as session:
         total = inspector.count_evaluations(session=session, filters=filters)
         offset, limit = pager(total, key=PAGE_KEY, page_size=page_size)
-        rows = inspector.fetch_page(session=session, filters=filters, offset=offset, limit=limit)
+        page = offset // page_size + 1
+        rows = inspector.fetch_page(
+            session=session, filters=filters, offset=offset, limit=limit, after=page_ends.get(page - 1)
+        )
+    if rows:
+        page_ends[page] = inspector.page_key(rows[-1], filters.sort)
 
-    page = offset // page_size + 1
     if page > 1:
         params["page"] = str(page)
     if st.query_params.to_dict() != params:
         st.query_params.from_dict(params)
 
     noun = "archived evaluation" if filters.archived else "evaluation"
-    st.markdown(f"**{total:,}** {noun} matches" if total == 1 else f"**{total:,}** {noun}s match")
+    label = inspector.count_label(total)
+    st.markdown(f"**{label}** {noun} matches" if total == 1 else f"**{label}** {noun}s match")
     if not rows:
         st.info("No evaluations match these filters." if total == 0 else "This page is empty.")
         return
@@ -344,7 +352,7 @@ def show_list() -> None:
         format_func=lambda f: f"{f}: {inspector.EXPORT_FORMS[f]}",
     )
     cols[1].download_button(
-        f"Download CSV (all {total:,} matches)",
+        f"Download CSV (all {label} matches)",
         # Built only when clicked, in its own thread, streamed from the database in batches.
         data=functools.partial(export.evaluations_csv_bytes, engine=get_engine(), filters=filters, form=form),
         file_name=f"evaluations_{form}.csv",
