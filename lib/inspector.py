@@ -397,11 +397,6 @@ def list_evaluations(
 LIST_FRAME_COLUMNS = [f.name for f in fields(EvaluationRow)]
 
 
-def rows_frame(rows: Sequence[EvaluationRow]) -> pd.DataFrame:
-    """The list rows as a table for display or download."""
-    return pd.DataFrame([r.__dict__ for r in rows], columns=LIST_FRAME_COLUMNS)
-
-
 def review_summary(*, judged: int, reviewed: int, corrected: int) -> str | None:
     """One evaluation's review state in words, as the list shows it ("3 of 8 pending", "corrected")."""
     if judged == 0:
