@@ -141,6 +141,16 @@ def measure_range(measures: Sequence[str], values: Iterable[float]) -> list[floa
 # Rates with their sample size
 
 
+def sample_marker_sizes(
+    counts: Iterable[float], largest: float, *, low: int = 4, high: int = 12
+) -> list[float]:
+    """Marker sizes that grow with the square root of n (area ∝ n), so a rate over 2 pairs is a dot
+    and one over 200 a disc: the eye weighs the points before reading the bars."""
+    if largest <= 0:
+        return [float(low) for _ in counts]
+    return [low + (high - low) * math.sqrt(max(float(c), 0.0) / largest) for c in counts]
+
+
 def rate_figure(
     frame: pd.DataFrame,
     *,
@@ -158,12 +168,13 @@ def rate_figure(
     """One line per group for a rate over time, over faint bars of each point's sample size.
 
     A rate of 0 % or 100 % over 2 pairs looks like a swing until you see the 2: the bars below (same
-    colour, faint) and the hover put n next to every rate. `hover` is the hover line after the
+    colour, faint), the marker size and the hover put n next to every rate. `hover` is the hover line after the
     group's name; it may use `%{x}`, `%{y}`, `%{customdata[0]}` (n) and `%{customdata[1…]}` (the
     `extra` columns, in order).
     """
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.74, 0.26], vertical_spacing=0.05)
     colors = colors_for(frame[group]) if not frame.empty else {}
+    largest = float(frame[n].max()) if not frame.empty else 0.0
     for key, rows in frame.groupby(group, sort=True):
         rows = rows.sort_values(x)
         name = plotly_text(key)
@@ -176,6 +187,7 @@ def rate_figure(
                 name=name,
                 legendgroup=name,
                 line={"color": color},
+                marker={"size": sample_marker_sizes(rows[n], largest)},
                 customdata=rows[[n, *extra]].to_numpy(dtype=object),
                 hovertemplate=f"%{{fullData.name}}<br>{hover}<extra></extra>",
             ),

@@ -34,10 +34,12 @@ from lib.charts import (
     measure_range,
     notes_timeline_figure,
     plotly_text,
+    sample_marker_sizes,
 )
 from lib.config import get_settings
 from lib.models import NOTE_TYPES
 from lib.notes import TYPE_LABELS, note_type_label
+from lib.precedent_view import MATCHED, reason_figure
 from lib.relevance_charts import ema_history_figure, history_tags, tag_heatmap_figure
 
 HOSTILE = "<b>x</b> %{y} & co"
@@ -94,6 +96,18 @@ def test_correction_rate_figure_has_one_sorted_line_per_product_over_bars_of_n()
     for line, bar in zip(lines, bars, strict=True):
         assert bar.marker.color == faint(line.line.color)
     assert fig.layout.yaxis.tickformat == ".0%" and tuple(fig.layout.yaxis.range) == (0, 1.05)
+
+
+def test_rate_markers_grow_with_their_sample_size() -> None:
+    sizes = sample_marker_sizes([0, 2, 50, 200], 200)
+    assert sizes[0] == 4 and sizes[-1] == 12 and sizes == sorted(sizes)
+    assert sizes[2] == pytest.approx(4 + 8 * 0.5)  # a quarter of the largest n: half the way (area ∝ n)
+    frame = pd.DataFrame(
+        {"product": ["a", "a"], "period": [T0, T0 + timedelta(days=7)], "reviewed": [2, 200],
+         "corrected": [2, 20], "correction_rate": [1.0, 0.1]}
+    )  # fmt: skip
+    (line,) = _lines(correction_rate_figure(frame))
+    assert line.marker.size[0] < line.marker.size[1]  # the 100 % over 2 is the small dot
 
 
 def test_correction_rate_figure_of_nothing_has_no_lines() -> None:
@@ -515,3 +529,14 @@ def test_notes_timeline_without_sessions_says_so() -> None:
     empty = pd.DataFrame(columns=["session_id", "notes", "first_note", "last_note"])
     fig = notes_timeline_figure(empty, pd.DataFrame(), type_labels=TYPE_LABELS)
     assert fig.data == () and fig.layout.annotations[0].text == "No sessions"
+
+
+# --------------------------------------------------------------------------------------------
+# lib.precedent_view: outcomes in the palette
+
+
+def test_precedent_outcomes_use_the_palette() -> None:
+    counts = pd.DataFrame({"outcome": [MATCHED, "no_qa_match", HOSTILE], "count": [3, 1, 1]})
+    (bars,) = reason_figure(counts).data
+    assert list(bars.marker.color) == [OKABE_ITO[2], OKABE_ITO[5], OKABE_ITO[5]]
+    assert list(bars.x)[2] == plotly_text(HOSTILE)
