@@ -82,7 +82,6 @@ class FigureLink:
 # (Evaluations: lib.inspector.filters_from_params; Corrections: lib.corrections.filter_params).
 FIGURE_LINKS: dict[str, FigureLink] = {
     "evaluations": FigureLink("pages/evaluations.py", EVALUATIONS_PATH, {}, "All evaluations"),
-    "archived": FigureLink("pages/evaluations.py", EVALUATIONS_PATH, {"archived": "1"}, "Archived"),
     "pending": FigureLink("pages/corrections.py", CORRECTIONS_PATH, {"state": "unreviewed"}, "Unreviewed"),
     "agreement": FigureLink("pages/corrections.py", CORRECTIONS_PATH, {"state": "confirmed"}, "Confirmed"),
     "correction": FigureLink("pages/corrections.py", CORRECTIONS_PATH, {"state": "corrected"}, "Corrected"),
