@@ -36,49 +36,69 @@ def _empty(title: str, message: str) -> go.Figure:
 
 
 def agreement_figure(frame: pd.DataFrame, *, title: str = "Judge vs human agreement per metric") -> go.Figure:
-    """Grouped bars per metric: exact, within-1, kappa and Spearman; n/a bars are left out.
+    """Grouped bars per metric: exact, within-1, kappa and Spearman; n/a bars are left out. Several
+    products get a panel (row) each, their metrics named plainly, one shared legend and y axis.
 
-    The y axis covers the values shown (from 0 unless one is negative), not the measures' full
-    −1…1, which left half the plot empty. `frame` has the columns of
-    `lib.analytics.AgreementReport.metrics`.
+    Twenty "product · metric" labels in one row of 80 bars could only be read tilted; a row per
+    product can be read straight. The y axis covers the values shown (from 0 unless one is
+    negative), not the measures' full −1…1, which left half the plot empty.
+    `frame` has the columns of `lib.analytics.AgreementReport.metrics`.
     """
     if frame.empty:
         return _empty(title, "No scored pairs")
-    several = frame["product"].nunique() > 1
-    labels = [metric_label(r.product, r.metric_name, with_product=several) for r in frame.itertuples()]
-    fig = go.Figure()
+    products = list(dict.fromkeys(frame["product"]))
+    several = len(products) > 1
+    fig = make_subplots(
+        rows=len(products),
+        cols=1,
+        shared_yaxes=True,
+        subplot_titles=[plotly_text(p) for p in products] if several else None,
+        vertical_spacing=0.3 / len(products) if several else 0.0,
+    )
     shown: list[float] = []
-    for column, name in AGREEMENT_SERIES.items():
-        values = pd.to_numeric(frame[column], errors="coerce")
-        shown.extend(values.tolist())
-        fig.add_trace(
-            go.Bar(
-                x=labels,
-                y=values,
-                name=name,
-                marker={"color": MEASURES[column].color},
-                customdata=frame["pairs"],
-                hovertemplate=f"%{{x}}<br>{name}: %{{y:.3f}}<br>n = %{{customdata}} pairs<extra></extra>",
+    for row, product in enumerate(products, start=1):
+        part = frame[frame["product"] == product]
+        labels = [plotly_text(name) for name in part["metric_name"]]
+        for column, name in AGREEMENT_SERIES.items():
+            values = pd.to_numeric(part[column], errors="coerce")
+            shown.extend(values.tolist())
+            fig.add_trace(
+                go.Bar(
+                    x=labels,
+                    y=values,
+                    name=name,
+                    legendgroup=column,
+                    showlegend=row == 1,
+                    marker={"color": MEASURES[column].color},
+                    customdata=[[int(n), plotly_text(product)] for n in part["pairs"]],
+                    hovertemplate=(
+                        f"%{{customdata[1]}} · %{{x}}<br>{name}: %{{y:.3f}}<br>n = %{{customdata[0]}} pairs"
+                        "<extra></extra>"
+                    ),
+                ),
+                row=row,
+                col=1,
             )
-        )
-    fig.add_hline(y=0, line_width=1, line_color="grey")
+    fig.add_hline(y=0, line_width=1, line_color="grey", row="all", col=1)
+    fig.update_yaxes(range=measure_range(list(AGREEMENT_SERIES), shown), title_text="value")
     fig.update_layout(
         title=title,
         barmode="group",
-        yaxis={"range": measure_range(list(AGREEMENT_SERIES), shown), "title": "value"},
         legend_title_text="",
+        height=max(380, 250 * len(products) + 110),
+        margin={"l": 10, "r": 10, "t": 80, "b": 10},
     )
     return fig
-
-
-def _bucket_text(start: float) -> str:
-    """A gap bucket as its interval: "1.0–1.5"; the last one holds only the full span (4.0)."""
-    return f"{start:.1f}" if start >= MAX_GAP else f"{start:.1f}–{start + GAP_BUCKET:.1f}"
 
 
 def gap_products(frame: pd.DataFrame) -> list[str]:
     """The products a gap frame covers, in order: what the page's product picker offers."""
     return [] if frame.empty else [str(p) for p in dict.fromkeys(frame["product"])]
+
+
+def _bucket_text(start: float) -> str:
+    """A gap bucket as its interval: "1.0–1.5"; the last one holds only the full span (4.0)."""
+    return f"{start:.1f}" if start >= MAX_GAP else f"{start:.1f}–{start + GAP_BUCKET:.1f}"
 
 
 def gap_histogram_figure(

@@ -14,7 +14,6 @@ import io
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from PIL import Image  # noqa: E402
+from playwright.sync_api import Page, sync_playwright  # noqa: E402
 from sqlalchemy import case, func  # noqa: E402
 from sqlmodel import col, select  # noqa: E402
 
@@ -38,13 +38,17 @@ VIEWPORT = {"width": 1400, "height": 900}
 TIMEOUT_MS = 120_000  # per wait: generous, the 2-core CI machine may be busy
 REVIEWER = "demo-reviewer"
 NAME_LABEL = "Your name (recorded with every change)"
-SETTLE_S = 0.6  # after everything is drawn: let plotly's and Streamlit's transitions finish
 CHARTS_DRAWN = """() => [...document.querySelectorAll('[data-testid="stPlotlyChart"]')]
     .filter(c => c.offsetParent !== null)
     .every(c => c.querySelector('.main-svg'))"""
 IMAGES_LOADED = "() => [...document.images].every(i => i.complete)"
 MAIN_DRAWN = """() => document.querySelectorAll(
     '[data-testid="stMain"] [data-testid="stElementContainer"]').length >= 3"""
+NOTHING_STALE = """() => !document.querySelector('[data-stale="true"]')"""
+NEXT_FRAMES = """async () => {
+    await document.fonts.ready;
+    await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+}"""
 IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
 
 
@@ -89,14 +93,14 @@ def showcase_snapshot(url: str) -> str:
     return str(row)
 
 
-def wait_until_drawn(page: object) -> None:
+def wait_until_drawn(page: Page) -> None:
     """Wait for content: the script finished, charts drawn, images loaded, web fonts ready."""
-    page.wait_for_selector(IDLE, timeout=TIMEOUT_MS)  # type: ignore[attr-defined]
-    page.wait_for_function(CHARTS_DRAWN, timeout=TIMEOUT_MS)  # type: ignore[attr-defined]
-    page.wait_for_function(IMAGES_LOADED, timeout=TIMEOUT_MS)  # type: ignore[attr-defined]
-    page.evaluate("document.fonts.ready")  # type: ignore[attr-defined]
-    time.sleep(SETTLE_S)
-    page.wait_for_selector(IDLE, timeout=TIMEOUT_MS)  # type: ignore[attr-defined]
+    page.wait_for_selector(IDLE, timeout=TIMEOUT_MS)
+    page.wait_for_function(CHARTS_DRAWN, timeout=TIMEOUT_MS)
+    page.wait_for_function(IMAGES_LOADED, timeout=TIMEOUT_MS)
+    page.wait_for_function(NOTHING_STALE, timeout=TIMEOUT_MS)
+    page.evaluate(NEXT_FRAMES)  # fonts ready and two frames painted: no half-drawn transition
+    page.wait_for_selector(IDLE, timeout=TIMEOUT_MS)
 
 
 def save_small_png(png: bytes, path: Path) -> int:
@@ -108,44 +112,40 @@ def save_small_png(png: bytes, path: Path) -> int:
     return path.stat().st_size
 
 
-def take(page: object, base_url: str, shot: Shot, out: Path) -> Path:
+def take(page: Page, base_url: str, shot: Shot, out: Path) -> Path:
     """Open one page, bring the part to show into view, wait until it is drawn, save the PNG."""
-    page.goto(f"{base_url}/{shot.path}")  # type: ignore[attr-defined]
+    page.goto(f"{base_url}/{shot.path}")
     # Any drawn element, not a title: the pages' headings change with their design.
-    page.wait_for_function(MAIN_DRAWN, timeout=TIMEOUT_MS)  # type: ignore[attr-defined]
+    page.wait_for_function(MAIN_DRAWN, timeout=TIMEOUT_MS)
     wait_until_drawn(page)
     if shot.tab:
-        page.get_by_role("tab", name=shot.tab).click()  # type: ignore[attr-defined]
+        page.get_by_role("tab", name=shot.tab).click()
         wait_until_drawn(page)
-        page.get_by_role("tab", name=shot.tab).evaluate("e => e.scrollIntoView({block: 'start'})")  # type: ignore[attr-defined]
+        page.get_by_role("tab", name=shot.tab).evaluate("e => e.scrollIntoView({block: 'start'})")
     if shot.heading:
-        target = page.get_by_role("heading", name=shot.heading).first  # type: ignore[attr-defined]
+        target = page.get_by_role("heading", name=shot.heading).first
         target.wait_for(timeout=TIMEOUT_MS)
         target.evaluate("e => e.scrollIntoView({block: 'start'})")
     wait_until_drawn(page)
     path = out / f"{shot.name}.png"
-    size = save_small_png(page.screenshot(), path)  # type: ignore[attr-defined]
+    size = save_small_png(page.screenshot(), path)
     print(f"{path}: {size // 1024} KB", flush=True)
     return path
 
 
-def sign_in(page: object, base_url: str) -> None:
+def sign_in(page: Page, base_url: str) -> None:
     """Open the router once (deep links need it on a fresh server) and give the sidebar a name."""
-    page.goto(base_url)  # type: ignore[attr-defined]
-    name = page.get_by_label(NAME_LABEL)  # type: ignore[attr-defined]
+    page.goto(base_url)
+    name = page.get_by_label(NAME_LABEL)
     name.wait_for(timeout=TIMEOUT_MS)
     name.fill(REVIEWER)
     name.press("Enter")
-    page.wait_for_function(  # type: ignore[attr-defined]
-        f"document.cookie.includes('overrule_reviewer={REVIEWER}')", timeout=TIMEOUT_MS
-    )
+    page.wait_for_function(f"document.cookie.includes('overrule_reviewer={REVIEWER}')", timeout=TIMEOUT_MS)
     wait_until_drawn(page)
 
 
 def run(out: Path, only: Sequence[str] = ()) -> list[Path]:
     """Load the demo into a temporary database, serve it, and write the screenshots into `out`."""
-    from playwright.sync_api import sync_playwright
-
     with tempfile.TemporaryDirectory(prefix="overrule-screenshots-") as tmp:
         url = f"sqlite:///{Path(tmp) / 'demo.db'}"
         engine = init_db(url)

@@ -232,8 +232,10 @@ def test_agreement_figure_has_a_series_per_measure_and_labels_per_metric() -> No
     assert list(fig.data[0].x) == ["Clarity", plotly_text(HOSTILE)]
     kappa = fig.data[2]
     assert kappa.y[0] == 0.4 and math.isnan(kappa.y[1])  # n/a stays a gap, never a 0 bar
-    assert list(fig.data[0].customdata) == [10, 3]
-    assert "n = %{customdata} pairs" in fig.data[0].hovertemplate
+    assert [list(r) for r in fig.data[0].customdata] == [[10, "acme"], [3, "acme"]]
+    assert "n = %{customdata[0]} pairs" in fig.data[0].hovertemplate
+    assert all(HOSTILE not in t.hovertemplate for t in fig.data)
+    assert not fig.layout.annotations  # one product: no panel titles
     assert [t.marker.color for t in fig.data] == [MEASURES[m].color for m in AGREEMENT_SERIES]
     # Every value is ≥ 0: the axis starts at 0, not at kappa's theoretical −1.
     assert fig.layout.barmode == "group" and tuple(fig.layout.yaxis.range) == (0, 1.02)
@@ -244,9 +246,18 @@ def test_agreement_axis_goes_below_zero_only_as_far_as_a_negative_value_needs() 
     assert tuple(agreement_figure(frame).layout.yaxis.range) == pytest.approx((-0.4, 1.02))
 
 
-def test_agreement_figure_prefixes_products_when_several_are_shown() -> None:
-    fig = agreement_figure(_agreement(["acme", "beta"]))
-    assert list(fig.data[0].x) == ["acme · Clarity", plotly_text(f"beta · {HOSTILE}")]
+def test_agreement_figure_gives_each_product_a_panel_with_one_legend_and_axis_range() -> None:
+    frame = _agreement(["acme", "acme"])
+    frame = pd.concat([frame, frame.assign(product=HOSTILE)], ignore_index=True)
+    fig = agreement_figure(frame)
+    assert [a.text for a in fig.layout.annotations] == ["acme", plotly_text(HOSTILE)]
+    assert [(t.yaxis, list(t.x)) for t in fig.data[::4]] == [
+        ("y", ["Clarity", plotly_text(HOSTILE)]),
+        ("y2", ["Clarity", plotly_text(HOSTILE)]),
+    ]  # metric names plainly, the product is the panel
+    assert [t.name for t in fig.data if t.showlegend is not False] == list(AGREEMENT_SERIES.values())
+    assert fig.data[4].customdata[0][1] == plotly_text(HOSTILE)  # the product reaches the hover escaped
+    assert tuple(fig.layout.yaxis.range) == tuple(fig.layout.yaxis2.range) == (0, 1.02)
 
 
 @pytest.mark.parametrize("figure", [agreement_figure, gap_histogram_figure, weekly_trend_figure])
