@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from sqlalchemy import Engine, event, text
 from sqlmodel import Session, select
@@ -643,6 +644,28 @@ def test_timeline_frame_has_a_column_per_type(corpus: Engine) -> None:
         frame = notes.timeline_frame(notes.session_timeline(session=s))
     assert list(frame.columns) == ["session_id", "notes", *NOTE_TYPES, "first_note", "last_note"]
     assert frame["notes"].sum() == 5
+
+
+def test_notes_of_sessions_are_the_matching_notes_of_those_sessions_only(corpus: Engine) -> None:
+    with session_scope(corpus, read_only=True) as s:
+        both = notes.notes_of_sessions(session=s, session_ids=["s_one", "s_two"])
+        tips = notes.notes_of_sessions(
+            session=s, session_ids=["s_one", "s_two"], filters=notes.NoteFilter(note_type="TIP")
+        )
+        capped = notes.notes_of_sessions(session=s, session_ids=["s_one", "s_two"], limit=1)
+        none = notes.notes_of_sessions(session=s, session_ids=[])
+    assert sorted({n.session_id for n in both}) == ["s_one", "s_two"] and len(both) == 4
+    assert [n.timestamp for n in both] == sorted((n.timestamp for n in both), reverse=True)
+    assert [(n.session_id, n.note_type) for n in tips] == [("s_one", "TIP")]
+    assert len(capped) == 1 and capped[0].id == both[0].id
+    assert none == []
+
+
+@pytest.mark.parametrize(("kind", "label"), [("TIP", "💭 TIP"), ("SUCCESS", "✅ SUCCESS"), ("new", "📝 new")])
+def test_type_labels_put_the_icon_before_the_type(kind: str, label: str) -> None:
+    assert notes.note_type_label(kind) == label
+    frame = notes.with_type_labels(pd.DataFrame({"note_type": [kind], "content": ["x"]}))
+    assert frame["note_type"].tolist() == [label]
 
 
 def test_health_of_an_empty_database(engine: Engine) -> None:
