@@ -35,11 +35,10 @@ if str(ROOT) not in sys.path:  # run as `python bench/gen.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import Engine, Table  # noqa: E402
-from sqlmodel import Session  # noqa: E402
 
 from lib import counters, scores  # noqa: E402
 from lib.bulk import deferred_indexes, insert_tuples, worth_deferring  # noqa: E402
-from lib.db import init_db  # noqa: E402
+from lib.db import init_db, session_scope  # noqa: E402
 
 # The importer's row rules for cache entries and notes (private there: one rule, one place).
 from lib.importer import _cache_judgment_row, _note_row  # noqa: E402
@@ -48,7 +47,7 @@ from lib.models import EvaluationSnapshot, Judgment, SessionNote, compute_was_co
 from lib.snapshots import MetricSet, evaluation_row, snapshot_judgment_rows  # noqa: E402
 
 # Bump when the rows change: bench_pages.py rebuilds its cached databases when this moves.
-GEN_VERSION = 3
+GEN_VERSION = 4
 JUDGMENTS_PER_EVALUATION = 10
 BATCH_EVALUATIONS = 2_000
 SQLITE_LOAD_PRAGMAS = ("journal_mode = OFF", "synchronous = OFF", "cache_size = -1048576")
@@ -358,10 +357,12 @@ def generate(
 
 def rebuild_derived(engine: Engine) -> None:
     """What the app maintains on write but a bulk load bypasses, rebuilt by lib's own rebuilds:
-    the scores and agreement counts (`lib.scores`), the counters (`lib.counters`), then planner statistics."""
-    with engine.begin() as conn:
-        scores.rebuild_scores_on(conn)
-        counters.rebuild_counts(session=Session(bind=conn))
+    every derived table registered for `python -m lib recount` (counters, ...), the scores and
+    agreement counts (`lib.scores`) unless registered there too, then planner statistics."""
+    with session_scope(engine) as session:
+        counters.recount(session=session)
+        if not any(rebuild.__module__ == scores.__name__ for rebuild in counters.REBUILDS.values()):
+            scores.rebuild_scores(session=session)
     if engine.dialect.name == "postgresql":
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.exec_driver_sql("ANALYZE")
