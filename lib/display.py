@@ -21,6 +21,7 @@ CORRECTIONS_PATH = "corrections"
 NOTES_PATH = "notes"
 COACH_PATH = "coach"
 PRECEDENTS_PATH = "precedents"
+ALIGNMENT_PATH = "alignment"
 
 
 def evaluation_title(question: str | None, *, limit: int = TITLE_CHARS) -> str:

@@ -2,12 +2,11 @@
 
 import streamlit as st
 
-from lib import alignment, analytics
+from lib import alignment, analytics, display
 from lib.analytics_charts import agreement_figure, gap_histogram_figure, weekly_trend_figure
 from lib.analytics_charts import gap_products as gap_products_of
-from lib.safe_markdown import escape_markdown
 from lib.ui import csv_download, session_scope
-from lib.ui.tables import count_column, date_column, number_column, rate_column, show_table
+from lib.ui.tables import count_column, date_column, link_to, number_column, rate_column, show_table
 
 ANY = "Any"
 
@@ -53,11 +52,12 @@ csv_download(report.metrics, "agreement_per_metric.csv", key="analytics_metrics_
 with session_scope(read_only=True) as session:
     latest_experiments = alignment.latest_per_product(session)
 for product, experiment_id in latest_experiments.items():
-    st.page_link(
+    link_to(
         "pages/alignment.py",
-        label=f"Latest alignment experiment for {escape_markdown(product)} (#{experiment_id})",
+        f"Latest alignment experiment for {product} (#{experiment_id})",
+        url_path=display.ALIGNMENT_PATH,
+        query={"experiment": str(experiment_id)},
         icon="🧪",
-        query_params={"experiment": str(experiment_id)},
     )
 
 st.subheader("Gap distributions")

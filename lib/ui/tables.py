@@ -153,17 +153,16 @@ def link_to(
     help: str | None = None,
     disabled: bool = False,
 ) -> None:
-    """A link to another page with query parameters (a deep link the target page honours).
+    """A link to another page with query parameters (a deep link the target page honours); `label`
+    is plain text (escaped here).
 
     Inside the app it is an `st.page_link` (no reload); a page run on its own (under test, or
     outside `st.navigation`) gets a plain Markdown link with the same relative URL instead.
     """
     params = {k: str(v) for k, v in (query or {}).items()}
+    text = escape_markdown(label)  # `label` is plain text; both renderings read Markdown
     try:
-        st.page_link(page, label=label, icon=icon, query_params=params or None, help=help, disabled=disabled)
+        st.page_link(page, label=text, icon=icon, query_params=params or None, help=help, disabled=disabled)
     except StreamlitPageNotFoundError:
-        text = f"{icon} {label}" if icon else label
-        if disabled:
-            st.markdown(escape_markdown(text), help=help)
-        else:
-            st.markdown(f"[{escape_markdown(text)}]({page_url(url_path, params)})", help=help)
+        text = f"{icon} {text}" if icon else text
+        st.markdown(text if disabled else f"[{text}]({page_url(url_path, params)})", help=help)

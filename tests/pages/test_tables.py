@@ -112,3 +112,11 @@ def test_the_pager_is_one_compact_row(demo) -> None:
         "evaluations_page_next",
     ]
     assert not at.exception
+
+
+def test_analytics_links_each_products_latest_alignment_experiment(demo) -> None:
+    # Run on its own, the page cannot reach st.navigation's pages: the link falls back to Markdown.
+    at = run("pages/analytics.py")
+    links = [m.value for m in at.markdown if "](alignment?experiment=" in m.value]
+    assert links and all(v.startswith("[🧪 Latest alignment experiment for ") for v in links)
+    assert not at.exception
