@@ -12,14 +12,15 @@ Date filters that cut a week in two read the cut days from the narrow `metric_sc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
+from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import func, select
-from sqlmodel import Session
+from sqlalchemy import Float, Integer, Select, Subquery, and_, case, func, literal, union_all
+from sqlmodel import Session, col, select
 
 from lib.metrics import MetricSpec, metrics_for_product
 from lib.models import AgreementCount, EvaluationSnapshot, MetricScore
@@ -81,117 +82,84 @@ class AgreementReport:
         return self.metrics.empty
 
 
-def metric_specs_frame(*, session: Session, products: Sequence[str]) -> pd.DataFrame:
-    """One row per (product, metric) of each product's rubric: the scales pairs are compared on."""
-    rows = [
-        _spec_row(product, position, spec)
-        for product in products
-        for position, spec in enumerate(metrics_for_product(session, product))
-    ]
-    return pd.DataFrame(
-        rows,
-        columns=["product", "position", "slug", "display_name", "min_value", "max_value", "integer_scale"],
-    )
+def report_from_cells(
+    cells: Sequence[tuple[str, str, float, float, int]],
+    weeks: Sequence[tuple[str, date, int, int, int]],
+    specs: Mapping[str, Sequence[MetricSpec]],
+) -> AgreementReport:
+    """The report from (product, metric, user, judge, n) cells and (product, week, pairs, exact, within-1) sums.
 
-
-def _spec_row(product: str, position: int, spec: MetricSpec) -> dict[str, object]:
-    return {
-        "product": product,
-        "position": position,
-        "slug": spec.slug,
-        "display_name": spec.display_name,
-        "min_value": float(spec.min_value),
-        "max_value": float(spec.max_value),
-        "integer_scale": bool(spec.integer_scale),
-    }
-
-
-CELL_COLUMNS = ["product", "metric", "week", "user_score", "judge_score", "n"]
-
-
-def report_from_cells(cells: pd.DataFrame, specs: pd.DataFrame) -> AgreementReport:
-    """Per-metric agreement, gap histograms and weekly trends from (product, metric, week, u, j, n) counts.
-
-    Only metrics of each product's rubric (`specs`) count, on the rubric's scale: a cell's gap,
+    Only metrics of each product's rubric (`specs`) count, on the rubric's scale; a cell's gap,
     exactness and within-1 are functions of its two scores, so each measure is a count-weighted sum.
     """
-    if cells.empty or specs.empty:
+    by_metric: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
+    for product, metric, u, j, n in cells:
+        if n > 0:
+            by_metric.setdefault((str(product), str(metric)), []).append((float(u), float(j), int(n)))
+    metric_rows: list[dict[str, object]] = []
+    gap_rows: list[dict[str, object]] = []
+    for product in sorted({p for p, _ in by_metric}):
+        for spec in specs.get(product, ()):
+            found = by_metric.get((product, spec.slug))
+            if found:
+                metric_row, gaps = _metric_measures(product, spec, np.array(found, dtype=float))
+                metric_rows.append(metric_row)
+                gap_rows.extend(gaps)
+    if not metric_rows:
         return AgreementReport()
-    spec_cols = ["product", "slug", "display_name", "position", "min_value", "max_value", "integer_scale"]
-    frame = cells[cells["n"] > 0].merge(
-        specs[spec_cols], left_on=["product", "metric"], right_on=["product", "slug"]
-    )
-    if frame.empty:
-        return AgreementReport()
-    frame = frame.rename(columns={"display_name": "metric_name"})
-    u = frame["user_score"].to_numpy(dtype=float)
-    j = frame["judge_score"].to_numpy(dtype=float)
-    span = (frame["max_value"] - frame["min_value"]).to_numpy(dtype=float)
-    gap = _rescaled(u, j, span)
-    n = frame["n"].to_numpy(dtype=np.int64)
-    frame["rescaled_gap"] = gap
-    frame["exact_n"] = np.where(u == j, n, 0)
-    frame["within_n"] = np.where(within_one(gap) > 0, n, 0)
-    frame["gap_n"] = np.where(np.isnan(gap), 0, n)
-    frame["gap_sum"] = np.where(np.isnan(gap), 0.0, gap * n)
-    return AgreementReport(metrics=_metric_rows(frame), gaps=_gap_rows(frame), weekly=_week_rows(frame))
-
-
-def _metric_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per product x metric, in rubric order; kappa on integer scales only."""
-    rows = []
-    for (product, metric), group in frame.groupby(["product", "metric"], sort=False):
-        first = group.iloc[0]
-        pairs = int(group["n"].sum())
-        cells = group.groupby(["user_score", "judge_score"], as_index=False)["n"].sum()
-        integer = bool(group["integer_scale"].all())
-        gap_n = int(group["gap_n"].sum())
-        rows.append(
+    weekly = pd.DataFrame(
+        [
             {
-                "product": product,
-                "metric": metric,
-                "metric_name": first["metric_name"],
-                "scale": f"{_fmt(first['min_value'])}–{_fmt(first['max_value'])}"
-                + ("" if integer else " (continuous)"),
-                "pairs": pairs,
-                "exact_agreement": int(group["exact_n"].sum()) / pairs,
-                "within_1_agreement": int(group["within_n"].sum()) / pairs,
-                "weighted_kappa": (
-                    quadratic_weighted_kappa(cells["user_score"], cells["judge_score"], cells["n"])
-                    if integer
-                    else float("nan")
-                ),
-                "spearman": spearman_of_counts(cells["user_score"], cells["judge_score"], cells["n"]),
-                "mean_rescaled_gap": float(group["gap_sum"].sum()) / gap_n if gap_n else float("nan"),
-                "_position": int(first["position"]),
+                "product": str(product),
+                "week": week,
+                "pairs": int(pairs),
+                "exact_agreement": int(exact) / int(pairs),
+                "within_1_agreement": int(within) / int(pairs),
             }
-        )
-    metrics = pd.DataFrame(rows).sort_values(["product", "_position"], kind="stable")
-    return metrics[METRIC_COLUMNS].reset_index(drop=True)
-
-
-def _gap_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """Pairs per bucket of rescaled gap (width GAP_BUCKET, the last bucket holding the 4.0 gaps)."""
-    rated = frame[~np.isnan(frame["rescaled_gap"])].copy()
-    rated["gap_bucket"] = np.minimum(np.floor(rated["rescaled_gap"] / GAP_BUCKET) * GAP_BUCKET, 4.0)
-    gaps = (
-        rated.groupby(["product", "metric", "metric_name", "gap_bucket"], as_index=False, sort=False)
-        .agg(pairs=("n", "sum"), position=("position", "first"))
-        .sort_values(["product", "position", "gap_bucket"], kind="stable")
+            for product, week, pairs, exact, within in sorted(weeks, key=lambda r: (str(r[0]), r[1]))
+            if pairs
+        ],
+        columns=WEEK_COLUMNS,
     )
-    gaps["pairs"] = gaps["pairs"].astype("int64")
-    return gaps[GAP_COLUMNS].reset_index(drop=True)
-
-
-def _week_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """Exact and within-1 agreement per product and week over all its metrics' pairs."""
-    weekly = frame.groupby(["product", "week"], as_index=False, sort=True).agg(
-        pairs=("n", "sum"), exact=("exact_n", "sum"), within=("within_n", "sum")
+    return AgreementReport(
+        metrics=pd.DataFrame(metric_rows, columns=METRIC_COLUMNS),
+        gaps=pd.DataFrame(gap_rows, columns=GAP_COLUMNS).astype({"pairs": "int64", "gap_bucket": "float64"}),
+        weekly=weekly.astype({"pairs": "int64"}),
     )
-    weekly["pairs"] = weekly["pairs"].astype("int64")
-    weekly["exact_agreement"] = weekly["exact"] / weekly["pairs"]
-    weekly["within_1_agreement"] = weekly["within"] / weekly["pairs"]
-    return weekly[WEEK_COLUMNS].reset_index(drop=True)
+
+
+def _metric_measures(
+    product: str, spec: MetricSpec, cells: np.ndarray
+) -> tuple[dict[str, object], list[dict[str, object]]]:
+    """One metric's table row and its gap-histogram rows from its (user, judge, n) cells."""
+    u, j, n = cells[:, 0], cells[:, 1], cells[:, 2]
+    pairs = int(n.sum())
+    gap = _rescaled(u, j, float(spec.max_value - spec.min_value))
+    rated = ~np.isnan(gap)
+    buckets = np.minimum(np.floor(gap[rated] / GAP_BUCKET) * GAP_BUCKET, 4.0)
+    bucket_values, bucket_index = np.unique(buckets, return_inverse=True)
+    bucket_pairs = np.bincount(bucket_index, weights=n[rated], minlength=len(bucket_values))
+    integer = bool(spec.integer_scale)
+    row: dict[str, object] = {
+        "product": product,
+        "metric": spec.slug,
+        "metric_name": spec.display_name,
+        "scale": f"{_fmt(spec.min_value)}–{_fmt(spec.max_value)}" + ("" if integer else " (continuous)"),
+        "pairs": pairs,
+        "exact_agreement": float(n[u == j].sum()) / pairs,
+        "within_1_agreement": float(n[within_one(gap) > 0].sum()) / pairs,
+        "weighted_kappa": quadratic_weighted_kappa(u, j, n) if integer else float("nan"),
+        "spearman": spearman_of_counts(u, j, n),
+        "mean_rescaled_gap": float((gap[rated] * n[rated]).sum() / n[rated].sum())
+        if rated.any()
+        else float("nan"),
+    }
+    gaps = [
+        {"product": product, "metric": spec.slug, "metric_name": spec.display_name, "gap_bucket": float(b),
+         "pairs": round(float(c))}
+        for b, c in zip(bucket_values, bucket_pairs, strict=True)
+    ]  # fmt: skip
+    return row, gaps
 
 
 def _fmt(value: float) -> str:
@@ -282,12 +250,12 @@ def kappa_of_pairs(user: np.ndarray, judge: np.ndarray) -> float:
     return quadratic_weighted_kappa(user, judge, np.ones(len(user)))
 
 
-def _pair_filters(table: type[AgreementCount] | type[MetricScore], filters: AnalyticsFilters) -> list:
-    where = []
+def _pair_filters(table: type[AgreementCount] | type[MetricScore], filters: AnalyticsFilters) -> list[Any]:
+    where: list[Any] = []
     if filters.products:
-        where.append(table.product.in_(filters.products))  # type: ignore[attr-defined]
+        where.append(col(table.product).in_(filters.products))
     if filters.language:
-        where.append(table.language == filters.language)
+        where.append(col(table.language) == filters.language)
     return where
 
 
@@ -300,9 +268,8 @@ def _week_split(
     """
     start, end = filters.start, filters.end
     first = start + timedelta(days=(7 - start.weekday()) % 7) if start else None  # first whole week's Monday
-    last = end - timedelta(days=(end.weekday() + 1) % 7) - timedelta(days=6) if end else None  # last one's
-    if first is not None and last is not None and first > last:
-        assert start is not None and end is not None
+    last = end - timedelta(days=(end.weekday() + 1) % 7 + 6) if end else None  # last whole week's Monday
+    if start is not None and end is not None and (first is None or last is None or first > last):
         return None, [(start, end)] if start <= end else []
     cuts = []
     if start is not None and first is not None and start < first:
@@ -312,43 +279,90 @@ def _week_split(
     return (first, last), cuts
 
 
-def agreement_cells(*, session: Session, filters: AnalyticsFilters) -> pd.DataFrame:
-    """Live pair counts per (product, metric, week, user score, judge score) matching the filters.
+def _pair_source(filters: AnalyticsFilters) -> Subquery | None:
+    """Live (product, metric, week, user, judge, n) counts matching the filters, as one subquery.
 
-    Reads `agreement_counts` for whole weeks and `metric_scores` only for the days of a week the
-    date filter cuts, so the cost is bounded by products x metrics x weeks, not by evaluations.
+    Whole weeks come from `agreement_counts`; the days of a week the date filter cuts come from the
+    narrow `metric_scores` rows (at most six days at each end), so the read never grows with
+    evaluations, only with products x metrics x weeks x score cells.
     """
     weeks, cuts = _week_split(filters)
-    frames = []
+    parts: list[Select[Any]] = []
     c = AgreementCount
     if weeks is not None:
-        where = [c.n > 0, *_pair_filters(c, filters)]
+        where = [col(c.n) > 0, *_pair_filters(c, filters)]
         if weeks[0] is not None:
-            where.append(c.week >= weeks[0])
+            where.append(col(c.week) >= weeks[0])
         if weeks[1] is not None:
-            where.append(c.week <= weeks[1])
-        key = (c.product, c.metric, c.week, c.user_score, c.judge_score)
-        frames.append(session.execute(select(*key, func.sum(c.n)).where(*where).group_by(*key)).all())
+            where.append(col(c.week) <= weeks[1])
+        parts.append(select(c.product, c.metric, c.week, c.user_score, c.judge_score, c.n).where(*where))
     s = MetricScore
     for first_day, last_day in cuts:
-        key = (s.product, s.metric, s.week, s.user_score, s.judge_score)
-        where = [s.live.is_(True), s.day >= first_day, s.day <= last_day, *_pair_filters(s, filters)]  # type: ignore[attr-defined]
-        frames.append(session.execute(select(*key, func.count()).where(*where).group_by(*key)).all())
-    rows = [tuple(r) for frame in frames for r in frame]
-    cells = pd.DataFrame(rows, columns=CELL_COLUMNS)
-    if cells.empty:
-        return cells
-    cells["n"] = cells["n"].astype("int64")
-    return cells.groupby(CELL_COLUMNS[:-1], as_index=False, sort=False)["n"].sum()
+        where = [
+            col(s.live).is_(True),
+            col(s.day) >= first_day,
+            col(s.day) <= last_day,
+            *_pair_filters(s, filters),
+        ]
+        one = literal(1, Integer).label("n")
+        parts.append(select(s.product, s.metric, s.week, s.user_score, s.judge_score, one).where(*where))
+    if not parts:
+        return None
+    return (parts[0] if len(parts) == 1 else union_all(*parts)).subquery("pairs")
+
+
+def _span_of(pairs: Subquery, specs: Mapping[str, Sequence[MetricSpec]]) -> Any:
+    """Each pair's scale width from its product's rubric (NULL off the rubric), as one CASE.
+
+    A CASE over a few dozen (product, metric) branches costs the database less than joining a
+    literal table per count row; the weekly within-1 needs each metric's own scale.
+    """
+    p = pairs.c
+    return case(
+        *[
+            (
+                and_(p.product == product, p.metric == spec.slug),
+                literal(float(spec.max_value - spec.min_value), Float),
+            )
+            for product, metric_specs in specs.items()
+            for spec in metric_specs
+        ],
+        else_=None,
+    )
 
 
 def load_report(*, session: Session, filters: AnalyticsFilters) -> AgreementReport:
-    """The whole report for the page: counts through the app's session, the products' rubrics."""
-    cells = agreement_cells(session=session, filters=filters)
-    if cells.empty:
+    """The whole report for the page: two small aggregates of the counts and the products' rubrics."""
+    pairs = _pair_source(_without_idle_bounds(session, filters))
+    if pairs is None:
         return AgreementReport()
-    products = sorted(set(cells["product"]))
-    return report_from_cells(cells, metric_specs_frame(session=session, products=products))
+    p = pairs.c
+    cells = session.execute(
+        select(p.product, p.metric, p.user_score, p.judge_score, func.sum(p.n)).group_by(
+            p.product, p.metric, p.user_score, p.judge_score
+        )
+    ).all()
+    specs = {
+        product: metrics_for_product(session=session, product=product) for product in {r[0] for r in cells}
+    }
+    specs = {product: metric_specs for product, metric_specs in specs.items() if metric_specs}
+    if not specs:
+        return AgreementReport()
+    span = _span_of(pairs, specs)
+    # The same arithmetic as `_rescaled` and `within_one`, in double precision on both backends.
+    gap = func.abs(p.user_score - p.judge_score) * literal(4.0, Float) / func.nullif(span, 0.0)
+    weeks = session.execute(
+        select(
+            p.product,
+            p.week,
+            func.sum(p.n),
+            func.sum(case((p.user_score == p.judge_score, p.n), else_=0)),
+            func.sum(case((gap <= literal(1.0 + _EPSILON, Float), p.n), else_=0)),
+        )
+        .where(span.is_not(None))
+        .group_by(p.product, p.week)
+    ).all()
+    return report_from_cells([tuple(r) for r in cells], [tuple(r) for r in weeks], specs)
 
 
 def load_filter_options(*, session: Session) -> FilterOptions:
@@ -359,16 +373,38 @@ def load_filter_options(*, session: Session) -> FilterOptions:
     c = AgreementCount
     products = session.execute(select(c.product).where(c.n > 0).distinct().order_by(c.product)).scalars()
     languages = session.execute(select(c.language).where(c.n > 0).distinct().order_by(c.language)).scalars()
-    live = EvaluationSnapshot.deleted_at.is_(None)  # type: ignore[union-attr]
+    first, last = _live_days(session)
+    return FilterOptions(
+        products=sorted(str(p) for p in products),
+        languages=sorted(str(lang) for lang in languages),
+        first_day=first,
+        last_day=last,
+    )
+
+
+def _live_days(session: Session) -> tuple[date | None, date | None]:
+    """First and last UTC day of a live snapshot: two probes of `ix_snapshot_live_created`."""
+    live = col(EvaluationSnapshot.deleted_at).is_(None)
     created = EvaluationSnapshot.created_at
     first = session.execute(select(func.min(created)).where(live)).scalar()
     last = session.execute(select(func.max(created)).where(live)).scalar()
-    return FilterOptions(
-        products=[str(p) for p in products],
-        languages=[str(lang) for lang in languages],
-        first_day=_utc_day(first),
-        last_day=_utc_day(last),
-    )
+    return _utc_day(first), _utc_day(last)
+
+
+def _without_idle_bounds(session: Session, filters: AnalyticsFilters) -> AnalyticsFilters:
+    """The filters with a date bound dropped where no live snapshot lies beyond it.
+
+    The page's default range is exactly the live span; read literally it would cut the first and
+    last weeks and send those days to the narrow table. Dropping such bounds changes no pair.
+    """
+    if filters.start is None and filters.end is None:
+        return filters
+    first, last = _live_days(session)
+    start = None if filters.start and first and filters.start <= first else filters.start
+    end = None if filters.end and last and filters.end >= last else filters.end
+    if filters.start and filters.end and filters.start > filters.end:
+        start, end = filters.start, filters.end  # an empty range stays empty
+    return replace(filters, start=start, end=end)
 
 
 def _utc_day(moment: object) -> date | None:

@@ -43,7 +43,7 @@ COUNT_KEY = ("product", "language", "metric", "week", "user_score", "judge_score
 # A snapshot's contribution depends on these columns only; a change to any of them re-derives it.
 SCORED_FIELDS = ("user_scores_json", "judge_scores_json", "deleted_at", "product", "language", "created_at")
 _ID_SLICE = 500  # ids per IN list: well under SQLite's variable limit
-REBUILD_BATCH = 2_000
+REBUILD_BATCH = 5_000
 
 
 @dataclass(frozen=True)
