@@ -40,6 +40,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import ColumnElement
 from sqlmodel import Session, col
 
+from lib import scores
 from lib.models import (
     EvaluationSnapshot,
     Judgment,
@@ -464,6 +465,12 @@ def rebuild_judgment_counts(session: Session) -> None:
 def rebuild_evaluation_review_counts(session: Session) -> None:
     """Every evaluation's review counts and judged metrics from its judgments."""
     refresh_snapshots(session=session, where=literal(True))
+
+
+@register_rebuild("metric_scores")
+def rebuild_metric_scores(session: Session) -> None:
+    """The narrow scores table and its agreement counts (Analytics' source; `lib.scores`)."""
+    scores.rebuild_scores(session=session)
 
 
 def rebuild_counts(*, session: Session) -> None:

@@ -430,7 +430,7 @@ def test_score_rows_follow_score_of_and_the_utc_week() -> None:
         judge_scores={"a": 4.5, "b": {"score": None}, "c": 1, "d": 5},
     )  # fmt: skip
     rows = scores.score_rows([snap])
-    assert [(r["metric"], r["user_score"], r["judge_score"], r["day"], r["week"]) for r in rows] == [
+    assert [(r.metric, r.user_score, r.judge_score, r.day, r.week) for r in rows] == [
         ("a", 4.0, 4.5, date(2026, 1, 11), date(2026, 1, 5))
     ]
 
@@ -449,3 +449,15 @@ def test_spearman_of_counts_equals_the_expanded_pairs(user: list, judge: list, c
     )
     expected = float(expanded.corr(method="spearman").loc["u", "j"])
     assert analytics.spearman_of_counts(user, judge, counts) == pytest.approx(expected)
+
+
+def test_recount_rebuilds_the_scores(random_data: Engine) -> None:
+    """`python -m lib recount` (lib.counters' registry) repairs scores a raw write left behind."""
+    from lib import counters
+
+    kept = table_state(random_data)
+    with session_scope(random_data) as s:
+        s.execute(MetricScore.__table__.delete())  # type: ignore[attr-defined]
+        s.execute(AgreementCount.__table__.delete())  # type: ignore[attr-defined]
+        assert "metric_scores" in counters.recount(session=s, only=["metric_scores"])
+    assert table_state(random_data) == kept
