@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -1075,28 +1075,43 @@ JUDGMENT_COLUMNS = [
 ]  # fmt: skip
 
 
+def judgment_record(j: Judgment) -> dict[str, Any]:
+    """One judgment as the table and the CSV show it (JUDGMENT_COLUMNS)."""
+    return {
+        "change_id": j.change_id,
+        "product": j.product,
+        "metric": j.metric,
+        "decision": j.decision,
+        "user_decision": j.user_decision,
+        "state": review_state(j),
+        "was_corrected": j.was_corrected,
+        "reviewer": j.reviewer,
+        "reviewed_at": j.reviewed_at,
+        "user_reasoning": j.user_reasoning,
+        "reasoning": j.reasoning,
+        "confidence": j.confidence,
+        "timestamp": j.timestamp,
+        "version": j.version,
+    }
+
+
 def judgments_frame(judgments: Sequence[Judgment]) -> pd.DataFrame:
     """Judgments as the table reviewers see and download."""
-    rows = [
-        {
-            "change_id": j.change_id,
-            "product": j.product,
-            "metric": j.metric,
-            "decision": j.decision,
-            "user_decision": j.user_decision,
-            "state": review_state(j),
-            "was_corrected": j.was_corrected,
-            "reviewer": j.reviewer,
-            "reviewed_at": j.reviewed_at,
-            "user_reasoning": j.user_reasoning,
-            "reasoning": j.reasoning,
-            "confidence": j.confidence,
-            "timestamp": j.timestamp,
-            "version": j.version,
-        }
-        for j in judgments
-    ]
-    return pd.DataFrame(rows, columns=JUDGMENT_COLUMNS)
+    return pd.DataFrame([judgment_record(j) for j in judgments], columns=JUDGMENT_COLUMNS)
+
+
+# Judgments fetched at a time by the CSV download: its memory is one batch, whatever the matches.
+CSV_BATCH_ROWS = 1_000
+
+
+def iter_judgment_rows(
+    *, session: Session, filters: JudgmentFilter, limit: int = CSV_ROW_LIMIT
+) -> Iterator[tuple[Any, ...]]:
+    """Every matching judgment (newest `limit`) as JUDGMENT_COLUMNS tuples, fetched a batch at a time."""
+    stmt = _filtered(select(Judgment), filters).order_by(col(Judgment.id).desc()).limit(limit)
+    for judgment in session.exec(stmt.execution_options(yield_per=CSV_BATCH_ROWS)):
+        record = judgment_record(judgment)
+        yield tuple(record[c] for c in JUDGMENT_COLUMNS)
 
 
 # On screen: the link and what was decided first, the long reasons after (the CSV keeps JUDGMENT_COLUMNS).
@@ -1116,11 +1131,6 @@ def judgments_display_frame(judgments: Sequence[Judgment]) -> pd.DataFrame:
         [evaluation_url(j.snapshot_id) if j.snapshot_id else judgment_url(j.change_id) for j in judgments],
     )
     return frame
-
-
-def filtered_frame(*, session: Session, filters: JudgmentFilter, limit: int = CSV_ROW_LIMIT) -> pd.DataFrame:
-    """Every matching judgment (up to `limit`) as one table, for the CSV download."""
-    return judgments_frame(list_judgments(session=session, filters=filters, offset=0, limit=limit))
 
 
 def distinct_products(*, session: Session) -> list[str]:

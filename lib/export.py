@@ -26,7 +26,7 @@ import json
 import os
 import secrets
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -176,9 +176,15 @@ def _frame_csv_bytes(engine: Engine, build: Callable[[Session], pd.DataFrame]) -
 
 
 def judgments_csv_bytes(*, engine: Engine, filters: JudgmentFilter, limit: int = CSV_ROW_LIMIT) -> bytes:
-    """The Corrections page's CSV: every matching judgment (newest `limit`), formulas neutralised."""
-    return _frame_csv_bytes(
-        engine, lambda session: corrections.filtered_frame(session=session, filters=filters, limit=limit)
+    """The Corrections page's CSV: every matching judgment (newest `limit`), formulas neutralised,
+    streamed a batch at a time (`corrections.iter_judgment_rows`), never a frame."""
+    return _streamed_csv_bytes(
+        engine,
+        lambda session, out: write_csv(
+            out,
+            corrections.JUDGMENT_COLUMNS,
+            corrections.iter_judgment_rows(session=session, filters=filters, limit=limit),
+        ),
     )
 
 
@@ -208,39 +214,51 @@ def _stream_cell(value: Any) -> Any:
     return neutralise_cell(value)
 
 
-def write_evaluations_csv(
-    *, session: Session, filters: EvaluationFilters, out: TextIO, form: str = "wide"
-) -> int:
-    """Every matching evaluation as CSV into `out`, a batch of rows at a time; returns the row count.
-
-    `form` is "wide" or "long" (`lib.inspector.EXPORT_FORMS`); text cells are neutralised like
-    every CSV here. Memory stays one batch of rows whatever the number of matches: no frame.
-    """
-    export = inspector.export_evaluations(session=session, filters=filters, form=form)
-    writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180: a bare CR in a cell gets quoted
-    writer.writerow([neutralise_cell(c) for c in export.columns])
+def write_csv(out: TextIO, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
+    """Rows as CSV into `out` as they come (RFC 4180 line ends, cells neutralised); returns the count."""
+    writer = csv.writer(out, lineterminator="\r\n")  # with CRLF a bare CR in a cell gets quoted
+    writer.writerow([neutralise_cell(c) for c in columns])
     count = 0
-    for row in export.rows:
+    for row in rows:
         writer.writerow([_stream_cell(v) for v in row])
         count += 1
     return count
 
 
-def evaluations_csv_bytes(*, engine: Engine, filters: EvaluationFilters, form: str = "wide") -> bytes:
-    """The Evaluations page's CSV of every match (all pages), formulas neutralised.
+def _streamed_csv_bytes(engine: Engine, write: Callable[[Session, TextIO], int]) -> bytes:
+    """CSV bytes written row batch by row batch into a temporary file in a read-only session.
 
-    Rows stream from the database into a temporary file, so the app never holds more than a batch
-    of rows; only the finished file's bytes come back (Streamlit's download button keeps those in
-    memory while the session lasts, whatever we hand it). A read-only session: no write lock.
+    The app never holds more than a batch of rows; only the finished file's bytes come back
+    (Streamlit's download button keeps those in memory while the session lasts, whatever it gets).
     """
     with tempfile.TemporaryFile() as raw:
         text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
         with session_scope(engine, read_only=True) as session:
-            write_evaluations_csv(session=session, filters=filters, out=text, form=form)
+            write(session, text)
         text.flush()
         text.detach()  # the temporary file stays ours to read and close
         raw.seek(0)
         return raw.read()
+
+
+def write_evaluations_csv(
+    *, session: Session, filters: EvaluationFilters, out: TextIO, form: str = "wide"
+) -> int:
+    """Every matching evaluation as CSV into `out`, a batch of rows at a time; returns the row count.
+
+    `form` is "wide" or "long" (`lib.inspector.EXPORT_FORMS`). Memory stays one batch of rows
+    whatever the number of matches: no frame.
+    """
+    export = inspector.export_evaluations(session=session, filters=filters, form=form)
+    return write_csv(out, export.columns, export.rows)
+
+
+def evaluations_csv_bytes(*, engine: Engine, filters: EvaluationFilters, form: str = "wide") -> bytes:
+    """The Evaluations page's CSV of every match (all pages), wide or long, formulas neutralised."""
+    return _streamed_csv_bytes(
+        engine,
+        lambda session, out: write_evaluations_csv(session=session, filters=filters, out=out, form=form),
+    )
 
 
 def export_evaluations_csv(

@@ -52,7 +52,7 @@ from sqlmodel import Session, col
 from lib import bulk, counters, notes, scores
 from lib.auth import Actor, Permission, authorize
 from lib.corrections import require_reviewer, review_event_row
-from lib.db import session_scope
+from lib.db import refresh_statistics, session_scope
 from lib.interaction_records import interaction_rows
 from lib.metrics import (
     metrics_for_product,
@@ -93,6 +93,8 @@ MAX_LINE_BYTES = 10 * MIB
 MAX_DOCUMENT_BYTES = 128 * MIB
 CHUNK_ROWS = 1000
 SQLITE_IMPORT_CACHE_KIB = 128 * 1024
+# An import at least this large refreshes SQLite's planner statistics (lib.db.refresh_statistics).
+STATISTICS_AFTER_ROWS = 1000
 SUPPORTED_CACHE_VERSIONS = ("1.0",)
 
 _BOM = b"\xef\xbb\xbf"
@@ -371,6 +373,8 @@ def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
         # A large load ran without the indexes a per-batch update reads: one rebuild after it is
         # linear in the table, which the load itself is at least half of.
         counters.rebuild_counts(session=session)
+    if inserted >= STATISTICS_AFTER_ROWS:
+        refresh_statistics(session.connection())  # a large load changes the best plans (lib.db)
     return ImportReport("evaluations", inserted, skipped, judgments, prepared.source)
 
 

@@ -876,6 +876,19 @@ def test_filtered_csv_holds_every_matching_row_with_formulas_neutralised(sqlite_
     assert rows[0]["user_reasoning"].startswith("'=")
 
 
+def test_csv_streams_judgments_in_batches_newest_first_up_to_the_limit(
+    sqlite_engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(corrections, "CSV_BATCH_ROWS", 1)
+    with session_scope(sqlite_engine) as s:
+        for i in range(4):
+            add(s, f"k{i}", hours=i)
+    raw = export.judgments_csv_bytes(engine=sqlite_engine, filters=JudgmentFilter(), limit=3)
+    rows = list(csv.DictReader(io.StringIO(raw.decode())))
+    assert [r["change_id"] for r in rows] == ["k3", "k2", "k1"]
+    assert rows[0]["state"] == "unreviewed" and rows[0]["timestamp"].endswith("Z")
+
+
 def test_correction_rate_over_time_is_per_product_and_week(engine) -> None:
     monday = datetime(2024, 1, 1, tzinfo=UTC)  # a Monday
     with session_scope(engine) as s:

@@ -325,3 +325,29 @@ def test_migration_backfills_existing_rows(tmp_path: Path, _sqlite_migrated: Pat
         assert found(session, "ıs") == {"s_old"}
     engine.dispose()
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_a_large_import_gives_sqlite_the_statistics_to_search_by_the_index(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not sqlite_trigram_available():
+        pytest.skip("no FTS5 trigram tokenizer in this Python's SQLite")
+    from lib import importer
+    from lib.inspector import filter_conditions
+
+    def plan(session: Session) -> str:
+        stmt = select(EvaluationSnapshot.id).where(*filter_conditions(EvaluationFilters(text="istanbul")))
+        sql = str(stmt.compile(sqlite_engine, compile_kwargs={"literal_binds": True}))
+        return " ".join(str(r[-1]) for r in session.connection().exec_driver_sql("EXPLAIN QUERY PLAN " + sql))
+
+    monkeypatch.setattr(importer, "STATISTICS_AFTER_ROWS", 100)
+    records = [
+        record(f"s_{i}", f"question {i} about İstanbul" if i < 3 else f"question {i}") for i in range(200)
+    ]
+    with Session(sqlite_engine) as session:
+        # Without statistics SQLite scans the live-list index and probes the search index per row.
+        assert "USING INTEGER PRIMARY KEY" not in plan(session)
+        import_evaluations(session=session, records=records, reviewer="tester")
+        session.commit()
+        assert "SEARCH evaluation_snapshots USING INTEGER PRIMARY KEY (rowid=?)" in plan(session)
+        assert found(session, "ISTANBUL") == {"s_0", "s_1", "s_2"}
