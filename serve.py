@@ -1,4 +1,5 @@
-"""The ASGI entry `./scripts/run` starts: the Streamlit app (app.py) plus the pipeline API at /api/v1.
+"""The ASGI entry `./scripts/run` starts: the Streamlit app (app.py), the pipeline API at /api/v1 and
+the streamed CSV downloads at /downloads (lib.downloads).
 
 `streamlit run serve.py` finds `app` (an `st.App`) and serves it with uvicorn in this process, so one
 port answers both the pages and `/api/v1` (OpenAPI docs at `/api/v1/docs`). The launcher
@@ -10,6 +11,12 @@ from pathlib import Path
 import streamlit as st
 from starlette.routing import Mount
 
+from lib import downloads
 from lib.api import API_PREFIX, create_app
 
-app = st.App(str(Path(__file__).resolve().parent / "app.py"), routes=[Mount(API_PREFIX, app=create_app())])
+# "Download CSV (all matches)" links stream from the database (lib.downloads): no file in memory.
+downloads.enable()
+app = st.App(
+    str(Path(__file__).resolve().parent / "app.py"),
+    routes=[Mount(API_PREFIX, app=create_app()), *downloads.routes()],
+)

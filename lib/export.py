@@ -26,7 +26,7 @@ import json
 import os
 import secrets
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -214,14 +214,36 @@ def _stream_cell(value: Any) -> Any:
     return neutralise_cell(value)
 
 
-def write_csv(out: TextIO, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
-    """Rows as CSV into `out` as they come (RFC 4180 line ends, cells neutralised); returns the count."""
-    writer = csv.writer(out, lineterminator="\r\n")  # with CRLF a bare CR in a cell gets quoted
+# Characters of CSV text gathered before a chunk is handed on (to a file or an HTTP response).
+CSV_CHUNK_CHARS = 64 * 1024
+
+
+def iter_csv(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Iterator[str]:
+    """Rows as CSV text in chunks, as they come (RFC 4180 line ends, cells neutralised)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\r\n")  # with CRLF a bare CR in a cell gets quoted
     writer.writerow([neutralise_cell(c) for c in columns])
-    count = 0
     for row in rows:
         writer.writerow([_stream_cell(v) for v in row])
-        count += 1
+        if buffer.tell() >= CSV_CHUNK_CHARS:
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+    yield buffer.getvalue()
+
+
+def write_csv(out: TextIO, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
+    """Rows as CSV into `out` as they come; returns the number of rows written."""
+    count = 0
+
+    def counted() -> Iterator[Sequence[Any]]:
+        nonlocal count
+        for row in rows:
+            count += 1
+            yield row
+
+    for chunk in iter_csv(columns, counted()):
+        out.write(chunk)
     return count
 
 
@@ -259,6 +281,27 @@ def evaluations_csv_bytes(*, engine: Engine, filters: EvaluationFilters, form: s
         engine,
         lambda session, out: write_evaluations_csv(session=session, filters=filters, out=out, form=form),
     )
+
+
+def evaluations_csv_chunks(
+    *, engine: Engine, filters: EvaluationFilters, form: str = "wide"
+) -> Iterator[bytes]:
+    """The same CSV as UTF-8 chunks, produced while a response sends them (`lib.downloads`):
+    neither the app nor Streamlit ever holds the file."""
+    with session_scope(engine, read_only=True) as session:
+        export = inspector.export_evaluations(session=session, filters=filters, form=form)
+        for chunk in iter_csv(export.columns, export.rows):
+            yield chunk.encode("utf-8")
+
+
+def judgments_csv_chunks(
+    *, engine: Engine, filters: JudgmentFilter, limit: int = CSV_ROW_LIMIT
+) -> Iterator[bytes]:
+    """The Corrections CSV as UTF-8 chunks, for a streamed download (`lib.downloads`)."""
+    with session_scope(engine, read_only=True) as session:
+        rows = corrections.iter_judgment_rows(session=session, filters=filters, limit=limit)
+        for chunk in iter_csv(corrections.JUDGMENT_COLUMNS, rows):
+            yield chunk.encode("utf-8")
 
 
 def export_evaluations_csv(

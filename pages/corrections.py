@@ -1,5 +1,7 @@
 """Corrections: the correction cache the judge learns from — browse, measure, preview, import, export."""
 
+import functools
+
 import pandas as pd
 import streamlit as st
 
@@ -11,6 +13,7 @@ from lib.importer import ImportFailed
 from lib.safe_markdown import escape_markdown
 from lib.ui import (
     csv_download,
+    csv_download_all,
     current_actor,
     denied_reason,
     flash,
@@ -155,13 +158,12 @@ else:
         f"{total:,} judgments match; showing {offset + 1:,}–{offset + len(frame):,}."
         + (f" The CSV holds the newest {corrections.CSV_ROW_LIMIT:,}." if capped else "")
     )
-    st.download_button(
+    csv_download_all(
         "Download CSV (all matching rows)",
-        data=lambda: export.judgments_csv_bytes(engine=engine, filters=filters),
-        file_name="judgments.csv",
-        mime="text/csv",
+        "judgments.csv",
+        chunks=functools.partial(export.judgments_csv_chunks, engine=engine, filters=filters),
+        data=functools.partial(export.judgments_csv_bytes, engine=engine, filters=filters),
         key="corrections_csv",
-        on_click="ignore",
     )
 
 st.subheader("One judgment: review and history")

@@ -15,6 +15,7 @@ from lib.config import get_settings
 from lib.highlight import clip_text
 from lib.safe_markdown import escape_markdown
 from lib.ui import (
+    csv_download_all,
     current_actor,
     denied_reason,
     flash,
@@ -351,14 +352,15 @@ def show_list() -> None:
         key="evaluations_csv_form",
         format_func=lambda f: f"{f}: {inspector.EXPORT_FORMS[f]}",
     )
-    cols[1].download_button(
+    engine = get_engine()
+    csv_download_all(
         f"Download CSV (all {label} matches)",
-        # Built only when clicked, in its own thread, streamed from the database in batches.
-        data=functools.partial(export.evaluations_csv_bytes, engine=get_engine(), filters=filters, form=form),
-        file_name=f"evaluations_{form}.csv",
-        mime="text/csv",
+        f"evaluations_{form}.csv",
+        # Built only when clicked or fetched, streamed from the database in batches.
+        chunks=functools.partial(export.evaluations_csv_chunks, engine=engine, filters=filters, form=form),
+        data=functools.partial(export.evaluations_csv_bytes, engine=engine, filters=filters, form=form),
         key="evaluations_csv",
-        on_click="ignore",
+        container=cols[1],
     )
 
 

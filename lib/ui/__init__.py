@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 from urllib.parse import unquote
 
 import pandas as pd
@@ -215,6 +216,29 @@ def csv_download(frame: pd.DataFrame, filename: str, *, key: str, label: str = "
     from lib.export import frame_to_csv_bytes
 
     st.download_button(label, data=frame_to_csv_bytes(frame), file_name=filename, mime="text/csv", key=key)
+
+
+def csv_download_all(
+    label: str,
+    filename: str,
+    *,
+    chunks: Callable[[], Iterator[bytes]],
+    data: Callable[[], bytes],
+    key: str,
+    container: Any = None,
+) -> None:
+    """ "Download CSV (all matches)": a streamed link when serve.py mounts `lib.downloads`, else a
+    download button whose bytes are built on click (`data`). The link keeps memory flat in the row
+    count; the button makes Streamlit hold the file while the session lasts."""
+    from lib import downloads
+
+    target = container if container is not None else st
+    if downloads.enabled():
+        target.link_button(label, downloads.register(filename, chunks), icon=":material/download:")
+    else:
+        target.download_button(
+            label, data=data, file_name=filename, mime="text/csv", key=key, on_click="ignore"
+        )
 
 
 def _step_page(key: str, delta: int, pages: int) -> None:
