@@ -492,23 +492,6 @@ class EvaluationExport:
     rows: Iterator[tuple[Any, ...]]
 
 
-def _review_count_columns() -> list[Any]:
-    """(judged, reviewed, corrected) per row as correlated counts on ix_judgment_snapshot_state.
-
-    Per row rather than one GROUP BY over every judgment, so the first rows stream at once.
-    """
-    reviewed = col(_J.reviewed_at).is_not(None)
-
-    def count(*conds: ColumnElement[bool]) -> Any:
-        return select(func.count()).where(col(_J.snapshot_id) == col(_S.id), *conds).scalar_subquery()
-
-    return [
-        count().label("judged"),
-        count(reviewed).label("reviewed"),
-        count(reviewed, col(_J.was_corrected).is_(True)).label("corrected"),
-    ]
-
-
 def export_metrics(*, session: Session, filters: EvaluationFilters) -> list[str]:
     """The metrics the wide form has columns for: the rubrics in scope plus every metric judged."""
     options = filter_options(session=session, product=filters.product)
@@ -536,7 +519,9 @@ def _wide_rows(
     session: Session, filters: EvaluationFilters, slugs: Sequence[str]
 ) -> Iterator[tuple[Any, ...]]:
     stmt = _list_select(filters).add_columns(
-        *_review_count_columns(),
+        col(_S.judgments_total).label("judged"),  # the counters lib.counters keeps on write
+        col(_S.judgments_reviewed).label("reviewed"),
+        col(_S.judgments_corrected).label("corrected"),
         col(_S.model_answer).label("answer"),
         col(_S.user_scores_json).label("user_scores"),
         col(_S.judge_scores_json).label("judge_scores"),
