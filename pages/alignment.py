@@ -6,6 +6,7 @@ from lib import alignment, corrections
 from lib.alignment_charts import MEASURE_TITLES, comparison_figure
 from lib.auth import Permission
 from lib.metrics import metrics_for_product
+from lib.safe_markdown import escape_markdown
 from lib.ui import (
     csv_download,
     flash,
@@ -55,7 +56,7 @@ with st.expander("Start an experiment", expanded=experiments.empty):
         )
         for metric in rubric:
             texts[metric.slug] = st.text_area(
-                f"{metric.display_name} ({metric.slug})",
+                escape_markdown(f"{metric.display_name} ({metric.slug})"),
                 value=metric.description,
                 key=f"alignment_rubric_{product}_{metric.slug}",
             )

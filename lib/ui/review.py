@@ -474,7 +474,7 @@ def _metric_row(
         st.button(
             "✓",
             key=f"{rk}_confirm",
-            help=denied or f"Confirm the judge's {judgment.decision}",
+            help=denied or f"Confirm the judge's {escape_markdown(judgment.decision)}",
             disabled=denied is not None,
             on_click=_confirm,
             args=(key, index, judgment.id, judgment.version, flash_key),
@@ -487,7 +487,11 @@ def _metric_row(
                 decision,
                 key=f"{rk}_score_{score_key}",
                 help=denied
-                or ("The judge's own score: confirms" if judge_own else f"Overrule with {decision}"),
+                or (
+                    "The judge's own score: confirms"
+                    if judge_own
+                    else f"Overrule with {escape_markdown(decision)}"
+                ),
                 disabled=denied is not None,
                 on_click=_score,
                 args=(key, index, info, decision, flash_key),
@@ -578,7 +582,9 @@ def queue_toolbar(*, key: str, flash_key: str, on_skip: Callable[[], None] | Non
             or (
                 "Only your own decision that is still its judgment's latest change can be undone."
                 if last is None
-                else f"Undo your {last.action} decision on {last.change_id} ({describe_decision(last)})"
+                else escape_markdown(
+                    f"Undo your {last.action} decision on {last.change_id} ({describe_decision(last)})"
+                )
             ),
             on_click=undo_decision,
             args=(last.judgment_id if last else -1, version),

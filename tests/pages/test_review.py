@@ -458,3 +458,21 @@ def test_an_undo_puts_the_keys_on_the_reopened_row(app_engine, open_page) -> Non
     assert row_order(at) == [ids["clarity"], ids["safety"]]
     assert shortcut_of(at, f"{row_key(ids['safety'])}_confirm") == "y"
     assert not at.exception
+
+
+def test_tooltips_escape_the_change_id_and_the_judges_decision(app_engine, open_page) -> None:
+    """help= texts render Markdown too: an imported change id or decision must not become a link."""
+    payload = "[click](https://evil.example)"
+    ids = evaluation(app_engine, payload, hours=0)
+    with session_scope(app_engine) as s:
+        j = s.get(Judgment, ids["safety"])
+        assert j is not None
+        j.decision = "**5**"
+        s.add(j)
+    at = open_page(PAGE, reviewer="ayse")
+    at.button(key=f"{row_key(ids['clarity'])}_confirm").click().run()
+    confirm_help = at.button(key=f"{row_key(ids['safety'])}_confirm").help
+    assert "5" in confirm_help and not UNESCAPED.search(confirm_help), confirm_help
+    undo_help = at.button(key="review_undo").help
+    assert "evil" in undo_help and not UNESCAPED.search(undo_help), undo_help
+    assert not at.exception
