@@ -167,6 +167,33 @@ def _metrics_list(session: Session) -> Any:
     )
 
 
+def _locks_rows(session: Session) -> bool:
+    """Row locks matter on PostgreSQL only: SQLite serialises writers on the database file."""
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def lock_judgments(*, session: Session, where: Any) -> None:
+    """`SELECT … FOR UPDATE` the judgments matching `where`, in id order (PostgreSQL).
+
+    The one lock order of every counter writer: judgments, then their evaluations (`lock_snapshots`),
+    then counter rows. A review takes them in that order too (its versioned UPDATE, `bump_review`),
+    so two writers wait for each other instead of deadlocking.
+    """
+    if _locks_rows(session):
+        session.execute(select(_J.id).where(where).order_by(col(_J.id)).with_for_update())
+
+
+def lock_snapshots(*, session: Session, where: Any) -> None:
+    """`SELECT … FOR UPDATE` the evaluations matching `where`, in id order (PostgreSQL; see lock_judgments)."""
+    if _locks_rows(session):
+        session.execute(select(_S.id).where(where).order_by(col(_S.id)).with_for_update())
+
+
+def _snapshots_of(where: Any) -> Any:
+    """The evaluations of the judgments matching `where`."""
+    return col(_S.id).in_(select(_J.snapshot_id).where(where, col(_J.snapshot_id).is_not(None)))
+
+
 def refresh_snapshots(*, session: Session, where: Any) -> None:
     """Recompute the per-evaluation counters of the evaluations matching `where` from their judgments.
 
@@ -182,6 +209,10 @@ def refresh_snapshots(*, session: Session, where: Any) -> None:
             .scalar_subquery()
         )
 
+    # Lock the rows in a statement of their own first (PostgreSQL): an UPDATE that waits on a
+    # review's `bump_review` re-checks only the row, not its subqueries, and would write counts from
+    # before that review committed over its +1. The next statement sees the review committed.
+    lock_snapshots(session=session, where=where)
     session.execute(
         update(_S)
         .where(where)
@@ -203,7 +234,8 @@ def judgments_change(*, session: Session, where: Any, snapshots: Any = None) -> 
     of the judgments matching `where` after the write (pass it when the write deletes them).
     """
     # Lock the rows first (PostgreSQL): a concurrent review then commits before we count, or after we wrote.
-    session.execute(select(_J.id).where(where).with_for_update())
+    lock_judgments(session=session, where=where)
+    lock_snapshots(session=session, where=_snapshots_of(where) if snapshots is None else snapshots)
     retract_judgments(session=session, where=where)
     try:
         yield
@@ -212,9 +244,7 @@ def judgments_change(*, session: Session, where: Any, snapshots: Any = None) -> 
         raise
     session.flush()
     include_judgments(session=session, where=where)
-    if snapshots is None:
-        snapshots = col(_S.id).in_(select(_J.snapshot_id).where(where, col(_J.snapshot_id).is_not(None)))
-    refresh_snapshots(session=session, where=snapshots)
+    refresh_snapshots(session=session, where=_snapshots_of(where) if snapshots is None else snapshots)
 
 
 def _restore(session: Session, undo: Callable[[], Any]) -> None:
@@ -230,9 +260,7 @@ def judgments_added(*, session: Session, where: Any, snapshots: Any = None) -> N
     `snapshots` (evaluations matching it) is the batch's evaluations when the caller knows them.
     """
     include_judgments(session=session, where=where)
-    if snapshots is None:
-        snapshots = col(_S.id).in_(select(_J.snapshot_id).where(where, col(_J.snapshot_id).is_not(None)))
-    refresh_snapshots(session=session, where=snapshots)
+    refresh_snapshots(session=session, where=_snapshots_of(where) if snapshots is None else snapshots)
 
 
 def bump_review(
@@ -541,6 +569,12 @@ def _before_flush(session: Session, _context: Any, _instances: Any) -> None:
     ):
         return
     where = _pending_where(judgment_ids, snapshot_ids)
+    # Lock before retracting (PostgreSQL), in the one order: a concurrent review of these judgments
+    # commits first and the retraction then sees it, instead of retracting the row as it was.
+    if where is not None:
+        lock_judgments(session=session, where=where)
+    if snapshot_ids or refresh:
+        lock_snapshots(session=session, where=col(_S.id).in_(snapshot_ids | refresh))
     if where is not None:
         retract_judgments(session=session, where=where)
     if snapshot_ids:

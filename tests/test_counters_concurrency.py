@@ -1,0 +1,92 @@
+"""lib.counters under two real PostgreSQL transactions: a writer that waits on a review's row locks
+counts what that review committed (SQLite serialises writers, so there is nothing to race there)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlmodel import Session, col, select
+
+from lib import counters, importer
+from lib.corrections import record_review
+from lib.db import create_db_engine, session_scope
+from lib.models import Judgment
+from lib.second_opinion import SecondOpinion, store_second_opinion
+from tests.conftest import PgDatabase
+from tests.test_counters import _record, _snapshot_of_counters
+
+
+@pytest.fixture
+def pg_engine(_pg_worker_database: PgDatabase) -> Iterator[Engine]:
+    """An empty migrated PostgreSQL database (these tests need row locks; no SQLite variant)."""
+    _pg_worker_database.empty()
+    eng = create_db_engine(_pg_worker_database.url)
+    yield eng
+    eng.dispose()
+
+
+def _wait_until_blocked(engine: Engine, worker: threading.Thread) -> None:
+    """Until another backend waits on a row lock (or the worker finished without waiting)."""
+    deadline = time.monotonic() + 30
+    with engine.connect() as conn:
+        while worker.is_alive() and time.monotonic() < deadline:
+            waiting = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+            conn.rollback()
+            if waiting:
+                return
+            time.sleep(0.05)
+
+
+@pytest.mark.parametrize("target", ["same judgment", "other judgment of the evaluation"])
+def test_a_second_opinion_waiting_on_a_review_leaves_exact_counters(pg_engine: Engine, target: str) -> None:
+    """A review of J1 holds its locks uncommitted while a second opinion is stored on J1 (the flush
+    hook's retraction) or on J2 (the evaluation's recount): the counters kept equal a recount."""
+    rec = _record(random.Random(1), 0)
+    rec["user_scores"] = {"truthfulness": 2, "helpfulness": 3}
+    rec["judge_scores"] = {"truthfulness": 4, "helpfulness": 5}
+    with session_scope(pg_engine) as s:
+        importer.import_evaluations(session=s, records=[rec])
+    with session_scope(pg_engine) as s:
+        (j1, v1), (j2, _) = s.exec(select(Judgment.id, Judgment.version).order_by(col(Judgment.id))).all()
+    assert j1 is not None and j2 is not None
+    opinion_on = j1 if target == "same judgment" else j2
+
+    errors: list[BaseException] = []
+
+    def second_opinion() -> None:
+        try:
+            with session_scope(pg_engine) as s:
+                opinion = SecondOpinion(judgment_id=opinion_on, action="validated", decision="4")
+                store_second_opinion(session=s, opinion=opinion, reviewer="bob")
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+
+    with pg_engine.connect() as conn, Session(bind=conn) as first:
+        record_review(session=first, judgment_id=j1, expected_version=v1, action="confirm", reviewer="ayse")
+        worker = threading.Thread(target=second_opinion)
+        worker.start()
+        _wait_until_blocked(pg_engine, worker)
+        first.commit()
+    worker.join(30)
+    assert not worker.is_alive() and not errors, errors
+
+    with session_scope(pg_engine) as s:
+        kept = _snapshot_of_counters(s)
+        reviewed = (
+            s.connection().execute(text("SELECT judgments_reviewed FROM evaluation_snapshots")).scalar_one()
+        )
+    assert reviewed == 1
+    with session_scope(pg_engine) as s:
+        counters.recount(session=s)
+    with session_scope(pg_engine) as s:
+        assert _snapshot_of_counters(s) == kept
