@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Body, Depends, FastAPI, Header, Query, Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from sqlalchemy import Engine
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
@@ -390,11 +390,30 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
         return _run(apply)
 
     @api.get("/exports/{table}", response_model=None)
-    def export(actor: Token, table: str, format: Literal["csv", "parquet", "jsonl"] = "csv") -> FileResponse:
-        """A table streamed as CSV (formula-safe), Parquet or JSON Lines, through lib.export."""
-        from lib.export import EXPORTABLE_TABLES, ExportError, export_table
+    def export(
+        actor: Token,
+        table: str,
+        format: Literal["csv", "parquet", "jsonl"] = "csv",
+        form: Literal["wide", "long"] | None = None,
+    ) -> FileResponse | StreamingResponse:
+        """A table streamed as CSV (formula-safe), Parquet or JSON Lines, through lib.export.
+
+        `form` (evaluations, CSV): the Evaluations page's CSV of every live evaluation with per-metric
+        judge score, reviewer score and gap and the answer, one row per evaluation (wide) or per
+        judgment (long), written while it is sent.
+        """
+        from lib.export import EXPORTABLE_TABLES, ExportError, evaluations_csv_chunks, export_table
+        from lib.inspector import EvaluationFilters
 
         require(actor, Permission.EXPORT)
+        if form is not None:
+            if table != "evaluations" or format != "csv":
+                raise ApiError(422, "form applies to /exports/evaluations?format=csv only")
+            return StreamingResponse(
+                evaluations_csv_chunks(engine=get_engine(), filters=EvaluationFilters(), form=form),
+                media_type="text/csv",
+                headers={"Content-Disposition": f'attachment; filename="evaluations_{form}.csv"'},
+            )
         if table not in EXPORTABLE_TABLES:
             raise ApiError(
                 404, f"unknown table {table!r}; exportable: {', '.join(sorted(EXPORTABLE_TABLES))}"

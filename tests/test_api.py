@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv as csv_module
+import io
 import json
 import socket
 import threading
@@ -292,6 +294,29 @@ def test_exports_stream_formula_safe_csv_and_refuse_unknown_tables(server: Serve
     assert httpx.get(f"{server.base}/exports/api_tokens", headers=viewer).status_code == 404
     assert httpx.get(f"{server.base}/exports/evaluations").status_code == 401
     assert count(server.engine, ApiToken) == 5
+
+
+@pytest.mark.parametrize(("form", "rows"), [("wide", 1), ("long", 2)])
+def test_evaluations_export_wide_or_long_streams_scores_and_answer(
+    server: Server, form: str, rows: int
+) -> None:
+    posted = record(question="İstanbul?", model_answer="=1+1")
+    httpx.post(f"{server.base}/evaluations", json=[posted], headers=server.headers("lead"))
+    viewer = server.headers("viewer")
+    response = httpx.get(f"{server.base}/exports/evaluations", params={"form": form}, headers=viewer)
+    assert response.status_code == 200
+    assert response.headers["content-disposition"] == f'attachment; filename="evaluations_{form}.csv"'
+    read = list(csv_module.DictReader(io.StringIO(response.text)))
+    assert len(read) == rows  # two judged metrics: one evaluation, two judgments
+    assert {r["answer"] for r in read} == {"'=1+1"}
+    if form == "wide":
+        assert (read[0]["clarity judge"], read[0]["clarity reviewer"], read[0]["clarity gap"]) == (
+            "2.5",
+            "4",
+            "1.5",
+        )
+    refused = httpx.get(f"{server.base}/exports/judgments", params={"form": form}, headers=viewer)
+    assert refused.status_code == 422 and "form applies to" in refused.text
 
 
 def test_relevance_audits_and_scores_feed_tag_relevance_once(server: Server) -> None:
