@@ -100,5 +100,6 @@ def downgrade() -> None:
             op.execute(f"DROP TABLE IF EXISTS {fts}")
         elif dialect == "postgresql":
             op.execute(f"DROP INDEX IF EXISTS ix_{table}_search_trgm")
-        with op.batch_alter_table(table) as batch_op:
-            batch_op.drop_column("search_text")
+        # A plain DROP COLUMN (SQLite ≥ 3.35): a batch rebuild would DROP TABLE evaluation_snapshots,
+        # which fails with `PRAGMA foreign_keys=ON` (lib.db) once judgments reference its rows.
+        op.drop_column(table, "search_text")
