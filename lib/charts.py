@@ -16,13 +16,15 @@ from __future__ import annotations
 import math
 import textwrap
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
 
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+from lib.notes import note_type_label
 
 # Okabe & Ito (2008), "Color Universal Design": eight colours that stay distinct under the common
 # colour-vision deficiencies. Yellow and black come last: yellow is faint on white, black reads as
@@ -267,7 +269,6 @@ def notes_timeline_figure(
     sessions: pd.DataFrame,
     notes: pd.DataFrame,
     *,
-    type_labels: Mapping[str, str],
     title: str = "Sessions and their notes",
 ) -> go.Figure:
     """Sessions on a time axis (a grey span from first to last note, newest on top), each note a
@@ -279,7 +280,7 @@ def notes_timeline_figure(
     language and an escaped excerpt of the note.
 
     `sessions` has the columns of `lib.notes.timeline_frame`; `notes` those of
-    `lib.notes.as_frame`; `type_labels` maps a type to its label with icon (`lib.notes`).
+    `lib.notes.as_frame`. Types are named as everywhere, icon and word (`lib.notes.note_type_label`).
     """
     fig = go.Figure()
     if sessions.empty:
@@ -313,7 +314,7 @@ def notes_timeline_figure(
                 x=rows["timestamp"],
                 y=[row_of[str(s)] + lane for s in rows["session_id"]],
                 mode="markers",
-                name=plotly_text(type_labels.get(str(kind), kind)),
+                name=plotly_text(note_type_label(kind)),
                 marker={"color": style.color, "symbol": style.symbol, "size": 11, "line": {"width": 0}},
                 customdata=[
                     [plotly_text(s), plotly_text(lang or "every language"), hover_excerpt(text)]

@@ -221,9 +221,7 @@ with tab_timeline, session_scope(read_only=True) as session:
                 session=session, session_ids=[s.session_id for s in summaries], filters=filters
             )
         )
-        st.plotly_chart(
-            notes_timeline_figure(timeline, marks, type_labels=notes.TYPE_LABELS), key="notes_timeline_chart"
-        )
+        st.plotly_chart(notes_timeline_figure(timeline, marks), key="notes_timeline_chart")
         with st.expander("Notes per session and type (table)"):
             show_table(
                 timeline,

@@ -512,7 +512,7 @@ def _timeline() -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def test_notes_timeline_puts_sessions_on_rows_and_notes_as_marks_by_type() -> None:
     sessions, notes = _timeline()
-    fig = notes_timeline_figure(sessions, notes, type_labels=TYPE_LABELS)
+    fig = notes_timeline_figure(sessions, notes)
     span, *marks = fig.data
     assert span.mode == "lines" and list(span.y) == [0, 0, None, 1, 1, None]  # newest session on top
     assert [t.name for t in marks] == ["❌ FAILURE", "💭 TIP"]  # type order, not data order
@@ -526,7 +526,7 @@ def test_notes_timeline_puts_sessions_on_rows_and_notes_as_marks_by_type() -> No
 
 def test_notes_timeline_hover_shows_escaped_excerpts() -> None:
     sessions, notes = _timeline()
-    fig = notes_timeline_figure(sessions, notes, type_labels=TYPE_LABELS)
+    fig = notes_timeline_figure(sessions, notes)
     failure = fig.data[1]
     session_id, language, excerpt = failure.customdata[0]
     assert (session_id, language) == ("old", "every language")
@@ -538,7 +538,7 @@ def test_notes_timeline_hover_shows_escaped_excerpts() -> None:
 
 def test_notes_timeline_without_sessions_says_so() -> None:
     empty = pd.DataFrame(columns=["session_id", "notes", "first_note", "last_note"])
-    fig = notes_timeline_figure(empty, pd.DataFrame(), type_labels=TYPE_LABELS)
+    fig = notes_timeline_figure(empty, pd.DataFrame())
     assert fig.data == () and fig.layout.annotations[0].text == "No sessions"
 
 
