@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/gen.py` from anywhere
 
 from sqlalchemy import Engine, Table  # noqa: E402
 
-from lib import counters, scores  # noqa: E402
+from lib import counters  # noqa: E402
 from lib.bulk import deferred_indexes, insert_tuples, worth_deferring  # noqa: E402
 from lib.db import init_db, session_scope  # noqa: E402
 
@@ -357,12 +357,10 @@ def generate(
 
 def rebuild_derived(engine: Engine) -> None:
     """What the app maintains on write but a bulk load bypasses, rebuilt by lib's own rebuilds:
-    every derived table registered for `python -m lib recount` (counters, ...), the scores and
-    agreement counts (`lib.scores`) unless registered there too, then planner statistics."""
+    every derived table registered for `python -m lib recount` (counters, scores and agreement
+    counts, ...), then planner statistics."""
     with session_scope(engine) as session:
         counters.recount(session=session)
-        if not any(rebuild.__module__ == scores.__name__ for rebuild in counters.REBUILDS.values()):
-            scores.rebuild_scores(session=session)
     if engine.dialect.name == "postgresql":
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.exec_driver_sql("ANALYZE")

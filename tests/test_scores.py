@@ -461,3 +461,19 @@ def test_recount_rebuilds_the_scores(random_data: Engine) -> None:
         s.execute(AgreementCount.__table__.delete())  # type: ignore[attr-defined]
         assert "metric_scores" in counters.recount(session=s, only=["metric_scores"])
     assert table_state(random_data) == kept
+
+
+@pytest.mark.slow  # a new interpreter importing the whole stack
+def test_the_recount_command_repairs_corrupted_agreement_counts(random_data: Engine) -> None:
+    """`python -m lib recount` in a fresh process (nothing imported lib.scores beforehand) rebuilds
+    agreement counts a raw write corrupted, with no name given."""
+    from tests.cli import run_cli_process
+
+    kept = table_state(random_data)
+    with session_scope(random_data) as s:
+        s.execute(AgreementCount.__table__.update().values(n=AgreementCount.n + 7))  # type: ignore[attr-defined]
+    assert table_state(random_data) != kept
+    done = run_cli_process("recount", env={"OVERRULE_DATABASE_URL": random_data.url.render_as_string(False)})
+    assert done.returncode == 0, done.stderr
+    assert "metric_scores" in done.stdout
+    assert table_state(random_data) == kept
