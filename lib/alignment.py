@@ -22,6 +22,7 @@ a cancel flag on the experiment is read between calls.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -689,6 +690,28 @@ def experiments_frame(session: Session) -> pd.DataFrame:
         )
     columns = ["id", "name", "product", "arms", "status", "done", "failed", "pending", "judge_model"]
     return pd.DataFrame(out, columns=[*columns, "edited_rubric", "created_at", "created_by"])
+
+
+CALL_COLUMNS = (
+    "arm", "snapshot_id", "status", "error", "scores", "llm_calls", "prompt_tokens",
+    "completion_tokens", "wall_seconds", "finished_at", "prompt",
+)  # fmt: skip
+
+
+def calls_frame(session: Session, experiment_id: int) -> pd.DataFrame:
+    """Every call of an experiment with the prompt it sent, the scores or error it got and its cost.
+
+    The page's "everything" CSV: with it a reader can redo any measure or check any prompt.
+    """
+    calls = session.exec(
+        select(AlignmentCall)
+        .where(col(AlignmentCall.experiment_id) == experiment_id)
+        .order_by(col(AlignmentCall.snapshot_id), col(AlignmentCall.arm))
+    ).all()
+    rows = [{name: getattr(c, name) for name in CALL_COLUMNS} for c in calls]
+    for row in rows:
+        row["scores"] = json.dumps(row["scores"] or {}, ensure_ascii=False, sort_keys=True)
+    return pd.DataFrame(rows, columns=list(CALL_COLUMNS))
 
 
 def call_prompt(session: Session, experiment_id: int, arm: str, snapshot_id: str) -> AlignmentCall | None:

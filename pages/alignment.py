@@ -135,6 +135,7 @@ elif row["failed"]:
 with session_scope(read_only=True) as session:
     report = alignment.measure(session, int(chosen))
     items = alignment.item_frame(session, int(chosen))
+    calls = alignment.calls_frame(session, int(chosen))
 
 st.subheader("Comparison")
 show_table(
@@ -197,3 +198,9 @@ show_table(
     },
 )
 csv_download(items, f"alignment-{chosen}-items.csv", key="alignment_items_csv", label="Download items CSV")
+csv_download(
+    calls,
+    f"alignment-{chosen}-calls.csv",
+    key="alignment_calls_csv",
+    label="Download calls CSV (prompts, scores, cost)",
+)

@@ -32,7 +32,7 @@ def test_start_a_small_experiment_and_see_the_comparison(streamlit_app, page, tm
         size.press("Enter")
         page.get_by_role("button", name="Start").click()
         page.get_by_text("Experiment 1 started.").wait_for(timeout=30_000)
-        for _ in range(60):  # the run is a background thread: refresh until its rows say finished
+        for _ in range(240):  # the run is a background thread: refresh until its rows say finished
             if page.get_by_text("(finished)").count():
                 break
             # While a rerun replaces the page, the old button can still stand beside the new one.
@@ -41,10 +41,17 @@ def test_start_a_small_experiment_and_see_the_comparison(streamlit_app, page, tm
                 with contextlib.suppress(PlaywrightError):  # the stale one, gone before the click
                     refresh.first.click(timeout=5_000)
             page.wait_for_timeout(500)
-        page.get_by_text("28 calls done, 0 failed, 0 pending").wait_for(timeout=30_000)
+        page.get_by_text("28 calls done, 0 failed, 0 pending").wait_for(timeout=120_000)
         page.get_by_role("heading", name="Comparison").wait_for(timeout=30_000)
         page.get_by_text("Against bare: flipped items").wait_for(timeout=30_000)
         assert not page.dialogs
+        # The Analytics page links the latest experiment of each product back here.
+        page.goto(f"{server.base_url}/analytics")
+        link = page.get_by_role("link", name="Latest alignment experiment for lab (#1)")
+        link.wait_for(timeout=60_000)
+        link.click()
+        page.wait_for_url("**/alignment?experiment=1", timeout=30_000)
+        page.get_by_role("heading", name="Comparison").wait_for(timeout=30_000)
     except Exception:
         page.screenshot(path=str(tmp_path / "alignment_fail.png"), full_page=True)
         print("log:", server.log_path.read_text()[-3000:])

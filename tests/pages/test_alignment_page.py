@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 from sqlmodel import select
 
 from lib import alignment
+from lib.config import get_settings
 from lib.db import session_scope
 from lib.models import AlignmentCall, AlignmentExperiment
 from tests.test_alignment import ITEMS, PRODUCT, scripted_judge, seed_lab
@@ -41,6 +43,12 @@ def test_a_finished_experiment_shows_the_comparison_and_the_flips(app_engine, op
     assert list(cost["llm_calls"]) == [ITEMS, ITEMS]
     assert set(flips["direction"]) == {"to_agree"} and len(flips) == 6
     assert any("topic-" in c.value for c in at.code)  # the prompt each arm saw
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert labels == ["Download CSV", "Download items CSV", "Download calls CSV (prompts, scores, cost)"]
+    with session_scope(app_engine, read_only=True) as session:
+        calls = alignment.calls_frame(session, experiment_id)
+    assert len(calls) == 2 * ITEMS and calls["prompt"].str.contains("topic-").all()
+    assert set(calls["status"]) == {"done"} and calls["scores"].str.contains('"accuracy"').all()
     at.selectbox(key="alignment_measure").set_value("mean_rescaled_gap").run()
     assert not at.exception
 
@@ -128,6 +136,20 @@ def test_cancel_on_the_page_needs_a_name_and_then_flags_the_run(app_engine, open
     assert not at.exception
     assert requested()
     assert any(f"Experiment {experiment_id} stops" in i.value for i in at.info)
+
+
+def test_a_scripted_judges_figures_are_labelled_as_such(app_engine, open_page) -> None:
+    seed_lab(app_engine)
+    scripted = replace(get_settings(), judge_model=alignment.SCRIPTED_JUDGE_PREFIX + "demo history policy")
+    real = alignment.create_experiment(app_engine, alignment.ExperimentSpec(product=PRODUCT, sample_size=2))
+    demo = alignment.create_experiment(
+        app_engine, alignment.ExperimentSpec(product=PRODUCT, sample_size=2), settings=scripted
+    )
+    at = open_page(PAGE, query={"experiment": str(demo)})
+    assert not at.exception
+    assert any("come from a scripted judge, not a real model" in w.value for w in at.warning)
+    at = open_page(PAGE, query={"experiment": str(real)})
+    assert not any("scripted judge" in w.value for w in at.warning)
 
 
 def test_the_latest_experiment_per_product_opens_by_its_link(app_engine, open_page) -> None:
