@@ -13,7 +13,10 @@ How each part is written, so that it looks exactly as if the app had produced it
 - second opinions follow `lib.evaluation_layer`'s rules and `lib.second_opinion`'s storage;
 - tag relevance is replayed in memory with `lib.relevance`'s own pure steps (`tag_step`,
   `auto_pin_decision`, `manual_pin_state`): the API's per-row locking is too slow for a first start;
-- auto-evaluations are `lib.precedents.evaluate_interaction`'s own results (offline, no LLM).
+- auto-evaluations are `lib.precedents.evaluate_interaction`'s own results (offline, no LLM);
+- the alignment experiment is `lib.alignment`'s own run against a scripted judge on the local
+  server of `lib.scripted_llm` (`experiment`); its scores are deterministic, its run times are the
+  real ones of the first start.
 
 `force`: the demo is normally loaded only into a database without evaluations. With `force=True`
 it is loaded anyway, and every demo row is identified by a deterministic key (snapshot id and
@@ -23,7 +26,8 @@ rows it actually added.
 
 Parts (one module each): `inputs` (the JSON inputs, the anchor, seeded random streams),
 `evaluations`, `reviews` (reviews and the seed-004 judgments), `notes` (notes, session audits and
-tag relevance), `precedents` and `load` (`load_demo`). The names below are the public surface.
+tag relevance), `precedents`, `experiment` (the scripted-judge alignment experiment) and `load`
+(`load_demo`). The names below are the public surface.
 """
 
 from lib.demo.evaluations import DemoEvaluations, EvaluationTruth, build_evaluations, flaw_quote
