@@ -168,13 +168,6 @@ def export_cache_bytes(*, engine: Engine, product: str | None = None) -> bytes:
         return out.read_bytes()
 
 
-def _frame_csv_bytes(engine: Engine, build: Callable[[Session], pd.DataFrame]) -> bytes:
-    """CSV bytes of a frame built in a read-only session, so a download never holds a write lock."""
-    with session_scope(engine, read_only=True) as session:
-        frame = build(session)
-    return frame_to_csv_bytes(frame)
-
-
 def judgments_csv_bytes(*, engine: Engine, filters: JudgmentFilter, limit: int = CSV_ROW_LIMIT) -> bytes:
     """The Corrections page's CSV: every matching judgment (newest `limit`), formulas neutralised,
     streamed a batch at a time (`corrections.iter_judgment_rows`), never a frame."""
@@ -189,16 +182,28 @@ def judgments_csv_bytes(*, engine: Engine, filters: JudgmentFilter, limit: int =
 
 
 def precedents_csv_bytes(*, engine: Engine, filters: Any, limit: int = CSV_ROW_LIMIT) -> bytes:
-    """The Precedents page's CSV: every matching interaction (newest `limit`), formulas neutralised.
-
-    `filters` is a `lib.precedent_view.PrecedentFilters`.
-    """
+    """The Precedents page's CSV: every matching interaction (newest `limit`), formulas neutralised,
+    streamed a batch at a time. `filters` is a `lib.precedent_view.PrecedentFilters`."""
     from lib import precedent_view
 
-    return _frame_csv_bytes(
+    return _streamed_csv_bytes(
         engine,
-        lambda session: precedent_view.list_page(session=session, filters=filters, offset=0, limit=limit),
+        lambda session, out: write_csv(
+            out,
+            precedent_view.LIST_COLUMNS,
+            precedent_view.iter_list_rows(session=session, filters=filters, limit=limit),
+        ),
     )
+
+
+def precedents_csv_chunks(*, engine: Engine, filters: Any, limit: int = CSV_ROW_LIMIT) -> Iterator[bytes]:
+    """The Precedents CSV as UTF-8 chunks, for a streamed download (`lib.downloads`)."""
+    from lib import precedent_view
+
+    with session_scope(engine, read_only=True) as session:
+        rows = precedent_view.iter_list_rows(session=session, filters=filters, limit=limit)
+        for chunk in iter_csv(precedent_view.LIST_COLUMNS, rows):
+            yield chunk.encode("utf-8")
 
 
 def _stream_cell(value: Any) -> Any:

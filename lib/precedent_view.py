@@ -6,7 +6,7 @@ counting and paging run in SQL, so only one page of interactions is ever read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
@@ -152,26 +152,25 @@ def _latest_expert_totals(session: Session, ids: Sequence[str]) -> dict[str, flo
     return dict(rows)
 
 
-def list_page(*, session: Session, filters: PrecedentFilters, offset: int, limit: int) -> pd.DataFrame:
-    """One page of interactions, newest first, with their outcome and (copied / expert) totals."""
-    rows = session.execute(
-        _filtered(
-            _base(
-                Interaction.id,
-                Interaction.created_at,
-                Interaction.product,
-                Interaction.language,
-                func.substr(Interaction.question, 1, QUESTION_PREVIEW),
-                AutoEval.has_matches,
-                AutoEval.no_match_reason,
-                AutoEval.total_score,
-            ),
-            filters,
-        )
-        .order_by(col(Interaction.created_at).desc(), col(Interaction.id).desc())
-        .offset(offset)
-        .limit(limit)
-    ).all()
+def _list_select(filters: PrecedentFilters) -> Select[Any]:
+    """Matching interactions, newest first, with their auto-evaluation outcome fields."""
+    return _filtered(
+        _base(
+            Interaction.id,
+            Interaction.created_at,
+            Interaction.product,
+            Interaction.language,
+            func.substr(Interaction.question, 1, QUESTION_PREVIEW),
+            AutoEval.has_matches,
+            AutoEval.no_match_reason,
+            AutoEval.total_score,
+        ),
+        filters,
+    ).order_by(col(Interaction.created_at).desc(), col(Interaction.id).desc())
+
+
+def _records(session: Session, rows: Sequence[Any]) -> list[dict[str, Any]]:
+    """List rows with their outcome and latest expert total (one query for the whole batch)."""
     experts = _latest_expert_totals(session, [r[0] for r in rows])
     records = []
     for iid, created, product, language, question, has_matches, reason, total in rows:
@@ -191,7 +190,25 @@ def list_page(*, session: Session, filters: PrecedentFilters, offset: int, limit
                 "expert_total": experts.get(iid),
             }
         )
-    return pd.DataFrame.from_records(records, columns=LIST_COLUMNS)
+    return records
+
+
+def list_page(*, session: Session, filters: PrecedentFilters, offset: int, limit: int) -> pd.DataFrame:
+    """One page of interactions, newest first, with their outcome and (copied / expert) totals."""
+    rows = session.execute(_list_select(filters).offset(offset).limit(limit)).all()
+    return pd.DataFrame.from_records(_records(session, rows), columns=LIST_COLUMNS)
+
+
+# Interactions fetched at a time by the CSV download: its memory is one batch, whatever the matches.
+CSV_BATCH_ROWS = 1_000
+
+
+def iter_list_rows(*, session: Session, filters: PrecedentFilters, limit: int) -> Iterator[tuple[Any, ...]]:
+    """Every matching interaction (newest `limit`) as LIST_COLUMNS tuples, a batch at a time."""
+    result = session.execute(_list_select(filters).limit(limit).execution_options(yield_per=CSV_BATCH_ROWS))
+    for batch in result.partitions():
+        for record in _records(session, batch):
+            yield tuple(record[c] for c in LIST_COLUMNS)
 
 
 def reason_counts(*, session: Session, filters: PrecedentFilters) -> pd.DataFrame:

@@ -9,7 +9,7 @@ from lib import export
 from lib import precedent_view as view
 from lib.auth import Permission
 from lib.safe_markdown import escape_markdown
-from lib.ui import flash, get_engine, pager, require_reviewer, session_scope, show_flash
+from lib.ui import csv_download_all, flash, get_engine, pager, require_reviewer, session_scope, show_flash
 from lib.ui.tables import datetime_column, link_column, number_column, show_table, text_column, title_column
 
 ANY = "Any"
@@ -68,14 +68,13 @@ show_table(
         "id": text_column("Id"),
     },
 )
-st.download_button(
+csv_download_all(
     f"Download CSV (all {total:,} matches)",
-    # Built only when clicked: the page rerun itself never reads every match.
+    "precedents.csv",
+    # Built only when clicked or fetched, streamed from the database in batches.
+    chunks=functools.partial(export.precedents_csv_chunks, engine=get_engine(), filters=filters),
     data=functools.partial(export.precedents_csv_bytes, engine=get_engine(), filters=filters),
-    file_name="precedents.csv",
-    mime="text/csv",
     key="prec_csv",
-    on_click="ignore",
 )
 
 ids = list(frame["id"])

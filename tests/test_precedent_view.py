@@ -153,3 +153,20 @@ def test_csv_holds_every_match_of_the_filter_with_formulas_neutralised(filled: E
     assert "HYPERLINK" in rows[0]["question"]
     one = export.precedents_csv_bytes(engine=filled, filters=view.PrecedentFilters(outcome="matched"))
     assert [r["id"] for r in csv.DictReader(io.StringIO(one.decode("utf-8-sig")))] == ["same"]
+
+
+def test_csv_streams_in_batches_with_the_page_outcomes(
+    filled: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import csv
+    import io
+
+    from lib import export
+
+    monkeypatch.setattr(view, "CSV_BATCH_ROWS", 1)  # every row its own batch and expert lookup
+    data = export.precedents_csv_bytes(engine=filled, filters=view.PrecedentFilters())
+    rows = list(csv.DictReader(io.StringIO(data.decode("utf-8"))))
+    with Session(filled) as session:
+        page = view.list_page(session=session, filters=view.PrecedentFilters(), offset=0, limit=100)
+    assert [(r["id"], r["outcome"]) for r in rows] == list(zip(page["id"], page["outcome"], strict=True))
+    assert len(rows) > 1
