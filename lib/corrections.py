@@ -608,6 +608,11 @@ def add_judgment(
     `expected_version` (when given) is checked like a review's: ReviewConflict if the entry moved.
     """
     name = require_reviewer(reviewer, Permission.IMPORT, bind=session)
+    if judgment.user_decision is not None and judgment.reviewed_at is None:
+        # A seed-004 entry with a user override is reviewed: give it the review time the counters,
+        # list and queue read (the judgment's own time, as the cache importer does).
+        judgment.reviewed_at = judgment.timestamp or utcnow()
+        judgment.reviewer = judgment.reviewer or name
     existing = session.exec(
         select(Judgment).where(col(Judgment.change_id) == judgment.change_id).with_for_update()
     ).first()
@@ -1019,12 +1024,14 @@ def _filtered(stmt: Any, filters: JudgmentFilter) -> Any:
         stmt = stmt.where(col(Judgment.metric) == filters.metric)
     if filters.reviewer is not None:
         stmt = stmt.where(col(Judgment.reviewer) == filters.reviewer)
+    # The counters' definitions (count_judgments reads them): reviewed = a review time is set.
+    reviewed = counters.reviewed_judgment()
     if filters.state == "unreviewed":
-        stmt = stmt.where(col(Judgment.user_decision).is_(None))
+        stmt = stmt.where(~reviewed)
     elif filters.state == "confirmed":
-        stmt = stmt.where(col(Judgment.user_decision).is_not(None), col(Judgment.was_corrected) == False)  # noqa: E712
+        stmt = stmt.where(reviewed, col(Judgment.was_corrected) == False)  # noqa: E712
     elif filters.state == "corrected":
-        stmt = stmt.where(col(Judgment.was_corrected) == True)  # noqa: E712
+        stmt = stmt.where(reviewed, col(Judgment.was_corrected) == True)  # noqa: E712
     elif filters.state is not None:
         raise ValueError(f"unknown review state {filters.state!r}; choose one of {', '.join(REVIEW_STATES)}")
     return stmt
@@ -1063,8 +1070,8 @@ def list_judgments(
 
 
 def review_state(judgment: Judgment) -> str:
-    """ "unreviewed", "confirmed" or "corrected"."""
-    if judgment.user_decision is None:
+    """ "unreviewed", "confirmed" or "corrected" (reviewed as in `counters.reviewed_judgment`)."""
+    if judgment.reviewed_at is None:
         return "unreviewed"
     return "corrected" if judgment.was_corrected else "confirmed"
 

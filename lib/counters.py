@@ -86,13 +86,15 @@ def day_of(session: Session, column: Any) -> Any:
     return func.substr(column, 1, 10)  # SQLite stores UTC text "YYYY-MM-DD HH:MM:SS.ffffff"
 
 
-def _reviewed() -> ColumnElement[bool]:
+def reviewed_judgment() -> ColumnElement[bool]:
+    """The one "reviewed" predicate (a review time is set): the counters, the Corrections list and
+    the queue all filter by it, so a count and the list under it cannot disagree."""
     return col(_J.reviewed_at).is_not(None)
 
 
 def _judgment_values(sign: int) -> dict[str, Any]:
     """Each counter's aggregate over a group of judgments, times `sign` (−1 retracts)."""
-    reviewed = _reviewed()
+    reviewed = reviewed_judgment()
 
     def count_if(cond: Any) -> Any:
         return func.coalesce(func.sum(case((cond, sign), else_=0)), 0)
@@ -218,8 +220,8 @@ def refresh_snapshots(*, session: Session, where: Any) -> None:
         .where(where)
         .values(
             judgments_total=count(),
-            judgments_reviewed=count(_reviewed()),
-            judgments_corrected=count(_reviewed(), col(_J.was_corrected)),
+            judgments_reviewed=count(reviewed_judgment()),
+            judgments_corrected=count(reviewed_judgment(), col(_J.was_corrected)),
             judged_metrics=_metrics_list(session),
         )
         .execution_options(synchronize_session=False)

@@ -93,8 +93,8 @@ def _split_keys(keys: Collection[str]) -> tuple[list[str], list[int]]:
 
 
 def _unreviewed() -> Any:
-    # The same definition as the Overview and Evaluations pages: no review time yet.
-    return col(Judgment.reviewed_at).is_(None)
+    # The one definition (lib.counters), as the Overview, Corrections and Evaluations pages use.
+    return ~counters.reviewed_judgment()
 
 
 def _live(stmt: Any) -> Any:

@@ -635,6 +635,31 @@ def test_add_judgment_inserts_version_1_with_a_judged_event(engine) -> None:
     ]
 
 
+@pytest.mark.parametrize("reviewer", [None, "ana"])
+def test_a_judgment_added_with_a_user_decision_counts_as_the_list_shows_it(engine, reviewer) -> None:
+    """Seed 004's entries carry a user override without a review time: the Corrections count (the
+    counters, or a capped count with a reviewer filter) and the list agree on what is reviewed."""
+    with session_scope(engine) as s:
+        corrections.add_judgment(
+            session=s,
+            judgment=Judgment(
+                change_id="pr#5", product="acme", decision="INCLUDE", user_decision="EXCLUDE", reviewer="ana"
+            ),
+            reviewer="ana",
+        )
+        corrections.add_judgment(
+            session=s, judgment=Judgment(change_id="pr#6", product="acme", decision="INCLUDE"), reviewer="ana"
+        )
+    with session_scope(engine, read_only=True) as s:
+        for state in (None, *corrections.REVIEW_STATES):
+            filters = corrections.JudgmentFilter(product="acme", state=state, reviewer=reviewer)
+            listed = corrections.list_judgments(session=s, filters=filters)
+            assert corrections.count_judgments(session=s, filters=filters) == len(listed), state
+            assert all(corrections.review_state(j) == state for j in listed if state), state
+        corrected = corrections.JudgmentFilter(product="acme", state="corrected")
+        assert [j.change_id for j in corrections.list_judgments(session=s, filters=corrected)] == ["pr#5"]
+
+
 def _rejudge(engine: Engine, decision: str, **kwargs) -> Judgment:
     with session_scope(engine) as s:
         corrections.add_judgment(
