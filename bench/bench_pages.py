@@ -427,6 +427,14 @@ def main(argv: list[str] | None = None) -> int:
         "--db-dir", type=Path, default=OUT, help="where SQLite databases are built and reused"
     )
     parser.add_argument(
+        "--db",
+        action="append",
+        default=[],
+        metavar="SIZE=FILE",
+        help="use this SQLite file for a size (e.g. 1m=/work/bench-data/x.db) instead of the cached one; "
+        "an older schema is migrated to head when the worker opens it (in the untimed warm-up)",
+    )
+    parser.add_argument(
         "--pg", metavar="ADMIN_URL", help="also measure PostgreSQL (databases built on this server)"
     )
     parser.add_argument("--pg-sizes", type=parse_sizes, default=parse_sizes("1k,100k"))
@@ -448,9 +456,17 @@ def main(argv: list[str] | None = None) -> int:
     if names is not None and (unknown := names - {s.name for s in scenarios(1000)}):
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))} (see --list)")
 
-    backends: list[tuple[str, list[int], Callable[[int], str]]] = [
-        ("SQLite", args.sizes, lambda n: sqlite_database(args.db_dir, n, build=not args.no_build))
-    ]
+    given: dict[int, str] = {}
+    for item in args.db:
+        size, _, path = item.partition("=")
+        if not path or not Path(path).is_file():
+            parser.error(f"--db {item}: expected SIZE=FILE with an existing file")
+        given[parse_size(size)] = f"sqlite:///{Path(path).resolve()}"
+
+    def sqlite_url(size: int) -> str:
+        return given.get(size) or sqlite_database(args.db_dir, size, build=not args.no_build)
+
+    backends: list[tuple[str, list[int], Callable[[int], str]]] = [("SQLite", args.sizes, sqlite_url)]
     if args.pg:
         backends.append(
             ("PostgreSQL", args.pg_sizes, lambda n: pg_database(args.pg, n, build=not args.no_build))
