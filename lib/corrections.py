@@ -1037,10 +1037,7 @@ def _filtered(stmt: Any, filters: JudgmentFilter) -> Any:
     return stmt
 
 
-COUNT_CAP = 10_000
-
-
-def count_judgments(*, session: Session, filters: JudgmentFilter, cap: int = COUNT_CAP) -> int:
+def count_judgments(*, session: Session, filters: JudgmentFilter, cap: int = counters.COUNT_CAP) -> int:
     """How many judgments match the filters (for the pager): exact from lib.counters unless a reviewer
     is chosen; then counted up to `cap` + 1 ("10,000+"), never a scan of every judgment."""
     if filters.reviewer is None:

@@ -70,6 +70,15 @@ JUDGMENT_VALUES = (
 SECOND_OPINION_OUTCOMES = ("validated", "improved", "questioned")
 
 
+# Where counters cannot answer a filter, lists count at most this many matches and say "10,000+".
+COUNT_CAP = 10_000
+
+
+def count_label(total: int, cap: int = COUNT_CAP) -> str:
+    """ "1,234", or "10,000+" for a count that stopped at `cap` (a capped count returns `cap` + 1)."""
+    return f"{cap:,}+" if total > cap else f"{total:,}"
+
+
 def correction_rate(corrected: int, reviewed: int) -> float | None:
     """The one correction rate (issue 15): corrected ÷ reviewed; None before anything is reviewed."""
     return corrected / reviewed if reviewed else None

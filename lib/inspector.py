@@ -281,8 +281,8 @@ def _list_select(filters: EvaluationFilters) -> Select[Any]:
     )
 
 
-# Beyond this many matches the list says "10,000+" instead of counting every match.
-COUNT_CAP = 10_000
+COUNT_CAP = counters.COUNT_CAP
+count_label = counters.count_label
 
 
 def count_evaluations(*, session: Session, filters: EvaluationFilters, cap: int = COUNT_CAP) -> int:
@@ -301,11 +301,6 @@ def count_evaluations(*, session: Session, filters: EvaluationFilters, cap: int 
 
 def _only_product(filters: EvaluationFilters) -> bool:
     return filters == EvaluationFilters(product=filters.product, sort=filters.sort, archived=filters.archived)
-
-
-def count_label(total: int, cap: int = COUNT_CAP) -> str:
-    """ "1,234", or "10,000+" for a count `count_evaluations` stopped at its cap."""
-    return f"{cap:,}+" if total > cap else f"{total:,}"
 
 
 @dataclass(frozen=True)

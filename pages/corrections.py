@@ -155,7 +155,7 @@ else:
     )
     capped = total > corrections.CSV_ROW_LIMIT
     st.caption(
-        f"{total:,} judgments match; showing {offset + 1:,}–{offset + len(frame):,}."
+        f"{counters.count_label(total)} judgments match; showing {offset + 1:,}–{offset + len(frame):,}."
         + (f" The CSV holds the newest {corrections.CSV_ROW_LIMIT:,}." if capped else "")
     )
     csv_download_all(

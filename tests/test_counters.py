@@ -395,3 +395,26 @@ def test_sqlite_plans_read_counters_and_the_list_index_not_judgments(sqlite_engi
             assert "TEMP B-TREE" not in plan, plan  # the index gives the order: no sort of the matches
         progress = select(JudgmentLanguageCount.judgments).where(JudgmentLanguageCount.product == "tutor")
         assert "judgments " not in _plan(s, progress) + " "
+
+
+def test_the_corrections_count_is_exact_from_counters_and_capped_with_a_reviewer(engine: Engine) -> None:
+    from lib.corrections import JudgmentFilter, count_judgments
+
+    _filled(engine)
+    with session_scope(engine) as s:
+        live = [j for j in s.exec(select(Judgment)).all() if _is_live(s, j)]
+        corrected = JudgmentFilter(state="corrected")
+        assert count_judgments(session=s, filters=corrected) == sum(
+            j.reviewed_at is not None and j.was_corrected for j in live
+        )
+        mine = JudgmentFilter(reviewer=REVIEWER)
+        exact = sum(j.reviewer == REVIEWER for j in live)
+        assert exact > 3
+        assert count_judgments(session=s, filters=mine) == exact
+        assert count_judgments(session=s, filters=mine, cap=3) == 4
+        assert counters.count_label(4, cap=3) == "3+"
+
+
+def _is_live(s: Session, j: Judgment) -> bool:
+    snapshot = s.get(EvaluationSnapshot, j.snapshot_id) if j.snapshot_id else None
+    return snapshot is None or snapshot.deleted_at is None
