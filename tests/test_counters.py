@@ -418,3 +418,19 @@ def test_the_corrections_count_is_exact_from_counters_and_capped_with_a_reviewer
 def _is_live(s: Session, j: Judgment) -> bool:
     snapshot = s.get(EvaluationSnapshot, j.snapshot_id) if j.snapshot_id else None
     return snapshot is None or snapshot.deleted_at is None
+
+
+def test_recount_command_rebuilds_what_a_raw_write_broke(engine: Engine, db_url: str) -> None:
+    from tests.cli import run_cli
+
+    _filled(engine)
+    with session_scope(engine) as s:
+        right = _snapshot_of_counters(s)
+        s.connection().execute(text("DELETE FROM judgment_day_counts"))
+    done = run_cli("recount", env={"OVERRULE_DATABASE_URL": db_url})
+    assert done.returncode == 0, done.stderr
+    assert "rebuilt product_counts, judgment_counts, evaluation_review_counts" in done.stdout
+    with session_scope(engine) as s:
+        assert _snapshot_of_counters(s) == right
+    refused = run_cli("recount", "nope", env={"OVERRULE_DATABASE_URL": db_url})
+    assert refused.returncode == 1 and "unknown counters nope" in refused.stderr
