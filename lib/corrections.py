@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Engine, delete, func, insert, or_, update
+from sqlalchemy import Engine, delete, func, insert, or_, text, update
 from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
@@ -1138,46 +1138,40 @@ def judgments_display_frame(judgments: Sequence[Judgment]) -> pd.DataFrame:
 
 
 def distinct_products(*, session: Session) -> list[str]:
-    """Every product with judgments, by a loose index scan: one index seek per product, not a table scan."""
-    found: list[str] = []
-    while True:
-        stmt = select(func.min(Judgment.product)).where(live_judgment())
-        if found:
-            stmt = stmt.where(col(Judgment.product) > found[-1])
-        product = session.exec(stmt).one()
-        if product is None:
-            return found
-        found.append(product)
+    """Every product with live judgments, from lib.counters (rows per product × metric, not per judgment)."""
+    return counters.judged_products(session=session)
 
 
 def distinct_metrics(*, session: Session, products: Sequence[str]) -> list[str]:
-    """Every metric judged for these products, by loose scans of the (product, metric) index."""
-    metrics: set[str] = set()
-    for product in products:
-        last: str | None = None
-        while True:
-            stmt = select(func.min(Judgment.metric)).where(col(Judgment.product) == product, live_judgment())
-            if last is not None:
-                stmt = stmt.where(col(Judgment.metric) > last)
-            metric = session.exec(stmt).one()
-            if metric is None:
-                break
-            metrics.add(metric)
-            last = metric
-    return sorted(metrics)
+    """Every metric judged for these products (live judgments), from lib.counters."""
+    return counters.judged_metric_slugs(session=session, products=products)
+
+
+def _reviewers(session: Session) -> list[str]:
+    """Everyone with a change in the audit trail, by a loose scan of its (reviewer, id) index: one
+    seek per name. It may name someone whose every decision was since replaced (the filter then
+    lists nothing); a DISTINCT over judgments would read every judgment on each first render."""
+    sql = text(
+        """
+        WITH RECURSIVE walk(value) AS (
+            SELECT (SELECT MIN(reviewer) FROM judgment_events)
+            UNION ALL
+            SELECT (SELECT MIN(reviewer) FROM judgment_events WHERE reviewer > walk.value)
+            FROM walk WHERE walk.value IS NOT NULL
+        )
+        SELECT value FROM walk WHERE value IS NOT NULL
+        """
+    )
+    return [str(v) for (v,) in session.connection().execute(sql).all() if v]
 
 
 def filter_options(*, session: Session) -> dict[str, list[str]]:
     """Distinct products, metrics and reviewers, for the filter widgets."""
     products = distinct_products(session=session)
-    reviewer = col(Judgment.reviewer)
-    reviewers = session.exec(
-        select(reviewer).distinct().where(reviewer.is_not(None), live_judgment()).order_by(reviewer)
-    ).all()
     return {
         "products": products,
         "metrics": distinct_metrics(session=session, products=products),
-        "reviewers": [r for r in reviewers if r],
+        "reviewers": _reviewers(session),
     }
 
 

@@ -30,7 +30,7 @@ Archive and restore run inside `snapshots_change`. Bulk inserts call `judgments_
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -435,6 +435,25 @@ def judgment_days(
     return [(p, d, int(n), int(r), int(c)) for p, d, n, r, c in rows]
 
 
+def judged_products(*, session: Session) -> list[str]:
+    """Products with live judgments, sorted."""
+    stmt = (
+        select(_LANGUAGE.c.product).where(_LANGUAGE.c.judgments > 0).distinct().order_by(_LANGUAGE.c.product)
+    )
+    return [str(p) for p in session.execute(stmt).scalars()]
+
+
+def judged_metric_slugs(*, session: Session, products: Sequence[str]) -> list[str]:
+    """Metrics judged (live) for any of these products, sorted."""
+    stmt = (
+        select(_LANGUAGE.c.metric)
+        .where(_LANGUAGE.c.product.in_(list(products)), _LANGUAGE.c.judgments > 0, _LANGUAGE.c.metric != "")
+        .distinct()
+        .order_by(_LANGUAGE.c.metric)
+    )
+    return [str(m) for m in session.execute(stmt).scalars()]
+
+
 def judged_day_range(*, session: Session, product: str | None = None) -> tuple[str | None, str | None]:
     """The first and last day (UTC, 'YYYY-MM-DD') with live judgments."""
     first, last = session.execute(
@@ -494,16 +513,85 @@ def rebuild_product_counts(session: Session) -> None:
 
 @register_rebuild("judgment_counts")
 def rebuild_judgment_counts(session: Session) -> None:
-    """Per product × metric × day and × language judgment counters from every live judgment."""
+    """Per product × metric × day and × language judgment counters from every live judgment.
+
+    One grouped scan of the judgments (a few thousand groups come back), summed here into both
+    tables: a 10M-judgment database is read once, not once per table.
+    """
     session.execute(delete(_DAY))
     session.execute(delete(_LANGUAGE))
-    include_judgments(session=session, where=literal(True))
+    keys = {**_judgment_keys(session, _DAY), "language": _judgment_keys(session, _LANGUAGE)["language"]}
+    values = _judgment_values(1)
+    grouped = session.execute(
+        select(*(e.label(k) for k, e in keys.items()), *(e.label(k) for k, e in values.items()))
+        .select_from(_J)
+        .outerjoin(_S, col(_S.id) == col(_J.snapshot_id))
+        .where(col(_S.deleted_at).is_(None))
+        .group_by(*keys.values())
+    ).mappings()
+    days: dict[tuple[str, str, str], list[int]] = {}
+    languages: dict[tuple[str, str, str], list[int]] = {}
+    for row in grouped:
+        numbers = [int(row[k]) for k in JUDGMENT_VALUES]
+        for table, key in ((days, (row["product"], row["metric"], row["day"])),
+                           (languages, (row["product"], row["metric"], row["language"]))):  # fmt: skip
+            table[key] = [a + b for a, b in zip(table.get(key, [0] * len(numbers)), numbers, strict=True)]
+    for table, found, names in ((_DAY, days, ("product", "metric", "day")),
+                                (_LANGUAGE, languages, ("product", "metric", "language"))):  # fmt: skip
+        rows = [
+            dict(zip((*names, *JUDGMENT_VALUES), (*key, *numbers), strict=True))
+            for key, numbers in found.items()
+        ]
+        for start in range(0, len(rows), 5000):
+            session.execute(table.insert(), rows[start : start + 5000])
+
+
+_REVIEW_COUNTS_SQL = {
+    "sqlite": "COALESCE(',' || group_concat(metric, ',') || ',', '')",  # inner rows come sorted by metric
+    "postgresql": "COALESCE(',' || string_agg(metric, ',' ORDER BY metric) || ',', '')",
+}
 
 
 @register_rebuild("evaluation_review_counts")
 def rebuild_evaluation_review_counts(session: Session) -> None:
-    """Every evaluation's review counts and judged metrics from its judgments."""
-    refresh_snapshots(session=session, where=literal(True))
+    """Every evaluation's review counts and judged metrics from its judgments, in one grouped scan;
+    only rows whose counts are wrong are written (a recount of a right database writes nothing)."""
+    metrics = _REVIEW_COUNTS_SQL[
+        "postgresql" if session.get_bind().dialect.name == "postgresql" else "sqlite"
+    ]
+    session.execute(
+        text(
+            f"""
+            UPDATE evaluation_snapshots SET judgments_total = a.n, judgments_reviewed = a.r,
+                judgments_corrected = a.c, judged_metrics = a.m
+            FROM (
+                SELECT snapshot_id, SUM(n) AS n, SUM(r) AS r, SUM(c) AS c, {metrics} AS m
+                FROM (
+                    SELECT snapshot_id, metric, COUNT(*) AS n,
+                        SUM(CASE WHEN reviewed_at IS NOT NULL THEN 1 ELSE 0 END) AS r,
+                        SUM(CASE WHEN reviewed_at IS NOT NULL AND was_corrected THEN 1 ELSE 0 END) AS c
+                    FROM judgments WHERE snapshot_id IS NOT NULL
+                    GROUP BY snapshot_id, metric ORDER BY snapshot_id, metric
+                ) AS per_metric
+                GROUP BY snapshot_id
+            ) AS a
+            WHERE evaluation_snapshots.id = a.snapshot_id AND (
+                evaluation_snapshots.judgments_total != a.n OR evaluation_snapshots.judgments_reviewed != a.r
+                OR evaluation_snapshots.judgments_corrected != a.c OR evaluation_snapshots.judged_metrics != a.m)
+            """  # the one dialect-dependent piece is the string aggregate above, from a fixed table
+        )
+    )
+    session.execute(
+        text(
+            """
+            UPDATE evaluation_snapshots SET judgments_total = 0, judgments_reviewed = 0,
+                judgments_corrected = 0, judged_metrics = ''
+            WHERE (judgments_total != 0 OR judgments_reviewed != 0 OR judgments_corrected != 0
+                   OR judged_metrics != '')
+              AND NOT EXISTS (SELECT 1 FROM judgments j WHERE j.snapshot_id = evaluation_snapshots.id)
+            """
+        )
+    )
 
 
 @register_rebuild("metric_scores")
