@@ -163,6 +163,20 @@ class AgreementCount(SQLModel, table=True):
     n: int = 0
 
 
+class AgreementTotal(SQLModel, table=True):
+    """`AgreementCount` summed over weeks: what a render without a date filter reads (a few hundred
+    rows whatever the data's age, where the weekly table keeps growing with every new week)."""
+
+    __tablename__ = "agreement_totals"
+
+    product: str = Field(primary_key=True, max_length=200)
+    language: str = Field(primary_key=True, max_length=16)
+    metric: str = Field(primary_key=True, max_length=64)
+    user_score: float = Field(primary_key=True)
+    judge_score: float = Field(primary_key=True)
+    n: int = 0
+
+
 class ChatMessage(SQLModel, table=True):
     """A coach chat message (seed 002 AD-3/AD-4); user and assistant share `client_message_id`."""
 

@@ -3,15 +3,16 @@
 Analytics compares each snapshot's user scores with its judge scores. Extracting them from the two
 JSON columns per render grows with the evaluations (55 s at 1M), so the pairs are extracted once,
 when the snapshot is written, into `metric_scores` (one row per metric scored on both sides), and
-counted per (product, language, metric, week, user score, judge score) in `agreement_counts`. The
-page then reads counts, whose size depends on products x metrics x weeks x score cells only.
+counted per (product, language, metric, week, user score, judge score) in `agreement_counts` and,
+summed over weeks, in `agreement_totals`. The page then reads counts, whose size depends on
+products x metrics (x weeks) x score cells only.
 
-This module is the only writer of both tables:
+This module is the only writer of these tables:
 
 - `add_snapshot_scores` (the importer, per batch) and the ORM events below (every snapshot added,
   changed or deleted through a Session: the judge, the demo, tests) write rows and counts;
 - `set_snapshots_live` follows archive and restore;
-- `rebuild_scores` recomputes both tables from the snapshots (the migration's backfill, the
+- `rebuild_scores` recomputes them all from the snapshots (the migration's backfill, the
   recount CLI, and the proof that the maintained counts are right).
 
 Counts change with `n = n + delta` upserts in the caller's transaction, valid on SQLite and
@@ -23,13 +24,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
     Connection,
+    Table,
     Text,
     delete,
     event,
@@ -48,12 +50,18 @@ from sqlmodel import Session
 # A module import: lib.models imports this module last, possibly while lib.metrics is half loaded.
 from lib import metrics
 from lib.bulk import insert_tuples
-from lib.models import AgreementCount, EvaluationSnapshot, MetricScore
+from lib.models import AgreementCount, AgreementTotal, EvaluationSnapshot, MetricScore
 
 _SCORES = MetricScore.__table__  # type: ignore[attr-defined]
 _COUNTS = AgreementCount.__table__  # type: ignore[attr-defined]
 _SNAPSHOTS = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
 COUNT_KEY = ("product", "language", "metric", "week", "user_score", "judge_score")
+_TOTALS = AgreementTotal.__table__  # type: ignore[attr-defined]
+# Every count table with its key: the weekly counts, and the same summed over weeks.
+COUNT_TABLES: tuple[tuple[Table, tuple[str, ...]], ...] = (
+    (_COUNTS, COUNT_KEY),
+    (_TOTALS, tuple(name for name in COUNT_KEY if name != "week")),
+)
 # A snapshot's contribution depends on these columns only; a change to any of them re-derives it.
 SCORED_FIELDS = ("user_scores_json", "judge_scores_json", "deleted_at", "product", "language", "created_at")
 _ID_SLICE = 500  # ids per IN list: well under SQLite's variable limit
@@ -98,8 +106,6 @@ class ScoreRow(NamedTuple):
 
 
 SCORE_COLUMNS = ScoreRow._fields
-# Positions of COUNT_KEY in a ScoreRow: a count key is sliced out of a row without a dict.
-_KEY_AT = tuple(SCORE_COLUMNS.index(name) for name in COUNT_KEY)
 
 
 def score_rows(snapshots: Iterable[ScoredSnapshot]) -> list[ScoreRow]:
@@ -120,8 +126,9 @@ def score_rows(snapshots: Iterable[ScoredSnapshot]) -> list[ScoreRow]:
     return rows
 
 
-def _count_deltas(rows: Iterable[ScoreRow]) -> Counter[tuple[Any, ...]]:
-    return Counter(tuple(row[i] for i in _KEY_AT) for row in rows if row.live)
+def _count_deltas(rows: Sequence[ScoreRow], key: Sequence[str]) -> Counter[tuple[Any, ...]]:
+    at = [SCORE_COLUMNS.index(name) for name in key]
+    return Counter(tuple(row[i] for i in at) for row in rows if row.live)
 
 
 def _insert_rows(connection: Connection, rows: Sequence[ScoreRow]) -> None:
@@ -145,9 +152,14 @@ def rebuild_scores(*, session: Session) -> int:
     return rebuild_scores_on(session.connection())
 
 
-def rebuild_scores_on(connection: Connection) -> int:
-    """`rebuild_scores` on a plain connection (the Alembic backfill has no Session)."""
-    connection.execute(delete(_COUNTS))
+def rebuild_scores_on(connection: Connection, *, count_tables: Collection[str] | None = None) -> int:
+    """`rebuild_scores` on a plain connection (the Alembic backfill has no Session).
+
+    `count_tables` limits the count tables rebuilt: a migration names those that exist at its revision.
+    """
+    tables = [(t, k) for t, k in COUNT_TABLES if count_tables is None or t.name in count_tables]
+    for table, _key in tables:
+        connection.execute(delete(table))
     connection.execute(delete(_SCORES))
     written = 0
     last = ""
@@ -172,13 +184,13 @@ def rebuild_scores_on(connection: Connection) -> int:
         _insert_rows(connection, rows)
         written += len(rows)
         last = batch[-1].id
-    key = [_SCORES.c[name] for name in COUNT_KEY]
-    connection.execute(
-        insert(_COUNTS).from_select(
-            [*COUNT_KEY, "n"],
-            select(*key, func.count()).where(_SCORES.c.live.is_(True)).group_by(*key),
+    for table, names in tables:
+        key = [_SCORES.c[name] for name in names]
+        connection.execute(
+            insert(table).from_select(
+                [*names, "n"], select(*key, func.count()).where(_SCORES.c.live.is_(True)).group_by(*key)
+            )
         )
-    )
     return written
 
 
@@ -190,37 +202,40 @@ def _decoded(value: Any) -> Any:
 def _add(connection: Connection, snapshots: Iterable[ScoredSnapshot]) -> int:
     rows = score_rows(snapshots)
     _insert_rows(connection, rows)
-    _upsert_counts(connection, _count_deltas(rows))
+    for table, key in COUNT_TABLES:
+        _upsert_counts(connection, table, key, _count_deltas(rows, key))
     return len(rows)
 
 
-def _upsert(connection: Connection) -> Any:
-    """The dialect's INSERT for `agreement_counts` (both spell ON CONFLICT the same way)."""
-    return (postgresql if connection.dialect.name == "postgresql" else sqlite).insert(_COUNTS)
+def _upsert(connection: Connection, table: Table) -> Any:
+    """The dialect's INSERT for a count table (both spell ON CONFLICT the same way)."""
+    return (postgresql if connection.dialect.name == "postgresql" else sqlite).insert(table)
 
 
-def _on_conflict_add(stmt: Any) -> Any:
-    return stmt.on_conflict_do_update(
-        index_elements=list(COUNT_KEY), set_={"n": _COUNTS.c.n + stmt.excluded.n}
-    )
+def _on_conflict_add(stmt: Any, table: Table, key: Sequence[str]) -> Any:
+    return stmt.on_conflict_do_update(index_elements=list(key), set_={"n": table.c.n + stmt.excluded.n})
 
 
-def _upsert_counts(connection: Connection, deltas: Mapping[tuple[Any, ...], int]) -> None:
+def _upsert_counts(
+    connection: Connection, table: Table, key: Sequence[str], deltas: Mapping[tuple[Any, ...], int]
+) -> None:
     """Add each delta to its count row, creating the row when it is new."""
-    params = [{**dict(zip(COUNT_KEY, key, strict=True)), "n": n} for key, n in deltas.items() if n]
+    params = [{**dict(zip(key, k, strict=True)), "n": n} for k, n in deltas.items() if n]
     if params:
-        connection.execute(_on_conflict_add(_upsert(connection)), params)
+        connection.execute(_on_conflict_add(_upsert(connection, table), table, key), params)
 
 
 def _shift_counts(connection: Connection, ids: Sequence[str], *, live: bool, sign: int) -> None:
-    """Add `sign` x the snapshots' rows whose live flag is `live` to the counts, in one statement."""
-    key = [_SCORES.c[name] for name in COUNT_KEY]
-    rows = (
-        select(*key, func.count() * literal(sign))
-        .where(_SCORES.c.snapshot_id.in_(ids), _SCORES.c.live.is_(live))
-        .group_by(*key)
-    )
-    connection.execute(_on_conflict_add(_upsert(connection).from_select([*COUNT_KEY, "n"], rows)))
+    """Add `sign` x the snapshots' rows whose live flag is `live` to every count table, set-based."""
+    for table, names in COUNT_TABLES:
+        key = [_SCORES.c[name] for name in names]
+        rows = (
+            select(*key, func.count() * literal(sign))
+            .where(_SCORES.c.snapshot_id.in_(ids), _SCORES.c.live.is_(live))
+            .group_by(*key)
+        )
+        stmt = _upsert(connection, table).from_select([*names, "n"], rows)
+        connection.execute(_on_conflict_add(stmt, table, names))
 
 
 def _slices(ids: Sequence[str]) -> Iterator[Sequence[str]]:

@@ -27,7 +27,14 @@ from lib.duck import duck_connect, fetch_frame, table_ref
 from lib.importer import import_evaluations
 from lib.judge import write_snapshot
 from lib.metrics import DEFAULT_METRICS, metrics_for_product
-from lib.models import AgreementCount, EvaluationSnapshot, Judgment, MetricDefinition, MetricScore
+from lib.models import (
+    AgreementCount,
+    AgreementTotal,
+    EvaluationSnapshot,
+    Judgment,
+    MetricDefinition,
+    MetricScore,
+)
 from lib.snapshots import build_snapshot_rows
 
 START = datetime(2026, 1, 1, tzinfo=UTC)  # a Thursday: weeks are cut at both ends
@@ -301,12 +308,18 @@ def test_reference_sees_a_changed_score(random_data: Engine) -> None:
 # --- Maintained counts equal a rebuild ----------------------------------------------------------------
 
 
-def table_state(engine: Engine) -> tuple[list[tuple], list[tuple]]:
+def table_state(engine: Engine) -> tuple[list[tuple], list[tuple], list[tuple]]:
+    """Weekly counts, totals (zero rows dropped: a retraction may leave one) and score rows."""
     with Session(engine) as s:
         counts = sorted(
             (c.product, c.language, c.metric, c.week, c.user_score, c.judge_score, c.n)
             for c in s.exec(select(AgreementCount)).all()
             if c.n
+        )
+        totals = sorted(
+            (t.product, t.language, t.metric, t.user_score, t.judge_score, t.n)
+            for t in s.exec(select(AgreementTotal)).all()
+            if t.n
         )
         rows = sorted(
             (
@@ -322,7 +335,7 @@ def table_state(engine: Engine) -> tuple[list[tuple], list[tuple]]:
             )
             for r in s.exec(select(MetricScore)).all()
         )
-    return counts, rows
+    return counts, totals, rows
 
 
 def _record(rng: random.Random, i: int) -> dict[str, Any]:
@@ -389,10 +402,10 @@ def test_maintained_counts_equal_a_rebuild_after_random_operations(random_data: 
     for step in range(40):
         _operate(random_data, rng, step)
     maintained = table_state(random_data)
-    assert maintained[0] and maintained[1]
+    assert all(maintained)
     with session_scope(random_data) as s:
         written = scores.rebuild_scores(session=s)
-    assert written == len(maintained[1])
+    assert written == len(maintained[2])
     assert table_state(random_data) == maintained
     assert_same_report(random_data, AnalyticsFilters(start=date(2026, 1, 2), end=date(2026, 2, 4)))
 
@@ -459,6 +472,7 @@ def test_recount_rebuilds_the_scores(random_data: Engine) -> None:
     with session_scope(random_data) as s:
         s.execute(MetricScore.__table__.delete())  # type: ignore[attr-defined]
         s.execute(AgreementCount.__table__.delete())  # type: ignore[attr-defined]
+        s.execute(AgreementTotal.__table__.delete())  # type: ignore[attr-defined]
         assert "metric_scores" in counters.recount(session=s, only=["metric_scores"])
     assert table_state(random_data) == kept
 

@@ -44,7 +44,7 @@ def upgrade() -> None:
     # The backfill is the same rebuild `python -m lib recount` runs: one rule for what a pair is.
     from lib.scores import rebuild_scores_on
 
-    rebuild_scores_on(op.get_bind())
+    rebuild_scores_on(op.get_bind(), count_tables=["agreement_counts"])  # agreement_totals comes in 0011
 
 
 def downgrade() -> None:
