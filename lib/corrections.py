@@ -1037,7 +1037,7 @@ def _filtered(stmt: Any, filters: JudgmentFilter) -> Any:
     return stmt
 
 
-def count_judgments(*, session: Session, filters: JudgmentFilter, cap: int = counters.COUNT_CAP) -> int:
+def count_judgments(*, session: Session, filters: JudgmentFilter, cap: int | None = None) -> int:
     """How many judgments match the filters (for the pager): exact from lib.counters unless a reviewer
     is chosen; then counted up to `cap` + 1 ("10,000+"), never a scan of every judgment."""
     if filters.reviewer is None:
@@ -1053,6 +1053,7 @@ def count_judgments(*, session: Session, filters: JudgmentFilter, cap: int = cou
                 f"unknown review state {filters.state!r}; choose one of {', '.join(REVIEW_STATES)}"
             )
         return by_state[filters.state]
+    cap = counters.COUNT_CAP if cap is None else cap  # read now: tests lower it
     matches = _filtered(select(Judgment.id), filters).limit(cap + 1).subquery()
     return int(session.exec(select(func.count()).select_from(matches)).one())
 

@@ -74,9 +74,15 @@ SECOND_OPINION_OUTCOMES = ("validated", "improved", "questioned")
 COUNT_CAP = 10_000
 
 
-def count_label(total: int, cap: int = COUNT_CAP) -> str:
+def count_label(total: int, cap: int | None = None) -> str:
     """ "1,234", or "10,000+" for a count that stopped at `cap` (a capped count returns `cap` + 1)."""
+    cap = COUNT_CAP if cap is None else cap
     return f"{cap:,}+" if total > cap else f"{total:,}"
+
+
+def count_is_capped(total: int, cap: int | None = None) -> bool:
+    """True for a count that stopped at `cap`: more rows match, so a pager pages on past it."""
+    return total > (COUNT_CAP if cap is None else cap)
 
 
 def correction_rate(corrected: int, reviewed: int) -> float | None:

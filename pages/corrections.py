@@ -122,7 +122,7 @@ st.caption(
 )
 
 st.subheader("Judgments")
-offset, limit = pager(total, key="corrections_page")
+offset, limit = pager(total, key="corrections_page", capped=counters.count_is_capped(total))
 with session_scope(read_only=True) as session:
     frame = corrections.judgments_display_frame(
         corrections.list_judgments(session=session, filters=filters, offset=offset, limit=limit)

@@ -289,7 +289,9 @@ def show_list() -> None:
     page_size = get_settings().page_size
     with session_scope(read_only=True) as session:
         total = inspector.count_evaluations(session=session, filters=filters)
-        offset, limit = pager(total, key=PAGE_KEY, page_size=page_size)
+        offset, limit = pager(
+            total, key=PAGE_KEY, page_size=page_size, capped=inspector.count_is_capped(total)
+        )
         page = offset // page_size + 1
         rows = inspector.fetch_page(
             session=session, filters=filters, offset=offset, limit=limit, after=page_ends.get(page - 1)

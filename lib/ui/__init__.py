@@ -247,20 +247,25 @@ def _step_page(key: str, delta: int, pages: int) -> None:
     st.session_state[key] = min(pages, max(1, current + delta))
 
 
-def pager(total: int, *, key: str, page_size: int | None = None) -> tuple[int, int]:
+def pager(total: int, *, key: str, page_size: int | None = None, capped: bool = False) -> tuple[int, int]:
     """A compact page selector (‹ [n] › of N); returns (offset, limit) so the query fetches one page.
 
     One row of small controls, not a full-width box: the number box is keyed `key` (the page
     number lives there, so a deep link may seed it), the arrows are `key`_prev / `key`_next.
     A page number left over from more matches (the filters changed) falls back to the first page.
+    `capped`: `total` is a count stopped at its cap, so more rows match than it says; the pages
+    then go on one past the current one ("of 401+ pages") instead of ending at the cap.
     """
     size = page_size or get_settings().page_size
     pages = max(1, math.ceil(total / size))
-    if st.session_state.get(key, 1) > pages:
+    current = int(st.session_state.get(key, 1) or 1)
+    if capped:
+        pages = max(pages, current + 1)
+    if current > pages:
         st.session_state.pop(key, None)
+        current = 1
     if pages == 1:
         return 0, size
-    current = int(st.session_state.get(key, 1) or 1)
     with st.container(horizontal=True, vertical_alignment="center", gap="small", key=f"{key}_bar"):
         st.button(
             "",
@@ -290,7 +295,8 @@ def pager(total: int, *, key: str, page_size: int | None = None) -> tuple[int, i
             on_click=_step_page,
             args=(key, 1, pages),
         )
-        st.caption(f"of {pages:,} pages · {size:,} per page")
+        of = f"{max(pages - 1, math.ceil(total / size)):,}+" if capped else f"{pages:,}"
+        st.caption(f"of {of} pages · {size:,} per page")
     return (int(page) - 1) * size, size
 
 

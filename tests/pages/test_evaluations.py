@@ -177,6 +177,21 @@ def test_changing_a_filter_returns_to_the_first_page(thirty, open_page) -> None:
     assert not at.exception
 
 
+def test_a_capped_count_keeps_paging_past_the_cap(thirty, open_page, monkeypatch) -> None:
+    """A filtered count stops at the cap ("12+"): the pager still moves on while rows remain."""
+    from lib import counters
+
+    monkeypatch.setattr(counters, "COUNT_CAP", 12)
+    at = open_page(PAGE, query={"review": "pending"})
+    assert count_line(at) == "**12+** evaluations match"
+    at.button(key="evaluations_page_next").click().run()
+    assert not at.button(key="evaluations_page_next").disabled
+    at.button(key="evaluations_page_next").click().run()
+    assert listed_ids(at) == [f"p{i:02d}" for i in range(9, -1, -1)]
+    assert any("of 3+ pages" in c.value for c in at.caption)
+    assert not at.exception
+
+
 def test_download_offers_every_match_not_just_the_page(thirty, open_page) -> None:
     at = open_page(PAGE)
     labels = [b.proto.label for b in at.get("download_button")]
