@@ -388,7 +388,7 @@ def insert_batched(
         if sqlite_cache_mb and engine.dialect.name == "sqlite":
             conn.exec_driver_sql(f"PRAGMA cache_size = -{int(sqlite_cache_mb) * 1024}")
         rest = list(rows)
-        defer = worth_deferring(conn, table, 1 + len(rest))
+        defer = worth_deferring(conn, table, 1 + len(rest), exclusive=True)  # a build: no app reads it
         with deferred_indexes(conn, [table], defer=defer):
             return insert_tuples(conn, table, columns, map(values, chain([first], rest)))
 

@@ -11,6 +11,7 @@ random place). `deferred_indexes` drops a table's non-unique secondary indexes, 
 load, and builds them again from the stored definitions (one sorted pass each), all inside the
 caller's transaction: a failure rolls the drop back with the rows. Unique indexes and the ones
 backing constraints stay, since the load itself relies on them (duplicate checks, lookups).
+On PostgreSQL only a caller that owns the database defers them (`worth_deferring`).
 """
 
 from __future__ import annotations
@@ -115,9 +116,17 @@ def _converter(
     return convert
 
 
-def worth_deferring(conn: Connection, table: Table, new_rows: int) -> bool:
-    """True when `new_rows` is a large load for `table`: big, and at least half its current size."""
+def worth_deferring(conn: Connection, table: Table, new_rows: int, *, exclusive: bool = False) -> bool:
+    """True when `new_rows` is a large load for `table`: big, and at least half its current size.
+
+    Never on PostgreSQL unless the caller owns the database (`exclusive`: a bench build): there
+    DROP INDEX holds an ACCESS EXCLUSIVE lock on the table until commit, so every page reading it
+    would wait for the whole import. SQLite serialises writers anyway and readers keep their
+    snapshot (WAL), so dropping there blocks no one.
+    """
     if new_rows < DEFER_MIN_ROWS:
+        return False
+    if conn.dialect.name == "postgresql" and not exclusive:
         return False
     existing = conn.execute(text(f'SELECT count(*) FROM "{table.name}"')).scalar_one()
     return new_rows * 2 >= existing

@@ -120,9 +120,11 @@ def test_deferred_indexes_come_back_when_the_load_fails(engine: Engine) -> None:
     assert index_definitions(engine) == before
 
 
-def test_a_large_import_defers_indexes_and_leaves_them_in_place(
+def test_a_large_import_defers_indexes_on_sqlite_only_and_leaves_them_in_place(
     engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """On PostgreSQL a DROP INDEX holds an ACCESS EXCLUSIVE lock on the table until the import
+    commits, blocking every page that reads it: the importer keeps the indexes there."""
     monkeypatch.setattr(bulk, "DEFER_MIN_ROWS", 1)
     dropped: list[str] = []
     real = bulk.secondary_indexes
@@ -144,5 +146,8 @@ def test_a_large_import_defers_indexes_and_leaves_them_in_place(
     path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
     report = importer.import_path(engine=engine, path=path, kind=None, reviewer="rita")
     assert (report.inserted, report.judgments) == (3, 6)
-    assert "ix_judgment_history" in dropped
+    if engine.dialect.name == "postgresql":
+        assert dropped == []
+    else:
+        assert "ix_judgment_history" in dropped
     assert index_definitions(engine) == before
