@@ -153,6 +153,11 @@ class AgreementCount(SQLModel, table=True):
     """
 
     __tablename__ = "agreement_counts"
+    # The weekly trend groups by (product, week): a covering index in that order streams the
+    # aggregate instead of sorting every count row into a temporary b-tree.
+    __table_args__ = (
+        Index("ix_agreement_count_week", "product", "week", "metric", "user_score", "judge_score", "n"),
+    )
 
     product: str = Field(primary_key=True, max_length=200)
     language: str = Field(primary_key=True, max_length=16)
