@@ -140,9 +140,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pg", metavar="ADMIN_URL", help="measure PostgreSQL instead of SQLite")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--plans", action="store_true", help="print SQLite query plans of the hot statements")
+    parser.add_argument(
+        "--db", action="append", default=[], metavar="SIZE=FILE", help="measure this SQLite file as SIZE"
+    )
     args = parser.parse_args(argv)
+    given = {
+        parse_sizes(size)[0]: f"sqlite:///{Path(file).resolve()}"
+        for size, file in (d.split("=", 1) for d in args.db)
+    }
+    if given:
+        args.sizes = sorted(given)
     urls = {
-        n: pg_database(args.pg, n, build=True) if args.pg else sqlite_database(args.db_dir, n, build=True)
+        n: given.get(n)
+        or (pg_database(args.pg, n, build=True) if args.pg else sqlite_database(args.db_dir, n, build=True))
         for n in args.sizes
     }
     results = {n: measure(url, args.repeat) for n, url in urls.items()}
