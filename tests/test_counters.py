@@ -434,3 +434,45 @@ def test_recount_command_rebuilds_what_a_raw_write_broke(engine: Engine, db_url:
         assert _snapshot_of_counters(s) == right
     refused = run_cli("recount", "nope", env={"OVERRULE_DATABASE_URL": db_url})
     assert refused.returncode == 1 and "unknown counters nope" in refused.stderr
+
+
+def test_concurrent_reviews_of_one_evaluation_are_all_counted(engine: Engine) -> None:
+    """Reviewers saving at the same moment: each review's increment lands (atomic UPDATE n = n + 1)."""
+    import threading
+
+    record = {**_record(random.Random(3), 0), "user_scores": dict.fromkeys(SLUGS, 3),
+              "judge_scores": dict.fromkeys(SLUGS, 4)}  # fmt: skip
+    with session_scope(engine) as s:
+        importer.import_evaluations(session=s, records=[record])
+        targets = [(j.id, j.version) for j in s.exec(select(Judgment)).all()]
+    assert len(targets) == len(SLUGS) > 3
+    barrier = threading.Barrier(len(targets))
+    errors: list[BaseException] = []
+
+    def review(judgment_id: int, version: int, n: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            with session_scope(engine) as s:
+                record_review(session=s, judgment_id=judgment_id, expected_version=version,
+                              action="overrule" if n % 2 else "confirm", user_decision="1", reviewer=f"r{n}",
+                              reason="too generous")  # fmt: skip
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=review, args=(jid, v, n)) for n, (jid, v) in enumerate(targets)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    with session_scope(engine) as s:
+        kept = _snapshot_of_counters(s)
+        totals = counters.judgment_totals(session=s)
+        assert (totals.reviewed, totals.corrected) == (len(targets), len(targets) // 2)
+        snapshot = s.exec(select(EvaluationSnapshot)).one()
+        assert (snapshot.judgments_reviewed, snapshot.judgments_corrected) == (
+            len(targets),
+            len(targets) // 2,
+        )
+        counters.recount(session=s)
+        assert _snapshot_of_counters(s) == kept
