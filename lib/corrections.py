@@ -1201,7 +1201,9 @@ def correction_rate_over_time(
     out = daily.groupby(["product", "period"], as_index=False)[["reviewed", "corrected"]].sum()
     out["reviewed"] = out["reviewed"].astype(int)
     out["corrected"] = out["corrected"].astype(int)
-    out["correction_rate"] = out["corrected"] / out["reviewed"]
+    out["correction_rate"] = [
+        counters.correction_rate(c, r) for c, r in zip(out["corrected"], out["reviewed"], strict=True)
+    ]
     return out.sort_values(["product", "period"]).reset_index(drop=True)[columns]
 
 
