@@ -34,11 +34,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python bench/gen.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import Engine, Table  # noqa: E402
+from sqlalchemy import Connection, Engine, Table  # noqa: E402
+from sqlmodel import Session  # noqa: E402
 
 from lib import counters  # noqa: E402
 from lib.bulk import deferred_indexes, insert_tuples, worth_deferring  # noqa: E402
-from lib.db import init_db, session_scope  # noqa: E402
+from lib.db import init_db  # noqa: E402
 
 # The importer's row rules for cache entries and notes (private there: one rule, one place).
 from lib.importer import _cache_judgment_row, _note_row  # noqa: E402
@@ -47,7 +48,7 @@ from lib.models import EvaluationSnapshot, Judgment, SessionNote, compute_was_co
 from lib.snapshots import MetricSet, evaluation_row, snapshot_judgment_rows  # noqa: E402
 
 # Bump when the rows change: bench_pages.py rebuilds its cached databases when this moves.
-GEN_VERSION = 4
+GEN_VERSION = 5
 JUDGMENTS_PER_EVALUATION = 10
 BATCH_EVALUATIONS = 2_000
 SQLITE_LOAD_PRAGMAS = ("journal_mode = OFF", "synchronous = OFF", "cache_size = -1048576")
@@ -348,25 +349,28 @@ def generate(
                 counts["notes"] += insert_tuples(
                     conn, _NOTES, NOTE_COLUMNS, batch.notes, encoded=("prerequisites",)
                 )
+        # Derived tables in the same connection, still without journal and with the large cache:
+        # through the app's 2 MB cache and WAL the recount rewrote the evaluations at random (hours at 1M).
+        with conn.begin():
+            rebuild_derived(conn)
         if sqlite:
             for pragma in SQLITE_APP_PRAGMAS:
                 driver.execute(f"PRAGMA {pragma}")  # type: ignore[union-attr]
-    rebuild_derived(engine)
-    return counts
-
-
-def rebuild_derived(engine: Engine) -> None:
-    """What the app maintains on write but a bulk load bypasses, rebuilt by lib's own rebuilds:
-    every derived table registered for `python -m lib recount` (counters, scores and agreement
-    counts, ...), then planner statistics."""
-    with session_scope(engine) as session:
-        counters.recount(session=session)
     if engine.dialect.name == "postgresql":
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.exec_driver_sql("ANALYZE")
-    else:
-        with engine.begin() as conn:
-            conn.exec_driver_sql("ANALYZE")
+    return counts
+
+
+def rebuild_derived(conn: Connection) -> None:
+    """What the app maintains on write but a bulk load bypasses, rebuilt by lib's own rebuilds in the
+    caller's transaction: every derived table registered for `python -m lib recount` (counters,
+    scores and agreement counts, ...), then planner statistics (SQLite; PostgreSQL's ANALYZE runs
+    outside a transaction after the commit)."""
+    with Session(bind=conn) as session:
+        counters.recount(session=session)
+    if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql("ANALYZE")
 
 
 def insert_batched(
