@@ -41,6 +41,14 @@ elif denied := denied_reason(Permission.REVIEW):
     st.info(f"🔒 {escape_markdown(denied)} You can still read the queue.")
 
 
+def flash_slot() -> None:
+    """The outcome of the last action, in a slot that is there with or without a message: the
+    elements after it keep their places, so a rerun never draws the rows into the toolbar's old
+    place (with the old rows still in it until the run ends: a page 300 px taller for a moment)."""
+    with st.empty():
+        show_flash(FLASH)
+
+
 def _skip(key: str) -> None:
     st.session_state["review_skipped"] = [*st.session_state["review_skipped"], key]
     st.session_state.pop("review_current", None)
@@ -67,7 +75,7 @@ def queue(filters: QueueFilter) -> None:
 
     if item is None or workspace is None:
         st.progress(progress.fraction, text=progress.label)
-        show_flash(FLASH)
+        flash_slot()
         st.session_state.pop("review_current", None)
         if skipped:
             st.info(f"Only skipped items are left ({len(skipped)}).")
@@ -114,7 +122,7 @@ def queue(filters: QueueFilter) -> None:
                 st.text(judgment.url)
     with right:
         st.progress(progress.fraction, text=progress.label)
-        show_flash(FLASH)
+        flash_slot()
         metric_rows(workspace, key="review", flash_key=FLASH)
         queue_toolbar(key="review", flash_key=FLASH, on_skip=lambda: _skip(item.key))
 

@@ -431,11 +431,15 @@ def metric_rows(ws: Workspace, *, key: str, flash_key: str) -> None:
             st.caption("Judge·User·Gap", width=_SCORES_PX + 40)
             st.caption("✓ confirms, or your score")
         for index, row in enumerate(ws.rows):
-            _metric_row(
-                row, index=index, selected=index == selected, key=key, flash_key=flash_key, denied=denied
-            )
-            if row.judgment.id == pending_id:
-                _reason_form(key, row, pending, flash_key)
+            # One slot per row, the reason form inside it: opening the form adds no sibling to the
+            # rows, so no row moves into another's place while the rerun is drawn (Streamlit keeps
+            # the old elements until the run ends; a shifted row would sit beside stale ones).
+            with st.container(gap="xsmall", key=f"{key}_slot_{row.judgment.id}"):
+                _metric_row(
+                    row, index=index, selected=index == selected, key=key, flash_key=flash_key, denied=denied
+                )
+                if row.judgment.id == pending_id:
+                    _reason_form(key, row, pending, flash_key)
 
 
 _TITLE_PX, _SCORES_PX, _BUTTON_PX, _KEYED_BUTTON_PX = 124, 64, 36, 50

@@ -52,6 +52,12 @@ def _seed(url: str) -> dict[str, int]:
     return ids
 
 
+_WATCH_TALLEST = """() => { window.__tallest = 0; const main = document.querySelector('[data-testid="stMain"]');
+  const tick = () => { window.__tallest = Math.max(window.__tallest, document.scrollingElement.scrollHeight,
+                                                   main.scrollHeight); requestAnimationFrame(tick); };
+  tick(); }"""
+
+
 def _page_height(page) -> int:
     """The page's scroll height: the document's and the main area's, whichever is larger (never
     below the viewport's), and, printed for the record, where the content really ends."""
@@ -79,17 +85,33 @@ def test_five_reviews_by_keyboard_one_undo_and_the_workspace_fits_one_screen(
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     heights: dict[str, int] = {}
 
+    def settled() -> None:
+        """The run a key started has ended and Streamlit dropped the elements it kept from the run
+        before: the next key reaches the buttons now drawn, and a height is the page's, not a frame
+        drawn half old, half new."""
+        page.wait_for_function(
+            """() => document.querySelector('[data-testid="stApp"]')
+                         ?.getAttribute('data-test-script-state') === 'notRunning'
+                     && !document.querySelector('[data-stale="true"]')""",
+            timeout=30_000,
+        )
+
     def reviewed(n: int) -> None:
-        page.get_by_text(f"{n} of 9 reviewed").first.wait_for(timeout=30_000)
+        page.get_by_test_id("stProgress").get_by_text(f"{n} of 9 reviewed").first.wait_for(timeout=30_000)
+        settled()
 
     def selected(title: str) -> None:
-        page.get_by_role("button", name=re.compile(f"^▸ {title}")).first.wait_for(timeout=30_000)
+        page.locator(".st-key-review_rows button").filter(has_text=re.compile(f"^▸ {title}")).first.wait_for(
+            timeout=30_000
+        )
+        settled()
 
     def reason_focused() -> None:
         page.wait_for_function(
             "document.activeElement && document.activeElement.closest('.st-key-review_reason') !== null",
             timeout=30_000,
         )
+        settled()
 
     try:
         # Load the router first: a fresh server serves a deep link without app.py until it ran once.
@@ -100,15 +122,18 @@ def test_five_reviews_by_keyboard_one_undo_and_the_workspace_fits_one_screen(
         reviewed(0)
         selected("Truthfulness")  # largest gap first
         page.locator(".st-key-review_answer_text mark.ov-ev").first.wait_for(timeout=30_000)
-        page.wait_for_timeout(500)
+        settled()
         heights["8 rows"] = _page_height(page)
 
         page.keyboard.press("y")  # 1: confirm truthfulness
         reviewed(1)
         selected("Helpfulness")
+        # For the record: the tallest frame while the reason field opens (old and new elements mixed).
+        page.evaluate(_WATCH_TALLEST)
         page.keyboard.press("2")  # 2: overrule helpfulness with 2, the reason typed in the focused field
         reason_focused()
         heights["reason field open"] = _page_height(page)
+        print(f"tallest frame while it opened: {page.evaluate('window.__tallest')} px")
         page.keyboard.type(REASON)  # letters such as "u", "s", "y" go into the field, not to the keys
         page.keyboard.press("Enter")
         reviewed(2)
