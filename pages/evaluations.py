@@ -107,7 +107,8 @@ def show_detail(snapshot_id: str) -> None:
         return
     snap = detail.snapshot
     show_flash(FLASH_KEY)
-    st.header(escape_markdown(display.evaluation_title(snap.question)))
+    # No anchor: Streamlit would make the question (data) into a link of its own.
+    st.header(escape_markdown(display.evaluation_title(snap.question)), anchor=False)
     st.caption(f"Evaluation `{snap.id}`" if "`" not in snap.id else escape_markdown(f"Evaluation {snap.id}"))
     if detail.archived:
         st.warning("This evaluation is archived: it is hidden from every list and count until restored.")
