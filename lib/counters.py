@@ -21,7 +21,10 @@ How writers keep them right: a write that may change judgments runs inside `judg
 (retract the rows' contribution, write, add it back: set-based `INSERT … SELECT … GROUP BY … ON
 CONFLICT DO UPDATE SET n = n + excluded.n`, atomic on SQLite and PostgreSQL alike, so concurrent
 writers never lose an increment); a review, the hot path, adds its known delta (`bump_review`).
-Archive and restore run inside `snapshots_change`. Bulk inserts call `judgments_added` once per batch.
+Archive and restore run inside `snapshots_change`. Bulk inserts call `judgments_added` once per batch
+(a large SQLite load that dropped its indexes calls `rebuild_counts` once after it instead). Any
+judgment or evaluation written through an ORM flush (the judge, re-judging, second opinions, the
+coach, tests) is counted by the flush hooks at the end of this module, so no ORM writer can forget.
 
 `python -m lib recount` rebuilds everything derived from scratch by calling every function in
 `REBUILDS`, in registration order. **Another derived table registers its own rebuild with
