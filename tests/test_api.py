@@ -29,6 +29,9 @@ from lib.models import ApiToken, EvaluationSnapshot, Judgment, JudgmentEvent, Se
 from lib.tokens import create_token, hash_secret, list_tokens, revoke_token
 from tests.test_importer import record
 
+# The first DuckDB export starts its worker processes: seconds on a loaded machine, past httpx's 5 s default.
+EXPORT_TIMEOUT = 120
+
 
 @dataclass
 class Server:
@@ -286,13 +289,23 @@ def test_exports_stream_formula_safe_csv_and_refuse_unknown_tables(server: Serve
         headers=server.headers("lead"),
     )
     viewer = server.headers("viewer")
-    csv = httpx.get(f"{server.base}/exports/evaluations", params={"format": "csv"}, headers=viewer)
+    csv = httpx.get(
+        f"{server.base}/exports/evaluations", params={"format": "csv"}, headers=viewer, timeout=EXPORT_TIMEOUT
+    )
     assert csv.status_code == 200
     assert "'=HYPERLINK" in csv.text
-    lines = httpx.get(f"{server.base}/exports/evaluations", params={"format": "jsonl"}, headers=viewer)
+    lines = httpx.get(
+        f"{server.base}/exports/evaluations",
+        params={"format": "jsonl"},
+        headers=viewer,
+        timeout=EXPORT_TIMEOUT,
+    )
     assert len(lines.text.strip().splitlines()) == 1
-    assert httpx.get(f"{server.base}/exports/api_tokens", headers=viewer).status_code == 404
-    assert httpx.get(f"{server.base}/exports/evaluations").status_code == 401
+    assert (
+        httpx.get(f"{server.base}/exports/api_tokens", headers=viewer, timeout=EXPORT_TIMEOUT).status_code
+        == 404
+    )
+    assert httpx.get(f"{server.base}/exports/evaluations", timeout=EXPORT_TIMEOUT).status_code == 401
     assert count(server.engine, ApiToken) == 5
 
 
@@ -303,7 +316,9 @@ def test_evaluations_export_wide_or_long_streams_scores_and_answer(
     posted = record(question="İstanbul?", model_answer="=1+1")
     httpx.post(f"{server.base}/evaluations", json=[posted], headers=server.headers("lead"))
     viewer = server.headers("viewer")
-    response = httpx.get(f"{server.base}/exports/evaluations", params={"form": form}, headers=viewer)
+    response = httpx.get(
+        f"{server.base}/exports/evaluations", params={"form": form}, headers=viewer, timeout=EXPORT_TIMEOUT
+    )
     assert response.status_code == 200
     assert response.headers["content-disposition"] == f'attachment; filename="evaluations_{form}.csv"'
     read = list(csv_module.DictReader(io.StringIO(response.text)))
@@ -315,7 +330,9 @@ def test_evaluations_export_wide_or_long_streams_scores_and_answer(
             "4",
             "1.5",
         )
-    refused = httpx.get(f"{server.base}/exports/judgments", params={"form": form}, headers=viewer)
+    refused = httpx.get(
+        f"{server.base}/exports/judgments", params={"form": form}, headers=viewer, timeout=EXPORT_TIMEOUT
+    )
     assert refused.status_code == 422 and "form applies to" in refused.text
 
 
