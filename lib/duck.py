@@ -30,7 +30,7 @@ catalog `app_raw` that holds the app's tables, filled in one of two ways:
 Raw column types differ by backend (SQLite booleans are integers, JSON is text, timestamps are
 naive), so every model table is exposed as a view in the schema `db` with one set of types:
 
-    BOOLEAN, BIGINT, DOUBLE, VARCHAR, JSON, BLOB, TIMESTAMPTZ (UTC; the session time zone is UTC)
+    BOOLEAN, BIGINT, DOUBLE, VARCHAR, JSON, BLOB, DATE, TIMESTAMPTZ (UTC; the session time zone is UTC)
 
 Callers write `db.judgments` (or `table_ref("judgments")`, which also refuses unknown names) and get
 the same result on SQLite and PostgreSQL.
@@ -151,6 +151,7 @@ def _duck_type(column: sa.Column) -> str:
         (sa.Float, "DOUBLE"),
         (sa.Numeric, "DOUBLE"),
         (sa.DateTime, "TIMESTAMPTZ"),
+        (sa.Date, "DATE"),
         (sa.LargeBinary, "BLOB"),
     ):
         if isinstance(col_type, sql_type):
@@ -163,6 +164,7 @@ _ARROW_TYPES = {
     "BIGINT": pa.int64(),
     "DOUBLE": pa.float64(),
     "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),
+    "DATE": pa.date32(),
     "VARCHAR": pa.string(),
     "JSON": pa.string(),
     "BLOB": pa.binary(),
