@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlmodel import Session, col, select
+from sqlmodel import Session, select
 
+from lib import counters
 from lib.metrics import MetricSpec
 from lib.models import EvaluationSnapshot, MetricDefinition
 
@@ -18,11 +19,9 @@ from lib.models import EvaluationSnapshot, MetricDefinition
 def known_products(*, session: Session) -> list[str]:
     """Products that have a rubric or evaluations, for the page's product picker."""
     defined = set(session.exec(select(MetricDefinition.product).distinct()).all())
-    judged = set(
-        session.exec(
-            select(EvaluationSnapshot.product).where(col(EvaluationSnapshot.deleted_at).is_(None)).distinct()
-        ).all()
-    )
+    # From the per-product counters, not DISTINCT over every evaluation (0.2–0.6 s at 1M rows).
+    totals = counters.evaluation_totals_by_product(session=session)
+    judged = {product for product, counts in totals.items() if counts.evaluations}
     return sorted(p for p in defined | judged if p)
 
 
