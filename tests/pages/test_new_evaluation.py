@@ -56,7 +56,9 @@ def test_without_an_llm_the_page_says_why_and_the_button_is_disabled(acme: Engin
     at = open_page(PAGE, reviewer="ayse")
     assert any("No LLM is configured" in w.value for w in at.warning)
     assert at.button(key="new_submit").disabled
-    assert (at.button(key="new_submit").help or "").startswith("The judge needs an LLM, and none is configured.")
+    assert (at.button(key="new_submit").help or "").startswith(
+        "The judge needs an LLM, and none is configured."
+    )
     assert not at.exception
 
 
