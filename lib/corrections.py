@@ -322,6 +322,21 @@ def record_reviews(*, session: Session, reviews: Sequence[BulkReview]) -> int:
     return len(updates)
 
 
+def _judgment_at(session: Session, judgment_id: int, expected_version: int) -> Judgment:
+    """The judgment as of the version the reviewer saw: the optimistic lock of every review write.
+
+    JudgmentNotFound if it is gone; ReviewConflict, naming who changed it last, if it moved.
+    """
+    judgment = session.get(Judgment, judgment_id)
+    if judgment is None:
+        raise JudgmentNotFound(f"no judgment with id {judgment_id}")
+    if judgment.version != expected_version:
+        raise ReviewConflict(
+            JudgmentState.of(judgment, _latest_actor(session, judgment_id)), expected_version
+        )
+    return judgment
+
+
 def _latest_actor(session: Session, judgment_id: int) -> str | None:
     return session.exec(
         select(JudgmentEvent.reviewer)
@@ -352,13 +367,7 @@ def record_review(
     if action not in REVIEW_ACTIONS:
         raise InvalidDecision(f"action must be one of {', '.join(REVIEW_ACTIONS)}, got {action!r}")
     name = require_reviewer(reviewer, Permission.REVIEW, bind=session)
-    judgment = session.get(Judgment, judgment_id)
-    if judgment is None:
-        raise JudgmentNotFound(f"no judgment with id {judgment_id}")
-    if judgment.version != expected_version:
-        raise ReviewConflict(
-            JudgmentState.of(judgment, _latest_actor(session, judgment_id)), expected_version
-        )
+    judgment = _judgment_at(session, judgment_id, expected_version)
     if action == "confirm":
         decided = judgment.decision  # confirming the judge is always allowed, even off today's rubric
     else:
@@ -485,13 +494,7 @@ def undo_review(
     when the latest change is not this reviewer's decision (only your own last decision can go).
     """
     name = require_reviewer(reviewer, Permission.REVIEW, bind=session)
-    judgment = session.get(Judgment, judgment_id)
-    if judgment is None:
-        raise JudgmentNotFound(f"no judgment with id {judgment_id}")
-    if judgment.version != expected_version:
-        raise ReviewConflict(
-            JudgmentState.of(judgment, _latest_actor(session, judgment_id)), expected_version
-        )
+    judgment = _judgment_at(session, judgment_id, expected_version)
     events = events_for(session=session, judgment_id=judgment_id)
     target = undoable_event(events, name)
     if target is None:
