@@ -466,9 +466,7 @@ def _judge_body(engine: Engine, path: Path, actor: Actor, concurrency: int | Non
     """lib.judge.judge_file on the spooled body (a JSON array is first written out as JSON Lines)."""
     from lib import judge
 
-    with path.open("rb") as fh:
-        head = fh.read(64).removeprefix(b"\xef\xbb\xbf").lstrip()
-    if head.startswith(b"["):
+    if _is_json_array(path):
         records = _json_array(path)
         if not isinstance(records, list):
             raise ApiError(422, "send one JSON array of evaluations, or JSON Lines")
@@ -495,6 +493,12 @@ def _judge_body(engine: Engine, path: Path, actor: Actor, concurrency: int | Non
     }
 
 
+def _is_json_array(path: Path) -> bool:
+    """Whether the spooled body is one JSON array (after a BOM and whitespace) rather than JSON Lines."""
+    with path.open("rb") as fh:
+        return fh.read(64).removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"[")
+
+
 def _json_array(path: Path) -> Any:
     """The body as one JSON document; 400 with the position when it is malformed."""
     raw = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
@@ -518,12 +522,11 @@ def _import_body(engine: Engine, path: Path, actor: Actor, kind: str) -> Any:
     from lib.db import session_scope
     from lib.importer import import_evaluations, import_path
 
-    with path.open("rb") as fh:
-        head = fh.read(64).removeprefix(b"\xef\xbb\xbf").lstrip()
+    is_array = _is_json_array(path)
     try:
-        if head.startswith(b"[") and kind != "evaluations":
+        if is_array and kind != "evaluations":
             raise ApiError(422, f"send {kind} as JSON Lines (one object per line)", line=1)
-        if head.startswith(b"["):
+        if is_array:
             records = _json_array(path)
             with session_scope(engine) as session:
                 return import_evaluations(session=session, records=records, source="request", reviewer=actor)
