@@ -36,7 +36,7 @@ import pandas as pd
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-from lib import corrections, inspector
+from lib import corrections, inspector, notes
 from lib.corrections import CSV_ROW_LIMIT, JudgmentFilter, format_score
 from lib.db import session_scope
 from lib.duck import model_tables, quote_ident, quote_literal, table_ref, tables_in_sql, with_duck
@@ -203,6 +203,24 @@ def precedents_csv_chunks(*, engine: Engine, filters: Any, limit: int = CSV_ROW_
     with session_scope(engine, read_only=True) as session:
         rows = precedent_view.iter_list_rows(session=session, filters=filters, limit=limit)
         for chunk in iter_csv(precedent_view.LIST_COLUMNS, rows):
+            yield chunk.encode("utf-8")
+
+
+def notes_csv_bytes(*, engine: Engine, filters: notes.NoteFilter) -> bytes:
+    """The Notes page's CSV of every matching note (bare types, the import format), formulas
+    neutralised, written a batch at a time (`notes.iter_note_rows`), never a frame."""
+    return _streamed_csv_bytes(
+        engine,
+        lambda session, out: write_csv(
+            out, notes.FRAME_COLUMNS, notes.iter_note_rows(session=session, filters=filters)
+        ),
+    )
+
+
+def notes_csv_chunks(*, engine: Engine, filters: notes.NoteFilter) -> Iterator[bytes]:
+    """The Notes CSV as UTF-8 chunks, for a streamed download (`lib.downloads`)."""
+    with session_scope(engine, read_only=True) as session:
+        for chunk in iter_csv(notes.FRAME_COLUMNS, notes.iter_note_rows(session=session, filters=filters)):
             yield chunk.encode("utf-8")
 
 

@@ -4,12 +4,13 @@ Note text is untrusted (judge models write most of it): it is only ever shown in
 cell or a code block, never as Markdown or HTML. `/notes?session=<id>` opens one session's notes.
 """
 
+import functools
 import zlib
 from datetime import timedelta
 
 import streamlit as st
 
-from lib import notes
+from lib import export, notes
 from lib.auth import Permission, PermissionDenied
 from lib.charts import notes_timeline_figure
 from lib.config import get_settings
@@ -18,8 +19,10 @@ from lib.safe_markdown import escape_markdown
 from lib.ui import (
     audit_denied,
     csv_download,
+    csv_download_all,
     current_actor,
     flash,
+    get_engine,
     pager,
     require_reviewer,
     session_scope,
@@ -28,12 +31,13 @@ from lib.ui import (
 from lib.ui.tables import check_column, count_column, datetime_column, rate_column, show_table, text_column
 
 ANY = "(any)"
+TAB_KEY = "notes_tab"
+TABS = ("Notes", "Timeline", "Add a note", "Remove", "Prompt preview")
 EVERY_LANGUAGE = "(notes for every language)"
 FLASH = "notes_flash"
 ADD_ERROR = "notes_add_error"
 SIG_KEY = "notes_filter_sig"
 PAGE_KEYS = ("notes_page", "notes_timeline_page")
-CSV_CAP = 5000  # rows in the CSV of the filtered notes; `python -m lib export` has no cap
 AGES: dict[str, tuple[timedelta | None, timedelta | None]] = {  # label: (newer than, older than)
     "Any time": (None, None),
     "Last 24 hours": (timedelta(days=1), None),
@@ -111,7 +115,7 @@ show_flash(FLASH)
 with session_scope(read_only=True) as session:
     health = notes.notes_health(session=session)
     languages = notes.note_languages(session=session)
-    recent_sessions = [s.session_id for s in notes.session_timeline(session=session, limit=200)]
+    recent_sessions = notes.recent_session_ids(session=session)
 
 cols = st.columns(3)
 cols[0].metric("Notes", f"{health['total_notes']:,}")
@@ -155,179 +159,199 @@ if st.session_state.get(SIG_KEY) not in (None, signature):
         st.session_state.pop(key, None)
 st.session_state[SIG_KEY] = signature
 
-tab_list, tab_timeline, tab_add, tab_remove, tab_prompt = st.tabs(
-    ["Notes", "Timeline", "Add a note", "Remove", "Prompt preview"]
-)
+# Only the open tab runs (on_change="rerun"): a render reads what the reviewer looks at, not the
+# timeline, removal preview and prompt of hidden tabs as well.
+tab_list, tab_timeline, tab_add, tab_remove, tab_prompt = st.tabs(list(TABS), key=TAB_KEY, on_change="rerun")
 
-with tab_list, session_scope(read_only=True) as session:
-    total = notes.count_notes(session=session, filters=filters)
-    st.caption(f"{total:,} note{'' if total == 1 else 's'} match")
-    if total == 0:
-        st.info("No notes match these filters.")
-    else:
-        offset, limit = pager(total, key="notes_page")
-        shown = notes.as_frame(
-            notes.search_notes(session=session, limit=limit, offset=offset, filters=filters), type_labels=True
-        )
-        show_table(
-            shown,
-            key="notes_table",
-            order=[
-                "timestamp",
-                "note_type",
-                "language",
-                "content",
-                "confidence",
-                "pinned",
-                "phelps_code",
-                "session_id",
-                "created_by",
-                "id",
-            ],
-            alt="Notes matching the filters, one page",
-            columns={
-                "timestamp": datetime_column("When (UTC)"),
-                "note_type": text_column("Type"),
-                "language": text_column("Lang."),
-                "content": text_column("Note", width="large"),
-                "confidence": rate_column("Confidence", help="How sure the judge run was of this note"),
-                "pinned": check_column("Pinned", help="Shown to every judge run of its language"),
-                "phelps_code": text_column("Phelps code"),
-                "session_id": text_column("Session"),
-                "created_by": text_column("Added by"),
-                "id": count_column("Id"),
-            },
-        )
-        export = notes.as_frame(notes.search_notes(session=session, limit=CSV_CAP, filters=filters))
-        csv_download(export, "notes.csv", key="notes_csv", label="Download these notes (CSV)")
-        if total > CSV_CAP:
-            st.caption(f"The CSV holds the newest {CSV_CAP:,}; use `python -m lib export` for all.")
-
-with tab_timeline, session_scope(read_only=True) as session:
-    st.caption(
-        "Each row is a session (newest on top), a grey span from its first to its last note; each "
-        "mark is a note, shaped and coloured by type. Hover a mark to read the note; drag across "
-        "the chart to zoom into a session's minutes, double-click to zoom out."
-    )
-    sessions_total = notes.count_sessions(session=session, filters=filters)
-    if sessions_total == 0:
-        st.info("No sessions have notes matching these filters.")
-    else:
-        offset, limit = pager(sessions_total, key="notes_timeline_page")
-        summaries = notes.session_timeline(session=session, limit=limit, offset=offset, filters=filters)
-        timeline = notes.timeline_frame(summaries)
-        marks = notes.as_frame(
-            notes.notes_of_sessions(
-                session=session, session_ids=[s.session_id for s in summaries], filters=filters
+if tab_list.open:
+    with tab_list, session_scope(read_only=True) as session:
+        total = notes.count_notes(session=session, filters=filters)
+        st.caption(f"{total:,} note{'' if total == 1 else 's'} match")
+        if total == 0:
+            st.info("No notes match these filters.")
+        else:
+            offset, limit = pager(total, key="notes_page")
+            shown = notes.as_frame(
+                notes.search_notes(session=session, limit=limit, offset=offset, filters=filters),
+                type_labels=True,
             )
-        )
-        st.plotly_chart(notes_timeline_figure(timeline, marks), key="notes_timeline_chart")
-        with st.expander("Notes per session and type (table)"):
             show_table(
-                timeline,
-                key="notes_timeline_table",
+                shown,
+                key="notes_table",
+                order=[
+                    "timestamp",
+                    "note_type",
+                    "language",
+                    "content",
+                    "confidence",
+                    "pinned",
+                    "phelps_code",
+                    "session_id",
+                    "created_by",
+                    "id",
+                ],
+                alt="Notes matching the filters, one page",
                 columns={
+                    "timestamp": datetime_column("When (UTC)"),
+                    "note_type": text_column("Type"),
+                    "language": text_column("Lang."),
+                    "content": text_column("Note", width="large"),
+                    "confidence": rate_column("Confidence", help="How sure the judge run was of this note"),
+                    "pinned": check_column("Pinned", help="Shown to every judge run of its language"),
+                    "phelps_code": text_column("Phelps code"),
                     "session_id": text_column("Session"),
-                    "notes": count_column("Notes"),
-                    **{kind: count_column(notes.note_type_label(kind)) for kind in NOTE_TYPES},
-                    "first_note": datetime_column("First note (UTC)"),
-                    "last_note": datetime_column("Last note (UTC)"),
+                    "created_by": text_column("Added by"),
+                    "id": count_column("Id"),
                 },
             )
-        csv_download(timeline, "note_sessions.csv", key="notes_timeline_csv")
-
-with tab_add:
-    reviewer = require_reviewer("add notes", Permission.NOTE)
-    if error := st.session_state.pop(ADD_ERROR, None):
-        st.error(escape_markdown(error), icon="⚠️")
-    for key, value in {"notes_add_type": "TIP", **ADD_DEFAULTS}.items():
-        st.session_state.setdefault(key, value)
-    with st.form("notes_add_form"):
-        st.selectbox("Type", NOTE_TYPES, key="notes_add_type", format_func=notes.note_type_label)
-        st.text_input(
-            "Language",
-            key="notes_add_language",
-            max_chars=notes.MAX_LANGUAGE_CHARS,
-            help="A language code such as en or tr; leave empty for a note about every language.",
-        )
-        st.text_area("Note", key="notes_add_content", max_chars=notes.MAX_CONTENT_CHARS)
-        st.text_input("Code (SUCCESS notes only)", key="notes_add_code", max_chars=notes.MAX_CODE_CHARS)
-        st.number_input(
-            "Confidence 0–1 (SUCCESS notes only)",
-            min_value=0.0,
-            max_value=1.0,
-            step=0.05,
-            key="notes_add_confidence",
-        )
-        st.form_submit_button(
-            "Add note", key="notes_add_submit", on_click=_add_note, disabled=reviewer is None
-        )
-
-with tab_remove:
-    st.caption("Remove notes by type, language and age. Their tag-relevance history goes with them.")
-    cols = st.columns(3)
-    remove_types = cols[0].multiselect(
-        "Type",
-        NOTE_TYPES,
-        key="notes_remove_types",
-        placeholder="All types",
-        format_func=notes.note_type_label,
-    )
-    remove_language = cols[1].selectbox(
-        "Language", [ANY, *languages], key="notes_remove_language", format_func=_language_label
-    )
-    remove_age = cols[2].text_input("Older than", key="notes_remove_age", placeholder="e.g. 30d, 12h, 90m")
-    remove_all = st.checkbox("No filter: remove every note", key="notes_remove_all")
-    remove_filters: dict = {
-        "note_type": remove_types or None,
-        "language": None if remove_language == ANY else remove_language,
-        "all_notes": remove_all,
-    }
-    count: int | None = None
-    if not (remove_types or remove_language != ANY or remove_age.strip() or remove_all):
-        st.info("Choose a type, a language or an age first (or tick “No filter: remove every note”).")
-    else:
-        try:
-            if remove_age.strip():
-                remove_filters["older_than"] = notes.parse_age(remove_age)
-            with session_scope(read_only=True) as session:
-                count = notes.preview_remove(session=session, **remove_filters)
-        except ValueError as exc:
-            st.warning(escape_markdown(str(exc)), icon="⚠️")
-    if count is not None:
-        st.metric("Notes that will be removed", f"{count:,}")
-        remove_signature = zlib.crc32(repr(sorted((k, str(v)) for k, v in remove_filters.items())).encode())
-        remover = require_reviewer("remove notes", Permission.REMOVE_NOTES)
-        # A new filter gives a new checkbox, so a confirmation never carries over to other notes.
-        confirmed = st.checkbox(
-            f"Yes, permanently remove these {count:,} notes",
-            key=f"notes_remove_confirm_{remove_signature}",
-            disabled=count == 0 or remover is None,
-        )
-        st.button(
-            "Remove notes",
-            type="primary",
-            key="notes_remove_button",
-            disabled=not (confirmed and count and remover),
-            on_click=_remove_notes,
-            args=(remove_filters,),
-        )
-
-with tab_prompt:
-    st.caption("The notes section of the judge prompt for a language, exactly as a new judge run sees it.")
-    preview_language = st.text_input("Judge language", value="en", key="notes_preview_language")
-    try:
-        with session_scope(read_only=True) as session:
-            relevant = notes.relevant_notes(session=session, language=preview_language)
-    except ValueError as exc:
-        st.error(escape_markdown(str(exc)), icon="⚠️")
-    else:
-        block = notes.format_notes_for_prompt(relevant)
-        if block:
-            st.code(block, language=None, wrap_lines=True)
-            limit = get_settings().notes_limit
-            st.caption(
-                f"{len(relevant)} note{'' if len(relevant) == 1 else 's'}; a judge prompt gets at most {limit}."
+            csv_download_all(
+                f"Download CSV (all {total:,} matches)",
+                "notes.csv",
+                # Built only when clicked or fetched, streamed from the database a batch at a time.
+                chunks=functools.partial(export.notes_csv_chunks, engine=get_engine(), filters=filters),
+                data=functools.partial(export.notes_csv_bytes, engine=get_engine(), filters=filters),
+                key="notes_csv",
             )
+
+if tab_timeline.open:
+    with tab_timeline, session_scope(read_only=True) as session:
+        st.caption(
+            "Each row is a session (newest on top), a grey span from its first to its last note; each "
+            "mark is a note, shaped and coloured by type. Hover a mark to read the note; drag across "
+            "the chart to zoom into a session's minutes, double-click to zoom out."
+        )
+        sessions_total = notes.count_sessions(session=session, filters=filters)
+        if sessions_total == 0:
+            st.info("No sessions have notes matching these filters.")
         else:
-            st.info("No relevant notes: this section of the judge prompt is empty for this language.")
+            offset, limit = pager(sessions_total, key="notes_timeline_page")
+            summaries = notes.session_timeline(session=session, limit=limit, offset=offset, filters=filters)
+            st.caption(
+                f"Showing the latest sessions {offset + 1:,}–{offset + len(summaries):,} of "
+                f"{sessions_total:,} (newest activity first); page back to look further back."
+            )
+            timeline = notes.timeline_frame(summaries)
+            marks = notes.as_frame(
+                notes.notes_of_sessions(
+                    session=session, session_ids=[s.session_id for s in summaries], filters=filters
+                )
+            )
+            st.plotly_chart(notes_timeline_figure(timeline, marks), key="notes_timeline_chart")
+            with st.expander("Notes per session and type (table)"):
+                show_table(
+                    timeline,
+                    key="notes_timeline_table",
+                    columns={
+                        "session_id": text_column("Session"),
+                        "notes": count_column("Notes"),
+                        **{kind: count_column(notes.note_type_label(kind)) for kind in NOTE_TYPES},
+                        "first_note": datetime_column("First note (UTC)"),
+                        "last_note": datetime_column("Last note (UTC)"),
+                    },
+                )
+            csv_download(timeline, "note_sessions.csv", key="notes_timeline_csv")
+
+if tab_add.open:
+    with tab_add:
+        reviewer = require_reviewer("add notes", Permission.NOTE)
+        if error := st.session_state.pop(ADD_ERROR, None):
+            st.error(escape_markdown(error), icon="⚠️")
+        for key, value in {"notes_add_type": "TIP", **ADD_DEFAULTS}.items():
+            st.session_state.setdefault(key, value)
+        with st.form("notes_add_form"):
+            st.selectbox("Type", NOTE_TYPES, key="notes_add_type", format_func=notes.note_type_label)
+            st.text_input(
+                "Language",
+                key="notes_add_language",
+                max_chars=notes.MAX_LANGUAGE_CHARS,
+                help="A language code such as en or tr; leave empty for a note about every language.",
+            )
+            st.text_area("Note", key="notes_add_content", max_chars=notes.MAX_CONTENT_CHARS)
+            st.text_input("Code (SUCCESS notes only)", key="notes_add_code", max_chars=notes.MAX_CODE_CHARS)
+            st.number_input(
+                "Confidence 0–1 (SUCCESS notes only)",
+                min_value=0.0,
+                max_value=1.0,
+                step=0.05,
+                key="notes_add_confidence",
+            )
+            st.form_submit_button(
+                "Add note", key="notes_add_submit", on_click=_add_note, disabled=reviewer is None
+            )
+
+if tab_remove.open:
+    with tab_remove:
+        st.caption("Remove notes by type, language and age. Their tag-relevance history goes with them.")
+        cols = st.columns(3)
+        remove_types = cols[0].multiselect(
+            "Type",
+            NOTE_TYPES,
+            key="notes_remove_types",
+            placeholder="All types",
+            format_func=notes.note_type_label,
+        )
+        remove_language = cols[1].selectbox(
+            "Language", [ANY, *languages], key="notes_remove_language", format_func=_language_label
+        )
+        remove_age = cols[2].text_input(
+            "Older than", key="notes_remove_age", placeholder="e.g. 30d, 12h, 90m"
+        )
+        remove_all = st.checkbox("No filter: remove every note", key="notes_remove_all")
+        remove_filters: dict = {
+            "note_type": remove_types or None,
+            "language": None if remove_language == ANY else remove_language,
+            "all_notes": remove_all,
+        }
+        count: int | None = None
+        if not (remove_types or remove_language != ANY or remove_age.strip() or remove_all):
+            st.info("Choose a type, a language or an age first (or tick “No filter: remove every note”).")
+        else:
+            try:
+                if remove_age.strip():
+                    remove_filters["older_than"] = notes.parse_age(remove_age)
+                with session_scope(read_only=True) as session:
+                    count = notes.preview_remove(session=session, **remove_filters)
+            except ValueError as exc:
+                st.warning(escape_markdown(str(exc)), icon="⚠️")
+        if count is not None:
+            st.metric("Notes that will be removed", f"{count:,}")
+            remove_signature = zlib.crc32(
+                repr(sorted((k, str(v)) for k, v in remove_filters.items())).encode()
+            )
+            remover = require_reviewer("remove notes", Permission.REMOVE_NOTES)
+            # A new filter gives a new checkbox, so a confirmation never carries over to other notes.
+            confirmed = st.checkbox(
+                f"Yes, permanently remove these {count:,} notes",
+                key=f"notes_remove_confirm_{remove_signature}",
+                disabled=count == 0 or remover is None,
+            )
+            st.button(
+                "Remove notes",
+                type="primary",
+                key="notes_remove_button",
+                disabled=not (confirmed and count and remover),
+                on_click=_remove_notes,
+                args=(remove_filters,),
+            )
+
+if tab_prompt.open:
+    with tab_prompt:
+        st.caption(
+            "The notes section of the judge prompt for a language, exactly as a new judge run sees it."
+        )
+        preview_language = st.text_input("Judge language", value="en", key="notes_preview_language")
+        try:
+            with session_scope(read_only=True) as session:
+                relevant = notes.relevant_notes(session=session, language=preview_language)
+        except ValueError as exc:
+            st.error(escape_markdown(str(exc)), icon="⚠️")
+        else:
+            block = notes.format_notes_for_prompt(relevant)
+            if block:
+                st.code(block, language=None, wrap_lines=True)
+                limit = get_settings().notes_limit
+                st.caption(
+                    f"{len(relevant)} note{'' if len(relevant) == 1 else 's'}; a judge prompt gets at most {limit}."
+                )
+            else:
+                st.info("No relevant notes: this section of the judge prompt is empty for this language.")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import os
@@ -19,7 +21,7 @@ import pytest
 from sqlalchemy import Engine, event, text
 from sqlmodel import Session, select
 
-from lib import notes
+from lib import export, notes
 from lib.config import reset_settings
 from lib.db import init_db, session_scope
 from lib.models import NOTE_TYPES, LessonTagRelevance, SessionNote, TagRelevanceEvent
@@ -677,6 +679,49 @@ def test_health_counts_notes_sessions_and_latest(corpus: Engine) -> None:
     with session_scope(corpus, read_only=True) as s:
         health = notes.notes_health(session=s)
     assert health == {"total_notes": 5, "sessions": 3, "latest_note": NOW + timedelta(minutes=5)}
+
+
+def test_recent_sessions_come_from_the_newest_notes_only(corpus: Engine) -> None:
+    with session_scope(corpus, read_only=True) as s:
+        every = notes.recent_session_ids(session=s)
+        newest_two_notes = notes.recent_session_ids(session=s, window=2)
+        one = notes.recent_session_ids(session=s, limit=1)
+    assert every == ["s_three", "s_two", "s_one"]
+    assert newest_two_notes == ["s_three", "s_two"]  # s_one's notes are older than the window
+    assert one == ["s_three"]
+
+
+# --------------------------------------------------------------------------------------------
+# CSV of every match
+
+
+def csv_rows(data: bytes) -> list[dict[str, str]]:
+    return list(csv.DictReader(io.StringIO(data.decode("utf-8"))))
+
+
+def test_csv_of_all_matches_holds_every_note_newest_first(corpus: Engine, monkeypatch) -> None:
+    monkeypatch.setattr(notes, "CSV_BATCH_ROWS", 2)  # several batches even for five notes
+    put(corpus, content="=HYPERLINK(1)", session_id="s_four", timestamp=NOW + timedelta(minutes=6))
+    everything = notes.NoteFilter()
+    data = export.notes_csv_bytes(engine=corpus, filters=everything)
+    assert b"".join(export.notes_csv_chunks(engine=corpus, filters=everything)) == data
+    rows = csv_rows(data)
+    assert list(rows[0]) == list(notes.FRAME_COLUMNS)
+    assert [r["content"] for r in rows] == [
+        "'=HYPERLINK(1)",  # a formula arrives as text
+        "back\\slash in text",
+        "use a_b then c",
+        "100% sure was wrong",
+        "ÇAY ile başlayan dualar",
+        "Opening phrases decide the match",
+    ]
+    assert rows[-1]["note_type"] == "TIP" and rows[-1]["timestamp"] == "2025-11-08T14:31:22Z"
+
+
+def test_csv_of_all_matches_follows_the_filters(corpus: Engine) -> None:
+    tips = notes.NoteFilter(note_type="TIP", language="en")
+    rows = csv_rows(export.notes_csv_bytes(engine=corpus, filters=tips))
+    assert [r["session_id"] for r in rows] == ["s_three", "s_one"]
 
 
 # --------------------------------------------------------------------------------------------

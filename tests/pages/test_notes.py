@@ -14,6 +14,7 @@ from lib import notes
 from lib.config import reset_settings
 from lib.db import session_scope
 from lib.models import NOTE_TYPES, SessionNote, utcnow
+from tests.pages.conftest import ROOT
 from tests.pages.figures import figure_titled
 
 PAGE = "pages/notes.py"
@@ -23,6 +24,20 @@ HOSTILE = "<script>alert(1)</script> [x](javascript:alert(1)) **bold**"
 @pytest.fixture(autouse=True)
 def _fresh_cache() -> None:
     notes.invalidate_notes_cache()
+
+
+@pytest.fixture
+def open_tab(app_engine: Engine) -> Any:
+    """Open the page on one tab, as a reviewer who clicked it (only the open tab runs)."""
+
+    def _open(tab: str, *, reviewer: str | None = None) -> AppTest:
+        at = AppTest.from_file(str(ROOT / PAGE), default_timeout=30)
+        at.session_state["notes_tab"] = tab
+        if reviewer:
+            at.session_state["sidebar_reviewer"] = reviewer
+        return at.run()
+
+    return _open
 
 
 def put(engine: Engine, **fields: Any) -> SessionNote:
@@ -75,11 +90,15 @@ def confirm_box(at: AppTest):  # type: ignore[no-untyped-def]
 # Reading
 
 
-def test_empty_database_explains_itself(app_engine, open_page) -> None:
+def test_empty_database_explains_itself(app_engine, open_page, open_tab) -> None:
     at = open_page(PAGE)
     assert metric(at, "Notes") == "0" and metric(at, "Latest note") == "—"
+    assert "No notes match these filters." in [i.value for i in at.info]
+    assert not at.get("download_button")  # nothing to download
+    at = open_tab("Timeline")
+    assert "No sessions have notes matching these filters." in [i.value for i in at.info]
+    at = open_tab("Prompt preview")
     infos = [i.value for i in at.info]
-    assert "No notes match these filters." in infos
     assert "No relevant notes: this section of the judge prompt is empty for this language." in infos
     assert not at.exception
 
@@ -129,16 +148,16 @@ def test_session_link_opens_that_session(seeded, open_page) -> None:
     assert not at.exception
 
 
-def test_timeline_groups_by_session_newest_first(seeded, open_page) -> None:
-    at = open_page(PAGE)
+def test_timeline_groups_by_session_newest_first(seeded, open_tab) -> None:
+    at = open_tab("Timeline")
     timeline = next(d.value for d in at.dataframe if "first_note" in d.value.columns)
     assert list(timeline["session_id"]) == ["run_b", "run_a"]
     assert timeline.iloc[0][["notes", "TIP", "PATTERN", "FAILURE"]].tolist() == [2, 1, 1, 0]
     assert not at.exception
 
 
-def test_timeline_draws_sessions_on_a_time_axis_and_notes_as_marks_by_type(seeded, open_page) -> None:
-    at = open_page(PAGE)
+def test_timeline_draws_sessions_on_a_time_axis_and_notes_as_marks_by_type(seeded, open_tab) -> None:
+    at = open_tab("Timeline")
     chart = figure_titled(at, "Sessions and their notes")
     assert chart["layout"]["yaxis"]["ticktext"] == ["run_a · 2 notes", "run_b · 2 notes"]  # newest on top
     assert chart["layout"]["xaxis"]["type"] == "date"
@@ -150,9 +169,9 @@ def test_timeline_draws_sessions_on_a_time_axis_and_notes_as_marks_by_type(seede
     assert not at.exception
 
 
-def test_timeline_hover_shows_the_note_text_escaped(app_engine, open_page) -> None:
+def test_timeline_hover_shows_the_note_text_escaped(app_engine, open_tab) -> None:
     put(app_engine, content=HOSTILE, note_type="STRATEGY")
-    at = open_page(PAGE)
+    at = open_tab("Timeline")
     chart = figure_titled(at, "Sessions and their notes")
     (mark,) = [t for t in chart["data"] if t["mode"] == "markers"]
     excerpt = mark["customdata"][0][2]
@@ -184,30 +203,104 @@ def test_list_is_paginated(app_engine, open_page, monkeypatch) -> None:
     assert not at.exception
 
 
-def test_hostile_note_is_shown_as_text_only(app_engine, open_page) -> None:
+def test_only_the_open_tab_runs(seeded, open_page, open_tab) -> None:
+    at = open_page(PAGE)
+    assert listed(at) and not at.get("plotly_chart") and not at.code  # timeline and prompt not built
+    at = open_tab("Timeline")
+    assert at.get("plotly_chart") and not listed(at)
+    assert not at.exception
+
+
+def test_timeline_shows_the_latest_sessions_and_pages_further_back(app_engine, open_tab, monkeypatch) -> None:
+    monkeypatch.setenv("OVERRULE_PAGE_SIZE", "2")
+    reset_settings()
+    now = utcnow()
+    for age, sid in enumerate(["run_new", "run_mid", "run_old"]):
+        put(app_engine, content=f"from {sid}", session_id=sid, timestamp=now - timedelta(days=age))
+    at = open_tab("Timeline")
+    assert (
+        "Showing the latest sessions 1–2 of 3 (newest activity first); page back to look further back."
+        in [c.value for c in at.caption]
+    )
+    ticks = figure_titled(at, "Sessions and their notes")["layout"]["yaxis"]["ticktext"]
+    assert ticks == ["run_mid · 1 note", "run_new · 1 note"]
+    at.button(key="notes_timeline_page_next").click().run()
+    assert any(c.value.startswith("Showing the latest sessions 3–3 of 3") for c in at.caption)
+    ticks = figure_titled(at, "Sessions and their notes")["layout"]["yaxis"]["ticktext"]
+    assert ticks == ["run_old · 1 note"]
+    assert not at.exception
+
+
+def test_download_offers_every_match_not_just_the_page(app_engine, open_page, monkeypatch) -> None:
+    monkeypatch.setenv("OVERRULE_PAGE_SIZE", "3")
+    reset_settings()
+    for i in range(7):
+        put(app_engine, content=f"n{i}")
+    at = open_page(PAGE)
+    assert len(listed(at)) == 3
+    assert [b.proto.label for b in at.get("download_button")] == ["Download CSV (all 7 matches)"]
+    at.multiselect(key="notes_types").set_value(["FAILURE"]).run()
+    assert not at.get("download_button")  # nothing matches: nothing to download
+    assert not at.exception
+
+
+def test_download_link_streams_every_matching_note(app_engine, open_page, monkeypatch) -> None:
+    import csv
+    import io
+
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    from lib import downloads
+
+    monkeypatch.setattr(downloads, "_enabled", True)
+    monkeypatch.setenv("OVERRULE_PAGE_SIZE", "2")
+    reset_settings()
+    now = utcnow()
+    for i in range(5):
+        put(
+            app_engine,
+            content=f"n{i}",
+            language="tr" if i % 2 else "en",
+            timestamp=now - timedelta(minutes=i),
+        )
+    at = open_page(PAGE)
+    at.selectbox(key="notes_language").set_value("en").run()
+    [link] = at.get("link_button")
+    assert link.proto.label == "Download CSV (all 3 matches)"
+    with TestClient(Starlette(routes=downloads.routes())) as client:
+        response = client.get(link.proto.url)
+    assert response.status_code == 200
+    assert [r["content"] for r in csv.DictReader(io.StringIO(response.text))] == ["n0", "n2", "n4"]
+    assert not at.exception
+
+
+def test_hostile_note_is_shown_as_text_only(app_engine, open_page, open_tab) -> None:
     put(app_engine, content=HOSTILE, note_type="STRATEGY")
     at = open_page(PAGE)
     assert listed(at) == [HOSTILE]
-    assert HOSTILE in at.code[0].value
-    rendered = [e.value for kind in ("markdown", "caption", "info", "success", "warning", "error")
-                for e in getattr(at, kind)]  # fmt: skip
-    assert not any("<script>" in text or "](javascript:" in text for text in rendered)
-    assert not at.exception
+    prompt = open_tab("Prompt preview")
+    assert HOSTILE in prompt.code[0].value
+    for shown in (at, prompt):
+        rendered = [e.value for kind in ("markdown", "caption", "info", "success", "warning", "error")
+                    for e in getattr(shown, kind)]  # fmt: skip
+        assert not any("<script>" in text or "](javascript:" in text for text in rendered)
+        assert not shown.exception
 
 
 # --------------------------------------------------------------------------------------------
 # Adding
 
 
-def test_adding_needs_a_reviewer(app_engine, open_page) -> None:
-    at = open_page(PAGE)
+def test_adding_needs_a_reviewer(app_engine, open_tab) -> None:
+    at = open_tab("Add a note")
     assert at.button(key="notes_add_submit").disabled
     assert any("Enter your name in the sidebar to add notes" in w.value for w in at.warning)
     assert not at.exception
 
 
-def test_add_note_records_the_reviewer(app_engine, open_page) -> None:
-    at = open_page(PAGE, reviewer="ayse")
+def test_add_note_records_the_reviewer(app_engine, open_tab) -> None:
+    at = open_tab("Add a note", reviewer="ayse")
     at.selectbox(key="notes_add_type").set_value("SUCCESS")
     at.text_input(key="notes_add_language").set_value("EN")
     at.text_area(key="notes_add_content").set_value("Opening phrase decided it")
@@ -221,12 +314,13 @@ def test_add_note_records_the_reviewer(app_engine, open_page) -> None:
     assert note.session_id == at.session_state["notes_session_id"]
     assert [s.value.replace("\\", "") for s in at.success] == ["Note added."]
     assert at.text_area(key="notes_add_content").value == ""
-    assert listed(at) == ["Opening phrase decided it"]
+    at.session_state["notes_tab"] = "Notes"  # the reviewer opens the list: the note is there
+    assert listed(at.run()) == ["Opening phrase decided it"]
     assert not at.exception
 
 
-def test_notes_added_in_one_browser_session_share_a_session_id(app_engine, open_page) -> None:
-    at = open_page(PAGE, reviewer="ayse")
+def test_notes_added_in_one_browser_session_share_a_session_id(app_engine, open_tab) -> None:
+    at = open_tab("Add a note", reviewer="ayse")
     for text in ("first", "second"):
         at.text_area(key="notes_add_content").set_value(text)
         at.button(key="notes_add_submit").click().run()
@@ -243,9 +337,9 @@ def test_notes_added_in_one_browser_session_share_a_session_id(app_engine, open_
     ],
 )
 def test_invalid_note_is_refused_with_the_reason(
-    app_engine, open_page, field: str, value: str, message: str
+    app_engine, open_tab, field: str, value: str, message: str
 ) -> None:
-    at = open_page(PAGE, reviewer="ayse")
+    at = open_tab("Add a note", reviewer="ayse")
     at.text_area(key="notes_add_content").set_value("kept text")
     widget = at.text_area(key=field) if field == "notes_add_content" else at.text_input(key=field)
     widget.set_value(value)
@@ -261,15 +355,15 @@ def test_invalid_note_is_refused_with_the_reason(
 # Removing
 
 
-def test_removal_asks_for_a_filter_first(seeded, open_page) -> None:
-    at = open_page(PAGE, reviewer="ayse")
+def test_removal_asks_for_a_filter_first(seeded, open_tab) -> None:
+    at = open_tab("Remove", reviewer="ayse")
     assert any(i.value.startswith("Choose a type, a language or an age first") for i in at.info)
     assert not [c for c in at.checkbox if c.key.startswith("notes_remove_confirm_")]
     assert not at.exception
 
 
-def test_removal_previews_and_needs_confirmation(seeded, open_page) -> None:
-    at = open_page(PAGE, reviewer="ayse")
+def test_removal_previews_and_needs_confirmation(seeded, open_tab) -> None:
+    at = open_tab("Remove", reviewer="ayse")
     at.selectbox(key="notes_remove_language").set_value("tr").run()
     assert metric(at, "Notes that will be removed") == "2"
     assert at.button(key="notes_remove_button").disabled
@@ -282,8 +376,8 @@ def test_removal_previews_and_needs_confirmation(seeded, open_page) -> None:
     assert not at.exception
 
 
-def test_changing_the_filter_withdraws_the_confirmation(seeded, open_page) -> None:
-    at = open_page(PAGE, reviewer="ayse")
+def test_changing_the_filter_withdraws_the_confirmation(seeded, open_tab) -> None:
+    at = open_tab("Remove", reviewer="ayse")
     at.selectbox(key="notes_remove_language").set_value("tr").run()
     confirm_box(at).check().run()
     at.multiselect(key="notes_remove_types").set_value(["TIP"]).run()
@@ -293,8 +387,8 @@ def test_changing_the_filter_withdraws_the_confirmation(seeded, open_page) -> No
     assert not at.exception
 
 
-def test_removal_by_age(seeded, open_page) -> None:
-    at = open_page(PAGE, reviewer="ayse")
+def test_removal_by_age(seeded, open_tab) -> None:
+    at = open_tab("Remove", reviewer="ayse")
     at.text_input(key="notes_remove_age").set_value("30d").run()
     assert metric(at, "Notes that will be removed") == "1"
     confirm_box(at).check().run()
@@ -303,16 +397,16 @@ def test_removal_by_age(seeded, open_page) -> None:
     assert not at.exception
 
 
-def test_invalid_age_is_explained(seeded, open_page) -> None:
-    at = open_page(PAGE, reviewer="ayse")
+def test_invalid_age_is_explained(seeded, open_tab) -> None:
+    at = open_tab("Remove", reviewer="ayse")
     at.text_input(key="notes_remove_age").set_value("30x").run()
     assert any("invalid age" in w.value for w in at.warning)
     assert not [c for c in at.checkbox if c.key.startswith("notes_remove_confirm_")]
     assert not at.exception
 
 
-def test_remove_everything_needs_its_own_tick(seeded, open_page) -> None:
-    at = open_page(PAGE, reviewer="ayse")
+def test_remove_everything_needs_its_own_tick(seeded, open_tab) -> None:
+    at = open_tab("Remove", reviewer="ayse")
     at.checkbox(key="notes_remove_all").check().run()
     assert metric(at, "Notes that will be removed") == "4"
     confirm_box(at).check().run()
@@ -321,8 +415,8 @@ def test_remove_everything_needs_its_own_tick(seeded, open_page) -> None:
     assert not at.exception
 
 
-def test_removal_needs_a_reviewer(seeded, open_page) -> None:
-    at = open_page(PAGE)
+def test_removal_needs_a_reviewer(seeded, open_tab) -> None:
+    at = open_tab("Remove")
     at.selectbox(key="notes_remove_language").set_value("tr").run()
     assert confirm_box(at).disabled and at.button(key="notes_remove_button").disabled
     assert any("Enter your name in the sidebar to remove notes" in w.value for w in at.warning)
@@ -334,8 +428,8 @@ def test_removal_needs_a_reviewer(seeded, open_page) -> None:
 
 
 @pytest.mark.parametrize("language", ["en", "tr", "de"])
-def test_prompt_preview_is_what_the_judge_gets(seeded, open_page, language: str) -> None:
-    at = open_page(PAGE)
+def test_prompt_preview_is_what_the_judge_gets(seeded, open_tab, language: str) -> None:
+    at = open_tab("Prompt preview")
     at.text_input(key="notes_preview_language").set_value(language).run()
     with session_scope(seeded, read_only=True) as s:
         expected = notes.relevant_notes(session=s, language=language, use_cache=False)
@@ -347,8 +441,8 @@ def test_prompt_preview_is_what_the_judge_gets(seeded, open_page, language: str)
     assert not at.exception
 
 
-def test_prompt_preview_follows_the_seed_rule(seeded, open_page) -> None:
-    at = open_page(PAGE)
+def test_prompt_preview_follows_the_seed_rule(seeded, open_tab) -> None:
+    at = open_tab("Prompt preview")
     at.text_input(key="notes_preview_language").set_value("en").run()
     block = at.code[0].value
     assert "english tip" in block and "universal failure 100%" in block and "turkish pattern" in block
@@ -356,8 +450,8 @@ def test_prompt_preview_follows_the_seed_rule(seeded, open_page) -> None:
     assert not at.exception
 
 
-def test_prompt_preview_rejects_a_bad_language(seeded, open_page) -> None:
-    at = open_page(PAGE)
+def test_prompt_preview_rejects_a_bad_language(seeded, open_tab) -> None:
+    at = open_tab("Prompt preview")
     at.text_input(key="notes_preview_language").set_value("not a language").run()
     assert any("language" in e.value for e in at.error) and not at.code
     assert not at.exception
