@@ -19,7 +19,7 @@ from sqlalchemy import and_, case, func, or_, text, update
 from sqlalchemy.sql import ColumnElement, Select
 from sqlmodel import Session, col, select
 
-from lib import counters, scores
+from lib import counters, scores, search
 from lib.auth import Actor, Permission
 from lib.corrections import distinct_metrics, parse_score, require_reviewer
 from lib.display import evaluation_title, evaluation_url
@@ -166,8 +166,13 @@ def _day_start(day: date) -> datetime:
     return datetime.combine(day, time.min, tzinfo=UTC)
 
 
-def filter_conditions(filters: EvaluationFilters) -> list[ColumnElement[bool]]:
-    """The WHERE clauses of the list, shared by the page query, the count and the CSV export."""
+def filter_conditions(filters: EvaluationFilters, *, text_form: str = "match") -> list[ColumnElement[bool]]:
+    """The WHERE clauses of the list, shared by the page query, the count and the CSV export.
+
+    `text_form` says how the text filter is stated (lib.search): "match" lets the database pick (the
+    index on SQLite), "scan" tests each walked row's stored text, "none" leaves it to a FROM that
+    starts from the index (`search.index_matched_rows`).
+    """
     conds: list[ColumnElement[bool]] = [
         col(_S.deleted_at).is_not(None) if filters.archived else col(_S.deleted_at).is_(None)
     ]
@@ -205,9 +210,9 @@ def filter_conditions(filters: EvaluationFilters) -> list[ColumnElement[bool]]:
     if filters.date_to is not None:
         # The whole "to" day is included.
         conds.append(col(_S.created_at) < _day_start(filters.date_to + timedelta(days=1)))
-    if filters.text:
-        # Unicode-aware and literal, through the trigram index (lib.search).
-        conds.append(text_match(_S.__table__, filters.text))
+    if filters.text and text_form != "none":
+        # Unicode-aware and literal, through the trigram index or row by row (lib.search).
+        conds.append(text_match(_S.__table__, filters.text, scan=text_form == "scan"))
     return conds
 
 
@@ -297,8 +302,48 @@ def count_evaluations(*, session: Session, filters: EvaluationFilters, cap: int 
         picked = [t for p, t in totals.items() if filters.product in (None, p)]
         return sum(t.archived if filters.archived else t.evaluations for t in picked)
     cap = counters.COUNT_CAP if cap is None else cap  # read now: tests lower it
-    matches = select(col(_S.id)).where(*filter_conditions(filters)).limit(cap + 1).subquery()
+    matched = _text_matched_rows(session, filters)
+    if matched is not None and filters == EvaluationFilters(text=filters.text, sort=filters.sort):
+        # Text alone, live rows: if the index matches more than cap + every archived row, more than
+        # cap live rows match, whichever the archived ones are; the index alone says so (no row reads).
+        totals = counters.evaluation_totals_by_product(session=session).values()
+        bound = cap + sum(t.archived for t in totals)
+        found = search.count_index_matches(
+            session=session, table=_S.__table__, query=filters.text, limit=bound + 1
+        )
+        if found is not None and found > bound:
+            return cap + 1
+    if matched is not None:
+        # From the text index: stops at cap + 1 matches, however many there are (lib.search).
+        stmt = select(col(_S.id)).select_from(matched).where(*filter_conditions(filters, text_form="none"))
+    else:
+        stmt = select(col(_S.id)).where(*filter_conditions(filters))
+    matches = stmt.limit(cap + 1).subquery()
     return int(session.exec(select(func.count()).select_from(matches)).one())
+
+
+def _text_matched_rows(session: Session, filters: EvaluationFilters) -> Any:
+    """The snapshots joined to their text index's matches, or None without a text filter or an index."""
+    if not filters.text:
+        return None
+    return search.index_matched_rows(session=session, table=_S.__table__, query=filters.text)
+
+
+def _page_base(session: Session, filters: EvaluationFilters) -> Select[Any]:
+    """The ids a page is cut from: a rare text query from its index matches (a sort of at most
+    `search.RARE_MATCHES` rows), a common one by a walk that tests each row's text (lib.search)."""
+    if filters.text:
+        found = search.count_index_matches(
+            session=session, table=_S.__table__, query=filters.text, limit=search.RARE_MATCHES + 1
+        )
+        if found is not None and found > search.RARE_MATCHES:
+            return select(col(_S.id)).where(*filter_conditions(filters, text_form="scan"))
+        matched = _text_matched_rows(session, filters) if found is not None else None
+        if matched is not None:
+            return (
+                select(col(_S.id)).select_from(matched).where(*filter_conditions(filters, text_form="none"))
+            )
+    return select(col(_S.id)).where(*filter_conditions(filters))
 
 
 def _only_product(filters: EvaluationFilters) -> bool:
@@ -330,7 +375,7 @@ def _page_ids(
     session: Session, filters: EvaluationFilters, offset: int, limit: int, after: PageKey | None
 ) -> list[str]:
     """One page of ids on the list index: after `after` (keyset: an index seek) or, without it, at `offset`."""
-    base = select(col(_S.id)).where(*filter_conditions(filters))
+    base = _page_base(session, filters)
     if after is None:
         stmt = base.order_by(*_order_by(filters.sort)).offset(max(0, offset)).limit(limit)
         return list(session.exec(stmt).all())

@@ -26,6 +26,18 @@ How it is found without a scan (the index is built by migration 0008):
   (a scan, but of a short query, which matches many rows and so finds a page quickly).
 - A Python whose SQLite lacks FTS5 or the trigram tokenizer (before 3.34) gets no index from the
   migration and the LIKE everywhere (`sqlite_trigram_available`), correct but scanning.
+
+Rare and common queries (SQLite, issue 19): any plan that starts from the index reads every match, so
+its cost follows the number of matches, not the page (a phrase in a fifth of 1M questions is 200k
+rowids before the first row of a page). A list therefore asks the index how many rows match, stopping
+at `RARE_MATCHES` + 1 (`count_index_matches`, cheap because the index hands rowids out one by one):
+- rare (at most `RARE_MATCHES`): the page comes from the index's rows (`index_matched_rows`) and a sort
+  of those few;
+- common: the page walks the list's own ordered index and tests each row's stored text with the LIKE
+  (`text_match(..., scan=True)`); with at least `RARE_MATCHES` matches among the rows, a page of 25 is
+  found within a bounded stretch of the walk, and it stops there.
+A capped count always starts from the index (`index_matched_rows` under a LIMIT): it stops at the cap.
+All three forms state the same condition: the stored normalised text contains the normalised query.
 """
 
 from __future__ import annotations
@@ -35,15 +47,21 @@ import unicodedata
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Boolean, String, Table, bindparam, true
+from sqlalchemy import Boolean, String, Table, bindparam, column, func, literal_column, select, true
+from sqlalchemy import table as table_clause
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql import ColumnElement
+from sqlalchemy.orm import Session
+from sqlalchemy.sql import ColumnElement, FromClause
 from sqlalchemy.sql.compiler import SQLCompiler
 
 SEARCH_COLUMN = "search_text"
 # Each searchable table and the column its search text is the normalised copy of.
 SEARCHABLE: dict[str, str] = {"evaluation_snapshots": "question", "session_notes": "content"}
 MIN_TRIGRAM_CHARS = 3
+# Up to this many index matches a list sorts them; above it the list walks its ordered index. The
+# crossover (at 1M rows): a sort reads each match once (~2.5 µs), a walk reads ~N/matches rows per
+# listed row (~5 µs each), so 5,000 keeps both under ~15 ms for a page of 25 (module doc).
+RARE_MATCHES = 5_000
 LIKE_ESCAPE = "\\"
 
 # İ (U+0130) and ı (U+0131): case folding keeps ı apart from i and turns İ into i + combining dot.
@@ -98,6 +116,15 @@ def sqlite_trigram_available() -> bool:
     return True
 
 
+def _fts_phrase(needle: str) -> str:
+    return '"' + needle.replace('"', '""') + '"'  # one FTS5 string: no operators inside
+
+
+def _index_answers(dialect: str, needle: str) -> bool:
+    """Whether SQLite's FTS5 trigram index can answer this normalised query (3+ chars, tokenizer present)."""
+    return dialect == "sqlite" and len(needle) >= MIN_TRIGRAM_CHARS and sqlite_trigram_available()
+
+
 class TextMatch(ColumnElement[bool]):
     """`table`'s normalised search text contains `query`; compiled per database (see module doc)."""
 
@@ -105,11 +132,12 @@ class TextMatch(ColumnElement[bool]):
     _is_implicitly_boolean = True  # a condition itself: no "= 1" appended on SQLite
     inherit_cache = False  # the SQL text depends on the query's length: never reuse a compiled form
 
-    def __init__(self, table: Table, query: str) -> None:
+    def __init__(self, table: Table, query: str, *, scan: bool = False) -> None:
         if table.name not in SEARCHABLE:
             raise ValueError(f"{table.name!r} has no search text; searchable: {', '.join(SEARCHABLE)}")
         self.table = table
         self.needle = normalize_search_text(query)
+        self.scan = scan
 
     def like(self) -> ColumnElement[bool]:
         """The scan form: LIKE over the stored normalised column."""
@@ -117,10 +145,44 @@ class TextMatch(ColumnElement[bool]):
         return column.like(like_pattern(self.needle), escape=LIKE_ESCAPE)
 
 
-def text_match(table: Table, query: str) -> ColumnElement[bool]:
-    """The WHERE condition for "`table`'s text contains `query`" under the one normalisation rule."""
-    match = TextMatch(table, query)
+def text_match(table: Table, query: str, *, scan: bool = False) -> ColumnElement[bool]:
+    """The WHERE condition for "`table`'s text contains `query`" under the one normalisation rule.
+
+    `scan=True` asks for the row-by-row form (LIKE on the stored text) on every database: for a walk of
+    an ordered index that stops after a page, when the query is common (module doc).
+    """
+    match = TextMatch(table, query, scan=scan)
     return true() if not match.needle else match
+
+
+def _index_rows(table: Table, needle: str) -> Any:
+    fts_name = search_table_name(table.name)
+    fts = table_clause(fts_name, column("rowid"))
+    phrase = bindparam(None, _fts_phrase(needle), type_=String(), unique=True)
+    return fts, literal_column(fts_name).op("MATCH")(phrase)
+
+
+def count_index_matches(*, session: Session, table: Table, query: str, limit: int) -> int | None:
+    """How many rows the trigram index matches for `query`, counting at most `limit` (cheap: the index
+    hands out rowids one by one). None where no index answers (PostgreSQL, a short query, no FTS5)."""
+    needle = normalize_search_text(query)
+    if not needle or not _index_answers(session.get_bind().dialect.name, needle):
+        return None
+    fts, match = _index_rows(table, needle)
+    found = select(fts.c.rowid).where(match).limit(limit).subquery()
+    return int(session.execute(select(func.count()).select_from(found)).scalar_one())
+
+
+def index_matched_rows(*, session: Session, table: Table, query: str) -> FromClause | None:
+    """`table` joined to the rows its trigram index matches for `query`: a FROM that starts from the
+    index, so its cost follows the matches (for a capped count, or a sort of a rare query's rows).
+    None where no index answers (PostgreSQL, a short query, no FTS5): use `text_match` there."""
+    needle = normalize_search_text(query)
+    if not needle or not _index_answers(session.get_bind().dialect.name, needle):
+        return None
+    fts, match = _index_rows(table, needle)
+    # "MATCH" in the ON clause: an inner join treats it as WHERE, and SQLite puts the index first.
+    return fts.join(table, (literal_column(f"{table.name}.rowid") == fts.c.rowid) & match)
 
 
 @compiles(TextMatch)
@@ -131,10 +193,9 @@ def _compile_like(element: TextMatch, compiler: SQLCompiler, **kw: Any) -> str:
 
 @compiles(TextMatch, "sqlite")
 def _compile_sqlite(element: TextMatch, compiler: SQLCompiler, **kw: Any) -> str:
-    if len(element.needle) < MIN_TRIGRAM_CHARS or not sqlite_trigram_available():
+    if element.scan or not _index_answers("sqlite", element.needle):
         return compiler.process(element.like(), **kw)
     quote = compiler.preparer.quote
     fts = quote(search_table_name(element.table.name))
-    phrase = '"' + element.needle.replace('"', '""') + '"'  # one FTS5 string: no operators inside
-    param = compiler.process(bindparam(None, phrase, type_=String(), unique=True), **kw)
+    param = compiler.process(bindparam(None, _fts_phrase(element.needle), type_=String(), unique=True), **kw)
     return f"{quote(element.table.name)}.rowid IN (SELECT rowid FROM {fts} WHERE {fts} MATCH {param})"

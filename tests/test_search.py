@@ -9,12 +9,22 @@ from typing import Any
 
 import pytest
 from alembic import command
-from sqlalchemy import Engine, delete, insert, text, update
+from sqlalchemy import Engine, delete, event, insert, text, update
 from sqlmodel import Session, col, select
 
+from lib import counters, search
 from lib.db import alembic_config, create_db_engine
 from lib.importer import import_evaluations, import_notes
-from lib.inspector import EvaluationFilters, count_evaluations, list_evaluations
+from lib.inspector import (
+    EvaluationFilters,
+    _order_by,
+    archive_evaluation,
+    count_evaluations,
+    fetch_page,
+    filter_conditions,
+    list_evaluations,
+    page_key,
+)
 from lib.models import EvaluationSnapshot, Judgment, MetricScore
 from lib.notes import add_note, search_notes
 from lib.search import (
@@ -351,3 +361,108 @@ def test_a_large_import_gives_sqlite_the_statistics_to_search_by_the_index(
         session.commit()
         assert "SEARCH evaluation_snapshots USING INTEGER PRIMARY KEY (rowid=?)" in plan(session)
         assert found(session, "ISTANBUL") == {"s_0", "s_1", "s_2"}
+
+
+# --------------------------------------------------------------------------------------------
+# Rare and common queries (issue 19): every plan lists the same rows, counts stop at the cap
+
+
+def _many(engine: Engine) -> Session:
+    """12 evaluations, 8 of them about "password" (common once RARE_MATCHES is lowered), spread in
+    time and gap so order and keyset paging matter; two "password" ones archived."""
+    records = []
+    for i in range(12):
+        rec = record(f"s_{i:02d}", f"Reset my PASSWORD please, case {i}" if i % 3 else f"Other topic {i}")
+        rec["created_at"] = f"2025-01-{10 + i % 5:02d}T12:00:00Z"  # ties on created_at: id breaks them
+        rec["user_scores"] = {"clarity": 1 + i % 5} if i % 4 else {}  # some without a gap
+        records.append(rec)
+    session = Session(engine, expire_on_commit=False)
+    import_evaluations(session=session, records=records, reviewer="tester")
+    session.commit()
+    for sid in ("s_04", "s_07"):
+        assert archive_evaluation(session=session, snapshot_id=sid, reviewer="tester")
+    session.commit()
+    return session
+
+
+def _scan_ids(session: Session, filters: EvaluationFilters) -> list[str]:
+    """The reference: every match by the LIKE on the stored text, in list order."""
+    stmt = (
+        select(EvaluationSnapshot.id)
+        .where(*filter_conditions(filters, text_form="scan"))
+        .order_by(*_order_by(filters.sort))
+    )
+    return list(session.exec(stmt).all())
+
+
+def _paged_ids(session: Session, filters: EvaluationFilters, limit: int) -> list[str]:
+    """Every page in turn, each after the previous page's key (how the page pages on)."""
+    ids: list[str] = []
+    after = None
+    while True:
+        rows = fetch_page(session=session, filters=filters, limit=limit, after=after)
+        ids += [r.id for r in rows]
+        if len(rows) < limit:
+            return ids
+        after = page_key(rows[-1], filters.sort)
+
+
+@pytest.mark.parametrize("rare_matches", [0, 1_000])  # 0: every query is common; 1,000: every one rare
+@pytest.mark.parametrize("sort", ["newest", "weighted_gap", "max_gap"])
+@pytest.mark.parametrize("archived", [False, True])
+def test_rare_and_common_queries_list_what_the_scan_lists(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, rare_matches: int, sort: str, archived: bool
+) -> None:
+    monkeypatch.setattr(search, "RARE_MATCHES", rare_matches)
+    with _many(engine) as session:
+        for query in ("password", "CASE 1", "other topic 6", "no such words"):
+            filters = EvaluationFilters(text=query, sort=sort, archived=archived)  # type: ignore[arg-type]
+            expected = _scan_ids(session, filters)
+            assert expected or query == "no such words" or archived
+            assert _paged_ids(session, filters, limit=3) == expected
+            assert [
+                r.id for r in fetch_page(session=session, filters=filters, offset=2, limit=3)
+            ] == expected[2:5]
+            assert count_evaluations(session=session, filters=filters) == len(expected)
+
+
+def test_a_common_page_walks_the_list_and_a_rare_one_starts_from_the_index(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if engine.dialect.name != "sqlite" or not sqlite_trigram_available():
+        pytest.skip("the rare/common split is SQLite's (PostgreSQL's planner picks from the GIN statistics)")
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    with _many(engine) as session:
+        filters = EvaluationFilters(text="password")
+        monkeypatch.setattr(search, "RARE_MATCHES", 5)  # 8 match: common
+        statements.clear()
+        fetch_page(session=session, filters=filters, limit=3)
+        page_sql = statements[-2]  # the ids; the last statement reads their rows
+        assert "LIKE" in page_sql and "MATCH" not in page_sql
+        monkeypatch.setattr(search, "RARE_MATCHES", 8)  # 8 match: rare
+        statements.clear()
+        fetch_page(session=session, filters=filters, limit=3)
+        assert "MATCH" in statements[-2] and "LIKE" not in statements[-2]
+
+
+@pytest.mark.parametrize(
+    ("cap", "expected"),
+    [
+        (10, 6),
+        (6, 6),
+        (5, 6),
+        (2, 3),
+    ],  # 6 live "password" rows (+2 archived): exact up to the cap, then cap + 1
+)
+def test_text_count_stops_at_the_cap_and_never_counts_archived_rows(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, cap: int, expected: int
+) -> None:
+    monkeypatch.setattr(counters, "COUNT_CAP", cap)
+    with _many(engine) as session:
+        total = count_evaluations(session=session, filters=EvaluationFilters(text="password"))
+        assert total == expected
+        assert counters.count_label(total) == (f"{cap:,}+" if expected > cap else f"{expected:,}")
+        # With the product filter too, the count is the same (the other, row-reading form).
+        both = EvaluationFilters(text="password", product="acme")
+        assert count_evaluations(session=session, filters=both) == expected
