@@ -463,6 +463,17 @@ def judged_metric_slugs(*, session: Session, products: Sequence[str]) -> list[st
     return [str(m) for m in session.execute(stmt).scalars()]
 
 
+def judged_languages(*, session: Session) -> list[str]:
+    """Languages of evaluations with live judgments, sorted (stand-alone judgments have none)."""
+    stmt = (
+        select(_LANGUAGE.c.language)
+        .where(_LANGUAGE.c.judgments > 0, _LANGUAGE.c.language != "")
+        .distinct()
+        .order_by(_LANGUAGE.c.language)
+    )
+    return [str(language) for language in session.execute(stmt).scalars()]
+
+
 def judged_day_range(*, session: Session, product: str | None = None) -> tuple[str | None, str | None]:
     """The first and last day (UTC, 'YYYY-MM-DD') with live judgments."""
     first, last = session.execute(

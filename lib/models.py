@@ -10,7 +10,7 @@ import secrets
 from datetime import UTC, date, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, Text, UniqueConstraint, event
+from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, Text, UniqueConstraint, event, text
 from sqlalchemy.orm import Session as OrmSession
 from sqlmodel import Field, SQLModel
 
@@ -213,7 +213,18 @@ class Judgment(SQLModel, table=True):
         # Serves select_history: equality on product (+metric) and was_corrected, newest first.
         Index("ix_judgment_history", "product", "was_corrected", "timestamp"),
         Index("ix_judgment_history_metric", "product", "metric", "was_corrected", "timestamp"),
-        Index("ix_judgment_queue", "reviewed_at", "product", "timestamp"),
+        # The review queue's "oldest open judgment of a product": open judgments only, in exactly the
+        # queue's order (timestamp, then id). Partial, because PostgreSQL does not treat
+        # `reviewed_at IS NULL` as fixing a leading column: (reviewed_at, product, timestamp) gave it
+        # no order, so it sorted every open judgment per product instead of reading one entry.
+        Index(
+            "ix_judgment_open",
+            "product",
+            "timestamp",
+            "id",
+            sqlite_where=text("reviewed_at IS NULL"),
+            postgresql_where=text("reviewed_at IS NULL"),
+        ),
         # The Evaluations list's review-state and metric filters: one covering probe per snapshot.
         Index("ix_judgment_snapshot_state", "snapshot_id", "reviewed_at", "was_corrected", "metric"),
     )

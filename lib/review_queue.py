@@ -155,7 +155,12 @@ def load_item(*, session: Session, key: str, filters: QueueFilter) -> QueueItem 
 def _oldest_open(
     session: Session, filters: QueueFilter, skipped: Collection[str], *, without_gap: bool = False
 ) -> Judgment | None:
-    """The oldest open judgment: one seek per product on the (reviewed_at, product, timestamp) index."""
+    """The oldest open judgment (ties: lowest id): one seek per product on `ix_judgment_open`.
+
+    That index holds open judgments only, as (product, timestamp, id): `_unreviewed()` selects it
+    and the ORDER BY is its own order, so SQLite and PostgreSQL read its first entry per product
+    (then probe the evaluation by primary key) instead of sorting every open judgment.
+    """
     products = [filters.product] if filters.product is not None else distinct_products(session=session)
     best: Judgment | None = None
     for product in products:
@@ -190,8 +195,13 @@ def _largest_gap_open(session: Session, filters: QueueFilter, skipped: Collectio
     if skipped_snapshots:
         stmt = stmt.where(col(EvaluationSnapshot.id).not_in(skipped_snapshots))
     # Ties newest first: the order of ix_snapshot_live_max_gap read backwards, so no sort at all.
+    # `deleted_at` leads it although it is always NULL here: PostgreSQL does not count `IS NULL`
+    # as fixing the index's first column, and without it sorted every live evaluation instead.
     stmt = stmt.order_by(
-        gap.desc(), col(EvaluationSnapshot.created_at).desc(), col(EvaluationSnapshot.id).desc()
+        col(EvaluationSnapshot.deleted_at).desc(),
+        gap.desc(),
+        col(EvaluationSnapshot.created_at).desc(),
+        col(EvaluationSnapshot.id).desc(),
     )
     stmt = stmt.limit(1)
     return session.exec(stmt).first()
@@ -230,13 +240,11 @@ def queue_progress(*, session: Session, filters: QueueFilter) -> QueueProgress:
 def queue_options(*, session: Session) -> dict[str, list[str]]:
     """Products, metrics and languages that have judgments, for the queue filters."""
     products = distinct_products(session=session)
-    languages = session.exec(
-        select(EvaluationSnapshot.language).distinct().order_by(EvaluationSnapshot.language)
-    ).all()
     return {
         "products": products,
         "metrics": distinct_metrics(session=session, products=products),
-        "languages": list(languages),
+        # From lib.counters like the others: a DISTINCT over every evaluation grew with the data.
+        "languages": counters.judged_languages(session=session),
     }
 
 

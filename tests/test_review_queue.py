@@ -7,7 +7,7 @@ import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 
 from lib import corrections
 from lib.corrections import DecisionScale
@@ -188,6 +188,69 @@ def test_judgments_of_archived_evaluations_never_appear(engine) -> None:
         assert queue_progress(session=s, filters=QueueFilter()).total == 2
 
 
+def test_oldest_first_breaks_timestamp_ties_by_id_across_and_within_products(engine) -> None:
+    standalone(engine, "first", product="beta")
+    evaluation(engine, "e", product="acme")
+    standalone(engine, "last", product="acme")
+    standalone(engine, "older-but-reviewed", hours=-1, product="acme")
+    review(engine, "older-but-reviewed", "INCLUDE")
+    with session_scope(engine, read_only=True) as s:
+        ids = {c: corrections.get_judgment(session=s, change_id=c).id for c in ("first", "last")}  # type: ignore[union-attr]
+    order = [f"judgment:{ids['first']}", "snapshot:e", f"judgment:{ids['last']}"]
+    assert [next_key(engine, tuple(order[:n])) for n in range(4)] == [*order, None]
+
+
+def _queue_statements(engine: Engine, filters: QueueFilter) -> list[tuple[str, object]]:
+    """The SQL (with parameters) that picking the next item runs."""
+    seen: list[tuple[str, object]] = []
+
+    def record(_conn, _cursor, statement, parameters, _context, _many) -> None:  # type: ignore[no-untyped-def]
+        seen.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        with session_scope(engine, read_only=True) as s:
+            assert next_item(session=s, filters=filters) is not None
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("order", "picks_by", "index"),
+    [
+        ("oldest", "ORDER BY judgments.timestamp", "ix_judgment_open"),
+        ("largest_gap", "ORDER BY evaluation_snapshots.deleted_at DESC", "ix_snapshot_live_max_gap"),
+    ],
+)
+def test_the_next_item_is_read_off_an_index_in_order_never_sorted(engine, order, picks_by, index) -> None:
+    """However many judgments wait, the next item costs one index seek: the index gives the order.
+
+    PostgreSQL is told to avoid sorts and table scans, so a plan that still sorts means no index
+    can give this order (as `(reviewed_at, product, timestamp)` could not: there `IS NULL` does not
+    fix the leading column, and it sorted every open judgment of a product).
+    """
+    evaluation(engine, "a", hours=0, gap=1.0)
+    evaluation(engine, "b", hours=1, gap=2.0, product="beta")
+    standalone(engine, "pr#1", hours=2)
+    statements = [
+        (sql, p) for sql, p in _queue_statements(engine, QueueFilter(order=order)) if picks_by in sql
+    ]
+    assert statements
+    with engine.connect() as conn:
+        if engine.dialect.name == "postgresql":
+            for setting in ("enable_seqscan", "enable_sort", "enable_incremental_sort", "enable_bitmapscan"):
+                conn.exec_driver_sql(f"SET {setting} = off")
+            explain = "EXPLAIN (COSTS OFF) "
+        else:
+            explain = "EXPLAIN QUERY PLAN "
+        for sql, parameters in statements:
+            plan = "\n".join(str(row[-1]) for row in conn.exec_driver_sql(explain + sql, parameters))  # type: ignore[arg-type]
+            assert index in plan, plan
+            assert "Sort" not in plan and "TEMP B-TREE" not in plan, plan
+        conn.rollback()
+
+
 @pytest.mark.parametrize(
     ("filters", "reviewed", "total"),
     [
@@ -236,6 +299,18 @@ def test_queue_options_list_products_metrics_and_languages(sqlite_engine) -> Non
             "metrics": ["clarity"],
             "languages": ["tr"],
         }
+
+
+def test_queue_options_offer_only_languages_with_live_judgments(engine) -> None:
+    evaluation(engine, "live", language="tr")
+    evaluation(engine, "gone", language="de", archived=True)
+    with session_scope(engine) as s:
+        s.add(
+            EvaluationSnapshot(id="unjudged", question="q", model_answer="a", product="acme", language="fr")
+        )
+    standalone(engine, "pr#1")
+    with session_scope(engine, read_only=True) as s:
+        assert queue_options(session=s)["languages"] == ["tr"]
 
 
 # ---------------------------------------------------------------------------------------------
