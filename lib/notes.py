@@ -394,6 +394,33 @@ class SessionSummary:
     counts: dict[str, int] = field(default_factory=dict)
 
 
+TIMELINE_SCAN_BATCH = 500  # note rows fetched at a time while looking for a timeline page's sessions
+
+
+def _latest_session_ids(session: Session, conds: Sequence[ColumnElement[bool]], count: int) -> list[str]:
+    """The first `count` sessions met walking the matching notes newest first (the timestamp index),
+    i.e. the sessions with the latest activity, in that order. The walk stops there: it reads the
+    notes of the sessions asked for (and of the pages before them), not every note."""
+    if count <= 0:
+        return []
+    stmt = (
+        select(SessionNote.session_id)
+        .where(*conds)
+        .order_by(*_newest_first())
+        .execution_options(yield_per=TIMELINE_SCAN_BATCH)
+    )
+    seen: dict[str, None] = {}
+    result = session.execute(stmt)
+    try:
+        for (session_id,) in result:
+            seen.setdefault(session_id, None)
+            if len(seen) >= count:
+                break
+    finally:
+        result.close()
+    return list(seen)
+
+
 def session_timeline(
     *,
     session: Session,
@@ -401,24 +428,27 @@ def session_timeline(
     limit: int = 50,
     offset: int = 0,
 ) -> list[SessionSummary]:
-    """Sessions with matching notes, newest activity first, counted per type in one GROUP BY."""
+    """Sessions with matching notes, latest activity first (their newest matching note), counted
+    per type. Finds the page's sessions by walking the notes newest first, then counts only those
+    sessions' notes: the work is the sessions shown (and skipped), not every session and note."""
     conds = _filters(session, filters)
+    offset, limit = max(0, offset), max(0, limit)
+    wanted = _latest_session_ids(session, conds, offset + limit)[offset:]
+    if not wanted:
+        return []
     kind = col(SessionNote.note_type)
-    last = func.max(SessionNote.timestamp)
     stmt = (
         select(
             SessionNote.session_id,
             func.count(),
             func.min(SessionNote.timestamp),
-            last,
+            func.max(SessionNote.timestamp),
             *(func.count().filter(kind == t) for t in NOTE_TYPES),
         )
-        .where(*conds)
+        .where(*conds, col(SessionNote.session_id).in_(wanted))
         .group_by(col(SessionNote.session_id))
-        .order_by(last.desc(), col(SessionNote.session_id).desc())
-        .offset(max(0, offset))
-        .limit(max(0, limit))
     )
+    found = {row[0]: row for row in session.exec(stmt).all()}
     return [
         SessionSummary(
             session_id=row[0],
@@ -427,7 +457,7 @@ def session_timeline(
             last_note=row[3],
             counts={t: int(n) for t, n in zip(NOTE_TYPES, row[4:], strict=True)},
         )
-        for row in session.exec(stmt).all()
+        for row in (found[sid] for sid in wanted if sid in found)
     ]
 
 

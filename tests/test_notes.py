@@ -641,6 +641,23 @@ def test_timeline_respects_filters_and_paging(corpus: Engine) -> None:
     assert [t.session_id for t in page] == ["s_two"]
 
 
+def test_timeline_orders_overlapping_sessions_by_their_latest_note(engine: Engine, monkeypatch) -> None:
+    monkeypatch.setattr(notes, "TIMELINE_SCAN_BATCH", 1)  # the walk crosses fetch batches
+    for minutes, sid in [(1, "early"), (2, "middle"), (3, "late"), (4, "early"), (5, "middle")]:
+        put(engine, session_id=sid, content=f"{sid} {minutes}", timestamp=NOW + timedelta(minutes=minutes))
+    with session_scope(engine, read_only=True) as s:
+        pages = [notes.session_timeline(session=s, limit=2, offset=o) for o in (0, 2, 4)]
+        tips = notes.session_timeline(session=s, filters=notes.NoteFilter(query="early"))
+    assert [[(t.session_id, t.notes) for t in page] for page in pages] == [
+        [("middle", 2), ("early", 2)],
+        [("late", 1)],
+        [],
+    ]
+    assert pages[0][1].first_note == NOW + timedelta(minutes=1)
+    assert pages[0][1].last_note == NOW + timedelta(minutes=4)
+    assert [(t.session_id, t.notes) for t in tips] == [("early", 2)]
+
+
 def test_timeline_frame_has_a_column_per_type(corpus: Engine) -> None:
     with session_scope(corpus, read_only=True) as s:
         frame = notes.timeline_frame(notes.session_timeline(session=s))
