@@ -661,6 +661,11 @@ def _distinct_values(session: Session, column: str) -> list[str]:
     return [str(v) for (v,) in session.connection().execute(sql).all()]
 
 
+def distinct_languages(*, session: Session) -> list[str]:
+    """Every language of a stored evaluation (live or archived), sorted: one index probe per language."""
+    return _distinct_values(session, "language")
+
+
 @dataclass(frozen=True)
 class FilterOptions:
     """The values the filter selectboxes offer."""

@@ -29,3 +29,15 @@ def test_known_products_are_rubric_products_and_those_with_live_evaluations(sess
     inspector.archive_evaluation(session=session, snapshot_id="s2", reviewer="rita")
     session.commit()
     assert evaluation_form.known_products(session=session) == ["Live", "Rubric only"]
+
+
+def test_known_languages_are_stored_ones_plus_english_and_turkish(session: Session) -> None:
+    assert evaluation_form.known_languages(session=session) == ["en", "tr"]
+    rows = [snapshot(f"s{i}", "P") for i in range(4)]
+    for row, language in zip(rows, ["de", "ar", "de", "tr"], strict=True):
+        row.language = language
+    session.add_all(rows)
+    session.commit()
+    inspector.archive_evaluation(session=session, snapshot_id="s1", reviewer="rita")  # "ar": archived only
+    session.commit()
+    assert evaluation_form.known_languages(session=session) == ["ar", "de", "en", "tr"]
