@@ -62,6 +62,8 @@ def test_expert_feedback_makes_a_precedent_for_a_later_interaction(streamlit_app
         page.get_by_text("Interaction later").wait_for(timeout=30_000)
         page.get_by_text("Outcome: matched").wait_for(timeout=30_000)
         page.get_by_text("Copied total").wait_for(timeout=30_000)
+        # The match trace streams in after the metrics: wait for its last part before reading.
+        page.get_by_text("Citation ✅ matches").wait_for(timeout=30_000)
         body = page.inner_text("body")
     except Exception:
         page.screenshot(path=str(tmp_path / "precedents_failure.png"), full_page=True)
