@@ -141,7 +141,13 @@ types = cols[0].multiselect(
     "Type", NOTE_TYPES, key="notes_types", placeholder="All types", format_func=notes.note_type_label
 )
 language = cols[1].selectbox("Language", [ANY, *languages], key="notes_language", format_func=_language_label)
-session_choice = cols[2].selectbox("Session", [ANY, *recent_sessions], key="notes_session")
+session_choice = cols[2].selectbox(
+    "Session",
+    [ANY, *recent_sessions],
+    key="notes_session",
+    accept_new_options=True,  # the menu offers recent sessions; any other id can be typed
+    help="The sessions of the latest notes; type another session's id to see its notes.",
+)
 age_label = cols[3].selectbox("Age", list(AGES), key="notes_age")
 newer, older = AGES[age_label]
 now = utcnow()

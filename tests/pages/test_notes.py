@@ -203,6 +203,15 @@ def test_list_is_paginated(app_engine, open_page, monkeypatch) -> None:
     assert not at.exception
 
 
+def test_the_session_menu_names_the_sessions_of_the_latest_notes(seeded, open_page, monkeypatch) -> None:
+    monkeypatch.setattr(notes, "RECENT_SESSIONS_WINDOW", 1)  # the newest note only
+    at = open_page(PAGE)
+    assert at.selectbox(key="notes_session").options == ["(any)", "run_b"]
+    at = open_page(PAGE, query={"session": "run_a"})  # an older session still opens by link
+    assert listed(at) == ["universal failure 100%", "english tip"]
+    assert not at.exception
+
+
 def test_only_the_open_tab_runs(seeded, open_page, open_tab) -> None:
     at = open_page(PAGE)
     assert listed(at) and not at.get("plotly_chart") and not at.code  # timeline and prompt not built
