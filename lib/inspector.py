@@ -334,7 +334,11 @@ def _page_base(session: Session, filters: EvaluationFilters) -> Select[Any]:
     `search.RARE_MATCHES` rows), a common one by a walk that tests each row's text (lib.search)."""
     if filters.text:
         found = search.count_index_matches(
-            session=session, table=_S.__table__, query=filters.text, limit=search.RARE_MATCHES + 1
+            session=session,
+            table=_S.__table__,
+            query=filters.text,
+            limit=search.RARE_MATCHES + 1,
+            for_plan=True,
         )
         if found is not None and found > search.RARE_MATCHES:
             return select(col(_S.id)).where(*filter_conditions(filters, text_form="scan"))

@@ -62,6 +62,7 @@ MIN_TRIGRAM_CHARS = 3
 # crossover (at 1M rows): a sort reads each match once (~2.5 µs), a walk reads ~N/matches rows per
 # listed row (~5 µs each), so 5,000 keeps both under ~15 ms for a page of 25 (module doc).
 RARE_MATCHES = 5_000
+_SEEN_KEY = "lib.search.index_matches"  # session.info: (table, needle) -> (found, limit) of the last count
 LIKE_ESCAPE = "\\"
 
 # İ (U+0130) and ı (U+0131): case folding keeps ı apart from i and turns İ into i + combining dot.
@@ -162,15 +163,28 @@ def _index_rows(table: Table, needle: str) -> Any:
     return fts, literal_column(fts_name).op("MATCH")(phrase)
 
 
-def count_index_matches(*, session: Session, table: Table, query: str, limit: int) -> int | None:
+def count_index_matches(
+    *, session: Session, table: Table, query: str, limit: int, for_plan: bool = False
+) -> int | None:
     """How many rows the trigram index matches for `query`, counting at most `limit` (cheap: the index
-    hands out rowids one by one). None where no index answers (PostgreSQL, a short query, no FTS5)."""
+    hands out rowids one by one). None where no index answers (PostgreSQL, a short query, no FTS5).
+
+    `for_plan=True` may answer from an earlier count in this session (the page's match count has
+    just asked the same): only for choosing a plan, where a stale answer costs time, never rows.
+    """
     needle = normalize_search_text(query)
     if not needle or not _index_answers(session.get_bind().dialect.name, needle):
         return None
+    seen: dict[tuple[str, str], tuple[int, int]] = session.info.setdefault(_SEEN_KEY, {})
+    if for_plan and (table.name, needle) in seen:
+        found, asked = seen[(table.name, needle)]
+        if found < asked or asked >= limit:  # exact, or already at least `limit`
+            return min(found, limit)
     fts, match = _index_rows(table, needle)
-    found = select(fts.c.rowid).where(match).limit(limit).subquery()
-    return int(session.execute(select(func.count()).select_from(found)).scalar_one())
+    rows = select(fts.c.rowid).where(match).limit(limit).subquery()
+    found = int(session.execute(select(func.count()).select_from(rows)).scalar_one())
+    seen[(table.name, needle)] = (found, limit)
+    return found
 
 
 def index_matched_rows(*, session: Session, table: Table, query: str) -> FromClause | None:
