@@ -211,8 +211,10 @@ def filter_conditions(filters: EvaluationFilters, *, text_form: str = "match") -
         # The whole "to" day is included.
         conds.append(col(_S.created_at) < _day_start(filters.date_to + timedelta(days=1)))
     if filters.text and text_form != "none":
-        # Unicode-aware and literal, through the trigram index or row by row (lib.search).
-        conds.append(text_match(_S.__table__, filters.text, scan=text_form == "scan"))
+        # Unicode-aware and literal, through the trigram index or row by row (lib.search); the
+        # archived list tests its own rows one by one (SQLite's index holds the live ones only).
+        scan = text_form == "scan" or filters.archived
+        conds.append(text_match(_S.__table__, filters.text, scan=scan))
     return conds
 
 
@@ -304,15 +306,13 @@ def count_evaluations(*, session: Session, filters: EvaluationFilters, cap: int 
     cap = counters.COUNT_CAP if cap is None else cap  # read now: tests lower it
     matched = _text_matched_rows(session, filters)
     if matched is not None and filters == EvaluationFilters(text=filters.text, sort=filters.sort):
-        # Text alone, live rows: if the index matches more than cap + every archived row, more than
-        # cap live rows match, whichever the archived ones are; the index alone says so (no row reads).
-        totals = counters.evaluation_totals_by_product(session=session).values()
-        bound = cap + sum(t.archived for t in totals)
+        # Text alone over live rows: the index holds exactly the live rows (lib.search), so its own
+        # count, stopped at cap + 1, is the answer; no row is read.
         found = search.count_index_matches(
-            session=session, table=_S.__table__, query=filters.text, limit=bound + 1
+            session=session, table=_S.__table__, query=filters.text, limit=cap + 1
         )
-        if found is not None and found > bound:
-            return cap + 1
+        if found is not None:
+            return found
     if matched is not None:
         # From the text index: stops at cap + 1 matches, however many there are (lib.search).
         stmt = select(col(_S.id)).select_from(matched).where(*filter_conditions(filters, text_form="none"))
@@ -323,8 +323,9 @@ def count_evaluations(*, session: Session, filters: EvaluationFilters, cap: int 
 
 
 def _text_matched_rows(session: Session, filters: EvaluationFilters) -> Any:
-    """The snapshots joined to their text index's matches, or None without a text filter or an index."""
-    if not filters.text:
+    """The live snapshots joined to their text index's matches; None without a text filter, for the
+    archived list (the index holds live rows only) or without an index."""
+    if not filters.text or filters.archived:
         return None
     return search.index_matched_rows(session=session, table=_S.__table__, query=filters.text)
 
@@ -332,7 +333,7 @@ def _text_matched_rows(session: Session, filters: EvaluationFilters) -> Any:
 def _page_base(session: Session, filters: EvaluationFilters) -> Select[Any]:
     """The ids a page is cut from: a rare text query from its index matches (a sort of at most
     `search.RARE_MATCHES` rows), a common one by a walk that tests each row's text (lib.search)."""
-    if filters.text:
+    if filters.text and not filters.archived:
         found = search.count_index_matches(
             session=session,
             table=_S.__table__,

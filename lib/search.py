@@ -19,7 +19,9 @@ How it is found without a scan (the index is built by migration 0008):
 - SQLite: an FTS5 table `<table>_search` with the `trigram` tokenizer over `search_text` (external
   content, so the text is not stored twice), kept in step by triggers; the condition is
   `rowid IN (SELECT rowid FROM <table>_search WHERE <table>_search MATCH '"<query>"')`. A trigram
-  phrase matches exactly the rows that contain the query as a substring.
+  phrase matches exactly the rows that contain the query as a substring. The evaluations' index holds
+  live rows only (migration 0014, `INDEX_LEAVES_OUT`): a count of a live list's matches is then the
+  index's own count. The condition adds the archived rows whose stored text matches, row by row.
 - PostgreSQL: a `pg_trgm` GIN index on `search_text`; the condition is `search_text LIKE '%query%'`,
   which the planner answers from the index.
 - A query of fewer than three characters has no trigram: it is a LIKE over the normalised column
@@ -36,8 +38,10 @@ at `RARE_MATCHES` + 1 (`count_index_matches`, cheap because the index hands rowi
 - common: the page walks the list's own ordered index and tests each row's stored text with the LIKE
   (`text_match(..., scan=True)`); with at least `RARE_MATCHES` matches among the rows, a page of 25 is
   found within a bounded stretch of the walk, and it stops there.
-A capped count always starts from the index (`index_matched_rows` under a LIMIT): it stops at the cap.
-All three forms state the same condition: the stored normalised text contains the normalised query.
+A capped count always starts from the index (`index_matched_rows` under a LIMIT): it stops at the cap;
+for text alone over live evaluations the index's count (`count_index_matches`) is the count.
+`count_index_matches` and `index_matched_rows` see indexed rows only: for evaluations, live ones.
+Every form states the same condition: the stored normalised text contains the normalised query.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ MIN_TRIGRAM_CHARS = 3
 # crossover (at 1M rows): a sort reads each match once (~2.5 µs), a walk reads ~N/matches rows per
 # listed row (~5 µs each), so 5,000 keeps both under ~15 ms for a page of 25 (module doc).
 RARE_MATCHES = 5_000
+# Rows SQLite's index leaves out: those where this column is set (archived evaluations, migration 0014).
+INDEX_LEAVES_OUT: dict[str, str] = {"evaluation_snapshots": "deleted_at"}
 _SEEN_KEY = "lib.search.index_matches"  # session.info: (table, needle) -> (found, limit) of the last count
 LIKE_ESCAPE = "\\"
 
@@ -166,8 +172,9 @@ def _index_rows(table: Table, needle: str) -> Any:
 def count_index_matches(
     *, session: Session, table: Table, query: str, limit: int, for_plan: bool = False
 ) -> int | None:
-    """How many rows the trigram index matches for `query`, counting at most `limit` (cheap: the index
-    hands out rowids one by one). None where no index answers (PostgreSQL, a short query, no FTS5).
+    """How many indexed rows (for evaluations: live ones) contain `query`, counting at most `limit`
+    (cheap: the index hands out rowids one by one). None where no index answers (PostgreSQL, a short
+    query, no FTS5).
 
     `for_plan=True` may answer from an earlier count in this session (the page's match count has
     just asked the same): only for choosing a plan, where a stale answer costs time, never rows.
@@ -188,8 +195,8 @@ def count_index_matches(
 
 
 def index_matched_rows(*, session: Session, table: Table, query: str) -> FromClause | None:
-    """`table` joined to the rows its trigram index matches for `query`: a FROM that starts from the
-    index, so its cost follows the matches (for a capped count, or a sort of a rare query's rows).
+    """`table`'s indexed rows (for evaluations: live ones) that contain `query`, as a FROM that starts
+    from the index, so its cost follows the matches (for a capped count, or a sort of a rare query's rows).
     None where no index answers (PostgreSQL, a short query, no FTS5): use `text_match` there."""
     needle = normalize_search_text(query)
     if not needle or not _index_answers(session.get_bind().dialect.name, needle):
@@ -212,4 +219,12 @@ def _compile_sqlite(element: TextMatch, compiler: SQLCompiler, **kw: Any) -> str
     quote = compiler.preparer.quote
     fts = quote(search_table_name(element.table.name))
     param = compiler.process(bindparam(None, _fts_phrase(element.needle), type_=String(), unique=True), **kw)
-    return f"{quote(element.table.name)}.rowid IN (SELECT rowid FROM {fts} WHERE {fts} MATCH {param})"
+    table = quote(element.table.name)
+    matches = f"SELECT rowid FROM {fts} WHERE {fts} MATCH {param}"
+    left_out = INDEX_LEAVES_OUT.get(element.table.name)
+    if left_out:  # rows the index does not hold: their stored text, one by one (an index range of them)
+        like = compiler.process(element.like(), **kw)
+        matches += (
+            f" UNION ALL SELECT rowid FROM {table} WHERE {table}.{quote(left_out)} IS NOT NULL AND {like}"
+        )
+    return f"{table}.rowid IN ({matches})"

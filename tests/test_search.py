@@ -24,6 +24,7 @@ from lib.inspector import (
     filter_conditions,
     list_evaluations,
     page_key,
+    restore_evaluation,
 )
 from lib.models import EvaluationSnapshot, Judgment, MetricScore
 from lib.notes import add_note, search_notes
@@ -466,3 +467,67 @@ def test_text_count_stops_at_the_cap_and_never_counts_archived_rows(
         # With the product filter too, the count is the same (the other, row-reading form).
         both = EvaluationFilters(text="password", product="acme")
         assert count_evaluations(session=session, filters=both) == expected
+
+
+def _index_holds(session: Session, phrase: str) -> set[str]:
+    """The ids SQLite's FTS index itself returns for `phrase` (no condition around it)."""
+    fts = search_table_name("evaluation_snapshots")
+    rows = session.connection().exec_driver_sql(
+        f"SELECT s.id FROM {fts} JOIN evaluation_snapshots s ON s.rowid = {fts}.rowid WHERE {fts} MATCH ?",
+        (f'"{phrase}"',),
+    )
+    return {r[0] for r in rows}
+
+
+def test_the_evaluation_index_holds_live_rows_through_archive_restore_edit_and_delete(engine: Engine) -> None:
+    if engine.dialect.name != "sqlite" or not sqlite_trigram_available():
+        pytest.skip("SQLite's FTS index (PostgreSQL's GIN index holds every row)")
+    with _many(engine) as session:
+        live = {f"s_{i:02d}" for i in range(12) if i % 3} - {"s_04", "s_07"}
+        assert _index_holds(session, "password") == live
+        assert restore_evaluation(session=session, snapshot_id="s_04", reviewer="tester")
+        session.execute(
+            update(EvaluationSnapshot)
+            .where(col(EvaluationSnapshot.id) == "s_07")
+            .values(question="no longer about that", search_text="no longer about that")
+        )
+        assert archive_evaluation(session=session, snapshot_id="s_05", reviewer="tester")
+        session.execute(delete(Judgment).where(col(Judgment.snapshot_id).in_(["s_07", "s_08"])))
+        session.execute(delete(MetricScore).where(col(MetricScore.snapshot_id).in_(["s_07", "s_08"])))
+        session.execute(delete(EvaluationSnapshot).where(col(EvaluationSnapshot.id).in_(["s_07", "s_08"])))
+        session.commit()
+        live = (live | {"s_04"}) - {"s_05", "s_08"}
+        assert _index_holds(session, "password") == live
+        assert _index_holds(session, "no longer") == set()  # s_07 was archived when edited, then deleted
+        # The plain condition still finds archived rows (by their stored text), the lists split them.
+        everything = select(EvaluationSnapshot.id).where(text_match(EvaluationSnapshot.__table__, "password"))
+        assert set(session.exec(everything).all()) == live | {"s_05"}
+        archived = EvaluationFilters(text="password", archived=True)
+        assert [r.id for r in fetch_page(session=session, filters=archived)] == ["s_05"]
+        assert count_evaluations(session=session, filters=archived) == 1
+
+
+def test_migration_0014_takes_archived_rows_out_of_the_index_and_back(tmp_path: Path) -> None:
+    if not sqlite_trigram_available():
+        pytest.skip("no FTS5 trigram tokenizer in this Python's SQLite")
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'm.db'}")
+    cfg = alembic_config(engine)
+    command.upgrade(cfg, "0013")
+    with engine.begin() as conn:
+        for sid, deleted in (("s_live", "NULL"), ("s_gone", "'2025-02-01 00:00:00'")):
+            conn.exec_driver_sql(
+                "INSERT INTO evaluation_snapshots (id, created_at, question, model_answer, product, language, "
+                "bonus_metrics, user_scores_json, judge_scores_json, evidence_count, evidence_highlighted, "
+                "evidence_unlocated, evidence_unverified, chat_turn_count, max_chat_turns, status, deleted_at, "
+                f"search_text) VALUES ('{sid}', '2025-01-01 00:00:00', 'password', 'a', 'p', 'en', '[]', '{{}}', "
+                f"'{{}}', 0, 0, 0, 0, 0, 15, 'active', {deleted}, 'password')"
+            )
+    with Session(engine) as session:
+        assert _index_holds(session, "password") == {"s_live", "s_gone"}
+    command.upgrade(cfg, "0014")
+    with Session(engine) as session:
+        assert _index_holds(session, "password") == {"s_live"}
+    command.downgrade(cfg, "0013")
+    with Session(engine) as session:
+        assert _index_holds(session, "password") == {"s_live", "s_gone"}
+    engine.dispose()
