@@ -27,7 +27,15 @@ def _fresh_cache() -> None:
 
 
 @pytest.fixture
-def open_tab(app_engine: Engine) -> Any:
+def any_app_engine(monkeypatch: pytest.MonkeyPatch, db_url: str, engine: Engine) -> Engine:
+    """The page on SQLite and on PostgreSQL (the same database the `engine` fixture opened)."""
+    monkeypatch.setenv("OVERRULE_DATABASE_URL", db_url)
+    reset_settings()
+    return engine
+
+
+@pytest.fixture
+def open_tab() -> Any:
     """Open the page on one tab, as a reviewer who clicked it (only the open tab runs)."""
 
     def _open(tab: str, *, reviewer: str | None = None) -> AppTest:
@@ -220,12 +228,14 @@ def test_only_the_open_tab_runs(seeded, open_page, open_tab) -> None:
     assert not at.exception
 
 
-def test_timeline_shows_the_latest_sessions_and_pages_further_back(app_engine, open_tab, monkeypatch) -> None:
+def test_timeline_shows_the_latest_sessions_and_pages_further_back(
+    any_app_engine, open_tab, monkeypatch
+) -> None:
     monkeypatch.setenv("OVERRULE_PAGE_SIZE", "2")
     reset_settings()
     now = utcnow()
     for age, sid in enumerate(["run_new", "run_mid", "run_old"]):
-        put(app_engine, content=f"from {sid}", session_id=sid, timestamp=now - timedelta(days=age))
+        put(any_app_engine, content=f"from {sid}", session_id=sid, timestamp=now - timedelta(days=age))
     at = open_tab("Timeline")
     assert (
         "Showing the latest sessions 1–2 of 3 (newest activity first); page back to look further back."
@@ -240,11 +250,11 @@ def test_timeline_shows_the_latest_sessions_and_pages_further_back(app_engine, o
     assert not at.exception
 
 
-def test_download_offers_every_match_not_just_the_page(app_engine, open_page, monkeypatch) -> None:
+def test_download_offers_every_match_not_just_the_page(any_app_engine, open_page, monkeypatch) -> None:
     monkeypatch.setenv("OVERRULE_PAGE_SIZE", "3")
     reset_settings()
     for i in range(7):
-        put(app_engine, content=f"n{i}")
+        put(any_app_engine, content=f"n{i}")
     at = open_page(PAGE)
     assert len(listed(at)) == 3
     assert [b.proto.label for b in at.get("download_button")] == ["Download CSV (all 7 matches)"]
@@ -253,7 +263,7 @@ def test_download_offers_every_match_not_just_the_page(app_engine, open_page, mo
     assert not at.exception
 
 
-def test_download_link_streams_every_matching_note(app_engine, open_page, monkeypatch) -> None:
+def test_download_link_streams_every_matching_note(any_app_engine, open_page, monkeypatch) -> None:
     import csv
     import io
 
@@ -268,7 +278,7 @@ def test_download_link_streams_every_matching_note(app_engine, open_page, monkey
     now = utcnow()
     for i in range(5):
         put(
-            app_engine,
+            any_app_engine,
             content=f"n{i}",
             language="tr" if i % 2 else "en",
             timestamp=now - timedelta(minutes=i),
