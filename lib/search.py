@@ -66,7 +66,7 @@ SEARCHABLE: dict[str, str] = {"evaluation_snapshots": "question", "session_notes
 MIN_TRIGRAM_CHARS = 3
 # Up to this many index matches a list sorts them; above it the list walks its ordered index. The
 # crossover (at 1M rows): a sort reads each match once (~2.5 µs), a walk reads ~N/matches rows per
-# listed row (~5 µs each), so 5,000 keeps both under ~15 ms for a page of 25 (module doc).
+# listed row (~5 µs each); at 5,000 either costs ~15-30 ms for a page of 25, and less on both sides.
 RARE_MATCHES = 5_000
 # Rows SQLite's index leaves out: those where this column is set (archived evaluations, migration 0014).
 INDEX_LEAVES_OUT: dict[str, str] = {"evaluation_snapshots": "deleted_at"}
