@@ -19,13 +19,16 @@ Other bench scripts call `generate(engine, judgments=N, snapshots=M, seed=0)` or
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import random
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from itertools import chain, islice
+from itertools import chain
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -34,28 +37,46 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python bench/gen.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import Connection, Engine, Table  # noqa: E402
+from sqlalchemy import Connection, Dialect, Engine, Table  # noqa: E402
 from sqlmodel import Session  # noqa: E402
 
-from lib import counters  # noqa: E402
-from lib.bulk import deferred_indexes, insert_tuples, worth_deferring  # noqa: E402
+from lib import counters, scores  # noqa: E402
+from lib.bulk import deferred_indexes, insert_tuples, row_binder, worth_deferring  # noqa: E402
 from lib.db import init_db  # noqa: E402
 
 # The importer's row rules for cache entries and notes (private there: one rule, one place).
 from lib.importer import _cache_judgment_row, _note_row  # noqa: E402
 from lib.metrics import DEFAULT_METRICS  # noqa: E402
-from lib.models import EvaluationSnapshot, Judgment, SessionNote, compute_was_corrected  # noqa: E402
+from lib.models import (  # noqa: E402
+    EvaluationSnapshot,
+    Judgment,
+    MetricScore,
+    SessionNote,
+    compute_was_corrected,
+)
+from lib.search import SEARCHABLE, deferred_search_index  # noqa: E402
 from lib.snapshots import MetricSet, evaluation_row, snapshot_judgment_rows  # noqa: E402
 
 # Bump when the rows change: bench_pages.py rebuilds its cached databases when this moves.
-GEN_VERSION = 5
+GEN_VERSION = 6
 JUDGMENTS_PER_EVALUATION = 10
 BATCH_EVALUATIONS = 2_000
-SQLITE_LOAD_PRAGMAS = ("journal_mode = OFF", "synchronous = OFF", "cache_size = -1048576")
-SQLITE_APP_PRAGMAS = ("journal_mode = WAL", "synchronous = NORMAL", "cache_size = -2000")
+# While the file is built: no journal, no fsync, a 1 GiB page cache, sorts for the index builds in
+# memory and on two threads, and no foreign-key probe per row (every row points at a row of its batch).
+SQLITE_LOAD_PRAGMAS = (
+    "journal_mode = OFF", "synchronous = OFF", "cache_size = -1048576", "temp_store = MEMORY",
+    "threads = 2", "foreign_keys = OFF",
+)  # fmt: skip
+SQLITE_APP_PRAGMAS = (
+    "journal_mode = WAL", "synchronous = NORMAL", "cache_size = -2000", "temp_store = DEFAULT",
+    "threads = 0", "foreign_keys = ON",
+)  # fmt: skip
+# The registered rebuild (`python -m lib recount`) of the score rows, which the load writes itself.
+SCORES_REBUILD = "metric_scores"
 _SNAPSHOTS: Table = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
 _JUDGMENTS: Table = Judgment.__table__  # type: ignore[attr-defined]
 _NOTES: Table = SessionNote.__table__  # type: ignore[attr-defined]
+_SCORES: Table = MetricScore.__table__  # type: ignore[attr-defined]
 START = datetime(2025, 1, 1, tzinfo=UTC)
 YEAR_SECONDS = 365 * 24 * 3600
 PRODUCTS = ("Acme Fungear", "Globex Search", "Initech Support", "Umbrella Health", "Hooli Mail")
@@ -109,15 +130,16 @@ def _score(rng: random.Random) -> int:
     return rng.choice((1, 2, 3, 3, 4, 4, 4, 5, 5))
 
 
-def evaluation_records(count: int, *, seed: int = 0) -> Iterator[dict[str, Any]]:
-    """`count` evaluation records as an import file holds them (ids `snap_0000000`, ...; deterministic).
+def evaluation_records(count: int, *, seed: int = 0, start: int = 0) -> Iterator[dict[str, Any]]:
+    """`count` evaluation records from number `start` as an import file holds them (ids `snap_0000000`,
+    ...; deterministic for (seed, start)).
 
     All 8 default metrics scored by user and judge, 0–3 evidence quotes (most found in the answer,
     some paraphrased so that they stay unverified), 1% later archived (`archived_at`, not an import
     field: `generate` applies it).
     """
-    rng = random.Random(f"evaluations-{seed}")
-    for i in range(count):
+    rng = random.Random(f"evaluations-{seed}-{start}")
+    for i in range(start, start + count):
         sentences = rng.sample(SENTENCES, 3)
         answer = " ".join(sentences)
         user = {m: _score(rng) for m in METRICS}
@@ -213,11 +235,12 @@ def judgment_rows(count: int, *, seed: int = 0, snapshots: int = 0) -> Iterator[
 
 @dataclass
 class _Batch:
-    """Rows of a few thousand evaluations, as tuples in each table's column order."""
+    """Rows of a few thousand evaluations (and their share of the rest), bound as the driver takes them."""
 
-    snapshots: list[tuple[Any, ...]] = field(default_factory=list)
-    judgments: list[tuple[Any, ...]] = field(default_factory=list)
-    notes: list[tuple[Any, ...]] = field(default_factory=list)
+    snapshots: list[Sequence[Any]] = field(default_factory=list)
+    judgments: list[Sequence[Any]] = field(default_factory=list)
+    notes: list[Sequence[Any]] = field(default_factory=list)
+    scores: list[Sequence[Any]] = field(default_factory=list)
 
 
 SNAPSHOT_COLUMNS = (
@@ -237,6 +260,13 @@ NOTE_COLUMNS = (
     "timestamp", "language", "note_type", "content", "phelps_code", "confidence", "session_id",
     "pinned", "auto_pinned", "prerequisites", "created_by", "search_text",
 )  # fmt: skip
+# Each table a batch fills: (table, the batch's attribute, columns, columns already in stored form).
+LOADED: tuple[tuple[Table, str, Sequence[str], tuple[str, ...]], ...] = (
+    (_SNAPSHOTS, "snapshots", SNAPSHOT_COLUMNS, ()),
+    (_JUDGMENTS, "judgments", JUDGMENT_COLUMNS, ()),
+    (_NOTES, "notes", NOTE_COLUMNS, ("prerequisites",)),  # the importer's note rule serialises it
+    (_SCORES, "scores", scores.SCORE_COLUMNS, ()),
+)
 # Columns the builders leave to the table's defaults, given here since rows are written as tuples.
 STORED_DEFAULTS = {
     "deleted_at": None,
@@ -263,59 +293,148 @@ NOTE_TEXTS = (
 )
 
 
-def _batches(evaluations: int, extra_judgments: int, notes: int, seed: int) -> Iterator[_Batch]:
-    """Every row of the database in batches of BATCH_EVALUATIONS evaluations (and their share of the rest)."""
+@dataclass(frozen=True)
+class _Plan:
+    """A database's rows cut into batches: batch k depends on (seed, k, batch size) alone, so the
+    rows are the same whichever process builds a batch and in whatever order."""
+
+    evaluations: int
+    extra: int  # code-review judgments
+    notes: int
+    seed: int
+    batch: int = BATCH_EVALUATIONS
+
+    @property
+    def batches(self) -> int:
+        others = (self.extra + self.notes) // (self.batch * JUDGMENTS_PER_EVALUATION)
+        return max(1, -(-self.evaluations // self.batch), others)
+
+    def share(self, total: int, k: int) -> tuple[int, int]:
+        """The slice [first, last) of `total` rows that batch `k` holds."""
+        return total * k // self.batches, total * (k + 1) // self.batches
+
+
+def _build_batch(plan: _Plan, k: int, dialect: Dialect) -> _Batch:
+    """Batch `k`'s rows by lib's builders, bound for `dialect` (in a worker, off the writer's core)."""
     metric_sets = {product: MetricSet(product, list(DEFAULT_METRICS)) for product in PRODUCTS}
-    rng = random.Random(f"reviews-{seed}")
+    rng = random.Random(f"reviews-{plan.seed}-{k}")
     scale = [str(s) for s in range(1, 6)]
     snapshot_values = itemgetter(*SNAPSHOT_COLUMNS)
     judgment_values = itemgetter(*JUDGMENT_COLUMNS)
     note_values = itemgetter(*NOTE_COLUMNS)
-    records = evaluation_records(evaluations, seed=seed)
-    cache = cache_entries(extra_judgments, seed=seed)
-    done_cache = done_notes = 0
-    done = 0
-    while done < evaluations or done_cache < extra_judgments or done_notes < notes:
-        batch = _Batch()
-        for record in islice(records, BATCH_EVALUATIONS):
-            archived_at = record.pop("archived_at")
-            row, judged, _explicit = evaluation_row(record, metric_sets.__getitem__, "bench")
-            row.update(STORED_DEFAULTS)
-            if archived_at is not None:  # as inspector.archive_evaluation leaves it
-                moment = datetime.fromisoformat(archived_at)
-                row.update(
-                    status="archived", deleted_at=moment, status_changed_by="bench", status_changed_at=moment
-                )
-            batch.snapshots.append(snapshot_values(row))
-            for judgment in snapshot_judgment_rows(row, judged):
-                judgment.update(UNREVIEWED)
-                _review(rng, judgment, scale)
-                batch.judgments.append(judgment_values(judgment))
-            done += 1
-        share = -(-extra_judgments * (done) // max(evaluations, 1)) if evaluations else extra_judgments
-        for change_id, entry in islice(
-            cache, max(0, share - done_cache) if done < evaluations else extra_judgments
-        ):
-            row = _cache_judgment_row(change_id, entry, rng.choice(REVIEWERS))
-            row["judge_model"] = rng.choice(JUDGES)
-            batch.judgments.append(judgment_values(row))
-            done_cache += 1
-        note_share = notes * done // max(evaluations, 1) if done < evaluations else notes
-        for i in range(done_notes, note_share):
-            note = _note_row(
-                {
-                    "note_type": ("TIP", "PATTERN", "FAILURE", "STRATEGY")[i % 4],
-                    "language": rng.choice(LANGUAGES),
-                    "content": f"{rng.choice(NOTE_TEXTS)} (#{i})",
-                    "session_id": f"bench-session-{i // 10}",
-                    "timestamp": _moment(rng).isoformat(),
-                },
-                "bench",
+    rows = _Batch()
+    scored: list[scores.ScoredSnapshot] = []
+    first, last = plan.share(plan.evaluations, k)
+    for record in evaluation_records(last - first, seed=plan.seed, start=first):
+        archived_at = record.pop("archived_at")
+        row, judged, _explicit = evaluation_row(record, metric_sets.__getitem__, "bench")
+        row.update(STORED_DEFAULTS)
+        if archived_at is not None:  # as inspector.archive_evaluation leaves it
+            moment = datetime.fromisoformat(archived_at)
+            row.update(
+                status="archived", deleted_at=moment, status_changed_by="bench", status_changed_at=moment
             )
-            note["prerequisites"] = note.pop("prerequisites__json")
-            batch.notes.append(note_values(note))
-            done_notes += 1
-        yield batch
+        rows.snapshots.append(snapshot_values(row))
+        # The importer's score rows (lib.scores.score_rows), live unless archived.
+        scored.append(
+            scores.ScoredSnapshot(
+                row["id"], row["product"], row["language"], row["created_at"], archived_at is None,
+                row["user_scores_json"], row["judge_scores_json"],
+            )
+        )  # fmt: skip
+        for judgment in snapshot_judgment_rows(row, judged):
+            judgment.update(UNREVIEWED)
+            _review(rng, judgment, scale)
+            rows.judgments.append(judgment_values(judgment))
+    first, last = plan.share(plan.extra, k)
+    for change_id, entry in cache_entries(last - first, seed=plan.seed, start=first):
+        row = _cache_judgment_row(change_id, entry, rng.choice(REVIEWERS))
+        row["judge_model"] = rng.choice(JUDGES)
+        rows.judgments.append(judgment_values(row))
+    first, last = plan.share(plan.notes, k)
+    for i in range(first, last):
+        note = _note_row(
+            {
+                "note_type": ("TIP", "PATTERN", "FAILURE", "STRATEGY")[i % 4],
+                "language": rng.choice(LANGUAGES),
+                "content": f"{rng.choice(NOTE_TEXTS)} (#{i})",
+                "session_id": f"bench-session-{i // 10}",
+                "timestamp": _moment(rng).isoformat(),
+            },
+            "bench",
+        )
+        note["prerequisites"] = note.pop("prerequisites__json")
+        rows.notes.append(note_values(note))
+    rows.scores = scores.score_rows(scored)  # type: ignore[assignment]
+    for table, name, columns, encoded in LOADED:
+        _names, bind = row_binder(dialect, table, columns, encoded=encoded)
+        setattr(rows, name, list(bind(getattr(rows, name))))
+    return rows
+
+
+_WORKER: tuple[_Plan, Dialect] | None = None
+
+
+def _start_worker(plan: _Plan, dialect: Dialect) -> None:
+    global _WORKER
+    _WORKER = (plan, dialect)
+
+
+def _worker_batch(k: int) -> _Batch:
+    assert _WORKER is not None
+    return _build_batch(_WORKER[0], k, _WORKER[1])
+
+
+def _built_batches(plan: _Plan, dialect: Dialect, workers: int) -> Iterator[_Batch]:
+    """Every batch in order; with `workers`, built by that many forked processes while the caller
+    writes (SQLite has one writer: the building is what runs in parallel). At most two batches per
+    worker wait, so memory stays flat whatever the size."""
+    if workers < 1 or plan.batches == 1:
+        for k in range(plan.batches):
+            yield _build_batch(plan, k, dialect)
+        return
+    # fork: the workers inherit the imported modules and the dialect (nothing is pickled but rows).
+    pool = multiprocessing.get_context("fork").Pool(workers, _start_worker, (plan, dialect))
+    try:
+        waiting: deque[Any] = deque()
+        for k in range(plan.batches):
+            waiting.append(pool.apply_async(_worker_batch, (k,)))
+            if len(waiting) >= 2 * workers:
+                yield waiting.popleft().get()
+        while waiting:
+            yield waiting.popleft().get()
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
+
+
+class Phases:
+    """Wall and CPU seconds of each step of a build (CPU of this process; workers are counted apart)."""
+
+    def __init__(self) -> None:
+        self.done: list[tuple[str, float, float]] = []
+        self._current: tuple[str, float, float] | None = None
+
+    def start(self, name: str) -> None:
+        """End the running step, if any, and start `name`."""
+        self.stop()
+        self._current = (name, time.perf_counter(), time.process_time())
+
+    def stop(self) -> None:
+        if self._current is not None:
+            name, wall, cpu = self._current
+            self.done.append((name, time.perf_counter() - wall, time.process_time() - cpu))
+            self._current = None
+
+    def report(self) -> str:
+        """One line per step: wall and this process's CPU seconds."""
+        width = max((len(name) for name, _w, _c in self.done), default=0)
+        return "\n".join(
+            f"  {name:<{width}}  {wall:8.1f} s wall  {cpu:8.1f} s CPU" for name, wall, cpu in self.done
+        )
 
 
 def generate(
@@ -325,51 +444,75 @@ def generate(
     snapshots: int | None = None,
     seed: int = 0,
     notes: int | None = None,
+    workers: int | None = None,
+    batch: int = BATCH_EVALUATIONS,
+    phases: Phases | None = None,
 ) -> dict[str, int]:
     """Fill a migrated, empty database: `snapshots` evaluations (default judgments // 10) with their 8
     metric judgments each, the rest of `judgments` as code-review judgments, and `notes` session notes
     (default snapshots // 100). Rows come from lib's builders (`evaluation_row`, the importer's cache
-    and note rows), written by `lib.bulk` with the secondary indexes built after the load.
+    and note rows, `lib.scores.score_rows`), built by `workers` processes (default: one per core; 0
+    builds here) and written by `lib.bulk` with the secondary and search indexes built after the
+    load, then the derived tables rebuilt by lib's rebuilds. The rows depend on `seed` and `batch`.
     """
     snapshots = judgments // 10 if snapshots is None else snapshots
     snapshots = min(snapshots, judgments // len(METRICS))  # every evaluation has its 8 judgments
-    extra = judgments - len(METRICS) * snapshots
     notes = snapshots // 100 if notes is None else notes
-    counts = {"snapshots": 0, "judgments": 0, "notes": 0}
+    plan = _Plan(snapshots, max(0, judgments - len(METRICS) * snapshots), notes, seed, batch)
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    phases = phases or Phases()
+    counts = dict.fromkeys(("snapshots", "judgments", "notes", "scores"), 0)
     sqlite = engine.dialect.name == "sqlite"
+    loaded = [table for table, *_rest in LOADED]
+    names = {
+        table.name: row_binder(engine.dialect, table, columns, encoded=encoded)[0]
+        for table, _attr, columns, encoded in LOADED
+    }
     with engine.connect() as conn:
         driver = conn.connection.driver_connection  # PRAGMAs outside a transaction (no autobegin)
         if sqlite:  # a benchmark file being built: no journal, no fsync, a large page cache
             for pragma in SQLITE_LOAD_PRAGMAS:
                 driver.execute(f"PRAGMA {pragma}")  # type: ignore[union-attr]
-        with conn.begin(), deferred_indexes(conn, [_SNAPSHOTS, _JUDGMENTS, _NOTES]):
-            for batch in _batches(snapshots, max(0, extra), notes, seed):
-                counts["snapshots"] += insert_tuples(conn, _SNAPSHOTS, SNAPSHOT_COLUMNS, batch.snapshots)
-                counts["judgments"] += insert_tuples(conn, _JUDGMENTS, JUDGMENT_COLUMNS, batch.judgments)
-                counts["notes"] += insert_tuples(
-                    conn, _NOTES, NOTE_COLUMNS, batch.notes, encoded=("prerequisites",)
-                )
-        # Derived tables in the same connection, still without journal and with the large cache:
-        # through the app's 2 MB cache and WAL the recount rewrote the evaluations at random (hours at 1M).
         with conn.begin():
-            rebuild_derived(conn)
+            with deferred_indexes(conn, loaded), deferred_search_index(conn, list(SEARCHABLE)):
+                phases.start("rows (build and insert)")
+                for rows in _built_batches(plan, engine.dialect, workers):
+                    for table, attr, _columns, _encoded in LOADED:
+                        counts[attr] += insert_tuples(
+                            conn, table, names[table.name], getattr(rows, attr), encoded=names[table.name]
+                        )
+                phases.start("search index (FTS5 rebuild)")
+            phases.start("secondary indexes")
+            rebuild_derived(conn, phases=phases, scores_loaded=True)
+            phases.start("commit")
         if sqlite:
             for pragma in SQLITE_APP_PRAGMAS:
                 driver.execute(f"PRAGMA {pragma}")  # type: ignore[union-attr]
     if engine.dialect.name == "postgresql":
+        phases.start("analyze")
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.exec_driver_sql("ANALYZE")
+    phases.stop()
     return counts
 
 
-def rebuild_derived(conn: Connection) -> None:
+def rebuild_derived(conn: Connection, *, phases: Phases | None = None, scores_loaded: bool = False) -> None:
     """What the app maintains on write but a bulk load bypasses, rebuilt by lib's own rebuilds in the
     caller's transaction: every derived table registered for `python -m lib recount` (counters,
     scores and agreement counts, ...), then planner statistics (SQLite; PostgreSQL's ANALYZE runs
-    outside a transaction after the commit)."""
+    outside a transaction after the commit). `scores_loaded`: the load wrote the score rows
+    (`lib.scores.score_rows`, as the importer does), so only their counts are rebuilt."""
+    phases = phases or Phases()
     with Session(bind=conn) as session:
-        counters.recount(session=session)
+        for name in counters.REBUILDS:
+            if scores_loaded and name == SCORES_REBUILD:
+                phases.start("recount agreement counts")
+                scores.recount_agreement(session=session)
+            else:
+                phases.start(f"recount {name}")
+                counters.recount(session=session, only=[name])
     if conn.dialect.name == "sqlite":
+        phases.start("analyze")
         conn.exec_driver_sql("ANALYZE")
 
 
@@ -413,6 +556,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--snapshots", type=int, default=None, help="default: rows / 10")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="replace an existing file")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="processes building rows (default: one per core; 0: none)"
+    )
     args = parser.parse_args(argv)
     if args.evaluations is not None:
         args.rows, args.snapshots = args.evaluations * JUDGMENTS_PER_EVALUATION, args.evaluations
@@ -422,15 +568,28 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         for suffix in ("", "-wal", "-shm"):
             Path(f"{args.db}{suffix}").unlink(missing_ok=True)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), os.times()
     url = args.url or f"sqlite:///{args.db.resolve()}"
+    phases = Phases()
+    phases.start("migrate")
     engine = init_db(url)
-    counts = generate(engine, judgments=args.rows, snapshots=args.snapshots, seed=args.seed)
+    counts = generate(
+        engine,
+        judgments=args.rows,
+        snapshots=args.snapshots,
+        seed=args.seed,
+        workers=args.workers,
+        phases=phases,
+    )
     engine.dispose()
+    done = os.times()
     print(
         f"{args.db or engine.url.render_as_string()}: {counts['judgments']:,} judgments, "
-        f"{counts['snapshots']:,} snapshots in {time.perf_counter() - started:.1f} s"
+        f"{counts['snapshots']:,} snapshots, {counts['notes']:,} notes in {time.perf_counter() - started:.1f} s "
+        f"(CPU: this process {done.user - cpu.user + done.system - cpu.system:.1f} s, "
+        f"workers {done.children_user - cpu.children_user + done.children_system - cpu.children_system:.1f} s)"
     )
+    print(phases.report())
     return 0
 
 

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from itertools import islice
 from typing import Any
 
-from sqlalchemy import Connection, Table, text
+from sqlalchemy import Connection, Dialect, Table, text
 from sqlalchemy.exc import DBAPIError
 
 COPY_ROWS = 20_000
@@ -47,13 +47,7 @@ def insert_tuples(
     `IntegrityError` (or other `DBAPIError`), as `conn.execute` would.
     """
     dialect = conn.dialect
-    defaults = _omitted_defaults(table, columns)
-    names = [*columns, *defaults]
-    processors: list[Callable[[Any], Any] | None] = [
-        None if name in encoded else table.c[name].type.dialect_impl(dialect).bind_processor(dialect)
-        for name in names
-    ]
-    convert = _converter(processors, tuple(defaults.values()))
+    names, convert = row_binder(dialect, table, columns, encoded=encoded)
     if dialect.name == "postgresql":
         sql = f'COPY "{table.name}" ({_names(names)}) FROM STDIN'
     else:
@@ -77,6 +71,24 @@ def insert_tuples(
     finally:
         cursor.close()
     return total
+
+
+def row_binder(
+    dialect: Dialect, table: Table, columns: Sequence[str], *, encoded: Collection[str] = ()
+) -> tuple[list[str], Callable[[list[Sequence[Any]]], Iterable[Sequence[Any]]]]:
+    """(stored column names, batch converter): `insert_tuples`' binding of rows, for a caller that
+    binds elsewhere (e.g. in worker processes) and inserts the result with `encoded` = every name.
+
+    The names are `columns` plus the omitted columns with a scalar default; the converter turns a
+    batch of tuples in `columns` order into rows of values as the driver receives them.
+    """
+    defaults = _omitted_defaults(table, columns)
+    names = [*columns, *defaults]
+    processors: list[Callable[[Any], Any] | None] = [
+        None if name in encoded else table.c[name].type.dialect_impl(dialect).bind_processor(dialect)
+        for name in names
+    ]
+    return names, _converter(processors, tuple(defaults.values()))
 
 
 def _names(columns: Sequence[str]) -> str:

@@ -184,6 +184,20 @@ def rebuild_scores_on(connection: Connection, *, count_tables: Collection[str] |
         _insert_rows(connection, rows)
         written += len(rows)
         last = batch[-1].id
+    _count_scores(connection, tables)
+    return written
+
+
+def recount_agreement(*, session: Session) -> None:
+    """Rebuild the count tables from the stored score rows (a bulk load that wrote `score_rows` itself)."""
+    connection = session.connection()
+    for table, _key in COUNT_TABLES:
+        connection.execute(delete(table))
+    _count_scores(connection, COUNT_TABLES)
+
+
+def _count_scores(connection: Connection, tables: Iterable[tuple[Table, Sequence[str]]]) -> None:
+    """Fill empty count tables with one grouped pass over the live score rows each."""
     for table, names in tables:
         key = [_SCORES.c[name] for name in names]
         connection.execute(
@@ -191,7 +205,6 @@ def rebuild_scores_on(connection: Connection, *, count_tables: Collection[str] |
                 [*names, "n"], select(*key, func.count()).where(_SCORES.c.live.is_(True)).group_by(*key)
             )
         )
-    return written
 
 
 def _decoded(value: Any) -> Any:

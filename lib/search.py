@@ -50,10 +50,23 @@ from __future__ import annotations
 
 import sqlite3
 import unicodedata
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Boolean, String, Table, bindparam, column, func, literal_column, select, true
+from sqlalchemy import (
+    Boolean,
+    Connection,
+    String,
+    Table,
+    bindparam,
+    column,
+    func,
+    literal_column,
+    select,
+    true,
+)
 from sqlalchemy import table as table_clause
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
@@ -235,3 +248,40 @@ def _compile_sqlite(element: TextMatch, compiler: SQLCompiler, **kw: Any) -> str
             f" UNION ALL SELECT rowid FROM {table} WHERE {table}.{quote(left_out)} IS NOT NULL AND {like}"
         )
     return f"{table}.rowid IN ({matches})"
+
+
+@contextmanager
+def deferred_search_index(conn: Connection, tables: Sequence[str]) -> Iterator[None]:
+    """Rows inserted inside the block are indexed for search once at its end (SQLite), not one by one.
+
+    The insert trigger indexes each row alone; FTS5's 'rebuild' indexes the whole table in one
+    pass, about a third of the CPU at 100k rows, then the rows the index leaves out
+    (`INDEX_LEAVES_OUT`: archived evaluations) are taken out again, as migration 0014 does. It reads
+    every row of the table, so it is for loads that are most of it (a benchmark build). Same
+    transaction as the caller's rows. PostgreSQL's trigram GIN index is an ordinary index
+    (`lib.bulk.deferred_indexes` defers those).
+    """
+    if conn.dialect.name != "sqlite":
+        yield
+        return
+    triggers = [
+        (table, name, sql)
+        for table in tables
+        for name, sql in conn.exec_driver_sql(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND name = ?",
+            (f"{search_table_name(table)}_ai",),
+        )
+    ]
+    for _table, name, _sql in triggers:
+        conn.exec_driver_sql(f'DROP TRIGGER "{name}"')
+    yield
+    for table, _name, sql in triggers:
+        fts = search_table_name(table)
+        conn.exec_driver_sql(f'INSERT INTO "{fts}"("{fts}") VALUES (\'rebuild\')')
+        left_out = INDEX_LEAVES_OUT.get(table)
+        if left_out:
+            conn.exec_driver_sql(
+                f'INSERT INTO "{fts}"("{fts}", rowid, search_text) SELECT \'delete\', rowid, search_text '
+                f'FROM "{table}" WHERE "{left_out}" IS NOT NULL'
+            )
+        conn.exec_driver_sql(sql)

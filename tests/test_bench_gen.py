@@ -1,0 +1,118 @@
+"""bench/gen.py: deterministic rows whatever process builds them, and a database a full recount agrees with."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, text
+from sqlmodel import Session
+
+from bench import gen
+from lib import counters, importer
+from lib.db import create_db_engine
+from lib.models import EvaluationSnapshot
+from lib.search import text_match
+from tests.conftest import sqlite_only
+
+# Small, but several batches (so forked workers really share the build) and every kind of row.
+SIZE = {"judgments": 1_200, "snapshots": 120, "notes": 7, "batch": 40}
+TABLES = ("evaluation_snapshots", "judgments", "session_notes", "metric_scores")
+DERIVED = (
+    "product_counts", "judgment_day_counts", "judgment_language_counts", "agreement_counts", "agreement_totals",
+)  # fmt: skip
+
+
+def _rows(engine: Engine, tables: tuple[str, ...]) -> dict[str, list[tuple[Any, ...]]]:
+    with engine.connect() as conn:
+        return {
+            t: sorted(map(tuple, conn.execute(text(f"SELECT * FROM {t}")).all()), key=repr) for t in tables
+        }
+
+
+def _copy(engine: Engine, tmp_path: Path, name: str) -> Engine:
+    """A second migrated SQLite file next to the fixture's (same schema, no Alembic run)."""
+    target = tmp_path / name
+    shutil.copyfile(engine.url.database or "", target)
+    return create_db_engine(f"sqlite:///{target}")
+
+
+@sqlite_only
+def test_the_same_seed_builds_the_same_rows_in_one_process_or_in_workers(
+    engine: Engine, tmp_path: Path
+) -> None:
+    others = [_copy(engine, tmp_path, f"{n}.db") for n in ("workers", "seed1")]
+    try:
+        counts = gen.generate(engine, seed=0, workers=0, **SIZE)
+        assert gen.generate(others[0], seed=0, workers=2, **SIZE) == counts
+        gen.generate(others[1], seed=1, workers=2, **SIZE)
+        here, forked, other_seed = (_rows(e, (*TABLES, *DERIVED)) for e in (engine, *others))
+    finally:
+        for other in others:
+            other.dispose()
+    assert counts == {"snapshots": 120, "judgments": 1_200, "notes": 7, "scores": len(here["metric_scores"])}
+    assert len(here["judgments"]) == 1_200 and len(here["session_notes"]) == 7
+    assert here == forked
+    assert here["evaluation_snapshots"] != other_seed["evaluation_snapshots"]
+    ids = [row[0] for row in here["evaluation_snapshots"]]
+    assert ids == [f"snap_{i:07d}" for i in range(120)]  # batches cover every number once
+
+
+def test_a_generated_database_is_what_a_full_recount_gives(engine: Engine) -> None:
+    """Score rows written during the load, the search index built after it and the counters all
+    equal what lib's rebuilds compute from the stored rows; the search trigger is back afterwards."""
+    gen.generate(engine, seed=3, workers=2, **SIZE)
+    built = _rows(engine, (*DERIVED, "metric_scores"))
+    with engine.connect() as conn:
+        snapshot_counts = conn.execute(
+            text("SELECT id, judgments_total, judgments_reviewed, judged_metrics FROM evaluation_snapshots")
+        ).all()
+    assert sum(len(rows) for rows in built.values()) > 100
+    assert any(total == 8 for _id, total, _r, _m in snapshot_counts)
+    with Session(engine) as s:
+        counters.recount(session=s)
+        s.commit()
+    assert _rows(engine, (*DERIVED, "metric_scores")) == built
+    with engine.connect() as conn:
+        assert (
+            conn.execute(
+                text(
+                    "SELECT id, judgments_total, judgments_reviewed, judged_metrics FROM evaluation_snapshots"
+                )
+            ).all()
+            == snapshot_counts
+        )
+    if engine.dialect.name != "sqlite":
+        return
+    with engine.begin() as conn:
+        assert conn.exec_driver_sql("PRAGMA foreign_key_check").all() == []
+        conn.exec_driver_sql(
+            "INSERT INTO session_notes_search(session_notes_search) VALUES ('integrity-check')"
+        )
+        # The evaluations' index holds the live rows, every one of them (lib.search.INDEX_LEAVES_OUT).
+        indexed = conn.exec_driver_sql(
+            "SELECT rowid FROM evaluation_snapshots_search WHERE evaluation_snapshots_search MATCH '\"(case\"' "
+            "ORDER BY rowid"
+        ).all()
+        live = conn.exec_driver_sql(
+            "SELECT rowid FROM evaluation_snapshots WHERE deleted_at IS NULL ORDER BY rowid"
+        ).all()
+        archived = conn.exec_driver_sql(
+            "SELECT count(*) FROM evaluation_snapshots WHERE deleted_at IS NOT NULL"
+        )
+        assert archived.scalar_one() > 0  # the seed archives some: the index must leave them out
+        assert indexed == live
+    record = {
+        "question": "Which giraffe crossing?", "model_answer": "That one.", "product": gen.PRODUCTS[0],
+        "user_scores": {"clarity": 4}, "judge_scores": {"clarity": 3},
+    }  # fmt: skip
+    with Session(engine) as s:  # imported after the build: indexed by the restored insert trigger
+        importer.import_evaluations(session=s, records=[record])
+        s.commit()
+    snapshots = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        found = conn.execute(snapshots.select().where(text_match(snapshots, "(case 117)"))).all()
+        assert [row.id for row in found] == ["snap_0000117"]
+        found = conn.execute(snapshots.select().where(text_match(snapshots, "GIRAFFE"))).all()
+        assert [row.question for row in found] == [record["question"]]
