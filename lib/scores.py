@@ -197,14 +197,19 @@ def recount_agreement(*, session: Session) -> None:
 
 
 def _count_scores(connection: Connection, tables: Iterable[tuple[Table, Sequence[str]]]) -> None:
-    """Fill empty count tables with one grouped pass over the live score rows each."""
+    """Fill empty count tables from the live score rows: the weekly counts with one grouped pass over
+    them, a coarser table (the totals) by summing the weekly counts (far fewer rows) when they are
+    filled too."""
+    filled: set[Table] = set()
     for table, names in tables:
-        key = [_SCORES.c[name] for name in names]
-        connection.execute(
-            insert(table).from_select(
-                [*names, "n"], select(*key, func.count()).where(_SCORES.c.live.is_(True)).group_by(*key)
-            )
-        )
+        if _COUNTS in filled and set(names) <= set(COUNT_KEY):
+            key = [_COUNTS.c[name] for name in names]
+            rows = select(*key, func.sum(_COUNTS.c.n)).group_by(*key)
+        else:
+            key = [_SCORES.c[name] for name in names]
+            rows = select(*key, func.count()).where(_SCORES.c.live.is_(True)).group_by(*key)
+        connection.execute(insert(table).from_select([*names, "n"], rows))
+        filled.add(table)
 
 
 def _decoded(value: Any) -> Any:
