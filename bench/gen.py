@@ -4,15 +4,20 @@
     python bench/gen.py --rows 1000000 --db bench/out/bench_1000000.db       # 1M judgments, 100k evaluations
     python bench/gen.py --evaluations 100000 --url postgresql://…/empty_db
 
-Deterministic for a seed. The rows are built by lib's own builders, so they are what an import
-would store: `lib.snapshots.evaluation_row` for each evaluation record (validation, evidence
-verification, gaps, judge meta score) and `snapshot_judgment_rows` for its 8 metric judgments, the
-importer's seed-004 cache rule for code-review judgments and its note rule for session notes.
-Reviews follow `compute_was_corrected`. Rows go through `lib.bulk` (tuples; COPY on PostgreSQL)
-with the secondary indexes built after the load; on SQLite without journal or fsync while the file
-is built. The mix is meant to look like production: 5 products, English and Turkish, half the
-judgments reviewed (a quarter overruled), 1% of evaluations archived, timestamps over 2025, and
-reasons that sometimes start with "- " or "=" (so CSV neutralisation has real work to do).
+Deterministic for a seed (and the batch size). The rows are built by lib's own builders, so they
+are what an import would store: `lib.snapshots.evaluation_row` for each evaluation record
+(validation, evidence verification, gaps, judge meta score) and `snapshot_judgment_rows` for its 8
+metric judgments, `lib.scores.score_rows` for its score rows, the importer's seed-004 cache rule for
+code-review judgments and its note rule for session notes. Reviews follow `compute_was_corrected`.
+Batches of 2,000 evaluations are built and bound by forked worker processes (`--workers`, default
+one per core; batch k depends on (seed, k) only) while the main process writes them through
+`lib.bulk` (tuples; COPY on PostgreSQL): SQLite has one writer, so the building is what runs in
+parallel. The secondary indexes and the SQLite search index are built once after the load, the
+derived tables by lib's rebuilds in the same transaction; on SQLite without journal or fsync while
+the file is built. Prints the wall and CPU seconds of each phase. The mix is meant to look like
+production: 5 products, English and Turkish, half the judgments reviewed (a quarter overruled), 1%
+of evaluations archived, timestamps over 2025, and reasons that sometimes start with "- " or "="
+(so CSV neutralisation has real work to do).
 Other bench scripts call `generate(engine, judgments=N, snapshots=M, seed=0)` or `judgment_rows(...)`.
 """
 
@@ -61,15 +66,14 @@ from lib.snapshots import MetricSet, evaluation_row, snapshot_judgment_rows  # n
 GEN_VERSION = 6
 JUDGMENTS_PER_EVALUATION = 10
 BATCH_EVALUATIONS = 2_000
-# While the file is built: no journal, no fsync, a 1 GiB page cache, sorts for the index builds in
-# memory and on two threads, and no foreign-key probe per row (every row points at a row of its batch).
+# While the file is built: no journal, no fsync, a 1 GiB page cache (also the sorter's memory before
+# it spills to a temporary file), index sorts on two threads, and no foreign-key probe per row (every
+# row the builders make points at a row of its own batch; tests/test_bench_gen.py checks the keys).
 SQLITE_LOAD_PRAGMAS = (
-    "journal_mode = OFF", "synchronous = OFF", "cache_size = -1048576", "temp_store = MEMORY",
-    "threads = 2", "foreign_keys = OFF",
+    "journal_mode = OFF", "synchronous = OFF", "cache_size = -1048576", "threads = 2", "foreign_keys = OFF",
 )  # fmt: skip
 SQLITE_APP_PRAGMAS = (
-    "journal_mode = WAL", "synchronous = NORMAL", "cache_size = -2000", "temp_store = DEFAULT",
-    "threads = 0", "foreign_keys = ON",
+    "journal_mode = WAL", "synchronous = NORMAL", "cache_size = -2000", "threads = 0", "foreign_keys = ON",
 )  # fmt: skip
 # The registered rebuild (`python -m lib recount`) of the score rows, which the load writes itself.
 SCORES_REBUILD = "metric_scores"
