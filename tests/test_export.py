@@ -15,6 +15,7 @@ from itertools import cycle
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -489,18 +490,26 @@ def test_scanner_loads_from_the_package_without_install(engine, tmp_path: Path) 
     assert not (home / ".duckdb" / "extensions").exists()
 
 
+def _scanned_tables(con: duckdb.DuckDBPyConnection) -> tuple[str, dict[str, pd.DataFrame]]:
+    """Every exportable table read through one scanner connection (module-level: it crosses to a child)."""
+    return source_kind(con), {
+        table: fetch_frame(con, f"SELECT * FROM {table_ref(table)}") for table in TABLES
+    }
+
+
 def test_arrow_path_reads_the_same_rows_as_the_scanner(filled) -> None:
     engine, _ = filled
     # with_duck uses the scanner: in a child process on SQLite (issue #17), in this one on PostgreSQL.
-    assert with_duck(engine, source_kind) == ("sqlite" if engine.dialect.name == "sqlite" else "postgres")
+    # One with_duck call reads every table: a scanner connection per table cost ~0.4 s each.
+    source, scanned = with_duck(engine, _scanned_tables)
+    assert source == ("sqlite" if engine.dialect.name == "sqlite" else "postgres")
+    assert sorted(scanned) == TABLES
     fallback = duck_connect(engine, scanner=False)
     try:
         assert source_kind(fallback) == "duckdb"
         for table in TABLES:
             query = f"SELECT * FROM {table_ref(table)}"
-            pd.testing.assert_frame_equal(
-                fetch_frame(fallback, query), with_duck(engine, fetch_frame, query), obj=table
-            )
+            pd.testing.assert_frame_equal(fetch_frame(fallback, query), scanned[table], obj=table)
     finally:
         fallback.close()
 
