@@ -6,6 +6,7 @@ import random
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from statistics import mean
@@ -54,19 +55,48 @@ RAG_SCALES = {"groundedness": (0.0, 1.0, False), "coherence": (1.0, 3.0, True),
               "relevance": (1.0, 3.0, True), "fluency": (1.0, 3.0, True)}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class FirstLoad:
+    """A demo load into an empty database, and what that database held right after it."""
+
+    engine: Engine
+    reported: dict[str, int]  # what load_demo returned
+    stored: dict[str, int]  # row counts per table
+    reviews: int  # confirmed + overruled events
+    content: dict[str, Any]  # `dump`
+
+
+def first_load(engine: Engine) -> FirstLoad:
+    reported = demo.load_demo(engine=engine)
+    with Session(engine) as session:
+        reviews = session.exec(
+            select(func.count()).where(JudgmentEvent.action.in_(["confirmed", "overruled"]))  # type: ignore[attr-defined]
+        ).one()
+    return FirstLoad(engine, reported, row_counts(engine), reviews, dump(engine))
+
+
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def loaded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    """One database per backend with the demo loaded, shared by the read-only tests of this module."""
+def demo_load(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[FirstLoad]:
+    """One database per backend with the demo loaded, shared by the read-only tests of this module.
+
+    What the load reported and stored is captured right after it, so the tests of the load itself
+    read it here instead of loading the demo (about 3 s each) into a database of their own.
+    """
     if request.param == "sqlite":
         engine = init_db(f"sqlite:///{tmp_path_factory.mktemp('demo') / 'demo.db'}")
-        demo.load_demo(engine=engine)
-        yield engine
+    else:
+        engine = create_db_engine(request.getfixturevalue("pg_module_url"))
+    try:
+        yield first_load(engine)
+    finally:
         engine.dispose()
-        return
-    engine = create_db_engine(request.getfixturevalue("pg_module_url"))
-    demo.load_demo(engine=engine)
-    yield engine
-    engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def loaded(demo_load: FirstLoad) -> Engine:
+    return demo_load.engine
 
 
 @pytest.fixture
@@ -172,17 +202,11 @@ def test_counts_meet_the_minimums(loaded: Engine) -> None:
     assert counts["judgments"] > counts["evaluation_snapshots"] * 4
 
 
-@pytest.mark.slow  # loads the whole demo into a new database
-def test_load_reports_what_it_added(engine: Engine) -> None:
-    counts = demo.load_demo(engine=engine)
-    stored = row_counts(engine)
+def test_load_reports_what_it_added(demo_load: FirstLoad) -> None:
+    counts, stored = demo_load.reported, demo_load.stored
     assert counts["evaluations"] == stored["evaluation_snapshots"]
     assert counts["judgments"] == stored["judgments"]
-    with Session(engine) as session:
-        reviews = session.exec(
-            select(func.count()).where(JudgmentEvent.action.in_(["confirmed", "overruled"]))  # type: ignore[attr-defined]
-        ).one()
-    assert counts["reviews"] == reviews
+    assert counts["reviews"] == demo_load.reviews
     assert counts["notes"] == stored["session_notes"]
     assert counts["tag scores"] == stored["lesson_tag_relevance"]
     assert counts["interactions"] == stored["interactions"]
@@ -668,15 +692,22 @@ def dump(engine: Engine) -> dict[str, Any]:
     }
 
 
-@pytest.mark.slow  # loads the whole demo into a new database
-def test_two_fresh_databases_get_identical_demo_data(engine: Engine, tmp_path: Path) -> None:
-    other = init_db(f"sqlite:///{tmp_path / 'other.db'}")
+@pytest.fixture(scope="module")
+def fresh_sqlite_demo(tmp_path_factory: pytest.TempPathFactory) -> FirstLoad:
+    """The demo loaded into one more new SQLite database: the reference both backends must equal."""
+    engine = init_db(f"sqlite:///{tmp_path_factory.mktemp('demo-other') / 'other.db'}")
     try:
-        demo.load_demo(engine=engine)
-        demo.load_demo(engine=other)
-        first, second = dump(engine), dump(other)
+        return first_load(engine)
     finally:
-        other.dispose()
+        engine.dispose()
+
+
+@pytest.mark.slow  # loads the whole demo into a new database (once per module)
+def test_two_fresh_databases_get_identical_demo_data(
+    demo_load: FirstLoad, fresh_sqlite_demo: FirstLoad
+) -> None:
+    first, second = demo_load.content, fresh_sqlite_demo.content
+    assert demo_load.engine.url != fresh_sqlite_demo.engine.url
     assert len(first["snapshots"]) >= 160
     for key in first:
         assert first[key] == second[key], key
