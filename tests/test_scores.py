@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import math
 import random
+import shutil
+from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -22,7 +25,7 @@ from sqlmodel import Session, select
 
 from lib import analytics, corrections, inspector, scores
 from lib.analytics import AnalyticsFilters
-from lib.db import session_scope
+from lib.db import create_db_engine, session_scope
 from lib.duck import duck_connect, fetch_frame, table_ref
 from lib.importer import import_evaluations
 from lib.judge import write_snapshot
@@ -258,13 +261,36 @@ def random_snapshot(rng: random.Random, i: int) -> EvaluationSnapshot:
     )
 
 
-@pytest.fixture
-def random_data(engine: Engine) -> Engine:
+def _fill_random(engine: Engine) -> Engine:
     rng = random.Random(19)
     with session_scope(engine) as s:
         _rubric(s)
         s.add_all(random_snapshot(rng, i) for i in range(400))
     return engine
+
+
+@pytest.fixture
+def random_data(engine: Engine) -> Engine:
+    """The random data in this test's own database, for tests that change it."""
+    return _fill_random(engine)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def shared_random_data(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, _sqlite_migrated: Path
+) -> Iterator[Engine]:
+    """The same random data once per backend, for the read-only report comparisons (~1 s a fill)."""
+    if request.param == "sqlite":
+        path = tmp_path_factory.mktemp("scores") / "overrule.db"
+        shutil.copyfile(_sqlite_migrated, path)
+        url = f"sqlite:///{path}"
+    else:
+        url = request.getfixturevalue("pg_module_url")
+    engine = create_db_engine(url)
+    try:
+        yield _fill_random(engine)
+    finally:
+        engine.dispose()
 
 
 FILTERS = [
@@ -283,8 +309,10 @@ FILTERS = [
 
 
 @pytest.mark.parametrize("filters", FILTERS, ids=[str(i) for i in range(len(FILTERS))])
-def test_counts_report_equals_pair_based_reference(random_data: Engine, filters: AnalyticsFilters) -> None:
-    report = assert_same_report(random_data, filters)
+def test_counts_report_equals_pair_based_reference(
+    shared_random_data: Engine, filters: AnalyticsFilters
+) -> None:
+    report = assert_same_report(shared_random_data, filters)
     if filters.start != date(2026, 1, 13):  # every other filter matches pairs
         assert not report.empty
 
