@@ -23,9 +23,9 @@ How it is found without a scan (the index is built by migration 0008):
   live rows only (migration 0014, `INDEX_LEAVES_OUT`): a count of a live list's matches is then the
   index's own count. The condition adds the archived rows whose stored text matches, row by row.
 - PostgreSQL: a `pg_trgm` GIN index on `search_text`; the condition is `search_text LIKE '%query%'`,
-  which the planner answers from the index. For a common query it walks instead
-  `ix_evaluation_snapshots_search_live (deleted_at, created_at, id) INCLUDE (search_text)` (migration
-  0014), index-only, which stops after a page or at a count's cap (a GIN scan reads every match).
+  which the planner answers from the index. For a common query it walks the table or the list's
+  date index instead, testing each row, and stops after a page or at a count's cap. No btree may hold
+  `search_text` (not even as INCLUDE): a btree entry is limited to 2,704 bytes, and questions are longer.
 - A query of fewer than three characters has no trigram: it is a LIKE over the normalised column
   (a scan, but of a short query, which matches many rows and so finds a page quickly).
 - A Python whose SQLite lacks FTS5 or the trigram tokenizer (before 3.34) gets no index from the
@@ -114,17 +114,12 @@ def search_table_name(table: str) -> str:
 
 def is_search_index_object(name: str | None) -> bool:
     """Whether a schema object is part of the search index (FTS5 tables and their shadow tables, the
-    trigram GIN indexes, PostgreSQL's live search index): built by migration, not declared in
-    lib.models, so schema comparison skips it."""
+    trigram GIN indexes): built by migration, not declared in lib.models, so schema comparison skips it."""
     if not name:
         return False
     for table in SEARCHABLE:
         fts = search_table_name(table)
-        if (
-            name == fts
-            or name.startswith(f"{fts}_")
-            or name in (f"ix_{table}_search_trgm", f"ix_{table}_search_live")
-        ):
+        if name == fts or name.startswith(f"{fts}_") or name == f"ix_{table}_search_trgm":
             return True
     return False
 

@@ -10,11 +10,11 @@ The triggers of 0008 on `evaluation_snapshots` are replaced by ones that index a
 `deleted_at` is NULL: archive removes it, restore puts it back. Rows archived before this migration
 leave the index here. `session_notes` keeps 0008's triggers (notes are not archived).
 
-PostgreSQL keeps its `pg_trgm` GIN index, which serves rare queries, but a GIN scan reads every
-match (and posting lists as long as the table) before a capped count can stop. A common query's
-capped count instead walks `ix_evaluation_snapshots_search_live (deleted_at, created_at, id)
-INCLUDE (search_text)`, an index-only scan that stops at cap + 1 (100k evaluations, a phrase in a
-fifth of them: 14 ms instead of 85 ms). The planner picks between the two from the trigram statistics.
+PostgreSQL: nothing changes. Its `pg_trgm` GIN index serves rare queries; for a common one the
+planner walks the table (or `ix_snapshot_live_created`) and stops at cap + 1. An index holding
+`search_text` itself (an earlier draft of this migration: `(deleted_at, created_at, id) INCLUDE
+(search_text)`) cannot be used: a btree entry is limited to 2,704 bytes, so a question of ~2,700+
+bytes could not be stored (nor this migration run over one).
 
 Revision ID: 0014
 Revises: 0013
@@ -48,14 +48,7 @@ def _drop_triggers() -> None:
         op.execute(f"DROP TRIGGER IF EXISTS {FTS}_{suffix}")
 
 
-LIVE_SEARCH_INDEX = f"ix_{TABLE}_search_live"
-
-
 def upgrade() -> None:
-    if op.get_bind().dialect.name == "postgresql":
-        op.execute(
-            f"CREATE INDEX {LIVE_SEARCH_INDEX} ON {TABLE} (deleted_at, created_at, id) INCLUDE (search_text)"
-        )
     if not _has_index():
         return
     _drop_triggers()
@@ -77,8 +70,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    if op.get_bind().dialect.name == "postgresql":
-        op.execute(f"DROP INDEX IF EXISTS {LIVE_SEARCH_INDEX}")
     if not _has_index():
         return
     _drop_triggers()
