@@ -38,6 +38,10 @@ FLASH = "notes_flash"
 ADD_ERROR = "notes_add_error"
 SIG_KEY = "notes_filter_sig"
 PAGE_KEYS = ("notes_page", "notes_timeline_page")
+# Widgets in a tab are drawn only while it is open; Streamlit deletes the value of a keyed widget a
+# run does not draw, so theirs are kept while the reviewer stays on this page (a draft, the removal
+# filters and the page numbers survive a look at another tab).
+KEEP = "page"
 AGES: dict[str, tuple[timedelta | None, timedelta | None]] = {  # label: (newer than, older than)
     "Any time": (None, None),
     "Last 24 hours": (timedelta(days=1), None),
@@ -64,7 +68,7 @@ def _note_session_id() -> str:
 
 
 def _add_note() -> None:
-    """Form callback: write the note, then clear the form (only a callback may reset its widgets)."""
+    """Button callback: write the note, then clear the fields (only a callback may reset its widgets)."""
     reviewer = current_actor()
     if reviewer is None:
         return
@@ -176,7 +180,7 @@ if tab_list.open:
         if total == 0:
             st.info("No notes match these filters.")
         else:
-            offset, limit = pager(total, key="notes_page")
+            offset, limit = pager(total, key="notes_page", persist_state=KEEP)
             shown = notes.as_frame(
                 notes.search_notes(session=session, limit=limit, offset=offset, filters=filters),
                 type_labels=True,
@@ -230,7 +234,7 @@ if tab_timeline.open:
         if sessions_total == 0:
             st.info("No sessions have notes matching these filters.")
         else:
-            offset, limit = pager(sessions_total, key="notes_timeline_page")
+            offset, limit = pager(sessions_total, key="notes_timeline_page", persist_state=KEEP)
             summaries = notes.session_timeline(session=session, limit=limit, offset=offset, filters=filters)
             st.caption(
                 f"Showing the latest sessions {offset + 1:,}–{offset + len(summaries):,} of "
@@ -264,26 +268,41 @@ if tab_add.open:
             st.error(escape_markdown(error), icon="⚠️")
         for key, value in {"notes_add_type": "TIP", **ADD_DEFAULTS}.items():
             st.session_state.setdefault(key, value)
-        with st.form("notes_add_form"):
-            st.selectbox("Type", NOTE_TYPES, key="notes_add_type", format_func=notes.note_type_label)
+        # Plain widgets, not a form: a form's unsent values live only in the browser and vanish when
+        # another tab is opened (the hidden tab is not drawn); these reach the server as typed.
+        with st.container(key="notes_add_fields"):
+            st.selectbox(
+                "Type",
+                NOTE_TYPES,
+                key="notes_add_type",
+                format_func=notes.note_type_label,
+                persist_state=KEEP,
+            )
             st.text_input(
                 "Language",
                 key="notes_add_language",
                 max_chars=notes.MAX_LANGUAGE_CHARS,
+                persist_state=KEEP,
                 help="A language code such as en or tr; leave empty for a note about every language.",
             )
-            st.text_area("Note", key="notes_add_content", max_chars=notes.MAX_CONTENT_CHARS)
-            st.text_input("Code (SUCCESS notes only)", key="notes_add_code", max_chars=notes.MAX_CODE_CHARS)
+            st.text_area(
+                "Note", key="notes_add_content", max_chars=notes.MAX_CONTENT_CHARS, persist_state=KEEP
+            )
+            st.text_input(
+                "Code (SUCCESS notes only)",
+                key="notes_add_code",
+                max_chars=notes.MAX_CODE_CHARS,
+                persist_state=KEEP,
+            )
             st.number_input(
                 "Confidence 0–1 (SUCCESS notes only)",
                 min_value=0.0,
                 max_value=1.0,
                 step=0.05,
                 key="notes_add_confidence",
+                persist_state=KEEP,
             )
-            st.form_submit_button(
-                "Add note", key="notes_add_submit", on_click=_add_note, disabled=reviewer is None
-            )
+            st.button("Add note", key="notes_add_submit", on_click=_add_note, disabled=reviewer is None)
 
 if tab_remove.open:
     with tab_remove:
@@ -295,14 +314,19 @@ if tab_remove.open:
             key="notes_remove_types",
             placeholder="All types",
             format_func=notes.note_type_label,
+            persist_state=KEEP,
         )
         remove_language = cols[1].selectbox(
-            "Language", [ANY, *languages], key="notes_remove_language", format_func=_language_label
+            "Language",
+            [ANY, *languages],
+            key="notes_remove_language",
+            format_func=_language_label,
+            persist_state=KEEP,
         )
         remove_age = cols[2].text_input(
-            "Older than", key="notes_remove_age", placeholder="e.g. 30d, 12h, 90m"
+            "Older than", key="notes_remove_age", placeholder="e.g. 30d, 12h, 90m", persist_state=KEEP
         )
-        remove_all = st.checkbox("No filter: remove every note", key="notes_remove_all")
+        remove_all = st.checkbox("No filter: remove every note", key="notes_remove_all", persist_state=KEEP)
         remove_filters: dict = {
             "note_type": remove_types or None,
             "language": None if remove_language == ANY else remove_language,
@@ -345,7 +369,9 @@ if tab_prompt.open:
         st.caption(
             "The notes section of the judge prompt for a language, exactly as a new judge run sees it."
         )
-        preview_language = st.text_input("Judge language", value="en", key="notes_preview_language")
+        preview_language = st.text_input(
+            "Judge language", value="en", key="notes_preview_language", persist_state=KEEP
+        )
         try:
             with session_scope(read_only=True) as session:
                 relevant = notes.relevant_notes(session=session, language=preview_language)

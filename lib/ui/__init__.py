@@ -12,7 +12,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import unquote
 
 import pandas as pd
@@ -247,7 +247,14 @@ def _step_page(key: str, delta: int, pages: int) -> None:
     st.session_state[key] = min(pages, max(1, current + delta))
 
 
-def pager(total: int, *, key: str, page_size: int | None = None, capped: bool = False) -> tuple[int, int]:
+def pager(
+    total: int,
+    *,
+    key: str,
+    page_size: int | None = None,
+    capped: bool = False,
+    persist_state: Literal["page"] | None = None,
+) -> tuple[int, int]:
     """A compact page selector (‹ [n] › of N); returns (offset, limit) so the query fetches one page.
 
     One row of small controls, not a full-width box: the number box is keyed `key` (the page
@@ -255,6 +262,8 @@ def pager(total: int, *, key: str, page_size: int | None = None, capped: bool = 
     A page number left over from more matches (the filters changed) falls back to the first page.
     `capped`: `total` is a count stopped at its cap, so more rows match than it says; the pages
     then go on one past the current one ("of 401+ pages") instead of ending at the cap.
+    `persist_state="page"`: the page number outlives runs that do not draw the pager (a hidden tab
+    that does not run); Streamlit otherwise deletes a keyed widget's value when a run skips it.
     """
     size = page_size or get_settings().page_size
     pages = max(1, math.ceil(total / size))
@@ -285,6 +294,7 @@ def pager(total: int, *, key: str, page_size: int | None = None, capped: bool = 
             key=key,
             label_visibility="collapsed",
             width=90,
+            persist_state=persist_state,
         )
         st.button(
             "",

@@ -228,6 +228,50 @@ def test_only_the_open_tab_runs(seeded, open_page, open_tab) -> None:
     assert not at.exception
 
 
+def switch(at: AppTest, tab: str) -> AppTest:
+    """Open another tab, as a click on it does (the page reruns with only that tab drawn)."""
+    at.session_state["notes_tab"] = tab
+    return at.run()
+
+
+def test_switching_tabs_keeps_what_the_reviewer_typed_and_chose(app_engine, open_page, monkeypatch) -> None:
+    monkeypatch.setenv("OVERRULE_PAGE_SIZE", "2")
+    reset_settings()
+    now = utcnow()
+    for i in range(7):
+        put(app_engine, content=f"n{i}", session_id=f"run_{i}", timestamp=now - timedelta(minutes=i))
+    at = open_page(PAGE, reviewer="ayse")
+    at.button(key="notes_page_next").click().run()
+    assert listed(at) == ["n2", "n3"]
+    switch(at, "Timeline")
+    at.button(key="notes_timeline_page_next").click().run()
+    switch(at, "Add a note")
+    at.text_area(key="notes_add_content").set_value("half-written draft")
+    at.text_input(key="notes_add_language").set_value("tr")
+    at.text_input(key="notes_add_code").set_value("P-1")
+    at.number_input(key="notes_add_confidence").set_value(0.7).run()
+    switch(at, "Remove")
+    at.multiselect(key="notes_remove_types").set_value(["TIP"])
+    at.selectbox(key="notes_remove_language").set_value("en")
+    at.text_input(key="notes_remove_age").set_value("30d").run()
+    for tab in ("Prompt preview", "Notes"):
+        switch(at, tab)
+    assert at.number_input(key="notes_page").value == 2 and listed(at) == ["n2", "n3"]
+    switch(at, "Timeline")
+    assert at.number_input(key="notes_timeline_page").value == 2
+    assert any(c.value.startswith("Showing the latest sessions 3–4 of 7") for c in at.caption)
+    switch(at, "Add a note")
+    assert at.text_area(key="notes_add_content").value == "half-written draft"
+    assert at.text_input(key="notes_add_language").value == "tr"
+    assert at.text_input(key="notes_add_code").value == "P-1"
+    assert at.number_input(key="notes_add_confidence").value == 0.7
+    switch(at, "Remove")
+    assert at.multiselect(key="notes_remove_types").value == ["TIP"]
+    assert at.selectbox(key="notes_remove_language").value == "en"
+    assert at.text_input(key="notes_remove_age").value == "30d"
+    assert not at.exception and not at.warning
+
+
 def test_timeline_shows_the_latest_sessions_and_pages_further_back(
     any_app_engine, open_tab, monkeypatch
 ) -> None:
