@@ -397,10 +397,16 @@ class SessionSummary:
 TIMELINE_SCAN_BATCH = 500  # note rows fetched at a time while looking for a timeline page's sessions
 
 
-def _latest_session_ids(session: Session, conds: Sequence[ColumnElement[bool]], count: int) -> list[str]:
+def _latest_session_ids(
+    session: Session, conds: Sequence[ColumnElement[bool]], count: int, *, window: int | None = None
+) -> list[str]:
     """The first `count` sessions met walking the matching notes newest first (the timestamp index),
     i.e. the sessions with the latest activity, in that order. The walk stops there: it reads the
-    notes of the sessions asked for (and of the pages before them), not every note."""
+    notes of the sessions asked for (and of the pages before them), not every note; `window` bounds
+    it to that many notes.
+
+    The one ordering rule for sessions (the timeline and the Session menu): by their newest note,
+    ties between sessions broken as `_newest_first` breaks them between notes (the newer row first)."""
     if count <= 0:
         return []
     stmt = (
@@ -409,6 +415,8 @@ def _latest_session_ids(session: Session, conds: Sequence[ColumnElement[bool]], 
         .order_by(*_newest_first())
         .execution_options(yield_per=TIMELINE_SCAN_BATCH)
     )
+    if window is not None:
+        stmt = stmt.limit(max(0, window))
     seen: dict[str, None] = {}
     result = session.execute(stmt)
     try:
@@ -469,21 +477,10 @@ RECENT_SESSIONS_WINDOW = 300
 def recent_session_ids(*, session: Session, limit: int = 100, window: int | None = None) -> list[str]:
     """The sessions of the newest `window` notes, newest activity first, at most `limit`: the
     Session filter's menu. Bounded by `window` however many notes and sessions exist; an older
-    session is typed into the menu, opened by link (`/notes?session=<id>`) or paged to on the timeline."""
-    newest = (
-        select(SessionNote.session_id, SessionNote.timestamp)
-        .order_by(*_newest_first())
-        .limit(max(0, RECENT_SESSIONS_WINDOW if window is None else window))  # read now: tests lower it
-        .subquery()
-    )
-    last = func.max(newest.c.timestamp)
-    stmt = (
-        select(newest.c.session_id)
-        .group_by(newest.c.session_id)
-        .order_by(last.desc(), newest.c.session_id.desc())
-        .limit(max(0, limit))
-    )
-    return list(session.exec(stmt).all())
+    session is typed into the menu, opened by link (`/notes?session=<id>`) or paged to on the timeline.
+    Ordered as the timeline orders sessions (`_latest_session_ids`)."""
+    window = RECENT_SESSIONS_WINDOW if window is None else window  # read now: tests lower it
+    return _latest_session_ids(session, [], limit, window=window)
 
 
 def notes_of_sessions(

@@ -708,6 +708,17 @@ def test_recent_sessions_come_from_the_newest_notes_only(corpus: Engine) -> None
     assert one == ["s_three"]
 
 
+
+def test_timeline_and_session_menu_break_ties_alike(engine: Engine) -> None:
+    # Same latest time; run_a's note is the newer row (higher id), run_b sorts after it by name.
+    for sid in ("run_b", "run_a"):
+        put(engine, session_id=sid, content=sid, timestamp=NOW)
+    with session_scope(engine, read_only=True) as s:
+        timeline = [t.session_id for t in notes.session_timeline(session=s)]
+        menu = notes.recent_session_ids(session=s)
+    assert timeline == menu == ["run_a", "run_b"]
+
+
 # --------------------------------------------------------------------------------------------
 # CSV of every match
 
