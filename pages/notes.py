@@ -236,30 +236,36 @@ if tab_timeline.open:
         else:
             offset, limit = pager(sessions_total, key="notes_timeline_page", persist_state=KEEP)
             summaries = notes.session_timeline(session=session, limit=limit, offset=offset, filters=filters)
-            st.caption(
-                f"Showing the latest sessions {offset + 1:,}–{offset + len(summaries):,} of "
-                f"{sessions_total:,} (newest activity first); page back to look further back."
-            )
-            timeline = notes.timeline_frame(summaries)
-            marks = notes.as_frame(
-                notes.notes_of_sessions(
-                    session=session, session_ids=[s.session_id for s in summaries], filters=filters
+            if not summaries:  # notes removed between the count and this read: no "11–10 of 12"
+                st.info(
+                    f"No sessions left on page {offset // limit + 1:,}: their notes were removed "
+                    "meanwhile. Go back a page or reload."
                 )
-            )
-            st.plotly_chart(notes_timeline_figure(timeline, marks), key="notes_timeline_chart")
-            with st.expander("Notes per session and type (table)"):
-                show_table(
-                    timeline,
-                    key="notes_timeline_table",
-                    columns={
-                        "session_id": text_column("Session"),
-                        "notes": count_column("Notes"),
-                        **{kind: count_column(notes.note_type_label(kind)) for kind in NOTE_TYPES},
-                        "first_note": datetime_column("First note (UTC)"),
-                        "last_note": datetime_column("Last note (UTC)"),
-                    },
+            else:
+                st.caption(
+                    f"Showing the latest sessions {offset + 1:,}–{offset + len(summaries):,} of "
+                    f"{sessions_total:,} (newest activity first); page back to look further back."
                 )
-            csv_download(timeline, "note_sessions.csv", key="notes_timeline_csv")
+                timeline = notes.timeline_frame(summaries)
+                marks = notes.as_frame(
+                    notes.notes_of_sessions(
+                        session=session, session_ids=[s.session_id for s in summaries], filters=filters
+                    )
+                )
+                st.plotly_chart(notes_timeline_figure(timeline, marks), key="notes_timeline_chart")
+                with st.expander("Notes per session and type (table)"):
+                    show_table(
+                        timeline,
+                        key="notes_timeline_table",
+                        columns={
+                            "session_id": text_column("Session"),
+                            "notes": count_column("Notes"),
+                            **{kind: count_column(notes.note_type_label(kind)) for kind in NOTE_TYPES},
+                            "first_note": datetime_column("First note (UTC)"),
+                            "last_note": datetime_column("Last note (UTC)"),
+                        },
+                    )
+                csv_download(timeline, "note_sessions.csv", key="notes_timeline_csv")
 
 if tab_add.open:
     with tab_add:

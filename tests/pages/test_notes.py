@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine
-from sqlmodel import select
+from sqlmodel import col, delete, select
 from streamlit.testing.v1 import AppTest
 
 from lib import notes
@@ -292,6 +292,33 @@ def test_timeline_shows_the_latest_sessions_and_pages_further_back(
     ticks = figure_titled(at, "Sessions and their notes")["layout"]["yaxis"]["ticktext"]
     assert ticks == ["run_old · 1 note"]
     assert not at.exception
+
+
+def test_timeline_page_emptied_meanwhile_says_so(any_app_engine, open_tab, monkeypatch) -> None:
+    if any_app_engine.dialect.name == "sqlite":  # one read transaction, one snapshot: count and page agree
+        pytest.skip("SQLite reads the count and the page from one snapshot")
+    app_engine = any_app_engine
+    monkeypatch.setenv("OVERRULE_PAGE_SIZE", "2")
+    reset_settings()
+    now = utcnow()
+    for age, sid in enumerate(["run_new", "run_mid", "run_old"]):
+        put(app_engine, content=f"from {sid}", session_id=sid, timestamp=now - timedelta(days=age))
+    at = open_tab("Timeline")
+    counted = notes.count_sessions
+
+    def count_then_removed(**kwargs: Any) -> int:  # another reviewer removes run_old's notes meanwhile
+        total = counted(**kwargs)
+        with session_scope(app_engine) as s:
+            s.exec(delete(SessionNote).where(col(SessionNote.session_id) == "run_old"))
+        return total
+
+    monkeypatch.setattr(notes, "count_sessions", count_then_removed)
+    at.button(key="notes_timeline_page_next").click().run()
+    assert not any(c.value.startswith("Showing the latest sessions") for c in at.caption)
+    assert [i.value for i in at.info] == [
+        "No sessions left on page 2: their notes were removed meanwhile. Go back a page or reload."
+    ]
+    assert not at.get("plotly_chart") and not at.exception
 
 
 def test_download_offers_every_match_not_just_the_page(any_app_engine, open_page, monkeypatch) -> None:
