@@ -211,9 +211,9 @@ def filter_conditions(filters: EvaluationFilters, *, text_form: str = "match") -
         # The whole "to" day is included.
         conds.append(col(_S.created_at) < _day_start(filters.date_to + timedelta(days=1)))
     if filters.text and text_form != "none":
-        # Unicode-aware and literal, through the trigram index or row by row (lib.search); the
-        # archived list tests its own rows one by one (SQLite's index holds the live ones only).
-        scan = text_form == "scan" or filters.archived
+        # Unicode-aware and literal, through the trigram index or row by row (lib.search); a list
+        # the index does not hold (the archived one) tests its own rows one by one.
+        scan = text_form == "scan" or not _index_covers(filters)
         conds.append(text_match(_S.__table__, filters.text, scan=scan))
     return conds
 
@@ -305,9 +305,11 @@ def count_evaluations(*, session: Session, filters: EvaluationFilters, cap: int 
         return sum(t.archived if filters.archived else t.evaluations for t in picked)
     cap = counters.COUNT_CAP if cap is None else cap  # read now: tests lower it
     matched = _text_matched_rows(session, filters)
-    if matched is not None and filters == EvaluationFilters(text=filters.text, sort=filters.sort):
-        # Text alone over live rows: the index holds exactly the live rows (lib.search), so its own
-        # count, stopped at cap + 1, is the answer; no row is read.
+    if matched is not None and filters == EvaluationFilters(
+        text=filters.text, sort=filters.sort, archived=filters.archived
+    ):
+        # Text alone over a list the index holds exactly (lib.search.index_covers): its own count,
+        # stopped at cap + 1, is the answer; no row is read.
         found = search.count_index_matches(
             session=session, table=_S.__table__, query=filters.text, limit=cap + 1
         )
@@ -323,9 +325,9 @@ def count_evaluations(*, session: Session, filters: EvaluationFilters, cap: int 
 
 
 def _text_matched_rows(session: Session, filters: EvaluationFilters) -> Any:
-    """The live snapshots joined to their text index's matches; None without a text filter, for the
-    archived list (the index holds live rows only) or without an index."""
-    if not filters.text or filters.archived:
+    """The list's snapshots joined to their text index's matches; None without a text filter, for a
+    list the index does not hold (the archived one) or without an index."""
+    if not filters.text or not _index_covers(filters):
         return None
     return search.index_matched_rows(session=session, table=_S.__table__, query=filters.text)
 
@@ -333,7 +335,7 @@ def _text_matched_rows(session: Session, filters: EvaluationFilters) -> Any:
 def _page_base(session: Session, filters: EvaluationFilters) -> Select[Any]:
     """The ids a page is cut from: a rare text query from its index matches (a sort of at most
     `search.RARE_MATCHES` rows), a common one by a walk that tests each row's text (lib.search)."""
-    if filters.text and not filters.archived:
+    if filters.text and _index_covers(filters):
         found = search.count_index_matches(
             session=session,
             table=_S.__table__,
@@ -349,6 +351,11 @@ def _page_base(session: Session, filters: EvaluationFilters) -> Select[Any]:
                 select(col(_S.id)).select_from(matched).where(*filter_conditions(filters, text_form="none"))
             )
     return select(col(_S.id)).where(*filter_conditions(filters))
+
+
+def _index_covers(filters: EvaluationFilters) -> bool:
+    """Whether SQLite's search index holds exactly this list's rows (lib.search.index_covers)."""
+    return search.index_covers(_S.__table__.name, archived=filters.archived)
 
 
 def _only_product(filters: EvaluationFilters) -> bool:

@@ -138,6 +138,17 @@ def sqlite_trigram_available() -> bool:
     return True
 
 
+def index_covers(table: str, *, archived: bool) -> bool:
+    """Whether SQLite's search index holds exactly the rows of `table`'s live (or archived) list, so
+    that its matches are the list's matches and its count the list's count.
+
+    The index leaves out the rows where `INDEX_LEAVES_OUT[table]` is set, which is what archives an
+    evaluation (migration 0014): it holds the live list, none of the archived one, whose text is then
+    tested row by row. A table that leaves nothing out has no archived list.
+    """
+    return table in SEARCHABLE and not archived
+
+
 def _fts_phrase(needle: str) -> str:
     return '"' + needle.replace('"', '""') + '"'  # one FTS5 string: no operators inside
 

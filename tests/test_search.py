@@ -553,6 +553,35 @@ def test_the_evaluation_index_holds_live_rows_through_archive_restore_edit_and_d
         assert count_evaluations(session=session, filters=archived) == 1
 
 
+def test_the_lists_use_the_index_exactly_where_index_covers_says(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if engine.dialect.name != "sqlite" or not sqlite_trigram_available():
+        pytest.skip("SQLite's FTS index (PostgreSQL's GIN index holds every row)")
+    table = EvaluationSnapshot.__table__.name
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    with _many(engine) as session:
+        rows = session.exec(select(EvaluationSnapshot)).all()
+        for archived in (False, True):
+            in_list = {
+                r.id for r in rows if (r.deleted_at is not None) == archived and "password" in r.search_text
+            }
+            assert (_index_holds(session, "password") == in_list) == search.index_covers(
+                table, archived=archived
+            )
+        # The inspector asks the predicate, not its own copy of the rule: told the index holds no
+        # list, the live list reads no index and still lists the same rows.
+        monkeypatch.setattr(search, "index_covers", lambda *_a, **_k: False)
+        filters = EvaluationFilters(text="password")
+        statements.clear()
+        assert [r.id for r in fetch_page(session=session, filters=filters, limit=100)] == _expected_ids(
+            session, filters
+        )
+        assert count_evaluations(session=session, filters=filters) == len(_expected_ids(session, filters))
+        assert not any("MATCH" in sql for sql in statements)
+
+
 def test_migration_0014_takes_archived_rows_out_of_the_index_and_back(tmp_path: Path) -> None:
     if not sqlite_trigram_available():
         pytest.skip("no FTS5 trigram tokenizer in this Python's SQLite")
