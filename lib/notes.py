@@ -46,6 +46,7 @@ from sqlmodel import Session, SQLModel, col, select
 
 from lib.auth import Actor, Permission, authorize, removal_permission
 from lib.config import get_settings
+from lib.counters import COUNT_CAP
 from lib.models import NOTE_TYPES, SessionNote, TagRelevanceEvent, utcnow
 from lib.search import text_match
 
@@ -363,6 +364,16 @@ def note_languages(*, session: Session) -> list[str]:
     return list(session.exec(stmt).all())
 
 
+def _distinct_sessions(conds: Sequence[ColumnElement[bool]], cap: int | None) -> Any:
+    """Count of the distinct sessions of the matching notes, stopped after `cap` + 1 of them: an
+    uncapped distinct count reads every matching note (a synthetic 1M notes in 100k sessions on SQLite:
+    156 ms, 5.6 ms capped)."""
+    distinct = select(SessionNote.session_id).where(*conds).distinct()
+    if cap is not None:
+        distinct = distinct.limit(max(0, cap) + 1)
+    return select(func.count()).select_from(distinct.subquery())
+
+
 class NotesHealth(TypedDict):
     total_notes: int
     sessions: int
@@ -370,13 +381,14 @@ class NotesHealth(TypedDict):
 
 
 def notes_health(*, session: Session) -> NotesHealth:
-    """The seed's health query: how many notes, from how many sessions, and the newest one's time."""
+    """The seed's health query: how many notes, from how many sessions, and the newest one's time.
+    Sessions are counted up to `COUNT_CAP` + 1 (shown as "10,000+" by `lib.counters.count_label`)."""
     # Three scalar subqueries, not one SELECT: each is then answered from its own index (count,
     # distinct sessions, newest time) instead of one scan of the table rows (5x faster at 10k notes).
     total, sessions, latest = session.exec(
         select(
             select(func.count()).select_from(SessionNote).scalar_subquery(),
-            select(func.count(func.distinct(SessionNote.session_id))).scalar_subquery(),
+            _distinct_sessions([], COUNT_CAP).scalar_subquery(),
             select(func.max(SessionNote.timestamp)).scalar_subquery(),
         )
     ).one()
@@ -502,11 +514,11 @@ def count_sessions(
     *,
     session: Session,
     filters: NoteFilter = NoteFilter(),
+    cap: int | None = COUNT_CAP,
 ) -> int:
-    """How many sessions `session_timeline` would list with the same filters and no limit."""
-    conds = _filters(session, filters)
-    stmt = select(func.count(func.distinct(SessionNote.session_id))).where(*conds)
-    return int(session.exec(stmt).one())
+    """How many sessions `session_timeline` would list with the same filters and no limit, counted
+    up to `cap` + 1 (a larger result means "more than `cap`": `lib.counters.count_label`)."""
+    return int(session.exec(_distinct_sessions(_filters(session, filters), cap)).one())
 
 
 # --------------------------------------------------------------------------------------------

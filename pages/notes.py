@@ -14,6 +14,7 @@ from lib import export, notes
 from lib.auth import Permission, PermissionDenied
 from lib.charts import notes_timeline_figure
 from lib.config import get_settings
+from lib.counters import count_is_capped, count_label
 from lib.models import NOTE_TYPES, utcnow
 from lib.safe_markdown import escape_markdown
 from lib.ui import (
@@ -123,7 +124,7 @@ with session_scope(read_only=True) as session:
 
 cols = st.columns(3)
 cols[0].metric("Notes", f"{health['total_notes']:,}")
-cols[1].metric("Sessions", f"{health['sessions']:,}")
+cols[1].metric("Sessions", count_label(health["sessions"]))
 latest = health["latest_note"]
 cols[2].metric(
     "Latest note",
@@ -234,7 +235,10 @@ if tab_timeline.open:
         if sessions_total == 0:
             st.info("No sessions have notes matching these filters.")
         else:
-            offset, limit = pager(sessions_total, key="notes_timeline_page", persist_state=KEEP)
+            capped = count_is_capped(sessions_total)
+            offset, limit = pager(
+                sessions_total, key="notes_timeline_page", capped=capped, persist_state=KEEP
+            )
             summaries = notes.session_timeline(session=session, limit=limit, offset=offset, filters=filters)
             if not summaries:  # notes removed between the count and this read: no "11–10 of 12"
                 st.info(
@@ -244,7 +248,7 @@ if tab_timeline.open:
             else:
                 st.caption(
                     f"Showing the latest sessions {offset + 1:,}–{offset + len(summaries):,} of "
-                    f"{sessions_total:,} (newest activity first); page back to look further back."
+                    f"{count_label(sessions_total)} (newest activity first); page back to look further back."
                 )
                 timeline = notes.timeline_frame(summaries)
                 marks = notes.as_frame(

@@ -23,6 +23,7 @@ from sqlmodel import Session, select
 
 from lib import export, notes
 from lib.config import reset_settings
+from lib.counters import count_label
 from lib.db import init_db, session_scope
 from lib.models import NOTE_TYPES, LessonTagRelevance, SessionNote, TagRelevanceEvent
 from tests import cli
@@ -698,6 +699,17 @@ def test_health_counts_notes_sessions_and_latest(corpus: Engine) -> None:
     assert health == {"total_notes": 5, "sessions": 3, "latest_note": NOW + timedelta(minutes=5)}
 
 
+def test_session_counts_stop_at_the_cap(corpus: Engine, monkeypatch) -> None:
+    with session_scope(corpus, read_only=True) as s:  # corpus: 3 sessions, 2 of them with a TIP
+        assert notes.count_sessions(session=s, cap=None) == notes.count_sessions(session=s, cap=3) == 3
+        assert notes.count_sessions(session=s, cap=1) == 2  # cap + 1: shown as "1+"
+        assert notes.count_sessions(session=s, cap=0, filters=notes.NoteFilter(note_type="TIP")) == 1
+        assert notes.notes_health(session=s)["sessions"] == 3
+        monkeypatch.setattr(notes, "COUNT_CAP", 1)
+        assert notes.notes_health(session=s)["sessions"] == 2
+    assert count_label(2, 1) == "1+"
+
+
 def test_recent_sessions_come_from_the_newest_notes_only(corpus: Engine) -> None:
     with session_scope(corpus, read_only=True) as s:
         every = notes.recent_session_ids(session=s)
@@ -706,7 +718,6 @@ def test_recent_sessions_come_from_the_newest_notes_only(corpus: Engine) -> None
     assert every == ["s_three", "s_two", "s_one"]
     assert newest_two_notes == ["s_three", "s_two"]  # s_one's notes are older than the window
     assert one == ["s_three"]
-
 
 
 def test_timeline_and_session_menu_break_ties_alike(engine: Engine) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 from typing import Any
 
@@ -10,7 +11,7 @@ from sqlalchemy import Engine
 from sqlmodel import col, delete, select
 from streamlit.testing.v1 import AppTest
 
-from lib import notes
+from lib import counters, notes
 from lib.config import reset_settings
 from lib.db import session_scope
 from lib.models import NOTE_TYPES, SessionNote, utcnow
@@ -291,6 +292,23 @@ def test_timeline_shows_the_latest_sessions_and_pages_further_back(
     assert any(c.value.startswith("Showing the latest sessions 3–3 of 3") for c in at.caption)
     ticks = figure_titled(at, "Sessions and their notes")["layout"]["yaxis"]["ticktext"]
     assert ticks == ["run_old · 1 note"]
+    assert not at.exception
+
+
+def test_session_counts_over_the_cap_say_so(app_engine, open_page, monkeypatch) -> None:
+    monkeypatch.setenv("OVERRULE_PAGE_SIZE", "1")
+    reset_settings()
+    for sid in ("run_a", "run_b", "run_c"):
+        put(app_engine, content=f"from {sid}", session_id=sid)
+    monkeypatch.setattr(notes, "COUNT_CAP", 1)  # the health metric's cap, and its label's
+    monkeypatch.setattr(counters, "COUNT_CAP", 1)
+    monkeypatch.setattr(notes, "count_sessions", functools.partial(notes.count_sessions, cap=1))
+    at = open_page(PAGE)
+    assert [m.value for m in at.metric if m.label == "Sessions"] == ["1+"]
+    switch(at, "Timeline")
+    assert any(c.value.startswith("Showing the latest sessions 1–1 of 1+") for c in at.caption)
+    at.button(key="notes_timeline_page_next").click().run()  # a capped count pages on past the cap
+    assert any(c.value.startswith("Showing the latest sessions 2–2 of 1+") for c in at.caption)
     assert not at.exception
 
 
