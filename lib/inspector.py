@@ -305,17 +305,28 @@ def count_evaluations(*, session: Session, filters: EvaluationFilters, cap: int 
         return sum(t.archived if filters.archived else t.evaluations for t in picked)
     cap = counters.COUNT_CAP if cap is None else cap  # read now: tests lower it
     matched = _text_matched_rows(session, filters)
-    if matched is not None and filters == EvaluationFilters(
+    found = None
+    if matched is not None:
+        found = search.count_index_matches(
+            session=session, table=_S.__table__, query=filters.text, limit=cap + 1
+        )
+    if found is not None and filters == EvaluationFilters(
         text=filters.text, sort=filters.sort, archived=filters.archived
     ):
         # Text alone over a list the index holds exactly (lib.search.index_covers): its own count,
         # stopped at cap + 1, is the answer; no row is read.
-        found = search.count_index_matches(
-            session=session, table=_S.__table__, query=filters.text, limit=cap + 1
+        return found
+    if found is not None and found > cap:
+        # A text in more than `cap` rows, with other filters: starting from the index would read
+        # every match and its row when the other filters keep few (1M, a phrase in a fifth of the
+        # rows plus four filters: 2.9 s). Walk the list index instead: the other filters are tested
+        # on its entries, the text only on the rows they keep, and the walk stops at cap + 1.
+        stmt = (
+            select(col(_S.id))
+            .where(*filter_conditions(filters, text_form="scan"))
+            .order_by(*_order_by("newest"))
         )
-        if found is not None:
-            return found
-    if matched is not None:
+    elif matched is not None:
         # From the text index: stops at cap + 1 matches, however many there are (lib.search).
         stmt = select(col(_S.id)).select_from(matched).where(*filter_conditions(filters, text_form="none"))
     else:

@@ -7,6 +7,7 @@ import random
 import shutil
 import string
 from collections.abc import Iterator
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from lib.search import (
     sqlite_trigram_available,
     text_match,
 )
+from tests.conftest import sqlite_only
 
 QUESTIONS = {
     "s_ist": "İstanbul'da en iyi müze hangisi?",
@@ -515,6 +517,33 @@ def test_text_count_stops_at_the_cap_and_never_counts_archived_rows(
         assert count_evaluations(session=session, filters=both) == expected
 
 
+@sqlite_only
+@pytest.mark.parametrize(("cap", "from_index"), [(2, False), (10, True)])  # 6 live "password" rows
+def test_a_common_text_with_other_filters_is_counted_by_walking_the_list(
+    engine: Engine, cap: int, from_index: bool
+) -> None:
+    # Above the cap, starting from the text index would read every match's row whatever the other
+    # filters keep; the walk of the list index tests them first and stops at cap + 1.
+    if engine.dialect.name != "sqlite" or not sqlite_trigram_available():
+        pytest.skip(
+            "the index-or-walk choice is SQLite's (PostgreSQL's planner picks from the GIN statistics)"
+        )
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    with _many(engine) as session:
+        filters = EvaluationFilters(text="password", date_to=date(2025, 1, 12))
+        expected = [
+            sid
+            for sid in _expected_ids(session, EvaluationFilters(text="password"))
+            if session.get(EvaluationSnapshot, sid).created_at.date() <= date(2025, 1, 12)  # type: ignore[union-attr]
+        ]
+        assert 0 < len(expected) < 6
+        statements.clear()
+        assert count_evaluations(session=session, filters=filters, cap=cap) == min(len(expected), cap + 1)
+        assert ("MATCH" in statements[-1]) == from_index
+        assert ("LIKE" in statements[-1]) != from_index
+
+
 def _index_holds(session: Session, phrase: str) -> set[str]:
     """The ids SQLite's FTS index itself returns for `phrase` (no condition around it)."""
     fts = search_table_name("evaluation_snapshots")
@@ -553,11 +582,12 @@ def test_the_evaluation_index_holds_live_rows_through_archive_restore_edit_and_d
         assert count_evaluations(session=session, filters=archived) == 1
 
 
+@sqlite_only
 def test_the_lists_use_the_index_exactly_where_index_covers_says(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if engine.dialect.name != "sqlite" or not sqlite_trigram_available():
-        pytest.skip("SQLite's FTS index (PostgreSQL's GIN index holds every row)")
+    if not sqlite_trigram_available():
+        pytest.skip("no FTS5 trigram tokenizer in this Python's SQLite")
     table = EvaluationSnapshot.__table__.name
     statements: list[str] = []
     event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
