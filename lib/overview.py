@@ -23,7 +23,8 @@ from lib.display import (
 )
 from lib.evidence import HIGHLIGHT_STAGES, STAGES
 from lib.metrics import DEFAULT_METRICS, metrics_for_product, products_with_rubrics
-from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, SessionNote
+from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent
+from lib.notes import notes_health
 
 
 @dataclass(frozen=True)
@@ -96,11 +97,7 @@ def overview_stats(*, session: Session) -> OverviewStats:
     """Counts for the overview page, read from lib.counters: rows per product and metric, never per judgment."""
     by_product = counters.evaluation_totals_by_product(session=session)
     jud = counters.judgment_totals(session=session)
-    notes = session.exec(
-        select(
-            func.count(), func.count(func.distinct(SessionNote.session_id)), func.max(SessionNote.timestamp)
-        )
-    ).one()
+    notes = notes_health(session=session)  # the Notes page's figures: sessions capped, index reads only
 
     def total(name: str) -> int:
         return sum(getattr(t, name) for t in by_product.values())
@@ -123,9 +120,9 @@ def overview_stats(*, session: Session) -> OverviewStats:
         second_opinion_validated=jud.opinion_validated,
         second_opinion_improved=jud.opinion_improved,
         second_opinion_questioned=jud.opinion_questioned,
-        notes=notes[0],
-        note_sessions=notes[1],
-        latest_note=notes[2],
+        notes=notes["total_notes"],
+        note_sessions=notes["sessions"],
+        latest_note=notes["latest_note"],
     )
 
 

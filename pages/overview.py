@@ -74,7 +74,9 @@ cols[1].metric(
     ),
 )
 with cols[2]:
-    st.metric("Session notes", f"{stats.notes:,}", help=f"from {stats.note_sessions:,} sessions")
+    st.metric(
+        "Session notes", f"{stats.notes:,}", help=f"from {counters.count_label(stats.note_sessions)} sessions"
+    )
     _list_link("notes")
 cols[3].metric("Latest note", stats.latest_note.strftime("%Y-%m-%d %H:%M") if stats.latest_note else "—")
 

@@ -184,3 +184,22 @@ def test_activity_rows_and_product_rows_link_to_what_they_name(app_engine, open_
     assert list(products.value["link"]) == ["evaluations?product=p1", "evaluations?product=p2"]
     assert json.loads(products.proto.columns)["correction_rate"]["type_config"]["type"] == "progress"
     assert not at.exception
+
+
+def test_note_sessions_are_counted_by_the_notes_rule_and_capped(app_engine, open_page, monkeypatch) -> None:
+    """The Overview's session figure is the Notes page's capped count (one rule), never a scan of every note."""
+    from lib import counters, notes
+
+    with session_scope(app_engine) as s:
+        for n, sid in enumerate(("run1", "run1", "run2", "run3")):
+            s.add(SessionNote(session_id=sid, note_type="TIP", content=f"tip {n}"))
+    at = open_page("pages/overview.py")
+    assert not at.exception
+    [metric] = [m for m in at.metric if m.label == "Session notes"]
+    assert metric.value == "4" and metric.help == "from 3 sessions"
+
+    monkeypatch.setattr(notes, "COUNT_CAP", 2)
+    monkeypatch.setattr(counters, "COUNT_CAP", 2)
+    at = open_page("pages/overview.py")
+    [metric] = [m for m in at.metric if m.label == "Session notes"]
+    assert metric.value == "4" and metric.help == "from 2+ sessions"
