@@ -75,6 +75,10 @@ SECOND_OPINION_OUTCOMES = ("validated", "improved", "questioned")
 
 # Where counters cannot answer a filter, lists count at most this many matches and say "10,000+".
 COUNT_CAP = 10_000
+# A text-filtered list stops lower ("1,000+"; issue 19): its count reads one index entry per match
+# (SQLite's FTS rowids, PostgreSQL's walk testing each row's text), and a phrase in a fifth of 1M
+# rows would otherwise read 10,001 of them on every rerun, growing with the data up to the cap.
+TEXT_COUNT_CAP = 1_000
 
 
 def count_label(total: int, cap: int | None = None) -> str:

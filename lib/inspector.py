@@ -293,34 +293,48 @@ count_label = counters.count_label
 count_is_capped = counters.count_is_capped
 
 
+def count_cap(filters: EvaluationFilters) -> int:
+    """Where the list's count stops (`count_label` / `count_is_capped` take it too): a text filter's
+    `counters.TEXT_COUNT_CAP` ("1,000+"), else `counters.COUNT_CAP` ("10,000+")."""
+    return counters.TEXT_COUNT_CAP if filters.text else counters.COUNT_CAP  # read now: tests lower them
+
+
 def count_evaluations(*, session: Session, filters: EvaluationFilters, cap: int | None = None) -> int:
     """How many evaluations match: exact, or `cap` + 1 when more match (`count_label` says "10,000+").
 
-    The unfiltered list (and one product) is answered exactly by lib.counters; other filters count
-    at most `cap` + 1 index entries, so a broad filter at a million rows costs the same as at 10k.
+    `cap` defaults to `count_cap(filters)`. The unfiltered list (and one product) is answered exactly
+    by lib.counters; other filters count at most `cap` + 1 index entries, so a broad filter at a
+    million rows costs the same as at 10k.
     """
     if _only_product(filters):
         totals = counters.evaluation_totals_by_product(session=session)
         picked = [t for p, t in totals.items() if filters.product in (None, p)]
         return sum(t.archived if filters.archived else t.evaluations for t in picked)
-    cap = counters.COUNT_CAP if cap is None else cap  # read now: tests lower it
+    # A text in more matches than this, with other filters, is counted by the walk below. The
+    # crossover is the general cap's (measured at 10,000), not the text cap: a text in 1,001-10,000
+    # rows plus filters that keep few would walk the whole list index (1M: ~0.5 s) where starting
+    # from the index reads at most 10,000 rows.
+    walk_above = counters.COUNT_CAP if cap is None else cap
+    cap = count_cap(filters) if cap is None else cap
+    text_only = filters == EvaluationFilters(text=filters.text, sort=filters.sort, archived=filters.archived)
     matched = _text_matched_rows(session, filters)
     found = None
     if matched is not None:
         found = search.count_index_matches(
-            session=session, table=_S.__table__, query=filters.text, limit=cap + 1
+            session=session,
+            table=_S.__table__,
+            query=filters.text,
+            limit=cap + 1 if text_only else max(cap, walk_above) + 1,
         )
-    if found is not None and filters == EvaluationFilters(
-        text=filters.text, sort=filters.sort, archived=filters.archived
-    ):
+    if found is not None and text_only:
         # Text alone over a list the index holds exactly (lib.search.index_covers): its own count,
         # stopped at cap + 1, is the answer; no row is read.
         return found
-    if found is not None and found > cap:
-        # A text in more than `cap` rows, with other filters: starting from the index would read
-        # every match and its row when the other filters keep few (1M, a phrase in a fifth of the
-        # rows plus four filters: 2.9 s). Walk the list index instead: the other filters are tested
-        # on its entries, the text only on the rows they keep, and the walk stops at cap + 1.
+    if found is not None and found > walk_above:
+        # A text in more than `walk_above` rows, with other filters: starting from the index would
+        # read every match and its row when the other filters keep few (1M, a phrase in a fifth of
+        # the rows plus four filters: 2.9 s). Walk the list index instead: the other filters are
+        # tested on its entries, the text only on the rows they keep, and the walk stops at cap + 1.
         stmt = (
             select(col(_S.id))
             .where(*filter_conditions(filters, text_form="scan"))

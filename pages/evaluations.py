@@ -289,9 +289,10 @@ def show_list() -> None:
 
     page_size = get_settings().page_size
     with session_scope(read_only=True) as session:
-        total = inspector.count_evaluations(session=session, filters=filters)
+        cap = inspector.count_cap(filters)
+        total = inspector.count_evaluations(session=session, filters=filters, cap=cap)
         offset, limit = pager(
-            total, key=PAGE_KEY, page_size=page_size, capped=inspector.count_is_capped(total)
+            total, key=PAGE_KEY, page_size=page_size, capped=inspector.count_is_capped(total, cap)
         )
         page = offset // page_size + 1
         rows = inspector.fetch_page(
@@ -306,7 +307,7 @@ def show_list() -> None:
         st.query_params.from_dict(params)
 
     noun = "archived evaluation" if filters.archived else "evaluation"
-    label = inspector.count_label(total)
+    label = inspector.count_label(total, cap)
     st.markdown(f"**{label}** {noun} matches" if total == 1 else f"**{label}** {noun}s match")
     if not rows:
         st.info("No evaluations match these filters." if total == 0 else "This page is empty.")

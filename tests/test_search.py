@@ -22,6 +22,7 @@ from lib.importer import import_evaluations, import_notes
 from lib.inspector import (
     EvaluationFilters,
     archive_evaluation,
+    count_cap,
     count_evaluations,
     fetch_page,
     filter_conditions,
@@ -507,11 +508,11 @@ def test_a_common_page_walks_the_list_and_a_rare_one_starts_from_the_index(
 def test_text_count_stops_at_the_cap_and_never_counts_archived_rows(
     engine: Engine, monkeypatch: pytest.MonkeyPatch, cap: int, expected: int
 ) -> None:
-    monkeypatch.setattr(counters, "COUNT_CAP", cap)
+    monkeypatch.setattr(counters, "TEXT_COUNT_CAP", cap)  # a text filter's own cap ("1,000+")
     with _many(engine) as session:
         total = count_evaluations(session=session, filters=EvaluationFilters(text="password"))
         assert total == expected
-        assert counters.count_label(total) == (f"{cap:,}+" if expected > cap else f"{expected:,}")
+        assert counters.count_label(total, cap) == (f"{cap:,}+" if expected > cap else f"{expected:,}")
         # With the product filter too, the count is the same (the other, row-reading form).
         both = EvaluationFilters(text="password", product="acme")
         assert count_evaluations(session=session, filters=both) == expected
@@ -542,6 +543,26 @@ def test_a_common_text_with_other_filters_is_counted_by_walking_the_list(
         assert count_evaluations(session=session, filters=filters, cap=cap) == min(len(expected), cap + 1)
         assert ("MATCH" in statements[-1]) == from_index
         assert ("LIKE" in statements[-1]) != from_index
+
+
+@sqlite_only
+def test_a_text_over_the_text_cap_but_under_the_list_cap_with_filters_counts_from_the_index(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The lower text cap stops the count sooner; it does not move the index-or-walk crossover, which
+    # stays the list cap's: a walk for a text in fewer rows could read the whole list index.
+    if engine.dialect.name != "sqlite" or not sqlite_trigram_available():
+        pytest.skip("the index-or-walk choice is SQLite's")
+    monkeypatch.setattr(counters, "TEXT_COUNT_CAP", 1)  # 6 live "password" rows: over it
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    with _many(engine) as session:
+        filters = EvaluationFilters(text="password", date_to=date(2025, 1, 12))
+        assert len(_expected_ids(session, filters)) > 1
+        statements.clear()
+        total = count_evaluations(session=session, filters=filters)
+        assert total == 2 and counters.count_label(total, count_cap(filters)) == "1+"
+        assert "MATCH" in statements[-1] and "LIKE" not in statements[-1]
 
 
 def _index_holds(session: Session, phrase: str) -> set[str]:

@@ -192,6 +192,29 @@ def test_a_capped_count_keeps_paging_past_the_cap(thirty, open_page, monkeypatch
     assert not at.exception
 
 
+@pytest.mark.parametrize("rare_matches", [0, 1_000])  # SQLite: the walk plan, then the sort of matches
+def test_a_text_count_stops_at_the_text_cap_and_paging_reaches_every_row(
+    thirty, open_page, monkeypatch, rare_matches: int
+) -> None:
+    """A text filter counts to its own, lower cap ("12+" here, "1,000+" in use; the unfiltered cap
+    is untouched), and Next still pages on past it to the last matching row."""
+    from lib import counters, search
+
+    monkeypatch.setattr(counters, "TEXT_COUNT_CAP", 12)
+    monkeypatch.setattr(search, "RARE_MATCHES", rare_matches)
+    at = open_page(PAGE, query={"q": "QUESTION P"})  # all 30: "Question p00?" … "Question p29?"
+    assert count_line(at) == "**12+** evaluations match"
+    seen = listed_ids(at)
+    for _ in range(2):
+        assert not at.button(key="evaluations_page_next").disabled
+        at.button(key="evaluations_page_next").click().run()
+        seen += listed_ids(at)
+    assert seen == [f"p{i:02d}" for i in range(29, -1, -1)]
+    assert count_line(open_page(PAGE, query={"q": "question p2"})) == "**10** evaluations match"
+    assert count_line(open_page(PAGE)) == "**30** evaluations match"
+    assert not at.exception
+
+
 def test_download_offers_every_match_not_just_the_page(thirty, open_page) -> None:
     at = open_page(PAGE)
     labels = [b.proto.label for b in at.get("download_button")]
