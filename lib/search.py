@@ -40,9 +40,10 @@ at `RARE_MATCHES` + 1 (`count_index_matches`, cheap because the index hands rowi
 - common: the page walks the list's own ordered index and tests each row's stored text with the LIKE
   (`text_match(..., scan=True)`); with at least `RARE_MATCHES` matches among the rows, a page of 25 is
   found within a bounded stretch of the walk, and it stops there.
-A capped count of text alone over live evaluations is the index's count (`count_index_matches`). With
-other filters, a text in at most cap rows is counted from the index (`index_matched_rows` under a
-LIMIT); a commoner one by the walk of the list index, which tests the other filters on its entries
+A capped count of text alone over live evaluations is the index's count (`count_index_matches`), stopped
+at `counters.TEXT_COUNT_CAP` + 1 (1,001: reading 10,001 rowids grew with the data). With other
+filters, a text in at most `counters.COUNT_CAP` rows is counted from the index (`index_matched_rows`
+under a LIMIT); a commoner one by the walk of the list index, which tests the other filters on its entries
 and the text on the rows they keep, stopping at cap + 1 (from the index it would read every match).
 `count_index_matches` and `index_matched_rows` see indexed rows only: for evaluations, live ones.
 Every form states the same condition: the stored normalised text contains the normalised query.
