@@ -124,6 +124,9 @@ def test_five_reviews_by_keyboard_one_undo_and_the_workspace_fits_one_screen(
         page.locator(".st-key-review_answer_text mark.ov-ev").first.wait_for(timeout=30_000)
         settled()
         heights["8 rows"] = _page_height(page)
+        # The keys act through the selected row's buttons: wait until they are enabled (the
+        # reviewer is known) before the first key, or it can be lost on a slow machine.
+        page.locator('[class*="_confirm"] button:not([disabled])').first.wait_for(timeout=30_000)
 
         page.keyboard.press("y")  # 1: confirm truthfulness
         reviewed(1)
