@@ -38,6 +38,14 @@ def app_engine(monkeypatch: pytest.MonkeyPatch, sqlite_url: str, sqlite_engine: 
 
 
 @pytest.fixture
+def any_app_engine(monkeypatch: pytest.MonkeyPatch, db_url: str, engine: Engine) -> Engine:
+    """The pages on SQLite and on PostgreSQL (the same database the `engine` fixture opened)."""
+    monkeypatch.setenv("OVERRULE_DATABASE_URL", db_url)
+    reset_settings()
+    return engine
+
+
+@pytest.fixture
 def open_page() -> Callable[..., AppTest]:
     """Run a page file under AppTest, optionally with query parameters and a reviewer name."""
 

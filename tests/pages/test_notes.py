@@ -28,14 +28,6 @@ def _fresh_cache() -> None:
 
 
 @pytest.fixture
-def any_app_engine(monkeypatch: pytest.MonkeyPatch, db_url: str, engine: Engine) -> Engine:
-    """The page on SQLite and on PostgreSQL (the same database the `engine` fixture opened)."""
-    monkeypatch.setenv("OVERRULE_DATABASE_URL", db_url)
-    reset_settings()
-    return engine
-
-
-@pytest.fixture
 def open_tab() -> Any:
     """Open the page on one tab, as a reviewer who clicked it (only the open tab runs)."""
 

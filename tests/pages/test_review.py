@@ -132,14 +132,6 @@ def shortcut_of(at: AppTest, key: str) -> str:
     return at.button(key=key).proto.shortcut
 
 
-@pytest.fixture
-def any_app_engine(monkeypatch: pytest.MonkeyPatch, db_url: str, engine: Engine) -> Engine:
-    """The pages on SQLite and on PostgreSQL (the same database the `engine` fixture opened)."""
-    monkeypatch.setenv("OVERRULE_DATABASE_URL", db_url)
-    reset_settings()
-    return engine
-
-
 def test_queue_shows_progress_and_the_oldest_evaluation_first(app_engine, open_page) -> None:
     evaluation(app_engine, "snap_new", hours=5)
     evaluation(app_engine, "snap_old", hours=1)
