@@ -289,8 +289,8 @@ def show_list() -> None:
 
     page_size = get_settings().page_size
     with session_scope(read_only=True) as session:
-        cap = inspector.count_cap(filters)
-        total = inspector.count_evaluations(session=session, filters=filters, cap=cap)
+        cap = inspector.count_cap(filters)  # the count's own default: for the label and the pager
+        total = inspector.count_evaluations(session=session, filters=filters)
         offset, limit = pager(
             total, key=PAGE_KEY, page_size=page_size, capped=inspector.count_is_capped(total, cap)
         )
