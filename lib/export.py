@@ -168,13 +168,33 @@ def export_cache_bytes(*, engine: Engine, product: str | None = None) -> bytes:
         return out.read_bytes()
 
 
+def _precedents_table(filters: Any, limit: int) -> CsvTable:
+    from lib import precedent_view
+
+    return lambda session: (
+        precedent_view.LIST_COLUMNS,
+        precedent_view.iter_list_rows(session=session, filters=filters, limit=limit),
+    )
+
+
+def _notes_table(filters: notes.NoteFilter) -> CsvTable:
+    return lambda session: (notes.FRAME_COLUMNS, notes.iter_note_rows(session=session, filters=filters))
+
+
+def _evaluations_table(filters: EvaluationFilters, form: str) -> CsvTable:
+    def table(session: Session) -> tuple[Sequence[str], Iterable[Sequence[Any]]]:
+        export = inspector.export_evaluations(session=session, filters=filters, form=form)
+        return export.columns, export.rows
+
+    return table
+
+
 def judgments_csv_bytes(*, engine: Engine, filters: JudgmentFilter, limit: int = CSV_ROW_LIMIT) -> bytes:
     """The Corrections page's CSV: every matching judgment (newest `limit`), formulas neutralised,
     streamed a batch at a time (`corrections.iter_judgment_rows`), never a frame."""
     return _streamed_csv_bytes(
         engine,
-        lambda session, out: write_csv(
-            out,
+        lambda session: (
             corrections.JUDGMENT_COLUMNS,
             corrections.iter_judgment_rows(session=session, filters=filters, limit=limit),
         ),
@@ -184,44 +204,24 @@ def judgments_csv_bytes(*, engine: Engine, filters: JudgmentFilter, limit: int =
 def precedents_csv_bytes(*, engine: Engine, filters: Any, limit: int = CSV_ROW_LIMIT) -> bytes:
     """The Precedents page's CSV: every matching interaction (newest `limit`), formulas neutralised,
     streamed a batch at a time. `filters` is a `lib.precedent_view.PrecedentFilters`."""
-    from lib import precedent_view
 
-    return _streamed_csv_bytes(
-        engine,
-        lambda session, out: write_csv(
-            out,
-            precedent_view.LIST_COLUMNS,
-            precedent_view.iter_list_rows(session=session, filters=filters, limit=limit),
-        ),
-    )
+    return _streamed_csv_bytes(engine, _precedents_table(filters, limit))
 
 
 def precedents_csv_chunks(*, engine: Engine, filters: Any, limit: int = CSV_ROW_LIMIT) -> Iterator[bytes]:
     """The Precedents CSV as UTF-8 chunks, for a streamed download (`lib.downloads`)."""
-    from lib import precedent_view
-
-    with session_scope(engine, read_only=True) as session:
-        rows = precedent_view.iter_list_rows(session=session, filters=filters, limit=limit)
-        for chunk in iter_csv(precedent_view.LIST_COLUMNS, rows):
-            yield chunk.encode("utf-8")
+    return _csv_chunks(engine, _precedents_table(filters, limit))
 
 
 def notes_csv_bytes(*, engine: Engine, filters: notes.NoteFilter) -> bytes:
     """The Notes page's CSV of every matching note (bare types, the import format), formulas
     neutralised, written a batch at a time (`notes.iter_note_rows`), never a frame."""
-    return _streamed_csv_bytes(
-        engine,
-        lambda session, out: write_csv(
-            out, notes.FRAME_COLUMNS, notes.iter_note_rows(session=session, filters=filters)
-        ),
-    )
+    return _streamed_csv_bytes(engine, _notes_table(filters))
 
 
 def notes_csv_chunks(*, engine: Engine, filters: notes.NoteFilter) -> Iterator[bytes]:
     """The Notes CSV as UTF-8 chunks, for a streamed download (`lib.downloads`)."""
-    with session_scope(engine, read_only=True) as session:
-        for chunk in iter_csv(notes.FRAME_COLUMNS, notes.iter_note_rows(session=session, filters=filters)):
-            yield chunk.encode("utf-8")
+    return _csv_chunks(engine, _notes_table(filters))
 
 
 def _stream_cell(value: Any) -> Any:
@@ -270,7 +270,20 @@ def write_csv(out: TextIO, columns: Sequence[str], rows: Iterable[Sequence[Any]]
     return count
 
 
-def _streamed_csv_bytes(engine: Engine, write: Callable[[Session, TextIO], int]) -> bytes:
+# A CSV's columns and its rows, read in the session given: what the bytes and the chunks of one
+# download share, so a page's button and its streamed link can never differ.
+CsvTable = Callable[[Session], tuple[Sequence[str], Iterable[Sequence[Any]]]]
+
+
+def _csv_chunks(engine: Engine, table: CsvTable) -> Iterator[bytes]:
+    """`table` as UTF-8 CSV chunks, produced while a response sends them (`lib.downloads`), in one
+    read-only session: neither the app nor Streamlit ever holds the file."""
+    with session_scope(engine, read_only=True) as session:
+        for chunk in iter_csv(*table(session)):
+            yield chunk.encode("utf-8")
+
+
+def _streamed_csv_bytes(engine: Engine, table: CsvTable) -> bytes:
     """CSV bytes written row batch by row batch into a temporary file in a read-only session.
 
     The app never holds more than a batch of rows; only the finished file's bytes come back
@@ -279,7 +292,7 @@ def _streamed_csv_bytes(engine: Engine, write: Callable[[Session, TextIO], int])
     with tempfile.TemporaryFile() as raw:
         text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
         with session_scope(engine, read_only=True) as session:
-            write(session, text)
+            write_csv(text, *table(session))
         text.flush()
         text.detach()  # the temporary file stays ours to read and close
         raw.seek(0)
@@ -294,16 +307,12 @@ def write_evaluations_csv(
     `form` is "wide" or "long" (`lib.inspector.EXPORT_FORMS`). Memory stays one batch of rows
     whatever the number of matches: no frame.
     """
-    export = inspector.export_evaluations(session=session, filters=filters, form=form)
-    return write_csv(out, export.columns, export.rows)
+    return write_csv(out, *_evaluations_table(filters, form)(session))
 
 
 def evaluations_csv_bytes(*, engine: Engine, filters: EvaluationFilters, form: str = "wide") -> bytes:
     """The Evaluations page's CSV of every match (all pages), wide or long, formulas neutralised."""
-    return _streamed_csv_bytes(
-        engine,
-        lambda session, out: write_evaluations_csv(session=session, filters=filters, out=out, form=form),
-    )
+    return _streamed_csv_bytes(engine, _evaluations_table(filters, form))
 
 
 def evaluations_csv_chunks(
@@ -311,20 +320,20 @@ def evaluations_csv_chunks(
 ) -> Iterator[bytes]:
     """The same CSV as UTF-8 chunks, produced while a response sends them (`lib.downloads`):
     neither the app nor Streamlit ever holds the file."""
-    with session_scope(engine, read_only=True) as session:
-        export = inspector.export_evaluations(session=session, filters=filters, form=form)
-        for chunk in iter_csv(export.columns, export.rows):
-            yield chunk.encode("utf-8")
+    return _csv_chunks(engine, _evaluations_table(filters, form))
 
 
 def judgments_csv_chunks(
     *, engine: Engine, filters: JudgmentFilter, limit: int = CSV_ROW_LIMIT
 ) -> Iterator[bytes]:
     """The Corrections CSV as UTF-8 chunks, for a streamed download (`lib.downloads`)."""
-    with session_scope(engine, read_only=True) as session:
-        rows = corrections.iter_judgment_rows(session=session, filters=filters, limit=limit)
-        for chunk in iter_csv(corrections.JUDGMENT_COLUMNS, rows):
-            yield chunk.encode("utf-8")
+    return _csv_chunks(
+        engine,
+        lambda session: (
+            corrections.JUDGMENT_COLUMNS,
+            corrections.iter_judgment_rows(session=session, filters=filters, limit=limit),
+        ),
+    )
 
 
 def export_evaluations_csv(
