@@ -265,14 +265,19 @@ def test_switching_tabs_keeps_what_the_reviewer_typed_and_chose(app_engine, open
     assert not at.exception and not at.warning
 
 
-def test_timeline_shows_the_latest_sessions_and_pages_further_back(
-    any_app_engine, open_tab, monkeypatch
-) -> None:
+def _three_sessions_two_a_page(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_new, run_mid and run_old, one note each a day apart, with timeline pages of two sessions."""
     monkeypatch.setenv("OVERRULE_PAGE_SIZE", "2")
     reset_settings()
     now = utcnow()
     for age, sid in enumerate(["run_new", "run_mid", "run_old"]):
-        put(any_app_engine, content=f"from {sid}", session_id=sid, timestamp=now - timedelta(days=age))
+        put(engine, content=f"from {sid}", session_id=sid, timestamp=now - timedelta(days=age))
+
+
+def test_timeline_shows_the_latest_sessions_and_pages_further_back(
+    any_app_engine, open_tab, monkeypatch
+) -> None:
+    _three_sessions_two_a_page(any_app_engine, monkeypatch)
     at = open_tab("Timeline")
     assert (
         "Showing the latest sessions 1–2 of 3 (newest activity first); page back to look further back."
@@ -308,11 +313,7 @@ def test_timeline_page_emptied_meanwhile_says_so(any_app_engine, open_tab, monke
     if any_app_engine.dialect.name == "sqlite":  # one read transaction, one snapshot: count and page agree
         pytest.skip("SQLite reads the count and the page from one snapshot")
     app_engine = any_app_engine
-    monkeypatch.setenv("OVERRULE_PAGE_SIZE", "2")
-    reset_settings()
-    now = utcnow()
-    for age, sid in enumerate(["run_new", "run_mid", "run_old"]):
-        put(app_engine, content=f"from {sid}", session_id=sid, timestamp=now - timedelta(days=age))
+    _three_sessions_two_a_page(app_engine, monkeypatch)
     at = open_tab("Timeline")
     counted = notes.count_sessions
 
