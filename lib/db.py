@@ -18,7 +18,11 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlmodel import Session
 
-import lib.counters  # noqa: F401  (registers the ORM flush hooks that keep the counters)
+# The ORM hooks that keep derived tables in step with every write through a Session are registered
+# by importing their modules here, where engines and sessions are made: lib.counters (the counters)
+# and lib.scores (metric_scores, agreement counts). lib.models sits below both and imports neither.
+import lib.counters
+import lib.scores  # noqa: F401
 from lib.config import ROOT, get_settings
 
 log = logging.getLogger(__name__)

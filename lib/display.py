@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import urlencode
 
+from lib.models import NOTE_TYPES
+
 TITLE_CHARS = 90
 UNTITLED = "(no question text)"
 
@@ -22,6 +24,23 @@ NOTES_PATH = "notes"
 COACH_PATH = "coach"
 PRECEDENTS_PATH = "precedents"
 ALIGNMENT_PATH = "alignment"
+
+# Note types as every page and prompt shows them (seed 000's icons).
+TYPE_ICONS: dict[str, str] = {
+    "SUCCESS": "✅",
+    "FAILURE": "❌",
+    "PATTERN": "🔍",
+    "STRATEGY": "💡",
+    "TIP": "💭",
+}
+TYPE_LABELS: dict[str, str] = {kind: f"{TYPE_ICONS[kind]} {kind}" for kind in NOTE_TYPES}
+
+
+def note_type_label(note_type: object) -> str:
+    """A note type as every page shows it, icon and word ("💡 STRATEGY"): the icon alone says nothing
+    to a newcomer, the word alone is slow to scan. Unknown types keep the generic note icon."""
+    kind = str(note_type)
+    return TYPE_LABELS.get(kind, f"📝 {kind}")
 
 
 def evaluation_title(question: str | None, *, limit: int = TITLE_CHARS) -> str:

@@ -646,8 +646,3 @@ def _naive_datetimes_are_utc(session: OrmSession, _context, _instances) -> None:
             value = getattr(obj, name, None)
             if isinstance(value, datetime) and value.tzinfo is None:
                 setattr(obj, name, value.replace(tzinfo=UTC))
-
-
-# Last, once every table exists: the ORM hooks that keep `metric_scores` / `agreement_counts` in step
-# with snapshots written through a Session must be registered whoever imports the models.
-import lib.scores  # noqa: E402, F401

@@ -47,27 +47,12 @@ from sqlmodel import Session, SQLModel, col, select
 from lib.auth import Actor, Permission, authorize, removal_permission
 from lib.config import get_settings
 from lib.counters import COUNT_CAP
+from lib.display import TYPE_ICONS, TYPE_LABELS, note_type_label  # noqa: F401  (re-exported)
 from lib.models import NOTE_TYPES, SessionNote, TagRelevanceEvent, utcnow
+from lib.relevance import pinned_as_of, relevance_for_notes
 from lib.search import text_match
 
 log = logging.getLogger(__name__)
-
-TYPE_ICONS: dict[str, str] = {
-    "SUCCESS": "✅",
-    "FAILURE": "❌",
-    "PATTERN": "🔍",
-    "STRATEGY": "💡",
-    "TIP": "💭",
-}
-TYPE_LABELS: dict[str, str] = {kind: f"{TYPE_ICONS[kind]} {kind}" for kind in NOTE_TYPES}
-
-
-def note_type_label(note_type: object) -> str:
-    """A note type as every page shows it, icon and word ("💡 STRATEGY"): the icon alone says nothing
-    to a newcomer, the word alone is slow to scan. Unknown types keep the generic note icon."""
-    kind = str(note_type)
-    return TYPE_LABELS.get(kind, f"📝 {kind}")
-
 
 # Seed 000: these types are useful whatever the language, so every query includes them.
 CROSS_LANGUAGE_TYPES = ("STRATEGY", "PATTERN")
@@ -690,8 +675,6 @@ def relevant_notes(
         raise ValueError("limit must be at least 1")
     lang = normalize_language(language)
     if tags and relevance is None:
-        from lib.relevance import relevance_for_notes  # lib.relevance reads notes' tables only
-
         relevance = partial(relevance_for_notes, as_of=as_of)
     ranked = bool(tags) and relevance is not None
     pool = limit * RELEVANCE_POOL_FACTOR if ranked else limit
@@ -743,8 +726,6 @@ def _pinned_first(
     )
     pinned = list(session.exec(stmt).all())
     if as_of is not None:
-        from lib.relevance import pinned_as_of  # lib.relevance reads notes' tables only
-
         then = pinned_as_of(session=session, notes=pinned, as_of=as_of)
         pinned = [n for n in pinned if n.id in then]
     if not pinned:

@@ -50,6 +50,7 @@ from lib import llm
 from lib.auth import Actor, Permission, authorize, identity_of
 from lib.config import Settings, get_settings
 from lib.db import session_scope
+from lib.display import note_type_label
 from lib.models import (
     LessonMatchStat,
     LessonTagRelevance,
@@ -59,7 +60,6 @@ from lib.models import (
     TagRelevanceEvent,
     utcnow,
 )
-from lib.notes import note_type_label
 
 log = logging.getLogger(__name__)
 

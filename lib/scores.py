@@ -47,9 +47,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Mapper
 from sqlmodel import Session
 
-# A module import: lib.models imports this module last, possibly while lib.metrics is half loaded.
-from lib import metrics
 from lib.bulk import insert_tuples
+from lib.metrics import score_of
 from lib.models import AgreementCount, AgreementTotal, EvaluationSnapshot, MetricScore
 
 _SCORES = MetricScore.__table__  # type: ignore[attr-defined]
@@ -117,8 +116,8 @@ def score_rows(snapshots: Iterable[ScoredSnapshot]) -> list[ScoreRow]:
         judge = snap.judge_scores if isinstance(snap.judge_scores, Mapping) else {}
         user = snap.user_scores if isinstance(snap.user_scores, Mapping) else {}
         for metric, entry in user.items():
-            u = metrics.score_of(entry)
-            j = metrics.score_of(judge.get(metric)) if u is not None else None
+            u = score_of(entry)
+            j = score_of(judge.get(metric)) if u is not None else None
             if j is not None:
                 rows.append(
                     ScoreRow(snap.id, metric, snap.product, snap.language, day, week, u, j, snap.live)
