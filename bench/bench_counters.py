@@ -3,8 +3,8 @@
     .venv/bin/python bench/bench_counters.py --sizes 1k,100k --db-dir /tmp/bench
     .venv/bin/python bench/bench_counters.py --sizes 1k,100k --pg postgresql://overrule:overrule@127.0.0.1:5432/postgres
 
-Times the lib calls behind Overview (overview_stats, per_product_frame), Corrections (stats, the
-trend, the pager's count), the review queue's progress and the Evaluations list (capped counts,
+Times the lib calls behind Overview (overview_stats, per_product_frame), Corrections (stats, also
+under a reviewer, the trend, the pager's count), the review queue's progress and the Evaluations list (capped counts,
 review-state / metric filters, a deep page by keyset vs by OFFSET), in-process, median of
 `--repeat` runs after one warm-up, on the databases `bench/bench_pages.py` builds with
 `bench/gen.py` (10 judgments per evaluation). Prints seconds per call and size, the ratio to the
@@ -47,9 +47,21 @@ def calls() -> dict[str, Callable[[Any], Any]]:
         "overview_stats": lambda s: overview.overview_stats(session=s),
         "per_product_frame": lambda s: overview.per_product_frame(session=s),
         "corrections.stats": lambda s: corrections.stats(session=s),
-        "correction_rate_over_time W": lambda s: corrections.correction_rate_over_time(session=s, freq="W"),
+        "corrected_of_reviewed_over_time W": lambda s: corrections.corrected_of_reviewed_over_time(
+            session=s, freq="W"
+        ),
         "count_judgments (state)": lambda s: corrections.count_judgments(
             session=s, filters=JudgmentFilter(state="corrected")
+        ),
+        "corrections.stats reviewer": lambda s: corrections.stats(session=s, reviewer="ayse"),
+        "corrections.stats reviewer+product+metric": lambda s: corrections.stats(
+            session=s, reviewer="ayse", product="Acme Fungear", metric="clarity"
+        ),
+        "count_judgments reviewer+state": lambda s: corrections.count_judgments(
+            session=s, filters=JudgmentFilter(reviewer="ayse", state="corrected")
+        ),
+        "list_judgments reviewer page 1": lambda s: corrections.list_judgments(
+            session=s, filters=JudgmentFilter(reviewer="ayse")
         ),
         "queue_progress": lambda s: review_queue.queue_progress(session=s, filters=QueueFilter()),
         "queue_progress product+metric+lang": lambda s: review_queue.queue_progress(

@@ -78,6 +78,7 @@ def scenarios(evaluations: int) -> list[Scenario]:
     return [
         Scenario("overview", "pages/overview.py"),
         Scenario("corrections", "pages/corrections.py"),
+        Scenario("corrections reviewer", "pages/corrections.py", query={"reviewer": "ayse"}),
         Scenario("analytics", "pages/analytics.py", rss=True),
         Scenario("evaluations", "pages/evaluations.py"),
         Scenario("evaluations review=pending", "pages/evaluations.py", query={"review": "pending"}),

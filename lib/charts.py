@@ -222,17 +222,19 @@ def rate_figure(
     return fig
 
 
-def correction_rate_figure(frame: pd.DataFrame, *, title: str = "Correction rate over time") -> go.Figure:
+def corrected_of_reviewed_figure(
+    frame: pd.DataFrame, *, title: str = "Corrected of reviewed over time"
+) -> go.Figure:
     """One line per product: the share of reviewed judgments that reviewers overruled, per period,
     over faint bars of how many were reviewed.
 
-    `frame` has the columns of `lib.corrections.correction_rate_over_time`: product, period,
-    reviewed, corrected, correction_rate.
+    `frame` has the columns of `lib.corrections.corrected_of_reviewed_over_time`: product, period,
+    reviewed, corrected, corrected_of_reviewed.
     """
     return rate_figure(
         frame,
         x="period",
-        rate="correction_rate",
+        rate="corrected_of_reviewed",
         n="reviewed",
         extra=["corrected"],
         title=title,

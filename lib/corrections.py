@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Engine, delete, func, insert, or_, text, update
+from sqlalchemy import Engine, delete, insert, or_, text, update
 from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
@@ -430,15 +430,15 @@ def _write_review_state(
         if current is None:
             raise JudgmentNotFound(f"judgment {judgment_id} was deleted while you were reviewing it")
         raise ReviewConflict(JudgmentState.of(current, _latest_actor(session, judgment_id)), expected_version)
-    # The counters move by this write's known delta: `judgment` still holds the replaced state.
+    # The counters move by this write's known change: `judgment` still holds the replaced state.
     corrected = compute_was_corrected(judgment.decision, state.user_decision)
     was_reviewed, now_reviewed = judgment.reviewed_at is not None, state.reviewed_at is not None
     counters.bump_review(
         session=session,
         judgment_id=judgment_id,
         snapshot_id=judgment.snapshot_id,
-        reviewed=int(now_reviewed) - int(was_reviewed),
-        corrected=int(now_reviewed and corrected) - int(was_reviewed and judgment.was_corrected),
+        before=counters.ReviewSide(judgment.reviewer, was_reviewed, was_reviewed and judgment.was_corrected),
+        after=counters.ReviewSide(state.reviewer, now_reviewed, now_reviewed and corrected),
     )
     session.add(JudgmentEvent(**event))
     session.flush()
@@ -935,15 +935,28 @@ def format_history_for_prompt(judgments: Sequence[Judgment]) -> str:
     return "\n".join(lines)
 
 
-def stats(*, session: Session, product: str | None = None) -> dict[str, Any]:
+def stats(
+    *, session: Session, product: str | None = None, metric: str | None = None, reviewer: str | None = None
+) -> dict[str, Any]:
     """Seed-004 `stats` from lib.counters: totals, corrected vs correct, correction rate, products, days.
 
-    `correction_rate` is the one definition (corrected ÷ reviewed, `counters.correction_rate`);
-    oldest and newest are days (UTC), which is what the counters keep.
+    As the seed defines them: `correction_rate` = corrected ÷ every judgment (45 of 150 = 0.30) and
+    `correct_count` = total − corrected, so unreviewed judgments count as correct. `reviewed_count`
+    is added; corrected ÷ reviewed, which the pages show, is `counters.corrected_of_reviewed`.
+    `metric` and `reviewer` narrow the figures as the Corrections page's filters do (a reviewer's
+    judgments are those they reviewed last). Oldest and newest are days (UTC), what the counters keep.
     """
-    totals = counters.judgment_totals(session=session, product=product)
-    oldest, newest = counters.judged_day_range(session=session, product=product)
-    products = list(counters.judgment_totals_by_product(session=session))
+    totals = counters.judgment_totals(session=session, product=product, metric=metric, reviewer=reviewer)
+    oldest, newest = counters.judged_day_range(
+        session=session, product=product, metric=metric, reviewer=reviewer
+    )
+    if reviewer is not None:
+        products = counters.judged_products_of(session=session, reviewer=reviewer, metric=metric)
+    elif metric is not None:
+        products = [p for p in counters.judged_products(session=session)
+                    if counters.judgment_totals(session=session, product=p, metric=metric).judgments]  # fmt: skip
+    else:
+        products = list(counters.judgment_totals_by_product(session=session))
     if product is not None:
         products = [product] if product in products else []
     return {
@@ -951,7 +964,7 @@ def stats(*, session: Session, product: str | None = None) -> dict[str, Any]:
         "reviewed_count": totals.reviewed,
         "corrected_count": totals.corrected,
         "correct_count": totals.judgments - totals.corrected,
-        "correction_rate": totals.correction_rate,
+        "correction_rate": totals.corrected / totals.judgments if totals.judgments else None,
         "products": products,
         "oldest_judgment": oldest,
         "newest_judgment": newest,
@@ -1040,25 +1053,20 @@ def _filtered(stmt: Any, filters: JudgmentFilter) -> Any:
     return stmt
 
 
-def count_judgments(*, session: Session, filters: JudgmentFilter, cap: int | None = None) -> int:
-    """How many judgments match the filters (for the pager): exact from lib.counters unless a reviewer
-    is chosen; then counted up to `cap` + 1 ("10,000+"), never a scan of every judgment."""
-    if filters.reviewer is None:
-        totals = counters.judgment_totals(session=session, product=filters.product, metric=filters.metric)
-        by_state = {
-            None: totals.judgments,
-            "unreviewed": totals.pending,
-            "confirmed": totals.reviewed - totals.corrected,
-            "corrected": totals.corrected,
-        }
-        if filters.state not in by_state:
-            raise ValueError(
-                f"unknown review state {filters.state!r}; choose one of {', '.join(REVIEW_STATES)}"
-            )
-        return by_state[filters.state]
-    cap = counters.COUNT_CAP if cap is None else cap  # read now: tests lower it
-    matches = _filtered(select(Judgment.id), filters).limit(cap + 1).subquery()
-    return int(session.exec(select(func.count()).select_from(matches)).one())
+def count_judgments(*, session: Session, filters: JudgmentFilter) -> int:
+    """How many judgments match the filters (for the pager), exact from lib.counters for every filter."""
+    totals = counters.judgment_totals(
+        session=session, product=filters.product, metric=filters.metric, reviewer=filters.reviewer
+    )
+    by_state = {
+        None: totals.judgments,
+        "unreviewed": totals.pending,
+        "confirmed": totals.reviewed - totals.corrected,
+        "corrected": totals.corrected,
+    }
+    if filters.state not in by_state:
+        raise ValueError(f"unknown review state {filters.state!r}; choose one of {', '.join(REVIEW_STATES)}")
+    return by_state[filters.state]
 
 
 def list_judgments(
@@ -1179,17 +1187,17 @@ def filter_options(*, session: Session) -> dict[str, list[str]]:
     }
 
 
-def correction_rate_over_time(
+def corrected_of_reviewed_over_time(
     *, session: Session, product: str | None = None, metric: str | None = None, freq: str = "W"
 ) -> pd.DataFrame:
     """Per product and period (by when judged): reviewed, corrected and their ratio.
 
     Read from lib.counters' per-day rows (products × metrics × days, whatever the judgments), then
-    summed per `freq` ("D", "W" or "M") in pandas. The ratio is `counters.correction_rate`.
+    summed per `freq` ("D", "W" or "M") in pandas. The ratio is `counters.corrected_of_reviewed`.
     """
     if freq not in ("D", "W", "M"):
         raise ValueError(f"freq must be D, W or M, got {freq!r}")
-    columns = ["product", "period", "reviewed", "corrected", "correction_rate"]
+    columns = ["product", "period", "reviewed", "corrected", "corrected_of_reviewed"]
     rows = [
         (p, day, reviewed, corrected)
         for p, day, _n, reviewed, corrected in counters.judgment_days(
@@ -1204,8 +1212,8 @@ def correction_rate_over_time(
     out = daily.groupby(["product", "period"], as_index=False)[["reviewed", "corrected"]].sum()
     out["reviewed"] = out["reviewed"].astype(int)
     out["corrected"] = out["corrected"].astype(int)
-    out["correction_rate"] = [
-        counters.correction_rate(c, r) for c, r in zip(out["corrected"], out["reviewed"], strict=True)
+    out["corrected_of_reviewed"] = [
+        counters.corrected_of_reviewed(c, r) for c, r in zip(out["corrected"], out["reviewed"], strict=True)
     ]
     return out.sort_values(["product", "period"]).reset_index(drop=True)[columns]
 

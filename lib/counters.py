@@ -9,6 +9,8 @@ rows in proportion to products × metrics × days, never to evaluations or judgm
   second-opinion outcomes (trends, Corrections' statistics);
 - `judgment_language_counts`: the same per product × metric × language (Overview totals and the
   queue's progress, which filters by language);
+- `judgment_reviewer_counts`: the same per reviewer × product × metric × day (the Corrections
+  page's statistics and list count under its Reviewer filter);
 - per evaluation, `judgments_total`, `judgments_reviewed`, `judgments_corrected` and
   `judged_metrics` on `evaluation_snapshots` itself, inside the Evaluations list index, so the
   list's review-state and metric filters read the index instead of probing judgments per row.
@@ -49,6 +51,7 @@ from lib.models import (
     Judgment,
     JudgmentDayCount,
     JudgmentLanguageCount,
+    JudgmentReviewerCount,
     ProductCount,
 )
 
@@ -56,11 +59,14 @@ _S = EvaluationSnapshot
 _J = Judgment
 _DAY: Table = JudgmentDayCount.__table__  # type: ignore[attr-defined]
 _LANGUAGE: Table = JudgmentLanguageCount.__table__  # type: ignore[attr-defined]
+_REVIEWER: Table = JudgmentReviewerCount.__table__  # type: ignore[attr-defined]
+_JUDGMENT_TABLES = (_DAY, _LANGUAGE, _REVIEWER)
 _PRODUCT: Table = ProductCount.__table__  # type: ignore[attr-defined]
 
-CORRECTION_RATE_HELP = (
-    "Correction rate = corrected ÷ reviewed: the share of the judgments reviewers looked at that "
-    "they overruled. Unreviewed judgments are not counted."
+CORRECTED_OF_REVIEWED_LABEL = "Corrected of reviewed"
+CORRECTED_OF_REVIEWED_HELP = (
+    "Corrected of reviewed = corrected ÷ reviewed: the share of the judgments reviewers looked at "
+    "that they overruled. Unreviewed judgments are not counted."
 )
 JUDGMENT_VALUES = (
     "judgments",
@@ -92,8 +98,12 @@ def count_is_capped(total: int, cap: int | None = None) -> bool:
     return total > (COUNT_CAP if cap is None else cap)
 
 
-def correction_rate(corrected: int, reviewed: int) -> float | None:
-    """The one correction rate (issue 15): corrected ÷ reviewed; None before anything is reviewed."""
+def corrected_of_reviewed(corrected: int, reviewed: int) -> float | None:
+    """What the pages show (issue 15): corrected ÷ reviewed; None before anything is reviewed.
+
+    Not seed 004's `correction_rate` (corrected ÷ every judgment, `lib.corrections.stats`), which
+    unreviewed judgments dilute: the pages label this one "Corrected of reviewed" (issue 25).
+    """
     return corrected / reviewed if reviewed else None
 
 
@@ -136,6 +146,13 @@ def _judgment_keys(session: Session, table: Table) -> dict[str, Any]:
     metric = func.coalesce(col(_J.metric), "")
     if table is _DAY:
         return {"product": col(_J.product), "metric": metric, "day": day_of(session, col(_J.timestamp))}
+    if table is _REVIEWER:
+        return {
+            "reviewer": func.coalesce(col(_J.reviewer), ""),
+            "product": col(_J.product),
+            "metric": metric,
+            "day": day_of(session, col(_J.timestamp)),
+        }
     return {"product": col(_J.product), "metric": metric, "language": func.coalesce(col(_S.language), "")}
 
 
@@ -163,7 +180,7 @@ def _upsert_add(
 
 def _shift_judgments(session: Session, where: Any, sign: int) -> None:
     """Add (`sign` 1) or retract (−1) the contribution of the live judgments matching `where`."""
-    for table in (_DAY, _LANGUAGE):
+    for table in _JUDGMENT_TABLES:
         _upsert_add(session, table, _judgment_keys(session, table), _judgment_values(sign), where)
 
 
@@ -287,17 +304,27 @@ def judgments_added(*, session: Session, where: Any, snapshots: Any = None) -> N
     refresh_snapshots(session=session, where=_snapshots_of(where) if snapshots is None else snapshots)
 
 
+@dataclass(frozen=True)
+class ReviewSide:
+    """A judgment's review side as the counters key and count it: who, and whether reviewed / corrected."""
+
+    reviewer: str | None
+    reviewed: bool
+    corrected: bool  # reviewed and overruled
+
+
 def bump_review(
-    *, session: Session, judgment_id: int, snapshot_id: str | None, reviewed: int, corrected: int
+    *, session: Session, judgment_id: int, snapshot_id: str | None, before: ReviewSide, after: ReviewSide
 ) -> None:
-    """A review's known delta (−1, 0 or 1 each), after its UPDATE succeeded, by atomic increments.
+    """A review's known change (`before` → `after`), after its UPDATE succeeded, by atomic increments.
 
     The evaluation's row is updated first: on PostgreSQL that lock orders a review behind a
     concurrent archive of the same evaluation, whose counting then sees the review committed.
+    A review that changes the judgment's reviewer moves it between two reviewer rows.
     """
-    if not (reviewed or corrected):
-        return
-    if snapshot_id is not None:
+    reviewed = int(after.reviewed) - int(before.reviewed)
+    corrected = int(after.corrected) - int(before.corrected)
+    if snapshot_id is not None and (reviewed or corrected):
         session.execute(
             update(_S)
             .where(col(_S.id) == snapshot_id)
@@ -307,9 +334,55 @@ def bump_review(
             )
             .execution_options(synchronize_session=False)
         )
-    values = {"reviewed": func.count() * reviewed, "corrected": func.count() * corrected}
-    for table in (_DAY, _LANGUAGE):
-        _upsert_add(session, table, _judgment_keys(session, table), values, col(_J.id) == judgment_id)
+    one = col(_J.id) == judgment_id
+    if reviewed or corrected:
+        values = {"reviewed": func.count() * reviewed, "corrected": func.count() * corrected}
+        for table in (_DAY, _LANGUAGE):
+            _upsert_add(session, table, _judgment_keys(session, table), values, one)
+    old, new = before.reviewer or "", after.reviewer or ""
+    if old == new:
+        if reviewed or corrected:
+            _add_to_row(session, new, {"reviewed": reviewed, "corrected": corrected}, one)
+        return
+    # Another reviewer: the whole judgment moves rows, its second-opinion outcome with it (a review
+    # leaves that as it was, so the row's current value is the one to move).
+    _add_to_row(
+        session, old,
+        {"judgments": -1, "reviewed": -int(before.reviewed), "corrected": -int(before.corrected), **_opinions(-1)},
+        one,
+    )  # fmt: skip
+    _add_to_row(
+        session, new,
+        {"judgments": 1, "reviewed": int(after.reviewed), "corrected": int(after.corrected), **_opinions(1)},
+        one,
+    )  # fmt: skip
+
+
+def _opinions(sign: int) -> dict[str, Any]:
+    """A judgment's second-opinion outcome as one row's counter values, times `sign`."""
+    action = col(_J.second_opinion_action)
+    return {f"opinion_{o}": case((action == o, sign), else_=0) for o in SECOND_OPINION_OUTCOMES}
+
+
+def _add_to_row(session: Session, reviewer: str, values: dict[str, Any], where: Any) -> None:
+    """Add `values` (numbers, or expressions over the judgment) to the reviewer counter row of the
+    one live judgment matching `where`, keyed by `reviewer` as given rather than read from the
+    judgment: a review writes its reviewer before its counters move."""
+    keys = {**_judgment_keys(session, _REVIEWER), "reviewer": literal(reviewer)}
+    source = (
+        select(
+            *(e.label(k) for k, e in keys.items()),
+            *((v if isinstance(v, ColumnElement) else literal(v)).label(k) for k, v in values.items()),
+        )
+        .select_from(_J)
+        .outerjoin(_S, col(_S.id) == col(_J.snapshot_id))
+        .where(col(_S.deleted_at).is_(None), where)
+    )
+    stmt = _insert(session, _REVIEWER).from_select([*keys, *values], source)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=list(keys), set_={k: _REVIEWER.c[k] + stmt.excluded[k] for k in values}
+    )
+    session.execute(stmt)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,8 +470,8 @@ class JudgmentTotals:
         return self.opinion_validated + self.opinion_improved + self.opinion_questioned
 
     @property
-    def correction_rate(self) -> float | None:
-        return correction_rate(self.corrected, self.reviewed)
+    def corrected_of_reviewed(self) -> float | None:
+        return corrected_of_reviewed(self.corrected, self.reviewed)
 
 
 def _sums(table: Table) -> list[Any]:
@@ -410,13 +483,38 @@ def _where(table: Table, **equal: str | None) -> list[Any]:
 
 
 def judgment_totals(
-    *, session: Session, product: str | None = None, metric: str | None = None, language: str | None = None
+    *,
+    session: Session,
+    product: str | None = None,
+    metric: str | None = None,
+    language: str | None = None,
+    reviewer: str | None = None,
 ) -> JudgmentTotals:
-    """Totals under optional product / metric / language filters (None: any)."""
-    row = session.execute(
-        select(*_sums(_LANGUAGE)).where(*_where(_LANGUAGE, product=product, metric=metric, language=language))
-    ).one()
+    """Totals under optional product / metric / language or reviewer filters (None: any).
+
+    `reviewer` is a judgment's reviewer ('' for judgments nobody reviewed); it cannot be combined
+    with `language` (no counter row holds both).
+    """
+    if reviewer is not None:
+        if language is not None:
+            raise ValueError("judgment_totals counts by language or by reviewer, not both")
+        where = _where(_REVIEWER, reviewer=reviewer, product=product, metric=metric)
+        row = session.execute(select(*_sums(_REVIEWER)).where(*where)).one()
+    else:
+        where = _where(_LANGUAGE, product=product, metric=metric, language=language)
+        row = session.execute(select(*_sums(_LANGUAGE)).where(*where)).one()
     return JudgmentTotals(*(int(v) for v in row))
+
+
+def judged_products_of(*, session: Session, reviewer: str, metric: str | None = None) -> list[str]:
+    """Products with live judgments of this reviewer (and metric), sorted."""
+    stmt = (
+        select(_REVIEWER.c.product)
+        .where(*_where(_REVIEWER, reviewer=reviewer, metric=metric), _REVIEWER.c.judgments > 0)
+        .distinct()
+        .order_by(_REVIEWER.c.product)
+    )
+    return [str(p) for p in session.execute(stmt).scalars()]
 
 
 def judgment_totals_by_product(*, session: Session) -> dict[str, JudgmentTotals]:
@@ -478,11 +576,17 @@ def judged_languages(*, session: Session) -> list[str]:
     return [str(language) for language in session.execute(stmt).scalars()]
 
 
-def judged_day_range(*, session: Session, product: str | None = None) -> tuple[str | None, str | None]:
-    """The first and last day (UTC, 'YYYY-MM-DD') with live judgments."""
+def judged_day_range(
+    *, session: Session, product: str | None = None, metric: str | None = None, reviewer: str | None = None
+) -> tuple[str | None, str | None]:
+    """The first and last day (UTC, 'YYYY-MM-DD') with live judgments (of this reviewer)."""
+    table = _DAY if reviewer is None else _REVIEWER
     first, last = session.execute(
-        select(func.min(_DAY.c.day), func.max(_DAY.c.day)).where(
-            *_where(_DAY, product=product), _DAY.c.judgments > 0
+        select(func.min(table.c.day), func.max(table.c.day)).where(
+            *_where(
+                table, product=product, metric=metric, **({} if reviewer is None else {"reviewer": reviewer})
+            ),
+            table.c.judgments > 0,
         )
     ).one()
     return first, last
@@ -624,11 +728,19 @@ def rebuild_metric_scores(session: Session) -> None:
     scores.rebuild_scores(session=session)
 
 
+@register_rebuild("reviewer_counts")
+def rebuild_reviewer_counts(session: Session) -> None:
+    """Per reviewer × product × metric × day judgment counters from every live judgment (one grouped scan)."""
+    session.execute(delete(_REVIEWER))
+    _upsert_add(session, _REVIEWER, _judgment_keys(session, _REVIEWER), _judgment_values(1), literal(True))
+
+
 def rebuild_counts(*, session: Session) -> None:
-    """This module's own tables and columns from scratch (a bulk load's end, the migration's backfill)."""
+    """This module's own tables and columns from scratch (a bulk load's end)."""
     rebuild_product_counts(session)
     rebuild_judgment_counts(session)
     rebuild_evaluation_review_counts(session)
+    rebuild_reviewer_counts(session)
 
 
 def recount(*, session: Session, only: Iterator[str] | list[str] | None = None) -> list[str]:
@@ -650,7 +762,7 @@ def recount(*, session: Session, only: Iterator[str] | list[str] | None = None) 
 
 _JUDGMENT_KEYS = (
     "product", "metric", "timestamp", "snapshot_id", "reviewed_at", "was_corrected", "user_decision",
-    "decision", "second_opinion_action",
+    "decision", "second_opinion_action", "reviewer",
 )  # fmt: skip
 _SNAPSHOT_KEYS = (
     "product", "language", "deleted_at", "evidence_count", "evidence_highlighted", "evidence_unlocated",

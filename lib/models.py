@@ -317,6 +317,28 @@ class JudgmentLanguageCount(SQLModel, table=True):
     opinion_questioned: int = 0
 
 
+class JudgmentReviewerCount(SQLModel, table=True):
+    """Live judgments per product × metric × reviewer ('' for none) × UTC day judged. Kept by lib.counters.
+
+    The Corrections page's statistics under its Reviewer filter read these rows (issue 25), as
+    they read `judgment_day_counts` without one: rows in proportion to products × metrics ×
+    reviewers × days, never to judgments.
+    """
+
+    __tablename__ = "judgment_reviewer_counts"
+
+    reviewer: str = Field(primary_key=True, max_length=200)
+    product: str = Field(primary_key=True, max_length=200)
+    metric: str = Field(primary_key=True, max_length=64)
+    day: str = Field(primary_key=True, max_length=10)  # YYYY-MM-DD
+    judgments: int = 0
+    reviewed: int = 0
+    corrected: int = 0
+    opinion_validated: int = 0
+    opinion_improved: int = 0
+    opinion_questioned: int = 0
+
+
 class JudgmentEvent(SQLModel, table=True):
     """Append-only audit trail of every change to a judgment."""
 

@@ -49,9 +49,9 @@ class OverviewStats:
     second_opinion_questioned: int = 0
 
     @property
-    def correction_rate(self) -> float | None:
-        """lib.counters.correction_rate: corrected ÷ reviewed (the one definition, issue 15)."""
-        return counters.correction_rate(self.corrected, self.reviewed)
+    def corrected_of_reviewed(self) -> float | None:
+        """lib.counters.corrected_of_reviewed: corrected ÷ reviewed (issue 15; labelled so, issue 25)."""
+        return counters.corrected_of_reviewed(self.corrected, self.reviewed)
 
     @property
     def agreement_rate(self) -> float | None:
@@ -240,10 +240,10 @@ def per_product_frame(*, session: Session) -> pd.DataFrame:
                 "evaluations": ev.evaluations if ev else 0,
                 "judgments": jud.judgments if jud else 0,
                 "pending": jud.pending if jud else 0,
-                "correction_rate": jud.correction_rate if jud else None,
+                "corrected_of_reviewed": jud.corrected_of_reviewed if jud else None,
             }
         )
     return pd.DataFrame(
         [{**row, "link": evaluations_list_url({"product": row["product"]})} for row in rows],
-        columns=["product", "evaluations", "judgments", "pending", "correction_rate", "link"],
+        columns=["product", "evaluations", "judgments", "pending", "corrected_of_reviewed", "link"],
     )

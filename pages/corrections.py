@@ -60,7 +60,7 @@ def cached_options(database_url: str) -> dict[str, list[str]]:
 @st.cache_data(ttl=CACHE_SECONDS, max_entries=64, show_spinner=False)
 def cached_trend(database_url: str, product: str | None, metric: str | None, freq: str) -> pd.DataFrame:
     with session_scope(read_only=True) as session:
-        return corrections.correction_rate_over_time(
+        return corrections.corrected_of_reviewed_over_time(
             session=session, product=product, metric=metric, freq=freq
         )
 
@@ -102,19 +102,41 @@ filters = JudgmentFilter(
 )
 
 with session_scope(read_only=True) as session:
-    summary = corrections.stats(session=session, product=filters.product)
+    # The statistics honour every filter but the review state, which they break down themselves.
+    summary = corrections.stats(
+        session=session, product=filters.product, metric=filters.metric, reviewer=filters.reviewer
+    )
     total = corrections.count_judgments(session=session, filters=filters)
 
-st.subheader("Cache statistics" + (f" for {escape_markdown(filters.product)}" if filters.product else ""))
+scope = [
+    f"{label} {escape_markdown(value)}"
+    for label, value in (
+        ("product", filters.product),
+        ("metric", filters.metric),
+        ("reviewer", filters.reviewer),
+    )
+    if value is not None
+]
+st.subheader("Cache statistics" + (f" for {', '.join(scope)}" if scope else ""))
+if filters.state is not None:
+    st.caption("The review state filter applies to the list below; these figures count every state.")
 cols = st.columns(4)
 cols[0].metric("Judgments", f"{summary['total_judgments']:,}")
 cols[1].metric("Corrected", f"{summary['corrected_count']:,}")
 cols[2].metric("Correct (or unreviewed)", f"{summary['correct_count']:,}")
-rate = summary["correction_rate"]
+of_reviewed = counters.corrected_of_reviewed(summary["corrected_count"], summary["reviewed_count"])
+of_all = summary["correction_rate"]
 cols[3].metric(
-    "Correction rate",
-    "—" if rate is None else f"{rate:.0%}",
-    help=f"{counters.CORRECTION_RATE_HELP} {summary['corrected_count']:,} of {summary['reviewed_count']:,} reviewed.",
+    counters.CORRECTED_OF_REVIEWED_LABEL,
+    "—" if of_reviewed is None else f"{of_reviewed:.0%}",
+    help=f"{counters.CORRECTED_OF_REVIEWED_HELP} {summary['corrected_count']:,} of "
+    f"{summary['reviewed_count']:,} reviewed."
+    + (
+        ""
+        if of_all is None
+        else f" Counting unreviewed judgments as correct, {summary['corrected_count']:,} of "
+        f"{summary['total_judgments']:,} ({of_all:.0%}) are corrected: the cache file's correction rate."
+    ),
 )
 st.caption(
     f"Products: {escape_markdown(', '.join(summary['products']) or '—')} · "
@@ -183,7 +205,7 @@ if change_id:
             correction_form(judgment, scale, key=f"corrections_review_{judgment.id}")
             judgment_history(judgment.id, key=f"corrections_review_{judgment.id}_history")
 
-st.subheader("Correction rate over time")
+st.subheader(f"{counters.CORRECTED_OF_REVIEWED_LABEL} over time")
 freq = st.segmented_control(
     "Per", list(PERIODS), format_func=PERIODS.__getitem__, default="W", key="corrections_freq"
 )
@@ -195,8 +217,8 @@ else:
         "Share of reviewed judgments that reviewers overruled, by when the judge made them "
         f"(refreshed every {CACHE_SECONDS} s)."
     )
-    st.plotly_chart(charts.correction_rate_figure(trend), key="corrections_trend")
-    csv_download(trend, "correction_rate.csv", key="corrections_trend_csv")
+    st.plotly_chart(charts.corrected_of_reviewed_figure(trend), key="corrections_trend")
+    csv_download(trend, "corrected_of_reviewed.csv", key="corrections_trend_csv")
 
 st.subheader("What the judge will see")
 st.caption("The exact history block the next judge prompt gets for this product (and metric).")

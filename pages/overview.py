@@ -52,9 +52,9 @@ with cols[2]:
     _list_link("agreement")
 with cols[3]:
     st.metric(
-        "Correction rate",
-        _pct(stats.correction_rate),
-        help=f"{counters.CORRECTION_RATE_HELP} {stats.corrected:,} of {stats.reviewed:,} reviewed.",
+        counters.CORRECTED_OF_REVIEWED_LABEL,
+        _pct(stats.corrected_of_reviewed),
+        help=f"{counters.CORRECTED_OF_REVIEWED_HELP} {stats.corrected:,} of {stats.reviewed:,} reviewed.",
     )
     _list_link("correction")
 with cols[4]:
@@ -94,7 +94,7 @@ with right:
     show_table(
         products,
         key="overview_products",
-        order=["link", "product", "correction_rate", "pending", "evaluations", "judgments"],
+        order=["link", "product", "corrected_of_reviewed", "pending", "evaluations", "judgments"],
         alt="Evaluations and review progress per product",
         columns={
             "link": link_column("", text="List", help="The product's evaluations"),
@@ -102,8 +102,8 @@ with right:
             "evaluations": count_column("Evaluations", help="Live evaluations (archived left out)"),
             "pending": count_column("Pending", help="Judgments not reviewed yet"),
             "judgments": count_column("Judgments"),
-            "correction_rate": rate_column(
-                "Correction rate", help="Corrected ÷ reviewed judgments", width=130
+            "corrected_of_reviewed": rate_column(
+                counters.CORRECTED_OF_REVIEWED_LABEL, help="Corrected ÷ reviewed judgments", width=130
             ),
         },
     )

@@ -28,7 +28,7 @@ from lib.charts import (
     OKABE_ITO,
     color_for,
     colors_for,
-    correction_rate_figure,
+    corrected_of_reviewed_figure,
     faint,
     hover_excerpt,
     measure_range,
@@ -72,17 +72,17 @@ def _bars(fig) -> list:
     return [t for t in fig.data if t.type == "bar"]
 
 
-def test_correction_rate_figure_has_one_sorted_line_per_product_over_bars_of_n() -> None:
+def test_corrected_of_reviewed_figure_has_one_sorted_line_per_product_over_bars_of_n() -> None:
     frame = pd.DataFrame(
         {
             "product": ["b", "a", "a", HOSTILE],
             "period": [T0, T0 + timedelta(days=7), T0, T0],
             "reviewed": [4, 2, 5, 1],
             "corrected": [1, 1, 0, 1],
-            "correction_rate": [0.25, 0.5, 0.0, 1.0],
+            "corrected_of_reviewed": [0.25, 0.5, 0.0, 1.0],
         }
     )
-    fig = correction_rate_figure(frame)
+    fig = corrected_of_reviewed_figure(frame)
     lines, bars = _lines(fig), _bars(fig)
     assert [t.name for t in lines] == [plotly_text(HOSTILE), "a", "b"]
     a = lines[1]
@@ -104,15 +104,15 @@ def test_rate_markers_grow_with_their_sample_size() -> None:
     assert sizes[2] == pytest.approx(4 + 8 * 0.5)  # a quarter of the largest n: half the way (area ∝ n)
     frame = pd.DataFrame(
         {"product": ["a", "a"], "period": [T0, T0 + timedelta(days=7)], "reviewed": [2, 200],
-         "corrected": [2, 20], "correction_rate": [1.0, 0.1]}
+         "corrected": [2, 20], "corrected_of_reviewed": [1.0, 0.1]}
     )  # fmt: skip
-    (line,) = _lines(correction_rate_figure(frame))
+    (line,) = _lines(corrected_of_reviewed_figure(frame))
     assert line.marker.size[0] < line.marker.size[1]  # the 100 % over 2 is the small dot
 
 
-def test_correction_rate_figure_of_nothing_has_no_lines() -> None:
-    empty = pd.DataFrame(columns=["product", "period", "reviewed", "corrected", "correction_rate"])
-    assert correction_rate_figure(empty, title="T").data == ()
+def test_corrected_of_reviewed_figure_of_nothing_has_no_lines() -> None:
+    empty = pd.DataFrame(columns=["product", "period", "reviewed", "corrected", "corrected_of_reviewed"])
+    assert corrected_of_reviewed_figure(empty, title="T").data == ()
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,10 +153,10 @@ def test_yellow_and_black_are_kept_for_charts_with_more_than_six_series() -> Non
 def test_the_same_product_has_the_same_colour_on_every_page() -> None:
     """Corrections trend, Analytics trend and the alignment lab colour a name the same way."""
     products = ["acme", "beta"]
-    corrections = correction_rate_figure(
+    corrections = corrected_of_reviewed_figure(
         pd.DataFrame(
             {"product": products, "period": [T0, T0], "reviewed": [3, 4], "corrected": [1, 1],
-             "correction_rate": [1 / 3, 0.25]}
+             "corrected_of_reviewed": [1 / 3, 0.25]}
         )
     )  # fmt: skip
     weekly = weekly_trend_figure(

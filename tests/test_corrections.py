@@ -785,11 +785,94 @@ def test_stats_counts_corrections_products_and_age(engine) -> None:
         9,
     )
     assert everything["products"] == ["acme", "beta"]
-    # The one correction rate (issue 15) is corrected ÷ reviewed: the 9 correct ones are unreviewed.
+    # Seed 004's rate is corrected ÷ every judgment: the 9 unreviewed ones count as correct.
     assert (acme["total_judgments"], acme["reviewed_count"], acme["products"]) == (12, 3, ["acme"])
-    assert acme["correction_rate"] == 1.0
+    assert acme["correction_rate"] == 0.25
     assert acme["oldest_judgment"] == T0.date().isoformat()  # days: what the counters keep
     assert acme["newest_judgment"] == (T0 + timedelta(hours=17)).date().isoformat()
+
+
+def test_stats_correction_rate_is_the_seeds_corrected_of_every_judgment(engine) -> None:
+    """Seed 004's example: 45 corrected of 150 judgments is 0.30, and correct_count is 150 − 45."""
+    with session_scope(engine) as s:
+        for i in range(150):
+            # 45 overruled, 30 confirmed, 75 never reviewed
+            add(s, f"j{i}", corrected=i < 45, reviewed=i < 75, hours=i)
+    with session_scope(engine) as s:
+        summary = corrections.stats(session=s)
+    assert summary["correction_rate"] == 0.30
+    assert (summary["total_judgments"], summary["corrected_count"], summary["correct_count"]) == (
+        150,
+        45,
+        105,
+    )
+    assert summary["reviewed_count"] == 75  # what the pages divide by: 45 of 75 reviewed
+
+
+def test_stats_honour_the_reviewer_and_metric_filters(engine) -> None:
+    with session_scope(engine) as s:
+        add(s, "a1", corrected=True, metric="clarity", hours=1)  # reviewer ayse
+        add(s, "a2", reviewed=True, metric="safety", hours=30)
+        add(s, "a3", reviewed=True, metric="clarity", product="beta", hours=50)
+        b = add(s, "b1", corrected=True, metric="clarity", hours=2)
+        b.reviewer = "bora"
+        add(s, "open", metric="clarity", hours=3)  # nobody reviewed it
+    with session_scope(engine) as s:
+        ayse = corrections.stats(session=s, reviewer="ayse")
+        ayse_clarity = corrections.stats(session=s, reviewer="ayse", metric="clarity")
+        ayse_acme = corrections.stats(session=s, reviewer="ayse", product="acme")
+        bora = corrections.stats(session=s, reviewer="bora")
+        clarity = corrections.stats(session=s, metric="clarity")
+        nobody = corrections.stats(session=s, reviewer="nobody")
+    assert (ayse["total_judgments"], ayse["reviewed_count"], ayse["corrected_count"]) == (3, 3, 1)
+    assert ayse["products"] == ["acme", "beta"] and ayse["correction_rate"] == pytest.approx(1 / 3)
+    assert (ayse["oldest_judgment"], ayse["newest_judgment"]) == ("2024-01-01", "2024-01-03")
+    assert (ayse_clarity["total_judgments"], ayse_clarity["products"]) == (2, ["acme", "beta"])
+    assert (ayse_acme["total_judgments"], ayse_acme["products"], ayse_acme["newest_judgment"]) == (
+        2, ["acme"], "2024-01-02",
+    )  # fmt: skip
+    assert (bora["total_judgments"], bora["corrected_count"], bora["correction_rate"]) == (1, 1, 1.0)
+    assert (clarity["total_judgments"], clarity["corrected_count"], clarity["products"]) == (
+        4,
+        2,
+        ["acme", "beta"],
+    )
+    assert nobody == {
+        "total_judgments": 0, "reviewed_count": 0, "corrected_count": 0, "correct_count": 0,
+        "correction_rate": None, "products": [], "oldest_judgment": None, "newest_judgment": None,
+    }  # fmt: skip
+
+
+def test_stats_under_a_reviewer_follow_reviews_and_undo(engine) -> None:
+    """A review moves a judgment to its reviewer's figures; a second reviewer's re-review and an undo move it on."""
+    with session_scope(engine) as s:
+        j = add(s, "x", metric="clarity", decision="3")
+        s.flush()
+        jid = j.id
+
+    def figures(reviewer: str) -> tuple[int, int, int]:
+        with session_scope(engine) as s:
+            found = corrections.stats(session=s, reviewer=reviewer)
+        return found["total_judgments"], found["reviewed_count"], found["corrected_count"]
+
+    def version() -> int:
+        with session_scope(engine) as s:
+            return s.get(Judgment, jid).version
+
+    with session_scope(engine) as s:
+        corrections.record_review(session=s, judgment_id=jid, expected_version=version(), action="overrule",
+                                  user_decision="5", reason="too low", reviewer="ayse")  # fmt: skip
+    assert figures("ayse") == (1, 1, 1) and figures("") == (0, 0, 0)
+    with session_scope(engine) as s:
+        corrections.record_review(session=s, judgment_id=jid, expected_version=version(), action="confirm",
+                                  reviewer="bora")  # fmt: skip
+    assert figures("ayse") == (0, 0, 0) and figures("bora") == (1, 1, 0)
+    with session_scope(engine) as s:
+        corrections.undo_review(session=s, judgment_id=jid, expected_version=version(), reviewer="bora")
+    assert figures("bora") == (0, 0, 0) and figures("ayse") == (1, 1, 1)
+    with session_scope(engine) as s:
+        assert corrections.count_judgments(session=s, filters=JudgmentFilter(reviewer="ayse")) == 1
+        assert corrections.count_judgments(session=s, filters=JudgmentFilter(reviewer="bora")) == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -914,7 +997,7 @@ def test_csv_streams_judgments_in_batches_newest_first_up_to_the_limit(
     assert rows[0]["state"] == "unreviewed" and rows[0]["timestamp"].endswith("Z")
 
 
-def test_correction_rate_over_time_is_per_product_and_week(engine) -> None:
+def test_corrected_of_reviewed_over_time_is_per_product_and_week(engine) -> None:
     monday = datetime(2024, 1, 1, tzinfo=UTC)  # a Monday
     with session_scope(engine) as s:
         for i, (days, corrected) in enumerate(
@@ -925,9 +1008,9 @@ def test_correction_rate_over_time_is_per_product_and_week(engine) -> None:
         add(s, "unreviewed", hours=5)  # not counted: nobody has looked at it yet
         add(s, "b1", corrected=True, product="beta", hours=1)
     with session_scope(engine) as s:
-        frame = corrections.correction_rate_over_time(session=s)
+        frame = corrections.corrected_of_reviewed_over_time(session=s)
     rows = [
-        (r.product, r.period.date().isoformat(), r.reviewed, r.corrected, r.correction_rate)
+        (r.product, r.period.date().isoformat(), r.reviewed, r.corrected, r.corrected_of_reviewed)
         for r in frame.itertuples()
     ]
     assert rows == [
@@ -937,10 +1020,10 @@ def test_correction_rate_over_time_is_per_product_and_week(engine) -> None:
     ]
 
 
-def test_correction_rate_over_time_is_empty_without_reviews(engine) -> None:
+def test_corrected_of_reviewed_over_time_is_empty_without_reviews(engine) -> None:
     pools(engine, 0, 3)
     with session_scope(engine) as s:
-        assert corrections.correction_rate_over_time(session=s).empty
+        assert corrections.corrected_of_reviewed_over_time(session=s).empty
 
 
 def test_events_frame_lists_the_trail_oldest_first(sqlite_engine) -> None:
@@ -1161,7 +1244,7 @@ def test_judgments_of_an_archived_evaluation_leave_history_stats_and_lists_until
             listed = corrections.count_judgments(
                 session=s, filters=corrections.JudgmentFilter(product="acme")
             )
-            rate = corrections.correction_rate_over_time(session=s)
+            rate = corrections.corrected_of_reviewed_over_time(session=s)
             return history, total, metrics, listed, rate["reviewed"].tolist()
 
     live = seen()

@@ -102,7 +102,7 @@ def test_overview_stats_count_every_figure(filled: Engine) -> None:
     )
     assert (stats.second_opinions, stats.second_opinion_validated) == (3, 1)
     assert (stats.second_opinion_improved, stats.second_opinion_questioned) == (1, 1)
-    assert stats.correction_rate == 0.5 and stats.agreement_rate == 0.5
+    assert stats.corrected_of_reviewed == 0.5 and stats.agreement_rate == 0.5
     assert stats.second_opinion_agreement == pytest.approx(1 / 3)
     assert stats.verification_rate == pytest.approx(4 / 5)
 
@@ -113,7 +113,7 @@ def test_an_empty_database_has_zeros_and_no_rates(engine: Engine) -> None:
     assert stats == overview.OverviewStats(
         evidence_by_state={"highlighted": 0, "unlocated": 0, "unverified": 0}
     )
-    assert stats.correction_rate is None and stats.agreement_rate is None
+    assert stats.corrected_of_reviewed is None and stats.agreement_rate is None
     assert stats.second_opinion_agreement is None and stats.verification_rate is None
 
 
@@ -179,7 +179,7 @@ def test_per_product_frame_counts_live_evaluations_and_review_progress(filled: E
     rows = {r.product: r for r in frame.itertuples()}
     assert list(frame["product"]) == ["acme", "beta"]
     assert (rows["acme"].evaluations, rows["acme"].judgments, rows["acme"].pending) == (2, 3, 1)
-    assert rows["acme"].correction_rate == 0.5
+    assert rows["acme"].corrected_of_reviewed == 0.5
     assert (rows["beta"].evaluations, rows["beta"].judgments, rows["beta"].pending) == (1, 2, 2)
-    assert pd.isna(rows["beta"].correction_rate)  # nothing reviewed: no rate, not 0%
+    assert pd.isna(rows["beta"].corrected_of_reviewed)  # nothing reviewed: no rate, not 0%
     assert rows["beta"].link == "evaluations?product=beta"

@@ -79,7 +79,10 @@ def upgrade() -> None:
     )
     from lib import counters  # the rebuilds of this revision's tables only, not every registered one
 
-    counters.rebuild_counts(session=Session(bind=op.get_bind()))
+    session = Session(bind=op.get_bind())
+    counters.rebuild_product_counts(session)
+    counters.rebuild_judgment_counts(session)
+    counters.rebuild_evaluation_review_counts(session)
 
 
 def downgrade() -> None:

@@ -60,15 +60,40 @@ def test_stats_show_the_seed_004_counts(app_engine, open_page) -> None:
     cache(app_engine, "acme", corrected=2, confirmed=1, unreviewed=1)
     at = open_page(PAGE)
     assert [
-        metric(at, x) for x in ("Judgments", "Corrected", "Correct (or unreviewed)", "Correction rate")
+        metric(at, x) for x in ("Judgments", "Corrected", "Correct (or unreviewed)", "Corrected of reviewed")
     ] == [
         "4",
         "2",
         "2",
-        "67%",  # corrected ÷ reviewed (issue 15's one definition): 2 of the 3 reviewed
+        "67%",  # corrected ÷ reviewed, labelled as such: 2 of the 3 reviewed
     ]
-    rate = next(m for m in at.metric if m.label == "Correction rate")
+    rate = next(m for m in at.metric if m.label == "Corrected of reviewed")
     assert "corrected ÷ reviewed" in rate.help and "2 of 3 reviewed" in rate.help
+    # stats()'s own correction_rate (seed 004: of every judgment) is named as what it is
+    assert "2 of 4 (50%) are corrected" in rate.help
+    assert not at.exception
+
+
+def test_stats_honour_the_reviewer_filter(app_engine, open_page) -> None:
+    cache(app_engine, "acme", corrected=2, confirmed=1, unreviewed=1)  # reviewed by ayse
+    with session_scope(app_engine) as s:
+        s.add(Judgment(change_id="bora#1", product="acme", decision="INCLUDE", user_decision="INCLUDE",
+                       reviewer="bora", reviewed_at=T0, timestamp=T0))  # fmt: skip
+        s.add(Judgment(change_id="bora#2", product="acme", decision="INCLUDE", user_decision="INCLUDE",
+                       reviewer="bora", reviewed_at=T0, timestamp=T0))  # fmt: skip
+    with session_scope(app_engine) as s:  # bora's name in the audit trail, where the filter lists reviewers
+        for change_id in ("bora#1", "bora#2"):
+            j = corrections.get_judgment(session=s, change_id=change_id)
+            corrections.record_review(session=s, judgment_id=j.id, expected_version=j.version,
+                                      action="overrule", user_decision="EXCLUDE", reason="no", reviewer="bora")  # fmt: skip
+    at = open_page(PAGE)
+    assert metric(at, "Judgments") == "6"
+    at.selectbox(key="corrections_reviewer").set_value("bora").run()
+    assert [metric(at, x) for x in ("Judgments", "Corrected", "Corrected of reviewed")] == ["2", "2", "100%"]
+    assert any("reviewer bora" in h.value for h in at.subheader)
+    assert sorted(at.dataframe[0].value["change_id"]) == ["bora#1", "bora#2"]
+    at.selectbox(key="corrections_reviewer").set_value("Any").run()
+    assert [metric(at, x) for x in ("Judgments", "Corrected", "Corrected of reviewed")] == ["6", "4", "80%"]
     assert not at.exception
 
 

@@ -26,7 +26,7 @@ def test_empty_database_shows_how_to_get_data(app_engine, open_page) -> None:
     assert not at.exception
     assert any("database is empty" in i.value for i in at.info)
     assert _metric(at, "Evaluations") == "0"
-    assert _metric(at, "Correction rate") == "—"
+    assert _metric(at, "Corrected of reviewed") == "—"
 
 
 def test_counts_come_from_the_database(app_engine, open_page) -> None:
@@ -97,7 +97,7 @@ def test_counts_come_from_the_database(app_engine, open_page) -> None:
     assert _metric(at, "Evaluations") == "1"
     assert _metric(at, "Pending reviews") == "3"
     assert _metric(at, "Second-opinion agreement") == "50%"
-    assert _metric(at, "Correction rate") == "50%"
+    assert _metric(at, "Corrected of reviewed") == "50%"
     assert _metric(at, "Agreement rate") == "50%"
     assert _metric(at, "Evidence verified") == "75%"
     assert _metric(at, "Session notes") == "1"
@@ -140,7 +140,7 @@ def test_figures_link_to_the_filtered_lists_they_count(app_engine) -> None:
 @pytest.mark.parametrize(
     ("figure", "page", "expected"),
     [
-        ("Correction rate", "pages/corrections.py", ["snap_a:clarity"]),
+        ("Corrected of reviewed", "pages/corrections.py", ["snap_a:clarity"]),
         ("Pending reviews", "pages/corrections.py", ["snap_a:bias"]),
         ("Agreement rate", "pages/corrections.py", ["snap_a:safety"]),
         ("Evidence verified", "pages/evaluations.py", ["snap_a"]),
@@ -149,7 +149,7 @@ def test_figures_link_to_the_filtered_lists_they_count(app_engine) -> None:
 def test_each_figures_link_lists_the_rows_it_counts(app_engine, open_page, figure, page, expected) -> None:
     _filled(app_engine)
     at = open_page("pages/overview.py")
-    name = {"Correction rate": "correction", "Pending reviews": "pending", "Agreement rate": "agreement",
+    name = {"Corrected of reviewed": "correction", "Pending reviews": "pending", "Agreement rate": "agreement",
             "Evidence verified": "evidence"}[figure]  # fmt: skip
     target = overview.FIGURE_LINKS[name]
     assert target.page == page
@@ -180,9 +180,9 @@ def test_activity_rows_and_product_rows_link_to_what_they_name(app_engine, open_
         "evaluations?snapshot=snap_b",
         "evaluations?snapshot=snap_a",
     ]
-    products = next(d for d in at.dataframe if "correction_rate" in d.value.columns)
+    products = next(d for d in at.dataframe if "corrected_of_reviewed" in d.value.columns)
     assert list(products.value["link"]) == ["evaluations?product=p1", "evaluations?product=p2"]
-    assert json.loads(products.proto.columns)["correction_rate"]["type_config"]["type"] == "progress"
+    assert json.loads(products.proto.columns)["corrected_of_reviewed"]["type_config"]["type"] == "progress"
     assert not at.exception
 
 
