@@ -16,7 +16,7 @@ if reason is not None or actor is None:
 if auth.open_mode():
     st.warning(
         "Open mode: everyone acts as admin, so roles are not enforced. Set OVERRULE_AUTH_MODE=signin "
-        '(see the README, "Sign-in and roles") for the roles below to take effect.',
+        '(see docs/deployment.md, "Sign-in and roles") for the roles below to take effect.',
         icon="⚠️",
     )
 
@@ -73,7 +73,7 @@ with st.expander("What each role may do"):
 
 st.subheader("API tokens")
 st.caption(
-    'Bearer tokens for the pipeline API at /api/v1 (README, "Pipeline API"); only their hashes are stored.'
+    'Bearer tokens for the pipeline API at /api/v1 (docs/api.md); only their hashes are stored.'
 )
 with session_scope(read_only=True) as session:
     token_rows = tokens.list_tokens(session=session)

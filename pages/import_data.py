@@ -35,7 +35,7 @@ st.markdown(
     "against the precedents (see the Precedents page)."
 )
 st.caption(
-    'Every field is described in the README, section "Data in and out". '
+    'Every field is described in docs/data.md, "Data in and out". '
     f"Uploads are limited to {MAX_UPLOAD_MB} MB; import larger files with "
     "`python -m lib import FILE` on the server."
 )

@@ -164,7 +164,7 @@ def sign_in_gate() -> None:
         st.error(
             "Sign-in mode (OVERRULE_AUTH_MODE=signin) needs an [auth] section in .streamlit/secrets.toml "
             "with redirect_uri, cookie_secret, client_id, client_secret and server_metadata_url. "
-            'See the README, section "Sign-in and roles".'
+            'See docs/deployment.md, section "Sign-in and roles".'
         )
         st.stop()
     identity = _signed_in_identity()

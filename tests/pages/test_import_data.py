@@ -85,7 +85,7 @@ def test_without_a_reviewer_the_page_asks_for_a_name(app_engine, open_page) -> N
         "`timestamp, language, note_type, content, phelps_code, confidence, session_id`",
         "`{product, slug, display_name, min, max, description}`",
         '"cache_version": "1.0"',
-        'section "Data in and out"',
+        'docs/data.md, "Data in and out"',
         "limited to 200 MB",
         "`python -m lib import FILE` on the server",
     ],
