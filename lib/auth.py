@@ -11,10 +11,11 @@ viewer < reviewer < lead < admin. `PERMISSIONS` below is the only copy of that t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 import pandas as pd
 from sqlalchemy import Engine
@@ -26,6 +27,9 @@ from lib.models import AuditEvent, UserRole, utcnow
 ROLES: tuple[str, ...] = ("viewer", "reviewer", "lead", "admin")
 ActorKind = Literal["user", "open", "system", "agent", "token"]
 MAX_IDENTITY_CHARS = 320  # an e-mail address can be this long
+# A signed-in user whose e-mail the provider has not verified is "sub:<issuer>#<sub>": no e-mail
+# address starts with "sub:" (a ':' needs quoting in one), so it never matches a configured e-mail.
+SUB_PREFIX = "sub:"
 MAX_DETAIL_CHARS = 2000
 
 
@@ -153,8 +157,58 @@ def configured_admins() -> frozenset[str]:
 
 
 def normalize_identity(identity: str) -> str:
-    """Identities compare case-insensitively (e-mail addresses do), without surrounding blanks."""
-    return identity.strip().lower()[:MAX_IDENTITY_CHARS]
+    """The one form identities are stored and compared in: e-mail addresses case-insensitively
+    (lower-cased), without surrounding blanks; a `sub:` identity keeps its case after the prefix,
+    because OpenID Connect subjects are case-sensitive ("AbC" and "abc" are two accounts)."""
+    text = identity.strip()
+    if text[: len(SUB_PREFIX)].lower() == SUB_PREFIX:
+        return (SUB_PREFIX + text[len(SUB_PREFIX) :])[:MAX_IDENTITY_CHARS]
+    return text.lower()[:MAX_IDENTITY_CHARS]
+
+
+def trusted_email_issuers() -> frozenset[str]:
+    """Issuers named in OVERRULE_TRUSTED_EMAIL_ISSUERS (comma-separated), without a trailing '/'."""
+    return frozenset(
+        x.strip().rstrip("/") for x in get_settings().trusted_email_issuers.split(",") if x.strip()
+    )
+
+
+def email_is_verified(claims: Mapping[str, Any]) -> bool:
+    """Whether the provider vouches for the `email` claim: `email_verified` is true (a JSON true, or
+    the string "true" some providers send). A provider that omits the claim is trusted only when its
+    issuer is listed in OVERRULE_TRUSTED_EMAIL_ISSUERS; an explicit false is never trusted."""
+    verified = claims.get("email_verified")
+    if verified is True or (isinstance(verified, str) and verified.strip().lower() == "true"):
+        return True
+    if verified is None:
+        return str(claims.get("iss") or "").strip().rstrip("/") in trusted_email_issuers()
+    return False
+
+
+def subject_identity(issuer: str, subject: str) -> str:
+    """The identity of a provider account without a verified e-mail: `sub:<issuer>#<sub>`. A subject
+    too long to fit is replaced by its sha256, so two long subjects never share a cut-off prefix."""
+    identity = f"{SUB_PREFIX}{issuer}#{subject}"
+    if len(identity) > MAX_IDENTITY_CHARS:
+        identity = f"{SUB_PREFIX}{issuer[:200]}#sha256:{hashlib.sha256(subject.encode()).hexdigest()}"
+    return normalize_identity(identity)
+
+
+def identity_from_claims(claims: Mapping[str, Any]) -> str | None:
+    """Who a signed-in user is, from the provider's ID-token claims (issue 24): the e-mail address
+    when the provider verified it, else the issuer-qualified `sub`; None without a `sub` either.
+
+    This is the only place a claim becomes an identity, so an e-mail the user could type into their
+    provider profile (`email_verified: false`) can never take a configured admin's role."""
+    email = claims.get("email")
+    if isinstance(email, str) and "@" in email and email_is_verified(claims):
+        address = normalize_identity(email)
+        if not address.startswith(SUB_PREFIX):
+            return address
+    subject = claims.get("sub")
+    if subject is None or not str(subject).strip():
+        return None
+    return subject_identity(str(claims.get("iss") or "").strip(), str(subject).strip())
 
 
 def identity_of(who: Actor | str | None) -> str:
@@ -312,9 +366,14 @@ def record_event(*, session: Session, identity: str, action: str, detail: str = 
     return event
 
 
-def record_sign_in(*, session: Session, identity: str, issued_at: str | None = None) -> bool:
-    """Audit a sign-in once per token (the same token seen by another tab is not a new sign-in)."""
+def record_sign_in(
+    *, session: Session, identity: str, issued_at: str | None = None, unverified_email: str | None = None
+) -> bool:
+    """Audit a sign-in once per token (the same token seen by another tab is not a new sign-in).
+    An e-mail the provider did not verify is named, so an admin can tell whose `sub:` identity it is."""
     detail = f"token issued at {issued_at}" if issued_at else "signed in"
+    if unverified_email:
+        detail += f"; e-mail {unverified_email[:MAX_IDENTITY_CHARS]} not verified by the provider"
     if issued_at:
         seen = session.exec(
             select(AuditEvent.id).where(

@@ -88,6 +88,9 @@ class Settings:
     auth_mode: str = "open"
     admins: str = ""  # comma-separated identities that start as admin
     default_role: str = "viewer"  # the role of a signed-in identity without a role row
+    # Issuers (comma-separated `iss` URLs) whose `email` claim is trusted when they omit
+    # `email_verified` (e.g. a single-tenant Entra ID); by default such an e-mail is not the identity.
+    trusted_email_issuers: str = ""
     system_identity: str = "overrule-cli"  # who the CLI and the demo loader act as (role admin)
     # Pipeline API (lib.api): the largest request body accepted, in MB (as Streamlit's maxUploadSize).
     api_max_body_mb: int = 200

@@ -40,7 +40,10 @@ show_table(
 
 with st.form("admin_role_form", clear_on_submit=True):
     cols = st.columns([3, 1])
-    identity = cols[0].text_input("Identity (e-mail, else the provider's sub)", key="admin_role_identity")
+    identity = cols[0].text_input(
+        "Identity (a verified e-mail, else sub:<issuer>#<sub> as the user's sidebar shows it)",
+        key="admin_role_identity",
+    )
     role = cols[1].selectbox("Role", auth.ROLES, key="admin_role_role")
     submitted = st.form_submit_button("Set role", key="admin_role_set")
 if submitted:

@@ -242,6 +242,88 @@ def test_signin_mode_resolves_a_name_through_the_role_table(
         auth.authorize(session, None, Permission.NOTE)
 
 
+ISSUER = "https://id.example.com"
+
+
+@pytest.mark.parametrize(
+    ("claims", "identity"),
+    [
+        # Verified (a JSON true, or the string some providers send): the e-mail, lower-cased.
+        (
+            {"iss": ISSUER, "sub": "u1", "email": "Root@Example.COM", "email_verified": True},
+            "root@example.com",
+        ),
+        (
+            {"iss": ISSUER, "sub": "u1", "email": "root@example.com", "email_verified": "True"},
+            "root@example.com",
+        ),
+        # Unverified, or not said: the issuer-qualified sub, its case kept (subjects are case-sensitive).
+        (
+            {"iss": ISSUER, "sub": "AbC", "email": "ROOT@example.com", "email_verified": False},
+            f"sub:{ISSUER}#AbC",
+        ),
+        (
+            {"iss": ISSUER, "sub": "AbC", "email": "root@example.com", "email_verified": "false"},
+            f"sub:{ISSUER}#AbC",
+        ),
+        ({"iss": ISSUER, "sub": "AbC", "email": "root@example.com"}, f"sub:{ISSUER}#AbC"),
+        ({"iss": ISSUER, "sub": "AbC"}, f"sub:{ISSUER}#AbC"),
+        # A "verified" e-mail that is not an address, or poses as a sub identity, is not used either.
+        ({"iss": ISSUER, "sub": "x", "email": "sub:evil#1", "email_verified": True}, f"sub:{ISSUER}#x"),
+        ({"iss": ISSUER, "sub": "x", "email": "SUB:a@b#c", "email_verified": True}, f"sub:{ISSUER}#x"),
+        ({"is_logged_in": True}, None),
+    ],
+)
+def test_identity_is_a_verified_email_else_the_issuer_qualified_sub(
+    claims: dict[str, object], identity: str | None
+) -> None:
+    assert auth.identity_from_claims(claims) == identity
+
+
+def test_an_unverified_email_never_gets_a_configured_admins_role(
+    session: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24.1: `email: ROOT@example.com, email_verified: false` became root's admin role."""
+    _signin(monkeypatch, OVERRULE_ADMINS="root@example.com")
+    auth.bootstrap_admins(session=session)
+    forged = auth.identity_from_claims(
+        {"iss": ISSUER, "sub": "mallory", "email": "ROOT@example.com", "email_verified": False}
+    )
+    real = auth.identity_from_claims(
+        {"iss": ISSUER, "sub": "root-1", "email": "ROOT@example.com", "email_verified": True}
+    )
+    assert forged is not None and real == "root@example.com"
+    assert auth.role_of(session, forged) == "viewer"
+    assert auth.role_of(session, real) == "admin"
+    assert not auth.resolve(session, forged).can(Permission.MANAGE_ROLES)
+
+
+def test_a_trusted_issuer_vouches_for_emails_it_does_not_mark(monkeypatch: pytest.MonkeyPatch) -> None:
+    claims = {"iss": ISSUER + "/", "sub": "u1", "email": "Ann@Example.com"}
+    monkeypatch.setenv("OVERRULE_TRUSTED_EMAIL_ISSUERS", f"https://other.example, {ISSUER}/")
+    reset_settings()
+    assert auth.identity_from_claims(claims) == "ann@example.com"
+    # An explicit "not verified" is never overridden, and other issuers are not trusted.
+    assert auth.identity_from_claims({**claims, "email_verified": False}) == f"sub:{ISSUER}/#u1"
+    assert (
+        auth.identity_from_claims({**claims, "iss": "https://third.example"})
+        == "sub:https://third.example#u1"
+    )
+
+
+def test_sub_identities_keep_their_case_and_long_subjects_are_hashed(session: Session) -> None:
+    assert auth.normalize_identity("  SUB:https://Id.example.com#AbC ") == "sub:https://Id.example.com#AbC"
+    assert auth.normalize_identity(" Ann@Example.COM ") == "ann@example.com"
+    admin = Actor(identity="root", role="admin")
+    auth.set_role(session=session, actor=admin, identity=f"sub:{ISSUER}#AbC", role="lead")
+    assert auth.role_of(session, f"sub:{ISSUER}#AbC") == "lead"
+    assert auth.role_of(session, f"sub:{ISSUER}#abc") == "viewer"  # another account
+    long_a = auth.identity_from_claims({"iss": ISSUER, "sub": "a" * 400 + "1"})
+    long_b = auth.identity_from_claims({"iss": ISSUER, "sub": "a" * 400 + "2"})
+    assert long_a and long_b and long_a != long_b
+    assert len(long_a) <= auth.MAX_IDENTITY_CHARS and long_a.startswith(f"sub:{ISSUER}#sha256:")
+
+
 def test_default_role_comes_from_the_setting(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     _signin(monkeypatch, OVERRULE_DEFAULT_ROLE="reviewer")
     assert auth.resolve(session, "new@example.com").role == "reviewer"

@@ -64,17 +64,23 @@ _SAVED_KEY = "sidebar_reviewer_saved"
 _SIGNED_IN_KEY = "auth_signed_in_recorded"
 
 
-def _signed_in_identity() -> str | None:
-    """The provider's stable identity of the signed-in user (e-mail, else `sub`), or None."""
+def _signed_in_claims() -> dict[str, Any] | None:
+    """The signed-in user's ID-token claims (st.user), or None when nobody is signed in."""
     try:
         user = st.user
         if not user.get("is_logged_in", False):
             return None
-        identity = user.get("email") or user.get("sub")
+        return dict(user.to_dict())
     except Exception:  # st.user raises when authentication is not configured
         log.debug("st.user unavailable", exc_info=True)
         return None
-    return auth.normalize_identity(str(identity)) if identity else None
+
+
+def _signed_in_identity() -> str | None:
+    """The signed-in user's identity (lib.auth.identity_from_claims: a verified e-mail, else the
+    issuer-qualified `sub`), or None."""
+    claims = _signed_in_claims()
+    return auth.identity_from_claims(claims) if claims is not None else None
 
 
 def current_actor() -> auth.Actor | None:
@@ -167,16 +173,24 @@ def sign_in_gate() -> None:
             'See docs/deployment.md, section "Sign-in and roles".'
         )
         st.stop()
-    identity = _signed_in_identity()
-    if identity is None:
+    claims = _signed_in_claims()
+    identity = auth.identity_from_claims(claims) if claims is not None else None
+    if claims is None or identity is None:
         st.title("Overrule")
         st.write("Sign in to continue.")
         st.button("Sign in", key="auth_sign_in", type="primary", on_click=st.login, icon="🔑")
         st.stop()
     if not st.session_state.get(_SIGNED_IN_KEY):
-        issued = st.user.get("iat")
+        issued = claims.get("iat")
+        email = claims.get("email")
+        unverified = str(email) if email and identity.startswith(auth.SUB_PREFIX) else None
         with session_scope() as session:
-            auth.record_sign_in(session=session, identity=identity, issued_at=str(issued) if issued else None)
+            auth.record_sign_in(
+                session=session,
+                identity=identity,
+                issued_at=str(issued) if issued else None,
+                unverified_email=unverified,
+            )
         st.session_state[_SIGNED_IN_KEY] = True
 
 
@@ -208,6 +222,11 @@ def reviewer_sidebar() -> None:
         actor = current_actor()
         if actor is not None:
             st.markdown(f"Signed in as **{escape_markdown(actor.identity)}** · role `{actor.role}`")
+            if actor.identity.startswith(auth.SUB_PREFIX):
+                st.caption(
+                    "Your sign-in provider did not confirm an e-mail address for you, so you are known "
+                    "by your account id above. An admin can give that identity a role."
+                )
             st.button("Sign out", key="auth_sign_out", on_click=st.logout, icon="🚪")
 
 

@@ -4,7 +4,9 @@ enforces roles."""
 
 from __future__ import annotations
 
+import json
 import re
+import urllib.request
 
 import pytest
 from sqlmodel import select
@@ -129,14 +131,31 @@ def signin_server(streamlit_app, tmp_path, provider: str, url: str):
     )
 
 
-def sign_in(page, base_url: str, identity: str) -> None:
-    """Through the provider's own form: the `sub` typed there becomes the e-mail claim too."""
+def provider_user(provider: str, sub: str, **claims: object) -> None:
+    """Give the provider's account `sub` these claims (its default is an unverified `email: sub`)."""
+    request = urllib.request.Request(  # noqa: S310 - the local provider's http URL
+        f"{provider}/users/{sub}",
+        data=json.dumps(claims).encode(),
+        method="PUT",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+        assert response.status == 204
+
+
+def sign_in(
+    page, base_url: str, identity: str, *, shown: str | None = None, provider: str | None = None
+) -> None:
+    """Through the provider's own form, as the account `identity` (its `sub`). With `provider`, the
+    account's e-mail is first set to `identity`, verified; the sidebar must then show `shown`."""
+    if provider is not None:
+        provider_user(provider, identity, email=identity, email_verified=True)
     page.goto(base_url)
     page.get_by_role("button", name=re.compile("Sign in")).click()
     page.locator("input[name=sub]").fill(identity)
     page.get_by_role("button", name="Authorize").click()
     page.get_by_role("button", name="Sign out").wait_for(timeout=30_000)
-    wait_for_text(page, f"Signed in as {identity}")
+    wait_for_text(page, f"Signed in as {shown or identity}")
 
 
 def wait_for_text(page, text: str, timeout: float = 30_000) -> None:
@@ -174,7 +193,7 @@ def test_two_users_sign_in_and_roles_are_enforced(streamlit_app, browser, tmp_pa
     reviewer = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
     try:
         # A viewer (no role row: OVERRULE_DEFAULT_ROLE) reads, and is told why it cannot confirm.
-        sign_in(viewer, server.base_url, "alice@example.com")
+        sign_in(viewer, server.base_url, "alice@example.com", provider=oidc_provider)
         viewer.get_by_text("role viewer").first.wait_for()
         viewer.get_by_role("button", name="Sign out").wait_for()
         viewer.goto(f"{server.base_url}/review")
@@ -185,7 +204,7 @@ def test_two_users_sign_in_and_roles_are_enforced(streamlit_app, browser, tmp_pa
         assert buttons.count() >= 1 and all(b.is_disabled() for b in buttons.all())
 
         # A reviewer confirms one judgment: the row records the provider's identity.
-        sign_in(reviewer, server.base_url, "bob@example.com")
+        sign_in(reviewer, server.base_url, "bob@example.com", provider=oidc_provider)
         reviewer.get_by_text("role reviewer").first.wait_for()
         reviewer.goto(f"{server.base_url}/review")
         reviewer.get_by_text("0 of 2 reviewed").first.wait_for(timeout=30_000)
@@ -216,3 +235,41 @@ def test_two_users_sign_in_and_roles_are_enforced(streamlit_app, browser, tmp_pa
         ("bob@example.com", "sign_in"),
         ("bob@example.com", "denied"),
     } <= events
+
+
+def test_an_unverified_email_never_becomes_the_identity(
+    streamlit_app, browser, tmp_path, oidc_provider
+) -> None:
+    """Issue 24.1: a provider account may carry any e-mail; unverified, it is not who the user is.
+
+    mallory's account says `email: ROOT@example.com, email_verified: false` (OVERRULE_ADMINS names
+    root@example.com): she is her issuer-qualified `sub`, with the default role, and the Admin page
+    stays closed. root's own account, verified and in another case, is the admin."""
+    url = f"sqlite:///{tmp_path / 'signin.db'}"
+    seed(url)
+    server = signin_server(streamlit_app, tmp_path, oidc_provider, url)
+    provider_user(oidc_provider, "mallory", email="ROOT@example.com", email_verified=False)
+    provider_user(oidc_provider, "root", email="Root@Example.COM", email_verified=True)
+    mallory = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    root = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    try:
+        sign_in(mallory, server.base_url, "mallory", shown=f"sub:{oidc_provider}#mallory")
+        mallory.get_by_text("role viewer").first.wait_for()
+        mallory.goto(f"{server.base_url}/admin")
+        mallory.get_by_text("Only admins can see this page").wait_for(timeout=30_000)
+        assert mallory.get_by_text("Set role").count() == 0
+
+        sign_in(root, server.base_url, "root", shown="root@example.com")
+        root.get_by_text("role admin").first.wait_for()
+        root.goto(f"{server.base_url}/admin")
+        root.get_by_role("button", name="Set role").wait_for(timeout=30_000)
+    except Exception:
+        for name, p in (("mallory", mallory), ("root", root)):
+            p.screenshot(path=str(tmp_path / f"unverified_{name}.png"), full_page=True)
+        print("streamlit log:", server.log_path.read_text()[-3000:])
+        raise
+    engine = init_db(url)
+    with session_scope(engine, read_only=True) as s:
+        signed_in = {e.identity for e in s.exec(select(AuditEvent).where(AuditEvent.action == "sign_in"))}
+    engine.dispose()
+    assert signed_in == {f"sub:{oidc_provider}#mallory", "root@example.com"}

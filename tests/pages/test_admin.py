@@ -34,7 +34,9 @@ def signin_mode(monkeypatch: pytest.MonkeyPatch) -> None:
 def as_user(path: str, email: str | None) -> AppTest:
     at = AppTest.from_file(str(ROOT / path), default_timeout=30)
     at.secrets["auth"] = AUTH
-    at.user = {"is_logged_in": True, "email": email} if email else {"is_logged_in": False}
+    at.user = (
+        {"is_logged_in": True, "email": email, "email_verified": True} if email else {"is_logged_in": False}
+    )
     return at.run()
 
 
@@ -151,3 +153,27 @@ def test_a_lead_cannot_manage_tokens(app_engine: Engine, monkeypatch: pytest.Mon
     assert not [w for w in at.text_input if w.key == "admin_token_name"]
     with Session(app_engine) as s:
         assert s.exec(select(ApiToken)).all() == []
+
+
+def test_an_unverified_email_signs_in_as_the_sub_and_the_audit_names_the_email(
+    app_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    signin_mode(monkeypatch)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=30)
+    at.secrets["auth"] = AUTH
+    at.user = {
+        "is_logged_in": True,
+        "iss": "https://id.example.com",
+        "sub": "mallory",
+        "email": "root@example.com",
+        "email_verified": False,
+    }
+    at.run()
+    identity = "sub:https://id.example.com#mallory"
+    assert any(f"{escape_markdown(identity)}** · role `viewer`" in m.value for m in at.sidebar.markdown)
+    assert any("did not confirm an e-mail address" in c.value for c in at.sidebar.caption)
+    with Session(app_engine) as s:
+        event = s.exec(select(AuditEvent).where(AuditEvent.action == "sign_in")).one()
+    assert event.identity == identity
+    assert "e-mail root@example.com not verified by the provider" in event.detail
+    assert not at.exception

@@ -272,7 +272,7 @@ def test_a_viewer_reads_the_queue_but_every_decision_button_is_disabled(
     reset_settings()
     at = AppTest.from_file(str(ROOT / PAGE), default_timeout=30)
     at.secrets["auth"] = AUTH
-    at.user = {"is_logged_in": True, "email": "viewer@example.com"}
+    at.user = {"is_logged_in": True, "email": "viewer@example.com", "email_verified": True}
     at.run()
     assert headings(at) == ["Evaluation snap_a"]
     decide = [b for b in at.button if b.key and b.key.startswith(row_key(ids["clarity"]))]
