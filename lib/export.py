@@ -150,21 +150,26 @@ def export_table(
     return _export(engine, sql, params, Path(out), _copy_writer(fmt))
 
 
+# `lib.corrections.live_judgment` in DuckDB's SQL over a judgments row: no evaluation, or a live one
+# (seed 002 AD-13). Archived evaluations are few, so the anti-join reads a short list.
+LIVE_JUDGMENT_SQL = (
+    f"(snapshot_id IS NULL OR snapshot_id NOT IN "
+    f"(SELECT id FROM {table_ref('evaluation_snapshots')} WHERE deleted_at IS NOT NULL))"
+)
+
+
 def export_cache_bytes(*, engine: Engine, product: str | None = None) -> bytes:
-    """The seed-004 cache file (`cache_version` "1.0") for one product or all, as bytes."""
+    """The Corrections page's cache file (`cache_version` "1.0") for one product or all, as bytes.
+
+    Only live judgments: an archived evaluation's judgments are left out, as history, statistics
+    and lists leave them out (`python -m lib export judgments` dumps the whole table).
+    """
+    where, params = LIVE_JUDGMENT_SQL, []
+    if product is not None:
+        where, params = f"{where} AND product = ?", [product]
     with tempfile.TemporaryDirectory(prefix="overrule-cache-") as tmp:
         out = Path(tmp) / "cache.json"
-        if product is None:
-            export_table(engine=engine, table="judgments", fmt="json", out=out)
-        else:
-            export_table(
-                engine=engine,
-                table="judgments",
-                fmt="json",
-                out=out,
-                where_sql="product = ?",
-                params=[product],
-            )
+        export_table(engine=engine, table="judgments", fmt="json", out=out, where_sql=where, params=params)
         return out.read_bytes()
 
 

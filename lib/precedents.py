@@ -567,16 +567,34 @@ def _precedent_of(matches: Sequence[SentenceMatch], qa_matches: Sequence[QAMatch
     return max(qa_matches, key=lambda q: (counts.get(q.interaction.id, 0), q.similarity))
 
 
-def _citation_precedent(
-    interaction: Interaction, qa_matches: Sequence[QAMatch], preferred: QAMatch
-) -> QAMatch | None:
-    """The QA match whose accepted URL is the interaction's: `preferred` first, then the most similar.
+def _cited_review(
+    interaction: Interaction,
+    sentences: Sequence[str],
+    matches: Sequence[SentenceMatch],
+    qa_matches: Sequence[QAMatch],
+    preferred: QAMatch,
+    settings: Settings,
+) -> tuple[QAMatch | None, list[SentenceMatch], list[str]]:
+    """The one expert review to copy: its URL is the interaction's and it matches every sentence alone.
 
     Seed 003 checks the source URL against the expert URL of any QA match above the threshold,
-    not only of the precedent most sentences came from.
+    not only of the precedent most sentences came from; the scores copied must then all come
+    from that one review (issue 25: sentences of one expert plus the citation of another made a
+    total neither gave). Candidates are tried `preferred` first, then by similarity. Returns the
+    review, its per-sentence matches, and the ids of reviews whose URL matched but which do not
+    match every sentence on their own (for the trace).
     """
-    ordered = [preferred, *(m for m in qa_matches if m is not preferred)]
-    return next((m for m in ordered if citation_matches(interaction.citation_url, m.citation_url)), None)
+    partial: list[str] = []
+    for m in [preferred, *(q for q in qa_matches if q is not preferred)]:
+        if not citation_matches(interaction.citation_url, m.citation_url):
+            continue
+        if all(x.interaction_id == m.interaction.id for x in matches):
+            return m, list(matches), partial  # every sentence already came from this review
+        own = match_sentences(sentences, [m], settings.sentence_threshold, _llm_chooser(settings))
+        if len(own) == len(sentences) and all(x.best_match for x in own):
+            return m, own, partial
+        partial.append(m.interaction.id)
+    return None, [], partial
 
 
 def decide(
@@ -632,32 +650,38 @@ def _decide(
             bool(sentences) and len(matches) == len(sentences) and all(m.best_match for m in matches)
         )
 
+    partial: list[str] = []
     if all_matched:
-        precedent = _precedent_of(matches, qa_matches)
-        scores = [_copied_score(m.score) for m in matches]
+        # Sentences matched across the QA matches; the scores come from one review with the URL.
+        preferred = _precedent_of(matches, qa_matches)
+        cited, own, partial = _cited_review(interaction, sentences, matches, qa_matches, preferred, settings)
+        if cited is not None:
+            trace["sentences"] = [m.as_trace() for m in own]
     else:
         chosen, fallback_trace = _run_fallback(interaction, qa_matches, settings)
         trace["fallback"] = fallback_trace
         if chosen is None:
             reason = FORCED_FALLBACK_NO_MATCH if force_fallback else NO_SENTENCE_MATCH
             return Outcome(iid, reason, trace, embedding)
-        precedent = chosen
+        preferred = cited = chosen  # the fallback's candidates have the interaction's URL
         # Each sentence takes the score of its nearest sentence in the approved precedent.
-        own = match_sentences(sentences, [precedent], threshold=-1.0)
+        own = match_sentences(sentences, [chosen], threshold=-1.0)
         trace["sentences"] = [m.as_trace() for m in own]
-        scores = [_copied_score(m.score) for m in own]
 
-    cited = _citation_precedent(interaction, qa_matches, precedent)
     trace["citation"] = {
-        "expected": (cited or precedent).citation_url,
+        "expected": (cited or preferred).citation_url,
         "actual": interaction.citation_url,
         "match": cited is not None,
         "interaction_id": cited.interaction.id if cited else None,
         "accepted": sorted({m.citation_url or "" for m in qa_matches}),
     }
+    if partial:
+        # Reviews with the interaction's URL that do not cover every sentence: not copied from.
+        trace["citation"]["not_every_sentence"] = partial
     if cited is None:
         return Outcome(iid, NO_CITATION_MATCH, trace, embedding)
 
+    scores = [_copied_score(m.score) for m in own]
     citation_score = cited.feedback.citation_score
     citation_score = DEFAULT_CITATION_SCORE if citation_score is None else float(citation_score)
     return Outcome(
@@ -665,7 +689,7 @@ def _decide(
         None,
         trace,
         embedding,
-        matched_interaction_id=precedent.interaction.id,
+        matched_interaction_id=cited.interaction.id,
         total=total_score(scores, citation_score),
         citation_score=citation_score,
         citation_url=interaction.citation_url,

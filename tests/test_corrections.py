@@ -1260,6 +1260,31 @@ def test_judgments_of_an_archived_evaluation_leave_history_stats_and_lists_until
     assert seen() == live
 
 
+def test_the_cache_download_leaves_archived_evaluations_out_until_restored(engine) -> None:
+    """The Corrections page's JSON download holds what history, stats and lists hold (issue 25 point 5)."""
+    from lib.inspector import archive_evaluation, restore_evaluation
+
+    with session_scope(engine) as s:
+        add(s, "standalone", corrected=True)  # no evaluation: always live
+        for sid in ("snap_old", "snap_live"):
+            s.add(EvaluationSnapshot(id=sid, question="q", model_answer="a", product="acme"))
+            s.flush()
+            add(s, f"{sid}:clarity", corrected=True, metric="clarity").snapshot_id = sid
+        add(s, "other:1", product="beta")
+
+    def downloaded(product: str | None = "acme") -> list[str]:
+        return sorted(json.loads(export.export_cache_bytes(engine=engine, product=product))["judgments"])
+
+    assert downloaded() == ["snap_live:clarity", "snap_old:clarity", "standalone"]
+    with session_scope(engine) as s:
+        assert archive_evaluation(session=s, snapshot_id="snap_old", reviewer="ayse")
+    assert downloaded() == ["snap_live:clarity", "standalone"]
+    assert downloaded(None) == ["other:1", "snap_live:clarity", "standalone"]
+    with session_scope(engine) as s:
+        assert restore_evaluation(session=s, snapshot_id="snap_old", reviewer="ayse")
+    assert downloaded() == ["snap_live:clarity", "snap_old:clarity", "standalone"]
+
+
 def test_select_history_still_walks_the_history_index_with_the_archive_check(sqlite_engine) -> None:
     with session_scope(sqlite_engine, read_only=True) as s:
         sql = corrections.history_pool_sql(session=s, product="acme", metric=None, corrected=True, limit=20)

@@ -513,22 +513,55 @@ def test_forced_fallback_approved_copies_the_precedent(engine: Engine, llm_serve
     assert (row.has_matches, row.matched_interaction_id, row.total_score) == (True, "prec", 89.75)
 
 
-def test_citation_passes_against_any_qa_match_and_takes_that_precedents_score(engine: Engine) -> None:
+def test_citation_passes_against_any_qa_match_and_copies_only_that_review(engine: Engine) -> None:
     other = "https://help.acme.test/other"
     with Session(engine) as session:
         # "prec" is the most similar and gives the sentences, but cites another page;
         # "cited" is a QA match above the threshold whose accepted URL is the interaction's.
         _add(session, "prec", citation=other, scores=[80, 60], citation_score=5.0)
-        _add(session, "cited", answer=ANSWER + " Check spam.", scores=[10, 10, 10], citation_score=12.0)
+        _add(session, "cited", answer=ANSWER + " Check spam.", scores=[10, 30, 50], citation_score=12.0)
         _add(session, "new")
     row = _evaluate(engine, "new")
-    assert (row.has_matches, row.matched_interaction_id) == (True, "prec")
+    assert (row.has_matches, row.matched_interaction_id) == (True, "cited")
     citation = row.sentence_match_trace["citation"]
     assert (citation["interaction_id"], citation["expected"], citation["match"]) == ("cited", CITE, True)
     assert citation["accepted"] == sorted([CITE, other])
     [ai] = _ai_feedback(engine, "new")
-    assert ai.citation_score == 12.0
-    assert row.total_score == precedents.total_score([80, 60], 12.0)
+    # Sentences and citation of one review: cited's S1 and S2 (10, 30) and its citation score.
+    assert [s["score"] for s in ai.sentence_scores] == [10, 30] and ai.citation_score == 12.0
+    assert row.total_score == precedents.total_score([10, 30], 12.0)
+    assert [s["best_match"] for s in row.sentence_match_trace["sentences"]] == [S1, S2]
+
+
+def test_two_experts_on_one_answer_the_url_picks_whose_review_is_copied(engine: Engine) -> None:
+    """Issue 25's example: A scored 80/60 with citation 10 (URL x), B 100/100 with 20 (URL y)."""
+    url_x, url_y = "https://help.acme.test/x", "https://help.acme.test/y"
+    with Session(engine) as session:
+        _add(session, "a", citation=url_x, scores=[80, 60], citation_score=10.0)
+        _add(session, "b", citation=url_y, scores=[100, 100], citation_score=20.0)
+        _add(session, "new_x", citation=url_x)
+        _add(session, "new_y", citation=url_y)
+    y = _evaluate(engine, "new_y")
+    assert (y.matched_interaction_id, y.total_score) == ("b", 95.0)  # B's own total; 72.5 was neither's
+    x = _evaluate(engine, "new_x")
+    assert (x.matched_interaction_id, x.total_score) == ("a", 62.5)
+    [ai] = _ai_feedback(engine, "new_y")
+    assert ([s["score"] for s in ai.sentence_scores], ai.citation_score) == ([100, 100], 20.0)
+
+
+def test_a_review_with_the_url_that_misses_a_sentence_is_not_copied(engine: Engine) -> None:
+    other = "https://help.acme.test/other"
+    with Session(engine) as session:
+        # The sentences match "prec" (another URL); "cited" has the URL but matches S1 only.
+        _add(session, "prec", citation=other, scores=[80, 60])
+        _add(
+            session, "cited", answer=f"{S1} We email you a code that works for ten minutes.", scores=[90, 90]
+        )
+        _add(session, "new")
+    row = _evaluate(engine, "new")
+    assert (row.has_matches, row.no_match_reason) == (False, "no_citation_match")
+    assert row.sentence_match_trace["citation"]["not_every_sentence"] == ["cited"]
+    assert _ai_feedback(engine, "new") == []
 
 
 def test_citation_prefers_the_sentence_precedent_when_both_match(engine: Engine) -> None:
