@@ -4,7 +4,13 @@ Order of a send, as the seed fixes it: dedup on (snapshot_id, client_message_id,
 the atomic turn claim, then the user row and an empty assistant row, then the streamed reply fills
 the assistant row in place. The claim and the two inserts share one transaction, so a duplicate
 that races past the dedup check fails on the unique constraint and its claim rolls back with it:
-a retried message never costs a turn. The greeting never claims a turn and is idempotent.
+a retried message never costs a turn. The greeting never claims a turn and is idempotent; an empty
+message asks for it, as the seed's `is_init` does.
+
+The limit is per evaluation (AD-9), not per chat: once its turns are used, nothing on it calls the
+LLM again. A new chat's greeting, or regenerating an unfinished greeting, is refused with
+TurnLimitReached; stored replies are still returned, and a reply owed to a turn granted before the
+limit (interrupted while streaming) is still finished.
 """
 
 from __future__ import annotations
@@ -126,6 +132,13 @@ def _live_snapshot(session: Session, snapshot_id: str) -> EvaluationSnapshot:
     if snap is None or snap.deleted_at is not None:
         raise CoachError(f"evaluation {snapshot_id!r} does not exist or is archived")
     return snap
+
+
+def _refuse_at_limit(session: Session, snapshot_id: str) -> None:
+    """TurnLimitReached when the evaluation has used its turns: then no new LLM call may start on it."""
+    snap = session.get(EvaluationSnapshot, snapshot_id, populate_existing=True)
+    if snap is not None and snap.chat_turn_count >= snap.max_chat_turns:
+        raise TurnLimitReached(used=snap.chat_turn_count, limit=snap.max_chat_turns, language=snap.language)
 
 
 def validate_metrics(specs: Sequence[MetricSpec], selected: Sequence[str]) -> list[str]:
@@ -381,7 +394,8 @@ def start_chat(
     """Start (or reopen) a chat with fixed metrics; returns its greeting, stored or to be streamed.
 
     The greeting is idempotent: asking again returns the stored greeting and calls no LLM. It never
-    counts against the turn limit.
+    counts against the turn limit, but a greeting still to be generated needs turns left on the
+    evaluation (TurnLimitReached otherwise: "New chat" cannot reopen a finished evaluation).
     """
     reviewer = authorize(engine, reviewer, Permission.COACH).identity or None
     with session_scope(engine) as s:
@@ -404,6 +418,7 @@ def start_chat(
         ).first()
         if row is not None and row.is_complete:
             return PreparedReply(snapshot_id, cid, greeting_id, row.id, text=row.content)
+        _refuse_at_limit(s, snapshot_id)
         if row is None:
             row = ChatMessage(
                 id=new_prefixed_id("msg"),
@@ -439,12 +454,24 @@ def send_message(
     *,
     chat_id: str = "",
     reviewer: Actor | str | None = None,
+    selected_metrics: Sequence[str] | None = None,
 ) -> PreparedReply:
-    """Send a user message in the seed's order; TurnLimitReached when the budget is used up."""
-    reviewer = authorize(engine, reviewer, Permission.COACH).identity or None
+    """Send a user message in the seed's order; TurnLimitReached when the budget is used up.
+
+    An empty (or blank) message is the seed's greeting request: the chat's greeting comes back,
+    stored or to be streamed, as `start_chat` gives it; no turn is used and `client_message_id`
+    is not needed (the greeting has its own). `selected_metrics` fixes the metrics of a chat that
+    has none yet and is ignored once they are fixed (seed 002: sent with the first message only).
+    """
     content = (content or "").strip()
     if not content:
-        raise CoachError("the message is empty")
+        with session_scope(engine, read_only=True) as s:
+            _live_snapshot(s, snapshot_id)
+            fixed = chat_metrics(session=s, snapshot_id=snapshot_id, chat_id=chat_id)
+        return start_chat(
+            engine, snapshot_id, fixed or list(selected_metrics or ()), reviewer=reviewer, chat_id=chat_id
+        )
+    reviewer = authorize(engine, reviewer, Permission.COACH).identity or None
     if not client_message_id or client_message_id.startswith("init_"):
         raise CoachError("a client_message_id is required and must not start with 'init_'")
     with session_scope(engine) as s:
@@ -559,6 +586,10 @@ def _existing_turn(
 def _finish_existing(engine: Engine, prepared: PreparedReply) -> PreparedReply:
     if prepared.text is not None:
         return prepared
+    if prepared.client_message_id.startswith("init_"):
+        # A greeting is never owed (it uses no turn): at the limit it is not generated again.
+        with session_scope(engine, read_only=True) as s:
+            _refuse_at_limit(s, prepared.snapshot_id)
     if not get_settings().llm_configured:
         raise llm.LLMNotConfigured()
     prepared.streamer = _streamer(

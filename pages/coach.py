@@ -65,13 +65,27 @@ if no_llm:
     if not chats:
         st.stop()
 
+
+def _turn_limit_guidance() -> None:
+    """Seed 002 AD-9: the guidance and the way on, once the evaluation's turns are used."""
+    st.info(coach.turn_limit_message(snapshot.language))
+    if st.button(coach.new_evaluation_label(snapshot.language), key="coach_new_eval", type="primary"):
+        st.switch_page("pages/new_evaluation.py")
+
+
+# The limit is per evaluation: once reached, no chat of any kind starts (its greeting calls the LLM).
+at_limit = used >= limit
+if at_limit and not chats:
+    _turn_limit_guidance()
+    st.stop()
+
 NEW_CHAT = "➕ New chat"
 labels = {
     c.chat_id: f"Chat {i + 1}: {', '.join(names.get(m, m) for m in c.selected_metrics)} "
     f"({c.user_messages} messages)"
     for i, c in enumerate(chats)
 }
-options = [*labels] if no_llm else [*labels, NEW_CHAT]
+options = [*labels] if no_llm or at_limit else [*labels, NEW_CHAT]
 # The active chat lives in session state; the radio's key follows it so a new chat becomes selected.
 active = st.session_state.get("coach_active_chat")
 default = active if active in options else (list(labels)[-1] if chats else NEW_CHAT)
@@ -155,16 +169,16 @@ if unfinished and not no_llm:
     for row in unfinished:
         try:
             _show_reply(coach.resume_reply(engine, snapshot_id, row.client_message_id))
+        except coach.TurnLimitReached:
+            continue  # an unfinished greeting is not generated once the turns are used
         except LLMError as exc:
             st.error(f"The coach could not finish an earlier reply: {escape_markdown(str(exc))}")
             break
 
 show_flash(FLASH_KEY)
 st.progress(min(used / limit, 1.0), text=f"{used} of {limit} messages used")
-if used >= limit:
-    st.info(coach.turn_limit_message(snapshot.language))
-    if st.button(coach.new_evaluation_label(snapshot.language), key="coach_new_eval", type="primary"):
-        st.switch_page("pages/new_evaluation.py")
+if at_limit:
+    _turn_limit_guidance()
     st.chat_input("This chat is read-only now.", disabled=True, key="coach_input")
     st.stop()
 

@@ -277,3 +277,91 @@ def test_archived_evaluation_cannot_be_coached(engine) -> None:
         s.add(snap)
     with pytest.raises(coach.CoachError, match="archived"):
         coach.start_chat(engine, sid, ["clarity"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The limit is per evaluation (seed 002 AD-9): once reached, no LLM call of any kind (issue 25)
+
+
+def _at_the_limit(engine, llm_server, *, max_turns: int = 2) -> str:
+    """An evaluation whose one chat (on clarity) used every turn."""
+    sid = _snapshot(engine, max_turns=max_turns)
+    llm_server.script(fake.stream(["greeting"]))
+    _drain(coach.start_chat(engine, sid, ["clarity"]))
+    llm_server.default_reply = fake.text("ok")
+    for i in range(max_turns):
+        _drain(coach.send_message(engine, sid, f"m{i}", f"c{i}"))
+    return sid
+
+
+def test_at_the_limit_a_new_chat_is_refused_without_an_llm_call(engine, llm_server) -> None:
+    sid = _at_the_limit(engine, llm_server)
+    calls, rows = len(llm_server.chat_requests), len(_messages(engine, sid))
+    with pytest.raises(coach.TurnLimitReached, match="yeterince konuştuk") as info:
+        coach.start_chat(engine, sid, ["safety"])  # "New chat" with another metric
+    assert (info.value.used, info.value.limit) == (2, 2)
+    with pytest.raises(coach.TurnLimitReached):  # a greeting request by empty message, for another chat
+        coach.send_message(engine, sid, "", "", chat_id="c2", selected_metrics=["truthfulness"])
+    assert len(llm_server.chat_requests) == calls  # no greeting call
+    assert len(_messages(engine, sid)) == rows  # and no greeting row waiting to be generated
+    # The finished chat stays readable: its stored greeting comes back without a call.
+    assert coach.start_chat(engine, sid, ["clarity"], chat_id="").text == "greeting"
+    assert coach.send_message(engine, sid, "", "").text == "greeting"
+    assert len(llm_server.chat_requests) == calls
+
+
+def test_at_the_limit_an_unfinished_greeting_is_not_regenerated(engine, llm_server) -> None:
+    sid = _snapshot(engine, max_turns=1)
+    llm_server.script(fake.stream(["half "], abort_after=1))
+    with pytest.raises(LLMError):
+        _drain(coach.start_chat(engine, sid, ["clarity"]))
+    with session_scope(engine) as s:
+        assert coach.claim_turn(s, sid)  # another tab used the only turn meanwhile
+    calls = len(llm_server.chat_requests)
+    with pytest.raises(coach.TurnLimitReached):
+        coach.resume_reply(engine, sid, f"init_{sid}")
+    with pytest.raises(coach.TurnLimitReached):
+        coach.start_chat(engine, sid, ["clarity"], chat_id="")
+    assert len(llm_server.chat_requests) == calls
+
+
+def test_the_reply_to_the_last_turn_is_still_finished_after_an_interruption(engine, llm_server) -> None:
+    """The last turn was granted before the limit: its reply is owed, so resuming it may call the LLM."""
+    sid = _snapshot(engine, max_turns=1)
+    llm_server.script(fake.stream(["g"]))
+    _drain(coach.start_chat(engine, sid, ["clarity"]))
+    llm_server.script(fake.stream(["partial "], abort_after=1))
+    with pytest.raises(LLMError):
+        _drain(coach.send_message(engine, sid, "last one", "turn-last"))
+    llm_server.script(fake.stream(["the whole answer"]))
+    assert _drain(coach.resume_reply(engine, sid, "turn-last")) == "the whole answer"
+
+
+# ---------------------------------------------------------------------------------------------
+# An empty message is a greeting request (seed 002: `is_init: true` or an empty `message`)
+
+
+@pytest.mark.parametrize("empty", ["", "   \n"])
+def test_an_empty_message_asks_for_the_greeting_and_costs_no_turn(engine, llm_server, empty) -> None:
+    sid = _snapshot(engine)
+    llm_server.script(fake.stream(["Merhaba, ", "truthfulness farkı 2."]))
+    first = coach.send_message(engine, sid, empty, "", selected_metrics=["truthfulness"], reviewer="ayse")
+    assert (first.client_message_id, first.chat_id) == (f"init_{sid}", "")
+    assert _drain(first) == "Merhaba, truthfulness farkı 2."
+    again = coach.send_message(
+        engine, sid, empty, "ignored", selected_metrics=["clarity"]
+    )  # metrics are fixed
+    assert again.text == "Merhaba, truthfulness farkı 2."
+    assert len(llm_server.chat_requests) == 1
+    rows = _messages(engine, sid)
+    assert [(r.client_message_id, r.role, r.selected_metrics, r.reviewer) for r in rows] == [
+        (f"init_{sid}", "assistant", ["truthfulness"], "ayse")
+    ]
+    with Session(engine) as s:
+        assert s.get(EvaluationSnapshot, sid).chat_turn_count == 0
+
+
+def test_an_empty_message_on_a_chat_without_metrics_says_to_pick_them(engine) -> None:
+    sid = _snapshot(engine)
+    with pytest.raises(coach.CoachError, match="pick between 1 and 3 metrics"):
+        coach.send_message(engine, sid, "", "")

@@ -51,6 +51,14 @@ def _start(engine, server, metrics=("truthfulness",), text="Hello <script>alert(
     "".join(coach.start_chat(engine, "snap_page", list(metrics)).stream())
 
 
+def _use_turns(engine, used: int) -> None:
+    """The evaluation's turn counter as if `used` messages were sent (its chats were started before)."""
+    with session_scope(engine) as s:
+        snap = s.get(EvaluationSnapshot, "snap_page")
+        snap.chat_turn_count = used
+        s.add(snap)
+
+
 def test_without_snapshot_the_page_offers_recent_evaluations(app_engine, open_page) -> None:
     _snapshot(app_engine)
     at = open_page(PAGE)
@@ -136,8 +144,9 @@ def test_chat_content_is_escaped(app_engine, open_page, llm_server) -> None:
 
 
 def test_limit_reached_makes_the_chat_read_only_with_guidance(app_engine, open_page, llm_server) -> None:
-    _snapshot(app_engine, turns_used=15)
+    _snapshot(app_engine)
     _start(app_engine, llm_server)
+    _use_turns(app_engine, 15)
     at = open_page(PAGE, query={"snapshot": "snap_page"})
     assert not at.exception
     assert any("talked enough" in i.value for i in at.info)
@@ -145,9 +154,39 @@ def test_limit_reached_makes_the_chat_read_only_with_guidance(app_engine, open_p
     assert at.button(key="coach_new_eval").label == "Start a new evaluation"
 
 
+def test_at_the_limit_no_new_chat_is_offered_and_nothing_calls_the_llm(
+    app_engine, open_page, llm_server
+) -> None:
+    """Issue 25: "New chat" plus a metric used to enable "Start chat" again, and each greeting called the LLM."""
+    _snapshot(app_engine)
+    _start(app_engine, llm_server, text="Let us look at truthfulness.")
+    _use_turns(app_engine, 15)
+    calls = len(llm_server.chat_requests)
+    at = open_page(PAGE, query={"snapshot": "snap_page"})
+    assert not at.exception
+    assert not any("New chat" in o for o in at.radio[0].options)
+    assert "coach_start" not in [b.key for b in at.button]
+    assert any("talked enough" in i.value for i in at.info)
+    assert any("Let us look at truthfulness." in m.value for m in at.markdown)  # still readable
+    assert len(llm_server.chat_requests) == calls
+
+
+def test_at_the_limit_without_a_chat_the_page_only_shows_the_guidance(
+    app_engine, open_page, llm_server
+) -> None:
+    _snapshot(app_engine, turns_used=15)
+    at = open_page(PAGE, query={"snapshot": "snap_page"})
+    assert not at.exception
+    assert any("talked enough" in i.value for i in at.info)
+    assert at.button(key="coach_new_eval").label == "Start a new evaluation"
+    assert "coach_start" not in [b.key for b in at.button] and not at.radio
+    assert llm_server.chat_requests == []
+
+
 def test_a_turkish_evaluation_gets_its_guidance_button_in_turkish(app_engine, open_page, llm_server) -> None:
-    _snapshot(app_engine, turns_used=15, language="tr")
+    _snapshot(app_engine, language="tr")
     _start(app_engine, llm_server)
+    _use_turns(app_engine, 15)
     at = open_page(PAGE, query={"snapshot": "snap_page"})
     assert not at.exception
     assert any("yeterince konuştuk" in i.value for i in at.info)
