@@ -39,7 +39,7 @@ import pandas as pd
 from sqlalchemy import Engine, func
 from sqlmodel import Session, col, select
 
-from lib import analytics, llm
+from lib import analytics, llm, reliability
 from lib.auth import Actor, Permission, authorize
 from lib.config import Settings, get_settings
 from lib.corrections import parse_score
@@ -69,7 +69,7 @@ ARM_DESCRIPTIONS = {
 }
 # A judge model name with this prefix is a scripted policy (the demo's), not a model: the page says so.
 SCRIPTED_JUDGE_PREFIX = "scripted: "
-BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_RESAMPLES = reliability.BOOTSTRAP_RESAMPLES
 MEASURES = ("exact_agreement", "within_1_agreement", "weighted_kappa", "spearman", "mean_rescaled_gap")
 
 Progress = Callable[[int, int], None]
@@ -532,7 +532,9 @@ def _measures(u: np.ndarray, j: np.ndarray, spec: MetricSpec) -> dict[str, float
     return {
         "exact_agreement": float(np.mean(u == j)),
         "within_1_agreement": float(np.mean(analytics.within_one(gaps))),
-        "weighted_kappa": analytics.kappa_of_pairs(u, j) if spec.integer_scale else float("nan"),
+        "weighted_kappa": reliability.kappa(u, j, weights="quadratic")
+        if spec.integer_scale
+        else float("nan"),
         "spearman": analytics.spearman_rho(u, j),
         "mean_rescaled_gap": float(np.mean(gaps)),
     }
@@ -547,15 +549,7 @@ def _bootstrap(
     for idx in rng.integers(0, len(u), size=(resamples, len(u))):
         for name, value in _measures(u[idx], j[idx], spec).items():
             draws[name].append(value)
-    out = {}
-    for name, values in draws.items():
-        finite = np.asarray([v for v in values if np.isfinite(v)])
-        out[name] = (
-            (float(np.percentile(finite, 2.5)), float(np.percentile(finite, 97.5)))
-            if len(finite)
-            else (np.nan, np.nan)
-        )
-    return out
+    return {name: reliability.percentile_interval(values) for name, values in draws.items()}
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ per (product, language, metric, week, user score, judge score); this module read
 plain SQL aggregates through the app's own engine (no DuckDB, so no second SQLite library and no
 worker round trip) and computes every measure from the small count table: a pair's gap, exactness
 and within-1 depend only on its two scores, kappa and Spearman only on the (user, judge) counts.
+Kappa is `lib.reliability`'s, the one the reviewer-agreement figures use too.
 Date filters that cut a week in two read the cut days from the narrow `metric_scores` rows.
 """
 
@@ -22,6 +23,7 @@ import pandas as pd
 from sqlalchemy import Float, Integer, Select, Subquery, and_, case, func, literal, union_all
 from sqlmodel import Session, col, select
 
+from lib import reliability
 from lib.metrics import MetricSpec, metrics_for_product
 from lib.models import AgreementCount, AgreementTotal, EvaluationSnapshot, MetricScore
 from lib.scores import utc_day
@@ -148,7 +150,7 @@ def _metric_measures(
         "pairs": pairs,
         "exact_agreement": float(n[u == j].sum()) / pairs,
         "within_1_agreement": float(n[within_one(gap) > 0].sum()) / pairs,
-        "weighted_kappa": quadratic_weighted_kappa(u, j, n) if integer else float("nan"),
+        "weighted_kappa": reliability.kappa(u, j, n, weights="quadratic") if integer else float("nan"),
         "spearman": spearman_of_counts(u, j, n),
         "mean_rescaled_gap": float((gap[rated] * n[rated]).sum() / n[rated].sum())
         if rated.any()
@@ -164,32 +166,6 @@ def _metric_measures(
 
 def _fmt(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
-
-
-def quadratic_weighted_kappa(
-    user: Sequence[float] | pd.Series, judge: Sequence[float] | pd.Series, counts: Sequence[int] | pd.Series
-) -> float:
-    """Cohen's kappa with quadratic weights from (user, judge, count) rows; NaN when undefined.
-
-    Weights use the score distance itself, so a category nobody used still counts as a step.
-    """
-    u = np.asarray(user, dtype=float)
-    j = np.asarray(judge, dtype=float)
-    n = np.asarray(counts, dtype=float)
-    if n.sum() <= 0:
-        return float("nan")
-    categories = np.unique(np.concatenate([u, j]))
-    index = {value: i for i, value in enumerate(categories)}
-    observed = np.zeros((len(categories), len(categories)))
-    for a, b, c in zip(u, j, n, strict=True):
-        observed[index[a], index[b]] += c
-    observed /= observed.sum()
-    expected = np.outer(observed.sum(axis=1), observed.sum(axis=0))
-    weights = (categories[:, None] - categories[None, :]) ** 2
-    disagreement_expected = float((weights * expected).sum())
-    if disagreement_expected == 0:
-        return float("nan")  # both raters used one and the same score: chance explains everything
-    return 1.0 - float((weights * observed).sum()) / disagreement_expected
 
 
 def rescaled_gaps(user: np.ndarray, judge: np.ndarray, min_value: float, max_value: float) -> np.ndarray:
@@ -243,11 +219,6 @@ def _average_ranks(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
     per_category = np.bincount(index, weights=counts, minlength=len(categories))
     below = np.cumsum(per_category) - per_category
     return (below + (per_category + 1) / 2)[index]
-
-
-def kappa_of_pairs(user: np.ndarray, judge: np.ndarray) -> float:
-    """`quadratic_weighted_kappa` from raw pairs rather than a count table."""
-    return quadratic_weighted_kappa(user, judge, np.ones(len(user)))
 
 
 def _pair_filters(

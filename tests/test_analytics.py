@@ -13,9 +13,10 @@ from sqlalchemy import Engine
 from sqlmodel import Session
 
 from lib import analytics
-from lib.analytics import AnalyticsFilters, quadratic_weighted_kappa
+from lib.analytics import AnalyticsFilters
 from lib.db import session_scope
 from lib.models import EvaluationSnapshot, MetricDefinition
+from lib.reliability import kappa
 
 WEEK_1 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)  # a Monday
 WEEK_2 = datetime(2026, 1, 12, 9, 0, tzinfo=UTC)
@@ -259,5 +260,5 @@ def test_filter_options_list_live_products_languages_and_days(seeded: Engine) ->
 )
 def test_quadratic_kappa_edge_cases(rows: list[tuple[int, int, int]], expected: float) -> None:
     u, j, n = zip(*rows, strict=True)
-    result = quadratic_weighted_kappa(u, j, n)
+    result = kappa(u, j, n, weights="quadratic")
     assert (math.isnan(result) and math.isnan(expected)) or result == pytest.approx(expected)

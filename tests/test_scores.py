@@ -23,7 +23,7 @@ import pytest
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
-from lib import analytics, corrections, inspector, scores
+from lib import analytics, corrections, inspector, reliability, scores
 from lib.analytics import AnalyticsFilters
 from lib.db import create_db_engine, session_scope
 from lib.duck import duck_connect, fetch_frame, table_ref
@@ -125,7 +125,7 @@ def _reference(con: duckdb.DuckDBPyConnection, specs: pd.DataFrame, filters: Ana
         params,
     )
     kappas = {
-        key: analytics.quadratic_weighted_kappa(g["u"], g["j"], g["n"])
+        key: reliability.kappa(g["u"], g["j"], g["n"], weights="quadratic")
         for key, g in counts.groupby(["product", "metric"], sort=False)
     }
     summary["weighted_kappa"] = [
