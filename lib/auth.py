@@ -229,12 +229,10 @@ def role_of(session: Session, identity: str) -> str:
     return get_settings().default_role
 
 
-def removal_permission(who: Actor | str | None, *, one_session: bool) -> Permission:
-    """Removing one session's notes, or a judge run's own CLEAR_NOTES (seed 000, applied inside a
-    lead's run by its agent), needs `lead`; any other removal across sessions is the admin's bulk one."""
-    if one_session or (isinstance(who, Actor) and who.kind == "agent"):
-        return Permission.REMOVE_SESSION_NOTES
-    return Permission.REMOVE_NOTES
+def removal_permission(*, one_session: bool) -> Permission:
+    """Removing one session's notes needs `lead`; any removal across sessions is the admin's bulk one,
+    whoever asks: a judge run's CLEAR_NOTES too (its agent acts with the role of the run's starter)."""
+    return Permission.REMOVE_SESSION_NOTES if one_session else Permission.REMOVE_NOTES
 
 
 def system_actor(identity: str | None = None) -> Actor:
@@ -244,9 +242,10 @@ def system_actor(identity: str | None = None) -> Actor:
     )
 
 
-def agent_actor(identity: str) -> Actor:
-    """A judge run's own writes (its notes); runs need `lead`, so their agent acts as lead."""
-    return Actor(identity=identity, role="lead", kind="agent")
+def agent_actor(identity: str, *, role: str = "lead") -> Actor:
+    """A judge run's own writes (its notes): runs need `lead`, so their agent acts as lead, or with
+    the role of the person who started the run where that decides (a CLEAR_NOTES across sessions)."""
+    return Actor(identity=identity, role=role, kind="agent")
 
 
 def resolve(bind: Session | Engine | None, who: Actor | str | None) -> Actor:

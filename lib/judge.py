@@ -591,11 +591,13 @@ def run_stage1(
     settings: Settings | None = None,
     eval_id: str = "?",
     engine: Engine | None = None,
+    acting_for: Actor | None = None,
 ) -> Stage1Result:
     """Ask the judge model for scores and evidence; JudgeFailed("stage1") when that cannot be had.
 
     With an `engine`, the judge may call the note tools (seed 000) before answering; the notes it
-    adds carry `eval_id` as their session id and come back in `pending_notes`, unsaved.
+    adds carry `eval_id` as their session id and come back in `pending_notes`, unsaved. Its
+    CLEAR_NOTES removes stored notes only as far as `acting_for` (who started the run) may.
     """
     settings = settings or get_settings()
     messages = build_stage1_messages(prepared, history_block=history_block, notes_block=notes_block)
@@ -630,6 +632,7 @@ def run_stage1(
                 settings=settings,
                 schema=schema,
                 purpose="judge",
+                acting_for=acting_for,
             )
             pending = run.pending
             data = llm.finish_json(
@@ -1150,7 +1153,8 @@ def judge_evaluation(
         raise JudgeFailed("configuration", llm.NOT_CONFIGURED_MESSAGE, kind="not_configured")
     if not identity_of(reviewer):
         raise JudgeFailed("input", "no reviewer was named; every write records who made it", kind="input")
-    reviewer = authorize(engine, reviewer, Permission.JUDGE).identity
+    starter = authorize(engine, reviewer, Permission.JUDGE)
+    reviewer = starter.identity
     snapshot_id = new_prefixed_id("snap")
     try:
         with session_scope(engine, read_only=True) as session:
@@ -1181,6 +1185,7 @@ def judge_evaluation(
         settings=settings,
         eval_id=snapshot_id,
         engine=engine,
+        acting_for=starter,
     )
     if stage1.evidence is None:
         say("The judge's evidence could not be read; continuing without evidence.")

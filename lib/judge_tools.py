@@ -18,12 +18,21 @@ Decisions, pinned down here (and tested):
   after the snapshot was saved, in their own transaction (`save_pending_notes`); a run that fails
   at any stage writes no note. Searches read the database (plus this run's pending notes). A note
   write that fails after the snapshot was saved is logged and never fails the run, like the audit.
-- clear_notes clears as seed 000 says: by type, language or age, across sessions (the notes this
-  run added and stored notes of earlier runs alike), with the Notes page's rule from
-  `lib.notes.remove_notes`: never everything, so a call without a type, language or days_old is
-  refused and changes nothing. In a judge run the removal of stored notes is buffered with the
-  run's notes and applied only when the evaluation is saved (AD-7), as of the moment it was asked
-  for. `days_old` counts whole days; 0 or absent means any age.
+- clear_notes clears as seed 000 says ("ClearNotesFunction can clear notes by session, type, or
+  age"; "all existing note functions now work cross-session"; `CLEAR_NOTES:[type],[language],
+  [days_old]` "clean persistent notes"): the notes matching every filter given, across sessions
+  (the notes this run added and stored notes of earlier runs alike). One description,
+  `CLEAR_NOTES_DESCRIPTION`, tells the model so in every mode (tools, text commands, structured
+  output). Filters combine as on the Notes page (`lib.notes.remove_notes`, the one rule), not as the
+  seed's in-memory original (any filter matching), which would remove far more than asked.
+- The guard: a judge run never removes more than the Notes page lets the person who started it
+  remove. Stored notes of other sessions go only in a run started by someone with the bulk
+  removal permission (admin; everyone in open mode); otherwise only the notes this run added are
+  taken back, and the model is told why the rest stayed. Never everything: a call without a type,
+  language or days_old is refused and changes nothing. In a judge run the removal of stored notes
+  is buffered with the run's notes and applied only when the evaluation is saved (AD-7), as of the
+  moment it was asked for, checked again then. `days_old` counts whole days; 0 or absent means any
+  age.
 - Bounds: at most `MAX_NOTES_PER_RUN` notes per run (an exact repeat is acknowledged, not added
   twice), `MAX_CALLS_PER_ROUND` tool calls executed per reply, `SEARCH_RESULT_LIMIT` search hits
   shown, and `max_rounds` tool rounds before the run fails with kind "tool_loop".
@@ -53,7 +62,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
 from lib import llm, notes
-from lib.auth import agent_actor
+from lib.auth import Actor, PermissionDenied, agent_actor, removal_permission
 from lib.config import Settings, get_settings
 from lib.db import session_scope
 from lib.models import NOTE_TYPES, SessionNote, utcnow
@@ -68,6 +77,16 @@ SEARCH_RESULT_LIMIT = 10
 MAX_QUERY_CHARS = 500
 DEFAULT_MAX_ROUNDS = 3
 AUTHOR_PREFIX = "judge:"
+
+# CLEAR_NOTES in the one wording every mode shows the model (the tool, the text commands, the
+# structured reply's `note_commands`), so what it is told is what it does.
+CLEAR_NOTES_DESCRIPTION = (
+    "removes the notes that match every filter you give (a type, a language, at least days_old days "
+    "old) from every session: the notes you added in this run and, when this run was started by an "
+    "admin, the stored notes of earlier runs and reviewers too. Give at least one filter: clearing "
+    "every note is refused."
+)
+STORED_CLEAR_DENIED = "removing notes of other sessions needs a judge run started by an admin"
 
 _LANGUAGE_PARAM = {
     "type": "string",
@@ -138,10 +157,7 @@ NOTE_TOOLS: tuple[dict[str, Any], ...] = (
         "type": "function",
         "function": {
             "name": "clear_notes",
-            "description": (
-                "Remove notes of a type, language or age, from every session (yours and earlier "
-                "runs'). Give at least one filter: clearing every note is refused."
-            ),
+            "description": "Clear notes: " + CLEAR_NOTES_DESCRIPTION,
             "parameters": {
                 "type": "object",
                 "properties": {
@@ -159,18 +175,17 @@ NOTE_TOOLS: tuple[dict[str, Any], ...] = (
     },
 )
 
-TOOLS_INSTRUCTION = """Cross-session notes: you may call search_notes to look up what earlier judge runs
+TOOLS_INSTRUCTION = f"""Cross-session notes: you may call search_notes to look up what earlier judge runs
 and reviewers noted, and add_note to leave one short lesson that would help a later judge (a
-pattern, a strategy, a failure to avoid, a tip). clear_notes removes notes of a type, language or age (at least one filter).
+pattern, a strategy, a failure to avoid, a tip). clear_notes {CLEAR_NOTES_DESCRIPTION}
 The tools are optional; always finish with the JSON reply."""
 
-TEXT_COMMANDS_INSTRUCTION = """Cross-session notes (optional), as command lines of their own:
+TEXT_COMMANDS_INSTRUCTION = f"""Cross-session notes (optional), as command lines of their own:
 - ADD_NOTE:<TYPE>,<content>[,<code>,<confidence 0-1>] leaves a lesson for later judge runs; TYPE is
   one of SUCCESS, FAILURE, PATTERN, STRATEGY, TIP; only SUCCESS notes carry a code and confidence.
 - SEARCH_NOTES:<query>[,<TYPE>,<language>] looks notes up: reply with only such lines and no JSON,
   and the results come back before you answer.
-- CLEAR_NOTES:[<TYPE>],[<language>],[<days_old>] removes notes of that type, language or age from
-  every session; give at least one of the three (clearing every note is refused).
+- CLEAR_NOTES:[<TYPE>],[<language>],[<days_old>] {CLEAR_NOTES_DESCRIPTION}
 Put command lines before your JSON; they are removed before the JSON is read."""
 
 _COMMANDS = {"ADD_NOTE": "add_note", "SEARCH_NOTES": "search_notes", "CLEAR_NOTES": "clear_notes"}
@@ -321,6 +336,8 @@ class PendingNotes:
     notes: list[PendingNote] = field(default_factory=list)
     # Removals of stored notes asked for during the run: remove_notes arguments, applied on save.
     clears: list[dict[str, Any]] = field(default_factory=list)
+    # Who started the run: its CLEAR_NOTES removes stored notes only as far as they may (None: none).
+    acting_for: Actor | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -364,8 +381,12 @@ class PendingNotes:
         A note add_note refuses is skipped. Clears go first: a note the run added after a clear
         must survive it (those it added before were already dropped from the buffer).
         """
-        for clear in self.clears:
-            notes.remove_notes(session=session, removed_by=agent_actor(self.created_by), **clear)
+        remover = clearing_actor(self.created_by, self.acting_for)
+        for clear in self.clears if remover is not None else ():
+            try:
+                notes.remove_notes(session=session, removed_by=remover, **clear)
+            except PermissionDenied:  # checked when asked for; a role taken away since stops it here
+                log.warning("judge run %s: notes not removed: %s", self.session_id, STORED_CLEAR_DENIED)
         saved = []
         for note in list(self.notes):
             try:
@@ -386,6 +407,14 @@ class PendingNotes:
                 # add_note validates before touching the session, so the transaction stays usable.
                 log.warning("judge run %s: note not saved: %s", self.session_id, exc)
         return saved
+
+
+def clearing_actor(created_by: str, acting_for: Actor | None) -> Actor | None:
+    """Who a run's removal of stored notes acts as: its agent, with the starter's role and name, and
+    only when that role may remove notes across sessions (the Notes page's bulk removal); else None."""
+    if acting_for is None or not acting_for.can(removal_permission(one_session=False)):
+        return None
+    return agent_actor(f"{created_by} for {acting_for.identity}", role=acting_for.role)
 
 
 def _same_note(a: PendingNote, b: PendingNote) -> bool:
@@ -432,12 +461,14 @@ def execute_tool_call(
     created_by: str,
     language: str = "",
     pending: PendingNotes | None = None,
+    acting_for: Actor | None = None,
 ) -> str:
     """Run one note tool and return the text the model reads; argument errors come back as text.
 
     With `pending`, add_note and clear_notes work on the run's buffer (written only on success);
-    without it they write in `session` (the caller commits), clear_notes limited to `session_id`.
-    search_notes always reads `session` (pass None to search only the pending notes).
+    without it they write in `session` (the caller commits). clear_notes removes stored notes only
+    for `acting_for` (the run's starter; `pending.acting_for` with a buffer) allowed to remove notes
+    across sessions. search_notes always reads `session` (pass None to search only the pending notes).
     """
     try:
         if not isinstance(args, Mapping):
@@ -447,7 +478,7 @@ def execute_tool_call(
         if name == "search_notes":
             return _search(session, args, session_id, created_by, pending)
         if name == "clear_notes":
-            return _clear(session, args, session_id, created_by, pending)
+            return _clear(session, args, created_by, pending, pending.acting_for if pending else acting_for)
         raise ToolArgumentError(f"there is no tool {name!r}; the tools are {', '.join(TOOL_NAMES)}")
     except ToolArgumentError as exc:
         return f"Error: {exc}. Nothing was changed."
@@ -531,11 +562,12 @@ def _search(
 def _clear(
     session: Session | None,
     args: Mapping[str, Any],
-    session_id: str,
     created_by: str,
     pending: PendingNotes | None,
+    acting_for: Actor | None,
 ) -> str:
-    """Seed 000 CLEAR_NOTES: by type, language or age, across sessions; never everything."""
+    """Seed 000 CLEAR_NOTES: by type, language and age, across sessions; never everything, and
+    stored notes only as far as the run's starter may remove them on the Notes page."""
     note_type = _filter_type(args)
     language = _filter_language(args)
     older_than = _days_old(args)
@@ -546,16 +578,22 @@ def _clear(
         stored = notes.preview_remove(session=session, **clear)  # the Notes page's rule: never everything
     except ValueError as exc:
         raise ToolArgumentError(f"{exc}; give a type, language or days_old") from None
+    remover = clearing_actor(created_by, acting_for)
     if pending is None:
-        removed = notes.remove_notes(session=session, removed_by=agent_actor(created_by), **clear)
+        if remover is None:
+            raise ToolArgumentError(STORED_CLEAR_DENIED)
+        removed = notes.remove_notes(session=session, removed_by=remover, **clear)
         return f"Removed {removed} note{'' if removed == 1 else 's'}."
     own = pending.remove(note_type=note_type, language=language, older_than=older_than)
+    mine = f"Removed {own} of the notes you added in this run; "
+    if remover is None:
+        return (
+            f"{mine}{stored} stored note{' of other sessions was' if stored == 1 else 's of other sessions were'} "
+            f"left: {STORED_CLEAR_DENIED}."
+        )
     with pending._lock:
         pending.clears.append(clear)
-    return (
-        f"Removed {own} of the notes you added in this run; {stored} stored note"
-        f"{' is' if stored == 1 else 's are'} removed when this evaluation is saved."
-    )
+    return f"{mine}{stored} stored note{' is' if stored == 1 else 's are'} removed when this evaluation is saved."
 
 
 # --------------------------------------------------------------------------------------------
@@ -697,11 +735,11 @@ def _assistant_with_calls(result: llm.ChatResult) -> dict[str, Any]:
     }
 
 
-NOTE_COMMANDS_INSTRUCTION = """Cross-session notes (optional): put command lines in the "note_commands"
+NOTE_COMMANDS_INSTRUCTION = f"""Cross-session notes (optional): put command lines in the "note_commands"
 list of your JSON reply, at most 3:
 - "ADD_NOTE:<TYPE>,<content>[,<code>,<confidence 0-1>]" leaves a lesson for later judge runs; TYPE is
   one of SUCCESS, FAILURE, PATTERN, STRATEGY, TIP; only SUCCESS notes carry a code and confidence.
-- "CLEAR_NOTES:[<TYPE>],[<language>],[<days_old>]" takes back notes you added in this run.
+- "CLEAR_NOTES:[<TYPE>],[<language>],[<days_old>]" {CLEAR_NOTES_DESCRIPTION}
 Leave the list empty when you have no lesson worth keeping."""
 MAX_JSON_NOTE_COMMANDS = 3
 
@@ -752,6 +790,7 @@ def run_with_tools(
     settings: Settings | None = None,
     schema: Mapping[str, Any] | None = None,
     purpose: str | None = None,
+    acting_for: Actor | None = None,
 ) -> ToolRun:
     """Chat with the note tools until the model answers with content; text commands when tools are refused.
 
@@ -762,7 +801,8 @@ def run_with_tools(
 
     Tool calls are executed between calls (each in a short session from `session_factory`, never
     held across an LLM call); their writes go to the returned `ToolRun.pending`. A model still
-    calling tools after `max_rounds` rounds fails with `LLMError(kind="tool_loop")`.
+    calling tools after `max_rounds` rounds fails with `LLMError(kind="tool_loop")`. `acting_for`
+    is who started the run: its clear_notes removes stored notes only as far as they may.
     """
     settings = settings or get_settings()
     if max_rounds < 0:
@@ -773,7 +813,10 @@ def run_with_tools(
         # A language the notes table cannot hold: the judge's notes then apply to every language.
         default_language = ""
     pending = PendingNotes(
-        session_id=session_id, created_by=created_by or judge_author(model), language=default_language
+        session_id=session_id,
+        created_by=created_by or judge_author(model),
+        language=default_language,
+        acting_for=acting_for,
     )
 
     def execute(name: str, args: Any) -> str:

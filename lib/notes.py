@@ -817,7 +817,7 @@ def remove_notes(
     notes needs `lead`; any wider removal is the admin's bulk removal.
     """
     removed_by = authorize(
-        session, removed_by, removal_permission(removed_by, one_session=session_id is not None)
+        session, removed_by, removal_permission(one_session=session_id is not None)
     ).identity
     conds = _removal_conditions(
         session,

@@ -15,6 +15,7 @@ from sqlalchemy import Engine, func
 from sqlmodel import Session, select
 
 from lib import judge_tools, notes
+from lib.auth import Actor
 from lib.config import get_settings, reset_settings
 from lib.db import session_scope
 from lib.judge import JudgeFailed, judge_evaluation
@@ -42,6 +43,9 @@ from tests.llm_server import (
     tool_call,
 )
 from tests.test_judge import RUBRIC, STAGE2_PAYLOAD, evaluation, stage1_payload
+
+LEAD = Actor(identity="lee@example.com", role="lead", kind="user")
+ADMIN = Actor(identity="ada@example.com", role="admin", kind="user")
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,8 +78,8 @@ def tool_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [m for m in body["messages"] if m["role"] == "tool"]
 
 
-def pending() -> PendingNotes:
-    return PendingNotes(session_id=SID, created_by=AUTHOR, language="en")
+def pending(acting_for: Actor | None = None) -> PendingNotes:
+    return PendingNotes(session_id=SID, created_by=AUTHOR, language="en", acting_for=acting_for)
 
 
 def run_buffered(engine: Engine, name: str, args: Any, buffer: PendingNotes) -> str:
@@ -106,6 +110,26 @@ def test_tool_schemas_mirror_the_seeds_commands(
     assert list(schema["properties"]) == properties
     assert schema.get("required", []) == required
     assert schema["additionalProperties"] is False
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_clear_notes_is_described_once_the_same_in_every_mode() -> None:
+    """Issue 25: under structured output the judge was told CLEAR_NOTES "takes back notes you added
+    in this run" while it removed other runs' notes; every mode now reads the one description."""
+    described = judge_tools.CLEAR_NOTES_DESCRIPTION
+    assert "every session" in described and "admin" in described
+    [clear] = [t["function"] for t in NOTE_TOOLS if t["function"]["name"] == "clear_notes"]
+    assert _flat(described) in _flat(clear["description"])
+    for instruction in (
+        judge_tools.TOOLS_INSTRUCTION,
+        judge_tools.TEXT_COMMANDS_INSTRUCTION,
+        judge_tools.NOTE_COMMANDS_INSTRUCTION,
+    ):
+        assert _flat(described) in _flat(instruction)
+        assert "takes back" not in instruction
 
 
 def test_tool_schemas_offer_exactly_the_note_types() -> None:
@@ -356,7 +380,7 @@ def test_buffered_clear_removes_by_type_and_language_across_sessions_once_the_ru
     add_stored(engine, "an earlier judge run's tip", session_id="snap_earlier", created_by="judge:x")
     add_stored(engine, "a Turkish tip", language="tr")
     add_stored(engine, "a pattern", note_type="PATTERN")
-    buffer = pending()
+    buffer = pending(ADMIN)  # a run an admin started: stored notes of every session may go
     for args in ({"type": "TIP", "content": "mine 1"}, {"type": "PATTERN", "content": "mine 2"},
                  {"type": "TIP", "content": "mine 3", "language": "tr"}):  # fmt: skip
         run_buffered(engine, "add_note", args, buffer)
@@ -402,8 +426,9 @@ def test_direct_clear_removes_matching_notes_of_every_session(engine: Engine) ->
     add_stored(engine, "a pattern", note_type="PATTERN", session_id=SID, created_by=AUTHOR)
     with session_scope(engine) as session:
         result = execute_tool_call(
-            session=session, name="clear_notes", args={"type": "TIP"}, session_id=SID, created_by=AUTHOR
-        )
+            session=session, name="clear_notes", args={"type": "TIP"}, session_id=SID, created_by=AUTHOR,
+            acting_for=ADMIN,
+        )  # fmt: skip
     assert result == "Removed 2 notes."
     assert [n.content for n in stored_notes(engine)] == ["a pattern"]
 
@@ -631,6 +656,50 @@ def test_a_judge_clears_by_type_across_sessions_but_never_everything(
     assert refused.startswith("Error: refusing to remove every note")
     assert cleared.startswith("Removed 1 of the notes you added in this run; 1 stored note is removed")
     assert [n.content for n in stored_notes(rubric)] == ["a reviewer's pattern"]
+
+
+@pytest.mark.parametrize("mode", ["tools", "structured"])
+@pytest.mark.parametrize(("starter", "left"), [(LEAD, 3), (ADMIN, 1)])
+def test_a_judge_run_removes_no_more_than_the_notes_page_lets_its_starter_remove(
+    rubric: Engine, llm_server: LLMServer, mode: str, starter: Actor, left: int
+) -> None:
+    """Issue 25's report: `note_commands: ["CLEAR_NOTES:STRATEGY,,"]` deleted two other runs' STRATEGY
+    notes. Across sessions that is the Notes page's bulk removal, an admin's: a lead's run keeps them."""
+    add_stored(
+        rubric, "strategy of run 1", note_type="STRATEGY", session_id="snap_run1", created_by="judge:x"
+    )
+    add_stored(
+        rubric, "strategy of run 2", note_type="STRATEGY", session_id="snap_run2", created_by="judge:x"
+    )
+    add_stored(rubric, "a reviewer's pattern", note_type="PATTERN")
+    if mode == "tools":
+        llm_server.script(
+            tool_call("clear_notes", {"type": "STRATEGY"}),
+            json_reply(stage1_payload()),
+            json_reply(STAGE2_PAYLOAD),
+        )
+    else:  # a server that ignores tools: the command rides in the structured reply
+        llm_server.ignore_tools = True
+        llm_server.script(
+            json_reply(stage1_payload(note_commands=["CLEAR_NOTES:STRATEGY,,"])), json_reply(STAGE2_PAYLOAD)
+        )
+    judge_evaluation(engine=rubric, evaluation=evaluation(), reviewer=starter)
+    assert len(stored_notes(rubric)) == left
+    if mode == "tools":
+        said = tool_messages(llm_server.chat_requests[-2])[-1]["content"]
+        if starter is LEAD:
+            assert "2 stored notes of other sessions were left" in said and "admin" in said
+        else:
+            assert "2 stored notes are removed when this evaluation is saved" in said
+
+
+def test_a_direct_clear_for_a_lead_is_refused_and_changes_nothing(engine: Engine) -> None:
+    add_stored(engine, "reviewer memory")
+    with session_scope(engine) as session:
+        said = execute_tool_call(session=session, name="clear_notes", args={"type": "TIP"}, session_id=SID,
+                                 created_by=AUTHOR, acting_for=LEAD)  # fmt: skip
+    assert said.startswith("Error: ") and "admin" in said and said.endswith("Nothing was changed.")
+    assert [n.content for n in stored_notes(engine)] == ["reviewer memory"]
 
 
 def test_invalid_tool_arguments_reach_the_judge_and_the_run_still_succeeds(
