@@ -946,19 +946,19 @@ def stats(
     `metric` and `reviewer` narrow the figures as the Corrections page's filters do (a reviewer's
     judgments are those they reviewed last). Oldest and newest are days (UTC), what the counters keep.
     """
-    totals = counters.judgment_totals(session=session, product=product, metric=metric, reviewer=reviewer)
-    oldest, newest = counters.judged_day_range(
-        session=session, product=product, metric=metric, reviewer=reviewer
-    )
     if reviewer is not None:
-        products = counters.judged_products_of(session=session, reviewer=reviewer, metric=metric)
-    elif metric is not None:
-        products = [p for p in counters.judged_products(session=session)
-                    if counters.judgment_totals(session=session, product=p, metric=metric).judgments]  # fmt: skip
+        mine = counters.reviewer_summary(session=session, reviewer=reviewer, product=product, metric=metric)
+        totals, products, oldest, newest = mine.totals, mine.products, mine.first_day, mine.last_day
     else:
-        products = list(counters.judgment_totals_by_product(session=session))
-    if product is not None:
-        products = [product] if product in products else []
+        totals = counters.judgment_totals(session=session, product=product, metric=metric)
+        oldest, newest = counters.judged_day_range(session=session, product=product, metric=metric)
+        if metric is not None:
+            products = [p for p in counters.judged_products(session=session)
+                        if counters.judgment_totals(session=session, product=p, metric=metric).judgments]  # fmt: skip
+        else:
+            products = list(counters.judgment_totals_by_product(session=session))
+        if product is not None:
+            products = [product] if product in products else []
     return {
         "total_judgments": totals.judgments,
         "reviewed_count": totals.reviewed,

@@ -506,15 +506,41 @@ def judgment_totals(
     return JudgmentTotals(*(int(v) for v in row))
 
 
-def judged_products_of(*, session: Session, reviewer: str, metric: str | None = None) -> list[str]:
-    """Products with live judgments of this reviewer (and metric), sorted."""
-    stmt = (
-        select(_REVIEWER.c.product)
-        .where(*_where(_REVIEWER, reviewer=reviewer, metric=metric), _REVIEWER.c.judgments > 0)
-        .distinct()
+@dataclass(frozen=True)
+class ReviewerSummary:
+    """One reviewer's live judgments (under optional product / metric filters): totals, products, days."""
+
+    totals: JudgmentTotals
+    products: list[str]
+    first_day: str | None
+    last_day: str | None
+
+
+def reviewer_summary(
+    *, session: Session, reviewer: str, product: str | None = None, metric: str | None = None
+) -> ReviewerSummary:
+    """Everything the Corrections statistics show under a Reviewer filter, in one pass over the
+    reviewer's counter rows (products × metrics × days, whatever the judgments)."""
+    has = _REVIEWER.c.judgments > 0
+    rows = session.execute(
+        select(
+            _REVIEWER.c.product,
+            *_sums(_REVIEWER),
+            func.min(case((has, _REVIEWER.c.day))),
+            func.max(case((has, _REVIEWER.c.day))),
+        )
+        .where(*_where(_REVIEWER, reviewer=reviewer, product=product, metric=metric))
+        .group_by(_REVIEWER.c.product)
         .order_by(_REVIEWER.c.product)
+    ).all()
+    live = [(r[0], JudgmentTotals(*(int(v) for v in r[1:-2])), r[-2], r[-1]) for r in rows if int(r[1])]
+    summed = [sum(getattr(t, k) for _, t, _, _ in live) for k in JUDGMENT_VALUES]
+    return ReviewerSummary(
+        totals=JudgmentTotals(*summed),
+        products=[name for name, *_ in live],
+        first_day=min((first for _, _, first, _ in live), default=None),
+        last_day=max((last for _, _, _, last in live), default=None),
     )
-    return [str(p) for p in session.execute(stmt).scalars()]
 
 
 def judgment_totals_by_product(*, session: Session) -> dict[str, JudgmentTotals]:
@@ -577,16 +603,12 @@ def judged_languages(*, session: Session) -> list[str]:
 
 
 def judged_day_range(
-    *, session: Session, product: str | None = None, metric: str | None = None, reviewer: str | None = None
+    *, session: Session, product: str | None = None, metric: str | None = None
 ) -> tuple[str | None, str | None]:
-    """The first and last day (UTC, 'YYYY-MM-DD') with live judgments (of this reviewer)."""
-    table = _DAY if reviewer is None else _REVIEWER
+    """The first and last day (UTC, 'YYYY-MM-DD') with live judgments."""
     first, last = session.execute(
-        select(func.min(table.c.day), func.max(table.c.day)).where(
-            *_where(
-                table, product=product, metric=metric, **({} if reviewer is None else {"reviewer": reviewer})
-            ),
-            table.c.judgments > 0,
+        select(func.min(_DAY.c.day), func.max(_DAY.c.day)).where(
+            *_where(_DAY, product=product, metric=metric), _DAY.c.judgments > 0
         )
     ).one()
     return first, last
