@@ -38,11 +38,13 @@ class Permission(StrEnum):
 
     READ = "read"
     EXPORT = "export"
-    REVIEW = "review"  # confirm or overrule a judgment
+    REVIEW = "review"  # confirm or overrule a judgment; label items of a team review queue
     NOTE = "note"  # add, pin or unpin a note
     FEEDBACK = "feedback"  # expert feedback: "this note was (not) useful here"
     COACH = "coach"
     ARCHIVE = "archive"  # archive or restore an evaluation
+    MANAGE_QUEUES = "manage_queues"  # create, assign and close team review queues
+    ADJUDICATE = "adjudicate"  # decide a queue judgment whose reviewers disagreed
     IMPORT = "import"
     SECOND_OPINION = "second_opinion"
     JUDGE = "judge"  # judge runs, and the notes a run removes from its own session
@@ -62,6 +64,8 @@ PERMISSIONS: dict[Permission, str] = {
     Permission.FEEDBACK: "reviewer",
     Permission.COACH: "reviewer",
     Permission.ARCHIVE: "lead",
+    Permission.MANAGE_QUEUES: "lead",
+    Permission.ADJUDICATE: "lead",
     Permission.IMPORT: "lead",
     Permission.SECOND_OPINION: "lead",
     Permission.JUDGE: "lead",
@@ -81,6 +85,8 @@ DESCRIPTIONS: dict[Permission, str] = {
     Permission.FEEDBACK: "give feedback on notes",
     Permission.COACH: "chat with the coach",
     Permission.ARCHIVE: "archive or restore evaluations",
+    Permission.MANAGE_QUEUES: "create, assign or close review queues",
+    Permission.ADJUDICATE: "adjudicate disagreements in a review queue",
     Permission.IMPORT: "import data",
     Permission.SECOND_OPINION: "ask for second opinions",
     Permission.JUDGE: "run the judge",

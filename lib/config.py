@@ -94,6 +94,9 @@ class Settings:
     system_identity: str = "overrule-cli"  # who the CLI and the demo loader act as (role admin)
     # Pipeline API (lib.api): the largest request body accepted, in MB (as Streamlit's maxUploadSize).
     api_max_body_mb: int = 200
+    # Team review (lib.queues, lib.review_queue): how long opening an item reserves it for a
+    # reviewer; every action on it renews the lease, and a lease that runs out returns the item.
+    reservation_minutes: int = 15
     # App behaviour.
     load_demo: bool = True
     page_size: int = 25
@@ -159,6 +162,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "eval_concurrency": (0, 64),
     "page_size": (1, 1000),
     "api_max_body_mb": (1, 100_000),
+    "reservation_minutes": (1, 24 * 60),
 }
 
 

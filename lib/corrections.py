@@ -37,6 +37,8 @@ from lib.models import (
     EvaluationSnapshot,
     Judgment,
     JudgmentEvent,
+    ReviewLabel,
+    ReviewQueueJudgment,
     compute_was_corrected,
     utcnow,
 )
@@ -251,12 +253,15 @@ def review_event_row(
     to_decision: str,
     reason: str | None,
     version: int,
+    queue_id: int | None = None,
 ) -> dict[str, Any]:
     """The audit-trail row of one review ("overruled" or "confirmed"): the only place one is built.
 
-    `record_review`, `record_reviews`, the cache importer and the demo all write these rows.
+    `record_review`, `record_reviews`, the cache importer and the demo all write these rows;
+    `queue_id` marks a team queue's resolution or adjudication (lib.queues); the key is there only
+    then, so bulk inserts that mix these rows with other events keep one set of keys.
     """
-    return {
+    row = {
         "judgment_id": judgment_id,
         "change_id": change_id,
         "action": "overruled" if corrected else "confirmed",
@@ -267,6 +272,9 @@ def review_event_row(
         "reason": reason,
         "version": version,
     }
+    if queue_id is not None:
+        row["queue_id"] = queue_id
+    return row
 
 
 @dataclass(frozen=True)
@@ -356,6 +364,7 @@ def record_review(
     reviewer: Actor | str | None,
     reason: str | None = None,
     require_reason: bool = True,
+    queue_id: int | None = None,
 ) -> Judgment:
     """Confirm or overrule a judgment as of the version the reviewer saw; ReviewConflict if it moved.
 
@@ -363,29 +372,54 @@ def record_review(
     (`user_decision` must parse on the judgment's scale and differ from the judge's). A bad action,
     an unparsable or out-of-scale score and an overrule equal to the judge all raise
     InvalidDecision and change nothing: this is the rule's one home, callers only pass the action.
+    `queue_id` marks the decision of a team review queue (lib.queues), undone only through it.
     """
-    if action not in REVIEW_ACTIONS:
-        raise InvalidDecision(f"action must be one of {', '.join(REVIEW_ACTIONS)}, got {action!r}")
     name = require_reviewer(reviewer, Permission.REVIEW, bind=session)
     judgment = _judgment_at(session, judgment_id, expected_version)
-    if action == "confirm":
-        decided = judgment.decision  # confirming the judge is always allowed, even off today's rubric
-    else:
-        decided = decision_scale(session=session, judgment=judgment).parse(user_decision)
-        if same_decision(judgment.decision, decided):
-            raise InvalidDecision("your decision equals the judge's; confirm the judge instead")
+    decided, reason = review_decision(
+        session=session, judgment=judgment, action=action, user_decision=user_decision, reason=reason,
+        require_reason=require_reason,
+    )  # fmt: skip
     corrected = compute_was_corrected(judgment.decision, decided)
-    reason = (reason or "").strip() or None
-    if corrected and require_reason and reason is None:
-        raise InvalidDecision("a reason is required when overruling the judge")
     previous = judgment.user_decision if judgment.user_decision is not None else judgment.decision
     now = utcnow()
     event = review_event_row(
         judgment_id=judgment_id, change_id=judgment.change_id, corrected=corrected, reviewer=name, at=now,
         from_decision=previous, to_decision=decided, reason=reason, version=expected_version + 1,
+        queue_id=queue_id,
     )  # fmt: skip
     state = ReviewState(user_decision=decided, user_reasoning=reason, reviewer=name, reviewed_at=now)
     return _write_review_state(session, judgment, expected_version, state, event)
+
+
+def review_decision(
+    *,
+    session: Session,
+    judgment: Judgment,
+    action: str,
+    user_decision: Any = None,
+    reason: str | None = None,
+    require_reason: bool = True,
+) -> tuple[str, str | None]:
+    """(decision to store, reason) for a reviewer's answer on a judgment, or InvalidDecision.
+
+    The one rule for what a reviewer may answer, shared by reviews (`record_review`) and the labels
+    of a team queue (lib.queues): "confirm" is the judge's exact decision (allowed even off today's
+    rubric); "overrule" must parse on the judgment's scale and differ from the judge's; overruling
+    needs a reason unless `require_reason` is False. The reason comes back stripped, or None.
+    """
+    if action not in REVIEW_ACTIONS:
+        raise InvalidDecision(f"action must be one of {', '.join(REVIEW_ACTIONS)}, got {action!r}")
+    if action == "confirm":
+        decided = judgment.decision
+    else:
+        decided = decision_scale(session=session, judgment=judgment).parse(user_decision)
+        if same_decision(judgment.decision, decided):
+            raise InvalidDecision("your decision equals the judge's; confirm the judge instead")
+    reason = (reason or "").strip() or None
+    if compute_was_corrected(judgment.decision, decided) and require_reason and reason is None:
+        raise InvalidDecision("a reason is required when overruling the judge")
+    return decided, reason
 
 
 @dataclass(frozen=True)
@@ -472,19 +506,32 @@ def _review_stack(events: Sequence[JudgmentEvent]) -> list[JudgmentEvent]:
     return stack
 
 
-def undoable_event(events: Sequence[JudgmentEvent], reviewer: str | None) -> JudgmentEvent | None:
+def undoable_event(
+    events: Sequence[JudgmentEvent], reviewer: str | None, *, queue_id: int | None = None
+) -> JudgmentEvent | None:
     """The decision of `reviewer` that an undo would take back: the trail's latest event, when it is
-    their confirmation or overrule; else None (someone changed it since, or it is not theirs)."""
+    their confirmation or overrule; else None (someone changed it since, or it is not theirs).
+
+    A team queue's decision (its event carries `queue_id`) is undone only through that queue
+    (lib.queues passes `queue_id`), which reopens the labels behind it; a plain undo never sees it.
+    """
     if not events or not reviewer:
         return None
     latest = max(events, key=lambda e: e.id or 0)
     if latest.action not in REVIEW_EVENT_ACTIONS or latest.reviewer != reviewer:
         return None
+    if latest.queue_id != queue_id:
+        return None
     return latest
 
 
 def undo_review(
-    *, session: Session, judgment_id: int, expected_version: int, reviewer: Actor | str | None
+    *,
+    session: Session,
+    judgment_id: int,
+    expected_version: int,
+    reviewer: Actor | str | None,
+    queue_id: int | None = None,
 ) -> Judgment:
     """Undo the reviewer's own latest decision on a judgment, as of the version they saw.
 
@@ -492,11 +539,12 @@ def undo_review(
     "undone" event is appended: history is never deleted. Same rules as `record_review`: the
     REVIEW permission, ReviewConflict when the judgment moved, one write path. NothingToUndo
     when the latest change is not this reviewer's decision (only your own last decision can go).
+    `queue_id`: take back a team queue's decision (lib.queues only).
     """
     name = require_reviewer(reviewer, Permission.REVIEW, bind=session)
     judgment = _judgment_at(session, judgment_id, expected_version)
     events = events_for(session=session, judgment_id=judgment_id)
-    target = undoable_event(events, name)
+    target = undoable_event(events, name, queue_id=queue_id)
     if target is None:
         raise NothingToUndo(
             f"the latest change of {judgment.change_id} is not a decision of yours, so there is nothing to undo"
@@ -522,6 +570,7 @@ def undo_review(
         "to_decision": state.user_decision,
         "reason": f"undid the decision of {target.at:%Y-%m-%d %H:%M:%S} UTC ({target.action})",
         "version": expected_version + 1,
+        "queue_id": queue_id,
     }
     return _write_review_state(session, judgment, expected_version, state, event)
 
@@ -548,6 +597,7 @@ def undoable_reviews(*, session: Session, reviewer: str, limit: int = 5) -> list
         .where(
             col(JudgmentEvent.reviewer) == reviewer,
             col(JudgmentEvent.action).in_(REVIEW_EVENT_ACTIONS),
+            col(JudgmentEvent.queue_id).is_(None),  # a queue's decisions are undone in the queue
             ~newer,
         )
         .order_by(col(JudgmentEvent.id).desc())
@@ -694,6 +744,9 @@ def clear_product(*, session: Session, product: str, reviewer: Actor | str | Non
         snapshots=col(EvaluationSnapshot.product) == product,
     ):
         session.execute(delete(JudgmentEvent).where(col(JudgmentEvent.judgment_id).in_(ids)))
+        # Team queues' labels and holds on them go too (an item left empty is passed over).
+        session.execute(delete(ReviewLabel).where(col(ReviewLabel.judgment_id).in_(ids)))
+        session.execute(delete(ReviewQueueJudgment).where(col(ReviewQueueJudgment.judgment_id).in_(ids)))
         result = session.execute(delete(Judgment).where(col(Judgment.product) == product))
     removed = int(result.rowcount or 0)  # type: ignore[attr-defined]
     # The events go with their judgments (they reference them); the clearing itself is logged.

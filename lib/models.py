@@ -356,6 +356,10 @@ class JudgmentEvent(SQLModel, table=True):
     to_decision: str | None = Field(default=None, max_length=64)
     reason: str | None = Field(default=None, sa_column=Column(Text))
     version: int = 1
+    # Set on a change made through a team review queue (lib.queues): its resolution of agreeing
+    # labels, a lead's adjudication, or their undo. Such a change is undone through the queue,
+    # which also reopens the labels behind it, never by the plain review undo.
+    queue_id: int | None = None
 
 
 class SessionNote(SQLModel, table=True):
@@ -644,6 +648,169 @@ class ApiToken(SQLModel, table=True):
     created_by: str = Field(max_length=320)
     created_at: datetime = Field(default_factory=utcnow)
     revoked_at: datetime | None = Field(default=None)
+
+
+QUEUE_MODES = ("open", "blind")
+QUEUE_ORDERS = ("oldest", "largest_gap", "random")
+QUEUE_STATUSES = ("active", "closed")
+# A queue judgment: open (collecting labels), resolved (the labels agreed), disputed (awaiting a
+# lead), adjudicated (a lead decided), released (its queue closed before it was decided).
+QUEUE_JUDGMENT_STATES = ("open", "resolved", "disputed", "adjudicated", "released")
+# A reviewer's hold on an item: reserved (lease running or run out), done, skipped, released, expired.
+ASSIGNMENT_STATUSES = ("reserved", "done", "skipped", "released", "expired")
+
+
+class ReviewQueue(SQLModel, table=True):
+    """A lead's team review queue (issue 26): a frozen selection of items, each reviewed by
+    `overlap` reviewers; open or blind-first; agreeing labels resolve, others go to adjudication."""
+
+    __tablename__ = "review_queues"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=200, unique=True)
+    description: str = Field(default="", sa_column=Column(Text, nullable=False))
+    # The filter it was built from (kept for the record; the items are frozen at creation).
+    product: str | None = Field(default=None, max_length=200)
+    metrics: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    language: str | None = Field(default=None, max_length=16)
+    since: datetime | None = None
+    until: datetime | None = None
+    review_state: str | None = Field(default=None, max_length=16)
+    item_order: str = Field(default="oldest", max_length=16)
+    seed: int = 0
+    size: int = 0  # items asked for; `items` is how many it holds
+    overlap: int = 1
+    mode: str = Field(default="open", max_length=16)
+    tolerance: float | None = None  # continuous scales: labels this close agree
+    reviewers: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    status: str = Field(default="active", max_length=16)
+    items: int = 0
+    judgments: int = 0
+    created_by: str = Field(max_length=320)
+    created_at: datetime = Field(default_factory=utcnow)
+    closed_by: str | None = Field(default=None, max_length=320)
+    closed_at: datetime | None = None
+
+
+class ReviewQueueItem(SQLModel, table=True):
+    """One item of a team queue: an evaluation (its judgments in the queue's metrics) or one
+    stand-alone judgment, with how many reviewers hold or finished it."""
+
+    __tablename__ = "review_queue_items"
+    __table_args__ = (
+        UniqueConstraint("queue_id", "position", name="uq_queue_item_position"),
+        UniqueConstraint("queue_id", "item_key", name="uq_queue_item_key"),
+        # "Next item": the first item in queue order that still wants a reviewer, one index seek
+        # however many items before it are taken (`available` is `claimed < overlap`).
+        Index("ix_queue_item_available", "queue_id", "available", "position"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    queue_id: int = Field(foreign_key="review_queues.id")
+    position: int
+    item_key: str = Field(max_length=100)  # lib.review_queue's key: "snapshot:<id>" | "judgment:<id>"
+    snapshot_id: str | None = Field(default=None, foreign_key="evaluation_snapshots.id", max_length=64)
+    claimed: int = 0  # reviewers holding it (a lease, even one run out until reclaimed) or done
+    done: int = 0  # reviewers who labelled every judgment of it
+    available: bool = True
+
+
+class ReviewQueueJudgment(SQLModel, table=True):
+    """One judgment of a team queue item and where it stands: collecting labels, resolved,
+    disputed or adjudicated. While `held`, no other queue (nor the default queue) hands it out."""
+
+    __tablename__ = "review_queue_judgments"
+    __table_args__ = (
+        Index("ix_queue_judgment_state", "queue_id", "state"),
+        Index("ix_queue_judgment_item", "item_id"),
+        # A judgment is held by at most one queue at a time, enforced by the database.
+        Index(
+            "uq_queue_judgment_held",
+            "judgment_id",
+            unique=True,
+            sqlite_where=text("held"),
+            postgresql_where=text("held"),
+        ),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    queue_id: int = Field(foreign_key="review_queues.id")
+    item_id: int = Field(foreign_key="review_queue_items.id")
+    judgment_id: int = Field(foreign_key="judgments.id")
+    state: str = Field(default="open", max_length=16)
+    held: bool = True
+    labels: int = 0  # final labels so far
+    decision: str | None = Field(default=None, max_length=64)  # resolved or adjudicated
+    decided_by: str | None = Field(default=None, max_length=320)
+    decided_at: datetime | None = None
+
+
+class ReviewLabel(SQLModel, table=True):
+    """One reviewer's label of one judgment in a team queue: the blind label (blind-first queues)
+    and the final one, each with its reason. Only the queue's resolution reaches the judgment."""
+
+    __tablename__ = "review_labels"
+    __table_args__ = (
+        UniqueConstraint("queue_id", "judgment_id", "reviewer", name="uq_review_label"),
+        Index("ix_review_label_item", "item_id", "reviewer"),
+        Index("ix_review_label_reviewer", "queue_id", "reviewer"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    queue_id: int = Field(foreign_key="review_queues.id")
+    item_id: int = Field(foreign_key="review_queue_items.id")
+    judgment_id: int = Field(foreign_key="judgments.id")
+    reviewer: str = Field(max_length=320)
+    blind_decision: str | None = Field(default=None, max_length=64)
+    blind_reason: str | None = Field(default=None, sa_column=Column(Text))
+    blind_at: datetime | None = None
+    decision: str | None = Field(default=None, max_length=64)  # final; None until given
+    reason: str | None = Field(default=None, sa_column=Column(Text))
+    labelled_at: datetime | None = None
+    withdrawn_at: datetime | None = None  # set by an undo until the reviewer labels again
+
+
+class ReviewAssignment(SQLModel, table=True):
+    """A reviewer's hold on a queue item: the reservation lease, skips, the unsent draft and the
+    blind-first reveal. `queue_id` None is the default queue (everything pending, one reviewer)."""
+
+    __tablename__ = "review_assignments"
+    __table_args__ = (
+        UniqueConstraint("queue_id", "item_key", "reviewer", name="uq_assignment"),
+        # The default queue (queue_id NULL, where the constraint above does not bite): one row per
+        # reviewer and item, and at most one reservation per item.
+        Index(
+            "uq_default_assignment",
+            "item_key",
+            "reviewer",
+            unique=True,
+            sqlite_where=text("queue_id IS NULL"),
+            postgresql_where=text("queue_id IS NULL"),
+        ),
+        Index(
+            "uq_default_reservation",
+            "item_key",
+            unique=True,
+            sqlite_where=text("queue_id IS NULL AND status = 'reserved'"),
+            postgresql_where=text("queue_id IS NULL AND status = 'reserved'"),
+        ),
+        # Live and run-out reservations (few: about one per reviewer at work) and a reviewer's rows.
+        Index("ix_assignment_status", "status", "queue_id", "expires_at"),
+        Index("ix_assignment_reviewer", "reviewer", "queue_id", "status"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    queue_id: int | None = Field(default=None, foreign_key="review_queues.id")
+    item_id: int | None = Field(default=None, foreign_key="review_queue_items.id")
+    item_key: str = Field(max_length=100)
+    reviewer: str = Field(max_length=320)
+    status: str = Field(default="reserved", max_length=16)
+    reserved_at: datetime = Field(default_factory=utcnow)
+    expires_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None
+    active_seconds: float = 0.0  # time spent holding it, each hold capped at the lease
+    revealed_at: datetime | None = None  # blind-first: when the judge's side was shown
+    draft: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
 
 
 _DATETIME_FIELDS: dict[type, tuple[str, ...]] = {}

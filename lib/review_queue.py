@@ -2,8 +2,13 @@
 
 An item is an evaluation (all its still-unreviewed judgments, in the rubric's metric order) or, for
 judgments that belong to no evaluation (an imported seed-004 cache), a single judgment. Items come
-oldest first or largest-gap first; judgments of archived evaluations never appear. Every query is
+oldest first or largest-gap first; judgments of archived evaluations never appear, nor judgments a
+team review queue holds (lib.queues: they wait for that queue's reviewers). Every query is
 filtered and limited in SQL, so the queue stays fast however many judgments wait.
+
+This is the default queue: one reviewer per item, open mode. `reserve_next` hands each reviewer
+an item nobody else holds (lib.reservations), remembers their skips and drafts in the database,
+and gives them back the item they held after a reload.
 """
 
 from __future__ import annotations
@@ -11,12 +16,14 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import or_
+from sqlalchemy import and_, exists, or_
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from lib import counters
+from lib import counters, reservations
 from lib.corrections import (
     DecisionScale,
     decision_scale,
@@ -30,7 +37,7 @@ from lib.evidence import EvidenceItem
 from lib.highlight import Span
 from lib.inspector import build_cards, highlight_spans
 from lib.metrics import metrics_for_product
-from lib.models import EvaluationSnapshot, Judgment
+from lib.models import EvaluationSnapshot, Judgment, ReviewAssignment, ReviewQueueJudgment
 
 ORDERS: dict[str, str] = {"oldest": "Oldest first", "largest_gap": "Largest gap first"}
 _SNAPSHOT_PREFIX = "snapshot:"
@@ -93,8 +100,16 @@ def _split_keys(keys: Collection[str]) -> tuple[list[str], list[int]]:
 
 
 def _unreviewed() -> Any:
-    # The one definition (lib.counters), as the Overview, Corrections and Evaluations pages use.
-    return ~counters.reviewed_judgment()
+    # The one definition (lib.counters), as the Overview, Corrections and Evaluations pages use;
+    # and not held by a team queue, whose own reviewers decide it (lib.queues).
+    return and_(~counters.reviewed_judgment(), ~held_by_team_queue())
+
+
+def held_by_team_queue() -> Any:
+    """A judgment a team review queue holds (one probe of its partial unique index per row)."""
+    return exists().where(
+        col(ReviewQueueJudgment.judgment_id) == col(Judgment.id), col(ReviewQueueJudgment.held)
+    )
 
 
 def _live(stmt: Any) -> Any:
@@ -223,6 +238,135 @@ def next_item(*, session: Session, filters: QueueFilter, skipped: Collection[str
     else:
         first = _oldest_open(session, filters, skipped)
     return None if first is None else _open_judgments(session, filters, item_key(first))
+
+
+# Items tried per call when other reviewers claim the same ones at the same moment (PostgreSQL).
+MAX_CLAIM_ATTEMPTS = 20
+
+
+def _claim(session: Session, key: str, reviewer: str, now: datetime) -> bool:
+    """Reserve a default-queue item for the reviewer unless someone else got it first.
+
+    A run-out lease on it is taken back first; a live one of another reviewer, or a claim that
+    committed meanwhile (the unique index on live reservations), leaves the item to them.
+    """
+    try:
+        with session.begin_nested():
+            reservations.expire_lapsed(session, queue_id=None, item_key=key, reviewer=reviewer, now=now)
+            reservations.reserve(session, queue_id=None, item_key=key, reviewer=reviewer, now=now)
+        return True
+    except IntegrityError:
+        return False
+
+
+def _settle_held(
+    session: Session, row: ReviewAssignment, filters: QueueFilter, now: datetime
+) -> QueueItem | None:
+    """The reviewer's held item when it still has open judgments under the filters (lease renewed);
+    else it is let go: forgotten when nothing of it is open any more, released when the filters
+    left it out (its draft stays for when they come back to it)."""
+    item = _open_judgments(session, filters, row.item_key)
+    if item is not None:
+        reservations.renew(row, now)
+        session.add(row)
+        return item
+    if _open_judgments(session, QueueFilter(), row.item_key) is None:
+        session.delete(row)  # reviewed: its audit events are the record, the row has done its work
+    else:
+        reservations.release(row, now)
+        session.add(row)
+    session.flush()
+    return None
+
+
+def reserve_next(
+    *, session: Session, reviewer: str, filters: QueueFilter, now: datetime | None = None
+) -> QueueItem | None:
+    """The reviewer's item in the default queue, reserved for them (lease renewed on every call).
+
+    The item they hold comes back while it has open judgments under the filters (a reload, a new
+    tab or another device continues there); otherwise the first item in the chosen order that no
+    one else holds on a live lease and that they did not skip. Two reviewers are never handed the
+    same item: SQLite serialises the claims, PostgreSQL's unique index on live reservations
+    refuses the second and it moves on to the next item.
+    """
+    now = reservations.utc(now)
+    mine = reservations.held(session, queue_id=None, reviewer=reviewer)
+    if mine is not None:
+        item = _settle_held(session, mine, filters, now)
+        if item is not None:
+            return item
+    exclude = set(reservations.keys_with_status(session, queue_id=None, reviewer=reviewer, status="skipped"))
+    exclude |= reservations.reserved_by_others(session, queue_id=None, reviewer=reviewer, now=now)
+    for _ in range(MAX_CLAIM_ATTEMPTS):
+        item = next_item(session=session, filters=filters, skipped=exclude)
+        if item is None:
+            return None
+        if _claim(session, item.key, reviewer, now):
+            return item
+        exclude.add(item.key)
+    return None
+
+
+def reserve_item(
+    *,
+    session: Session,
+    reviewer: str,
+    key: str,
+    filters: QueueFilter | None = None,
+    now: datetime | None = None,
+) -> QueueItem | None:
+    """Open one item of the default queue by its key (a link to it): reserved for the reviewer, who
+    lets go of the one they held. None when nothing of it is open (any more) under the filters;
+    `reservations.ItemTaken` when another reviewer holds it on a live lease."""
+    now = reservations.utc(now)
+    item = _open_judgments(session, filters or QueueFilter(), key)
+    if item is None:
+        return None
+    mine = reservations.held(session, queue_id=None, reviewer=reviewer)
+    if mine is not None and mine.item_key == key:
+        reservations.renew(mine, now)
+        session.add(mine)
+        return item
+    others = [r for r in reservations.live_holders(session, queue_id=None, item_key=key, now=now)
+              if r.reviewer != reviewer]  # fmt: skip
+    if others:
+        raise reservations.ItemTaken(
+            f"{others[0].reviewer} is reviewing this item (reserved until {others[0].expires_at:%H:%M} UTC)",
+            holders=(others[0].reviewer,),
+            until=others[0].expires_at,
+        )
+    if mine is not None:
+        reservations.release(mine, now)
+        session.add(mine)
+    if not _claim(session, key, reviewer, now):
+        raise reservations.ItemTaken("another reviewer took this item a moment ago")
+    return item
+
+
+def skip_item(*, session: Session, reviewer: str, key: str, now: datetime | None = None) -> None:
+    """The reviewer passes over an item of the default queue: it goes to others, not back to them
+    until they bring their skipped items back (kept in the database, so a reload remembers)."""
+    now = reservations.utc(now)
+    row = reservations.find(session, queue_id=None, item_key=key, reviewer=reviewer)
+    if row is None:
+        row = ReviewAssignment(
+            queue_id=None, item_key=key, reviewer=reviewer, reserved_at=now, expires_at=now
+        )
+        row.status = "released"
+    reservations.release(row, now, status="skipped")
+    session.add(row)
+    session.flush()
+
+
+def skipped_items(*, session: Session, reviewer: str) -> list[str]:
+    """The keys of the items the reviewer skipped in the default queue, in the order skipped."""
+    return reservations.keys_with_status(session, queue_id=None, reviewer=reviewer, status="skipped")
+
+
+def bring_back_skipped(*, session: Session, reviewer: str) -> int:
+    """The reviewer's skipped default-queue items come back into their queue; returns how many."""
+    return reservations.bring_back_skipped(session, queue_id=None, reviewer=reviewer)
 
 
 def queue_progress(*, session: Session, filters: QueueFilter) -> QueueProgress:

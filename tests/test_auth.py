@@ -48,6 +48,8 @@ EXPECTED_MINIMUM = {
     "feedback": "reviewer",
     "coach": "reviewer",
     "archive": "lead",
+    "manage_queues": "lead",  # issue 26: a lead creates, assigns and adjudicates
+    "adjudicate": "lead",
     "import": "lead",
     "second_opinion": "lead",
     "judge": "lead",
