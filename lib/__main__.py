@@ -11,11 +11,18 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import ArgumentError, OperationalError
 
 from lib.auth import system_actor
 from lib.config import ConfigError
+
+if TYPE_CHECKING:
+    from sqlmodel import Session
+
+    from lib.auth import Actor
+    from lib.queues import Assignment, QueueSpec
 
 Handler = Callable[[argparse.Namespace], int]
 _HANDLERS: dict[str, Handler] = {}
@@ -45,7 +52,7 @@ def print_progress(done: int, total: int) -> None:
     print(f"\r{progress_bar(done, total)}", end=end, file=sys.stderr, flush=True)
 
 
-def _engine():  # type: ignore[no-untyped-def]
+def _engine():
     from lib.db import init_db
 
     return init_db()
@@ -418,6 +425,240 @@ def _cmd_recount(args: argparse.Namespace) -> int:
     return 0
 
 
+def _queue_spec(args: argparse.Namespace) -> QueueSpec:
+    """The CLI's `queue create` options as a lib.queues.QueueSpec (dates as YYYY-MM-DD)."""
+    from datetime import date
+
+    from lib.queues import QueueSpec
+
+    def day(value: str | None, flag: str) -> date | None:
+        if value is None:
+            return None
+        try:
+            return date.fromisoformat(value)
+        except ValueError:
+            raise CliError(f"queue create: {flag} must be a date YYYY-MM-DD, got {value!r}") from None
+
+    return QueueSpec(
+        name=args.name,
+        product=args.product,
+        metrics=tuple(m for m in (args.metrics or "").split(",") if m.strip()),
+        language=args.language,
+        since=day(args.since, "--since"),
+        until=day(args.until, "--until"),
+        review_state=None if args.state == "any" else args.state,
+        size=args.size,
+        order=args.order,
+        seed=args.seed,
+        overlap=args.overlap,
+        mode=args.mode,
+        tolerance=args.tolerance,
+        reviewers=tuple(r for r in (args.reviewers or "").split(",") if r.strip()),
+        description=args.description or "",
+    )
+
+
+def _print_json(value: object) -> None:
+    import json
+
+    from fastapi.encoders import jsonable_encoder
+
+    print(json.dumps(jsonable_encoder(value), ensure_ascii=False, indent=2))
+
+
+def _print_item(session: Session, a: Assignment, actor: Actor, fmt: str) -> None:
+    """The reserved item: blind-first before the reveal without any judge data, else with it."""
+    from lib import queues
+
+    if a.stage == "blind":
+        item = queues.load_blind_item(session=session, queue_id=a.queue_id, item_id=a.item_id, reviewer=actor)
+        record = queues.blind_item_record(item)
+    else:
+        team = queues.load_item(session=session, queue_id=a.queue_id, item_id=a.item_id, reviewer=actor)
+        record = queues.team_item_record(team)
+    record = {"assignment": queues.assignment_record(a), "item": record}
+    if fmt == "json":
+        _print_json(record)
+        return
+    asg, item = record["assignment"], record["item"]
+    print(
+        f"{asg['queue']}: item {asg['position']} of {asg['items']} (id {asg['item_id']}, {asg['item_key']}), "
+        f"{asg['stage']} stage, reserved for {asg['reviewer']} until {asg['expires_at']:%Y-%m-%d %H:%M} UTC"
+    )
+    if item.get("question"):
+        print(f"question: {item['question']}")
+        print(f"answer: {item['answer']}")
+    for m in item.get("metrics", []):  # blind: the scale only
+        print(
+            f"  judgment {m['judgment_id']}\t{m['title']}\tscale {m['scale']}\tyour blind label: {m['blind_decision'] or '-'}"
+        )
+    for j in item.get("judgments", []):
+        print(
+            f"  judgment {j['judgment_id']}\t{j['metric'] or j['change_id']}\tjudge {j['decision']}\t"
+            f"your label: {j['label'] or '-'}\t{j['state']}"
+        )
+
+
+@handler("queue")
+def _cmd_queue(args: argparse.Namespace) -> int:
+    """`queue ACTION`: team review queues (lib.queues) from the command line."""
+    from lib import queues
+    from lib.corrections import InvalidDecision, NothingToUndo
+    from lib.db import session_scope
+
+    action = args.queue_command
+    reader = action in ("list", "show", "disputes")
+    try:
+        with session_scope(_engine(), read_only=reader) as session:
+            if action == "create":
+                queue = queues.create_queue(
+                    session=session, actor=system_actor(args.by), spec=_queue_spec(args)
+                )
+                mode = queues.MODE_LABELS[queue.mode]
+                print(
+                    f"queue {queue.id} {queue.name!r} created: {queue.items:,} items, {queue.judgments:,} judgments; "
+                    f"overlap {queue.overlap}, {mode}"
+                )
+                return 0
+            if action == "list":
+                found = queues.list_queues(session=session, reviewer=args.reviewer, include_closed=args.all)
+                records = [
+                    queues.queue_record(q, queues.queue_progress(session=session, queue_id=q.id or 0))
+                    for q in found
+                ]
+                if args.format == "json":
+                    _print_json(records)
+                elif not records:
+                    print("no review queues yet (create one with `python -m lib queue create`)")
+                for r in records if args.format == "text" else []:
+                    p = r["progress"]
+                    print(
+                        f"{r['id']}\t{r['name']}\t{r['status']}\t{r['mode']}\toverlap {r['overlap']}\t"
+                        f"{p['items_done']}/{r['items']} items done\t{p['reserved']} reserved\t"
+                        f"{p['awaiting_adjudication']} awaiting adjudication"
+                    )
+                return 0
+            queue = queues.get_queue(session=session, queue=args.queue)
+            assert queue.id is not None
+            if action == "show":
+                progress = queues.queue_progress(session=session, queue_id=queue.id)
+                people = queues.reviewer_progress(session=session, queue_id=queue.id)
+                frame = queues.reviewer_progress_frame(people)
+                if args.format == "json":
+                    _print_json(
+                        {
+                            **queues.queue_record(queue, progress),
+                            "reviewers_progress": frame.to_dict("records"),
+                        }
+                    )
+                elif args.format == "csv":
+                    print(frame.to_csv(index=False), end="")
+                else:
+                    print(
+                        f"{queue.name} ({queue.status}, {queues.MODE_LABELS[queue.mode]}, overlap {queue.overlap}): "
+                        f"{progress.items_done}/{progress.items} items done, {progress.reserved} reserved, "
+                        f"{progress.remaining} remaining; judgments: {progress.resolved} resolved, "
+                        f"{progress.disputed} awaiting adjudication, {progress.adjudicated} adjudicated"
+                    )
+                    if not frame.empty:
+                        print(frame.to_string(index=False))
+                return 0
+            if action == "disputes":
+                found = queues.disputes(session=session, queue_id=queue.id, limit=args.limit)
+                rows = [queues.dispute_record(d) for d in found]
+                if args.format == "json":
+                    _print_json(rows)
+                elif not rows:
+                    print("nothing awaits adjudication")
+                for r in rows if args.format == "text" else []:
+                    labels = "; ".join(
+                        f"{lv['reviewer']}: {lv['decision']}" + (f" ({lv['reason']})" if lv["reason"] else "")
+                        for lv in r["labels"]
+                    )
+                    print(
+                        f"judgment {r['judgment_id']}\t{r['metric'] or r['change_id']}\tjudge {r['judge_decision']}\t{labels}"
+                    )
+                return 0
+            if action == "next":
+                actor = system_actor(args.reviewer)
+                assignment = queues.next_assignment(session=session, queue_id=queue.id, reviewer=actor)
+                if assignment is None:
+                    print(f"nothing left for {actor.identity} in {queue.name!r}")
+                    return 0
+                _print_item(session, assignment, actor, args.format)
+                return 0
+            if action == "label":
+                outcome = queues.label(
+                    session=session, queue_id=queue.id, judgment_id=args.judgment, reviewer=system_actor(args.reviewer),
+                    decision=args.decision, reason=args.reason,
+                )  # fmt: skip
+                state = outcome.states.get(args.judgment, "?")
+                extra = (
+                    " (the judge's side is revealed now)"
+                    if outcome.stage == "blind" and outcome.revealed
+                    else ""
+                )
+                print(f"{outcome.stage} label saved for judgment {args.judgment}: {state}{extra}")
+                return 0
+            if action == "skip":
+                queues.skip_item(
+                    session=session,
+                    queue_id=queue.id,
+                    item_id=args.item,
+                    reviewer=system_actor(args.reviewer),
+                )
+                print(f"item {args.item} skipped")
+                return 0
+            if action == "undo":
+                if args.adjudication:
+                    queues.undo_adjudication(
+                        session=session,
+                        queue_id=queue.id,
+                        judgment_id=args.judgment,
+                        actor=system_actor(args.reviewer),
+                    )
+                    print(f"adjudication of judgment {args.judgment} undone: it awaits adjudication again")
+                else:
+                    queues.undo_label(
+                        session=session,
+                        queue_id=queue.id,
+                        judgment_id=args.judgment,
+                        reviewer=system_actor(args.reviewer),
+                    )
+                    print(f"your label of judgment {args.judgment} is withdrawn")
+                return 0
+            if action == "adjudicate":
+                queues.adjudicate(
+                    session=session, queue_id=queue.id, judgment_id=args.judgment, actor=system_actor(args.by),
+                    decision=args.decision, reason=args.reason,
+                )  # fmt: skip
+                print(f"judgment {args.judgment} adjudicated: {args.decision}")
+                return 0
+            if action == "assign":
+                reviewers = [r for r in args.reviewers.split(",") if r.strip()]
+                queue = queues.update_queue(
+                    session=session, actor=system_actor(args.by), queue_id=queue.id, reviewers=reviewers
+                )
+                print(f"{queue.name!r} assigned to {', '.join(queue.reviewers) or 'every reviewer'}")
+                return 0
+            if action == "close":
+                queues.close_queue(session=session, actor=system_actor(args.by), queue_id=queue.id)
+                print(f"{queue.name!r} closed; its undecided judgments are back in the default queue")
+                return 0
+    except (
+        queues.QueueError,
+        queues.QueueNotFound,
+        queues.ItemTaken,
+        queues.NotRevealed,
+        InvalidDecision,
+        NothingToUndo,
+    ) as exc:
+        raise CliError(f"queue {action}: {str(exc).strip(chr(39))}") from exc
+    except PermissionError as exc:
+        raise CliError(f"queue {action}: {exc}") from exc
+    raise CliError(f"queue: unknown action {action!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; other modules' commands are registered here so `--help` lists all."""
     parser = argparse.ArgumentParser(prog="python -m lib", description="Overrule command line.")
@@ -581,6 +822,76 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("recount", help="rebuild the counters the pages read (and every other derived table)")
     p.add_argument("names", nargs="*", metavar="NAME", help="only these (default: all registered rebuilds)")
+
+    p = sub.add_parser("queue", help="team review queues: create, list, show, next, label, adjudicate, close")
+    queue_sub = p.add_subparsers(dest="queue_command", required=True, metavar="ACTION")
+    q = queue_sub.add_parser("create", help="create a queue over a filter (lead)")
+    q.add_argument("--name", required=True)
+    q.add_argument("--product", default=None)
+    q.add_argument("--metrics", default=None, help="comma-separated metric slugs (default: every metric)")
+    q.add_argument("--language", default=None)
+    q.add_argument("--since", default=None, metavar="YYYY-MM-DD", help="judged on or after")
+    q.add_argument("--until", default=None, metavar="YYYY-MM-DD", help="judged on or before")
+    q.add_argument(
+        "--state",
+        choices=["unreviewed", "confirmed", "corrected", "reviewed", "any"],
+        default="unreviewed",
+        help="review state of the judgments (default: unreviewed)",
+    )
+    q.add_argument("--size", type=int, default=100, help="items (default 100)")
+    q.add_argument("--order", choices=["oldest", "largest_gap", "random"], default="oldest")
+    q.add_argument("--seed", type=int, default=0, help="seed of the random sample (0)")
+    q.add_argument("--overlap", type=int, default=1, help="reviewers per item (1)")
+    q.add_argument("--mode", choices=["open", "blind"], default="open", help="blind: blind-first review")
+    q.add_argument("--tolerance", type=float, default=None, help="continuous scales: labels this close agree")
+    q.add_argument(
+        "--reviewers", default=None, help="comma-separated reviewers it is assigned to (default: any)"
+    )
+    q.add_argument("--description", default=None)
+    q.add_argument("--by", default=None, help="recorded as the lead who created it")
+    q = queue_sub.add_parser("list", help="queues with their progress (a reviewer's own first)")
+    q.add_argument("--reviewer", default=None, help="put this reviewer's queues first")
+    q.add_argument("--all", action="store_true", help="closed queues too")
+    q.add_argument("--format", choices=["text", "json"], default="text")
+    q = queue_sub.add_parser("show", help="one queue: settings, progress, per-reviewer progress")
+    q.add_argument("queue", help="id or name")
+    q.add_argument("--format", choices=["text", "json", "csv"], default="text")
+    q = queue_sub.add_parser("next", help="reserve the next item for a reviewer and print it")
+    q.add_argument("queue", help="id or name")
+    q.add_argument("--reviewer", required=True)
+    q.add_argument("--format", choices=["text", "json"], default="text")
+    q = queue_sub.add_parser("label", help="label one judgment (blind label first in a blind-first queue)")
+    q.add_argument("queue", help="id or name")
+    q.add_argument("--reviewer", required=True)
+    q.add_argument("--judgment", type=int, required=True, help="judgment id (from `queue next`)")
+    q.add_argument("--decision", required=True, help="a score on the metric's scale or a label")
+    q.add_argument("--reason", default=None, help="required when it differs from the judge (final labels)")
+    q = queue_sub.add_parser("skip", help="pass an item over (it goes to other reviewers)")
+    q.add_argument("queue", help="id or name")
+    q.add_argument("--reviewer", required=True)
+    q.add_argument("--item", type=int, required=True, help="item id")
+    q = queue_sub.add_parser("undo", help="withdraw your label (or, with --adjudication, your adjudication)")
+    q.add_argument("queue", help="id or name")
+    q.add_argument("--reviewer", required=True)
+    q.add_argument("--judgment", type=int, required=True)
+    q.add_argument("--adjudication", action="store_true")
+    q = queue_sub.add_parser("disputes", help="judgments awaiting adjudication, labels side by side")
+    q.add_argument("queue", help="id or name")
+    q.add_argument("--limit", type=int, default=100)
+    q.add_argument("--format", choices=["text", "json"], default="text")
+    q = queue_sub.add_parser("adjudicate", help="decide a disputed judgment (lead)")
+    q.add_argument("queue", help="id or name")
+    q.add_argument("--judgment", type=int, required=True)
+    q.add_argument("--decision", required=True)
+    q.add_argument("--reason", default=None, help="required when it overrules the judge")
+    q.add_argument("--by", default=None, help="recorded as the lead who decided")
+    q = queue_sub.add_parser("assign", help="assign a queue to reviewers (lead; '' = every reviewer)")
+    q.add_argument("queue", help="id or name")
+    q.add_argument("--reviewers", required=True, help="comma-separated")
+    q.add_argument("--by", default=None)
+    q = queue_sub.add_parser("close", help="close a queue: undecided judgments go back to the default queue")
+    q.add_argument("queue", help="id or name")
+    q.add_argument("--by", default=None)
 
     # Each capability adds its subcommand parser above this line and its @handler function above.
     return parser

@@ -100,6 +100,7 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
     def _run(fn: Callable[[], Any]) -> Any:
         """Call a lib function, turning its refusals into HTTP errors (ValueError: bad input, 422)."""
         from lib.corrections import ReviewConflict
+        from lib.queues import ItemTaken, NotRevealed
 
         try:
             return fn()
@@ -107,6 +108,8 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
             raise ApiError(
                 409, exc.describe(), current=jsonable_encoder(dataclasses.asdict(exc.current))
             ) from None
+        except (ItemTaken, NotRevealed) as exc:  # a queue item held by others; blind labels missing
+            raise ApiError(409, str(exc)) from None
         except LookupError as exc:  # JudgmentNotFound, an unknown audit or note
             raise ApiError(404, str(exc).strip("'\"")) from None
         except PermissionDenied:
@@ -318,6 +321,224 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
             jsonable_encoder(dataclasses.asdict(state)), headers={"ETag": f'"{state.version}"'}
         )
 
+    # --- Team review queues (lib.queues): the functions the review page and `python -m lib queue` call.
+
+    @api.get("/queues")
+    def list_review_queues(actor: Token, all: bool = False) -> list[dict[str, Any]]:
+        """Review queues with their progress, the token's own (assigned to it) first."""
+        from lib import queues
+        from lib.db import session_scope
+
+        require(actor, Permission.READ)
+        with session_scope(get_engine(), read_only=True) as session:
+            found = queues.list_queues(session=session, reviewer=actor.identity, include_closed=all)
+            return jsonable_encoder(
+                [
+                    queues.queue_record(q, queues.queue_progress(session=session, queue_id=q.id or 0))
+                    for q in found
+                ]
+            )
+
+    @api.post("/queues", status_code=201)
+    def create_review_queue(actor: Token, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        """Create a queue (lead): `name` and optionally `product`, `metrics`, `language`, `since`,
+        `until` (YYYY-MM-DD), `review_state`, `size`, `order`, `seed`, `overlap`, `mode`, `tolerance`,
+        `reviewers`, `description`."""
+        from lib import queues
+        from lib.db import session_scope
+
+        require(actor, Permission.MANAGE_QUEUES)
+        spec = _queue_spec(body)
+
+        def create() -> dict[str, Any]:
+            with session_scope(get_engine()) as session:
+                queue = queues.create_queue(session=session, actor=actor, spec=spec)
+                return jsonable_encoder(
+                    queues.queue_record(queue, queues.queue_progress(session=session, queue_id=queue.id or 0))
+                )
+
+        return _run(create)
+
+    @api.get("/queues/{queue}")
+    def get_review_queue(actor: Token, queue: str) -> dict[str, Any]:
+        """One queue (id or name): settings, progress and per-reviewer progress."""
+        from lib import queues
+        from lib.db import session_scope
+
+        require(actor, Permission.READ)
+
+        def read() -> dict[str, Any]:
+            with session_scope(get_engine(), read_only=True) as session:
+                found = queues.get_queue(session=session, queue=queue)
+                progress = queues.queue_progress(session=session, queue_id=found.id or 0)
+                people = queues.reviewer_progress(session=session, queue_id=found.id or 0)
+                return jsonable_encoder(
+                    {
+                        **queues.queue_record(found, progress),
+                        "reviewers_progress": queues.reviewer_progress_frame(people).to_dict("records"),
+                    }
+                )
+
+        return _run(read)
+
+    @api.patch("/queues/{queue}")
+    def change_review_queue(
+        actor: Token, queue: str, body: Annotated[dict[str, Any], Body()]
+    ) -> dict[str, Any]:
+        """Assign (`reviewers`), rename (`name`), describe (`description`) or close (`status: "closed"`)
+        a queue (lead)."""
+        from lib import queues
+        from lib.db import session_scope
+
+        require(actor, Permission.MANAGE_QUEUES)
+        reviewers = body.get("reviewers")
+        if reviewers is not None and not (
+            isinstance(reviewers, list) and all(isinstance(r, str) for r in reviewers)
+        ):
+            raise ApiError(422, "'reviewers' must be a list of names", field="reviewers")
+        status = body.get("status")
+        if status not in (None, "closed"):
+            raise ApiError(422, "'status' can only be set to 'closed'", field="status")
+
+        def change() -> dict[str, Any]:
+            with session_scope(get_engine()) as session:
+                found = queues.get_queue(session=session, queue=queue)
+                found = queues.update_queue(
+                    session=session, actor=actor, queue_id=found.id or 0, reviewers=reviewers,
+                    name=_opt_str(body, "name"), description=_opt_str(body, "description"),
+                )  # fmt: skip
+                if status == "closed":
+                    found = queues.close_queue(session=session, actor=actor, queue_id=found.id or 0)
+                return jsonable_encoder(queues.queue_record(found))
+
+        return _run(change)
+
+    @api.post("/queues/{queue}/next")
+    def next_queue_item(actor: Token, queue: str) -> dict[str, Any]:
+        """Reserve the token's next item (or the one it holds) and return it: in a blind-first queue
+        before its blind labels, without the judge's score, reason or evidence. 204-like `null`
+        item when nothing is left."""
+        from lib import queues
+        from lib.db import session_scope
+
+        require(actor, Permission.REVIEW)
+
+        def take() -> dict[str, Any]:
+            with session_scope(get_engine()) as session:
+                found = queues.get_queue(session=session, queue=queue)
+                assignment = queues.next_assignment(session=session, queue_id=found.id or 0, reviewer=actor)
+                if assignment is None:
+                    return {"assignment": None, "item": None}
+                return _queue_item(session, assignment, actor)
+
+        return _run(take)
+
+    @api.get("/queues/{queue}/items/{item_id}")
+    def get_queue_item(actor: Token, queue: str, item_id: int) -> dict[str, Any]:
+        """Open one item (a link): reserved for the token when it has room; 409 when it has its reviewers."""
+        from lib import queues
+        from lib.db import session_scope
+
+        require(actor, Permission.REVIEW)
+
+        def open_item() -> dict[str, Any]:
+            with session_scope(get_engine()) as session:
+                found = queues.get_queue(session=session, queue=queue)
+                assignment = queues.open_assignment(
+                    session=session, queue_id=found.id or 0, item_id=item_id, reviewer=actor
+                )
+                return _queue_item(session, assignment, actor)
+
+        return _run(open_item)
+
+    @api.post("/queues/{queue}/items/{item_id}/labels")
+    def post_labels(
+        actor: Token, queue: str, item_id: int, body: Annotated[dict[str, Any], Body()]
+    ) -> dict[str, Any]:
+        """Labels of the item's judgments: `{"labels": [{"judgment_id": 1, "decision": 4, "reason": "..."}]}`
+        (blind labels first in a blind-first queue; all or nothing)."""
+        from lib import queues
+        from lib.db import session_scope
+
+        require(actor, Permission.REVIEW)
+        labels = _label_inputs(body)
+
+        def save() -> dict[str, Any]:
+            with session_scope(get_engine()) as session:
+                found = queues.get_queue(session=session, queue=queue)
+                outcome = queues.label_item(
+                    session=session, queue_id=found.id or 0, item_id=item_id, reviewer=actor, labels=labels
+                )
+                return {
+                    "stage": outcome.stage, "revealed": outcome.revealed, "item_done": outcome.item_done,
+                    "states": {str(k): v for k, v in outcome.states.items()},
+                }  # fmt: skip
+
+        return _run(save)
+
+    @api.post("/queues/{queue}/items/{item_id}/skip")
+    def skip_queue_item(actor: Token, queue: str, item_id: int) -> dict[str, Any]:
+        """Pass an item over: it goes to other reviewers."""
+        from lib import queues
+        from lib.db import session_scope
+
+        require(actor, Permission.REVIEW)
+
+        def skip() -> dict[str, Any]:
+            with session_scope(get_engine()) as session:
+                found = queues.get_queue(session=session, queue=queue)
+                queues.skip_item(session=session, queue_id=found.id or 0, item_id=item_id, reviewer=actor)
+                return {"skipped": item_id}
+
+        return _run(skip)
+
+    @api.get("/queues/{queue}/disputes")
+    def get_disputes(
+        actor: Token,
+        queue: str,
+        state: str = "disputed",
+        offset: int = 0,
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    ) -> list[dict[str, Any]]:
+        """Judgments awaiting adjudication (or `state=resolved|adjudicated|open`), labels side by side."""
+        from lib import queues
+        from lib.db import session_scope
+
+        require(actor, Permission.READ)
+
+        def read() -> list[dict[str, Any]]:
+            with session_scope(get_engine(), read_only=True) as session:
+                found = queues.get_queue(session=session, queue=queue)
+                found_disputes = queues.disputes(
+                    session=session, queue_id=found.id or 0, state=state, offset=offset, limit=limit
+                )
+                return jsonable_encoder([queues.dispute_record(d) for d in found_disputes])
+
+        return _run(read)
+
+    @api.post("/queues/{queue}/judgments/{judgment_id}/adjudicate")
+    def post_adjudication(
+        actor: Token, queue: str, judgment_id: int, body: Annotated[dict[str, Any], Body()]
+    ) -> dict[str, Any]:
+        """A lead decides a disputed judgment: `{"decision": ..., "reason": ...}` (a reason when it overrules the judge)."""
+        from lib import queues
+        from lib.db import session_scope
+
+        require(actor, Permission.ADJUDICATE)
+        if "decision" not in body:
+            raise ApiError(422, "the body needs 'decision'", field="decision")
+
+        def decide() -> dict[str, Any]:
+            with session_scope(get_engine()) as session:
+                found = queues.get_queue(session=session, queue=queue)
+                qj = queues.adjudicate(
+                    session=session, queue_id=found.id or 0, judgment_id=judgment_id, actor=actor,
+                    decision=body["decision"], reason=_opt_str(body, "reason"),
+                )  # fmt: skip
+                return {"judgment_id": judgment_id, "state": qj.state, "decision": qj.decision}
+
+        return _run(decide)
+
     @api.post("/relevance/audits")
     def post_audit(actor: Token, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
         """Which notes a remote judge run showed, under which tags (`session_id`, `shown_note_ids`,
@@ -436,6 +657,95 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
         )
 
     return api
+
+
+def _queue_spec(body: dict[str, Any]) -> Any:
+    """A queue's creation body as a lib.queues.QueueSpec; 422 naming the field that is wrong."""
+    from datetime import date
+
+    from lib.queues import QueueSpec
+
+    def number(key: str, default: Any, kind: type) -> Any:
+        value = body.get(key, default)
+        if (
+            value is None
+            or (isinstance(value, kind) and not isinstance(value, bool))
+            or (kind is float and isinstance(value, int) and not isinstance(value, bool))
+        ):
+            return value
+        raise ApiError(422, f"'{key}' must be a {'whole number' if kind is int else 'number'}", field=key)
+
+    def day(key: str) -> date | None:
+        value = _opt_str(body, key)
+        if value is None:
+            return None
+        try:
+            return date.fromisoformat(value)
+        except ValueError:
+            raise ApiError(422, f"'{key}' must be a date YYYY-MM-DD", field=key) from None
+
+    def names(key: str) -> tuple[str, ...]:
+        value = body.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ApiError(422, f"'{key}' must be a list of strings", field=key)
+        return tuple(value)
+
+    state = body.get("review_state", "unreviewed")
+    if state is not None and not isinstance(state, str):
+        raise ApiError(422, "'review_state' must be a string or null", field="review_state")
+    return QueueSpec(
+        name=_req_str(body, "name"), product=_opt_str(body, "product"), metrics=names("metrics"),
+        language=_opt_str(body, "language"), since=day("since"), until=day("until"),
+        review_state=None if state == "any" else state, size=number("size", 100, int),
+        order=_opt_str(body, "order") or "oldest", seed=number("seed", 0, int), overlap=number("overlap", 1, int),
+        mode=_opt_str(body, "mode") or "open", tolerance=number("tolerance", None, float),
+        reviewers=names("reviewers"), description=_opt_str(body, "description") or "",
+    )  # fmt: skip
+
+
+def _label_inputs(body: dict[str, Any]) -> list[Any]:
+    """`{"labels": [{"judgment_id", "decision", "reason"?}, ...]}` as lib.queues.LabelInput rows."""
+    from lib.queues import LabelInput
+
+    given = body.get("labels")
+    if not isinstance(given, list) or not given:
+        raise ApiError(
+            422, "the body needs 'labels': a list of {judgment_id, decision, reason}", field="labels"
+        )
+    out = []
+    for n, entry in enumerate(given):
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("judgment_id"), int)
+            or "decision" not in entry
+        ):
+            raise ApiError(
+                422, f"labels[{n}] needs 'judgment_id' (a number) and 'decision'", field=f"labels.{n}"
+            )
+        reason = entry.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            raise ApiError(422, f"labels[{n}].reason must be a string", field=f"labels.{n}.reason")
+        out.append(LabelInput(judgment_id=entry["judgment_id"], decision=entry["decision"], reason=reason))
+    return out
+
+
+def _queue_item(session: Any, assignment: Any, actor: Actor) -> dict[str, Any]:
+    """The reserved item as JSON: blind-first before the reveal without any judge data, else with it."""
+    from lib import queues
+
+    if assignment.stage == "blind":
+        item = queues.blind_item_record(
+            queues.load_blind_item(
+                session=session, queue_id=assignment.queue_id, item_id=assignment.item_id, reviewer=actor
+            )
+        )
+    else:
+        item = queues.team_item_record(
+            queues.load_item(
+                session=session, queue_id=assignment.queue_id, item_id=assignment.item_id, reviewer=actor
+            )
+        )
+    return jsonable_encoder({"assignment": queues.assignment_record(assignment), "item": item})
 
 
 def _req_str(body: dict[str, Any], key: str) -> str:

@@ -1673,6 +1673,21 @@ def queue_record(queue: ReviewQueue, progress: QueueProgress | None = None) -> d
     return record
 
 
+def dispute_record(dispute: Dispute) -> dict[str, Any]:
+    """A judgment with its labels side by side as JSON (the adjudication list of the API and CLI)."""
+    j = dispute.judgment
+    return {
+        "judgment_id": j.id, "item_id": dispute.item_id, "position": dispute.position, "change_id": j.change_id,
+        "metric": j.metric, "judge_decision": j.decision, "judge_reasoning": j.reasoning, "state": dispute.state,
+        "decision": dispute.decision, "decided_by": dispute.decided_by,
+        "labels": [
+            {"reviewer": lv.reviewer, "blind_decision": lv.blind_decision, "blind_reason": lv.blind_reason,
+             "decision": lv.decision, "reason": lv.reason, "labelled_at": lv.labelled_at}
+            for lv in dispute.labels
+        ],
+    }  # fmt: skip
+
+
 def assignment_record(assignment: Assignment) -> dict[str, Any]:
     """An assignment as JSON: which item, until when, which stage."""
     return {

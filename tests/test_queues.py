@@ -4,6 +4,7 @@ progress and permissions — on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
@@ -134,8 +135,6 @@ def test_largest_gap_and_seeded_random_orders(engine: Engine, order: str) -> Non
 
 
 def _sample(engine: Engine, seed: int, size: int) -> list[str]:
-    import random
-
     with session_scope(engine, read_only=True) as s:
         rows = s.exec(select(Judgment.id, Judgment.snapshot_id)).all()
     every = sorted({f"snapshot:{sid}" if sid else f"judgment:{jid}" for jid, sid in rows})
@@ -731,3 +730,99 @@ def test_clearing_a_product_takes_its_queue_rows_along(engine: Engine) -> None:
     with session_scope(engine, read_only=True) as s:
         assert s.exec(select(ReviewLabel)).first() is None
         assert s.exec(select(JudgmentEvent)).first() is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Random label / adjudicate / undo sequences: everything derived equals a recount
+
+
+def _random_step(engine: Engine, rng: random.Random, queue_id: int, step: int) -> str:
+    when = NOW + timedelta(seconds=step)
+    name = rng.choice(("ana", "ben", "cem"))
+    roll = rng.random()
+    with session_scope(engine) as s:
+        try:
+            if roll < 0.55:
+                got = queues.next_assignment(session=s, queue_id=queue_id, reviewer=name, now=when)
+                if got is None:
+                    return f"{name}: nothing"
+                metrics = [j.id or 0 for j in judgments_of(engine, queue_id, got.item_id)]
+                labels = [LabelInput(j, rng.choice(["3", "4"]), "r") for j in metrics]
+                queues.label_item(
+                    session=s, queue_id=queue_id, item_id=got.item_id, reviewer=name, labels=labels, now=when
+                )
+                return f"{name} labelled item {got.position}"
+            if roll < 0.7:
+                [dispute, *_] = queues.disputes(session=s, queue_id=queue_id) or [None]
+                if dispute is None:
+                    return "no dispute"
+                decision = rng.choice(["3", "4"])
+                queues.adjudicate(session=s, queue_id=queue_id, judgment_id=dispute.judgment.id or 0, actor=LEAD,
+                                  decision=decision, reason="lead", now=when)  # fmt: skip
+                return f"adjudicated {dispute.judgment.id}"
+            if roll < 0.8:
+                adjudicated = queues.disputes(session=s, queue_id=queue_id, state="adjudicated")
+                if not adjudicated:
+                    return "nothing adjudicated"
+                target = rng.choice(adjudicated).judgment.id or 0
+                queues.undo_adjudication(
+                    session=s, queue_id=queue_id, judgment_id=target, actor=LEAD, now=when
+                )
+                return f"undid adjudication {target}"
+            own = s.exec(
+                select(ReviewLabel.judgment_id).where(
+                    ReviewLabel.reviewer == name, col(ReviewLabel.decision).is_not(None)
+                )
+            ).all()
+            if not own:
+                return f"{name}: no label"
+            target = rng.choice(own)
+            queues.undo_label(session=s, queue_id=queue_id, judgment_id=target, reviewer=name, now=when)
+            return f"{name} withdrew {target}"
+        except (queues.QueueError, corrections.NothingToUndo) as exc:
+            return f"refused: {exc}"
+
+
+def _replayed_decisions(s: Session) -> dict[int, str | None]:
+    """Each judgment's decision as its audit trail says (the undo stack replayed)."""
+    events: dict[int, list[JudgmentEvent]] = {}
+    for e in s.exec(select(JudgmentEvent)).all():
+        events.setdefault(e.judgment_id, []).append(e)
+    out = {}
+    for j in s.exec(select(Judgment)).all():
+        stack = corrections._review_stack(events.get(j.id or 0, []))
+        out[j.id or 0] = stack[-1].to_decision if stack else None
+    return out
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_queue_work_leaves_counters_history_and_queue_state_equal_to_a_recount(
+    engine: Engine, seed: int
+) -> None:
+    from tests.test_counters import _snapshot_of_counters
+
+    items(engine, 6)
+    queue_id = create(engine, overlap=2)
+    rng = random.Random(seed)
+    story = [_random_step(engine, rng, queue_id, n) for n in range(70)]
+    with session_scope(engine, read_only=True) as s:
+        kept, queue_kept = _snapshot_of_counters(s), _queue_counts(s)
+        history = [j.change_id for j in corrections.select_history(s, "acme", max_entries=50)]
+        replayed = _replayed_decisions(s)
+        judgments = {j.id: j for j in s.exec(select(Judgment)).all()}
+        qjs = s.exec(select(ReviewQueueJudgment)).all()
+    with session_scope(engine) as s:
+        counters.recount(session=s)
+    with session_scope(engine, read_only=True) as s:
+        assert _snapshot_of_counters(s) == kept, story
+        assert _queue_counts(s) == queue_kept, story
+        assert [j.change_id for j in corrections.select_history(s, "acme", max_entries=50)] == history
+    for judgment_id, decision in replayed.items():
+        assert judgments[judgment_id].user_decision == decision, story
+    for qj in qjs:  # only decided queue judgments reached the judgment, with the queue's decision
+        j = judgments[qj.judgment_id]
+        if qj.state in ("resolved", "adjudicated"):
+            assert j.user_decision == qj.decision and not qj.held, story
+        else:
+            assert j.reviewed_at is None and qj.held and qj.decision is None, story
+    assert any("labelled" in line for line in story) and any("adjudicated" in line for line in story)
