@@ -413,6 +413,7 @@ def _cmd_token(args: argparse.Namespace) -> int:
 @handler("recount")
 def _cmd_recount(args: argparse.Namespace) -> int:
     """`recount [NAME ...]`: rebuild the counters and other derived tables (lib.counters.REBUILDS) from the rows."""
+    import lib.queues  # noqa: F401  (registers the team queues' rebuild)
     from lib import counters
     from lib.db import session_scope
 

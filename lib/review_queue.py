@@ -344,6 +344,35 @@ def reserve_item(
     return item
 
 
+def current_item(
+    *,
+    session: Session,
+    reviewer: str | None,
+    filters: QueueFilter,
+    current: str | None = None,
+    skipped: Collection[str] = (),
+    now: datetime | None = None,
+) -> tuple[QueueItem | None, str | None]:
+    """The item the review page shows, and a note when the one asked for went to someone else.
+
+    A reviewer gets a reserved item: `current` (the page's item, e.g. reopened by an undo) when no
+    one else holds it, else the one they hold or the next (`reserve_next`). Without a reviewer (no
+    name yet, or a role that may only read) nothing is reserved: the next item past `skipped`.
+    """
+    if not reviewer:
+        item = load_item(session=session, key=current, filters=filters) if current else None
+        return item or next_item(session=session, filters=filters, skipped=skipped), None
+    notice = None
+    if current:
+        try:
+            item = reserve_item(session=session, reviewer=reviewer, key=current, filters=filters, now=now)
+            if item is not None:
+                return item, None
+        except reservations.ItemTaken as exc:
+            notice = f"{exc}; here is the next item."
+    return reserve_next(session=session, reviewer=reviewer, filters=filters, now=now), notice
+
+
 def skip_item(*, session: Session, reviewer: str, key: str, now: datetime | None = None) -> None:
     """The reviewer passes over an item of the default queue: it goes to others, not back to them
     until they bring their skipped items back (kept in the database, so a reload remembers)."""

@@ -49,29 +49,48 @@ def flash_slot() -> None:
         show_flash(FLASH)
 
 
+# A reviewer's item is reserved for them and their skips live in the database (a reload, a new
+# tab or another device continues there); someone who may only read reserves nothing.
+reserver = current_reviewer() if current_reviewer() and not denied_reason(Permission.REVIEW) else None
+
+
 def _skip(key: str) -> None:
-    st.session_state["review_skipped"] = [*st.session_state["review_skipped"], key]
+    if reserver:
+        with session_scope() as session:
+            review_queue.skip_item(session=session, reviewer=reserver, key=key)
+    else:
+        st.session_state["review_skipped"] = [*st.session_state["review_skipped"], key]
     st.session_state.pop("review_current", None)
     st.session_state.pop("review_pending", None)
 
 
 def _unskip() -> None:
+    if reserver:
+        with session_scope() as session:
+            review_queue.bring_back_skipped(session=session, reviewer=reserver)
     st.session_state["review_skipped"] = []
 
 
 @st.fragment
 def queue(filters: QueueFilter) -> None:
     """The progress and the current item; reviewing, skipping or undoing reruns only this part."""
-    skipped = st.session_state["review_skipped"]
-    with session_scope(read_only=True) as session:
+    with session_scope(read_only=reserver is None) as session:
         progress = review_queue.queue_progress(session=session, filters=filters)
-        item = None
-        current = st.session_state.get("review_current")
-        if current:
-            item = review_queue.load_item(session=session, key=current, filters=filters)
-        if item is None:
-            item = review_queue.next_item(session=session, filters=filters, skipped=skipped)
+        item, notice = review_queue.current_item(
+            session=session,
+            reviewer=reserver,
+            filters=filters,
+            current=st.session_state.get("review_current"),
+            skipped=st.session_state["review_skipped"],
+        )
+        skipped = (
+            review_queue.skipped_items(session=session, reviewer=reserver)
+            if reserver
+            else st.session_state["review_skipped"]
+        )
         workspace = review_queue.load_workspace(session=session, item=item) if item else None
+    if notice:
+        st.info(escape_markdown(notice), icon="👥")
 
     if item is None or workspace is None:
         st.progress(progress.fraction, text=progress.label)

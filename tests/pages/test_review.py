@@ -468,3 +468,32 @@ def test_tooltips_escape_the_change_id_and_the_judges_decision(app_engine, open_
     undo_help = at.button(key="review_undo").help
     assert "evil" in undo_help and not UNESCAPED.search(undo_help), undo_help
     assert not at.exception
+
+
+def test_two_reviewers_are_handed_different_evaluations_and_a_reload_returns_to_yours(
+    any_app_engine, open_page
+) -> None:
+    """Issue 26's first complaint: both were handed the same evaluation and one's work was refused."""
+    evaluation(any_app_engine, "snap_a", hours=0)
+    evaluation(any_app_engine, "snap_b", hours=1)
+    ayse = open_page(PAGE, reviewer="ayse")
+    bora = open_page(PAGE, reviewer="bora")
+    assert headings(ayse) == ["Evaluation snap_a"]
+    assert headings(bora) == ["Evaluation snap_b"]
+    # A reload (a new session of the same reviewer) continues at her evaluation, not the oldest free one.
+    bora_again = open_page(PAGE, reviewer="bora")
+    assert headings(bora_again) == ["Evaluation snap_b"]
+    assert not (ayse.exception or bora.exception or bora_again.exception)
+
+
+def test_skipped_items_are_remembered_after_a_reload(app_engine, open_page) -> None:
+    evaluation(app_engine, "snap_a", hours=0)
+    evaluation(app_engine, "snap_b", hours=1)
+    at = open_page(PAGE, reviewer="ayse")
+    at.button(key="review_skip").click().run()
+    assert headings(at) == ["Evaluation snap_b"]
+    again = open_page(PAGE, reviewer="ayse")
+    assert headings(again) == ["Evaluation snap_b"]
+    again.button(key="review_skip").click().run()
+    assert any("Only skipped items are left (2)" in i.value for i in again.info)
+    assert not again.exception
