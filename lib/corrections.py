@@ -365,6 +365,7 @@ def record_review(
     reason: str | None = None,
     require_reason: bool = True,
     queue_id: int | None = None,
+    at: datetime | None = None,
 ) -> Judgment:
     """Confirm or overrule a judgment as of the version the reviewer saw; ReviewConflict if it moved.
 
@@ -372,7 +373,8 @@ def record_review(
     (`user_decision` must parse on the judgment's scale and differ from the judge's). A bad action,
     an unparsable or out-of-scale score and an overrule equal to the judge all raise
     InvalidDecision and change nothing: this is the rule's one home, callers only pass the action.
-    `queue_id` marks the decision of a team review queue (lib.queues), undone only through it.
+    `queue_id` marks the decision of a team review queue (lib.queues), undone only through it;
+    `at` is when it was decided (default now; a queue passes its own clock).
     """
     name = require_reviewer(reviewer, Permission.REVIEW, bind=session)
     judgment = _judgment_at(session, judgment_id, expected_version)
@@ -382,7 +384,7 @@ def record_review(
     )  # fmt: skip
     corrected = compute_was_corrected(judgment.decision, decided)
     previous = judgment.user_decision if judgment.user_decision is not None else judgment.decision
-    now = utcnow()
+    now = at or utcnow()
     event = review_event_row(
         judgment_id=judgment_id, change_id=judgment.change_id, corrected=corrected, reviewer=name, at=now,
         from_decision=previous, to_decision=decided, reason=reason, version=expected_version + 1,
@@ -532,6 +534,7 @@ def undo_review(
     expected_version: int,
     reviewer: Actor | str | None,
     queue_id: int | None = None,
+    at: datetime | None = None,
 ) -> Judgment:
     """Undo the reviewer's own latest decision on a judgment, as of the version they saw.
 
@@ -539,7 +542,7 @@ def undo_review(
     "undone" event is appended: history is never deleted. Same rules as `record_review`: the
     REVIEW permission, ReviewConflict when the judgment moved, one write path. NothingToUndo
     when the latest change is not this reviewer's decision (only your own last decision can go).
-    `queue_id`: take back a team queue's decision (lib.queues only).
+    `queue_id`: take back a team queue's decision (lib.queues only); `at`: when (default now).
     """
     name = require_reviewer(reviewer, Permission.REVIEW, bind=session)
     judgment = _judgment_at(session, judgment_id, expected_version)
@@ -559,7 +562,7 @@ def undo_review(
         if before is not None
         else ReviewState()
     )  # fmt: skip
-    now = utcnow()
+    now = at or utcnow()
     event = {
         "judgment_id": judgment_id,
         "change_id": judgment.change_id,

@@ -1041,7 +1041,7 @@ def _write_decision(
     record_review(
         session=session, judgment_id=judgment.id, expected_version=judgment.version,
         action="confirm" if same_decision(judgment.decision, decision) else "overrule",
-        user_decision=decision, reviewer=actor, reason=reason, require_reason=False, queue_id=queue.id,
+        user_decision=decision, reviewer=actor, reason=reason, require_reason=False, queue_id=queue.id, at=now,
     )  # fmt: skip
     qj.state, qj.held, qj.decision, qj.decided_by, qj.decided_at = state, False, decision, actor.identity, now
     session.add(qj)
@@ -1279,7 +1279,9 @@ def _rehold(session: Session, qj: ReviewQueueJudgment) -> None:
     qj.held = True
 
 
-def _undo_decision(session: Session, queue: ReviewQueue, qj: ReviewQueueJudgment, actor: Actor) -> None:
+def _undo_decision(
+    session: Session, queue: ReviewQueue, qj: ReviewQueueJudgment, actor: Actor, now: datetime
+) -> None:
     """Take back the queue's decision on the judgment through `corrections.undo_review`."""
     judgment = session.get(Judgment, qj.judgment_id, populate_existing=True)
     assert judgment is not None and judgment.id is not None
@@ -1287,7 +1289,7 @@ def _undo_decision(session: Session, queue: ReviewQueue, qj: ReviewQueueJudgment
     try:
         undo_review(
             session=session, judgment_id=judgment.id, expected_version=judgment.version, reviewer=actor,
-            queue_id=queue.id,
+            queue_id=queue.id, at=now,
         )  # fmt: skip
     except NothingToUndo:
         raise QueueError(
@@ -1338,7 +1340,7 @@ def undo_label(
                 f"judgment {judgment_id} was resolved when {qj.decided_by}'s label agreed with yours; "
                 "only the label that resolved it can be withdrawn"
             )
-        _undo_decision(session, queue, qj, actor)
+        _undo_decision(session, queue, qj, actor, now)
     row = _reviewer_row(session, queue, item, actor.identity)
     if own.decision is not None:
         qj.labels = max(0, qj.labels - 1)
@@ -1377,6 +1379,7 @@ def undo_adjudication(
     now: datetime | None = None,
 ) -> ReviewQueueJudgment:
     """The lead takes back their adjudication while it is the judgment's latest change: disputed again."""
+    now = reservations.utc(now)
     lead = authorize(session, actor, Permission.ADJUDICATE)
     queue = get_queue(session=session, queue=queue_id)
     assert queue.id is not None
@@ -1391,7 +1394,7 @@ def undo_adjudication(
         raise QueueError(f"judgment {judgment_id} is {qj.state}, not adjudicated")
     if qj.decided_by != lead.identity:
         raise QueueError(f"{qj.decided_by} adjudicated judgment {judgment_id}; only they can undo it")
-    _undo_decision(session, queue, qj, lead)
+    _undo_decision(session, queue, qj, lead, now)
     qj.state = DISPUTED
     session.add(qj)
     session.flush()

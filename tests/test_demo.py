@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import Engine, func
 from sqlmodel import Session, select
 
-from lib import alignment, demo, precedents, relevance
+from lib import alignment, demo, precedents, queues, relevance
 from lib.db import create_db_engine, init_db
 from lib.demo import evaluations as demo_evaluations
 from lib.demo import experiment as demo_experiment
@@ -37,6 +37,11 @@ from lib.models import (
     LessonTagRelevance,
     MetricDefinition,
     ProcessedRelevanceSession,
+    ReviewAssignment,
+    ReviewLabel,
+    ReviewQueue,
+    ReviewQueueItem,
+    ReviewQueueJudgment,
     SessionAudit,
     SessionNote,
     TagRelevanceEvent,
@@ -48,7 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLES = [
     EvaluationSnapshot, Judgment, JudgmentEvent, MetricDefinition, SessionNote, SessionAudit,
     ProcessedRelevanceSession, LessonTagRelevance, TagRelevanceEvent, LessonMatchStat, Interaction,
-    ExpertFeedback, AutoEval, AlignmentExperiment, AlignmentItem, AlignmentCall,
+    ExpertFeedback, AutoEval, AlignmentExperiment, AlignmentItem, AlignmentCall, ReviewQueue, ReviewQueueItem,
+    ReviewQueueJudgment, ReviewLabel, ReviewAssignment,
 ]  # fmt: skip
 SESSION_ID = re.compile(r"^\d{8}_\d{6}_\d+_\d+$")
 RAG_SCALES = {"groundedness": (0.0, 1.0, False), "coherence": (1.0, 3.0, True),
@@ -594,6 +600,36 @@ def test_one_finished_experiment_from_the_scripted_judge(db: Session) -> None:
     assert all("## Correction history for this product" in (c.prompt or "") for c in calls)
 
 
+def test_team_queues_have_overlap_two_blind_first_labels_adjudications_and_waiting_disputes(
+    db: Session,
+) -> None:
+    """Issue 26 point 8: the Reviewers figures and the queue pages have real rows on first start."""
+    team, blind = (
+        db.exec(select(ReviewQueue).where(ReviewQueue.mode == mode)).one() for mode in ("open", "blind")
+    )
+    assert (team.overlap, len(team.reviewers), blind.overlap) == (2, 3, 2)
+    for queue in (team, blind):
+        progress = queues.queue_progress(session=db, queue_id=queue.id or 0)
+        assert progress.resolved > 0 and progress.adjudicated > 0 and progress.disputed > 0, queue.name
+        assert 0 < progress.items_done < progress.items  # work left for whoever opens the queue
+        assert progress.reserved == 0  # no lease left running
+        people = queues.reviewer_progress(session=db, queue_id=queue.id or 0)
+        assert {p.reviewer for p in people} == set(queue.reviewers)
+        assert all(p.items_per_hour for p in people)
+    labels = db.exec(select(ReviewLabel).where(ReviewLabel.queue_id == blind.id)).all()
+    assert all(lab.blind_decision is not None and lab.decision is not None for lab in labels)
+    assert any(lab.blind_decision != lab.decision for lab in labels)  # some moved after the reveal
+    # Only decided queue judgments reached their judgments; the rest wait, unreviewed.
+    for qj in db.exec(select(ReviewQueueJudgment)).all():
+        judgment = db.get(Judgment, qj.judgment_id)
+        assert judgment is not None
+        assert (
+            (judgment.user_decision == qj.decision)
+            if qj.state in ("resolved", "adjudicated")
+            else (judgment.reviewed_at is None)
+        )
+
+
 def test_second_load_returns_nothing_and_writes_nothing(loaded: Engine) -> None:
     before = row_counts(loaded)
     assert demo.load_demo(engine=loaded) == {}
@@ -681,7 +717,17 @@ def dump(engine: Engine) -> dict[str, Any]:
             (c.arm, c.snapshot_id, c.status, sorted((c.scores or {}).items()))
             for c in session.exec(select(AlignmentCall)).all()
         )
+        labels = sorted(
+            (lab.judgment_id, lab.reviewer, lab.blind_decision, lab.decision, lab.reason, lab.labelled_at)
+            for lab in session.exec(select(ReviewLabel)).all()
+        )
+        queue_states = sorted(
+            (q.judgment_id, q.state, q.decision, q.decided_by)
+            for q in session.exec(select(ReviewQueueJudgment)).all()
+        )
     return {
+        "labels": labels,
+        "queue_states": queue_states,
         "experiment": experiment,
         "snapshots": snaps,
         "judgments": judgments,

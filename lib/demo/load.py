@@ -12,6 +12,7 @@ from lib.demo.experiment import demo_experiment_id, run_demo_experiment
 from lib.demo.inputs import DEMO_AUTHOR, demo_anchor
 from lib.demo.notes import _note_ids, _write_relevance, build_notes, plan_relevance
 from lib.demo.precedents import _write_precedents, build_precedents
+from lib.demo.queues import write_team_queues
 from lib.demo.reviews import _apply_reviews, _write_cache_judgments, build_cache_judgments, plan_reviews
 from lib.importer import import_evaluations, import_metrics, import_notes
 from lib.models import EvaluationSnapshot, LessonTagRelevance, SessionAudit, TagRelevanceEvent
@@ -86,4 +87,10 @@ def load_demo(*, engine: Engine, force: bool = False) -> dict[str, int]:
     # After the commit: the experiment reads the demo through its own sessions, as the CLI does.
     counts["alignment experiments"] = 0 if demo_experiment_id(engine) is not None else 1
     run_demo_experiment(engine)
+    # Last, over what the reviews left pending (the experiment above samples the single reviews).
+    with session_scope(engine) as session:
+        _lock(session)
+        team = write_team_queues(session)
+    counts["reviews"] += team.pop("queue decisions")
+    counts.update(team)
     return counts
