@@ -611,18 +611,8 @@ def measure(
 
 def display_frame(report: AlignmentReport) -> pd.DataFrame:
     """The comparison table as people read it: each measure with its 95 % interval in one cell."""
-    out = report.measures[["arm", "metric", "pairs"]].copy()
-    for name in MEASURES:
-        out[name] = [
-            "–" if pd.isna(v) else f"{v:.2f} [{lo:.2f}, {hi:.2f}]"
-            for v, lo, hi in zip(
-                report.measures[name],
-                report.measures[f"{name}_lo"],
-                report.measures[f"{name}_hi"],
-                strict=True,
-            )
-        ]
-    return out
+    columns = ["arm", "metric", "pairs", *[f"{m}{s}" for m in MEASURES for s in ("", "_lo", "_hi")]]
+    return reliability.with_interval_text(report.measures[columns], MEASURES)
 
 
 def _paired(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

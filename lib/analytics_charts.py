@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -35,17 +36,35 @@ def _empty(title: str, message: str) -> go.Figure:
     return fig
 
 
-def agreement_figure(frame: pd.DataFrame, *, title: str = "Judge vs human agreement per metric") -> go.Figure:
+# The human-vs-human figure (lib.agreement.human_ceiling) drawn over each judge-vs-human bar.
+CEILING_COLUMNS = {
+    "exact_agreement": "human_exact_agreement",
+    "within_1_agreement": "human_within_1_agreement",
+    "weighted_kappa": "human_weighted_kappa",
+    "spearman": "human_spearman",
+}
+CEILING_NAME = "Human vs human (ceiling)"
+
+
+def agreement_figure(
+    frame: pd.DataFrame,
+    *,
+    title: str = "Judge vs human agreement per metric",
+    ceiling: pd.DataFrame | None = None,
+) -> go.Figure:
     """Grouped bars per metric: exact, within-1, kappa and Spearman; n/a bars are left out. Several
     products get a panel (row) each, their metrics named plainly, one shared legend and y axis.
 
     Twenty "product · metric" labels in one row of 80 bars could only be read tilted; a row per
     product can be read straight. The y axis covers the values shown (from 0 unless one is
     negative), not the measures' full −1…1, which left half the plot empty.
-    `frame` has the columns of `lib.analytics.AgreementReport.metrics`.
+    `frame` has the columns of `lib.analytics.AgreementReport.metrics`. With `ceiling`
+    (`lib.agreement.human_ceiling`), a black tick over each bar marks how well reviewers agree with
+    each other on the metric's multiply-labelled items: the most a judge could be expected to reach.
     """
     if frame.empty:
         return _empty(title, "No scored pairs")
+    ceilings = ceiling.set_index(["product", "metric"]) if ceiling is not None and not ceiling.empty else None
     products = list(dict.fromkeys(frame["product"]))
     several = len(products) > 1
     fig = make_subplots(
@@ -56,6 +75,7 @@ def agreement_figure(frame: pd.DataFrame, *, title: str = "Judge vs human agreem
         vertical_spacing=0.3 / len(products) if several else 0.0,
     )
     shown: list[float] = []
+    ceiling_shown = False
     for row, product in enumerate(products, start=1):
         part = frame[frame["product"] == product]
         labels = [plotly_text(name) for name in part["metric_name"]]
@@ -70,6 +90,7 @@ def agreement_figure(frame: pd.DataFrame, *, title: str = "Judge vs human agreem
                     legendgroup=column,
                     showlegend=row == 1,
                     marker={"color": MEASURES[column].color},
+                    offsetgroup=column,
                     customdata=[[int(n), plotly_text(product)] for n in part["pairs"]],
                     hovertemplate=(
                         f"%{{customdata[1]}} · %{{x}}<br>{name}: %{{y:.3f}}<br>n = %{{customdata[0]}} pairs"
@@ -79,16 +100,61 @@ def agreement_figure(frame: pd.DataFrame, *, title: str = "Judge vs human agreem
                 row=row,
                 col=1,
             )
+            if ceilings is not None:
+                shown.extend(_add_ceiling(fig, ceilings, part, labels, column, row, first=not ceiling_shown))
+                ceiling_shown = ceiling_shown or any((product, m) in ceilings.index for m in part["metric"])
     fig.add_hline(y=0, line_width=1, line_color="grey", row="all", col=1)
     fig.update_yaxes(range=measure_range(list(AGREEMENT_SERIES), shown), title_text="value")
     fig.update_layout(
         title=title,
         barmode="group",
+        scattermode="group",  # ceiling ticks sit over their own measure's bar
         legend_title_text="",
         height=max(380, 250 * len(products) + 110),
         margin={"l": 10, "r": 10, "t": 80, "b": 10},
     )
     return fig
+
+
+def _add_ceiling(
+    fig: go.Figure,
+    ceilings: pd.DataFrame,
+    part: pd.DataFrame,
+    labels: list[str],
+    column: str,
+    row: int,
+    *,
+    first: bool,
+) -> list[float]:
+    """One measure's human-vs-human ticks for a product's metrics (NaN where none); the values drawn."""
+    keys = list(zip(part["product"], part["metric"], strict=True))
+    values = [
+        float(ceilings.at[key, CEILING_COLUMNS[column]]) if key in ceilings.index else float("nan")
+        for key in keys
+    ]
+    items = [int(ceilings.at[key, "items"]) if key in ceilings.index else 0 for key in keys]
+    if all(np.isnan(values)):
+        return []
+    fig.add_trace(
+        go.Scatter(
+            x=labels,
+            y=values,
+            mode="markers",
+            name=CEILING_NAME,
+            legendgroup="ceiling",
+            showlegend=first and column == next(iter(CEILING_COLUMNS)),
+            offsetgroup=column,
+            marker={"symbol": "line-ew-open", "size": 22, "line": {"width": 3, "color": "#000000"}},
+            customdata=items,
+            hovertemplate=(
+                f"%{{x}}<br>{MEASURES[column].title}, reviewer vs reviewer: %{{y:.3f}}<br>"
+                "n = %{customdata} items two or more reviewers labelled<extra></extra>"
+            ),
+        ),
+        row=row,
+        col=1,
+    )
+    return values
 
 
 def gap_products(frame: pd.DataFrame) -> list[str]:

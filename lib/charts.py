@@ -115,6 +115,9 @@ MEASURES: dict[str, Measure] = {
     "weighted_kappa": Measure("Weighted kappa (quadratic)", -1.0, 1.0, OKABE_ITO[1]),
     "spearman": Measure("Spearman ρ", -1.0, 1.0, OKABE_ITO[3]),
     "mean_rescaled_gap": Measure("Mean gap (1–5 span)", 0.0, 4.0, OKABE_ITO[5]),
+    # Reviewer vs reviewer (lib.agreement); kappa keeps kappa's colour.
+    "alpha": Measure("Krippendorff's α", -1.0, 1.0, OKABE_ITO[2]),
+    "mean_pairwise_kappa": Measure("Mean pairwise kappa", -1.0, 1.0, OKABE_ITO[1]),
 }
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import pandas as pd
 from numpy.typing import ArrayLike
 
 Level = Literal["nominal", "ordinal", "interval", "ratio"]
@@ -61,6 +62,35 @@ class Estimate:
     def as_dict(self, name: str) -> dict[str, float]:
         """`{name: value, name_lo: low, name_hi: high}`: the columns a table or CSV shows."""
         return {name: self.value, f"{name}_lo": self.low, f"{name}_hi": self.high}
+
+    def text(self, decimals: int = 2, *, percent: bool = False) -> str:
+        """How a table shows it: "0.81 [0.62, 0.93]", "81 % [62 %, 93 %]", "–" when undefined."""
+        if not np.isfinite(self.value):
+            return "–"
+        shown = (
+            (lambda v: f"{v * 100:.{max(0, decimals - 2)}f} %")
+            if percent
+            else (lambda v: f"{v:.{decimals}f}")
+        )
+        if not (np.isfinite(self.low) and np.isfinite(self.high)):
+            return shown(self.value)
+        return f"{shown(self.value)} [{shown(self.low)}, {shown(self.high)}]"
+
+
+def with_interval_text(
+    frame: pd.DataFrame, names: Sequence[str], *, decimals: int = 2, percent: Sequence[str] = ()
+) -> pd.DataFrame:
+    """`frame` with each of `names` shown as "value [low, high]" text and its `_lo`/`_hi` columns dropped.
+
+    The CSV keeps the numbers; this is the table a person reads, one cell per measure.
+    """
+    out = frame.copy()
+    for name in names:
+        out[name] = [
+            Estimate(float(v), float(lo), float(hi)).text(decimals, percent=name in percent)
+            for v, lo, hi in zip(frame[name], frame[f"{name}_lo"], frame[f"{name}_hi"], strict=True)
+        ]
+    return out.drop(columns=[f"{n}{s}" for n in names for s in ("_lo", "_hi")])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,3 +535,44 @@ def percentile_interval(
     tail = (1.0 - confidence) / 2 * 100
     low, high = np.percentile(finite, [tail, 100 - tail])
     return float(low), float(high)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shares and means: closed-form intervals (no resampling needed)
+
+_Z = {0.9: 1.6448536269514722, 0.95: 1.959963984540054, 0.99: 2.5758293035489004}
+
+
+def _z(confidence: float) -> float:
+    try:
+        return _Z[confidence]
+    except KeyError:
+        raise ValueError(f"confidence must be one of {', '.join(map(str, _Z))}") from None
+
+
+def share_estimate(successes: float, trials: float, confidence: float = CONFIDENCE) -> Estimate:
+    """A share k/n with its Wilson score interval (sound at 0 %, 100 % and small n, unlike k/n ± z·se)."""
+    if trials <= 0:
+        return Estimate(float("nan"))
+    z = _z(confidence)
+    p = successes / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * np.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    return Estimate(float(p), float(max(0.0, centre - half)), float(min(1.0, centre + half)))
+
+
+def mean_estimate(
+    count: float, total: float, total_squares: float, confidence: float = CONFIDENCE
+) -> Estimate:
+    """A mean from its sufficient sums (n, sum x, sum x^2) with a normal interval mean ± z·sd/√n.
+
+    Sums are what a SQL aggregate or a running count keeps, so the interval needs no rows.
+    """
+    if count <= 0:
+        return Estimate(float("nan"))
+    mean = total / count
+    if count < 2:
+        return Estimate(float(mean))
+    variance = max(0.0, (total_squares - count * mean * mean) / (count - 1))
+    half = _z(confidence) * np.sqrt(variance / count)
+    return Estimate(float(mean), float(mean - half), float(mean + half))

@@ -345,3 +345,23 @@ def test_a_million_labels_take_a_handful_of_patterns() -> None:
     assert counts.pairable_units == 500_000 and counts.patterns <= 15
     estimate = reliability.alpha_estimate(counts, "ordinal")
     assert estimate.low < estimate.value < estimate.high and estimate.high - estimate.low < 0.01
+
+
+def test_share_estimate_is_the_wilson_interval() -> None:
+    # Wilson (1927) for 0 of 10 at 95 %: [0, 0.2775]; for 5 of 10: [0.2366, 0.7634].
+    zero = reliability.share_estimate(0, 10)
+    assert (zero.value, zero.low) == (0.0, 0.0) and zero.high == pytest.approx(0.2775, abs=1e-4)
+    half = reliability.share_estimate(5, 10)
+    assert (half.low, half.high) == (pytest.approx(0.2366, abs=1e-4), pytest.approx(0.7634, abs=1e-4))
+    assert math.isnan(reliability.share_estimate(0, 0).value)
+
+
+def test_mean_estimate_from_sums_equals_the_normal_interval_of_the_values() -> None:
+    values = np.array([-1.0, 0.0, 0.0, 1.0, 2.0, -0.5])
+    estimate = reliability.mean_estimate(len(values), values.sum(), (values**2).sum())
+    half = 1.959963984540054 * values.std(ddof=1) / math.sqrt(len(values))
+    assert estimate.value == pytest.approx(values.mean())
+    assert (estimate.low, estimate.high) == (
+        pytest.approx(values.mean() - half),
+        pytest.approx(values.mean() + half),
+    )
