@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import and_, or_
+from sqlalchemy import and_, func, or_
 from sqlmodel import Session, col, select
 
 from lib import reliability
@@ -204,11 +204,11 @@ def _texts(values: Sequence[Any]) -> np.ndarray:
 def _label_query(filters: AgreementFilters) -> Any:
     """The filtered label rows, narrow, in (product, metric, unit) order: one query serves every figure."""
     label, judgment, qj, queue = ReviewLabel, Judgment, ReviewQueueJudgment, ReviewQueue
-    where: list[Any] = [col(label.withdrawn_at).is_(None)]
-    if filters.basis == "blind":
-        where += [col(label.blind_decision).is_not(None), col(queue.mode) == BLIND_MODE]
-    else:
-        where.append(or_(col(label.decision).is_not(None), col(label.blind_decision).is_not(None)))
+    # Every live label; the basis picks its values later, so calibration and anchoring read the same rows.
+    where: list[Any] = [
+        col(label.withdrawn_at).is_(None),
+        or_(col(label.decision).is_not(None), col(label.blind_decision).is_not(None)),
+    ]
     if filters.products:
         where.append(col(judgment.product).in_(filters.products))
     if filters.queue_ids:
@@ -290,8 +290,10 @@ def load_agreement(*, session: Session, filters: AgreementFilters | None = None)
     queue_names = _queue_names(session, {int(q) for g in groups for q in np.unique(g.queue)})
     labels = 0
     for group in groups:
-        values = group.blind if filters.basis == "blind" else group.final
-        keep = _present(values)
+        if filters.basis == "blind":
+            values, keep = group.blind, _present(group.blind) & group.blind_queue
+        else:
+            values, keep = group.final, _present(group.final)
         labels += int(keep.sum())
         unit, reviewer, value = group.unit[keep], group.reviewer[keep], values[keep]
         if len(unit):
@@ -692,6 +694,25 @@ def _pair_measures(prefix: str, scale: _Scale, a: np.ndarray, b: np.ndarray, *, 
 
 # ---------------------------------------------------------------------------------------------
 # What the filters offer, and the tables as people read them
+
+
+def labels_version(*, session: Session) -> tuple[Any, ...]:
+    """A fingerprint that changes whenever a figure could: a label given, changed or withdrawn, an
+    item resolved or adjudicated (or undone). Pages cache the figures under it (two aggregates)."""
+    label, qj = ReviewLabel, ReviewQueueJudgment
+    labels = session.execute(
+        select(
+            func.count(label.id),
+            func.max(label.id),
+            func.max(label.labelled_at),
+            func.max(label.blind_at),
+            func.max(label.withdrawn_at),
+        )
+    ).one()
+    decided = session.execute(
+        select(func.count(qj.id), func.max(qj.decided_at)).where(col(qj.state).in_(DECIDED_STATES))
+    ).one()
+    return tuple(str(v) for v in (*labels, *decided))
 
 
 @dataclass(frozen=True)

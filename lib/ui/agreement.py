@@ -12,10 +12,29 @@ import streamlit as st
 from lib import agreement
 from lib.agreement import AgreementFilters, ReviewerAgreement
 from lib.agreement_charts import anchoring_figure, calibration_figure, pairs_heatmap, reliability_figure
+from lib.config import get_settings
 from lib.ui import csv_download, session_scope
 from lib.ui.tables import count_column, percent_column, show_table, text_column
 
 ALL_QUEUES = "All queues"
+
+
+@st.cache_data(max_entries=32, show_spinner="Computing agreement between reviewers…")
+def _cached_agreement(url: str, filters: AgreementFilters, version: tuple[object, ...]) -> ReviewerAgreement:
+    """The figures for these filters as of `version` (lib.agreement.labels_version): a new label,
+    undo or adjudication changes the version, so a cached result is never stale; bootstraps are
+    not redone on every rerun of the page."""
+    del version  # part of the cache key only
+    with session_scope(read_only=True) as session:
+        return agreement.load_agreement(session=session, filters=filters)
+
+
+def load_cached(filters: AgreementFilters) -> ReviewerAgreement:
+    """`lib.agreement.load_agreement` for the app's database, cached per filters and label version."""
+    with session_scope(read_only=True) as session:
+        version = agreement.labels_version(session=session)
+    return _cached_agreement(get_settings().database_url, filters, version)
+
 
 RELIABILITY_HELP = (
     "**Krippendorff's α**: 1 = reviewers always agree, 0 = no better than chance, below 0 = worse; "
@@ -194,8 +213,7 @@ def reviewers_tab(*, key: str = "reviewers") -> None:
     filters = AgreementFilters(
         products=tuple(products), queue_ids=() if queue is None else (int(queue),), basis=basis
     )
-    with session_scope(read_only=True) as session:
-        result = agreement.load_agreement(session=session, filters=filters)
+    result = load_cached(filters)
     if result.empty:
         st.info("No labels match these filters.")
         return
@@ -215,8 +233,7 @@ def reviewers_tab(*, key: str = "reviewers") -> None:
 
 def queue_agreement(*, queue_id: int, key: str = "queue_agreement") -> None:
     """One queue's agreement figures (final labels): what the queue page shows under its progress."""
-    with session_scope(read_only=True) as session:
-        result = agreement.load_agreement(session=session, filters=AgreementFilters(queue_ids=(queue_id,)))
+    result = load_cached(AgreementFilters(queue_ids=(queue_id,)))
     if result.metrics.empty:
         st.info("Agreement appears once two reviewers have labelled the same item.")
         return
