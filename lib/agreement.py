@@ -230,9 +230,9 @@ def _label_query(filters: AgreementFilters) -> Any:
         )
         .join(judgment, col(judgment.id) == col(label.judgment_id))
         .join(queue, col(queue.id) == col(label.queue_id))
-        .join(
-            qj, and_(col(qj.queue_id) == col(label.queue_id), col(qj.judgment_id) == col(label.judgment_id))
-        )
+        # Through the item (indexed: ix_queue_judgment_item; an item holds a few judgments): joining on
+        # the queue id alone would read every judgment of the queue for each label.
+        .join(qj, and_(col(qj.item_id) == col(label.item_id), col(qj.judgment_id) == col(label.judgment_id)))
         .where(*where)
         .order_by(judgment.product, judgment.metric, label.queue_id, label.judgment_id, label.reviewer)
     )
