@@ -508,7 +508,7 @@ def _cmd_queue(args: argparse.Namespace) -> int:
     from lib.db import session_scope
 
     action = args.queue_command
-    reader = action in ("list", "show", "disputes")
+    reader = action in ("list", "show", "disputes", "agreement")
     try:
         with session_scope(_engine(), read_only=reader) as session:
             if action == "create":
@@ -539,6 +539,8 @@ def _cmd_queue(args: argparse.Namespace) -> int:
                         f"{p['awaiting_adjudication']} awaiting adjudication"
                     )
                 return 0
+            if action == "agreement":
+                return _queue_agreement(session, args)
             queue = queues.get_queue(session=session, queue=args.queue)
             assert queue.id is not None
             if action == "show":
@@ -658,6 +660,43 @@ def _cmd_queue(args: argparse.Namespace) -> int:
     except PermissionError as exc:
         raise CliError(f"queue {action}: {exc}") from exc
     raise CliError(f"queue: unknown action {action!r}")
+
+
+def _queue_agreement(session: Session, args: argparse.Namespace) -> int:
+    """`queue agreement [QUEUE]`: agreement between reviewers (lib.agreement) as text, JSON or CSV."""
+    from lib import agreement, queues
+    from lib.export import frame_to_csv_bytes
+
+    try:
+        tables = agreement.parse_tables(args.table)
+        if args.format == "csv" and len(tables) != 1:
+            raise agreement.AgreementError("--format csv prints one table: pick it with --table")
+        queue_ids: tuple[int, ...] = ()
+        if args.queue:
+            found = queues.get_queue(session=session, queue=args.queue)
+            queue_ids = (found.id or 0,)
+        products = tuple(p.strip() for p in (args.product or "").split(",") if p.strip())
+        filters = agreement.AgreementFilters(
+            products=products, queue_ids=queue_ids, basis=args.basis, resamples=args.resamples, seed=args.seed
+        )
+        result = agreement.load_agreement(session=session, filters=filters)
+    except agreement.AgreementError as exc:
+        raise CliError(f"queue agreement: {exc}") from exc
+    if args.format == "json":
+        _print_json(agreement.agreement_record(result, tables))
+        return 0
+    if args.format == "csv":
+        sys.stdout.write(frame_to_csv_bytes(getattr(result, tables[0])).decode("utf-8"))
+        return 0
+    if result.empty:
+        print("no labels yet: agreement needs team-queue items labelled by two or more reviewers")
+        return 0
+    print(f"{result.labels:,} labels ({agreement.BASIS_LABELS[args.basis].lower()})")
+    for name in tables:
+        frame = agreement.display_table(result, name)
+        print(f"\n== {name}")
+        print(frame.to_string(index=False, na_rep="–") if not frame.empty else "(none)")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -893,6 +932,20 @@ def build_parser() -> argparse.ArgumentParser:
     q = queue_sub.add_parser("close", help="close a queue: undecided judgments go back to the default queue")
     q.add_argument("queue", help="id or name")
     q.add_argument("--by", default=None)
+    q = queue_sub.add_parser(
+        "agreement", help="agreement between reviewers: alpha, kappa, pairs, calibration, anchoring"
+    )
+    q.add_argument("queue", nargs="?", default=None, help="id or name (default: every queue)")
+    q.add_argument("--product", default=None, help="comma-separated products (default: all)")
+    q.add_argument("--basis", choices=["final", "blind"], default="final", help="final or blind labels")
+    q.add_argument(
+        "--table",
+        default="all",
+        help="all, or comma-separated: metrics, queues, pairs, calibration, anchoring",
+    )
+    q.add_argument("--format", choices=["text", "json", "csv"], default="text", help="csv: one --table")
+    q.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for the intervals")
+    q.add_argument("--seed", type=int, default=0, help="bootstrap seed (same labels + seed = same intervals)")
 
     # Each capability adds its subcommand parser above this line and its @handler function above.
     return parser

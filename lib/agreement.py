@@ -785,3 +785,39 @@ def anchoring_display(frame: pd.DataFrame) -> pd.DataFrame:
     return reliability.with_interval_text(
         frame, ("toward_share", "mean_shift_toward_judge"), percent=("toward_share",)
     )
+
+
+TABLES = ("metrics", "queues", "pairs", "calibration", "anchoring")
+_DISPLAY = {
+    "metrics": reliability_display,
+    "queues": reliability_display,
+    "pairs": pairs_display,
+    "calibration": calibration_display,
+    "anchoring": anchoring_display,
+}
+
+
+def parse_tables(text: str) -> tuple[str, ...]:
+    """`all` or a comma-separated list of TABLES; AgreementError names an unknown one."""
+    if text.strip() in ("", "all"):
+        return TABLES
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    unknown = [t for t in names if t not in TABLES]
+    if unknown:
+        raise AgreementError(f"unknown table(s) {', '.join(unknown)}; choose from all, {', '.join(TABLES)}")
+    return names
+
+
+def agreement_record(result: ReviewerAgreement, tables: Sequence[str] = TABLES) -> dict[str, Any]:
+    """The figures as JSON-ready data (the API's and `queue agreement --format json`'s): one list of
+    row objects per table, undefined values as null."""
+    out: dict[str, Any] = {"labels": result.labels}
+    for name in tables:
+        frame: pd.DataFrame = getattr(result, name)
+        out[name] = frame.astype(object).where(frame.notna(), None).to_dict("records")
+    return out
+
+
+def display_table(result: ReviewerAgreement, name: str) -> pd.DataFrame:
+    """One table as people read it (intervals as "value [low, high]" text), for the CLI's text output."""
+    return _DISPLAY[name](getattr(result, name))

@@ -32,6 +32,7 @@ from lib.auth import Actor, Permission, PermissionDenied, require
 from lib.records import ImportFailed
 
 API_PREFIX = "/api/v1"
+MAX_AGREEMENT_RESAMPLES = 10_000  # bootstrap resamples one request may ask for (each costs CPU)
 MIB = 1024 * 1024
 _LINE = re.compile(r"(?:line|record) (\d+)")
 _FIELD = re.compile(r"field '?([A-Za-z_][A-Za-z0-9_.]*)'?")
@@ -380,6 +381,60 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
                 )
 
         return _run(read)
+
+    def _agreement(
+        queue: str | None, product: list[str] | None, basis: str, table: str, resamples: int, seed: int
+    ) -> dict[str, Any]:
+        from lib import agreement, queues
+        from lib.db import session_scope
+
+        if not 0 <= resamples <= MAX_AGREEMENT_RESAMPLES:
+            raise ApiError(422, f"'resamples' must be 0 to {MAX_AGREEMENT_RESAMPLES:,}", field="resamples")
+
+        def read() -> dict[str, Any]:
+            tables = agreement.parse_tables(table)
+            with session_scope(get_engine(), read_only=True) as session:
+                queue_ids = () if queue is None else (queues.get_queue(session=session, queue=queue).id or 0,)
+                filters = agreement.AgreementFilters(
+                    products=tuple(product or ()),
+                    queue_ids=queue_ids,
+                    basis=basis,
+                    resamples=resamples,
+                    seed=seed,
+                )
+                result = agreement.load_agreement(session=session, filters=filters)
+            return jsonable_encoder(agreement.agreement_record(result, tables))
+
+        return _run(read)
+
+    @api.get("/queues/{queue}/agreement")
+    def queue_agreement(
+        actor: Token,
+        queue: str,
+        product: Annotated[list[str] | None, Query()] = None,
+        basis: str = "final",
+        table: str = "all",
+        resamples: int = 1000,
+        seed: int = 0,
+    ) -> dict[str, Any]:
+        """Agreement between the queue's reviewers (lib.agreement): `metrics`, `queues`, `pairs`,
+        `calibration`, `anchoring` (pick with `table=`), each a list of rows with 95 % intervals;
+        `basis=blind` reads blind-first labels given before the judge was shown."""
+        require(actor, Permission.READ)
+        return _agreement(queue, product, basis, table, resamples, seed)
+
+    @api.get("/agreement")
+    def all_agreement(
+        actor: Token,
+        product: Annotated[list[str] | None, Query()] = None,
+        basis: str = "final",
+        table: str = "all",
+        resamples: int = 1000,
+        seed: int = 0,
+    ) -> dict[str, Any]:
+        """Agreement between reviewers over every queue (per queue in `queues`); as the queue's own."""
+        require(actor, Permission.READ)
+        return _agreement(None, product, basis, table, resamples, seed)
 
     @api.patch("/queues/{queue}")
     def change_review_queue(
