@@ -192,18 +192,17 @@ class _Group:
     tolerance: np.ndarray  # float: the queue's tolerance (0 when none)
 
 
-def _numbers(values: Sequence[Any]) -> np.ndarray:
-    """Decision texts as floats (NaN for missing); every decision of a rubric metric is a number."""
-    return np.array([np.nan if v is None else float(v) for v in values], dtype=float)
-
-
-def _texts(values: Sequence[Any]) -> np.ndarray:
-    return np.array([None if v is None else str(v) for v in values], dtype=object)
+def _numbers(values: np.ndarray) -> np.ndarray:
+    """Decision texts as floats, NaN for missing (and for labels, which only nominal groups read)."""
+    return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=float)
 
 
 def _label_query(filters: AgreementFilters) -> Any:
-    """The filtered label rows, narrow, in (product, metric, unit) order: one query serves every figure."""
-    label, judgment, qj, queue = ReviewLabel, Judgment, ReviewQueueJudgment, ReviewQueue
+    """The filtered label rows, narrow and unsorted (numpy groups them): one query serves every figure.
+
+    The queues' mode and tolerance come from a small query of their own, not a join per label.
+    """
+    label, judgment, qj = ReviewLabel, Judgment, ReviewQueueJudgment
     # Every live label; the basis picks its values later, so calibration and anchoring read the same rows.
     where: list[Any] = [
         col(label.withdrawn_at).is_(None),
@@ -225,48 +224,65 @@ def _label_query(filters: AgreementFilters) -> Any:
             judgment.decision,
             qj.state,
             qj.decision,
-            queue.mode,
-            queue.tolerance,
         )
         .join(judgment, col(judgment.id) == col(label.judgment_id))
-        .join(queue, col(queue.id) == col(label.queue_id))
         # Through the item (indexed: ix_queue_judgment_item; an item holds a few judgments): joining on
         # the queue id alone would read every judgment of the queue for each label.
         .join(qj, and_(col(qj.item_id) == col(label.item_id), col(qj.judgment_id) == col(label.judgment_id)))
         .where(*where)
-        .order_by(judgment.product, judgment.metric, label.queue_id, label.judgment_id, label.reviewer)
     )
 
 
 def _groups(session: Session, filters: AgreementFilters) -> list[_Group]:
     if filters.basis not in BASES:
         raise AgreementError(f"unknown basis {filters.basis!r}; choose from {', '.join(BASES)}")
-    rows = session.execute(_label_query(filters)).all()
+    # Core rows (no ORM row processing); each column becomes one array, split per group by index.
+    rows = session.connection().execute(_label_query(filters)).all()
+    if not rows:
+        return []
+    cols = [np.array(c, dtype=object) for c in zip(*rows, strict=True)]
+    queue_ids = cols[2].astype(np.int64)
+    settings = {
+        int(i): (str(mode), float(tolerance or 0.0))
+        for i, mode, tolerance in session.execute(
+            select(ReviewQueue.id, ReviewQueue.mode, ReviewQueue.tolerance).where(
+                col(ReviewQueue.id).in_([int(q) for q in np.unique(queue_ids)])
+            )
+        )
+    }
+    distinct_queues = np.unique(queue_ids)
+    queue_index = np.searchsorted(distinct_queues, queue_ids)
+    blind_queue = np.array([settings[int(q)][0] == BLIND_MODE for q in distinct_queues], dtype=bool)[
+        queue_index
+    ]
+    tolerance = np.array([settings[int(q)][1] for q in distinct_queues], dtype=float)[queue_index]
+    unit = (queue_ids << 32) | cols[3].astype(np.int64)
+    numbers = {c: _numbers(cols[c]) for c in (5, 6, 7, 9)}  # NaN for labels: only numeric groups read these
+    keys: dict[tuple[str, str | None], int] = {}
+    group_of = np.array([keys.setdefault((p, m), len(keys)) for p, m in zip(cols[0], cols[1], strict=True)])
     specs: dict[str, dict[str, MetricSpec]] = {}
     groups: list[_Group] = []
-    for (product, metric), chunk in itertools.groupby(rows, key=lambda r: (r[0], r[1])):
-        part = list(chunk)
+    for (product, metric), code in sorted(keys.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        mine = np.flatnonzero(group_of == code)
         if product not in specs:
             specs[product] = {s.slug: s for s in metrics_for_product(session=session, product=product)}
         scale = scale_of(specs[product].get(metric) if metric else None, metric)
-        cols = list(zip(*part, strict=True))
-        convert = _numbers if scale.numeric else _texts
-        queue_ids = np.array(cols[2], dtype=np.int64)
+        values = numbers if scale.numeric else {c: cols[c] for c in numbers}
         groups.append(
             _Group(
                 product=str(product),
                 metric=metric,
                 scale=scale,
-                unit=(queue_ids << 32) | np.array(cols[3], dtype=np.int64),
-                queue=queue_ids,
-                reviewer=np.array(cols[4], dtype=object),
-                blind=convert(cols[5]),
-                final=convert(cols[6]),
-                judge=convert(cols[7]),
-                resolved=convert(cols[9]),
-                state=np.array(cols[8], dtype=object),
-                blind_queue=np.array([m == BLIND_MODE for m in cols[10]], dtype=bool),
-                tolerance=np.array([t or 0.0 for t in cols[11]], dtype=float),
+                unit=unit[mine],
+                queue=queue_ids[mine],
+                reviewer=cols[4][mine],
+                blind=values[5][mine],
+                final=values[6][mine],
+                judge=values[7][mine],
+                resolved=values[9][mine],
+                state=cols[8][mine],
+                blind_queue=blind_queue[mine],
+                tolerance=tolerance[mine],
             )
         )
     return groups
