@@ -110,3 +110,21 @@ def test_judge_tab_draws_the_human_ceiling_over_the_bars_and_lists_it(
     assert len(ticks) == 4 and ticks[0]["showlegend"] is True  # one per measure, one legend entry
     assert values(ticks[0]["y"])[list(ticks[0]["x"]).index("Truthfulness")] == 0.5
     assert not at.exception
+
+
+def test_reviewers_tab_on_the_demo_shows_real_figures_on_first_start(
+    app_engine: Engine, open_page: Callable[..., AppTest]
+) -> None:
+    from lib.demo import load_demo
+
+    load_demo(engine=app_engine, force=False)
+    at = open_page(PAGE, timeout=120)
+    table = table_with(at, "mean_pairwise_kappa")
+    assert len(table) >= 1 and (table["items"] > 0).all()
+    assert table["alpha"].str.match(r"^-?\d\.\d\d( \[|$)").all()  # a number, not "–"
+    anchoring = table_with(at, "moved_toward_judge")
+    assert (anchoring["labels"] > 0).all()  # the demo's blind-first queue was revealed and labelled
+    calibration = table_with(at, "adjudicated_against")
+    everyone = calibration[calibration["reviewer"] == "(all reviewers)"].iloc[0]
+    assert everyone["adjudicated"] > 0  # the demo's lead adjudicated some disputes
+    assert not at.exception
