@@ -44,6 +44,7 @@ CEILING_COLUMNS = {
     "spearman": "human_spearman",
 }
 CEILING_NAME = "Human vs human (ceiling)"
+CEILING_HALF = 0.012  # half the tick's height, in the measure's units
 
 
 def agreement_figure(
@@ -108,7 +109,6 @@ def agreement_figure(
     fig.update_layout(
         title=title,
         barmode="group",
-        scattermode="group",  # ceiling ticks sit over their own measure's bar
         legend_title_text="",
         height=max(380, 250 * len(products) + 110),
         margin={"l": 10, "r": 10, "t": 80, "b": 10},
@@ -135,20 +135,22 @@ def _add_ceiling(
     items = [int(ceilings.at[key, "items"]) if key in ceilings.index else 0 for key in keys]
     if all(np.isnan(values)):
         return []
+    # A thin black bar in the measure's own offset group sits exactly over that measure's bar (a
+    # scatter marker is placed by its own grouping and drifted off the bars).
     fig.add_trace(
-        go.Scatter(
+        go.Bar(
             x=labels,
-            y=values,
-            mode="markers",
+            y=[np.nan if np.isnan(v) else 2 * CEILING_HALF for v in values],
+            base=[np.nan if np.isnan(v) else v - CEILING_HALF for v in values],
             name=CEILING_NAME,
             legendgroup="ceiling",
             showlegend=first and column == next(iter(CEILING_COLUMNS)),
             offsetgroup=column,
-            marker={"symbol": "line-ew-open", "size": 22, "line": {"width": 3, "color": "#000000"}},
-            customdata=items,
+            marker={"color": "#000000"},
+            customdata=[[n, v] for n, v in zip(items, values, strict=True)],
             hovertemplate=(
-                f"%{{x}}<br>{MEASURES[column].title}, reviewer vs reviewer: %{{y:.3f}}<br>"
-                "n = %{customdata} items two or more reviewers labelled<extra></extra>"
+                f"%{{x}}<br>{MEASURES[column].title}, reviewer vs reviewer: %{{customdata[1]:.3f}}<br>"
+                "n = %{customdata[0]} items two or more reviewers labelled<extra></extra>"
             ),
         ),
         row=row,

@@ -7,6 +7,7 @@ downloaded as CSV with its numbers (the table shows intervals as text).
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from lib import agreement
@@ -17,6 +18,13 @@ from lib.ui import csv_download, session_scope
 from lib.ui.tables import count_column, percent_column, show_table, text_column
 
 ALL_QUEUES = "All queues"
+# Shown tables leave out what another column already says (the metric's slug beside its name, the
+# queue id beside its name) so the figures fit the page; the CSVs keep every column.
+_REDUNDANT = ["metric", "queue_id"]
+
+
+def _shown(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.drop(columns=[c for c in _REDUNDANT if c in frame.columns])
 
 
 @st.cache_data(max_entries=32, show_spinner="Computing agreement between reviewers…")
@@ -65,7 +73,7 @@ def show_reliability(result: ReviewerAgreement, *, key: str, by_queue: bool) -> 
     """The per-metric chart and table (and the per-queue table when asked), each with its CSV."""
     st.plotly_chart(reliability_figure(result.metrics), key=f"{key}_reliability_chart")
     show_table(
-        agreement.reliability_display(result.metrics),
+        _shown(agreement.reliability_display(result.metrics)),
         key=f"{key}_reliability_table",
         columns=_reliability_columns(),
     )
@@ -73,7 +81,7 @@ def show_reliability(result: ReviewerAgreement, *, key: str, by_queue: bool) -> 
     if by_queue and result.queues["queue_id"].nunique() > 1:
         st.markdown("**Per queue**")
         show_table(
-            agreement.reliability_display(result.queues).drop(columns=["queue_id"]),
+            _shown(agreement.reliability_display(result.queues)),
             key=f"{key}_queues_table",
             columns=_reliability_columns(),
         )
@@ -104,7 +112,7 @@ def show_pairs(result: ReviewerAgreement, *, key: str) -> None:
     )
     st.plotly_chart(pairs_heatmap(part, measure=measure), key=f"{key}_pairs_chart")
     show_table(
-        agreement.pairs_display(part),
+        _shown(agreement.pairs_display(part)),
         key=f"{key}_pairs_table",
         columns={
             "reviewer_a": text_column("Reviewer"),
@@ -132,7 +140,7 @@ def show_calibration(result: ReviewerAgreement, *, key: str) -> None:
         return
     st.plotly_chart(calibration_figure(result.calibration), key=f"{key}_calibration_chart")
     show_table(
-        agreement.calibration_display(result.calibration),
+        _shown(agreement.calibration_display(result.calibration)),
         key=f"{key}_calibration_table",
         columns={
             "decided": count_column("Decided labels"),
@@ -161,7 +169,7 @@ def show_anchoring(result: ReviewerAgreement, *, key: str) -> None:
         return
     st.plotly_chart(anchoring_figure(result.anchoring), key=f"{key}_anchoring_chart")
     show_table(
-        agreement.anchoring_display(result.anchoring),
+        _shown(agreement.anchoring_display(result.anchoring)),
         key=f"{key}_anchoring_table",
         columns={
             "labels": count_column("Labels"),

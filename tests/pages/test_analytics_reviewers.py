@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pandas as pd
+import pytest
 from sqlalchemy import Engine
 from streamlit.testing.v1 import AppTest
 
-from lib.analytics_charts import CEILING_NAME
+from lib.analytics_charts import CEILING_HALF, CEILING_NAME
 from tests.pages.figures import figure_titled, values
 from tests.test_agreement import SECTION_C, Label, add_queue, matrix_items
 from tests.test_analytics import seed_analytics_data
@@ -108,7 +109,10 @@ def test_judge_tab_draws_the_human_ceiling_over_the_bars_and_lists_it(
     figure = figure_titled(at, "Judge vs human agreement per metric")
     ticks = [t for t in figure["data"] if t.get("name") == CEILING_NAME]
     assert len(ticks) == 4 and ticks[0]["showlegend"] is True  # one per measure, one legend entry
-    assert values(ticks[0]["y"])[list(ticks[0]["x"]).index("Truthfulness")] == 0.5
+    at_truthfulness = list(ticks[0]["x"]).index("Truthfulness")
+    assert ticks[0]["customdata"][at_truthfulness] == [2, 0.5]  # n items, the exact agreement
+    assert values(ticks[0]["base"])[at_truthfulness] == pytest.approx(0.5 - CEILING_HALF)
+    assert ticks[0]["offsetgroup"] == "exact_agreement"  # drawn over the exact-agreement bar
     assert not at.exception
 
 
