@@ -14,15 +14,17 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
 import pandas as pd
-from sqlalchemy import Engine
+from sqlalchemy import Engine, delete
 from sqlmodel import Session, col, select
 
+from lib.bulk import dialect_insert
 from lib.config import get_settings
-from lib.models import AuditEvent, UserRole, utcnow
+from lib.models import AuditEvent, BrowserSession, UserRole, utcnow
 
 ROLES: tuple[str, ...] = ("viewer", "reviewer", "lead", "admin")
 ActorKind = Literal["user", "open", "system", "agent", "token"]
@@ -93,7 +95,7 @@ DESCRIPTIONS: dict[Permission, str] = {
     Permission.REMOVE_SESSION_NOTES: "remove a session's notes",
     Permission.CLEAR_CACHE: "clear a product's judgments",
     Permission.REMOVE_NOTES: "remove notes in bulk",
-    Permission.MANAGE_ROLES: "manage roles",
+    Permission.MANAGE_ROLES: "manage roles and sessions",
     Permission.MANAGE_TOKENS: "manage API tokens",
 }
 
@@ -317,6 +319,8 @@ def remove_role(*, session: Session, actor: Actor | str, identity: str) -> bool:
         action="role_change",
         detail=f"{key}: {row.role} -> {role_of_default(key)} (row removed)",
     )
+    # Whoever held the role signs in again: a user removed at the provider then cannot.
+    end_sessions_of(session=session, identity=key, by=admin.identity, reason="role_removed")
     session.flush()
     return True
 
@@ -353,6 +357,212 @@ def roles_frame(rows: Sequence[UserRole]) -> pd.DataFrame:
             for r in rows
         ],
         columns=["identity", "role", "updated_by", "updated_at"],
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Browser sessions (issue 24.3)
+#
+# Streamlit's st.login keeps the provider's ID-token claims in a signed cookie for 30 days and keeps
+# no server-side state: "Sign out" only asks the browser to drop the cookie, so a copy of it stays
+# signed in. Overrule keeps one row per sign-in, keyed by a hash of what makes that ID token unique
+# (issuer, subject, issue time, nonce). A page run, or a download link, acts for the browser only
+# while that row is live: not ended (sign-out, an admin, the identity's role row removed) and
+# younger than OVERRULE_SESSION_HOURS.
+
+END_REASONS: dict[str, str] = {
+    "sign_out": "you signed out",
+    "admin": "an admin ended it",
+    "role_removed": "an admin removed your role",
+}
+TOUCH_SECONDS = 60  # a session's last_seen_at is written at most once a minute
+# Rows older than this are deleted when a new sign-in is recorded: Streamlit refuses an identity
+# cookie signed more than 31 days ago (AUTH_COOKIE_MAX_AGE_SECONDS + 1 day), and a row starts no
+# later than its cookie was signed, so no cookie that could still be presented loses its row.
+SESSION_RETENTION = timedelta(days=60)
+
+
+@dataclass(frozen=True)
+class SessionCheck:
+    """A browser's sign-in as the gate sees it: its key, and why it may no longer act (None: live)."""
+
+    key: str | None
+    ended: str | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.key is not None and self.ended is None
+
+
+def session_key(claims: Mapping[str, Any]) -> str | None:
+    """The key of the sign-in these ID-token claims come from: sha256 of issuer, subject, issue time
+    and nonce. None without `iat` or `sub` (every ID token has both): two sign-ins must never share one."""
+    issued, subject = claims.get("iat"), claims.get("sub")
+    if issued is None or subject is None:
+        return None
+    parts = (claims.get("iss") or "", subject, issued, claims.get("nonce") or "")
+    return hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).hexdigest()
+
+
+def session_max_age_text() -> str:
+    """OVERRULE_SESSION_HOURS as a page says it ("12 hours")."""
+    hours = get_settings().session_hours
+    return f"{hours:g} hour{'' if hours == 1 else 's'}"
+
+
+def session_expires_at(row: BrowserSession) -> datetime:
+    """When a session reaches OVERRULE_SESSION_HOURS (the setting as it is now, not when it began)."""
+    return row.started_at + timedelta(hours=get_settings().session_hours)
+
+
+def session_ended(row: BrowserSession | None, now: datetime | None = None) -> str | None:
+    """Why a session may no longer act ("you signed out", "it reached the maximum age ..."), or None."""
+    if row is None:
+        return "it is not known to this server"
+    if row.ended_at is not None:
+        return END_REASONS.get(row.end_reason or "", "it was ended")
+    if (now or utcnow()) >= session_expires_at(row):
+        return f"it reached the maximum age of {session_max_age_text()} (OVERRULE_SESSION_HOURS)"
+    return None
+
+
+def _issued_at(claims: Mapping[str, Any]) -> datetime | None:
+    issued = claims.get("iat")
+    if isinstance(issued, bool) or not isinstance(issued, int | float | str):
+        return None
+    try:
+        return datetime.fromtimestamp(float(issued), UTC)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def check_session(
+    *, session: Session, claims: Mapping[str, Any], identity: str, now: datetime | None = None
+) -> SessionCheck:
+    """The sign-in gate's check on every page run. The first sight of a sign-in records its row
+    (started at the token's issue time, or now if that is later) and audits the sign-in; later runs
+    find the row and refresh its last-seen time at most once a minute."""
+    key = session_key(claims)
+    if key is None:
+        return SessionCheck(None, "the provider's ID token has no subject or issue time")
+    moment = now or utcnow()
+    row = session.get(BrowserSession, key)
+    if row is None:
+        issued = _issued_at(claims)
+        started = min(moment, issued) if issued is not None else moment
+        inserted = session.exec(  # type: ignore[call-overload]
+            dialect_insert(session, BrowserSession)
+            .values(id=key, identity=identity, started_at=started, last_seen_at=moment)
+            .on_conflict_do_nothing(index_elements=["id"])
+        )
+        if inserted.rowcount:  # another tab may have recorded it a moment earlier
+            email = claims.get("email")
+            record_sign_in(
+                session=session,
+                identity=identity,
+                issued_at=str(claims["iat"]),
+                unverified_email=str(email) if email and identity.startswith(SUB_PREFIX) else None,
+            )
+            session.exec(  # type: ignore[call-overload]
+                delete(BrowserSession).where(col(BrowserSession.started_at) < moment - SESSION_RETENTION)
+            )
+        row = session.get(BrowserSession, key, populate_existing=True)
+    ended = session_ended(row, moment)
+    if ended is None and row is not None:
+        # The same account may now be known by another identity (its e-mail verified since, or
+        # OVERRULE_TRUSTED_EMAIL_ISSUERS changed): the row follows, so "end all of X" finds it.
+        renamed = row.identity != identity
+        if renamed or (moment - row.last_seen_at).total_seconds() >= TOUCH_SECONDS:
+            row.identity, row.last_seen_at = identity, moment
+            session.add(row)
+            session.flush()
+    return SessionCheck(key, ended)
+
+
+def session_is_live(*, session: Session, key: str | None, now: datetime | None = None) -> bool:
+    """Whether the sign-in `key` may still act (a download link checks this before it streams)."""
+    return key is not None and session_ended(session.get(BrowserSession, key), now) is None
+
+
+def signed_in_actor(
+    *, session: Session, claims: Mapping[str, Any], now: datetime | None = None
+) -> Actor | None:
+    """The actor of a browser's sign-in, with its role, while its session is live; else None.
+    Read-only: the gate (`check_session`) records sessions, this only trusts recorded live ones."""
+    identity = identity_from_claims(claims)
+    if identity is None or not session_is_live(session=session, key=session_key(claims), now=now):
+        return None
+    return Actor(identity=identity, role=role_of(session, identity), kind="user")
+
+
+def end_session(*, session: Session, key: str, by: str, reason: str) -> bool:
+    """End one sign-in (`reason`: sign_out, admin, role_removed); False when it had already ended."""
+    row = session.get(BrowserSession, key)
+    if row is None or row.ended_at is not None:
+        return False
+    row.ended_at, row.ended_by, row.end_reason = utcnow(), by[:MAX_IDENTITY_CHARS], reason
+    session.add(row)
+    record_event(
+        session=session,
+        identity=by,
+        action="session_end",
+        detail=f"{row.identity}: session of {row.started_at:%Y-%m-%d %H:%M} UTC ended ({reason})",
+    )
+    session.flush()
+    return True
+
+
+def end_sessions_of(*, session: Session, identity: str, by: str, reason: str) -> int:
+    """End every live sign-in of `identity`; returns how many."""
+    keys = session.exec(
+        select(BrowserSession.id).where(
+            col(BrowserSession.identity) == normalize_identity(identity),
+            col(BrowserSession.ended_at).is_(None),
+        )
+    ).all()
+    return sum(end_session(session=session, key=key, by=by, reason=reason) for key in keys)
+
+
+def admin_end_sessions(
+    *, session: Session, actor: Actor | str | None, key: str | None = None, identity: str | None = None
+) -> int:
+    """An admin ends one session (`key`) or every session of `identity`; returns how many ended."""
+    admin = authorize(session, actor, Permission.MANAGE_ROLES)
+    if key is not None:
+        return int(end_session(session=session, key=key, by=admin.identity, reason="admin"))
+    if identity:
+        return end_sessions_of(session=session, identity=identity, by=admin.identity, reason="admin")
+    raise ValueError("name the session or the identity whose sessions to end")
+
+
+def list_sessions(
+    *, session: Session, now: datetime | None = None, limit: int = 1000
+) -> list[BrowserSession]:
+    """Live sessions (not ended, not past the maximum age), the most recently seen first."""
+    moment = now or utcnow()
+    oldest = moment - timedelta(hours=get_settings().session_hours)
+    stmt = (
+        select(BrowserSession)
+        .where(col(BrowserSession.ended_at).is_(None), col(BrowserSession.started_at) > oldest)
+        .order_by(col(BrowserSession.last_seen_at).desc(), col(BrowserSession.id))
+        .limit(limit)
+    )
+    return list(session.exec(stmt).all())
+
+
+def sessions_frame(rows: Sequence[BrowserSession]) -> pd.DataFrame:
+    """Sessions as the admin page lists them (never the key, which names the sign-in)."""
+    return pd.DataFrame(
+        [
+            {
+                "identity": r.identity,
+                "started_at": r.started_at,
+                "last_seen_at": r.last_seen_at,
+                "expires_at": session_expires_at(r),
+            }
+            for r in rows
+        ],
+        columns=["identity", "started_at", "last_seen_at", "expires_at"],
     )
 
 

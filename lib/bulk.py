@@ -31,6 +31,19 @@ SQLITE_ROWS = 5_000
 DEFER_MIN_ROWS = 50_000
 
 
+def dialect_insert(bind: Any, model: Any) -> Any:
+    """INSERT with ON CONFLICT support (`on_conflict_do_nothing`/`_do_update`) for the dialect of
+    `bind` (a Session or Connection on SQLite or PostgreSQL)."""
+    name = bind.get_bind().dialect.name if hasattr(bind, "get_bind") else bind.dialect.name
+    if name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    elif name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:  # pragma: no cover - Overrule supports these two
+        raise RuntimeError(f"unsupported database dialect {name!r}")
+    return insert(model)
+
+
 def insert_tuples(
     conn: Connection,
     table: Table,

@@ -92,6 +92,8 @@ class Settings:
     # `email_verified` (e.g. a single-tenant Entra ID); by default such an e-mail is not the identity.
     trusted_email_issuers: str = ""
     system_identity: str = "overrule-cli"  # who the CLI and the demo loader act as (role admin)
+    # A signed-in browser's session ends this many hours after sign-in (issue 24.3; fractions allowed).
+    session_hours: float = 12.0
     # Pipeline API (lib.api): the largest request body accepted, in MB (as Streamlit's maxUploadSize).
     api_max_body_mb: int = 200
     # Team review (lib.queues, lib.review_queue): how long opening an item reserves it for a
@@ -163,6 +165,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "page_size": (1, 1000),
     "api_max_body_mb": (1, 100_000),
     "reservation_minutes": (1, 24 * 60),
+    "session_hours": (0.01, 8760),
 }
 
 

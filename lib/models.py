@@ -636,6 +636,22 @@ class AuditEvent(SQLModel, table=True):
     detail: str = Field(default="", sa_column=Column(Text, nullable=False))
 
 
+class BrowserSession(SQLModel, table=True):
+    """One sign-in of a browser (lib.auth, issue 24.3): live until signed out, ended by an admin or a
+    role removal, or OVERRULE_SESSION_HOURS after `started_at`. Streamlit's identity cookie has no
+    server-side state; this row is what "Sign out" can end."""
+
+    __tablename__ = "browser_sessions"
+
+    id: str = Field(primary_key=True, max_length=64)  # sha256 of the ID token's iss, sub, iat, nonce
+    identity: str = Field(max_length=320, index=True)
+    started_at: datetime = Field(index=True)  # the ID token's issue time (or first sight, if earlier)
+    last_seen_at: datetime
+    ended_at: datetime | None = Field(default=None)
+    ended_by: str | None = Field(default=None, max_length=320)
+    end_reason: str | None = Field(default=None, max_length=32)  # sign_out | admin | role_removed
+
+
 class ApiToken(SQLModel, table=True):
     """A bearer token for the pipeline API (lib.tokens): only the sha256 of its secret is stored."""
 

@@ -48,6 +48,7 @@ from sqlmodel import Session, col, select
 
 from lib import llm
 from lib.auth import Actor, Permission, authorize, identity_of
+from lib.bulk import dialect_insert
 from lib.config import Settings, get_settings
 from lib.db import session_scope
 from lib.display import note_type_label
@@ -509,18 +510,6 @@ def pin_kind(note: SessionNote) -> str:
     return "manual"
 
 
-def _dialect_insert(session: Session, model: Any) -> Any:
-    """INSERT with ON CONFLICT support for the session's database (SQLite or PostgreSQL)."""
-    name = session.get_bind().dialect.name
-    if name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    elif name == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert
-    else:  # pragma: no cover - Overrule supports these two
-        raise RuntimeError(f"unsupported database dialect {name!r}")
-    return insert(model)
-
-
 def tag_set_key(tags: Iterable[str]) -> str:
     """The match-count key of a tag set: its tags sorted and joined by ','."""
     return ",".join(sorted(normalize_tags(tags)))
@@ -561,7 +550,7 @@ def record_matches(
     moment = at or utcnow()
     table = LessonMatchStat.__table__  # type: ignore[attr-defined]
     for note_id in ids:
-        stmt = _dialect_insert(session, LessonMatchStat).values(
+        stmt = dialect_insert(session, LessonMatchStat).values(
             lesson_id=note_id, tag_set=key, times_matched=1, last_matched=moment
         )
         stmt = stmt.on_conflict_do_update(
@@ -911,7 +900,7 @@ def parse_evaluator_reply(data: Mapping[str, Any], shown_ids: Iterable[int]) -> 
 
 def _claim(session: Session, session_id: str) -> ProcessedRelevanceSession:
     """The audit's processed row, created if missing and locked: concurrent evaluators queue here."""
-    stmt = _dialect_insert(session, ProcessedRelevanceSession).values(
+    stmt = dialect_insert(session, ProcessedRelevanceSession).values(
         session_id=session_id, processed_at=utcnow(), retry_count=0, status="pending"
     )
     session.exec(stmt.on_conflict_do_nothing(index_elements=["session_id"]))

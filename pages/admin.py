@@ -67,6 +67,54 @@ if roles:
             auth.remove_role(session=session, actor=actor, identity=doomed)
         st.rerun()
 
+st.subheader("Sessions")
+st.caption(
+    "Signed-in browsers. A session ends on sign-out, when an admin ends it here or removes the "
+    f"identity's role row, and {auth.session_max_age_text()} after sign-in (OVERRULE_SESSION_HOURS); "
+    "the browser then shows the sign-in screen on its next click."
+)
+with session_scope(read_only=True) as session:
+    live_sessions = auth.list_sessions(session=session)
+if auth.open_mode():
+    st.caption("Open mode has no sessions: nobody signs in.")
+elif not live_sessions:
+    st.caption("No live sessions.")
+else:
+    show_table(
+        auth.sessions_frame(live_sessions),
+        key="admin_sessions_table",
+        columns={
+            "identity": text_column("Identity"),
+            "started_at": datetime_column("Signed in (UTC)"),
+            "last_seen_at": datetime_column("Last seen (UTC)", help="updated at most once a minute"),
+            "expires_at": datetime_column("Expires (UTC)"),
+        },
+    )
+    labels = {
+        row.id: f"{row.identity} · signed in {row.started_at:%Y-%m-%d %H:%M} UTC" for row in live_sessions
+    }
+    cols = st.columns([3, 1, 1])
+    chosen = cols[0].selectbox(
+        "End a session", list(labels), format_func=labels.__getitem__, index=None, key="admin_session_end"
+    )
+    who = next((row.identity for row in live_sessions if row.id == chosen), None)
+    end_one = cols[1].button("End session", key="admin_session_end_button", disabled=chosen is None)
+    end_all = cols[2].button(
+        "End all of theirs",
+        key="admin_session_end_all_button",
+        disabled=who is None,
+        help="every live session of the same identity",
+    )
+    if (end_one or end_all) and chosen:
+        with session_scope() as session:
+            ended = auth.admin_end_sessions(
+                session=session, actor=actor, key=None if end_all else chosen, identity=who
+            )
+        st.session_state["admin_sessions_ended"] = f"{ended} session(s) of {who} ended."
+        st.rerun()
+if notice := st.session_state.pop("admin_sessions_ended", None):
+    st.success(notice, icon="✅")
+
 with st.expander("What each role may do"):
     show_table(
         auth.permissions_frame(),
@@ -75,9 +123,7 @@ with st.expander("What each role may do"):
     )
 
 st.subheader("API tokens")
-st.caption(
-    'Bearer tokens for the pipeline API at /api/v1 (docs/api.md); only their hashes are stored.'
-)
+st.caption("Bearer tokens for the pipeline API at /api/v1 (docs/api.md); only their hashes are stored.")
 with session_scope(read_only=True) as session:
     token_rows = tokens.list_tokens(session=session)
 show_table(
@@ -123,7 +169,9 @@ if live:
         st.rerun()
 
 st.subheader("Audit trail")
-action = st.selectbox("Show", ["all", "sign_in", "role_change", "denied"], key="admin_audit_action")
+action = st.selectbox(
+    "Show", ["all", "sign_in", "session_end", "role_change", "denied"], key="admin_audit_action"
+)
 with session_scope(read_only=True) as session:
     events = auth.list_events(session=session, action=None if action == "all" else action)
 frame = auth.events_frame(events)

@@ -430,3 +430,132 @@ def test_open_mode_warns_on_a_reachable_address(
     assert (warning is not None) is warns
     if warning:
         assert "OVERRULE_AUTH_MODE=signin" in warning
+
+
+# --------------------------------------------------------------------------------------------
+# Browser sessions (issue 24.3): ended by sign-out, an admin or a role removal, and by age
+
+
+def _claims(sub: str = "u1", *, iat: int = 1_700_000_000, nonce: str = "n1", **extra: Any) -> dict[str, Any]:
+    return {"iss": ISSUER, "sub": sub, "iat": iat, "nonce": nonce, **extra}
+
+
+def _at(claims: dict[str, Any], hours: float) -> Any:
+    from datetime import UTC, datetime, timedelta
+
+    return datetime.fromtimestamp(claims["iat"], UTC) + timedelta(hours=hours)
+
+
+def _check(engine: Engine, claims: dict[str, Any], hours: float = 0.1) -> auth.SessionCheck:
+    identity = auth.identity_from_claims(claims)
+    assert identity is not None
+    with session_scope(engine) as s:
+        return auth.check_session(session=s, claims=claims, identity=identity, now=_at(claims, hours))
+
+
+def test_sign_out_ends_the_session_for_every_copy_of_the_cookie(engine: Engine) -> None:
+    """Issue 24.3: after "Sign out", copied cookies (the same claims) stayed signed in."""
+    claims = _claims()
+    first = _check(engine, claims)
+    assert first.live and first.key == auth.session_key(claims)
+    assert _check(engine, claims, hours=0.2).live  # the next page run, or another tab
+    with session_scope(engine) as s:
+        assert auth.end_session(session=s, key=first.key, by="sub:x", reason="sign_out")
+        assert not auth.end_session(session=s, key=first.key, by="sub:x", reason="sign_out")
+    again = _check(engine, claims, hours=0.3)
+    assert not again.live and again.ended == "you signed out"
+    with Session(engine) as s:
+        assert auth.signed_in_actor(session=s, claims=claims, now=_at(claims, 0.3)) is None
+        events = [(e.action, e.identity) for e in auth.list_events(session=s)]
+    assert events.count(("sign_in", f"sub:{ISSUER}#u1")) == 1  # audited once, at the first sight
+    assert ("session_end", "sub:x") in events
+    # Signing in again is a new token (its own iat and nonce): a new, live session.
+    assert _check(engine, _claims(iat=1_700_000_100, nonce="n2")).live
+
+
+def test_a_session_ends_at_the_maximum_age(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24.3: a session stayed signed in for the cookie's 30 days."""
+    claims = _claims()
+    assert _check(engine, claims, hours=11.9).live
+    ended = _check(engine, claims, hours=12.0)
+    assert ended.ended == "it reached the maximum age of 12 hours (OVERRULE_SESSION_HOURS)"
+    monkeypatch.setenv("OVERRULE_SESSION_HOURS", "24")
+    reset_settings()
+    assert _check(engine, claims, hours=23.9).live  # the setting as it is now
+    monkeypatch.setenv("OVERRULE_SESSION_HOURS", "0.5")
+    reset_settings()
+    assert not _check(engine, claims, hours=0.6).live
+    # A token first seen long after it was issued started at its issue time, not at first sight.
+    late = _claims(iat=1_700_000_500, nonce="late")
+    assert not _check(engine, late, hours=1).live
+
+
+def test_removing_a_role_ends_its_sessions_and_an_admin_ends_one_or_all(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _signin(monkeypatch)
+    bob = {"email": "Bob@example.com", "email_verified": True}
+    laptop, phone = _claims("bob", nonce="a", **bob), _claims("bob", nonce="b", **bob)
+    ann = _claims("ann", email="ann@example.com", email_verified=True)
+    for claims in (laptop, phone, ann):
+        assert _check(engine, claims).live
+    admin = Actor(identity="root@example.com", role="admin")
+    with session_scope(engine) as s:
+        assert {r.identity for r in auth.list_sessions(session=s, now=_at(ann, 0.1))} == {
+            "bob@example.com",
+            "ann@example.com",
+        }
+        with pytest.raises(PermissionDenied):
+            auth.admin_end_sessions(
+                session=s, actor=Actor("lead@example.com", "lead"), identity="ann@example.com"
+            )
+    with session_scope(engine) as s:
+        assert auth.admin_end_sessions(session=s, actor=admin, key=auth.session_key(laptop)) == 1
+    assert _check(engine, laptop).ended == "an admin ended it" and _check(engine, phone).live
+    with session_scope(engine) as s:
+        auth.set_role(session=s, actor=admin, identity="bob@example.com", role="reviewer")
+    with session_scope(engine) as s:
+        assert auth.remove_role(session=s, actor=admin, identity="BOB@example.com")
+    assert _check(engine, phone).ended == "an admin removed your role"
+    assert _check(engine, ann).live
+    with session_scope(engine) as s:
+        assert auth.admin_end_sessions(session=s, actor=admin, identity="ann@example.com") == 1
+        assert auth.list_sessions(session=s, now=_at(ann, 0.1)) == []
+
+
+def test_a_token_without_an_issue_time_gets_no_session(engine: Engine) -> None:
+    claims = {"iss": ISSUER, "sub": "u1"}
+    with session_scope(engine) as s:
+        check = auth.check_session(session=s, claims=claims, identity="sub:x#u1")
+        assert not check.live and "issue time" in (check.ended or "")
+        assert auth.signed_in_actor(session=s, claims=claims) is None
+
+
+def test_last_seen_is_written_at_most_once_a_minute_and_old_rows_are_pruned(engine: Engine) -> None:
+    from lib.models import BrowserSession
+
+    claims = _claims()
+    key = _check(engine, claims, hours=0).key
+    _check(engine, claims, hours=0.5 / 60)  # 30 s later: not written
+    with Session(engine) as s:
+        assert s.get(BrowserSession, key).last_seen_at == _at(claims, 0)  # type: ignore[union-attr]
+    _check(engine, claims, hours=1.5 / 60)
+    with Session(engine) as s:
+        assert s.get(BrowserSession, key).last_seen_at == _at(claims, 1.5 / 60)  # type: ignore[union-attr]
+    # A sign-in recorded after the retention period removes rows that old.
+    days = auth.SESSION_RETENTION.days + 1
+    _check(engine, _claims("later", iat=claims["iat"] + days * 86_400))
+    with Session(engine) as s:
+        assert s.get(BrowserSession, key) is None
+
+
+def test_the_retention_outlasts_every_identity_cookie_streamlit_accepts() -> None:
+    """A pruned row would let a still-valid copied cookie start afresh: rows must outlive cookies."""
+    from datetime import timedelta
+
+    from streamlit.web.server.starlette import starlette_app_utils
+    from streamlit.web.server.starlette.starlette_server_config import AUTH_COOKIE_MAX_AGE_SECONDS
+
+    accepted = timedelta(days=starlette_app_utils._DEFAULT_SIGNED_VALUE_MAX_AGE_DAYS)
+    assert accepted >= timedelta(seconds=AUTH_COOKIE_MAX_AGE_SECONDS)
+    assert accepted < auth.SESSION_RETENTION

@@ -12,7 +12,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 from urllib.parse import unquote
 
 import pandas as pd
@@ -61,7 +61,6 @@ def session_scope(*, read_only: bool = False) -> Iterator[Session]:
 
 REVIEWER_COOKIE = "overrule_reviewer"
 _SAVED_KEY = "sidebar_reviewer_saved"
-_SIGNED_IN_KEY = "auth_signed_in_recorded"
 
 
 def _signed_in_claims() -> dict[str, Any] | None:
@@ -76,23 +75,23 @@ def _signed_in_claims() -> dict[str, Any] | None:
         return None
 
 
-def _signed_in_identity() -> str | None:
-    """The signed-in user's identity (lib.auth.identity_from_claims: a verified e-mail, else the
-    issuer-qualified `sub`), or None."""
-    claims = _signed_in_claims()
-    return auth.identity_from_claims(claims) if claims is not None else None
+def current_session_key() -> str | None:
+    """Sign-in mode: the key of this browser's sign-in (lib.auth.session_key), else None."""
+    claims = None if auth.open_mode() else _signed_in_claims()
+    return auth.session_key(claims) if claims is not None else None
 
 
 def current_actor() -> auth.Actor | None:
-    """Who is acting in this browser: the signed-in user with their role, or open mode's typed name."""
+    """Who is acting in this browser: the signed-in user with their role while their session is live
+    (lib.auth.signed_in_actor), or open mode's typed name."""
     if auth.open_mode():
         name = str(st.session_state.get(REVIEWER_KEY, "") or "").strip()
         return auth.Actor(identity=name, role="admin", kind="open") if name else None
-    identity = _signed_in_identity()
-    if identity is None:
+    claims = _signed_in_claims()
+    if claims is None:
         return None
     with session_scope(read_only=True) as session:
-        return auth.Actor(identity=identity, role=auth.role_of(session, identity), kind="user")
+        return auth.signed_in_actor(session=session, claims=claims)
 
 
 def current_reviewer() -> str | None:
@@ -176,22 +175,36 @@ def sign_in_gate() -> None:
     claims = _signed_in_claims()
     identity = auth.identity_from_claims(claims) if claims is not None else None
     if claims is None or identity is None:
-        st.title("Overrule")
+        _sign_in_screen()
+    # Every page run: the sign-in's server-side session must be live (issue 24.3), so a copied
+    # cookie after "Sign out", an ended or too old session shows the sign-in screen again.
+    with session_scope() as session:
+        check = auth.check_session(session=session, claims=claims, identity=identity)
+    if not check.live:
+        _sign_in_screen(f"Your session has ended: {check.ended}. Sign in again to continue.")
+
+
+def _sign_in_screen(notice: str | None = None) -> NoReturn:
+    """The only thing a browser without a live sign-in sees."""
+    st.title("Overrule")
+    if notice:
+        st.info(notice, icon="🔒")
+    else:
         st.write("Sign in to continue.")
-        st.button("Sign in", key="auth_sign_in", type="primary", on_click=st.login, icon="🔑")
-        st.stop()
-    if not st.session_state.get(_SIGNED_IN_KEY):
-        issued = claims.get("iat")
-        email = claims.get("email")
-        unverified = str(email) if email and identity.startswith(auth.SUB_PREFIX) else None
+    st.button("Sign in", key="auth_sign_in", type="primary", on_click=st.login, icon="🔑")
+    st.stop()
+
+
+def _sign_out() -> None:
+    """End this browser's session on the server, then let Streamlit drop its cookie."""
+    claims = _signed_in_claims()
+    key = auth.session_key(claims) if claims is not None else None
+    if claims is not None and key is not None:
         with session_scope() as session:
-            auth.record_sign_in(
-                session=session,
-                identity=identity,
-                issued_at=str(issued) if issued else None,
-                unverified_email=unverified,
+            auth.end_session(
+                session=session, key=key, by=auth.identity_from_claims(claims) or "unknown", reason="sign_out"
             )
-        st.session_state[_SIGNED_IN_KEY] = True
+    st.logout()
 
 
 def _auth_configured() -> bool:
@@ -227,7 +240,7 @@ def reviewer_sidebar() -> None:
                     "Your sign-in provider did not confirm an e-mail address for you, so you are known "
                     "by your account id above. An admin can give that identity a role."
                 )
-            st.button("Sign out", key="auth_sign_out", on_click=st.logout, icon="🚪")
+            st.button("Sign out", key="auth_sign_out", on_click=_sign_out, icon="🚪")
 
 
 def csv_download(frame: pd.DataFrame, filename: str, *, key: str, label: str = "Download CSV") -> None:

@@ -273,3 +273,75 @@ def test_an_unverified_email_never_becomes_the_identity(
         signed_in = {e.identity for e in s.exec(select(AuditEvent).where(AuditEvent.action == "sign_in"))}
     engine.dispose()
     assert signed_in == {f"sub:{oidc_provider}#mallory", "root@example.com"}
+
+
+def test_sessions_end_on_sign_out_by_an_admin_and_at_the_maximum_age(
+    streamlit_app, browser, tmp_path, oidc_provider
+) -> None:
+    """Issue 24.3 with the real provider: after "Sign out" a copy of the cookies is not signed in
+    (reloaded, or on its already open page's next click); an admin ends another user's session from
+    the Admin page; a session older than OVERRULE_SESSION_HOURS (12) is over."""
+    from datetime import timedelta
+
+    from lib.models import BrowserSession
+
+    url = f"sqlite:///{tmp_path / 'signin.db'}"
+    seed(url)
+    server = signin_server(streamlit_app, tmp_path, oidc_provider, url)
+    base = server.base_url
+    contexts = {
+        name: browser.new_context(viewport={"width": 1400, "height": 1000}) for name in ("a", "c", "r", "b")
+    }
+    alice, thief, root, bob = (contexts[n].new_page() for n in ("a", "c", "r", "b"))
+    try:
+        sign_in(alice, base, "alice@example.com", provider=oidc_provider)
+        contexts["c"].add_cookies(contexts["a"].cookies())  # what a stolen cookie jar holds
+        thief.goto(base)
+        wait_for_text(thief, "Signed in as alice@example.com")  # the copy works while alice is signed in
+
+        alice.get_by_role("button", name="Sign out").click()
+        alice.get_by_role("button", name="End session").click()  # the provider's own sign-out page
+        alice.get_by_role("button", name=re.compile("Sign in")).wait_for(timeout=30_000)
+
+        thief.get_by_test_id("stSidebarNav").get_by_text("Evaluations").click()  # its open page
+        wait_for_text(thief, "Your session has ended: you signed out")
+        thief.goto(f"{base}/evaluations")  # and a fresh load
+        wait_for_text(thief, "Your session has ended: you signed out")
+        assert "snap_who" not in thief.locator("body").inner_text()
+        assert thief.get_by_test_id("stSidebarNav").count() == 0
+
+        provider_user(oidc_provider, "root", email="root@example.com", email_verified=True)
+        sign_in(root, base, "root", shown="root@example.com")
+        sign_in(bob, base, "bob@example.com", provider=oidc_provider)
+        root.goto(f"{base}/admin")
+        root.get_by_text("End a session").wait_for(timeout=30_000)
+        root.locator(".st-key-admin_session_end").click()
+        root.get_by_role("option", name=re.compile("bob@example.com")).click()
+        root.get_by_role("button", name="End session", exact=True).click()
+        wait_for_text(root, "1 session(s) of bob@example.com ended.")
+        bob.get_by_test_id("stSidebarNav").get_by_text("Review queue").click()
+        wait_for_text(bob, "Your session has ended: an admin ended it")
+
+        engine = init_db(url)
+        with session_scope(engine) as s:
+            row = s.exec(select(BrowserSession).where(BrowserSession.identity == "root@example.com")).one()
+            row.started_at -= timedelta(hours=12)  # as if root signed in 12 hours ago
+        engine.dispose()
+        root.reload()
+        wait_for_text(root, "Your session has ended: it reached the maximum age of 12 hours")
+    except Exception:
+        for name, p in (("alice", alice), ("thief", thief), ("root", root), ("bob", bob)):
+            p.screenshot(path=str(tmp_path / f"sessions_{name}.png"), full_page=True)
+        print("streamlit log:", server.log_path.read_text()[-3000:])
+        raise
+    finally:
+        for context in contexts.values():
+            context.close()
+    engine = init_db(url)
+    with session_scope(engine, read_only=True) as s:
+        ends = sorted(
+            (e.identity, e.detail.split(": ")[0])
+            for e in s.exec(select(AuditEvent).where(AuditEvent.action == "session_end"))
+        )
+    engine.dispose()
+    assert ends == [("alice@example.com", "alice@example.com"), ("root@example.com", "bob@example.com")]

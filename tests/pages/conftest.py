@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
 from streamlit.testing.v1 import AppTest
 
+from lib import auth
 from lib.config import reset_settings
+from lib.db import session_scope
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,3 +65,29 @@ def open_page() -> Callable[..., AppTest]:
         return at.run()
 
     return _open
+
+
+ISSUER = "https://id.example.com"
+_sign_ins = itertools.count(1)
+
+
+def signed_in(engine: Engine | None, email: str, **claims: Any) -> dict[str, Any]:
+    """`at.user` for a browser signed in as `email` (verified) through a fresh sign-in (its own
+    `iat` and `nonce`), whose session the sign-in gate has recorded in `engine` (None: not yet,
+    as when app.py's gate runs in the test itself)."""
+    user = {
+        "is_logged_in": True,
+        "iss": ISSUER,
+        "sub": f"sub-{email}",
+        "email": email,
+        "email_verified": True,
+        "iat": int(time.time()),
+        "nonce": f"nonce-{next(_sign_ins)}",
+        **claims,
+    }
+    if engine is not None:
+        identity = auth.identity_from_claims(user)
+        assert identity is not None
+        with session_scope(engine) as session:
+            assert auth.check_session(session=session, claims=user, identity=identity).live
+    return user

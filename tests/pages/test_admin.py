@@ -13,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 from lib.config import reset_settings
 from lib.models import AuditEvent, EvaluationSnapshot, UserRole
 from lib.safe_markdown import escape_markdown
+from tests.pages.conftest import signed_in
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = "pages/admin.py"
@@ -31,12 +32,11 @@ def signin_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     reset_settings()
 
 
-def as_user(path: str, email: str | None) -> AppTest:
+def as_user(path: str, email: str | None, engine: Engine | None = None) -> AppTest:
+    """Run `path` signed in as `email`; a page run alone (no app.py gate) needs the session in `engine`."""
     at = AppTest.from_file(str(ROOT / path), default_timeout=30)
     at.secrets["auth"] = AUTH
-    at.user = (
-        {"is_logged_in": True, "email": email, "email_verified": True} if email else {"is_logged_in": False}
-    )
+    at.user = signed_in(engine, email) if email else {"is_logged_in": False}
     return at.run()
 
 
@@ -62,7 +62,7 @@ def test_open_mode_admin_sets_a_role_and_the_change_is_audited(app_engine: Engin
 
 def test_the_admin_page_is_closed_to_other_roles(app_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     signin_mode(monkeypatch)
-    at = as_user(PAGE, "viewer@example.com")
+    at = as_user(PAGE, "viewer@example.com", app_engine)
     assert any("Only admins" in i.value and "'viewer'" in i.value for i in at.info)
     assert not at.dataframe
     assert not at.exception
@@ -72,7 +72,7 @@ def test_a_configured_admin_manages_roles_in_signin_mode(
     app_engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     signin_mode(monkeypatch)
-    at = as_user(PAGE, "root@example.com")
+    at = as_user(PAGE, "root@example.com", app_engine)
     at.text_input(key="admin_role_identity").set_value("rev@example.com")
     at.selectbox(key="admin_role_role").set_value("reviewer")
     at.button(key="admin_role_set").click().run()
@@ -148,7 +148,7 @@ def test_a_lead_cannot_manage_tokens(app_engine: Engine, monkeypatch: pytest.Mon
     with Session(app_engine) as s:
         s.add(UserRole(identity="lead@example.com", role="lead"))
         s.commit()
-    at = as_user(PAGE, "lead@example.com")
+    at = as_user(PAGE, "lead@example.com", app_engine)
     assert not at.exception
     assert not [w for w in at.text_input if w.key == "admin_token_name"]
     with Session(app_engine) as s:
@@ -161,13 +161,7 @@ def test_an_unverified_email_signs_in_as_the_sub_and_the_audit_names_the_email(
     signin_mode(monkeypatch)
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=30)
     at.secrets["auth"] = AUTH
-    at.user = {
-        "is_logged_in": True,
-        "iss": "https://id.example.com",
-        "sub": "mallory",
-        "email": "root@example.com",
-        "email_verified": False,
-    }
+    at.user = signed_in(None, "root@example.com", sub="mallory", email_verified=False)
     at.run()
     identity = "sub:https://id.example.com#mallory"
     assert any(f"{escape_markdown(identity)}** · role `viewer`" in m.value for m in at.sidebar.markdown)
@@ -177,3 +171,68 @@ def test_an_unverified_email_signs_in_as_the_sub_and_the_audit_names_the_email(
     assert event.identity == identity
     assert "e-mail root@example.com not verified by the provider" in event.detail
     assert not at.exception
+
+
+def test_a_signed_out_or_ended_session_shows_the_sign_in_screen_again(
+    app_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24.3 under AppTest: "Sign out" ends the session on the server, so the same claims (a
+    copied cookie) draw only the sign-in screen, saying why."""
+    from lib.models import BrowserSession
+
+    signin_mode(monkeypatch)
+    with Session(app_engine) as s:
+        s.add(EvaluationSnapshot(id="snap_x", question="Secret question", model_answer="Secret", product="p"))
+        s.commit()
+    user = signed_in(None, "ann@example.com")
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=30)
+    at.secrets["auth"] = AUTH
+    at.user = user
+    at.run()
+    assert at.sidebar.button(key="auth_sign_out")
+    at.sidebar.button(key="auth_sign_out").click().run()
+    with Session(app_engine) as s:
+        row = s.exec(select(BrowserSession)).one()
+    assert (row.identity, row.end_reason, row.ended_by) == ("ann@example.com", "sign_out", "ann@example.com")
+
+    copy = AppTest.from_file(str(ROOT / "app.py"), default_timeout=30)
+    copy.secrets["auth"] = AUTH
+    copy.user = user
+    copy.run()
+    assert copy.button(key="auth_sign_in")
+    assert any("Your session has ended: you signed out" in i.value for i in copy.info)
+    drawn = " ".join(str(e.value) for e in (*copy.markdown, *copy.title, *copy.caption, *copy.metric))
+    assert "Secret" not in drawn and not copy.sidebar.button and not copy.dataframe
+    assert not copy.exception
+
+
+def test_an_admin_sees_live_sessions_and_ends_one(
+    app_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lib import auth
+    from lib.models import BrowserSession
+
+    signin_mode(monkeypatch)
+    bob = signed_in(app_engine, "bob@example.com")
+    at = as_user(PAGE, "root@example.com", app_engine)
+    table = next(d.value for d in at.dataframe if "expires_at" in d.value.columns)
+    assert sorted(table["identity"]) == ["bob@example.com", "root@example.com"]
+    key = auth.session_key(bob)
+    at.selectbox(key="admin_session_end").set_value(key).run()
+    at.button(key="admin_session_end_button").click().run()
+    assert any("1 session(s) of bob@example.com ended" in s.value for s in at.success)
+    with Session(app_engine) as s:
+        row = s.get(BrowserSession, key)
+        assert row is not None and (row.end_reason, row.ended_by) == ("admin", "root@example.com")
+        assert s.exec(select(AuditEvent).where(AuditEvent.action == "session_end")).one().identity == (
+            "root@example.com"
+        )
+    table = next(d.value for d in at.dataframe if "expires_at" in d.value.columns)
+    assert table["identity"].tolist() == ["root@example.com"]
+    # bob's browser: the page itself no longer knows him (no gate needed).
+    page = AppTest.from_file(str(ROOT / PAGE), default_timeout=30)
+    page.secrets["auth"] = AUTH
+    page.user = bob
+    page.run()
+    assert any("Only admins" in i.value and "Sign in first" in i.value for i in page.info)
+    assert not at.exception and not page.exception
