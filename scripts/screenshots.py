@@ -2,8 +2,9 @@
 
 A fresh demo database in a temporary directory, the app started exactly as the browser tests start
 it (`tests/browser/conftest.StreamlitServer`), and Debian's headless Chromium at 1400×900. Each
-shot waits for content rather than for time: the page drawn, Streamlit's "script not running"
-state, every plotly chart drawn and every image loaded, so a slow machine only makes it slower.
+shot waits for content rather than for time: the app settled as the browser tests wait for it
+(`tests/browser/conftest.settle`: every run finished, nothing stale), every plotly chart drawn and
+every image loaded, so a slow machine only makes it slower.
 PNGs are reduced to a 256-colour palette, which keeps each one small enough to commit.
 """
 
@@ -31,7 +32,13 @@ from sqlmodel import col, select  # noqa: E402
 from lib.db import init_db, session_scope  # noqa: E402
 from lib.demo import load_demo  # noqa: E402
 from lib.models import EvaluationSnapshot, Judgment  # noqa: E402
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, StreamlitServer  # noqa: E402
+from tests.browser.conftest import (  # noqa: E402
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    StreamlitServer,
+    new_app_context,
+    settle,
+)
 
 OUT = ROOT / "docs" / "screenshots"
 VIEWPORT = {"width": 1400, "height": 900}
@@ -44,12 +51,10 @@ CHARTS_DRAWN = """() => [...document.querySelectorAll('[data-testid="stPlotlyCha
 IMAGES_LOADED = "() => [...document.images].every(i => i.complete)"
 MAIN_DRAWN = """() => document.querySelectorAll(
     '[data-testid="stMain"] [data-testid="stElementContainer"]').length >= 3"""
-NOTHING_STALE = """() => !document.querySelector('[data-stale="true"]')"""
 NEXT_FRAMES = """async () => {
     await document.fonts.ready;
     await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
 }"""
-IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
 
 
 @dataclass(frozen=True)
@@ -94,13 +99,12 @@ def showcase_snapshot(url: str) -> str:
 
 
 def wait_until_drawn(page: Page) -> None:
-    """Wait for content: the script finished, charts drawn, images loaded, web fonts ready."""
-    page.wait_for_selector(IDLE, timeout=TIMEOUT_MS)
+    """Wait for content: the app settled, charts drawn, images loaded, web fonts ready."""
+    settle(page, timeout=TIMEOUT_MS)
     page.wait_for_function(CHARTS_DRAWN, timeout=TIMEOUT_MS)
     page.wait_for_function(IMAGES_LOADED, timeout=TIMEOUT_MS)
-    page.wait_for_function(NOTHING_STALE, timeout=TIMEOUT_MS)
     page.evaluate(NEXT_FRAMES)  # fonts ready and two frames painted: no half-drawn transition
-    page.wait_for_selector(IDLE, timeout=TIMEOUT_MS)
+    settle(page, timeout=TIMEOUT_MS)
 
 
 def save_small_png(png: bytes, path: Path) -> int:
@@ -163,7 +167,7 @@ def run(out: Path, only: Sequence[str] = ()) -> list[Path]:
         try:
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-                context = browser.new_context(viewport=VIEWPORT)
+                context = new_app_context(browser, viewport=VIEWPORT)
                 page = context.new_page()
                 sign_in(page, server.base_url)
                 written = [take(page, server.base_url, shot, out) for shot in wanted]

@@ -1,6 +1,13 @@
 """Browser fixtures: a real `streamlit run app.py` server and Debian's headless Chromium via Playwright.
 
 Playwright's own browser download fails offline, so Chromium comes from Debian (`/usr/bin/chromium`).
+
+Every test reads the page only once the app has finished its runs: `settle(page)` after each action
+(a click, a key, a navigation) and before any read or assertion. While Streamlit reruns a script it
+keeps the previous run's elements on the page, so a read mid-run can see a text twice or an old value;
+`fresh(locator)` drops those elements from a locator for the rare wait that must happen mid-run.
+Pages come from `new_app_context` (the `page` fixture uses it), which installs the run tracker
+`settle` relies on.
 """
 
 from __future__ import annotations
@@ -14,8 +21,11 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+from playwright.sync_api import expect
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("OVERRULE_CHROMIUM", "/usr/bin/chromium")
@@ -28,6 +38,54 @@ CHROMIUM_ARGS = [
     "--no-first-run",
     "--disable-quic",
 ]
+
+
+# Long enough for a page run on a 2-core machine kept busy by other work; a hung page still fails.
+SETTLE_MS = 90_000
+expect.set_options(timeout=SETTLE_MS)
+RUN_TRACKER = (Path(__file__).with_name("streamlit_runs.js")).read_text(encoding="utf-8")
+# Matches every element that is neither marked stale by Streamlit nor inside one that is.
+NOT_STALE = ':not([data-stale="true"], [data-stale="true"] *)'
+
+
+def new_app_context(browser: Any, **options: Any) -> Any:
+    """A browser context (Playwright `new_context` options) whose pages can be `settle`d: the run
+    tracker (streamlit_runs.js) is installed in each page before Streamlit's own scripts."""
+    context = browser.new_context(**options)
+    context.add_init_script(script=RUN_TRACKER)
+    # Every wait (an action's, wait_for's, expect's) as long as `settle`'s: a bound on a hang, not a
+    # measure of speed, on a machine that other jobs may keep busy.
+    context.set_default_timeout(SETTLE_MS)
+    return context
+
+
+def settle(page: Any, timeout: float = SETTLE_MS) -> None:
+    """Wait until the app in `page` has finished its runs and shows only their elements.
+
+    Settled means: connected; every run the page asked for has started and its chain (st.rerun()
+    included) has finished, fragment runs too; the app has drawn the last messages; the script state
+    is "notRunning"; no element is marked stale (`data-stale="true"`), no running indicator, no
+    element still loading; and all of that at two animation frames in a row. Call it after every
+    action and before reading; a timeout says what was still pending.
+    """
+    try:
+        # Evaluated again in each new document while the page navigates (a redirect, a reload).
+        done = page.wait_for_function(
+            "() => window.__overruleRuns?.settled() ?? 'no tracker'", timeout=timeout
+        )
+    except PlaywrightTimeoutError as exc:
+        pending = page.evaluate("() => window.__overruleRuns?.pending()")
+        raise AssertionError(f"the app did not settle within {timeout / 1000:.0f} s: {pending}") from exc
+    if done.json_value() == "no tracker":
+        raise AssertionError(
+            "this page has no run tracker: open it from new_app_context (or the page fixture)"
+        )
+
+
+def fresh(locator: Any) -> Any:
+    """`locator` without the elements of an earlier run that Streamlit still shows (marked stale):
+    for a wait that has to watch a page while it reruns. After `settle` there are none."""
+    return locator.and_(locator.page.locator(NOT_STALE))
 
 
 def _free_port() -> int:
@@ -73,9 +131,15 @@ class StreamlitServer:
             stderr=subprocess.STDOUT,
         )
         self.log_path = log_path
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()  # a server that never answered must not outlive its test (and load the machine)
+            raise
 
-    def _wait_ready(self, timeout: float = 60) -> None:
+    def _wait_ready(self, timeout: float = 240) -> None:
+        """Until the health check answers or the process ends; the bound only catches a hung start
+        (a 2-core machine shared with other jobs has taken over a minute to import the app)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -131,7 +195,7 @@ def browser() -> Iterator[object]:
 @pytest.fixture
 def page(browser, tmp_path: Path) -> Iterator[object]:
     """A fresh page that records dialogs (alert/confirm) so tests can assert no script ran."""
-    context = browser.new_context(accept_downloads=True, viewport={"width": 1400, "height": 1000})
+    context = new_app_context(browser, accept_downloads=True, viewport={"width": 1400, "height": 1000})
     pg = context.new_page()
     pg.dialogs = []  # type: ignore[attr-defined]
     pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))  # type: ignore[attr-defined]

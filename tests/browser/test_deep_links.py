@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from playwright.sync_api import expect
 
 from lib.db import init_db
+from tests.browser.conftest import settle
 
 pytestmark = pytest.mark.browser
 
@@ -15,7 +17,8 @@ def test_first_request_to_a_deep_link_has_the_router(streamlit_app, page, tmp_pa
     init_db(url).dispose()
     server = streamlit_app(url)
     page.goto(f"{server.base_url}/{path}")
-    page.get_by_text("Your name (recorded with every change)").wait_for(timeout=30_000)
+    settle(page)
+    expect(page.get_by_text("Your name (recorded with every change)")).to_be_visible()
     nav = page.get_by_test_id("stSidebarNav").inner_text()
     assert "Review queue" in nav and "Tag scores" in nav
     assert "app" not in nav.split()

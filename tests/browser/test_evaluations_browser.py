@@ -13,6 +13,7 @@ from sqlmodel import Session
 
 from lib.db import init_db
 from lib.importer import import_evaluations
+from tests.browser.conftest import settle
 
 SCRIPT = "<script>alert(1)</script>"
 IMG = "<img src=x onerror=alert(1)>"
@@ -56,8 +57,8 @@ def test_hostile_answer_and_evidence_are_highlighted_as_text_and_never_run(
 ) -> None:
     server = streamlit_app(_database(tmp_path, [_hostile_record()]))
     page.goto(f"{server.base_url}/evaluations?snapshot=snap_xss")
+    settle(page)
     marks = page.locator("mark.ov-ev")
-    marks.first.wait_for(state="visible", timeout=30_000)
 
     assert marks.count() == 2
     assert [marks.nth(i).inner_text() for i in range(2)] == [SCRIPT, IMG]
@@ -67,7 +68,7 @@ def test_hostile_answer_and_evidence_are_highlighted_as_text_and_never_run(
     # Give any injected handler the chance to fire: hover the highlights, open the evidence notes.
     marks.nth(1).hover()
     page.locator(".ov-notes summary").first.click()
-    page.wait_for_timeout(1000)
+    settle(page)  # handlers run on the events themselves; the page is also done with any rerun
 
     assert page.dialogs == []
     injected = page.evaluate(
@@ -80,12 +81,11 @@ def test_hostile_answer_and_evidence_are_highlighted_as_text_and_never_run(
         })"""
     )
     assert injected == {"scripts": 0, "imgs": 0, "handlers": 0, "jsLinks": 0}
-    # The payloads are visible as text wherever they are shown.
-    # (twice: the page title is the question's first line, then the question itself). Counts wait
-    # for the page to settle: during a rerun Streamlit keeps the previous run's elements beside the new.
-    expect(page.get_by_text(f"Is this safe? {IMG}")).to_have_count(2, timeout=30_000)
+    # The payloads are visible as text wherever they are shown
+    # (twice: the page title is the question's first line, then the question itself).
+    assert page.get_by_text(f"Is this safe? {IMG}").count() == 2
     # A disabled page link with a tooltip keeps a hidden twin in the DOM: count the visible one.
-    expect(page.locator('a[href*="coach?snapshot=snap_xss"]:visible')).to_have_count(1, timeout=30_000)
+    assert page.locator('a[href*="coach?snapshot=snap_xss"]:visible').count() == 1
 
 
 def test_csv_download_holds_every_filtered_row(tmp_path, streamlit_app, page) -> None:
@@ -103,9 +103,10 @@ def test_csv_download_holds_every_filtered_row(tmp_path, streamlit_app, page) ->
     ]
     server = streamlit_app(_database(tmp_path, records), OVERRULE_PAGE_SIZE="5")
     page.goto(f"{server.base_url}/evaluations?product=beta")
+    settle(page)
     # Served by serve.py, the download is a streamed link (lib.downloads), not a button holding bytes.
     link = page.get_by_role("link", name="Download CSV (all 14 matches)")
-    link.wait_for(state="visible", timeout=30_000)
+    expect(link).to_be_visible()
     href = link.get_attribute("href")
     assert href is not None and href.startswith("/downloads/")
     response = page.request.get(f"{server.base_url}{href}")

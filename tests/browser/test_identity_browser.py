@@ -9,10 +9,12 @@ import re
 import urllib.request
 
 import pytest
+from playwright.sync_api import expect
 from sqlmodel import select
 
 from lib.db import init_db, session_scope
 from lib.models import AuditEvent, EvaluationSnapshot, Judgment, UserRole
+from tests.browser.conftest import new_app_context, settle
 
 pytestmark = pytest.mark.browser
 # The ✓ (confirm the judge) button of every metric row in the review queue.
@@ -69,28 +71,30 @@ def test_open_mode_name_survives_reload_deep_link_and_new_tab(streamlit_app, pag
     server = streamlit_app(url)
     try:
         page.goto(server.base_url)
+        settle(page)
+        expect(
+            page.get_by_text("Open mode: anyone who can reach this server can act as anyone")
+        ).to_be_visible()
         name = page.get_by_label(NAME_LABEL)
-        name.wait_for(timeout=30_000)
-        page.get_by_text("Open mode: anyone who can reach this server can act as anyone").wait_for()
         name.fill("ayse")
         name.press("Enter")
-        page.get_by_text("Enter your name to review").wait_for(state="hidden", timeout=30_000)
-        page.wait_for_function("document.cookie.includes('overrule_reviewer=ayse')", timeout=30_000)
+        settle(page)
+        expect(page.get_by_text("Enter your name to review")).to_have_count(0)
+        # The cookie is written by the page's script after the run: wait for it, not for a time.
+        page.wait_for_function("document.cookie.includes('overrule_reviewer=ayse')")
 
         page.reload()
-        page.get_by_label(NAME_LABEL).wait_for(timeout=30_000)
-        page.wait_for_function(
-            "[...document.querySelectorAll('input')].some(i => i.value === 'ayse')", timeout=30_000
-        )
+        settle(page)
+        expect(page.get_by_label(NAME_LABEL)).to_have_value("ayse")
 
         tab = page.context.new_page()
         tab.goto(f"{server.base_url}/review")
-        tab.get_by_text("Evaluation snap_who").first.wait_for(timeout=30_000)
-        tab.wait_for_function(
-            "[...document.querySelectorAll('input')].some(i => i.value === 'ayse')", timeout=30_000
-        )
+        settle(tab)
+        expect(tab.get_by_text("Evaluation snap_who").first).to_be_visible()
+        expect(tab.get_by_label(NAME_LABEL)).to_have_value("ayse")
         tab.locator(CONFIRM).first.click()
-        tab.get_by_text("Nothing left to review with these filters").wait_for(timeout=30_000)
+        settle(tab)
+        expect(tab.get_by_text("Nothing left to review with these filters")).to_be_visible()
     except Exception:
         for i, p in enumerate(page.context.pages):
             p.screenshot(path=str(tmp_path / f"open_mode_failure_{i}.png"), full_page=True)
@@ -151,18 +155,19 @@ def sign_in(
     if provider is not None:
         provider_user(provider, identity, email=identity, email_verified=True)
     page.goto(base_url)
+    settle(page)
     page.get_by_role("button", name=re.compile("Sign in")).click()
-    page.locator("input[name=sub]").fill(identity)
+    page.locator("input[name=sub]").fill(identity)  # the provider's own page
     page.get_by_role("button", name="Authorize").click()
-    page.get_by_role("button", name="Sign out").wait_for(timeout=30_000)
-    wait_for_text(page, f"Signed in as {shown or identity}")
+    page.wait_for_url(f"{base_url}/**")  # back from the provider
+    settle(page)
+    expect(page.get_by_role("button", name="Sign out")).to_be_visible()
+    assert f"Signed in as {shown or identity}" in page_text(page)
 
 
-def wait_for_text(page, text: str, timeout: float = 30_000) -> None:
-    """Wait until the page holds `text` (folded expanders too), ignoring escape_markdown's word joiners."""
-    page.wait_for_function(
-        "t => document.body.textContent.replaceAll('\\u2060', '').includes(t)", arg=text, timeout=timeout
-    )
+def page_text(page) -> str:
+    """The page's text (folded expanders too) without escape_markdown's invisible word joiners."""
+    return page.evaluate("() => document.body.textContent.replaceAll('\\u2060', '')")
 
 
 def test_signed_out_browser_sees_the_sign_in_screen_only(
@@ -173,8 +178,8 @@ def test_signed_out_browser_sees_the_sign_in_screen_only(
     server = signin_server(streamlit_app, tmp_path, oidc_provider, url)
     for path in ("", "/evaluations?snapshot=snap_who", "/review", "/corrections", "/admin"):
         page.goto(f"{server.base_url}{path}")
-        page.get_by_role("button", name=re.compile("Sign in")).wait_for(timeout=30_000)
-        page.wait_for_timeout(1500)  # let any late rerun draw whatever it would draw
+        settle(page)  # every run the page makes has drawn whatever it would draw
+        expect(page.get_by_role("button", name=re.compile("Sign in"))).to_be_visible()
         body = page.locator("body").inner_text()
         assert SECRET_TEXT not in body and "snap_who" not in body, path
         assert "Download" not in body and "reviewed" not in body, path
@@ -189,39 +194,42 @@ def test_two_users_sign_in_and_roles_are_enforced(streamlit_app, browser, tmp_pa
         s.add(UserRole(identity="bob@example.com", role="reviewer", updated_by="test"))
         second = s.exec(select(Judgment.id).where(Judgment.id != first)).one()
     server = signin_server(streamlit_app, tmp_path, oidc_provider, url)
-    viewer = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-    reviewer = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    viewer = new_app_context(browser, viewport={"width": 1400, "height": 1000}).new_page()
+    reviewer = new_app_context(browser, viewport={"width": 1400, "height": 1000}).new_page()
     try:
         # A viewer (no role row: OVERRULE_DEFAULT_ROLE) reads, and is told why it cannot confirm.
         sign_in(viewer, server.base_url, "alice@example.com", provider=oidc_provider)
-        viewer.get_by_text("role viewer").first.wait_for()
-        viewer.get_by_role("button", name="Sign out").wait_for()
+        expect(viewer.get_by_text("role viewer").first).to_be_visible()
         viewer.goto(f"{server.base_url}/review")
-        viewer.get_by_text("Evaluation snap_who").first.wait_for(timeout=30_000)
-        viewer.get_by_text("which cannot confirm or overrule judgments").first.wait_for()
+        settle(viewer)
+        expect(viewer.get_by_text("Evaluation snap_who").first).to_be_visible()
+        expect(viewer.get_by_text("which cannot confirm or overrule judgments").first).to_be_visible()
         buttons = viewer.locator(CONFIRM)
-        buttons.first.wait_for(timeout=30_000)  # the caption can arrive before the metric rows
         assert buttons.count() >= 1 and all(b.is_disabled() for b in buttons.all())
 
         # A reviewer confirms one judgment: the row records the provider's identity.
         sign_in(reviewer, server.base_url, "bob@example.com", provider=oidc_provider)
-        reviewer.get_by_text("role reviewer").first.wait_for()
+        expect(reviewer.get_by_text("role reviewer").first).to_be_visible()
         reviewer.goto(f"{server.base_url}/review")
-        reviewer.get_by_text("0 of 2 reviewed").first.wait_for(timeout=30_000)
+        settle(reviewer)
+        expect(reviewer.get_by_text("0 of 2 reviewed").first).to_be_visible()
         reviewer.locator(CONFIRM).first.click()
-        reviewer.get_by_text("1 of 2 reviewed").first.wait_for(timeout=30_000)
+        settle(reviewer)
+        expect(reviewer.get_by_text("1 of 2 reviewed").first).to_be_visible()
         assert stored_review(url, first) == ("4", "bob@example.com")
 
         # An admin demotes bob while his page is open: lib refuses the next write, says so, audits it.
         with session_scope(engine) as s:
             s.get(UserRole, "bob@example.com").role = "viewer"  # type: ignore[union-attr]
         reviewer.locator(CONFIRM).first.click()
-        reviewer.get_by_text("Not allowed, nothing was changed").first.wait_for(timeout=30_000)
+        settle(reviewer)
+        expect(reviewer.get_by_text("Not allowed, nothing was changed").first).to_be_visible()
         assert stored_review(url, second) == (None, None)
 
         # The row bob wrote shows his identity on the evaluation's page.
         reviewer.goto(f"{server.base_url}/evaluations?snapshot=snap_who")
-        wait_for_text(reviewer, "confirmed by bob@example.com")
+        settle(reviewer)
+        assert "confirmed by bob@example.com" in page_text(reviewer)
     except Exception:
         for name, p in (("viewer", viewer), ("reviewer", reviewer)):
             p.screenshot(path=str(tmp_path / f"signin_{name}.png"), full_page=True)
@@ -250,19 +258,21 @@ def test_an_unverified_email_never_becomes_the_identity(
     server = signin_server(streamlit_app, tmp_path, oidc_provider, url)
     provider_user(oidc_provider, "mallory", email="ROOT@example.com", email_verified=False)
     provider_user(oidc_provider, "root", email="Root@Example.COM", email_verified=True)
-    mallory = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
-    root = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    mallory = new_app_context(browser, viewport={"width": 1400, "height": 1000}).new_page()
+    root = new_app_context(browser, viewport={"width": 1400, "height": 1000}).new_page()
     try:
         sign_in(mallory, server.base_url, "mallory", shown=f"sub:{oidc_provider}#mallory")
-        mallory.get_by_text("role viewer").first.wait_for()
+        expect(mallory.get_by_text("role viewer").first).to_be_visible()
         mallory.goto(f"{server.base_url}/admin")
-        mallory.get_by_text("Only admins can see this page").wait_for(timeout=30_000)
+        settle(mallory)
+        expect(mallory.get_by_text("Only admins can see this page")).to_be_visible()
         assert mallory.get_by_text("Set role").count() == 0
 
         sign_in(root, server.base_url, "root", shown="root@example.com")
-        root.get_by_text("role admin").first.wait_for()
+        expect(root.get_by_text("role admin").first).to_be_visible()
         root.goto(f"{server.base_url}/admin")
-        root.get_by_role("button", name="Set role").wait_for(timeout=30_000)
+        settle(root)
+        expect(root.get_by_role("button", name="Set role")).to_be_visible()
     except Exception:
         for name, p in (("mallory", mallory), ("root", root)):
             p.screenshot(path=str(tmp_path / f"unverified_{name}.png"), full_page=True)

@@ -1,5 +1,6 @@
-"""Issue #17 in headless Chromium: huge answers keep the detail page and the review queue responsive,
-with highlights and the full text still reachable; text from data never becomes a link or an icon."""
+"""Issue #17 in headless Chromium: huge answers are shown a part at a time on the detail page and the
+review queue (what keeps them responsive; bench/bench_render.py measures the time), with highlights
+and the full text still reachable; text from data never becomes a link or an icon."""
 
 from __future__ import annotations
 
@@ -8,17 +9,16 @@ import time
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 from sqlmodel import Session
 
 from lib.db import init_db
 from lib.highlight import INLINE_CHARS, answer_parts
 from lib.importer import import_evaluations
-from tests.long_text import long_record, markup_answer, time_until_interactive, word_answer
+from tests.browser.conftest import settle
+from tests.long_text import long_record, markup_answer, word_answer
 
 pytestmark = pytest.mark.browser
-
-# Generous: a part renders in about a second; before the cap these pages took minutes.
-INTERACTIVE_MS = 15_000
 
 
 def _database(tmp_path: Path, records: list[dict]) -> str:
@@ -31,20 +31,27 @@ def _database(tmp_path: Path, records: list[dict]) -> str:
     return url
 
 
+def _open(page, url: str) -> float:  # type: ignore[no-untyped-def]
+    """Open `url` and wait until the app has drawn it; the seconds it took (printed, not asserted)."""
+    started = time.perf_counter()
+    page.goto(url)
+    settle(page)
+    return time.perf_counter() - started
+
+
 @pytest.mark.parametrize("answer", [markup_answer(), word_answer()], ids=["1MB-markup", "300k-word"])
-def test_huge_answer_renders_quickly_on_detail_and_queue_with_highlights_and_full_text(
+def test_huge_answer_shows_one_part_on_detail_and_queue_with_highlights_and_full_text(
     tmp_path, streamlit_app, page, answer: str
 ) -> None:
+    """Only one part of the answer is in the page at a time (the cap that keeps these pages fast;
+    bench/bench_render.py measures how fast), with its highlights; the rest is a part number or a
+    download away. Times are printed for the record, never asserted."""
     server = streamlit_app(_database(tmp_path, [long_record("big", answer)]))
     parts = answer_parts(answer)
 
-    seconds = time_until_interactive(
-        page,
-        f"{server.base_url}/evaluations?snapshot=big",
-        ".st-key-evaluations_card_0",
-        timeout_ms=INTERACTIVE_MS,
-    )
-    print(f"\ndetail page, {len(answer):,} characters: interactive after {seconds:.2f} s")
+    seconds = _open(page, f"{server.base_url}/evaluations?snapshot=big")
+    print(f"\ndetail page, {len(answer):,} characters: drawn after {seconds:.2f} s")
+    expect(page.locator(".st-key-evaluations_card_0")).to_be_visible()
     shown = page.locator(".st-key-evaluations_answer_text .ov-answer")
     # Part 1 only (at most INLINE_CHARS), with evidence 1's footnote number after its 10 characters.
     assert parts[0][1] <= INLINE_CHARS
@@ -54,28 +61,28 @@ def test_huge_answer_renders_quickly_on_detail_and_queue_with_highlights_and_ful
     part = page.locator(".st-key-evaluations_answer_part input")
     part.fill(str(len(parts)))
     part.press("Enter")
+    settle(page)
     last = page.locator('.st-key-evaluations_answer_text mark.ov-ev[data-refs="2"]')
-    last.wait_for(state="visible", timeout=INTERACTIVE_MS)
+    expect(last).to_be_visible()
     assert last.inner_text() == answer[-9:]
     start, end = parts[-1]
     assert shown.inner_text() == answer[start:end] + "2"  # the part, then evidence 2's footnote number
     # The full text, byte for byte, is one click away.
-    with page.expect_download(timeout=30_000) as info:
+    with page.expect_download() as info:
         page.locator(".st-key-evaluations_answer_download button").click()
     assert Path(info.value.path()).read_text(encoding="utf-8") == answer
     # "Show all at once" renders the whole text (slower, the reviewer's choice), both highlights in it.
     started = time.perf_counter()
     page.locator(".st-key-evaluations_answer_all label").click()
-    page.locator('.st-key-evaluations_answer_text mark.ov-ev[data-refs="1"]').wait_for(timeout=60_000)
-    page.evaluate("() => new Promise(r => requestAnimationFrame(() => setTimeout(r, 0)))")
+    settle(page)
+    expect(page.locator('.st-key-evaluations_answer_text mark.ov-ev[data-refs="1"]')).to_be_visible()
     print(f"detail page, show all: {time.perf_counter() - started:.2f} s")
     assert len(shown.inner_text()) == len(answer) + 2  # and the two footnote numbers
     assert page.get_by_text("created with a default value").count() == 0
 
-    seconds = time_until_interactive(
-        page, f"{server.base_url}/review", ".st-key-review_skip", timeout_ms=INTERACTIVE_MS
-    )
-    print(f"review queue, {len(answer):,} characters: interactive after {seconds:.2f} s")
+    seconds = _open(page, f"{server.base_url}/review")
+    print(f"review queue, {len(answer):,} characters: drawn after {seconds:.2f} s")
+    expect(page.locator(".st-key-review_skip")).to_be_visible()
     queue_text = page.locator(".st-key-review_answer_text .ov-answer").inner_text()
     # The queue shows part 1 with the same highlights as the detail view (issue 15).
     assert queue_text == answer[:10] + "1" + answer[10 : parts[0][1]]
@@ -107,8 +114,8 @@ def test_urls_emails_and_shortcodes_from_data_read_literally(tmp_path, streamlit
         ("/review", ".st-key-review_skip"),
     ):
         page.goto(server.base_url + path)
-        page.locator(ready).wait_for(state="visible", timeout=30_000)
-        page.wait_for_timeout(500)
+        settle(page)
+        expect(page.locator(ready)).to_be_visible()
         main = page.locator("section.stMain, [data-testid='stMain']").first
         found = main.evaluate(
             """el => ({

@@ -3,12 +3,12 @@ escaped. Hovering a hostile note's mark shows its markup as text and runs nothin
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from playwright.sync_api import expect
 
 from lib.db import init_db, session_scope
 from lib.notes import add_note
+from tests.browser.conftest import settle
 
 pytestmark = pytest.mark.browser
 
@@ -24,21 +24,19 @@ def test_hovering_a_note_mark_shows_its_text_literally(streamlit_app, page, tmp_
     server = streamlit_app(url)
     try:
         page.goto(server.base_url)  # the router first: a fresh server serves deep links without it
-        page.get_by_text("Your name (recorded with every change)").wait_for(timeout=30_000)
+        settle(page)
         page.goto(f"{server.base_url}/notes")
+        settle(page)
         page.get_by_role("tab", name="Timeline").click()
+        settle(page)
         chart = page.get_by_test_id("stPlotlyChart").filter(has_text="Sessions and their notes")
         mark = chart.locator(".scatterlayer .trace .points path").last
-        mark.wait_for(timeout=120_000)
+        # Plotly draws the marks first and binds hover to its drag layer after: wait for that layer.
+        chart.locator(".draglayer .nsewdrag").first.wait_for(state="attached")
+        mark.hover(force=True)
         hover = chart.locator(".hoverlayer")
-        text = ""
-        deadline = time.monotonic() + 90  # the shared CI machine can be slow to bind plotly's events
-        while "onerror" not in text and time.monotonic() < deadline:
-            page.mouse.move(0, 0)  # a hover before plotly has bound its events shows nothing: retry
-            mark.hover(force=True)
-            text = hover.text_content() or ""
-            if "onerror" not in text:
-                page.wait_for_timeout(500)
+        expect(hover).to_contain_text("onerror")
+        text = hover.text_content() or ""
         assert "<img src=x" in text and "<b>bold</b>" in text  # shown as typed, not rendered
         assert "💡 STRATEGY" in text
         assert hover.locator("img").count() == 0 and hover.locator("b").filter(has_text="bold").count() == 0

@@ -6,11 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 from sqlmodel import select
 
 from lib import importer
 from lib.db import init_db, session_scope
 from lib.models import AutoEval, ExpertFeedback
+from tests.browser.conftest import settle
 
 pytestmark = pytest.mark.browser
 
@@ -33,18 +35,17 @@ def test_expert_feedback_makes_a_precedent_for_a_later_interaction(streamlit_app
     assert first.evaluation.reasons == {"no_qa_match": 1}  # nothing to match yet
     server = streamlit_app(url)
     try:
-        page.goto(server.base_url)
-        page.get_by_text("Your name (recorded with every change)").wait_for(timeout=30_000)
+        page.goto(server.base_url)  # the router first: a fresh server serves deep links without it
+        settle(page)
         page.goto(f"{server.base_url}/precedents?interaction=first")
+        settle(page)
         name = page.get_by_label("Your name (recorded with every change)")
-        name.wait_for(timeout=30_000)
         name.fill("ayse")
         name.press("Enter")
-        page.get_by_text("Enter your name in the sidebar to add an expert review").wait_for(
-            state="hidden", timeout=30_000
-        )
-        page.get_by_text("Interaction first").wait_for(timeout=30_000)
-        page.get_by_text(S1, exact=True).wait_for(timeout=30_000)  # each sentence above its score box
+        settle(page)
+        expect(page.get_by_text("Enter your name in the sidebar to add an expert review")).to_have_count(0)
+        expect(page.get_by_text("Interaction first")).to_be_visible()
+        expect(page.get_by_text(S1, exact=True)).to_be_visible()  # each sentence above its score box
         for n, score in ((1, "90"), (2, "70")):
             box = page.get_by_label(f"Score for sentence {n} (0–100)")
             box.fill(score)
@@ -52,18 +53,20 @@ def test_expert_feedback_makes_a_precedent_for_a_later_interaction(streamlit_app
         citation = page.get_by_label("Citation score")
         citation.fill("15")
         citation.press("Tab")
+        settle(page)
         page.get_by_role("button", name="Save expert review").click()
-        page.get_by_text("this interaction is now a precedent").wait_for(timeout=30_000)
+        settle(page)
+        expect(page.get_by_text("this interaction is now a precedent")).to_be_visible()
 
         # A later interaction arrives (the CLI import) and is matched against the new precedent.
         later = _import(engine, tmp_path / "later.jsonl", "later")
         assert later.evaluation.matched == 1
         page.goto(f"{server.base_url}/precedents?interaction=later")
-        page.get_by_text("Interaction later").wait_for(timeout=30_000)
-        page.get_by_text("Outcome: matched").wait_for(timeout=30_000)
-        page.get_by_text("Copied total").wait_for(timeout=30_000)
-        # The match trace streams in after the metrics: wait for its last part before reading.
-        page.get_by_text("Citation ✅ matches").wait_for(timeout=30_000)
+        settle(page)
+        expect(page.get_by_text("Interaction later")).to_be_visible()
+        expect(page.get_by_text("Outcome: matched")).to_be_visible()
+        # The metric, not the list's column of the same name.
+        expect(page.get_by_test_id("stMetric").filter(has_text="Copied total")).to_contain_text("75")
         body = page.inner_text("body")
     except Exception:
         page.screenshot(path=str(tmp_path / "precedents_failure.png"), full_page=True)

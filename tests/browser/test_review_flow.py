@@ -7,10 +7,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from playwright.sync_api import expect
 from sqlmodel import select
 
 from lib.db import init_db, session_scope
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent
+from tests.browser.conftest import new_app_context, settle
 
 pytestmark = pytest.mark.browser
 
@@ -77,7 +79,7 @@ def test_five_reviews_by_keyboard_one_undo_and_the_workspace_fits_one_screen(
     url = f"sqlite:///{tmp_path / 'review.db'}"
     ids = _seed(url)
     server = streamlit_app(url)
-    context = browser.new_context(viewport=SCREEN)
+    context = new_app_context(browser, viewport=SCREEN)
     # The reviewer's name comes from its cookie (as after any earlier visit): no field to type in.
     context.add_cookies([{"name": "overrule_reviewer", "value": "ayse", "url": server.base_url}])
     page = context.new_page()
@@ -85,48 +87,39 @@ def test_five_reviews_by_keyboard_one_undo_and_the_workspace_fits_one_screen(
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     heights: dict[str, int] = {}
 
-    def settled() -> None:
-        """The run a key started has ended and Streamlit dropped the elements it kept from the run
-        before: the next key reaches the buttons now drawn, and a height is the page's, not a frame
-        drawn half old, half new."""
-        page.wait_for_function(
-            """() => document.querySelector('[data-testid="stApp"]')
-                         ?.getAttribute('data-test-script-state') === 'notRunning'
-                     && !document.querySelector('[data-stale="true"]')""",
-            timeout=30_000,
-        )
-
+    # After each key: `settle` (the run it started has ended and Streamlit dropped the elements it
+    # kept from the run before: the next key reaches the buttons now drawn, and a height is the
+    # page's, not a frame drawn half old, half new), then what the key changed.
     def reviewed(n: int) -> None:
-        page.get_by_test_id("stProgress").get_by_text(f"{n} of 9 reviewed").first.wait_for(timeout=30_000)
-        settled()
+        settle(page)
+        expect(page.get_by_test_id("stProgress").get_by_text(f"{n} of 9 reviewed")).to_be_visible()
 
     def selected(title: str) -> None:
-        page.locator(".st-key-review_rows button").filter(has_text=re.compile(f"^▸ {title}")).first.wait_for(
-            timeout=30_000
-        )
-        settled()
+        settle(page)
+        # By role: the metric's popover button, not the hidden twin Streamlit keeps for its tooltip.
+        rows = page.locator(".st-key-review_rows")
+        expect(rows.get_by_role("button", name=re.compile(f"^▸ {title}"))).to_be_visible()
 
     def reason_focused() -> None:
+        settle(page)
+        # Focus moves by the page's script once the field is drawn: wait for that state.
         page.wait_for_function(
-            "document.activeElement && document.activeElement.closest('.st-key-review_reason') !== null",
-            timeout=30_000,
+            "document.activeElement && document.activeElement.closest('.st-key-review_reason') !== null"
         )
-        settled()
 
     try:
         # Load the router first: a fresh server serves a deep link without app.py until it ran once.
         page.goto(server.base_url)
-        page.get_by_text("Your name (recorded with every change)").wait_for(timeout=30_000)
+        settle(page)
         page.goto(f"{server.base_url}/review")
-        page.get_by_text("Evaluation snap_keys").first.wait_for(timeout=30_000)
+        settle(page)
+        expect(page.get_by_text("Evaluation snap_keys").first).to_be_visible()
         reviewed(0)
         selected("Truthfulness")  # largest gap first
-        page.locator(".st-key-review_answer_text mark.ov-ev").first.wait_for(timeout=30_000)
-        settled()
+        expect(page.locator(".st-key-review_answer_text mark.ov-ev").first).to_be_visible()
         heights["8 rows"] = _page_height(page)
-        # The keys act through the selected row's buttons: wait until they are enabled (the
-        # reviewer is known) before the first key, or it can be lost on a slow machine.
-        page.locator('[class*="_confirm"] button:not([disabled])').first.wait_for(timeout=30_000)
+        # The keys act through the selected row's buttons: enabled once the reviewer is known.
+        expect(page.locator('[class*="_confirm"] button:not([disabled])').first).to_be_visible()
 
         page.keyboard.press("y")  # 1: confirm truthfulness
         reviewed(1)
@@ -159,15 +152,17 @@ def test_five_reviews_by_keyboard_one_undo_and_the_workspace_fits_one_screen(
         page.keyboard.press("u")  # undo the last one: safety is open again
         reviewed(4)
         selected("Safety")
-        page.get_by_text("Undid your decision on snap_keys").first.wait_for(
-            timeout=30_000
-        )  # ids keep a joiner after ":"
+        expect(
+            page.get_by_text("Undid your decision on snap_keys").first
+        ).to_be_visible()  # a joiner after ":"
         page.keyboard.press("s")  # skip the rest of this evaluation
-        page.get_by_text("Evaluation snap_next").first.wait_for(timeout=30_000)
+        settle(page)
+        expect(page.get_by_text("Evaluation snap_next").first).to_be_visible()
 
         page.goto(f"{server.base_url}/corrections")
+        settle(page)
         block = page.get_by_test_id("stCode")
-        block.get_by_text("[CORRECTED] snap_keys:helpfulness").wait_for(timeout=30_000)
+        expect(block.get_by_text("[CORRECTED] snap_keys:helpfulness")).to_be_visible()
         history = block.inner_text()
     except Exception:
         page.screenshot(path=str(tmp_path / "review_flow_failure.png"), full_page=True)

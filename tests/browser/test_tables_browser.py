@@ -10,10 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 from sqlmodel import Session
 
 from lib.db import init_db
 from lib.importer import import_evaluations
+from tests.browser.conftest import settle
 from tests.test_inspector import record
 
 pytestmark = pytest.mark.browser
@@ -44,14 +46,15 @@ def test_a_page_of_evaluations_is_shown_whole_with_gaps_and_review_in_view(
 ) -> None:
     server = streamlit_app(_database(tmp_path))
     page.goto(f"{server.base_url}/evaluations")
+    settle(page)
     grid = page.locator('[data-testid="stDataFrame"]').first
-    grid.wait_for(state="visible", timeout=30_000)
+    expect(grid).to_be_visible()
+    # The grid fills its accessibility table from the rows it loads after the run: wait for them.
+    # 25 rows (OVERRULE_PAGE_SIZE) plus the header: the whole page, not Streamlit's default ten.
+    expect(page.locator('[data-testid="stDataFrame"] [role="row"]')).to_have_count(26)
     headers = page.locator('[data-testid="stDataFrame"] [role="columnheader"]')
-    headers.filter(has_text="Max gap").first.wait_for(state="attached", timeout=30_000)
-    shown = [headers.nth(i).inner_text().strip() for i in range(headers.count())]
+    shown = [h.strip() for h in headers.all_inner_texts()]
     for column in ("Question", "Max gap", "Weighted gap", "Review", "Reviewed"):
         assert column in shown, shown
     assert "Id" not in shown  # the id is last: off to the right, not in the way
-    # 25 rows (OVERRULE_PAGE_SIZE) plus the header: the whole page, not Streamlit's default ten.
-    assert page.locator('[data-testid="stDataFrame"] [role="row"]').count() == 26
     assert page.dialogs == []  # type: ignore[attr-defined]
