@@ -98,6 +98,11 @@ chosen = st.radio(
     key=f"coach_chat_{len(options)}_{default}",
 )
 st.session_state["coach_active_chat"] = chosen
+# Two boxes at the same place in every run: a reply streams into `conversation`, and the rerun after it
+# draws the stored chat into the same box. The message then sits at the same index in both runs, so
+# Streamlit updates it in place instead of showing the streamed copy, faded, beside the stored one.
+heading = st.container()
+conversation = st.container()
 
 
 def _stream_safely(prepared: coach.PreparedReply) -> None:
@@ -119,23 +124,29 @@ def _show_reply(prepared: coach.PreparedReply) -> None:
 
 coach_denied = denied_reason(Permission.COACH) if current_actor() else None
 if coach_denied:
-    st.caption(f"🔒 {escape_markdown(coach_denied)}")
+    heading.caption(f"🔒 {escape_markdown(coach_denied)}")
 if chosen == NEW_CHAT:
-    st.subheader("Start a chat")
-    st.caption("Pick 1–3 metrics. They are fixed for this chat; other metrics need a new chat.")
-    picked = st.multiselect(
-        "Metrics to discuss",
-        [s.slug for s in specs],
-        format_func=lambda s: plain_names[s],
-        max_selections=coach.MAX_SELECTED_METRICS,
-        key="coach_metrics",
-    )
-    if st.button(
-        "Start chat", key="coach_start", type="primary", disabled=bool(no_llm or coach_denied) or not picked
-    ):
+    with heading:
+        st.subheader("Start a chat")
+        st.caption("Pick 1–3 metrics. They are fixed for this chat; other metrics need a new chat.")
+        picked = st.multiselect(
+            "Metrics to discuss",
+            [s.slug for s in specs],
+            format_func=lambda s: plain_names[s],
+            max_selections=coach.MAX_SELECTED_METRICS,
+            key="coach_metrics",
+        )
+        start = st.button(
+            "Start chat",
+            key="coach_start",
+            type="primary",
+            disabled=bool(no_llm or coach_denied) or not picked,
+        )
+    if start:
         try:
             prepared = coach.start_chat(engine, snapshot_id, picked, reviewer=current_actor())
-            _show_reply(prepared)
+            with conversation:  # where the chat's first message stands after the rerun
+                _show_reply(prepared)
         except (coach.CoachError, LLMNotConfigured) as exc:
             st.error(escape_markdown(str(exc)))
             st.stop()
@@ -152,28 +163,31 @@ chat_id = str(chosen)
 with session_scope(read_only=True) as session:
     history = coach.chat_messages(session=session, snapshot_id=snapshot_id, chat_id=chat_id)
     unfinished = coach.unfinished_replies(session=session, snapshot_id=snapshot_id, chat_id=chat_id)
-st.caption("Metrics: " + ", ".join(names.get(m, m) for m in (history[0].selected_metrics if history else [])))
+heading.caption(
+    "Metrics: " + ", ".join(names.get(m, m) for m in (history[0].selected_metrics if history else []))
+)
 
-for message in history:
-    if message.role == "assistant" and not message.is_complete:
-        continue
-    with st.chat_message(message.role):
-        st.markdown(
-            safe_markdown(message.content)
-            if message.role == "assistant"
-            else escape_markdown(message.content)
-        )
+with conversation:
+    for message in history:
+        if message.role == "assistant" and not message.is_complete:
+            continue
+        with st.chat_message(message.role):
+            st.markdown(
+                safe_markdown(message.content)
+                if message.role == "assistant"
+                else escape_markdown(message.content)
+            )
 
-# A reply cut off by a rerun or a closed tab is regenerated in place (same row) on the next visit.
-if unfinished and not no_llm:
-    for row in unfinished:
-        try:
-            _show_reply(coach.resume_reply(engine, snapshot_id, row.client_message_id))
-        except coach.TurnLimitReached:
-            continue  # an unfinished greeting is not generated once the turns are used
-        except LLMError as exc:
-            st.error(f"The coach could not finish an earlier reply: {escape_markdown(str(exc))}")
-            break
+    # A reply cut off by a rerun or a closed tab is regenerated in place (same row) on the next visit.
+    if unfinished and not no_llm:
+        for row in unfinished:
+            try:
+                _show_reply(coach.resume_reply(engine, snapshot_id, row.client_message_id))
+            except coach.TurnLimitReached:
+                continue  # an unfinished greeting is not generated once the turns are used
+            except LLMError as exc:
+                st.error(f"The coach could not finish an earlier reply: {escape_markdown(str(exc))}")
+                break
 
 show_flash(FLASH_KEY)
 st.progress(min(used / limit, 1.0), text=f"{used} of {limit} messages used")
@@ -184,14 +198,15 @@ if at_limit:
 
 prompt = st.chat_input("Ask the coach…", disabled=bool(no_llm or coach_denied), key="coach_input")
 if prompt:
-    with st.chat_message("user"):
-        st.markdown(escape_markdown(prompt))
     prepared: coach.PreparedReply | None = None
     try:
-        prepared = coach.send_message(
-            engine, snapshot_id, prompt, str(uuid.uuid4()), chat_id=chat_id, reviewer=current_actor()
-        )
-        _show_reply(prepared)
+        with conversation:  # after the stored messages: where the rerun will draw these two
+            with st.chat_message("user"):
+                st.markdown(escape_markdown(prompt))
+            prepared = coach.send_message(
+                engine, snapshot_id, prompt, str(uuid.uuid4()), chat_id=chat_id, reviewer=current_actor()
+            )
+            _show_reply(prepared)
     except coach.TurnLimitReached:
         st.rerun()  # another tab used the last turn: show the read-only chat at once
     except (coach.CoachError, LLMNotConfigured) as exc:

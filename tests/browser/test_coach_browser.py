@@ -3,13 +3,42 @@
 from __future__ import annotations
 
 import pytest
+from playwright.sync_api import expect
 
 from lib.db import init_db, session_scope
 from lib.models import EvaluationSnapshot
 from lib.safe_markdown import MAX_NESTING
 from tests import llm_server as fake
+from tests.browser.conftest import settle
 
 pytestmark = pytest.mark.browser
+
+# Watches chat messages that read exactly each given text, over every DOM change from now on
+# (Streamlit's faded elements of an earlier run included: a reader sees those too). `__messages()`
+# says, per text, the most copies seen at once and whether the message shown now is the element in
+# which the text first appeared (updated in place by the rerun, not replaced by a second copy).
+_WATCH_MESSAGES = """(texts) => {
+  window.__messagesWatch?.disconnect();
+  const most = Object.fromEntries(texts.map(t => [t, 0]));
+  const first = {};
+  const shown = (t) => [...document.querySelectorAll('[data-testid="stChatMessage"]')].filter(m =>
+    [...m.querySelectorAll('[data-testid="stMarkdownContainer"]')].some(b => b.textContent.trim() === t));
+  const count = () => {
+    for (const t of texts) {
+      const now = shown(t);
+      most[t] = Math.max(most[t], now.length);
+      first[t] ??= now[0];
+    }
+  };
+  count();
+  window.__messagesWatch = new MutationObserver(count);
+  window.__messagesWatch.observe(document.body, {subtree: true, childList: true, characterData: true});
+  window.__messages = () => Object.fromEntries(texts.map(t => {
+    const now = shown(t);
+    return [t, {most: most[t], same: now.length === 1 && now[0] === first[t]}];
+  }));
+}"""
+ONCE = {"most": 1, "same": True}
 
 
 def _reply(body: dict) -> fake.StreamReply:
@@ -48,22 +77,32 @@ def test_two_messages_get_two_streamed_replies(streamlit_app, page, tmp_path, ll
 
 
 def _chat(page) -> None:
-    page.get_by_text("Start a chat").wait_for(timeout=30_000)
+    settle(page)
     page.get_by_test_id("stMultiSelect").click()
     page.get_by_role("option", name="Truthfulness").click()
     page.keyboard.press("Escape")
+    settle(page)
+    greeting = "Welcome! Truthfulness differs by 2."
+    page.evaluate(_WATCH_MESSAGES, [greeting])
     page.get_by_role("button", name="Start chat").click()
-    page.get_by_text("Truthfulness differs by 2.").wait_for(timeout=30_000)
+    settle(page)
+    # The greeting streams, then the page reruns to show the chat: never two greetings on screen
+    # (the rerun draws the chat's first message where the streamed one stands).
+    assert page.evaluate("window.__messages()")[greeting]["most"] == 1
 
-    for question in ("Why a 3?", "And how to fix it?"):
+    replies = {q: f"You asked: {q}. Evidence says otherwise." for q in ("Why a 3?", "And how to fix it?")}
+    for question, reply in replies.items():
+        page.evaluate(_WATCH_MESSAGES, [question, reply])
         box = page.get_by_test_id("stChatInputTextArea")
-        box.wait_for(timeout=30_000)
         box.fill(question)
         box.press("Enter")
-        page.get_by_text(f"You asked: {question}. Evidence says otherwise.").wait_for(timeout=30_000)
+        settle(page)
+        # Streamed, then redrawn by the rerun that follows: each message on screen once at every moment.
+        assert page.evaluate("window.__messages()") == {question: ONCE, reply: ONCE}
+        assert page.get_by_text(reply).count() == 1
 
     assert page.get_by_text("Evidence says otherwise.").count() == 2
-    page.get_by_text("2 of 15 messages used").wait_for(timeout=15_000)
+    assert page.get_by_text("2 of 15 messages used").count() == 1
     assert page.dialogs == []
 
 
@@ -99,13 +138,14 @@ def test_injected_image_never_loads_and_deep_quote_renders(streamlit_app, page, 
     page.on("crash", lambda _: crashed.append("crash"))
 
     page.goto(f"{server.base_url}/coach?snapshot=snap_inject")
-    page.get_by_text("Start a chat").wait_for(timeout=30_000)
+    settle(page)
     page.get_by_test_id("stMultiSelect").click()
     page.get_by_role("option", name="Truthfulness").click()
     page.keyboard.press("Escape")
+    settle(page)
     page.get_by_role("button", name="Start chat").click()
-    page.get_by_text("deep quote end").wait_for(timeout=30_000)
-    page.wait_for_timeout(1500)
+    settle(page)  # the reply streamed and the chat drawn again: every image it holds was in the page
+    expect(page.get_by_text("deep quote end")).to_be_visible()
 
     assert [u for u in requested if "leak.invalid" in u] == []
     assert crashed == []
