@@ -37,6 +37,7 @@ from lib.models import (
 from lib.notes import relevant_notes
 from lib.relevance import apply_score, pinned_as_of, record_audit, relevance_for_notes, set_manual_pin
 from lib.scripted_llm import json_reply, server_error
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -518,7 +519,6 @@ def test_a_killed_run_resumes_keeping_its_finished_calls(
     import signal
     import subprocess
     import sys
-    import time
 
     from lib.__main__ import main
     from lib.scripted_llm import stall
@@ -539,10 +539,7 @@ def test_a_killed_run_resumes_keeping_its_finished_calls(
         stderr=subprocess.DEVNULL,
     )
     try:
-        for _ in range(600):  # wait for the stalled fifth request, never for a time
-            if len(judge_server.chat_requests) >= 5:
-                break
-            time.sleep(0.05)
+        wait_until(lambda: len(judge_server.chat_requests) >= 5, "the stalled fifth request")
         assert len(judge_server.chat_requests) == 5
     finally:
         proc.send_signal(signal.SIGKILL)

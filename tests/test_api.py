@@ -7,7 +7,6 @@ import io
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from lib.auth import system_actor
 from lib.models import ApiToken, EvaluationSnapshot, Judgment, JudgmentEvent, SessionNote
 from lib.tokens import create_token, hash_secret, list_tokens, revoke_token
 from tests.test_importer import record
+from tests.waiting import wait_until
 
 # The first DuckDB export starts its worker processes: seconds on a loaded machine, past httpx's 5 s default.
 EXPORT_TIMEOUT = 120
@@ -66,10 +66,8 @@ def server(engine: Engine) -> Iterator[Server]:
     uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
-    for _ in range(200):
-        if uv.started:
-            break
-        time.sleep(0.02)
+    wait_until(lambda: uv.started or not thread.is_alive(), "the API server to start")
+    assert uv.started, "the API server stopped before it started"
     yield Server(f"http://127.0.0.1:{port}{API_PREFIX}", engine, secrets)
     uv.should_exit = True
     thread.join(timeout=10)

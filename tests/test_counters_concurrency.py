@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,6 +18,7 @@ from lib.models import Judgment
 from lib.second_opinion import SecondOpinion, store_second_opinion
 from tests.conftest import PgDatabase
 from tests.test_counters import _record, _snapshot_of_counters
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -32,9 +32,9 @@ def pg_engine(_pg_worker_database: PgDatabase) -> Iterator[Engine]:
 
 def _wait_until_blocked(engine: Engine, worker: threading.Thread) -> None:
     """Until another backend waits on a row lock (or the worker finished without waiting)."""
-    deadline = time.monotonic() + 30
     with engine.connect() as conn:
-        while worker.is_alive() and time.monotonic() < deadline:
+
+        def blocked() -> bool:
             waiting = conn.execute(
                 text(
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
@@ -42,9 +42,9 @@ def _wait_until_blocked(engine: Engine, worker: threading.Thread) -> None:
                 )
             ).scalar_one()
             conn.rollback()
-            if waiting:
-                return
-            time.sleep(0.05)
+            return bool(waiting)
+
+        wait_until(lambda: not worker.is_alive() or blocked(), "the second writer to wait on the row lock")
 
 
 @pytest.mark.parametrize("target", ["same judgment", "other judgment of the evaluation"])

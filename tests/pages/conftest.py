@@ -18,6 +18,10 @@ from lib.config import reset_settings
 from lib.db import session_scope
 
 ROOT = Path(__file__).resolve().parents[2]
+# How long AppTest lets one script run take before it gives up: a bound on a hung page, not a
+# measure of speed (a page runs in about a second; a 2-core machine shared with other jobs can be
+# many times slower). Every AppTest of these tests uses it.
+APPTEST_TIMEOUT = 180.0
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -55,7 +59,11 @@ def open_page() -> Callable[..., AppTest]:
     """Run a page file under AppTest, optionally with query parameters and a reviewer name."""
 
     def _open(
-        path: str, *, query: dict[str, str] | None = None, reviewer: str | None = None, timeout: float = 30
+        path: str,
+        *,
+        query: dict[str, str] | None = None,
+        reviewer: str | None = None,
+        timeout: float = APPTEST_TIMEOUT,
     ) -> AppTest:
         at = AppTest.from_file(str(ROOT / path), default_timeout=timeout)
         if reviewer:

@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 from lib.config import reset_settings
 from lib.models import AuditEvent, EvaluationSnapshot, UserRole
 from lib.safe_markdown import escape_markdown
-from tests.pages.conftest import signed_in
+from tests.pages.conftest import APPTEST_TIMEOUT, signed_in
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = "pages/admin.py"
@@ -34,7 +34,7 @@ def signin_mode(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def as_user(path: str, email: str | None, engine: Engine | None = None) -> AppTest:
     """Run `path` signed in as `email`; a page run alone (no app.py gate) needs the session in `engine`."""
-    at = AppTest.from_file(str(ROOT / path), default_timeout=30)
+    at = AppTest.from_file(str(ROOT / path), default_timeout=APPTEST_TIMEOUT)
     at.secrets["auth"] = AUTH
     at.user = signed_in(engine, email) if email else {"is_logged_in": False}
     return at.run()
@@ -159,7 +159,7 @@ def test_an_unverified_email_signs_in_as_the_sub_and_the_audit_names_the_email(
     app_engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     signin_mode(monkeypatch)
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=30)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=APPTEST_TIMEOUT)
     at.secrets["auth"] = AUTH
     at.user = signed_in(None, "root@example.com", sub="mallory", email_verified=False)
     at.run()
@@ -185,7 +185,7 @@ def test_a_signed_out_or_ended_session_shows_the_sign_in_screen_again(
         s.add(EvaluationSnapshot(id="snap_x", question="Secret question", model_answer="Secret", product="p"))
         s.commit()
     user = signed_in(None, "ann@example.com")
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=30)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=APPTEST_TIMEOUT)
     at.secrets["auth"] = AUTH
     at.user = user
     at.run()
@@ -195,7 +195,7 @@ def test_a_signed_out_or_ended_session_shows_the_sign_in_screen_again(
         row = s.exec(select(BrowserSession)).one()
     assert (row.identity, row.end_reason, row.ended_by) == ("ann@example.com", "sign_out", "ann@example.com")
 
-    copy = AppTest.from_file(str(ROOT / "app.py"), default_timeout=30)
+    copy = AppTest.from_file(str(ROOT / "app.py"), default_timeout=APPTEST_TIMEOUT)
     copy.secrets["auth"] = AUTH
     copy.user = user
     copy.run()
@@ -230,7 +230,7 @@ def test_an_admin_sees_live_sessions_and_ends_one(
     table = next(d.value for d in at.dataframe if "expires_at" in d.value.columns)
     assert table["identity"].tolist() == ["root@example.com"]
     # bob's browser: the page itself no longer knows him (no gate needed).
-    page = AppTest.from_file(str(ROOT / PAGE), default_timeout=30)
+    page = AppTest.from_file(str(ROOT / PAGE), default_timeout=APPTEST_TIMEOUT)
     page.secrets["auth"] = AUTH
     page.user = bob
     page.run()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 from dataclasses import replace
 
 import pytest
@@ -68,23 +68,21 @@ def test_starting_from_the_page_runs_the_experiment(app_engine, open_page, llm_s
             ["bare", "history"],
             4,
         )
-    for _ in range(200):  # the background run: wait for its rows, never for a time
-        with session_scope(app_engine, read_only=True) as session:
-            if session.get(AlignmentExperiment, experiment.id).status == "finished":  # type: ignore[union-attr]
-                break
-        time.sleep(0.1)
+    assert experiment.id is not None
+    wait_until_finished(app_engine, experiment.id)
     at.run()
     assert not at.exception
     assert "finished" in at.selectbox(key="alignment_experiment").format_func(experiment.id)
 
 
 def wait_until_finished(engine, experiment_id: int) -> None:  # type: ignore[no-untyped-def]
-    for _ in range(200):  # the background run: wait for its rows, never for a time
-        with session_scope(engine, read_only=True) as session:
-            if session.get(AlignmentExperiment, experiment_id).status == "finished":  # type: ignore[union-attr]
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"experiment {experiment_id} did not finish")
+    """The page ran the experiment in a thread of this process (lib.alignment.start_in_background):
+    wait for that thread to end, then its row says finished."""
+    for thread in threading.enumerate():
+        if thread.name == f"alignment-{experiment_id}":
+            thread.join()
+    with session_scope(engine, read_only=True) as session:
+        assert session.get(AlignmentExperiment, experiment_id).status == "finished"  # type: ignore[union-attr]
 
 
 def test_the_rubric_arm_is_edited_on_the_page_stored_and_used(app_engine, open_page, llm_server) -> None:

@@ -15,7 +15,7 @@ from lib import counters, notes
 from lib.config import reset_settings
 from lib.db import session_scope
 from lib.models import NOTE_TYPES, SessionNote, utcnow
-from tests.pages.conftest import ROOT
+from tests.pages.conftest import APPTEST_TIMEOUT, ROOT
 from tests.pages.figures import figure_titled
 
 PAGE = "pages/notes.py"
@@ -32,7 +32,7 @@ def open_tab() -> Any:
     """Open the page on one tab, as a reviewer who clicked it (only the open tab runs)."""
 
     def _open(tab: str, *, reviewer: str | None = None) -> AppTest:
-        at = AppTest.from_file(str(ROOT / PAGE), default_timeout=30)
+        at = AppTest.from_file(str(ROOT / PAGE), default_timeout=APPTEST_TIMEOUT)
         at.session_state["notes_tab"] = tab
         if reviewer:
             at.session_state["sidebar_reviewer"] = reviewer

@@ -14,7 +14,7 @@ from lib.db import session_scope
 from lib.display import page_url
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, SessionNote, utcnow
 from lib.safe_markdown import escape_markdown
-from tests.pages.conftest import ROOT
+from tests.pages.conftest import APPTEST_TIMEOUT, ROOT
 
 
 def _metric(at, label: str) -> str:
@@ -124,7 +124,7 @@ def _filled(engine) -> None:
 
 def test_figures_link_to_the_filtered_lists_they_count(app_engine) -> None:
     # Under the app's navigation (app.py) the links are st.page_link elements with query strings.
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=30).run()
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=APPTEST_TIMEOUT).run()
     links = {p.proto.label: (p.proto.page, p.proto.query_string) for p in at.page_link}
     assert links == {
         "All evaluations →": ("evaluations", ""),

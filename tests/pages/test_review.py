@@ -18,7 +18,7 @@ from lib.db import session_scope
 from lib.highlight import strip_app_markup
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent
 from lib.safe_markdown import escape_markdown
-from tests.pages.conftest import signed_in
+from tests.pages.conftest import APPTEST_TIMEOUT, signed_in
 from tests.pages.test_admin import AUTH  # the sign-in settings of the page tests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -271,7 +271,7 @@ def test_a_viewer_reads_the_queue_but_every_decision_button_is_disabled(
     ids = evaluation(app_engine, "snap_a")
     monkeypatch.setenv("OVERRULE_AUTH_MODE", "signin")
     reset_settings()
-    at = AppTest.from_file(str(ROOT / PAGE), default_timeout=30)
+    at = AppTest.from_file(str(ROOT / PAGE), default_timeout=APPTEST_TIMEOUT)
     at.secrets["auth"] = AUTH
     at.user = signed_in(app_engine, "viewer@example.com")
     at.run()

@@ -16,7 +16,7 @@ from lib.config import reset_settings
 from lib.db import init_db
 from lib.models import EvaluationSnapshot
 from lib.ui.tables import MAX_CONTENT_ROWS, table_height
-from tests.pages.conftest import ROOT
+from tests.pages.conftest import APPTEST_TIMEOUT, ROOT
 
 PAGES = [
     "pages/overview.py",
@@ -50,7 +50,7 @@ def demo(demo_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def run(page: str, query: dict[str, str] | None = None) -> AppTest:
-    at = AppTest.from_file(str(ROOT / page), default_timeout=60)
+    at = AppTest.from_file(str(ROOT / page), default_timeout=APPTEST_TIMEOUT)
     at.session_state["sidebar_reviewer"] = "ayse"
     for key, value in (query or {}).items():
         at.query_params[key] = value

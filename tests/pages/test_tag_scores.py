@@ -14,6 +14,7 @@ from lib import relevance
 from lib.db import session_scope
 from lib.models import LessonTagRelevance, SessionNote, TagRelevanceEvent
 from lib.notes import add_note
+from tests.pages.conftest import APPTEST_TIMEOUT
 from tests.pages.figures import figure_titled
 
 PAGE = "pages/tag_scores.py"
@@ -192,7 +193,7 @@ def shown(app_engine: Engine) -> int:
 
 
 def open_feedback(reviewer: str | None = None) -> AppTest:
-    at = AppTest.from_function(feedback_app, args=("snap_1",), default_timeout=30)
+    at = AppTest.from_function(feedback_app, args=("snap_1",), default_timeout=APPTEST_TIMEOUT)
     if reviewer:
         at.session_state["sidebar_reviewer"] = reviewer
     return at.run()
