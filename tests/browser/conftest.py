@@ -48,6 +48,18 @@ RUN_TRACKER = (Path(__file__).with_name("streamlit_runs.js")).read_text(encoding
 NOT_STALE = ':not([data-stale="true"], [data-stale="true"] *)'
 
 
+# pytest-timeout's bound for one browser test (pytest.ini's 300 s is for the rest): a test that drives
+# a page through a dozen runs takes minutes on a loaded 2-core machine. It catches a hang; it is no
+# measure of speed.
+BROWSER_TEST_TIMEOUT = 900
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("browser") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(BROWSER_TEST_TIMEOUT))
+
+
 def new_app_context(browser: Any, **options: Any) -> Any:
     """A browser context (Playwright `new_context` options) whose pages can be `settle`d: the run
     tracker (streamlit_runs.js) is installed in each page before Streamlit's own scripts."""
