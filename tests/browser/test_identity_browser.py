@@ -300,23 +300,29 @@ def test_sessions_end_on_sign_out_by_an_admin_and_at_the_maximum_age(
     server = signin_server(streamlit_app, tmp_path, oidc_provider, url)
     base = server.base_url
     contexts = {
-        name: browser.new_context(viewport={"width": 1400, "height": 1000}) for name in ("a", "c", "r", "b")
+        name: new_app_context(browser, viewport={"width": 1400, "height": 1000})
+        for name in ("a", "c", "r", "b")
     }
     alice, thief, root, bob = (contexts[n].new_page() for n in ("a", "c", "r", "b"))
     try:
         sign_in(alice, base, "alice@example.com", provider=oidc_provider)
         contexts["c"].add_cookies(contexts["a"].cookies())  # what a stolen cookie jar holds
         thief.goto(base)
-        wait_for_text(thief, "Signed in as alice@example.com")  # the copy works while alice is signed in
+        settle(thief)
+        assert "Signed in as alice@example.com" in page_text(thief)  # the copy works while alice is signed in
 
         alice.get_by_role("button", name="Sign out").click()
         alice.get_by_role("button", name="End session").click()  # the provider's own sign-out page
-        alice.get_by_role("button", name=re.compile("Sign in")).wait_for(timeout=30_000)
+        alice.wait_for_url(f"{base}/**")  # back from the provider
+        settle(alice)
+        expect(alice.get_by_role("button", name=re.compile("Sign in"))).to_be_visible()
 
         thief.get_by_test_id("stSidebarNav").get_by_text("Evaluations").click()  # its open page
-        wait_for_text(thief, "Your session has ended: you signed out")
+        settle(thief)
+        assert "Your session has ended: you signed out" in page_text(thief)
         thief.goto(f"{base}/evaluations")  # and a fresh load
-        wait_for_text(thief, "Your session has ended: you signed out")
+        settle(thief)
+        assert "Your session has ended: you signed out" in page_text(thief)
         assert "snap_who" not in thief.locator("body").inner_text()
         assert thief.get_by_test_id("stSidebarNav").count() == 0
 
@@ -324,13 +330,17 @@ def test_sessions_end_on_sign_out_by_an_admin_and_at_the_maximum_age(
         sign_in(root, base, "root", shown="root@example.com")
         sign_in(bob, base, "bob@example.com", provider=oidc_provider)
         root.goto(f"{base}/admin")
-        root.get_by_text("End a session").wait_for(timeout=30_000)
+        settle(root)
+        expect(root.get_by_text("End a session")).to_be_visible()
         root.locator(".st-key-admin_session_end").click()
         root.get_by_role("option", name=re.compile("bob@example.com")).click()
+        settle(root)
         root.get_by_role("button", name="End session", exact=True).click()
-        wait_for_text(root, "1 session(s) of bob@example.com ended.")
+        settle(root)
+        assert "1 session(s) of bob@example.com ended." in page_text(root)
         bob.get_by_test_id("stSidebarNav").get_by_text("Review queue").click()
-        wait_for_text(bob, "Your session has ended: an admin ended it")
+        settle(bob)
+        assert "Your session has ended: an admin ended it" in page_text(bob)
 
         engine = init_db(url)
         with session_scope(engine) as s:
@@ -338,7 +348,8 @@ def test_sessions_end_on_sign_out_by_an_admin_and_at_the_maximum_age(
             row.started_at -= timedelta(hours=12)  # as if root signed in 12 hours ago
         engine.dispose()
         root.reload()
-        wait_for_text(root, "Your session has ended: it reached the maximum age of 12 hours")
+        settle(root)
+        assert "Your session has ended: it reached the maximum age of 12 hours" in page_text(root)
     except Exception:
         for name, p in (("alice", alice), ("thief", thief), ("root", root), ("bob", bob)):
             p.screenshot(path=str(tmp_path / f"sessions_{name}.png"), full_page=True)
