@@ -7,6 +7,12 @@ through lib.importer (all or nothing, idempotent); reviews through corrections.r
 (optimistic locking). Errors: no token 401, role too low 403, unknown 404, stale version 409 with
 the other reviewer's decision, body too large 413, invalid record 422 naming line and field,
 malformed JSON 400 with its position. A refused request writes nothing.
+
+Order of checks (issue 24): the token and its role are checked before a byte of the body is read
+(no endpoint declares a FastAPI body parameter, which FastAPI would read and parse before any
+dependency runs; tests/test_api.py checks every route); then the body is read through
+`_capped_body`, which refuses it (413) as soon as it passes the route's limit, declared or counted,
+so nothing past the limit is held or parsed.
 """
 
 from __future__ import annotations
@@ -16,12 +22,12 @@ import json
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import Body, Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from sqlalchemy import Engine
@@ -70,12 +76,46 @@ def token_actor(request: Request) -> Actor:
 
 Token = Annotated[Actor, Depends(token_actor)]
 
+# The OpenAPI description of a JSON-object body (read by hand, after authentication).
+_JSON_BODY: dict[str, Any] = {
+    "requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
+}
 
-def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) -> FastAPI:
+
+async def _capped_body(request: Request, limit: int, setting: str) -> AsyncIterator[bytes]:
+    """The body chunk by chunk as it arrives; 413 once it is over `limit` bytes, declared or counted."""
+    too_big = f"the body is over the {limit // MIB} MB limit ({setting})"
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, too_big)
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, too_big)
+        yield chunk
+
+
+async def _json_object(request: Request, limit: int) -> dict[str, Any]:
+    """The body as one JSON object, read within `limit`: 400 when malformed, 422 when not an object."""
+    raw = bytearray()
+    async for chunk in _capped_body(request, limit, "OVERRULE_API_MAX_JSON_MB"):
+        raw += chunk
+    value = _parse_json(bytes(raw))
+    if not isinstance(value, dict):
+        raise ApiError(422, "send one JSON object as the body")
+    return value
+
+
+def create_app(
+    engine: Engine | None = None, *, max_body_mb: int | None = None, max_json_mb: int | None = None
+) -> FastAPI:
     """The FastAPI sub-application; mount it at `/api/v1`. `engine` defaults to the app's database."""
     from lib.config import get_settings
 
-    limit = (max_body_mb if max_body_mb is not None else get_settings().api_max_body_mb) * MIB
+    settings = get_settings()
+    limit = (max_body_mb if max_body_mb is not None else settings.api_max_body_mb) * MIB
+    json_limit = (max_json_mb if max_json_mb is not None else settings.api_max_json_mb) * MIB
     api = FastAPI(
         title="Overrule pipeline API",
         version="1",
@@ -186,13 +226,14 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
                 )
             return [notes.note_record(n) for n in found]
 
-    @api.post("/notes", status_code=201)
-    def post_note(actor: Token, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+    @api.post("/notes", status_code=201, openapi_extra=_JSON_BODY)
+    async def post_note(actor: Token, request: Request) -> dict[str, Any]:
         """Add one note (`content`, `type`, optional `language`, `code`, `confidence`, `session`)."""
         from lib import notes
         from lib.db import session_scope
 
         require(actor, Permission.NOTE)
+        body = await _json_object(request, json_limit)
 
         def add() -> dict[str, Any]:
             with session_scope(get_engine()) as session:
@@ -208,7 +249,7 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
                 )
                 return notes.note_record(note)
 
-        return _run(add)
+        return await run_in_threadpool(_run, add)
 
     async def receive_and_import(
         request: Request, actor: Actor, kind: str, *, judge: bool = False, concurrency: int | None = None
@@ -218,19 +259,11 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
         require(actor, Permission.IMPORT)
         if judge:
             _check_can_judge(actor)
-        too_big = f"the body is over the {limit // MIB} MB limit (OVERRULE_API_MAX_BODY_MB)"
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise ApiError(413, too_big)
         folder = Path(tempfile.mkdtemp(prefix="overrule-api-"))
         try:
             path = folder / "request.jsonl"
-            size = 0
             with path.open("wb") as fh:  # streamed to disk: the importer reads it line by line
-                async for chunk in request.stream():
-                    size += len(chunk)
-                    if size > limit:
-                        raise ApiError(413, too_big)
+                async for chunk in _capped_body(request, limit, "OVERRULE_API_MAX_BODY_MB"):
                     await run_in_threadpool(fh.write, chunk)
             if judge:
                 return await run_in_threadpool(_judge_body, get_engine(), path, actor, concurrency)
@@ -280,11 +313,11 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
             jsonable_encoder(dataclasses.asdict(state)), headers={"ETag": f'"{state.version}"'}
         )
 
-    @api.patch("/judgments/{change_id}")
-    def review_judgment(
+    @api.patch("/judgments/{change_id}", openapi_extra=_JSON_BODY)
+    async def review_judgment(
         actor: Token,
         change_id: str,
-        body: Annotated[dict[str, Any], Body()],
+        request: Request,
         if_match: Annotated[str | None, Header()] = None,
     ) -> JSONResponse:
         """`{"action": "confirm"}` or `{"action": "overrule", "decision": ..., "reason": ...}` as of the
@@ -299,6 +332,7 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
             expected = int(if_match.strip().removeprefix("W/").strip('"'))
         except ValueError:
             raise ApiError(400, f"If-Match must be a judgment version, got {if_match!r}") from None
+        body = await _json_object(request, json_limit)
         action = _req_str(body, "action")  # "confirm" or "overrule": record_review checks it
 
         def review() -> corrections.JudgmentState:
@@ -340,8 +374,8 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
                 ]
             )
 
-    @api.post("/queues", status_code=201)
-    def create_review_queue(actor: Token, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+    @api.post("/queues", status_code=201, openapi_extra=_JSON_BODY)
+    async def create_review_queue(actor: Token, request: Request) -> dict[str, Any]:
         """Create a queue (lead): `name` and optionally `product`, `metrics`, `language`, `since`,
         `until` (YYYY-MM-DD), `review_state`, `size`, `order`, `seed`, `overlap`, `mode`, `tolerance`,
         `reviewers`, `description`."""
@@ -349,6 +383,7 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
         from lib.db import session_scope
 
         require(actor, Permission.MANAGE_QUEUES)
+        body = await _json_object(request, json_limit)
         spec = _queue_spec(body)
 
         def create() -> dict[str, Any]:
@@ -358,7 +393,7 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
                     queues.queue_record(queue, queues.queue_progress(session=session, queue_id=queue.id or 0))
                 )
 
-        return _run(create)
+        return await run_in_threadpool(_run, create)
 
     @api.get("/queues/{queue}")
     def get_review_queue(actor: Token, queue: str) -> dict[str, Any]:
@@ -436,9 +471,11 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
         require(actor, Permission.READ)
         return _agreement(None, product, basis, table, resamples, seed)
 
-    @api.patch("/queues/{queue}")
-    def change_review_queue(
-        actor: Token, queue: str, body: Annotated[dict[str, Any], Body()]
+    @api.patch("/queues/{queue}", openapi_extra=_JSON_BODY)
+    async def change_review_queue(
+        actor: Token,
+        queue: str,
+        request: Request,
     ) -> dict[str, Any]:
         """Assign (`reviewers`), rename (`name`), describe (`description`) or close (`status: "closed"`)
         a queue (lead)."""
@@ -446,6 +483,7 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
         from lib.db import session_scope
 
         require(actor, Permission.MANAGE_QUEUES)
+        body = await _json_object(request, json_limit)
         reviewers = body.get("reviewers")
         if reviewers is not None and not (
             isinstance(reviewers, list) and all(isinstance(r, str) for r in reviewers)
@@ -466,7 +504,7 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
                     found = queues.close_queue(session=session, actor=actor, queue_id=found.id or 0)
                 return jsonable_encoder(queues.queue_record(found))
 
-        return _run(change)
+        return await run_in_threadpool(_run, change)
 
     @api.post("/queues/{queue}/next")
     def next_queue_item(actor: Token, queue: str) -> dict[str, Any]:
@@ -506,9 +544,12 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
 
         return _run(open_item)
 
-    @api.post("/queues/{queue}/items/{item_id}/labels")
-    def post_labels(
-        actor: Token, queue: str, item_id: int, body: Annotated[dict[str, Any], Body()]
+    @api.post("/queues/{queue}/items/{item_id}/labels", openapi_extra=_JSON_BODY)
+    async def post_labels(
+        actor: Token,
+        queue: str,
+        item_id: int,
+        request: Request,
     ) -> dict[str, Any]:
         """Labels of the item's judgments: `{"labels": [{"judgment_id": 1, "decision": 4, "reason": "..."}]}`
         (blind labels first in a blind-first queue; all or nothing)."""
@@ -516,6 +557,7 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
         from lib.db import session_scope
 
         require(actor, Permission.REVIEW)
+        body = await _json_object(request, json_limit)
         labels = _label_inputs(body)
 
         def save() -> dict[str, Any]:
@@ -529,7 +571,7 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
                     "states": {str(k): v for k, v in outcome.states.items()},
                 }  # fmt: skip
 
-        return _run(save)
+        return await run_in_threadpool(_run, save)
 
     @api.post("/queues/{queue}/items/{item_id}/skip")
     def skip_queue_item(actor: Token, queue: str, item_id: int) -> dict[str, Any]:
@@ -571,15 +613,19 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
 
         return _run(read)
 
-    @api.post("/queues/{queue}/judgments/{judgment_id}/adjudicate")
-    def post_adjudication(
-        actor: Token, queue: str, judgment_id: int, body: Annotated[dict[str, Any], Body()]
+    @api.post("/queues/{queue}/judgments/{judgment_id}/adjudicate", openapi_extra=_JSON_BODY)
+    async def post_adjudication(
+        actor: Token,
+        queue: str,
+        judgment_id: int,
+        request: Request,
     ) -> dict[str, Any]:
         """A lead decides a disputed judgment: `{"decision": ..., "reason": ...}` (a reason when it overrules the judge)."""
         from lib import queues
         from lib.db import session_scope
 
         require(actor, Permission.ADJUDICATE)
+        body = await _json_object(request, json_limit)
         if "decision" not in body:
             raise ApiError(422, "the body needs 'decision'", field="decision")
 
@@ -592,16 +638,17 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
                 )  # fmt: skip
                 return {"judgment_id": judgment_id, "state": qj.state, "decision": qj.decision}
 
-        return _run(decide)
+        return await run_in_threadpool(_run, decide)
 
-    @api.post("/relevance/audits")
-    def post_audit(actor: Token, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+    @api.post("/relevance/audits", openapi_extra=_JSON_BODY)
+    async def post_audit(actor: Token, request: Request) -> dict[str, Any]:
         """Which notes a remote judge run showed, under which tags (`session_id`, `shown_note_ids`,
         `tags`, optional `product`, `snapshot_id`, `transcript`); idempotent per session id."""
         from lib import relevance
         from lib.db import session_scope
 
         require(actor, Permission.JUDGE)
+        body = await _json_object(request, json_limit)
         shown = body.get("shown_note_ids")
         tags = body.get("tags", [])
         if not isinstance(shown, list) or not all(isinstance(i, int) for i in shown):
@@ -635,10 +682,10 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
                     "tags": audit.env_tags,
                 }
 
-        return _run(record)
+        return await run_in_threadpool(_run, record)
 
-    @api.post("/relevance/scores")
-    def post_scores(actor: Token, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+    @api.post("/relevance/scores", openapi_extra=_JSON_BODY)
+    async def post_scores(actor: Token, request: Request) -> dict[str, Any]:
         """A remote evaluator's scores for an audit (`session_id`, `scores`: {note_id: -1..1} or the
         seed's list); applied once per audit, as the built-in evaluator applies them."""
         from sqlmodel import col, select
@@ -648,6 +695,7 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
         from lib.models import SessionAudit
 
         require(actor, Permission.JUDGE)
+        body = await _json_object(request, json_limit)
         session_id = _req_str(body, "session_id")
 
         def apply() -> dict[str, Any]:
@@ -663,7 +711,7 @@ def create_app(engine: Engine | None = None, *, max_body_mb: int | None = None) 
                 )
                 return {"applied": applied, "scores": {str(k): v for k, v in scores.items()}}
 
-        return _run(apply)
+        return await run_in_threadpool(_run, apply)
 
     @api.get("/exports/{table}", response_model=None)
     def export(
@@ -865,10 +913,14 @@ def _is_json_array(path: Path) -> bool:
 
 
 def _json_array(path: Path) -> Any:
-    """The body as one JSON document; 400 with the position when it is malformed."""
-    raw = path.read_bytes().removeprefix(b"\xef\xbb\xbf")
+    """The spooled body as one JSON document; 400 with the position when it is malformed."""
+    return _parse_json(path.read_bytes())
+
+
+def _parse_json(raw: bytes) -> Any:
+    """One JSON document (after a BOM); 400 with the position when it is malformed."""
     try:
-        return json.loads(raw)
+        return json.loads(raw.removeprefix(b"\xef\xbb\xbf"))
     except json.JSONDecodeError as exc:
         raise ApiError(
             400,

@@ -94,8 +94,10 @@ class Settings:
     system_identity: str = "overrule-cli"  # who the CLI and the demo loader act as (role admin)
     # A signed-in browser's session ends this many hours after sign-in (issue 24.3; fractions allowed).
     session_hours: float = 12.0
-    # Pipeline API (lib.api): the largest request body accepted, in MB (as Streamlit's maxUploadSize).
+    # Pipeline API (lib.api): the largest request body accepted, in MB (as Streamlit's maxUploadSize):
+    # imports (files of evaluations or interactions), and every other body (one JSON object).
     api_max_body_mb: int = 200
+    api_max_json_mb: int = 10
     # Team review (lib.queues, lib.review_queue): how long opening an item reserves it for a
     # reviewer; every action on it renews the lease, and a lease that runs out returns the item.
     reservation_minutes: int = 15
@@ -164,6 +166,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "eval_concurrency": (0, 64),
     "page_size": (1, 1000),
     "api_max_body_mb": (1, 100_000),
+    "api_max_json_mb": (1, 1000),
     "reservation_minutes": (1, 24 * 60),
     "session_hours": (0.01, 8760),
 }

@@ -5,10 +5,12 @@ from __future__ import annotations
 import csv as csv_module
 import io
 import json
+import select as selectors_module
 import socket
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +40,8 @@ class Server:
     base: str
     engine: Engine
     secrets: dict[str, str]
+    port: int = 0
+    meter: BodyMeter | None = None
 
     def headers(self, role: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.secrets[role]}"}
@@ -61,16 +65,43 @@ def server(engine: Engine) -> Iterator[Server]:
         _, secrets["revoked"] = create_token(session=session, actor=system_actor(), name="old", role="admin")
         revoke_token(session=session, actor=system_actor(), name="old")
         session.commit()
-    app = Starlette(routes=[Mount(API_PREFIX, app=create_app(engine, max_body_mb=1))])
+    meter = BodyMeter(
+        Starlette(routes=[Mount(API_PREFIX, app=create_app(engine, max_body_mb=1, max_json_mb=1))])
+    )
+    with serving(meter) as port:
+        yield Server(f"http://127.0.0.1:{port}{API_PREFIX}", engine, secrets, port, meter)
+
+
+class BodyMeter:
+    """ASGI wrapper counting the request-body bytes the app has pulled from the server."""
+
+    def __init__(self, app: Any) -> None:
+        self.app, self.read = app, 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def counted() -> Any:
+            message = await receive()
+            if message["type"] == "http.request":
+                self.read += len(message.get("body", b""))
+            return message
+
+        await self.app(scope, counted, send)
+
+
+@contextmanager
+def serving(app: Any) -> Iterator[int]:
+    """`app` served by uvicorn on a free loopback port (in a thread) while the block runs."""
     port = _free_port()
     uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     wait_until(lambda: uv.started or not thread.is_alive(), "the API server to start")
     assert uv.started, "the API server stopped before it started"
-    yield Server(f"http://127.0.0.1:{port}{API_PREFIX}", engine, secrets)
-    uv.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield port
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
 
 
 def count(engine: Engine, model: type) -> int:
@@ -477,3 +508,92 @@ def test_push_with_judge_without_an_llm_is_503_and_reads_nothing(server: Server)
     )
     assert r.status_code == 503 and "OPENAI" in r.json()["detail"], r.text
     assert count(server.engine, EvaluationSnapshot) == 0
+
+
+def _post_until_answered(
+    port: int, method: str, path: str, headers: dict[str, str], total: int
+) -> tuple[int, int]:
+    """Send a `total`-byte body in 64 KiB chunks until the server answers (or stops reading):
+    (the answer's status, body bytes sent). With `total` 0 the body is chunked and unbounded."""
+    chunked = total == 0
+    head = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json"]
+    head += [f"{k}: {v}" for k, v in headers.items()]
+    head.append("Transfer-Encoding: chunked" if chunked else f"Content-Length: {total}")
+    block = b" " * 65536
+    piece = b"10000\r\n" + block + b"\r\n" if chunked else block
+    sent, limit = 0, total or 64 * 1024 * 1024
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+        conn.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+        while sent < limit:
+            readable, writable, _ = selectors_module.select([conn], [conn], [], 30)
+            if readable or not writable:
+                break
+            try:
+                conn.sendall(piece)
+            except OSError:  # the server closed the connection after answering
+                break
+            sent += len(block)
+        reply = conn.recv(4096)
+    return int(reply.split(b" ", 2)[1]), sent
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/notes"),
+        ("PATCH", "/judgments/x"),
+        ("POST", "/relevance/audits"),
+        ("POST", "/relevance/scores"),
+        ("POST", "/evaluations"),
+        ("POST", "/interactions"),
+        ("GET", "/history?product=p"),
+        ("POST", "/nope"),
+    ],
+)
+def test_a_huge_body_without_a_token_is_refused_before_a_byte_is_read(
+    server: Server, method: str, path: str
+) -> None:
+    """Issue 24.2: before, /notes, /judgments and /relevance/* read (and parsed) the whole body first."""
+    assert server.meter is not None
+    total = 64 * 1024 * 1024
+    status, sent = _post_until_answered(server.port, method, API_PREFIX + path, {}, total)
+    assert status in (401, 404)
+    assert server.meter.read == 0
+    assert sent < total  # answered while the client was still sending
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "role"),
+    [
+        ("POST", "/notes", "reviewer"),
+        ("PATCH", "/judgments/x", "reviewer"),
+        ("POST", "/relevance/audits", "lead"),
+        ("POST", "/relevance/scores", "lead"),
+        ("POST", "/evaluations", "lead"),
+    ],
+)
+def test_every_body_is_capped_while_it_streams_even_without_a_length(
+    server: Server, method: str, path: str, role: str
+) -> None:
+    """The fixture's caps are 1 MB: an unbounded chunked body stops there, not at the client's end."""
+    assert server.meter is not None
+    headers = {**server.headers(role), "If-Match": "1"}
+    status, _ = _post_until_answered(server.port, method, API_PREFIX + path, headers, 0)
+    assert status == 413
+    assert server.meter.read < 2 * 1024 * 1024  # the cap plus what the server had buffered, of 64 MB sent
+    declared = httpx.request(method, server.base + path, content=b" " * (1024 * 1024 + 1), headers=headers)
+    assert declared.status_code == 413
+    assert "OVERRULE_API_MAX_" in declared.json()["detail"]
+    assert count(server.engine, SessionNote) == 0
+
+
+def test_json_bodies_are_parsed_after_the_token_with_clear_errors(server: Server) -> None:
+    headers = server.headers("reviewer")
+    malformed = httpx.post(f"{server.base}/notes", content=b'{"content": ', headers=headers)
+    assert malformed.status_code == 400
+    assert "malformed JSON" in malformed.json()["detail"]
+    not_object = httpx.post(f"{server.base}/notes", json=["x"], headers=headers)
+    assert not_object.status_code == 422
+    assert "JSON object" in not_object.json()["detail"]
+    schema = httpx.get(f"{server.base}/openapi.json").json()
+    assert "requestBody" in schema["paths"]["/notes"]["post"]
