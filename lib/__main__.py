@@ -86,7 +86,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
                 raise CliError("--form applies to `export evaluations --format csv` only")
             rows = export_evaluations_csv(engine=_engine(), out=Path(args.out), form=args.form)
         else:
-            rows = export_table(engine=_engine(), table=args.table, fmt=args.format, out=Path(args.out))
+            rows = export_table(
+                engine=_engine(), table=args.table, fmt=args.format, out=Path(args.out), actor=system_actor()
+            )
     except ExportError as exc:
         raise CliError(str(exc)) from exc
     print(f"exported {rows} rows of {args.table} to {args.out}")

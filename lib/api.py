@@ -726,7 +726,13 @@ def create_app(
         judge score, reviewer score and gap and the answer, one row per evaluation (wide) or per
         judgment (long), written while it is sent.
         """
-        from lib.export import EXPORTABLE_TABLES, ExportError, evaluations_csv_chunks, export_table
+        from lib.export import (
+            EXPORT_PERMISSIONS,
+            EXPORTABLE_TABLES,
+            ExportError,
+            evaluations_csv_chunks,
+            export_table,
+        )
         from lib.inspector import EvaluationFilters
 
         require(actor, Permission.EXPORT)
@@ -742,11 +748,16 @@ def create_app(
             raise ApiError(
                 404, f"unknown table {table!r}; exportable: {', '.join(sorted(EXPORTABLE_TABLES))}"
             )
+        require(actor, EXPORT_PERMISSIONS[table])
         folder = Path(tempfile.mkdtemp(prefix="overrule-export-"))
         out = folder / f"{table}.{format}"
         try:
             export_table(
-                engine=get_engine(), table=table, fmt="json" if format == "jsonl" else format, out=out
+                engine=get_engine(),
+                table=table,
+                fmt="json" if format == "jsonl" else format,
+                out=out,
+                actor=actor,
             )
         except ExportError as exc:
             shutil.rmtree(folder, ignore_errors=True)

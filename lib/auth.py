@@ -40,6 +40,7 @@ class Permission(StrEnum):
 
     READ = "read"
     EXPORT = "export"
+    EXPORT_ACCESS = "export_access"  # the access records: who holds which role, the audit trail
     REVIEW = "review"  # confirm or overrule a judgment; label items of a team review queue
     NOTE = "note"  # add, pin or unpin a note
     FEEDBACK = "feedback"  # expert feedback: "this note was (not) useful here"
@@ -61,6 +62,7 @@ class Permission(StrEnum):
 PERMISSIONS: dict[Permission, str] = {
     Permission.READ: "viewer",
     Permission.EXPORT: "viewer",
+    Permission.EXPORT_ACCESS: "admin",
     Permission.REVIEW: "reviewer",
     Permission.NOTE: "reviewer",
     Permission.FEEDBACK: "reviewer",
@@ -82,6 +84,7 @@ PERMISSIONS: dict[Permission, str] = {
 DESCRIPTIONS: dict[Permission, str] = {
     Permission.READ: "read evaluations",
     Permission.EXPORT: "export data",
+    Permission.EXPORT_ACCESS: "export roles and the access audit trail",
     Permission.REVIEW: "confirm or overrule judgments",
     Permission.NOTE: "add or pin notes",
     Permission.FEEDBACK: "give feedback on notes",

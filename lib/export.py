@@ -37,6 +37,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session
 
 from lib import corrections, inspector, notes
+from lib.auth import Actor, Permission, authorize
 from lib.corrections import CSV_ROW_LIMIT, JudgmentFilter, format_score
 from lib.db import session_scope
 from lib.duck import model_tables, quote_ident, quote_literal, table_ref, tables_in_sql, with_duck
@@ -64,6 +65,13 @@ EXPORTABLE_TABLES: dict[str, str] = {
     },
     "evaluations": f"SELECT * FROM {table_ref('evaluation_snapshots')} WHERE deleted_at IS NULL",
     "corrections": f"SELECT * FROM {table_ref('judgments')} WHERE was_corrected",
+}
+# Who may export each table: the access records the Admin page shows only admins (role rows, the
+# audit trail of sign-ins, role changes and refusals) need EXPORT_ACCESS; the review data EXPORT.
+ACCESS_TABLES = frozenset({"audit_events", "user_roles"})
+EXPORT_PERMISSIONS: dict[str, Permission] = {
+    name: Permission.EXPORT_ACCESS if name in ACCESS_TABLES else Permission.EXPORT
+    for name in EXPORTABLE_TABLES
 }
 
 # The seed-004 entry: these keys always, then the optional ones only when set.
@@ -132,14 +140,17 @@ def export_table(
     out: Path | str,
     where_sql: str | None = None,
     params: Params = None,
+    actor: Actor | str | None = None,
 ) -> int:
     """Write a table or view to `out` as csv, parquet or json; returns the number of rows written.
 
-    `where_sql` is a DuckDB condition over the table's columns written by our code (values go in
-    `params`, never into the SQL text).
+    `actor` must hold the table's export permission (`EXPORT_PERMISSIONS`; PermissionDenied
+    otherwise; in open mode anyone may). `where_sql` is a DuckDB condition over the table's columns
+    written by our code (values go in `params`, never into the SQL text).
     """
     if table not in EXPORTABLE_TABLES:
         raise ExportError(f"unknown table {table!r}; exportable: {', '.join(sorted(EXPORTABLE_TABLES))}")
+    authorize(engine, actor, EXPORT_PERMISSIONS[table])
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     sql = EXPORTABLE_TABLES[table]
@@ -158,7 +169,9 @@ LIVE_JUDGMENT_SQL = (
 )
 
 
-def export_cache_bytes(*, engine: Engine, product: str | None = None) -> bytes:
+def export_cache_bytes(
+    *, engine: Engine, product: str | None = None, actor: Actor | str | None = None
+) -> bytes:
     """The Corrections page's cache file (`cache_version` "1.0") for one product or all, as bytes.
 
     Only live judgments: an archived evaluation's judgments are left out, as history, statistics
@@ -169,7 +182,9 @@ def export_cache_bytes(*, engine: Engine, product: str | None = None) -> bytes:
         where, params = f"{where} AND product = ?", [product]
     with tempfile.TemporaryDirectory(prefix="overrule-cache-") as tmp:
         out = Path(tmp) / "cache.json"
-        export_table(engine=engine, table="judgments", fmt="json", out=out, where_sql=where, params=params)
+        export_table(
+            engine=engine, table="judgments", fmt="json", out=out, where_sql=where, params=params, actor=actor
+        )
         return out.read_bytes()
 
 

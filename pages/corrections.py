@@ -280,10 +280,11 @@ with left:
                 st.rerun()
 with right:
     export_product = st.selectbox("Products to export", [ANY, *products], key="corrections_export_product")
+    exporter = current_actor()
     st.download_button(
         "Download cache JSON",
         data=lambda: export.export_cache_bytes(
-            engine=engine, product=None if export_product == ANY else export_product
+            engine=engine, product=None if export_product == ANY else export_product, actor=exporter
         ),
         file_name="ai_cache.json",
         mime="application/json",

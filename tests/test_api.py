@@ -597,3 +597,19 @@ def test_json_bodies_are_parsed_after_the_token_with_clear_errors(server: Server
     assert "JSON object" in not_object.json()["detail"]
     schema = httpx.get(f"{server.base}/openapi.json").json()
     assert "requestBody" in schema["paths"]["/notes"]["post"]
+
+
+def test_a_viewer_token_cannot_export_the_access_records(server: Server) -> None:
+    """Issue 24.7: the roles and the audit trail were a CSV away for any token; the Admin page refuses viewers."""
+    for table in ("audit_events", "user_roles"):
+        for role in ("viewer", "reviewer", "lead"):
+            refused = httpx.get(
+                f"{server.base}/exports/{table}", headers=server.headers(role), timeout=EXPORT_TIMEOUT
+            )
+            assert refused.status_code == 403, refused.text
+            assert "admin" in refused.json()["detail"]
+        allowed = httpx.get(
+            f"{server.base}/exports/{table}", headers=server.headers("admin"), timeout=EXPORT_TIMEOUT
+        )
+        assert allowed.status_code == 200
+        assert allowed.text.splitlines()[0].startswith(("id,", "identity,"))

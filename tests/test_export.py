@@ -23,10 +23,12 @@ import sqlalchemy as sa
 from sqlalchemy import Engine, insert
 from sqlmodel import SQLModel
 
-from lib import export
+from lib import auth, export
+from lib.config import reset_settings
 from lib.db import create_db_engine, init_db
 from lib.duck import duck_connect, fetch_frame, source_kind, table_ref, with_duck
 from lib.export import (
+    EXPORTABLE_TABLES,
     FORMATS,
     ExportError,
     export_query_csv,
@@ -652,3 +654,33 @@ def test_cli_export_form_is_for_the_evaluations_csv_only(engine, tmp_path: Path)
     assert result.returncode == 1
     assert "--form applies to `export evaluations --format csv` only" in result.stderr
     assert not (tmp_path / "x.csv").exists()
+
+
+# --- who may export what (issue 24 point 7) ------------------------------------------------------
+
+
+def test_every_exportable_table_has_one_export_permission() -> None:
+    assert set(export.EXPORT_PERMISSIONS) == set(EXPORTABLE_TABLES)
+    admin_only = {t for t, p in export.EXPORT_PERMISSIONS.items() if not auth.role_allows("lead", p)}
+    assert admin_only == {"audit_events", "user_roles"}
+
+
+@pytest.mark.parametrize("table", ["audit_events", "user_roles"])
+def test_access_records_export_only_for_admins_in_lib(
+    engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: str
+) -> None:
+    monkeypatch.setenv("OVERRULE_AUTH_MODE", "signin")
+    reset_settings()
+    out = tmp_path / f"{table}.csv"
+    for role in ("viewer", "reviewer", "lead"):
+        with pytest.raises(auth.PermissionDenied, match="admin"):
+            export_table(engine=engine, table=table, fmt="csv", out=out, actor=auth.Actor("v@x", role))
+        assert not out.exists()
+    with pytest.raises(auth.MissingIdentity):
+        export_table(engine=engine, table=table, fmt="csv", out=out)
+    export_table(engine=engine, table=table, fmt="csv", out=out, actor=auth.Actor("a@x", "admin"))
+    assert out.exists()
+    viewer = auth.Actor("v@x", "viewer")
+    assert (
+        export_table(engine=engine, table="judgments", fmt="csv", out=tmp_path / "j.csv", actor=viewer) == 0
+    )
