@@ -44,8 +44,9 @@ from lib.duck import model_tables, quote_ident, quote_literal, table_ref, tables
 from lib.inspector import EvaluationFilters
 
 FORMATS = ("csv", "parquet", "json")
-# OWASP "CSV injection": cells a spreadsheet would read as a formula or a control sequence.
-FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+# OWASP "CSV injection": cells a spreadsheet would read as a formula or a control sequence, and the
+# full-width forms (U+FF1D, U+FF0B, U+FF0D, U+FF20) that East Asian spreadsheets convert on input.
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20")
 CACHE_VERSION = "1.0"
 # Tables whose JSON export is the seed-004 cache file rather than JSON Lines.
 CACHE_FORMAT_TABLES = frozenset({"judgments", "corrections"})
@@ -429,7 +430,7 @@ def _column_types(con: duckdb.DuckDBPyConnection, sql: str, params: Params) -> l
 def _neutralised(expr: str) -> str:
     """SQL doing what `neutralise_cell` does, so 1M-row exports never leave DuckDB."""
     return (
-        f"CASE WHEN left({expr}, 1) IN ('=', '+', '-', '@', chr(9), chr(13)) "
+        f"CASE WHEN left({expr}, 1) IN ({', '.join(f'chr({ord(p)})' for p in FORMULA_PREFIXES)}) "
         f"THEN '''' || {expr} ELSE {expr} END"
     )
 

@@ -41,7 +41,19 @@ from tests import cli
 from tests.cli import CliResult
 
 ROOT = Path(__file__).resolve().parent.parent
-HOSTILE = ["=cmd|' /C calc'!A0", "+1", "-2+3", "@SUM(1)", "\tx", "\rx"]
+HOSTILE = [
+    "=cmd|' /C calc'!A0",
+    "+1",
+    "-2+3",
+    "@SUM(1)",
+    "\tx",
+    "\rx",
+    # full-width forms an East Asian spreadsheet reads as = + - @ (issue 24 point 11)
+    '\uff1dHYPERLINK("http://evil.example")',
+    "\uff0b1",
+    "\uff0d2+3",
+    "\uff20SUM(1)",
+]
 PLAIN = ["Implements core feature", "a=b+c", "ops@example.com", "3-2", "'already quoted", "ürün açıklaması"]
 MOMENT = datetime(2024, 11, 15, 10, 30, 0, 123456, tzinfo=UTC)
 MOMENT_TEXT = "2024-11-15T10:30:00.123456Z"
@@ -419,10 +431,11 @@ def test_neutralise_cell_leaves_other_values(value: object) -> None:
 
 
 def test_frame_csv_neutralises_text_and_keeps_numbers() -> None:
-    frame = pd.DataFrame({"reason": [*HOSTILE, "fine"], "score": [-1, -2, 3, 4, -5, 6, 7]})
+    scores = [-(i + 1) if i % 2 else i for i in range(len(HOSTILE) + 1)]
+    frame = pd.DataFrame({"reason": [*HOSTILE, "fine"], "score": scores})
     back = pd.read_csv(io.BytesIO(frame_to_csv_bytes(frame)), keep_default_na=False)
     assert back["reason"].tolist() == ["'" + v for v in HOSTILE] + ["fine"]
-    assert back["score"].tolist() == [-1, -2, 3, 4, -5, 6, 7]
+    assert back["score"].tolist() == scores
 
 
 def test_frame_csv_neutralises_header_cells() -> None:
