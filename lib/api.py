@@ -30,6 +30,7 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
@@ -116,11 +117,14 @@ def create_app(
     settings = get_settings()
     limit = (max_body_mb if max_body_mb is not None else settings.api_max_body_mb) * MIB
     json_limit = (max_json_mb if max_json_mb is not None else settings.api_max_json_mb) * MIB
-    api = FastAPI(
+    # The docs pages load Swagger UI / ReDoc and their favicon from the app (fastapi-offline ships
+    # them), not from a CDN: an offline install shows them, and a reader's browser asks no one else.
+    api = FastAPIOffline(
         title="Overrule pipeline API",
         version="1",
         description="Push evaluations, pull the correction history and notes a judge prompt gets, review.",
         docs_url="/docs",
+        redoc_url="/redoc",
         openapi_url="/openapi.json",
     )
 

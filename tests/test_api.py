@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv as csv_module
 import io
 import json
+import re
 import select as selectors_module
 import socket
 import threading
@@ -134,6 +135,19 @@ def test_openapi_docs_are_served(server: Server) -> None:
     assert httpx.get(f"{server.base}/docs").status_code == 200
     paths = httpx.get(f"{server.base}/openapi.json").json()["paths"]
     assert {"/history", "/notes", "/evaluations", "/judgments/{change_id}", "/exports/{table}"} <= set(paths)
+
+
+@pytest.mark.parametrize("page", ["docs", "redoc"])
+def test_docs_pages_load_their_scripts_and_styles_from_the_app(server: Server, page: str) -> None:
+    """Issue 24.11: /docs loaded Swagger UI from a CDN (and its favicon from fastapi.tiangolo.com)."""
+    html = httpx.get(f"{server.base}/{page}").text
+    assets = re.findall(r"""(?:src|href)\s*[=:(]\s*['"]([^'"]+)['"]""", html)
+    assert any(a.endswith(".js") for a in assets), html
+    for asset in assets:
+        assert asset.startswith(API_PREFIX + "/"), f"{asset} is not served by the app"
+        fetched = httpx.get(f"http://127.0.0.1:{server.port}{asset}")
+        assert fetched.status_code == 200, asset
+    assert "cdn." not in html and "https://" not in html
 
 
 def test_no_token_401_wrong_role_403_and_nothing_written(server: Server) -> None:
