@@ -297,14 +297,12 @@ def request_cancel(engine: Engine, experiment_id: int, *, by: Actor | str | None
 
 
 def _cancelled(engine: Engine, experiment_id: int) -> bool:
+    """Cancel requested, or the experiment deleted (its product's judgments were cleared)."""
     with session_scope(engine, read_only=True) as session:
-        return bool(
-            session.exec(
-                select(AlignmentExperiment.cancel_requested).where(
-                    col(AlignmentExperiment.id) == experiment_id
-                )
-            ).one()
-        )
+        flag = session.exec(
+            select(AlignmentExperiment.cancel_requested).where(col(AlignmentExperiment.id) == experiment_id)
+        ).first()
+    return flag is None or bool(flag)
 
 
 def call_counts(session: Session, experiment_id: int) -> dict[str, int]:
@@ -363,10 +361,10 @@ def run_call(engine: Engine, call_id: int, settings: Settings) -> str:
     """Re-judge one evaluation for one arm and record the outcome; returns the call's new status."""
     with session_scope(engine, read_only=True) as session:
         call = session.get(AlignmentCall, call_id)
-        assert call is not None
-        experiment = session.get(AlignmentExperiment, call.experiment_id)
+        experiment = session.get(AlignmentExperiment, call.experiment_id) if call is not None else None
+        if call is None or experiment is None:
+            return "deleted"  # the product's judgments were cleared while the run went on
         snapshot = session.get(EvaluationSnapshot, call.snapshot_id)
-        assert experiment is not None
         prompt_text, context, problem = None, None, None
         if snapshot is None:
             problem = "the evaluation was deleted"
@@ -397,7 +395,8 @@ def run_call(engine: Engine, call_id: int, settings: Settings) -> str:
     wall = time.monotonic() - started
     with session_scope(engine) as session:
         row = session.get(AlignmentCall, call_id)
-        assert row is not None
+        if row is None:
+            return "deleted"
         row.status = "failed" if problem else "done"
         row.error = problem
         row.scores = scores if not problem else {}
@@ -468,8 +467,9 @@ def run_experiment(
                 say(finished, total)
     with session_scope(engine) as session:
         experiment = session.get(AlignmentExperiment, experiment_id)
-        assert experiment is not None
         counts = call_counts(session, experiment_id)
+        if experiment is None:  # deleted with its product's judgments while it ran
+            return RunReport(experiment_id, "deleted", counts["done"], counts["failed"], counts["pending"])
         if experiment.cancel_requested:
             experiment.status = "cancelled"
         elif counts["failed"]:

@@ -34,6 +34,9 @@ from lib.display import evaluation_url, judgment_url
 from lib.metrics import MetricSpec, metrics_for_product
 from lib.models import (
     CACHE_DECISIONS,
+    AlignmentCall,
+    AlignmentExperiment,
+    AlignmentItem,
     EvaluationSnapshot,
     Judgment,
     JudgmentEvent,
@@ -737,9 +740,34 @@ def _log_judge_event(
     return stored
 
 
+def experiments_on_product(*, session: Session, product: str) -> list[AlignmentExperiment]:
+    """The alignment experiments clearing `product` deletes: the product's own, and any that sampled
+    one of its judgments. Their items are the reviewers' scores of those judgments, so their measures
+    describe data that no longer exists once the judgments go (issue 24)."""
+    judgment_ids = select(Judgment.id).where(col(Judgment.product) == product)
+    sampled = select(AlignmentItem.experiment_id).where(col(AlignmentItem.judgment_id).in_(judgment_ids))
+    return list(
+        session.exec(
+            select(AlignmentExperiment)
+            .where(or_(col(AlignmentExperiment.product) == product, col(AlignmentExperiment.id).in_(sampled)))
+            .order_by(col(AlignmentExperiment.id))
+        ).all()
+    )
+
+
 def clear_product(*, session: Session, product: str, reviewer: Actor | str | None) -> int:
-    """Seed-004 API: remove every judgment of a product (with its audit trail); returns the count."""
+    """Seed-004 API: remove every judgment of a product (with its audit trail); returns the count.
+
+    In the same transaction the product's alignment experiments go too (`experiments_on_product`,
+    with their items and calls): they sampled these judgments, which their rows reference. A run of
+    one of them still in progress stops at its next call (it finds its experiment gone).
+    """
     name = require_reviewer(reviewer, Permission.CLEAR_CACHE, bind=session)
+    experiment_ids = [e.id for e in experiments_on_product(session=session, product=product)]
+    if experiment_ids:
+        for table in (AlignmentItem, AlignmentCall):
+            session.execute(delete(table).where(col(table.experiment_id).in_(experiment_ids)))
+        session.execute(delete(AlignmentExperiment).where(col(AlignmentExperiment.id).in_(experiment_ids)))
     ids = select(Judgment.id).where(Judgment.product == product).scalar_subquery()
     with counters.judgments_change(
         session=session,
@@ -753,7 +781,13 @@ def clear_product(*, session: Session, product: str, reviewer: Actor | str | Non
         result = session.execute(delete(Judgment).where(col(Judgment.product) == product))
     removed = int(result.rowcount or 0)  # type: ignore[attr-defined]
     # The events go with their judgments (they reference them); the clearing itself is logged.
-    log.warning("%s cleared product %r: %d judgments and their history deleted", name, product, removed)
+    log.warning(
+        "%s cleared product %r: %d judgments and their history deleted, and %d alignment experiments",
+        name,
+        product,
+        removed,
+        len(experiment_ids),
+    )
     return removed
 
 

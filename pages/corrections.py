@@ -293,8 +293,24 @@ with right:
     )
 
 with st.expander("Admin: clear a product's judgments"):
-    st.caption("Deletes every judgment of the product and its history. This cannot be undone.")
+    st.caption(
+        "Deletes every judgment of the product and its history, and the product's alignment "
+        "experiments (they are measured against these judgments). This cannot be undone."
+    )
     target = st.selectbox("Product to clear", products, index=None, key="corrections_clear_product")
+    doomed_experiments = []
+    if target is not None:
+        with session_scope(read_only=True) as session:
+            doomed_experiments = corrections.experiments_on_product(session=session, product=target)
+    if doomed_experiments:
+        listed = ", ".join(f"#{e.id} {e.name}".strip() for e in doomed_experiments)
+        st.warning(
+            escape_markdown(
+                f"This also deletes {len(doomed_experiments):,} alignment "
+                f"experiment{'s' if len(doomed_experiments) != 1 else ''} of {target}: {listed}."
+            ),
+            icon="⚠️",
+        )
     typed = st.text_input("Type the product name to confirm", key="corrections_clear_confirm")
     confirmed = target is not None and typed == target
     clear_denied = denied_reason(Permission.CLEAR_CACHE) if current_actor() else None
@@ -309,7 +325,9 @@ with st.expander("Admin: clear a product's judgments"):
         name = require_reviewer("clear a product", Permission.CLEAR_CACHE)
         if name and target is not None:
             with session_scope() as session:
+                gone = len(corrections.experiments_on_product(session=session, product=target))
                 removed = corrections.clear_product(session=session, product=target, reviewer=name)
-            flash(FLASH, "success", f"Deleted {removed:,} judgments of {target}.")
+            also = f" and {gone:,} alignment experiment{'s' if gone != 1 else ''}" if gone else ""
+            flash(FLASH, "success", f"Deleted {removed:,} judgments of {target}{also}.")
             forget_cached()
             st.rerun()

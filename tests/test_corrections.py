@@ -28,7 +28,15 @@ from lib.corrections import (
 )
 from lib.db import init_db, session_scope
 from lib.importer import ImportFailed
-from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, MetricDefinition
+from lib.models import (
+    AlignmentCall,
+    AlignmentExperiment,
+    AlignmentItem,
+    EvaluationSnapshot,
+    Judgment,
+    JudgmentEvent,
+    MetricDefinition,
+)
 from tests.seed004 import CachedJudgment, seed_get_history_for_prompt
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -757,6 +765,67 @@ def test_clear_product_removes_that_product_and_its_events_only(engine) -> None:
     with session_scope(engine) as s:
         assert set(s.exec(select(Judgment.product)).all()) == {"other"}
     assert [e.change_id for e in events(engine)] == ["other-k0"]
+
+
+def experiment_on(engine: Engine, product: str, judgment_product: str | None = None) -> int:
+    """An alignment experiment of `product` that sampled one judgment of `judgment_product` (same
+    product by default), with one call, as lib.alignment.create_experiment leaves them."""
+    with session_scope(engine) as s:
+        judgment = s.exec(select(Judgment).where(Judgment.product == (judgment_product or product))).first()
+        assert judgment is not None and judgment.id is not None
+        experiment = AlignmentExperiment(name=f"lab {product}", product=product, metrics=["m"], arms=["bare"])
+        s.add(experiment)
+        s.flush()
+        assert experiment.id is not None
+        s.add(
+            AlignmentItem(
+                experiment_id=experiment.id,
+                judgment_id=judgment.id,
+                snapshot_id="snap",
+                metric="m",
+                reviewer_score=1.0,
+                as_of=T0,
+            )
+        )
+        s.add(AlignmentCall(experiment_id=experiment.id, arm="bare", snapshot_id="snap"))
+        return experiment.id
+
+
+def test_clear_product_deletes_its_alignment_experiments_in_the_same_transaction(engine) -> None:
+    """Issue 24.9: an experiment's items reference the judgments, so clearing crashed (foreign key)."""
+    pools(engine, 2, 1, product="acme")
+    pools(engine, 1, 1, product="other")
+    own, borrowed, kept = (
+        experiment_on(engine, "acme"),
+        experiment_on(engine, "x", "acme"),
+        experiment_on(engine, "other"),
+    )
+    with session_scope(engine, read_only=True) as s:
+        assert [e.id for e in corrections.experiments_on_product(session=s, product="acme")] == [
+            own,
+            borrowed,
+        ]
+    with session_scope(engine) as s:
+        assert corrections.clear_product(session=s, product="acme", reviewer="admin") == 3
+    with session_scope(engine, read_only=True) as s:
+        assert set(s.exec(select(Judgment.product)).all()) == {"other"}
+        assert s.exec(select(AlignmentExperiment.id)).all() == [kept]
+        assert set(s.exec(select(AlignmentItem.experiment_id)).all()) == {kept}
+        assert set(s.exec(select(AlignmentCall.experiment_id)).all()) == {kept}
+
+
+def test_a_run_of_a_cleared_experiment_stops_instead_of_failing(engine) -> None:
+    from lib import alignment
+    from lib.config import get_settings
+
+    pools(engine, 1, 1, product="acme")
+    experiment_id = experiment_on(engine, "acme")
+    with session_scope(engine, read_only=True) as s:
+        call_id = s.exec(select(AlignmentCall.id)).one()
+    with session_scope(engine) as s:
+        corrections.clear_product(session=s, product="acme", reviewer="admin")
+    assert alignment.run_call(engine, call_id, get_settings()) == "deleted"
+    assert alignment._cancelled(engine, experiment_id)
 
 
 def test_clear_product_without_a_reviewer_is_refused(sqlite_engine) -> None:

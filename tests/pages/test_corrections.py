@@ -170,6 +170,30 @@ def test_clearing_a_product_needs_its_name_typed(app_engine, open_page) -> None:
     assert not at.exception
 
 
+def test_clearing_a_product_with_an_alignment_experiment_says_so_and_deletes_it(
+    app_engine, open_page
+) -> None:
+    """Issue 24.9: "Delete all its judgments" showed the generic error and deleted nothing."""
+    from lib.models import AlignmentExperiment
+    from tests.test_corrections import experiment_on
+
+    cache(app_engine, "acme")
+    experiment_on(app_engine, "acme")
+    at = open_page(PAGE, reviewer="admin")
+    at.selectbox(key="corrections_clear_product").set_value("acme").run()
+    assert any("also deletes 1 alignment experiment of acme" in w.value.replace("\\", "") for w in at.warning)
+    at.text_input(key="corrections_clear_confirm").input("acme").run()
+    at.button(key="corrections_clear").click().run()
+    assert count(app_engine, "acme") == 0
+    with session_scope(app_engine, read_only=True) as s:
+        assert s.exec(select(AlignmentExperiment)).all() == []
+    assert any(
+        "Deleted 6 judgments of acme and 1 alignment experiment." in s.value.replace("\\", "")
+        for s in at.success
+    )
+    assert not at.exception
+
+
 def _upload(at: AppTest, name: str, raw: bytes) -> AppTest:
     at.file_uploader(key="corrections_upload").set_value((name, raw, "application/json")).run()
     return at.button(key="corrections_import").click().run()
