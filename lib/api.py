@@ -6,7 +6,8 @@ notes blocks are the very text `python -m lib history|notes --format prompt` pri
 through lib.importer (all or nothing, idempotent); reviews through corrections.record_review
 (optimistic locking). Errors: no token 401, role too low 403, unknown 404, stale version 409 with
 the other reviewer's decision, body too large 413, invalid record 422 naming line and field,
-malformed JSON 400 with its position. A refused request writes nothing.
+malformed JSON 400 with its position, an import another writer collided with 409 with Retry-After.
+A refused request writes nothing.
 
 Order of checks (issue 24): the token and its role are checked before a byte of the body is read
 (no endpoint declares a FastAPI body parameter, which FastAPI would read and parse before any
@@ -48,9 +49,11 @@ _FIELD = re.compile(r"field '?([A-Za-z_][A-Za-z0-9_.]*)'?")
 class ApiError(Exception):
     """An HTTP error with a JSON body: `detail` plus any extra keys (line, field, current, ...)."""
 
-    def __init__(self, status: int, detail: str, **extra: Any) -> None:
+    def __init__(
+        self, status: int, detail: str, *, headers: dict[str, str] | None = None, **extra: Any
+    ) -> None:
         super().__init__(detail)
-        self.status, self.detail, self.extra = status, detail, extra
+        self.status, self.detail, self.extra, self.headers = status, detail, extra, headers or {}
 
 
 @lru_cache(maxsize=1)
@@ -135,7 +138,7 @@ def create_app(
 
     @api.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        headers = {**({"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}), **exc.headers}
         return JSONResponse({"detail": exc.detail, **exc.extra}, status_code=exc.status, headers=headers)
 
     @api.exception_handler(PermissionDenied)
@@ -952,7 +955,7 @@ def _import_body(engine: Engine, path: Path, actor: Actor, kind: str) -> Any:
     """The importer on the spooled body: an evaluations JSON array through import_evaluations,
     JSON Lines through import_path (the CLI's import)."""
     from lib.db import session_scope
-    from lib.importer import import_evaluations, import_path
+    from lib.importer import ImportConflict, import_evaluations, import_path
 
     is_array = _is_json_array(path)
     try:
@@ -963,6 +966,8 @@ def _import_body(engine: Engine, path: Path, actor: Actor, kind: str) -> Any:
             with session_scope(engine) as session:
                 return import_evaluations(session=session, records=records, source="request", reviewer=actor)
         return import_path(engine=engine, path=path, kind=kind, reviewer=actor)
+    except ImportConflict as exc:  # nothing wrong with the data: the same post a moment later works
+        raise ApiError(409, str(exc), headers={"Retry-After": "1"}) from None
     except ImportFailed as exc:
         message = str(exc)
         line = _LINE.search(message)

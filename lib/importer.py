@@ -52,7 +52,7 @@ from sqlmodel import Session, col
 from lib import bulk, counters, notes, scores
 from lib.auth import Actor, Permission, authorize
 from lib.corrections import require_reviewer, review_event_row
-from lib.db import refresh_statistics, session_scope
+from lib.db import PG_IMPORT_LOCK, one_writer_at_a_time, refresh_statistics, session_scope
 from lib.interaction_records import interaction_rows
 from lib.metrics import (
     metrics_for_product,
@@ -200,6 +200,18 @@ def _json_key(column: str) -> str:
     return f"{column}__json"
 
 
+class ImportConflict(ImportFailed):
+    """The database refused rows another writer stored at the same moment: nothing is wrong with
+    the file, and the same import a moment later skips what is now stored (the API answers 409)."""
+
+
+def _write_lock(session: Session) -> None:
+    """Imports write one at a time (issue 24): taken before the write phase reads what is stored,
+    so two imports of the same file never both find a row missing. The second waits for the first to
+    commit, then skips its rows; on PostgreSQL it used to collide with them at its insert instead."""
+    one_writer_at_a_time(session, PG_IMPORT_LOCK)
+
+
 def _write_rows(session: Session, table: Table, rows: list[dict[str, Any]]) -> None:
     """One bulk write of `rows` (same keys each) as tuples: executemany on SQLite, COPY on PostgreSQL.
 
@@ -215,8 +227,8 @@ def _write_rows(session: Session, table: Table, rows: list[dict[str, Any]]) -> N
         bulk.insert_tuples(session.connection(), table, columns, map(values, rows), encoded=encoded)
     except IntegrityError as exc:
         detail = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else ""
-        raise ImportFailed(
-            f"the database refused these {table.name} rows ({detail}); another import probably "
+        raise ImportConflict(
+            f"the database refused these {table.name} rows ({detail}); another writer probably "
             "stored the same rows at the same time: run this one again"
         ) from exc
 
@@ -329,6 +341,7 @@ def _free_snapshot_id(session: Session, row: dict[str, Any], used_ids: set[str])
 
 def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
     """Insert the spooled snapshots and their judgments, skipping what the database already holds."""
+    _write_lock(session)
     inserted = judgments = 0
     skipped = prepared.skipped
     conn = session.connection()
@@ -489,6 +502,7 @@ def _prepare_notes(*, records: Iterable[tuple[str, Any]], source: str, reviewer:
 
 
 def _write_notes(session: Session, prepared: _Prepared) -> ImportReport:
+    _write_lock(session)
     inserted, skipped = 0, prepared.skipped
     for chunk in prepared.spool.chunks():
         sessions = sorted({row["session_id"] for row in chunk})
@@ -556,6 +570,7 @@ def _prepare_interactions(*, records: Iterable[tuple[str, Any]], source: str, re
 def _write_interactions(session: Session, prepared: _Prepared) -> ImportReport:
     """Insert new interactions and their expert reviews. A stored one is skipped, but gains the
     line's expert review when it has none yet (interactions first, their reviews in a later file)."""
+    _write_lock(session)
     report = ImportReport("interactions", 0, prepared.skipped, source=prepared.source)
     for chunk in prepared.spool.chunks():
         existing_ids = _existing(session, _INTERACTIONS.c.id, [row["id"] for row, _ in chunk])
@@ -646,6 +661,7 @@ def import_judgments_cache(
             rows.append(_cache_judgment_row(key, entry, reviewer))
         except InvalidField as exc:
             raise located_failure(f"{source}, judgment {key!r}", exc) from None
+    _write_lock(session)
     stored = _existing(session, _JUDGMENTS.c.change_id, [row["change_id"] for row in rows])
     fresh = [row for row in rows if row["change_id"] not in stored]
     for i in range(0, len(fresh), CHUNK_ROWS):
@@ -728,6 +744,7 @@ def import_metrics(
                 f"{where}, field 'slug': {spec.slug!r} is defined twice for product {identity[0]!r}"
             )
         seen.add(identity)
+    _write_lock(session)
     stored = {
         (product, slug)
         for product, slug in session.execute(select(MetricDefinition.product, MetricDefinition.slug))
@@ -845,7 +862,7 @@ def import_cache_bytes(
         data = _parse_document(raw, source)
         return import_judgments_cache(session=session, data=data, source=source, reviewer=reviewer)
     except ImportFailed as exc:
-        raise ImportFailed(f"{exc}; nothing was imported") from None
+        raise type(exc)(f"{exc}; nothing was imported") from None
 
 
 def _kind_of_document(data: Any, source: str) -> str:
@@ -946,7 +963,7 @@ def import_path(
     try:
         report = _import_file(engine=engine, path=path, kind=kind, actor=actor)
     except ImportFailed as exc:
-        raise ImportFailed(f"{exc}; nothing was imported") from None
+        raise type(exc)(f"{exc}; nothing was imported") from None
     if report.kind == "interactions":
         from lib import precedents
 

@@ -627,3 +627,89 @@ def test_a_viewer_token_cannot_export_the_access_records(server: Server) -> None
         )
         assert allowed.status_code == 200
         assert allowed.text.splitlines()[0].startswith(("id,", "identity,"))
+
+
+def _wait_for_a_lock_wait(engine: Engine) -> None:
+    """Until a backend of this test's database waits on a lock (a row or an advisory lock)."""
+    for _ in range(600):
+        with engine.connect() as conn:
+            waiting = conn.exec_driver_sql(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            ).scalar_one()
+        if waiting:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the second import never waited for the first")
+
+
+def test_the_second_of_two_identical_imports_waits_and_reports_what_it_skipped(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24.10: on PostgreSQL the second caller got 422 "duplicate key ... run this one again"."""
+    if server.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite writers already queue on the database's write lock")
+    from lib import importer
+
+    original = importer._write_evaluations
+    first_wrote, release = threading.Event(), threading.Event()
+
+    def paused(session: Session, prepared: Any) -> Any:  # the first import holds its transaction open
+        report = original(session, prepared)
+        if not first_wrote.is_set():
+            first_wrote.set()
+            release.wait(60)
+        return report
+
+    monkeypatch.setattr(importer, "_write_evaluations", paused)
+    body, lead = jsonl([record(question=f"Q{i}?") for i in range(5)]), server.headers("lead")
+    url = f"{server.base}/evaluations"
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(httpx.post, url, content=body, headers=lead, timeout=120)
+        assert first_wrote.wait(60)
+        second = pool.submit(httpx.post, url, content=body, headers=lead, timeout=120)
+        try:
+            _wait_for_a_lock_wait(server.engine)
+        finally:
+            release.set()
+        won, lost = first.result(), second.result()
+    assert (won.status_code, lost.status_code) == (200, 200), lost.text
+    assert (won.json()["inserted"], lost.json()["inserted"], lost.json()["skipped"]) == (5, 0, 5)
+    assert count(server.engine, EvaluationSnapshot) == 5
+
+
+def test_two_identical_imports_at_once_store_each_row_once(server: Server) -> None:
+    rows = [record(question=f"Q{i}?") for i in range(200)]
+    body, lead = jsonl(rows), server.headers("lead")
+    start = threading.Barrier(2)
+
+    def post(_: int) -> httpx.Response:
+        start.wait()
+        return httpx.post(f"{server.base}/evaluations", content=body, headers=lead, timeout=120)
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(post, range(2)))
+    assert [r.status_code for r in results] == [200, 200], [r.text for r in results]
+    assert sorted(r.json()["inserted"] for r in results) == [0, 200]
+    assert sum(r.json()["skipped"] for r in results) == 200
+    assert count(server.engine, EvaluationSnapshot) == 200
+
+
+def test_a_write_refused_by_another_writer_is_409_with_retry_after(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collision the import lock cannot prevent (another kind of writer) is no data error: 409, not 422."""
+    from sqlalchemy.exc import IntegrityError
+
+    from lib import bulk
+
+    def refused(*_: Any, **__: Any) -> None:
+        raise IntegrityError("INSERT", {}, Exception("duplicate key value violates unique constraint"))
+
+    monkeypatch.setattr(bulk, "insert_tuples", refused)
+    r = httpx.post(
+        f"{server.base}/evaluations", content=jsonl([record(question="Q?")]), headers=server.headers("lead")
+    )
+    assert r.status_code == 409, r.text
+    assert r.headers["retry-after"] == "1"
+    assert "run this one again" in r.json()["detail"]

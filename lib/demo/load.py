@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, func, select
 from sqlmodel import Session, col
 
 from lib.auth import system_actor
-from lib.db import session_scope
+from lib.db import PG_DEMO_LOCK, one_writer_at_a_time, session_scope
 from lib.demo.evaluations import build_evaluations
 from lib.demo.experiment import demo_experiment_id, run_demo_experiment
 from lib.demo.inputs import DEMO_AUTHOR, demo_anchor
@@ -16,8 +16,6 @@ from lib.demo.queues import write_team_queues
 from lib.demo.reviews import _apply_reviews, _write_cache_judgments, build_cache_judgments, plan_reviews
 from lib.importer import import_evaluations, import_metrics, import_notes
 from lib.models import EvaluationSnapshot, LessonTagRelevance, SessionAudit, TagRelevanceEvent
-
-PG_DEMO_LOCK = 7_140_513  # serialises concurrent first starts of several replicas
 
 
 def _relevance_rows(session: Session) -> tuple[int, int]:
@@ -29,9 +27,7 @@ def _relevance_rows(session: Session) -> tuple[int, int]:
 
 def _lock(session: Session) -> None:
     """Serialise demo loads: two app replicas starting on an empty PostgreSQL load it only once."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PG_DEMO_LOCK})
-    # SQLite: the writer transaction (BEGIN IMMEDIATE) already serialises this check and the writes.
+    one_writer_at_a_time(session, PG_DEMO_LOCK)
 
 
 def _has_evaluations(session: Session) -> bool:
