@@ -43,6 +43,7 @@ from lib.models import (
 EXPECTED_MINIMUM = {
     "read": "viewer",
     "export": "viewer",
+    "export_access": "admin",  # issue 24.7: roles and the audit trail
     "review": "reviewer",
     "note": "reviewer",
     "feedback": "reviewer",
