@@ -13,9 +13,12 @@ from starlette.routing import Mount
 
 from lib import downloads
 from lib.api import API_PREFIX, create_app
+from lib.ui.server import no_external_ip_lookup
 
 # "Download CSV (all matches)" links stream from the database (lib.downloads): no file in memory.
 downloads.enable()
+# Also when started without the launcher (`streamlit run serve.py`, uvicorn): no third-party lookup.
+no_external_ip_lookup()
 app = st.App(
     str(Path(__file__).resolve().parent / "app.py"),
     routes=[Mount(API_PREFIX, app=create_app()), *downloads.routes()],

@@ -57,6 +57,27 @@ def streamlit_args(
     return ["streamlit", "run", str(APP), *([] if chosen else [_ADDRESS_FLAG, DEFAULT_ADDRESS]), *args]
 
 
+def no_external_ip_lookup() -> None:
+    """Never ask an outside service for this machine's address (issue 24 point 5).
+
+    Streamlit asks checkip.amazonaws.com (1 s timeout, then again over https) whenever a WebSocket
+    handshake comes from an origin it does not know, to see whether it is the machine's public
+    address, and does so inside the event loop and again for every handshake while the lookup
+    fails: on a network that drops the request, each refused handshake froze the whole server
+    for ~2 s, so any web page a reviewer visited could keep the app frozen. Overrule serves
+    offline and calls no third party, so the lookup is off: a page opened on the machine's
+    public address is same-origin anyway, and other origins go in `server.corsAllowedOrigins`.
+    The "External URL" line of the start-up banner goes with it.
+    """
+    from streamlit import net_util
+
+    net_util.get_external_ip = _no_external_ip
+
+
+def _no_external_ip() -> None:
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the Overrule app with Streamlit's CLI in this process; options pass through."""
     from streamlit import config
@@ -64,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from streamlit.web import cli
 
     PagesManager.uses_pages_directory = False
+    no_external_ip_lookup()
     config.on_config_parsed(_warn_if_open, force_connect=True)
     sys.argv = streamlit_args(sys.argv[1:] if argv is None else argv, os.environ, configured_address())
     cli.main()
