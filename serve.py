@@ -9,17 +9,22 @@ port answers both the pages and `/api/v1` (OpenAPI docs at `/api/v1/docs`). The 
 from pathlib import Path
 
 import streamlit as st
+from starlette.middleware import Middleware
 from starlette.routing import Mount
 
 from lib import downloads
 from lib.api import API_PREFIX, create_app
-from lib.ui.server import no_external_ip_lookup
+from lib.ui.server import HostCheck, apply_allowed_hosts, no_external_ip_lookup
 
 # "Download CSV (all matches)" links stream from the database (lib.downloads): no file in memory.
 downloads.enable()
 # Also when started without the launcher (`streamlit run serve.py`, uvicorn): no third-party lookup.
 no_external_ip_lookup()
+apply_allowed_hosts()  # done by the launcher already; here for `streamlit run serve.py` and uvicorn
 app = st.App(
     str(Path(__file__).resolve().parent / "app.py"),
     routes=[Mount(API_PREFIX, app=create_app()), *downloads.routes()],
+    # DNS rebinding (issue 24): a request whose Host this server was not given is refused on every
+    # route (pages, WebSocket, API, downloads, Streamlit's own), by the list Streamlit checks too.
+    middleware=[Middleware(HostCheck)],
 )

@@ -98,6 +98,9 @@ class Settings:
     # imports (files of evaluations or interactions), and every other body (one JSON object).
     api_max_body_mb: int = 200
     api_max_json_mb: int = 10
+    # Host names the server answers to besides loopback and its bound address (lib.hosts: DNS
+    # rebinding), comma-separated: `app.example.com`, `*.example.com`, or `*` for any.
+    allowed_hosts: str = ""
     # Team review (lib.queues, lib.review_queue): how long opening an item reserves it for a
     # reviewer; every action on it renews the lease, and a lease that runs out returns the item.
     reservation_minutes: int = 15
@@ -242,6 +245,15 @@ def load_settings(environ: dict[str, str] | None = None, secrets_path: Path = SE
         values[f.name] = _coerce(f.name, raw, f.default)
     _check_choice(values, "auth_mode", AUTH_MODES)
     _check_choice(values, "default_role", ("viewer", "reviewer", "lead", "admin"))
+    if "allowed_hosts" in values:
+        from lib.hosts import parse_host_list
+
+        try:
+            values["allowed_hosts"] = ",".join(parse_host_list(values["allowed_hosts"]))
+        except ValueError as exc:
+            raise ConfigError(
+                f"OVERRULE_ALLOWED_HOSTS={values['allowed_hosts']!r} is invalid: {exc}"
+            ) from None
     if values.get("autounpin_threshold", 0.2) > values.get("autopin_threshold", 0.6):
         raise ConfigError("OVERRULE_AUTOUNPIN_THRESHOLD must not exceed OVERRULE_AUTOPIN_THRESHOLD")
     profile = str(values.get("llm_profile", "default")).strip().lower()

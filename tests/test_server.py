@@ -9,6 +9,8 @@ import socket
 import statistics
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -134,3 +136,52 @@ def test_refused_handshakes_never_stall_the_server_in_an_isolated_network(tmp_pa
     assert probe["lookups"] == 0, "a refused handshake made an outbound lookup"
     assert statistics.median(probe["during"]) < max(0.1, 3 * statistics.median(probe["baseline"])), probe
     assert max(probe["during"]) < 1.0, probe
+
+
+def _status(port: int, path: str, host: str, *, websocket: bool = False) -> int:
+    """HTTP status of a GET (or a WebSocket handshake whose Origin matches `host`) sent as `Host: host`."""
+    lines = [f"GET {path} HTTP/1.1", f"Host: {host}"]
+    if websocket:
+        lines += [
+            "Upgrade: websocket", "Connection: Upgrade", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+            "Sec-WebSocket-Version: 13", "Sec-WebSocket-Protocol: streamlit", f"Origin: http://{host}",
+        ]  # fmt: skip
+    else:
+        lines.append("Connection: close")
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        return int(conn.recv(4096).split(b" ", 2)[1])
+
+
+ROUTES = [("/", False), ("/_stcore/health", False), ("/api/v1/health", False), ("/api/v1/docs", False),
+          ("/downloads/nope", False), ("/_stcore/stream", True)]  # fmt: skip
+
+
+def test_every_route_refuses_a_host_name_it_was_not_given(tmp_path) -> None:
+    """Issue 24.4 (DNS rebinding): `Host: evil.example:PORT` with a matching Origin got a WebSocket (101)
+    and every page; now pages, WebSocket, API and downloads answer only to the names in lib.hosts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERRULE_", "OPENAI_", "STREAMLIT_"))}
+    env.update(
+        OVERRULE_DATABASE_URL=f"sqlite:///{tmp_path / 'x.db'}",
+        OVERRULE_LOAD_DEMO="false",
+        OVERRULE_ALLOWED_HOSTS="overrule.example.com",
+    )
+    server = StreamlitServer(env, tmp_path / "server.log")
+    port = server.port
+    try:
+        for path, websocket in ROUTES:
+            for name in ("evil.example", "overrule.example.com.evil.example", "127.0.0.1.nip.io"):
+                assert _status(port, path, f"{name}:{port}", websocket=websocket) in (400, 403), (path, name)
+            for name in ("127.0.0.1", "localhost", "[::1]", "overrule.example.com", "OVERRULE.example.com"):
+                assert _status(port, path, f"{name}:{port}", websocket=websocket) in (101, 200, 404), (
+                    path,
+                    name,
+                )
+        refused = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/v1/health", headers={"Host": "evil.example"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(refused, timeout=30)  # noqa: S310
+        assert "OVERRULE_ALLOWED_HOSTS" in answer.value.read().decode()
+    finally:
+        server.stop()

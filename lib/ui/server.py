@@ -11,7 +11,9 @@ anyone who reaches the port can act as anyone. So the launcher binds loopback (`
 an address is chosen: `--server.address 0.0.0.0` (or any address), `STREAMLIT_SERVER_ADDRESS`, or
 `address` under `[server]` in a Streamlit config file.
 Cross-site protection stays on in `.streamlit/config.toml` (`enableXsrfProtection`, `enableCORS`:
-the WebSocket accepts only same-origin and local origins).
+the WebSocket accepts only same-origin and local origins). Against DNS rebinding (issue 24) the
+launcher sets Streamlit's `server.allowedHosts` to the names `lib.hosts` allows (loopback, the bound
+address, OVERRULE_ALLOWED_HOSTS), and serve.py refuses every other Host on every route.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+from starlette.responses import PlainTextResponse
+
+from lib.hosts import refusal
 
 # serve.py is the ASGI entry: app.py (the pages) plus the pipeline API at /api/v1, on one port.
 APP = Path(__file__).resolve().parents[2] / "serve.py"
@@ -86,9 +93,57 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     PagesManager.uses_pages_directory = False
     no_external_ip_lookup()
-    config.on_config_parsed(_warn_if_open, force_connect=True)
     sys.argv = streamlit_args(sys.argv[1:] if argv is None else argv, os.environ, configured_address())
+    # After the first parse (config files only): these run on the parse with the command line's flags.
+    config.on_config_parsed(apply_allowed_hosts, force_connect=True)
+    config.on_config_parsed(_warn_if_open, force_connect=True)
     cli.main()
+
+
+def apply_allowed_hosts() -> None:
+    """Set Streamlit's `server.allowedHosts` (its WebSocket Host check, which `lib.hosts.HostCheck`
+    in serve.py reads for every other route) to the names `lib.hosts.allowed_hosts` gives for the
+    bound address, keeping any the operator listed there; said at start when the server is exposed."""
+    from streamlit import config
+
+    from lib.auth import is_loopback
+    from lib.config import get_settings
+    from lib.hosts import allowed_hosts
+
+    address = config.get_option("server.address")
+    names = allowed_hosts(
+        address, get_settings().allowed_hosts.split(","), config.get_option("server.allowedHosts") or ()
+    )
+    if names != config.get_option("server.allowedHosts"):
+        config.set_option("server.allowedHosts", names, where_defined="Overrule (lib.hosts)")
+        if not is_loopback(address):
+            print(
+                f"Overrule answers to the host names {', '.join(names)}; add others (your server's "
+                "DNS name) with OVERRULE_ALLOWED_HOSTS.",
+                file=sys.stderr,
+            )
+
+
+class HostCheck:
+    """ASGI middleware (serve.py): a request or WebSocket whose Host is not in `server.allowedHosts`
+    gets 400 (403 on a handshake) before any route, the API's and Streamlit's own included, sees it.
+    The match is Streamlit's own for that option, so every layer applies one rule to one list."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        from streamlit.web.server.starlette.starlette_websocket import is_host_allowed
+
+        if scope["type"] in ("http", "websocket"):
+            host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
+            if not is_host_allowed(host):
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008})  # refused before the 101
+                    return
+                await PlainTextResponse(refusal(host), status_code=400)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _warn_if_open() -> None:
