@@ -3,6 +3,7 @@
 import streamlit as st
 
 from lib import auth, tokens
+from lib.safe_markdown import escape_markdown
 from lib.ui import csv_download, current_actor, denied_reason, report_denied, session_scope
 from lib.ui.tables import check_column, datetime_column, show_table, text_column
 
@@ -50,12 +51,12 @@ if submitted:
     try:
         with session_scope() as session:
             row = auth.set_role(session=session, actor=actor, identity=identity, role=role)
-        st.success(f"{row.identity} is now {row.role}.", icon="✅")
+        st.success(escape_markdown(f"{row.identity} is now {row.role}."), icon="✅")
         st.rerun()
     except auth.PermissionDenied as exc:
         report_denied(exc)
     except ValueError as exc:
-        st.error(str(exc))
+        st.error(escape_markdown(str(exc)))
 
 if roles:
     cols = st.columns([3, 1])
@@ -154,7 +155,7 @@ if create:
     except auth.PermissionDenied as exc:
         report_denied(exc)
     except ValueError as exc:
-        st.error(str(exc))
+        st.error(escape_markdown(str(exc)))
 new_secret = st.session_state.pop("admin_new_token_secret", None)
 if new_secret:
     st.success("Token created. Copy its secret now: it is not stored and will not be shown again.", icon="🔑")

@@ -103,7 +103,7 @@ row = experiments.set_index("id").loc[chosen]
 if alignment.is_scripted(row["judge_model"]):
     st.warning(
         "These figures come from a scripted judge, not a real model: a deterministic policy "
-        f"({row['judge_model']}) served by a local test server. They show what the lab measures, "
+        f"({escape_markdown(row['judge_model'])}) served by a local test server. They show what the lab measures, "
         "not what a real judge gains. Start an experiment with your own judge model to measure that.",
         icon="🧪",
     )

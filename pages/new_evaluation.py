@@ -99,17 +99,20 @@ with st.form("new_form"):
     for spec in metrics:
         low, high, step = evaluation_form.score_bounds(spec)
         score_col, reason_col = st.columns([1, 3])
+        # Widget labels and tooltips render Markdown: a metric's name and rubric are data (issue 24).
         scores[spec.slug] = score_col.number_input(
-            f"{spec.display_name} ({spec.scale_label()})",
+            escape_markdown(f"{spec.display_name} ({spec.scale_label()})"),
             min_value=low,
             max_value=high,
             step=step,
             value=None,
             key=f"new_score_{product}_{spec.slug}",
-            help=spec.description or None,
+            help=escape_markdown(spec.description) if spec.description else None,
         )
         reasons[spec.slug] = reason_col.text_input(
-            f"Why {spec.display_name}?", key=f"new_reason_{product}_{spec.slug}", placeholder="your reason"
+            escape_markdown(f"Why {spec.display_name}?"),
+            key=f"new_reason_{product}_{spec.slug}",
+            placeholder="your reason",
         )
     judge_denied = denied_reason(Permission.JUDGE) if current_actor() else None
     if judge_denied:

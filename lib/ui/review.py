@@ -529,7 +529,7 @@ def _reason_form(key: str, row: MetricRow, pending: dict[str, Any], flash_key: s
             if decision is None:  # an unbounded scale: the reviewer types the score too
                 st.number_input(f"Your score ({row.scale.describe()})", key=f"{key}_value", value=None)
             st.text_input(
-                f"Reason for overruling {row.title}",
+                escape_markdown(f"Reason for overruling {row.title}"),
                 key=f"{key}_reason",
                 max_chars=4000,
                 placeholder=question,

@@ -171,3 +171,30 @@ def test_a_product_without_a_rubric_is_scored_on_the_default_set(app_engine: Eng
     assert at.number_input(key="new_score_plain_truthfulness").label == "Truthfulness (1–5)"
     assert len(at.number_input) == 8
     assert not at.exception
+
+
+def test_metric_names_and_rubrics_are_plain_text_in_labels_and_tooltips(
+    app_engine: Engine, open_page
+) -> None:
+    """Issue 24.6: a display name `![t](http://evil.example/x.png) Img` became an image in the label."""
+    name, rubric = "![t](http://evil.example/x.png) Img", "See [docs](http://evil.example/d)"
+    with session_scope(app_engine) as session:
+        upsert_metric_definitions(
+            session=session,
+            definitions=[
+                {
+                    "product": "acme",
+                    "slug": "tone",
+                    "display_name": name,
+                    "min": 1,
+                    "max": 5,
+                    "description": rubric,
+                }
+            ],
+        )
+    at = open_page(PAGE, reviewer="ayse")
+    score = at.number_input(key="new_score_acme_tone")
+    assert score.label == escape_markdown(f"{name} (1–5)")
+    assert score.help == escape_markdown(rubric)
+    assert at.text_input(key="new_reason_acme_tone").label == escape_markdown(f"Why {name}?")
+    assert not at.exception
