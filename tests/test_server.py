@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lib.ui.server import APP, DEFAULT_ADDRESS, address_given, streamlit_args
+from lib.ui.server import APP, DEFAULT_ADDRESS, address_given, configured_address, streamlit_args
 from tests.browser.conftest import ROOT, StreamlitServer
 
 ALL = "0.0.0.0"  # noqa: S104 - the address that means "every interface"
@@ -45,6 +45,20 @@ def test_streamlit_args_default_to_loopback_and_keep_a_chosen_address() -> None:
         "streamlit", "run", str(APP), "--server.address", ALL
     ]  # fmt: skip
     assert streamlit_args([], {}, configured="::") == ["streamlit", "run", str(APP)]
+
+
+def test_configured_address_reads_the_project_config_file_last_one_wins(tmp_path, monkeypatch) -> None:
+    home, project = tmp_path / "home", tmp_path / "project"
+    for folder, address in ((home, "10.1.1.1"), (project, "10.2.2.2")):
+        (folder / ".streamlit").mkdir(parents=True)
+        (folder / ".streamlit" / "config.toml").write_text(f'[server]\naddress = "{address}"\n')
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(project)
+    assert configured_address() == "10.2.2.2"
+    (project / ".streamlit" / "config.toml").write_text("[server]\nheadless = true\n")
+    assert configured_address() == "10.1.1.1"
+    (home / ".streamlit" / "config.toml").write_text("[server\nbroken")
+    assert configured_address() is None
 
 
 def _listening_addresses(port: int) -> set[str]:
@@ -84,9 +98,7 @@ def _upgrade_status(port: int, origin: str) -> int:
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from /proc")
 def test_launcher_listens_on_loopback_only_and_refuses_foreign_websocket_origins(tmp_path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERRULE_", "OPENAI_", "STREAMLIT_"))}
-    env.update(OVERRULE_DATABASE_URL=f"sqlite:///{tmp_path / 'x.db'}", OVERRULE_LOAD_DEMO="false")
-    server = StreamlitServer(env, tmp_path / "server.log", address=None)
+    server = StreamlitServer(_server_env(tmp_path), tmp_path / "server.log", address=None)
     try:
         assert _listening_addresses(server.port) == {"127.0.0.1"}
         assert _upgrade_status(server.port, f"http://127.0.0.1:{server.port}") == 101
@@ -94,6 +106,27 @@ def test_launcher_listens_on_loopback_only_and_refuses_foreign_websocket_origins
         assert _upgrade_status(server.port, "https://attacker.example:8501") == 403
     finally:
         server.stop()
+    # Issue 25: on loopback nothing warns of open mode "on every network interface", and Streamlit
+    # does not think the [server] section changed after start ("... please restart streamlit").
+    log = server.log_path.read_text()
+    assert "open mode" not in log
+    assert "config option section was detected" not in log
+    assert f"URL: http://127.0.0.1:{server.port}" in log
+
+
+def _server_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERRULE_", "OPENAI_", "STREAMLIT_"))}
+    env.update(OVERRULE_DATABASE_URL=f"sqlite:///{tmp_path / 'x.db'}", OVERRULE_LOAD_DEMO="false")
+    return env
+
+
+@pytest.mark.slow
+def test_launcher_on_every_interface_warns_of_open_mode_once_naming_the_address(tmp_path) -> None:
+    server = StreamlitServer(_server_env(tmp_path), tmp_path / "server.log", address=ALL)
+    server.stop()
+    log = server.log_path.read_text()
+    assert log.count("WARNING: Overrule is in open mode on 0.0.0.0:") == 1, log
+    assert "config option section was detected" not in log
 
 
 def _isolated_network_works() -> bool:

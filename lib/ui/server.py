@@ -47,13 +47,26 @@ def address_given(
 
 
 def configured_address() -> str | None:
-    """`server.address` from Streamlit's config files (`~/.streamlit`, `./.streamlit`), if set there."""
+    """`server.address` from Streamlit's config files (`~/.streamlit`, `./.streamlit`), if set there.
+
+    Read from the files directly: parsing Streamlit's config here, before `streamlit run` parses it
+    with the command-line options, made Streamlit see the [server] section change between the two
+    parses and print "An update to the [server] config option section was detected" (issue 25).
+    """
+    import tomllib
+
     from streamlit import config
 
-    config.get_config_options()
-    if config.get_where_defined("server.address") == config.ConfigOption.DEFAULT_DEFINITION:
-        return None
-    return config.get_option("server.address") or None
+    address = None
+    for path in config.get_config_files("config.toml"):  # later files override earlier ones
+        try:
+            with open(path, "rb") as file:
+                server = tomllib.load(file).get("server")
+        except (OSError, tomllib.TOMLDecodeError):
+            continue  # missing, unreadable or broken: Streamlit reports a broken file itself
+        if isinstance(server, dict) and server.get("address"):
+            address = str(server["address"])
+    return address
 
 
 def streamlit_args(
@@ -93,10 +106,17 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     PagesManager.uses_pages_directory = False
     no_external_ip_lookup()
-    sys.argv = streamlit_args(sys.argv[1:] if argv is None else argv, os.environ, configured_address())
-    # After the first parse (config files only): these run on the parse with the command line's flags.
+
+    # Streamlit parses its config when `streamlit run` applies the command-line options (the
+    # launcher's loopback address among them): the allowed hosts follow every parse, the open-mode
+    # warning waits for that parse and runs once.
+    def warn_once() -> None:
+        disconnect()
+        _warn_if_open()
+
     config.on_config_parsed(apply_allowed_hosts, force_connect=True)
-    config.on_config_parsed(_warn_if_open, force_connect=True)
+    disconnect = config.on_config_parsed(warn_once, force_connect=True)
+    sys.argv = streamlit_args(sys.argv[1:] if argv is None else argv, os.environ, configured_address())
     cli.main()
 
 
