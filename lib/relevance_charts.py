@@ -6,6 +6,7 @@ and every label taken from data goes through `plotly_text`, so notes and tags sh
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -66,14 +67,34 @@ def tag_heatmap_figure(frame: pd.DataFrame, *, title: str = "Relevance score per
             ),
         )
     )
+    # Every column gets its label: on a category axis plotly otherwise labels only as many as fit
+    # its automatic tick count (20 of 40 tags, issue 25). Upright labels, smaller as tags multiply,
+    # and a top margin sized to the longest label so none is cut.
+    longest = max(len(t) for t in tags)
+    font = tag_label_size(len(tags))
     fig.update_layout(
-        title=title,
-        xaxis={"title": "tag", "side": "top"},
-        yaxis={"title": "note", "autorange": "reversed"},
-        height=max(320, 28 * len(note_ids) + 160),
-        margin={"l": 10, "r": 10, "t": 90, "b": 10},
+        title={"text": title, "y": 0.995, "yanchor": "top"},
+        xaxis={
+            "title": "tag",
+            "side": "top",
+            "type": "category",
+            "tickmode": "linear",
+            "dtick": 1,
+            "tickangle": -90,
+            "tickfont": {"size": font},
+            "automargin": True,
+        },
+        yaxis={"title": "note", "autorange": "reversed", "automargin": True},
+        height=max(320, 28 * len(note_ids) + int(0.62 * font * longest) + 120),
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
     )
     return fig
+
+
+def tag_label_size(columns: int) -> int:
+    """The tag labels' font size (px): 12 up to 30 columns, one px less for each 8 more (10 at 40),
+    never below 8, so upright labels sit side by side where the page leaves ~12 px per column."""
+    return max(8, 12 - math.ceil(max(0, columns - 30) / 8))
 
 
 def tag_family(tag: str) -> str:
