@@ -353,3 +353,24 @@ def notes_timeline_figure(
         margin={"l": 10, "r": 10, "t": 50, "b": 10},
     )
     return fig
+
+
+def evidence_state_figure(frame: pd.DataFrame) -> go.Figure:
+    """Evidence items per verification outcome (`lib.overview.evidence_state_frame`) as horizontal
+    bars whose labels are shown whole: the axis makes room for them instead of cutting them."""
+    fig = go.Figure(
+        go.Bar(
+            x=frame["items"],
+            y=[plotly_text(state) for state in frame["state"]],
+            orientation="h",
+            marker_color=OKABE_ITO[4],
+            hovertemplate="%{y}: %{x}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        xaxis_title="evidence items",
+        yaxis={"automargin": True, "autorange": "reversed"},
+        height=60 * len(frame) + 110,
+        margin={"l": 10, "r": 10, "t": 10, "b": 10},
+    )
+    return fig

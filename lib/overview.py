@@ -20,6 +20,7 @@ from lib.display import (
     evaluation_url,
     evaluations_list_url,
     judgment_url,
+    page_url,
 )
 from lib.evidence import HIGHLIGHT_STAGES, STAGES
 from lib.metrics import DEFAULT_METRICS, metrics_for_product, products_with_rubrics
@@ -93,6 +94,33 @@ FIGURE_LINKS: dict[str, FigureLink] = {
 }
 
 
+PRODUCTS_HELP = "Products with live evaluations or judgments: one row each in the per-product table"
+
+
+@dataclass(frozen=True)
+class ProductTotals:
+    """One product's live evaluations and judgments (either may be missing)."""
+
+    product: str
+    evaluations: counters.EvaluationTotals | None
+    judgments: counters.JudgmentTotals | None
+
+
+def live_products(*, session: Session) -> list[ProductTotals]:
+    """The products the Overview counts and lists, by name: those with live evaluations or live
+    judgments. A product of judgments alone (a judgment cache imported without evaluations) counts;
+    one whose evaluations are all archived and that has no judgment does not. One rule for the
+    "Products" figure and the per-product table, so the two always agree."""
+    evaluations = counters.evaluation_totals_by_product(session=session)
+    judgments = counters.judgment_totals_by_product(session=session)
+    found = []
+    for product in sorted(set(evaluations) | set(judgments)):
+        ev, jud = evaluations.get(product), judgments.get(product)
+        if (ev is not None and ev.evaluations) or jud is not None:
+            found.append(ProductTotals(product, ev, jud))
+    return found
+
+
 def overview_stats(*, session: Session) -> OverviewStats:
     """Counts for the overview page, read from lib.counters: rows per product and metric, never per judgment."""
     by_product = counters.evaluation_totals_by_product(session=session)
@@ -105,7 +133,7 @@ def overview_stats(*, session: Session) -> OverviewStats:
     return OverviewStats(
         evaluations=total("evaluations"),
         archived=total("archived"),
-        products=sum(1 for t in by_product.values() if t.evaluations),
+        products=len(live_products(session=session)),
         evidence_total=total("evidence_total"),
         evidence_by_state={
             "highlighted": total("evidence_highlighted"),
@@ -225,25 +253,24 @@ def metric_sets_frame(*, session: Session) -> pd.DataFrame:
 
 
 def per_product_frame(*, session: Session) -> pd.DataFrame:
-    """Evaluations and review progress per product (live evaluations only), from lib.counters."""
-    evaluations = counters.evaluation_totals_by_product(session=session)
-    judgments = counters.judgment_totals_by_product(session=session)
+    """Evaluations and review progress per product (`live_products`), from lib.counters; each row
+    links to where the product's rows are: its evaluations, or its judgments when it has none."""
     rows = []
-    for product in sorted(set(evaluations) | set(judgments)):
-        ev = evaluations.get(product)
-        jud = judgments.get(product)
-        if (ev is None or not ev.evaluations) and jud is None:
-            continue  # only archived evaluations: nothing live to show
+    for totals in live_products(session=session):
+        ev, jud = totals.evaluations, totals.judgments
+        evaluations = ev.evaluations if ev else 0
         rows.append(
             {
-                "product": product,
-                "evaluations": ev.evaluations if ev else 0,
+                "product": totals.product,
+                "evaluations": evaluations,
                 "judgments": jud.judgments if jud else 0,
                 "pending": jud.pending if jud else 0,
                 "corrected_of_reviewed": jud.corrected_of_reviewed if jud else None,
+                "link": evaluations_list_url({"product": totals.product})
+                if evaluations
+                else page_url(CORRECTIONS_PATH, {"product": totals.product}),
             }
         )
     return pd.DataFrame(
-        [{**row, "link": evaluations_list_url({"product": row["product"]})} for row in rows],
-        columns=["product", "evaluations", "judgments", "pending", "corrected_of_reviewed", "link"],
+        rows, columns=["product", "evaluations", "judgments", "pending", "corrected_of_reviewed", "link"]
     )

@@ -3,6 +3,7 @@
 import streamlit as st
 
 from lib import counters, overview
+from lib.charts import evidence_state_figure
 from lib.ui import csv_download, session_scope
 from lib.ui.tables import (
     count_column,
@@ -64,7 +65,7 @@ with cols[4]:
     _list_link("evidence")
 
 cols = st.columns(4)
-cols[0].metric("Products", f"{stats.products:,}", help="One row each in the per-product table below")
+cols[0].metric("Products", f"{stats.products:,}", help=overview.PRODUCTS_HELP)
 cols[1].metric(
     "Second-opinion agreement",
     _pct(stats.second_opinion_agreement),
@@ -78,36 +79,43 @@ with cols[2]:
         "Session notes", f"{stats.notes:,}", help=f"from {counters.count_label(stats.note_sessions)} sessions"
     )
     _list_link("notes")
-cols[3].metric("Latest note", stats.latest_note.strftime("%Y-%m-%d %H:%M") if stats.latest_note else "—")
+# The day fits a quarter of the page at 1400 px; the minute is in the help.
+cols[3].metric(
+    "Latest note",
+    f"{stats.latest_note:%Y-%m-%d}" if stats.latest_note else "—",
+    help=f"{stats.latest_note:%Y-%m-%d %H:%M} UTC" if stats.latest_note else None,
+)
 
-left, right = st.columns(2)
-with left:
-    st.subheader("Evidence verification")
-    evidence = overview.evidence_state_frame(stats)
-    if stats.evidence_total:
-        st.bar_chart(evidence, x="state", y="items", horizontal=True)
-    else:
-        st.caption("No evidence recorded yet.")
-    csv_download(evidence, "evidence_verification.csv", key="overview_evidence_csv")
-with right:
-    st.subheader("Per product")
-    show_table(
-        products,
-        key="overview_products",
-        order=["link", "product", "corrected_of_reviewed", "pending", "evaluations", "judgments"],
-        alt="Evaluations and review progress per product",
-        columns={
-            "link": link_column("", text="List", help="The product's evaluations"),
-            "product": text_column("Product"),
-            "evaluations": count_column("Evaluations", help="Live evaluations (archived left out)"),
-            "pending": count_column("Pending", help="Judgments not reviewed yet"),
-            "judgments": count_column("Judgments"),
-            "corrected_of_reviewed": rate_column(
-                counters.CORRECTED_OF_REVIEWED_LABEL, help="Corrected ÷ reviewed judgments", width=130
-            ),
-        },
-    )
-    csv_download(products, "products.csv", key="overview_products_csv")
+# Each table and chart takes the page's width: side by side, the per-product table scrolled
+# sideways and the evidence labels were cut at 1400 px (issue 25).
+st.subheader("Per product")
+show_table(
+    products,
+    key="overview_products",
+    order=["link", "product", "corrected_of_reviewed", "pending", "evaluations", "judgments"],
+    alt="Evaluations and review progress per product",
+    columns={
+        "link": link_column(
+            "", text="List", help="The product's evaluations (its judgments when it has no evaluation)"
+        ),
+        "product": text_column("Product"),
+        "evaluations": count_column("Evaluations", help="Live evaluations (archived left out)"),
+        "pending": count_column("Pending", help="Judgments not reviewed yet"),
+        "judgments": count_column("Judgments"),
+        "corrected_of_reviewed": rate_column(
+            counters.CORRECTED_OF_REVIEWED_LABEL, help="Corrected ÷ reviewed judgments", width=130
+        ),
+    },
+)
+csv_download(products, "products.csv", key="overview_products_csv")
+
+st.subheader("Evidence verification")
+evidence = overview.evidence_state_frame(stats)
+if stats.evidence_total:
+    st.plotly_chart(evidence_state_figure(evidence), key="overview_evidence_chart")
+else:
+    st.caption("No evidence recorded yet.")
+csv_download(evidence, "evidence_verification.csv", key="overview_evidence_csv")
 
 st.subheader("Recent activity")
 if activity.empty:

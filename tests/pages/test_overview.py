@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlmodel import select
@@ -203,3 +203,35 @@ def test_note_sessions_are_counted_by_the_notes_rule_and_capped(app_engine, open
     at = open_page("pages/overview.py")
     [metric] = [m for m in at.metric if m.label == "Session notes"]
     assert metric.value == "4" and metric.help == "from 2+ sessions"
+
+
+def test_products_figure_counts_the_rows_of_the_per_product_table(app_engine, open_page) -> None:
+    """Issue 25: "Products 3" above four rows. A product of judgments alone (an imported judgment
+    cache) is a product; one whose evaluations are all archived and has no judgment is not."""
+    _filled(app_engine)
+    now = utcnow()
+    with session_scope(app_engine) as s:
+        for n in range(3):
+            s.add(Judgment(change_id=f"cache:{n}", product="fungear", decision="INCLUDE"))
+        s.add(EvaluationSnapshot(id="snap_old", question="q", model_answer="a", product="gone",
+                                 deleted_at=now, status="archived"))  # fmt: skip
+    at = open_page("pages/overview.py")
+    products = next(d for d in at.dataframe if "corrected_of_reviewed" in d.value.columns).value
+    assert list(products["product"]) == ["fungear", "p1", "p2"]
+    [figure] = [m for m in at.metric if m.label == "Products"]
+    assert figure.value == "3" and figure.help == overview.PRODUCTS_HELP
+    # The judgments-only product links to its judgments, not to an empty list of evaluations.
+    assert list(products["link"]) == [
+        "corrections?product=fungear", "evaluations?product=p1", "evaluations?product=p2"
+    ]  # fmt: skip
+    assert not at.exception
+
+
+def test_latest_note_shows_its_day_with_the_minute_in_the_help(app_engine, open_page) -> None:
+    with session_scope(app_engine) as s:
+        s.add(SessionNote(session_id="run1", note_type="TIP", content="tip",
+                          timestamp=datetime(2026, 11, 7, 13, 3, tzinfo=UTC)))  # fmt: skip
+    at = open_page("pages/overview.py")
+    [figure] = [m for m in at.metric if m.label == "Latest note"]
+    assert (figure.value, figure.help) == ("2026-11-07", "2026-11-07 13:03 UTC")
+    assert not at.exception
