@@ -25,6 +25,11 @@ from lib.models import AutoEval, ExpertFeedback, Interaction, utcnow
 from lib.records import InvalidField
 
 MATCHED = "matched"
+NO_TEXT_MESSAGE = (
+    "This interaction was logged without its question and answer, so there is nothing to compare "
+    "with precedents (outcome no_embeddings)."
+)
+NO_ANSWER = "(no answer text)"
 PENDING = "pending"
 EXPERT = "expert-reviewed"
 OUTCOMES = (MATCHED, *precedents.REASON_CODES, PENDING, EXPERT)
@@ -61,6 +66,14 @@ def display_frame(page: pd.DataFrame) -> pd.DataFrame:
     frame.insert(0, "open", [interaction_url(str(i)) for i in frame["id"]])
     frame.insert(1, "title", [evaluation_title(q) for q in frame["question"]])
     return frame[DISPLAY_COLUMNS]
+
+
+def pick_labels(page: pd.DataFrame) -> dict[str, str]:
+    """The interaction picker's label per id on a list page: the title and the outcome."""
+    return {
+        str(i): f"{evaluation_title(q)} · {o}"
+        for i, q, o in zip(page["id"], page["question"], page["outcome"], strict=True)
+    }
 
 
 @dataclass(frozen=True)
@@ -284,6 +297,22 @@ class PrecedentDetail:
                 }
             )
         return pd.DataFrame(rows, columns=["sentence", "best expert sentence", "similarity", "copied score"])
+
+    @property
+    def has_text(self) -> bool:
+        """Whether the interaction was logged with a question or an answer to compare."""
+        return bool((self.interaction.question or "").strip() or (self.interaction.answer or "").strip())
+
+    def trace_message(self) -> tuple[str, str] | None:
+        """What the trace reports beyond its tables, and how: ("info", …) when the outcome follows
+        from the data (an interaction logged without text has nothing to embed: an empty state, not
+        a fault), ("error", …) when the evaluation itself failed (an embedding or LLM server)."""
+        error = self.trace.get("error")
+        if self.auto_eval is None or not error:
+            return None
+        if not self.has_text and self.outcome == precedents.NO_EMBEDDINGS:
+            return "info", NO_TEXT_MESSAGE
+        return "error", f"The evaluation failed: {error}"
 
     @property
     def distance(self) -> float | None:

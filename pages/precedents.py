@@ -8,6 +8,7 @@ import streamlit as st
 from lib import export
 from lib import precedent_view as view
 from lib.auth import Permission
+from lib.display import UNTITLED
 from lib.safe_markdown import escape_markdown
 from lib.ui import csv_download_all, flash, get_engine, pager, require_reviewer, session_scope, show_flash
 from lib.ui.tables import datetime_column, link_column, number_column, show_table, text_column, title_column
@@ -83,7 +84,14 @@ if wanted and wanted not in ids:
     ids.insert(0, wanted)
 if not ids:
     st.stop()
-picked = st.selectbox("Interaction", ids, index=ids.index(wanted) if wanted else 0, key="prec_pick")
+labels = view.pick_labels(frame)
+picked = st.selectbox(
+    "Interaction",
+    ids,
+    index=ids.index(wanted) if wanted else 0,
+    format_func=lambda iid: labels.get(iid, iid),
+    key="prec_pick",
+)
 
 with session_scope(read_only=True) as session:
     detail = view.load_detail(session=session, interaction_id=picked)
@@ -98,9 +106,15 @@ st.markdown(
     f"**language** {escape_markdown(interaction.language)}"
 )
 st.markdown("**Question**")
-st.text(interaction.question)
+if (interaction.question or "").strip():
+    st.text(interaction.question)
+else:
+    st.caption(UNTITLED)
 st.markdown("**Answer**")
-st.text(interaction.answer)
+if (interaction.answer or "").strip():
+    st.text(interaction.answer)
+else:
+    st.caption(view.NO_ANSWER)
 if detail.auto_eval is not None and detail.auto_eval.total_score is not None:
     st.metric("Copied total", f"{detail.auto_eval.total_score:g}")
 if detail.expert_feedback is not None:
@@ -115,8 +129,10 @@ if detail.distance is not None:
 trace = detail.trace
 if detail.auto_eval is not None:
     st.markdown("#### Match trace")
-    if trace.get("error"):
-        st.error(escape_markdown(str(trace["error"])))
+    message = detail.trace_message()
+    if message is not None:
+        level, text = message
+        (st.error if level == "error" else st.info)(escape_markdown(text))
     st.markdown("QA neighbours above the threshold")
     show_table(
         detail.qa_frame(),

@@ -551,6 +551,18 @@ def test_auto_evaluations_cover_every_outcome(db: Session) -> None:
         assert (a.matched_interaction_id is not None) == a.has_matches
 
 
+def test_the_precedents_page_opens_on_a_match_with_its_text(db: Session) -> None:
+    """The page opens on the newest interaction (issue 25: it was the turn logged without text)."""
+    from lib import precedent_view
+
+    newest = precedent_view.list_page(
+        session=db, filters=precedent_view.PrecedentFilters(), offset=0, limit=1
+    )
+    detail = precedent_view.load_detail(session=db, interaction_id=str(newest["id"].iloc[0]))
+    assert detail is not None and detail.has_text
+    assert detail.outcome == precedent_view.MATCHED and detail.trace_message() is None
+
+
 def test_demo_outcomes_are_what_the_evaluator_decides(db: Session) -> None:
     """Nothing is written by hand: deciding every demo interaction again gives the stored result."""
     with precedents.offline():

@@ -6,6 +6,8 @@ Nothing here writes an outcome by hand: each newer interaction goes through
 inputs are chosen so the build shows every outcome possible without an LLM: matched,
 `no_qa_match`, `no_sentence_match`, `no_citation_match`, `no_embeddings` (a turn logged without
 its text) and `forced_fallback_no_match` (one interaction evaluated in force-fallback mode).
+They are dated in the order of `auto` in precedents.json: the text-less turn first (oldest), a
+matched one last, so the Precedents page opens on a full match trace (issue 25).
 """
 
 from __future__ import annotations

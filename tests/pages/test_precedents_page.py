@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, select
 from streamlit.testing.v1 import AppTest
 
-from lib import importer, precedents
+from lib import importer, precedent_view, precedents
 from lib.db import session_scope
-from lib.models import AutoEval, ExpertFeedback
+from lib.models import AutoEval, ExpertFeedback, Interaction
 from lib.safe_markdown import escape_markdown
 
 PAGE = "pages/precedents.py"
@@ -183,3 +184,53 @@ def test_import_page_imports_and_auto_evaluates_interactions(app_engine: Engine,
     with session_scope(app_engine, read_only=True) as session:
         [row] = session.execute(select(AutoEval)).scalars()
         assert (row.interaction_id, row.matched_interaction_id) == ("new", "prec")
+
+
+def _blank_interaction(engine: Engine) -> None:
+    """A turn logged without its text, newer than the corpus: the page's first row."""
+    with session_scope(engine) as session:
+        session.add(Interaction(id="blank", product="acme", question="", answer="", citation_url=CITE,
+                                created_at=datetime(2026, 2, 1, tzinfo=UTC)))  # fmt: skip
+        session.flush()
+        precedents.evaluate_interaction(session, "blank")
+
+
+def test_an_interaction_without_text_opens_as_an_empty_state_not_an_error(
+    app_engine: Engine, open_page: Any, tmp_path: Path
+) -> None:
+    """Issue 25: the page opened on a blank question and answer under a red error."""
+    _corpus(app_engine, tmp_path)
+    _blank_interaction(app_engine)
+    at = open_page(PAGE)
+    assert at.selectbox(key="prec_pick").value == "blank"
+    assert not at.error
+    assert [c.value for c in at.caption if c.value.startswith("(no ")] == [
+        "(no question text)",
+        "(no answer text)",
+    ]
+    assert any(escape_markdown(precedent_view.NO_TEXT_MESSAGE) in i.value for i in at.info)
+    assert not at.exception
+
+
+def test_a_failed_evaluation_is_still_an_error(app_engine: Engine, open_page: Any, tmp_path: Path) -> None:
+    _corpus(app_engine, tmp_path)
+    with session_scope(app_engine) as session:
+        row = session.execute(select(AutoEval).where(AutoEval.interaction_id == "other")).scalar_one()
+        row.no_match_reason, row.has_matches = precedents.NO_EMBEDDINGS, False
+        row.sentence_match_trace = {"error": "embedding failed: the server answered 503"}
+    at = open_page(PAGE, query={"interaction": "other"})
+    assert [e.value for e in at.error] == [
+        escape_markdown("The evaluation failed: embedding failed: the server answered 503")
+    ]
+    assert not at.exception
+
+
+def test_the_interaction_picker_reads_as_questions_and_outcomes(
+    app_engine: Engine, open_page: Any, tmp_path: Path
+) -> None:
+    _corpus(app_engine, tmp_path)
+    at = open_page(PAGE)
+    picker = at.selectbox(key="prec_pick")
+    assert picker.options[1:4] == [f"{QUESTION} · no_citation_match", f"{QUESTION} · matched",
+                                   f"{QUESTION} · expert-reviewed"]  # fmt: skip
+    assert not at.exception
