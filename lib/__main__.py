@@ -762,7 +762,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--all", action="store_true", help="allow removing every note when no filter is given")
     n.add_argument("--dry-run", action="store_true", help="only count what would be removed")
 
-    p = sub.add_parser("history", help="the correction history a judge prompt gets (seed 004)")
+    p = sub.add_parser("history", help="the correction history a judge prompt gets")
     p.add_argument("--product", required=True, help="only this product's judgments")
     p.add_argument("--metric", default=None, help="only this metric's judgments (default: every metric)")
     p.add_argument(
@@ -786,7 +786,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="json: the judgments in selection order; prompt: the block a judge prompt contains",
     )
 
-    p = sub.add_parser("judge", help="judge a JSONL file of questions and answers (Stage 1 + 2), resumable")
+    p = sub.add_parser(
+        "judge", help="judge a JSONL file of questions and answers (scores, then mentor feedback), resumable"
+    )
     p.add_argument("file", help="JSONL, one evaluation per line (the import format without judge fields)")
     p.add_argument(
         "--concurrency",
@@ -797,7 +799,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--reviewer", default="cli", help="recorded as the author of the snapshots")
 
-    p = sub.add_parser("second-opinion", help="second opinions (seed 000 evaluation layer) for a product")
+    p = sub.add_parser(
+        "second-opinion", help="second opinions: a second LLM validates the judge's judgments of a product"
+    )
     p.add_argument("--product", required=True, help="the product whose judgments to validate")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="at most N judgments (default: all)")
     p.add_argument("--reviewer", default="cli", help="recorded as who asked for the second opinions")
@@ -811,7 +815,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="give a failed audit its retries back (after fixing the LLM server) instead of evaluating",
     )
 
-    p = sub.add_parser("auto-eval", help="auto-evaluate pending interactions by precedent (seed 003)")
+    p = sub.add_parser(
+        "auto-eval", help="auto-evaluate pending interactions by precedent (expert-reviewed answers)"
+    )
     p.add_argument(
         "--since", default=None, metavar="AGE", help="only interactions newer than this, e.g. 7d, 12h"
     )

@@ -102,6 +102,7 @@ _CACHE_HEAD = re.compile(r'\{\s*"(cache_version|judgments)"\s*:')
 _SNAPSHOTS: Table = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
 _JUDGMENTS: Table = Judgment.__table__  # type: ignore[attr-defined]
 _NOTES: Table = SessionNote.__table__  # type: ignore[attr-defined]
+SEED_CODE_FIELD = "phelps_code"  # a note's `code` under seed 000's column name, still accepted
 _METRIC_DEFS: Table = MetricDefinition.__table__  # type: ignore[attr-defined]
 _EVENTS: Table = JudgmentEvent.__table__  # type: ignore[attr-defined]
 _INTERACTIONS: Table = Interaction.__table__  # type: ignore[attr-defined]
@@ -444,7 +445,12 @@ def _note_row(record: Any, reviewer: str) -> dict[str, Any]:
         raise InvalidField(
             "content", f"is {len(content)} characters long; at most {notes.MAX_CONTENT_CHARS} allowed"
         )
-    code = (text_field(record, "phelps_code", table=_NOTES) or "").strip() or None
+    # `code` is the name users read; seed 000's column name stays accepted for files written for it.
+    code_key = "code" if record.get("code") is not None else SEED_CODE_FIELD
+    if code_key == "code" and record.get(SEED_CODE_FIELD) not in (None, record["code"]):
+        raise InvalidField("code", f"differs from {SEED_CODE_FIELD!r}, the same field's older name; give one")
+    code_value = {"phelps_code": record.get(code_key)}  # checked against the column's length
+    code = (text_field(code_value, "phelps_code", table=_NOTES, path=code_key) or "").strip() or None
     confidence = record.get("confidence")
     if confidence is not None:
         confidence = number_field(confidence, "confidence")
@@ -453,7 +459,7 @@ def _note_row(record: Any, reviewer: str) -> dict[str, Any]:
     if note_type != "SUCCESS":
         # Seed convention: other types pass "" and 0.0 for "no code, no confidence".
         if code is not None:
-            raise InvalidField("phelps_code", f"only SUCCESS notes carry a code; this is a {note_type} note")
+            raise InvalidField(code_key, f"only SUCCESS notes carry a code; this is a {note_type} note")
         if confidence:
             raise InvalidField(
                 "confidence", f"only SUCCESS notes carry a confidence; this is a {note_type} note"
@@ -644,7 +650,7 @@ def import_judgments_cache(
         raise ImportFailed(f"{source}: expected a JSON object with 'cache_version' and 'judgments'")
     version = data.get("cache_version")
     if version is None:
-        raise ImportFailed(f"{source}, field 'cache_version': is missing; this is not a seed-004 cache")
+        raise ImportFailed(f"{source}, field 'cache_version': is missing; this is not a judgment cache file")
     if version not in SUPPORTED_CACHE_VERSIONS:
         raise ImportFailed(
             f"{source}, field 'cache_version': unsupported version {version!r} "

@@ -62,8 +62,8 @@ MAX_EVIDENCE_PER_METRIC = 3
 STAGE_LABELS: dict[str, str] = {
     "input": "Checking the input",
     "configuration": "LLM configuration",
-    "stage1": "Stage 1 (independent evaluation)",
-    "stage2": "Stage 2 (mentoring comparison)",
+    "stage1": "The judge's scoring",
+    "stage2": "Mentor feedback",
     "save": "Saving the snapshot",
 }
 NOTES_PLACEHOLDER = "No cross-session notes for this run."
@@ -1177,7 +1177,7 @@ def judge_evaluation(
         log.warning("%s", context.left_out)
         say(context.left_out)
 
-    say("Stage 1: the judge scores the answer and collects evidence…")
+    say("The judge scores the answer and collects evidence…")
     stage1 = run_stage1(
         prepared,
         history_block=context.history_block,
@@ -1192,7 +1192,7 @@ def judge_evaluation(
     verified = verified_evidence_of(prepared.evaluation.model_answer, stage1.evidence)
 
     if any(u.get("score") is not None for u in prepared.user_scores.values()):
-        say("Stage 2: the judge compares its scores with yours…")
+        say("Mentor feedback: the judge compares its scores with yours…")
     stage2 = run_stage2(prepared, stage1, verified, settings=settings)
 
     say("Saving the evaluation…")

@@ -42,7 +42,8 @@ PERIODS = {"D": "day", "W": "week", "M": "month"}
 st.title("Corrections")
 st.caption(
     "Every judgment with its review. Corrections become the judge's learning context: the newest of "
-    "them go into the next judge prompt for the same product (seed 004: 75% corrections, interleaved)."
+    "them go into the next judge prompt for the same product (three in four entries are corrections, "
+    "interleaved with confirmed judgments)."
 )
 show_flash(FLASH)
 settings = get_settings()
@@ -257,7 +258,7 @@ else:
 st.subheader("Import and export the cache")
 left, right = st.columns(2)
 with left:
-    upload = st.file_uploader("Seed-004 cache file (JSON)", type=["json"], key="corrections_upload")
+    upload = st.file_uploader("Judgment cache (JSON)", type=["json"], key="corrections_upload")
     import_denied = denied_reason(Permission.IMPORT) if current_actor() else None
     if import_denied:
         st.caption(f"🔒 {escape_markdown(import_denied)}")

@@ -24,8 +24,10 @@ st.markdown(
     "- **evaluations** (JSONL, one per line): `question`, `model_answer`, `product` and "
     "`user_scores` and/or `judge_scores` are required; scores are checked against the product's "
     "metric scales.\n"
-    '- **judgments**: the seed-004 JSON cache (`{"cache_version": "1.0", "judgments": {…}}`).\n'
-    "- **notes** (JSONL): `timestamp, language, note_type, content, phelps_code, confidence, session_id`.\n"
+    '- **judgments**: the judgment cache (JSON: `{"cache_version": "1.0", "judgments": {…}}`), as the '
+    "Corrections page downloads it.\n"
+    "- **notes** (JSONL): `timestamp, language, note_type, content, code, confidence, session_id` "
+    "(`code` and `confidence` for SUCCESS notes only).\n"
     "- **metrics** (JSON list): `{product, slug, display_name, min, max, description}` — import a "
     "product's metric set before its evaluations.\n"
     "- **interactions** (JSONL): `id` (optional), `product`, `language`, `question`, `answer`, "

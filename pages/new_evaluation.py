@@ -44,9 +44,9 @@ def _show_result() -> None:
 
 st.title("New evaluation")
 st.caption(
-    "Give a question, the model's answer and your own scores. The judge scores the answer blind "
-    "(Stage 1, with evidence), then compares its scores with yours (Stage 2). The evaluation is "
-    "saved only when both stages succeed."
+    "Give a question, the model's answer and your own scores. The judge scores the answer blind, "
+    "quoting its evidence (the judge's scores), then compares its scores with yours (mentor "
+    "feedback). The evaluation is saved only when both steps succeed."
 )
 
 unavailable = llm_unavailable_message()

@@ -209,7 +209,9 @@ if tab_list.open:
                     "content": text_column("Note", width="large"),
                     "confidence": rate_column("Confidence", help="How sure the judge run was of this note"),
                     "pinned": check_column("Pinned", help="Shown to every judge run of its language"),
-                    "phelps_code": text_column("Phelps code"),
+                    "phelps_code": text_column(
+                        "Code", help="SUCCESS notes: what the successful judgment decided"
+                    ),
                     "session_id": text_column("Session"),
                     "created_by": text_column("Added by"),
                     "id": count_column("Id"),

@@ -835,6 +835,8 @@ def note(**overrides: Any) -> dict[str, Any]:
         (note(content=" "), "content", "must not be empty"),
         (note(confidence=1.5), "confidence", "outside 0–1"),
         (note(phelps_code="PH1"), "phelps_code", "only SUCCESS notes carry a code"),
+        (note(code="PH1"), "code", "only SUCCESS notes carry a code"),
+        (note(note_type="SUCCESS", code="A", phelps_code="B"), "code", "differs from 'phelps_code'"),
         (note(language="english language"), "language", "at most 10"),
         (note(content="tip \ud800"), "content", "unpaired surrogate"),
         (note(session_id="s\udc00"), "session_id", "unpaired surrogate"),
@@ -848,6 +850,22 @@ def test_bad_note_refuses_the_whole_file(
     with pytest.raises(ImportFailed, match=rf"notes.jsonl line 2, field '{field}': .*{reason}"):
         run_import(engine, path, kind="notes")
     assert_nothing_written(engine)
+
+
+def test_a_notes_code_is_read_from_code_or_its_seed_name_phelps_code(engine: Engine) -> None:
+    """`code` is the documented name (issue 25: no seed jargon on the Import page); files written
+    with seed 000's column name keep importing."""
+    records = [
+        note(note_type="SUCCESS", content="a", code="C1", confidence=0.8),
+        note(note_type="SUCCESS", content="b", phelps_code="C2", confidence=0.8),
+        note(note_type="SUCCESS", content="c", code="C3", phelps_code="C3", confidence=0.8),
+    ]
+    with session_scope(engine) as s:
+        import_notes(session=s, records=records, source="api", reviewer="bot")
+    with Session(engine) as s:
+        assert {n.content: n.phelps_code for n in s.exec(select(SessionNote)).all()} == {
+            "a": "C1", "b": "C2", "c": "C3"
+        }  # fmt: skip
 
 
 def test_import_notes_takes_parsed_records(engine: Engine) -> None:

@@ -679,9 +679,9 @@ def test_progress_messages_follow_the_stages(rubric: Engine, llm_server: LLMServ
     said: list[str] = []
     judge_evaluation(engine=rubric, evaluation=evaluation(), reviewer="ayse", progress=said.append)
     assert [s.split(":")[0].split(";")[0] for s in said] == [
-        "Stage 1",
+        "The judge scores the answer and collects evidence…",
         "The judge's evidence could not be read",
-        "Stage 2",
+        "Mentor feedback",
         "Saving the evaluation…",
     ]
 

@@ -98,7 +98,7 @@ def test_a_failed_line_is_reported_and_a_rerun_judges_only_what_is_left(
     assert main(["judge", str(batch), "--concurrency", "2"]) == 1
     out, err = capsys.readouterr()
     assert out.strip() == "5 lines: 4 judged, 0 already judged (skipped), 1 failed"
-    assert "batch.jsonl line 3: Stage 1 (independent evaluation) failed" in err
+    assert "batch.jsonl line 3: The judge's scoring failed" in err
     assert "rerun the same command" in err
     assert snapshot_questions(cli_db) == [f"Question {n}: tell me about Paris." for n in (1, 2, 4, 5)]
 

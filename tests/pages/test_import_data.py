@@ -82,7 +82,7 @@ def test_without_a_reviewer_the_page_asks_for_a_name(app_engine, open_page) -> N
     "phrase",
     [
         "`question`, `model_answer`, `product`",
-        "`timestamp, language, note_type, content, phelps_code, confidence, session_id`",
+        "`timestamp, language, note_type, content, code, confidence, session_id`",
         "`{product, slug, display_name, min, max, description}`",
         '"cache_version": "1.0"',
         'docs/data.md, "Data in and out"',

@@ -101,7 +101,7 @@ def test_a_failed_stage_shows_the_error_and_writes_nothing(
     at = submit(fill(open_page(PAGE, reviewer="ayse")))
     assert not at.exception
     assert len(at.error) == 1
-    assert "Stage 2 \\(mentoring comparison\\) failed" in at.error[0].value
+    assert "Mentor feedback failed" in at.error[0].value
     assert "Nothing was saved\\." in at.error[0].value
     assert not at.success
     assert counts(acme) == (0, 0)
