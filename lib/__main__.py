@@ -728,8 +728,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--form",
         choices=["wide", "long"],
         default=None,
-        help="evaluations only: per-metric judge score, reviewer score and gap with the answer, "
-        "one row per evaluation (wide) or per judgment (long)",
+        help="evaluations only: per metric the user's score, the judge's score, the gap and the "
+        "reviewer's decision, with the answer; one row per evaluation (wide) or per judgment (long)",
     )
 
     p = sub.add_parser("demo", help="load the deterministic demo data set")

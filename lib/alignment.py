@@ -44,6 +44,7 @@ from lib.auth import Actor, Permission, authorize
 from lib.config import Settings, get_settings
 from lib.corrections import parse_score
 from lib.db import session_scope
+from lib.display import role_field
 from lib.judge import EvaluationInput, JudgeFailed, build_stage1_messages, load_context, run_stage1
 from lib.metrics import MetricSpec, metrics_for_product
 from lib.models import (
@@ -69,6 +70,8 @@ ARM_DESCRIPTIONS = {
 }
 # A judge model name with this prefix is a scripted policy (the demo's), not a model: the page says so.
 SCRIPTED_JUDGE_PREFIX = "scripted: "
+# The item frame's (and its CSV's) name for the reviewer's final score, lib.display's rule.
+REVIEWER_DECISION = role_field("reviewer", "decision")
 BOOTSTRAP_RESAMPLES = reliability.BOOTSTRAP_RESAMPLES
 MEASURES = ("exact_agreement", "within_1_agreement", "weighted_kappa", "spearman", "mean_rescaled_gap")
 
@@ -506,7 +509,7 @@ def item_frame(session: Session, experiment_id: int) -> pd.DataFrame:
                     "metric": item.metric,
                     "arm": arm,
                     "call_status": call.status if call else "missing",
-                    "reviewer_score": item.reviewer_score,
+                    REVIEWER_DECISION: item.reviewer_score,
                     "original_score": item.original_score,
                     "arm_score": np.nan if score is None else score,
                 }
@@ -520,7 +523,7 @@ def item_frame(session: Session, experiment_id: int) -> pd.DataFrame:
             "metric",
             "arm",
             "call_status",
-            "reviewer_score",
+            REVIEWER_DECISION,
             "original_score",
             "arm_score",
         ],
@@ -577,7 +580,7 @@ def measure(
         row: dict[str, Any] = {"arm": arm, "metric": metric, "items": len(group), "pairs": len(scored)}
         spec = specs.get(str(metric))
         if spec is not None and len(scored):
-            u, j = scored["reviewer_score"].to_numpy(float), scored["arm_score"].to_numpy(float)
+            u, j = scored[REVIEWER_DECISION].to_numpy(float), scored["arm_score"].to_numpy(float)
             row.update(_measures(u, j, spec))
             for name, (lo, hi) in _bootstrap(u, j, spec, resamples, seed).items():
                 row[f"{name}_lo"], row[f"{name}_hi"] = lo, hi
@@ -626,8 +629,8 @@ def _paired(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     )
     if others.empty:
         return pd.DataFrame(), empty
-    agree_bare = others["bare_score"] == others["reviewer_score"]
-    agree_arm = others["arm_score"] == others["reviewer_score"]
+    agree_bare = others["bare_score"] == others[REVIEWER_DECISION]
+    agree_arm = others["arm_score"] == others[REVIEWER_DECISION]
     others = others.assign(
         direction=np.select([~agree_bare & agree_arm, agree_bare & ~agree_arm], ["to_agree", "away"], "")
     )

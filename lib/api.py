@@ -147,14 +147,14 @@ def create_app(
 
     def _run(fn: Callable[[], Any]) -> Any:
         """Call a lib function, turning its refusals into HTTP errors (ValueError: bad input, 422)."""
-        from lib.corrections import ReviewConflict
+        from lib.corrections import ReviewConflict, judgment_state_json
         from lib.queues import ItemTaken, NotRevealed
 
         try:
             return fn()
         except ReviewConflict as exc:
             raise ApiError(
-                409, exc.describe(), current=jsonable_encoder(dataclasses.asdict(exc.current))
+                409, exc.describe(), current=jsonable_encoder(judgment_state_json(exc.current))
             ) from None
         except (ItemTaken, NotRevealed) as exc:  # a queue item held by others; blind labels missing
             raise ApiError(409, str(exc)) from None
@@ -317,7 +317,7 @@ def create_app(
                 raise ApiError(404, f"no judgment with change_id {change_id!r}")
             state = corrections.JudgmentState.of(judgment, None)
         return JSONResponse(
-            jsonable_encoder(dataclasses.asdict(state)), headers={"ETag": f'"{state.version}"'}
+            jsonable_encoder(corrections.judgment_state_json(state)), headers={"ETag": f'"{state.version}"'}
         )
 
     @api.patch("/judgments/{change_id}", openapi_extra=_JSON_BODY)
@@ -360,7 +360,7 @@ def create_app(
 
         state = _run(review)
         return JSONResponse(
-            jsonable_encoder(dataclasses.asdict(state)), headers={"ETag": f'"{state.version}"'}
+            jsonable_encoder(corrections.judgment_state_json(state)), headers={"ETag": f'"{state.version}"'}
         )
 
     # --- Team review queues (lib.queues): the functions the review page and `python -m lib queue` call.
@@ -729,9 +729,9 @@ def create_app(
     ) -> FileResponse | StreamingResponse:
         """A table streamed as CSV (formula-safe), Parquet or JSON Lines, through lib.export.
 
-        `form` (evaluations, CSV): the Evaluations page's CSV of every live evaluation with per-metric
-        judge score, reviewer score and gap and the answer, one row per evaluation (wide) or per
-        judgment (long), written while it is sent.
+        `form` (evaluations, CSV): the Evaluations page's CSV of every live evaluation with, per
+        metric, the user's score, the judge's score, the gap and the reviewer's decision, and the
+        answer; one row per evaluation (wide) or per judgment (long), written while it is sent.
         """
         from lib.export import (
             EXPORT_PERMISSIONS,

@@ -30,7 +30,7 @@ from sqlmodel import Session, col, select
 
 from lib import counters
 from lib.auth import Actor, Permission, authorize, identity_of
-from lib.display import evaluation_url, judgment_url
+from lib.display import REVIEWED_BY, evaluation_url, judgment_url, role_field
 from lib.metrics import MetricSpec, metrics_for_product
 from lib.models import (
     CACHE_DECISIONS,
@@ -102,6 +102,40 @@ class JudgmentState:
             was_corrected=judgment.was_corrected,
             changed_by=changed_by,
         )
+
+
+# The judge's and the reviewer's decisions under lib.display's names (the table stores them as
+# seed 004's `decision` and `user_decision`).
+JUDGE_DECISION, JUDGE_REASON = role_field("judge", "decision"), role_field("judge", "reason")
+REVIEWER_DECISION, REVIEWER_REASON = role_field("reviewer", "decision"), role_field("reviewer", "reason")
+# API v1 (`/judgments/{change_id}`) names a judgment's fields by lib.display's rule; seed 004's
+# names, which v1 used first, stay beside them until API v2 so pipelines written against them keep
+# working (docs/api.md, "Field names").
+JUDGMENT_API_ALIASES = {
+    "decision": JUDGE_DECISION,
+    "user_decision": REVIEWER_DECISION,
+    "user_reasoning": REVIEWER_REASON,
+    "reviewer": REVIEWED_BY,
+}
+
+
+def judgment_state_json(state: JudgmentState) -> dict[str, Any]:
+    """A judgment's state as the API sends it: role-named fields, then the deprecated v1 aliases."""
+    return {
+        "id": state.id,
+        "change_id": state.change_id,
+        "product": state.product,
+        "metric": state.metric,
+        JUDGE_DECISION: state.decision,
+        REVIEWER_DECISION: state.user_decision,
+        REVIEWER_REASON: state.user_reasoning,
+        REVIEWED_BY: state.reviewer,
+        "reviewed_at": state.reviewed_at,
+        "version": state.version,
+        "was_corrected": state.was_corrected,
+        "changed_by": state.changed_by,
+        **{old: getattr(state, old) for old in JUDGMENT_API_ALIASES},
+    }
 
 
 class ReviewConflict(Exception):
@@ -1176,8 +1210,8 @@ def review_state(judgment: Judgment) -> str:
 
 
 JUDGMENT_COLUMNS = [
-    "change_id", "product", "metric", "decision", "user_decision", "state", "was_corrected",
-    "reviewer", "reviewed_at", "user_reasoning", "reasoning", "confidence", "timestamp", "version",
+    "change_id", "product", "metric", JUDGE_DECISION, REVIEWER_DECISION, "state", "was_corrected",
+    REVIEWED_BY, "reviewed_at", REVIEWER_REASON, JUDGE_REASON, "confidence", "timestamp", "version",
 ]  # fmt: skip
 
 
@@ -1187,14 +1221,14 @@ def judgment_record(j: Judgment) -> dict[str, Any]:
         "change_id": j.change_id,
         "product": j.product,
         "metric": j.metric,
-        "decision": j.decision,
-        "user_decision": j.user_decision,
+        JUDGE_DECISION: j.decision,
+        REVIEWER_DECISION: j.user_decision,
         "state": review_state(j),
         "was_corrected": j.was_corrected,
-        "reviewer": j.reviewer,
+        REVIEWED_BY: j.reviewer,
         "reviewed_at": j.reviewed_at,
-        "user_reasoning": j.user_reasoning,
-        "reasoning": j.reasoning,
+        REVIEWER_REASON: j.user_reasoning,
+        JUDGE_REASON: j.reasoning,
         "confidence": j.confidence,
         "timestamp": j.timestamp,
         "version": j.version,
@@ -1222,8 +1256,8 @@ def iter_judgment_rows(
 
 # On screen: the link and what was decided first, the long reasons after (the CSV keeps JUDGMENT_COLUMNS).
 JUDGMENT_DISPLAY_COLUMNS = [
-    "open", "change_id", "metric", "decision", "user_decision", "state", "reviewer", "reviewed_at",
-    "product", "confidence", "user_reasoning", "reasoning", "timestamp", "was_corrected", "version",
+    "open", "change_id", "metric", JUDGE_DECISION, REVIEWER_DECISION, "state", REVIEWED_BY, "reviewed_at",
+    "product", "confidence", REVIEWER_REASON, JUDGE_REASON, "timestamp", "was_corrected", "version",
 ]  # fmt: skip
 
 

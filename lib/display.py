@@ -9,6 +9,7 @@ streamlit, no database, so the CLI and the API could use them too.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 from urllib.parse import urlencode
 
 from lib.models import NOTE_TYPES
@@ -89,3 +90,41 @@ def coach_url(snapshot_id: str) -> str:
 def interaction_url(interaction_id: str) -> str:
     """One precedent interaction's trace on the Precedents page (`?interaction=<id>`)."""
     return page_url(PRECEDENTS_PATH, {"interaction": interaction_id})
+
+
+# ---------------------------------------------------------------------------------------------
+# Whose score (issue 25): one naming rule for every CSV, page and the API.
+#
+# An evaluation carries three verdicts on a metric: the evaluated user's score (stored with the
+# evaluation, `user_scores` in the import format), the AI judge's score, and the reviewer's
+# decision (a reviewer confirming or overruling the judgment in Overrule). A column or field is
+# `<role>_<what>`: user_score, judge_score, judge_decision (a judgment's score or label),
+# reviewer_decision, and the reasons user_reason, judge_reason, reviewer_reason. Pages say
+# "User's score", "Judge's score", "Reviewer's decision". (The stored tables keep seed 004's
+# column names: `decision` is the judge's, `user_decision` the reviewer's.)
+
+Role = Literal["user", "judge", "reviewer"]
+RoleWhat = Literal["score", "decision", "reason"]
+ROLE_OWNERS: dict[str, str] = {"user": "User's", "judge": "Judge's", "reviewer": "Reviewer's"}
+ROLE_HELP: dict[str, str] = {
+    "user": "The evaluated user's score, stored with the evaluation",
+    "judge": "The AI judge's score",
+    "reviewer": "The reviewer's decision in Overrule: the judge's score confirmed or overruled; "
+    "empty while unreviewed",
+}
+REVIEWED_BY = "reviewed_by"  # who made the reviewer's decision
+
+
+def role_field(role: Role, what: RoleWhat) -> str:
+    """The column / field name of a role's score, decision or reason: `reviewer_decision`."""
+    return f"{role}_{what}"
+
+
+def role_label(role: Role, what: RoleWhat) -> str:
+    """What a page calls it: "User's score", "Judge's decision", "Reviewer's reason"."""
+    return f"{ROLE_OWNERS[role]} {what}"
+
+
+def metric_field(slug: str, field: str) -> str:
+    """A wide CSV's column for one metric: `helpfulness user_score`, `helpfulness gap`."""
+    return f"{slug} {field}"

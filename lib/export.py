@@ -10,8 +10,8 @@ JSON for other tables is JSON Lines. Files appear whole or not at all (written a
 Small page-sized frames the UI offers for download go through `frame_to_csv_bytes`, same rule;
 the pages' download buttons call the `*_bytes` functions here, built on click.
 
-The Evaluations CSV of every match (wide: per-metric judge score, reviewer score and gap; long: one
-row per judgment; both with the answer) streams rows from the app's own connection a batch at a
+The Evaluations CSV of every match (wide: per metric the user's score, the judge's score, the gap
+and the reviewer's decision; long: one row per judgment; both with the answer) streams rows from the app's own connection a batch at a
 time into a file (`write_evaluations_csv`): its filters are the inspector's SQL (the trigram
 search, the review-state EXISTS), so they keep one definition, and no DuckDB scanner opens the
 SQLite file in the app process (issue #17). Memory is one batch, never a frame of every match.

@@ -8,6 +8,7 @@ through the URL query string (`to_params` / `filters_from_params`) so a filtered
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -22,7 +23,7 @@ from sqlmodel import Session, col, select
 from lib import counters, scores, search
 from lib.auth import Actor, Permission
 from lib.corrections import distinct_metrics, parse_score, require_reviewer
-from lib.display import evaluation_title, evaluation_url
+from lib.display import REVIEWED_BY, evaluation_title, evaluation_url, metric_field, role_field
 from lib.evidence import EvidenceItem, evidence_items, metric_entry
 from lib.highlight import Span
 from lib.metrics import DEFAULT_METRICS, MetricSpec, metrics_for_product, score_of
@@ -535,11 +536,14 @@ def list_display_frame(rows: Sequence[EvaluationRow]) -> pd.DataFrame:
 
 
 EXPORT_FORMS: dict[str, str] = {
-    "wide": "one row per evaluation, judge score, reviewer score and gap per metric",
+    "wide": "one row per evaluation: per metric the user's score, the judge's score, the gap and the "
+    "reviewer's decision",
     "long": "one row per judgment",
 }
 # Rows fetched from the database at a time: the export's memory is one batch, whatever the match count.
 EXPORT_BATCH_ROWS = 1_000
+# The three roles named by lib.display's rule (issue 25): the evaluated user's score, the judge's
+# score, the reviewer's decision, each with its reason.
 LONG_EXPORT_COLUMNS = [
     "id",
     "created_at",
@@ -550,17 +554,25 @@ LONG_EXPORT_COLUMNS = [
     "question",
     "answer",
     "metric",
-    "judge_score",
-    "reviewer_score",
+    role_field("user", "score"),
+    role_field("user", "reason"),
+    role_field("judge", "score"),
+    role_field("judge", "reason"),
     "gap",
-    "judge_reason",
-    "review_decision",
-    "review_reason",
-    "reviewed_by",
+    role_field("reviewer", "decision"),
+    role_field("reviewer", "reason"),
+    REVIEWED_BY,
     "reviewed_at",
     "was_corrected",
     "change_id",
 ]
+# Per metric in the wide form: whose score, then how far user and judge are apart.
+WIDE_METRIC_FIELDS = (
+    role_field("user", "score"),
+    role_field("judge", "score"),
+    "gap",
+    role_field("reviewer", "decision"),
+)
 
 
 @dataclass(frozen=True)
@@ -585,13 +597,39 @@ def _scores(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _gap(reviewer: float | None, judge: float | None) -> float | None:
-    """|reviewer − judge| on the metric's own scale, as the detail card shows it."""
-    return abs(reviewer - judge) if reviewer is not None and judge is not None else None
+def _gap(user: float | None, judge: float | None) -> float | None:
+    """|user − judge| on the metric's own scale, as the detail card shows it."""
+    return abs(user - judge) if user is not None and judge is not None else None
+
+
+def _decision_value(decision: str | None) -> float | str | None:
+    """A decision as the CSV holds it: a number when it is one (a score), else its text (a label)."""
+    if decision is None:
+        return None
+    number = parse_score(decision)
+    return decision if number is None else number
 
 
 def _stream(session: Session, stmt: Select[Any]) -> Iterator[Any]:
     yield from session.execute(stmt.execution_options(yield_per=EXPORT_BATCH_ROWS))
+
+
+def _batches(rows: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    while batch := list(itertools.islice(rows, size)):
+        yield batch
+
+
+def _reviewer_decisions(session: Session, snapshot_ids: Sequence[str]) -> dict[tuple[str, str], str]:
+    """{(snapshot id, metric): the reviewer's decision} for the reviewed judgments of these
+    evaluations: one indexed read (ix_judgment_snapshot_state) per export batch."""
+    found = session.execute(
+        select(col(_J.snapshot_id), col(_J.metric), col(_J.user_decision)).where(
+            col(_J.snapshot_id).in_(list(snapshot_ids)),
+            col(_J.reviewed_at).is_not(None),
+            col(_J.metric).is_not(None),
+        )
+    )
+    return {(sid, metric): decision for sid, metric, decision in found if decision is not None}
 
 
 def _wide_rows(
@@ -605,15 +643,18 @@ def _wide_rows(
         col(_S.user_scores_json).label("user_scores"),
         col(_S.judge_scores_json).label("judge_scores"),
     )
-    for row in _stream(session, stmt):
-        m = row._mapping
-        user, judge = _scores(m["user_scores"]), _scores(m["judge_scores"])
-        values = [m[name] for name in LIST_FRAME_COLUMNS]
-        values.append(m["answer"])
-        for slug in slugs:
-            reviewer_score, judge_score = score_of(user.get(slug)), score_of(judge.get(slug))
-            values += [judge_score, reviewer_score, _gap(reviewer_score, judge_score)]
-        yield tuple(values)
+    for batch in _batches(_stream(session, stmt), EXPORT_BATCH_ROWS):
+        decided = _reviewer_decisions(session, [row._mapping["id"] for row in batch])
+        for row in batch:
+            m = row._mapping
+            user, judge = _scores(m["user_scores"]), _scores(m["judge_scores"])
+            values = [m[name] for name in LIST_FRAME_COLUMNS]
+            values.append(m["answer"])
+            for slug in slugs:
+                user_score, judge_score = score_of(user.get(slug)), score_of(judge.get(slug))
+                reviewer = _decision_value(decided.get((m["id"], slug)))
+                values += [user_score, judge_score, _gap(user_score, judge_score), reviewer]
+            yield tuple(values)
 
 
 def _long_rows(session: Session, filters: EvaluationFilters) -> Iterator[tuple[Any, ...]]:
@@ -645,13 +686,16 @@ def _long_rows(session: Session, filters: EvaluationFilters) -> Iterator[tuple[A
     )
     for row in _stream(session, stmt):
         (sid, created, product, language, model, category, question, answer, user, metric, decision,
-         reason, user_decision, user_reason, reviewer, reviewed_at, corrected, change_id) = row  # fmt: skip
+         reason, reviewer_decision, reviewer_reason, reviewer, reviewed_at, corrected, change_id) = row  # fmt: skip
         judge_score = parse_score(decision)
-        reviewer_score = score_of(_scores(user).get(metric)) if metric else None
+        entry = _scores(user).get(metric) if metric else None
+        user_score = score_of(entry)
+        reviewed = reviewed_at is not None  # an imported decision without a review is not one
         yield (
-            sid, created, product, language, model, category, question, answer, metric, judge_score,
-            reviewer_score, _gap(reviewer_score, judge_score), reason, user_decision, user_reason,
-            reviewer, reviewed_at, bool(corrected), change_id,
+            sid, created, product, language, model, category, question, answer, metric, user_score,
+            _reason(entry) or None, judge_score, reason, _gap(user_score, judge_score),
+            _decision_value(reviewer_decision) if reviewed else None,
+            reviewer_reason if reviewed else None, reviewer, reviewed_at, bool(corrected), change_id,
         )  # fmt: skip
 
 
@@ -660,10 +704,12 @@ def export_evaluations(
 ) -> EvaluationExport:
     """Every matching evaluation (all pages) in list order, as rows fetched a batch at a time.
 
-    "wide": the list's columns, the answer, then per metric `<slug> judge`, `<slug> reviewer` and
-    `<slug> gap` (the reviewer score is the human score stored with the evaluation, as the detail
-    cards show it). "long": one row per judgment, with the judge's score and reason, the reviewer
-    score, the gap and the review decision made in Overrule. Memory is one batch, never every match.
+    Columns follow lib.display's naming of the three roles. "wide": the list's columns, the
+    answer, then per metric `<slug> user_score` (the evaluated user's score, stored with the
+    evaluation, as the detail cards show it), `<slug> judge_score`, `<slug> gap` (|user − judge|)
+    and `<slug> reviewer_decision` (empty until a reviewer confirms or overrules it). "long": one
+    row per judgment with the same three roles, their reasons, the gap and who reviewed it when.
+    Memory is one batch, never every match.
     """
     if form not in EXPORT_FORMS:
         raise ValueError(f"unknown export form {form!r}; choose one of: {', '.join(EXPORT_FORMS)}")
@@ -672,7 +718,7 @@ def export_evaluations(
     slugs = export_metrics(session=session, filters=filters)
     columns = [*LIST_FRAME_COLUMNS, "answer"]
     for slug in slugs:
-        columns += [f"{slug} judge", f"{slug} reviewer", f"{slug} gap"]
+        columns += [metric_field(slug, field) for field in WIDE_METRIC_FIELDS]
     return EvaluationExport(columns=columns, rows=_wide_rows(session, filters, slugs))
 
 

@@ -64,7 +64,9 @@ def judge_vs_human() -> None:
     show_table(
         analytics.display_frame(report),
         key="analytics_metrics_table",
-        columns={"pairs": count_column("Pairs", help="Judgments scored by both the reviewer and the judge")},
+        columns={
+            "pairs": count_column("Pairs", help="Metric scores with both a user's score and a judge's score")
+        },
     )
     csv_download(
         report.metrics, "agreement_per_metric.csv", key="analytics_metrics_csv", label="Download (CSV)"
@@ -137,7 +139,7 @@ def judge_vs_human() -> None:
         key="analytics_weekly_table",
         columns={
             "week": date_column("Week of"),
-            "pairs": count_column("Pairs", help="Judge–reviewer pairs behind the week's rates"),
+            "pairs": count_column("Pairs", help="User–judge score pairs behind the week's rates"),
             "exact_agreement": rate_column("Exact agreement"),
             "within_1_agreement": rate_column("Within 1"),
         },

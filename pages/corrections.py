@@ -9,6 +9,7 @@ from lib import charts, corrections, counters, export, importer
 from lib.auth import Permission
 from lib.config import get_settings
 from lib.corrections import REVIEW_STATES, JudgmentFilter
+from lib.display import REVIEWED_BY, ROLE_HELP, role_label
 from lib.importer import ImportFailed
 from lib.safe_markdown import escape_markdown
 from lib.ui import (
@@ -163,14 +164,16 @@ else:
             "change_id": text_column("Change id"),
             "product": text_column("Product"),
             "metric": text_column("Metric"),
-            "decision": text_column("Judge"),
-            "user_decision": text_column("Reviewer's", help="The reviewer's decision; — while unreviewed"),
+            corrections.JUDGE_DECISION: text_column(role_label("judge", "decision"), help=ROLE_HELP["judge"]),
+            corrections.REVIEWER_DECISION: text_column(
+                role_label("reviewer", "decision"), help=ROLE_HELP["reviewer"]
+            ),
             "state": text_column("State"),
             "was_corrected": check_column("Corrected"),
-            "reviewer": text_column("Reviewer"),
+            REVIEWED_BY: text_column("Reviewed by"),
             "reviewed_at": datetime_column("Reviewed (UTC)"),
-            "user_reasoning": text_column("Reviewer's reason", width="medium"),
-            "reasoning": text_column("Judge's reason", width="medium"),
+            corrections.REVIEWER_REASON: text_column(role_label("reviewer", "reason"), width="medium"),
+            corrections.JUDGE_REASON: text_column(role_label("judge", "reason"), width="medium"),
             "confidence": rate_column("Confidence", help="The judge's confidence in its decision"),
             "timestamp": datetime_column("Judged (UTC)"),
             "version": count_column("Version", help="Optimistic-locking version: one more per change"),

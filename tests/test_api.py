@@ -306,11 +306,39 @@ def test_review_with_if_match_404_428_and_two_concurrent_reviewers_one_409(serve
     assert codes == [200, 409], [r.text for r in results]
     won = next(r for r in results if r.status_code == 200).json()
     lost = next(r for r in results if r.status_code == 409).json()
-    assert lost["current"]["user_decision"] == won["user_decision"]
-    assert won["reviewer"] == "ci-reviewer"
+    assert lost["current"]["reviewer_decision"] == won["reviewer_decision"]
+    assert won["reviewed_by"] == "ci-reviewer"
     with Session(server.engine) as session:
         events = session.exec(select(JudgmentEvent)).all()
     assert [e.reviewer for e in events if e.action in ("confirmed", "overruled")] == ["ci-reviewer"]
+
+
+def test_a_judgment_names_whose_decision_each_field_holds_and_keeps_the_v1_names(server: Server) -> None:
+    """Issue 25: the judge's score, the reviewer's decision and its reason by lib.display's rule;
+    seed 004's names (decision, user_decision, user_reasoning, reviewer) stay as aliases in v1."""
+    httpx.post(f"{server.base}/evaluations", json=[record(question="Roles?")], headers=server.headers("lead"))
+    change_id = _a_change_id(server.engine)
+    rev = server.headers("reviewer")
+    state = httpx.get(f"{server.base}/judgments/{change_id}", headers=rev).json()
+    judge = state["judge_decision"]
+    body = {"action": "overrule", "decision": "1" if judge != "1" else "2", "reason": "too kind"}
+    done = httpx.patch(
+        f"{server.base}/judgments/{change_id}",
+        json=body,
+        headers={**rev, "If-Match": f'"{state["version"]}"'},
+    ).json()
+    assert (done["judge_decision"], done["reviewer_decision"], done["reviewer_reason"], done["reviewed_by"]) == (
+        judge, body["decision"], "too kind", "ci-reviewer"
+    )  # fmt: skip
+    assert (done["decision"], done["user_decision"], done["user_reasoning"], done["reviewer"]) == (
+        judge, body["decision"], "too kind", "ci-reviewer"
+    )  # fmt: skip
+    stale = httpx.patch(
+        f"{server.base}/judgments/{change_id}",
+        json=body,
+        headers={**rev, "If-Match": f'"{state["version"]}"'},
+    )
+    assert stale.status_code == 409 and stale.json()["current"]["reviewer_decision"] == body["decision"]
 
 
 def test_client_push_and_review(server: Server) -> None:
@@ -319,8 +347,8 @@ def test_client_push_and_review(server: Server) -> None:
     assert report["inserted"] == 1
     change_id = _a_change_id(server.engine)
     state = lead.review(change_id, decision="3", reason="too harsh")
-    assert state["user_decision"] == "3"
-    assert state["reviewer"] == "ci-lead"
+    assert state["reviewer_decision"] == "3"
+    assert state["reviewed_by"] == "ci-lead"
     with pytest.raises(api_client.ApiError) as err:
         lead.review(change_id, decision="2", reason="again", version=state["version"] - 1)
     assert err.value.status == 409
@@ -369,7 +397,7 @@ def test_evaluations_export_wide_or_long_streams_scores_and_answer(
     assert len(read) == rows  # two judged metrics: one evaluation, two judgments
     assert {r["answer"] for r in read} == {"'=1+1"}
     if form == "wide":
-        assert (read[0]["clarity judge"], read[0]["clarity reviewer"], read[0]["clarity gap"]) == (
+        assert (read[0]["clarity judge_score"], read[0]["clarity user_score"], read[0]["clarity gap"]) == (
             "2.5",
             "4",
             "1.5",

@@ -1050,7 +1050,7 @@ def test_filtered_csv_holds_every_matching_row_with_formulas_neutralised(sqlite_
     raw = export.judgments_csv_bytes(engine=sqlite_engine, filters=JudgmentFilter(state="corrected"))
     rows = list(csv.DictReader(io.StringIO(raw.decode())))
     assert [r["change_id"] for r in rows] == ["c1"]
-    assert rows[0]["user_reasoning"].startswith("'=")
+    assert rows[0]["reviewer_reason"].startswith("'=")
 
 
 def test_csv_streams_judgments_in_batches_newest_first_up_to_the_limit(

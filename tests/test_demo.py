@@ -603,7 +603,7 @@ def test_one_finished_experiment_from_the_scripted_judge(db: Session) -> None:
     frame = alignment.item_frame(db, experiment.id)
     assert len(frame) == demo_experiment.DEMO_SAMPLE * len(demo_experiment.DEMO_ARMS)
     assert set(frame.loc[frame["arm"] == "bare", "arm_score"]) == {3.0}  # no context: mid-scale
-    exact = (frame["arm_score"] == frame["reviewer_score"]).groupby(frame["arm"]).mean()
+    exact = (frame["arm_score"] == frame["reviewer_decision"]).groupby(frame["arm"]).mean()
     assert exact["history"] == exact["full"] > exact["bare"] + 0.1
     report = alignment.measure(db, experiment.id, resamples=50)
     flips = report.paired.groupby("arm")[["flipped_to_agree", "flipped_away"]].sum()

@@ -655,7 +655,7 @@ def test_cli_exports_evaluations_wide_or_long(engine, tmp_path: Path, form: str,
     assert {r["answer"] for r in read} == {"'+cmd|' /C calc'!A0"}
     assert {r["question"] for r in read} == {"Ödülü kim aldı?"}
     if form == "wide":
-        assert (read[0]["clarity judge"], read[0]["clarity reviewer"], read[0]["clarity gap"]) == (
+        assert (read[0]["clarity judge_score"], read[0]["clarity user_score"], read[0]["clarity gap"]) == (
             "4",
             "2",
             "2",

@@ -346,11 +346,33 @@ def test_wide_export_holds_every_match_with_scores_per_metric(seeded) -> None:
     assert [r["id"] for r in rows] == ["s_d", "s_c"]
     assert [r["judged"] for r in rows] == ["1", "2"]
     s_c = rows[1]
-    assert (s_c["safety judge"], s_c["safety reviewer"], s_c["safety gap"]) == ("5", "1", "4")
-    assert (s_c["clarity judge"], s_c["clarity reviewer"], s_c["clarity gap"]) == ("4", "4", "0")
+    safety = [s_c[f"safety {f}"] for f in ("user_score", "judge_score", "gap", "reviewer_decision")]
+    assert safety == ["1", "5", "4", ""]  # not reviewed yet
+    clarity = [s_c[f"clarity {f}"] for f in ("user_score", "judge_score", "gap", "reviewer_decision")]
+    assert clarity == ["4", "4", "0", ""]
     assert s_c["answer"] == ANSWER
-    # The judge did not score s_d's safety: a reviewer score and no gap.
-    assert (rows[0]["safety judge"], rows[0]["safety reviewer"], rows[0]["safety gap"]) == ("", "5", "")
+    # The judge did not score s_d's safety: the user's score and no gap.
+    assert (rows[0]["safety user_score"], rows[0]["safety judge_score"], rows[0]["safety gap"]) == (
+        "5",
+        "",
+        "",
+    )
+
+
+def test_wide_export_names_whose_score_each_column_holds(seeded) -> None:
+    """Issue 25: after overruling the judge's 5 with 2, the wide CSV's `reviewer` column still said
+    1 (the evaluated user's score). Each of the three roles has its own column."""
+    _review(seeded, "s_c:safety", "2")
+    [s_c] = [
+        r for r in _csv_rows(seeded.get_bind(), EvaluationFilters(product="beta"), "wide") if r["id"] == "s_c"
+    ]
+    assert {k: v for k, v in s_c.items() if k.startswith("safety ")} == {
+        "safety user_score": "1",
+        "safety judge_score": "5",
+        "safety gap": "4",
+        "safety reviewer_decision": "2",
+    }
+    assert s_c["clarity reviewer_decision"] == ""
 
 
 def test_long_export_has_one_row_per_judgment_with_the_review(seeded) -> None:
@@ -362,14 +384,23 @@ def test_long_export_has_one_row_per_judgment_with_the_review(seeded) -> None:
         ("s_c", "safety"),
     ]
     safety = rows[2]
-    assert (safety["judge_score"], safety["reviewer_score"], safety["gap"]) == ("5", "1", "4")
-    assert (safety["review_decision"], safety["reviewed_by"], safety["was_corrected"]) == (
+    assert (safety["user_score"], safety["judge_score"], safety["gap"]) == ("1", "5", "4")
+    assert (safety["reviewer_decision"], safety["reviewed_by"], safety["was_corrected"]) == (
         "2",
         "ayse",
         "true",
     )
     assert safety["reviewed_at"].endswith("Z")
     assert rows[1]["was_corrected"] == "false" and rows[1]["reviewed_by"] == ""
+    assert rows[1]["reviewer_decision"] == "" and rows[1]["reviewer_reason"] == ""
+
+
+def test_the_long_export_names_the_three_roles_as_the_wide_one_does() -> None:
+    from lib.inspector import LONG_EXPORT_COLUMNS, WIDE_METRIC_FIELDS
+
+    assert set(WIDE_METRIC_FIELDS) <= set(LONG_EXPORT_COLUMNS)
+    assert not {"reviewer_score", "review_decision", "review_reason"} & set(LONG_EXPORT_COLUMNS)
+    assert {"user_reason", "judge_reason", "reviewer_reason"} <= set(LONG_EXPORT_COLUMNS)
 
 
 @pytest.mark.parametrize("form", ["wide", "long"])

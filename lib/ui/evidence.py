@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import streamlit as st
 
+from lib.display import ROLE_HELP, role_label
 from lib.evidence import EvidenceItem
 from lib.highlight import (
     INLINE_CHARS,
@@ -186,13 +187,15 @@ def render_metric_card(card: MetricCard, *, key: str, extra: CardExtra | None = 
         st.markdown(title)
         st.caption(f"Scale {escape_markdown(card.spec.scale_label())}")
         user, judge, gap = st.columns(3)
-        user.metric("User", format_score(card.user_score))
-        judge.metric("Judge", format_score(card.judge_score))
-        gap.metric("Gap", format_score(card.gap))
+        user.metric(role_label("user", "score"), format_score(card.user_score), help=ROLE_HELP["user"])
+        judge.metric(role_label("judge", "score"), format_score(card.judge_score), help=ROLE_HELP["judge"])
+        gap.metric("Gap", format_score(card.gap), help="|user's score − judge's score| on the metric's scale")
         if card.user_reason:
-            st.markdown(f"**User reason:** {escape_markdown(clip_text(card.user_reason))}")
+            st.markdown(f"**{role_label('user', 'reason')}:** {escape_markdown(clip_text(card.user_reason))}")
         if card.judge_reason:
-            st.markdown(f"**Judge reason:** {escape_markdown(clip_text(card.judge_reason))}")
+            st.markdown(
+                f"**{role_label('judge', 'reason')}:** {escape_markdown(clip_text(card.judge_reason))}"
+            )
         line = _judgment_line(card)
         if line:
             st.caption(line)

@@ -25,6 +25,7 @@ from lib.corrections import (
     NothingToUndo,
     ReviewConflict,
 )
+from lib.display import role_label
 from lib.models import Judgment, JudgmentEvent
 from lib.review_queue import MetricRow, Workspace
 from lib.safe_markdown import escape_markdown
@@ -158,9 +159,9 @@ def correction_form(
         heading = title or (judgment.metric or judgment.change_id)
         st.markdown(f"**{escape_markdown(heading)}** · scale {escape_markdown(scale.describe())}")
         cols = st.columns(3)
-        cols[0].metric("Judge", judgment.decision)
+        cols[0].metric(role_label("judge", "decision"), judgment.decision)
         if user_score is not None:
-            cols[1].metric("User score", corrections.format_score(user_score))
+            cols[1].metric(role_label("user", "score"), corrections.format_score(user_score))
         if judgment.confidence is not None:
             cols[2].metric("Judge confidence", f"{judgment.confidence:.0%}")
         if judgment.reasoning:

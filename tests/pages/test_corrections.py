@@ -104,7 +104,7 @@ def test_the_table_lists_matching_judgments_with_reviewer_and_reason(app_engine,
     at.selectbox(key="corrections_state").set_value("corrected").run()
     table = at.dataframe[0].value
     assert sorted(table["change_id"]) == ["acme#0", "acme#1", "beta#0"]
-    assert set(table["reviewer"]) == {"ayse"} and "reason 1" in set(table["user_reasoning"])
+    assert set(table["reviewed_by"]) == {"ayse"} and "reason 1" in set(table["reviewer_reason"])
     at.selectbox(key="corrections_product").set_value("beta").run()
     assert list(at.dataframe[0].value["change_id"]) == ["beta#0"]
     assert metric(at, "Judgments") == "1"
@@ -324,12 +324,19 @@ def test_the_table_links_each_row_and_types_its_columns(app_engine, open_page) -
     assert config["open"]["type_config"]["type"] == "link"
     assert config["confidence"]["type_config"]["type"] == "progress"
     assert config["reviewed_at"]["type_config"]["type"] == "datetime"
+    # Whose decision each column holds, named as in every CSV and the API (issue 25).
+    labels = {name: config[name]["label"] for name in ("judge_decision", "reviewer_decision", "reviewed_by")}
+    assert labels == {
+        "judge_decision": "Judge's decision",
+        "reviewer_decision": "Reviewer's decision",
+        "reviewed_by": "Reviewed by",
+    }
     assert list(table.proto.column_order)[:6] == [
         "open",
         "change_id",
         "metric",
-        "decision",
-        "user_decision",
+        "judge_decision",
+        "reviewer_decision",
         "state",
     ]
     assert table.proto.placeholder == "—"  # the unreviewed row's reviewer and reason: never "None"

@@ -301,7 +301,7 @@ def test_detail_without_evidence_says_so_and_still_shows_scores(seeded, open_pag
     at = detail(open_page, "s_d")
     assert [i.value for i in at.info] == ["No evidence was recorded for this evaluation."]
     assert "<mark" not in answer_html(at)
-    assert next(m.value for m in at.metric if m.label == "Judge") == "4"
+    assert next(m.value for m in at.metric if m.label == "Judge's score") == "4"
     assert not at.exception
 
 
@@ -314,7 +314,8 @@ def test_detail_cards_are_ordered_by_gap_and_mark_the_primary_metric(seeded, ope
     assert cards[:2] == ["**Safety** :blue-badge[Primary]", "**Clarity**"]
     assert len(cards) == 8
     user, judge, gap = (
-        next(m.value for m in at.metric if m.label == label) for label in ("User", "Judge", "Gap")
+        next(m.value for m in at.metric if m.label == label)
+        for label in ("User's score", "Judge's score", "Gap")
     )
     assert (user, judge, gap) == ("1", "5", "4")
     assert not at.exception
