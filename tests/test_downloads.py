@@ -20,10 +20,16 @@ from lib.importer import import_evaluations
 from lib.inspector import EvaluationFilters
 from tests.test_inspector import RECORDS
 
+# A browser's XSRF cookie as Streamlit writes it ("2|mask|masked token|time"), and the binding of a
+# link made in that browser session.
+XSRF = "2|01020304|61636567|1700000000"
+OWNER = downloads.browser_binding({downloads.XSRF_COOKIE: XSRF})
+
 
 @pytest.fixture
 def client() -> Iterator[TestClient]:
     with TestClient(Starlette(routes=downloads.routes())) as c:
+        c.cookies.set(downloads.XSRF_COOKIE, XSRF)  # the browser that made the links
         yield c
 
 
@@ -41,6 +47,7 @@ def test_link_streams_the_same_csv_as_the_button(seeded: Engine, client: TestCli
     path = downloads.register(
         f"evaluations_{form}.csv",
         functools.partial(export.evaluations_csv_chunks, engine=seeded, filters=filters, form=form),
+        owner=OWNER,
     )
     response = client.get(path)
     assert response.status_code == 200
@@ -55,7 +62,9 @@ def test_link_streams_in_chunks(seeded: Engine, client: TestClient, monkeypatch:
     chunks = list(export.evaluations_csv_chunks(engine=seeded, filters=EvaluationFilters()))
     assert len(chunks) > 4  # header and every row handed on separately, not one buffer
     path = downloads.register(
-        "e.csv", functools.partial(export.evaluations_csv_chunks, engine=seeded, filters=EvaluationFilters())
+        "e.csv",
+        functools.partial(export.evaluations_csv_chunks, engine=seeded, filters=EvaluationFilters()),
+        owner=OWNER,
     )
     assert client.get(path).content == b"".join(chunks)
 
@@ -64,6 +73,7 @@ def test_corrections_link_streams_judgments(seeded: Engine, client: TestClient) 
     path = downloads.register(
         "judgments.csv",
         functools.partial(export.judgments_csv_chunks, engine=seeded, filters=JudgmentFilter()),
+        owner=OWNER,
     )
     rows = list(csv.DictReader(io.StringIO(client.get(path).text)))
     assert len(rows) == 7 and {r["state"] for r in rows} == {"unreviewed"}
@@ -71,7 +81,7 @@ def test_corrections_link_streams_judgments(seeded: Engine, client: TestClient) 
 
 def test_unknown_and_expired_links_say_what_to_do(client: TestClient) -> None:
     expired = downloads.register(
-        "x.csv", lambda: iter([b"a"]), now=time.monotonic() - downloads.LINK_TTL_SECONDS - 1
+        "x.csv", lambda: iter([b"a"]), owner=OWNER, now=time.monotonic() - downloads.LINK_TTL_SECONDS - 1
     )
     for path in (f"{downloads.DOWNLOAD_PREFIX}/nope", expired):
         response = client.get(path)
@@ -80,5 +90,65 @@ def test_unknown_and_expired_links_say_what_to_do(client: TestClient) -> None:
 
 
 def test_file_names_cannot_break_the_header(client: TestClient) -> None:
-    path = downloads.register('a"b\r\nc.csv', lambda: iter([b"x"]))
+    path = downloads.register('a"b\r\nc.csv', lambda: iter([b"x"]), owner=OWNER)
     assert client.get(path).headers["content-disposition"] == 'attachment; filename="a_b__c.csv"'
+
+
+def test_a_link_streams_only_to_the_browser_session_that_made_it(client: TestClient) -> None:
+    """Issue 24.8: an anonymous client fetched a viewer's link; links were bearer capabilities."""
+    path = downloads.register("mine.csv", lambda: iter([b"secret,rows\n"]), owner=OWNER)
+    # The same browser on a later page load: Streamlit re-masks the XSRF cookie, the token is the same.
+    client.cookies.set(downloads.XSRF_COOKIE, "2|0a0b0c0d|6a6a6a6e|1700000000")
+    assert client.get(path).content == b"secret,rows\n"
+    with TestClient(Starlette(routes=downloads.routes())) as anonymous:
+        refused = anonymous.get(path)
+        assert refused.status_code == 403 and "another browser session" in refused.text
+        anonymous.cookies.set(downloads.XSRF_COOKIE, "2|01020304|00000000|1700000000")  # another browser
+        assert anonymous.get(path).status_code == 403
+        anonymous.cookies.set(downloads.XSRF_COOKIE, "not a token")
+        assert anonymous.get(path).status_code == 403
+    assert b"secret" not in refused.content
+
+
+def test_a_signed_in_link_needs_the_same_sign_in_and_a_live_session(client: TestClient) -> None:
+    alice = {"_streamlit_user": "alice-signed", "_streamlit_user_tokens": "t", downloads.XSRF_COOKIE: XSRF}
+    live = [True]
+    path = downloads.register(
+        "a.csv", lambda: iter([b"rows"]), owner=downloads.browser_binding(alice), still_valid=lambda: live[0]
+    )
+    client.cookies.clear()
+    for name, value in alice.items():
+        client.cookies.set(name, value)
+    assert client.get(path).content == b"rows"
+    client.cookies.set("_streamlit_user", "bob-signed")  # another sign-in in the same browser
+    assert client.get(path).status_code == 403
+    client.cookies.delete("_streamlit_user")
+    client.cookies.delete("_streamlit_user_tokens")  # signed out: only the XSRF cookie is left
+    assert client.get(path).status_code == 403
+    for name, value in alice.items():  # a copy of alice's cookies, after her session ended
+        client.cookies.set(name, value)
+    live[0] = False
+    ended = client.get(path)
+    assert ended.status_code == 403 and "session that made this download link has ended" in ended.text
+
+
+def test_no_browser_cookie_no_link() -> None:
+    assert downloads.browser_binding({}) is None
+    assert downloads.browser_binding({downloads.XSRF_COOKIE: "2|zz|00|1"}) is None
+    with pytest.raises(ValueError, match="bound"):
+        downloads.register("x.csv", lambda: iter([b""]), owner="")
+
+
+def test_the_xsrf_token_is_read_as_streamlit_writes_it() -> None:
+    from streamlit.web.server.starlette.starlette_app_utils import (
+        decode_xsrf_token_string,
+        generate_xsrf_token_string,
+    )
+
+    token = bytes(range(16))
+    first, second = (
+        generate_xsrf_token_string(token, 1700000000),
+        generate_xsrf_token_string(token, 1700000000),
+    )
+    assert decode_xsrf_token_string(first)[0] == token
+    assert downloads._xsrf_token(first) == downloads._xsrf_token(second) == token

@@ -81,6 +81,26 @@ def current_session_key() -> str | None:
     return auth.session_key(claims) if claims is not None else None
 
 
+def _cookies() -> dict[str, str]:
+    """The cookies this browser session sent with its WebSocket handshake (AppTest hands out mocks)."""
+    cookies = st.context.cookies
+    return {str(k): v for k, v in cookies.items() if isinstance(v, str)} if hasattr(cookies, "items") else {}
+
+
+def _session_still_live() -> Callable[[], bool] | None:
+    """Sign-in mode: a check, callable later from another thread (a download's request), that this
+    browser's sign-in is still live; None in open mode, which has no sessions."""
+    if auth.open_mode():
+        return None
+    key, engine = current_session_key(), get_engine()
+
+    def still_live() -> bool:
+        with db.session_scope(engine, read_only=True) as session:
+            return auth.session_is_live(session=session, key=key)
+
+    return still_live
+
+
 def current_actor() -> auth.Actor | None:
     """Who is acting in this browser: the signed-in user with their role while their session is live
     (lib.auth.signed_in_actor), or open mode's typed name."""
@@ -261,12 +281,15 @@ def csv_download_all(
 ) -> None:
     """ "Download CSV (all matches)": a streamed link when serve.py mounts `lib.downloads`, else a
     download button whose bytes are built on click (`data`). The link keeps memory flat in the row
-    count; the button makes Streamlit hold the file while the session lasts."""
+    count; the button makes Streamlit hold the file while the session lasts. The link works only
+    for this browser session (and, signed in, only while its session is live: issue 24.8)."""
     from lib import downloads
 
     target = container if container is not None else st
-    if downloads.enabled():
-        target.link_button(label, downloads.register(filename, chunks), icon=":material/download:")
+    owner = downloads.browser_binding(_cookies()) if downloads.enabled() else None
+    if owner is not None:
+        path = downloads.register(filename, chunks, owner=owner, still_valid=_session_still_live())
+        target.link_button(label, path, icon=":material/download:")
     else:
         target.download_button(
             label, data=data, file_name=filename, mime="text/csv", key=key, on_click="ignore"

@@ -285,12 +285,13 @@ def test_an_unverified_email_never_becomes_the_identity(
     assert signed_in == {f"sub:{oidc_provider}#mallory", "root@example.com"}
 
 
-def test_sessions_end_on_sign_out_by_an_admin_and_at_the_maximum_age(
+def test_sessions_and_their_download_links_end_on_sign_out_by_an_admin_and_at_the_maximum_age(
     streamlit_app, browser, tmp_path, oidc_provider
 ) -> None:
     """Issue 24.3 with the real provider: after "Sign out" a copy of the cookies is not signed in
     (reloaded, or on its already open page's next click); an admin ends another user's session from
-    the Admin page; a session older than OVERRULE_SESSION_HOURS (12) is over."""
+    the Admin page; a session older than OVERRULE_SESSION_HOURS (12) is over. Issue 24.8: a download
+    link streams only to the session that made it, and not after that session has ended."""
     from datetime import timedelta
 
     from lib.models import BrowserSession
@@ -311,6 +312,19 @@ def test_sessions_end_on_sign_out_by_an_admin_and_at_the_maximum_age(
         settle(thief)
         assert "Signed in as alice@example.com" in page_text(thief)  # the copy works while alice is signed in
 
+        alice.goto(f"{base}/evaluations")
+        link = alice.get_by_role("link", name=re.compile("Download CSV"))
+        link.wait_for(timeout=60_000)
+        download = f"{base}{link.get_attribute('href')}"
+        assert download.startswith(f"{base}/downloads/")
+        assert alice.request.get(download).status == 200  # alice's own session
+        anonymous = browser.new_context()
+        try:
+            refused = anonymous.request.get(download)
+            assert refused.status == 403 and "snap_who" not in refused.text()
+        finally:
+            anonymous.close()
+
         alice.get_by_role("button", name="Sign out").click()
         alice.get_by_role("button", name="End session").click()  # the provider's own sign-out page
         alice.wait_for_url(f"{base}/**")  # back from the provider
@@ -323,12 +337,16 @@ def test_sessions_end_on_sign_out_by_an_admin_and_at_the_maximum_age(
         thief.goto(f"{base}/evaluations")  # and a fresh load
         settle(thief)
         assert "Your session has ended: you signed out" in page_text(thief)
+        for after in (alice, thief):  # the link is dead for the signed-out browser and for the copy
+            response = after.request.get(download)
+            assert response.status == 403 and "snap_who" not in response.text()
         assert "snap_who" not in thief.locator("body").inner_text()
         assert thief.get_by_test_id("stSidebarNav").count() == 0
 
         provider_user(oidc_provider, "root", email="root@example.com", email_verified=True)
         sign_in(root, base, "root", shown="root@example.com")
         sign_in(bob, base, "bob@example.com", provider=oidc_provider)
+        assert bob.request.get(download).status == 403  # another signed-in user
         root.goto(f"{base}/admin")
         settle(root)
         expect(root.get_by_text("End a session")).to_be_visible()
