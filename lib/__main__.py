@@ -392,20 +392,35 @@ def _cmd_token(args: argparse.Namespace) -> int:
     try:
         with session_scope(_engine(), read_only=args.action == "list") as session:
             if args.action == "create":
+                lifetime = tokens.parse_lifetime(args.expires_in) if args.expires_in else None
                 token, secret = tokens.create_token(
-                    session=session, actor=system_actor(args.by), name=args.name, role=args.role
+                    session=session,
+                    actor=system_actor(args.by),
+                    name=args.name,
+                    role=args.role,
+                    expires_in=lifetime,
                 )
-                print(f"token {token.name} ({token.role}) created; its secret, shown only now:")
+                until = f", expires {token.expires_at:%Y-%m-%d %H:%M} UTC" if token.expires_at else ""
+                print(f"token {token.name} ({token.role}{until}) created; its secret, shown only now:")
                 print(secret)
             elif args.action == "revoke":
                 token = tokens.revoke_token(session=session, actor=system_actor(args.by), name=args.name)
                 print(f"token {token.name} revoked at {token.revoked_at:%Y-%m-%d %H:%M:%S} UTC")
             else:
                 for token in tokens.list_tokens(session=session):
-                    state = f"revoked {token.revoked_at:%Y-%m-%d %H:%M}" if token.revoked_at else "live"
+                    state = tokens.token_state(token)
+                    if token.revoked_at:
+                        state += f" {token.revoked_at:%Y-%m-%d %H:%M}"
+                    elif token.expires_at:
+                        state += f" (expires {token.expires_at:%Y-%m-%d %H:%M})"
+                    used = (
+                        f"last used {token.last_used_at:%Y-%m-%d %H:%M}"
+                        if token.last_used_at
+                        else "never used"
+                    )
                     print(
                         f"{token.name}\t{token.role}\t{state}\tcreated {token.created_at:%Y-%m-%d %H:%M}"
-                        f" by {token.created_by}"
+                        f" by {token.created_by}\t{used}"
                     )
     except tokens.TokenError as exc:
         raise CliError(f"token: {exc}") from exc
@@ -863,7 +878,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--name", required=True, help="the token's name, recorded as the actor of its writes")
     t.add_argument("--role", required=True, choices=["viewer", "reviewer", "lead", "admin"])
     t.add_argument("--by", default=None, help="recorded as who created it (default: the system identity)")
-    token_sub.add_parser("list", help="list tokens (names, roles, state; never secrets)")
+    t.add_argument(
+        "--expires-in",
+        default=None,
+        metavar="LIFETIME",
+        help="the token stops working after this long: 30m, 12h, 90d, 2w, 1y (default: until revoked)",
+    )
+    token_sub.add_parser("list", help="list tokens (names, roles, state, expiry, last use; never secrets)")
     t = token_sub.add_parser("revoke", help="revoke a token by name")
     t.add_argument("--name", required=True)
     t.add_argument("--by", default=None, help="recorded as who revoked it")

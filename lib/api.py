@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import shutil
 import tempfile
@@ -39,6 +40,7 @@ from starlette.concurrency import run_in_threadpool
 from lib.auth import Actor, Permission, PermissionDenied, require
 from lib.records import ImportFailed
 
+log = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
 MAX_AGREEMENT_RESAMPLES = 10_000  # bootstrap resamples one request may ask for (each costs CPU)
 MIB = 1024 * 1024
@@ -64,18 +66,39 @@ def _default_engine() -> Engine:
 
 
 def token_actor(request: Request) -> Actor:
-    """The bearer token's actor; 401 when the token is missing, unknown or revoked."""
+    """The bearer token's actor; 401 when the token is missing, unknown, revoked or expired. A live
+    token's last use is noted (at most once a minute)."""
+    from lib import tokens
     from lib.db import session_scope
-    from lib.tokens import actor_for_secret
 
     scheme, _, secret = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise ApiError(401, "an API token is required: send 'Authorization: Bearer <token>'")
-    with session_scope(request.app.state.get_engine(), read_only=True) as session:
-        actor = actor_for_secret(session=session, secret=secret.strip())
-    if actor is None:
-        raise ApiError(401, "unknown or revoked API token")
-    return actor
+    engine = request.app.state.get_engine()
+    with session_scope(engine, read_only=True) as session:
+        token = tokens.find_token(session=session, secret=secret.strip())
+        refused = tokens.refusal(token)
+    if token is None or refused is not None:
+        request.state.token_name = token.name if token is not None else None  # for the audit row
+        raise ApiError(401, refused or "unknown or revoked API token")
+    tokens.record_use(engine=engine, token=token)
+    return Actor(identity=token.name, role=token.role, kind="token")
+
+
+async def audit_refusal(request: Request, status: int, reason: str, identity: str | None = None) -> None:
+    """A refused request (401, 403) in the audit trail, rate-limited (lib.auth.record_refusal): who,
+    what was asked, from where, and why. Never the token's secret."""
+    from lib.auth import record_refusal
+
+    who = identity or getattr(request.state, "token_name", None) or "anonymous"
+    client = request.client.host if request.client else "unknown client"
+    detail = f"{status} {request.method} {request.url.path} from {client}: {reason}"
+    try:
+        await run_in_threadpool(
+            record_refusal, engine=request.app.state.get_engine(), identity=who, detail=detail
+        )
+    except Exception:  # the refusal stands even if the audit cannot be written
+        log.warning("could not audit a refused API request", exc_info=True)
 
 
 Token = Annotated[Actor, Depends(token_actor)]
@@ -137,12 +160,15 @@ def create_app(
     api.state.get_engine = get_engine
 
     @api.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         headers = {**({"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}), **exc.headers}
+        if exc.status in (401, 403):
+            await audit_refusal(request, exc.status, exc.detail)
         return JSONResponse({"detail": exc.detail, **exc.extra}, status_code=exc.status, headers=headers)
 
     @api.exception_handler(PermissionDenied)
-    async def _denied(_: Request, exc: PermissionDenied) -> JSONResponse:
+    async def _denied(request: Request, exc: PermissionDenied) -> JSONResponse:
+        await audit_refusal(request, 403, str(exc), exc.actor.identity if exc.actor is not None else None)
         return JSONResponse({"detail": str(exc)}, status_code=403)
 
     def _run(fn: Callable[[], Any]) -> Any:

@@ -12,6 +12,8 @@ viewer < reviewer < lead < admin. `PERMISSIONS` below is the only copy of that t
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -24,6 +26,7 @@ from sqlmodel import Session, col, select
 
 from lib.bulk import dialect_insert
 from lib.config import get_settings
+from lib.db import session_scope
 from lib.models import AuditEvent, BrowserSession, UserRole, utcnow
 
 ROLES: tuple[str, ...] = ("viewer", "reviewer", "lead", "admin")
@@ -611,6 +614,72 @@ def record_denied(*, session: Session, exc: PermissionDenied) -> AuditEvent:
     identity = exc.actor.identity if exc.actor is not None else "anonymous"
     permission = f"{exc.permission.value}: " if exc.permission is not None else ""
     return record_event(session=session, identity=identity, action="denied", detail=f"{permission}{exc}")
+
+
+# Refused API requests (401/403) are audited, but a flood must not fill the database: at most
+# REFUSALS_PER_MINUTE rows a minute, process-wide; past that, one `refusals_dropped` row per minute
+# counts the rest (its count refreshed at most every REFUSAL_COUNT_SECONDS).
+REFUSALS_PER_MINUTE = 30
+REFUSAL_COUNT_SECONDS = 5.0
+
+
+@dataclass
+class _RefusalWindow:
+    start: float = -1e18
+    written: int = 0
+    dropped: int = 0
+    summary_id: int | None = None
+    summary_written_at: float = 0.0
+    summary_count: int = 0
+
+
+_refusals = _RefusalWindow()
+_refusals_lock = threading.Lock()
+
+
+def record_refusal(*, engine: Engine, identity: str, detail: str, clock: float | None = None) -> bool:
+    """Audit one refused API request (`action` "api_refused"), within the rate limit; True when it
+    got its own row, False when it was only counted in the minute's `refusals_dropped` row."""
+    now = time.monotonic() if clock is None else clock
+    with _refusals_lock:
+        window = _refusals
+        if now - window.start >= 60:
+            window.start, window.written, window.dropped = now, 0, 0
+            window.summary_id, window.summary_count = None, 0
+        if window.written < REFUSALS_PER_MINUTE:
+            window.written += 1
+            own_row, summary = True, None
+        else:
+            window.dropped += 1
+            due = window.summary_id is None or now - window.summary_written_at >= REFUSAL_COUNT_SECONDS
+            own_row, summary = False, (window.summary_id, window.dropped) if due else None
+            if due:
+                window.summary_written_at = now
+    if own_row:
+        with session_scope(engine) as session:
+            record_event(session=session, identity=identity, action="api_refused", detail=detail)
+        return True
+    if summary is not None:
+        summary_id, dropped = summary
+        text = (
+            f"{dropped} more refused API request(s) in this minute were counted, not recorded one by one "
+            f"(more than {REFUSALS_PER_MINUTE} a minute); the last: {detail}"
+        )
+        with session_scope(engine) as session:
+            row = session.get(AuditEvent, summary_id) if summary_id is not None else None
+            if row is None:
+                row = record_event(
+                    session=session, identity="rate limit", action="refusals_dropped", detail=text
+                )
+            else:
+                row.detail = text[:MAX_DETAIL_CHARS]
+                session.add(row)
+            session.flush()
+            new_id = row.id
+        with _refusals_lock:
+            if _refusals is window and window.summary_id is None:
+                window.summary_id = new_id
+    return False
 
 
 def list_events(*, session: Session, limit: int = 1000, action: str | None = None) -> list[AuditEvent]:

@@ -664,6 +664,8 @@ class ApiToken(SQLModel, table=True):
     created_by: str = Field(max_length=320)
     created_at: datetime = Field(default_factory=utcnow)
     revoked_at: datetime | None = Field(default=None)
+    expires_at: datetime | None = Field(default=None)  # None: until revoked
+    last_used_at: datetime | None = Field(default=None)  # written at most once a minute
 
 
 QUEUE_MODES = ("open", "blind")

@@ -133,23 +133,39 @@ show_table(
     columns={
         "name": text_column("Name"),
         "role": text_column("Role"),
+        "state": text_column("State"),
         "created_by": text_column("Created by"),
         "created_at": datetime_column("Created (UTC)"),
+        "expires_at": datetime_column("Expires (UTC)", help="— until revoked"),
+        "last_used_at": datetime_column("Last used (UTC)", help="to the minute; — never used"),
         "revoked_at": datetime_column("Revoked (UTC)", help="— while the token is live"),
     },
 )
+LIFETIMES = {
+    "never (until revoked)": None,
+    "1 day": "1d",
+    "7 days": "7d",
+    "30 days": "30d",
+    "90 days": "90d",
+    "1 year": "1y",
+}
 with st.form("admin_token_form", clear_on_submit=True):
-    cols = st.columns([3, 1])
+    cols = st.columns([3, 1, 1])
     token_name = cols[0].text_input(
         "Token name (recorded as the actor of its writes)", key="admin_token_name"
     )
     token_role = cols[1].selectbox("Role", auth.ROLES, index=2, key="admin_token_role")
+    lifetime = cols[2].selectbox("Expires after", list(LIFETIMES), key="admin_token_lifetime")
     create = st.form_submit_button("Create token", key="admin_token_create")
 if create:
     try:
         with session_scope() as session:
             _, st.session_state["admin_new_token_secret"] = tokens.create_token(
-                session=session, actor=actor, name=token_name, role=token_role
+                session=session,
+                actor=actor,
+                name=token_name,
+                role=token_role,
+                expires_in=tokens.parse_lifetime(LIFETIMES[lifetime]) if LIFETIMES[lifetime] else None,
             )
         st.rerun()
     except auth.PermissionDenied as exc:
@@ -160,7 +176,7 @@ new_secret = st.session_state.pop("admin_new_token_secret", None)
 if new_secret:
     st.success("Token created. Copy its secret now: it is not stored and will not be shown again.", icon="🔑")
     st.code(new_secret, language=None)
-live = [t.name for t in token_rows if t.revoked_at is None]
+live = [t.name for t in token_rows if t.revoked_at is None]  # expired ones too: revoke to be sure
 if live:
     cols = st.columns([3, 1])
     revoked = cols[0].selectbox("Revoke a token", live, index=None, key="admin_token_revoke")
@@ -171,7 +187,9 @@ if live:
 
 st.subheader("Audit trail")
 action = st.selectbox(
-    "Show", ["all", "sign_in", "session_end", "role_change", "denied"], key="admin_audit_action"
+    "Show",
+    ["all", "sign_in", "session_end", "role_change", "denied", "api_refused", "refusals_dropped"],
+    key="admin_audit_action",
 )
 with session_scope(read_only=True) as session:
     events = auth.list_events(session=session, action=None if action == "all" else action)

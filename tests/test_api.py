@@ -668,16 +668,15 @@ def test_a_viewer_token_cannot_export_the_access_records(server: Server) -> None
 
 def _wait_for_a_lock_wait(engine: Engine) -> None:
     """Until a backend of this test's database waits on a lock (a row or an advisory lock)."""
-    for _ in range(600):
+
+    def waiting() -> int:
         with engine.connect() as conn:
-            waiting = conn.exec_driver_sql(
+            return conn.exec_driver_sql(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                 "AND wait_event_type = 'Lock'"
             ).scalar_one()
-        if waiting:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the second import never waited for the first")
+
+    wait_until(waiting, "the second import to wait for the first")
 
 
 def test_the_second_of_two_identical_imports_waits_and_reports_what_it_skipped(
@@ -750,3 +749,105 @@ def test_a_write_refused_by_another_writer_is_409_with_retry_after(
     assert r.status_code == 409, r.text
     assert r.headers["retry-after"] == "1"
     assert "run this one again" in r.json()["detail"]
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 24.11: refusals are audited (rate-limited); tokens expire and show their last use
+
+
+@pytest.fixture
+def fresh_refusal_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refusal rate limit is process-wide: each of these tests starts a minute of its own."""
+    from lib import auth
+
+    monkeypatch.setattr(auth, "_refusals", auth._RefusalWindow())
+
+
+def audit_rows(engine: Engine, *actions: str) -> list[tuple[str, str, str]]:
+    from lib.models import AuditEvent
+
+    with Session(engine) as session:
+        rows = session.exec(select(AuditEvent).where(AuditEvent.action.in_(actions)).order_by(AuditEvent.id))
+        return [(e.identity, e.action, e.detail) for e in rows]
+
+
+def test_refused_requests_are_audited_with_who_what_and_why(
+    server: Server, fresh_refusal_window: None
+) -> None:
+    body = jsonl([record(question="Q1?")])
+    httpx.post(f"{server.base}/evaluations", content=body)
+    httpx.get(f"{server.base}/history", params={"product": "p"}, headers=server.headers("revoked"))
+    httpx.post(f"{server.base}/evaluations", content=body, headers=server.headers("reviewer"))
+    rows = audit_rows(server.engine, "api_refused")
+    assert [(who, action) for who, action, _ in rows] == [
+        ("anonymous", "api_refused"),
+        ("old", "api_refused"),
+        ("ci-reviewer", "api_refused"),
+    ]
+    assert rows[0][2].startswith("401 POST /api/v1/evaluations from 127.0.0.1: an API token is required")
+    assert rows[1][2].startswith("401 GET /api/v1/history from 127.0.0.1: unknown or revoked API token")
+    assert rows[2][2].startswith("403 POST /api/v1/evaluations from 127.0.0.1: ") and "'lead'" in rows[2][2]
+    assert not any(server.secrets["revoked"] in detail for _, _, detail in rows)
+
+
+def test_a_flood_of_refusals_cannot_fill_the_audit_trail(server: Server, fresh_refusal_window: None) -> None:
+    from lib import auth
+
+    bad = {"Authorization": "Bearer nope"}
+    with httpx.Client(timeout=60) as http:
+        statuses = {
+            http.get(f"{server.base}/history", params={"product": "p"}, headers=bad).status_code
+            for _ in range(120)
+        }
+    assert statuses == {401}  # every request still refused
+    assert len(audit_rows(server.engine, "api_refused")) == auth.REFUSALS_PER_MINUTE
+    (summary,) = audit_rows(server.engine, "refusals_dropped")
+    # The count is refreshed every REFUSAL_COUNT_SECONDS: at least the first dropped one is in it.
+    dropped = int(summary[2].split(" ", 1)[0])
+    assert 1 <= dropped <= 120 - auth.REFUSALS_PER_MINUTE
+    assert summary[:2] == ("rate limit", "refusals_dropped")
+
+
+def test_the_rate_limit_counts_what_it_drops_and_opens_again_next_minute(
+    engine: Engine, fresh_refusal_window: None
+) -> None:
+    from lib import auth
+
+    limit = auth.REFUSALS_PER_MINUTE
+    results = [
+        auth.record_refusal(engine=engine, identity="x", detail=f"401 #{i}", clock=1000.0 + i * 0.01)
+        for i in range(limit + 50)
+    ]
+    assert results == [True] * limit + [False] * 50
+    (summary,) = audit_rows(engine, "refusals_dropped")
+    assert summary[2].startswith("1 more refused")  # the others came within REFUSAL_COUNT_SECONDS
+    auth.record_refusal(engine=engine, identity="x", detail="401 late", clock=1000.0 + 10)
+    (summary,) = audit_rows(engine, "refusals_dropped")
+    assert summary[2].startswith("51 more refused") and summary[2].endswith("the last: 401 late")
+    assert auth.record_refusal(engine=engine, identity="x", detail="401 next minute", clock=1000.0 + 61)
+    assert len(audit_rows(engine, "api_refused")) == limit + 1
+
+
+def test_an_expired_token_is_refused_and_a_used_token_shows_when(
+    server: Server, fresh_refusal_window: None
+) -> None:
+    from datetime import timedelta
+
+    from lib.models import utcnow
+
+    with Session(server.engine) as session:
+        _, secret = create_token(
+            session=session, actor=system_actor(), name="short", role="viewer", expires_in=timedelta(hours=1)
+        )
+        session.commit()
+    headers = {"Authorization": f"Bearer {secret}"}
+    assert httpx.get(f"{server.base}/history", params={"product": "p"}, headers=headers).status_code == 200
+    with Session(server.engine) as session:
+        used = session.exec(select(ApiToken).where(ApiToken.name == "short")).one()
+        assert used.last_used_at is not None and used.last_used_at <= utcnow()
+        used.expires_at = utcnow() - timedelta(seconds=1)
+        session.add(used)
+        session.commit()
+    r = httpx.get(f"{server.base}/history", params={"product": "p"}, headers=headers)
+    assert r.status_code == 401 and "this API token expired at" in r.json()["detail"]
+    assert audit_rows(server.engine, "api_refused")[-1][0] == "short"

@@ -236,3 +236,24 @@ def test_an_admin_sees_live_sessions_and_ends_one(
     page.run()
     assert any("Only admins" in i.value and "Sign in first" in i.value for i in page.info)
     assert not at.exception and not page.exception
+
+
+def test_admin_creates_a_token_that_expires_and_sees_its_last_use(app_engine: Engine, open_page) -> None:
+    from datetime import timedelta
+
+    from lib.models import ApiToken
+    from lib.tokens import record_use
+
+    at = open_page(PAGE, reviewer="ayse")
+    at.text_input(key="admin_token_name").set_value("nightly")
+    at.selectbox(key="admin_token_lifetime").set_value("30 days")
+    at.button(key="admin_token_create").click().run()
+    assert not at.exception
+    with Session(app_engine) as s:
+        row = s.exec(select(ApiToken)).one()
+    assert row.expires_at is not None and row.expires_at - row.created_at == timedelta(days=30)
+    record_use(engine=app_engine, token=row)
+    at.run()
+    table = next(d.value for d in at.dataframe if "last_used_at" in d.value.columns)
+    assert table.loc[0, "state"] == "live"
+    assert table.loc[0, "expires_at"] is not None and table.loc[0, "last_used_at"] is not None
