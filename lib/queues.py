@@ -42,16 +42,16 @@ from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
 from lib import counters, reservations
-from lib.auth import Actor, Permission, PermissionDenied, authorize, normalize_identity
+from lib.auth import Actor, Permission, PermissionDenied, authorize, identity_of, normalize_identity
 from lib.corrections import (
     REVIEW_STATES,
     DecisionScale,
+    MissingReviewer,
     NothingToUndo,
     decision_scale,
     format_score,
     parse_score,
     record_review,
-    require_reviewer,
     review_decision,
     same_decision,
     sort_by_rubric,
@@ -375,6 +375,21 @@ def get_queue(*, session: Session, queue: int | str) -> ReviewQueue:
     return found
 
 
+def _locked_queue(session: Session, queue_id: int | str, *, change: bool = False) -> ReviewQueue:
+    """The queue row, locked first by every write (PostgreSQL): shared by reviewers' writes, which
+    never wait for each other on it, exclusive for a lead's change (closing, assigning), which
+    waits for them. So the queue row always comes before an item's lock and closing never
+    deadlocks with labelling; and a label saved after a close sees the queue closed."""
+    found = get_queue(session=session, queue=queue_id)
+    locked = session.exec(
+        select(ReviewQueue)
+        .where(col(ReviewQueue.id) == found.id)
+        .with_for_update(read=not change)
+        .execution_options(populate_existing=True)
+    ).one()
+    return locked
+
+
 def is_assigned(queue: ReviewQueue, reviewer: str | None) -> bool:
     """True when the queue is assigned to this reviewer by name (identities compare case-insensitively)."""
     who = normalize_identity(reviewer or "")
@@ -415,7 +430,7 @@ def update_queue(
     """Assign reviewers, rename or describe a queue (lead). Reviewers already at work keep their
     labels; a reviewer taken off the list can no longer take items."""
     authorize(session, actor, Permission.MANAGE_QUEUES)
-    queue = get_queue(session=session, queue=queue_id)
+    queue = _locked_queue(session, queue_id, change=True)
     if reviewers is not None:
         cleaned = _clean_reviewers(reviewers)
         if cleaned and queue.overlap > len(cleaned):
@@ -447,7 +462,7 @@ def close_queue(
     for other queues), reservations end; labels and decisions stay."""
     lead = authorize(session, actor, Permission.MANAGE_QUEUES)
     now = reservations.utc(now)
-    queue = get_queue(session=session, queue=queue_id)
+    queue = _locked_queue(session, queue_id, change=True)
     if queue.status == "closed":
         return queue
     session.execute(
@@ -515,7 +530,8 @@ def _assignment(queue: ReviewQueue, item: ReviewQueueItem, row: ReviewAssignment
 def _labeller(session: Session, queue: ReviewQueue, reviewer: Actor | str | None) -> Actor:
     """The reviewer, allowed to label in this queue: REVIEW permission, assigned (when the queue
     is assigned), queue active."""
-    require_reviewer(reviewer, Permission.REVIEW, bind=session)
+    if not identity_of(reviewer):
+        raise MissingReviewer("every label records its reviewer; none was given")
     actor = authorize(session, reviewer, Permission.REVIEW)
     if not may_label(queue, actor.identity):
         raise NotAssigned(
@@ -600,11 +616,20 @@ def _locked_item(session: Session, item_id: int) -> ReviewQueueItem:
 
 
 def _claim(
-    session: Session, queue: ReviewQueue, item: ReviewQueueItem, reviewer: str, now: datetime
+    session: Session,
+    queue: ReviewQueue,
+    item: ReviewQueueItem,
+    reviewer: str,
+    now: datetime,
+    *,
+    asked: bool = False,
 ) -> ReviewAssignment | None:
-    """Reserve a locked item for the reviewer when it has room (lapsed leases are taken back first)."""
+    """Reserve a locked item for the reviewer when it has room (lapsed leases are taken back first).
+    `asked`: they opened or labelled this very item, so an item they once skipped is theirs again."""
     assert queue.id is not None and item.id is not None
     row = reservations.find(session, queue_id=queue.id, item_key=item.item_key, reviewer=reviewer)
+    if row is not None and asked and row.status == reservations.SKIPPED:
+        row.status = reservations.RELEASED
     if row is not None and row.status in reservations.HANDLED:
         return row if row.status == reservations.RESERVED else None
     if item.claimed >= queue.overlap:
@@ -641,7 +666,7 @@ def next_assignment(
     holder's lease ran out, that they have not labelled or skipped.
     """
     now = reservations.utc(now)
-    queue = get_queue(session=session, queue=queue_id)
+    queue = _locked_queue(session, queue_id)
     name = _labeller(session, queue, reviewer).identity
     mine = reservations.held(session, queue_id=queue.id, reviewer=name)
     if mine is not None and mine.item_id is not None:
@@ -683,7 +708,7 @@ def open_assignment(
     hold or labelled it, else a reservation when it has room (they let go of the item they held).
     ItemTaken when it has all the reviewers it needs; nothing changes then."""
     now = reservations.utc(now)
-    queue = get_queue(session=session, queue=queue_id)
+    queue = _locked_queue(session, queue_id)
     name = _labeller(session, queue, reviewer).identity
     item = _item_of(session, queue, item_id)
     row = reservations.find(session, queue_id=queue.id, item_key=item.item_key, reviewer=name)
@@ -695,7 +720,7 @@ def open_assignment(
         return _assignment(queue, item, row)
     current = reservations.held(session, queue_id=queue.id, reviewer=name)
     item = _locked_item(session, item_id)
-    claimed = _claim(session, queue, item, name, now)
+    claimed = _claim(session, queue, item, name, now, asked=True)
     if claimed is None:
         raise ItemTaken(
             f"item {item.position} of {queue.name!r} has the {queue.overlap} reviewer(s) it needs; "
@@ -732,7 +757,7 @@ def skip_item(
     """The reviewer passes over an item: it goes to others, and not back to them until they bring
     their skipped items back. Their labels of it (unless decided) are withdrawn."""
     now = reservations.utc(now)
-    queue = get_queue(session=session, queue=queue_id)
+    queue = _locked_queue(session, queue_id)
     name = _labeller(session, queue, reviewer).identity
     item = _locked_item(session, _item_of(session, queue, item_id).id or 0)
     row = reservations.find(session, queue_id=queue.id, item_key=item.item_key, reviewer=name)
@@ -1102,18 +1127,23 @@ def label_item(
     now = reservations.utc(now)
     if not labels:
         raise QueueError("give at least one label")
-    queue = get_queue(session=session, queue=queue_id)
+    queue = _locked_queue(session, queue_id)
     actor = _labeller(session, queue, reviewer)
     name = actor.identity
     assert queue.id is not None
     item = _locked_item(session, _item_of(session, queue, item_id).id or 0)
     row = _reviewer_row(session, queue, item, name)
     if row is None or row.status not in (reservations.RESERVED, reservations.DONE):
-        row = _claim(session, queue, item, name, now)
+        had_it = row is not None and row.status == reservations.EXPIRED
+        row = _claim(session, queue, item, name, now, asked=True)
         if row is None:
             raise ItemTaken(
-                f"item {item.position} of {queue.name!r} went to other reviewers (your reservation ran out); "
-                "your draft is kept"
+                f"item {item.position} of {queue.name!r} went to other reviewers"
+                + (
+                    " (your reservation ran out); your draft is kept"
+                    if had_it
+                    else "; take the next item instead"
+                )
             )
     qjs = {
         q.judgment_id: q
@@ -1236,7 +1266,7 @@ def adjudicate(
     (overruling the judge needs a reason)."""
     now = reservations.utc(now)
     lead = authorize(session, actor, Permission.ADJUDICATE)
-    queue = get_queue(session=session, queue=queue_id)
+    queue = _locked_queue(session, queue_id)
     assert queue.id is not None
     found = _queue_judgment(session, queue.id, judgment_id)
     _locked_item(session, found.item_id)  # the item first: the same lock order as labelling
@@ -1314,7 +1344,7 @@ def undo_label(
     it). An adjudicated judgment is the lead's to undo.
     """
     now = reservations.utc(now)
-    queue = get_queue(session=session, queue=queue_id)
+    queue = _locked_queue(session, queue_id)
     actor = _labeller(session, queue, reviewer)
     assert queue.id is not None
     found = _queue_judgment(session, queue.id, judgment_id)
@@ -1381,7 +1411,7 @@ def undo_adjudication(
     """The lead takes back their adjudication while it is the judgment's latest change: disputed again."""
     now = reservations.utc(now)
     lead = authorize(session, actor, Permission.ADJUDICATE)
-    queue = get_queue(session=session, queue=queue_id)
+    queue = _locked_queue(session, queue_id)
     assert queue.id is not None
     found = _queue_judgment(session, queue.id, judgment_id)
     _locked_item(session, found.item_id)
@@ -1689,6 +1719,32 @@ def dispute_record(dispute: Dispute) -> dict[str, Any]:
             for lv in dispute.labels
         ],
     }  # fmt: skip
+
+
+DISPUTE_COLUMNS = [
+    "position", "judgment_id", "change_id", "metric", "judge_decision", "state", "decision", "decided_by",
+    "labels", "judge_reasoning",
+]  # fmt: skip
+
+
+def disputes_frame(rows: Sequence[Dispute]) -> pd.DataFrame:
+    """The adjudication list as a table and its CSV: one row per judgment, its labels in one cell
+    ("ana: 3 (reason); ben: 5"), so it reads side by side in a spreadsheet."""
+    records = []
+    for d in rows:
+        record = dispute_record(d)
+        record["labels"] = "; ".join(
+            f"{lv['reviewer']}: {lv['decision']}"
+            + (
+                f" (blind {lv['blind_decision']})"
+                if lv["blind_decision"] not in (None, lv["decision"])
+                else ""
+            )
+            + (f" — {lv['reason']}" if lv["reason"] else "")
+            for lv in record["labels"]
+        )
+        records.append({c: record[c] for c in DISPUTE_COLUMNS})
+    return pd.DataFrame(records, columns=DISPUTE_COLUMNS)
 
 
 def assignment_record(assignment: Assignment) -> dict[str, Any]:

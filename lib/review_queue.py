@@ -388,6 +388,21 @@ def skip_item(*, session: Session, reviewer: str, key: str, now: datetime | None
     session.flush()
 
 
+def save_draft(*, session: Session, reviewer: str, key: str, draft: dict[str, Any]) -> bool:
+    """Keep the reviewer's unsent input for the default-queue item they hold (e.g. a typed reason),
+    so a reload, a new tab or another device shows it again; False when they do not hold it."""
+    return (
+        reservations.save_draft(session, queue_id=None, item_key=key, reviewer=reviewer, draft=draft)
+        is not None
+    )
+
+
+def draft_of(*, session: Session, reviewer: str, key: str) -> dict[str, Any]:
+    """The reviewer's saved draft for a default-queue item ({} when none)."""
+    row = reservations.find(session, queue_id=None, item_key=key, reviewer=reviewer)
+    return dict(row.draft or {}) if row is not None else {}
+
+
 def skipped_items(*, session: Session, reviewer: str) -> list[str]:
     """The keys of the items the reviewer skipped in the default queue, in the order skipped."""
     return reservations.keys_with_status(session, queue_id=None, reviewer=reviewer, status="skipped")

@@ -826,3 +826,54 @@ def test_random_queue_work_leaves_counters_history_and_queue_state_equal_to_a_re
         else:
             assert j.reviewed_at is None and qj.held and qj.decision is None, story
     assert any("labelled" in line for line in story) and any("adjudicated" in line for line in story)
+
+
+def test_a_skipped_item_opened_by_its_link_or_labelled_is_yours_again(engine: Engine) -> None:
+    items(engine, 2, metrics=("clarity",))
+    queue_id = create(engine)
+    a = take(engine, queue_id, "ana")
+    assert a is not None
+    with session_scope(engine) as s:
+        queues.skip_item(session=s, queue_id=queue_id, item_id=a.item_id, reviewer="ana", now=NOW)
+    outcome = label_all(engine, queue_id, a.item_id, "ana", "3")
+    assert outcome.item_done
+    with session_scope(engine, read_only=True) as s:
+        assert queues.skipped_items(session=s, queue_id=queue_id, reviewer="ana") == []
+
+
+def test_a_label_on_an_item_that_went_to_others_says_so(engine: Engine) -> None:
+    items(engine, 1, metrics=("clarity",))
+    queue_id = create(engine)
+    b = take(engine, queue_id, "ben")
+    assert b is not None
+    with pytest.raises(queues.ItemTaken, match="take the next item instead"):
+        label_all(engine, queue_id, b.item_id, "ana", "3")
+
+
+def test_the_adjudication_list_downloads_with_labels_side_by_side(engine: Engine) -> None:
+    items(engine, 1, metrics=("clarity",))
+    queue_id = create(engine, overlap=2, mode="blind")
+    for name, blind, final in (("ana", "2", "3"), ("ben", "5", "5")):
+        got = take(engine, queue_id, name)
+        assert got is not None
+        label_all(engine, queue_id, got.item_id, name, blind, "because")
+        label_all(engine, queue_id, got.item_id, name, final, None)
+    with session_scope(engine, read_only=True) as s:
+        frame = queues.disputes_frame(queues.disputes(session=s, queue_id=queue_id))
+    assert list(frame.columns) == queues.DISPUTE_COLUMNS
+    assert frame.loc[0, "labels"] == "ana: 3 (blind 2) — because; ben: 5 — because"
+
+
+def test_a_default_queue_draft_comes_back_after_a_reload(engine: Engine) -> None:
+    items(engine, 1)
+    with session_scope(engine) as s:
+        item = review_queue.reserve_next(session=s, reviewer="ana", filters=QueueFilter(), now=NOW)
+        assert item is not None
+        assert review_queue.save_draft(
+            session=s, reviewer="ana", key=item.key, draft={"reason": "half typed"}
+        )
+        assert not review_queue.save_draft(session=s, reviewer="ben", key=item.key, draft={"reason": "x"})
+    with session_scope(engine, read_only=True) as s:
+        assert review_queue.draft_of(session=s, reviewer="ana", key="snapshot:acme-000") == {
+            "reason": "half typed"
+        }
