@@ -204,6 +204,30 @@ def _check_spec(spec: QueueSpec) -> QueueSpec:
     )  # fmt: skip
 
 
+def _judgment_conditions(spec: QueueSpec) -> list[Any]:
+    """The spec's conditions on a judgment's own columns (and held by no queue)."""
+    conditions: list[Any] = [~held_by_team_queue()]
+    if spec.product is not None:
+        conditions.append(col(Judgment.product) == spec.product)
+    if spec.metrics:
+        conditions.append(col(Judgment.metric).in_(spec.metrics))
+    if spec.since is not None:
+        conditions.append(col(Judgment.timestamp) >= spec.since)
+    if spec.until is not None:
+        conditions.append(col(Judgment.timestamp) < spec.until)
+    reviewed = counters.reviewed_judgment()
+    state = spec.review_state
+    if state == "unreviewed":
+        conditions.append(~reviewed)
+    elif state == "reviewed":
+        conditions.append(reviewed)
+    elif state == "confirmed":
+        conditions += [reviewed, col(Judgment.was_corrected) == False]  # noqa: E712
+    elif state == "corrected":
+        conditions += [reviewed, col(Judgment.was_corrected) == True]  # noqa: E712
+    return conditions
+
+
 def _candidates(spec: QueueSpec, *columns: Any) -> Any:
     """Judgments the spec selects: live, matching every filter, held by no queue."""
     stmt = (
@@ -212,30 +236,32 @@ def _candidates(spec: QueueSpec, *columns: Any) -> Any:
         .outerjoin(EvaluationSnapshot, col(Judgment.snapshot_id) == col(EvaluationSnapshot.id))
         .where(
             or_(col(Judgment.snapshot_id).is_(None), col(EvaluationSnapshot.deleted_at).is_(None)),
-            ~held_by_team_queue(),
+            *_judgment_conditions(spec),
         )
     )
-    if spec.product is not None:
-        stmt = stmt.where(col(Judgment.product) == spec.product)
-    if spec.metrics:
-        stmt = stmt.where(col(Judgment.metric).in_(spec.metrics))
     if spec.language is not None:
         stmt = stmt.where(col(EvaluationSnapshot.language) == spec.language)
-    if spec.since is not None:
-        stmt = stmt.where(col(Judgment.timestamp) >= spec.since)
-    if spec.until is not None:
-        stmt = stmt.where(col(Judgment.timestamp) < spec.until)
-    reviewed = counters.reviewed_judgment()
-    state = spec.review_state
-    if state == "unreviewed":
-        stmt = stmt.where(~reviewed)
-    elif state == "reviewed":
-        stmt = stmt.where(reviewed)
-    elif state == "confirmed":
-        stmt = stmt.where(reviewed, col(Judgment.was_corrected) == False)  # noqa: E712
-    elif state == "corrected":
-        stmt = stmt.where(reviewed, col(Judgment.was_corrected) == True)  # noqa: E712
     return stmt
+
+
+def _every_item_key(session: Session, spec: QueueSpec) -> list[str]:
+    """Every item the spec selects, sorted: live evaluations with a matching judgment (one probe of
+    the judgments' snapshot index each, not a join per judgment) and matching stand-alone judgments."""
+    matching = (
+        select(Judgment.id)
+        .where(col(Judgment.snapshot_id) == col(EvaluationSnapshot.id), *_judgment_conditions(spec))
+        .exists()
+    )
+    evaluations = select(EvaluationSnapshot.id).where(col(EvaluationSnapshot.deleted_at).is_(None), matching)
+    if spec.product is not None:
+        evaluations = evaluations.where(col(EvaluationSnapshot.product) == spec.product)
+    if spec.language is not None:
+        evaluations = evaluations.where(col(EvaluationSnapshot.language) == spec.language)
+    keys = [f"snapshot:{sid}" for (sid,) in session.execute(evaluations)]
+    if spec.language is None:  # stand-alone judgments have no language
+        singles = select(Judgment.id).where(col(Judgment.snapshot_id).is_(None), *_judgment_conditions(spec))
+        keys += [f"judgment:{jid}" for (jid,) in session.execute(singles)]
+    return sorted(keys)
 
 
 def _key(snapshot_id: str | None, judgment_id: int) -> str:
@@ -278,7 +304,7 @@ def _select_keys(session: Session, spec: QueueSpec) -> list[str]:
             rest = oldest.where(or_(col(Judgment.snapshot_id).is_(None), gap.is_(None)))
             keys += _keys_in_order(session, rest, spec.size - len(keys), skip=set(keys))
         return keys
-    every = sorted(set(_keys_in_order(session, base, 10**9)))
+    every = _every_item_key(session, spec)
     return random.Random(spec.seed).sample(every, min(spec.size, len(every)))
 
 
