@@ -28,10 +28,11 @@ queue holds a judgment no other queue holds it and the default queue does not ha
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
@@ -280,12 +281,41 @@ def _keys_in_order(session: Session, stmt: Any, limit: int, skip: set[str] | Non
     return list(keys)
 
 
+def _oldest_keys(session: Session, spec: QueueSpec, limit: int) -> list[str]:
+    """The oldest items by their oldest matching judgment (ties: lowest id), as the default queue
+    orders them. Pending judgments of every product: one walk of `ix_judgment_open` (product,
+    timestamp, id) per product, merged, so it reads about as many index entries as items it keeps
+    instead of sorting every pending judgment (1M judgments: 6 s before)."""
+    if spec.review_state != "unreviewed" or spec.product is not None:
+        oldest = _candidates(spec, Judgment.id, Judgment.snapshot_id).order_by(
+            col(Judgment.timestamp), col(Judgment.id)
+        )
+        return _keys_in_order(session, oldest, limit)
+    streams = []
+    for product in counters.judged_products(session=session):
+        one = replace(spec, product=product)
+        stmt = _candidates(one, Judgment.timestamp, Judgment.id, Judgment.snapshot_id).order_by(
+            col(Judgment.timestamp), col(Judgment.id)
+        )
+        streams.append(session.execute(stmt.execution_options(yield_per=200)))
+    keys: dict[str, None] = {}
+    try:
+        for _, judgment_id, snapshot_id in heapq.merge(*streams, key=lambda row: (row[0], row[1])):
+            keys[_key(snapshot_id, judgment_id)] = None
+            if len(keys) >= limit:
+                break
+    finally:
+        for stream in streams:
+            stream.close()
+    return list(keys)
+
+
 def _select_keys(session: Session, spec: QueueSpec) -> list[str]:
     """The item keys of a new queue, in queue order."""
     base = _candidates(spec, Judgment.id, Judgment.snapshot_id)
     oldest = base.order_by(col(Judgment.timestamp), col(Judgment.id))
     if spec.order == "oldest":
-        return _keys_in_order(session, oldest, spec.size)
+        return _oldest_keys(session, spec, spec.size)
     if spec.order == "largest_gap":
         gap = col(EvaluationSnapshot.max_metric_gap)
         matching = _candidates(spec, Judgment.id).where(

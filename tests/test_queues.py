@@ -877,3 +877,25 @@ def test_a_default_queue_draft_comes_back_after_a_reload(engine: Engine) -> None
         assert review_queue.draft_of(session=s, reviewer="ana", key="snapshot:acme-000") == {
             "reason": "half typed"
         }
+
+
+def test_oldest_first_merges_every_product_by_judgment_time(engine: Engine) -> None:
+    evaluation(engine, "a0", hours=0, product="alpha")
+    evaluation(engine, "b1", hours=1, product="beta")
+    standalone(engine, "pr#2", hours=2, product="alpha")
+    evaluation(engine, "a3", hours=3, product="alpha")
+    evaluation(engine, "b4", hours=4, product="beta")
+    queue_id = create(engine, size=4)
+    with session_scope(engine, read_only=True) as s:
+        keys = s.exec(
+            select(ReviewQueueItem.item_key)
+            .where(ReviewQueueItem.queue_id == queue_id)
+            .order_by(col(ReviewQueueItem.position))
+        ).all()
+        default_first = review_queue.next_item(session=s, filters=QueueFilter())
+    assert (
+        keys[:2] == ["snapshot:a0", "snapshot:b1"]
+        and keys[2].startswith("judgment:")
+        and keys[3] == "snapshot:a3"
+    )
+    assert default_first is not None and default_first.key == "snapshot:b4"  # the rest of the pending work
