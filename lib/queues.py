@@ -269,51 +269,54 @@ def _key(snapshot_id: str | None, judgment_id: int) -> str:
     return f"snapshot:{snapshot_id}" if snapshot_id is not None else f"judgment:{judgment_id}"
 
 
-def _keys_in_order(session: Session, stmt: Any, limit: int, skip: set[str] | None = None) -> list[str]:
-    """Distinct item keys of (id, snapshot_id) rows in the statement's order, up to `limit`."""
-    keys: dict[str, None] = {}
-    for judgment_id, snapshot_id in session.execute(stmt.execution_options(yield_per=2000)):
-        key = _key(snapshot_id, judgment_id)
-        if skip is None or key not in skip:
-            keys[key] = None
-            if len(keys) >= limit:
-                break
-    return list(keys)
-
-
-def _oldest_keys(session: Session, spec: QueueSpec, limit: int) -> list[str]:
+def _oldest_keys(session: Session, spec: QueueSpec, limit: int, *, without_gap: bool = False) -> list[str]:
     """The oldest items by their oldest matching judgment (ties: lowest id), as the default queue
     orders them. Pending judgments of every product: one walk of `ix_judgment_open` (product,
     timestamp, id) per product, merged, so it reads about as many index entries as items it keeps
-    instead of sorting every pending judgment (1M judgments: 6 s before)."""
+    instead of sorting every pending judgment (1M judgments: 6 s before); a page at a time.
+    `without_gap`: only stand-alone judgments and evaluations without a gap (largest gap's tail)."""
     if spec.review_state != "unreviewed" or spec.product is not None:
-        oldest = _candidates(spec, Judgment.id, Judgment.snapshot_id).order_by(
-            col(Judgment.timestamp), col(Judgment.id)
-        )
-        return _keys_in_order(session, oldest, limit)
-    streams = []
-    for product in counters.judged_products(session=session):
-        one = replace(spec, product=product)
-        stmt = _candidates(one, Judgment.timestamp, Judgment.id, Judgment.snapshot_id).order_by(
-            col(Judgment.timestamp), col(Judgment.id)
-        )
-        streams.append(session.execute(stmt.execution_options(yield_per=200)))
+        streams = [_oldest_walk(session, spec, without_gap)]  # one product, or a state no index orders
+    else:
+        streams = [
+            _oldest_walk(session, replace(spec, product=product), without_gap)
+            for product in counters.judged_products(session=session)
+        ]
     keys: dict[str, None] = {}
-    try:
-        for _, judgment_id, snapshot_id in heapq.merge(*streams, key=lambda row: (row[0], row[1])):
-            keys[_key(snapshot_id, judgment_id)] = None
-            if len(keys) >= limit:
-                break
-    finally:
-        for stream in streams:
-            stream.close()
+    for _, judgment_id, snapshot_id in heapq.merge(*streams, key=lambda row: (row[0], row[1])):
+        keys[_key(snapshot_id, judgment_id)] = None
+        if len(keys) >= limit:
+            break
     return list(keys)
+
+
+def _oldest_walk(session: Session, spec: QueueSpec, without_gap: bool, page: int = 500) -> Iterator[Any]:
+    """(timestamp, id, snapshot_id) of the spec's judgments, oldest first, read a page at a time
+    after the last one (a LIMIT per page keeps PostgreSQL on the index walk; a cursor over the
+    whole match made it plan for every row)."""
+    after: tuple[datetime, int] | None = None
+    while True:
+        stmt = _candidates(spec, Judgment.timestamp, Judgment.id, Judgment.snapshot_id)
+        if without_gap:
+            stmt = stmt.where(
+                or_(col(Judgment.snapshot_id).is_(None), col(EvaluationSnapshot.max_metric_gap).is_(None))
+            )
+        if after is not None:
+            stmt = stmt.where(
+                or_(
+                    col(Judgment.timestamp) > after[0],
+                    and_(col(Judgment.timestamp) == after[0], col(Judgment.id) > after[1]),
+                )
+            )
+        rows = session.execute(stmt.order_by(col(Judgment.timestamp), col(Judgment.id)).limit(page)).all()
+        yield from rows
+        if len(rows) < page:
+            return
+        after = (rows[-1][0], rows[-1][1])
 
 
 def _select_keys(session: Session, spec: QueueSpec) -> list[str]:
     """The item keys of a new queue, in queue order."""
-    base = _candidates(spec, Judgment.id, Judgment.snapshot_id)
-    oldest = base.order_by(col(Judgment.timestamp), col(Judgment.id))
     if spec.order == "oldest":
         return _oldest_keys(session, spec, spec.size)
     if spec.order == "largest_gap":
@@ -331,8 +334,7 @@ def _select_keys(session: Session, spec: QueueSpec) -> list[str]:
         ).all()
         keys = [f"snapshot:{s}" for s in ranked]
         if len(keys) < spec.size:  # then the items without a gap, oldest first
-            rest = oldest.where(or_(col(Judgment.snapshot_id).is_(None), gap.is_(None)))
-            keys += _keys_in_order(session, rest, spec.size - len(keys), skip=set(keys))
+            keys += _oldest_keys(session, spec, spec.size - len(keys), without_gap=True)
         return keys
     every = _every_item_key(session, spec)
     return random.Random(spec.seed).sample(every, min(spec.size, len(every)))
