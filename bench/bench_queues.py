@@ -10,9 +10,10 @@ transaction that is rolled back at the end, so the database is left as it was:
 1. the default queue (the plain review page): a fresh reviewer takes the next evaluation
    (`review_queue.reserve_next`, which reserves it) and confirms its first judgment
    (`corrections.record_review`);
-2. a lead creates a team queue of `--items` (40) pending items with overlap 2 in each order (oldest,
-   largest gap, seeded random sample; timed once each: creation reads the filter's matches, it is
-   not a per-click cost), then fresh reviewers in turn take the next item
+2. a lead creates a team queue of `--items` (40) pending items with overlap 2 in each order (seeded
+   random sample, largest gap, oldest; timed once each: creation reads the filter's matches, it is
+   not a per-click cost; the first two are closed again); on the oldest-first one fresh reviewers
+   in turn take the next item
    (`queues.next_assignment`), open it blind (`queues.load_blind_item`) and save a label for each
    of its judgments (`queues.label_item`; every second save completes an item, so half the saves
    also resolve or dispute its judgments through `record_review`);
@@ -91,7 +92,7 @@ def measure(url: str, repeat: int, items: int) -> dict[str, tuple[float, float]]
 
         for n in range(repeat + 1):
             default_round("", n)
-        for order in ("oldest", "largest_gap", "random"):
+        for order in ("random", "largest_gap", "oldest"):
             spec = QueueSpec(name=f"bench {order}", size=items, order=order, seed=1, overlap=2)
             queue = _timed(
                 times,
@@ -101,7 +102,7 @@ def measure(url: str, repeat: int, items: int) -> dict[str, tuple[float, float]]
                 actor=lead,
                 spec=spec,
             )
-            if order != "random":  # let its items go for the next order; the random sample is measured
+            if order != "oldest":  # let its items go for the next order; oldest first is measured
                 queues.close_queue(session=session, actor=lead, queue_id=queue.id or 0)
         queue_id = queue.id or 0
         for n in range(2 * (repeat + 1)):
