@@ -630,11 +630,14 @@ def create_app(
         offset: int = 0,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
     ) -> list[dict[str, Any]]:
-        """Judgments awaiting adjudication (or `state=resolved|adjudicated|open`), labels side by side."""
+        """Judgments awaiting adjudication (or `state=resolved|adjudicated|released`), labels side by side.
+        Not `open` ones: their judge side would reach reviewers of a blind-first queue before they label."""
         from lib import queues
         from lib.db import session_scope
 
         require(actor, Permission.READ)
+        if state not in ("disputed", "resolved", "adjudicated", "released"):
+            raise ApiError(422, "state must be disputed, resolved, adjudicated or released", field="state")
 
         def read() -> list[dict[str, Any]]:
             with session_scope(get_engine(), read_only=True) as session:

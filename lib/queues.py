@@ -1001,18 +1001,22 @@ class TeamItem:
 
 
 def load_item(*, session: Session, queue_id: int, item_id: int, reviewer: Actor | str | None) -> TeamItem:
-    """The item with the judge's side. NotRevealed while the reviewer holds it in a blind-first
-    queue and has not saved a blind label for each of its judgments (then `load_blind_item`)."""
+    """The item with the judge's side. In a blind-first queue NotRevealed for anyone who may still
+    label it and has not saved a blind label for each of its judgments (then `load_blind_item`):
+    a reviewer must not see the judge by opening an item before taking it. Viewers, reviewers the
+    queue is not assigned to, and anyone once the item has all its reviewers see it whole."""
     actor = authorize(session, reviewer, Permission.READ)
     queue = get_queue(session=session, queue=queue_id)
     item = _item_of(session, queue, item_id)
     row = _reviewer_row(session, queue, item, actor.identity)
-    if (
-        queue.mode == "blind"
-        and row is not None
-        and row.revealed_at is None
-        and row.status != reservations.DONE
-    ):
+    revealed = row is not None and (row.revealed_at is not None or row.status == reservations.DONE)
+    could_label = (
+        queue.status == "active"
+        and actor.can(Permission.REVIEW)
+        and may_label(queue, actor.identity)
+        and item.done < queue.overlap
+    )
+    if queue.mode == "blind" and could_label and not revealed:
         raise NotRevealed("label every metric of this item first; the judge's side is shown after that")
     qjs = session.exec(select(ReviewQueueJudgment).where(col(ReviewQueueJudgment.item_id) == item.id)).all()
     judgments = list(

@@ -899,3 +899,24 @@ def test_oldest_first_merges_every_product_by_judgment_time(engine: Engine) -> N
         and keys[3] == "snapshot:a3"
     )
     assert default_first is not None and default_first.key == "snapshot:b4"  # the rest of the pending work
+
+
+def test_a_blind_item_shows_the_judge_only_to_those_who_can_no_longer_be_anchored(engine: Engine) -> None:
+    items(engine, 1, metrics=("clarity",))
+    queue_id = create(engine, mode="blind", reviewers=("ana", "ben"))
+    with session_scope(engine, read_only=True) as s:
+        item_id = s.exec(select(ReviewQueueItem.id)).one()
+
+    def load(who: Actor) -> queues.TeamItem:
+        with session_scope(engine, read_only=True) as s:
+            return queues.load_item(session=s, queue_id=queue_id, item_id=item_id, reviewer=who)
+
+    with pytest.raises(queues.NotRevealed):  # ben may still take it: no peeking first
+        load(Actor("ben", "reviewer"))
+    assert load(Actor("vi", "viewer")).item.judgments  # a viewer never labels
+    assert load(Actor("cem", "reviewer")).item.judgments  # not assigned to this queue
+    got = take(engine, queue_id, "ana")
+    assert got is not None
+    label_all(engine, queue_id, got.item_id, "ana", "3")  # blind
+    label_all(engine, queue_id, got.item_id, "ana", "3")  # final: the item has its one reviewer
+    assert load(Actor("ben", "reviewer")).item.judgments
