@@ -89,7 +89,9 @@ def main(database: str, log_path: str) -> None:
         finally:
             app.terminate()
             app.wait(timeout=30)
-    print(json.dumps({"statuses": statuses, "baseline": baseline, "during": during, "lookups": len(accepted)}))
+    print(
+        json.dumps({"statuses": statuses, "baseline": baseline, "during": during, "lookups": len(accepted)})
+    )
 
 
 if __name__ == "__main__":
