@@ -55,6 +55,24 @@ def any_app_engine(monkeypatch: pytest.MonkeyPatch, db_url: str, engine: Engine)
 
 
 @pytest.fixture
+def download_client(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Pages hand out `/downloads/...` links as under serve.py, to a browser carrying the XSRF cookie
+    of tests/test_downloads.py (AppTest sends no cookies); the client is that browser."""
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    import lib.ui
+    from lib import downloads
+    from tests.test_downloads import XSRF
+
+    monkeypatch.setattr(downloads, "_enabled", True)
+    monkeypatch.setattr(lib.ui, "_cookies", lambda: {downloads.XSRF_COOKIE: XSRF})
+    with TestClient(Starlette(routes=downloads.routes())) as client:
+        client.cookies.set(downloads.XSRF_COOKIE, XSRF)
+        yield client
+
+
+@pytest.fixture
 def open_page() -> Callable[..., AppTest]:
     """Run a page file under AppTest, optionally with query parameters and a reviewer name."""
 

@@ -222,13 +222,9 @@ def test_download_offers_every_match_not_just_the_page(thirty, open_page) -> Non
     assert not at.exception
 
 
-def test_download_is_a_streamed_link_when_served_by_serve_py(seeded, open_page, monkeypatch) -> None:
-    from starlette.applications import Starlette
-    from starlette.testclient import TestClient
-
+def test_download_is_a_streamed_link_when_served_by_serve_py(seeded, open_page, download_client) -> None:
     from lib import downloads
 
-    monkeypatch.setattr(downloads, "_enabled", True)
     at = open_page(PAGE)
     links = at.get("link_button")
     assert [b.proto.label for b in links] == ["Download CSV (all 4 matches)"]
@@ -236,12 +232,13 @@ def test_download_is_a_streamed_link_when_served_by_serve_py(seeded, open_page, 
     assert not at.get("download_button")
     at.selectbox(key="evaluations_csv_form").set_value("long").run()
     url = at.get("link_button")[0].proto.url
-    with TestClient(Starlette(routes=downloads.routes())) as client:
-        response = client.get(url)
+    response = download_client.get(url)
     assert response.headers["content-disposition"] == 'attachment; filename="evaluations_long.csv"'
     assert response.text.splitlines()[0].startswith(
         "id,created_at,product,language,model,category,question,answer,metric"
     )
+    download_client.cookies.clear()  # another client: the link is not a bearer link (issue 24.8)
+    assert download_client.get(url).status_code == 403
     assert not at.exception
 
 

@@ -69,7 +69,7 @@ def test_the_form_offers_the_products_metrics_on_their_scales(acme: Engine, open
     groundedness = at.number_input(key="new_score_acme_groundedness")
     assert (coherence.min, coherence.max, coherence.step) == (1, 3, 1)
     assert (groundedness.min, groundedness.max, groundedness.step) == (0.0, 1.0, 0.01)
-    assert coherence.label == "Coherence (1–3)" and coherence.value is None
+    assert coherence.label == escape_markdown("Coherence (1–3)") and coherence.value is None
     assert at.selectbox(key="new_primary_acme").options == ["Coherence", "Groundedness", "Fluency"]
     assert not at.exception
 
@@ -168,7 +168,7 @@ def test_a_product_without_a_rubric_is_scored_on_the_default_set(app_engine: Eng
         session.add(EvaluationSnapshot(id="snap_p", question="q", model_answer="a", product="plain"))
     at = open_page(PAGE, reviewer="ayse")
     assert at.selectbox(key="new_product").value == "plain"
-    assert at.number_input(key="new_score_plain_truthfulness").label == "Truthfulness (1–5)"
+    assert at.number_input(key="new_score_plain_truthfulness").label == escape_markdown("Truthfulness (1–5)")
     assert len(at.number_input) == 8
     assert not at.exception
 

@@ -345,16 +345,12 @@ def test_download_offers_every_match_not_just_the_page(any_app_engine, open_page
     assert not at.exception
 
 
-def test_download_link_streams_every_matching_note(any_app_engine, open_page, monkeypatch) -> None:
+def test_download_link_streams_every_matching_note(
+    any_app_engine, open_page, monkeypatch, download_client
+) -> None:
     import csv
     import io
 
-    from starlette.applications import Starlette
-    from starlette.testclient import TestClient
-
-    from lib import downloads
-
-    monkeypatch.setattr(downloads, "_enabled", True)
     monkeypatch.setenv("OVERRULE_PAGE_SIZE", "2")
     reset_settings()
     now = utcnow()
@@ -369,8 +365,7 @@ def test_download_link_streams_every_matching_note(any_app_engine, open_page, mo
     at.selectbox(key="notes_language").set_value("en").run()
     [link] = at.get("link_button")
     assert link.proto.label == "Download CSV (all 3 matches)"
-    with TestClient(Starlette(routes=downloads.routes())) as client:
-        response = client.get(link.proto.url)
+    response = download_client.get(link.proto.url)
     assert response.status_code == 200
     assert [r["content"] for r in csv.DictReader(io.StringIO(response.text))] == ["n0", "n2", "n4"]
     assert not at.exception
