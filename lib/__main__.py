@@ -61,6 +61,7 @@ def _engine():
 @handler("import")
 def _cmd_import(args: argparse.Namespace) -> int:
     from lib.importer import ImportFailed, import_path
+    from lib.source_files import SourceOptions
 
     try:
         report = import_path(
@@ -69,6 +70,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
             kind=args.kind,
             reviewer=system_actor(args.reviewer),
             progress=print_progress,
+            options=SourceOptions(product=args.product, spans=Path(args.spans) if args.spans else None),
         )
     except ImportFailed as exc:
         raise CliError(str(exc)) from exc
@@ -721,7 +723,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m lib", description="Overrule command line.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("import", help="import evaluations, judgments, notes, metric sets or interactions")
+    p = sub.add_parser(
+        "import",
+        help="import evaluations, judgments, notes, metric sets, interactions, or promptfoo, Langfuse and "
+        "Phoenix results",
+    )
     p.add_argument("file", help="a JSONL or JSON file")
     from lib.importer import KINDS
 
@@ -732,6 +738,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="what the file holds (detected when omitted)",
     )
     p.add_argument("--reviewer", default="cli", help="recorded as the author of the import")
+    p.add_argument(
+        "--product",
+        default=None,
+        help="promptfoo, langfuse, phoenix: the product to file the evaluations under "
+        "(default: promptfoo's description or a Langfuse trace's name, else the tool's name)",
+    )
+    p.add_argument(
+        "--spans", default=None, help="phoenix: the spans file (Parquet or CSV) the evaluations judged"
+    )
 
     p = sub.add_parser("export", help="export a table as CSV, Parquet or JSON")
     from lib.export import EXPORTABLE_TABLES

@@ -285,7 +285,13 @@ def create_app(
         return await run_in_threadpool(_run, add)
 
     async def receive_and_import(
-        request: Request, actor: Actor, kind: str, *, judge: bool = False, concurrency: int | None = None
+        request: Request,
+        actor: Actor,
+        kind: str,
+        *,
+        judge: bool = False,
+        concurrency: int | None = None,
+        options: Any = None,
     ) -> dict[str, Any]:
         """Stream the body to a private file (413 past the limit), then run the importer on it, or,
         with `judge`, the judge's batch (`python -m lib judge FILE`) on it."""
@@ -294,13 +300,13 @@ def create_app(
             _check_can_judge(actor)
         folder = Path(tempfile.mkdtemp(prefix="overrule-api-"))
         try:
-            path = folder / "request.jsonl"
+            path = folder / ("request.jsonl" if options is None else f"{kind}.json")
             with path.open("wb") as fh:  # streamed to disk: the importer reads it line by line
                 async for chunk in _capped_body(request, limit, "OVERRULE_API_MAX_BODY_MB"):
                     await run_in_threadpool(fh.write, chunk)
             if judge:
                 return await run_in_threadpool(_judge_body, get_engine(), path, actor, concurrency)
-            report = await run_in_threadpool(_import_body, get_engine(), path, actor, kind)
+            report = await run_in_threadpool(_import_body, get_engine(), path, actor, kind, options)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         return {
@@ -323,6 +329,20 @@ def create_app(
         skipped). Needs a role that may judge (lead) and a configured LLM (503 otherwise).
         """
         return await receive_and_import(request, actor, "evaluations", judge=judge, concurrency=concurrency)
+
+    @api.post("/imports/{kind}")
+    async def post_source_import(
+        actor: Token, request: Request, kind: str, product: str | None = None
+    ) -> dict[str, Any]:
+        """Import another tool's results file as evaluations, all or nothing, as `python -m lib import
+        FILE --kind promptfoo|langfuse`: promptfoo's `-o results.json` (or .jsonl), Langfuse traces and
+        scores. `?product=` files them under a product. Phoenix needs two files: use the CLI or the page."""
+        from lib.source_files import SourceOptions
+
+        if kind not in ("promptfoo", "langfuse"):
+            hint = "; send Phoenix files with the CLI or the Import page" if kind == "phoenix" else ""
+            raise ApiError(404, f"no importer for {kind!r} here: promptfoo or langfuse{hint}")
+        return await receive_and_import(request, actor, kind, options=SourceOptions(product=product))
 
     @api.post("/interactions")
     async def post_interactions(actor: Token, request: Request) -> dict[str, Any]:
@@ -980,14 +1000,16 @@ def _parse_json(raw: bytes) -> Any:
         raise ApiError(400, f"malformed JSON: {str(exc).split(';')[0]}") from None
 
 
-def _import_body(engine: Engine, path: Path, actor: Actor, kind: str) -> Any:
+def _import_body(engine: Engine, path: Path, actor: Actor, kind: str, options: Any = None) -> Any:
     """The importer on the spooled body: an evaluations JSON array through import_evaluations,
-    JSON Lines through import_path (the CLI's import)."""
+    JSON Lines and other tools' files (`options` given) through import_path (the CLI's import)."""
     from lib.db import session_scope
     from lib.importer import ImportConflict, import_evaluations, import_path
 
-    is_array = _is_json_array(path)
+    is_array = options is None and _is_json_array(path)
     try:
+        if options is not None:
+            return import_path(engine=engine, path=path, kind=kind, reviewer=actor, options=options)
         if is_array and kind != "evaluations":
             raise ApiError(422, f"send {kind} as JSON Lines (one object per line)", line=1)
         if is_array:

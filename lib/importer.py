@@ -49,7 +49,7 @@ from sqlalchemy import Engine, Table, false, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
 
-from lib import bulk, counters, notes, scores
+from lib import bulk, counters, notes, scores, source_records
 from lib.auth import Actor, Permission, authorize
 from lib.corrections import require_reviewer, review_event_row
 from lib.db import PG_IMPORT_LOCK, one_writer_at_a_time, refresh_statistics, session_scope
@@ -85,7 +85,8 @@ from lib.records import (
 from lib.search import normalize_search_text
 from lib.snapshots import MetricSet, evaluation_row, snapshot_judgment_rows
 
-KINDS = ("evaluations", "judgments", "notes", "metrics", "interactions")
+SOURCE_KINDS = ("promptfoo", "langfuse", "phoenix")  # other tools' result files (lib.source_files)
+KINDS = ("evaluations", "judgments", "notes", "metrics", "interactions", *SOURCE_KINDS)
 MIB = 1024 * 1024
 # A JSONL line holds one record; anything longer is a broken or hostile file, refused unread.
 MAX_LINE_BYTES = 10 * MIB
@@ -124,6 +125,8 @@ class ImportReport:
     new_ids: list[str] = field(default_factory=list)
     expert_reviews: int = 0
     evaluation: Any = None
+    # Source files (promptfoo, Langfuse, Phoenix): traces or spans without any judge result.
+    unjudged: int = 0
 
     def summary(self) -> str:
         """One line for a human: counts of inserted, skipped (or updated) rows and judgments."""
@@ -132,8 +135,10 @@ class ImportReport:
             parts.append(f"{self.updated} updated")
         else:
             parts.append(f"{self.skipped} already present (skipped)")
-        if self.kind == "evaluations":
+        if self.kind in ("evaluations", *SOURCE_KINDS):
             parts.append(f"{self.judgments} judgments")
+        if self.unjudged:
+            parts.append(f"{self.unjudged} without a judge result (not imported)")
         if self.kind == "interactions":
             parts.append(f"{self.expert_reviews} expert reviews")
         line = f"{self.kind}: " + ", ".join(parts)
@@ -416,6 +421,45 @@ def import_evaluations(
     reviewer = authorize(session, reviewer, Permission.IMPORT).identity
     numbered = ((f"{source} record {i}", record) for i, record in enumerate(records, start=1))
     prepared = _prepare_evaluations(session=session, records=numbered, source=source, reviewer=reviewer)
+    try:
+        return _write_evaluations(session, prepared)
+    finally:
+        prepared.close()
+
+
+def import_source_evaluations(
+    *,
+    session: Session,
+    evaluations: Sequence[source_records.SourceEvaluation],
+    source: str,
+    reviewer: Actor | str = "import",
+) -> ImportReport:
+    """Import judge results read from another tool (promptfoo, Langfuse, Phoenix, OpenTelemetry).
+
+    The one entry for every foreign source: `lib.source_records.plan_import` maps them to evaluation
+    records and defines the metrics the product's rubric lacks, then they go through the evaluation
+    import (validation, identity, idempotency) in the caller's transaction: a fault refuses it all.
+    """
+    actor = authorize(session, reviewer, Permission.IMPORT)
+
+    def rubric(product: str) -> tuple[list[Any], bool, bool]:
+        product = product.strip()
+        own = session.execute(select(_METRIC_DEFS.c.id).where(_METRIC_DEFS.c.product == product).limit(1))
+        held = session.execute(select(_SNAPSHOTS.c.id).where(_SNAPSHOTS.c.product == product).limit(1))
+        return (
+            metrics_for_product(session=session, product=product),
+            own.first() is not None,
+            held.first() is not None,
+        )
+
+    plan = source_records.plan_import(evaluations, rubric)
+    if plan.definitions:
+        _write_lock(session)
+        upsert_metric_definitions(session=session, definitions=plan.definitions)
+        session.flush()
+    prepared = _prepare_evaluations(
+        session=session, records=plan.records, source=source, reviewer=actor.identity
+    )
     try:
         return _write_evaluations(session, prepared)
     finally:
@@ -959,15 +1003,17 @@ def import_path(
     kind: str | None,
     reviewer: Actor | str,
     progress: Callable[[int, int], None] | None = None,
+    options: Any = None,
 ) -> ImportReport:
     """Import one file, detecting its kind when not given; a bad file is refused whole.
 
     Storing interactions triggers their auto-evaluation (seed 003 §1): every new, unreviewed one
-    goes through the worker pool, `progress(done, total)` after each.
+    goes through the worker pool, `progress(done, total)` after each. `options` (a
+    `lib.source_files.SourceOptions`) names the product and Phoenix's spans file for source kinds.
     """
     actor = authorize(engine, reviewer, Permission.IMPORT)
     try:
-        report = _import_file(engine=engine, path=path, kind=kind, actor=actor)
+        report = _import_file(engine=engine, path=path, kind=kind, actor=actor, options=options)
     except ImportFailed as exc:
         raise type(exc)(f"{exc}; nothing was imported") from None
     if report.kind == "interactions":
@@ -977,13 +1023,25 @@ def import_path(
     return report
 
 
-def _import_file(*, engine: Engine, path: Path, kind: str | None, actor: Actor) -> ImportReport:
+def _import_file(
+    *, engine: Engine, path: Path, kind: str | None, actor: Actor, options: Any = None
+) -> ImportReport:
     source = path.name
     reviewer = actor.identity
     if not path.is_file():
         raise ImportFailed(f"{path}: no such file")
     if kind is not None and kind not in KINDS:
         raise ImportFailed(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
+    if kind in SOURCE_KINDS:
+        from lib.source_files import SourceOptions, read_source
+
+        read = read_source(kind, path, options or SourceOptions(), source)
+        with session_scope(engine) as session:
+            report = import_source_evaluations(
+                session=session, evaluations=read.evaluations, source=source, reviewer=actor
+            )
+        report.kind, report.unjudged = kind, read.unjudged
+        return report
     document = None
     if kind is None:
         kind, document = detect_kind(path, source)

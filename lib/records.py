@@ -29,10 +29,46 @@ class InvalidField(Exception):
         self.message = message
 
 
+class Located(str):
+    """A record's location that also knows the source's name for each Overrule field, and where a
+    field came from when that is elsewhere (a Langfuse score's own line, a Phoenix evaluation's row)."""
+
+    fields: dict[str, str]
+    places: dict[str, str]
+
+    def __new__(cls, where: str, fields: dict[str, str], places: dict[str, str] | None = None) -> Located:
+        self = super().__new__(cls, where)
+        self.fields = fields
+        self.places = places if places is not None else {}
+        return self
+
+    def _lookup(self, table: dict[str, str], name: str) -> tuple[str, list[str]] | None:
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):
+            found = table.get(".".join(parts[:i]))
+            if found is not None:
+                return found, parts[i:]
+        return None
+
+    def source_field(self, name: str) -> str:
+        """The source's name for an Overrule field path (longest matching prefix), else the path."""
+        found = self._lookup(self.fields, name)
+        return ".".join([found[0], *found[1]]) if found else name
+
+    def place(self, name: str | None) -> str:
+        """Where the field came from: its own place when it has one, else the record's."""
+        found = self._lookup(self.places, name) if name else None
+        return found[0] if found else str(self)
+
+
 def located_failure(where: str, exc: InvalidField) -> ImportFailed:
-    """The ImportFailed for a record's fault, prefixed with where the record is."""
-    if exc.field_name:
-        return ImportFailed(f"{where}, field {exc.field_name!r}: {exc.message}")
+    """The ImportFailed for a record's fault, prefixed with where the record is (a `Located` where
+    names the field as the source file does)."""
+    name = exc.field_name
+    if isinstance(where, Located):
+        where, name = where.place(name), where.source_field(name) if name else name
+    if name:
+        return ImportFailed(f"{where}, field {name!r}: {exc.message}")
     return ImportFailed(f"{where}: {exc.message}")
 
 

@@ -9,6 +9,7 @@ import streamlit as st
 from lib import importer
 from lib.auth import Permission
 from lib.safe_markdown import escape_markdown
+from lib.source_files import SourceOptions
 from lib.ui import get_engine, require_reviewer
 
 DETECT = "Detect automatically"
@@ -34,7 +35,10 @@ st.markdown(
     "`citation_url`, `created_at` (optional) and an optional `expert` object "
     "(`sentence_scores: [{sentence, score}]`, `citation_score`, `citation_url`, `reviewer`) that makes "
     "the line an expert-reviewed precedent. New unreviewed interactions are then auto-evaluated "
-    "against the precedents (see the Precedents page)."
+    "against the precedents (see the Precedents page).\n"
+    "- **promptfoo** (the JSON or JSONL `promptfoo eval -o` writes), **langfuse** (traces and scores, "
+    "JSON Lines or an API page) and **phoenix** (span evaluations as Parquet or CSV, with the spans "
+    "file): other tools' judge results, one judgment per evaluation name. See docs/importing.md."
 )
 st.caption(
     'Every field is described in docs/data.md, "Data in and out". '
@@ -42,8 +46,21 @@ st.caption(
     "`python -m lib import FILE` on the server."
 )
 
-upload = st.file_uploader("File to import", type=["jsonl", "json"], key="import_file")
+upload = st.file_uploader("File to import", type=["jsonl", "json", "parquet", "csv"], key="import_file")
 kind = st.selectbox("What the file holds", [DETECT, *importer.KINDS], key="import_kind")
+spans_upload = None
+product = ""
+if kind in importer.SOURCE_KINDS:
+    product = st.text_input(
+        "Product (empty: promptfoo's description or a Langfuse trace's name, else the tool's name)",
+        key="import_product",
+    )
+    if kind == "phoenix":
+        spans_upload = st.file_uploader(
+            "Phoenix spans file (the spans dataframe as Parquet or CSV)",
+            type=["parquet", "csv"],
+            key="import_spans",
+        )
 reviewer = require_reviewer("import data", Permission.IMPORT)
 clicked = st.button("Import", key="import_run", type="primary", disabled=upload is None or not reviewer)
 if clicked and upload is not None and reviewer:
@@ -53,6 +70,16 @@ if clicked and upload is not None and reviewer:
         name = Path(upload.name).name
         path = Path(folder) / (name if name not in ("", ".", "..") else "upload.jsonl")
         path.write_bytes(upload.getvalue())
+        spans_path = None
+        if spans_upload is not None:
+            spans_name = Path(spans_upload.name).name
+            spans_path = (
+                Path(folder)
+                / "spans"
+                / (spans_name if spans_name not in ("", ".", "..") else "spans.parquet")
+            )
+            spans_path.parent.mkdir()
+            spans_path.write_bytes(spans_upload.getvalue())
         progress_slot = st.empty()
 
         def show_progress(done: int, total: int) -> None:
@@ -66,6 +93,7 @@ if clicked and upload is not None and reviewer:
                     kind=None if kind == DETECT else kind,
                     reviewer=reviewer,
                     progress=show_progress,
+                    options=SourceOptions(product=product or None, spans=spans_path),
                 )
         except importer.ImportFailed as exc:
             st.error(f"The file was refused and nothing was written: {escape_markdown(str(exc))}", icon="🚫")

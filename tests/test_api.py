@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -851,3 +852,28 @@ def test_an_expired_token_is_refused_and_a_used_token_shows_when(
     r = httpx.get(f"{server.base}/history", params={"product": "p"}, headers=headers)
     assert r.status_code == 401 and "this API token expired at" in r.json()["detail"]
     assert audit_rows(server.engine, "api_refused")[-1][0] == "short"
+
+
+def test_another_tools_results_file_imports_through_the_api(server: Server) -> None:
+    """Issue 29.2: `POST /imports/promptfoo` is `python -m lib import --kind promptfoo`, refusals 422."""
+    results = Path(__file__).resolve().parent / "fixtures" / "sources" / "promptfoo_results.json"
+    url = f"{server.base}/imports/promptfoo"
+    r = httpx.post(
+        url, params={"product": "geo"}, content=results.read_bytes(), headers=server.headers("lead")
+    )
+    assert r.status_code == 200, r.text
+    assert (r.json()["inserted"], r.json()["judgments"]) == (3, 6)
+    broken = json.loads(results.read_text(encoding="utf-8"))
+    broken["results"]["results"][0]["gradingResult"]["componentResults"][0]["pass"] = "yes"
+    r = httpx.post(url, content=json.dumps(broken).encode(), headers=server.headers("lead"))
+    assert r.status_code == 422
+    assert r.json()["field"] == "gradingResult.componentResults"
+    assert "results.results[0]" in r.json()["detail"]
+    assert (
+        httpx.post(
+            f"{server.base}/imports/phoenix", content=b"{}", headers=server.headers("lead")
+        ).status_code
+        == 404
+    )
+    assert httpx.post(url, content=b"{}", headers=server.headers("reviewer")).status_code == 403
+    assert count(server.engine, EvaluationSnapshot) == 3

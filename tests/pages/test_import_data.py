@@ -96,9 +96,9 @@ def test_the_page_explains_formats_and_the_upload_limit(app_engine, open_page, p
     assert phrase in text
 
 
-def test_the_uploader_accepts_only_json_and_jsonl(app_engine, open_page) -> None:
+def test_the_uploader_accepts_json_jsonl_and_the_other_tools_parquet_and_csv(app_engine, open_page) -> None:
     at = open_page(PAGE)
-    assert sorted(at.file_uploader(key="import_file").allowed_type) == [".json", ".jsonl"]
+    assert sorted(at.file_uploader(key="import_file").allowed_type) == [".csv", ".json", ".jsonl", ".parquet"]
 
 
 @pytest.mark.parametrize("kind", [DETECT, "evaluations"])
@@ -179,4 +179,28 @@ def test_markup_in_an_error_message_is_escaped(app_engine, open_page) -> None:
 def test_an_empty_file_is_refused(app_engine, open_page) -> None:
     at = upload(open_page(PAGE, reviewer="ayse"), "empty.jsonl", b"")
     assert escape_markdown("empty.jsonl: the file is empty") in at.error[0].value
+    assert not at.exception
+
+
+def test_a_phoenix_upload_takes_the_spans_file_and_product(app_engine, open_page) -> None:
+    """Issue 29.2: a source kind asks for the product (and Phoenix for its spans file) and imports."""
+    sources = Path(__file__).resolve().parents[1] / "fixtures" / "sources"
+    at = open_page(PAGE, reviewer="ayse")
+    at.selectbox(key="import_kind").set_value("phoenix")
+    at.run()
+    at.file_uploader(key="import_file").set_value(
+        ("evals.parquet", (sources / "phoenix_evaluations.parquet").read_bytes(), "application/octet-stream")
+    )
+    at.file_uploader(key="import_spans").set_value(
+        ("spans.parquet", (sources / "phoenix_spans.parquet").read_bytes(), "application/octet-stream")
+    )
+    at.text_input(key="import_product").set_value("library-qa")
+    at.run()
+    at.button(key="import_run").click()
+    at.run()
+    assert [s.value for s in at.success] == [
+        escape_markdown("phoenix: 3 inserted, 0 already present (skipped), 3 judgments")
+    ]
+    with session_scope(app_engine, read_only=True) as s:
+        assert set(s.exec(select(EvaluationSnapshot.product)).all()) == {"library-qa"}
     assert not at.exception

@@ -1,0 +1,657 @@
+"""Readers for other tools' result files: promptfoo, Langfuse and Phoenix (issue 29, point 2).
+
+Each reader turns a file into `lib.source_records.SourceEvaluation`s, refusing the whole file at
+the first fault with its place (JSON Lines and CSV: the line; a JSON document: the path inside it,
+`results[3].gradingResult`; Parquet: the row) and the source's field name. The mapping into
+Overrule's records (metrics, scales, labels) is `lib.source_records`' one rule; the write is
+`lib.importer.import_source_evaluations`. docs/importing.md shows each format with an example.
+
+- **promptfoo** (`promptfoo eval -o results.json`, or `.jsonl`): one evaluation per result (the
+  rendered prompt, the provider's output), one verdict per assertion (`metric` or its type) with
+  its 0–1 score, pass/fail and reason.
+- **Langfuse** (public API or UI export): traces (`id`, `input`, `output`, `name`, `timestamp`) and
+  scores (`traceId`, `name`, `value`/`stringValue`, `dataType`, `comment`, `source`), as JSON Lines in
+  any order, a JSON list, an API page `{"data": [...]}` or `{"traces": [...], "scores": [...]}`; a
+  trace may embed its full score objects. Scores from human annotation (`source: ANNOTATION`) are
+  the reviewer's side, the others the judge's.
+- **Phoenix**: span evaluations (`SpanEvaluations.save()` Parquet with its `eval_name`, or CSV/Parquet
+  with `context.span_id`/`span_id`, `label`, `score`, `explanation` and an optional `eval_name`
+  column) plus the spans file (`get_spans_dataframe()` saved as Parquet or CSV) for question,
+  answer, model and time.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from lib.records import ImportFailed, type_name
+from lib.source_records import BINARY_SCALE, PROMPTFOO_SCALE, SourceEvaluation, SourceVerdict
+
+SOURCE_KINDS = ("promptfoo", "langfuse", "phoenix")
+DEFAULT_PRODUCTS = {"promptfoo": "promptfoo", "langfuse": "langfuse", "phoenix": "phoenix"}
+MIB = 1024 * 1024
+MAX_SOURCE_BYTES = 512 * MIB
+
+
+@dataclass
+class SourceFile:
+    """A foreign file read: the evaluations to import and how many items carried no judge result."""
+
+    evaluations: list[SourceEvaluation]
+    unjudged: int = 0
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """What a foreign import needs besides the file: the product to file it under, Phoenix's spans."""
+
+    product: str | None = None
+    spans: Path | None = None
+
+
+def read_source(kind: str, path: Path, options: SourceOptions, source: str | None = None) -> SourceFile:
+    """Read a promptfoo, Langfuse or Phoenix file; ImportFailed names the place and field at fault."""
+    source = source or path.name
+    if kind not in SOURCE_KINDS:
+        raise ImportFailed(f"unknown source kind {kind!r}; choose one of {', '.join(SOURCE_KINDS)}")
+    product = (options.product or "").strip() or DEFAULT_PRODUCTS[kind]
+    if kind == "promptfoo":
+        return _read_promptfoo(path, source, product if options.product else None)
+    if kind == "langfuse":
+        return _read_langfuse(path, source, product if options.product else None)
+    if options.spans is None:
+        raise ImportFailed(
+            f"{source}: a Phoenix import needs the spans file too (--spans FILE: the spans dataframe "
+            "as Parquet or CSV), for the question and answer each evaluation judged"
+        )
+    return _read_phoenix(path, options.spans, source, product)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared pieces
+
+
+def text_of(value: Any, role: str) -> Any:
+    """The text a person reads from a prompt or output in any common shape: a string as is; chat
+    messages (the last one of `role`); `{"choices": [...]}`; an object's question/answer-like field;
+    else the value as compact JSON. Non-text results are returned for the importer to refuse."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        messages = [m for m in value if isinstance(m, Mapping) and "content" in m]
+        if messages:
+            own = [m for m in messages if m.get("role") == role] or messages
+            return _content(own[-1].get("content"))
+    if isinstance(value, Mapping):
+        if isinstance(value.get("messages"), list):
+            return text_of(value["messages"], role)
+        choices = value.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], Mapping):
+            first = choices[0]
+            message = first.get("message")
+            if isinstance(message, Mapping):
+                return _content(message.get("content"))
+            if isinstance(first.get("text"), str):
+                return first["text"]
+        keys = _QUESTION_KEYS if role == "user" else _ANSWER_KEYS
+        for key in keys:
+            if isinstance(value.get(key), str):
+                return value[key]
+    if isinstance(value, bool | int | float):
+        return json.dumps(value)
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+_QUESTION_KEYS = ("question", "query", "input", "prompt", "text", "content")
+_ANSWER_KEYS = ("answer", "output", "completion", "response", "content", "text")
+
+
+def _content(content: Any) -> Any:
+    """A message's content: a string, or the text parts of a multi-part content list joined."""
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str)]
+        return "\n".join(parts) if parts else json.dumps(content, ensure_ascii=False)
+    return content
+
+
+def _check_size(path: Path, source: str) -> None:
+    if not path.is_file():
+        raise ImportFailed(f"{path}: no such file")
+    size = path.stat().st_size
+    if size > MAX_SOURCE_BYTES:
+        raise ImportFailed(f"{source}: {size // MIB} MB is over the {MAX_SOURCE_BYTES // MIB} MB limit")
+    if size == 0:
+        raise ImportFailed(f"{source}: the file is empty")
+
+
+def _json_document(path: Path, source: str) -> Any:
+    from lib.importer import _read_document
+
+    return _read_document(path, source)
+
+
+def _jsonl(path: Path, source: str) -> Iterator[tuple[str, Any]]:
+    from lib.importer import _jsonl_records, _nonblank
+
+    return _nonblank(_jsonl_records(path, source))
+
+
+def _lines_or_document(path: Path, source: str, document_keys: set[str]) -> tuple[list[tuple[str, Any]], Any]:
+    """(records, None) for JSON Lines, or ([], document) for one JSON document (also on one line,
+    recognised by `document_keys`). A file whose first non-blank line is a whole JSON object is JSON Lines."""
+    first = None
+    with path.open("rb") as fh:
+        for raw in fh:
+            if raw.strip():
+                first = raw.removeprefix(b"\xef\xbb\xbf").strip()
+                break
+    try:
+        lines = isinstance(json.loads(first or b""), dict)
+    except (ValueError, RecursionError):
+        lines = False
+    if not lines:
+        return [], _json_document(path, source)
+    records = list(_jsonl(path, source))
+    if len(records) == 1 and isinstance(records[0][1], Mapping) and document_keys & records[0][1].keys():
+        return [], records[0][1]
+    return records, None
+
+
+def _fail(where: str, field: str | None, message: str) -> ImportFailed:
+    return ImportFailed(f"{where}, field {field!r}: {message}" if field else f"{where}: {message}")
+
+
+def _opt_text(obj: Mapping[str, Any], key: str, where: str, path: str) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _fail(where, path, f"must be a string, got {type_name(value)}")
+    return value
+
+
+def _object(value: Any, where: str, path: str | None) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _fail(where, path, f"must be an object, got {type_name(value)}")
+    return value
+
+
+def _number(value: Any, where: str, path: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _fail(where, path, f"must be a number, got {type_name(value)}")
+    if not math.isfinite(value):
+        raise _fail(where, path, "must be a finite number")
+    return float(value)
+
+
+def _iso(value: Any) -> str | None:
+    """A timestamp as ISO 8601 text: strings as given, datetimes (Parquet) and epoch ms converted."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return datetime.fromtimestamp(value / 1000, UTC).isoformat()  # promptfoo: epoch milliseconds
+    return value.replace("Z", "+00:00") if isinstance(value, str) and value.endswith("Z") else value
+
+
+# ---------------------------------------------------------------------------------------------
+# promptfoo
+
+
+def _read_promptfoo(path: Path, source: str, product: str | None) -> SourceFile:
+    _check_size(path, source)
+    records, doc = _lines_or_document(path, source, {"results", "evalId"})
+    if doc is None:  # `promptfoo eval -o results.jsonl`: one result per line
+        return _promptfoo_results(((where, obj, "") for where, obj in records), source, product, None, None)
+    doc = _object(doc, source, None)
+    results = doc.get("results")
+    prefix = "results"
+    timestamp = None
+    if isinstance(results, Mapping):  # `promptfoo eval -o results.json`: {evalId, results: {results: [...]}}
+        timestamp = results.get("timestamp")
+        results, prefix = results.get("results"), "results.results"
+    if not isinstance(results, list):
+        raise _fail(
+            source, prefix, f"must be the list of promptfoo results, got {type_name(results)}; "
+            "is this the file `promptfoo eval -o results.json` wrote?",
+        )  # fmt: skip
+    config = doc.get("config") if isinstance(doc.get("config"), Mapping) else {}
+    described = config.get("description") if isinstance(config.get("description"), str) else None
+    items = ((f"{source}, {prefix}[{i}]", obj, "") for i, obj in enumerate(results))
+    return _promptfoo_results(items, source, product, described, _iso(timestamp))
+
+
+def _promptfoo_results(
+    items: Any, source: str, product: str | None, described: str | None, timestamp: str | None
+) -> SourceFile:
+    out = SourceFile([])
+    for where, raw, _ in items:
+        result = _object(raw, where, None)
+        grading = result.get("gradingResult")
+        response = result.get("response")
+        if grading is None:
+            error = result.get("error") or (response.get("error") if isinstance(response, Mapping) else None)
+            detail = f" (promptfoo: {str(error)[:200]})" if error else ""
+            raise _fail(
+                where,
+                "gradingResult",
+                f"is missing: this test has no assertion result to review{detail}; "
+                "rerun it in promptfoo or remove it from the file",
+            )
+        grading = _object(grading, where, "gradingResult")
+        response = _object(response, where, "response") if response is not None else {}
+        output = response.get("output")
+        prompt = result.get("prompt") if isinstance(result.get("prompt"), Mapping) else {}
+        raw_prompt = prompt.get("raw")
+        question = _prompt_text(raw_prompt)
+        provider = result.get("provider")
+        model = None
+        if isinstance(provider, Mapping):
+            model = provider.get("label") or provider.get("id")
+        elif isinstance(provider, str):
+            model = provider
+        test = result.get("testCase") if isinstance(result.get("testCase"), Mapping) else {}
+        description = test.get("description") if isinstance(test.get("description"), str) else None
+        test_idx = result.get("testIdx")
+        verdicts = _promptfoo_verdicts(grading, where)
+        out.evaluations.append(
+            SourceEvaluation(
+                where=where,
+                product=product or described or DEFAULT_PRODUCTS["promptfoo"],
+                question=question,
+                answer=text_of(output, "assistant"),
+                verdicts=verdicts,
+                model_name=model if isinstance(model, str) else None,
+                judge_model=_promptfoo_grader(grading, result),
+                created_at=_iso(result.get("timestamp")) or timestamp,
+                question_id=(description or (f"test {test_idx}" if isinstance(test_idx, int) else None)),
+                fields={
+                    "question": "prompt.raw",
+                    "model_answer": "response.output",
+                    "model_name": "provider",
+                    "question_id": "testCase.description",
+                    "created_at": "timestamp",
+                },
+            )
+        )
+    return out
+
+
+def _prompt_text(raw: Any) -> Any:
+    """promptfoo's rendered prompt: chat prompts are stored as the JSON text of their messages."""
+    if isinstance(raw, str) and raw.lstrip().startswith("["):
+        try:
+            return text_of(json.loads(raw), "user")
+        except ValueError:
+            return raw
+    return text_of(raw, "user")
+
+
+def _promptfoo_grader(grading: Mapping[str, Any], result: Mapping[str, Any]) -> str | None:
+    """The grading provider: an assertion's own, else the test's or prompt's `options.provider`."""
+    places: list[Any] = []
+    for component in grading.get("componentResults") or []:
+        assertion = component.get("assertion") if isinstance(component, Mapping) else None
+        places.append(assertion.get("provider") if isinstance(assertion, Mapping) else None)
+    for holder in (result.get("testCase"), result.get("prompt")):
+        if isinstance(holder, Mapping):
+            options = holder.get("options") if "options" in holder else holder.get("config")
+            places.append(options.get("provider") if isinstance(options, Mapping) else None)
+    for provider in places:
+        if isinstance(provider, str):
+            return provider
+        if isinstance(provider, Mapping) and isinstance(provider.get("id"), str):
+            return provider["id"]
+    return None
+
+
+def _promptfoo_verdicts(grading: Mapping[str, Any], where: str) -> list[SourceVerdict]:
+    components = grading.get("componentResults")
+    if components is None or components == []:
+        components, base = [grading], "gradingResult"
+    elif not isinstance(components, list):
+        raise _fail(where, "gradingResult.componentResults", f"must be a list, got {type_name(components)}")
+    else:
+        base = "gradingResult.componentResults"
+    verdicts: list[SourceVerdict] = []
+    seen: dict[str, int] = {}
+    for i, raw in enumerate(components):
+        path = base if base == "gradingResult" else f"{base}[{i}]"
+        component = _object(raw, where, path)
+        assertion = component.get("assertion")
+        assertion = assertion if isinstance(assertion, Mapping) else {}
+        name = assertion.get("metric") or assertion.get("type") or "promptfoo"
+        if not isinstance(name, str):
+            raise _fail(where, f"{path}.assertion.metric", f"must be a string, got {type_name(name)}")
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:  # two assertions of one type in a test: "contains", "contains (2)"
+            name = f"{name} ({seen[name]})"
+        score = _number(component.get("score"), where, f"{path}.score")
+        passed = component.get("pass")
+        if passed is not None and not isinstance(passed, bool):
+            raise _fail(where, f"{path}.pass", f"must be true or false, got {type_name(passed)}")
+        if score is None and passed is None:
+            raise _fail(where, f"{path}.score", "is missing (and so is pass)")
+        reason = component.get("reason")
+        verdicts.append(
+            SourceVerdict(
+                name=name,
+                score=score,
+                label=None if passed is None else ("pass" if passed else "fail"),
+                reason=reason if isinstance(reason, str) else None,
+                scale=PROMPTFOO_SCALE,
+                field=path,
+            )
+        )
+    return verdicts
+
+
+# ---------------------------------------------------------------------------------------------
+# Langfuse
+
+
+def _is_score(obj: Mapping[str, Any]) -> bool:
+    return (
+        "traceId" in obj and "name" in obj and ("value" in obj or "dataType" in obj or "stringValue" in obj)
+    )
+
+
+def _langfuse_items(path: Path, source: str) -> Iterator[tuple[str, Any]]:
+    records, doc = _lines_or_document(path, source, {"data", "traces", "scores"})
+    if doc is None:
+        yield from records
+        return
+    if isinstance(doc, Mapping) and ("traces" in doc or "scores" in doc):
+        for key in ("traces", "scores"):
+            items = doc.get(key) or []
+            if not isinstance(items, list):
+                raise _fail(source, key, f"must be a list, got {type_name(items)}")
+            yield from ((f"{source}, {key}[{i}]", obj) for i, obj in enumerate(items))
+        return
+    if isinstance(doc, Mapping) and isinstance(doc.get("data"), list):  # a public API page
+        doc = doc["data"]
+    if not isinstance(doc, list):
+        raise ImportFailed(
+            f"{source}: expected Langfuse traces and scores (JSON Lines, a list, an API page "
+            f'{{"data": [...]}} or {{"traces": [...], "scores": [...]}}), got {type_name(doc)}'
+        )
+    yield from ((f"{source}, item {i + 1}", obj) for i, obj in enumerate(doc))
+
+
+def _read_langfuse(path: Path, source: str, product: str | None) -> SourceFile:
+    _check_size(path, source)
+    traces: dict[str, tuple[str, Mapping[str, Any]]] = {}
+    scores: list[tuple[str, Mapping[str, Any]]] = []
+    for where, raw in _langfuse_items(path, source):
+        obj = _object(raw, where, None)
+        if _is_score(obj):
+            scores.append((where, obj))
+            continue
+        trace_id = obj.get("id")
+        if not isinstance(trace_id, str) or not trace_id.strip():
+            raise _fail(
+                where, "id", "is required: a trace needs its id (a score needs traceId, name and value)"
+            )
+        if trace_id in traces:
+            raise _fail(where, "id", f"trace {trace_id!r} appears twice (first at {traces[trace_id][0]})")
+        traces[trace_id] = (where, obj)
+        for i, embedded in enumerate(obj.get("scores") or []):
+            if isinstance(embedded, Mapping):  # a full trace (GET /traces/{id}) embeds its score objects
+                scores.append((f"{where}, scores[{i}]", {"traceId": trace_id, **embedded}))
+    verdicts: dict[str, list[SourceVerdict]] = {}
+    seen_scores: set[str] = set()
+    for where, score in scores:
+        trace_id = score.get("traceId")
+        if not isinstance(trace_id, str) or trace_id not in traces:
+            raise _fail(where, "traceId", f"trace {trace_id!r} is not in this file; export its trace too")
+        score_id = score.get("id")
+        if isinstance(score_id, str):
+            if score_id in seen_scores:
+                continue  # the same score listed and embedded
+            seen_scores.add(score_id)
+        verdict = _langfuse_verdict(score, where)
+        if verdict is not None:
+            verdicts.setdefault(trace_id, []).append(verdict)
+    out = SourceFile([])
+    for trace_id, (where, trace) in traces.items():
+        found = verdicts.get(trace_id)
+        if not found:
+            out.unjudged += 1
+            continue
+        name = _opt_text(trace, "name", where, "name")
+        metadata = trace.get("metadata") if isinstance(trace.get("metadata"), Mapping) else {}
+        model = _langfuse_model(trace, metadata)
+        out.evaluations.append(
+            SourceEvaluation(
+                where=where,
+                product=product or name or DEFAULT_PRODUCTS["langfuse"],
+                question=text_of(trace.get("input"), "user"),
+                answer=text_of(trace.get("output"), "assistant"),
+                verdicts=found,
+                model_name=model,
+                judge_model=None,
+                language=metadata.get("language") if isinstance(metadata.get("language"), str) else None,
+                created_at=_iso(trace.get("timestamp")),
+                question_id=trace_id[:128],
+                fields={
+                    "question": "input",
+                    "model_answer": "output",
+                    "product": "name",
+                    "created_at": "timestamp",
+                    "model_name": "metadata.model",
+                },
+            )
+        )
+    return out
+
+
+def _langfuse_model(trace: Mapping[str, Any], metadata: Mapping[str, Any]) -> str | None:
+    for observation in trace.get("observations") or []:
+        if isinstance(observation, Mapping) and isinstance(observation.get("model"), str):
+            return observation["model"]
+    for key in ("model", "model_name", "ls_model_name"):
+        if isinstance(metadata.get(key), str):
+            return metadata[key]
+    return None
+
+
+def _langfuse_verdict(score: Mapping[str, Any], where: str) -> SourceVerdict | None:
+    """A score as a verdict; None for TEXT and CORRECTION scores, which judge nothing on a scale."""
+    name = score.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise _fail(where, "name", "is required: the score's name is the metric")
+    data_type = score.get("dataType") or "NUMERIC"
+    if data_type in ("TEXT", "CORRECTION"):
+        return None
+    if data_type not in ("NUMERIC", "CATEGORICAL", "BOOLEAN"):
+        raise _fail(
+            where, "dataType", f"{data_type!r} is not NUMERIC, CATEGORICAL, BOOLEAN, TEXT or CORRECTION"
+        )
+    value = _number(score.get("value"), where, "value")
+    label = _opt_text(score, "stringValue", where, "stringValue")
+    if data_type == "NUMERIC":
+        label = None
+        if value is None:
+            raise _fail(where, "value", "is required for a NUMERIC score")
+    if data_type == "BOOLEAN" and label is None and value is not None:
+        label = "true" if value else "false"
+    source = score.get("source")
+    return SourceVerdict(
+        name=name.strip(),
+        score=value,
+        label=label,
+        reason=_opt_text(score, "comment", where, "comment"),
+        scale=BINARY_SCALE if data_type == "BOOLEAN" else None,
+        field="value",
+        human=source == "ANNOTATION",
+        where=where,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Phoenix
+
+
+def _table_rows(path: Path, source: str) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, Any]]:
+    """(where, row) for each row of a Parquet or CSV file, and the Parquet schema's metadata."""
+    _check_size(path, source)
+    with path.open("rb") as fh:
+        magic = fh.read(4)
+    if magic == b"PAR1":
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path)
+        except Exception as exc:  # pyarrow raises its own errors for a damaged file
+            raise ImportFailed(f"{source}: not a readable Parquet file ({str(exc)[:200]})") from None
+        metadata = {k.decode("utf-8", "replace"): v for k, v in (table.schema.metadata or {}).items()}
+        rows = table.to_pylist()
+        return [(f"{source} row {i + 1}", row) for i, row in enumerate(rows)], metadata
+    try:
+        text = path.read_bytes().removeprefix(b"\xef\xbb\xbf").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ImportFailed(f"{source}: not valid UTF-8 text (byte {exc.start + 1})") from None
+    reader = csv.DictReader(text.splitlines(keepends=True))
+    out: list[tuple[str, dict[str, Any]]] = []
+    try:
+        start = 2
+        for row in reader:
+            if None in row:
+                raise ImportFailed(f"{source} line {start}: more values than the header has columns")
+            out.append((f"{source} line {start}", {k: (v if v != "" else None) for k, v in row.items()}))
+            start = reader.line_num + 1
+    except csv.Error as exc:
+        raise ImportFailed(f"{source} line {reader.line_num}: not valid CSV ({exc})") from None
+    return out, {}
+
+
+def _cell(row: Mapping[str, Any], *names: str) -> Any:
+    for name in names:
+        if name in row and row[name] is not None:
+            return row[name]
+    attributes = row.get("attributes")
+    if isinstance(attributes, str) and attributes.startswith("{"):
+        try:
+            attributes = json.loads(attributes)
+        except ValueError:
+            attributes = None
+    if isinstance(attributes, Mapping):
+        for name in names:
+            if name.startswith("attributes."):
+                value: Any = attributes
+                for part in name.removeprefix("attributes.").split("."):
+                    value = value.get(part) if isinstance(value, Mapping) else None
+                if value is None:
+                    value = attributes.get(name.removeprefix("attributes."))
+                if value is not None:
+                    return value
+    return None
+
+
+def _csv_number(value: Any, where: str, field: str) -> float | None:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise _fail(where, field, f"{value[:40]!r} is not a number") from None
+    if isinstance(value, float) and math.isnan(value):
+        return None  # pandas writes a missing score as NaN
+    return _number(value, where, field)
+
+
+def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> SourceFile:
+    eval_rows, metadata = _table_rows(path, source)
+    default_name = None
+    if "arize" in metadata:  # SpanEvaluations.save(): {"eval_id", "eval_name", "eval_type"}
+        try:
+            meta = json.loads(metadata["arize"])
+            default_name = meta.get("eval_name")
+            eval_type = meta.get("eval_type")
+        except (ValueError, AttributeError):
+            raise ImportFailed(f"{source}: its Parquet 'arize' metadata is not valid JSON") from None
+        if eval_type not in (None, "SpanEvaluations"):
+            raise ImportFailed(
+                f"{source}: these are Phoenix {eval_type}; only span evaluations (SpanEvaluations) are imported"
+            )
+    spans_source = spans_path.name
+    span_rows, _ = _table_rows(spans_path, spans_source)
+    spans: dict[str, tuple[str, Mapping[str, Any]]] = {}
+    for where, row in span_rows:
+        span_id = _cell(row, "context.span_id", "span_id")
+        if not isinstance(span_id, str) or not span_id:
+            raise _fail(where, "context.span_id", "is required: each span needs its id")
+        spans.setdefault(span_id, (where, row))
+    verdicts: dict[str, list[SourceVerdict]] = {}
+    for where, row in eval_rows:
+        span_id = _cell(row, "context.span_id", "span_id")
+        if not isinstance(span_id, str) or not span_id:
+            raise _fail(where, "context.span_id", "is required: the span each evaluation judged")
+        if span_id not in spans:
+            raise _fail(where, "context.span_id", f"span {span_id!r} is not in {spans_source}")
+        name = _cell(row, "eval_name", "name", "annotation_name") or default_name or path.stem
+        if not isinstance(name, str):
+            raise _fail(where, "eval_name", f"must be a string, got {type_name(name)}")
+        label = _cell(row, "label")
+        if label is not None and not isinstance(label, str):
+            raise _fail(where, "label", f"must be text, got {type_name(label)}")
+        explanation = _cell(row, "explanation")
+        if explanation is not None and not isinstance(explanation, str):
+            raise _fail(where, "explanation", f"must be text, got {type_name(explanation)}")
+        verdicts.setdefault(span_id, []).append(
+            SourceVerdict(
+                name=name.strip(),
+                score=_csv_number(_cell(row, "score"), where, "score"),
+                label=label,
+                reason=explanation,
+                field="score",
+                where=where,
+            )
+        )
+    out = SourceFile([])
+    for span_id, found in verdicts.items():
+        where, span = spans[span_id]
+        model = _cell(span, "attributes.llm.model_name", "attributes.gen_ai.request.model")
+        out.evaluations.append(
+            SourceEvaluation(
+                where=where,
+                product=product,
+                question=_span_text(
+                    _cell(span, "attributes.input.value", "attributes.llm.input_messages"), "user"
+                ),
+                answer=_span_text(
+                    _cell(span, "attributes.output.value", "attributes.llm.output_messages"), "assistant"
+                ),
+                verdicts=found,
+                model_name=model if isinstance(model, str) else None,
+                created_at=_iso(_cell(span, "start_time")),
+                question_id=span_id[:128],
+                fields={
+                    "question": "attributes.input.value",
+                    "model_answer": "attributes.output.value",
+                    "model_name": "attributes.llm.model_name",
+                    "created_at": "start_time",
+                },
+            )
+        )
+    out.unjudged = len(spans) - len(verdicts)
+    return out
+
+
+def _span_text(value: Any, role: str) -> Any:
+    """A span's input/output value: JSON text (an LLM span's request or response) is unpacked."""
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        try:
+            return text_of(json.loads(value), role)
+        except ValueError:
+            return value
+    return text_of(value, role)

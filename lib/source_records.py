@@ -1,0 +1,263 @@
+"""Judge results from other tools (promptfoo, Langfuse, Phoenix, OpenTelemetry) as Overrule records.
+
+Every reader of a foreign source (the file importers in `lib.source_files`, the OTLP receiver)
+produces `SourceEvaluation`s: one judged answer with one `SourceVerdict` per evaluation name. This
+module is the one rule that turns them into Overrule's evaluation records and, for metrics the
+product's rubric does not define yet, into metric definitions; `lib.importer.import_source_evaluations`
+writes both, all or nothing, through the ordinary evaluation import.
+
+Rules (docs/importing.md says them to users):
+
+- **Metric**: the evaluation name, matched to the product's rubric by slug or display name; an
+  unknown name becomes a new metric whose slug is `metric_slug(name)` and whose display name is the
+  name itself. Its scale is the one the source states (promptfoo: 0–1 continuous; a Langfuse
+  BOOLEAN score: 0–1 whole), else 0–1 whole for pass/fail labels, else inferred from the scores
+  (0, or the lowest score when negative, up to the next whole number above the highest, at least 1;
+  whole numbers only when every score is whole). A rubric metric keeps its scale: a score outside
+  it refuses the file, naming the place.
+- **Score**: the source's number. A verdict with a label but no number gets 1 for a passing label
+  and 0 for a failing one (`LABEL_SCORES`); any other label without a number refuses the file.
+- **Reason**: the label, then the judge's explanation (`"fail: the answer invents a date"`), so a
+  reviewer sees both.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lib.metrics import MetricSpec
+from lib.records import InvalidField, Located, located_failure
+
+# Labels that say pass or fail without a number; compared case-insensitively after strip().
+PASSING_LABELS = ("pass", "passed", "true", "yes", "correct", "factual", "relevant", "faithful", "safe")
+FAILING_LABELS = (
+    "fail", "failed", "false", "no", "incorrect", "hallucinated", "unrelated", "irrelevant", "unfaithful",
+    "unsafe", "toxic",
+)  # fmt: skip
+LABEL_SCORES: dict[str, int] = {**dict.fromkeys(PASSING_LABELS, 1), **dict.fromkeys(FAILING_LABELS, 0)}
+_SLUG_JUNK = re.compile(r"[^a-z0-9_-]+")
+SLUG_MAX = 64
+
+
+@dataclass(frozen=True)
+class SourceScale:
+    """A scale the source states for its scores."""
+
+    min_value: float
+    max_value: float
+    integer_scale: bool
+
+
+PROMPTFOO_SCALE = SourceScale(0.0, 1.0, integer_scale=False)  # promptfoo scores are 0–1
+BINARY_SCALE = SourceScale(0.0, 1.0, integer_scale=True)  # pass/fail, true/false
+
+
+@dataclass
+class SourceVerdict:
+    """One judge result on one answer: an evaluation name with a score and/or a label."""
+
+    name: str
+    score: float | None = None
+    label: str | None = None
+    reason: str | None = None
+    scale: SourceScale | None = None
+    # The source field the verdict came from, for error messages ("gradingResult.componentResults[1]").
+    field: str = ""
+    # A person's label (a Langfuse annotation), not a judge's: the reviewer's side of the evaluation.
+    human: bool = False
+    # Where the verdict is in the source when not where its evaluation is (a score's own line).
+    where: str = ""
+
+
+@dataclass
+class SourceEvaluation:
+    """One judged answer from another tool, ready to become an Overrule evaluation record.
+
+    `where` locates it in the source ("results.json, results[3]", "spans.parquet row 7");
+    `fields` maps Overrule's field names (question, model_answer, ...) to the source's, so a
+    refusal names the field the user can find in their file.
+    """
+
+    where: str
+    product: str
+    question: Any
+    answer: Any
+    verdicts: list[SourceVerdict]
+    model_name: str | None = None
+    judge_model: str | None = None
+    language: str | None = None
+    created_at: str | None = None
+    question_id: str | None = None
+    fields: dict[str, str] = field(default_factory=dict)
+
+
+def metric_slug(name: str) -> str:
+    """The slug of a foreign evaluation name: lower case, runs of other characters as "_" (max 64)."""
+    slug = _SLUG_JUNK.sub("_", name.strip().lower()).strip("_-")[:SLUG_MAX].rstrip("_-")
+    return slug or "score"
+
+
+def label_score(label: str) -> int | None:
+    """1 for a passing label, 0 for a failing one, None for any other."""
+    return LABEL_SCORES.get(label.strip().lower())
+
+
+def verdict_reason(verdict: SourceVerdict) -> str | None:
+    """The reason a reviewer reads: the label first, then the judge's explanation."""
+    label = (verdict.label or "").strip()
+    reason = (verdict.reason or "").strip()
+    if label and reason:
+        return f"{label}: {reason}"
+    return label or reason or None
+
+
+def verdict_score(verdict: SourceVerdict) -> float:
+    """The verdict's number: its score, else its label's (pass 1, fail 0); InvalidField otherwise."""
+    if verdict.score is not None:
+        if isinstance(verdict.score, bool) or not isinstance(verdict.score, int | float):
+            raise InvalidField(
+                verdict.field or verdict.name, f"score must be a number, got {verdict.score!r}"
+            )
+        if not math.isfinite(verdict.score):
+            raise InvalidField(verdict.field or verdict.name, "score must be a finite number")
+        return float(verdict.score)
+    if verdict.label is not None and verdict.label.strip():
+        number = label_score(verdict.label)
+        if number is None:
+            raise InvalidField(
+                verdict.field or verdict.name,
+                f"label {verdict.label.strip()[:60]!r} has no score, and it is not a pass/fail label "
+                f"({', '.join(PASSING_LABELS[:3])} / {', '.join(FAILING_LABELS[:3])} …); give the "
+                "evaluation a numeric score",
+            )
+        return float(number)
+    raise InvalidField(verdict.field or verdict.name, "has neither a score nor a label")
+
+
+@dataclass
+class _MetricPlan:
+    name: str
+    slug: str
+    stated: SourceScale | None = None
+    labels_only: bool = True
+    low: float = math.inf
+    high: float = -math.inf
+    whole: bool = True
+
+
+@dataclass
+class SourcePlan:
+    """What importing some source evaluations writes: metric definitions first, then the records."""
+
+    definitions: list[dict[str, Any]]
+    records: list[tuple[Located, dict[str, Any]]]
+
+
+def _resolve(specs: Sequence[MetricSpec], name: str) -> str | None:
+    for spec in specs:
+        if name in (spec.slug, spec.display_name):
+            return spec.slug
+    slug = metric_slug(name)
+    return slug if any(spec.slug == slug for spec in specs) else None
+
+
+def plan_import(
+    evaluations: Sequence[SourceEvaluation], rubric: Callable[[str], tuple[list[MetricSpec], bool, bool]]
+) -> SourcePlan:
+    """Records and new metric definitions for `evaluations`; InvalidField-based refusals located.
+
+    `rubric(product)` is (the product's metrics, whether it defines its own rather than using the
+    defaults, whether it holds evaluations). A product on the default metrics that gains a metric
+    here keeps the defaults as well (written out with the new ones) when it holds evaluations or
+    this import scores one of them, so nothing it shows changes scale or disappears.
+    """
+    plans: dict[tuple[str, str], _MetricPlan] = {}
+    records: list[tuple[Located, dict[str, Any]]] = []
+    rubrics: dict[str, tuple[list[MetricSpec], bool, bool]] = {}
+    uses_rubric: set[str] = set()
+    for ev in evaluations:
+        where = Located(ev.where, dict(ev.fields))
+        if ev.product not in rubrics:
+            rubrics[ev.product] = rubric(ev.product) if isinstance(ev.product, str) else ([], True, False)
+        specs = rubrics[ev.product][0]
+        scores: dict[str, dict[str, Any]] = {}
+        human: dict[str, dict[str, Any]] = {}
+        try:
+            if not ev.verdicts:
+                raise InvalidField(None, "has no evaluation results")
+            for verdict in ev.verdicts:
+                if verdict.where:
+                    where.places[verdict.field or verdict.name] = verdict.where
+                score = verdict_score(verdict)
+                slug = _resolve(specs, verdict.name)
+                key = slug
+                if slug is not None:
+                    uses_rubric.add(ev.product)
+                else:
+                    key = metric_slug(verdict.name)
+                    plan = plans.setdefault((ev.product, key), _MetricPlan(verdict.name, key))
+                    plan.stated = plan.stated or verdict.scale
+                    plan.labels_only = plan.labels_only and verdict.score is None
+                    plan.low, plan.high = min(plan.low, score), max(plan.high, score)
+                    plan.whole = plan.whole and score.is_integer()
+                side, side_name = (human, "user_scores") if verdict.human else (scores, "judge_scores")
+                if key in side:
+                    raise InvalidField(
+                        verdict.field or verdict.name,
+                        f"evaluation {verdict.name!r} is given twice for the same answer",
+                    )
+                side[key] = {"score": score, "reason": verdict_reason(verdict)}
+                where.fields.setdefault(f"{side_name}.{key}", verdict.field or verdict.name)
+                if verdict.where:
+                    where.places.setdefault(f"{side_name}.{key}", verdict.where)
+        except InvalidField as exc:
+            raise located_failure(where, exc) from None
+        record: dict[str, Any] = {
+            "product": ev.product,
+            "question": ev.question,
+            "model_answer": ev.answer,
+            "judge_scores": scores,
+        }
+        if human:
+            record["user_scores"] = human
+        for name in ("model_name", "judge_model", "language", "created_at", "question_id"):
+            value = getattr(ev, name)
+            if value is not None:
+                record[name] = value
+        records.append((where, record))
+    definitions: list[dict[str, Any]] = []
+    for product, (specs, own, populated) in rubrics.items():
+        new = [plan for (p, _), plan in plans.items() if p == product]
+        if not new:
+            continue
+        kept = specs if own or populated or product in uses_rubric else []
+        if not own:
+            definitions.extend({**_definition(product, spec), "position": i} for i, spec in enumerate(kept))
+        definitions.extend(
+            {**_new_definition(product, plan), "position": len(kept) + i} for i, plan in enumerate(new)
+        )
+    return SourcePlan(definitions=definitions, records=records)
+
+
+def _definition(product: str, spec: MetricSpec) -> dict[str, Any]:
+    return {
+        "product": product, "slug": spec.slug, "display_name": spec.display_name, "min": spec.min_value,
+        "max": spec.max_value, "integer_scale": spec.integer_scale, "description": spec.description,
+    }  # fmt: skip
+
+
+def _new_definition(product: str, plan: _MetricPlan) -> dict[str, Any]:
+    scale = plan.stated or (BINARY_SCALE if plan.labels_only else None)
+    if scale is None:
+        low = min(0.0, math.floor(plan.low))
+        high = max(1.0, math.ceil(plan.high))
+        scale = SourceScale(low, high, integer_scale=plan.whole)
+    return {
+        "product": product, "slug": plan.slug, "display_name": plan.name[:200], "min": scale.min_value,
+        "max": scale.max_value, "integer_scale": scale.integer_scale,
+        "description": f"Imported evaluation {plan.name!r}.",
+    }  # fmt: skip

@@ -1,0 +1,328 @@
+"""Importing other tools' results (issue 29.2): promptfoo, Langfuse and Phoenix files.
+
+The fixtures in tests/fixtures/sources were written by the tools or in their documented shapes:
+promptfoo_results.json(l) by promptfoo 0.123.1 against the scripted OpenAI-compatible server
+(make_promptfoo.py), langfuse_export.jsonl with score lines the Langfuse SDK's `Score` model parses
+(make_langfuse.py), Phoenix's span evaluations as `SpanEvaluations.save()` writes them plus the spans
+dataframe (make_phoenix.py). Each importer refuses a broken file whole, naming the place and field.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from sqlalchemy import Engine, func
+from sqlmodel import Session, select
+
+from lib.importer import ImportFailed, import_path, import_source_evaluations
+from lib.models import EvaluationSnapshot, Judgment, MetricDefinition
+from lib.source_files import SourceOptions
+from lib.source_records import SourceEvaluation, SourceVerdict, metric_slug
+from tests.cli import run_cli
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sources"
+WHO = "overrule-cli"
+
+
+def _counts(engine: Engine) -> tuple[int, int, int]:
+    with Session(engine) as session:
+        return (
+            session.exec(select(func.count()).select_from(EvaluationSnapshot)).one(),
+            session.exec(select(func.count()).select_from(Judgment)).one(),
+            session.exec(select(func.count()).select_from(MetricDefinition)).one(),
+        )
+
+
+def _snapshots(engine: Engine) -> dict[str, EvaluationSnapshot]:
+    with Session(engine) as session:
+        return {s.question_id: s for s in session.exec(select(EvaluationSnapshot)).all()}  # type: ignore[misc]
+
+
+def _metrics(engine: Engine, product: str) -> dict[str, tuple[float, float, bool]]:
+    with Session(engine) as session:
+        rows = session.exec(select(MetricDefinition).where(MetricDefinition.product == product)).all()
+        return {m.slug: (m.min_value, m.max_value, m.integer_scale) for m in rows}
+
+
+def _refused(engine: Engine, path: Path, kind: str, **options: object) -> str:
+    before = _counts(engine)
+    with pytest.raises(ImportFailed) as caught:
+        import_path(engine=engine, path=path, kind=kind, reviewer=WHO, options=SourceOptions(**options))
+    assert _counts(engine) == before, "a refused file wrote something"
+    return str(caught.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# promptfoo
+
+
+def test_promptfoo_results_become_evaluations_with_a_judgment_per_assertion(sqlite_engine: Engine) -> None:
+    report = import_path(
+        engine=sqlite_engine, path=FIXTURES / "promptfoo_results.json", kind="promptfoo", reviewer=WHO
+    )
+    assert (report.inserted, report.judgments) == (3, 6)
+    snaps = _snapshots(sqlite_engine)
+    sydney = snaps["capital-of-australia"]
+    assert sydney.product == "capitals-qa"  # the config's description
+    assert sydney.question == "Answer in one sentence: What is the capital of Australia?"
+    assert sydney.model_answer == "The capital of Australia is Sydney."
+    assert (sydney.model_name, sydney.judge_model) == ("scripted-answerer", "openai:chat:scripted-grader")
+    assert sydney.judge_scores_json["correctness"] == {
+        "score": 0.0,
+        "reason": "fail: It names Sydney; the capital is Canberra.",
+    }
+    assert snaps["capital-of-canada"].judge_scores_json["brevity"]["score"] == 0.6
+    # promptfoo states its scale: 0–1, continuous, for every assertion's metric.
+    assert _metrics(sqlite_engine, "capitals-qa") == {
+        "correctness": (0.0, 1.0, False),
+        "icontains": (0.0, 1.0, False),
+        "brevity": (0.0, 1.0, False),
+    }
+    with Session(sqlite_engine) as session:
+        judgment = session.exec(
+            select(Judgment).where(Judgment.change_id == f"{sydney.id}:correctness")
+        ).one()
+    assert (judgment.decision, judgment.user_decision) == ("0", None)
+    again = import_path(
+        engine=sqlite_engine, path=FIXTURES / "promptfoo_results.json", kind="promptfoo", reviewer=WHO
+    )
+    assert (again.inserted, again.skipped) == (0, 3)
+
+
+def test_promptfoo_jsonl_output_imports_under_the_product_named(sqlite_engine: Engine) -> None:
+    report = import_path(
+        engine=sqlite_engine, path=FIXTURES / "promptfoo_results.jsonl", kind="promptfoo", reviewer=WHO,
+        options=SourceOptions(product="geo-bot"),
+    )  # fmt: skip
+    assert (report.inserted, report.judgments) == (3, 6)
+    assert {s.product for s in _snapshots(sqlite_engine).values()} == {"geo-bot"}
+
+
+def test_a_broken_promptfoo_file_is_refused_whole_with_the_place_and_field(
+    sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    doc = json.loads((FIXTURES / "promptfoo_results.json").read_text(encoding="utf-8"))
+    doc["results"]["results"][2]["gradingResult"]["componentResults"][1]["score"] = "high"
+    broken = tmp_path / "results.json"
+    broken.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+    message = _refused(sqlite_engine, broken, "promptfoo")
+    assert message.startswith(
+        "results.json, results.results[2], field 'gradingResult.componentResults[1].score': must be a number"
+    )
+    assert message.endswith("nothing was imported")
+
+
+def test_a_broken_promptfoo_jsonl_line_is_named(sqlite_engine: Engine, tmp_path: Path) -> None:
+    lines = (FIXTURES / "promptfoo_results.jsonl").read_text(encoding="utf-8").splitlines()
+    second = json.loads(lines[1])
+    second["response"]["output"] = None
+    lines[1] = json.dumps(second)
+    broken = tmp_path / "results.jsonl"
+    broken.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    message = _refused(sqlite_engine, broken, "promptfoo")
+    assert message.startswith("results.jsonl line 2, field 'response.output': is required")
+
+
+def test_a_promptfoo_result_without_grading_is_refused(sqlite_engine: Engine, tmp_path: Path) -> None:
+    lines = (FIXTURES / "promptfoo_results.jsonl").read_text(encoding="utf-8").splitlines()
+    third = json.loads(lines[2])
+    del third["gradingResult"]
+    third["error"] = "API error: 500"
+    lines[2] = json.dumps(third)
+    broken = tmp_path / "results.jsonl"
+    broken.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    message = _refused(sqlite_engine, broken, "promptfoo")
+    assert "results.jsonl line 3, field 'gradingResult': is missing" in message
+    assert "(promptfoo: API error: 500)" in message
+
+
+# ---------------------------------------------------------------------------------------------
+# Langfuse
+
+
+def test_langfuse_traces_and_scores_become_evaluations(sqlite_engine: Engine) -> None:
+    report = import_path(
+        engine=sqlite_engine, path=FIXTURES / "langfuse_export.jsonl", kind="langfuse", reviewer=WHO
+    )
+    assert (report.inserted, report.judgments, report.unjudged) == (3, 6, 1)
+    assert "1 without a judge result (not imported)" in report.summary()
+    snaps = _snapshots(sqlite_engine)
+    refund = snaps["trace-0002"]
+    assert refund.product == "support-bot"  # the trace's name
+    assert refund.question == "Can I get a refund after 60 days?"  # the last user message
+    assert refund.model_answer.startswith("Yes, refunds are always available")
+    assert refund.model_name == "gpt-4o-mini"
+    assert refund.created_at.isoformat() == "2026-11-20T10:02:00+00:00"
+    assert refund.judge_scores_json["policy-compliant"] == {
+        "score": 0.0,
+        "reason": "False: The policy is 30 days.",
+    }
+    # An annotation is a person's score: the reviewer's side, not a judgment.
+    assert refund.user_scores_json == {"helpfulness": {"score": 1.0, "reason": "Wrong policy."}}
+    assert refund.weighted_gap is not None
+    metrics = _metrics(sqlite_engine, "support-bot")
+    assert metrics["helpfulness"] == (1.0, 5.0, True)  # a default metric keeps the rubric's scale
+    assert metrics["policy-compliant"] == (0.0, 1.0, True)  # BOOLEAN
+    assert "truthfulness" in metrics  # the product kept the default rubric it was judged on
+
+
+def test_a_langfuse_score_for_a_trace_not_in_the_file_is_refused_by_line(
+    sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    lines = (FIXTURES / "langfuse_export.jsonl").read_text(encoding="utf-8").splitlines()
+    score = json.loads(lines[6])
+    score["traceId"] = "trace-9999"
+    lines[6] = json.dumps(score)
+    broken = tmp_path / "export.jsonl"
+    broken.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    message = _refused(sqlite_engine, broken, "langfuse")
+    assert message.startswith("export.jsonl line 7, field 'traceId': trace 'trace-9999' is not in this file")
+
+
+def test_a_langfuse_score_outside_the_rubric_scale_names_its_line(
+    sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    lines = (FIXTURES / "langfuse_export.jsonl").read_text(encoding="utf-8").splitlines()
+    score = json.loads(lines[4])  # helpfulness of trace-0001, on the default 1–5 scale
+    score["value"] = 9
+    lines[4] = json.dumps(score)
+    broken = tmp_path / "export.jsonl"
+    broken.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    message = _refused(sqlite_engine, broken, "langfuse")
+    assert message.startswith(
+        "export.jsonl line 5, field 'value': score 9 for 'helpfulness' is outside its scale 1–5"
+    )
+
+
+def test_langfuse_api_pages_are_read_too(sqlite_engine: Engine, tmp_path: Path) -> None:
+    items = [
+        json.loads(line)
+        for line in (FIXTURES / "langfuse_export.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
+    page = tmp_path / "page.json"
+    page.write_text(json.dumps({"data": items, "meta": {"page": 1, "totalItems": len(items)}}, indent=2))
+    report = import_path(engine=sqlite_engine, path=page, kind="langfuse", reviewer=WHO)
+    assert (report.inserted, report.judgments) == (3, 6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Phoenix
+
+
+def test_phoenix_span_evaluations_parquet_with_the_spans_file(sqlite_engine: Engine) -> None:
+    report = import_path(
+        engine=sqlite_engine, path=FIXTURES / "phoenix_evaluations.parquet", kind="phoenix", reviewer=WHO,
+        options=SourceOptions(spans=FIXTURES / "phoenix_spans.parquet"),
+    )  # fmt: skip
+    assert (report.inserted, report.judgments) == (3, 3)
+    middlemarch = _snapshots(sqlite_engine)["b2c3d4e5f6071829"]
+    assert middlemarch.question == "Who wrote 'Middlemarch'?"  # the LLM span's request, unpacked
+    assert middlemarch.model_answer == "Charlotte Brontë wrote it."
+    assert middlemarch.judge_scores_json == {
+        "qa_correctness": {
+            "score": 0.0,
+            "reason": "incorrect: Middlemarch is by George Eliot, not Charlotte Brontë.",
+        }
+    }
+    assert _metrics(sqlite_engine, "phoenix") == {
+        "qa_correctness": (0.0, 1.0, True)
+    }  # the name from the metadata
+
+
+def test_phoenix_csv_labels_without_scores_count_as_pass_or_fail(sqlite_engine: Engine) -> None:
+    report = import_path(
+        engine=sqlite_engine, path=FIXTURES / "phoenix_evaluations.csv", kind="phoenix", reviewer=WHO,
+        options=SourceOptions(spans=FIXTURES / "phoenix_spans.csv", product="library-qa"),
+    )  # fmt: skip
+    assert (report.inserted, report.judgments, report.unjudged) == (2, 2, 1)
+    scores = {k: s.judge_scores_json["hallucination"]["score"] for k, s in _snapshots(sqlite_engine).items()}
+    assert scores == {"a1b2c3d4e5f60718": 1.0, "b2c3d4e5f6071829": 0.0}
+
+
+def test_a_broken_phoenix_csv_is_refused_with_its_line(sqlite_engine: Engine, tmp_path: Path) -> None:
+    text = (
+        (FIXTURES / "phoenix_evaluations.csv")
+        .read_text(encoding="utf-8")
+        .replace(",factual,,", ",factual,high,")
+    )
+    broken = tmp_path / "evals.csv"
+    broken.write_text(text, encoding="utf-8")
+    message = _refused(sqlite_engine, broken, "phoenix", spans=FIXTURES / "phoenix_spans.csv")
+    assert message.startswith("evals.csv line 2, field 'score': 'high' is not a number")
+
+
+def test_a_phoenix_evaluation_of_an_unknown_span_or_label_is_refused(
+    sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    table = pq.read_table(FIXTURES / "phoenix_evaluations.parquet")
+    spans = table.column("context.span_id").to_pylist()
+    spans[1] = "ffffffffffffffff"
+    bad = table.set_column(
+        table.schema.get_field_index("context.span_id"), "context.span_id", pa.array(spans)
+    )
+    pq.write_table(bad, tmp_path / "evals.parquet")
+    message = _refused(
+        sqlite_engine, tmp_path / "evals.parquet", "phoenix", spans=FIXTURES / "phoenix_spans.parquet"
+    )
+    assert message.startswith(
+        "evals.parquet row 2, field 'context.span_id': span 'ffffffffffffffff' is not in phoenix_spans.parquet"
+    )
+    odd = (FIXTURES / "phoenix_evaluations.csv").read_text(encoding="utf-8").replace("hallucinated", "spicy")
+    (tmp_path / "odd.csv").write_text(odd, encoding="utf-8")
+    message = _refused(sqlite_engine, tmp_path / "odd.csv", "phoenix", spans=FIXTURES / "phoenix_spans.csv")
+    assert message.startswith("odd.csv line 3, field 'score': label 'spicy' has no score")
+    assert "needs the spans file" in _refused(sqlite_engine, FIXTURES / "phoenix_evaluations.csv", "phoenix")
+
+
+# ---------------------------------------------------------------------------------------------
+# The shared rule and the command line
+
+
+def test_the_shared_entry_point_maps_any_source(sqlite_engine: Engine) -> None:
+    """What the OTLP receiver calls too: a rubric metric keeps its scale; a new one is inferred."""
+    evaluations = [
+        SourceEvaluation(
+            where="span 1", product="p", question="q?", answer="a.",
+            verdicts=[SourceVerdict("Helpfulness", score=4), SourceVerdict("Groundedness score", score=7)],
+        ),
+        SourceEvaluation(
+            where="span 2", product="p", question="q2?", answer="a2.",
+            verdicts=[SourceVerdict("Groundedness score", score=2.5, label="weak", reason="cites nothing")],
+        ),
+    ]  # fmt: skip
+    with Session(sqlite_engine) as session:
+        report = import_source_evaluations(
+            session=session, evaluations=evaluations, source="otlp", reviewer=WHO
+        )
+        session.commit()
+    assert (report.inserted, report.judgments) == (2, 3)
+    assert metric_slug("Groundedness score") == "groundedness_score"
+    assert _metrics(sqlite_engine, "p")["groundedness_score"] == (0.0, 7.0, False)
+    reasons = [
+        s.judge_scores_json.get("groundedness_score", {}).get("reason")
+        for s in _snapshots(sqlite_engine).values()
+    ]
+    assert "weak: cites nothing" in reasons
+
+
+def test_the_command_line_imports_each_source(sqlite_engine: Engine, sqlite_url: str, tmp_path: Path) -> None:
+    spans = tmp_path / "spans.parquet"
+    shutil.copy(FIXTURES / "phoenix_spans.parquet", spans)
+    env = {"OVERRULE_DATABASE_URL": sqlite_url}
+    done = run_cli(
+        "import", str(FIXTURES / "phoenix_evaluations.parquet"), "--kind", "phoenix", "--spans", str(spans),
+        "--product", "qa", env=env,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout.strip()) == (
+        0,
+        "phoenix: 3 inserted, 0 already present (skipped), 3 judgments",
+    )
+    done = run_cli("import", str(FIXTURES / "langfuse_export.jsonl"), "--kind", "langfuse", env=env)
+    assert done.returncode == 0 and "1 without a judge result" in done.stdout
+    done = run_cli("import", str(FIXTURES / "phoenix_evaluations.csv"), "--kind", "phoenix", env=env)
+    assert done.returncode == 1 and "--spans FILE" in done.stderr
