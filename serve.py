@@ -1,5 +1,6 @@
 """The ASGI entry `./scripts/run` starts: the Streamlit app (app.py), the pipeline API at /api/v1 and
-the streamed CSV downloads at /downloads (lib.downloads).
+the streamed CSV downloads at /downloads (lib.downloads), and the OTLP/HTTP receiver at /v1/traces and
+/v1/logs (lib.otlp; also /api/v1/otlp/v1/...).
 
 `streamlit run serve.py` finds `app` (an `st.App`) and serves it with uvicorn in this process, so one
 port answers both the pages and `/api/v1` (OpenAPI docs at `/api/v1/docs`). The launcher
@@ -13,7 +14,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount
 
 from lib import downloads
-from lib.api import API_PREFIX, create_app
+from lib.api import API_PREFIX, create_app, otlp_root_routes
 from lib.ui.server import HostCheck, apply_allowed_hosts, no_external_ip_lookup
 
 # "Download CSV (all matches)" links stream from the database (lib.downloads): no file in memory.
@@ -21,9 +22,11 @@ downloads.enable()
 # Also when started without the launcher (`streamlit run serve.py`, uvicorn): no third-party lookup.
 no_external_ip_lookup()
 apply_allowed_hosts()  # done by the launcher already; here for `streamlit run serve.py` and uvicorn
+api = create_app()
 app = st.App(
     str(Path(__file__).resolve().parent / "app.py"),
-    routes=[Mount(API_PREFIX, app=create_app()), *downloads.routes()],
+    # OTLP/HTTP (lib.otlp) also at its conventional /v1/traces and /v1/logs, by the same API app.
+    routes=[Mount(API_PREFIX, app=api), *otlp_root_routes(api), *downloads.routes()],
     # DNS rebinding (issue 24): a request whose Host this server was not given is refused on every
     # route (pages, WebSocket, API, downloads, Streamlit's own), by the list Streamlit checks too.
     middleware=[Middleware(HostCheck)],

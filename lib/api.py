@@ -31,7 +31,13 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import (
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    Response,
+    StreamingResponse,
+)
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 from starlette.background import BackgroundTask
@@ -106,6 +112,18 @@ Token = Annotated[Actor, Depends(token_actor)]
 # The OpenAPI description of a JSON-object body (read by hand, after authentication).
 _JSON_BODY: dict[str, Any] = {
     "requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
+}
+
+
+# OTLP/HTTP bodies (lib.otlp): ExportTraceServiceRequest / ExportLogsServiceRequest.
+_OTLP_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/x-protobuf": {"schema": {"type": "string", "format": "binary"}},
+            "application/json": {"schema": {"type": "object"}},
+        },
+    }
 }
 
 
@@ -190,6 +208,53 @@ def create_app(
             raise
         except ValueError as exc:
             raise ApiError(422, str(exc)) from None
+
+    async def otlp_export(request: Request, actor: Actor, signal: str) -> Response:
+        """OTLP/HTTP (lib.otlp): the token's role first, then the media type, then the body, capped
+        as it streams and once un-gzipped; errors as OTLP's Status in the request's encoding."""
+        from lib import otlp
+        from lib.config import get_settings
+        from lib.importer import ImportConflict
+
+        require(actor, Permission.IMPORT)
+        kind, headers = otlp.JSON, {}
+        try:
+            kind = otlp.media_type(request.headers.get("content-type", ""))
+            raw = bytearray()
+            try:
+                async for chunk in _capped_body(request, json_limit, "OVERRULE_API_MAX_JSON_MB"):
+                    raw += chunk
+            except ApiError as exc:
+                raise otlp.OtlpError(exc.status, exc.detail) from None
+            body = otlp.read_body(bytes(raw), request.headers.get("content-encoding", ""), json_limit)
+            settings = get_settings()
+            batch = await run_in_threadpool(otlp.decode, signal, body, kind, settings)
+            outcome = await run_in_threadpool(
+                lambda: otlp.ingest(engine=get_engine(), batch=batch, actor=actor)
+            )
+        except otlp.OtlpError as exc:
+            status, message = exc.status, exc.message
+        except ImportConflict as exc:  # another writer at the same moment: OTLP clients retry a 503
+            status, message, headers = 503, str(exc), {"Retry-After": "1"}
+        else:
+            return Response(otlp.response_body(signal, outcome, kind), media_type=kind)
+        body = otlp.status_body(otlp.GRPC_CODE.get(status, 2), message, kind)
+        return Response(body, status_code=status, media_type=kind, headers=headers)
+
+    @api.post("/otlp/v1/traces", response_class=Response, openapi_extra=_OTLP_BODY)
+    async def otlp_traces(actor: Token, request: Request) -> Response:
+        """OTLP/HTTP traces (protobuf or JSON, gzip): GenAI spans with their `gen_ai.evaluation.result`
+        events become evaluations with one judgment per evaluation name; the answer is OTLP's
+        ExportTraceServiceResponse, its partial success naming each span that could not be mapped.
+        Also served at `/v1/traces` on the app's root. Needs a role that may import (lead)."""
+        return await otlp_export(request, actor, "traces")
+
+    @api.post("/otlp/v1/logs", response_class=Response, openapi_extra=_OTLP_BODY)
+    async def otlp_logs(actor: Token, request: Request) -> Response:
+        """OTLP/HTTP logs: `gen_ai.evaluation.result` events sent as log records in the judged span's
+        context (or naming its `gen_ai.response.id`); they join their span whichever arrives first.
+        Also served at `/v1/logs` on the app's root."""
+        return await otlp_export(request, actor, "logs")
 
     @api.get("/health")
     def health() -> dict[str, Any]:
@@ -1029,3 +1094,24 @@ def _import_body(engine: Engine, path: Path, actor: Actor, kind: str, options: A
         if "invalid JSON" in message or "not valid UTF-8" in message:
             raise ApiError(400, message, **extra) from None
         raise ApiError(422, message, **extra) from None
+
+
+def otlp_root_routes(api: Any) -> list[Any]:
+    """`/v1/traces` and `/v1/logs` on the app's root, OTLP's conventional paths (an exporter given
+    only the server's address posts there), served by `api`'s `/otlp/v1/...` routes."""
+    from starlette.routing import Route
+
+    return [Route(f"/v1/{signal}", _OtlpAlias(api), methods=["POST"]) for signal in ("traces", "logs")]
+
+
+class _OtlpAlias:
+    """An ASGI app (a class, so Starlette's Route passes the raw scope) handing `/v1/<signal>` to the
+    API app as `/api/v1/otlp/v1/<signal>`: one route, one set of checks."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        path = f"{API_PREFIX}/otlp{scope['path']}"
+        scope = {**scope, "path": path, "raw_path": path.encode(), "root_path": API_PREFIX}
+        await self.api(scope, receive, send)

@@ -98,6 +98,10 @@ class Settings:
     # imports (files of evaluations or interactions), and every other body (one JSON object).
     api_max_body_mb: int = 200
     api_max_json_mb: int = 10
+    # OTLP receiver (lib.otlp): the span or resource attribute that names an evaluation's product
+    # (the span's wins), and the one that names its language (default "en" when absent).
+    otlp_product_attribute: str = "service.name"
+    otlp_language_attribute: str = "overrule.language"
     # Host names the server answers to besides loopback and its bound address (lib.hosts: DNS
     # rebinding), comma-separated: `app.example.com`, `*.example.com`, or `*` for any.
     allowed_hosts: str = ""

@@ -284,9 +284,15 @@ class _Prepared:
 
 
 def _prepare_evaluations(
-    *, session: Session, records: Iterable[tuple[str, Any]], source: str, reviewer: str
+    *,
+    session: Session,
+    records: Iterable[tuple[str, Any]],
+    source: str,
+    reviewer: str,
+    on_invalid: Callable[[int, InvalidField], None] | None = None,
 ) -> _Prepared:
-    """Validate every record (raising ImportFailed at the first fault) and spool the rows."""
+    """Validate every record (raising ImportFailed at the first fault, or, with `on_invalid`,
+    handing it the record's position and fault and leaving that record out) and spool the rows."""
     prepared = _Prepared(spool=_Spool(), source=source)
     metric_sets: dict[str, MetricSet] = {}
     seen_keys: set[str] = set()
@@ -300,11 +306,14 @@ def _prepare_evaluations(
         return metric_sets[product]
 
     try:
-        for where, record in records:
+        for position, (where, record) in enumerate(records):
             try:
                 row, judged, explicit = evaluation_row(record, metric_set, reviewer)
             except InvalidField as exc:
-                raise located_failure(where, exc) from None
+                if on_invalid is None:
+                    raise located_failure(where, exc) from None
+                on_invalid(position, exc)
+                continue
             if explicit:
                 fingerprint = _fingerprint(record)
                 first = seen_ids.setdefault(row["id"], (where, fingerprint))
@@ -433,14 +442,44 @@ def import_source_evaluations(
     evaluations: Sequence[source_records.SourceEvaluation],
     source: str,
     reviewer: Actor | str = "import",
+    on_invalid: Callable[[int, ImportFailed], None] | None = None,
 ) -> ImportReport:
     """Import judge results read from another tool (promptfoo, Langfuse, Phoenix, OpenTelemetry).
 
     The one entry for every foreign source: `lib.source_records.plan_import` maps them to evaluation
     records and defines the metrics the product's rubric lacks, then they go through the evaluation
     import (validation, identity, idempotency) in the caller's transaction: a fault refuses it all.
+    A source that answers per evaluation (OTLP's partial success, lib.otlp) passes `on_invalid`
+    instead: a faulty evaluation is handed to it (its index in `evaluations`, the located fault) and
+    left out, the others imported.
     """
     actor = authorize(session, reviewer, Permission.IMPORT)
+    rubric = _source_rubric(session)
+    plan = source_records.plan_import(evaluations, rubric, on_invalid=on_invalid)
+    if plan.definitions:
+        _write_lock(session)
+        upsert_metric_definitions(session=session, definitions=plan.definitions)
+        session.flush()
+
+    def invalid(position: int, exc: InvalidField) -> None:
+        assert on_invalid is not None
+        on_invalid(plan.indexes[position], located_failure(plan.records[position][0], exc))
+
+    prepared = _prepare_evaluations(
+        session=session,
+        records=plan.records,
+        source=source,
+        reviewer=actor.identity,
+        on_invalid=invalid if on_invalid is not None else None,
+    )
+    try:
+        return _write_evaluations(session, prepared)
+    finally:
+        prepared.close()
+
+
+def _source_rubric(session: Session) -> Callable[[str], tuple[list[Any], bool, bool]]:
+    """`plan_import`'s view of a product: its metrics, whether it defines its own, whether it has data."""
 
     def rubric(product: str) -> tuple[list[Any], bool, bool]:
         product = product.strip()
@@ -452,18 +491,80 @@ def import_source_evaluations(
             held.first() is not None,
         )
 
-    plan = source_records.plan_import(evaluations, rubric)
+    return rubric
+
+
+def add_source_verdicts(
+    *,
+    session: Session,
+    snapshot_id: str,
+    verdicts: Sequence[source_records.SourceVerdict],
+    where: str,
+    reviewer: Actor | str = "import",
+) -> int:
+    """Judge results that arrive for an evaluation already stored (an OTLP evaluation event after
+    its span was imported): each metric the evaluation has no judgment for yet becomes one, mapped
+    by `plan_import` as on import (new metrics defined), the snapshot's judge scores and gaps
+    re-derived as an import would. A metric it has already is left as it is (a re-sent event).
+    Returns the judgments added; ImportFailed (located at `where`) when a verdict cannot be mapped."""
+    actor = authorize(session, reviewer, Permission.IMPORT)
+    snapshot = session.get(EvaluationSnapshot, snapshot_id)
+    if snapshot is None:
+        raise ImportFailed(f"{where}: its evaluation {snapshot_id!r} no longer exists")
+    rubric = _source_rubric(session)
+    have = dict(snapshot.judge_scores_json or {})
+    specs = rubric(snapshot.product)[0]
+    new = [v for v in verdicts if source_records.resolve_metric(specs, v.name) not in have]
+    if not new:
+        return 0
+    evaluation = source_records.SourceEvaluation(
+        where=where, product=snapshot.product, question=snapshot.question, answer=snapshot.model_answer,
+        verdicts=list(new),
+    )  # fmt: skip
+    plan = source_records.plan_import([evaluation], rubric)
     if plan.definitions:
-        _write_lock(session)
         upsert_metric_definitions(session=session, definitions=plan.definitions)
         session.flush()
-    prepared = _prepare_evaluations(
-        session=session, records=plan.records, source=source, reviewer=actor.identity
-    )
+    located, added = plan.records[0]
+    metrics = MetricSet(snapshot.product, metrics_for_product(session=session, product=snapshot.product))
+    evidence = {slug: e.get("evidence") or [] for slug, e in (snapshot.evidence_json or {}).items()}
+    record = {
+        "product": snapshot.product, "question": snapshot.question, "model_answer": snapshot.model_answer,
+        "model_name": snapshot.model_name, "judge_model": snapshot.judge_model, "language": snapshot.language,
+        "category": snapshot.category, "created_at": snapshot.created_at.isoformat(),
+        "user_scores": snapshot.user_scores_json or None,
+        "judge_scores": {**have, **{k: v for k, v in added["judge_scores"].items() if k not in have}},
+        "evidence": {k: v for k, v in evidence.items() if v} or None,
+        "primary_metric": snapshot.primary_metric, "bonus_metrics": list(snapshot.bonus_metrics or []),
+        "overall_feedback": snapshot.overall_feedback,
+    }  # fmt: skip
     try:
-        return _write_evaluations(session, prepared)
-    finally:
-        prepared.close()
+        row, judged, _ = evaluation_row(
+            {k: v for k, v in record.items() if v is not None}, lambda _product: metrics, actor.identity
+        )
+    except InvalidField as exc:
+        raise located_failure(located, exc) from None
+    for column in (
+        "judge_scores_json",
+        "evidence_json",
+        "weighted_gap",
+        "max_metric_gap",
+        "judge_meta_score",
+    ):
+        setattr(snapshot, column, row[column])
+    session.add(snapshot)  # lib.scores re-derives the snapshot's scores on flush
+    rows = snapshot_judgment_rows(
+        {**row, "id": snapshot.id, "created_at": snapshot.created_at},
+        [j for j in judged if j[0] not in have],
+    )
+    for judgment in rows:
+        session.add(Judgment(**judgment))
+    session.flush()
+    if rows:
+        counters.judgments_added(
+            session=session, where=col(Judgment.change_id).in_([j["change_id"] for j in rows])
+        )
+    return len(rows)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -853,3 +853,23 @@ def _naive_datetimes_are_utc(session: OrmSession, _context, _instances) -> None:
             value = getattr(obj, name, None)
             if isinstance(value, datetime) and value.tzinfo is None:
                 setattr(obj, name, value.replace(tzinfo=UTC))
+
+
+class OtlpSpan(SQLModel, table=True):
+    """What the OTLP receiver (lib.otlp) knows of one GenAI span: the call (question, answer,
+    model, product) and the evaluation events received for it, joined whichever came first.
+
+    Keyed by `<trace id>:<span id>` (hex), or `response:<gen_ai.response.id>` for events that name
+    only the response. Once the span and an evaluation have met, `snapshot_id` is the evaluation
+    they became and `span_json` / `pending_json` are emptied; later events for the span add their
+    metrics to that evaluation, and re-sent ones find it and add nothing.
+    """
+
+    __tablename__ = "otlp_spans"
+
+    key: str = Field(primary_key=True, max_length=300)
+    response_id: str | None = Field(default=None, max_length=256, index=True)
+    snapshot_id: str | None = Field(default=None, max_length=64, index=True)
+    span_json: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    pending_json: list[Any] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    received_at: datetime = Field(default_factory=utcnow)

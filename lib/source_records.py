@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lib.metrics import MetricSpec
-from lib.records import InvalidField, Located, located_failure
+from lib.records import ImportFailed, InvalidField, Located, located_failure
 
 # Labels that say pass or fail without a number; compared case-insensitively after strip().
 PASSING_LABELS = ("pass", "passed", "true", "yes", "correct", "factual", "relevant", "faithful", "safe")
@@ -151,10 +151,17 @@ class _MetricPlan:
 
 @dataclass
 class SourcePlan:
-    """What importing some source evaluations writes: metric definitions first, then the records."""
+    """What importing some source evaluations writes: metric definitions first, then the records
+    (`indexes`: each record's position among the evaluations, when faulty ones were left out)."""
 
     definitions: list[dict[str, Any]]
     records: list[tuple[Located, dict[str, Any]]]
+    indexes: list[int] = field(default_factory=list)
+
+
+def resolve_metric(specs: Sequence[MetricSpec], name: str) -> str:
+    """The slug an evaluation name is stored under: the rubric's metric it names, else its own slug."""
+    return _resolve(specs, name) or metric_slug(name)
 
 
 def _resolve(specs: Sequence[MetricSpec], name: str) -> str | None:
@@ -166,9 +173,13 @@ def _resolve(specs: Sequence[MetricSpec], name: str) -> str | None:
 
 
 def plan_import(
-    evaluations: Sequence[SourceEvaluation], rubric: Callable[[str], tuple[list[MetricSpec], bool, bool]]
+    evaluations: Sequence[SourceEvaluation],
+    rubric: Callable[[str], tuple[list[MetricSpec], bool, bool]],
+    *,
+    on_invalid: Callable[[int, ImportFailed], None] | None = None,
 ) -> SourcePlan:
-    """Records and new metric definitions for `evaluations`; InvalidField-based refusals located.
+    """Records and new metric definitions for `evaluations`; InvalidField-based refusals located
+    (raised, or with `on_invalid` handed to it with the evaluation's index and left out).
 
     `rubric(product)` is (the product's metrics, whether it defines its own rather than using the
     defaults, whether it holds evaluations). A product on the default metrics that gains a metric
@@ -177,9 +188,10 @@ def plan_import(
     """
     plans: dict[tuple[str, str], _MetricPlan] = {}
     records: list[tuple[Located, dict[str, Any]]] = []
+    indexes: list[int] = []
     rubrics: dict[str, tuple[list[MetricSpec], bool, bool]] = {}
     uses_rubric: set[str] = set()
-    for ev in evaluations:
+    for index, ev in enumerate(evaluations):
         where = Located(ev.where, dict(ev.fields))
         if ev.product not in rubrics:
             rubrics[ev.product] = rubric(ev.product) if isinstance(ev.product, str) else ([], True, False)
@@ -215,7 +227,10 @@ def plan_import(
                 if verdict.where:
                     where.places.setdefault(f"{side_name}.{key}", verdict.where)
         except InvalidField as exc:
-            raise located_failure(where, exc) from None
+            if on_invalid is None:
+                raise located_failure(where, exc) from None
+            on_invalid(index, located_failure(where, exc))
+            continue
         record: dict[str, Any] = {
             "product": ev.product,
             "question": ev.question,
@@ -229,6 +244,7 @@ def plan_import(
             if value is not None:
                 record[name] = value
         records.append((where, record))
+        indexes.append(index)
     definitions: list[dict[str, Any]] = []
     for product, (specs, own, populated) in rubrics.items():
         new = [plan for (p, _), plan in plans.items() if p == product]
@@ -240,7 +256,7 @@ def plan_import(
         definitions.extend(
             {**_new_definition(product, plan), "position": len(kept) + i} for i, plan in enumerate(new)
         )
-    return SourcePlan(definitions=definitions, records=records)
+    return SourcePlan(definitions=definitions, records=records, indexes=indexes)
 
 
 def _definition(product: str, spec: MetricSpec) -> dict[str, Any]:

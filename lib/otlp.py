@@ -1,0 +1,893 @@
+"""OTLP/HTTP receiver (issue 29.1): GenAI spans and their evaluation events become evaluations.
+
+An instrumented LLM call is a span carrying the OpenTelemetry GenAI attributes
+(`gen_ai.input.messages`, `gen_ai.output.messages`, `gen_ai.response.model`, ...; OpenInference's
+`llm.input_messages.*`, `input.value` / `output.value` too). A judge's verdict on it is a
+`gen_ai.evaluation.result` event (`gen_ai.evaluation.name`, `.score.value`, `.score.label`,
+`.explanation`), sent as a span event of that span or as a log record in its span context (or
+naming its `gen_ai.response.id`); OpenInference's `evaluation.name` / `.score` / `.label` /
+`.explanation` attributes on an event, or on a span judging its parent, read the same.
+
+The span and its verdicts meet in `otlp_spans` (lib.models.OtlpSpan) whichever arrives first; once
+both are there they become one evaluation through `lib.importer.import_source_evaluations`, the
+entry every other tool's results take (promptfoo, Langfuse, Phoenix; lib.source_records maps them:
+metrics matched to the product's rubric or defined, pass/fail labels as 1/0, one judgment per
+metric, idempotent by source key). A verdict arriving later for a span already
+imported adds its metric to that evaluation; a re-sent one adds nothing. What cannot be mapped
+(no answer, no product, a score off its metric's scale, a label that is not pass/fail) is answered in OTLP's
+partial success naming the span and what is missing; spans without GenAI attributes or verdicts
+(HTTP, database spans) are not ours and are passed over.
+
+Wire formats: protobuf (`application/x-protobuf`) and OTLP/JSON (`application/json`: hex ids,
+lowerCamelCase), optionally gzip-compressed; lib.api serves them at `/api/v1/otlp/v1/traces` and
+`/v1/logs` (serve.py also at the conventional `/v1/traces` and `/v1/logs`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, Table, delete, insert, select
+from sqlmodel import Session, col
+
+from lib.auth import Actor
+from lib.importer import add_source_verdicts, import_source_evaluations
+from lib.models import EvaluationSnapshot, OtlpSpan, utcnow
+from lib.records import ImportFailed
+from lib.source_records import SourceEvaluation, SourceVerdict, metric_slug
+
+SIGNALS = ("traces", "logs")
+EVALUATION_EVENT = "gen_ai.evaluation.result"
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+_SPANS: Table = OtlpSpan.__table__  # type: ignore[attr-defined]
+_SNAPSHOTS: Table = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
+_ZERO_TRACE = "0" * 32
+_ZERO_SPAN = "0" * 16
+_IN_SLICE = 500
+# A verdict's attributes, GenAI semantic conventions first, OpenInference second.
+_NAME = ("gen_ai.evaluation.name", "evaluation.name")
+_SCORE = ("gen_ai.evaluation.score.value", "evaluation.score")
+_LABEL = ("gen_ai.evaluation.score.label", "evaluation.label")
+_EXPLANATION = ("gen_ai.evaluation.explanation", "evaluation.explanation")
+ANSWER_ATTRIBUTE = "gen_ai.output.messages"
+QUESTION_ATTRIBUTE = "gen_ai.input.messages"
+
+
+class OtlpError(Exception):
+    """A request OTLP refuses whole (bad encoding, malformed payload): status and message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+# ---------------------------------------------------------------------------------------------
+# What a request carries, whatever its encoding
+
+
+@dataclass
+class SpanCall:
+    """What a GenAI span says about the call it records; `missing` names what it lacks."""
+
+    key: str
+    name: str
+    response_id: str | None
+    question: str | None
+    answer: str | None
+    model: str | None
+    product: str | None
+    language: str | None
+    created_at: str
+    missing: list[str] = field(default_factory=list)
+
+    def label(self) -> str:
+        return describe(self.key, self.name)
+
+
+@dataclass
+class Verdict:
+    """One evaluation event: the metric, score, label, explanation, and where it points."""
+
+    metric: str | None
+    score: float | None
+    label: str | None
+    explanation: str | None
+    key: str | None  # "<trace>:<span>" of the judged span, when the event carries its context
+    response_id: str | None
+
+    def source(self) -> SourceVerdict:
+        """As the shared mapping of other tools' results reads it (lib.source_records)."""
+        return SourceVerdict(
+            name=str(self.metric),
+            score=self.score,
+            label=self.label,
+            reason=self.explanation,
+            field=f"gen_ai.evaluation.result {self.metric!r}",
+        )
+
+
+@dataclass
+class Batch:
+    """A decoded request: the GenAI spans, the verdicts, and which request items belong to which key
+    (a span, a log record), so the partial success counts rejected spans or log records."""
+
+    signal: str
+    calls: list[SpanCall] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    items: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    unkeyed_items: list[str] = field(default_factory=list)  # verdicts that name no span or response
+
+
+def describe(key: str, name: str = "") -> str:
+    """A span as a message names it: its name, trace id and span id (or the response id)."""
+    if key.startswith("response:"):
+        return f"the call with gen_ai.response.id {key.removeprefix('response:')!r}"
+    trace, _, span = key.partition(":")
+    named = f"span {name!r} " if name else "span "
+    return f"{named}(trace {trace}, span {span})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding
+
+
+def read_body(raw: bytes, content_encoding: str, limit: int) -> bytes:
+    """The body as sent, un-gzipped within `limit` bytes (a gzip bomb stops there: 413)."""
+    encoding = content_encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return raw
+    if encoding != "gzip":
+        raise OtlpError(415, f"Content-Encoding {encoding!r} is not supported: send gzip or none")
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        body = inflater.decompress(raw, limit + 1)
+    except zlib.error as exc:
+        raise OtlpError(400, f"the gzip body is corrupt: {exc}") from None
+    if len(body) > limit or inflater.unconsumed_tail:
+        raise OtlpError(413, f"the body is over the {limit // (1024 * 1024)} MB limit once un-gzipped")
+    return body
+
+
+def media_type(content_type: str) -> str:
+    """`application/x-protobuf` or `application/json`; 415 for anything else."""
+    kind = content_type.split(";")[0].strip().lower()
+    if kind in (PROTOBUF, "application/protobuf"):
+        return PROTOBUF
+    if kind == JSON:
+        return JSON
+    raise OtlpError(415, f"Content-Type {kind or '(none)'!r} is not OTLP: send {PROTOBUF} or {JSON}")
+
+
+def decode(signal: str, body: bytes, kind: str, settings: Any) -> Batch:
+    """A request body (`kind` from `media_type`) → its GenAI spans and verdicts; 400 when malformed."""
+    resources = _proto_resources(signal, body) if kind == PROTOBUF else _json_resources(signal, body)
+    batch = Batch(signal)
+    reader = _Reader(settings)
+    for resource_attrs, records in resources:
+        for record in records:
+            if signal == "traces":
+                reader.span(batch, resource_attrs, record)
+            else:
+                reader.log(batch, resource_attrs, record)
+    return batch
+
+
+@dataclass
+class _Record:
+    """A span or log record, encoding-neutral: ids in hex, attributes and events as plain values."""
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    name: str
+    time_ns: int
+    attributes: dict[str, Any]
+    events: list[tuple[str, dict[str, Any]]]
+
+
+def _proto_resources(signal: str, body: bytes) -> Iterator[tuple[dict[str, Any], Iterator[_Record]]]:
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    try:
+        if signal == "traces":
+            request: Any = ExportTraceServiceRequest.FromString(body)
+        else:
+            request = ExportLogsServiceRequest.FromString(body)
+    except DecodeError as exc:
+        raise OtlpError(400, f"the body is not an OTLP {signal} protobuf message: {exc}") from None
+    if signal == "traces":
+        for resource_spans in request.resource_spans:
+            attrs = _proto_attrs(resource_spans.resource.attributes)
+            yield (
+                attrs,
+                (
+                    _Record(
+                        span.trace_id.hex(),
+                        span.span_id.hex(),
+                        span.parent_span_id.hex(),
+                        span.name,
+                        span.start_time_unix_nano,
+                        _proto_attrs(span.attributes),
+                        [(event.name, _proto_attrs(event.attributes)) for event in span.events],
+                    )
+                    for scope_spans in resource_spans.scope_spans
+                    for span in scope_spans.spans
+                ),
+            )
+    else:
+        for resource_logs in request.resource_logs:
+            attrs = _proto_attrs(resource_logs.resource.attributes)
+            yield (
+                attrs,
+                (
+                    _Record(
+                        log.trace_id.hex(),
+                        log.span_id.hex(),
+                        "",
+                        log.event_name,
+                        log.time_unix_nano or log.observed_time_unix_nano,
+                        _proto_attrs(log.attributes),
+                        [],
+                    )
+                    for scope_logs in resource_logs.scope_logs
+                    for log in scope_logs.log_records
+                ),
+            )
+
+
+def _proto_attrs(attributes: Iterable[Any]) -> dict[str, Any]:
+    return {kv.key: _proto_value(kv.value) for kv in attributes}
+
+
+def _proto_value(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [_proto_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: _proto_value(kv.value) for kv in value.kvlist_value.values}
+    return getattr(value, kind)
+
+
+def _json_resources(signal: str, body: bytes) -> Iterator[tuple[dict[str, Any], Iterator[_Record]]]:
+    try:
+        document = json.loads(body.removeprefix(b"\xef\xbb\xbf"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise OtlpError(400, f"malformed JSON: {str(exc).split(';')[0]}") from None
+    if not isinstance(document, dict):
+        raise OtlpError(400, "an OTLP/JSON body is one object")
+    outer, inner, leaf = (
+        ("resourceSpans", "scopeSpans", "spans")
+        if signal == "traces"
+        else ("resourceLogs", "scopeLogs", "logRecords")
+    )
+    try:
+        resources = [
+            (_json_attrs(_get(r, "resource", {}).get("attributes")), r) for r in _list(document, outer)
+        ]
+        out = []
+        for attrs, resource in resources:
+            records = [
+                _json_record(signal, record)
+                for scope in _list(resource, inner)
+                for record in _list(scope, leaf)
+            ]
+            out.append((attrs, iter(records)))
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise OtlpError(400, f"the body is not an OTLP/JSON {signal} request: {exc}") from None
+    yield from out
+
+
+def _get(obj: Any, camel: str, default: Any = None) -> Any:
+    """A field by its lowerCamelCase name (OTLP/JSON), or its proto name, which receivers accept too."""
+    if not isinstance(obj, dict):
+        raise TypeError(f"expected an object, got {type(obj).__name__}")
+    if camel in obj:
+        return obj[camel]
+    snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in camel)
+    return obj.get(snake, default)
+
+
+def _list(obj: Any, camel: str) -> list[Any]:
+    value = _get(obj, camel) or []
+    if not isinstance(value, list):
+        raise TypeError(f"{camel} must be a list")
+    return value
+
+
+def _json_record(signal: str, record: Any) -> _Record:
+    events = []
+    if signal == "traces":
+        events = [
+            (str(_get(e, "name", "")), _json_attrs(_get(e, "attributes"))) for e in _list(record, "events")
+        ]
+        name = str(_get(record, "name", ""))
+        time_ns = _get(record, "startTimeUnixNano", 0)
+    else:
+        name = str(_get(record, "eventName", ""))
+        time_ns = _get(record, "timeUnixNano") or _get(record, "observedTimeUnixNano", 0)
+    return _Record(
+        _hex_id(_get(record, "traceId", "")),
+        _hex_id(_get(record, "spanId", "")),
+        _hex_id(_get(record, "parentSpanId", "")),
+        name,
+        int(time_ns or 0),
+        _json_attrs(_get(record, "attributes")),
+        events,
+    )
+
+
+def _hex_id(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError("trace and span ids are hex strings")
+    value = value.strip().lower()
+    if value and any(c not in "0123456789abcdef" for c in value):
+        raise ValueError(f"id {value[:40]!r} is not hex (OTLP/JSON sends ids as hex)")
+    return value
+
+
+def _json_attrs(attributes: Any) -> dict[str, Any]:
+    if attributes is None:
+        return {}
+    if not isinstance(attributes, list):
+        raise TypeError("attributes must be a list of {key, value}")
+    return {str(_get(kv, "key", "")): _json_value(_get(kv, "value")) for kv in attributes}
+
+
+def _json_value(value: Any) -> Any:
+    if not isinstance(value, dict) or not value:
+        return None
+    kind, inner = next(iter(value.items()))
+    if kind in ("stringValue", "string_value", "boolValue", "bool_value"):
+        return inner
+    if kind in ("intValue", "int_value"):
+        return int(inner)
+    if kind in ("doubleValue", "double_value"):
+        return float(inner)
+    if kind in ("arrayValue", "array_value"):
+        return [_json_value(v) for v in _list(inner, "values")]
+    if kind in ("kvlistValue", "kvlist_value"):
+        return {str(_get(kv, "key", "")): _json_value(_get(kv, "value")) for kv in _list(inner, "values")}
+    if kind in ("bytesValue", "bytes_value"):
+        return base64.b64decode(inner)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Spans and events → calls and verdicts
+
+
+class _Reader:
+    def __init__(self, settings: Any) -> None:
+        self.product_attr = settings.otlp_product_attribute
+        self.language_attr = settings.otlp_language_attribute
+
+    def span(self, batch: Batch, resource: dict[str, Any], record: _Record) -> None:
+        attrs = record.attributes
+        key = _key(record.trace_id, record.span_id)
+        if key is None:
+            return
+        verdicts = [
+            _verdict(event_attrs, key, attrs.get("gen_ai.response.id"))
+            for name, event_attrs in record.events
+            if name == EVALUATION_EVENT or _first(event_attrs, _NAME) is not None
+        ]
+        own = _first(attrs, _NAME)
+        genai = verdicts or any(
+            k.startswith(("gen_ai.", "llm.", "input.value", "output.value")) for k in attrs
+        )
+        if own is not None:
+            # OpenInference: a span carrying evaluation.* judges its parent, or itself when it holds the answer.
+            judged = key if _answer(attrs) is not None else _key(record.trace_id, record.parent_span_id)
+            if judged is not None:
+                batch.verdicts.append(_verdict(attrs, judged, None))
+                batch.items[judged] += 1
+            if _answer(attrs) is None:
+                return
+        if not genai:
+            return
+        batch.items[key] += 1
+        batch.calls.append(self._call(key, record, resource))
+        batch.verdicts.extend(verdicts)
+
+    def log(self, batch: Batch, resource: dict[str, Any], record: _Record) -> None:
+        attrs = record.attributes
+        named = EVALUATION_EVENT in (record.name, attrs.get("event.name"))
+        if not named and _first(attrs, _NAME) is None:
+            return  # an ordinary log line, not ours
+        key = _key(record.trace_id, record.span_id)
+        response_id = _text(attrs.get("gen_ai.response.id"))
+        verdict = _verdict(attrs, key, response_id)
+        batch.verdicts.append(verdict)
+        if key is not None:
+            batch.items[key] += 1
+        elif response_id is not None:
+            batch.items[f"response:{response_id}"] += 1
+        else:
+            batch.unkeyed_items.append(str(verdict.metric))
+
+    def _call(self, key: str, record: _Record, resource: dict[str, Any]) -> SpanCall:
+        attrs = record.attributes
+        question = _question(attrs)
+        answer = _answer(attrs)
+        product = _text(attrs.get(self.product_attr)) or _text(resource.get(self.product_attr))
+        language = _text(attrs.get(self.language_attr)) or _text(resource.get(self.language_attr))
+        model = (
+            _text(attrs.get("gen_ai.response.model"))
+            or _text(attrs.get("gen_ai.request.model"))
+            or _text(attrs.get("llm.model_name"))
+        )
+        missing = []
+        if answer is None:
+            missing.append(ANSWER_ATTRIBUTE)
+        if question is None:
+            missing.append(QUESTION_ATTRIBUTE)
+        if product is None:
+            missing.append(f"{self.product_attr} (the product; OVERRULE_OTLP_PRODUCT_ATTRIBUTE)")
+        moment = datetime.fromtimestamp(record.time_ns / 1e9, UTC) if record.time_ns else utcnow()
+        return SpanCall(
+            key=key,
+            name=record.name,
+            response_id=_text(attrs.get("gen_ai.response.id")),
+            question=question,
+            answer=answer,
+            model=model,
+            product=product,
+            language=language,
+            created_at=moment.isoformat(),
+            missing=missing,
+        )
+
+
+def _key(trace_id: str, span_id: str) -> str | None:
+    if not trace_id or not span_id or trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
+        return None
+    return f"{trace_id}:{span_id}"
+
+
+def _first(attrs: Mapping[str, Any], names: tuple[str, ...]) -> Any:
+    for name in names:
+        value = attrs.get(name)
+        if value is not None:
+            return value
+    return None
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else str(value)
+    return text if text.strip() else None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _verdict(attrs: Mapping[str, Any], key: str | None, response_id: Any) -> Verdict:
+    name = _text(_first(attrs, _NAME))
+    return Verdict(
+        metric=name.strip() if name else None,
+        score=_number(_first(attrs, _SCORE)),
+        label=_text(_first(attrs, _LABEL)),
+        explanation=_text(_first(attrs, _EXPLANATION)),
+        key=key,
+        response_id=_text(attrs.get("gen_ai.response.id")) or _text(response_id),
+    )
+
+
+def _messages(value: Any) -> list[Any] | None:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return value if isinstance(value, list) else None
+
+
+def _message_text(message: Any) -> str | None:
+    """A chat message's text: its text parts (GenAI conventions) or its `content` string (older)."""
+    if not isinstance(message, dict):
+        return None
+    parts = message.get("parts")
+    if isinstance(parts, list):
+        texts = [
+            p["content"]
+            for p in parts
+            if isinstance(p, dict) and p.get("type", "text") == "text" and isinstance(p.get("content"), str)
+        ]
+        return "\n".join(texts) if texts else None
+    content = message.get("content")
+    return content if isinstance(content, str) else None
+
+
+def _indexed_messages(attrs: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:
+    """OpenInference's flattened `llm.input_messages.<i>.message.role|content` as messages."""
+    found: dict[int, dict[str, Any]] = {}
+    for name, value in attrs.items():
+        if not name.startswith(prefix):
+            continue
+        index, _, rest = name[len(prefix) :].partition(".")
+        if index.isdigit() and rest in ("message.role", "message.content"):
+            found.setdefault(int(index), {})[rest.removeprefix("message.")] = value
+    return [found[i] for i in sorted(found)]
+
+
+def _question(attrs: Mapping[str, Any]) -> str | None:
+    messages = _messages(attrs.get(QUESTION_ATTRIBUTE)) or _indexed_messages(attrs, "llm.input_messages.")
+    for message in reversed(messages or []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            text = _message_text(message)
+            if text and text.strip():
+                return text
+    return _text(attrs.get("input.value")) or _text(attrs.get("gen_ai.prompt"))
+
+
+def _answer(attrs: Mapping[str, Any]) -> str | None:
+    messages = _messages(attrs.get(ANSWER_ATTRIBUTE)) or _indexed_messages(attrs, "llm.output_messages.")
+    texts = [t for t in (_message_text(m) for m in messages or []) if t and t.strip()]
+    if texts:
+        return "\n\n".join(texts)
+    return _text(attrs.get("output.value")) or _text(attrs.get("gen_ai.completion"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Joining and storing
+
+
+@dataclass
+class Outcome:
+    """What a request did: evaluations created, judgments added, items rejected and why."""
+
+    signal: str
+    evaluations: int = 0
+    judgments: int = 0
+    waiting: int = 0
+    rejected: int = 0
+    messages: list[str] = field(default_factory=list)
+
+    def reject(self, batch: Batch, key: str, message: str) -> None:
+        self.rejected += batch.items.get(key, 0)
+        self.messages.append(message)
+
+
+def _verdict_json(verdict: Verdict) -> dict[str, Any]:
+    return {k: v for k, v in asdict(verdict).items() if k not in ("key", "response_id")}
+
+
+def _verdict_of(data: Mapping[str, Any]) -> Verdict:
+    return Verdict(
+        data.get("metric"), data.get("score"), data.get("label"), data.get("explanation"), None, None
+    )
+
+
+def ingest(*, engine: Engine, batch: Batch, actor: Actor) -> Outcome:
+    """Join the batch's spans and verdicts with what is stored, import what has met, keep the rest."""
+    from lib.db import PG_IMPORT_LOCK, one_writer_at_a_time, session_scope
+
+    outcome = Outcome(batch.signal)
+    for metric in batch.unkeyed_items:
+        outcome.rejected += 1
+        outcome.messages.append(
+            f"evaluation {metric!r} names no span (no trace and span id) and no gen_ai.response.id: "
+            "emit it in the judged span's context or with its gen_ai.response.id"
+        )
+    if not batch.calls and not batch.verdicts:
+        return outcome
+    with session_scope(engine) as session:
+        one_writer_at_a_time(session, PG_IMPORT_LOCK)  # the importer's lock: one join at a time
+        _Join(session, batch, actor, outcome).run()
+    return outcome
+
+
+class _Join:
+    def __init__(self, session: Session, batch: Batch, actor: Actor, outcome: Outcome) -> None:
+        self.session, self.batch, self.actor, self.outcome = session, batch, actor, outcome
+        self.calls = {call.key: call for call in batch.calls}
+        self.verdicts: dict[str, list[Verdict]] = defaultdict(list)
+        self.stored: dict[str, OtlpSpan] = {}
+        from lib.config import get_settings
+
+        self.product_attr = get_settings().otlp_product_attribute
+
+    def run(self) -> None:
+        self._load()
+        self._route_verdicts()
+        ready: list[tuple[str, SpanCall, list[Verdict]]] = []
+        for key in list(dict.fromkeys([*self.calls, *self.verdicts])):
+            row = self.stored.get(key)
+            verdicts = self.verdicts.get(key, [])
+            if row is not None and row.snapshot_id is not None:
+                if verdicts:
+                    self._add_late(key, row.snapshot_id, verdicts)
+                continue
+            call = self.calls.get(key) or (
+                SpanCall(**row.span_json) if row is not None and row.span_json else None
+            )
+            pending = [_verdict_of(v) for v in row.pending_json] if row is not None else []
+            verdicts = pending + verdicts
+            if call is None:
+                self._keep(key, None, verdicts)
+            elif not verdicts:
+                self._keep(key, call, [])
+            elif call.missing:
+                self._forget(key)
+                self.outcome.reject(
+                    self.batch,
+                    key,
+                    f"{call.label()} has evaluations ({', '.join(_metrics(verdicts))}) but no "
+                    f"{' and no '.join(call.missing)}: it cannot become an evaluation",
+                )
+            else:
+                ready.append((key, call, verdicts))
+        self._import(ready)
+
+    # -- reading what is stored
+
+    def _load(self) -> None:
+        keys = set(self.calls) | {v.key for v in self.batch.verdicts if v.key}
+        responses = {c.response_id for c in self.batch.calls if c.response_id}
+        responses |= {v.response_id for v in self.batch.verdicts if v.response_id and not v.key}
+        keys |= {f"response:{r}" for r in responses}
+        for part in _slices(sorted(keys)):
+            for row in self.session.scalars(select(OtlpSpan).where(col(OtlpSpan.key).in_(part))):
+                self.stored[row.key] = row
+        for part in _slices(sorted(responses)):
+            for row in self.session.scalars(select(OtlpSpan).where(col(OtlpSpan.response_id).in_(part))):
+                self.stored.setdefault(row.key, row)
+
+    def _route_verdicts(self) -> None:
+        """Each verdict to its span's key: its own context, else the span its response id names."""
+        by_response = {c.response_id: c.key for c in self.batch.calls if c.response_id}
+        for row in self.stored.values():
+            if row.response_id and not row.key.startswith("response:"):
+                by_response.setdefault(row.response_id, row.key)
+        for verdict in self.batch.verdicts:
+            key = verdict.key
+            if key is None and verdict.response_id:
+                key = by_response.get(verdict.response_id, f"response:{verdict.response_id}")
+                self.batch.items[key] += self.batch.items.pop(f"response:{verdict.response_id}", 0)
+            if key is not None:
+                self.verdicts[key].append(verdict)
+        # Verdicts that waited under a response id join the span that now names it.
+        for call in self.batch.calls:
+            waiting = self.stored.get(f"response:{call.response_id}") if call.response_id else None
+            if waiting is not None and waiting.pending_json:
+                self.verdicts[call.key][:0] = [_verdict_of(v) for v in waiting.pending_json]
+                self._forget(waiting.key)
+
+    # -- writing
+
+    def _keep(self, key: str, call: SpanCall | None, verdicts: list[Verdict]) -> None:
+        """The span or verdicts wait for the other half (merged with what already waits)."""
+        row = self.stored.get(key)
+        pending = _dedupe(verdicts)
+        response_id = call.response_id if call is not None else None
+        if response_id is None and key.startswith("response:"):
+            response_id = key.removeprefix("response:")
+        if row is None:
+            row = OtlpSpan(key=key, response_id=response_id)
+            self.stored[key] = row
+        row.span_json = asdict(call) if call is not None else row.span_json
+        row.response_id = row.response_id or response_id
+        row.pending_json = [_verdict_json(v) for v in pending]
+        row.received_at = utcnow()
+        self.session.add(row)
+        self.outcome.waiting += 1
+
+    def _forget(self, key: str) -> None:
+        row = self.stored.pop(key, None)
+        if row is not None:
+            self.session.delete(row)
+
+    def _import(self, ready: list[tuple[str, SpanCall, list[Verdict]]]) -> None:
+        if not ready:
+            return
+        evaluations: list[SourceEvaluation] = []
+        accepted: list[tuple[str, SpanCall, list[Verdict]]] = []
+        for key, call, verdicts in ready:
+            if any(v.metric is None for v in verdicts):
+                self._forget(key)
+                self.outcome.reject(
+                    self.batch, key, f"{call.label()}: an evaluation event has no gen_ai.evaluation.name"
+                )
+                continue
+            evaluations.append(_evaluation(call, verdicts, self.product_attr))
+            accepted.append((key, call, verdicts))
+        refused: set[int] = set()
+
+        def on_invalid(index: int, exc: ImportFailed) -> None:
+            refused.add(index)
+            self._forget(accepted[index][0])
+            self.outcome.reject(self.batch, accepted[index][0], str(exc))
+
+        report = import_source_evaluations(
+            session=self.session,
+            evaluations=evaluations,
+            source="OTLP",
+            reviewer=self.actor,
+            on_invalid=on_invalid,
+        )
+        self.outcome.evaluations += report.inserted
+        self.outcome.judgments += report.judgments
+        self._link([item for i, item in enumerate(accepted) if i not in refused])
+
+    def _link(self, accepted: list[tuple[str, SpanCall, list[Verdict]]]) -> None:
+        """Note each span's evaluation; metrics a same-content evaluation lacked are added to it."""
+        from lib.snapshots import source_key_of
+
+        source_keys = {
+            key: source_key_of(str(call.product).strip(), str(call.question), str(call.answer), call.model)
+            for key, call, _ in accepted
+        }
+        found: dict[str, tuple[str, set[str]]] = {}
+        for part in _slices(sorted(set(source_keys.values()))):
+            rows = self.session.execute(
+                select(_SNAPSHOTS.c.source_key, _SNAPSHOTS.c.id, _SNAPSHOTS.c.judge_scores_json).where(
+                    _SNAPSHOTS.c.source_key.in_(part)
+                )
+            )
+            for source_key, snapshot_id, judged in rows:
+                found[source_key] = (snapshot_id, set(_json_dict(judged)))
+        new_rows, replaced = [], []
+        for key, call, verdicts in accepted:
+            snapshot_id, judged = found[source_keys[key]]
+            if key in self.stored:
+                replaced.append(key)
+            new_rows.append(
+                {
+                    "key": key,
+                    "response_id": call.response_id,
+                    "snapshot_id": snapshot_id,
+                    "span_json": None,
+                    "pending_json": [],
+                    "received_at": utcnow(),
+                }
+            )
+            if any(
+                str(v.metric) not in judged and metric_slug(str(v.metric)) not in judged for v in verdicts
+            ):
+                self._add_late(key, snapshot_id, verdicts)  # the same answer was stored without them
+        for part in _slices(replaced):
+            self.session.execute(delete(_SPANS).where(_SPANS.c.key.in_(part)))
+        for key in replaced:
+            self.session.expunge(self.stored.pop(key))
+        if new_rows:
+            self.session.execute(insert(_SPANS), new_rows)
+
+    def _add_late(self, key: str, snapshot_id: str, verdicts: list[Verdict]) -> None:
+        """Verdicts for a span that is already an evaluation: new metrics become its judgments."""
+        if any(v.metric is None for v in verdicts):
+            self.outcome.reject(
+                self.batch, key, f"{describe(key)}: an evaluation event has no gen_ai.evaluation.name"
+            )
+            verdicts = [v for v in verdicts if v.metric is not None]
+        try:
+            self.outcome.judgments += add_source_verdicts(
+                session=self.session,
+                snapshot_id=snapshot_id,
+                verdicts=[v.source() for v in _dedupe(verdicts)],
+                where=describe(key),
+                reviewer=self.actor,
+            )
+        except ImportFailed as exc:
+            self.outcome.reject(self.batch, key, str(exc))
+
+
+def _stored_call(row: OtlpSpan | None) -> SpanCall:
+    assert row is not None and row.span_json is not None
+    return SpanCall(**row.span_json)
+
+
+def _json_dict(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        value = json.loads(value)
+    return value if isinstance(value, dict) else {}
+
+
+def _slices(values: list[str]) -> Iterator[list[str]]:
+    for i in range(0, len(values), _IN_SLICE):
+        yield values[i : i + _IN_SLICE]
+
+
+def _metrics(verdicts: Iterable[Verdict]) -> list[str]:
+    return list(dict.fromkeys(str(v.metric) for v in verdicts))
+
+
+def _dedupe(verdicts: list[Verdict]) -> list[Verdict]:
+    """The first verdict per metric (a re-sent event is the same verdict again)."""
+    seen: dict[str | None, Verdict] = {}
+    for verdict in verdicts:
+        seen.setdefault(verdict.metric, verdict)
+    return list(seen.values())
+
+
+def _evaluation(call: SpanCall, verdicts: list[Verdict], product_attr: str) -> SourceEvaluation:
+    """The span and its verdicts for the shared mapping (lib.source_records), its fields named as
+    OTLP names them so a refusal points at the attribute."""
+    return SourceEvaluation(
+        where=call.label(),
+        product=str(call.product),
+        question=call.question,
+        answer=call.answer,
+        verdicts=[v.source() for v in _dedupe(verdicts)],
+        model_name=call.model,
+        language=call.language,
+        created_at=call.created_at,
+        fields={
+            "question": QUESTION_ATTRIBUTE,
+            "model_answer": ANSWER_ATTRIBUTE,
+            "product": product_attr,
+            "model_name": "gen_ai.response.model",
+            "language": "language attribute (OVERRULE_OTLP_LANGUAGE_ATTRIBUTE)",
+        },
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Answers
+
+
+def response_body(signal: str, outcome: Outcome, kind: str) -> bytes:
+    """ExportTraceServiceResponse / ExportLogsServiceResponse in the request's encoding: a
+    partial success when something was rejected, otherwise empty."""
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+    response: Any = ExportTraceServiceResponse() if signal == "traces" else ExportLogsServiceResponse()
+    if outcome.rejected or outcome.messages:
+        partial = response.partial_success
+        if signal == "traces":
+            partial.rejected_spans = outcome.rejected
+        else:
+            partial.rejected_log_records = outcome.rejected
+        partial.error_message = "; ".join(outcome.messages)
+    if kind == PROTOBUF:
+        return response.SerializeToString()
+    return json_format.MessageToJson(response, indent=None).encode()
+
+
+def status_body(code: int, message: str, kind: str) -> bytes:
+    """A google.rpc.Status (OTLP's error body) in the request's encoding."""
+    if kind == JSON:
+        return json.dumps({"code": code, "message": message}).encode()
+    text = message.encode()
+    return b"\x08" + _varint(code) + b"\x12" + _varint(len(text)) + text
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+# A google.rpc.Code for an HTTP status OTLP names (Status.code is a gRPC code, not an HTTP one).
+GRPC_CODE = {400: 3, 401: 16, 403: 7, 413: 3, 415: 3, 429: 8, 503: 14}

@@ -1,0 +1,342 @@
+"""The OTLP/HTTP receiver (issue 29.1): GenAI spans and evaluation events sent by the OpenTelemetry
+SDK's own exporters and encoders become evaluations, over real HTTP (uvicorn; the Streamlit server
+for the end-to-end test with the instrumented `openai` client)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from sqlalchemy import Engine
+from sqlmodel import Session, select
+from starlette.applications import Starlette
+from starlette.routing import Mount
+
+from lib.api import API_PREFIX, create_app, otlp_root_routes
+from lib.auth import system_actor
+from lib.models import EvaluationSnapshot, Judgment, OtlpSpan
+from lib.tokens import create_token
+from tests.test_api import count, serving
+
+PROTOBUF = {"Content-Type": "application/x-protobuf"}
+EVAL = "gen_ai.evaluation.result"
+
+
+class Receiver:
+    """The API (with OTLP's root paths, as serve.py mounts them) on uvicorn, and a lead's token."""
+
+    def __init__(self, base: str, engine: Engine, secrets: dict[str, str]) -> None:
+        self.base, self.engine, self.secrets = base, engine, secrets
+
+    def post(self, path: str, body: bytes, role: str = "lead", **headers: str) -> httpx.Response:
+        sent = {"Authorization": f"Bearer {self.secrets[role]}", **PROTOBUF, **headers}
+        return httpx.post(self.base + path, content=body, headers=sent, timeout=30)
+
+
+@contextmanager
+def _receiving(engine: Engine) -> Iterator[Receiver]:
+    secrets = {}
+    with Session(engine) as session:
+        for role in ("viewer", "lead"):
+            _, secrets[role] = create_token(
+                session=session, actor=system_actor(), name=f"o-{role}", role=role
+            )
+        session.commit()
+    api = create_app(engine, max_json_mb=1)
+    with serving(Starlette(routes=[Mount(API_PREFIX, app=api), *otlp_root_routes(api)])) as port:
+        yield Receiver(f"http://127.0.0.1:{port}", engine, secrets)
+
+
+@pytest.fixture
+def receiver(sqlite_engine: Engine) -> Iterator[Receiver]:
+    with _receiving(sqlite_engine) as running:
+        yield running
+
+
+@pytest.fixture
+def any_receiver(engine: Engine) -> Iterator[Receiver]:
+    """On SQLite and PostgreSQL: the join's reads and writes under the import lock."""
+    with _receiving(engine) as running:
+        yield running
+
+
+class Telemetry:
+    """An SDK tracer and logger whose spans and log records are kept to be encoded as OTLP."""
+
+    def __init__(self, service: str = "support-bot") -> None:
+        resource = Resource.create({"service.name": service})
+        self.spans = InMemorySpanExporter()
+        self.tracer_provider = TracerProvider(resource=resource)
+        self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.logs = InMemoryLogRecordExporter()
+        self.logger_provider = LoggerProvider(resource=resource)
+        self.logger_provider.add_log_record_processor(SimpleLogRecordProcessor(self.logs))
+        self.tracer = self.tracer_provider.get_tracer("test")
+        self.logger = self.logger_provider.get_logger("judge")
+
+    def call(
+        self, question: str, answer: str | None, *, events: dict[str, float] | None = None, **attrs: Any
+    ) -> Any:
+        """A chat span as GenAI instrumentation records it, with evaluation span events."""
+        attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": "m1",
+            "gen_ai.input.messages": json.dumps(
+                [{"role": "user", "parts": [{"type": "text", "content": question}]}]
+            ),
+            **attrs,
+        }
+        if answer is not None:
+            attributes["gen_ai.output.messages"] = json.dumps(
+                [{"role": "assistant", "parts": [{"type": "text", "content": answer}]}]
+            )
+        with self.tracer.start_as_current_span("chat m1", attributes=attributes) as span:
+            for name, score in (events or {}).items():
+                span.add_event(EVAL, {"gen_ai.evaluation.name": name, "gen_ai.evaluation.score.value": score})
+        return span.get_span_context()
+
+    def verdict(self, name: str, score: float, context: Any = None, **attrs: Any) -> None:
+        """A `gen_ai.evaluation.result` event as a log record, in the judged span's context."""
+        ctx = trace.set_span_in_context(trace.NonRecordingSpan(context)) if context is not None else None
+        self.logger.emit(
+            event_name=EVAL,
+            context=ctx,
+            attributes={"gen_ai.evaluation.name": name, "gen_ai.evaluation.score.value": score, **attrs},
+        )
+
+    def traces(self) -> bytes:
+        body = encode_spans(self.spans.get_finished_spans()).SerializeToString()
+        self.spans.clear()
+        return body
+
+    def log_body(self) -> bytes:
+        body = encode_logs(self.logs.get_finished_logs()).SerializeToString()
+        self.logs.clear()
+        return body
+
+
+def judgments(engine: Engine) -> dict[str, tuple[str, str | None]]:
+    with Session(engine) as session:
+        return {j.metric: (j.decision, j.reasoning) for j in session.exec(select(Judgment))}
+
+
+def test_span_events_and_late_log_events_join_their_span_and_resends_add_nothing(
+    any_receiver: Receiver,
+) -> None:
+    receiver = any_receiver
+    t = Telemetry()
+    ctx = t.call("Capital of France?", "Paris.", events={"truthfulness": 5, "clarity": 4})
+    waiting = t.call("Capital of Spain?", "Madrid.")  # judged later, by log records
+    r = receiver.post("/v1/traces", t.traces())
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "application/x-protobuf"
+    assert not ExportTraceServiceResponse.FromString(r.content).HasField("partial_success")
+    assert count(receiver.engine, EvaluationSnapshot) == 1
+    assert judgments(receiver.engine) == {"truthfulness": ("5", None), "clarity": ("4", None)}
+
+    t.verdict("helpfulness", 3, ctx, **{"gen_ai.evaluation.explanation": "terse"})  # after its span
+    t.verdict("safety", 5, waiting)
+    logs = t.log_body()
+    r = receiver.post(f"{API_PREFIX}/otlp/v1/logs", logs)
+    assert r.status_code == 200, r.text
+    assert not ExportLogsServiceResponse.FromString(r.content).HasField("partial_success")
+    with Session(receiver.engine) as session:
+        snapshots = {s.question: s for s in session.exec(select(EvaluationSnapshot))}
+        assert set(snapshots["Capital of France?"].judge_scores_json) == {
+            "truthfulness",
+            "clarity",
+            "helpfulness",
+        }
+        assert snapshots["Capital of France?"].judge_scores_json["helpfulness"]["reason"] == "terse"
+        assert snapshots["Capital of Spain?"].model_answer == "Madrid."
+        assert snapshots["Capital of Spain?"].product == "support-bot"
+        assert snapshots["Capital of Spain?"].model_name == "m1"
+    assert count(receiver.engine, Judgment) == 4
+
+    # The same export again (both signals), gzip this time: nothing new.
+    t.call("Capital of France?", "Paris.", events={"truthfulness": 5, "clarity": 4})
+    assert (
+        receiver.post("/v1/traces", gzip.compress(t.traces()), **{"Content-Encoding": "gzip"}).status_code
+        == 200
+    )
+    assert receiver.post("/v1/logs", logs).status_code == 200
+    assert count(receiver.engine, EvaluationSnapshot) == 2
+    assert count(receiver.engine, Judgment) == 4
+
+
+def test_events_before_their_span_wait_and_join_it_by_response_id(receiver: Receiver) -> None:
+    t = Telemetry()
+    t.verdict("truthfulness", 2, None, **{"gen_ai.response.id": "chatcmpl-42"})
+    assert receiver.post("/v1/logs", t.log_body()).status_code == 200
+    assert count(receiver.engine, EvaluationSnapshot) == 0
+    with Session(receiver.engine) as session:
+        waiting = session.exec(select(OtlpSpan)).one()
+        assert waiting.key == "response:chatcmpl-42" and waiting.pending_json[0]["metric"] == "truthfulness"
+    t.call("What is 2+2?", "5", **{"gen_ai.response.id": "chatcmpl-42"})
+    assert receiver.post("/v1/traces", t.traces()).status_code == 200
+    assert judgments(receiver.engine) == {"truthfulness": ("2", None)}
+    with Session(receiver.engine) as session:
+        assert [row.snapshot_id is not None for row in session.exec(select(OtlpSpan))] == [True]
+
+
+def test_what_cannot_be_mapped_is_named_in_the_partial_success(receiver: Receiver) -> None:
+    t = Telemetry()
+    t.call("No answer recorded?", None, events={"truthfulness": 4})
+    t.call("Off the scale?", "Yes.", events={"truthfulness": 9})
+    t.call("Mapped?", "Yes.", events={"clarity": 3})
+    r = receiver.post("/v1/traces", t.traces())
+    assert r.status_code == 200
+    partial = ExportTraceServiceResponse.FromString(r.content).partial_success
+    assert partial.rejected_spans == 2
+    assert "span 'chat m1' (trace " in partial.error_message
+    assert "no gen_ai.output.messages" in partial.error_message
+    assert "score 9 for 'truthfulness' is outside its scale 1–5" in partial.error_message
+    assert judgments(receiver.engine) == {"clarity": ("3", None)}
+    t.verdict("truthfulness", 3)  # no span context, no response id
+    answer = receiver.post("/v1/logs", t.log_body(), **{"Content-Type": "application/json"})
+    # A protobuf body declared as JSON is malformed JSON: refused whole, nothing stored.
+    assert answer.status_code == 400 and answer.json()["message"].startswith("malformed JSON")
+
+
+def test_otlp_json_bodies_and_refusals(receiver: Receiver) -> None:
+    span = {
+        "traceId": "5b8efff798038103d269b633813fc60c",
+        "spanId": "eee19b7ec3c1b174",
+        "name": "chat",
+        "startTimeUnixNano": "1700000000000000000",
+        "attributes": [
+            {"key": "gen_ai.input.messages", "value": {"stringValue": '[{"role":"user","content":"Hi?"}]'}},
+            {"key": "output.value", "value": {"stringValue": "Hello."}},
+            {"key": "service.name", "value": {"stringValue": "json-bot"}},
+        ],
+        "events": [
+            {
+                "name": "gen_ai.evaluation.result",
+                "attributes": [
+                    {"key": "gen_ai.evaluation.name", "value": {"stringValue": "clarity"}},
+                    {"key": "gen_ai.evaluation.score.value", "value": {"intValue": "4"}},
+                    {"key": "gen_ai.evaluation.score.label", "value": {"stringValue": "clear"}},
+                ],
+            }
+        ],
+    }
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+    json_type = {"Content-Type": "application/json"}
+    assert receiver.post("/v1/traces", body, role="viewer", **json_type).status_code == 403
+    assert receiver.post("/v1/traces", body, **{"Content-Type": "text/plain"}).status_code == 415
+    refused = receiver.post("/v1/traces", b"x" * (1024 * 1024 + 1), **json_type)
+    assert refused.status_code == 413
+    bomb = gzip.compress(b" " * (3 * 1024 * 1024))
+    assert receiver.post("/v1/traces", bomb, **json_type, **{"Content-Encoding": "gzip"}).status_code == 413
+    assert count(receiver.engine, EvaluationSnapshot) == 0
+    r = receiver.post("/v1/traces", body, **json_type)
+    assert r.status_code == 200 and r.json() == {}
+    with Session(receiver.engine) as session:
+        snapshot = session.exec(select(EvaluationSnapshot)).one()
+    assert (snapshot.product, snapshot.question, snapshot.model_answer) == ("json-bot", "Hi?", "Hello.")
+    assert judgments(receiver.engine) == {"clarity": ("4", "clear")}
+
+
+def test_an_instrumented_openai_call_reaches_the_running_app_and_its_evaluations_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sqlite_url: str, sqlite_engine: Engine
+) -> None:
+    """Issue 29's done-when: the real `openai` client instrumented by opentelemetry-instrumentation-openai-v2
+    against the scripted server; the SDK's OTLP/HTTP exporters post to the Streamlit server's /v1/..."""
+    import openai
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
+    from streamlit.testing.v1 import AppTest
+
+    from lib.config import reset_settings
+    from lib.scripted_llm import running_llm_server, text
+    from tests.browser.conftest import ROOT, StreamlitServer
+    from tests.test_server import _server_env
+
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "SPAN_ONLY")
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental")
+    env = {**_server_env(tmp_path), "OVERRULE_DATABASE_URL": sqlite_url}
+    server = StreamlitServer(env, tmp_path / "server.log")
+    engine = sqlite_engine
+    try:
+        with Session(engine) as session:
+            _, secret = create_token(session=session, actor=system_actor(), name="pipeline", role="lead")
+            session.commit()
+        auth = {"Authorization": f"Bearer {secret}"}
+        span_exporter = OTLPSpanExporter(endpoint=f"{server.base_url}/v1/traces", headers=auth)
+        log_exporter = OTLPLogExporter(endpoint=f"{server.base_url}/v1/logs", headers=auth)
+        t = Telemetry("travel-bot")  # keeps a copy of what is exported, to export it again below
+        t.tracer_provider.add_span_processor(SimpleSpanProcessor(span_exporter))
+        t.logger_provider.add_log_record_processor(SimpleLogRecordProcessor(log_exporter))
+        instrumentor = OpenAIInstrumentor()
+        instrumentor.instrument(tracer_provider=t.tracer_provider)
+        try:
+            with running_llm_server() as llm:
+                llm.script(text("Lisbon is the capital of Portugal."))
+                client = openai.OpenAI(base_url=llm.base_url, api_key="test", max_retries=0)
+                reply = client.chat.completions.create(
+                    model="test-model", messages=[{"role": "user", "content": "Capital of Portugal?"}]
+                )
+        finally:
+            instrumentor.uninstrument()
+        # The judge's verdicts name the response they judge (the span itself ended with the call).
+        for name, score, why in (("truthfulness", 5, "correct"), ("clarity", 4, "one sentence")):
+            t.verdict(
+                name, score, None, **{"gen_ai.response.id": reply.id, "gen_ai.evaluation.explanation": why}
+            )
+        assert judgments(engine) == {"truthfulness": ("5", "correct"), "clarity": ("4", "one sentence")}
+        with Session(engine) as session:
+            snapshot = session.exec(select(EvaluationSnapshot)).one()
+        assert (snapshot.product, snapshot.question) == ("travel-bot", "Capital of Portugal?")
+        assert (snapshot.model_answer, snapshot.model_name) == (
+            "Lisbon is the capital of Portugal.",
+            "test-model",
+        )
+
+        # The same data exported again by the same exporters adds nothing.
+        assert span_exporter.export(t.spans.get_finished_spans()).name == "SUCCESS"
+        assert log_exporter.export(t.logs.get_finished_logs()).name == "SUCCESS"
+        assert (count(engine, EvaluationSnapshot), count(engine, Judgment)) == (1, 2)
+
+        # A span with an evaluation but no answer: the partial success names it and what it lacks.
+        t.spans.clear()
+        lost = t.call("Capital of Peru?", None, events={"truthfulness": 1})
+        r = httpx.post(f"{server.base_url}/v1/traces", content=t.traces(), headers={**auth, **PROTOBUF})
+        partial = ExportTraceServiceResponse.FromString(r.content).partial_success
+        assert r.status_code == 200 and partial.rejected_spans == 1
+        assert (
+            f"span 'chat m1' (trace {lost.trace_id:032x}, span {lost.span_id:016x})" in partial.error_message
+        )
+        assert "no gen_ai.output.messages" in partial.error_message
+        assert count(engine, EvaluationSnapshot) == 1
+
+        monkeypatch.setenv("OVERRULE_DATABASE_URL", sqlite_url)
+        reset_settings()
+        page = str(ROOT / "pages/evaluations.py")
+        listed = AppTest.from_file(page, default_timeout=60).run()
+        assert not listed.exception
+        assert list(listed.dataframe[0].value["id"]) == [snapshot.id]
+        detail = AppTest.from_file(page, default_timeout=60)
+        detail.query_params["snapshot"] = snapshot.id
+        shown = " ".join(m.value for m in detail.run().markdown)
+        assert "Lisbon is the capital of Portugal." in shown and "one sentence" in shown
+    finally:
+        server.stop()
+        reset_settings()
