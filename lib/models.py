@@ -873,3 +873,17 @@ class OtlpSpan(SQLModel, table=True):
     span_json: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     pending_json: list[Any] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     received_at: datetime = Field(default_factory=utcnow)
+
+
+class ReviewerPreference(SQLModel, table=True):
+    """A reviewer's remembered choice on a page (lib.preferences), e.g. the review page's queue and
+    filters: kept in the database so a reload, a new tab or another device starts where they were."""
+
+    __tablename__ = "reviewer_preferences"
+    __table_args__ = (UniqueConstraint("reviewer", "name", name="uq_reviewer_preference"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    reviewer: str = Field(max_length=320)
+    name: str = Field(max_length=64)  # which choice, e.g. "review"
+    value: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    updated_at: datetime = Field(default_factory=utcnow)
