@@ -43,7 +43,15 @@ from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
 from lib import counters, reservations
-from lib.auth import Actor, Permission, PermissionDenied, authorize, identity_of, normalize_identity
+from lib.auth import (
+    Actor,
+    Permission,
+    PermissionDenied,
+    authorize,
+    identity_of,
+    normalize_identity,
+    role_allows,
+)
 from lib.corrections import (
     REVIEW_STATES,
     DecisionScale,
@@ -70,6 +78,7 @@ from lib.models import (
     ReviewQueue,
     ReviewQueueItem,
     ReviewQueueJudgment,
+    UserRole,
 )
 from lib.review_queue import QueueItem, held_by_team_queue, score_keys
 
@@ -1913,3 +1922,78 @@ def rebuild_queue_counts(session: Session) -> None:
                 qj.labels = labels.get(qj.judgment_id, 0)
                 session.add(qj)
     session.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# For the lead's page: what a queue would take, and who could review it
+
+PREVIEW_CAP = MAX_QUEUE_ITEMS * 10  # judgments counted at most by a preview
+
+
+@dataclass(frozen=True)
+class QueuePreview:
+    """How much a queue spec matches before it is created: items (evaluations and stand-alone
+    judgments) and their judgments, counted up to PREVIEW_CAP judgments (`capped`: there are more)."""
+
+    items: int
+    judgments: int
+    capped: bool
+
+    def taken(self, size: int) -> int:
+        """How many items a queue of `size` takes from these."""
+        return min(size, self.items)
+
+
+def preview_queue(*, session: Session, spec: QueueSpec, cap: int = PREVIEW_CAP) -> QueuePreview:
+    """What `create_queue` would draw from with this spec (QueueError when the spec is wrong; the
+    name is not checked): one count over the matching judgments, stopped at `cap`."""
+    spec = _check_spec(QueueSpec(**{**spec.__dict__, "name": spec.name or "preview"}))
+    matching = _candidates(spec, Judgment.id, Judgment.snapshot_id).limit(cap + 1).subquery()
+    judgments, evaluations, singles = session.execute(
+        select(
+            func.count(),
+            func.count(func.distinct(matching.c.snapshot_id)),
+            func.count().filter(matching.c.snapshot_id.is_(None)),
+        ).select_from(matching)
+    ).one()
+    return QueuePreview(
+        items=int(evaluations) + int(singles), judgments=int(judgments), capped=judgments > cap
+    )
+
+
+def reviewer_names(*, session: Session) -> list[str]:
+    """Names a lead can assign a queue to: identities with a role that may review, and everyone
+    who has labelled, reserved or been assigned in a queue (sorted, without duplicates)."""
+    names = {
+        identity
+        for identity, role in session.execute(select(UserRole.identity, UserRole.role)).all()
+        if role_allows(role, Permission.REVIEW)
+    }
+    names |= set(session.exec(select(ReviewLabel.reviewer).distinct()).all())
+    names |= set(session.exec(select(ReviewAssignment.reviewer).distinct()).all())
+    for assigned in session.exec(select(ReviewQueue.reviewers)).all():
+        names |= set(assigned or [])
+    return sorted(n for n in names if n)
+
+
+OVERVIEW_COLUMNS = [
+    "id", "name", "status", "mode", "overlap", "reviewers", "items", "items_done", "reserved", "remaining",
+    "awaiting_adjudication", "resolved", "adjudicated", "progress", "created_by", "created_at",
+]  # fmt: skip
+
+
+def queue_overview_frame(rows: Sequence[tuple[ReviewQueue, QueueProgress]]) -> pd.DataFrame:
+    """Every queue with its progress, one row each: the lead's list of queues and its CSV."""
+    return pd.DataFrame(
+        [
+            {
+                "id": q.id, "name": q.name, "status": q.status, "mode": MODE_LABELS.get(q.mode, q.mode),
+                "overlap": q.overlap, "reviewers": ", ".join(q.reviewers or []) or "anyone",
+                "items": p.items, "items_done": p.items_done, "reserved": p.reserved, "remaining": p.remaining,
+                "awaiting_adjudication": p.disputed, "resolved": p.resolved, "adjudicated": p.adjudicated,
+                "progress": p.fraction, "created_by": q.created_by, "created_at": q.created_at,
+            }
+            for q, p in rows
+        ],
+        columns=OVERVIEW_COLUMNS,
+    )  # fmt: skip

@@ -218,13 +218,22 @@ def check_draft(draft: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def save_draft(
-    session: Session, *, queue_id: int | None, item_key: str, reviewer: str, draft: Mapping[str, Any]
+    session: Session,
+    *,
+    queue_id: int | None,
+    item_key: str,
+    reviewer: str,
+    draft: Mapping[str, Any],
+    now: datetime | None = None,
 ) -> ReviewAssignment | None:
-    """Keep the reviewer's unsent input for an item they have a row for; None when they have none."""
+    """Keep the reviewer's unsent input for an item they have a row for; None when they have none.
+    Typing is work on the item: a held lease is renewed."""
     row = find(session, queue_id=queue_id, item_key=item_key, reviewer=reviewer)
     if row is None:
         return None
     row.draft = check_draft(draft)
+    if row.status == RESERVED:
+        renew(row, utc(now))
     session.add(row)
     session.flush()
     return row

@@ -477,6 +477,7 @@ class MetricRow:
     judge_reason: str
     evidence: tuple[EvidenceItem, ...]
     keys: dict[str, str]
+    user_reason: str = ""  # the evaluated user's reason for their score, when they gave one
 
 
 @dataclass(frozen=True)
@@ -533,6 +534,7 @@ def load_workspace(*, session: Session, item: QueueItem) -> Workspace:
             judge_reason=card.judge_reason or judgment.reasoning or "",
             evidence=card.evidence,
             keys=score_keys(scale),
+            user_reason=card.user_reason,
         )
         # Largest gap first, rescaled so scales compare; rows without a gap last, in rubric order.
         ranked.append(((1, 0.0, position) if rescaled is None else (0, -rescaled, position), row))
@@ -553,7 +555,8 @@ def _bare_row(session: Session, judgment: Judgment) -> MetricRow:
     scale = decision_scale(session=session, judgment=judgment)
     return MetricRow(
         judgment=judgment,
-        title=judgment.metric or judgment.change_id,
+        # A stand-alone judgment's subject (its change id) heads the item already: the row is its decision.
+        title=judgment.metric or "Decision",
         scale=scale,
         user_score=None,
         gap=None,
