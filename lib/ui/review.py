@@ -10,12 +10,14 @@ outcome is kept as a "flash" message that the next run shows. All data text is e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
 
-from lib import corrections, review_queue
+from lib import corrections, display, queues, reservations, review_queue
 from lib.auth import Permission, PermissionDenied
 from lib.corrections import (
     DecisionScale,
@@ -26,6 +28,7 @@ from lib.corrections import (
     ReviewConflict,
 )
 from lib.display import role_label
+from lib.highlight import metric_palette, sanitize_slug
 from lib.models import Judgment, JudgmentEvent
 from lib.review_queue import MetricRow, Workspace
 from lib.safe_markdown import escape_markdown
@@ -39,8 +42,10 @@ from lib.ui import (
     session_scope,
     show_flash,
 )
-from lib.ui.evidence import format_score, render_evidence_list
+from lib.ui.evidence import format_score, render_answer, render_evidence_list, render_long_text
 from lib.ui.tables import datetime_column, show_table, text_column
+
+log = logging.getLogger(__name__)
 
 
 def _submit(
@@ -325,7 +330,8 @@ def review_card_extra(key_prefix: str) -> Callable[[Any], None]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The review queue's workspace: compact metric rows driven by the keyboard
+# The review queue's workspace: compact metric rows driven by the keyboard, and the selected
+# metric's reasons under them
 
 NEXT_KEY, PREVIOUS_KEY, CONFIRM_KEY, CANCEL_KEY, SKIP_KEY, UNDO_KEY = "J", "K", "Y", "Esc", "S", "U"
 _UNDO_HINT = f" {UNDO_KEY} undoes it."
@@ -334,15 +340,160 @@ KEY_MAP = (
     "a score key (1–5 on a 1–5 scale) overrules with that score, then type the reason and press Enter "
     f"({CANCEL_KEY} cancels) · {SKIP_KEY} skip the evaluation · {UNDO_KEY} undo your last decision."
 )
+# How long typing pauses before the reason is kept as a draft (one small write per pause, not per key).
+DRAFT_PAUSE = "1s"
 
 
-def _selected(key: str, rows: Sequence[MetricRow]) -> int:
-    """The row the keys act on, kept inside the rows that are still open; an undone judgment's row
-    when an undo just reopened one."""
+@dataclass(frozen=True)
+class Target:
+    """Where the workspace's decisions go: reviews in the default queue (`queue_id` None, through
+    `corrections.record_review`) or the reviewer's labels in a team queue (`lib.queues`), and the
+    item whose draft keeps what the reviewer typed but did not send."""
+
+    item_key: str
+    queue_id: int | None = None
+    item_id: int | None = None
+    blind_first: bool = False  # a blind-first queue after the reveal: ✓ keeps the reviewer's own score
+
+    @property
+    def team(self) -> bool:
+        return self.queue_id is not None
+
+
+@dataclass(frozen=True)
+class Own:
+    """The reviewer's own label of a judgment in a team queue, and the judgment's state there."""
+
+    blind: str | None = None
+    blind_reason: str | None = None
+    final: str | None = None
+    reason: str | None = None
+    state: str = "open"
+
+
+def own_labels(labels: Mapping[int, Any], states: Mapping[int, str]) -> dict[int, Own]:
+    """`Own` per judgment from a team item's labels (ReviewLabel rows) and queue states."""
+    return {
+        judgment_id: Own(
+            blind=getattr(labels.get(judgment_id), "blind_decision", None),
+            blind_reason=getattr(labels.get(judgment_id), "blind_reason", None),
+            final=getattr(labels.get(judgment_id), "decision", None),
+            reason=getattr(labels.get(judgment_id), "reason", None),
+            state=state,
+        )
+        for judgment_id, state in states.items()
+    }
+
+
+def save_draft(target: Target, draft: Mapping[str, Any]) -> None:
+    """Keep the reviewer's unsent input for the item (lib.reservations; the lease is renewed too)."""
+    reviewer = current_reviewer()
+    if not reviewer:
+        return
+    try:
+        with session_scope() as session:
+            if target.team:
+                assert target.queue_id is not None and target.item_id is not None
+                queues.save_draft(
+                    session=session,
+                    queue_id=target.queue_id,
+                    item_id=target.item_id,
+                    reviewer=reviewer,
+                    draft=draft,
+                )
+            else:
+                reservations.save_draft(
+                    session, queue_id=None, item_key=target.item_key, reviewer=reviewer, draft=draft
+                )
+    except (ValueError, LookupError):  # the item is no longer theirs, or the draft is too large
+        log.info("draft not kept", exc_info=True)
+
+
+def _draft_entry(key: str, judgment_id: int, entry: Mapping[str, Any] | None) -> None:
+    """Put one judgment's unsent decision and reason into the page's copy of the draft (or drop it)."""
+    draft = dict(st.session_state.get(f"{key}_draft") or {})
+    if entry is None:
+        draft.pop(str(judgment_id), None)
+    else:
+        draft[str(judgment_id)] = dict(entry)
+    st.session_state[f"{key}_draft"] = draft
+
+
+def _store_draft(key: str) -> None:
+    target: Target | None = st.session_state.get(f"{key}_target")
+    if target is not None:
+        save_draft(target, dict(st.session_state.get(f"{key}_draft") or {}))
+
+
+def write_label(target: Target, judgment_id: int, decision: Any, reason: str, *, flash_key: str) -> bool:
+    """Save the reviewer's label of one judgment in a team queue and flash what happened to it."""
+    reviewer = current_actor()
+    if not reviewer:
+        flash(flash_key, "warning", "Enter your name in the sidebar first: every label records its reviewer.")
+        return False
+    assert target.queue_id is not None and target.item_id is not None
+    try:
+        with session_scope() as session:
+            outcome = queues.label_item(
+                session=session,
+                queue_id=target.queue_id,
+                item_id=target.item_id,
+                reviewer=reviewer,
+                labels=[queues.LabelInput(judgment_id=judgment_id, decision=decision, reason=reason or None)],
+            )
+    except PermissionDenied as exc:
+        flash(flash_key, "error", audit_denied(exc))
+        return False
+    except (
+        queues.ItemTaken,
+        queues.QueueError,
+        queues.QueueNotFound,
+        queues.NotRevealed,
+        InvalidDecision,
+        MissingReviewer,
+    ) as exc:
+        flash(flash_key, "error", f"Not saved: {exc}")
+        return False
+    state = outcome.states.get(judgment_id, "open")
+    after = {
+        "open": "it waits for the other reviewers' labels",
+        "resolved": "the reviewers agree, so it is decided",
+        "disputed": "the reviewers disagree, so a lead will decide it",
+    }.get(state, state)
+    done = " Every metric of this item has your label: here is the next one." if outcome.item_done else ""
+    flash(flash_key, "success", f"Your label {decision} is saved as {reviewer}; {after}.{done}")
+    return True
+
+
+def _decide(key: str, info: Mapping[str, Any], decision: Any, reason: str, flash_key: str) -> bool:
+    """Write a row's decision where the workspace's target sends it; True when it was saved."""
+    target: Target = st.session_state[f"{key}_target"]
+    if target.team:
+        saved = write_label(target, info["id"], decision, reason, flash_key=flash_key)
+    else:
+        action = "confirm" if corrections.same_decision(info["judge"], decision) else "overrule"
+        saved = write_review(
+            action, info["id"], info["version"], decision=None if action == "confirm" else decision,
+            reason=reason, flash_key=flash_key, hint=_UNDO_HINT,
+        )  # fmt: skip
+    if saved:
+        _draft_entry(key, info["id"], None)
+        _store_draft(key)
+    return saved
+
+
+def _selected(key: str, rows: Sequence[MetricRow], own: Mapping[int, Own]) -> int:
+    """The row the keys act on, kept inside the rows; an undone judgment's row when an undo just
+    reopened one; in a team queue, a new item starts at its first row without the reviewer's label."""
     reopened = st.session_state.pop(f"{key}_select_id", None)
     ids = [row.judgment.id for row in rows]
     if reopened in ids:
         st.session_state[f"{key}_selected"] = ids.index(reopened)
+    if f"{key}_selected" not in st.session_state and own:
+        first_open = next(
+            (i for i, j in enumerate(ids) if j is not None and own.get(j, Own()).final is None), 0
+        )
+        st.session_state[f"{key}_selected"] = first_open
     index = min(max(int(st.session_state.get(f"{key}_selected", 0)), 0), max(len(rows) - 1, 0))
     st.session_state[f"{key}_selected"] = index
     return index
@@ -351,30 +502,41 @@ def _selected(key: str, rows: Sequence[MetricRow]) -> int:
 def _move(key: str, step: int) -> None:
     """J / K: the next or previous metric row (clamped when the rows are drawn)."""
     st.session_state[f"{key}_selected"] = int(st.session_state.get(f"{key}_selected", 0)) + step
-    st.session_state.pop(f"{key}_pending", None)
+    _cancel(key)
 
 
-def _confirm(key: str, index: int, judgment_id: int, version: int, flash_key: str) -> None:
-    """Y or ✓: confirm the judge on this row."""
+def _select(key: str, index: int) -> None:
+    """A click on a metric's name: its row gets the keys and its reasons show under the rows."""
     st.session_state[f"{key}_selected"] = index
-    st.session_state.pop(f"{key}_pending", None)
-    write_review("confirm", judgment_id, version, flash_key=flash_key, hint=_UNDO_HINT)
+    _cancel(key)
 
 
-def _score(key: str, index: int, row_info: dict[str, Any], decision: str, flash_key: str) -> None:
-    """A score key on a row: the judge's own score confirms; any other asks for the reason first."""
+def _confirm(key: str, index: int, row_info: dict[str, Any], flash_key: str) -> None:
+    """Y or ✓: confirm the judge on this row (in a blind-first queue: keep your own score)."""
+    _score(key, index, row_info, row_info["keep"], flash_key)
+
+
+def _score(key: str, index: int, row_info: dict[str, Any], decision: str | None, flash_key: str) -> None:
+    """A score key on a row: the judge's own score (or, blind-first, your own) is saved at once; any
+    other asks for the reason first (kept as a draft while it is typed)."""
     st.session_state[f"{key}_selected"] = index
-    if corrections.same_decision(row_info["judge"], decision):
+    if decision is not None and (
+        corrections.same_decision(row_info["judge"], decision)
+        or (row_info.get("keep_reason") and corrections.same_decision(row_info["keep"], decision))
+    ):
         st.session_state.pop(f"{key}_pending", None)
-        write_review("confirm", row_info["id"], row_info["version"], flash_key=flash_key, hint=_UNDO_HINT)
+        _decide(key, row_info, decision, row_info.get("keep_reason") or "", flash_key)
         return
     st.session_state[f"{key}_pending"] = {**row_info, "decision": decision}
-    st.session_state[f"{key}_reason"] = ""
+    reason = str(row_info.get("keep_reason") or "")
+    st.session_state[f"{key}_reason"] = reason
     st.session_state[f"{key}_focus"] = int(st.session_state.get(f"{key}_focus", 0)) + 1
+    _draft_entry(key, row_info["id"], {"decision": decision, "reason": reason})
+    _store_draft(key)
 
 
 def _save_overrule(key: str, flash_key: str) -> None:
-    """Enter in the reason field: overrule with the pending score and the typed reason."""
+    """Enter in the reason field (or Save): the pending score with the typed reason."""
     pending = st.session_state.get(f"{key}_pending")
     if not pending:
         return
@@ -382,43 +544,88 @@ def _save_overrule(key: str, flash_key: str) -> None:
     if decision is None:  # an unbounded scale: the score was typed in the form
         decision = st.session_state.get(f"{key}_value")
     reason = str(st.session_state.get(f"{key}_reason") or "")
-    saved = write_review(
-        "overrule", pending["id"], pending["version"], decision=decision, reason=reason, flash_key=flash_key,
-        hint=_UNDO_HINT,
-    )  # fmt: skip
-    if saved:
+    if _decide(key, pending, decision, reason, flash_key):
         st.session_state.pop(f"{key}_pending", None)
         st.session_state[f"{key}_reason"] = ""
 
 
+def _reason_typed(key: str) -> None:
+    """A pause in typing the reason: keep it as the item's draft (a reload shows it again)."""
+    pending = st.session_state.get(f"{key}_pending")
+    if not pending:
+        return  # saved or cancelled in the same run: nothing unsent is left
+    reason = str(st.session_state.get(f"{key}_reason") or "")
+    _draft_entry(key, pending["id"], {"decision": pending["decision"], "reason": reason})
+    _store_draft(key)
+
+
 def _cancel(key: str) -> None:
-    st.session_state.pop(f"{key}_pending", None)
+    pending = st.session_state.pop(f"{key}_pending", None)
+    if pending:
+        _draft_entry(key, pending["id"], None)
+        _store_draft(key)
+
+
+def _restore_pending(key: str, rows: Sequence[MetricRow], own: Mapping[int, Own]) -> None:
+    """A new session on an item with a draft: the unsent score and reason open again on their row."""
+    if st.session_state.get(f"{key}_pending"):
+        return
+    draft = st.session_state.get(f"{key}_draft") or {}
+    for index, row in enumerate(rows):
+        entry = draft.get(str(row.judgment.id))
+        if not isinstance(entry, Mapping) or own.get(row.judgment.id or 0, Own()).state != "open":
+            continue
+        if entry.get("decision") is None and not entry.get("reason"):
+            continue
+        st.session_state[f"{key}_pending"] = {**_row_info(row, own), "decision": entry.get("decision")}
+        st.session_state[f"{key}_reason"] = str(entry.get("reason") or "")
+        st.session_state[f"{key}_selected"] = index
+        return
 
 
 def _score_text(value: float | None) -> str:
     return format_score(value)
 
 
-def _row_help(row: MetricRow) -> None:
-    """The judge's reason and evidence for one row, on demand (inside its popover)."""
-    st.markdown(f"**{escape_markdown(row.title)}** · scale {escape_markdown(row.scale.describe())}")
-    if row.judgment.confidence is not None:
-        st.caption(f"Judge confidence {row.judgment.confidence:.0%}")
-    st.markdown("Judge's reason: " + (escape_markdown(row.judge_reason) if row.judge_reason else "—"))
-    if row.evidence:
-        render_evidence_list(row.evidence)
-    else:
-        st.caption("No evidence recorded for this metric.")
+def _row_info(row: MetricRow, own: Mapping[int, Own]) -> dict[str, Any]:
+    """What a row's buttons pass to their callbacks: the version seen, the judge's decision, and
+    what ✓ saves (the judge's decision; blind-first after the reveal, the reviewer's own score)."""
+    judgment = row.judgment
+    mine = own.get(judgment.id or 0)
+    keep, keep_reason = judgment.decision, None
+    if mine is not None and mine.blind is not None:
+        keep, keep_reason = mine.blind, mine.blind_reason or ""
+    return {
+        "id": judgment.id, "version": judgment.version, "judge": judgment.decision, "title": row.title,
+        "keep": keep, "keep_reason": keep_reason,
+    }  # fmt: skip
 
 
-def metric_rows(ws: Workspace, *, key: str, flash_key: str) -> None:
-    """One compact row per open judgment, largest gap first: metric, judge, user, gap, why, and the
-    buttons that decide. The selected row's buttons carry the keys, so the keyboard reaches every row.
+def metric_rows(
+    ws: Workspace,
+    *,
+    key: str,
+    flash_key: str,
+    target: Target,
+    own: Mapping[int, Own] | None = None,
+    draft: Mapping[str, Any] | None = None,
+) -> None:
+    """One compact row per judgment, largest gap first: metric, judge · user · gap, ✓ and the score
+    buttons; the selected row's buttons carry the keys, and its reasons show under the rows.
+
+    `own` (team queues): the reviewer's labels, shown on the rows and changeable while the
+    judgment collects labels. `draft`: the item's saved unsent input, reopened in a new session.
     """
+    own = own or {}
+    if st.session_state.get(f"{key}_target") != target:
+        st.session_state[f"{key}_target"] = target
+        st.session_state[f"{key}_draft"] = dict(draft or {})
+        st.session_state.pop(f"{key}_pending", None)
+        _restore_pending(key, ws.rows, own)
     denied = denied_reason(Permission.REVIEW) if current_actor() else None
     if denied:
         st.caption(f"🔒 {escape_markdown(denied)}")
-    selected = _selected(key, ws.rows)
+    selected = _selected(key, ws.rows, own)
     pending = st.session_state.get(f"{key}_pending")
     pending_id = pending["id"] if pending else None
     if pending_id is not None and pending_id not in {r.judgment.id for r in ws.rows}:
@@ -426,78 +633,109 @@ def metric_rows(ws: Workspace, *, key: str, flash_key: str) -> None:
         pending_id = None
     with st.container(gap="xsmall", key=f"{key}_rows"):
         with st.container(horizontal=True, gap="xsmall", key=f"{key}_header"):
-            st.caption(
-                "Metric (why)", width=_TITLE_PX, help="Largest gap first; click a name for the judge's reason"
-            )
+            st.caption("Metric", width=_TITLE_PX, help="Largest gap first; click a name to select its row")
             st.caption("Judge·User·Gap", width=_SCORES_PX + 40)
-            st.caption("✓ confirms, or your score")
+            st.caption(
+                "✓ keeps your score, or a new one" if target.blind_first else "✓ confirms, or your score"
+            )
         for index, row in enumerate(ws.rows):
             # One slot per row, the reason form inside it: opening the form adds no sibling to the
             # rows, so no row moves into another's place while the rerun is drawn (Streamlit keeps
-            # the old elements until the run ends; a shifted row would sit beside stale ones).
+            # the old elements until the run ends: a shifted row would sit beside stale ones).
             with st.container(gap="xsmall", key=f"{key}_slot_{row.judgment.id}"):
                 _metric_row(
-                    row, index=index, selected=index == selected, key=key, flash_key=flash_key, denied=denied
-                )
+                    row, index=index, selected=index == selected, key=key, flash_key=flash_key, denied=denied,
+                    mine=own.get(row.judgment.id or 0),
+                )  # fmt: skip
                 if row.judgment.id == pending_id:
                     _reason_form(key, row, pending, flash_key)
+    if ws.rows:
+        row_context(
+            ws.rows[selected], key=key, mine=own.get(ws.rows[selected].judgment.id or 0), flash_key=flash_key
+        )
 
 
-_TITLE_PX, _SCORES_PX, _BUTTON_PX, _KEYED_BUTTON_PX = 124, 64, 36, 50
+_TITLE_PX, _LABEL_TITLE_PX, _SCORES_PX, _BUTTON_PX = 128, 110, 64, 36
 
 
 def _metric_row(
-    row: MetricRow, *, index: int, selected: bool, key: str, flash_key: str, denied: str | None
+    row: MetricRow,
+    *,
+    index: int,
+    selected: bool,
+    key: str,
+    flash_key: str,
+    denied: str | None,
+    mine: Own | None,
 ) -> None:
-    """One line: metric, judge · user · gap, a popover with the reason and evidence, ✓, score buttons.
+    """One line: the metric's name (selects the row), judge · user · gap, ✓, the score buttons.
 
-    Only the selected row's buttons carry the keys (a key can belong to one button only); their
-    width is left to Streamlit so the key hints fit.
+    Only the selected row's buttons carry the keys (a key can belong to one button only). The
+    reviewer's own label (team queues) is the highlighted button; a decided judgment is read-only.
     """
     judgment = row.judgment
     assert judgment.id is not None
-    info = {"id": judgment.id, "version": judgment.version, "judge": judgment.decision, "title": row.title}
-    width = _KEYED_BUTTON_PX if selected else _BUTTON_PX
+    info = _row_info(row, {judgment.id: mine} if mine else {})
+    # The selected row's buttons show their key beside the label: they take the width they need.
+    width: int | str = "content" if selected else _BUTTON_PX
+    labels_only = row.user_score is None and row.gap is None and not row.scale.is_score
     rk = f"{key}_row_{judgment.id}"
-    with st.container(horizontal=True, gap="xsmall", vertical_alignment="center", key=rk):
-        title = f"▸ {row.title}" if selected else row.title
-        # The metric's name opens the judge's reason and evidence: on demand, no room taken.
-        with st.popover(
-            escape_markdown(title),
-            key=f"{rk}_why",
-            help="The judge's reason and evidence",
-            type="secondary" if selected else "tertiary",
-            width=_TITLE_PX,
-        ):
-            _row_help(row)
-        gap = _score_text(row.gap)
-        st.markdown(
-            f"{escape_markdown(judgment.decision)} · {_score_text(row.user_score)} · "
-            + (f"**{gap}**" if row.gap else gap),
-            width=_SCORES_PX,
-        )
+    closed = None if mine is None or mine.state == "open" else _CLOSED.get(mine.state, mine.state)
+    blocked = denied or closed
+    with st.container(horizontal=True, gap="xsmall", vertical_alignment="center", key=rk, wrap=False):
         st.button(
-            "✓",
-            key=f"{rk}_confirm",
-            help=denied or f"Confirm the judge's {escape_markdown(judgment.decision)}",
-            disabled=denied is not None,
-            on_click=_confirm,
-            args=(key, index, judgment.id, judgment.version, flash_key),
-            shortcut=CONFIRM_KEY if selected else None,
-            width=width,
+            f"▸ {row.title}" if selected else row.title,
+            key=f"{rk}_name",
+            help=escape_markdown(f"{row.title}: select this row (its reasons show under the rows)"),
+            type="secondary" if selected else "tertiary",
+            width=_LABEL_TITLE_PX if labels_only else _TITLE_PX,
+            on_click=_select,
+            args=(key, index),
         )
+        # A label judgment has no user score or gap, and its labels are long: the judge's label is
+        # marked on its button instead, so the row keeps to one line (issue 25.13).
+        if not labels_only:
+            gap = _score_text(row.gap)
+            st.markdown(
+                f"{escape_markdown(judgment.decision)} · {_score_text(row.user_score)} · "
+                + (f"**{gap}**" if row.gap else gap),
+                width=_SCORES_PX,
+            )
+        keep = info["keep"]
+        st.button(
+            "✓" if info["keep_reason"] is None else f"✓ {keep}",
+            key=f"{rk}_confirm",
+            help=blocked
+            or (
+                f"Keep your score {escape_markdown(keep)}"
+                if info["keep_reason"] is not None
+                else f"Confirm the judge's {escape_markdown(judgment.decision)}"
+            ),
+            disabled=blocked is not None,
+            on_click=_confirm,
+            args=(key, index, info, flash_key),
+            shortcut=CONFIRM_KEY if selected else None,
+            width=width if info["keep_reason"] is None else "content",
+        )
+        chosen = mine.final if mine is not None else None
         for score_key, decision in row.keys.items():
             judge_own = corrections.same_decision(judgment.decision, decision)
             st.button(
                 decision,
                 key=f"{rk}_score_{score_key}",
-                help=denied
+                help=blocked
                 or (
-                    "The judge's own score: confirms"
+                    "Your label"
+                    if chosen is not None and corrections.same_decision(chosen, decision)
+                    else "The judge's own decision: confirms"
                     if judge_own
                     else f"Overrule with {escape_markdown(decision)}"
                 ),
-                disabled=denied is not None,
+                type="primary"
+                if chosen is not None and corrections.same_decision(chosen, decision)
+                else "secondary",
+                icon=":material/gavel:" if labels_only and judge_own else None,
+                disabled=blocked is not None,
                 on_click=_score,
                 args=(key, index, info, decision, flash_key),
                 shortcut=score_key if selected else None,
@@ -507,65 +745,161 @@ def _metric_row(
             st.button(
                 "Other…",
                 key=f"{rk}_other",
-                help=denied or "Type your score",
-                disabled=denied is not None,
+                help=blocked or "Type your score",
+                disabled=blocked is not None,
                 on_click=_score,
                 args=(key, index, info, None, flash_key),
             )
 
 
+_CLOSED = {
+    "resolved": "Decided: the reviewers agreed.",
+    "disputed": "Awaiting a lead: the reviewers disagree. Undo your label to change it.",
+    "adjudicated": "Decided by a lead.",
+    "released": "Released when the queue closed.",
+}
+
+
+def _withdraw(key: str, judgment_id: int, flash_key: str) -> None:
+    """Take back the reviewer's own label of a judgment in a team queue (lib.queues.undo_label): its
+    value goes into their draft and the row is open again."""
+    target: Target = st.session_state[f"{key}_target"]
+    actor = current_actor()
+    assert target.queue_id is not None
+    try:
+        with session_scope() as session:
+            label = queues.undo_label(
+                session=session, queue_id=target.queue_id, judgment_id=judgment_id, reviewer=actor
+            )
+    except PermissionDenied as exc:
+        flash(flash_key, "error", audit_denied(exc))
+        return
+    except (queues.QueueError, queues.QueueNotFound, NothingToUndo, MissingReviewer) as exc:
+        flash(flash_key, "error", f"Not withdrawn: {exc}")
+        return
+    st.session_state.pop(f"{key}_target", None)  # the draft is read again: it holds the withdrawn label
+    flash(flash_key, "success", f"Your label of judgment {label.judgment_id} is withdrawn; label it again.")
+
+
+def row_context(row: MetricRow, *, key: str, mine: Own | None = None, flash_key: str = "") -> None:
+    """The selected metric's reasons, without a click (issue 25.8): the judge's reason, the
+    evaluated user's reason for their score, the reviewer's own label, and the judge's evidence."""
+    judgment = row.judgment
+    with st.container(border=True, gap="xsmall", key=f"{key}_context"):
+        facts = [f"scale {row.scale.describe()}", f"judge {judgment.decision}"]
+        if row.user_score is not None:
+            facts.append(f"user {format_score(row.user_score)}")
+        if judgment.confidence is not None:
+            facts.append(f"judge confidence {judgment.confidence:.0%}")
+        st.markdown(f"**{escape_markdown(row.title)}** :small[{escape_markdown(' · '.join(facts))}]")
+        st.markdown(
+            "**Judge:** "
+            + (escape_markdown(row.judge_reason) if row.judge_reason else ":gray[no reason given]")
+        )
+        if row.user_reason:
+            st.markdown("**User:** " + escape_markdown(row.user_reason))
+        if mine is not None and mine.blind is not None:
+            why = f" — {mine.blind_reason}" if mine.blind_reason else ""
+            st.markdown(escape_markdown(f"Your blind score: {mine.blind}{why}"))
+        if mine is not None and mine.final is not None:
+            why = f" — {mine.reason}" if mine.reason else ""
+            st.markdown(escape_markdown(f"Your label: {mine.final}{why}"))
+        if mine is not None and mine.state != "open":
+            st.caption(escape_markdown(_CLOSED.get(mine.state, mine.state)))
+        if mine is not None and mine.final is not None and mine.state in ("open", "disputed", "resolved"):
+            st.button(
+                "Withdraw my label",
+                key=f"{key}_withdraw",
+                icon=":material/undo:",
+                help="Take your label back (it is kept as your draft). Once the judgment is decided, only "
+                "the label that decided it can be withdrawn, while that decision is its latest change.",
+                on_click=_withdraw,
+                args=(key, row.judgment.id, flash_key),
+                type="tertiary",
+            )
+        if row.evidence:
+            with st.expander(f"The judge's evidence ({len(row.evidence)})", key=f"{key}_evidence"):
+                render_evidence_list(row.evidence)
+
+
 def _reason_form(key: str, row: MetricRow, pending: dict[str, Any], flash_key: str) -> None:
-    """The reason an overrule needs, right under its row; focused so the reviewer just types."""
+    """The reason a new score needs, right under its row; focused so the reviewer just types, and
+    kept as a draft at each pause in the typing (a reload shows it again)."""
     decision = pending["decision"]
     question = (
-        f"Why {decision} instead of the judge's {row.judgment.decision}? Enter saves, Esc cancels"
+        f"Why {decision} instead of the judge's {row.judgment.decision}?"
         if decision is not None
-        else "Why? Enter saves, Esc cancels"
+        else "Your score, and why?"
     )
+    st.caption(escape_markdown(f"{question} Enter saves, Esc cancels."))
     with st.container(horizontal=True, gap="xsmall", vertical_alignment="bottom", key=f"{key}_reason_row"):
-        with (
-            st.form(f"{key}_reason_form", border=False, enter_to_submit=True, width="stretch"),
-            st.container(horizontal=True, gap="xsmall", vertical_alignment="bottom"),
-        ):
-            if decision is None:  # an unbounded scale: the reviewer types the score too
-                st.number_input(f"Your score ({row.scale.describe()})", key=f"{key}_value", value=None)
-            st.text_input(
-                escape_markdown(f"Reason for overruling {row.title}"),
-                key=f"{key}_reason",
-                max_chars=4000,
-                placeholder=question,
-                label_visibility="collapsed",
-            )
-            st.form_submit_button(
-                "Save", key=f"{key}_save", type="primary", on_click=_save_overrule, args=(key, flash_key)
-            )
+        if decision is None:  # an unbounded scale: the reviewer types the score too
+            st.number_input(f"Your score ({row.scale.describe()})", key=f"{key}_value", value=None, width=140)
+        _reason_field(key, escape_markdown(f"Reason for {row.title}"))
+        st.button("Save", key=f"{key}_save", type="primary", on_click=_save_overrule, args=(key, flash_key))
         st.button("Cancel", key=f"{key}_cancel", on_click=_cancel, args=(key,), shortcut=CANCEL_KEY)
     focus = int(st.session_state.get(f"{key}_focus", 0))
-    # A constant script (no data in it) puts the cursor in the reason field, so the keyboard flows on.
-    # It keeps trying for a moment: the rerun that draws the field can still move the focus after it.
-    # No "<" followed by a word character: the sanitizer drops a script whose text has one.
+    # A constant script (no data in it): the cursor goes into the reason field so the keyboard flows
+    # on (it keeps trying for a moment: the rerun that draws the field can still move the focus), and
+    # Enter in the field presses Save once the field has handed Streamlit its value. No "<" followed
+    # by a word character: the sanitizer drops a script whose text has one.
     st.html(
         f"<script>/* focus {focus} */(function f(n){{const el=document.querySelector('.st-key-{key}_reason input');"
         "const busy=document.activeElement&&['INPUT','TEXTAREA'].includes(document.activeElement.tagName);"
-        "if(el&&!busy){el.focus();}if(30>n){setTimeout(()=>f(n+1),100);}})(0);</script>",
+        "if(el&&!busy){el.focus();}if(30>n){setTimeout(()=>f(n+1),100);}})(0);"
+        f"if(!window.__ov_enter_{key}){{window.__ov_enter_{key}=true;document.addEventListener('keydown',e=>{{"
+        f"if(e.key==='Enter'&&!e.isComposing&&e.target.closest&&e.target.closest('.st-key-{key}_reason')){{"
+        f"setTimeout(()=>{{const b=document.querySelector('.st-key-{key}_save button');if(b){{b.click();}}}},0);"
+        "}},true);}</script>",
         unsafe_allow_javascript=True,
     )
 
 
+@st.fragment
+def _reason_field(key: str, label: str) -> None:
+    """The reason field on its own: a pause in the typing saves the draft and reruns only this."""
+    st.text_input(
+        label,
+        key=f"{key}_reason",
+        max_chars=4000,
+        placeholder="Your reason",
+        label_visibility="collapsed",
+        live=DRAFT_PAUSE,
+        on_change=_reason_typed,
+        args=(key,),
+    )
+
+
 def fit_to_screen() -> None:
-    """Drop most of Streamlit's empty space below the page (10rem), so the workspace is one screen.
+    """Drop most of Streamlit's empty space around the page (10rem below, 5rem at the sides), so the
+    workspace is one screen and the answer gets the width (issue 25.13).
 
     A constant style (no data in it), scoped to the page that calls it: it goes when the page does.
     """
-    st.html('<style>[data-testid="stMainBlockContainer"]{padding-bottom:1.5rem}</style>')
+    st.html(
+        '<style>[data-testid="stMainBlockContainer"]{padding-bottom:1.5rem;padding-top:3rem;'
+        "padding-left:2rem;padding-right:2rem}</style>"
+    )
 
 
-def queue_toolbar(*, key: str, flash_key: str, on_skip: Callable[[], None] | None = None) -> None:
-    """Skip, Undo (of the reviewer's own last decision, named), and moving between rows; the key map."""
+def queue_toolbar(
+    *,
+    key: str,
+    flash_key: str,
+    on_skip: Callable[[], None] | None = None,
+    undo: bool = True,
+    walk: bool | None = None,
+    keys: str = KEY_MAP,
+) -> None:
+    """Skip, Undo (of the reviewer's own last decision, named), and moving between rows; the key map.
+
+    `undo=False` in a team queue: its labels are withdrawn from their row (a queue's decisions are
+    undone only through the queue). `walk`: Previous / Next between rows (default: when an item is
+    open, i.e. it can be skipped)."""
     reviewer = current_reviewer()
     last = None
     version = -1
-    if reviewer:
+    if reviewer and undo:
         with session_scope(read_only=True) as session:
             found = corrections.undoable_reviews(session=session, reviewer=reviewer, limit=1)
             if found:
@@ -578,34 +912,71 @@ def queue_toolbar(*, key: str, flash_key: str, on_skip: Callable[[], None] | Non
             st.button(
                 "Skip", key=f"{key}_skip", on_click=on_skip, shortcut=SKIP_KEY, icon=":material/skip_next:"
             )
-        st.button(
-            "Undo",
-            key=f"{key}_undo",
-            icon=":material/undo:",
-            disabled=last is None or denied is not None,
-            help=denied
-            or (
-                "Only your own decision that is still its judgment's latest change can be undone."
-                if last is None
-                else escape_markdown(
-                    f"Undo your {last.action} decision on {last.change_id} ({describe_decision(last)})"
-                )
-            ),
-            on_click=undo_decision,
-            args=(last.judgment_id if last else -1, version),
-            kwargs={"flash_key": flash_key, "queue_key": key},
-            shortcut=UNDO_KEY,
-        )
-        if on_skip is not None:  # an item is open: its rows can be walked
+        if undo:
+            st.button(
+                "Undo",
+                key=f"{key}_undo",
+                icon=":material/undo:",
+                disabled=last is None or denied is not None,
+                help=denied
+                or (
+                    "Only your own decision that is still its judgment's latest change can be undone."
+                    if last is None
+                    else escape_markdown(
+                        f"Undo your {last.action} decision on {last.change_id} ({describe_decision(last)})"
+                    )
+                ),
+                on_click=undo_decision,
+                args=(last.judgment_id if last else -1, version),
+                kwargs={"flash_key": flash_key, "queue_key": key},
+                shortcut=UNDO_KEY,
+            )
+        if walk or (walk is None and on_skip is not None):  # an item is open: its rows can be walked
             st.button(
                 "Previous", key=f"{key}_previous", on_click=_move, args=(key, -1), shortcut=PREVIOUS_KEY
             )
             st.button("Next", key=f"{key}_next", on_click=_move, args=(key, 1), shortcut=NEXT_KEY)
         with st.popover("Keys", icon=":material/keyboard:", key=f"{key}_keys"):
-            st.markdown(KEY_MAP)
+            st.markdown(keys)
     if last is not None:
         st.caption(
             f"{UNDO_KEY} undoes your last decision: {escape_markdown(last.action)} "
             f"{escape_markdown(last.change_id)} ({escape_markdown(last.from_decision or '—')} → "
             f"{escape_markdown(last.to_decision or '—')})."
         )
+
+
+def item_view(workspace: Workspace, *, key: str, height: int = 470) -> None:
+    """The item beside the rows: an evaluation's question and its answer with the judge's verified
+    highlights, or a stand-alone judgment's subject."""
+    item = workspace.item
+    snapshot = item.snapshot
+    if snapshot is not None:
+        gap = "—" if snapshot.max_metric_gap is None else f"{snapshot.max_metric_gap:.2f}"
+        st.markdown(
+            f"**{escape_markdown(display.evaluation_title(snapshot.question, limit=60))}**  \n"
+            f":small[Evaluation {escape_markdown(snapshot.id)} · "
+            f"{escape_markdown(snapshot.product)} · {escape_markdown(snapshot.language)} · "
+            f"model {escape_markdown(snapshot.model_name or 'unknown')} · largest gap {gap} · "
+            f"[open the full evaluation]({display.evaluation_url(snapshot.id)})]"
+        )
+        render_long_text(snapshot.question, key=f"{key}_question", file_name="question.txt", height=76)
+        render_answer(
+            snapshot.model_answer,
+            spans=workspace.spans,
+            legend=workspace.highlighted_metrics,
+            colors=metric_palette(workspace.metrics),
+            labels=workspace.labels,
+            key=f"{key}_answer",
+            file_name=f"{sanitize_slug(snapshot.id)}-answer.txt",
+            height=height,
+        )
+        return
+    judgment = item.judgments[0]
+    st.markdown(
+        f"**Judgment {escape_markdown(judgment.change_id)}**  \n:small[{escape_markdown(judgment.product)}]"
+    )
+    if judgment.description:
+        st.markdown(escape_markdown(judgment.description))
+    if judgment.url:
+        st.text(judgment.url)

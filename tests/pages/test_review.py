@@ -276,7 +276,9 @@ def test_a_viewer_reads_the_queue_but_every_decision_button_is_disabled(
     at.user = signed_in(app_engine, "viewer@example.com")
     at.run()
     assert headings(at) == ["Evaluation snap_a"]
-    decide = [b for b in at.button if b.key and b.key.startswith(row_key(ids["clarity"]))]
+    decide = [
+        b for b in at.button if b.key and b.key.startswith(row_key(ids["clarity"])) and not b.key.endswith("_name")
+    ]
     assert decide and all(b.disabled for b in decide)
     assert at.button(key="review_undo").disabled
     assert any("cannot confirm or overrule" in c.value for c in at.caption)
@@ -375,7 +377,9 @@ def test_untrusted_text_is_shown_escaped(app_engine, open_page, payload) -> None
     # Everything else: every Markdown-active character arrives backslash-escaped. The item's title
     # line is "**<question's first line>**  \n:small[<the app's line>]": its inner text is checked.
     markdown = [
-        v.split("  \n", 1)[0].removeprefix("**").removesuffix("**") if "  \n:small[Evaluation " in v else v
+        v.split("  \n", 1)[0].removeprefix("**").removesuffix("**")
+        if "  \n:small[Evaluation " in v
+        else v.removeprefix("**Judge:** ")  # the selected metric's reason, under the app's own label
         for v in shown
         if v not in html
     ]
