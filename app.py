@@ -21,6 +21,7 @@ pages = [
     st.Page("pages/import_data.py", title="Import", icon="📥", url_path="import"),
     st.Page("pages/evaluations.py", title="Evaluations", icon="🔎", url_path="evaluations"),
     st.Page("pages/review.py", title="Review queue", icon="✅", url_path="review"),
+    st.Page("pages/queues.py", title="Team queues", icon="👥", url_path="queues"),
     st.Page("pages/corrections.py", title="Corrections", icon="🧠", url_path="corrections"),
     st.Page("pages/new_evaluation.py", title="New evaluation", icon="➕", url_path="new"),
     st.Page("pages/coach.py", title="Coach", icon="💬", url_path="coach"),
