@@ -49,7 +49,8 @@ with session_scope(read_only=True) as session:
         preferences.load_preference(session=session, reviewer=reviewer, name=PREFERENCE) if reviewer else {}
     )
 team = {q.id: q for q in offered}
-choices: list[int | None] = [*team, None]
+DEFAULT_QUEUE = 0  # the chooser's value for the default queue (a selectbox value None means "nothing chosen")
+choices: list[int] = [*team, DEFAULT_QUEUE]
 allowed = {
     "product": [ANY, *options["products"]],
     "metric": [ANY, *options["metrics"]],
@@ -114,14 +115,14 @@ if len(choices) > 1:
     chooser.selectbox(
         "Queue",
         choices,
-        format_func=lambda q: DEFAULT_LABEL if q is None else queue_label(team[q], reviewer),
+        format_func=lambda q: DEFAULT_LABEL if q == DEFAULT_QUEUE else queue_label(team[q], reviewer),
         key=CHOICE,
         on_change=_queue_changed,
         help="Your queues first, then queues open to everyone, then everything pending. A lead creates "
         "team queues on the Team queues page.",
     )
 choice = st.session_state[CHOICE]
-if choice is None:
+if choice == DEFAULT_QUEUE:
     with filter_box.popover("Filters and order", icon=":material/filter_list:", width="stretch"):
         for name, label in (("product", "Product"), ("metric", "Metric"), ("language", "Language")):
             st.selectbox(label, allowed[name], key=f"review_{name}", on_change=_filters_changed)
@@ -225,18 +226,17 @@ def default_queue(filters: QueueFilter) -> None:
             else st.session_state["review_skipped"]
         )
         workspace = review_queue.load_workspace(session=session, item=item) if item else None
-        held = (
-            reservations.find(session, queue_id=None, item_key=item.key, reviewer=reserver)
+        draft = (
+            review_queue.draft_of(session=session, reviewer=reserver, key=item.key)
             if item and reserver
-            else None
+            else {}
         )
-        draft = dict(held.draft or {}) if held is not None else {}
     if notice:
         st.info(escape_markdown(notice), icon="👥")
 
     if item is None or workspace is None:
         _show_in_url(None, None)
-        st.session_state[SHOWN] = (None, None)
+        st.session_state[SHOWN] = (DEFAULT_QUEUE, None)
         st.progress(progress.fraction, text=progress.label)
         flash_slot()
         st.session_state.pop("review_current", None)
@@ -250,7 +250,7 @@ def default_queue(filters: QueueFilter) -> None:
     if st.session_state.get("review_current") != item.key:
         st.session_state["review_selected"] = 0  # a new item starts at its largest gap
     st.session_state["review_current"] = item.key
-    st.session_state[SHOWN] = (None, item.key)
+    st.session_state[SHOWN] = (DEFAULT_QUEUE, item.key)
     _show_in_url(None, item.key)
 
     left, right = st.columns([4.7, 5.3], gap="medium")
@@ -427,7 +427,7 @@ def team_queue(queue_id: int) -> None:
         )
 
 
-if choice is None:
+if choice == DEFAULT_QUEUE:
     filters = QueueFilter(
         product=None if st.session_state["review_product"] == ANY else st.session_state["review_product"],
         metric=None if st.session_state["review_metric"] == ANY else st.session_state["review_metric"],

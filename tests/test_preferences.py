@@ -38,7 +38,9 @@ def test_saving_again_replaces_the_whole_value(engine: Engine) -> None:
         ("ayse", "review", {"x": "y" * MAX_PREFERENCE_CHARS}, "at most"),
     ],
 )
-def test_a_bad_preference_is_refused_and_nothing_is_stored(engine: Engine, reviewer, name, value, message) -> None:
+def test_a_bad_preference_is_refused_and_nothing_is_stored(
+    engine: Engine, reviewer, name, value, message
+) -> None:
     with session_scope(engine) as s, pytest.raises(ValueError, match=message):
         save_preference(session=s, reviewer=reviewer, name=name, value=value)
     with session_scope(engine, read_only=True) as s:

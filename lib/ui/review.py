@@ -17,7 +17,7 @@ from typing import Any
 
 import streamlit as st
 
-from lib import corrections, display, queues, reservations, review_queue
+from lib import corrections, display, queues, review_queue
 from lib.auth import Permission, PermissionDenied
 from lib.corrections import (
     DecisionScale,
@@ -402,9 +402,7 @@ def save_draft(target: Target, draft: Mapping[str, Any]) -> None:
                     draft=draft,
                 )
             else:
-                reservations.save_draft(
-                    session, queue_id=None, item_key=target.item_key, reviewer=reviewer, draft=draft
-                )
+                review_queue.save_draft(session=session, reviewer=reviewer, key=target.item_key, draft=draft)
     except (ValueError, LookupError):  # the item is no longer theirs, or the draft is too large
         log.info("draft not kept", exc_info=True)
 

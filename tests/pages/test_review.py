@@ -277,7 +277,9 @@ def test_a_viewer_reads_the_queue_but_every_decision_button_is_disabled(
     at.run()
     assert headings(at) == ["Evaluation snap_a"]
     decide = [
-        b for b in at.button if b.key and b.key.startswith(row_key(ids["clarity"])) and not b.key.endswith("_name")
+        b
+        for b in at.button
+        if b.key and b.key.startswith(row_key(ids["clarity"])) and not b.key.endswith("_name")
     ]
     assert decide and all(b.disabled for b in decide)
     assert at.button(key="review_undo").disabled
