@@ -32,6 +32,7 @@ from lib.ui import (
 from lib.ui.tables import count_column, datetime_column, link_column, rate_column, show_table, text_column
 
 ANY = "Any"
+CSV_ROWS = 10_000  # judgments in the adjudication list's CSV at most (a queue holds up to 100k items)
 SELECTED = "queues_selected"  # the page's chosen queue id (session state)
 STATE_LABELS = {
     "disputed": "Awaiting a lead",
@@ -389,7 +390,16 @@ def adjudication_list(
     offset, limit = pager(total, key=f"{key}_page", page_size=10)
     with session_scope(read_only=True) as session:
         rows = queues.disputes(session=session, queue_id=queue.id, state=state, offset=offset, limit=limit)
+        every = queues.disputes(session=session, queue_id=queue.id, state=state, limit=CSV_ROWS)
     st.caption(f"{total:,} judgment(s) {STATE_LABELS[state].lower()}.")
+    csv_download(
+        queues.disputes_frame(every),
+        f"queue-{queue.id}-{state}.csv",
+        key=f"{key}_csv",
+        label="Download CSV (every judgment in this list, labels side by side)"
+        if total <= CSV_ROWS
+        else f"Download CSV (the first {CSV_ROWS:,})",
+    )
     for dispute in rows:
         dispute_card(dispute, queue, key=f"{key}_card", flash_key=flash_key)
 
@@ -437,24 +447,26 @@ def _create(key: str, flash_key: str) -> None:
     except queues.QueueError as exc:
         flash(flash_key, "error", f"Not created: {exc}")
         return
-    st.session_state[f"{key}_created"] = queue_id
     st.session_state[SELECTED] = queue_id  # the page shows the new queue
     st.session_state[f"{key}_name"] = ""
-    flash(
-        flash_key,
-        "success",
-        f"Created {name}: {items:,} items ({judgments:,} judgments). Reviewers find it on the Review queue page.",
+    # Flashed by the form's next run, just before it reruns the whole page (which shows it).
+    st.session_state[f"{key}_created"] = (
+        f"Created {name}: {items:,} items ({judgments:,} judgments). Reviewers find it on the Review queue page."
     )
 
 
 @st.fragment
-def create_form(*, key: str, flash_key: str) -> int | None:
+def create_form(*, key: str, flash_key: str) -> None:
     """The new queue's filter, size, order, reviewers per item, mode and reviewers, with a live
-    preview of how many items match; returns the id of a queue it just created."""
+    preview of how many items match. Creating one reruns the whole page, which then shows it."""
     denied = denied_reason(Permission.MANAGE_QUEUES)
     if denied:
         st.info(f"🔒 {escape_markdown(denied)} Leads create queues; you can read the existing ones.")
-        return None
+        return
+    created = st.session_state.pop(f"{key}_created", None)
+    if created is not None:
+        flash(flash_key, "success", created)
+        st.rerun()  # the whole page: the new queue is in the list, the outcome shows at its top
     show_flash(flash_key)
     with session_scope(read_only=True) as session:
         options = review_queue.queue_options(session=session)
@@ -558,7 +570,3 @@ def create_form(*, key: str, flash_key: str) -> int | None:
         on_click=_create,
         args=(key, flash_key),
     )
-    created = st.session_state.pop(f"{key}_created", None)
-    if created is not None:
-        st.rerun()  # the whole page: the new queue is in the list
-    return created
