@@ -853,9 +853,10 @@ def _reason_form(key: str, row: MetricRow, pending: dict[str, Any], flash_key: s
     )
 
 
-@st.fragment
 def _reason_field(key: str, label: str) -> None:
-    """The reason field on its own: a pause in the typing saves the draft and reruns only this."""
+    """The reason field: a pause in the typing saves the draft. Not a fragment of its own: Enter
+    commits the text and presses Save (the form's script) in one run of the workspace, so the
+    save always sees the text."""
     st.text_input(
         label,
         key=f"{key}_reason",
