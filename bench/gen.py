@@ -1,4 +1,5 @@
-"""Synthetic Overrule data for benchmarks: evaluations, their judgments, code-review judgments, notes.
+"""Synthetic Overrule data for benchmarks: evaluations, their judgments and audit trail, code-review
+judgments, notes.
 
     python bench/gen.py --evaluations 1000000 --db /work/bench-data/x.db     # 1M evaluations, 10M judgments
     python bench/gen.py --rows 1000000 --db bench/out/bench_1000000.db       # 1M judgments, 100k evaluations
@@ -8,7 +9,12 @@ Deterministic for a seed (and the batch size). The rows are built by lib's own b
 are what an import would store: `lib.snapshots.evaluation_row` for each evaluation record
 (validation, evidence verification, gaps, judge meta score) and `snapshot_judgment_rows` for its 8
 metric judgments, `lib.scores.score_rows` for its score rows, the importer's seed-004 cache rule for
-code-review judgments and its note rule for session notes. Reviews follow `compute_was_corrected`.
+code-review judgments (and their "imported" events) and its note rule for session notes. Reviews
+follow `compute_was_corrected`, and each leaves the audit trail the app writes (`judgment_events`,
+built by `lib.corrections.review_event_row` / `undo_event_row`): one decision for most reviewed
+judgments, a decision taken back by its reviewer's undo before the final one for 5%, a decision
+replaced by another reviewer's for 5%, and a decision undone back to unreviewed for 3% of the
+unreviewed judgments, so history, undo and the audit trail are read at scale.
 Batches of 2,000 evaluations are built and bound by forked worker processes (`--workers`, default
 one per core; batch k depends on (seed, k) only) while the main process writes them through
 `lib.bulk` (tuples; COPY on PostgreSQL): SQLite has one writer, so the building is what runs in
@@ -16,7 +22,8 @@ parallel. The secondary indexes and the SQLite search index are built once after
 derived tables by lib's rebuilds in the same transaction; on SQLite without journal or fsync while
 the file is built. Prints the wall and CPU seconds of each phase. The mix is meant to look like
 production: 5 products, English and Turkish, half the judgments reviewed (a quarter overruled), 1%
-of evaluations archived, timestamps over 2025, and reasons that sometimes start with "- " or "="
+of evaluations archived, timestamps over 2025, events ordered by id within a judgment (not across
+judgments: batches follow the evaluations' numbers), and reasons that sometimes start with "- " or "="
 (so CSV neutralisation has real work to do).
 Other bench scripts call `generate(engine, judgments=N, snapshots=M, seed=0)` or `judgment_rows(...)`.
 """
@@ -47,14 +54,16 @@ from sqlmodel import Session  # noqa: E402
 
 from lib import counters, scores  # noqa: E402
 from lib.bulk import deferred_indexes, insert_tuples, row_binder, worth_deferring  # noqa: E402
+from lib.corrections import review_event_row, undo_event_row  # noqa: E402
 from lib.db import init_db  # noqa: E402
 
 # The importer's row rules for cache entries and notes (private there: one rule, one place).
-from lib.importer import _cache_judgment_row, _note_row  # noqa: E402
+from lib.importer import _cache_judgment_row, _note_row, cache_event_rows  # noqa: E402
 from lib.metrics import DEFAULT_METRICS  # noqa: E402
 from lib.models import (  # noqa: E402
     EvaluationSnapshot,
     Judgment,
+    JudgmentEvent,
     MetricScore,
     SessionNote,
     compute_was_corrected,
@@ -63,7 +72,7 @@ from lib.search import SEARCHABLE, deferred_search_index  # noqa: E402
 from lib.snapshots import MetricSet, evaluation_row, snapshot_judgment_rows  # noqa: E402
 
 # Bump when the rows change: bench_pages.py rebuilds its cached databases when this moves.
-GEN_VERSION = 6
+GEN_VERSION = 7
 JUDGMENTS_PER_EVALUATION = 10
 BATCH_EVALUATIONS = 2_000
 # While the file is built: no journal, no fsync, a 1 GiB page cache (also the sorter's memory before
@@ -81,10 +90,12 @@ SCORES_REBUILD = "metric_scores"
 SCANNING_REBUILDS = ("product_counts", "judgment_counts")
 _SNAPSHOTS: Table = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
 _JUDGMENTS: Table = Judgment.__table__  # type: ignore[attr-defined]
+_EVENTS: Table = JudgmentEvent.__table__  # type: ignore[attr-defined]
 _NOTES: Table = SessionNote.__table__  # type: ignore[attr-defined]
 _SCORES: Table = MetricScore.__table__  # type: ignore[attr-defined]
 START = datetime(2025, 1, 1, tzinfo=UTC)
 YEAR_SECONDS = 365 * 24 * 3600
+IMPORTED_AT = START + timedelta(seconds=YEAR_SECONDS)  # when the code-review cache was imported
 PRODUCTS = ("Acme Fungear", "Globex Search", "Initech Support", "Umbrella Health", "Hooli Mail")
 LANGUAGES = ("en", "en", "en", "tr")
 METRICS = tuple(m.slug for m in DEFAULT_METRICS)
@@ -216,6 +227,64 @@ def _review(rng: random.Random, row: dict[str, Any], scale: Sequence[str]) -> No
     )
 
 
+# The audit trail's shapes (share of reviewed / unreviewed judgments): a decision its reviewer undid
+# before the final one, a decision another reviewer replaced, a decision undone back to unreviewed.
+UNDONE_THEN_REVIEWED = 0.05
+REPLACED = 0.05
+UNDONE_UNREVIEWED = 0.03
+
+
+def _trail(rng: random.Random, row: dict[str, Any], scale: Sequence[str]) -> list[dict[str, Any]]:
+    """The judgment's audit trail as the app writes it (`record_review`, `undo_review`), oldest
+    first; sets the row's `version` to its last event's. `row` holds its final state (`_review`)."""
+    rand = rng.random
+    decision, judgment_id, change_id = row["decision"], row["id"], row["change_id"]
+    events: list[dict[str, Any]] = []
+    current: str | None = None  # the reviewer's decision in force (None: unreviewed)
+
+    def review(reviewer: str, at: datetime, to: str, reason: str | None) -> dict[str, Any]:
+        nonlocal current
+        corrected = compute_was_corrected(decision, to)
+        event = review_event_row(
+            judgment_id=judgment_id, change_id=change_id, corrected=corrected, reviewer=reviewer, at=at,
+            from_decision=decision if current is None else current, to_decision=to,
+            reason=reason if corrected else None, version=len(events) + 2,
+        )  # fmt: skip
+        events.append(event)
+        current = to
+        return event
+
+    def earlier(at: datetime) -> dict[str, Any]:
+        to = decision if rand() < 0.5 else scale[int(rand() * len(scale))]
+        return review(
+            REVIEWERS[int(rand() * len(REVIEWERS))], at, to, USER_REASONS[int(rand() * len(USER_REASONS))]
+        )
+
+    def undo(first: dict[str, Any]) -> None:
+        nonlocal current
+        at = first["at"] + timedelta(minutes=1 + int(rand() * 29))
+        events.append(
+            undo_event_row(
+                judgment_id=judgment_id, change_id=change_id, reviewer=first["reviewer"], at=at,
+                undone=first, to_decision=None, version=len(events) + 2,
+            )
+        )  # fmt: skip
+        current = None
+
+    shape = rand()
+    if row["reviewed_at"] is not None:
+        span = row["reviewed_at"] - row["timestamp"]
+        if shape < UNDONE_THEN_REVIEWED + REPLACED:
+            first = earlier(row["timestamp"] + span * (rand() * 0.5))
+            if shape < UNDONE_THEN_REVIEWED:
+                undo(first)
+        review(row["reviewer"], row["reviewed_at"], row["user_decision"], row["user_reasoning"])
+    elif shape < UNDONE_UNREVIEWED:
+        undo(earlier(row["timestamp"] + timedelta(hours=1 + rand() * 24 * 14)))
+    row["version"] = len(events) + 1
+    return events
+
+
 def cache_entries(count: int, *, seed: int = 0, start: int = 0) -> Iterator[tuple[str, dict[str, Any]]]:
     """`count` seed-004 cache entries (code-review judgments, no snapshot) as (change id, entry)."""
     rng = random.Random(f"cache-{seed}-{start}")
@@ -259,6 +328,7 @@ class _Batch:
 
     snapshots: list[Sequence[Any]] = field(default_factory=list)
     judgments: list[Sequence[Any]] = field(default_factory=list)
+    events: list[Sequence[Any]] = field(default_factory=list)
     notes: list[Sequence[Any]] = field(default_factory=list)
     scores: list[Sequence[Any]] = field(default_factory=list)
 
@@ -272,9 +342,13 @@ SNAPSHOT_COLUMNS = (
     "status_changed_at", "chat_turn_count", "max_chat_turns", "search_text",
 )  # fmt: skip
 JUDGMENT_COLUMNS = (
-    "change_id", "product", "metric", "snapshot_id", "decision", "confidence", "reasoning",
+    "id", "change_id", "product", "metric", "snapshot_id", "decision", "confidence", "reasoning",
     "user_decision", "user_reasoning", "reviewer", "timestamp", "reviewed_at", "version",
     "was_corrected", "url", "description", "ai_provider", "judge_model",
+)  # fmt: skip
+EVENT_COLUMNS = (
+    "judgment_id", "change_id", "action", "reviewer", "at", "from_decision", "to_decision", "reason",
+    "version",
 )  # fmt: skip
 NOTE_COLUMNS = (
     "timestamp", "language", "note_type", "content", "phelps_code", "confidence", "session_id",
@@ -284,6 +358,7 @@ NOTE_COLUMNS = (
 LOADED: tuple[tuple[Table, str, Sequence[str], tuple[str, ...]], ...] = (
     (_SNAPSHOTS, "snapshots", SNAPSHOT_COLUMNS, ()),
     (_JUDGMENTS, "judgments", JUDGMENT_COLUMNS, ()),
+    (_EVENTS, "events", EVENT_COLUMNS, ()),
     (_NOTES, "notes", NOTE_COLUMNS, ("prerequisites",)),  # the importer's note rule serialises it
     (_SCORES, "scores", scores.SCORE_COLUMNS, ()),
 )
@@ -333,6 +408,11 @@ class _Plan:
         """The slice [first, last) of `total` rows that batch `k` holds."""
         return total * k // self.batches, total * (k + 1) // self.batches
 
+    def first_judgment_id(self, k: int) -> int:
+        """The id of batch `k`'s first judgment: ids are given, not left to the database, so that a
+        worker can write the audit trail that points at them (batches are written in order)."""
+        return 1 + len(METRICS) * self.share(self.evaluations, k)[0] + self.share(self.extra, k)[0]
+
 
 def _build_batch(plan: _Plan, k: int, dialect: Dialect) -> _Batch:
     """Batch `k`'s rows by lib's builders, bound for `dialect` (in a worker, off the writer's core)."""
@@ -342,6 +422,8 @@ def _build_batch(plan: _Plan, k: int, dialect: Dialect) -> _Batch:
     scale = [str(s) for s in range(1, 6)]
     snapshot_values = itemgetter(*SNAPSHOT_COLUMNS)
     judgment_values = itemgetter(*JUDGMENT_COLUMNS)
+    event_values = itemgetter(*EVENT_COLUMNS)
+    judgment_id = plan.first_judgment_id(k)
     note_values = itemgetter(*NOTE_COLUMNS)
     rows = _Batch()
     scored: list[scores.ScoredSnapshot] = []
@@ -363,14 +445,24 @@ def _build_batch(plan: _Plan, k: int, dialect: Dialect) -> _Batch:
                 row["user_scores_json"], row["judge_scores_json"],
             )
         )  # fmt: skip
-        for judgment in snapshot_judgment_rows(row, judged):
-            judgment.update(UNREVIEWED)
+        judgments = snapshot_judgment_rows(row, judged)
+        if len(judgments) != len(METRICS):  # the ids of later batches count on it
+            raise AssertionError(f"{row['id']}: {len(judgments)} judgments, expected {len(METRICS)}")
+        for judgment in judgments:
+            judgment.update(UNREVIEWED, id=judgment_id)
+            judgment_id += 1
             _review(rng, judgment, scale)
+            rows.events.extend(map(event_values, _trail(rng, judgment, scale)))
             rows.judgments.append(judgment_values(judgment))
     first, last = plan.share(plan.extra, k)
     for change_id, entry in cache_entries(last - first, seed=plan.seed, start=first):
-        row = _cache_judgment_row(change_id, entry, pick(REVIEWERS))
-        row["judge_model"] = pick(JUDGES)
+        reviewer = pick(REVIEWERS)
+        row = _cache_judgment_row(change_id, entry, reviewer)
+        row.update(judge_model=pick(JUDGES), id=judgment_id)
+        rows.events.extend(
+            map(event_values, cache_event_rows([row], {change_id: judgment_id}, reviewer, IMPORTED_AT))
+        )
+        judgment_id += 1
         rows.judgments.append(judgment_values(row))
     first, last = plan.share(plan.notes, k)
     for i in range(first, last):
@@ -482,7 +574,7 @@ def generate(
     plan = _Plan(snapshots, max(0, judgments - len(METRICS) * snapshots), notes, seed, batch)
     workers = (os.cpu_count() or 1) if workers is None else workers
     phases = phases or Phases()
-    counts = dict.fromkeys(("snapshots", "judgments", "notes", "scores"), 0)
+    counts = dict.fromkeys(("snapshots", "judgments", "events", "notes", "scores"), 0)
     sqlite = engine.dialect.name == "sqlite"
     loaded = [table for table, *_rest in LOADED]
     names = {
@@ -521,6 +613,11 @@ def generate(
     if engine.dialect.name == "postgresql":
         phases.start("analyze")
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            # The judgments' ids were given (`_Plan.first_judgment_id`): the next insert continues after them.
+            conn.exec_driver_sql(
+                "SELECT setval(pg_get_serial_sequence('judgments', 'id'), "
+                "(SELECT coalesce(max(id), 0) + 1 FROM judgments), false)"
+            )
             conn.exec_driver_sql("ANALYZE")
     phases.stop()
     return counts
@@ -624,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     done = os.times()
     print(
         f"{args.db or engine.url.render_as_string()}: {counts['judgments']:,} judgments, "
-        f"{counts['snapshots']:,} snapshots, {counts['notes']:,} notes in {time.perf_counter() - started:.1f} s "
+        f"{counts['snapshots']:,} snapshots, {counts['events']:,} judgment events, {counts['notes']:,} notes in {time.perf_counter() - started:.1f} s "
         f"(CPU: this process {done.user - cpu.user + done.system - cpu.system:.1f} s, "
         f"workers {done.children_user - cpu.children_user + done.children_system - cpu.children_system:.1f} s)"
     )

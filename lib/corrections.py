@@ -599,20 +599,39 @@ def undo_review(
         if before is not None
         else ReviewState()
     )  # fmt: skip
-    now = at or utcnow()
-    event = {
+    event = undo_event_row(
+        judgment_id=judgment_id, change_id=judgment.change_id, reviewer=name, at=at or utcnow(),
+        undone=target, to_decision=state.user_decision, version=expected_version + 1, queue_id=queue_id,
+    )  # fmt: skip
+    return _write_review_state(session, judgment, expected_version, state, event)
+
+
+def undo_event_row(
+    *,
+    judgment_id: int,
+    change_id: str,
+    reviewer: str,
+    at: datetime,
+    undone: JudgmentEvent | Mapping[str, Any],
+    to_decision: str | None,
+    version: int,
+    queue_id: int | None = None,
+) -> dict[str, Any]:
+    """The audit-trail row of an undo of the decision `undone` (an event or its row): the only place
+    one is built (`undo_review`, and bench/gen.py's audit trail)."""
+    taken = undone if isinstance(undone, Mapping) else undone.model_dump()
+    return {
         "judgment_id": judgment_id,
-        "change_id": judgment.change_id,
+        "change_id": change_id,
         "action": UNDO_ACTION,
-        "reviewer": name,
-        "at": now,
-        "from_decision": target.to_decision,
-        "to_decision": state.user_decision,
-        "reason": f"undid the decision of {target.at:%Y-%m-%d %H:%M:%S} UTC ({target.action})",
-        "version": expected_version + 1,
+        "reviewer": reviewer,
+        "at": at,
+        "from_decision": taken["to_decision"],
+        "to_decision": to_decision,
+        "reason": f"undid the decision of {taken['at']:%Y-%m-%d %H:%M:%S} UTC ({taken['action']})",
+        "version": version,
         "queue_id": queue_id,
     }
-    return _write_review_state(session, judgment, expected_version, state, event)
 
 
 def undoable_reviews(*, session: Session, reviewer: str, limit: int = 5) -> list[JudgmentEvent]:
@@ -837,16 +856,14 @@ def get_judgment(*, session: Session, change_id: str) -> Judgment | None:
 def live_judgment() -> Any:
     """Seed 002 AD-13: a judgment counts only while its evaluation is live (not archived/deleted).
 
-    A correlated scalar subquery on the snapshot's primary key ("its snapshot's deleted_at is
-    NULL"; NULL too for stand-alone judgments), for the statistics and lists. select_history keeps
-    its plain index walk and drops archived rows after it (`_live_pool`).
+    "Stand-alone, or not one of the archived evaluations": the archived ids are read once per
+    statement (a range of the list index; the database keeps them as a set) and each judgment a
+    list walks is tested against that set, where a probe of its evaluation's row per judgment cost
+    two index seeks each (issue 27). select_history keeps its plain index walk and drops archived
+    rows after it (`_live_pool`).
     """
-    deleted_at = (
-        select(EvaluationSnapshot.deleted_at)
-        .where(col(EvaluationSnapshot.id) == col(Judgment.snapshot_id))
-        .scalar_subquery()
-    )
-    return deleted_at.is_(None)
+    archived = select(EvaluationSnapshot.id).where(col(EvaluationSnapshot.deleted_at).is_not(None))
+    return or_(col(Judgment.snapshot_id).is_(None), col(Judgment.snapshot_id).not_in(archived))
 
 
 def _check_history_params(max_entries: int, correction_ratio: float) -> None:
@@ -1193,13 +1210,63 @@ def count_judgments(*, session: Session, filters: JudgmentFilter) -> int:
     return by_state[filters.state]
 
 
+# Which index a page of the list walks, by the filter it fixes (lib.models): each holds its column,
+# then the id (the list's order) and the evaluation (its liveness), so the walk reads no row to skip.
+_ID_INDEXES = {"metric": "ix_judgment_metric_id", "reviewer": "ix_judgment_reviewer_id"}
+# A seek that reads n entries, testing the other filters on each judgment's row and sorting what it
+# keeps, costs about this many entries' walk per entry.
+_SEEK_COST = 4.0
+
+
+def _page_plan(
+    session: Session, filters: JudgmentFilter, offset: int, limit: int, total: int
+) -> tuple[str, bool]:
+    """How a page is read (SQLite's hint, walk from the oldest end): the judgments in id order (the
+    table itself), an index of one filtered column in id order, or, for a filter value held by
+    few judgments, its history index read whole and sorted. Costs in entries read, from the counters'
+    exact figures: a walk in id order reads about (offset + limit) × its rows ÷ matches, from
+    whichever end is nearer."""
+    listed = max(1, count_judgments(session=session, filters=JudgmentFilter()))
+    matches = max(1, total)
+    back = total - offset - limit < offset  # nearer the oldest end
+    position = (total - offset if back else offset + limit) / matches
+    costs: dict[tuple[str, bool], float] = {("NOT INDEXED", back): position * listed}
+    for name, index in _ID_INDEXES.items():
+        value = getattr(filters, name)
+        if value is not None:
+            held = count_judgments(session=session, filters=JudgmentFilter(**{name: value}))
+            alone = filters == JudgmentFilter(**{name: value})  # else each entry's row is read
+            costs[(f"INDEXED BY {index}", back)] = position * held * (1 if alone else _SEEK_COST)
+    if filters.product is not None:
+        held = count_judgments(session=session, filters=JudgmentFilter(product=filters.product))
+        costs[("INDEXED BY ix_judgment_history", False)] = held * _SEEK_COST
+    return min(costs, key=costs.__getitem__)
+
+
 def list_judgments(
     *, session: Session, filters: JudgmentFilter, offset: int = 0, limit: int = 25
 ) -> list[Judgment]:
-    """One page of matching judgments, most recently added first (the primary key order: no sort)."""
-    stmt = _filtered(select(Judgment), filters)
-    stmt = stmt.order_by(col(Judgment.id).desc()).offset(offset).limit(limit)
-    return list(session.exec(stmt).all())
+    """One page of matching judgments, most recently added first (id order).
+
+    The page's ids come first (`_page_plan`: a walk in id order from the nearer end, or a seek of a
+    rare product), then the rows of just those ids.
+    """
+    offset, limit = max(0, offset), max(0, limit)
+    total = count_judgments(session=session, filters=filters)
+    if offset >= total or limit == 0:
+        return []
+    hint, back = _page_plan(session, filters, offset, limit, total)
+    stmt = _filtered(select(Judgment.id), filters).with_hint(Judgment, hint, "sqlite")
+    if back:
+        count = min(limit, total - offset)
+        stmt = stmt.order_by(col(Judgment.id)).offset(total - offset - count).limit(count)
+        ids = list(reversed(session.exec(stmt).all()))
+    else:
+        ids = list(session.exec(stmt.order_by(col(Judgment.id).desc()).offset(offset).limit(limit)).all())
+    if not ids:
+        return []
+    found = {j.id: j for j in session.exec(select(Judgment).where(col(Judgment.id).in_(ids))).all()}
+    return [found[i] for i in ids if i in found]
 
 
 def review_state(judgment: Judgment) -> str:

@@ -13,7 +13,12 @@ rows in proportion to products × metrics × days, never to evaluations or judgm
   page's statistics and list count under its Reviewer filter);
 - per evaluation, `judgments_total`, `judgments_reviewed`, `judgments_corrected` and
   `judged_metrics` on `evaluation_snapshots` itself, inside the Evaluations list index, so the
-  list's review-state and metric filters read the index instead of probing judgments per row.
+  list's review-state and metric filters read the index instead of probing judgments per row;
+- `evaluation_counts`: evaluations per combination of every value the Evaluations list filters on
+  but dates and text (product, language, model, category, judged metrics, largest gap in halves,
+  review and evidence state, archived), so the list counts any such combination exactly from a few
+  hundred rows (issue 27). The states are `EVALUATION_STATES`, defined here once for the list's
+  filters and these rows alike.
 
 Only live judgments count (seed 002 AD-13: an archived evaluation's judgments drop out), and
 "reviewed" means `reviewed_at` is set, "corrected" reviewed and `was_corrected`. These definitions
@@ -40,13 +45,29 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Table, case, delete, event, func, inspect, literal, or_, select, text, update
+from sqlalchemy import (
+    Integer,
+    Table,
+    and_,
+    case,
+    cast,
+    delete,
+    event,
+    func,
+    inspect,
+    literal,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import ColumnElement
 from sqlmodel import Session, col
 
 from lib import scores
 from lib.models import (
+    EvaluationCount,
     EvaluationSnapshot,
     Judgment,
     JudgmentDayCount,
@@ -62,6 +83,7 @@ _LANGUAGE: Table = JudgmentLanguageCount.__table__  # type: ignore[attr-defined]
 _REVIEWER: Table = JudgmentReviewerCount.__table__  # type: ignore[attr-defined]
 _JUDGMENT_TABLES = (_DAY, _LANGUAGE, _REVIEWER)
 _PRODUCT: Table = ProductCount.__table__  # type: ignore[attr-defined]
+_EVALUATIONS: Table = EvaluationCount.__table__  # type: ignore[attr-defined]
 
 CORRECTED_OF_REVIEWED_LABEL = "Corrected of reviewed"
 CORRECTED_OF_REVIEWED_HELP = (
@@ -254,6 +276,7 @@ def refresh_snapshots(*, session: Session, where: Any) -> None:
     # review's `bump_review` re-checks only the row, not its subqueries, and would write counts from
     # before that review committed over its +1. The next statement sees the review committed.
     lock_snapshots(session=session, where=where)
+    _shift_evaluations(session, where, -1)
     session.execute(
         update(_S)
         .where(where)
@@ -265,6 +288,7 @@ def refresh_snapshots(*, session: Session, where: Any) -> None:
         )
         .execution_options(synchronize_session=False)
     )
+    _shift_evaluations(session, where, 1)
 
 
 @contextmanager
@@ -334,6 +358,11 @@ def bump_review(
             )
             .execution_options(synchronize_session=False)
         )
+        # The evaluation may change review state: it moves rows, stated from the row this UPDATE
+        # locked (before: the counters minus this review's change), so concurrent reviews add up.
+        this = col(_S.id) == snapshot_id
+        _shift_evaluations(session, this, -1, reviewed_offset=reviewed, corrected_offset=corrected)
+        _shift_evaluations(session, this, 1)
     one = col(_J.id) == judgment_id
     if reviewed or corrected:
         values = {"reviewed": func.count() * reviewed, "corrected": func.count() * corrected}
@@ -386,6 +415,119 @@ def _add_to_row(session: Session, reviewer: str, values: dict[str, Any], where: 
 
 
 # ---------------------------------------------------------------------------------------------
+# The Evaluations list's states and its counts per filter combination (`evaluation_counts`)
+
+# Each review and evidence state the list filters on, as a condition on an evaluation's own
+# counters (inside the list index): the list's filters and `evaluation_counts` both use these.
+REVIEW_STATE_NAMES = ("pending", "reviewed", "corrected")
+EVIDENCE_STATE_NAMES = ("unverified", "unlocated", "verified", "none")
+
+
+def review_state(state: str, *, reviewed_offset: int = 0, corrected_offset: int = 0) -> ColumnElement[bool]:
+    """An evaluation is "pending" while a judgment is unreviewed, "reviewed" once it has judgments
+    and all are reviewed, "corrected" when a reviewer overruled one (reviewed = a review time is set).
+
+    The offsets state it for the counters as they were before a review added them (`bump_review`).
+    """
+    total = col(_S.judgments_total)
+    reviewed = col(_S.judgments_reviewed) - reviewed_offset if reviewed_offset else col(_S.judgments_reviewed)
+    corrected = (
+        col(_S.judgments_corrected) - corrected_offset if corrected_offset else col(_S.judgments_corrected)
+    )
+    if state == "pending":
+        return reviewed < total
+    if state == "reviewed":
+        return and_(total > 0, reviewed == total)
+    if state == "corrected":
+        return corrected > 0
+    raise ValueError(f"unknown review state {state!r}; choose one of {', '.join(REVIEW_STATE_NAMES)}")
+
+
+def evidence_state(state: str) -> ColumnElement[bool]:
+    """Evidence "unverified" / "unlocated": some item is; "verified": there is some and none is
+    unverified; "none": no item recorded."""
+    count, unverified = col(_S.evidence_count), col(_S.evidence_unverified)
+    if state == "unverified":
+        return unverified > 0
+    if state == "unlocated":
+        return col(_S.evidence_unlocated) > 0
+    if state == "verified":
+        return and_(count > 0, unverified == 0)
+    if state == "none":
+        return count == 0
+    raise ValueError(f"unknown evidence state {state!r}; choose one of {', '.join(EVIDENCE_STATE_NAMES)}")
+
+
+def metric_judged(column: Any, metric: str) -> ColumnElement[bool]:
+    """`column` (an evaluation's `,slug,slug,` of judged metrics) names `metric`."""
+    return col(column).contains(f",{metric},", autoescape=True)
+
+
+def gap_halves(session: Session) -> Any:
+    """floor(2 × the evaluation's largest metric gap), -1 without a gap: `evaluation_counts`' gap key,
+    exact for the list's minimum gaps in steps of 0.5 (`gap_halves_at_least`)."""
+    gap = col(_S.max_metric_gap)
+    # Gaps are >= 0, so SQLite's CAST (truncation) is floor; PostgreSQL's CAST would round.
+    halves = func.floor(gap * 2) if session.get_bind().dialect.name == "postgresql" else gap * 2
+    return case((gap.is_(None), -1), else_=cast(halves, Integer))
+
+
+def gap_halves_at_least(min_gap: float) -> int | None:
+    """The `gap_halves` key that "largest gap >= min_gap" means, or None when `min_gap` is no step
+    of 0.5 (then the counts cannot answer it)."""
+    halves = min_gap * 2
+    return int(halves) if halves == int(halves) else None
+
+
+def _evaluation_keys(
+    session: Session, *, reviewed_offset: int = 0, corrected_offset: int = 0
+) -> dict[str, Any]:
+    offsets = {"reviewed_offset": reviewed_offset, "corrected_offset": corrected_offset}
+    return {
+        "archived": col(_S.deleted_at).is_not(None),
+        "product": col(_S.product),
+        "language": col(_S.language),
+        "model_name": func.coalesce(col(_S.model_name), ""),
+        "category": func.coalesce(col(_S.category), ""),
+        "judged_metrics": col(_S.judged_metrics),
+        "gap_halves": gap_halves(session),
+        "has_weighted_gap": col(_S.weighted_gap).is_not(None),
+        **{f"review_{s}": review_state(s, **offsets) for s in REVIEW_STATE_NAMES},
+        **{f"evidence_{s}": evidence_state(s) for s in EVIDENCE_STATE_NAMES},
+    }
+
+
+def _shift_evaluations(
+    session: Session, where: Any, sign: int, *, reviewed_offset: int = 0, corrected_offset: int = 0
+) -> None:
+    """Add (`sign` 1) or retract (−1) the evaluations matching `where` in `evaluation_counts`."""
+    keys = _evaluation_keys(session, reviewed_offset=reviewed_offset, corrected_offset=corrected_offset)
+    source = (
+        select(*(e.label(k) for k, e in keys.items()), (func.count() * sign).label("n"))
+        .select_from(_S)
+        .where(where)
+        .group_by(*keys.values())
+    )
+    stmt = _insert(session, _EVALUATIONS).from_select([*keys, "n"], source)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=list(keys), set_={"n": _EVALUATIONS.c.n + stmt.excluded.n}
+    )
+    session.execute(stmt)
+
+
+def evaluation_count(*, session: Session, where: Sequence[ColumnElement[bool]]) -> int:
+    """How many evaluations the `evaluation_counts` rows matching `where` hold (conditions on
+    `evaluation_counts_table()`'s columns)."""
+    stmt = select(func.coalesce(func.sum(_EVALUATIONS.c.n), 0)).where(*where)
+    return int(session.execute(stmt).scalar_one())
+
+
+def evaluation_counts_table() -> Table:
+    """`evaluation_counts`, for callers that state conditions on its columns."""
+    return _EVALUATIONS
+
+
+# ---------------------------------------------------------------------------------------------
 # Evaluations per product
 
 
@@ -416,9 +558,15 @@ def _shift_snapshots(session: Session, where: Any, sign: int) -> None:
     session.execute(stmt)
 
 
+def _shift_snapshot_rows(session: Session, where: Any, sign: int) -> None:
+    """The evaluations matching `where` in every per-evaluation counter table, times `sign`."""
+    _shift_snapshots(session, where, sign)
+    _shift_evaluations(session, where, sign)
+
+
 def snapshots_added(*, session: Session, where: Any) -> None:
     """After inserting the evaluations matching `where` (before or after their judgments)."""
-    _shift_snapshots(session, where, 1)
+    _shift_snapshot_rows(session, where, 1)
 
 
 @contextmanager
@@ -428,7 +576,7 @@ def snapshots_change(*, session: Session, where: Any) -> Iterator[None]:
     # Lock the evaluations first (PostgreSQL): a concurrent review's `bump_review` waits for us or
     # has committed before we count, never in between.
     session.execute(select(_S.id).where(where).with_for_update())
-    _shift_snapshots(session, where, -1)
+    _shift_snapshot_rows(session, where, -1)
     retract_judgments(session=session, where=judgments)
     try:
         yield
@@ -436,13 +584,13 @@ def snapshots_change(*, session: Session, where: Any) -> Iterator[None]:
         _restore(
             session,
             lambda: (
-                _shift_snapshots(session, where, 1),
+                _shift_snapshot_rows(session, where, 1),
                 include_judgments(session=session, where=judgments),
             ),
         )
         raise
     session.flush()
-    _shift_snapshots(session, where, 1)
+    _shift_snapshot_rows(session, where, 1)
     include_judgments(session=session, where=judgments)
 
 
@@ -757,12 +905,21 @@ def rebuild_reviewer_counts(session: Session) -> None:
     _upsert_add(session, _REVIEWER, _judgment_keys(session, _REVIEWER), _judgment_values(1), literal(True))
 
 
+@register_rebuild("evaluation_counts")
+def rebuild_evaluation_counts(session: Session) -> None:
+    """Evaluations per filter combination from every evaluation (one grouped scan); after
+    `evaluation_review_counts`, whose per-evaluation counters it reads."""
+    session.execute(delete(_EVALUATIONS))
+    _shift_evaluations(session, literal(True), 1)
+
+
 def rebuild_counts(*, session: Session) -> None:
     """This module's own tables and columns from scratch (a bulk load's end)."""
     rebuild_product_counts(session)
     rebuild_judgment_counts(session)
     rebuild_evaluation_review_counts(session)
     rebuild_reviewer_counts(session)
+    rebuild_evaluation_counts(session)
 
 
 def recount(*, session: Session, only: Iterator[str] | list[str] | None = None) -> list[str]:
@@ -788,7 +945,8 @@ _JUDGMENT_KEYS = (
 )  # fmt: skip
 _SNAPSHOT_KEYS = (
     "product", "language", "deleted_at", "evidence_count", "evidence_highlighted", "evidence_unlocated",
-    "evidence_unverified",
+    "evidence_unverified", "model_name", "category", "max_metric_gap", "judgments_total",
+    "judgments_reviewed", "judgments_corrected", "judged_metrics",
 )  # fmt: skip
 _PENDING = "lib.counters.pending"
 
@@ -835,7 +993,7 @@ def _before_flush(session: Session, _context: Any, _instances: Any) -> None:
     if where is not None:
         retract_judgments(session=session, where=where)
     if snapshot_ids:
-        _shift_snapshots(session, col(_S.id).in_(snapshot_ids), -1)
+        _shift_snapshot_rows(session, col(_S.id).in_(snapshot_ids), -1)
     session.info[_PENDING] = (judgment_ids, snapshot_ids, refresh)
 
 
@@ -863,6 +1021,6 @@ def _after_flush(session: Session, context: Any) -> None:
     if where is not None:
         include_judgments(session=session, where=where)
     if live_snapshots | new_snapshots:
-        _shift_snapshots(session, col(_S.id).in_(live_snapshots | new_snapshots), 1)
+        _shift_snapshot_rows(session, col(_S.id).in_(live_snapshots | new_snapshots), 1)
     if refresh | new_snapshots:
         refresh_snapshots(session=session, where=col(_S.id).in_(refresh | new_snapshots))

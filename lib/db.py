@@ -12,10 +12,12 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy.dialects.sqlite.base import SQLiteCompiler
 from sqlmodel import Session
 
 # The ORM hooks that keep derived tables in step with every write through a Session are registered
@@ -72,6 +74,15 @@ def _install_sqlite_hooks(engine: Engine) -> None:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
 
+class _SQLiteCompiler(SQLiteCompiler):
+    """SQLite's statement compiler, rendering table hints: `select(...).with_hint(table, "INDEXED BY
+    ix_name", "sqlite")` names the index a list walks (lib.inspector), where SQLAlchemy's own SQLite
+    compiler drops every table hint."""
+
+    def get_from_hint_text(self, table: Any, text: str | None) -> str | None:
+        return text
+
+
 def create_db_engine(url: str | None = None) -> Engine:
     """An engine for `url` (default: the configured database) without touching the schema."""
     url = normalize_url(url or get_settings().database_url)
@@ -80,6 +91,7 @@ def create_db_engine(url: str | None = None) -> Engine:
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine.dialect.statement_compiler = _SQLiteCompiler
         _install_sqlite_hooks(engine)
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)

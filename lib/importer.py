@@ -835,14 +835,21 @@ def _cache_events(session: Session, rows: list[dict[str, Any]], reviewer: str) -
         )
     )
     ids = {change_id: judgment_id for change_id, judgment_id in found}
-    now = utcnow()
+    return cache_event_rows(rows, ids, reviewer, utcnow())
+
+
+def cache_event_rows(
+    rows: list[dict[str, Any]], ids: Mapping[str, int], reviewer: str, at: datetime
+) -> list[dict[str, Any]]:
+    """The audit-trail rows of imported cache entries (`ids`: change id -> judgment id), the one rule
+    for them (the importer, and bench/gen.py's code-review judgments)."""
     events = []
     for row in rows:
         base = {
             "judgment_id": ids[row["change_id"]],
             "change_id": row["change_id"],
             "reviewer": reviewer,
-            "at": now,
+            "at": at,
         }
         events.append(
             {**base, "action": "imported", "from_decision": None, "to_decision": row["decision"], "reason": None,
@@ -852,7 +859,7 @@ def _cache_events(session: Session, rows: list[dict[str, Any]], reviewer: str) -
             events.append(
                 review_event_row(
                     judgment_id=base["judgment_id"], change_id=row["change_id"], corrected=row["was_corrected"],
-                    reviewer=reviewer, at=now, from_decision=row["decision"], to_decision=row["user_decision"],
+                    reviewer=reviewer, at=at, from_decision=row["decision"], to_decision=row["user_decision"],
                     reason=row["user_reasoning"], version=2,
                 )
             )  # fmt: skip

@@ -186,26 +186,16 @@ def filter_conditions(filters: EvaluationFilters, *, text_form: str = "match") -
         if value is not None:
             conds.append(col(column) == value)
     # Review state and judged metric read the evaluation's own counters (lib.counters), inside the
-    # list index: no probe of its judgments per row, which at 1M evaluations is 1M probes.
+    # list index: no probe of its judgments per row, which at 1M evaluations is 1M probes. The
+    # states are lib.counters' definitions, which `evaluation_counts` counts too.
     if filters.metric:
-        conds.append(col(_S.judged_metrics).contains(f",{filters.metric},", autoescape=True))
+        conds.append(counters.metric_judged(_S.judged_metrics, filters.metric))
     if filters.min_gap is not None and filters.min_gap > 0:
         conds.append(col(_S.max_metric_gap) >= filters.min_gap)
-    if filters.review == "pending":
-        conds.append(col(_S.judgments_reviewed) < col(_S.judgments_total))
-    elif filters.review == "reviewed":
-        conds.append(col(_S.judgments_total) > 0)
-        conds.append(col(_S.judgments_reviewed) == col(_S.judgments_total))
-    elif filters.review == "corrected":
-        conds.append(col(_S.judgments_corrected) > 0)
-    if filters.evidence == "unverified":
-        conds.append(col(_S.evidence_unverified) > 0)
-    elif filters.evidence == "unlocated":
-        conds.append(col(_S.evidence_unlocated) > 0)
-    elif filters.evidence == "verified":
-        conds.append(and_(col(_S.evidence_count) > 0, col(_S.evidence_unverified) == 0))
-    elif filters.evidence == "none":
-        conds.append(col(_S.evidence_count) == 0)
+    if filters.review != "any":
+        conds.append(counters.review_state(filters.review))
+    if filters.evidence != "any":
+        conds.append(counters.evidence_state(filters.evidence))
     if filters.date_from is not None:
         conds.append(col(_S.created_at) >= _day_start(filters.date_from))
     if filters.date_to is not None:
@@ -292,60 +282,159 @@ def _list_select(filters: EvaluationFilters) -> Select[Any]:
 COUNT_CAP = counters.COUNT_CAP
 count_label = counters.count_label
 count_is_capped = counters.count_is_capped
+# `count_cap` of a count the counters answer exactly: never shown as capped, whatever its size.
+EXACT_COUNT_CAP = 2**62
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans (issue 27): how a count and a page are read, whichever filters and sort the reviewer picked.
+#
+# Counts: `evaluation_counts` (lib.counters) holds evaluations per combination of every filter value
+# but dates and text, so those combinations are counted exactly from a few hundred rows. With dates
+# or text the count stops at its cap, walking the index that starts from the dates (or the text
+# index, lib.search); the counters' figure for the other filters bounds it (0 there: no walk at all).
+# Pages: each sort has an index in its order that carries every filter column (lib.models), so a
+# page walks it, tests the filters on its entries and stops after the page: about (offset + limit) ×
+# listed ÷ matches entries. With exact counts a page past the middle walks from the end instead,
+# and when the dates or a minimum gap keep fewer rows than that walk would read, the page seeks
+# their range and sorts it. Gap sorts read the rows with a gap (a plain descending index walk on
+# SQLite and PostgreSQL alike), then those without one, newest first.
+
+# Which index gives each sort's order; SQLite is told which one to walk (INDEXED BY), PostgreSQL
+# picks by its own statistics among the same indexes.
+ORDER_INDEXES: dict[str, str] = {
+    "newest": "ix_snapshot_live_created",
+    "weighted_gap": "ix_snapshot_live_weighted_gap",
+    "max_gap": "ix_snapshot_live_max_gap",
+}
+# SQLite's newest-first index that also holds the normalised question (lib.models): a text filter's
+# walk tests the text on its entries.
+TEXT_INDEX = search.LIST_TEXT_INDEX
+# A range probe (dates) counts at most this many entries: beyond it the range's share is estimated.
+RANGE_PROBE = 20_000
+# A seek that reads n entries and sorts them costs about this many entries' walk per entry.
+SORT_COST = 2.0
+
+
+def _cube_conditions(filters: EvaluationFilters) -> tuple[list[ColumnElement[bool]], bool]:
+    """The filters as conditions on `evaluation_counts`, and whether they are all of them (no text,
+    no dates, a minimum gap in steps of 0.5): then the counters' figure is the exact count."""
+    c = counters.evaluation_counts_table().c
+    conds: list[ColumnElement[bool]] = [c.archived.is_(filters.archived)]
+    for value, column in (
+        (filters.product, c.product),
+        (filters.language, c.language),
+        (filters.model, c.model_name),
+        (filters.category, c.category),
+    ):
+        if value is not None:
+            conds.append(column == value)
+    if filters.metric:
+        conds.append(counters.metric_judged(c.judged_metrics, filters.metric))
+    complete = not filters.text and filters.date_from is None and filters.date_to is None
+    if filters.min_gap is not None and filters.min_gap > 0:
+        halves = counters.gap_halves_at_least(filters.min_gap)
+        if halves is None:
+            complete = False
+        else:
+            conds.append(c.gap_halves >= halves)
+    if filters.review != "any":
+        conds.append(c[f"review_{filters.review}"].is_(True))
+    if filters.evidence != "any":
+        conds.append(c[f"evidence_{filters.evidence}"].is_(True))
+    return conds, complete
+
+
+def counted_exactly(filters: EvaluationFilters) -> bool:
+    """Whether the counters answer this list's count exactly (every filter but text and dates)."""
+    return _cube_conditions(filters)[1]
 
 
 def count_cap(filters: EvaluationFilters) -> int:
-    """Where the list's count stops (`count_label` / `count_is_capped` take it too): a text filter's
-    `counters.TEXT_COUNT_CAP` ("1,000+"), else `counters.COUNT_CAP` ("10,000+")."""
+    """Where the list's count stops (`count_label` / `count_is_capped` take it too): nowhere when
+    the counters answer it (`EXACT_COUNT_CAP`), else a text filter's `counters.TEXT_COUNT_CAP`
+    ("1,000+") or `counters.COUNT_CAP` ("10,000+")."""
+    if counted_exactly(filters):
+        return EXACT_COUNT_CAP
     return counters.TEXT_COUNT_CAP if filters.text else counters.COUNT_CAP  # read now: tests lower them
+
+
+def _counted(session: Session, filters: EvaluationFilters, *, bound: bool = False) -> int | None:
+    """The counters' figure: the exact count (None when they cannot answer), or with `bound` the
+    count of the filters they hold, an upper bound of the real one."""
+    if _only_product(filters):
+        totals = counters.evaluation_totals_by_product(session=session)
+        picked = [t for p, t in totals.items() if filters.product in (None, p)]
+        return sum(t.archived if filters.archived else t.evaluations for t in picked)
+    conds, complete = _cube_conditions(filters)
+    if not (complete or bound):
+        return None
+    return counters.evaluation_count(session=session, where=conds)
+
+
+def _listed(session: Session, filters: EvaluationFilters) -> int:
+    """How many evaluations the list holds before any filter (live, or archived)."""
+    return _counted(session, EvaluationFilters(archived=filters.archived)) or 0
+
+
+def _walk_hint(stmt: Select[Any], index: str | None) -> Select[Any]:
+    """Tell SQLite which of the list's indexes to read (`INDEXED BY`); other databases choose."""
+    return stmt if index is None else stmt.with_hint(_S, f"INDEXED BY {index}", "sqlite")
+
+
+def _text_index(session: Session, filters: EvaluationFilters) -> str | None:
+    """SQLite's index holding the question text, for a text filter tested row by row (a common
+    query, a short one, the archived list); None without text or on PostgreSQL."""
+    return TEXT_INDEX if filters.text and session.get_bind().dialect.name == "sqlite" else None
+
+
+def _count_index(session: Session, filters: EvaluationFilters) -> str | None:
+    """The index a capped count walks: the one whose range the dates or a minimum gap fix, or the
+    one with the question text (all carry every filter column), so no row is read to test a filter."""
+    if text_index := _text_index(session, filters):
+        return text_index
+    if filters.min_gap and filters.date_from is None and filters.date_to is None and not filters.archived:
+        return ORDER_INDEXES["max_gap"]
+    return ORDER_INDEXES["newest"]
 
 
 def count_evaluations(*, session: Session, filters: EvaluationFilters, cap: int | None = None) -> int:
     """How many evaluations match: exact, or `cap` + 1 when more match (`count_label` says "10,000+").
 
-    `cap` defaults to `count_cap(filters)`. The unfiltered list (and one product) is answered exactly
-    by lib.counters; other filters count at most `cap` + 1 index entries, so a broad filter at a
-    million rows costs the same as at 10k.
+    Exact from lib.counters whenever they answer (`counted_exactly`: every filter but text and
+    dates), whatever `cap` says. Otherwise `cap` defaults to `count_cap(filters)` and
+    the count reads at most `cap` + 1 matching entries of an index that starts from the dates (or of
+    the text index), so a broad filter at a million rows costs the same as at 10k.
     """
-    if _only_product(filters):
-        totals = counters.evaluation_totals_by_product(session=session)
-        picked = [t for p, t in totals.items() if filters.product in (None, p)]
-        return sum(t.archived if filters.archived else t.evaluations for t in picked)
-    # A text in more matches than this, with other filters, is counted by the walk below. The
-    # crossover is the general cap's (measured at 10,000), not the text cap: a text in 1,001-10,000
-    # rows plus filters that keep few would walk the whole list index (1M: ~0.5 s) where starting
-    # from the index reads at most 10,000 rows.
-    walk_above = counters.COUNT_CAP if cap is None else cap
+    exact = _counted(session, filters)
+    if exact is not None:
+        return exact
+    if _counted(session, filters, bound=True) == 0:
+        return 0  # the filters the counters hold already keep nothing
     cap = count_cap(filters) if cap is None else cap
     text_only = filters == EvaluationFilters(text=filters.text, sort=filters.sort, archived=filters.archived)
     matched = _text_matched_rows(session, filters)
     found = None
     if matched is not None:
+        # One read of the text index serves the count and the page's plan (`_rare_text_rows`).
         found = search.count_index_matches(
-            session=session,
-            table=_S.__table__,
-            query=filters.text,
-            limit=cap + 1 if text_only else max(cap, walk_above) + 1,
+            session=session, table=_S.__table__, query=filters.text, limit=max(cap, search.RARE_MATCHES) + 1
         )
     if found is not None and text_only:
         # Text alone over a list the index holds exactly (lib.search.index_covers): its own count,
         # stopped at cap + 1, is the answer; no row is read.
-        return found
-    if found is not None and found > walk_above:
-        # A text in more than `walk_above` rows, with other filters: starting from the index would
-        # read every match and its row when the other filters keep few (1M, a phrase in a fifth of
-        # the rows plus four filters: 2.9 s). Walk the list index instead: the other filters are
-        # tested on its entries, the text only on the rows they keep, and the walk stops at cap + 1.
-        stmt = (
-            select(col(_S.id))
-            .where(*filter_conditions(filters, text_form="scan"))
-            .order_by(*_order_by("newest"))
-        )
-    elif matched is not None:
-        # From the text index: stops at cap + 1 matches, however many there are (lib.search).
+        return min(found, cap + 1)
+    if found is not None and found <= search.RARE_MATCHES:
+        # A rare text with other filters: from the text index, testing the others on its few rows.
         stmt = select(col(_S.id)).select_from(matched).where(*filter_conditions(filters, text_form="none"))
     else:
-        stmt = select(col(_S.id)).where(*filter_conditions(filters))
+        # A common text (starting from its index would read every match and its row: 1M, a phrase
+        # in a fifth of the rows plus four filters, 2.9 s), dates, an odd minimum gap: a walk of the
+        # index whose range the filters fix, testing them all on its entries (the text too, on
+        # SQLite's index with the question) and stopping at cap + 1.
+        text_form = "scan" if filters.text else "match"
+        stmt = select(col(_S.id)).where(*filter_conditions(filters, text_form=text_form))
+        stmt = _walk_hint(stmt, _count_index(session, filters))
     matches = stmt.limit(cap + 1).subquery()
     return int(session.exec(select(func.count()).select_from(matches)).one())
 
@@ -358,25 +447,21 @@ def _text_matched_rows(session: Session, filters: EvaluationFilters) -> Any:
     return search.index_matched_rows(session=session, table=_S.__table__, query=filters.text)
 
 
-def _page_base(session: Session, filters: EvaluationFilters) -> Select[Any]:
-    """The ids a page is cut from: a rare text query from its index matches (a sort of at most
-    `search.RARE_MATCHES` rows), a common one by a walk that tests each row's text (lib.search)."""
-    if filters.text and _index_covers(filters):
-        found = search.count_index_matches(
-            session=session,
-            table=_S.__table__,
-            query=filters.text,
-            limit=search.RARE_MATCHES + 1,
-            for_plan=True,
-        )
-        if found is not None and found > search.RARE_MATCHES:
-            return select(col(_S.id)).where(*filter_conditions(filters, text_form="scan"))
-        matched = _text_matched_rows(session, filters) if found is not None else None
-        if matched is not None:
-            return (
-                select(col(_S.id)).select_from(matched).where(*filter_conditions(filters, text_form="none"))
-            )
-    return select(col(_S.id)).where(*filter_conditions(filters))
+def _rare_text_rows(session: Session, filters: EvaluationFilters) -> Any:
+    """The FROM of a page when its text is rare (lib.search): the text index's matches, at most
+    `search.RARE_MATCHES` rows to sort; None when the text is common or there is no text index."""
+    if not (filters.text and _index_covers(filters)):
+        return None
+    found = search.count_index_matches(
+        session=session,
+        table=_S.__table__,
+        query=filters.text,
+        limit=search.RARE_MATCHES + 1,
+        for_plan=True,
+    )
+    if found is None or found > search.RARE_MATCHES:
+        return None
+    return _text_matched_rows(session, filters)
 
 
 def _index_covers(filters: EvaluationFilters) -> bool:
@@ -409,29 +494,187 @@ def _before(key: PageKey) -> ColumnElement[bool]:
     return and_(created <= key.created_at, or_(created < key.created_at, sid < key.id))
 
 
+def _gap_column(sort: str) -> Any:
+    return col(_S.weighted_gap) if sort == "weighted_gap" else col(_S.max_metric_gap)
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """Part of the list in one index order: its conditions, its order (every column descending) and,
+    when known, how many rows it holds."""
+
+    conds: list[ColumnElement[bool]]
+    order: list[Any]
+    size: int | None = None
+
+
+def _segments(
+    session: Session, filters: EvaluationFilters, conds: list[ColumnElement[bool]], total: int | None
+) -> list[_Segment]:
+    """The list in its sort's order: newest first, or the rows with a gap (largest first) then the
+    rows without one (newest first). The live list's orders start with `deleted_at` (always NULL
+    there) so that PostgreSQL reads them off the index too, which `IS NULL` alone does not fix."""
+    lead = [] if filters.archived else [col(_S.deleted_at)]
+    newest = [*lead, col(_S.created_at), col(_S.id)]
+    if filters.sort == "newest":
+        return [_Segment(conds, newest, total)]
+    gap = _gap_column(filters.sort)
+    gapped = None
+    if total is not None:  # the counters tell the rows with a gap from those without
+        cube, _complete = _cube_conditions(filters)
+        c = counters.evaluation_counts_table().c
+        has_gap = c.gap_halves >= 0 if filters.sort == "max_gap" else c.has_weighted_gap.is_(True)
+        gapped = counters.evaluation_count(session=session, where=[*cube, has_gap])
+    return [
+        _Segment([*conds, gap.is_not(None)], [*lead, gap, col(_S.created_at), col(_S.id)], gapped),
+        _Segment(
+            [*conds, gap.is_(None)], newest, None if gapped is None or total is None else total - gapped
+        ),
+    ]
+
+
+def _date_range_size(session: Session, filters: EvaluationFilters) -> int:
+    """Entries the dates keep in the list index (up to `RANGE_PROBE` + 1: a bounded probe)."""
+    conds = filter_conditions(
+        EvaluationFilters(date_from=filters.date_from, date_to=filters.date_to, archived=filters.archived)
+    )
+    probe = _walk_hint(select(col(_S.id)).where(*conds), ORDER_INDEXES["newest"]).limit(RANGE_PROBE + 1)
+    return int(session.exec(select(func.count()).select_from(probe.subquery())).one())
+
+
+def _choose_index(
+    session: Session, filters: EvaluationFilters, offset: int, limit: int, total: int | None, bound: int
+) -> str:
+    """Which index a page reads (SQLite): its sort's, walked until the page is found, or the one
+    whose range the dates or a minimum gap fix, read whole and sorted, when that range is smaller
+    than the walk. Costs are index entries, from the counters' figures (`total` exact, or `bound` for
+    the filters they hold) and a bounded range probe. The archived list (1% of the rows here) is a
+    range of the newest-first index, read and sorted; a common text walks the index with its text."""
+    if filters.archived:
+        return _text_index(session, filters) or ORDER_INDEXES["newest"]
+    walk_index = ORDER_INDEXES[filters.sort]
+    if filters.sort == "newest" and (text_index := _text_index(session, filters)):
+        return text_index  # the dates are a range of it too
+    dates = filters.date_from is not None or filters.date_to is not None
+    if not dates and not filters.min_gap:
+        return walk_index
+    listed = max(1, _listed(session, filters))
+    matches = total if total is not None else bound
+    ranges: dict[str, float] = {}
+    if dates:
+        size = _date_range_size(session, filters)
+        ranges[ORDER_INDEXES["newest"]] = size
+        if total is None:  # the dates' share of the filters the counters hold
+            matches = matches * size / listed
+    if filters.min_gap:
+        c = counters.evaluation_counts_table().c
+        halves = counters.gap_halves_at_least(filters.min_gap)
+        gap_only = EvaluationFilters(min_gap=filters.min_gap, archived=filters.archived)
+        ranges[ORDER_INDEXES["max_gap"]] = (
+            counters.evaluation_count(
+                session=session, where=[c.archived.is_(filters.archived), c.gap_halves >= halves]
+            )
+            if halves is not None
+            else count_evaluations(session=session, filters=gap_only, cap=RANGE_PROBE)
+        )
+    # The walk reads the part of its index the filters' range fixes, until offset + limit matches.
+    walked = ranges.get(walk_index, listed)
+    costs = {walk_index: (offset + limit) * walked / max(matches, 1)}
+    for index, size in ranges.items():
+        if index != walk_index:
+            costs[index] = size * SORT_COST
+    return min(costs, key=costs.__getitem__)
+
+
+def _read_segment(
+    session: Session, base: Select[Any], segment: _Segment, start: int, count: int, index: str | None
+) -> list[str]:
+    """Rows [start, start + count) of a segment: walked from its start, or from its end (in reverse,
+    then turned around) when its size is known and the rows lie nearer the end."""
+    if segment.size is not None:
+        count = min(count, segment.size - start)
+    if count <= 0:
+        return []
+    stmt = _walk_hint(base.where(*segment.conds), index)
+    if segment.size is not None and segment.size - start - count < start:
+        back = stmt.order_by(*(c.asc() for c in segment.order)).offset(segment.size - start - count)
+        return list(reversed(session.exec(back.limit(count)).all()))
+    forward = stmt.order_by(*(c.desc() for c in segment.order)).offset(start)
+    return list(session.exec(forward.limit(count)).all())
+
+
 def _page_ids(
     session: Session, filters: EvaluationFilters, offset: int, limit: int, after: PageKey | None
 ) -> list[str]:
-    """One page of ids on the list index: after `after` (keyset: an index seek) or, without it, at `offset`."""
-    base = _page_base(session, filters)
-    if after is None:
-        stmt = base.order_by(*_order_by(filters.sort)).offset(max(0, offset)).limit(limit)
-        return list(session.exec(stmt).all())
-    newest = [col(_S.created_at).desc(), col(_S.id).desc()]
+    """One page of ids, read off the list's indexes (see Plans above): after `after` (keyset: an
+    index seek) or, without it, at `offset`."""
+    offset = max(0, offset)
+    total = _counted(session, filters)
+    bound = _counted(session, filters, bound=True) if total is None else total
+    if not bound or (after is None and total is not None and offset >= total):
+        return []
+    rare = _rare_text_rows(session, filters)
+    if rare is not None:  # a rare text: its index matches, sorted (lib.search)
+        base = select(col(_S.id)).select_from(rare)
+        conds = filter_conditions(filters, text_form="none")
+        index = None
+    else:
+        base = select(col(_S.id))
+        common_text = filters.text and _index_covers(filters)
+        conds = filter_conditions(filters, text_form="scan" if common_text else "match")
+        index = _choose_index(session, filters, offset, limit, total, bound or 0)
+    segments = _segments(session, filters, conds, total)
+    if after is not None:
+        return _after_key(session, base, filters, segments, after, limit, index)
+    ids: list[str] = []
+    start = offset
+    for segment in segments:
+        if len(ids) >= limit:
+            break
+        got = _read_segment(session, base, segment, start, limit - len(ids), index)
+        ids += got
+        if segment is segments[-1] or len(ids) >= limit:
+            break
+        # The next segment starts where this one ends: `start` counts its rows before the page.
+        size = segment.size
+        if size is None:
+            if got or start == 0:
+                size = start + len(got)
+            else:
+                capped = _walk_hint(base.where(*segment.conds), index).limit(start)
+                size = int(session.exec(select(func.count()).select_from(capped.subquery())).one())
+        start = max(0, start - size)
+    return ids
+
+
+def _after_key(
+    session: Session,
+    base: Select[Any],
+    filters: EvaluationFilters,
+    segments: list[_Segment],
+    after: PageKey,
+    limit: int,
+    index: str | None,
+) -> list[str]:
+    """The page after `after` (keyset): an index seek to the key, then a walk of `limit` rows."""
     if filters.sort == "newest":
-        return list(session.exec(base.where(_before(after)).order_by(*newest).limit(limit)).all())
+        segment = segments[0]
+        stmt = _walk_hint(base.where(*segment.conds, _before(after)), index)
+        return list(session.exec(stmt.order_by(*(c.desc() for c in segment.order)).limit(limit)).all())
     # Gap sorts put rows without a gap last: the rest of the gapped rows, then the gapless ones.
-    gap = col(_S.weighted_gap) if filters.sort == "weighted_gap" else col(_S.max_metric_gap)
+    gap = _gap_column(filters.sort)
+    gapped, gapless = segments
     ids: list[str] = []
     if after.gap is not None:
         later = or_(gap < after.gap, and_(gap == after.gap, _before(after)))
-        stmt = base.where(gap <= after.gap, later).order_by(gap.desc(), *newest).limit(limit)
-        ids = list(session.exec(stmt).all())
+        stmt = _walk_hint(base.where(*gapped.conds, gap <= after.gap, later), index)
+        ids = list(session.exec(stmt.order_by(*(c.desc() for c in gapped.order)).limit(limit)).all())
     if len(ids) < limit:
-        gapless = base.where(gap.is_(None))
+        stmt = _walk_hint(base.where(*gapless.conds), index)
         if after.gap is None:
-            gapless = gapless.where(_before(after))
-        ids += session.exec(gapless.order_by(*newest).limit(limit - len(ids))).all()
+            stmt = stmt.where(_before(after))
+        stmt = stmt.order_by(*(c.desc() for c in gapless.order)).limit(limit - len(ids))
+        ids += session.exec(stmt).all()
     return ids
 
 

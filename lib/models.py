@@ -14,7 +14,7 @@ from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, Text, UniqueC
 from sqlalchemy.orm import Session as OrmSession
 from sqlmodel import Field, SQLModel
 
-from lib.search import normalize_search_text
+from lib.search import LIST_TEXT_INDEX, normalize_search_text
 
 SNAPSHOT_STATUSES = ("active", "completed", "archived")
 NOTE_TYPES = ("SUCCESS", "FAILURE", "PATTERN", "STRATEGY", "TIP")
@@ -41,6 +41,15 @@ def _search_column(source: str) -> Column[str]:
     return Column(Text, nullable=False, default=default, server_default="")
 
 
+# The Evaluations list's filter columns, carried by each of its ordered indexes after the order's own
+# columns. lib.counters keeps the last four: the review-state and metric filters read the index.
+LIST_FILTER_COLUMNS = (
+    "product", "language", "model_name", "category", "weighted_gap", "max_metric_gap", "evidence_count",
+    "evidence_unlocated", "evidence_unverified", "judgments_total", "judgments_reviewed",
+    "judgments_corrected", "judged_metrics",
+)  # fmt: skip
+
+
 class EvaluationSnapshot(SQLModel, table=True):
     """One evaluation frozen at the end of judging (seed 002 AD-3), plus product and language."""
 
@@ -48,30 +57,33 @@ class EvaluationSnapshot(SQLModel, table=True):
     __table_args__ = (
         # The Evaluations list: live rows newest first, with every filter column, so the match count
         # and the page's ids come from this index alone and never read the wide rows (answer, JSON).
+        Index("ix_snapshot_live_created", "deleted_at", "created_at", "id", *LIST_FILTER_COLUMNS),
+        # The list's gap sorts, with the filter columns too (issue 27): a page walks the index in
+        # the sort's order and tests every filter on its entries, never reading a row to skip it.
         Index(
-            "ix_snapshot_live_created",
+            "ix_snapshot_live_weighted_gap",
             "deleted_at",
+            "weighted_gap",
             "created_at",
             "id",
-            "product",
-            "language",
-            "model_name",
-            "category",
-            "weighted_gap",
-            "max_metric_gap",
-            "evidence_count",
-            "evidence_unlocated",
-            "evidence_unverified",
-            # lib.counters keeps these four: the review-state and metric filters read the index.
-            "judgments_total",
-            "judgments_reviewed",
-            "judgments_corrected",
-            "judged_metrics",
+            *(c for c in LIST_FILTER_COLUMNS if c != "weighted_gap"),
         ),
-        # The list's gap sorts: the first page is an index range read, not a sort of every live row.
-        Index("ix_snapshot_live_weighted_gap", "deleted_at", "weighted_gap", "created_at", "id"),
-        Index("ix_snapshot_live_max_gap", "deleted_at", "max_metric_gap", "created_at", "id"),
+        Index(
+            "ix_snapshot_live_max_gap",
+            "deleted_at",
+            "max_metric_gap",
+            "created_at",
+            "id",
+            *(c for c in LIST_FILTER_COLUMNS if c != "max_metric_gap"),
+        ),
         Index("ix_snapshot_product_language", "product", "language"),
+        # SQLite only: the list index with the normalised question too, so a text filter that matches
+        # many rows is tested on the entries of a newest-first walk, never on a row it reads (a page
+        # 400 of a phrase in a fifth of 1M rows read 50k rows). PostgreSQL's btrees cannot hold the
+        # text (lib.search); its trigram index and row tests serve it there.
+        Index(LIST_TEXT_INDEX, "deleted_at", "created_at", "id", *LIST_FILTER_COLUMNS, "search_text").ddl_if(
+            dialect="sqlite"
+        ),
     )
 
     id: str = Field(primary_key=True, max_length=64)
@@ -227,6 +239,17 @@ class Judgment(SQLModel, table=True):
         ),
         # The Evaluations list's review-state and metric filters: one covering probe per snapshot.
         Index("ix_judgment_snapshot_state", "snapshot_id", "reviewed_at", "was_corrected", "metric"),
+        # The Corrections list by metric or by reviewer (issue 27): its id order within the value,
+        # and the evaluation whose liveness it tests, so a deep page skips entries, not rows.
+        Index("ix_judgment_metric_id", "metric", "id", "snapshot_id"),
+        Index(
+            "ix_judgment_reviewer_id",
+            "reviewer",
+            "id",
+            "snapshot_id",
+            sqlite_where=text("reviewer IS NOT NULL"),
+            postgresql_where=text("reviewer IS NOT NULL"),
+        ),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -283,6 +306,35 @@ class ProductCount(SQLModel, table=True):
     evidence_highlighted: int = 0
     evidence_unlocated: int = 0
     evidence_unverified: int = 0
+
+
+class EvaluationCount(SQLModel, table=True):
+    """Evaluations per combination of the values the Evaluations list filters on (issue 27), so that
+    any combination of product, language, model, category, judged metric, largest gap (in halves),
+    review state, evidence state and archived is counted exactly by summing a few hundred rows,
+    never by reading evaluations. Kept by lib.counters wherever `product_counts` and the
+    per-evaluation review counters move; the flags are lib.counters' definitions of the list's states.
+    """
+
+    __tablename__ = "evaluation_counts"
+
+    archived: bool = Field(primary_key=True)
+    product: str = Field(primary_key=True, max_length=200)
+    language: str = Field(primary_key=True, max_length=16)
+    model_name: str = Field(primary_key=True, max_length=200)  # '' for none
+    category: str = Field(primary_key=True, max_length=200)  # '' for none
+    judged_metrics: str = Field(primary_key=True, max_length=1000)  # `,slug,slug,` as on the evaluation
+    gap_halves: int = Field(primary_key=True)  # floor(2 × max_metric_gap); -1 without a gap
+    has_weighted_gap: bool = Field(primary_key=True)  # sorted by it, the gapless rows come last
+    # The list's review and evidence states (lib.counters.EVALUATION_STATES), each true or false.
+    review_pending: bool = Field(primary_key=True)
+    review_reviewed: bool = Field(primary_key=True)
+    review_corrected: bool = Field(primary_key=True)
+    evidence_unverified: bool = Field(primary_key=True)
+    evidence_unlocated: bool = Field(primary_key=True)
+    evidence_verified: bool = Field(primary_key=True)
+    evidence_none: bool = Field(primary_key=True)
+    n: int = 0
 
 
 class JudgmentDayCount(SQLModel, table=True):

@@ -252,6 +252,18 @@ class NoteFilter:
     until: datetime | None = None
 
 
+# The Notes page's Age choices (label: (newer than, older than)), as `NoteFilter.since` / `until`
+# relative to now; the page and its benchmark read them here.
+AGES: dict[str, tuple[timedelta | None, timedelta | None]] = {
+    "Any time": (None, None),
+    "Last 24 hours": (timedelta(days=1), None),
+    "Last 7 days": (timedelta(days=7), None),
+    "Last 30 days": (timedelta(days=30), None),
+    "Older than 30 days": (None, timedelta(days=30)),
+    "Older than 90 days": (None, timedelta(days=90)),
+}
+
+
 def _filters(session: Session, filters: NoteFilter) -> list[ColumnElement[bool]]:
     conds: list[ColumnElement[bool]] = []
     query = str(filters.query or "").strip()

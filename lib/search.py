@@ -115,11 +115,20 @@ def search_table_name(table: str) -> str:
     return f"{table}_search"
 
 
+# SQLite's Evaluations list index that also holds the normalised question (lib.models, issue 27): a
+# common text is tested on the entries of a newest-first walk. PostgreSQL's btrees cannot hold text
+# this long; its trigram index serves there.
+LIST_TEXT_INDEX = "ix_snapshot_live_text"
+
+
 def is_search_index_object(name: str | None) -> bool:
     """Whether a schema object is part of the search index (FTS5 tables and their shadow tables, the
-    trigram GIN indexes): built by migration, not declared in lib.models, so schema comparison skips it."""
+    trigram GIN indexes, SQLite's `LIST_TEXT_INDEX`): built for one dialect only (the first two by
+    migration, not declared in lib.models), so schema comparison skips it."""
     if not name:
         return False
+    if name == LIST_TEXT_INDEX:
+        return True
     for table in SEARCHABLE:
         fts = search_table_name(table)
         if name == fts or name.startswith(f"{fts}_") or name == f"ix_{table}_search_trgm":

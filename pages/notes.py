@@ -6,7 +6,6 @@ cell or a code block, never as Markdown or HTML. `/notes?session=<id>` opens one
 
 import functools
 import zlib
-from datetime import timedelta
 
 import streamlit as st
 
@@ -43,14 +42,6 @@ PAGE_KEYS = ("notes_page", "notes_timeline_page")
 # run does not draw, so theirs are kept while the reviewer stays on this page (a draft, the removal
 # filters and the page numbers survive a look at another tab).
 KEEP = "page"
-AGES: dict[str, tuple[timedelta | None, timedelta | None]] = {  # label: (newer than, older than)
-    "Any time": (None, None),
-    "Last 24 hours": (timedelta(days=1), None),
-    "Last 7 days": (timedelta(days=7), None),
-    "Last 30 days": (timedelta(days=30), None),
-    "Older than 30 days": (None, timedelta(days=30)),
-    "Older than 90 days": (None, timedelta(days=90)),
-}
 ADD_DEFAULTS = {
     "notes_add_language": "",
     "notes_add_content": "",
@@ -153,8 +144,8 @@ session_choice = cols[2].selectbox(
     accept_new_options=True,  # the menu offers recent sessions; any other id can be typed
     help="The sessions of the latest notes; type another session's id to see its notes.",
 )
-age_label = cols[3].selectbox("Age", list(AGES), key="notes_age")
-newer, older = AGES[age_label]
+age_label = cols[3].selectbox("Age", list(notes.AGES), key="notes_age")
+newer, older = notes.AGES[age_label]
 now = utcnow()
 filters = notes.NoteFilter(
     query=query,

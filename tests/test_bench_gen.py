@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, text
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from bench import gen
-from lib import counters, importer
+from lib import corrections, counters, importer
 from lib.db import create_db_engine
-from lib.models import EvaluationSnapshot
+from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent
 from lib.search import text_match
 from tests.conftest import sqlite_only
 
 # Small, but several batches (so forked workers really share the build) and every kind of row.
 SIZE = {"judgments": 1_200, "snapshots": 120, "notes": 7, "batch": 40}
-TABLES = ("evaluation_snapshots", "judgments", "session_notes", "metric_scores")
+TABLES = ("evaluation_snapshots", "judgments", "judgment_events", "session_notes", "metric_scores")
 DERIVED = (
     "product_counts", "judgment_day_counts", "judgment_language_counts", "agreement_counts", "agreement_totals",
 )  # fmt: skip
@@ -51,7 +52,10 @@ def test_the_same_seed_builds_the_same_rows_in_one_process_or_in_workers(
     finally:
         for other in others:
             other.dispose()
-    assert counts == {"snapshots": 120, "judgments": 1_200, "notes": 7, "scores": len(here["metric_scores"])}
+    assert counts == {
+        "snapshots": 120, "judgments": 1_200, "events": len(here["judgment_events"]), "notes": 7,
+        "scores": len(here["metric_scores"]),
+    }  # fmt: skip
     assert len(here["judgments"]) == 1_200 and len(here["session_notes"]) == 7
     assert here == forked
     assert here["evaluation_snapshots"] != other_seed["evaluation_snapshots"]
@@ -116,3 +120,49 @@ def test_a_generated_database_is_what_a_full_recount_gives(engine: Engine) -> No
         assert [row.id for row in found] == ["snap_0000117"]
         found = conn.execute(snapshots.select().where(text_match(snapshots, "GIRAFFE"))).all()
         assert [row.question for row in found] == [record["question"]]
+
+
+def test_the_audit_trail_is_the_one_the_app_writes(engine: Engine) -> None:
+    """Every judgment's events replay to its stored review state and version (reviews, undos, a
+    decision replaced by another reviewer), code-review judgments carry the importer's events, and
+    an undo in the app takes back a generated decision as it would one made in the app."""
+    gen.generate(engine, seed=5, workers=0, **SIZE)
+    with Session(engine) as s:
+        judgments = {j.id: j for j in s.exec(select(Judgment)).all()}
+        trails: dict[int, list[JudgmentEvent]] = {}
+        for event in s.exec(select(JudgmentEvent).order_by(col(JudgmentEvent.id))).all():
+            trails.setdefault(event.judgment_id, []).append(event)
+    assert sorted(judgments) == list(range(1, 1_201))  # ids given by the generator, in batch order
+    shapes: Counter[str] = Counter()
+    for judgment_id, judgment in judgments.items():
+        events = trails.get(judgment_id, [])
+        stack = corrections._review_stack(events)
+        if judgment.snapshot_id is None:
+            assert events[0].action == "imported"
+        if judgment.reviewed_at is None:
+            assert stack == []
+        else:
+            last = stack[-1]
+            assert (last.to_decision, last.reviewer) == (judgment.user_decision, judgment.reviewer)
+            # The importer's events are dated by the import, the app's by the review itself.
+            assert judgment.snapshot_id is None or last.at == judgment.reviewed_at
+            assert last.action == ("overruled" if judgment.was_corrected else "confirmed")
+        assert [e.version for e in events][-1:] == ([judgment.version] if events else [])
+        assert [e.at for e in events] == sorted(e.at for e in events)
+        shapes[" ".join(e.action for e in events if e.action != "imported")] += 1
+    undone = [k for k in shapes if "undone" in k]
+    assert any(k.endswith("undone") for k in undone) and any(not k.endswith("undone") for k in undone)
+    assert any(len(k.split()) == 2 and "undone" not in k for k in shapes), shapes  # replaced decisions
+    replaced = next(
+        j for j in judgments.values()
+        if [e.action for e in trails.get(j.id or 0, [])][-2:] in (["confirmed"] * 2, ["overruled"] * 2,
+                                                                   ["confirmed", "overruled"], ["overruled", "confirmed"])
+    )  # fmt: skip
+    assert replaced.id is not None and replaced.reviewer is not None
+    earlier = trails[replaced.id][-2]
+    with Session(engine) as s:
+        after = corrections.undo_review(
+            session=s, judgment_id=replaced.id, expected_version=replaced.version, reviewer=replaced.reviewer
+        )
+        assert (after.user_decision, after.reviewer) == (earlier.to_decision, earlier.reviewer)
+        s.commit()

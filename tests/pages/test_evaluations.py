@@ -178,11 +178,13 @@ def test_changing_a_filter_returns_to_the_first_page(thirty, open_page) -> None:
 
 
 def test_a_capped_count_keeps_paging_past_the_cap(thirty, open_page, monkeypatch) -> None:
-    """A filtered count stops at the cap ("12+"): the pager still moves on while rows remain."""
+    """A count the counters cannot answer (dates) stops at the cap ("12+"): the pager still moves on
+    while rows remain. A review state is counted exactly, whatever the cap."""
     from lib import counters
 
     monkeypatch.setattr(counters, "COUNT_CAP", 12)
-    at = open_page(PAGE, query={"review": "pending"})
+    assert count_line(open_page(PAGE, query={"review": "pending"})) == "**30** evaluations match"
+    at = open_page(PAGE, query={"review": "pending", "from": "2025-02-01"})
     assert count_line(at) == "**12+** evaluations match"
     at.button(key="evaluations_page_next").click().run()
     assert not at.button(key="evaluations_page_next").disabled

@@ -1,0 +1,171 @@
+"""Query plans of the lists' filters and sorts (issue 27): none falls back to a full walk.
+
+Each scenario is a filter (or a pair the bench found slow) of the Evaluations or Corrections list,
+with each sort, at the first page and at a page in the middle, over a small `bench/gen.py` database
+(the bench's own filter values, `bench/bench_pages.py`). Every statement the list runs against the
+large tables is explained: on SQLite, a walk (`SCAN`) must stop after a page (a LIMIT), give the
+order itself (no sort of what it read) and, on an index, test the filters on its entries (a covering
+index: no row read per entry walked); on PostgreSQL, told to avoid table scans, no `Seq Scan`.
+A count the counters answer runs no such statement at all.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, event
+
+from bench import bench_pages, gen
+from lib import corrections, counters, inspector, search
+from lib.db import create_db_engine, session_scope
+
+BIG_TABLES = ("evaluation_snapshots", "judgments", "judgment_events")
+_FROM_BIG = re.compile(r"\b(FROM|JOIN)\s+(" + "|".join(BIG_TABLES) + r")\b")
+SIZE = {"judgments": 600, "snapshots": 60, "notes": 3}
+_WALK = re.compile(
+    rf"(SCAN ({'|'.join(BIG_TABLES)})\b|SEARCH evaluation_snapshots USING (COVERING )?INDEX \S+ \(deleted_at=\?\)$)"
+)
+MIDDLE = 25  # a page past the first (the lists hold 60 evaluations, 600 judgments)
+
+
+@pytest.fixture(autouse=True)
+def _small_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thresholds scaled to the small database, so that every plan is taken: a common text
+    (more matches than a rare one), counts that stop at their cap, a date range probe that stops."""
+    monkeypatch.setattr(search, "RARE_MATCHES", 3)
+    monkeypatch.setattr(counters, "COUNT_CAP", 8)
+    monkeypatch.setattr(counters, "TEXT_COUNT_CAP", 4)
+    monkeypatch.setattr(inspector, "RANGE_PROBE", 6)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def filled(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Engine, bench_pages.Context]]:
+    """A small generated database per dialect, shared by the module (read only)."""
+    if request.param == "sqlite":
+        path = tmp_path_factory.mktemp("plans") / "plans.db"
+        shutil.copyfile(request.getfixturevalue("_sqlite_migrated"), path)
+        url = f"sqlite:///{path}"
+    else:
+        url = request.getfixturevalue("pg_module_url")
+    engine = create_db_engine(url)
+    gen.generate(engine, seed=0, workers=0, **SIZE)
+    try:
+        yield engine, bench_pages.read_context(url, SIZE["snapshots"])
+    finally:
+        engine.dispose()
+
+
+def _statements(engine: Engine, run: Callable[[], Any]) -> list[tuple[str, Any]]:
+    """The statements `run` sends that read the large tables."""
+    seen: list[tuple[str, Any]] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool) -> None:
+        if _FROM_BIG.search(statement):
+            seen.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        run()
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    return seen
+
+
+def _full_walks(engine: Engine, statements: list[tuple[str, Any]]) -> list[str]:
+    """The plans among `statements` that walk a large table without stopping after a page."""
+    bad = []
+    with engine.connect() as conn:
+        pg = engine.dialect.name == "postgresql"
+        if pg:
+            conn.exec_driver_sql("SET enable_seqscan = off")
+        for sql, parameters in statements:
+            explain = "EXPLAIN (COSTS OFF) " if pg else "EXPLAIN QUERY PLAN "
+            plan = "\n".join(str(r[-1]) for r in conn.exec_driver_sql(explain + sql, parameters))
+            if pg:
+                walks = any(f"Seq Scan on {t}" in plan for t in BIG_TABLES)
+            else:
+                # A walk: a scan, or a seek that fixes only the live list's `deleted_at IS NULL`.
+                scans = [line for line in plan.splitlines() if _WALK.match(line.strip())]
+                walks = bool(scans) and ("LIMIT" not in sql.upper() or "TEMP B-TREE FOR ORDER BY" in plan)
+                # An index walk that reads each entry's row to test a filter the index lacks.
+                walks = walks or any(" USING INDEX " in line for line in scans)
+            if walks:
+                bad.append(f"{sql}\n{plan}")
+        conn.rollback()
+    return bad
+
+
+def _evaluation_scenarios(ctx: bench_pages.Context) -> list[tuple[str, inspector.EvaluationFilters]]:
+    """Every filter of the Evaluations page alone with every sort, and the pairs the bench found slow."""
+    options = {o.label: o for o in bench_pages.evaluation_options()}
+    picks: list[tuple[str, ...]] = [(), *((label,) for label in options)]
+    picks += [
+        ("min_gap=4", "review=reviewed"),
+        ("product", "metric"),
+        ("text=common", "product"),
+        ("text=common", "language"),
+        ("text=rare", "review=pending"),
+        ("from=last 30 days", "min_gap=2"),
+        ("archived", "min_gap=4"),
+    ]
+    found = []
+    for picked in picks:
+        chosen = {options[label].name: options[label].value(ctx) for label in picked}
+        for sort in inspector.SORTS:
+            found.append((" ".join([*picked, sort]), inspector.EvaluationFilters(**chosen, sort=sort)))
+    return found
+
+
+def test_every_evaluations_filter_and_sort_reads_a_page_not_the_list(filled: Any) -> None:
+    engine, ctx = filled
+    bad: dict[str, list[str]] = {}
+    for name, filters in _evaluation_scenarios(ctx):
+        for offset in (0, MIDDLE):
+            with session_scope(engine, read_only=True) as s:
+                statements = _statements(
+                    engine,
+                    lambda s=s, f=filters, o=offset: (
+                        inspector.count_evaluations(session=s, filters=f),
+                        inspector.fetch_page(session=s, filters=f, offset=o, limit=5),
+                    ),
+                )
+            if walks := _full_walks(engine, statements):
+                bad[f"{name} offset={offset}"] = walks
+    assert not bad, "\n\n".join(f"{k}:\n" + "\n".join(v) for k, v in bad.items())
+
+
+def test_every_corrections_filter_reads_a_page_not_the_list(filled: Any) -> None:
+    engine, ctx = filled
+    options = bench_pages.correction_options()
+    picks = [(), *bench_pages._alone_and_in_pairs(options)]
+    bad: dict[str, list[str]] = {}
+    for picked in picks:
+        filters = replace(corrections.JudgmentFilter(), **{o.name: o.value(ctx) for o in picked})
+        for offset in (0, MIDDLE):
+            with session_scope(engine, read_only=True) as s:
+                statements = _statements(
+                    engine,
+                    lambda s=s, f=filters, o=offset: (
+                        corrections.count_judgments(session=s, filters=f),
+                        corrections.list_judgments(session=s, filters=f, offset=o, limit=5),
+                    ),
+                )
+            if walks := _full_walks(engine, statements):
+                bad[" ".join(o.label for o in picked) + f" offset={offset}"] = walks
+    assert not bad, "\n\n".join(f"{k}:\n" + "\n".join(v) for k, v in bad.items())
+
+
+def test_a_count_the_counters_answer_reads_no_evaluation(filled: Any) -> None:
+    engine, ctx = filled
+    exact = inspector.EvaluationFilters(product=ctx.products[-1], min_gap=2.0, review="reviewed")
+    with session_scope(engine, read_only=True) as s:
+        assert inspector.counted_exactly(exact)
+        statements = _statements(engine, lambda: inspector.count_evaluations(session=s, filters=exact))
+    assert statements == []
