@@ -13,8 +13,8 @@
   sorted by a gap walks its index testing the filters on the entries, never reading a row to skip it
   (a minimum gap of 4 sorted by weighted gap read a row for each of 990k entries at 1M).
 
-Revision ID: 0019
-Revises: 0018
+Revision ID: 0021
+Revises: 0020
 """
 
 import sqlalchemy as sa
@@ -22,8 +22,8 @@ import sqlmodel
 from alembic import op
 from sqlmodel import Session
 
-revision = "0019"
-down_revision = "0018"
+revision = "0021"
+down_revision = "0020"
 branch_labels = None
 depends_on = None
 
