@@ -7,13 +7,15 @@ port answers both the pages and `/api/v1` (OpenAPI docs at `/api/v1/docs`). The 
 `lib.ui.server` keeps deep links on the router as before.
 """
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import streamlit as st
 from starlette.middleware import Middleware
 from starlette.routing import Mount
 
-from lib import downloads
+from lib import downloads, webhooks
 from lib.api import API_PREFIX, create_app, otlp_root_routes
 from lib.ui.server import HostCheck, apply_allowed_hosts, no_external_ip_lookup
 
@@ -22,9 +24,24 @@ downloads.enable()
 # Also when started without the launcher (`streamlit run serve.py`, uvicorn): no third-party lookup.
 no_external_ip_lookup()
 apply_allowed_hosts()  # done by the launcher already; here for `streamlit run serve.py` and uvicorn
+
+
+@asynccontextmanager
+async def lifespan(_app: st.App) -> AsyncIterator[None]:
+    """Webhook deliveries run in a background thread of the server (lib.webhooks), never in a request."""
+    from lib.db import init_db
+
+    worker = webhooks.start_worker(init_db())
+    try:
+        yield
+    finally:
+        worker.stop()
+
+
 api = create_app()
 app = st.App(
     str(Path(__file__).resolve().parent / "app.py"),
+    lifespan=lifespan,
     # OTLP/HTTP (lib.otlp) also at its conventional /v1/traces and /v1/logs, by the same API app.
     routes=[Mount(API_PREFIX, app=api), *otlp_root_routes(api), *downloads.routes()],
     # DNS rebinding (issue 24): a request whose Host this server was not given is refused on every

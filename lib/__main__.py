@@ -385,6 +385,64 @@ def _cmd_align(args: argparse.Namespace) -> int:
     return 0
 
 
+@handler("webhooks")
+def _cmd_webhooks(args: argparse.Namespace) -> int:
+    """`webhooks add|list|pause|resume|rotate|deliveries|replay|deliver|key` (lib.webhooks)."""
+    import json
+    import time
+
+    from lib import webhooks
+    from lib.db import session_scope
+
+    action = args.webhook_action
+    if action == "key":
+        print(webhooks.new_key())
+        return 0
+    engine = _engine()
+    try:
+        if action == "deliver":
+            total = webhooks.deliver_due(engine)
+            while args.loop:
+                time.sleep(webhooks.POLL_SECONDS)
+                total += webhooks.deliver_due(engine)
+            print(f"{total} delivery attempt(s)")
+            return 0
+        with session_scope(engine, read_only=action in ("list", "deliveries")) as session:
+            actor = system_actor(args.by) if hasattr(args, "by") else system_actor()
+            if action == "add":
+                hook, secret = webhooks.register_webhook(
+                    session=session, actor=actor, url=args.url, events=args.events.split(","),
+                    description=args.description,
+                )  # fmt: skip
+                print(
+                    f"webhook {hook.id} for {', '.join(hook.events)} -> {hook.url}; its signing secret, shown only now:"
+                )
+                print(secret)
+            elif action == "list":
+                for hook in webhooks.list_webhooks(session=session):
+                    state = "active" if hook.active else "paused"
+                    print(f"{hook.id}\t{state}\t{hook.url}\t{','.join(hook.events)}\t{hook.description}")
+            elif action in ("pause", "resume"):
+                hook = webhooks.set_active(
+                    session=session, actor=actor, webhook_id=args.id, active=action == "resume"
+                )
+                print(f"webhook {hook.id} {'resumed' if hook.active else 'paused'}")
+            elif action == "rotate":
+                print(webhooks.rotate_secret(session=session, actor=actor, webhook_id=args.id))
+            elif action == "deliveries":
+                rows = webhooks.list_deliveries(
+                    session=session, webhook_id=args.webhook, status=args.status, limit=args.limit
+                )
+                for row in rows:
+                    print(json.dumps(webhooks.delivery_record(row), ensure_ascii=False))
+            else:  # replay
+                row = webhooks.replay_delivery(session=session, actor=actor, delivery_id=args.id)
+                print(f"delivery {row.id} ({row.event}) is pending again")
+    except (webhooks.WebhookError, LookupError) as exc:
+        raise CliError(f"webhooks: {str(exc).strip(chr(39))}") from exc
+    return 0
+
+
 @handler("token")
 def _cmd_token(args: argparse.Namespace) -> int:
     """`token create|list|revoke`: bearer tokens for the pipeline API (lib.tokens); create prints the secret once."""
@@ -903,6 +961,41 @@ def build_parser() -> argparse.ArgumentParser:
     t = token_sub.add_parser("revoke", help="revoke a token by name")
     t.add_argument("--name", required=True)
     t.add_argument("--by", default=None, help="recorded as who revoked it")
+
+    p = sub.add_parser(
+        "webhooks", help="signed webhooks: add, list, pause, resume, rotate, deliveries, replay, deliver"
+    )
+    hook_sub = p.add_subparsers(dest="webhook_action", required=True, metavar="ACTION")
+    w = hook_sub.add_parser("add", help="register a URL and print its signing secret once (lead)")
+    w.add_argument("url")
+    w.add_argument(
+        "--events",
+        required=True,
+        help="comma-separated: judgment.reviewed, judgment.overruled, judgment.undone, judgment.adjudicated",
+    )
+    w.add_argument("--description", default="")
+    w.add_argument("--by", default=None, help="recorded as who registered it")
+    hook_sub.add_parser("list", help="list webhooks (never their secrets)")
+    for name, text in (
+        ("pause", "stop new deliveries"),
+        ("resume", "deliver again"),
+        ("rotate", "new secret"),
+    ):
+        w = hook_sub.add_parser(name, help=f"{text} for a webhook")
+        w.add_argument("id", type=int)
+        w.add_argument("--by", default=None)
+    w = hook_sub.add_parser("deliveries", help="the delivery log as JSON Lines, newest first")
+    w.add_argument("--webhook", type=int, default=None)
+    w.add_argument("--status", choices=["pending", "delivered", "failed"], default=None)
+    w.add_argument("--limit", type=int, default=50)
+    w = hook_sub.add_parser("replay", help="send a delivered or failed delivery again")
+    w.add_argument("id", type=int)
+    w.add_argument("--by", default=None)
+    w = hook_sub.add_parser(
+        "deliver", help="attempt due deliveries now (the app's server does this by itself)"
+    )
+    w.add_argument("--loop", action="store_true", help="keep delivering every second until stopped")
+    hook_sub.add_parser("key", help="print a new key for OVERRULE_WEBHOOK_KEY")
 
     p = sub.add_parser("recount", help="rebuild the counters the pages read (and every other derived table)")
     p.add_argument("names", nargs="*", metavar="NAME", help="only these (default: all registered rebuilds)")

@@ -409,6 +409,72 @@ def create_app(
             raise ApiError(404, f"no importer for {kind!r} here: promptfoo or langfuse{hint}")
         return await receive_and_import(request, actor, kind, options=SourceOptions(product=product))
 
+    @api.get("/webhooks")
+    def list_webhooks(actor: Token) -> list[dict[str, Any]]:
+        """Registered webhooks (never their secrets); lead."""
+        from lib import webhooks
+        from lib.db import session_scope
+
+        require(actor, Permission.MANAGE_WEBHOOKS)
+        with session_scope(get_engine(), read_only=True) as session:
+            return [webhooks.webhook_record(w) for w in webhooks.list_webhooks(session=session)]
+
+    @api.post("/webhooks", status_code=201, openapi_extra=_JSON_BODY)
+    async def post_webhook(actor: Token, request: Request) -> dict[str, Any]:
+        """Register `{url, events: [...], description}`; the answer holds the signing `secret`, once."""
+        from lib import webhooks
+        from lib.db import session_scope
+
+        require(actor, Permission.MANAGE_WEBHOOKS)
+        body = await _json_object(request, json_limit)
+        events = body.get("events")
+        if not isinstance(events, list):
+            raise ApiError(422, "events must be a list of event names", field="events")
+
+        def add() -> dict[str, Any]:
+            with session_scope(get_engine()) as session:
+                hook, secret = webhooks.register_webhook(
+                    session=session, actor=actor, url=_req_str(body, "url"), events=events,
+                    description=_opt_str(body, "description") or "",
+                )  # fmt: skip
+                return {**webhooks.webhook_record(hook), "secret": secret}
+
+        return await run_in_threadpool(_run, add)
+
+    @api.get("/webhooks/{webhook_id}/deliveries")
+    def webhook_deliveries(
+        actor: Token,
+        webhook_id: int,
+        status: Literal["pending", "delivered", "failed"] | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> list[dict[str, Any]]:
+        """A webhook's delivery log, newest first: event, status, attempts, last response code, body."""
+        from lib import webhooks
+        from lib.db import session_scope
+
+        require(actor, Permission.MANAGE_WEBHOOKS)
+        with session_scope(get_engine(), read_only=True) as session:
+            rows = webhooks.list_deliveries(
+                session=session, webhook_id=webhook_id, status=status, limit=limit
+            )
+            return [webhooks.delivery_record(d) for d in rows]
+
+    @api.post("/webhooks/deliveries/{delivery_id}/replay")
+    def replay_webhook_delivery(actor: Token, delivery_id: int) -> dict[str, Any]:
+        """Send a delivered or failed delivery again (the same body and event id)."""
+        from lib import webhooks
+        from lib.db import session_scope
+
+        require(actor, Permission.MANAGE_WEBHOOKS)
+
+        def replay() -> dict[str, Any]:
+            with session_scope(get_engine()) as session:
+                return webhooks.delivery_record(
+                    webhooks.replay_delivery(session=session, actor=actor, delivery_id=delivery_id)
+                )
+
+        return _run(replay)
+
     @api.post("/interactions")
     async def post_interactions(actor: Token, request: Request) -> dict[str, Any]:
         """Import seed-003 interactions (JSON Lines) all or nothing, as `python -m lib import --kind

@@ -59,6 +59,7 @@ class Permission(StrEnum):
     REMOVE_NOTES = "remove_notes"  # in bulk, across sessions
     MANAGE_ROLES = "manage_roles"
     MANAGE_TOKENS = "manage_tokens"
+    MANAGE_WEBHOOKS = "manage_webhooks"  # register webhooks, read their delivery log, replay
 
 
 # The permission table: the least role that may do each thing (higher roles inherit it).
@@ -81,6 +82,7 @@ PERMISSIONS: dict[Permission, str] = {
     Permission.REMOVE_NOTES: "admin",
     Permission.MANAGE_ROLES: "admin",
     Permission.MANAGE_TOKENS: "admin",
+    Permission.MANAGE_WEBHOOKS: "lead",
 }
 
 # What the page says an action is, for "your role cannot …" messages.
@@ -103,6 +105,7 @@ DESCRIPTIONS: dict[Permission, str] = {
     Permission.REMOVE_NOTES: "remove notes in bulk",
     Permission.MANAGE_ROLES: "manage roles and sessions",
     Permission.MANAGE_TOKENS: "manage API tokens",
+    Permission.MANAGE_WEBHOOKS: "manage webhooks",
 }
 
 

@@ -108,6 +108,9 @@ class Settings:
     # Team review (lib.queues, lib.review_queue): how long opening an item reserves it for a
     # reviewer; every action on it renews the lease, and a lease that runs out returns the item.
     reservation_minutes: int = 15
+    # Webhooks (lib.webhooks): the Fernet key that encrypts signing secrets at rest; when unset,
+    # data/webhook.key (made on first use, mode 0600). `python -m lib webhooks key` makes one.
+    webhook_key: str | None = None
     # App behaviour.
     load_demo: bool = True
     page_size: int = 25

@@ -516,7 +516,39 @@ def _write_review_state(
     session.add(JudgmentEvent(**event))
     session.flush()
     session.refresh(judgment)
+    announce_review(session=session, judgment=judgment, event=event)
     return judgment
+
+
+def announce_review(
+    *, session: Session, judgment: Judgment, event: Mapping[str, Any], adjudicated: bool = False
+) -> int:
+    """Queue the webhook deliveries of a review, undo or adjudication (`event`: its audit row) in the
+    caller's transaction: the outbox rows commit with the review or not at all (lib.webhooks)."""
+    from lib import webhooks
+
+    state = judgment_state_json(JudgmentState.of(judgment, changed_by=event.get("reviewer")))
+    at = event.get("at")
+    data = {
+        "judgment": {
+            **{k: v.isoformat() if isinstance(v, datetime) else v for k, v in state.items()},
+            "snapshot_id": judgment.snapshot_id,
+        },
+        "review": {
+            "action": "adjudicated" if adjudicated else event.get("action"),
+            "reviewer": event.get("reviewer"),
+            "at": at.isoformat() if isinstance(at, datetime) else at,
+            "from_decision": event.get("from_decision"),
+            "to_decision": event.get("to_decision"),
+            "reason": event.get("reason"),
+            "queue_id": event.get("queue_id"),
+        },
+    }
+    return webhooks.enqueue(
+        session=session,
+        events=webhooks.review_events(str(event.get("action")), adjudicated=adjudicated),
+        data=data,
+    )
 
 
 # ---------------------------------------------------------------------------------------------

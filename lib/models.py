@@ -939,3 +939,59 @@ class ReviewerPreference(SQLModel, table=True):
     name: str = Field(max_length=64)  # which choice, e.g. "review"
     value: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     updated_at: datetime = Field(default_factory=utcnow)
+
+
+WEBHOOK_EVENTS = ("judgment.reviewed", "judgment.overruled", "judgment.undone", "judgment.adjudicated")
+DELIVERY_STATUSES = ("pending", "delivered", "failed")
+
+
+class Webhook(SQLModel, table=True):
+    """A URL a lead registered to hear about reviews (lib.webhooks); its signing secret is encrypted."""
+
+    __tablename__ = "webhooks"
+
+    id: int | None = Field(default=None, primary_key=True)
+    url: str = Field(max_length=2000)
+    events: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    description: str = Field(default="", max_length=200)
+    secret_encrypted: str = Field(sa_column=Column(Text, nullable=False))  # Fernet token (lib.webhooks)
+    active: bool = True
+    created_by: str = Field(max_length=320)
+    created_at: datetime = Field(default_factory=utcnow)
+    disabled_at: datetime | None = Field(default=None)
+
+
+class WebhookDelivery(SQLModel, table=True):
+    """One event for one webhook: the outbox row written with the review, then its delivery state.
+
+    The worker picks rows by (status, next_attempt_at); each attempt is a `WebhookAttempt`.
+    """
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    webhook_id: int = Field(foreign_key="webhooks.id", index=True)
+    event: str = Field(max_length=64)
+    event_id: str = Field(max_length=64)  # the same for every webhook told of one event
+    payload: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    status: str = Field(default="pending", max_length=16)
+    attempts: int = 0
+    next_attempt_at: datetime | None = Field(default=None)
+    last_status_code: int | None = None
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+    created_at: datetime = Field(default_factory=utcnow)
+    delivered_at: datetime | None = Field(default=None)
+
+
+class WebhookAttempt(SQLModel, table=True):
+    """One HTTP attempt of a delivery: when, the response code (None: no response), how long it took."""
+
+    __tablename__ = "webhook_attempts"
+
+    id: int | None = Field(default=None, primary_key=True)
+    delivery_id: int = Field(foreign_key="webhook_deliveries.id", index=True)
+    at: datetime = Field(default_factory=utcnow)
+    status_code: int | None = None
+    error: str | None = Field(default=None, sa_column=Column(Text))
+    duration_ms: int = 0

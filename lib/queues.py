@@ -57,6 +57,7 @@ from lib.corrections import (
     DecisionScale,
     MissingReviewer,
     NothingToUndo,
+    announce_review,
     decision_scale,
     format_score,
     parse_score,
@@ -73,6 +74,7 @@ from lib.models import (
     QUEUE_ORDERS,
     EvaluationSnapshot,
     Judgment,
+    JudgmentEvent,
     ReviewAssignment,
     ReviewLabel,
     ReviewQueue,
@@ -1361,6 +1363,13 @@ def adjudicate(
     )
     _write_decision(session, queue, qj, decided, reason, lead, ADJUDICATED, now)
     session.flush()
+    latest = session.exec(
+        select(JudgmentEvent)
+        .where(col(JudgmentEvent.judgment_id) == judgment_id)
+        .order_by(col(JudgmentEvent.id).desc())
+    ).first()
+    if latest is not None:
+        announce_review(session=session, judgment=judgment, event=latest.model_dump(), adjudicated=True)
     return qj
 
 

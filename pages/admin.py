@@ -1,4 +1,4 @@
-"""Admin: who has which role, what each role may do, and the access audit trail."""
+"""Admin: who has which role, what each role may do, API tokens, webhooks, and the access audit trail."""
 
 import streamlit as st
 
@@ -6,11 +6,18 @@ from lib import auth, tokens
 from lib.safe_markdown import escape_markdown
 from lib.ui import csv_download, current_actor, denied_reason, report_denied, session_scope
 from lib.ui.tables import check_column, datetime_column, show_table, text_column
+from lib.ui.webhooks import webhooks_section
 
 st.title("Admin")
 actor = current_actor()
 reason = denied_reason(auth.Permission.MANAGE_ROLES, actor)
 if reason is not None or actor is None:
+    if actor is not None and denied_reason(auth.Permission.MANAGE_WEBHOOKS, actor) is None:
+        st.caption(
+            "As a lead you manage the webhooks here; roles, tokens and the audit trail are for admins."
+        )
+        webhooks_section(actor)
+        st.stop()
     st.info(f"Only admins can see this page. {reason or ''}", icon="🔒")
     st.stop()
 
@@ -184,6 +191,8 @@ if live:
         with session_scope() as session:
             tokens.revoke_token(session=session, actor=actor, name=revoked)
         st.rerun()
+
+webhooks_section(actor)
 
 st.subheader("Audit trail")
 action = st.selectbox(

@@ -59,6 +59,7 @@ EXPECTED_MINIMUM = {
     "remove_notes": "admin",
     "manage_roles": "admin",
     "manage_tokens": "admin",
+    "manage_webhooks": "lead",  # issue 29: a lead registers webhooks
 }
 
 

@@ -257,3 +257,54 @@ def test_admin_creates_a_token_that_expires_and_sees_its_last_use(app_engine: En
     table = next(d.value for d in at.dataframe if "last_used_at" in d.value.columns)
     assert table.loc[0, "state"] == "live"
     assert table.loc[0, "expires_at"] is not None and table.loc[0, "last_used_at"] is not None
+
+
+def test_a_lead_registers_a_webhook_reads_the_delivery_log_and_replays(
+    app_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29.3: the Webhooks section is a lead's; the secret shows once; a failed delivery replays."""
+    from lib import webhooks
+    from lib.models import Webhook, WebhookDelivery
+
+    monkeypatch.setenv("OVERRULE_WEBHOOK_KEY", webhooks.new_key())
+    signin_mode(monkeypatch)
+    with Session(app_engine) as s:
+        s.add(UserRole(identity="lead@example.com", role="lead"))
+        s.commit()
+    at = as_user(PAGE, "lead@example.com", app_engine)
+    assert not [w for w in at.text_input if w.key == "admin_role_identity"]  # the rest is for admins
+    at.text_input(key="admin_webhook_url").set_value("javascript:alert(1)")
+    at.button(key="admin_webhook_add").click().run()
+    assert [e.value for e in at.error] == [
+        escape_markdown("the URL must start with https:// or http://, got 'javascript:alert(1)'")
+    ]
+    at.text_input(key="admin_webhook_url").set_value("https://ci.example/hooks/overrule")
+    at.multiselect(key="admin_webhook_events").set_value(["judgment.overruled", "judgment.undone"])
+    at.button(key="admin_webhook_add").click().run()
+    [secret] = [c.value for c in at.code]
+    with Session(app_engine) as s:
+        hook = s.exec(select(Webhook)).one()
+        assert (hook.url, hook.events, hook.created_by) == (
+            "https://ci.example/hooks/overrule", ["judgment.overruled", "judgment.undone"], "lead@example.com",
+        )  # fmt: skip
+        assert webhooks.secret_of(hook) == secret
+        s.add(
+            WebhookDelivery(
+                webhook_id=hook.id or 0, event="judgment.overruled", event_id="e1", status="failed", attempts=7,
+                last_status_code=500, last_error="<b>down</b>",
+                payload={"data": {"judgment": {"change_id": "p:x"}}},
+            )
+        )  # fmt: skip
+        s.commit()
+    at.run()
+    assert not at.code  # shown once
+    log = at.dataframe[-1].value
+    assert (log["status"].tolist(), log["last_status_code"].tolist(), log["change_id"].tolist()) == (
+        ["failed"], [500], ["p:x"],
+    )  # fmt: skip
+    at.selectbox(key="admin_webhook_replay_choice").set_value(log["id"].tolist()[0]).run()
+    at.button(key="admin_webhook_replay").click().run()
+    with Session(app_engine) as s:
+        assert s.exec(select(WebhookDelivery.status)).one() == "pending"
+    assert any("will be sent again" in m.value for m in at.success)
+    assert not at.exception

@@ -1,0 +1,560 @@
+"""Signed webhooks (issue 29.3): tell a team's pipeline when a reviewer decides a judgment.
+
+- **Registration** (`register_webhook`, a lead): a URL (http or https, no credentials in it, no
+  link-local or unspecified address) and the events it wants (`WEBHOOK_EVENTS`). Overrule makes
+  the signing secret, shows it once, and stores it encrypted (Fernet) with the key in
+  OVERRULE_WEBHOOK_KEY, else in `data/webhook.key` (created on first use, mode 0600): the database
+  alone does not give the secret away.
+- **Outbox**: `enqueue_review` runs inside the review's own transaction (`lib.corrections`' one write
+  of a review state, and `lib.queues.adjudicate`) and only inserts one `WebhookDelivery` row per
+  subscribed webhook: a review commits with its deliveries or not at all, and never waits on a
+  network call.
+- **Delivery**: `deliver_due` (the worker thread `start_worker` runs in the app's server, or
+  `python -m lib webhooks deliver`) claims due rows, POSTs the JSON body with
+  `Overrule-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">` and
+  `Overrule-Event` / `Overrule-Delivery` headers, and records every attempt with its response
+  code. A 2xx is delivered; anything else is retried after `RETRY_DELAYS` (10 s, 1 min, 5 min,
+  30 min, 2 h, 6 h), then the delivery is failed. `replay_delivery` sends one again.
+- Receivers check a delivery with `verify_signature` (docs/webhooks.md shows it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pandas as pd
+from sqlalchemy import Engine, insert, update
+from sqlmodel import Session, col, select
+
+from lib.auth import Actor, Permission, authorize
+from lib.models import (
+    WEBHOOK_EVENTS,
+    Webhook,
+    WebhookAttempt,
+    WebhookDelivery,
+    utcnow,
+)
+
+log = logging.getLogger(__name__)
+
+SIGNATURE_HEADER = "Overrule-Signature"
+EVENT_HEADER = "Overrule-Event"
+DELIVERY_HEADER = "Overrule-Delivery"
+# Seconds after the first attempt's failure, then each later one; after the last, the delivery fails.
+RETRY_DELAYS = (10, 60, 300, 1800, 7200, 21600)
+MAX_ATTEMPTS = len(RETRY_DELAYS) + 1
+REQUEST_TIMEOUT = 10.0
+CLAIM_SECONDS = 60  # a claimed delivery is someone's for this long (a crashed worker's comes back)
+SIGNATURE_TOLERANCE = 300  # seconds a receiver should accept between the timestamp and its clock
+POLL_SECONDS = 1.0
+EVENT_LABELS = {
+    "judgment.reviewed": "a judgment is reviewed (confirmed or overruled)",
+    "judgment.overruled": "a reviewer overrules the judge",
+    "judgment.undone": "a review is undone",
+    "judgment.adjudicated": "a lead adjudicates a disputed judgment in a team queue",
+}
+_KEY_FILE = "webhook.key"
+
+
+class WebhookError(ValueError):
+    """A registration or replay Overrule refuses; the message says why."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Secrets
+
+
+def _fernet() -> Any:
+    from cryptography.fernet import Fernet
+
+    from lib.config import DATA_DIR, get_settings
+
+    key = get_settings().webhook_key
+    if not key:
+        path = DATA_DIR / _KEY_FILE
+        key = _key_file(path)
+    try:
+        return Fernet(key.encode("ascii") if isinstance(key, str) else key)
+    except (ValueError, TypeError):
+        raise WebhookError(
+            "OVERRULE_WEBHOOK_KEY is not a Fernet key (32 url-safe base64-encoded bytes); make one with "
+            "`python -m lib webhooks key`"
+        ) from None
+
+
+def _key_file(path: Path) -> str:
+    """The key in `path`, made on first use, readable by this user only."""
+    from cryptography.fernet import Fernet
+
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(Fernet.generate_key())
+    return path.read_text("ascii").strip()
+
+
+def new_key() -> str:
+    """A fresh key for OVERRULE_WEBHOOK_KEY."""
+    from cryptography.fernet import Fernet
+
+    return Fernet.generate_key().decode("ascii")
+
+
+def secret_of(webhook: Webhook) -> str:
+    """The webhook's signing secret, decrypted."""
+    from cryptography.fernet import InvalidToken
+
+    try:
+        return _fernet().decrypt(webhook.secret_encrypted.encode("ascii")).decode("utf-8")
+    except InvalidToken:
+        raise WebhookError(
+            f"webhook {webhook.id}'s secret cannot be decrypted with this key (OVERRULE_WEBHOOK_KEY or "
+            "data/webhook.key changed?); rotate its secret"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Signing
+
+
+def sign(secret: str, timestamp: int, body: bytes) -> str:
+    """The `Overrule-Signature` header value for `body` sent at `timestamp` (unix seconds)."""
+    digest = hmac.new(secret.encode("utf-8"), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={digest}"
+
+
+def verify_signature(
+    secret: str,
+    header: str | None,
+    body: bytes,
+    *,
+    tolerance: int = SIGNATURE_TOLERANCE,
+    now: float | None = None,
+) -> bool:
+    """Whether `header` signs `body` with `secret` within `tolerance` seconds of now (for receivers)."""
+    if not header:
+        return False
+    parts = dict(part.split("=", 1) for part in header.split(",") if "=" in part)
+    try:
+        timestamp = int(parts.get("t", ""))
+    except ValueError:
+        return False
+    if abs((time.time() if now is None else now) - timestamp) > tolerance:
+        return False
+    expected = sign(secret, timestamp, body).split("v1=", 1)[1]
+    return hmac.compare_digest(expected, parts.get("v1", ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration
+
+
+def check_url(url: str) -> str:
+    """The URL stripped, or WebhookError saying what is wrong with it."""
+    url = (url or "").strip()
+    if len(url) > 2000:
+        raise WebhookError("the URL is longer than 2000 characters")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise WebhookError(f"the URL must start with https:// or http://, got {url[:60]!r}")
+    if not parts.hostname:
+        raise WebhookError("the URL has no host")
+    if parts.username or parts.password:
+        raise WebhookError("put no credentials in the URL; the signature authenticates Overrule")
+    if parts.fragment:
+        raise WebhookError("the URL must not have a #fragment")
+    try:
+        address = ipaddress.ip_address(parts.hostname)
+    except ValueError:
+        address = None
+    if address is not None and (address.is_link_local or address.is_unspecified or address.is_multicast):
+        raise WebhookError(
+            f"{parts.hostname} is not an address a receiver listens on (link-local, cloud metadata)"
+        )
+    if any(ch.isspace() for ch in url):
+        raise WebhookError("the URL must not contain spaces")
+    return url
+
+
+def check_events(events: Iterable[str]) -> list[str]:
+    """The events in `WEBHOOK_EVENTS` order, or WebhookError naming an unknown one."""
+    chosen = {str(e).strip() for e in events if str(e).strip()}
+    unknown = sorted(chosen - set(WEBHOOK_EVENTS))
+    if unknown:
+        raise WebhookError(f"unknown event {unknown[0]!r}; events are {', '.join(WEBHOOK_EVENTS)}")
+    if not chosen:
+        raise WebhookError(f"choose at least one event: {', '.join(WEBHOOK_EVENTS)}")
+    return [e for e in WEBHOOK_EVENTS if e in chosen]
+
+
+def register_webhook(
+    *, session: Session, actor: Actor | str | None, url: str, events: Iterable[str], description: str = ""
+) -> tuple[Webhook, str]:
+    """Register a URL for events (a lead); returns the row and its secret, shown to the user once."""
+    lead = authorize(session, actor, Permission.MANAGE_WEBHOOKS)
+    description = (description or "").strip()
+    if len(description) > 200:
+        raise WebhookError("the description is longer than 200 characters")
+    secret = "whsec_" + secrets.token_urlsafe(32)
+    webhook = Webhook(
+        url=check_url(url),
+        events=check_events(events),
+        description=description,
+        secret_encrypted=_fernet().encrypt(secret.encode("utf-8")).decode("ascii"),
+        created_by=lead.identity,
+    )
+    session.add(webhook)
+    session.flush()
+    return webhook, secret
+
+
+def rotate_secret(*, session: Session, actor: Actor | str | None, webhook_id: int) -> str:
+    """A new secret for the webhook (the old one stops signing at once); returned once."""
+    authorize(session, actor, Permission.MANAGE_WEBHOOKS)
+    webhook = _get(session, webhook_id)
+    secret = "whsec_" + secrets.token_urlsafe(32)
+    webhook.secret_encrypted = _fernet().encrypt(secret.encode("utf-8")).decode("ascii")
+    session.add(webhook)
+    return secret
+
+
+def set_active(*, session: Session, actor: Actor | str | None, webhook_id: int, active: bool) -> Webhook:
+    """Pause or resume a webhook: a paused one gets no new deliveries (pending ones are still sent)."""
+    authorize(session, actor, Permission.MANAGE_WEBHOOKS)
+    webhook = _get(session, webhook_id)
+    webhook.active = active
+    webhook.disabled_at = None if active else utcnow()
+    session.add(webhook)
+    return webhook
+
+
+def _get(session: Session, webhook_id: int) -> Webhook:
+    webhook = session.get(Webhook, webhook_id)
+    if webhook is None:
+        raise LookupError(f"no webhook with id {webhook_id}")
+    return webhook
+
+
+def list_webhooks(*, session: Session) -> list[Webhook]:
+    """Every webhook, newest first."""
+    return list(session.exec(select(Webhook).order_by(col(Webhook.id).desc())).all())
+
+
+def webhook_record(webhook: Webhook) -> dict[str, Any]:
+    """A webhook as JSON (never its secret)."""
+    return {
+        "id": webhook.id,
+        "url": webhook.url,
+        "events": list(webhook.events),
+        "description": webhook.description,
+        "active": webhook.active,
+        "created_by": webhook.created_by,
+        "created_at": webhook.created_at.isoformat(),
+    }
+
+
+def webhooks_frame(rows: Sequence[Webhook]) -> pd.DataFrame:
+    """The webhooks as the Admin page shows them."""
+    return pd.DataFrame(
+        [
+            {
+                "id": w.id, "url": w.url, "events": ", ".join(w.events), "description": w.description,
+                "active": w.active, "created_by": w.created_by, "created_at": w.created_at,
+            }
+            for w in rows
+        ],
+        columns=["id", "url", "events", "description", "active", "created_by", "created_at"],
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Outbox
+
+
+def review_events(action: str, *, adjudicated: bool = False) -> list[str]:
+    """The webhook events an audit action raises: a confirmation is reviewed, an overrule also overruled."""
+    if action == "undone":
+        return ["judgment.undone"]
+    events = ["judgment.reviewed"] if action in ("confirmed", "overruled") else []
+    if action == "overruled":
+        events.append("judgment.overruled")
+    if adjudicated:
+        events = ["judgment.adjudicated"]
+    return events
+
+
+def enqueue(*, session: Session, events: Sequence[str], data: Mapping[str, Any]) -> int:
+    """Write one outbox row per active webhook and event it wants, in the caller's transaction.
+
+    Only a read of the (small) webhooks table and one insert: nothing here waits on the network.
+    """
+    if not events:
+        return 0
+    hooks = session.execute(select(Webhook.id, Webhook.events).where(col(Webhook.active))).all()
+    if not hooks:
+        return 0
+    now = utcnow()
+    rows = []
+    for event in events:
+        event_id = str(uuid.uuid4())
+        payload = {"id": event_id, "event": event, "created_at": now.isoformat(), "data": dict(data)}
+        for webhook_id, wanted in hooks:
+            if event in (wanted or ()):
+                rows.append(
+                    {"webhook_id": webhook_id, "event": event, "event_id": event_id, "payload": payload,
+                     "status": "pending", "attempts": 0, "next_attempt_at": now, "created_at": now}
+                )  # fmt: skip
+    if rows:
+        session.execute(insert(WebhookDelivery), rows)
+    return len(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Delivery
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """What one POST got: a status code (None when no response came) and the error text."""
+
+    status_code: int | None
+    error: str | None
+    duration_ms: int
+
+    @property
+    def ok(self) -> bool:
+        return self.status_code is not None and 200 <= self.status_code < 300
+
+
+def _post(url: str, body: bytes, headers: Mapping[str, str], client: httpx.Client) -> AttemptResult:
+    started = time.perf_counter()
+    try:
+        response = client.post(url, content=body, headers=dict(headers))
+        error = None if 200 <= response.status_code < 300 else response.text[:500]
+        code: int | None = response.status_code
+    except httpx.HTTPError as exc:
+        code, error = None, f"{type(exc).__name__}: {str(exc)[:400]}"
+    return AttemptResult(code, error, int((time.perf_counter() - started) * 1000))
+
+
+def _claim(engine: Engine, now: datetime, limit: int) -> list[int]:
+    """Ids of due deliveries this worker now holds for CLAIM_SECONDS (others skip them meanwhile)."""
+    from lib.db import session_scope
+
+    with session_scope(engine) as session:
+        due = session.exec(
+            select(WebhookDelivery.id)
+            .where(col(WebhookDelivery.status) == "pending", col(WebhookDelivery.next_attempt_at) <= now)
+            .order_by(col(WebhookDelivery.next_attempt_at), col(WebhookDelivery.id))
+            .limit(limit)
+        ).all()
+        claimed = []
+        for delivery_id in due:
+            result = session.execute(
+                update(WebhookDelivery)
+                .where(
+                    col(WebhookDelivery.id) == delivery_id,
+                    col(WebhookDelivery.status) == "pending",
+                    col(WebhookDelivery.next_attempt_at) <= now,
+                )
+                .values(next_attempt_at=now + timedelta(seconds=CLAIM_SECONDS))
+            )
+            if result.rowcount == 1:  # type: ignore[attr-defined]
+                claimed.append(delivery_id)
+    return claimed
+
+
+def body_of(delivery: WebhookDelivery) -> bytes:
+    """The exact bytes sent (and signed) for a delivery."""
+    return json.dumps(delivery.payload, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode(
+        "utf-8"
+    )
+
+
+def deliver_due(
+    engine: Engine, *, now: datetime | None = None, limit: int = 100, client: httpx.Client | None = None
+) -> int:
+    """Attempt every due delivery once (at most `limit`); returns how many were attempted."""
+    from lib.db import session_scope
+
+    now = now or utcnow()
+    claimed = _claim(engine, now, limit)
+    if not claimed:
+        return 0
+    own = client is None
+    client = client or httpx.Client(timeout=REQUEST_TIMEOUT, follow_redirects=False)
+    try:
+        for delivery_id in claimed:
+            with session_scope(engine, read_only=True) as session:
+                delivery = session.get(WebhookDelivery, delivery_id)
+                webhook = session.get(Webhook, delivery.webhook_id) if delivery else None
+                if delivery is None or webhook is None:
+                    continue
+                url, body, event = webhook.url, body_of(delivery), delivery.event
+                try:
+                    secret: str | None = secret_of(webhook)
+                except WebhookError as exc:
+                    secret, key_error = None, str(exc)
+            if secret is None:
+                result = AttemptResult(None, key_error, 0)
+            else:
+                stamp = int(now.timestamp()) if now is not None else int(time.time())
+                headers = {
+                    "Content-Type": "application/json",
+                    "User-Agent": "Overrule-Webhooks/1",
+                    SIGNATURE_HEADER: sign(secret, stamp, body),
+                    EVENT_HEADER: event,
+                    DELIVERY_HEADER: str(delivery_id),
+                }
+                result = _post(url, body, headers, client)
+            _record(engine, delivery_id, result, now)
+    finally:
+        if own:
+            client.close()
+    return len(claimed)
+
+
+def _record(engine: Engine, delivery_id: int, result: AttemptResult, now: datetime) -> None:
+    from lib.db import session_scope
+
+    with session_scope(engine) as session:
+        delivery = session.get(WebhookDelivery, delivery_id)
+        if delivery is None:
+            return
+        delivery.attempts += 1
+        delivery.last_status_code = result.status_code
+        delivery.last_error = result.error
+        if result.ok:
+            delivery.status, delivery.delivered_at, delivery.next_attempt_at = "delivered", now, None
+        elif delivery.attempts >= MAX_ATTEMPTS:
+            delivery.status, delivery.next_attempt_at = "failed", None
+        else:
+            delivery.next_attempt_at = now + timedelta(seconds=RETRY_DELAYS[delivery.attempts - 1])
+        session.add(delivery)
+        session.add(
+            WebhookAttempt(
+                delivery_id=delivery_id, at=now, status_code=result.status_code, error=result.error,
+                duration_ms=result.duration_ms,
+            )
+        )  # fmt: skip
+
+
+def replay_delivery(*, session: Session, actor: Actor | str | None, delivery_id: int) -> WebhookDelivery:
+    """Send a delivery again (delivered or failed): it is pending now, with the same body and event id."""
+    authorize(session, actor, Permission.MANAGE_WEBHOOKS)
+    delivery = session.get(WebhookDelivery, delivery_id)
+    if delivery is None:
+        raise LookupError(f"no webhook delivery with id {delivery_id}")
+    if delivery.status == "pending":
+        raise WebhookError(f"delivery {delivery_id} is still pending; it will be sent")
+    delivery.status, delivery.attempts, delivery.next_attempt_at = "pending", 0, utcnow()
+    session.add(delivery)
+    session.flush()
+    return delivery
+
+
+def list_deliveries(
+    *, session: Session, webhook_id: int | None = None, status: str | None = None, limit: int = 200
+) -> list[WebhookDelivery]:
+    """The newest deliveries (of one webhook, in one status), for the delivery log."""
+    stmt = select(WebhookDelivery).order_by(col(WebhookDelivery.id).desc()).limit(limit)
+    if webhook_id is not None:
+        stmt = stmt.where(col(WebhookDelivery.webhook_id) == webhook_id)
+    if status:
+        stmt = stmt.where(col(WebhookDelivery.status) == status)
+    return list(session.exec(stmt).all())
+
+
+def delivery_record(delivery: WebhookDelivery) -> dict[str, Any]:
+    """A delivery as JSON: its state and the body that was (or will be) sent."""
+    return {
+        "id": delivery.id,
+        "webhook_id": delivery.webhook_id,
+        "event": delivery.event,
+        "event_id": delivery.event_id,
+        "status": delivery.status,
+        "attempts": delivery.attempts,
+        "last_status_code": delivery.last_status_code,
+        "last_error": delivery.last_error,
+        "created_at": delivery.created_at.isoformat(),
+        "delivered_at": delivery.delivered_at.isoformat() if delivery.delivered_at else None,
+        "next_attempt_at": delivery.next_attempt_at.isoformat() if delivery.next_attempt_at else None,
+        "payload": delivery.payload,
+    }
+
+
+def deliveries_frame(rows: Sequence[WebhookDelivery]) -> pd.DataFrame:
+    """The delivery log as the Admin page shows it."""
+    columns = ["id", "webhook_id", "event", "status", "attempts", "last_status_code", "last_error",
+               "created_at", "delivered_at", "next_attempt_at", "change_id"]  # fmt: skip
+    return pd.DataFrame(
+        [
+            {
+                "id": d.id, "webhook_id": d.webhook_id, "event": d.event, "status": d.status,
+                "attempts": d.attempts, "last_status_code": d.last_status_code, "last_error": d.last_error,
+                "created_at": d.created_at, "delivered_at": d.delivered_at,
+                "next_attempt_at": d.next_attempt_at,
+                "change_id": ((d.payload or {}).get("data") or {}).get("judgment", {}).get("change_id"),
+            }
+            for d in rows
+        ],
+        columns=columns,
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker thread
+
+
+class DeliveryWorker(threading.Thread):
+    """Delivers due webhooks in the background, every `interval` seconds, until `stop()`."""
+
+    def __init__(self, engine: Engine, interval: float = POLL_SECONDS) -> None:
+        super().__init__(name="overrule-webhooks", daemon=True)
+        self.engine, self.interval = engine, interval
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(timeout=REQUEST_TIMEOUT, follow_redirects=False) as client:
+            while not self._stop_event.is_set():
+                try:
+                    while deliver_due(self.engine, client=client) and not self._stop_event.is_set():
+                        pass
+                except Exception:  # a database hiccup must not end deliveries for good
+                    log.exception("webhook delivery failed; retrying in %s s", self.interval)
+                self._stop_event.wait(self.interval)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop_event.set()
+        self.join(timeout)
+
+
+_worker_lock = threading.Lock()
+_worker: DeliveryWorker | None = None
+
+
+def start_worker(engine: Engine) -> DeliveryWorker:
+    """The process's one delivery worker, started on first call (the app's server calls this)."""
+    global _worker
+    with _worker_lock:
+        if _worker is None or not _worker.is_alive():
+            _worker = DeliveryWorker(engine)
+            _worker.start()
+        return _worker
