@@ -1,7 +1,7 @@
 """Signed webhooks (issue 29.3): subscriptions, the outbox of deliveries, and each delivery attempt.
 
-Revision ID: 0021
-Revises: 0020
+Revision ID: 0022
+Revises: 0021
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sqlalchemy as sa
 import sqlmodel  # noqa: F401  (sqlmodel's AutoString and UTCDateTime)
 from alembic import op
 
-revision = "0021"
-down_revision = "0020"
+revision = "0022"
+down_revision = "0021"
 branch_labels = None
 depends_on = None
 
