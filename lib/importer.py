@@ -83,7 +83,7 @@ from lib.records import (
     type_name,
 )
 from lib.search import normalize_search_text
-from lib.snapshots import MetricSet, evaluation_row, snapshot_judgment_rows
+from lib.snapshots import MetricSet, evaluation_row, snapshot_judgment_rows, source_key_of
 
 SOURCE_KINDS = ("promptfoo", "langfuse", "phoenix")  # other tools' result files (lib.source_files)
 KINDS = ("evaluations", "judgments", "notes", "metrics", "interactions", *SOURCE_KINDS)
@@ -125,8 +125,10 @@ class ImportReport:
     new_ids: list[str] = field(default_factory=list)
     expert_reviews: int = 0
     evaluation: Any = None
-    # Source files (promptfoo, Langfuse, Phoenix): traces or spans without any judge result.
+    # Source files (promptfoo, Langfuse, Phoenix): traces or spans without any judge result, and
+    # judgments added to evaluations stored by an earlier import (an eval run on them since).
     unjudged: int = 0
+    extended: int = 0
 
     def summary(self) -> str:
         """One line for a human: counts of inserted, skipped (or updated) rows and judgments."""
@@ -137,6 +139,8 @@ class ImportReport:
             parts.append(f"{self.skipped} already present (skipped)")
         if self.kind in ("evaluations", *SOURCE_KINDS):
             parts.append(f"{self.judgments} judgments")
+        if self.extended:
+            parts.append(f"{self.extended} of them added to evaluations already stored")
         if self.unjudged:
             parts.append(f"{self.unjudged} without a judge result (not imported)")
         if self.kind == "interactions":
@@ -476,6 +480,46 @@ def import_source_evaluations(
         return _write_evaluations(session, prepared)
     finally:
         prepared.close()
+
+
+def _extend_stored(
+    session: Session, evaluations: Sequence[source_records.SourceEvaluation], actor: Actor
+) -> tuple[list[source_records.SourceEvaluation], int, int]:
+    """Split a source file's evaluations: those not stored yet (to import), and those an earlier import
+    stored (same product, question, answer and model), whose new judge verdicts are added to the
+    stored evaluation through `add_source_verdicts` (a second Phoenix eval, a later Langfuse score).
+    Returns (to import, how many were stored already, judgments added); a fault raises ImportFailed."""
+    keyed: dict[str, list[source_records.SourceEvaluation]] = {}
+    fresh: list[source_records.SourceEvaluation] = []
+    for ev in evaluations:
+        texts = (ev.product, ev.question, ev.answer)
+        if not all(isinstance(t, str) for t in texts) or not isinstance(ev.model_name, str | None):
+            fresh.append(ev)  # the import refuses it, naming the field
+            continue
+        key = source_key_of(ev.product.strip(), ev.question, ev.answer, ev.model_name)
+        keyed.setdefault(key, []).append(ev)
+    stored: dict[str, str] = {}
+    keys = list(keyed)
+    for i in range(0, len(keys), 500):
+        found = session.execute(
+            select(_SNAPSHOTS.c.source_key, _SNAPSHOTS.c.id).where(
+                _SNAPSHOTS.c.source_key.in_(keys[i : i + 500])
+            )
+        )
+        stored.update((key, snapshot_id) for key, snapshot_id in found)
+    extended = added = 0
+    for key, group in keyed.items():
+        if key not in stored:
+            fresh.extend(group)
+            continue
+        for ev in group:
+            extended += 1
+            judged = [v for v in ev.verdicts if not v.human]
+            if judged:
+                added += add_source_verdicts(
+                    session=session, snapshot_id=stored[key], verdicts=judged, where=ev.where, reviewer=actor
+                )
+    return fresh, extended, added
 
 
 def _source_rubric(session: Session) -> Callable[[str], tuple[list[Any], bool, bool]]:
@@ -1145,10 +1189,14 @@ def _import_file(
 
         read = read_source(kind, path, options or SourceOptions(), source)
         with session_scope(engine) as session:
+            fresh, extended, added = _extend_stored(session, read.evaluations, actor)
             report = import_source_evaluations(
-                session=session, evaluations=read.evaluations, source=source, reviewer=actor
+                session=session, evaluations=fresh, source=source, reviewer=actor
             )
         report.kind, report.unjudged = kind, read.unjudged
+        report.skipped += extended
+        report.judgments += added
+        report.extended = added
         return report
     document = None
     if kind is None:

@@ -326,3 +326,37 @@ def test_the_command_line_imports_each_source(sqlite_engine: Engine, sqlite_url:
     assert done.returncode == 0 and "1 without a judge result" in done.stdout
     done = run_cli("import", str(FIXTURES / "phoenix_evaluations.csv"), "--kind", "phoenix", env=env)
     assert done.returncode == 1 and "--spans FILE" in done.stderr
+
+
+def test_a_later_eval_of_stored_answers_adds_its_judgments_once(sqlite_engine: Engine) -> None:
+    """A second Phoenix eval on spans imported before: the stored evaluations gain the new metric."""
+    spans = SourceOptions(spans=FIXTURES / "phoenix_spans.parquet")
+    import_path(
+        engine=sqlite_engine,
+        path=FIXTURES / "phoenix_evaluations.parquet",
+        kind="phoenix",
+        reviewer=WHO,
+        options=spans,
+    )
+    csv_spans = SourceOptions(spans=FIXTURES / "phoenix_spans.csv")
+    report = import_path(
+        engine=sqlite_engine,
+        path=FIXTURES / "phoenix_evaluations.csv",
+        kind="phoenix",
+        reviewer=WHO,
+        options=csv_spans,
+    )
+    assert (report.inserted, report.skipped, report.judgments, report.extended) == (0, 2, 2, 2)
+    assert "2 of them added to evaluations already stored" in report.summary()
+    middlemarch = _snapshots(sqlite_engine)["b2c3d4e5f6071829"]
+    assert set(middlemarch.judge_scores_json) == {"qa_correctness", "hallucination"}
+    assert middlemarch.judgments_total == 2
+    again = import_path(
+        engine=sqlite_engine,
+        path=FIXTURES / "phoenix_evaluations.csv",
+        kind="phoenix",
+        reviewer=WHO,
+        options=csv_spans,
+    )
+    assert (again.inserted, again.judgments) == (0, 0)
+    assert _counts(sqlite_engine)[1] == 5
