@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Literal
 
+import duckdb
 import pandas as pd
-from sqlalchemy import and_, case, func, or_, text, update
+import pyarrow as pa
+import pyarrow.compute as pc
+from sqlalchemy import String, Text, and_, case, cast, func, or_, text, type_coerce, update
 from sqlalchemy.sql import ColumnElement, Select
 from sqlmodel import Session, col, select
 
@@ -26,7 +29,7 @@ from lib.corrections import distinct_metrics, parse_score, require_reviewer
 from lib.display import REVIEWED_BY, evaluation_title, evaluation_url, metric_field, role_field
 from lib.evidence import EvidenceItem, evidence_items, metric_entry
 from lib.highlight import Span
-from lib.metrics import DEFAULT_METRICS, MetricSpec, metrics_for_product, score_of
+from lib.metrics import DEFAULT_METRICS, MetricSpec, metrics_for_product, score_of, scores_of_json
 from lib.models import EvaluationSnapshot, Judgment, MetricDefinition, utcnow
 from lib.search import text_match
 
@@ -784,7 +787,7 @@ EXPORT_FORMS: dict[str, str] = {
     "long": "one row per judgment",
 }
 # Rows fetched from the database at a time: the export's memory is one batch, whatever the match count.
-EXPORT_BATCH_ROWS = 1_000
+EXPORT_BATCH_ROWS = 5_000
 # The three roles named by lib.display's rule (issue 25): the evaluated user's score, the judge's
 # score, the reviewer's decision, each with its reason.
 LONG_EXPORT_COLUMNS = [
@@ -820,10 +823,23 @@ WIDE_METRIC_FIELDS = (
 
 @dataclass(frozen=True)
 class EvaluationExport:
-    """The header and the lazily fetched rows of an export; iterate `rows` inside the session."""
+    """The header and the lazily fetched rows of an export, as batches of columns (typed Arrow
+    arrays or Python values, what `lib.export.csv_batch` writes), and `rules`: the columns whose
+    values go through a rule before they are written (a decision's number or label). Iterate
+    `batches` or `rows` inside the session."""
 
     columns: list[str]
-    rows: Iterator[tuple[Any, ...]]
+    batches: Iterator[Sequence[Any]]
+    rules: Mapping[int, Callable[[Any], Any]] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> Iterator[tuple[Any, ...]]:
+        """The same rows as tuples of Python values (each `rules` applied), for callers that want them."""
+        for batch in self.batches:
+            columns = [c.to_pylist() if isinstance(c, pa.Array) else list(c) for c in batch]
+            for index, rule in self.rules.items():
+                columns[index] = [rule(v) for v in columns[index]]
+            yield from zip(*columns, strict=True)
 
 
 def export_metrics(*, session: Session, filters: EvaluationFilters) -> list[str]:
@@ -870,34 +886,60 @@ def _reviewer_decisions(session: Session, snapshot_ids: Sequence[str]) -> dict[t
             col(_J.snapshot_id).in_(list(snapshot_ids)),
             col(_J.reviewed_at).is_not(None),
             col(_J.metric).is_not(None),
+            col(_J.user_decision).is_not(None),
         )
     )
-    return {(sid, metric): decision for sid, metric, decision in found if decision is not None}
+    return {(sid, metric): decision for sid, metric, decision in found}
 
 
-def _wide_rows(
-    session: Session, filters: EvaluationFilters, slugs: Sequence[str]
-) -> Iterator[tuple[Any, ...]]:
-    stmt = _list_select(filters).add_columns(
+def _utc_times(values: Sequence[Any]) -> pa.Array:
+    """Timestamps as the driver hands them (SQLite: UTC text; PostgreSQL: aware datetimes) as one
+    UTC Arrow array, parsed in C++ rather than by SQLAlchemy's result processor, row by row."""
+    moments = pa.array(values)
+    if pa.types.is_timestamp(moments.type):
+        return moments.cast(pa.timestamp("us", tz="UTC"))
+    try:
+        return moments.cast(pa.timestamp("us")).cast(pa.timestamp("us", tz="UTC"))
+    except pa.ArrowException:  # text with an offset, or in a form Arrow does not parse
+        parsed = [None if v is None else datetime.fromisoformat(v) for v in values]
+        aware = [v if v is None or v.tzinfo else v.replace(tzinfo=UTC) for v in parsed]
+        return pa.array(aware, pa.timestamp("us", tz="UTC"))
+
+
+def _wide_batches(session: Session, filters: EvaluationFilters, slugs: Sequence[str]) -> Iterator[list[Any]]:
+    """The wide export a batch at a time, column by column: the list's SQL (filters, order) read
+    through the driver without per-row conversions, times parsed by Arrow, scores read from the
+    JSON by `metrics.scores_of_json`, gaps computed on whole columns."""
+    raw_time = type_coerce(col(_S.created_at), String).label("created_at")  # no per-row parsing
+    stmt = _list_select(filters).with_only_columns(
+        *[raw_time if c.name == "created_at" else c for c in _LIST_COLUMNS],
+        col(_S.question).label("question"),
         col(_S.judgments_total).label("judged"),  # the counters lib.counters keeps on write
         col(_S.judgments_reviewed).label("reviewed"),
         col(_S.judgments_corrected).label("corrected"),
         col(_S.model_answer).label("answer"),
-        col(_S.user_scores_json).label("user_scores"),
-        col(_S.judge_scores_json).label("judge_scores"),
+        cast(col(_S.user_scores_json), Text).label("user_scores"),  # JSON text, not decoded per row
+        cast(col(_S.judge_scores_json), Text).label("judge_scores"),
     )
-    for batch in _batches(_stream(session, stmt), EXPORT_BATCH_ROWS):
-        decided = _reviewer_decisions(session, [row._mapping["id"] for row in batch])
-        for row in batch:
-            m = row._mapping
-            user, judge = _scores(m["user_scores"]), _scores(m["judge_scores"])
-            values = [m[name] for name in LIST_FRAME_COLUMNS]
-            values.append(m["answer"])
-            for slug in slugs:
-                user_score, judge_score = score_of(user.get(slug)), score_of(judge.get(slug))
-                reviewer = _decision_value(decided.get((m["id"], slug)))
-                values += [user_score, judge_score, _gap(user_score, judge_score), reviewer]
-            yield tuple(values)
+    result = session.execute(stmt.execution_options(yield_per=EXPORT_BATCH_ROWS))
+    names = list(result.keys())
+    con = duckdb.connect()  # in memory: reads the batch's JSON, never the app database
+    try:
+        for part in result.partitions():
+            values = dict(zip(names, zip(*part, strict=True), strict=True))
+            values["created_at"] = _utc_times(values["created_at"])
+            ids = values["id"]
+            user = scores_of_json(con, pa.array(values["user_scores"], pa.string()), slugs)
+            judge = scores_of_json(con, pa.array(values["judge_scores"], pa.string()), slugs)
+            decided = _reviewer_decisions(session, ids)
+            columns = [values[name] for name in LIST_FRAME_COLUMNS]
+            columns.append(values["answer"])
+            for slug, user_score, judge_score in zip(slugs, user, judge, strict=True):
+                gap = pc.abs(pc.subtract(user_score, judge_score))  # `_gap` on a whole column
+                columns += [user_score, judge_score, gap, [decided.get((sid, slug)) for sid in ids]]
+            yield columns
+    finally:
+        con.close()
 
 
 def _long_rows(session: Session, filters: EvaluationFilters) -> Iterator[tuple[Any, ...]]:
@@ -957,12 +999,22 @@ def export_evaluations(
     if form not in EXPORT_FORMS:
         raise ValueError(f"unknown export form {form!r}; choose one of: {', '.join(EXPORT_FORMS)}")
     if form == "long":
-        return EvaluationExport(columns=list(LONG_EXPORT_COLUMNS), rows=_long_rows(session, filters))
+        rows = _long_rows(session, filters)
+        return EvaluationExport(
+            columns=list(LONG_EXPORT_COLUMNS),
+            batches=(list(zip(*batch, strict=True)) for batch in _batches(rows, EXPORT_BATCH_ROWS)),
+        )
     slugs = export_metrics(session=session, filters=filters)
     columns = [*LIST_FRAME_COLUMNS, "answer"]
     for slug in slugs:
-        columns += [metric_field(slug, field) for field in WIDE_METRIC_FIELDS]
-    return EvaluationExport(columns=columns, rows=_wide_rows(session, filters, slugs))
+        columns += [metric_field(slug, name) for name in WIDE_METRIC_FIELDS]
+    first = len(LIST_FRAME_COLUMNS) + 1
+    decisions = range(first + len(WIDE_METRIC_FIELDS) - 1, len(columns), len(WIDE_METRIC_FIELDS))
+    return EvaluationExport(
+        columns=columns,
+        batches=_wide_batches(session, filters, slugs),
+        rules=dict.fromkeys(decisions, _decision_value),
+    )
 
 
 def _distinct_values(session: Session, column: str) -> list[str]:

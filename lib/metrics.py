@@ -6,11 +6,15 @@ default metrics or the 1–5 scale. Slugs come from explicit maps, never from `l
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
 from sqlmodel import Session, col, select
 
 from lib.models import MetricDefinition
@@ -221,6 +225,55 @@ def score_of(entry: Any) -> float | None:
     if entry is None or isinstance(entry, bool):
         return None
     return float(entry) if isinstance(entry, int | float) else None
+
+
+def _json_pointer(key: str) -> str:
+    return "/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def scores_of_json(con: duckdb.DuckDBPyConnection, texts: pa.Array, slugs: Sequence[str]) -> list[pa.Array]:
+    """`score_of(scores.get(slug))` of each stored scores object (JSON text), per slug, as float64
+    arrays: the exports' way to read a million evaluations' scores without a json.loads per row.
+
+    DuckDB (`con`: an in-memory connection, no database attached) cuts each metric's entry down to
+    what score_of reads (an object's "score", or the bare value); score_of then runs once per
+    distinct cut entry, so the rule stays score_of's. A text DuckDB cannot parse (an escaped lone
+    surrogate, which Python's json reads) goes through json.loads.
+    """
+    if not slugs:
+        return []
+    cut = ", ".join(
+        f"CAST(CASE json_type(x[{i}]) WHEN 'OBJECT' THEN json_object('score', json_extract(x[{i}], '/score')) "
+        f"ELSE x[{i}] END AS VARCHAR) AS s{i}"
+        for i in range(1, len(slugs) + 1)
+    )
+    con.register("_overrule_scores", pa.table({"t": texts}))
+    try:
+        found = con.execute(
+            f"SELECT x IS NULL AND t IS NOT NULL AS unread, {cut} "
+            "FROM (SELECT t, TRY(json_extract(t, ?::VARCHAR[])) AS x FROM _overrule_scores)",
+            [[_json_pointer(slug) for slug in slugs]],
+        ).to_arrow_table()
+    finally:
+        con.unregister("_overrule_scores")
+    columns = []
+    for i in range(1, len(slugs) + 1):
+        entries = found.column(f"s{i}").combine_chunks()
+        distinct = pc.unique(entries)
+        numbers = pa.array(
+            [None if e is None else score_of(json.loads(e)) for e in distinct.to_pylist()], pa.float64()
+        )
+        columns.append(pc.take(numbers, pc.index_in(entries, value_set=distinct)))
+    unread = found.column("unread").combine_chunks()
+    if pc.any(unread).as_py():
+        columns = [column.to_pylist() for column in columns]
+        for row in pc.indices_nonzero(unread).to_pylist():
+            stored = json.loads(texts[row].as_py())
+            stored = stored if isinstance(stored, Mapping) else {}
+            for slug, column in zip(slugs, columns, strict=True):
+                column[row] = score_of(stored.get(slug))
+        columns = [pa.array(column, pa.float64()) for column in columns]
+    return columns
 
 
 def metric_gaps(

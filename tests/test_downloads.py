@@ -14,7 +14,7 @@ from sqlmodel import Session
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from lib import downloads, export
+from lib import downloads, export, inspector
 from lib.corrections import JudgmentFilter
 from lib.importer import import_evaluations
 from lib.inspector import EvaluationFilters
@@ -58,7 +58,7 @@ def test_link_streams_the_same_csv_as_the_button(seeded: Engine, client: TestCli
 
 
 def test_link_streams_in_chunks(seeded: Engine, client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(export, "CSV_CHUNK_CHARS", 10)
+    monkeypatch.setattr(inspector, "EXPORT_BATCH_ROWS", 1)
     chunks = list(export.evaluations_csv_chunks(engine=seeded, filters=EvaluationFilters()))
     assert len(chunks) > 4  # header and every row handed on separately, not one buffer
     path = downloads.register(

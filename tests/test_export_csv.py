@@ -1,0 +1,191 @@
+"""The columnar CSV writer (issue 27): byte for byte what `csv.writer` wrote for `_stream_cell` of
+each value, cell by cell, on tricky values; the wide Evaluations CSV against the row-by-row rules
+(score_of, the decision's number or label) on both backends. Speed and memory: bench/bench_export_csv.py."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import Engine
+from sqlmodel import Session, select
+
+from lib import export, inspector
+from lib.export import _stream_cell, iter_csv, neutralise_cell
+from lib.importer import import_evaluations
+from lib.inspector import EvaluationFilters
+from lib.metrics import score_of, scores_of_json
+from lib.models import EvaluationSnapshot, Judgment
+from tests.test_inspector import record
+
+TEXTS = [
+    "=cmd|' /C calc'!A0", "+1", "-2+3", "@SUM(1)", "\tx", "\rx", "\uff1dHYPERLINK(1)", "\uff0b1", "\uff0d2",
+    "\uff20SUM", 'say "hi"', "a,b", "cr\ronly", "lf\nonly", "crlf\r\nend", "", None, "ürün açıklaması 🎉",
+    "'quoted", " lead", "-", "日本語,\"x\"", "plain",
+]  # fmt: skip
+FLOATS = [4.0, 2.67, 1 / 3, -0.5, 1e16, 1e-7, math.nan, None, -0.0, 0.1 + 0.2, 12345678.9]
+INTS = [0, -3, 2**62, None, 7]
+AWARE = [
+    datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC),
+    datetime(2025, 1, 2, 3, 4, 5, 6, tzinfo=UTC),
+    datetime(2025, 6, 1, 1, 0, tzinfo=timezone(timedelta(hours=2))),
+    None,
+]
+MIXED = [4.0, "INCLUDE", None, "=x", 2.5, -1.0]  # a decision column: numbers and labels
+ODD = [2**70, datetime(2025, 1, 1), datetime(2025, 1, 1, tzinfo=UTC), True, 3, None]  # cell by cell
+
+
+def old_csv(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> bytes:
+    """The writer before issue 27: csv.writer over `_stream_cell` of each value."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\r\n")
+    writer.writerow([neutralise_cell(c) for c in columns])
+    for row in rows:
+        writer.writerow([_stream_cell(v) for v in row])
+    return buffer.getvalue().encode("utf-8")
+
+
+def _rows(n: int) -> list[tuple[Any, ...]]:
+    kinds = (TEXTS, FLOATS, INTS, [True, False, None], AWARE, [datetime(2025, 3, 1, 12), None], MIXED, ODD)
+    return [tuple(kind[(i * (k + 1)) % len(kind)] for k, kind in enumerate(kinds)) for i in range(n)]
+
+
+@pytest.mark.parametrize("batch_rows", [4, 5_000])
+def test_the_columnar_writer_writes_the_bytes_the_row_writer_wrote(
+    monkeypatch: pytest.MonkeyPatch, batch_rows: int
+) -> None:
+    monkeypatch.setattr(export, "CSV_BATCH_ROWS", batch_rows)
+    columns = ["text", "=float", "int", "bool", "aware", "naive", "decision", "odd"]
+    rows = _rows(60)
+    assert b"".join(iter_csv(columns, rows)) == old_csv(columns, rows)
+
+
+def test_one_column_and_no_rows_are_written_as_before() -> None:
+    rows = [("",), ("x",), (None,), ("=1",)]
+    assert b"".join(iter_csv(["only"], rows)) == old_csv(["only"], rows)
+    assert b"".join(iter_csv(["a", "b"], [])) == old_csv(["a", "b"], [])
+
+
+def test_a_rule_runs_once_per_distinct_value_and_gives_the_rows_value() -> None:
+    seen: list[Any] = []
+
+    def rule(value: Any) -> Any:
+        seen.append(value)
+        return None if value is None else float(value) if value.isdigit() else value
+
+    column = ["4", "4", "=x", None, "4", "label"]
+    body = export.csv_batch([column], {0: rule})
+    assert body == old_csv(["c"], [(rule(v),) for v in column]).split(b"\r\n", 1)[1]
+    assert len(seen) == 4 + len(column)  # the distinct values, then the oracle's own calls
+
+
+SCORES = [
+    '{"a": {"score": 4, "reason": "=x"}, "b": 3, "c/d": {"score": 2.5}, "e~f": 1}',
+    '{"a": {"score": true}, "b": "4", "c/d": {"score": {"score": 2}}, "e~f": null}',
+    '{"a": {"reason": "no score"}, "b": false, "c/d": [1]}',
+    '{"a": {"score": 5, "why": "\\ud800 stored before imports refused it"}, "b": 2}',
+    "[1, 2]",
+    '"text"',
+    "null",
+    "{}",
+]
+
+
+def test_scores_of_json_reads_what_score_of_reads() -> None:
+    slugs = ["a", "b", "c/d", "e~f", "missing"]
+    con = duckdb.connect()
+    try:
+        found = scores_of_json(con, pa.array(SCORES, pa.string()), slugs)
+    finally:
+        con.close()
+    for slug, column in zip(slugs, found, strict=True):
+        stored = [json.loads(text) for text in SCORES]
+        expected = [score_of(s.get(slug)) if isinstance(s, dict) else None for s in stored]
+        assert column.to_pylist() == expected, slug
+
+
+def _oracle_wide(session: Session, slugs: Sequence[str]) -> list[tuple[Any, ...]]:
+    """The wide rows as the row-by-row export built them (before issue 27)."""
+    snapshots = session.exec(
+        select(EvaluationSnapshot)
+        .where(EvaluationSnapshot.deleted_at.is_(None))  # type: ignore[union-attr]
+        .order_by(EvaluationSnapshot.created_at.desc(), EvaluationSnapshot.id.desc())  # type: ignore[attr-defined]
+    ).all()
+    decided = inspector._reviewer_decisions(session, [s.id for s in snapshots])
+    rows = []
+    for s in snapshots:
+        row: list[Any] = [
+            s.id, s.created_at, s.product, s.language, s.model_name, s.category, s.question, s.weighted_gap,
+            s.max_metric_gap, s.judge_meta_score, s.evidence_count, s.evidence_highlighted,
+            s.evidence_unlocated, s.evidence_unverified, s.status, s.judgments_total, s.judgments_reviewed,
+            s.judgments_corrected, s.model_answer,
+        ]  # fmt: skip
+        user = s.user_scores_json if isinstance(s.user_scores_json, dict) else {}
+        judge = s.judge_scores_json if isinstance(s.judge_scores_json, dict) else {}
+        for slug in slugs:
+            u, j = score_of(user.get(slug)), score_of(judge.get(slug))
+            gap = abs(u - j) if u is not None and j is not None else None
+            row += [u, j, gap, inspector._decision_value(decided.get((s.id, slug)))]
+        rows.append(tuple(row))
+    return rows
+
+
+def test_the_wide_export_writes_what_the_row_rules_give(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(inspector, "EXPORT_BATCH_ROWS", 2)  # several batches, one decision read each
+    records = [
+        record(
+            "s_q",
+            question="=cmd|' /C calc'!A0 \uff0b1",
+            model_answer='She said "no",\r\nthen\nleft; ürün 🎉',
+            model_name=None,
+            category=None,
+            created_at="2025-01-10T12:00:00.250000Z",
+            user_scores={"clarity": {"score": 2.5, "reason": "-meh"}, "safety": 5},
+        ),
+        record("s_r", created_at="2025-01-10T12:00:00Z", judge_scores={"clarity": 1, "safety": 4.5}),
+        record("s_s", question="@SUM(A1)", created_at="2025-01-09T00:00:00Z", product="beta"),
+    ]
+    with Session(engine, expire_on_commit=False) as session:
+        import_evaluations(session=session, records=records, reviewer="tester")
+        session.commit()
+        for change_id, decision in (
+            ("s_q:clarity", "4.50"),
+            ("s_r:safety", "=INCLUDE"),
+            ("s_s:clarity", "-1"),
+        ):
+            judgment = session.exec(select(Judgment).where(Judgment.change_id == change_id)).one()
+            judgment.user_decision, judgment.reviewed_at, judgment.reviewer = (
+                decision,
+                judgment.timestamp,
+                "ayse",
+            )
+            session.add(judgment)
+        session.commit()
+        # Scores stored in forms imports no longer write: a bare bool, text, and an escaped lone surrogate.
+        odd = '{"clarity": true, "safety": {"score": "4", "reason": "\\ud800"}}'
+        with engine.begin() as conn:
+            json_text = sa.cast(sa.literal(odd), sa.JSON) if engine.dialect.name == "postgresql" else odd
+            conn.execute(
+                sa.update(EvaluationSnapshot.__table__)  # type: ignore[attr-defined]
+                .where(EvaluationSnapshot.__table__.c.id == "s_s")  # type: ignore[attr-defined]
+                .values(judge_scores_json=sa.literal_column(f"'{odd}'") if json_text is odd else json_text)
+            )
+        session.expire_all()
+        found = inspector.export_evaluations(session=session, filters=EvaluationFilters(), form="wide")
+        slugs = inspector.export_metrics(session=session, filters=EvaluationFilters())
+        expected = _oracle_wide(session, slugs)
+        assert list(found.rows) == expected
+    assert export.evaluations_csv_bytes(engine=engine, filters=EvaluationFilters()) == old_csv(
+        found.columns, expected
+    )
