@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 import threading
 import time
 import uuid
@@ -343,8 +344,26 @@ class AttemptResult:
         return self.status_code is not None and 200 <= self.status_code < 300
 
 
+def _unreachable_address(url: str) -> str | None:
+    """Why a URL's host must not be called (it resolves to a link-local, unspecified or multicast
+    address, e.g. a cloud metadata service behind a DNS name), else None."""
+    host = urlsplit(url).hostname or ""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return None  # unresolvable: the POST itself fails and says so
+    for info in infos:
+        address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+        if address.is_link_local or address.is_unspecified or address.is_multicast:
+            return f"refused: {host} resolves to {address}, a link-local or unspecified address"
+    return None
+
+
 def _post(url: str, body: bytes, headers: Mapping[str, str], client: httpx.Client) -> AttemptResult:
     started = time.perf_counter()
+    refused = _unreachable_address(url)
+    if refused is not None:
+        return AttemptResult(None, refused, 0)
     try:
         response = client.post(url, content=body, headers=dict(headers))
         error = None if 200 <= response.status_code < 300 else response.text[:500]

@@ -363,3 +363,32 @@ def test_the_api_registers_lists_shows_the_log_and_replays(server: Server, recei
     assert webhooks.deliver_due(server.engine) == 1
     assert [r["signed"] for r in receiver.received] == [True, True]
     assert httpx.post(f"{server.base}/webhooks/deliveries/999/replay", headers=lead).status_code == 404
+
+
+def test_a_name_that_resolves_to_a_link_local_address_is_not_called(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DNS name pointing at the metadata service passes registration but is refused at delivery."""
+    items(sqlite_engine, 1)
+    register(sqlite_engine, "http://metadata.example/hook", events=("judgment.overruled",))
+    real = socket.getaddrinfo
+
+    def fake(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "metadata.example":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("169.254.169.254", 0))]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake)
+    overrule(sqlite_engine)
+    sent: list[httpx.Request] = []  # a transport that never touches the network, whatever happens
+    client = httpx.Client(
+        transport=httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(200))
+    )
+    assert webhooks.deliver_due(sqlite_engine, client=client) == 1
+    assert sent == []
+    [row] = deliveries(sqlite_engine)
+    assert (row.status, row.last_status_code) == ("pending", None)
+    assert (
+        row.last_error
+        == "refused: metadata.example resolves to 169.254.169.254, a link-local or unspecified address"
+    )
