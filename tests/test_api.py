@@ -31,6 +31,7 @@ from lib.api import API_PREFIX, create_app
 from lib.auth import system_actor
 from lib.models import ApiToken, EvaluationSnapshot, Judgment, JudgmentEvent, SessionNote
 from lib.tokens import create_token, hash_secret, list_tokens, revoke_token
+from tests.conftest import sqlite_only
 from tests.test_importer import record
 from tests.waiting import wait_until
 
@@ -597,6 +598,7 @@ def test_no_route_lets_fastapi_read_the_body_before_the_token() -> None:
     assert bodies == []
 
 
+@sqlite_only
 @pytest.mark.parametrize(
     ("method", "path"),
     [*_routes("POST", "PATCH", "PUT", "DELETE"), ("GET", "/history?product=p"), ("POST", "/nope")],
@@ -613,6 +615,7 @@ def test_a_huge_body_without_a_token_is_refused_before_a_byte_is_read(
     assert sent < total  # answered while the client was still sending
 
 
+@sqlite_only
 @pytest.mark.parametrize(
     ("method", "path", "role"),
     [

@@ -38,6 +38,7 @@ from lib.models import (
     UserRole,
     utcnow,
 )
+from tests.conftest import sqlite_only
 
 # The table, written out independently of lib.auth so a change to either is caught.
 EXPECTED_MINIMUM = {
@@ -182,6 +183,7 @@ def _row_counts(engine: Engine) -> dict[str, int]:
         }
 
 
+@sqlite_only
 @pytest.mark.parametrize("path", list(WRITE_PATHS))
 def test_a_role_below_the_minimum_is_refused_and_nothing_is_written(
     seeded: dict[str, Any], path: str, tmp_path: Path
@@ -196,6 +198,7 @@ def test_a_role_below_the_minimum_is_refused_and_nothing_is_written(
     assert _row_counts(seeded["engine"]) == before
 
 
+@sqlite_only
 @pytest.mark.parametrize("path", list(WRITE_PATHS))
 def test_the_minimum_role_passes_the_check(seeded: dict[str, Any], path: str, tmp_path: Path) -> None:
     permission, write = WRITE_PATHS[path]

@@ -37,6 +37,7 @@ from lib.models import (
     JudgmentEvent,
     MetricDefinition,
 )
+from tests.conftest import sqlite_only
 from tests.seed004 import CachedJudgment, seed_get_history_for_prompt
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -357,6 +358,7 @@ def test_confirming_after_an_overrule_clears_was_corrected(engine) -> None:
     assert load(engine, jid).was_corrected is False
 
 
+@sqlite_only
 @pytest.mark.parametrize("answer", ["4", "4.0", 4, 4.0, " 4 "])
 def test_an_overrule_equal_to_the_judge_is_refused_and_writes_nothing(engine, answer) -> None:
     jid = snapshot_with_metric(engine, decision="4")

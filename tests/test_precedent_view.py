@@ -12,6 +12,7 @@ from sqlmodel import Session
 from lib import precedent_view as view
 from lib import precedents
 from lib.models import ExpertFeedback, Interaction, utcnow
+from tests.conftest import sqlite_only
 
 CITE = "https://help.acme.test/reset-password"
 ANSWER = "Open Settings and choose Reset password. We email you a link that works for one hour."
@@ -120,6 +121,7 @@ def test_detail_and_distance_once_an_expert_scores_an_auto_evaluated_interaction
         assert view.load_detail(session=session, interaction_id="missing") is None
 
 
+@sqlite_only
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

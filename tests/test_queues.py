@@ -27,6 +27,7 @@ from lib.models import (
 )
 from lib.queues import LabelInput, QueueSpec
 from lib.review_queue import QueueFilter
+from tests.conftest import sqlite_only
 from tests.test_review_queue import evaluation, standalone
 
 T0 = datetime(2024, 3, 1, tzinfo=UTC)
@@ -141,6 +142,7 @@ def _sample(engine: Engine, seed: int, size: int) -> list[str]:
     return random.Random(seed).sample(every, size)
 
 
+@sqlite_only
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
