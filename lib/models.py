@@ -913,7 +913,7 @@ class OtlpSpan(SQLModel, table=True):
 
     Keyed by `<trace id>:<span id>` (hex), or `response:<gen_ai.response.id>` for events that name
     only the response. Once the span and an evaluation have met, `snapshot_id` is the evaluation
-    they became and `span_json` / `pending_json` are emptied; later events for the span add their
+    they became, `span_json` is NULL and `pending_json` empty; later events for the span add their
     metrics to that evaluation, and re-sent ones find it and add nothing.
     """
 

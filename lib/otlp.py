@@ -219,7 +219,7 @@ def _proto_resources(signal: str, body: bytes) -> Iterator[tuple[dict[str, Any],
                         span.name,
                         span.start_time_unix_nano,
                         _proto_attrs(span.attributes),
-                        [(event.name, _proto_attrs(event.attributes)) for event in span.events],
+                        [(event.name, _plain_attrs(event.attributes)) for event in span.events],
                     )
                     for scope_spans in resource_spans.scope_spans
                     for span in scope_spans.spans
@@ -246,12 +246,34 @@ def _proto_resources(signal: str, body: bytes) -> Iterator[tuple[dict[str, Any],
             )
 
 
+class _ProtoAttributes(dict[str, Any]):
+    """A protobuf KeyValue list by key, each AnyValue turned into Python only when it is read: a
+    span has a dozen attributes and the receiver reads a few."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = dict.get(self, key)
+        return default if value is None else _proto_value(value)
+
+    def __getitem__(self, key: str) -> Any:
+        return _proto_value(dict.__getitem__(self, key))
+
+    def items(self) -> Any:  # type: ignore[override]
+        return ((key, _proto_value(value)) for key, value in dict.items(self))
+
+
 def _proto_attrs(attributes: Iterable[Any]) -> dict[str, Any]:
+    return _ProtoAttributes((kv.key, kv.value) for kv in attributes)
+
+
+def _plain_attrs(attributes: Iterable[Any]) -> dict[str, Any]:
+    """Every attribute converted now (an evaluation event's few are all read)."""
     return {kv.key: _proto_value(kv.value) for kv in attributes}
 
 
 def _proto_value(value: Any) -> Any:
     kind = value.WhichOneof("value")
+    if kind == "string_value":
+        return value.string_value
     if kind is None:
         return None
     if kind == "array_value":
@@ -379,9 +401,11 @@ class _Reader:
         key = _key(record.trace_id, record.span_id)
         if key is None:
             return
+        events = record.events
+        response_id = attrs.get("gen_ai.response.id") if events else None
         verdicts = [
-            _verdict(event_attrs, key, attrs.get("gen_ai.response.id"))
-            for name, event_attrs in record.events
+            _verdict(event_attrs, key, response_id)
+            for name, event_attrs in events
             if name == EVALUATION_EVENT or _first(event_attrs, _NAME) is not None
         ]
         own = _first(attrs, _NAME)
@@ -486,14 +510,20 @@ def _number(value: Any) -> float | None:
 
 
 def _verdict(attrs: Mapping[str, Any], key: str | None, response_id: Any) -> Verdict:
-    name = _text(_first(attrs, _NAME))
+    get = attrs.get  # unrolled: this runs for every evaluation event
+    name = get("gen_ai.evaluation.name")
+    name = _text(name if name is not None else get("evaluation.name"))
+    score = get("gen_ai.evaluation.score.value")
+    label = get("gen_ai.evaluation.score.label")
+    explanation = get("gen_ai.evaluation.explanation")
+    own_response = get("gen_ai.response.id")
     return Verdict(
         metric=name.strip() if name else None,
-        score=_number(_first(attrs, _SCORE)),
-        label=_text(_first(attrs, _LABEL)),
-        explanation=_text(_first(attrs, _EXPLANATION)),
+        score=_number(score if score is not None else get("evaluation.score")),
+        label=_text(label if label is not None else get("evaluation.label")),
+        explanation=_text(explanation if explanation is not None else get("evaluation.explanation")),
         key=key,
-        response_id=_text(attrs.get("gen_ai.response.id")) or _text(response_id),
+        response_id=_text(own_response if own_response is not None else response_id),
     )
 
 
@@ -597,8 +627,33 @@ def ingest(*, engine: Engine, batch: Batch, actor: Actor) -> Outcome:
         return outcome
     with session_scope(engine) as session:
         one_writer_at_a_time(session, PG_IMPORT_LOCK)  # the importer's lock: one join at a time
+        _sweep(session)
         _Join(session, batch, actor, outcome).run()
     return outcome
+
+
+# A span nobody judged, or a verdict whose span never came, waits this long, then is forgotten: an
+# app exporting every call would otherwise fill `otlp_spans` with calls no judge will look at.
+PENDING_DAYS = 7
+_SWEEP_EVERY_S = 3600.0
+_last_sweep: dict[str, float] = {}
+
+
+def _sweep(session: Session, *, force: bool = False) -> int:
+    """Delete what waited longer than PENDING_DAYS (at most once an hour per database and process)."""
+    import time
+    from datetime import timedelta
+
+    url = str(session.get_bind().engine.url)
+    now = time.monotonic()
+    if not force and now - _last_sweep.get(url, -_SWEEP_EVERY_S) < _SWEEP_EVERY_S:
+        return 0
+    _last_sweep[url] = now
+    cutoff = utcnow() - timedelta(days=PENDING_DAYS)
+    result = session.execute(
+        delete(_SPANS).where(_SPANS.c.snapshot_id.is_(None), _SPANS.c.received_at < cutoff)
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
 
 
 class _Join:
@@ -625,7 +680,7 @@ class _Join:
             call = self.calls.get(key) or (
                 SpanCall(**row.span_json) if row is not None and row.span_json else None
             )
-            pending = [_verdict_of(v) for v in row.pending_json] if row is not None else []
+            pending = [_verdict_of(v) for v in row.pending_json or []] if row is not None else []
             verdicts = pending + verdicts
             if call is None:
                 self._keep(key, None, verdicts)
@@ -731,9 +786,10 @@ class _Join:
         )
         self.outcome.evaluations += report.inserted
         self.outcome.judgments += report.judgments
-        self._link([item for i, item in enumerate(accepted) if i not in refused])
+        # Every evaluation new (none skipped as already stored): each has all its verdicts.
+        self._link([item for i, item in enumerate(accepted) if i not in refused], all_new=not report.skipped)
 
-    def _link(self, accepted: list[tuple[str, SpanCall, list[Verdict]]]) -> None:
+    def _link(self, accepted: list[tuple[str, SpanCall, list[Verdict]]], *, all_new: bool) -> None:
         """Note each span's evaluation; metrics a same-content evaluation lacked are added to it."""
         from lib.snapshots import source_key_of
 
@@ -743,13 +799,13 @@ class _Join:
         }
         found: dict[str, tuple[str, set[str]]] = {}
         for part in _slices(sorted(set(source_keys.values()))):
-            rows = self.session.execute(
-                select(_SNAPSHOTS.c.source_key, _SNAPSHOTS.c.id, _SNAPSHOTS.c.judge_scores_json).where(
-                    _SNAPSHOTS.c.source_key.in_(part)
-                )
-            )
-            for source_key, snapshot_id, judged in rows:
-                found[source_key] = (snapshot_id, set(_json_dict(judged)))
+            columns = [_SNAPSHOTS.c.source_key, _SNAPSHOTS.c.id]
+            if not all_new:
+                columns.append(_SNAPSHOTS.c.judge_scores_json)
+            for source_key, snapshot_id, *judged in self.session.execute(
+                select(*columns).where(_SNAPSHOTS.c.source_key.in_(part))
+            ):
+                found[source_key] = (snapshot_id, set(_json_dict(judged[0])) if judged else set())
         new_rows, replaced = [], []
         for key, call, verdicts in accepted:
             snapshot_id, judged = found[source_keys[key]]
@@ -760,12 +816,11 @@ class _Join:
                     "key": key,
                     "response_id": call.response_id,
                     "snapshot_id": snapshot_id,
-                    "span_json": None,
                     "pending_json": [],
                     "received_at": utcnow(),
                 }
             )
-            if any(
+            if not all_new and any(
                 str(v.metric) not in judged and metric_slug(str(v.metric)) not in judged for v in verdicts
             ):
                 self._add_late(key, snapshot_id, verdicts)  # the same answer was stored without them

@@ -340,3 +340,21 @@ def test_an_instrumented_openai_call_reaches_the_running_app_and_its_evaluations
     finally:
         server.stop()
         reset_settings()
+
+
+def test_what_waits_longer_than_a_week_is_forgotten(sqlite_engine: Engine) -> None:
+    """A span no judge looked at (an app exporting every call) does not stay in otlp_spans forever."""
+    from datetime import timedelta
+
+    from lib import otlp
+    from lib.models import utcnow
+
+    with Session(sqlite_engine) as session:
+        old = utcnow() - timedelta(days=otlp.PENDING_DAYS, hours=1)
+        session.add(OtlpSpan(key="a:1", span_json={"name": "chat"}, received_at=old))
+        session.add(OtlpSpan(key="a:2", span_json={"name": "chat"}, received_at=utcnow()))
+        session.add(OtlpSpan(key="a:3", snapshot_id="s1", received_at=old))  # an evaluation's link stays
+        session.commit()
+        assert otlp._sweep(session, force=True) == 1
+        session.commit()
+        assert sorted(row.key for row in session.exec(select(OtlpSpan))) == ["a:2", "a:3"]
