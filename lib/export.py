@@ -278,9 +278,13 @@ CsvColumn = pa.Array | pa.ChunkedArray | Sequence[Any]
 ValueRule = Callable[[Any], Any]
 
 
+# FORMULA_PREFIXES as one RE2 pattern anchored at the start, every character written as \\x{...}.
+_FORMULA_PATTERN = "^(?:" + "|".join("".join(f"\\x{{{ord(c):X}}}" for c in p) for p in FORMULA_PREFIXES) + ")"
+
+
 def _neutralised_array(text: pa.Array) -> pa.Array:
     """`neutralise_cell` over an Arrow string array: the same FORMULA_PREFIXES, tested in C++."""
-    formula = functools.reduce(pc.or_, (pc.starts_with(text, prefix) for prefix in FORMULA_PREFIXES))
+    formula = pc.match_substring_regex(text, _FORMULA_PATTERN)
     return pc.if_else(formula, pc.binary_join_element_wise("'", text, ""), text)
 
 
@@ -347,7 +351,7 @@ def _csv_cells(column: CsvColumn, rule: ValueRule | None = None) -> pa.Array:
         cells = pa.nulls(len(column), pa.string())
     else:
         return pa.array([_cell_text(v) for v in column.to_pylist()], pa.string())
-    return pc.fill_null(cells, "")
+    return pc.fill_null(cells, "") if cells.null_count else cells
 
 
 def _quoted(cells: pa.Array) -> pa.Array:
@@ -371,6 +375,13 @@ def _csv_lines(cells: Sequence[pa.Array]) -> bytes:
     return data.slice(int(bounds[0]), int(bounds[-1] - bounds[0])).to_pybytes()
 
 
+def _column_text(column: CsvColumn, rule: ValueRule | None = None) -> pa.Array:
+    """A column's CSV cells, quoted where needed (numbers, flags and times never need it)."""
+    cells = _csv_cells(column, rule)
+    plain = rule is None and isinstance(column, pa.Array) and not pa.types.is_string(column.type)
+    return cells if plain else _quoted(cells)
+
+
 def csv_header(columns: Sequence[str]) -> bytes:
     """The header line: column names are neutralised and quoted like any cell."""
     return _csv_lines([_quoted(_csv_cells([name])) for name in columns])
@@ -382,7 +393,7 @@ def csv_batch(columns: Sequence[CsvColumn], rules: Mapping[int, ValueRule] | Non
     Arrow kernels instead of a Python call per cell. `rules[i]` turns column i's values into what
     is written (e.g. a decision's number or label) once per distinct value."""
     rules = rules or {}
-    return _csv_lines([_quoted(_csv_cells(column, rules.get(i))) for i, column in enumerate(columns)])
+    return _csv_lines([_column_text(column, rules.get(i)) for i, column in enumerate(columns)])
 
 
 def iter_csv_batches(

@@ -19,7 +19,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from sqlalchemy import String, Text, and_, case, cast, func, or_, text, type_coerce, update
+from sqlalchemy import String, Text, and_, bindparam, case, cast, func, or_, text, type_coerce, update
 from sqlalchemy.sql import ColumnElement, Select
 from sqlmodel import Session, col, select
 
@@ -878,18 +878,42 @@ def _batches(rows: Iterator[Any], size: int) -> Iterator[list[Any]]:
         yield batch
 
 
+def _decisions_select() -> Select[Any]:
+    """Reviewed decisions of a batch of evaluations (`ids`, expanded at execution: compiled once),
+    in the order of ix_judgment_snapshot_state, so a later review of the same metric comes last."""
+    return select(col(_J.snapshot_id), col(_J.metric), col(_J.user_decision)).where(
+        col(_J.snapshot_id).in_(bindparam("ids", expanding=True)),
+        col(_J.reviewed_at).is_not(None),
+        col(_J.metric).is_not(None),
+        col(_J.user_decision).is_not(None),
+    )
+
+
 def _reviewer_decisions(session: Session, snapshot_ids: Sequence[str]) -> dict[tuple[str, str], str]:
     """{(snapshot id, metric): the reviewer's decision} for the reviewed judgments of these
     evaluations: one indexed read (ix_judgment_snapshot_state) per export batch."""
-    found = session.execute(
-        select(col(_J.snapshot_id), col(_J.metric), col(_J.user_decision)).where(
-            col(_J.snapshot_id).in_(list(snapshot_ids)),
-            col(_J.reviewed_at).is_not(None),
-            col(_J.metric).is_not(None),
-            col(_J.user_decision).is_not(None),
-        )
-    )
+    found = session.execute(_decisions_select(), {"ids": list(snapshot_ids)})
     return {(sid, metric): decision for sid, metric, decision in found}
+
+
+def _decision_columns(conn: Any, ids: Sequence[str], slugs: Sequence[str]) -> list[pa.Array]:
+    """Per slug, the reviewer's decision of each evaluation in `ids` (as `_reviewer_decisions`
+    gives it: the last one read wins), pivoted by Arrow kernels rather than a dict per row."""
+    found = conn.execute(_decisions_select(), {"ids": list(ids)}).fetchall()
+    sids, metrics, decisions = (
+        (pa.array(v, pa.string()) for v in zip(*found, strict=True))
+        if found
+        else (pa.array([], pa.string()) for _ in range(3))
+    )
+    last_first = pa.array(range(len(sids) - 1, -1, -1), pa.int64())
+    sids, metrics, decisions = (pc.take(a, last_first) for a in (sids, metrics, decisions))
+    wanted = pa.array(ids, pa.string())
+    columns = []
+    for slug in slugs:
+        mine = pc.equal(metrics, slug)
+        at = pc.index_in(wanted, value_set=pc.filter(sids, mine))  # the first match: the last review
+        columns.append(pc.take(pc.filter(decisions, mine), at))
+    return columns
 
 
 def _utc_times(values: Sequence[Any]) -> pa.Array:
@@ -921,7 +945,8 @@ def _wide_batches(session: Session, filters: EvaluationFilters, slugs: Sequence[
         cast(col(_S.user_scores_json), Text).label("user_scores"),  # JSON text, not decoded per row
         cast(col(_S.judge_scores_json), Text).label("judge_scores"),
     )
-    result = session.execute(stmt.execution_options(yield_per=EXPORT_BATCH_ROWS))
+    conn = session.connection()  # Core rows: no ORM row processing
+    result = conn.execute(stmt.execution_options(yield_per=EXPORT_BATCH_ROWS))
     names = list(result.keys())
     con = duckdb.connect()  # in memory: reads the batch's JSON, never the app database
     try:
@@ -931,12 +956,12 @@ def _wide_batches(session: Session, filters: EvaluationFilters, slugs: Sequence[
             ids = values["id"]
             user = scores_of_json(con, pa.array(values["user_scores"], pa.string()), slugs)
             judge = scores_of_json(con, pa.array(values["judge_scores"], pa.string()), slugs)
-            decided = _reviewer_decisions(session, ids)
+            decided = _decision_columns(conn, ids, slugs)
             columns = [values[name] for name in LIST_FRAME_COLUMNS]
             columns.append(values["answer"])
-            for slug, user_score, judge_score in zip(slugs, user, judge, strict=True):
+            for user_score, judge_score, decision in zip(user, judge, decided, strict=True):
                 gap = pc.abs(pc.subtract(user_score, judge_score))  # `_gap` on a whole column
-                columns += [user_score, judge_score, gap, [decided.get((sid, slug)) for sid in ids]]
+                columns += [user_score, judge_score, gap, decision]
             yield columns
     finally:
         con.close()

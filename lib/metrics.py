@@ -242,17 +242,22 @@ def scores_of_json(con: duckdb.DuckDBPyConnection, texts: pa.Array, slugs: Seque
     """
     if not slugs:
         return []
+    # One parse per document: each slug's entry and its "score"; an entry that is an object (the
+    # extracted JSON text starts with "{") is cut to {"score": ...}, anything else kept bare.
+    n = len(slugs)
     cut = ", ".join(
-        f"CAST(CASE json_type(x[{i}]) WHEN 'OBJECT' THEN json_object('score', json_extract(x[{i}], '/score')) "
-        f"ELSE x[{i}] END AS VARCHAR) AS s{i}"
-        for i in range(1, len(slugs) + 1)
+        f"CASE WHEN starts_with(CAST(x[{i}] AS VARCHAR), '{{') "
+        f"THEN '{{\"score\":' || COALESCE(CAST(x[{i + n}] AS VARCHAR), 'null') || '}}' "
+        f"ELSE CAST(x[{i}] AS VARCHAR) END AS s{i}"
+        for i in range(1, n + 1)
     )
+    paths = [_json_pointer(slug) for slug in slugs]
     con.register("_overrule_scores", pa.table({"t": texts}))
     try:
         found = con.execute(
             f"SELECT x IS NULL AND t IS NOT NULL AS unread, {cut} "
             "FROM (SELECT t, TRY(json_extract(t, ?::VARCHAR[])) AS x FROM _overrule_scores)",
-            [[_json_pointer(slug) for slug in slugs]],
+            [paths + [f"{path}/score" for path in paths]],
         ).to_arrow_table()
     finally:
         con.unregister("_overrule_scores")
