@@ -253,7 +253,7 @@ def default_queue(filters: QueueFilter) -> None:
     st.session_state[SHOWN] = (DEFAULT_QUEUE, item.key)
     _show_in_url(None, item.key)
 
-    left, right = st.columns([4.7, 5.3], gap="medium")
+    left, right = st.columns([4.4, 5.6], gap="medium")
     with left:
         item_view(workspace, key=KEY)
     with right:
@@ -382,7 +382,7 @@ def team_queue(queue_id: int) -> None:
         return
     st.session_state[SHOWN] = (queue_id, assignment.item_id)
     _show_in_url(queue_id, assignment.item_id)
-    left, right = st.columns([4.7, 5.3], gap="medium")
+    left, right = st.columns([4.4, 5.6], gap="medium")
     with left:
         if blind is not None:
             blind_item(blind, key=KEY)

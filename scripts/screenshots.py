@@ -71,6 +71,7 @@ def shots(snapshot_id: str) -> list[Shot]:
     """The README's screenshots, in README order."""
     return [
         Shot("review-queue", "review"),
+        Shot("team-queues", "queues"),
         Shot("evaluation-detail", f"evaluations?snapshot={quote(snapshot_id, safe='')}"),
         Shot("analytics", "analytics"),
         Shot("analytics-gaps", "analytics", heading="Gap distributions"),

@@ -682,7 +682,7 @@ def _metric_row(
     blocked = denied or closed
     with st.container(horizontal=True, gap="xsmall", vertical_alignment="center", key=rk, wrap=False):
         st.button(
-            f"▸ {row.title}" if selected else row.title,
+            escape_markdown(f"▸ {row.title}" if selected else row.title),
             key=f"{rk}_name",
             help=escape_markdown(f"{row.title}: select this row (its reasons show under the rows)"),
             type="secondary" if selected else "tertiary",

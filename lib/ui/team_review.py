@@ -248,7 +248,7 @@ def blind_rows(item: queues.BlindItem, *, key: str, flash_key: str, draft: Mappi
             with st.container(gap="xsmall", key=rk, border=index == selected):
                 with st.container(horizontal=True, gap="xsmall", vertical_alignment="center", wrap=False):
                     st.button(
-                        f"▸ {metric.title}" if index == selected else metric.title,
+                        escape_markdown(f"▸ {metric.title}" if index == selected else metric.title),
                         key=f"{rk}_name",
                         help=escape_markdown(f"{metric.title} · scale {metric.scale.describe()}"),
                         type="tertiary",
@@ -275,7 +275,7 @@ def blind_rows(item: queues.BlindItem, *, key: str, flash_key: str, draft: Mappi
                         )
                     if not metric.keys:
                         st.number_input(
-                            f"Score for {metric.title} ({metric.scale.describe()})",
+                            escape_markdown(f"Score for {metric.title} ({metric.scale.describe()})"),
                             key=f"{rk}_value",
                             value=None if chosen in (None, "") else float(chosen),
                             label_visibility="collapsed",
@@ -285,7 +285,7 @@ def blind_rows(item: queues.BlindItem, *, key: str, flash_key: str, draft: Mappi
                             width=140,
                         )
                 st.text_input(
-                    f"Why, for {metric.title}",
+                    escape_markdown(f"Why, for {metric.title}"),
                     key=f"{rk}_reason",
                     max_chars=4000,
                     placeholder=f"Why, for {metric.title} (kept as a draft while you type)",

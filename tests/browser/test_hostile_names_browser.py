@@ -82,7 +82,8 @@ def test_every_page_renders_hostile_metric_names_as_text(streamlit_app, browser,
     page = context.new_page()
     found: dict[str, dict[str, list[str]]] = {}
     paths = [
-        "", "import", "evaluations", f"evaluations?snapshot={snapshot}", "review", "corrections", "new",
+        "", "import", "evaluations", f"evaluations?snapshot={snapshot}", "review", "queues", "queues?tab=adjudication",
+        "corrections", "new",
         f"coach?snapshot={snapshot}", "notes", "tag-scores", "analytics", "alignment", "precedents", "admin",
     ]  # fmt: skip
     try:

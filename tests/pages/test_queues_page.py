@@ -131,6 +131,14 @@ def test_a_lead_decides_a_disagreement_with_both_labels_side_by_side(any_app_eng
         assert (qj.state, qj.decision, qj.decided_by) == ("adjudicated", "3", "lead")
     assert any("Decided judgment" in t for t in said(at.success))
     assert any("Nothing awaits a lead" in t for t in said(at.info))
+    # Among the decided ones, the lead's own decision can be undone: the judgment awaits a lead again.
+    at.segmented_control(key="queues_disputes_state").set_value("adjudicated").run()
+    at.button(key=f"{card}_undo").click().run()
+    with session_scope(any_app_engine, read_only=True) as s:
+        qj = s.exec(
+            select(ReviewQueueJudgment).where(ReviewQueueJudgment.judgment_id == ids["clarity"])
+        ).one()
+        assert (qj.state, s.get(Judgment, ids["clarity"]).user_decision) == ("disputed", None)
     assert not at.exception
 
 
