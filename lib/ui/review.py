@@ -340,8 +340,6 @@ KEY_MAP = (
     "a score key (1–5 on a 1–5 scale) overrules with that score, then type the reason and press Enter "
     f"({CANCEL_KEY} cancels) · {SKIP_KEY} skip the evaluation · {UNDO_KEY} undo your last decision."
 )
-# How long typing pauses before the reason is kept as a draft (one small write per pause, not per key).
-DRAFT_PAUSE = "1s"
 
 
 @dataclass(frozen=True)
@@ -516,7 +514,7 @@ def _confirm(key: str, index: int, row_info: dict[str, Any], flash_key: str) -> 
 
 def _score(key: str, index: int, row_info: dict[str, Any], decision: str | None, flash_key: str) -> None:
     """A score key on a row: the judge's own score (or, blind-first, your own) is saved at once; any
-    other asks for the reason first (kept as a draft while it is typed)."""
+    other asks for the reason first (the score, and the reason once entered, kept as a draft)."""
     st.session_state[f"{key}_selected"] = index
     if decision is not None and (
         corrections.same_decision(row_info["judge"], decision)
@@ -548,7 +546,7 @@ def _save_overrule(key: str, flash_key: str) -> None:
 
 
 def _reason_typed(key: str) -> None:
-    """A pause in typing the reason: keep it as the item's draft (a reload shows it again)."""
+    """The reason entered (Enter, or the field left): keep it as the item's draft (a reload shows it again)."""
     pending = st.session_state.get(f"{key}_pending")
     if not pending:
         return  # saved or cancelled in the same run: nothing unsent is left
@@ -822,7 +820,7 @@ def row_context(row: MetricRow, *, key: str, mine: Own | None = None, flash_key:
 
 def _reason_form(key: str, row: MetricRow, pending: dict[str, Any], flash_key: str) -> None:
     """The reason a new score needs, right under its row; focused so the reviewer just types, and
-    kept as a draft at each pause in the typing (a reload shows it again)."""
+    kept as a draft when it is entered or the field is left (a reload shows it again)."""
     decision = pending["decision"]
     question = (
         f"Why {decision} instead of the judge's {row.judgment.decision}?"
@@ -854,7 +852,7 @@ def _reason_form(key: str, row: MetricRow, pending: dict[str, Any], flash_key: s
 
 
 def _reason_field(key: str, label: str) -> None:
-    """The reason field: a pause in the typing saves the draft. Not a fragment of its own: Enter
+    """The reason field: entered or left, it is saved as the draft. Not a fragment of its own: Enter
     commits the text and presses Save (the form's script) in one run of the workspace, so the
     save always sees the text."""
     st.text_input(
@@ -863,7 +861,6 @@ def _reason_field(key: str, label: str) -> None:
         max_chars=4000,
         placeholder="Your reason",
         label_visibility="collapsed",
-        live=DRAFT_PAUSE,
         on_change=_reason_typed,
         args=(key,),
     )

@@ -22,7 +22,7 @@ from lib.models import ReviewQueue, utcnow
 from lib.safe_markdown import escape_markdown
 from lib.ui import audit_denied, current_actor, current_reviewer, denied_reason, flash, session_scope
 from lib.ui.evidence import render_long_text
-from lib.ui.review import CANCEL_KEY, DRAFT_PAUSE, NEXT_KEY, PREVIOUS_KEY, Target, save_draft
+from lib.ui.review import CANCEL_KEY, NEXT_KEY, PREVIOUS_KEY, Target, save_draft
 
 REVEAL_KEY = "Ctrl+Enter"
 
@@ -51,11 +51,11 @@ def queue_choices(team: Sequence[ReviewQueue], reviewer: str | None) -> list[Rev
     return list(team)
 
 
-@st.fragment(run_every="30s")
 def lease_status(*, queue_id: int | None, item_key: str, reviewer: str, key: str) -> None:
-    """The reviewer's hold on the item, looked at again every 30 seconds: until when it is theirs, or
-    that it ran out and another reviewer took it (what they typed is kept). Reads only: an open tab
-    alone does not keep an item, work on it does."""
+    """The reviewer's hold on the item, as of this run: until when it is theirs, or that it ran out
+    and another reviewer took it (what they typed is kept). Reads only: an open tab alone does not
+    keep an item, work on it does. (Not refreshed on a timer: with a 30-second fragment timer the
+    keyboard browser test saw a key act on the previously selected row, 3 runs in 4.)"""
     with session_scope(read_only=True) as session:
         row = reservations.find(session, queue_id=queue_id, item_key=item_key, reviewer=reviewer)
     if row is None:
@@ -65,7 +65,7 @@ def lease_status(*, queue_id: int | None, item_key: str, reviewer: str, key: str
         st.caption(
             f"Reserved for you until {row.expires_at:%H:%M} UTC.",
             help="Nobody else is handed this item while it is reserved for you; anything you do on it "
-            "(a score, a pause while typing) extends the reservation. Leave it, and it returns to the queue.",
+            "(a score, a reason entered) extends the reservation. Leave it, and it returns to the queue.",
         )
     elif row.status == reservations.RESERVED:
         st.caption(
@@ -211,7 +211,7 @@ def blind_item(item: queues.BlindItem, *, key: str) -> None:
 @st.fragment
 def blind_rows(item: queues.BlindItem, *, key: str, flash_key: str, draft: Mapping[str, Any]) -> None:
     """One row per metric: its name and scale, the score buttons and a reason; then "Save my scores
-    and show the judge". Each choice and each pause in typing is kept as the item's draft; only this
+    and show the judge". Each choice and each reason entered (or left) is kept as the item's draft; only this
     part reruns for it."""
     target = Target(item_key=item.item_key, queue_id=item.queue_id, item_id=item.item_id)
     if st.session_state.get(f"{key}_blind_target") != target:
@@ -288,9 +288,8 @@ def blind_rows(item: queues.BlindItem, *, key: str, flash_key: str, draft: Mappi
                     escape_markdown(f"Why, for {metric.title}"),
                     key=f"{rk}_reason",
                     max_chars=4000,
-                    placeholder=f"Why, for {metric.title} (kept as a draft while you type)",
+                    placeholder=f"Why, for {metric.title} (kept as a draft when you press Enter or leave the field)",
                     label_visibility="collapsed",
-                    live=DRAFT_PAUSE,
                     on_change=_blind_reason_typed,
                     args=(key, metric.judgment_id),
                     disabled=denied is not None,
