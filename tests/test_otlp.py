@@ -358,3 +358,34 @@ def test_what_waits_longer_than_a_week_is_forgotten(sqlite_engine: Engine) -> No
         assert otlp._sweep(session, force=True) == 1
         session.commit()
         assert sorted(row.key for row in session.exec(select(OtlpSpan))) == ["a:2", "a:3"]
+
+
+def test_openinference_spans_and_their_evaluator_child_span(receiver: Receiver) -> None:
+    """OpenInference: messages flattened as llm.input_messages.<i>.message.*, the verdict as
+    evaluation.* attributes on a child span (which judges its parent)."""
+    t = Telemetry("oi-bot")
+    attributes = {
+        "llm.model_name": "oi-model",
+        "llm.input_messages.0.message.role": "system",
+        "llm.input_messages.0.message.content": "Be brief.",
+        "llm.input_messages.1.message.role": "user",
+        "llm.input_messages.1.message.content": "Largest planet?",
+        "output.value": "Jupiter.",
+    }
+    with t.tracer.start_as_current_span("llm", attributes=attributes):
+        evaluator = {"evaluation.name": "Truthfulness", "evaluation.score": 5, "evaluation.label": "correct"}
+        with t.tracer.start_as_current_span("evaluate", attributes=evaluator):
+            pass
+    r = receiver.post("/v1/traces", t.traces())
+    assert r.status_code == 200 and not ExportTraceServiceResponse.FromString(r.content).HasField(
+        "partial_success"
+    )
+    with Session(receiver.engine) as session:
+        snapshot = session.exec(select(EvaluationSnapshot)).one()
+    assert (snapshot.product, snapshot.question, snapshot.model_answer) == (
+        "oi-bot",
+        "Largest planet?",
+        "Jupiter.",
+    )
+    assert snapshot.model_name == "oi-model"
+    assert judgments(receiver.engine) == {"truthfulness": ("5", "correct")}
