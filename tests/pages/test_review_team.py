@@ -383,3 +383,20 @@ def test_lease_status_names_until_when_the_item_is_reserved(app_engine, open_pag
     assert any(f"Reserved for you until {held.expires_at:%H:%M} UTC" in t for t in said(at.caption))
     assert held.expires_at - held.reserved_at == reservations.lease()
     assert not at.exception
+
+
+def test_a_queue_closed_since_the_last_visit_falls_back_to_the_default_and_says_so(
+    app_engine, open_page
+) -> None:
+    evaluation(app_engine, "s0", hours=0)
+    evaluation(app_engine, "s1", hours=1)
+    queue = create(app_engine, name="Short-lived", size=1)
+    at = open_page(PAGE, reviewer="ayse")
+    assert headings(at) == ["Evaluation s0"]  # her first queue: this one
+    with session_scope(app_engine) as s:
+        queues.close_queue(session=s, actor=LEAD, queue_id=queue)
+    again = open_page(PAGE, reviewer="ayse", query={"queue": str(queue)})  # an old link, a new session
+    assert any("no active queue" in t for t in said(again.info))
+    assert headings(again) == ["Evaluation s0"]  # released: the default queue hands it out again
+    assert "queue" not in again.query_params
+    assert not again.exception
