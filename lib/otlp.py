@@ -665,6 +665,7 @@ class _Join:
         from lib.config import get_settings
 
         self.product_attr = get_settings().otlp_product_attribute
+        self.new_rows: list[dict[str, Any]] = []
 
     def run(self) -> None:
         self._load()
@@ -696,6 +697,8 @@ class _Join:
                 )
             else:
                 ready.append((key, call, verdicts))
+        if self.new_rows:
+            self.session.execute(insert(_SPANS), self.new_rows)
         self._import(ready)
 
     # -- reading what is stored
@@ -741,9 +744,18 @@ class _Join:
         response_id = call.response_id if call is not None else None
         if response_id is None and key.startswith("response:"):
             response_id = key.removeprefix("response:")
-        if row is None:
-            row = OtlpSpan(key=key, response_id=response_id)
-            self.stored[key] = row
+        if row is None:  # new: written with the others in one statement (`_write_new`)
+            self.new_rows.append(
+                {
+                    "key": key,
+                    "response_id": response_id,
+                    "span_json": asdict(call) if call is not None else None,
+                    "pending_json": [_verdict_json(v) for v in pending],
+                    "received_at": utcnow(),
+                }
+            )
+            self.outcome.waiting += 1
+            return
         row.span_json = asdict(call) if call is not None else row.span_json
         row.response_id = row.response_id or response_id
         row.pending_json = [_verdict_json(v) for v in pending]
