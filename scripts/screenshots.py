@@ -72,6 +72,7 @@ def shots(snapshot_id: str) -> list[Shot]:
     return [
         Shot("review-queue", "review"),
         Shot("team-queues", "queues"),
+        Shot("team-adjudication", "queues?tab=adjudication"),
         Shot("evaluation-detail", f"evaluations?snapshot={quote(snapshot_id, safe='')}"),
         Shot("analytics", "analytics"),
         Shot("analytics-gaps", "analytics", heading="Gap distributions"),
