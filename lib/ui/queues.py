@@ -311,7 +311,9 @@ def dispute_card(dispute: queues.Dispute, queue: ReviewQueue, *, key: str, flash
             if judgment.snapshot_id
             else escape_markdown(judgment.change_id)
         )
-        title = judgment.metric or "Decision"
+        title = (
+            scale.spec.display_name if scale.spec is not None and judgment.metric else judgment.metric
+        ) or "Decision"
         st.markdown(
             f"**Item {dispute.position}** · {escape_markdown(title)} · {where} :small[scale "
             f"{escape_markdown(scale.describe())}]"

@@ -116,6 +116,7 @@ def test_a_lead_decides_a_disagreement_with_both_labels_side_by_side(any_app_eng
     at = open_page(PAGE, reviewer="lead", query={"queue": str(queue), "tab": "adjudication"})
     card = f"queues_disputes_card_{ids['clarity']}"
     shown = "\n".join(said(at.markdown))
+    assert "**Item 1** · Clarity ·" in shown  # the metric's display name, as on the review page
     assert (
         "**ayse**" in shown and "**ben**" in shown and "Hard to follow" in shown and "Clear enough" in shown
     )
