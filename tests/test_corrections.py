@@ -386,6 +386,7 @@ def test_a_confirmation_stores_the_judges_exact_text_whatever_value_came_with_it
     assert (j.user_decision, j.was_corrected) == ("4", False)
 
 
+@sqlite_only
 @pytest.mark.parametrize("action", ["", "confirmed", "OVERRULE", None])
 def test_an_unknown_action_is_refused_and_writes_nothing(engine, action) -> None:
     jid = snapshot_with_metric(engine, decision="4")
@@ -476,6 +477,7 @@ def test_two_reviewers_racing_on_one_judgment_exactly_one_wins(engine) -> None:
     assert len(events(engine, jid)) == 1
 
 
+@sqlite_only
 @pytest.mark.parametrize("reviewer", [None, "", "   "])
 def test_a_review_without_a_reviewer_is_refused_and_writes_nothing(engine, reviewer) -> None:
     jid = snapshot_with_metric(engine)

@@ -144,6 +144,7 @@ def test_content_at_the_limit_is_kept_whole(engine: Engine) -> None:
     assert len(put(engine, content="x" * notes.MAX_CONTENT_CHARS).content) == notes.MAX_CONTENT_CHARS
 
 
+@sqlite_only
 def test_content_over_the_limit_is_refused(engine: Engine) -> None:
     with pytest.raises(ValueError, match="longer than"):
         put(engine, content="x" * (notes.MAX_CONTENT_CHARS + 1))
@@ -162,6 +163,7 @@ def test_confidence_outside_zero_to_one_is_refused(engine: Engine, confidence: A
         put(engine, note_type="SUCCESS", phelps_code="AB1", confidence=confidence)
 
 
+@sqlite_only
 def test_code_longer_than_twenty_characters_is_refused(engine: Engine) -> None:
     with pytest.raises(ValueError, match="code"):
         put(engine, note_type="SUCCESS", phelps_code="X" * 21)
@@ -174,6 +176,7 @@ def test_code_on_a_non_success_note_is_refused(engine: Engine, note_type: str) -
         put(engine, note_type=note_type, phelps_code="AB1")
 
 
+@sqlite_only
 def test_confidence_on_a_non_success_note_is_refused(engine: Engine) -> None:
     with pytest.raises(ValueError, match="only SUCCESS notes carry a confidence"):
         put(engine, note_type="PATTERN", confidence=0.7)
@@ -198,6 +201,7 @@ def test_author_is_recorded(engine: Engine) -> None:
     assert stored(engine)[0].created_by == "ayse"
 
 
+@sqlite_only
 def test_naive_timestamp_is_refused(engine: Engine) -> None:
     with pytest.raises(ValueError, match="timezone"):
         put(engine, timestamp=datetime(2025, 1, 1))
@@ -274,6 +278,7 @@ def test_relevant_notes_limit_comes_from_settings(engine: Engine, monkeypatch: p
     assert len(relevant(engine, "en")) == 3
 
 
+@sqlite_only
 def test_relevant_notes_refuse_a_zero_limit(engine: Engine) -> None:
     with pytest.raises(ValueError, match="limit"):
         relevant(engine, "en", limit=0)
@@ -589,6 +594,7 @@ def test_search_takes_its_filters_one_way_only(corpus: Engine) -> None:
         notes.search_notes(s, "tip", filters=notes.NoteFilter(language="en"))
 
 
+@sqlite_only
 def test_search_refuses_an_unknown_type(corpus: Engine) -> None:
     with pytest.raises(ValueError, match="not one of"):
         search(corpus, note_type="HINT")
@@ -774,6 +780,7 @@ def remove(engine: Engine, **kwargs: Any) -> tuple[int, int]:
         return preview, notes.remove_notes(session=s, **kwargs)
 
 
+@sqlite_only
 def test_removal_without_any_filter_is_refused(corpus: Engine) -> None:
     with pytest.raises(ValueError, match="refusing to remove every note"):
         remove(corpus)
