@@ -37,6 +37,8 @@ class Settings:
     openai_api_key: str | None = None
     openai_base_url: str | None = None
     judge_model: str = "gpt-4o"
+    # The judge's sampling temperature (scoring and mentoring calls); part of a judge version.
+    judge_temperature: float = 0.0
     coach_model: str = "gpt-4o-mini"
     eval_model: str = "gpt-4o"
     evaluator_model: str = "gpt-4o-mini"
@@ -150,6 +152,7 @@ def llm_off_reason(action: str, *, plural: bool = False) -> str:
 
 _RANGES: dict[str, tuple[float, float]] = {
     "llm_timeout": (0.1, 3600),
+    "judge_temperature": (0.0, 2.0),
     "llm_max_retries": (0, 20),
     "max_tokens_judge": (16, 1_000_000),
     "max_tokens_mentor": (16, 1_000_000),

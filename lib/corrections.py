@@ -34,10 +34,12 @@ from lib.display import REVIEWED_BY, evaluation_url, judgment_url, role_field
 from lib.metrics import MetricSpec, metrics_for_product
 from lib.models import (
     CACHE_DECISIONS,
+    UNVERSIONED,
     AlignmentCall,
     AlignmentExperiment,
     AlignmentItem,
     EvaluationSnapshot,
+    JudgeVerdict,
     Judgment,
     JudgmentEvent,
     ReviewLabel,
@@ -45,6 +47,7 @@ from lib.models import (
     compute_was_corrected,
     utcnow,
 )
+from lib.scores import utc_day, week_of
 
 log = logging.getLogger(__name__)
 
@@ -510,8 +513,12 @@ def _write_review_state(
         session=session,
         judgment_id=judgment_id,
         snapshot_id=judgment.snapshot_id,
-        before=counters.ReviewSide(judgment.reviewer, was_reviewed, was_reviewed and judgment.was_corrected),
-        after=counters.ReviewSide(state.reviewer, now_reviewed, now_reviewed and corrected),
+        before=counters.ReviewSide(
+            judgment.reviewer, was_reviewed, was_reviewed and judgment.was_corrected, judgment.user_decision
+        ),
+        after=counters.ReviewSide(
+            state.reviewer, now_reviewed, now_reviewed and corrected, state.user_decision
+        ),
     )
     session.add(JudgmentEvent(**event))
     session.flush()
@@ -727,7 +734,7 @@ def update_with_user_decision(
 
 _JUDGE_FIELDS = (
     "product", "metric", "snapshot_id", "decision", "confidence", "reasoning", "timestamp", "url", "description",
-    "ai_provider", "judge_model",
+    "ai_provider", "judge_model", "judge_version_id",
 )  # fmt: skip
 _REVIEW_FIELDS = ("user_decision", "user_reasoning", "reviewer", "reviewed_at")
 
@@ -775,10 +782,13 @@ def add_judgment(
     previous = _final(existing.decision, existing.user_decision)
     incoming = _final(judgment.decision, judgment.user_decision)
     if existing.user_decision is None:
+        _set_aside_verdict(session, existing, judgment)
         for field in (*_JUDGE_FIELDS, *_REVIEW_FIELDS):
             setattr(existing, field, getattr(judgment, field))
         return _replace(session, existing, name, "rejudged", previous, None)
     if same_decision(existing.user_decision, incoming):
+        # The entry stays; the re-judging version's decision is kept beside it (agreement by version).
+        _keep_verdict(session, existing.id, judgment.judge_version_id, judgment)
         return _log_judge_event(
             session, existing, name, "rejudge_kept", previous, incoming,
             reason=f"the re-judge ({judgment.decision}) agrees with {existing.reviewer}'s decision; entry kept",
@@ -789,9 +799,37 @@ def add_judgment(
         + ("is kept" if judgment.user_decision is None else f"was replaced by {judgment.user_decision}")
     )
     fields = _JUDGE_FIELDS if judgment.user_decision is None else (*_JUDGE_FIELDS, *_REVIEW_FIELDS)
+    _set_aside_verdict(session, existing, judgment)
     for field in fields:
         setattr(existing, field, getattr(judgment, field))
     return _replace(session, existing, name, "rejudge_conflict", previous, conflict)
+
+
+def _keep_verdict(
+    session: Session, judgment_id: int | None, version_id: int | None, verdict: Judgment
+) -> None:
+    """Store a version's decision on a judgment beside the judgment's own (one row per version)."""
+    assert judgment_id is not None
+    key = (judgment_id, int(version_id or UNVERSIONED))
+    row = session.get(JudgeVerdict, key)
+    judged_at = verdict.timestamp or utcnow()
+    if row is None:
+        row = JudgeVerdict(judgment_id=judgment_id, judge_version_id=key[1], decision=verdict.decision,
+                           judged_at=judged_at, week=week_of(utc_day(judged_at)))  # fmt: skip
+    row.decision, row.confidence, row.reasoning = verdict.decision, verdict.confidence, verdict.reasoning
+    row.judged_at, row.week = judged_at, week_of(utc_day(judged_at))
+    session.add(row)
+
+
+def _set_aside_verdict(session: Session, existing: Judgment, incoming: Judgment) -> None:
+    """Before a re-judge replaces a judgment's decision: keep the replaced version's decision as a
+    verdict, and drop the incoming version's earlier verdict (its decision is now the judgment's)."""
+    if int(existing.judge_version_id or UNVERSIONED) == int(incoming.judge_version_id or UNVERSIONED):
+        return
+    _keep_verdict(session, existing.id, existing.judge_version_id, existing)
+    stale = session.get(JudgeVerdict, (existing.id, int(incoming.judge_version_id or UNVERSIONED)))
+    if stale is not None:
+        session.delete(stale)
 
 
 def _replace(
@@ -860,6 +898,7 @@ def clear_product(*, session: Session, product: str, reviewer: Actor | str | Non
         snapshots=col(EvaluationSnapshot.product) == product,
     ):
         session.execute(delete(JudgmentEvent).where(col(JudgmentEvent.judgment_id).in_(ids)))
+        session.execute(delete(JudgeVerdict).where(col(JudgeVerdict.judgment_id).in_(ids)))
         # Team queues' labels and holds on them go too (an item left empty is passed over).
         session.execute(delete(ReviewLabel).where(col(ReviewLabel.judgment_id).in_(ids)))
         session.execute(delete(ReviewQueueJudgment).where(col(ReviewQueueJudgment.judgment_id).in_(ids)))

@@ -65,10 +65,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import ColumnElement
 from sqlmodel import Session, col
 
-from lib import scores
+from lib import scores, version_counts
 from lib.models import (
     EvaluationCount,
     EvaluationSnapshot,
+    JudgeVerdict,
     Judgment,
     JudgmentDayCount,
     JudgmentLanguageCount,
@@ -204,6 +205,7 @@ def _shift_judgments(session: Session, where: Any, sign: int) -> None:
     """Add (`sign` 1) or retract (−1) the contribution of the live judgments matching `where`."""
     for table in _JUDGMENT_TABLES:
         _upsert_add(session, table, _judgment_keys(session, table), _judgment_values(sign), where)
+    version_counts.shift(session, where, sign)
 
 
 def include_judgments(*, session: Session, where: Any) -> None:
@@ -335,6 +337,7 @@ class ReviewSide:
     reviewer: str | None
     reviewed: bool
     corrected: bool  # reviewed and overruled
+    decision: str | None = None  # the reviewer's decision when reviewed (agreement by judge version)
 
 
 def bump_review(
@@ -348,6 +351,12 @@ def bump_review(
     """
     reviewed = int(after.reviewed) - int(before.reviewed)
     corrected = int(after.corrected) - int(before.corrected)
+    version_counts.move_review(
+        session,
+        judgment_id,
+        before.decision if before.reviewed else None,
+        after.decision if after.reviewed else None,
+    )
     if snapshot_id is not None and (reviewed or corrected):
         session.execute(
             update(_S)
@@ -913,6 +922,12 @@ def rebuild_evaluation_counts(session: Session) -> None:
     _shift_evaluations(session, literal(True), 1)
 
 
+@register_rebuild("judge_version_counts")
+def rebuild_judge_version_counts(session: Session) -> None:
+    """Reviewed judgments per judge version × product × language × metric × week × decisions (lib.version_counts)."""
+    version_counts.rebuild(session)
+
+
 def rebuild_counts(*, session: Session) -> None:
     """This module's own tables and columns from scratch (a bulk load's end)."""
     rebuild_product_counts(session)
@@ -920,6 +935,7 @@ def rebuild_counts(*, session: Session) -> None:
     rebuild_evaluation_review_counts(session)
     rebuild_reviewer_counts(session)
     rebuild_evaluation_counts(session)
+    rebuild_judge_version_counts(session)
 
 
 def recount(*, session: Session, only: Iterator[str] | list[str] | None = None) -> list[str]:
@@ -941,7 +957,7 @@ def recount(*, session: Session, only: Iterator[str] | list[str] | None = None) 
 
 _JUDGMENT_KEYS = (
     "product", "metric", "timestamp", "snapshot_id", "reviewed_at", "was_corrected", "user_decision",
-    "decision", "second_opinion_action", "reviewer",
+    "decision", "second_opinion_action", "reviewer", "judge_version_id",
 )  # fmt: skip
 _SNAPSHOT_KEYS = (
     "product", "language", "deleted_at", "evidence_count", "evidence_highlighted", "evidence_unlocated",
@@ -970,9 +986,13 @@ def _before_flush(session: Session, _context: Any, _instances: Any) -> None:
     for obj in session.new:
         if isinstance(obj, Judgment) and obj.snapshot_id is not None:
             refresh.add(obj.snapshot_id)
+        elif isinstance(obj, JudgeVerdict):
+            judgment_ids.add(obj.judgment_id)  # its judgment's counts move with it (lib.version_counts)
     for obj in (*session.dirty, *session.deleted):
         deleted = obj in session.deleted
-        if isinstance(obj, Judgment) and obj.id is not None and (deleted or _changed(obj, _JUDGMENT_KEYS)):
+        if isinstance(obj, JudgeVerdict):
+            judgment_ids.add(obj.judgment_id)
+        elif isinstance(obj, Judgment) and obj.id is not None and (deleted or _changed(obj, _JUDGMENT_KEYS)):
             judgment_ids.add(obj.id)
             for sid in (_committed(obj, "snapshot_id"), obj.snapshot_id):
                 if sid is not None:

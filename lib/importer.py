@@ -49,7 +49,7 @@ from sqlalchemy import Engine, Table, false, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col
 
-from lib import bulk, counters, notes, scores, source_records
+from lib import bulk, counters, judge_versions, notes, scores, source_records
 from lib.auth import Actor, Permission, authorize
 from lib.corrections import require_reviewer, review_event_row
 from lib.db import PG_IMPORT_LOCK, one_writer_at_a_time, refresh_statistics, session_scope
@@ -298,6 +298,7 @@ def _prepare_evaluations(
     """Validate every record (raising ImportFailed at the first fault, or, with `on_invalid`,
     handing it the record's position and fault and leaving that record out) and spool the rows."""
     prepared = _Prepared(spool=_Spool(), source=source)
+    versions = _version_resolver(session, reviewer)
     metric_sets: dict[str, MetricSet] = {}
     seen_keys: set[str] = set()
     # id → (where it first appeared, fingerprint of that record): a different record under the same
@@ -313,6 +314,7 @@ def _prepare_evaluations(
         for position, (where, record) in enumerate(records):
             try:
                 row, judged, explicit = evaluation_row(record, metric_set, reviewer)
+                row["judge_version_id"] = versions.id_for(row["product"], _version_ref(record))
             except InvalidField as exc:
                 if on_invalid is None:
                     raise located_failure(where, exc) from None
@@ -339,6 +341,33 @@ def _prepare_evaluations(
         prepared.close()
         raise
     return prepared
+
+
+def _version_ref(record: Any) -> judge_versions.VersionRef | None:
+    """A record's `judge_version` (a name, or {name, ...fields}); InvalidField names what is wrong."""
+    if not isinstance(record, Mapping):
+        return None
+    try:
+        return judge_versions.parse_version_ref(record.get("judge_version"))
+    except ValueError as exc:
+        raise InvalidField("judge_version", str(exc)) from None
+
+
+class _VersionIds:
+    """Record → judge version id within one import: each (product, reference) resolved once."""
+
+    def __init__(self, session: Session, reviewer: str) -> None:
+        self._resolver = judge_versions.RefResolver(session, created_by=reviewer, origin="import")
+
+    def id_for(self, product: str, ref: judge_versions.VersionRef | None) -> int | None:
+        try:
+            return self._resolver.id_for(product, ref)
+        except judge_versions.VersionError as exc:
+            raise InvalidField("judge_version", str(exc)) from None
+
+
+def _version_resolver(session: Session, reviewer: str) -> _VersionIds:
+    return _VersionIds(session, reviewer)
 
 
 def _fingerprint(record: Any) -> str:
@@ -851,9 +880,12 @@ def import_judgments_cache(
             f"{source}, field 'judgments': must be an object of {{change_id: judgment}}, got {type_name(entries)}"
         )
     rows = []
+    versions = _version_resolver(session, reviewer)
     for key, entry in entries.items():
         try:
-            rows.append(_cache_judgment_row(key, entry, reviewer))
+            row = _cache_judgment_row(key, entry, reviewer)
+            row["judge_version_id"] = versions.id_for(row["product"], _version_ref(entry))
+            rows.append(row)
         except InvalidField as exc:
             raise located_failure(f"{source}, judgment {key!r}", exc) from None
     _write_lock(session)

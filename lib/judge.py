@@ -31,6 +31,7 @@ SQLite's write lock (or a PostgreSQL connection) for the whole call.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -45,14 +46,15 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
-from lib import judge_tools, llm, notes, relevance
+from lib import judge_tools, judge_versions, llm, notes, relevance
 from lib.auth import Actor, Permission, authorize, identity_of
 from lib.config import Settings, env_name, get_settings
 from lib.corrections import format_history_for_prompt, format_score, parse_score, select_history
 from lib.db import session_scope
 from lib.evidence import items_of, verify_evidence_item
+from lib.judge_versions import JudgeConfig, VersionError
 from lib.metrics import MetricSpec, judge_meta_score, metric_gaps, metrics_for_product, weighted_gap
-from lib.models import EvaluationSnapshot, Judgment, SessionNote, new_prefixed_id
+from lib.models import EvaluationSnapshot, JudgeVersion, Judgment, SessionNote, new_prefixed_id
 from lib.records import ImportFailed
 from lib.snapshots import build_snapshot_rows, source_key_of
 
@@ -668,6 +670,16 @@ STAGE2_OUTPUT = """Reply with one JSON object exactly in this shape:
 Metric keys: {slugs}."""
 
 
+# The prompt templates whose hash identifies them in a judge version (lib.judge_versions): editing
+# any of them makes the next run's configuration, and so its version, a new one.
+PROMPT_TEMPLATES: tuple[str, ...] = (STAGE1_SYSTEM, STAGE1_OUTPUT, STAGE2_SYSTEM, STAGE2_OUTPUT)
+
+
+def prompt_template_hash() -> str:
+    """SHA-256 of the scoring and mentoring prompt templates, as a judge version records it."""
+    return hashlib.sha256("\x00".join(PROMPT_TEMPLATES).encode("utf-8")).hexdigest()
+
+
 @dataclass(frozen=True)
 class Gaps:
     """Stage 2 arithmetic (SPEC §5), computed in code."""
@@ -902,10 +914,14 @@ def snapshot_rows(
     snapshot_id: str,
     judge_model: str,
     reviewer: str,
+    judge_version_id: int | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The snapshot row and its judgment rows, ready for the one transaction that writes them."""
     record = build_record(prepared, stage1, stage2, snapshot_id=snapshot_id, judge_model=judge_model)
     row, judgments = build_snapshot_rows(record, prepared.metrics, reviewer=reviewer)
+    row["judge_version_id"] = judge_version_id
+    for judgment in judgments:
+        judgment["judge_version_id"] = judge_version_id
     if stage1.evidence is None:
         row["evidence_json"] = None  # AD-8: "no evidence", not an empty per-metric shell
     for slug, text in stage2.metric_feedback.items():
@@ -950,6 +966,115 @@ class JudgeContext:
     env_tags: tuple[str, ...] = ()
     # What the prompt budget left out, said to the reviewer (None when everything fit).
     left_out: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Judge versions (issue 28): which configuration a run uses, and the version it stamps
+
+
+def builtin_config(
+    settings: Settings, metrics: Sequence[MetricSpec], options: JudgeVersion | None = None
+) -> JudgeConfig:
+    """The configuration a run of the built-in judge uses: the product's rubric, this build's prompt
+    templates, and the options (model, history, notes, temperature, caps) a lead made current for the
+    product (`options`), else the server's settings."""
+    source: Any = options if options is not None else None
+    return JudgeConfig(
+        judge_model=source.judge_model if source else settings.judge_model,
+        rubric=judge_versions.rubric_entries(metrics),
+        prompt_hash=prompt_template_hash(),
+        history_entries=source.history_entries if source else settings.history_max_entries,
+        history_ratio=source.history_ratio if source else settings.history_correction_ratio,
+        notes_limit=source.notes_limit if source else settings.notes_limit,
+        relevance=source.relevance if source else True,
+        temperature=source.temperature if source else settings.judge_temperature,
+        max_tokens_judge=source.max_tokens_judge if source else settings.max_tokens_judge,
+        max_tokens_mentor=source.max_tokens_mentor if source else settings.max_tokens_mentor,
+    )
+
+
+def settings_for(config: JudgeConfig, settings: Settings) -> Settings:
+    """`settings` with a complete configuration's options in place of the server's."""
+    assert config.complete
+    return replace(
+        settings,
+        judge_model=str(config.judge_model),
+        history_max_entries=int(config.history_entries or 0),
+        history_correction_ratio=float(config.history_ratio or 0.0),
+        notes_limit=int(config.notes_limit or 0),
+        judge_temperature=float(config.temperature or 0.0),
+        max_tokens_judge=int(config.max_tokens_judge or settings.max_tokens_judge),
+        max_tokens_mentor=int(config.max_tokens_mentor or settings.max_tokens_mentor),
+    )
+
+
+def runnable_problem(version: JudgeVersion) -> str | None:
+    """Why the built-in judge cannot run this version as it was, or None when it can."""
+    if not version.complete:
+        return (
+            f"version {version.name!r} was recorded by a judge that runs elsewhere and does not name "
+            "every field, so this judge cannot reproduce it"
+        )
+    if version.prompt_hash != prompt_template_hash():
+        return (
+            f"version {version.name!r} used other prompt templates (hash {str(version.prompt_hash)[:12]}) "
+            f"than this build's ({prompt_template_hash()[:12]}), so this judge cannot reproduce it"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run's configuration: its rubric, the settings it runs with, and its version (when stored)."""
+
+    product: str
+    config: JudgeConfig
+    metrics: tuple[MetricSpec, ...]
+    settings: Settings
+    version_id: int | None
+    version_name: str | None
+
+    @property
+    def relevance(self) -> bool:
+        return bool(self.config.relevance)
+
+
+def plan_run(*, session: Session, product: str, settings: Settings, version: str | None = None) -> RunPlan:
+    """How a run of `product` judges: as the named version, else as the product's current configuration.
+
+    VersionError when the named version does not exist or cannot be run by this build.
+    """
+    product = product.strip()
+    if version:
+        stored = judge_versions.require_version(session, product, version)
+        problem = runnable_problem(stored)
+        if problem:
+            raise VersionError(problem)
+        config = JudgeConfig.of(stored)
+        return RunPlan(
+            product, config, tuple(config.specs()), settings_for(config, settings), stored.id, stored.name
+        )
+    metrics = metrics_for_product(session=session, product=product)
+    config = builtin_config(settings, metrics, judge_versions.current_options(session, product))
+    found = judge_versions.find_version(session, product, config)
+    return RunPlan(
+        product,
+        config,
+        tuple(metrics),
+        settings_for(config, settings),
+        found.id if found else None,
+        found.name if found else None,
+    )
+
+
+def run_version_id(engine: Engine, plan: RunPlan, created_by: str) -> int:
+    """The version a run stamps on what it writes: the plan's, made now when this configuration is new."""
+    if plan.version_id is not None:
+        return plan.version_id
+    with session_scope(engine) as session:
+        return judge_versions.ensure_version(
+            session=session, product=plan.product, config=plan.config, created_by=created_by, origin="judge"
+        ).id
 
 
 # Stage 1 instructions added after the budget is checked (note tools or commands, JSON request).
@@ -1030,7 +1155,12 @@ def _format_notes(selected: Sequence[SessionNote]) -> str | None:
 
 
 def _relevant_notes(
-    session: Session, prepared: PreparedInput, *, ranked: bool = True, as_of: datetime | None = None
+    session: Session,
+    prepared: PreparedInput,
+    *,
+    ranked: bool = True,
+    as_of: datetime | None = None,
+    limit: int | None = None,
 ) -> tuple[list[SessionNote], tuple[str, ...]]:
     """Notes for the run's language (seed 000), filtered and ranked by tag relevance for its context (seed 001).
 
@@ -1038,8 +1168,9 @@ def _relevant_notes(
     only notes written by then.
     """
     ev = prepared.evaluation
+    limit = get_settings().notes_limit if limit is None else limit
     if not ranked:
-        return list(notes.relevant_notes(session=session, language=ev.language, as_of=as_of)), ()
+        return list(notes.relevant_notes(session=session, language=ev.language, as_of=as_of, limit=limit)), ()
     tags = tuple(
         relevance.build_env_tags(
             language=ev.language,
@@ -1049,7 +1180,12 @@ def _relevant_notes(
             category=ev.category,
         )
     )
-    return list(notes.relevant_notes(session=session, language=ev.language, tags=tags, as_of=as_of)), tags
+    return (
+        list(
+            notes.relevant_notes(session=session, language=ev.language, tags=tags, as_of=as_of, limit=limit)
+        ),
+        tags,
+    )
 
 
 def _record_notes_audit(
@@ -1118,8 +1254,12 @@ def load_context(
     )
     selected: list[SessionNote] = []
     tags: tuple[str, ...] = ()
+    if notes_block is None and settings.notes_limit <= 0:
+        notes_block = ""  # a configuration without notes (a judge version's notes limit 0)
     if notes_block is None:
-        selected, tags = _relevant_notes(session, prepared, ranked=ranked_notes, as_of=as_of)
+        selected, tags = _relevant_notes(
+            session, prepared, ranked=ranked_notes, as_of=as_of, limit=settings.notes_limit
+        )
     fitted = fit_stage1_prompt(prepared, history, selected, settings, notes_block=notes_block)
     if notes_block is None:
         notes_block = _format_notes(fitted.notes)
@@ -1145,8 +1285,13 @@ def judge_evaluation(
     settings: Settings | None = None,
     notes_block: str | None = None,
     progress: Progress | None = None,
+    version: str | None = None,
 ) -> str:
-    """Judge one answer (Stage 1, Stage 2) and write its snapshot atomically; returns the snapshot id."""
+    """Judge one answer (Stage 1, Stage 2) and write its snapshot atomically; returns the snapshot id.
+
+    The run uses the product's current configuration, or the judge version named `version`, and
+    stamps that version on the snapshot and its judgments.
+    """
     settings = settings or get_settings()
     say = progress or (lambda _message: None)
     if not settings.llm_configured:
@@ -1158,12 +1303,17 @@ def judge_evaluation(
     snapshot_id = new_prefixed_id("snap")
     try:
         with session_scope(engine, read_only=True) as session:
+            plan = plan_run(session=session, product=evaluation.product, settings=settings, version=version)
             context = load_context(
                 session=session,
                 evaluation=evaluation,
-                settings=settings,
+                settings=plan.settings,
                 notes_block=notes_block,
+                ranked_notes=plan.relevance,
+                metrics=plan.metrics,
             )
+    except VersionError as exc:
+        raise JudgeFailed("input", str(exc), kind="version") from exc
     except ValueError as exc:
         raise JudgeFailed("input", str(exc), kind="input") from exc
     except SQLAlchemyError as exc:
@@ -1176,6 +1326,12 @@ def judge_evaluation(
     if context.left_out:
         log.warning("%s", context.left_out)
         say(context.left_out)
+
+    settings = plan.settings
+    try:
+        version_id = run_version_id(engine, plan, reviewer)
+    except (VersionError, SQLAlchemyError) as exc:
+        raise JudgeFailed("input", f"the judge version could not be recorded: {exc}", kind="version") from exc
 
     say("The judge scores the answer and collects evidence…")
     stage1 = run_stage1(
@@ -1204,6 +1360,7 @@ def judge_evaluation(
             snapshot_id=snapshot_id,
             judge_model=settings.judge_model,
             reviewer=reviewer,
+            judge_version_id=version_id,
         )
     except ImportFailed as exc:
         raise JudgeFailed("save", str(exc), kind="invalid_record") from exc
@@ -1282,7 +1439,12 @@ def _lines(fh: Any) -> Iterator[bytes]:
 
 
 def _pending_lines(
-    engine: Engine, lines: Sequence[tuple[int, EvaluationInput]], source: str
+    engine: Engine,
+    lines: Sequence[tuple[int, EvaluationInput]],
+    source: str,
+    *,
+    settings: Settings,
+    version: str | None = None,
 ) -> tuple[list[tuple[int, EvaluationInput]], int]:
     """Lines still to judge (every line checked against its rubric first) and how many are skipped."""
     pending: list[tuple[int, EvaluationInput]] = []
@@ -1293,7 +1455,11 @@ def _pending_lines(
         for lineno, evaluation in lines:
             product = evaluation.product
             if product not in rubrics:
-                rubrics[product] = metrics_for_product(session=session, product=product)
+                try:
+                    plan = plan_run(session=session, product=product, settings=settings, version=version)
+                except VersionError as exc:
+                    raise BatchInputError(f"{source} line {lineno}: {exc}") from None
+                rubrics[product] = list(plan.metrics)
             try:
                 prepare_input(evaluation, rubrics[product])
             except ValueError as exc:
@@ -1325,21 +1491,27 @@ def judge_file(
     concurrency: int | None = None,
     settings: Settings | None = None,
     progress: Callable[[int, int], None] | None = None,
+    version: str | None = None,
 ) -> BatchReport:
-    """Judge every not-yet-judged line of a JSONL file with a bounded pool; rerun it to resume."""
+    """Judge every not-yet-judged line of a JSONL file with a bounded pool; rerun it to resume.
+
+    `version` names the judge version every line is judged with (each line's product must have it).
+    """
     settings = settings or get_settings()
     reviewer = authorize(engine, reviewer, Permission.JUDGE)
     if not settings.llm_configured:
         raise BatchInputError(llm.NOT_CONFIGURED_MESSAGE)
     workers = max(1, concurrency or settings.judge_concurrency)
     lines = read_batch(path)
-    pending, skipped = _pending_lines(engine, lines, path.name)
+    pending, skipped = _pending_lines(engine, lines, path.name, settings=settings, version=version)
     report = BatchReport(total=len(lines), skipped=skipped)
     if progress:
         progress(0, len(pending))
 
     def one(evaluation: EvaluationInput) -> str:
-        return judge_evaluation(engine=engine, evaluation=evaluation, reviewer=reviewer, settings=settings)
+        return judge_evaluation(
+            engine=engine, evaluation=evaluation, reviewer=reviewer, settings=settings, version=version
+        )
 
     # Submitting in a window of 2× the pool keeps memory flat for long files while no worker idles.
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="judge") as pool:

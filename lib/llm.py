@@ -261,6 +261,16 @@ def _to_result(completion: object) -> ChatResult:
     )
 
 
+# The judge's calls (scoring and mentoring) take the judge's temperature (a judge version's field);
+# every other call is deterministic.
+_JUDGE_PURPOSES = ("judge", "mentor")
+
+
+def temperature_for(purpose: str | None, settings: Settings) -> float:
+    """The sampling temperature of a call kind: `OVERRULE_JUDGE_TEMPERATURE` for the judge's, else 0."""
+    return float(settings.judge_temperature) if purpose in _JUDGE_PURPOSES else 0.0
+
+
 def max_tokens_for(purpose: str | None, settings: Settings) -> int | None:
     """The reply cap of a call kind (`OVERRULE_MAX_TOKENS_<PURPOSE>`); None for an uncapped call."""
     if purpose is None:
@@ -363,7 +373,7 @@ def chat(
     messages: Sequence[Mapping[str, Any]],
     *,
     model: str,
-    temperature: float = 0.0,
+    temperature: float | None = None,
     tools: Sequence[Mapping[str, Any]] | None = None,
     settings: Settings | None = None,
     purpose: str | None = None,
@@ -373,9 +383,9 @@ def chat(
 ) -> ChatResult:
     """One chat completion; failures surface as `LLMError`, never as openai exceptions.
 
-    `purpose` caps the reply (`max_tokens_for`); `schema` or `json_mode` asks for structured output
-    in the best mode this server accepts (see the module docstring). Calls without tools stream
-    under the local profile.
+    `purpose` caps the reply (`max_tokens_for`) and sets the temperature unless one is given
+    (`temperature_for`); `schema` or `json_mode` asks for structured output in the best mode this
+    server accepts (see the module docstring). Calls without tools stream under the local profile.
     """
     settings = settings or get_settings()
     client = get_client(settings)
@@ -383,7 +393,7 @@ def chat(
     params: dict[str, Any] = {
         "model": model,
         "messages": cast(Any, _as_messages(messages)),
-        "temperature": temperature,
+        "temperature": temperature_for(purpose, settings) if temperature is None else temperature,
     }
     cap = max_tokens_for(purpose, settings)
     if cap is not None:

@@ -131,6 +131,8 @@ class EvaluationSnapshot(SQLModel, table=True):
     created_by: str | None = Field(default=None, max_length=200)
     # The question under lib.search's normalisation (Unicode case folding, Turkish i), trigram-indexed.
     search_text: str = Field(default="", sa_column=_search_column("question"))
+    # The judge version whose scores `judge_scores_json` holds (lib.judge_versions); None: unversioned.
+    judge_version_id: int | None = None
 
 
 class MetricScore(SQLModel, table=True):
@@ -250,6 +252,8 @@ class Judgment(SQLModel, table=True):
             sqlite_where=text("reviewer IS NOT NULL"),
             postgresql_where=text("reviewer IS NOT NULL"),
         ),
+        # A judge version's judgments (lib.version_agreement's "same items only"); NULL: unversioned.
+        Index("ix_judgment_version", "judge_version_id", "product"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -280,6 +284,8 @@ class Judgment(SQLModel, table=True):
     second_opinion_text: str | None = Field(default=None, sa_column=Column(Text))
     second_opinion_model: str | None = Field(default=None, max_length=200)
     second_opinion_at: datetime | None = None
+    # The judge version whose decision `decision` is (lib.judge_versions); None: unversioned.
+    judge_version_id: int | None = None
 
 
 def compute_was_corrected(decision: str | None, user_decision: str | None) -> bool:
@@ -542,6 +548,93 @@ class MetricDefinition(SQLModel, table=True):
     integer_scale: bool = True
     description: str = Field(default="", sa_column=Column(Text, nullable=False))
     position: int = 0
+
+
+JUDGE_VERSION_ORIGINS = ("judge", "rubric", "lab", "import", "api", "cli", "demo")
+UNVERSIONED = 0  # the judge-version id of judgments no version is known for, in counts and verdicts
+
+
+class JudgeVersion(SQLModel, table=True):
+    """One configuration of a product's judge (issue 28): model, rubric as it was, prompt templates,
+    history and notes settings, temperature and reply caps. Content-addressed (lib.judge_versions):
+    the same configuration is the same row. A judge that runs elsewhere may name only some fields."""
+
+    __tablename__ = "judge_versions"
+    __table_args__ = (
+        UniqueConstraint("product", "name", name="uq_judge_version_name"),
+        UniqueConstraint("product", "content_hash", name="uq_judge_version_hash"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    product: str = Field(max_length=200)
+    name: str = Field(max_length=200)
+    content_hash: str = Field(max_length=64)
+    complete: bool = False  # every field known: the built-in judge can run it
+    judge_model: str | None = Field(default=None, max_length=200)
+    # [{slug, display_name, min, max, integer_scale, description}] in the rubric's order.
+    rubric: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON))
+    prompt_hash: str | None = Field(default=None, max_length=64)
+    history_entries: int | None = None
+    history_ratio: float | None = None
+    notes_limit: int | None = None
+    relevance: bool | None = None
+    temperature: float | None = None
+    max_tokens_judge: int | None = None
+    max_tokens_mentor: int | None = None
+    origin: str = Field(default="judge", max_length=16)
+    description: str = Field(default="", sa_column=Column(Text, nullable=False))
+    previous_id: int | None = None  # the product's newest version when this one was made (its diff)
+    experiment_id: int | None = None  # promoted from this alignment experiment's arm
+    experiment_arm: str | None = Field(default=None, max_length=16)
+    created_by: str = Field(max_length=320)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class ProductJudge(SQLModel, table=True):
+    """A product's judge options made current by a lead (a rubric edit, a promotion, `versions use`):
+    the built-in judge takes model, history, notes, temperature and caps from this version instead of
+    the server's settings. The rubric always comes from the product's metric definitions."""
+
+    __tablename__ = "product_judges"
+
+    product: str = Field(primary_key=True, max_length=200)
+    judge_version_id: int = Field(foreign_key="judge_versions.id")
+    set_by: str = Field(max_length=320)
+    set_at: datetime = Field(default_factory=utcnow)
+
+
+class JudgeVerdict(SQLModel, table=True):
+    """A judge version's decision on a judgment that is not the judgment's own `decision`: the one a
+    re-judge replaced, or a re-judge's that the seed-004 rule did not let replace a reviewed entry.
+    With the judgments' own decisions these are every version's verdicts (lib.version_agreement)."""
+
+    __tablename__ = "judge_verdicts"
+    __table_args__ = (Index("ix_judge_verdict_version", "judge_version_id", "judgment_id"),)
+
+    judgment_id: int = Field(foreign_key="judgments.id", primary_key=True)
+    judge_version_id: int = Field(primary_key=True)  # UNVERSIONED (0) for a decision of no known version
+    decision: str = Field(max_length=64)
+    confidence: float | None = None
+    reasoning: str | None = Field(default=None, sa_column=Column(Text))
+    judged_at: datetime
+    week: date  # Monday of judged_at's ISO week (UTC)
+
+
+class JudgeVersionCount(SQLModel, table=True):
+    """Live reviewed judgments per judge version × product × language × metric × week judged ×
+    (the version's decision, the resolved reviewer decision). Kept by lib.counters; Analytics'
+    agreement by judge version reads these rows, never judgments."""
+
+    __tablename__ = "judge_version_counts"
+
+    judge_version_id: int = Field(primary_key=True)
+    product: str = Field(primary_key=True, max_length=200)
+    language: str = Field(primary_key=True, max_length=16)
+    metric: str = Field(primary_key=True, max_length=64)
+    week: date = Field(primary_key=True)
+    decision: str = Field(primary_key=True, max_length=64)
+    human: str = Field(primary_key=True, max_length=64)
+    n: int = 0
 
 
 class Interaction(SQLModel, table=True):

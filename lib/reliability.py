@@ -475,6 +475,11 @@ def kappa_estimate(
     return Estimate(value, *percentile_interval(draws, confidence))
 
 
+def kappas(tables: np.ndarray, categories: np.ndarray, weights: Weights = "none") -> np.ndarray:
+    """Cohen's kappa of each (k x k) table in a stack (bootstrap resamples of one crosstab)."""
+    return _kappas(np.asarray(tables, dtype=float), kappa_weights(np.asarray(categories), weights))
+
+
 def _kappas(tables: np.ndarray, w: np.ndarray) -> np.ndarray:
     total = tables.sum(axis=(1, 2))
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -519,6 +524,18 @@ def _multinomial_blocks(counts: np.ndarray, resamples: int, seed: int) -> list[n
         size = min(per_block, resamples - start)
         blocks.append(rng.multinomial(total, shares, size=size).astype(float))
     return blocks
+
+
+def resample_counts(counts: ArrayLike, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> np.ndarray:
+    """(resamples x categories) seeded bootstrap resamples of items counted per category.
+
+    Any statistic of a contingency table (or of a table of three raters' joint ratings) is a
+    function of its cell counts, so resampling items is resampling these counts.
+    """
+    flat = np.asarray(counts, dtype=float).ravel()
+    if flat.sum() <= 0 or resamples <= 0:
+        return np.zeros((0, len(flat)))
+    return np.concatenate(_multinomial_blocks(flat, resamples, seed))
 
 
 def percentile_interval(

@@ -267,6 +267,7 @@ def snapshot_judgment_rows(
             "timestamp": row["created_at"],
             "version": 1,
             "was_corrected": False,
+            "judge_version_id": row.get("judge_version_id"),
         }
         for slug, score, reason in judged
     ]

@@ -91,7 +91,12 @@ def _operate(rng: random.Random, s: Session, n: int) -> str:
          "judge", "add", "rejudge", "opinion", "bulk", "clear", "undo", "undo"]
     )  # fmt: skip
     if op == "import":
-        importer.import_evaluations(session=s, records=[_record(rng, n) for _ in range(rng.randint(1, 4))])
+        records = [_record(rng, n) for _ in range(rng.randint(1, 4))]
+        for record in records:
+            version = rng.choice((None, "v-a", "v-b"))
+            if version:
+                record["judge_version"] = version
+        importer.import_evaluations(session=s, records=records)
     elif op == "cache":
         importer.import_judgments_cache(session=s, data=_cache(rng, n))
     elif op in ("review", "overrule"):
@@ -129,6 +134,7 @@ def _operate(rng: random.Random, s: Session, n: int) -> str:
                 timestamp=T0 + timedelta(days=rng.randint(0, 30)),
                 user_decision=rng.choice((None, j.decision)) if j.metric is None else None,
                 reviewed_at=T0 if rng.random() < 0.3 else None,
+                judge_version_id=rng.choice((None, 1, 2, 3)),
             )  # fmt: skip
             s.expunge(j)
             add_judgment(session=s, judgment=fresh, reviewer=REVIEWER)
@@ -178,6 +184,8 @@ def _snapshot_of_counters(s: Session) -> dict[str, Any]:
             # evaluation_counts' keys hold numbers too (flags, gap halves): its count is `n`
             if (r["n"] if "n" in r else any(v for k, v in r.items() if isinstance(v, int)))
         )
+    rows = s.connection().execute(text("SELECT * FROM judge_version_counts WHERE n != 0")).mappings().all()
+    found["judge_version_counts"] = sorted(tuple(sorted((k, str(v)) for k, v in r.items())) for r in rows)
     found["evaluation_snapshots"] = sorted(
         s.connection()
         .execute(
