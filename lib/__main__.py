@@ -204,11 +204,37 @@ def _cmd_history(args: argparse.Namespace) -> int:
 
 @handler("judge")
 def _cmd_judge(args: argparse.Namespace) -> int:
-    """`judge FILE` runs Stage 1 + 2 on every not-yet-judged JSONL line; rerun it to resume."""
-    from lib import judge
+    """`judge FILE` runs Stage 1 + 2 on every not-yet-judged JSONL line; rerun it to resume.
+
+    `judge --product P --sample N [--version NAME]` re-judges a sample of P's evaluations instead.
+    """
+    from lib import judge, judge_changes
+    from lib.judge_versions import VersionError
 
     if args.concurrency is not None and not 1 <= args.concurrency <= 64:
         raise CliError("judge: --concurrency must be between 1 and 64")
+    if args.file is None:
+        if not args.product or args.sample is None:
+            raise CliError("judge: give a JSONL FILE, or --product and --sample N to re-judge a sample")
+        try:
+            outcome = judge_changes.rejudge_sample(
+                engine=_engine(),
+                product=args.product,
+                reviewer=system_actor(args.reviewer),
+                version=args.version,
+                size=args.sample,
+                seed=args.seed,
+                reviewed_only=not args.all_evaluations,
+                progress=print_progress,
+            )
+        except (VersionError, ValueError) as exc:
+            raise CliError(f"judge: {exc}; nothing was judged") from exc
+        for snapshot_id, message in outcome.failed:
+            print(f"{snapshot_id}: {message}", file=sys.stderr)
+        print(outcome.summary())
+        return 1 if outcome.failed else 0
+    if args.product or args.sample is not None:
+        raise CliError("judge: --product and --sample re-judge a sample; with a FILE leave them out")
     try:
         report = judge.judge_file(
             Path(args.file),
@@ -216,6 +242,7 @@ def _cmd_judge(args: argparse.Namespace) -> int:
             reviewer=system_actor(args.reviewer),
             concurrency=args.concurrency,
             progress=print_progress,
+            version=args.version,
         )
     except judge.BatchInputError as exc:
         raise CliError(f"judge: {exc}; nothing was judged") from exc
@@ -226,6 +253,91 @@ def _cmd_judge(args: argparse.Namespace) -> int:
         print("rerun the same command to retry the failed lines; judged lines are skipped", file=sys.stderr)
         return 1
     return 0
+
+
+@handler("versions")
+def _cmd_versions(args: argparse.Namespace) -> int:
+    """`versions list|show|agreement|compare|use`: judge versions and their agreement with reviewers."""
+    import json
+
+    from lib import judge_versions, version_agreement
+    from lib.db import session_scope
+    from lib.export import frame_to_csv_bytes
+
+    engine = _engine()
+    products = tuple(p.strip() for p in (args.product or "").split(",") if p.strip())
+    try:
+        with session_scope(engine, read_only=args.action != "use") as session:
+            if args.action == "list":
+                frame = judge_versions.versions_frame(session, products)
+                if args.format == "csv":
+                    sys.stdout.write(frame_to_csv_bytes(frame).decode("utf-8"))
+                elif args.format == "json":
+                    print(frame.to_json(orient="records", date_format="iso", indent=2))
+                else:
+                    shown = frame[
+                        ["product", "name", "origin", "judge_model", "changes", "created_by", "current"]
+                    ]
+                    print(shown.to_string(index=False) if not frame.empty else "no judge versions yet")
+                return 0
+            if args.action in ("show", "use"):
+                if len(products) != 1 or not args.name:
+                    raise CliError(f"versions {args.action}: give --product P and the version's NAME")
+                version = judge_versions.require_version(session, products[0], args.name)
+                if args.action == "use":
+                    judge_versions.set_current_options(
+                        session=session, version=version, set_by=system_actor(args.reviewer)
+                    )
+                    print(f"{version.name!r} is now {products[0]}'s judge configuration (model and options)")
+                    return 0
+                record = judge_versions.version_record(
+                    version, changes=judge_versions.changes_since_previous(session, version)
+                )
+                print(json.dumps(record, ensure_ascii=False, indent=2, default=str))
+                return 0
+            filters = version_agreement.VersionFilters(
+                products=products, language=args.language, resamples=args.resamples, seed=args.seed
+            )
+            if args.action == "agreement":
+                frame = version_agreement.agreement_by_version(session=session, filters=filters)
+                if args.format == "csv":
+                    sys.stdout.write(frame_to_csv_bytes(frame).decode("utf-8"))
+                elif args.format == "json":
+                    print(frame.to_json(orient="records", date_format="iso", indent=2))
+                else:
+                    table = version_agreement.display_frame(frame)
+                    print(
+                        table.to_string(index=False, na_rep="–")
+                        if not frame.empty
+                        else "no reviewed pairs yet"
+                    )
+                return 0
+            if args.action == "compare":
+                if len(products) != 1 or not args.name or not args.other:
+                    raise CliError("versions compare: give --product P, version A's NAME and --other B")
+                result = version_agreement.compare_by_names(
+                    session=session,
+                    product=products[0],
+                    a=args.name,
+                    b=args.other,
+                    filters=filters,
+                    same_items=args.same_items,
+                )
+                if args.format == "csv":
+                    sys.stdout.write(frame_to_csv_bytes(result.frame).decode("utf-8"))
+                    return 0
+                for caution in result.cautions:
+                    print(f"caution: {caution}", file=sys.stderr)
+                table = version_agreement.comparison_display(result.frame)
+                print(
+                    table.to_string(index=False, na_rep="–")
+                    if not table.empty
+                    else "no metric with pairs on both"
+                )
+                return 0
+    except (judge_versions.VersionError, PermissionError) as exc:
+        raise CliError(f"versions {args.action}: {exc}") from exc
+    raise CliError(f"versions: unknown action {args.action!r}")
 
 
 @handler("second-opinion")
@@ -877,7 +989,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "judge", help="judge a JSONL file of questions and answers (scores, then mentor feedback), resumable"
     )
-    p.add_argument("file", help="JSONL, one evaluation per line (the import format without judge fields)")
+    p.add_argument(
+        "file",
+        nargs="?",
+        default=None,
+        help="JSONL, one evaluation per line (the import format without judge fields); "
+        "leave it out to re-judge a sample (--product, --sample)",
+    )
     p.add_argument(
         "--concurrency",
         type=int,
@@ -886,6 +1004,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="requests in flight at once (default OVERRULE_JUDGE_CONCURRENCY, 4)",
     )
     p.add_argument("--reviewer", default="cli", help="recorded as the author of the snapshots")
+    p.add_argument(
+        "--version",
+        default=None,
+        metavar="NAME",
+        help="judge with this judge version of the product (default: the product's current judge)",
+    )
+    p.add_argument("--product", default=None, help="re-judge a sample of this product's evaluations")
+    p.add_argument("--sample", type=int, default=None, metavar="N", help="how many evaluations to re-judge")
+    p.add_argument("--seed", type=int, default=0, help="the sample's seed (same seed, same evaluations)")
+    p.add_argument(
+        "--all-evaluations",
+        action="store_true",
+        help="sample from every judged evaluation, not only those a reviewer decided",
+    )
+
+    p = sub.add_parser("versions", help="judge versions: list, show (with diff), agreement, compare, use")
+    p.add_argument("action", choices=["list", "show", "agreement", "compare", "use"])
+    p.add_argument("name", nargs="?", default=None, help="a version's name (show, use; version A of compare)")
+    p.add_argument("--other", default=None, metavar="NAME", help="compare: version B (B − A is reported)")
+    p.add_argument("--product", default=None, help="comma-separated products (show, use, compare: one)")
+    p.add_argument("--language", default=None, help="agreement, compare: only this language")
+    p.add_argument("--same-items", action="store_true", help="compare: only judgments both versions judged")
+    p.add_argument("--format", choices=["text", "json", "csv"], default="text")
+    p.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples for the intervals")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (same data + seed = same intervals)")
+    p.add_argument("--reviewer", default="cli", help="use: recorded as who made the version current")
 
     p = sub.add_parser(
         "second-opinion", help="second opinions: a second LLM validates the judge's judgments of a product"

@@ -7,6 +7,7 @@ version, and changing any one field makes another.
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import fields, replace
 from typing import Any
 
@@ -16,12 +17,15 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, func
 from sqlmodel import Session, col, select
 
-from lib import importer, judge, judge_versions
+from lib import importer, judge, judge_changes, judge_versions, version_agreement
+from lib.auth import Actor, PermissionDenied
 from lib.config import get_settings, reset_settings
+from lib.corrections import record_review
 from lib.db import session_scope
 from lib.judge_versions import JudgeConfig, VersionError, content_hash, ensure_version, parse_version_ref
 from lib.metrics import DEFAULT_METRICS, upsert_metric_definitions
-from lib.models import EvaluationSnapshot, JudgeVersion, Judgment
+from lib.models import AlignmentExperiment, EvaluationSnapshot, JudgeVerdict, JudgeVersion, Judgment
+from tests.cli import run_cli
 from tests.llm_server import LLMServer, json_reply
 from tests.test_judge import RUBRIC, STAGE2_PAYLOAD, evaluation, stage1_payload
 
@@ -51,6 +55,9 @@ _VALUES: dict[str, st.SearchStrategy[Any]] = {
 }
 CONFIGS = st.builds(JudgeConfig, **_VALUES)
 _products = itertools.count()
+# The dialects do not differ for what these tests check (agreement's week arithmetic is tested on both
+# in tests/test_version_agreement.py), so the database tests run on SQLite only.
+SQLITE = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
 
 def test_every_listed_field_is_part_of_a_configuration() -> None:
@@ -105,6 +112,7 @@ def _builtin(**overrides: Any) -> JudgeConfig:
     return replace(judge.builtin_config(get_settings(), DEFAULT_METRICS), **overrides)
 
 
+@SQLITE
 def test_auto_names_count_up_and_say_what_changed(session: Session) -> None:
     first = ensure_version(session=session, product="acme", config=_builtin(), created_by="ayse").version
     second = ensure_version(
@@ -119,6 +127,7 @@ def test_auto_names_count_up_and_say_what_changed(session: Session) -> None:
     assert (first.origin, first.complete, first.created_by) == ("judge", True, "ayse")
 
 
+@SQLITE
 def test_a_name_taken_by_another_configuration_is_refused(session: Session) -> None:
     ensure_version(session=session, product="acme", config=_builtin(), created_by="a", name="v1: launch")
     with pytest.raises(VersionError, match="already has a judge version named 'v1: launch'"):
@@ -187,6 +196,7 @@ def _stamps(engine: Engine) -> tuple[list[int | None], list[int | None]]:
     return list(snaps), list(judgments)
 
 
+@SQLITE
 def test_the_built_in_judge_stamps_every_snapshot_and_judgment_with_its_version(
     rubric: Engine, llm_server: LLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -227,6 +237,7 @@ def test_the_built_in_judge_stamps_every_snapshot_and_judgment_with_its_version(
     assert _stamps(rubric)[0][-1] == snaps[0]
 
 
+@SQLITE
 def test_a_version_this_build_cannot_run_is_refused_before_any_call(
     rubric: Engine, llm_server: LLMServer
 ) -> None:
@@ -266,6 +277,7 @@ def _record(n: int, **extra: Any) -> dict[str, Any]:
     }
 
 
+@SQLITE
 def test_imports_carry_a_judge_version_and_rows_without_one_are_unversioned(rubric: Engine) -> None:
     full = {"name": "pipeline v7", "judge_model": "claude", "temperature": 0.2}
     with session_scope(rubric) as session:
@@ -297,6 +309,7 @@ def test_imports_carry_a_judge_version_and_rows_without_one_are_unversioned(rubr
         }
 
 
+@SQLITE
 def test_an_import_naming_a_version_with_other_fields_is_refused_whole(rubric: Engine) -> None:
     with session_scope(rubric) as session:
         importer.import_evaluations(
@@ -317,3 +330,189 @@ def test_an_import_naming_a_version_with_other_fields_is_refused_whole(rubric: E
         )
     with Session(rubric) as session:
         assert session.exec(select(func.count()).select_from(EvaluationSnapshot)).one() == 1
+
+
+# -- rubric edits, promotions, re-judging (lib.judge_changes), the CLI ----------------------------
+
+
+def _edited(text: str, **coherence: Any) -> list[dict[str, Any]]:
+    rows = [{k: v for k, v in m.items() if k != "product"} for m in RUBRIC]
+    rows[0] = {**rows[0], "description": text, **coherence}
+    return rows
+
+
+@SQLITE
+def test_a_rubric_save_is_a_version_with_its_diff_and_saving_it_again_makes_none(rubric: Engine) -> None:
+    with session_scope(rubric) as session:
+        made = judge_changes.save_rubric(
+            session=session, product="acme", metrics=_edited("Strict.\nOne unsupported step fails."),
+            actor="ayse", name="v2: strict", description="why",
+        )  # fmt: skip
+        assert made.created and made.version.origin == "rubric"
+        changes = judge_versions.changes_since_previous(session, made.version)
+        assert [(c.field, c.label) for c in changes] == [("rubric: coherence", "Rubric text")]
+        assert "+One unsupported step fails." in changes[0].detail
+        previous = judge_versions.previous_of(session, made.version)
+        assert (
+            previous is not None
+            and previous.name == "v1"
+            and previous.rubric[0]["description"] == RUBRIC[0]["description"]
+        )
+        again = judge_changes.save_rubric(
+            session=session,
+            product="acme",
+            metrics=_edited("Strict.\nOne unsupported step fails."),
+            actor="ayse",
+        )
+        assert not again.created and again.id == made.id
+        rescaled = judge_changes.save_rubric(
+            session=session, product="acme", metrics=_edited("Strict.", max=5), actor="ayse"
+        )
+        assert [c.label for c in judge_versions.changes_since_previous(session, rescaled.version)] == [
+            "Scale", "Rubric text"]  # fmt: skip
+        assert next(m.max_value for m in judge.metrics_for_product(session=session, product="acme")) == 5
+        for bad, message in ((_edited("x", max=0), "'max' must be greater"), ([], "at least one metric")):
+            with pytest.raises(ValueError, match=message):
+                judge_changes.save_rubric(session=session, product="acme", metrics=bad, actor="ayse")
+        with pytest.raises(PermissionDenied):
+            judge_changes.save_rubric(
+                session=session, product="acme", metrics=_edited("y"), actor=Actor("val", "viewer")
+            )
+
+
+@SQLITE
+def test_promoting_a_lab_arm_makes_a_current_version_that_records_the_experiment(rubric: Engine) -> None:
+    with session_scope(rubric) as session:
+        experiment = AlignmentExperiment(
+            product="acme", metrics=["coherence"], arms=["bare", "history", "rubric"],
+            edited_rubric={"coherence": "Edited in the lab."}, judge_model="lab-model",
+        )  # fmt: skip
+        session.add(experiment)
+        session.flush()
+        made = judge_changes.promote_arm(
+            session=session, experiment_id=experiment.id, arm="rubric", actor="ayse"
+        )
+        version = made.version
+        assert (version.origin, version.experiment_id, version.experiment_arm) == (
+            "lab",
+            experiment.id,
+            "rubric",
+        )
+        assert version.judge_model == "lab-model" and version.rubric[0]["description"] == "Edited in the lab."
+        assert judge_versions.current_options(session, "acme").id == version.id
+        bare = judge_changes.promote_arm(
+            session=session, experiment_id=experiment.id, arm="bare", actor="ayse"
+        )
+        assert (bare.version.history_entries, bare.version.notes_limit) == (0, 0)
+        with pytest.raises(VersionError, match="has no arm 'full'"):
+            judge_changes.promote_arm(session=session, experiment_id=experiment.id, arm="full", actor="ayse")
+    # The product's judge now runs with the promoted options: its next run is that version.
+    with session_scope(rubric, read_only=True) as session:
+        plan = judge.plan_run(session=session, product="acme", settings=get_settings())
+        assert plan.version_id == bare.id and plan.settings.history_max_entries == 0
+
+
+@SQLITE
+def test_rejudging_a_sample_keeps_reviewers_decisions_and_records_both_versions(
+    rubric: Engine, llm_server: LLMServer
+) -> None:
+    llm_server.responder = lambda body: json_reply(
+        stage1_payload() if "Stage 1" in body["messages"][0]["content"] else STAGE2_PAYLOAD
+    )
+    snapshot_ids = [
+        judge.judge_evaluation(
+            engine=rubric, evaluation=evaluation(model_answer=f"Paris {n}."), reviewer="ayse"
+        )
+        for n in range(3)
+    ]
+    with session_scope(rubric) as session:
+        first = {
+            j.metric: j
+            for j in session.exec(select(Judgment).where(Judgment.snapshot_id == snapshot_ids[0])).all()
+        }
+        record_review(session=session, judgment_id=first["coherence"].id, expected_version=first["coherence"].version,
+                      action="overrule", user_decision="2", reviewer="ayse", reason="weak")  # fmt: skip
+        record_review(session=session, judgment_id=first["fluency"].id, expected_version=first["fluency"].version,
+                      action="confirm", reviewer="ayse")  # fmt: skip
+        judge_changes.save_rubric(
+            session=session, product="acme", metrics=_edited("Stricter."), actor="ayse", name="v2"
+        )
+    reply = stage1_payload()
+    reply["independent_scores"]["coherence"]["score"] = 1
+    reply["independent_scores"]["fluency"]["score"] = 4
+    llm_server.responder = lambda body: json_reply(reply)
+    report = judge_changes.rejudge_sample(
+        engine=rubric, product="acme", reviewer="ayse", version="v2", size=5
+    )
+    assert report.sampled == 1 and not report.failed  # only the reviewed evaluation
+    assert (report.kept, report.conflicts, report.replaced) == (1, 1, 1)  # groundedness: unreviewed
+    assert "Stricter." in json.dumps(llm_server.requests[-1]["messages"])
+    with Session(rubric) as session:
+        v1 = judge_versions.version_by_name(session, "acme", "v1")
+        v2 = judge_versions.version_by_name(session, "acme", "v2")
+        assert v1 is not None and v2 is not None
+        rows = {
+            j.metric: j
+            for j in session.exec(select(Judgment).where(Judgment.snapshot_id == snapshot_ids[0])).all()
+        }
+        # Overruled "3" → "2"; v2 says "1": the reviewer's "2" stays and now corrects v2's "1".
+        assert (rows["coherence"].decision, rows["coherence"].user_decision) == ("1", "2")
+        assert rows["coherence"].judge_version_id == v2.id
+        # Confirmed "4"; v2 agrees: the entry is kept as v1's, v2's "4" kept beside it.
+        assert (rows["fluency"].decision, rows["fluency"].judge_version_id) == ("4", v1.id)
+        # Unreviewed: simply replaced by v2's decision.
+        assert rows["groundedness"].judge_version_id == v2.id
+        verdicts = {
+            (v.judgment_id, v.judge_version_id): v.decision for v in session.exec(select(JudgeVerdict)).all()
+        }
+        assert verdicts == {(rows["coherence"].id, v1.id): "3", (rows["fluency"].id, v2.id): "4",
+                            (rows["groundedness"].id, v1.id): "0.5"}  # fmt: skip
+    # Every version's decisions on the reviewed judgments count in its agreement.
+    with Session(rubric) as session:
+        table = version_agreement.agreement_by_version(session=session)
+        pairs = {(r.version, r.metric): r.pairs for r in table.itertuples()}
+        assert pairs == {
+            ("v1", "coherence"): 1,
+            ("v1", "fluency"): 1,
+            ("v2", "coherence"): 1,
+            ("v2", "fluency"): 1,
+        }
+
+
+@SQLITE
+def test_the_cli_rejudges_with_a_version_and_lists_and_compares_versions(
+    rubric: Engine, llm_server: LLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = str(rubric.url)
+    llm_server.responder = lambda body: json_reply(
+        stage1_payload() if "Stage 1" in body["messages"][0]["content"] else STAGE2_PAYLOAD
+    )
+    snapshot_id = judge.judge_evaluation(engine=rubric, evaluation=evaluation(), reviewer="ayse")
+    with session_scope(rubric) as session:
+        j = session.exec(
+            select(Judgment).where(Judgment.snapshot_id == snapshot_id, Judgment.metric == "fluency")
+        ).one()
+        record_review(
+            session=session, judgment_id=j.id, expected_version=j.version, action="confirm", reviewer="ayse"
+        )
+        judge_changes.save_rubric(
+            session=session, product="acme", metrics=_edited("Stricter."), actor="ayse", name="v2"
+        )
+    env = {"OVERRULE_DATABASE_URL": url}
+    missing = run_cli("judge", "--product", "acme", "--sample", "1", "--version", "v9", env=env)
+    assert missing.returncode == 1 and "no judge version named 'v9'" in missing.stderr
+    done = run_cli("judge", "--product", "acme", "--sample", "1", "--version", "v2", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "re-judged 1 of 1 evaluations of acme with v2" in done.stdout
+    listed = run_cli("versions", "list", "--product", "acme", "--format", "csv", env=env)
+    assert listed.returncode == 0 and listed.stdout.splitlines()[0].startswith("product,version_id,name")
+    assert [line.split(",")[2] for line in listed.stdout.splitlines()[1:]] == ["v1", "v2"]
+    shown = json.loads(run_cli("versions", "show", "v2", "--product", "acme", env=env).stdout)
+    assert shown["changes"][0]["change"] == "Rubric text" and shown["rubric"][0]["description"] == "Stricter."
+    agreement = run_cli("versions", "agreement", "--format", "csv", "--resamples", "50", env=env)
+    assert agreement.returncode == 0 and {"v1", "v2"} <= set(agreement.stdout.replace(",", " ").split())
+    compared = run_cli(
+        "versions", "compare", "v1", "--other", "v2", "--product", "acme", "--same-items", env=env
+    )
+    assert compared.returncode == 0, compared.stderr
+    assert "Fluency" in compared.stdout
