@@ -29,6 +29,7 @@ pages = [
     st.Page("pages/tag_scores.py", title="Tag scores", icon="🏷️", url_path="tag-scores"),
     st.Page("pages/analytics.py", title="Analytics", icon="📊", url_path="analytics"),
     st.Page("pages/alignment.py", title="Alignment lab", icon="🧪", url_path="alignment"),
+    st.Page("pages/judge_versions.py", title="Judge versions", icon="🧬", url_path="judge-versions"),
     st.Page("pages/precedents.py", title="Precedents", icon="🧾", url_path="precedents"),
     st.Page("pages/admin.py", title="Admin", icon="🛡️", url_path="admin"),
 ]

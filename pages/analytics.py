@@ -1,5 +1,6 @@
 """Analytics: how often the judge agrees with the human scores, per metric, per gap size and per
-week (Judge vs human), and how well reviewers agree with each other (Reviewers)."""
+week (Judge vs human), each judge version's agreement with reviewers (Judge versions), and how well
+reviewers agree with each other (Reviewers)."""
 
 import streamlit as st
 
@@ -8,6 +9,7 @@ from lib.analytics_charts import agreement_figure, gap_histogram_figure, weekly_
 from lib.analytics_charts import gap_products as gap_products_of
 from lib.ui import csv_download, session_scope
 from lib.ui.agreement import reviewers_tab
+from lib.ui.judge_versions import versions_tab
 from lib.ui.tables import (
     count_column,
     date_column,
@@ -148,8 +150,10 @@ def judge_vs_human() -> None:
 
 
 st.title("Analytics")
-judge_tab, reviewers = st.tabs(["Judge vs human", "Reviewers"])
+judge_tab, versions, reviewers = st.tabs(["Judge vs human", "Judge versions", "Reviewers"])
 with judge_tab:
     judge_vs_human()
+with versions:
+    versions_tab(key="analytics_versions")
 with reviewers:
     reviewers_tab(key="analytics_reviewers")

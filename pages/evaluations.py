@@ -34,6 +34,7 @@ from lib.ui.evidence import (
     render_long_text,
     render_metric_cards,
 )
+from lib.ui.judge_versions import judged_under
 from lib.ui.relevance import shown_notes_feedback
 from lib.ui.review import review_card_extra
 from lib.ui.second_opinion import second_opinion_card_extra, second_opinions_off_caption
@@ -131,6 +132,7 @@ def show_detail(snapshot_id: str) -> None:
         "Status": snap.status,
     }
     st.markdown(" · ".join(f"**{name}:** {escape_markdown(value)}" for name, value in fields.items()))
+    judged_under(snap.judge_version_id, key="evaluations_judged_under")
 
     st.subheader("Question")
     render_long_text(snap.question, key="evaluations_question", file_name="question.txt")

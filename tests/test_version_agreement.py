@@ -88,7 +88,6 @@ def build(engine: Engine, seed: int) -> None:
         with session_scope(engine) as s:
             j = s.get(Judgment, judgment_id)
             assert j is not None and j.metric is not None
-            low, high, integer = SCALES[j.metric]
             other = _score(rng, j.metric)
             overrule = rng.random() < 0.4 and parse_score(j.decision) != other
             record_review(

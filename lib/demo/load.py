@@ -7,6 +7,7 @@ from sqlmodel import Session, col
 
 from lib.auth import system_actor
 from lib.db import PG_DEMO_LOCK, one_writer_at_a_time, session_scope
+from lib.demo import versions
 from lib.demo.evaluations import build_evaluations
 from lib.demo.experiment import demo_experiment_id, run_demo_experiment
 from lib.demo.inputs import DEMO_AUTHOR, demo_anchor
@@ -55,8 +56,12 @@ def load_demo(*, engine: Engine, force: bool = False) -> dict[str, int]:
             source="demo rubric",
             reviewer=system_actor(DEMO_AUTHOR),
         )
+        versions.ensure_first_version(session)
         report = import_evaluations(
-            session=session, records=evaluations.records, source="demo", reviewer=system_actor(DEMO_AUTHOR)
+            session=session,
+            records=versions.with_first_version(evaluations.records),
+            source="demo",
+            reviewer=system_actor(DEMO_AUTHOR),
         )
         counts["evaluations"] = report.inserted
         cache_added, cache_events = _write_cache_judgments(session, cache_rows)
@@ -89,4 +94,7 @@ def load_demo(*, engine: Engine, force: bool = False) -> dict[str, int]:
         team = write_team_queues(session)
     counts["reviews"] += team.pop("queue decisions")
     counts.update(team)
+    with session_scope(engine) as session:
+        _lock(session)
+        counts["judge verdicts"] = versions.write_later_versions(session)
     return counts
