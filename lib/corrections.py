@@ -25,10 +25,10 @@ from typing import Any
 
 import pandas as pd
 from sqlalchemy import Engine, delete, insert, or_, text, update
-from sqlalchemy.orm import aliased
+from sqlalchemy.orm import aliased, object_session
 from sqlmodel import Session, col, select
 
-from lib import counters
+from lib import counters, judge_versions
 from lib.auth import Actor, Permission, authorize, identity_of
 from lib.display import REVIEWED_BY, evaluation_url, judgment_url, role_field
 from lib.metrics import MetricSpec, metrics_for_product
@@ -40,6 +40,7 @@ from lib.models import (
     AlignmentItem,
     EvaluationSnapshot,
     JudgeVerdict,
+    JudgeVersion,
     Judgment,
     JudgmentEvent,
     ReviewLabel,
@@ -86,6 +87,7 @@ class JudgmentState:
     version: int
     was_corrected: bool
     changed_by: str | None = None  # who made the latest change (from the audit trail)
+    judge_version: str = judge_versions.UNVERSIONED_NAME  # the version whose decision `decision` is
 
     @classmethod
     def of(cls, judgment: Judgment, changed_by: str | None = None) -> JudgmentState:
@@ -104,6 +106,7 @@ class JudgmentState:
             version=judgment.version,
             was_corrected=judgment.was_corrected,
             changed_by=changed_by,
+            judge_version=_version_name(judgment),
         )
 
 
@@ -122,6 +125,15 @@ JUDGMENT_API_ALIASES = {
 }
 
 
+def _version_name(judgment: Judgment) -> str:
+    """The name of the judge version whose decision the judgment holds (read in its own session)."""
+    session = object_session(judgment)
+    if not judgment.judge_version_id or session is None:
+        return judge_versions.name_for(judgment.judge_version_id, None)
+    found = session.get(JudgeVersion, judgment.judge_version_id)
+    return found.name if found is not None else judge_versions.name_for(judgment.judge_version_id, None)
+
+
 def judgment_state_json(state: JudgmentState) -> dict[str, Any]:
     """A judgment's state as the API sends it: role-named fields, then the deprecated v1 aliases."""
     return {
@@ -137,6 +149,7 @@ def judgment_state_json(state: JudgmentState) -> dict[str, Any]:
         "version": state.version,
         "was_corrected": state.was_corrected,
         "changed_by": state.changed_by,
+        "judge_version": state.judge_version,
         **{old: getattr(state, old) for old in JUDGMENT_API_ALIASES},
     }
 
@@ -1350,12 +1363,15 @@ def review_state(judgment: Judgment) -> str:
 JUDGMENT_COLUMNS = [
     "change_id", "product", "metric", JUDGE_DECISION, REVIEWER_DECISION, "state", "was_corrected",
     REVIEWED_BY, "reviewed_at", REVIEWER_REASON, JUDGE_REASON, "confidence", "timestamp", "version",
+    "judge_version",
 ]  # fmt: skip
 
 
-def judgment_record(j: Judgment) -> dict[str, Any]:
-    """One judgment as the table and the CSV show it (JUDGMENT_COLUMNS)."""
+def judgment_record(j: Judgment, version_names: Mapping[int, str] | None = None) -> dict[str, Any]:
+    """One judgment as the table and the CSV show it (JUDGMENT_COLUMNS); `version_names` from
+    `judge_versions.names_of` names its judge version."""
     return {
+        "judge_version": judge_versions.name_for(j.judge_version_id, version_names),
         "change_id": j.change_id,
         "product": j.product,
         "metric": j.metric,
@@ -1373,9 +1389,11 @@ def judgment_record(j: Judgment) -> dict[str, Any]:
     }
 
 
-def judgments_frame(judgments: Sequence[Judgment]) -> pd.DataFrame:
+def judgments_frame(
+    judgments: Sequence[Judgment], version_names: Mapping[int, str] | None = None
+) -> pd.DataFrame:
     """Judgments as the table reviewers see and download."""
-    return pd.DataFrame([judgment_record(j) for j in judgments], columns=JUDGMENT_COLUMNS)
+    return pd.DataFrame([judgment_record(j, version_names) for j in judgments], columns=JUDGMENT_COLUMNS)
 
 
 # Judgments fetched at a time by the CSV download: its memory is one batch, whatever the matches.
@@ -1387,8 +1405,9 @@ def iter_judgment_rows(
 ) -> Iterator[tuple[Any, ...]]:
     """Every matching judgment (newest `limit`) as JUDGMENT_COLUMNS tuples, fetched a batch at a time."""
     stmt = _filtered(select(Judgment), filters).order_by(col(Judgment.id).desc()).limit(limit)
+    names = judge_versions.names_of(session)
     for judgment in session.exec(stmt.execution_options(yield_per=CSV_BATCH_ROWS)):
-        record = judgment_record(judgment)
+        record = judgment_record(judgment, names)
         yield tuple(record[c] for c in JUDGMENT_COLUMNS)
 
 
@@ -1396,13 +1415,16 @@ def iter_judgment_rows(
 JUDGMENT_DISPLAY_COLUMNS = [
     "open", "change_id", "metric", JUDGE_DECISION, REVIEWER_DECISION, "state", REVIEWED_BY, "reviewed_at",
     "product", "confidence", REVIEWER_REASON, JUDGE_REASON, "timestamp", "was_corrected", "version",
+    "judge_version",
 ]  # fmt: skip
 
 
-def judgments_display_frame(judgments: Sequence[Judgment]) -> pd.DataFrame:
+def judgments_display_frame(
+    judgments: Sequence[Judgment], version_names: Mapping[int, str] | None = None
+) -> pd.DataFrame:
     """The judgments table as reviewers see it: each row links to its evaluation's detail (where its
     card and audit trail are), or to itself on this page when it belongs to no evaluation."""
-    frame = judgments_frame(judgments)
+    frame = judgments_frame(judgments, version_names)
     frame.insert(
         0,
         "open",

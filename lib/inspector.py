@@ -23,7 +23,7 @@ from sqlalchemy import String, Text, and_, bindparam, case, cast, func, or_, tex
 from sqlalchemy.sql import ColumnElement, Select
 from sqlmodel import Session, col, select
 
-from lib import counters, scores, search
+from lib import counters, judge_versions, scores, search
 from lib.auth import Actor, Permission
 from lib.corrections import distinct_metrics, parse_score, require_reviewer
 from lib.display import REVIEWED_BY, evaluation_title, evaluation_url, metric_field, role_field
@@ -811,6 +811,7 @@ LONG_EXPORT_COLUMNS = [
     "reviewed_at",
     "was_corrected",
     "change_id",
+    "judge_version",  # the judge version whose decision the judge score is (lib.judge_versions)
 ]
 # Per metric in the wide form: whose score, then how far user and judge are apart.
 WIDE_METRIC_FIELDS = (
@@ -988,15 +989,18 @@ def _long_rows(session: Session, filters: EvaluationFilters) -> Iterator[tuple[A
             col(_J.reviewed_at),
             col(_J.was_corrected),
             col(_J.change_id),
+            col(_J.judge_version_id),
         )
         .select_from(_S)
         .join(_J, col(_J.snapshot_id) == col(_S.id))
         .where(*filter_conditions(filters))
         .order_by(*_order_by(filters.sort), col(_J.metric), col(_J.id))
     )
+    names = judge_versions.names_of(session)
     for row in _stream(session, stmt):
         (sid, created, product, language, model, category, question, answer, user, metric, decision,
-         reason, reviewer_decision, reviewer_reason, reviewer, reviewed_at, corrected, change_id) = row  # fmt: skip
+         reason, reviewer_decision, reviewer_reason, reviewer, reviewed_at, corrected, change_id,
+         version_id) = row  # fmt: skip
         judge_score = parse_score(decision)
         entry = _scores(user).get(metric) if metric else None
         user_score = score_of(entry)
@@ -1006,6 +1010,7 @@ def _long_rows(session: Session, filters: EvaluationFilters) -> Iterator[tuple[A
             _reason(entry) or None, judge_score, reason, _gap(user_score, judge_score),
             _decision_value(reviewer_decision) if reviewed else None,
             reviewer_reason if reviewed else None, reviewer, reviewed_at, bool(corrected), change_id,
+            judge_versions.name_for(version_id, names),
         )  # fmt: skip
 
 

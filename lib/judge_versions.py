@@ -755,6 +755,18 @@ def version_id_or_unversioned(value: int | None) -> int:
     return int(value) if value else UNVERSIONED
 
 
+def names_of(session: Session) -> dict[int, str]:
+    """Every version's name by id (a CSV or an API answer names the version of each judgment)."""
+    return {int(i): str(n) for i, n in session.exec(select(JudgeVersion.id, JudgeVersion.name)).all()}
+
+
+def name_for(version_id: int | None, names: Mapping[int, str] | None) -> str:
+    """How a judgment's version is named wherever a judgment appears: its name, or "unversioned"."""
+    if not version_id:
+        return UNVERSIONED_NAME
+    return (names or {}).get(int(version_id), f"#{version_id}")
+
+
 def label_map(session: Session, ids: Iterable[int | None]) -> dict[int, str]:
     """{id: name} for these ids, with 0 → "unversioned"."""
     found = versions_by_id(session, [i for i in ids if i])

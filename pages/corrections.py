@@ -5,7 +5,7 @@ import functools
 import pandas as pd
 import streamlit as st
 
-from lib import charts, corrections, counters, export, importer
+from lib import charts, corrections, counters, export, importer, judge_versions
 from lib.auth import Permission
 from lib.config import get_settings
 from lib.corrections import REVIEW_STATES, JudgmentFilter
@@ -149,7 +149,8 @@ st.subheader("Judgments")
 offset, limit = pager(total, key="corrections_page", capped=counters.count_is_capped(total))
 with session_scope(read_only=True) as session:
     frame = corrections.judgments_display_frame(
-        corrections.list_judgments(session=session, filters=filters, offset=offset, limit=limit)
+        corrections.list_judgments(session=session, filters=filters, offset=offset, limit=limit),
+        judge_versions.names_of(session),
     )
 if frame.empty:
     st.info("No judgments match these filters.")

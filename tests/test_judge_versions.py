@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, func
 from sqlmodel import Session, col, select
 
-from lib import importer, judge, judge_changes, judge_versions, version_agreement
+from lib import corrections, importer, inspector, judge, judge_changes, judge_versions, version_agreement
 from lib.auth import Actor, PermissionDenied
 from lib.config import get_settings, reset_settings
 from lib.corrections import record_review
@@ -467,6 +467,16 @@ def test_rejudging_a_sample_keeps_reviewers_decisions_and_records_both_versions(
         }
         assert verdicts == {(rows["coherence"].id, v1.id): "3", (rows["fluency"].id, v2.id): "4",
                             (rows["groundedness"].id, v1.id): "0.5"}  # fmt: skip
+        # The API's judgment state and the Corrections CSV name the version of each judgment.
+        state = corrections.judgment_state_json(corrections.JudgmentState.of(rows["coherence"]))
+        assert state["judge_version"] == "v2"
+        csv_rows = corrections.iter_judgment_rows(session=session, filters=corrections.JudgmentFilter())
+        named = {r[0]: r[corrections.JUDGMENT_COLUMNS.index("judge_version")] for r in csv_rows}
+        assert named[rows["fluency"].change_id] == "v1" and named[rows["coherence"].change_id] == "v2"
+        long = inspector.export_evaluations(session=session, filters=inspector.EvaluationFilters(), form="long")
+        at = long.columns.index("judge_version")
+        by_change = {r[long.columns.index("change_id")]: r[at] for r in long.rows}
+        assert by_change[rows["coherence"].change_id] == "v2" and by_change[rows["fluency"].change_id] == "v1"
     # Every version's decisions on the reviewed judgments count in its agreement.
     with Session(rubric) as session:
         table = version_agreement.agreement_by_version(session=session)
