@@ -473,7 +473,9 @@ def test_rejudging_a_sample_keeps_reviewers_decisions_and_records_both_versions(
         csv_rows = corrections.iter_judgment_rows(session=session, filters=corrections.JudgmentFilter())
         named = {r[0]: r[corrections.JUDGMENT_COLUMNS.index("judge_version")] for r in csv_rows}
         assert named[rows["fluency"].change_id] == "v1" and named[rows["coherence"].change_id] == "v2"
-        long = inspector.export_evaluations(session=session, filters=inspector.EvaluationFilters(), form="long")
+        long = inspector.export_evaluations(
+            session=session, filters=inspector.EvaluationFilters(), form="long"
+        )
         at = long.columns.index("judge_version")
         by_change = {r[long.columns.index("change_id")]: r[at] for r in long.rows}
         assert by_change[rows["coherence"].change_id] == "v2" and by_change[rows["fluency"].change_id] == "v1"

@@ -68,7 +68,8 @@ def test_edit_rubric_rejudge_and_see_the_new_version_on_analytics(
     at.button(key="rejudge_run").click().run()
     assert not at.exception
     assert any(
-        escape_markdown("re-judged 1 of 1 evaluations of acme with v2: stricter coherence") in s.value for s in at.success
+        escape_markdown("re-judged 1 of 1 evaluations of acme with v2: stricter coherence") in s.value
+        for s in at.success
     )
     assert (
         NEW_TEXT
