@@ -6,8 +6,8 @@ own) and `judge_version_counts` (reviewed judgments per version and decisions, k
 `judge_version_id` on judgments and evaluations (NULL: unversioned). The counts are backfilled by
 lib.counters' own rebuild (every existing judgment is unversioned).
 
-Revision ID: 0021
-Revises: 0020
+Revision ID: 0023
+Revises: 0022
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import sqlmodel
 from alembic import op
 from sqlmodel import Session
 
-revision = "0021"
-down_revision = "0020"
+revision = "0023"
+down_revision = "0022"
 branch_labels = None
 depends_on = None
 
