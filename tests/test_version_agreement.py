@@ -57,7 +57,7 @@ def build(engine: Engine, seed: int) -> None:
     with session_scope(engine) as s:
         upsert_metric_definitions(session=s, definitions=RUBRIC)
         records = []
-        for n in range(70):
+        for n in range(45):
             record: dict[str, Any] = {
                 "question": f"q{n}",
                 "model_answer": f"a{n}",
