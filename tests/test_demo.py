@@ -785,3 +785,26 @@ def test_cli_demo_loads_then_declines(tmp_path: Path) -> None:
         assert row_counts(engine)["evaluation_snapshots"] >= 160
     finally:
         engine.dispose()
+
+
+def test_three_versions_of_one_judge_one_better_one_worse(db: Session) -> None:
+    # Issue 28: Analytics shows the comparison on first start.
+    from lib import version_agreement
+    from lib.demo import versions as demo_versions
+
+    frame = version_agreement.agreement_by_version(
+        session=db, filters=version_agreement.VersionFilters(products=(demo_versions.PRODUCT,), resamples=200)
+    )
+    pooled = {
+        name: (part["exact_agreement"] * part["pairs"]).sum() / part["pairs"].sum()
+        for name, part in frame.groupby("version")
+    }
+    assert set(pooled) == {demo_versions.V1, demo_versions.V2, demo_versions.V3}
+    assert pooled[demo_versions.V2] > pooled[demo_versions.V1] > pooled[demo_versions.V3]
+    choices = {c.name: c for c in version_agreement.version_choices(session=db)}
+    same = version_agreement.compare_versions(
+        session=db, a=choices[demo_versions.V1], b=choices[demo_versions.V2], same_items=True,
+        filters=version_agreement.VersionFilters(resamples=200),
+    )  # fmt: skip
+    difference = same.frame["exact_agreement_difference"]
+    assert same.shared_items > 50 and (difference >= 0).all() and difference.mean() > 0.05
