@@ -40,7 +40,7 @@ def test_reviewers_tab_shows_alpha_with_its_interval_per_metric_and_queue(
 ) -> None:
     team_data(app_engine)
     at = open_page(PAGE, timeout=TIMEOUT)
-    assert [t.label for t in at.tabs] == ["Judge vs human", "Reviewers"]
+    assert [t.label for t in at.tabs] == ["Judge vs human", "Judge versions", "Reviewers"]
     table = table_with(at, "mean_pairwise_kappa")
     acme = table[table["product"] == "acme"].iloc[0]
     assert acme["alpha"].startswith("0.82 [")  # Krippendorff (2011) section C, ordinal: 0.815
