@@ -367,11 +367,16 @@ def bump_review(
             )
             .execution_options(synchronize_session=False)
         )
-        # The evaluation may change review state: it moves rows, stated from the row this UPDATE
-        # locked (before: the counters minus this review's change), so concurrent reviews add up.
+        # When the evaluation changes review state (most reviews leave it as it was: one probe of
+        # its row, not two upserts), it moves between `evaluation_counts` rows, stated from the row
+        # this UPDATE locked (before: the counters minus this review's change), so concurrent
+        # reviews add up. The write lock is held as briefly as before (SQLite: one writer).
         this = col(_S.id) == snapshot_id
-        _shift_evaluations(session, this, -1, reviewed_offset=reviewed, corrected_offset=corrected)
-        _shift_evaluations(session, this, 1)
+        offsets = {"reviewed_offset": reviewed, "corrected_offset": corrected}
+        moved = or_(*(review_state(s, **offsets) != review_state(s) for s in REVIEW_STATE_NAMES))
+        if session.execute(select(moved).where(this)).scalar():
+            _shift_evaluations(session, this, -1, **offsets)
+            _shift_evaluations(session, this, 1)
     one = col(_J.id) == judgment_id
     if reviewed or corrected:
         values = {"reviewed": func.count() * reviewed, "corrected": func.count() * corrected}
