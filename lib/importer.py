@@ -54,6 +54,15 @@ from lib.auth import Actor, Permission, authorize
 from lib.corrections import require_reviewer, review_event_row
 from lib.db import PG_IMPORT_LOCK, one_writer_at_a_time, refresh_statistics, session_scope
 from lib.interaction_records import interaction_rows
+from lib.json_files import (
+    BOM,
+    MAX_LINE_BYTES,
+    check_document_size,
+    jsonl_records,
+    nonblank,
+    parse_document,
+    read_document,
+)
 from lib.metrics import (
     metrics_for_product,
     parse_metric_definition,
@@ -87,18 +96,12 @@ from lib.snapshots import MetricSet, evaluation_row, snapshot_judgment_rows, sou
 
 SOURCE_KINDS = ("promptfoo", "langfuse", "phoenix")  # other tools' result files (lib.source_files)
 KINDS = ("evaluations", "judgments", "notes", "metrics", "interactions", *SOURCE_KINDS)
-MIB = 1024 * 1024
-# A JSONL line holds one record; anything longer is a broken or hostile file, refused unread.
-MAX_LINE_BYTES = 10 * MIB
-# JSON documents (cache, metric list) must be parsed whole; this caps the memory that takes.
-MAX_DOCUMENT_BYTES = 128 * MIB
 CHUNK_ROWS = 1000
 SQLITE_IMPORT_CACHE_KIB = 128 * 1024
 # An import at least this large refreshes SQLite's planner statistics (lib.db.refresh_statistics).
 STATISTICS_AFTER_ROWS = 1000
 SUPPORTED_CACHE_VERSIONS = ("1.0",)
 
-_BOM = b"\xef\xbb\xbf"
 _CACHE_HEAD = re.compile(r'\{\s*"(cache_version|judgments)"\s*:')
 _SNAPSHOTS: Table = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
 _JUDGMENTS: Table = Judgment.__table__  # type: ignore[attr-defined]
@@ -993,96 +996,6 @@ def import_metrics(
 # Files
 
 
-def _jsonl_records(path: Path, source: str) -> Iterator[tuple[str, Any]]:
-    """(location, parsed object) per non-blank line; refuses overlong lines without reading them whole."""
-    with path.open("rb") as fh:
-        lineno = 0
-        while True:
-            raw = fh.readline(MAX_LINE_BYTES + 1)
-            if not raw:
-                return
-            lineno += 1
-            where = f"{source} line {lineno}"
-            if len(raw) > MAX_LINE_BYTES:
-                raise ImportFailed(
-                    f"{where}: the line is longer than the {MAX_LINE_BYTES // MIB} MB limit for one record"
-                )
-            yield where, _parse_json(raw.removeprefix(_BOM) if lineno == 1 else raw, where)
-
-
-def _parse_json(raw: bytes, where: str) -> Any:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ImportFailed(f"{where}: not valid UTF-8 text (byte {exc.start + 1})") from None
-    if not text.strip():
-        return _BLANK
-    text = text.rstrip("\r\n")  # the line end is not part of the record: errors point into the line
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ImportFailed(f"{where}: invalid JSON ({_json_error(exc, text)})") from None
-    except (ValueError, RecursionError) as exc:  # integers over 4300 digits, absurd nesting
-        raise ImportFailed(f"{where}: invalid JSON ({_reason(exc)})") from None
-
-
-def _json_error(exc: json.JSONDecodeError, text: str) -> str:
-    """What is wrong and where; a value cut short says so (not "column 1" of the line after it)."""
-    end = text.rstrip()
-    # The decoder reports an unterminated string at its opening quote; the text ran out after it.
-    if exc.pos >= len(end) or exc.msg.startswith("Unterminated string"):
-        line = end.count("\n") + 1
-        column = len(end) - end.rfind("\n") - 1  # of the last character
-        at = f"column {column}" if line == 1 else f"line {line}, column {column}"
-        detail = (
-            f"a string opened at column {exc.colno} is not closed"
-            if exc.msg.startswith("Unterminated string")
-            else exc.msg.lower()
-        )
-        return f"truncated: the text stops after {at} before the JSON value is complete; {detail}"
-    where = f"column {exc.colno}" if exc.lineno == 1 else f"line {exc.lineno}, column {exc.colno}"
-    return f"{exc.msg.removesuffix(' at')} at {where}"
-
-
-_BLANK = object()
-
-
-def _reason(exc: Exception) -> str:
-    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
-
-
-def _nonblank(records: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
-    return ((where, obj) for where, obj in records if obj is not _BLANK)
-
-
-def _check_document_size(size: int, source: str) -> None:
-    if size > MAX_DOCUMENT_BYTES:
-        raise ImportFailed(
-            f"{source}: {size // MIB} MB is over the {MAX_DOCUMENT_BYTES // MIB} MB limit for a JSON document"
-        )
-
-
-def _parse_document(raw: bytes, source: str) -> Any:
-    """A whole JSON document (cache or metric list); errors give line and column."""
-    raw = raw.removeprefix(_BOM)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ImportFailed(f"{source}: not valid UTF-8 text (byte {exc.start + 1})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ImportFailed(f"{source}: invalid JSON ({_json_error(exc, text)})") from None
-    except (ValueError, RecursionError) as exc:
-        raise ImportFailed(f"{source}: invalid JSON ({_reason(exc)})") from None
-
-
-def _read_document(path: Path, source: str) -> Any:
-    """A whole JSON document from a file, size-capped before it is read."""
-    _check_document_size(path.stat().st_size, source)
-    return _parse_document(path.read_bytes(), source)
-
-
 def import_cache_bytes(
     *, session: Session, raw: bytes, source: str, reviewer: Actor | str | None
 ) -> ImportReport:
@@ -1092,8 +1005,8 @@ def import_cache_bytes(
     """
     require_reviewer(reviewer, Permission.IMPORT, bind=session)
     try:
-        _check_document_size(len(raw), source)
-        data = _parse_document(raw, source)
+        check_document_size(len(raw), source)
+        data = parse_document(raw, source)
         return import_judgments_cache(session=session, data=data, source=source, reviewer=reviewer)
     except ImportFailed as exc:
         raise type(exc)(f"{exc}; nothing was imported") from None
@@ -1116,21 +1029,21 @@ def detect_kind(path: Path, source: str | None = None) -> tuple[str, Any]:
     """
     source = source or path.name
     with path.open("rb") as fh:
-        head = fh.read(64 * 1024).removeprefix(_BOM).decode("utf-8", errors="replace").lstrip()
+        head = fh.read(64 * 1024).removeprefix(BOM).decode("utf-8", errors="replace").lstrip()
     if not head:
         raise ImportFailed(f"{source}: the file is empty")
     if head.startswith("["):
-        data = _read_document(path, source)
+        data = read_document(path, source)
         return _kind_of_document(data, source), data
     if _CACHE_HEAD.match(head):
         return "judgments", None
     try:
-        first = next(_nonblank(_jsonl_records(path, source)), None)
+        first = next(nonblank(jsonl_records(path, source)), None)
     except ImportFailed as line_error:
         if not _first_line_is_incomplete(path):
             raise
         try:  # a pretty-printed document, or JSON Lines whose first line is cut short?
-            data = _read_document(path, source)
+            data = read_document(path, source)
         except ImportFailed:
             if _second_line_is_a_record(path):
                 raise line_error from None
@@ -1157,7 +1070,7 @@ def _first_line_is_incomplete(path: Path) -> bool:
             raw = fh.readline(MAX_LINE_BYTES + 1)
             if not raw or len(raw) > MAX_LINE_BYTES:
                 return False
-            line = raw.removeprefix(_BOM).decode("utf-8", errors="replace").strip()
+            line = raw.removeprefix(BOM).decode("utf-8", errors="replace").strip()
     try:
         json.loads(line)
     except json.JSONDecodeError as exc:
@@ -1234,7 +1147,7 @@ def _import_file(
     if kind is None:
         kind, document = detect_kind(path, source)
     if kind in ("evaluations", "notes", "interactions"):
-        records = _nonblank(_jsonl_records(path, source))
+        records = nonblank(jsonl_records(path, source))
         # Validate under a read-only session: SQLite's write lock is held only for the inserts.
         with session_scope(engine, read_only=True) as session:
             if kind == "evaluations":
@@ -1254,7 +1167,7 @@ def _import_file(
                 return _write_notes(session, prepared)
         finally:
             prepared.close()
-    data = document if document is not None else _read_document(path, source)
+    data = document if document is not None else read_document(path, source)
     with session_scope(engine) as session:
         if kind == "judgments":
             return import_judgments_cache(session=session, data=data, source=source, reviewer=actor)

@@ -31,12 +31,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from lib.json_files import MIB, jsonl_records, nonblank, read_document
 from lib.records import ImportFailed, type_name
 from lib.source_records import BINARY_SCALE, PROMPTFOO_SCALE, SourceEvaluation, SourceVerdict
 
 SOURCE_KINDS = ("promptfoo", "langfuse", "phoenix")
 DEFAULT_PRODUCTS = {"promptfoo": "promptfoo", "langfuse": "langfuse", "phoenix": "phoenix"}
-MIB = 1024 * 1024
 MAX_SOURCE_BYTES = 512 * MIB
 
 
@@ -132,15 +132,11 @@ def _check_size(path: Path, source: str) -> None:
 
 
 def _json_document(path: Path, source: str) -> Any:
-    from lib.importer import _read_document
-
-    return _read_document(path, source)
+    return read_document(path, source)
 
 
 def _jsonl(path: Path, source: str) -> Iterator[tuple[str, Any]]:
-    from lib.importer import _jsonl_records, _nonblank
-
-    return _nonblank(_jsonl_records(path, source))
+    return nonblank(jsonl_records(path, source))
 
 
 def _lines_or_document(path: Path, source: str, document_keys: set[str]) -> tuple[list[tuple[str, Any]], Any]:

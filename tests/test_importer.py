@@ -19,7 +19,6 @@ from sqlmodel import Session, select
 
 from lib.db import init_db, session_scope
 from lib.importer import (
-    MAX_LINE_BYTES,
     ImportFailed,
     ImportReport,
     detect_kind,
@@ -29,6 +28,7 @@ from lib.importer import (
     import_notes,
     import_path,
 )
+from lib.json_files import MAX_LINE_BYTES
 from lib.metrics import DEFAULT_METRICS
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, MetricDefinition, SessionNote
 from lib.snapshots import build_snapshot_rows, source_key_of
