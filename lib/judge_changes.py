@@ -17,7 +17,8 @@ Each change that alters the judge's configuration makes (or finds) a judge versi
   version's verdict, so agreement by version sees both versions on the same items. The evaluation's
   own judge scores (Stage 1 at creation, and its mentor feedback) are not rewritten.
 
-Permissions: all three are judge runs (`Permission.JUDGE`, a lead).
+Permissions: all three are judge runs (`Permission.JUDGE`, a lead). A rubric save that makes a
+version, a promotion and a version made current are written to the audit trail ("judge_changed").
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
 from lib import judge, judge_versions
-from lib.auth import Actor, Permission, authorize
+from lib.auth import Actor, Permission, authorize, record_event
 from lib.config import Settings, get_settings
 from lib.corrections import add_judgment, format_score, require_reviewer, same_decision
 from lib.db import session_scope
@@ -52,6 +53,7 @@ ARM_OPTIONS: dict[str, dict[str, Any]] = {
     "rubric": {},
 }
 REJUDGE_LIMIT = 5000  # one re-judge run's most evaluations (each is an LLM call)
+AUDIT_ACTION = judge_versions.AUDIT_ACTION
 
 
 def current_config(session: Session, product: str, settings: Settings) -> JudgeConfig:
@@ -112,7 +114,7 @@ def save_rubric(
     _record_current(session, product, settings, by)
     _write_definitions(session, product, specs)
     config = current_config(session, product, settings)
-    return judge_versions.ensure_version(
+    made = judge_versions.ensure_version(
         session=session,
         product=product,
         config=config,
@@ -121,6 +123,14 @@ def save_rubric(
         name=name or None,
         description=description,
     )
+    if made.created:
+        record_event(
+            session=session,
+            identity=by,
+            action=AUDIT_ACTION,
+            detail=f"{product}: rubric saved as {made.version.name}",
+        )
+    return made
 
 
 def _write_definitions(session: Session, product: str, specs: Sequence[MetricSpec]) -> None:
@@ -202,6 +212,12 @@ def promote_arm(
         experiment_arm=arm,
     )
     judge_versions.set_current_options(session=session, version=made.version, set_by=by)
+    record_event(
+        session=session,
+        identity=by,
+        action=AUDIT_ACTION,
+        detail=f"{product}: experiment #{experiment_id} arm {arm} promoted as {made.version.name}",
+    )
     return made
 
 

@@ -36,7 +36,7 @@ from sqlalchemy import func
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from lib.auth import Actor, Permission, authorize
+from lib.auth import Actor, Permission, authorize, record_event
 from lib.metrics import SCALE_BOUND, MetricSpec, parse_metric_definition
 from lib.models import UNVERSIONED, JudgeVersion, ProductJudge, utcnow
 
@@ -55,6 +55,8 @@ FIELD_LABELS: dict[str, str] = {
     "max_tokens_judge": "Reply cap (scoring)",
     "max_tokens_mentor": "Reply cap (mentoring)",
 }
+# The audit trail's action for a change of a product's judge: a rubric save, a promotion, a version made current.
+AUDIT_ACTION = "judge_changed"
 OPTION_FIELDS = tuple(f for f in FIELD_LABELS if f not in ("rubric", "prompt_hash"))
 RUBRIC_KEYS = ("slug", "display_name", "min", "max", "integer_scale", "description")
 
@@ -502,6 +504,12 @@ def set_current_options(*, session: Session, version: JudgeVersion, set_by: Acto
         pinned = ProductJudge(product=version.product, judge_version_id=version.id, set_by=set_by)
     pinned.judge_version_id, pinned.set_by, pinned.set_at = version.id, set_by, utcnow()
     session.add(pinned)
+    record_event(
+        session=session,
+        identity=set_by,
+        action=AUDIT_ACTION,
+        detail=f"{version.product}: {version.name} made current",
+    )
     session.flush()
 
 

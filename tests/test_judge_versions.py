@@ -24,7 +24,14 @@ from lib.corrections import record_review
 from lib.db import session_scope
 from lib.judge_versions import JudgeConfig, VersionError, content_hash, ensure_version, parse_version_ref
 from lib.metrics import DEFAULT_METRICS, upsert_metric_definitions
-from lib.models import AlignmentExperiment, EvaluationSnapshot, JudgeVerdict, JudgeVersion, Judgment
+from lib.models import (
+    AlignmentExperiment,
+    AuditEvent,
+    EvaluationSnapshot,
+    JudgeVerdict,
+    JudgeVersion,
+    Judgment,
+)
 from tests.cli import run_cli
 from tests.llm_server import LLMServer, json_reply
 from tests.test_judge import RUBRIC, STAGE2_PAYLOAD, evaluation, stage1_payload
@@ -404,6 +411,12 @@ def test_promoting_a_lab_arm_makes_a_current_version_that_records_the_experiment
             session=session, experiment_id=experiment.id, arm="bare", actor="ayse"
         )
         assert (bare.version.history_entries, bare.version.notes_limit) == (0, 0)
+        audit = [
+            e.detail
+            for e in session.exec(select(AuditEvent).where(AuditEvent.action == "judge_changed")).all()
+        ]
+        assert f"acme: experiment #{experiment.id} arm rubric promoted as {version.name}" in audit
+        assert f"acme: {version.name} made current" in audit
         with pytest.raises(VersionError, match="has no arm 'full'"):
             judge_changes.promote_arm(session=session, experiment_id=experiment.id, arm="full", actor="ayse")
     # The product's judge now runs with the promoted options: its next run is that version.
