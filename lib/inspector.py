@@ -787,7 +787,7 @@ EXPORT_FORMS: dict[str, str] = {
     "long": "one row per judgment",
 }
 # Rows fetched from the database at a time: the export's memory is one batch, whatever the match count.
-EXPORT_BATCH_ROWS = 5_000
+EXPORT_BATCH_ROWS = 2_500
 # The three roles named by lib.display's rule (issue 25): the evaluated user's score, the judge's
 # score, the reviewer's decision, each with its reason.
 LONG_EXPORT_COLUMNS = [
