@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from lib import auth, tokens
+from lib import auth, judge_versions, tokens
 from lib.safe_markdown import escape_markdown
 from lib.ui import csv_download, current_actor, denied_reason, report_denied, session_scope
 from lib.ui.tables import check_column, datetime_column, show_table, text_column
@@ -197,7 +197,16 @@ webhooks_section(actor)
 st.subheader("Audit trail")
 action = st.selectbox(
     "Show",
-    ["all", "sign_in", "session_end", "role_change", "denied", "api_refused", "refusals_dropped"],
+    [
+        "all",
+        "sign_in",
+        "session_end",
+        "role_change",
+        "denied",
+        "api_refused",
+        "refusals_dropped",
+        judge_versions.AUDIT_ACTION,
+    ],
     key="admin_audit_action",
 )
 with session_scope(read_only=True) as session:
