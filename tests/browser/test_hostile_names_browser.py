@@ -73,11 +73,12 @@ def test_every_page_renders_hostile_metric_names_as_text(streamlit_app, browser,
     server = streamlit_app(url)
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     context.add_cookies([{"name": "overrule_reviewer", "value": "ayse", "url": server.base_url}])
-    outside: list[str] = []
+    outside: list[tuple[str, str]] = []
+    opened = [""]  # the path being walked: a failure names the page a request left from
     # Every request for another host is recorded and aborted: nothing leaves the machine.
     context.route(
         re.compile(rf"^(?!{re.escape(server.base_url)}/)[a-z]+://.*"),
-        lambda route: (outside.append(route.request.url), route.abort()),
+        lambda route: (outside.append((opened[0], route.request.url)), route.abort()),
     )
     page = context.new_page()
     found: dict[str, dict[str, list[str]]] = {}
@@ -88,6 +89,7 @@ def test_every_page_renders_hostile_metric_names_as_text(streamlit_app, browser,
     ]  # fmt: skip
     try:
         for path in paths:
+            opened[0] = path
             page.goto(f"{server.base_url}/{path}")
             page.wait_for_function(DRAWN, timeout=WAIT_MS)
             page.wait_for_function(SETTLED, timeout=WAIT_MS)
@@ -96,6 +98,7 @@ def test_every_page_renders_hostile_metric_names_as_text(streamlit_app, browser,
             if leaks["links"] or leaks["images"]:
                 found[path] = leaks
             assert "Traceback" not in page.inner_text('[data-testid="stMain"]'), path
+        opened[0] = "api/v1/docs"
         page.goto(f"{server.base_url}/api/v1/docs")  # issue 24.11: its scripts come from the app too
         page.wait_for_selector(".swagger-ui .info", timeout=WAIT_MS)
     finally:
