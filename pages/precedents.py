@@ -172,7 +172,11 @@ st.caption(
     "Score each sentence 0–100 (leave blank: counts as 100) and the citation 0–25. Saving makes this "
     "interaction a precedent: later interactions that match it get these scores."
 )
-reviewer = require_reviewer("add an expert review", Permission.FEEDBACK)
+# The gate's warning comes and goes with the sign-in: a container of its own keeps the form at the same
+# place in the page, so a run after the name is entered replaces the form's elements instead of
+# leaving the previous run's sentence beside the new one (seen as the same sentence twice).
+with st.container():
+    reviewer = require_reviewer("add an expert review", Permission.FEEDBACK)
 with st.form(key="prec_review_form"):
     scores = []
     for n, sentence in enumerate(detail.sentences):
