@@ -26,6 +26,7 @@ from lib.metrics import upsert_metric_definitions
 from lib.models import EvaluationSnapshot, Judgment, ReviewLabel
 from lib.queues import QueueSpec
 from tests.browser.conftest import StreamlitServer, new_app_context, settle
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.browser
 
@@ -130,14 +131,33 @@ def _shown(page) -> str | None:
     return found.group(1)
 
 
-def _confirm(page, url: str, snapshot_id: str) -> None:
-    """Click ✓ on the item's only metric (a label equal to the judge's)."""
+def _confirm(page, url: str, snapshot_id: str, reviewer: str) -> None:
+    """Click ✓ on the item's only metric (a label equal to the judge's), then wait until the label is
+    stored and the page has settled after it: settling right after the click could end before the
+    click's run began, and the page read next was the one before the save."""
     engine = init_db(url)
     with session_scope(engine, read_only=True) as s:
         jid = s.exec(select(Judgment.id).where(Judgment.snapshot_id == snapshot_id)).one()
-    engine.dispose()
     # By role: the button, not the hidden twin Streamlit keeps for its tooltip.
     page.locator(f".st-key-review_row_{jid}_confirm").get_by_role("button", name=re.compile("✓")).click()
+
+    def stored() -> bool:
+        with session_scope(engine, read_only=True) as s:
+            return (
+                s.exec(
+                    select(ReviewLabel.id).where(
+                        ReviewLabel.judgment_id == jid,
+                        ReviewLabel.reviewer == reviewer,
+                        col(ReviewLabel.decision).is_not(None),
+                    )
+                ).first()
+                is not None
+            )
+
+    try:
+        wait_until(stored, f"{reviewer}'s label on {snapshot_id}")
+    finally:
+        engine.dispose()
     settle(page)
 
 
@@ -174,9 +194,9 @@ def test_overlap_one_hands_reviewers_different_items_and_overlap_two_each_item_t
         _open(pages["ben"], server, ids["one"])
         first, second = _shown(pages["ayse"]), _shown(pages["ben"])
         assert {first, second} == {"one0", "one1"}
-        _confirm(pages["ayse"], url, first)
+        _confirm(pages["ayse"], url, first, "ayse")
         assert _shown(pages["ayse"]) is None  # the other item is ben's
-        _confirm(pages["ben"], url, second)
+        _confirm(pages["ben"], url, second, "ben")
         assert _shown(pages["ben"]) is None
 
         # Overlap 2: ayse and ben each label both items once; carla gets none of them.
@@ -186,7 +206,7 @@ def test_overlap_one_hands_reviewers_different_items_and_overlap_two_each_item_t
             while (item := _shown(pages[name])) is not None:
                 assert item not in seen[name], f"{name} was handed {item} twice"
                 seen[name].append(item)
-                _confirm(pages[name], url, item)
+                _confirm(pages[name], url, item, name)
         _open(pages["carla"], server, ids["two"])
         carla = _shown(pages["carla"])
     finally:
