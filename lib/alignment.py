@@ -45,7 +45,7 @@ from lib.config import Settings, get_settings
 from lib.corrections import parse_score
 from lib.db import session_scope
 from lib.display import role_field
-from lib.judge import EvaluationInput, JudgeFailed, build_stage1_messages, load_context, run_stage1
+from lib.judge import JudgeFailed, blind_input, build_stage1_messages, load_context, run_stage1
 from lib.metrics import MetricSpec, metrics_for_product
 from lib.models import (
     ALIGNMENT_ARMS,
@@ -336,17 +336,7 @@ def arm_prompt(
     settings: Settings,
 ) -> Any:
     """The judge context an arm gives one evaluation: what it saw, as of the evaluation's creation."""
-    evaluation = EvaluationInput(
-        question=snapshot.question,
-        model_answer=snapshot.model_answer,
-        product=snapshot.product,
-        language=snapshot.language,
-        model_name=snapshot.model_name,
-        category=snapshot.category,
-        question_id=snapshot.question_id,
-        primary_metric=snapshot.primary_metric,
-        bonus_metrics=tuple(snapshot.bonus_metrics or ()),
-    )  # no user scores: the judge is blind to the reviewer, as in Stage 1
+    evaluation = blind_input(snapshot)  # as in Stage 1
     return load_context(
         session=session,
         evaluation=evaluation,

@@ -164,6 +164,22 @@ class EvaluationInput:
         )
 
 
+def blind_input(snapshot: EvaluationSnapshot) -> EvaluationInput:
+    """A stored evaluation as the judge is asked it again (a re-judge, an alignment-lab arm): no user
+    scores, since the judge is blind to the reviewer."""
+    return EvaluationInput(
+        question=snapshot.question,
+        model_answer=snapshot.model_answer,
+        product=snapshot.product,
+        language=snapshot.language,
+        model_name=snapshot.model_name,
+        category=snapshot.category,
+        question_id=snapshot.question_id,
+        primary_metric=snapshot.primary_metric,
+        bonus_metrics=tuple(snapshot.bonus_metrics or ()),
+    )
+
+
 @dataclass(frozen=True)
 class PreparedInput:
     """An input checked against the product's rubric: slugs resolved, user scores on their scales."""

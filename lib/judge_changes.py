@@ -264,20 +264,6 @@ def sample_evaluations(
     return sorted(random.Random(seed).sample(ids, size))
 
 
-def _input_of(snapshot: EvaluationSnapshot) -> judge.EvaluationInput:
-    return judge.EvaluationInput(
-        question=snapshot.question,
-        model_answer=snapshot.model_answer,
-        product=snapshot.product,
-        language=snapshot.language,
-        model_name=snapshot.model_name,
-        category=snapshot.category,
-        question_id=snapshot.question_id,
-        primary_metric=snapshot.primary_metric,
-        bonus_metrics=tuple(snapshot.bonus_metrics or ()),
-    )  # no user scores: the judge is blind to the reviewer
-
-
 def rejudge_sample(
     *,
     engine: Engine,
@@ -336,7 +322,7 @@ def _rejudge_one(
             raise ValueError("the evaluation was archived or deleted meanwhile")
         context = judge.load_context(
             session=session,
-            evaluation=_input_of(snapshot),
+            evaluation=judge.blind_input(snapshot),
             settings=plan.settings,
             ranked_notes=plan.relevance,
             exclude_snapshot=snapshot_id,  # its own judgments are not its history
