@@ -11,11 +11,14 @@ missing server is an error, not a skip, so the PostgreSQL runs can never silentl
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import itertools
+import json
 import os
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -161,6 +164,53 @@ def _sqlite_migrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("sqlite-template") / "template.db"
     init_db(f"sqlite:///{path}").dispose()
     return path
+
+
+@dataclass(frozen=True)
+class DemoTemplate:
+    """A SQLite file holding the demo exactly as a first `load_demo` left it, and what that load returned."""
+
+    path: Path
+    reported: dict[str, int]
+
+    def copy_to(self, target: Path) -> str:
+        """A private copy at `target` (no engine may hold it open); returns its URL."""
+        shutil.copyfile(self.path, target)
+        return f"sqlite:///{target}"
+
+
+def _run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of this run that every xdist worker shares (the parent of the workers' own folders)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def sqlite_demo(tmp_path_factory: pytest.TempPathFactory, _sqlite_migrated: Path) -> DemoTemplate:
+    """The demo loaded once per run into a SQLite file, for tests that only read a loaded demo.
+
+    A whole load costs about 5 CPU s; the first worker to ask builds it under a file lock, the
+    others wait and copy it. Tests of the load itself (idempotence, partial databases, the CLI, two
+    fresh loads equal) load into databases of their own.
+    """
+    from lib.demo import load_demo
+
+    folder = _run_root(tmp_path_factory) / "sqlite-demo"
+    folder.mkdir(exist_ok=True)
+    path, counts = folder / "demo.db", folder / "reported.json"
+    with (folder / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not counts.exists():
+            building = folder / "building.db"
+            shutil.copyfile(_sqlite_migrated, building)
+            engine = create_db_engine(f"sqlite:///{building}")
+            try:
+                reported = load_demo(engine=engine)
+            finally:
+                engine.dispose()
+            building.replace(path)
+            counts.write_text(json.dumps(reported), encoding="utf-8")  # last: the template is complete
+    return DemoTemplate(path, json.loads(counts.read_text(encoding="utf-8")))
 
 
 @pytest.fixture(scope="session")

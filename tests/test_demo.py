@@ -47,7 +47,8 @@ from lib.models import (
     TagRelevanceEvent,
     compute_was_corrected,
 )
-from tests.cli import run_cli
+from tests.cli import CliResult, run_cli
+from tests.conftest import DemoTemplate
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = [
@@ -72,8 +73,10 @@ class FirstLoad:
     content: dict[str, Any]  # `dump`
 
 
-def first_load(engine: Engine) -> FirstLoad:
-    reported = demo.load_demo(engine=engine)
+def first_load(engine: Engine, reported: dict[str, int] | None = None) -> FirstLoad:
+    """Load the demo into `engine`'s empty database, or read what a load (`reported`) left there."""
+    if reported is None:
+        reported = demo.load_demo(engine=engine)
     with Session(engine) as session:
         reviews = session.exec(
             select(func.count()).where(JudgmentEvent.action.in_(["confirmed", "overruled"]))  # type: ignore[attr-defined]
@@ -88,14 +91,18 @@ def demo_load(
     """One database per backend with the demo loaded, shared by the read-only tests of this module.
 
     What the load reported and stored is captured right after it, so the tests of the load itself
-    read it here instead of loading the demo (about 3 s each) into a database of their own.
+    read it here instead of loading the demo (about 5 CPU s each) into a database of their own.
+    SQLite: a copy of the run's one first load (`sqlite_demo`, shared with the page tests).
     """
     if request.param == "sqlite":
-        engine = init_db(f"sqlite:///{tmp_path_factory.mktemp('demo') / 'demo.db'}")
+        template: DemoTemplate = request.getfixturevalue("sqlite_demo")
+        engine = create_db_engine(template.copy_to(tmp_path_factory.mktemp("demo") / "demo.db"))
+        reported: dict[str, int] | None = template.reported
     else:
         engine = create_db_engine(request.getfixturevalue("pg_module_url"))
+        reported = None
     try:
-        yield first_load(engine)
+        yield first_load(engine, reported)
     finally:
         engine.dispose()
 
@@ -750,37 +757,47 @@ def dump(engine: Engine) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class CliLoad:
+    """`python -m lib demo` run once on a new SQLite database: its output and what it stored."""
+
+    url: str
+    done: CliResult
+    content: dict[str, Any]  # `dump`, right after the load
+
+
 @pytest.fixture(scope="module")
-def fresh_sqlite_demo(tmp_path_factory: pytest.TempPathFactory) -> FirstLoad:
-    """The demo loaded into one more new SQLite database: the reference both backends must equal."""
-    engine = init_db(f"sqlite:///{tmp_path_factory.mktemp('demo-other') / 'other.db'}")
+def cli_demo(tmp_path_factory: pytest.TempPathFactory) -> CliLoad:
+    """The demo loaded by the CLI into one more new SQLite database: the CLI's own test, and the
+    reference both backends' loads must equal (one load serves both)."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('demo-cli') / 'cli.db'}"
+    done = run_cli("demo", env={"OVERRULE_DATABASE_URL": url})
+    engine = create_db_engine(url)
     try:
-        return first_load(engine)
+        return CliLoad(url, done, dump(engine) if done.returncode == 0 else {})
     finally:
         engine.dispose()
 
 
 @pytest.mark.slow  # loads the whole demo into a new database (once per module)
-def test_two_fresh_databases_get_identical_demo_data(
-    demo_load: FirstLoad, fresh_sqlite_demo: FirstLoad
-) -> None:
-    first, second = demo_load.content, fresh_sqlite_demo.content
-    assert demo_load.engine.url != fresh_sqlite_demo.engine.url
+def test_two_fresh_databases_get_identical_demo_data(demo_load: FirstLoad, cli_demo: CliLoad) -> None:
+    assert cli_demo.done.returncode == 0, cli_demo.done.stderr
+    first, second = demo_load.content, cli_demo.content
+    assert str(demo_load.engine.url) != cli_demo.url
     assert len(first["snapshots"]) >= 160
     for key in first:
         assert first[key] == second[key], key
 
 
-@pytest.mark.slow  # loads the whole demo into a new database
-def test_cli_demo_loads_then_declines(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'cli.db'}"
-    first = run_cli("demo", env={"OVERRULE_DATABASE_URL": url})
+@pytest.mark.slow  # loads the whole demo into a new database (once per module)
+def test_cli_demo_loads_then_declines(cli_demo: CliLoad) -> None:
+    first = cli_demo.done
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith("demo data loaded: ")
     assert re.search(r"\b1[6-9]\d evaluations\b", first.stdout)
-    second = run_cli("demo", env={"OVERRULE_DATABASE_URL": url})
+    second = run_cli("demo", env={"OVERRULE_DATABASE_URL": cli_demo.url})
     assert second.returncode == 0 and "already holds data" in second.stdout
-    engine = init_db(url)
+    engine = init_db(cli_demo.url)
     try:
         assert row_counts(engine)["evaluation_snapshots"] >= 160
     finally:

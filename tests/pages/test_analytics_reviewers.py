@@ -4,6 +4,7 @@ filters change, the empty states, and the human-vs-human ceiling on the Judge vs
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -11,6 +12,7 @@ from sqlalchemy import Engine
 from streamlit.testing.v1 import AppTest
 
 from lib.analytics_charts import CEILING_HALF, CEILING_NAME
+from tests.conftest import DemoTemplate
 from tests.pages.figures import figure_titled, values
 from tests.test_agreement import SECTION_C, Label, add_queue, matrix_items
 from tests.test_analytics import seed_analytics_data
@@ -117,11 +119,10 @@ def test_judge_tab_draws_the_human_ceiling_over_the_bars_and_lists_it(
 
 
 def test_reviewers_tab_on_the_demo_shows_real_figures_on_first_start(
-    app_engine: Engine, open_page: Callable[..., AppTest]
+    app_engine: Engine, open_page: Callable[..., AppTest], sqlite_demo: DemoTemplate
 ) -> None:
-    from lib.demo import load_demo
-
-    load_demo(engine=app_engine, force=False)
+    app_engine.dispose()  # the page's database becomes a copy of a first demo load
+    sqlite_demo.copy_to(Path(app_engine.url.database or ""))
     at = open_page(PAGE, timeout=120)
     table = table_with(at, "mean_pairwise_kappa")
     assert len(table) >= 1 and (table["items"] > 0).all()

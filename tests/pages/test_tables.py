@@ -1,12 +1,11 @@
 """Every table over the demo data: typed columns, "—" for missing values, titles, row links.
 
-One demo database is built per module (about 15 s) and every page reads it; the pages only read.
+One copy of the run's demo database (`sqlite_demo`) per module, which every page reads; the pages only read.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 from sqlmodel import Session, select
@@ -16,6 +15,7 @@ from lib.config import reset_settings
 from lib.db import init_db
 from lib.models import EvaluationSnapshot
 from lib.ui.tables import MAX_CONTENT_ROWS, table_height
+from tests.conftest import DemoTemplate
 from tests.pages.conftest import APPTEST_TIMEOUT, ROOT
 
 PAGES = [
@@ -31,14 +31,8 @@ PAGES = [
 
 
 @pytest.fixture(scope="module")
-def demo_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from lib.demo import load_demo
-
-    url = f"sqlite:///{tmp_path_factory.mktemp('demo') / 'demo.db'}"
-    engine = init_db(url)
-    load_demo(engine=engine, force=False)
-    engine.dispose()
-    yield url
+def demo_url(tmp_path_factory: pytest.TempPathFactory, sqlite_demo: DemoTemplate) -> str:
+    return sqlite_demo.copy_to(tmp_path_factory.mktemp("demo") / "demo.db")
 
 
 @pytest.fixture
