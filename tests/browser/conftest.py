@@ -74,8 +74,9 @@ def new_app_context(browser: Any, **options: Any) -> Any:
 def settle(page: Any, timeout: float = SETTLE_MS) -> None:
     """Wait until the app in `page` has finished its runs and shows only their elements.
 
-    Settled means: connected; every run the page asked for has started and its chain (st.rerun()
-    included) has finished, fragment runs too; the app has drawn the last messages; the script state
+    Settled means: connected; what every input event (a click, a key) made Streamlit send has been
+    sent (it sends from a timer, after the event); every run the page asked for has started and its
+    chain (st.rerun() included) has finished, fragment runs too; the app has drawn the last messages; the script state
     is "notRunning"; no element is marked stale (`data-stale="true"`), no running indicator, no
     element still loading; and all of that at two animation frames in a row. Call it after every
     action and before reading; a timeout says what was still pending.

@@ -21,7 +21,23 @@
     received: 0, // frames received
     processed: 0, // frames the app has handled and React has drawn (see below)
     candidate: null, // the state seen settled at the previous poll
+    inputs: 0, // user input events (a click, a key, typed text) the page received
+    inputsSent: 0, // of those, the ones after which anything they made Streamlit send has been sent
   };
+
+  // Streamlit does not send a widget's change at once: it batches the changes of one event and sends
+  // them from a timer (`WidgetStateManager.scheduleFlush`, a setTimeout of 0). Until that timer has
+  // run, the page still reads settled with the old elements, and on a busy machine a poll can come
+  // first: `settle` returned before the click's run had even been asked for. So every input event is
+  // counted when it starts (capture phase, before any handler of the page), and counted as sent only
+  // after two timers in a row: the first is queued before the handlers run, the second after the
+  // handlers queued theirs, and timers of equal delay run in the order they were queued.
+  const INPUT_EVENTS = ["pointerdown", "pointerup", "mousedown", "mouseup", "click", "keydown", "keyup", "input", "change"];
+  const onInput = () => {
+    const n = ++runs.inputs;
+    setTimeout(() => setTimeout(() => { runs.inputsSent = Math.max(runs.inputsSent, n); }, 0), 0);
+  };
+  for (const type of INPUT_EVENTS) window.addEventListener(type, onInput, { capture: true });
 
   function* topLevelFields(bytes) {
     let i = 0;
@@ -108,6 +124,7 @@
     if (!app) return "no Streamlit app in the page";
     const connection = app.getAttribute("data-test-connection-state");
     if (connection !== "CONNECTED") return `connection ${connection}`;
+    if (runs.inputsSent < runs.inputs) return "an input's widget changes are not sent yet";
     if (runs.sent === 0) return "the page has not asked for a run yet";
     if (runs.served < runs.sent) return "a run was asked for and has not started";
     if (runs.running) return "a run is going (or the next run of an st.rerun chain)";
