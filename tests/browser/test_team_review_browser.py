@@ -5,6 +5,9 @@
 - Blind-first: before the reviewer's label is saved, neither the page's DOM nor any WebSocket frame
   the server sent holds the judge's score, reason or evidence; after the save they appear (so the
   check can fail).
+- An abandoned reservation returns to the queue after its lease; a reload restores the reviewer's
+  place: the item they were on, the items they skipped, the default queue's filters and an unsent
+  reason.
 
 One server for the module; each reviewer is a browser context of its own (their name cookie).
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -23,8 +27,9 @@ from lib import queues
 from lib.auth import Actor
 from lib.db import init_db, session_scope
 from lib.metrics import upsert_metric_definitions
-from lib.models import EvaluationSnapshot, Judgment, ReviewLabel
+from lib.models import EvaluationSnapshot, Judgment, ReviewAssignment, ReviewLabel, utcnow
 from lib.queues import QueueSpec
+from lib.ui.team_review import DEFAULT_LABEL
 from tests.browser.conftest import StreamlitServer, new_app_context, settle
 from tests.waiting import wait_until
 
@@ -84,8 +89,12 @@ def _seed(url: str) -> dict[str, int]:
             evidence={"faithfulness": [{"quote": "capital of France", "start": 13, "end": 30, "why": JUDGE_WHY}]},
         )  # fmt: skip
         ids = {"blind_judgment": blind_judgment}
+        for i in range(3):
+            ids[f"lease{i}"] = _evaluation(s, f"lease{i}", "leaseco", "clarity", "4")
+        for product in ("freeA", "freeB"):  # in no team queue: the default queue's
+            _evaluation(s, f"{product}0", product, "clarity", "4")
         for name, product, overlap, mode in (("one", "solo", 1, "open"), ("two", "pair", 2, "open"),
-                                             ("blind", "blindco", 1, "blind")):  # fmt: skip
+                                             ("blind", "blindco", 1, "blind"), ("lease", "leaseco", 1, "open")):  # fmt: skip
             queue = queues.create_queue(
                 session=s, actor=LEAD, spec=QueueSpec(name=name, product=product, overlap=overlap, mode=mode)
             )
@@ -272,3 +281,80 @@ def test_blind_first_sends_nothing_of_the_judge_before_the_label_is_saved(team, 
             "dana", "0.25", "Leaves out the date", None,
         )  # fmt: skip
     engine.dispose()
+
+
+def test_an_abandoned_item_returns_after_its_lease_and_a_reload_restores_the_reviewers_place(
+    team, browser
+) -> None:
+    server, url, ids = team
+    _warm(browser, server)
+    engine = init_db(url)
+    erin, erin_page = _reviewer(browser, server, "erin")
+    try:
+        _open(erin_page, server, ids["lease"])
+        abandoned = _shown(erin_page)
+    finally:
+        erin.close()  # erin leaves without a decision: her tab is gone, her lease still runs
+    with session_scope(engine) as s:  # the lease runs out (fifteen minutes, here a write)
+        row = s.exec(select(ReviewAssignment).where(ReviewAssignment.reviewer == "erin")).one()
+        assert row.status == "reserved"
+        row.expires_at = utcnow() - timedelta(seconds=1)
+        s.add(row)
+
+    context, page = _reviewer(browser, server, "frank")
+    try:
+        _open(page, server, ids["lease"])
+        assert _shown(page) == abandoned  # the abandoned item came back to the queue
+        page.locator(".st-key-review_skip").get_by_role("button", name=re.compile("Skip")).click()
+        settle(page)
+        current = _shown(page)
+        assert current not in (None, abandoned)
+        # A score and a reason typed but not sent: the reason is kept as a draft when the field is left.
+        jid = ids[str(current)]
+        page.locator(f".st-key-review_row_{jid}_score_1").get_by_role("button", name="1").click()
+        settle(page)
+        reason = page.locator(".st-key-review_reason input")
+        reason.fill("Half of it is off topic")
+        reason.press("Tab")
+
+        def drafted() -> bool:
+            with session_scope(engine, read_only=True) as s:
+                held = s.exec(
+                    select(ReviewAssignment).where(
+                        ReviewAssignment.reviewer == "frank", ReviewAssignment.status == "reserved"
+                    )
+                ).first()
+                return held is not None and (held.draft or {}).get(str(jid), {}).get("reason") == (
+                    "Half of it is off topic"
+                )
+
+        wait_until(drafted, "frank's unsent reason kept as a draft")
+        settle(page)
+
+        page.reload()
+        settle(page)
+        # The same item (not the skipped one, which came first), with the unsent reason in its field.
+        assert _shown(page) == current
+        assert page.locator(".st-key-review_reason input").input_value() == "Half of it is off topic"
+        assert f"queue={ids['lease']}" in page.url
+
+        # The default queue with a product filter: a reload keeps the filter, not "everything".
+        page.get_by_test_id("stSelectbox").filter(has_text="Queue").click()
+        page.get_by_role("option", name=DEFAULT_LABEL).click()
+        settle(page)
+        page.get_by_role("button", name=re.compile("Filters and order")).click()
+        settle(page)
+        page.get_by_test_id("stSelectbox").filter(has_text="Product").click()
+        page.get_by_role("option", name="freeB", exact=True).click()
+        settle(page)
+        page.keyboard.press("Escape")
+        settle(page)
+        assert _shown(page) == "freeB0"
+        # Opened again without the item in the address: only the kept filter can pick freeB0
+        # (everything pending starts with the older freeA0).
+        page.goto(f"{server.base_url}/review")
+        settle(page)
+        assert _shown(page) == "freeB0"
+    finally:
+        context.close()
+        engine.dispose()
