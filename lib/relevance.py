@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import combinations, groupby
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 from sqlalchemy import Engine, func, or_
@@ -230,23 +230,35 @@ def _chunks(values: Sequence[int]) -> Iterable[Sequence[int]]:
         yield values[start : start + _IN_CHUNK]
 
 
+class _ScoreEvent(NamedTuple):
+    """The columns of a `TagRelevanceEvent` that a replay reads (plain tuples: a judge call with
+    cross-session notes replays every event of its candidate notes, and ORM objects cost 3x)."""
+
+    tag: str
+    at: datetime
+    raw_score: float
+    weight: float
+    new_score: float
+
+
 def _events_by_tag(
     session: Session, note_ids: Sequence[int], tags: Sequence[str] | None, as_of: datetime
-) -> dict[int, list[TagRelevanceEvent]]:
+) -> dict[int, list[_ScoreEvent]]:
     """Score events recorded by `as_of` (under `tags`, or all), per note in the order they were applied."""
-    out: dict[int, list[TagRelevanceEvent]] = {}
+    out: dict[int, list[_ScoreEvent]] = {}
+    e = TagRelevanceEvent
     for chunk in _chunks(list(note_ids)):
-        stmt = select(TagRelevanceEvent).where(
-            col(TagRelevanceEvent.lesson_id).in_(chunk), col(TagRelevanceEvent.at) <= as_of
-        )
+        stmt = select(
+            col(e.lesson_id), col(e.tag), col(e.at), col(e.raw_score), col(e.weight), col(e.new_score)
+        ).where(col(e.lesson_id).in_(chunk), col(e.at) <= as_of)
         if tags is not None:
-            stmt = stmt.where(col(TagRelevanceEvent.tag).in_(tags))
-        for event in session.exec(stmt.order_by(col(TagRelevanceEvent.at), col(TagRelevanceEvent.id))).all():
-            out.setdefault(event.lesson_id, []).append(event)
+            stmt = stmt.where(col(e.tag).in_(tags))
+        for lesson_id, *event in session.execute(stmt.order_by(col(e.at), col(e.id))).all():
+            out.setdefault(lesson_id, []).append(_ScoreEvent(*event))
     return out
 
 
-def _replayed(previous: TagEvidence | None, event: TagRelevanceEvent) -> TagEvidence:
+def _replayed(previous: TagEvidence | None, event: _ScoreEvent) -> TagEvidence:
     """A tag's row after one more event: the score `apply_score` stored, the counts `tag_step` keeps."""
     before = previous or TagEvidence(event.tag)
     _, positive, negative = tag_step(
@@ -589,7 +601,7 @@ def _manual_pin_as_of(note: SessionNote, as_of: datetime) -> bool | None:
     return bool(note.pinned) if moment <= as_of else None
 
 
-def _auto_pinned_by(events: Sequence[TagRelevanceEvent]) -> bool:
+def _auto_pinned_by(events: Sequence[_ScoreEvent]) -> bool:
     """Replays `update_pin_state` after every applied score (one `at` per `apply_score`)."""
     state, rows = PinState(), dict[str, TagEvidence]()
     for _, group in groupby(events, key=lambda e: e.at):
