@@ -30,6 +30,7 @@ from sqlmodel import Session, SQLModel
 import lib.models  # noqa: F401  (every table on SQLModel.metadata, for TRUNCATE)
 from lib.config import reset_settings
 from lib.db import create_db_engine, init_db
+from lib.duck import TRUST_EXTENSIONS_VAR
 
 # Hypothesis: no per-example deadline. A deadline is a wall-clock assertion: on a shared or loaded
 # machine it fails a correct example at random (FlakyFailure: "took 375 ms, which exceeded the
@@ -37,6 +38,14 @@ from lib.db import create_db_engine, init_db
 # them: all property tests together cost about 2% of the suite's CPU time.
 settings.register_profile("overrule", deadline=None)
 settings.load_profile("overrule")
+
+# DuckDB checks a scanner extension's signature on every LOAD, hashing the whole 35-42 MB file:
+# 0.15-0.2 CPU s per DuckDB connection, thousands of times per run, in this process, in the DuckDB
+# child processes and in the app servers the tests start (they all inherit the environment).
+# The suite trusts the pip-installed files; test_scanner_loads_from_the_package_without_install
+# loads them as deployed, signature checked.
+os.environ[TRUST_EXTENSIONS_VAR] = "1"
+KEPT_VARIABLES = {"OVERRULE_TEST_PG_URL", TRUST_EXTENSIONS_VAR}
 
 PG_ADMIN_URL = os.environ.get("OVERRULE_TEST_PG_URL", "")
 PG_POOL_PREFIX = "overrule_test_"
@@ -287,7 +296,7 @@ def session(engine: Engine) -> Iterator[Session]:
 def _isolated_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     """Each test starts from the defaults: no LLM, no demo autoload, a private database file."""
     for var in list(os.environ):
-        if var.startswith("OVERRULE_") and var != "OVERRULE_TEST_PG_URL":
+        if var.startswith("OVERRULE_") and var not in KEPT_VARIABLES:
             monkeypatch.delenv(var, raising=False)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
