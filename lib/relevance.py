@@ -602,13 +602,19 @@ def _manual_pin_as_of(note: SessionNote, as_of: datetime) -> bool | None:
 
 
 def _auto_pinned_by(events: Sequence[_ScoreEvent]) -> bool:
-    """Replays `update_pin_state` after every applied score (one `at` per `apply_score`)."""
-    state, rows = PinState(), dict[str, TagEvidence]()
+    """Replays `update_pin_state` after every applied score (one `at` per `apply_score`).
+
+    The tag scores and the evaluation total are kept up to date event by event (a replay per
+    candidate note per judge call: re-summing every tag after each score was most of its cost).
+    """
+    state, rows, scores, evals = PinState(), dict[str, TagEvidence](), dict[str, float](), 0
     for _, group in groupby(events, key=lambda e: e.at):
         for event in group:
-            rows[event.tag] = _replayed(rows.get(event.tag), event)
-        scores = {tag: row.score for tag, row in rows.items()}
-        state, _ = auto_pin_decision(state, scores, sum(row.evals for row in rows.values()))
+            before = rows.get(event.tag)
+            row = rows[event.tag] = _replayed(before, event)
+            scores[event.tag] = row.score
+            evals += row.evals - (before.evals if before is not None else 0)
+        state, _ = auto_pin_decision(state, scores, evals)
     return state.pinned
 
 
