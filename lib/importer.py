@@ -132,6 +132,9 @@ class ImportReport:
     # judgments added to evaluations stored by an earlier import (an eval run on them since).
     unjudged: int = 0
     extended: int = 0
+    # Evaluations: the id each inserted evaluation got, by its source key (lib.otlp links its
+    # spans to them without reading them back).
+    ids_by_source_key: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> str:
         """One line for a human: counts of inserted, skipped (or updated) rows and judgments."""
@@ -159,10 +162,13 @@ class ImportReport:
 
 
 class _Spool:
-    """Validated rows in chunks on an anonymous temporary file: bounded memory for any file size."""
+    """Validated rows in chunks on an anonymous temporary file: bounded memory for any file size.
+
+    The file is made only once a second chunk begins: an import of up to CHUNK_ROWS rows (an API
+    post, an OTLP request) keeps its one chunk in memory instead of pickling it to disk and back."""
 
     def __init__(self) -> None:
-        self._file: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        self._file: IO[bytes] | None = None
         self._buffer: list[Any] = []
         self._chunks = 0
 
@@ -173,11 +179,17 @@ class _Spool:
 
     def _flush(self) -> None:
         if self._buffer:
+            if self._file is None:
+                self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
             pickle.dump(self._buffer, self._file, protocol=pickle.HIGHEST_PROTOCOL)
             self._chunks += 1
             self._buffer = []
 
     def chunks(self) -> Iterator[list[Any]]:
+        if self._file is None:  # never spilled: the rows are all in the buffer
+            if self._buffer:
+                yield self._buffer
+            return
         self._flush()
         self._file.seek(0)
         for _ in range(self._chunks):
@@ -185,17 +197,15 @@ class _Spool:
             yield pickle.load(self._file)  # noqa: S301
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 def _existing(session: Session, column: Any, values: Sequence[Any]) -> set[Any]:
-    """Which of `values` the column already holds (indexed IN lookups in slices)."""
-    found: set[Any] = set()
-    for i in range(0, len(values), 500):
-        part = values[i : i + 500]
-        if part:
-            found.update(session.execute(select(column).where(column.in_(part))).scalars())
-    return found
+    """Which of `values` the column already holds (indexed IN lookups in slices); pending ORM
+    changes are flushed first, as a session query would (autoflush)."""
+    session.flush()
+    return bulk.held_values(session.connection(), column, values)
 
 
 _SNAPSHOT_JSON_COLUMNS = ("bonus_metrics", "user_scores_json", "judge_scores_json", "evidence_json")
@@ -395,6 +405,7 @@ def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
     _write_lock(session)
     inserted = judgments = 0
     skipped = prepared.skipped
+    ids_by_source_key: dict[str, str] = {}
     conn = session.connection()
     # A large load into a small table: build the secondary indexes once afterwards (sorted) rather
     # than updating them row by row; unique indexes stay, the duplicate checks below use them.
@@ -414,6 +425,7 @@ def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
                 if row["id"] in existing_ids:
                     row["id"] = _free_snapshot_id(session, row, prepared.used_ids)
                 rows.append(row)
+                ids_by_source_key[row["source_key"]] = row["id"]
                 judgment_rows.extend(snapshot_judgment_rows(row, judged))
             _write_rows(session, _SNAPSHOTS, rows)
             scores.add_snapshot_scores(session=session, snapshots=map(_scored_snapshot, rows))
@@ -439,7 +451,9 @@ def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
         counters.rebuild_counts(session=session)
     if inserted >= STATISTICS_AFTER_ROWS:
         refresh_statistics(session.connection())  # a large load changes the best plans (lib.db)
-    return ImportReport("evaluations", inserted, skipped, judgments, prepared.source)
+    return ImportReport(
+        "evaluations", inserted, skipped, judgments, prepared.source, ids_by_source_key=ids_by_source_key
+    )
 
 
 def _scored_snapshot(row: Mapping[str, Any]) -> scores.ScoredSnapshot:

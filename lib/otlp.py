@@ -57,6 +57,7 @@ _NAME = ("gen_ai.evaluation.name", "evaluation.name")
 _SCORE = ("gen_ai.evaluation.score.value", "evaluation.score")
 _LABEL = ("gen_ai.evaluation.score.label", "evaluation.label")
 _EXPLANATION = ("gen_ai.evaluation.explanation", "evaluation.explanation")
+_VERDICT_KEYS = frozenset((*_NAME, *_SCORE, *_LABEL, *_EXPLANATION, "gen_ai.response.id"))
 ANSWER_ATTRIBUTE = "gen_ai.output.messages"
 QUESTION_ATTRIBUTE = "gen_ai.input.messages"
 
@@ -219,7 +220,7 @@ def _proto_resources(signal: str, body: bytes) -> Iterator[tuple[dict[str, Any],
                         span.name,
                         span.start_time_unix_nano,
                         _proto_attrs(span.attributes),
-                        [(event.name, _plain_attrs(event.attributes)) for event in span.events],
+                        [(event.name, _verdict_attrs(event.attributes)) for event in span.events],
                     )
                     for scope_spans in resource_spans.scope_spans
                     for span in scope_spans.spans
@@ -265,9 +266,9 @@ def _proto_attrs(attributes: Iterable[Any]) -> dict[str, Any]:
     return _ProtoAttributes((kv.key, kv.value) for kv in attributes)
 
 
-def _plain_attrs(attributes: Iterable[Any]) -> dict[str, Any]:
-    """Every attribute converted now (an evaluation event's few are all read)."""
-    return {kv.key: _proto_value(kv.value) for kv in attributes}
+def _verdict_attrs(attributes: Iterable[Any]) -> dict[str, Any]:
+    """A span event's attributes a verdict reads (`_verdict`), converted now; the rest are never read."""
+    return {kv.key: _proto_value(kv.value) for kv in attributes if kv.key in _VERDICT_KEYS}
 
 
 def _proto_value(value: Any) -> Any:
@@ -798,26 +799,29 @@ class _Join:
         )
         self.outcome.evaluations += report.inserted
         self.outcome.judgments += report.judgments
-        # Every evaluation new (none skipped as already stored): each has all its verdicts.
-        self._link([item for i, item in enumerate(accepted) if i not in refused], all_new=not report.skipped)
+        self._link([item for i, item in enumerate(accepted) if i not in refused], report.ids_by_source_key)
 
-    def _link(self, accepted: list[tuple[str, SpanCall, list[Verdict]]], *, all_new: bool) -> None:
-        """Note each span's evaluation; metrics a same-content evaluation lacked are added to it."""
+    def _link(self, accepted: list[tuple[str, SpanCall, list[Verdict]]], inserted: dict[str, str]) -> None:
+        """Note each span's evaluation; metrics a same-content evaluation lacked are added to it.
+
+        `inserted` (source key → id) are the evaluations this import wrote, with all their span's
+        verdicts; only the others (stored before under the same content) are read back."""
         from lib.snapshots import source_key_of
 
         source_keys = {
             key: source_key_of(str(call.product).strip(), str(call.question), str(call.answer), call.model)
             for key, call, _ in accepted
         }
-        found: dict[str, tuple[str, set[str]]] = {}
-        for part in _slices(sorted(set(source_keys.values()))):
-            columns = [_SNAPSHOTS.c.source_key, _SNAPSHOTS.c.id]
-            if not all_new:
-                columns.append(_SNAPSHOTS.c.judge_scores_json)
-            for source_key, snapshot_id, *judged in self.session.execute(
+        found: dict[str, tuple[str, set[str] | None]] = {
+            source_key: (snapshot_id, None) for source_key, snapshot_id in inserted.items()
+        }
+        stored_before = sorted({k for k in source_keys.values() if k not in found})
+        for part in _slices(stored_before):
+            columns = [_SNAPSHOTS.c.source_key, _SNAPSHOTS.c.id, _SNAPSHOTS.c.judge_scores_json]
+            for source_key, snapshot_id, judged in self.session.execute(
                 select(*columns).where(_SNAPSHOTS.c.source_key.in_(part))
             ):
-                found[source_key] = (snapshot_id, set(_json_dict(judged[0])) if judged else set())
+                found[source_key] = (snapshot_id, set(_json_dict(judged)))
         new_rows, replaced = [], []
         for key, call, verdicts in accepted:
             snapshot_id, judged = found[source_keys[key]]
@@ -832,7 +836,10 @@ class _Join:
                     "received_at": utcnow(),
                 }
             )
-            if not all_new and any(
+            if judged is None:  # the first span of this content: imported with all its verdicts
+                names = {str(v.metric) for v in verdicts}
+                found[source_keys[key]] = (snapshot_id, names | {metric_slug(name) for name in names})
+            elif any(
                 str(v.metric) not in judged and metric_slug(str(v.metric)) not in judged for v in verdicts
             ):
                 self._add_late(key, snapshot_id, verdicts)  # the same answer was stored without them

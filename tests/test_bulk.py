@@ -151,3 +151,26 @@ def test_a_large_import_defers_indexes_on_sqlite_only_and_leaves_them_in_place(
     else:
         assert "ix_judgment_history" in dropped
     assert index_definitions(engine) == before
+
+
+def test_held_values_finds_the_stored_values_across_slices(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.execute(insert(JUDGMENTS), [judgment(c) for c in ("a", "it's", "c", "d")])
+        wanted = ["a", "x", "it's", "c", "y", "d", "z"]
+        assert bulk.held_values(conn, JUDGMENTS.c.change_id, wanted, slice_size=2) == {"a", "it's", "c", "d"}
+        assert bulk.held_values(conn, JUDGMENTS.c.change_id, []) == set()
+
+
+def test_the_import_spool_keeps_one_chunk_in_memory_and_spills_more_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(importer, "CHUNK_ROWS", 3)
+    small, large = importer._Spool(), importer._Spool()
+    for i in range(2):
+        small.add(i)
+    for i in range(7):
+        large.add(i)
+    assert list(small.chunks()) == [[0, 1]] and small._file is None  # no temporary file made
+    assert list(large.chunks()) == [[0, 1, 2], [3, 4, 5], [6]]
+    small.close()
+    large.close()

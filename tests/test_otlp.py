@@ -389,3 +389,21 @@ def test_openinference_spans_and_their_evaluator_child_span(receiver: Receiver) 
     )
     assert snapshot.model_name == "oi-model"
     assert judgments(receiver.engine) == {"truthfulness": ("5", "correct")}
+
+
+def test_two_spans_of_one_answer_in_one_request_keep_both_spans_metrics(sqlite_engine: Engine) -> None:
+    """The importer stores one evaluation for the two same-content spans; the metric only the second
+    span has still becomes its judgment, and both spans link to it (lib.otlp._link)."""
+    from lib import otlp
+    from lib.config import get_settings
+
+    t = Telemetry()
+    t.call("What is 2+2?", "5", events={"truthfulness": 1})
+    t.call("What is 2+2?", "5", events={"truthfulness": 1, "helpfulness": 2})
+    batch = otlp.decode("traces", t.traces(), otlp.PROTOBUF, get_settings())
+    outcome = otlp.ingest(engine=sqlite_engine, batch=batch, actor=system_actor())
+    assert (outcome.evaluations, outcome.judgments, outcome.messages) == (1, 2, [])
+    assert set(judgments(sqlite_engine)) == {"truthfulness", "helpfulness"}
+    with Session(sqlite_engine) as session:
+        snapshot_id = session.exec(select(EvaluationSnapshot.id)).one()
+        assert [row.snapshot_id for row in session.exec(select(OtlpSpan))] == [snapshot_id, snapshot_id]
