@@ -945,7 +945,9 @@ def _wide_batches(session: Session, filters: EvaluationFilters, slugs: Sequence[
         col(_S.model_answer).label("answer"),
         cast(col(_S.user_scores_json), Text).label("user_scores"),  # JSON text, not decoded per row
         cast(col(_S.judge_scores_json), Text).label("judge_scores"),
+        col(_S.judge_version_id).label("judge_version_id"),
     )
+    versions = judge_versions.names_of(session)
     conn = session.connection()  # Core rows: no ORM row processing
     result = conn.execute(stmt.execution_options(yield_per=EXPORT_BATCH_ROWS))
     names = list(result.keys())
@@ -960,6 +962,7 @@ def _wide_batches(session: Session, filters: EvaluationFilters, slugs: Sequence[
             decided = _decision_columns(conn, ids, slugs)
             columns = [values[name] for name in LIST_FRAME_COLUMNS]
             columns.append(values["answer"])
+            columns.append([judge_versions.name_for(v, versions) for v in values["judge_version_id"]])
             for user_score, judge_score, decision in zip(user, judge, decided, strict=True):
                 gap = pc.abs(pc.subtract(user_score, judge_score))  # `_gap` on a whole column
                 columns += [user_score, judge_score, gap, decision]
@@ -1020,7 +1023,8 @@ def export_evaluations(
     """Every matching evaluation (all pages) in list order, as rows fetched a batch at a time.
 
     Columns follow lib.display's naming of the three roles. "wide": the list's columns, the
-    answer, then per metric `<slug> user_score` (the evaluated user's score, stored with the
+    answer, `judge_version` (the version whose scores the judge columns are, or "unversioned"),
+    then per metric `<slug> user_score` (the evaluated user's score, stored with the
     evaluation, as the detail cards show it), `<slug> judge_score`, `<slug> gap` (|user − judge|)
     and `<slug> reviewer_decision` (empty until a reviewer confirms or overrules it). "long": one
     row per judgment with the same three roles, their reasons, the gap and who reviewed it when.
@@ -1035,10 +1039,10 @@ def export_evaluations(
             batches=(list(zip(*batch, strict=True)) for batch in _batches(rows, EXPORT_BATCH_ROWS)),
         )
     slugs = export_metrics(session=session, filters=filters)
-    columns = [*LIST_FRAME_COLUMNS, "answer"]
+    columns = [*LIST_FRAME_COLUMNS, "answer", "judge_version"]
     for slug in slugs:
         columns += [metric_field(slug, name) for name in WIDE_METRIC_FIELDS]
-    first = len(LIST_FRAME_COLUMNS) + 1
+    first = len(LIST_FRAME_COLUMNS) + 2
     decisions = range(first + len(WIDE_METRIC_FIELDS) - 1, len(columns), len(WIDE_METRIC_FIELDS))
     return EvaluationExport(
         columns=columns,

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
-from lib import export, inspector
+from lib import export, inspector, judge_versions
 from lib.export import _stream_cell, iter_csv, neutralise_cell
 from lib.importer import import_evaluations
 from lib.inspector import EvaluationFilters
@@ -121,13 +121,14 @@ def _oracle_wide(session: Session, slugs: Sequence[str]) -> list[tuple[Any, ...]
         .order_by(EvaluationSnapshot.created_at.desc(), EvaluationSnapshot.id.desc())  # type: ignore[attr-defined]
     ).all()
     decided = inspector._reviewer_decisions(session, [s.id for s in snapshots])
+    versions = judge_versions.names_of(session)
     rows = []
     for s in snapshots:
         row: list[Any] = [
             s.id, s.created_at, s.product, s.language, s.model_name, s.category, s.question, s.weighted_gap,
             s.max_metric_gap, s.judge_meta_score, s.evidence_count, s.evidence_highlighted,
             s.evidence_unlocated, s.evidence_unverified, s.status, s.judgments_total, s.judgments_reviewed,
-            s.judgments_corrected, s.model_answer,
+            s.judgments_corrected, s.model_answer, judge_versions.name_for(s.judge_version_id, versions),
         ]  # fmt: skip
         user = s.user_scores_json if isinstance(s.user_scores_json, dict) else {}
         judge = s.judge_scores_json if isinstance(s.judge_scores_json, dict) else {}

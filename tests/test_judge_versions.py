@@ -314,6 +314,14 @@ def test_imports_carry_a_judge_version_and_rows_without_one_are_unversioned(rubr
             versions["pipeline v7"].id,
             None,
         }
+        # The wide CSV names the version whose scores each evaluation's judge columns are.
+        wide = inspector.export_evaluations(
+            session=session, filters=inspector.EvaluationFilters(), form="wide"
+        )
+        question, version = wide.columns.index("question"), wide.columns.index("judge_version")
+        assert {r[question]: r[version] for r in wide.rows} == {
+            "q1": "pipeline v6", "q2": "pipeline v7", "q3": "unversioned",
+        }  # fmt: skip
 
 
 @SQLITE
