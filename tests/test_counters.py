@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import random
+import shutil
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +25,7 @@ from lib.corrections import (
     undo_review,
     undoable_reviews,
 )
-from lib.db import session_scope
+from lib.db import create_db_engine, session_scope
 from lib.metrics import DEFAULT_METRICS
 from lib.models import EvaluationSnapshot, Judgment
 from lib.second_opinion import SecondOpinion, store_second_opinion
@@ -255,9 +258,30 @@ def _filled(engine: Engine) -> None:
         )  # fmt: skip
 
 
-def test_pages_read_the_same_figures_as_a_count_of_the_rows(engine: Engine) -> None:
-    _filled(engine)
-    with session_scope(engine) as s:
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def filled(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, _sqlite_migrated: Path
+) -> Iterator[Engine]:
+    """`_filled` once per module and backend, for the tests that only read it (a fill costs ~1 CPU s).
+
+    A test that writes to it rolls back (see the keyset test); the others only read.
+    """
+    if request.param == "sqlite":
+        path = tmp_path_factory.mktemp("counters") / "overrule.db"
+        shutil.copyfile(_sqlite_migrated, path)
+        url = f"sqlite:///{path}"
+    else:
+        url = request.getfixturevalue("pg_module_url")
+    engine = create_db_engine(url)
+    try:
+        _filled(engine)
+        yield engine
+    finally:
+        engine.dispose()
+
+
+def test_pages_read_the_same_figures_as_a_count_of_the_rows(filled: Engine) -> None:
+    with Session(filled) as s:
         live = Judgment.snapshot_id.is_(None) | col(Judgment.snapshot_id).in_(  # type: ignore[union-attr]
             select(EvaluationSnapshot.id).where(col(EvaluationSnapshot.deleted_at).is_(None))
         )
@@ -332,9 +356,8 @@ def _live_rows(s: Session) -> list[EvaluationSnapshot]:
 
 
 @pytest.mark.parametrize("review", ["pending", "reviewed", "corrected"])
-def test_review_and_metric_filters_match_the_judgments_themselves(engine: Engine, review: str) -> None:
-    _filled(engine)
-    with session_scope(engine) as s:
+def test_review_and_metric_filters_match_the_judgments_themselves(filled: Engine, review: str) -> None:
+    with Session(filled) as s:
         judgments = s.exec(select(Judgment).where(col(Judgment.snapshot_id).is_not(None))).all()
         by_snapshot: dict[str, list[Judgment]] = {}
         for j in judgments:
@@ -357,9 +380,8 @@ def test_review_and_metric_filters_match_the_judgments_themselves(engine: Engine
         assert sorted(r.id for r in got_metric) == want_metric and want_metric
 
 
-def test_counts_stop_at_the_cap_and_say_so(engine: Engine) -> None:
-    _filled(engine)
-    with session_scope(engine) as s:
+def test_counts_stop_at_the_cap_and_say_so(filled: Engine) -> None:
+    with Session(filled) as s:
         # Dates are not in the counters: the count walks the index and stops at the cap.
         since = inspector.EvaluationFilters(review="pending", date_from=T0.date())
         exact = inspector.count_evaluations(session=s, filters=since, cap=10_000)
@@ -376,9 +398,8 @@ def test_counts_stop_at_the_cap_and_say_so(engine: Engine) -> None:
 
 
 @pytest.mark.parametrize("sort", ["newest", "weighted_gap", "max_gap"])
-def test_keyset_pages_walk_the_same_rows_as_offsets(engine: Engine, sort: str) -> None:
-    _filled(engine)
-    with session_scope(engine) as s:
+def test_keyset_pages_walk_the_same_rows_as_offsets(filled: Engine, sort: str) -> None:
+    with Session(filled) as s:  # never committed: the module's other tests read the data as filled
         # Ties on created_at and on the gap, so the id tie-break is what orders them.
         s.connection().execute(
             text(
