@@ -427,7 +427,10 @@ def _operate(engine: Engine, rng: random.Random, step: int) -> None:
 
 def test_maintained_counts_equal_a_rebuild_after_random_operations(random_data: Engine) -> None:
     rng = random.Random(7)
-    for step in range(40):
+    # 20 steps: the first 20 of seed 7 run the same lib lines and the same SQL statements as 40 did
+    # on both backends (measured with a line tracer over lib/ and the statements each engine sent;
+    # only the row count of PostgreSQL's multi-row INSERT batches differed), at half the CPU.
+    for step in range(20):
         _operate(random_data, rng, step)
     maintained = table_state(random_data)
     assert all(maintained)
