@@ -515,6 +515,7 @@ def _cmd_webhooks(args: argparse.Namespace) -> int:
         if action == "deliver":
             total = webhooks.deliver_due(engine)
             while args.loop:
+                webhooks.prune_log(engine)
                 time.sleep(webhooks.POLL_SECONDS)
                 total += webhooks.deliver_due(engine)
             print(f"{total} delivery attempt(s)")

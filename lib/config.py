@@ -113,6 +113,10 @@ class Settings:
     # Webhooks (lib.webhooks): the Fernet key that encrypts signing secrets at rest; when unset,
     # data/webhook.key (made on first use, mode 0600). `python -m lib webhooks key` makes one.
     webhook_key: str | None = None
+    # Webhooks: delivered deliveries (and their attempts) older than this many days are removed
+    # from the delivery log, at most hourly, by the delivery worker; 0 keeps them forever. Failed
+    # and pending deliveries always stay (a lead replays them).
+    webhook_log_days: int = 30
     # App behaviour.
     load_demo: bool = True
     page_size: int = 25

@@ -15,6 +15,9 @@
   `Overrule-Event` / `Overrule-Delivery` headers, and records every attempt with its response
   code. A 2xx is delivered; anything else is retried after `RETRY_DELAYS` (10 s, 1 min, 5 min,
   30 min, 2 h, 6 h), then the delivery is failed. `replay_delivery` sends one again.
+- **Retention**: `prune_log` (the worker, and `deliver --loop`, at most hourly) removes delivered
+  deliveries older than OVERRULE_WEBHOOK_LOG_DAYS (30; 0 keeps all) with their attempts; failed and
+  pending ones stay.
 - Receivers check a delivery with `verify_signature` (docs/webhooks.md shows it).
 """
 
@@ -40,7 +43,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pandas as pd
-from sqlalchemy import Engine, insert, update
+from sqlalchemy import Engine, delete, insert, update
 from sqlmodel import Session, col, select
 
 from lib.auth import Actor, Permission, authorize
@@ -64,6 +67,7 @@ REQUEST_TIMEOUT = 10.0
 CLAIM_SECONDS = 60  # a claimed delivery is someone's for this long (a crashed worker's comes back)
 SIGNATURE_TOLERANCE = 300  # seconds a receiver should accept between the timestamp and its clock
 POLL_SECONDS = 1.0
+PRUNE_EVERY_SECONDS = 3600.0  # the delivery log is pruned at most this often per database and process
 EVENT_LABELS = {
     "judgment.reviewed": "a judgment is reviewed (confirmed or overruled)",
     "judgment.overruled": "a reviewer overrules the judge",
@@ -538,6 +542,47 @@ def deliveries_frame(rows: Sequence[WebhookDelivery]) -> pd.DataFrame:
     )  # fmt: skip
 
 
+def prune_deliveries(*, session: Session, days: int, now: datetime | None = None) -> int:
+    """Remove delivered deliveries delivered more than `days` ago, with their attempts; returns how
+    many. Without it the log grows by a row per event and webhook forever. Failed and pending
+    deliveries stay whatever their age (a lead looks at them and replays them); `days` <= 0 keeps all."""
+    if days <= 0:
+        return 0
+    cutoff = (now or utcnow()) - timedelta(days=days)
+    old = select(WebhookDelivery.id).where(
+        WebhookDelivery.status == "delivered", col(WebhookDelivery.delivered_at) < cutoff
+    )
+    if session.get_bind().dialect.name == "postgresql":  # a replay waits for us, or we skip its row
+        old = old.with_for_update(skip_locked=True)
+    ids = list(session.exec(old).all())
+    for i in range(0, len(ids), 500):
+        part = ids[i : i + 500]
+        session.execute(delete(WebhookAttempt).where(col(WebhookAttempt.delivery_id).in_(part)))
+        session.execute(delete(WebhookDelivery).where(col(WebhookDelivery.id).in_(part)))
+    return len(ids)
+
+
+_last_prune: dict[str, float] = {}
+
+
+def prune_log(engine: Engine, *, force: bool = False) -> int:
+    """`prune_deliveries` with OVERRULE_WEBHOOK_LOG_DAYS, at most once per PRUNE_EVERY_SECONDS per
+    database and process (the worker calls it on every poll)."""
+    from lib.config import get_settings
+    from lib.db import session_scope
+
+    url = str(engine.url)
+    now = time.monotonic()
+    if not force and now - _last_prune.get(url, -PRUNE_EVERY_SECONDS) < PRUNE_EVERY_SECONDS:
+        return 0
+    _last_prune[url] = now
+    with session_scope(engine) as session:
+        removed = prune_deliveries(session=session, days=get_settings().webhook_log_days)
+    if removed:
+        log.info("removed %s delivered webhook deliveries from the log", removed)
+    return removed
+
+
 # ---------------------------------------------------------------------------------------------
 # The worker thread
 
@@ -556,6 +601,7 @@ class DeliveryWorker(threading.Thread):
                 try:
                     while deliver_due(self.engine, client=client) and not self._stop_event.is_set():
                         pass
+                    prune_log(self.engine)
                 except Exception:  # a database hiccup must not end deliveries for good
                     log.exception("webhook delivery failed; retrying in %s s", self.interval)
                 self._stop_event.wait(self.interval)

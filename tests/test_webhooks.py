@@ -392,3 +392,55 @@ def test_a_name_that_resolves_to_a_link_local_address_is_not_called(
         row.last_error
         == "refused: metadata.example resolves to 169.254.169.254, a link-local or unspecified address"
     )
+
+
+def test_the_delivery_log_forgets_old_delivered_rows_at_most_hourly(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Delivered deliveries older than OVERRULE_WEBHOOK_LOG_DAYS go with their attempts; failed and
+    pending ones, and recent deliveries, stay; a second prune within the hour does not run. On both
+    databases: PostgreSQL locks the rows it removes (a replay of one waits or is skipped)."""
+    monkeypatch.setenv("OVERRULE_WEBHOOK_LOG_DAYS", "30")
+    reset_settings()
+    hook_id, _ = register(engine, "http://127.0.0.1:9/hooks")
+    now = utcnow()
+    rows = {  # event_id: (status, created / delivered days ago)
+        "old-delivered": ("delivered", 31),
+        "new-delivered": ("delivered", 29),
+        "old-failed": ("failed", 31),
+        "old-pending": ("pending", 31),
+    }
+    with session_scope(engine) as s:
+        for event_id, (status, days) in rows.items():
+            at = now - timedelta(days=days)
+            delivery = WebhookDelivery(
+                webhook_id=hook_id, event="judgment.reviewed", event_id=event_id, status=status,
+                created_at=at, delivered_at=at if status == "delivered" else None, attempts=1,
+            )  # fmt: skip
+            s.add(delivery)
+            s.flush()
+            s.add(WebhookAttempt(delivery_id=delivery.id or 0, at=at, status_code=200))
+    monkeypatch.setattr(webhooks, "_last_prune", {})
+    assert webhooks.prune_log(engine) == 1
+    assert sorted(d.event_id for d in deliveries(engine)) == [
+        "new-delivered",
+        "old-failed",
+        "old-pending",
+    ]
+    assert len(attempts(engine)) == 3
+    with session_scope(engine) as s:  # delivered 40 days ago, after the first prune
+        s.add(WebhookDelivery(
+            webhook_id=hook_id, event="judgment.reviewed", event_id="late", status="delivered",
+            delivered_at=now - timedelta(days=40),
+        ))  # fmt: skip
+    assert webhooks.prune_log(engine) == 0  # within the hour: not run
+    assert webhooks.prune_log(engine, force=True) == 1
+    with session_scope(engine) as s:
+        s.add(WebhookDelivery(
+            webhook_id=hook_id, event="judgment.reviewed", event_id="kept", status="delivered",
+            delivered_at=now - timedelta(days=400),
+        ))  # fmt: skip
+    monkeypatch.setenv("OVERRULE_WEBHOOK_LOG_DAYS", "0")
+    reset_settings()
+    assert webhooks.prune_log(engine, force=True) == 0  # 0 keeps everything
+    assert len(deliveries(engine)) == 4
