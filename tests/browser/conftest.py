@@ -174,21 +174,34 @@ class StreamlitServer:
         self._log.close()
 
 
-@pytest.fixture
-def streamlit_app(tmp_path: Path) -> Iterator[Callable[..., StreamlitServer]]:
-    """Start the app against a given database URL (and extra env); stopped after the test."""
+def _app_starter(folder: Path) -> Iterator[Callable[..., StreamlitServer]]:
+    """Start the app against a given database URL (and extra env); every server stopped at the end."""
     servers: list[StreamlitServer] = []
 
     def _start(database_url: str, *, args: Sequence[str] = (), **extra_env: str) -> StreamlitServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERRULE_", "OPENAI_"))}
         env.update({"OVERRULE_DATABASE_URL": database_url, "OVERRULE_LOAD_DEMO": "false", **extra_env})
-        server = StreamlitServer(env, tmp_path / f"streamlit-{len(servers)}.log", args=args)
+        server = StreamlitServer(env, folder / f"streamlit-{len(servers)}.log", args=args)
         servers.append(server)
         return server
 
     yield _start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def streamlit_app(tmp_path: Path) -> Iterator[Callable[..., StreamlitServer]]:
+    """Start the app against a given database URL (and extra env); stopped after the test."""
+    yield from _app_starter(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def module_app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., StreamlitServer]]:
+    """`streamlit_app` for a whole module: each server start costs ~3 CPU s of imports plus its first
+    page, so the tests of a module that only read one database share one server (each with its own
+    browser context). A test that writes gets its own database, or runs last and says why."""
+    yield from _app_starter(tmp_path_factory.mktemp("app"))
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,9 @@
 """The Evaluations page in headless Chromium: hostile data is highlighted as text and never runs;
-the CSV download holds exactly the filtered rows."""
+the CSV download holds exactly the filtered rows.
+
+One database (the hostile evaluation and 40 plain ones) and one server serve the module; the tests
+only read.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from sqlmodel import Session
 
 from lib.db import init_db
 from lib.importer import import_evaluations
-from tests.browser.conftest import settle
+from tests.browser.conftest import StreamlitServer, settle
 
 SCRIPT = "<script>alert(1)</script>"
 IMG = "<img src=x onerror=alert(1)>"
@@ -22,8 +26,8 @@ ANSWER = f"Intro {SCRIPT} middle {IMG} end."
 pytestmark = pytest.mark.browser
 
 
-def _database(tmp_path: Path, records: list[dict]) -> str:
-    url = f"sqlite:///{tmp_path / 'browser.db'}"
+def _database(folder: Path, records: list[dict]) -> str:
+    url = f"sqlite:///{folder / 'browser.db'}"
     engine = init_db(url)
     with Session(engine) as session:
         import_evaluations(session=session, records=records, reviewer="tester")
@@ -52,10 +56,29 @@ def _hostile_record() -> dict:
     }
 
 
-def test_hostile_answer_and_evidence_are_highlighted_as_text_and_never_run(
-    tmp_path, streamlit_app, page
-) -> None:
-    server = streamlit_app(_database(tmp_path, [_hostile_record()]))
+def _plain_records() -> list[dict]:
+    """40 evaluations, every third of product beta (14), for the filtered download."""
+    return [
+        {
+            "id": f"s{i:02d}",
+            "question": f"Q{i}",
+            "model_answer": "A",
+            "product": "beta" if i % 3 == 0 else "acme",
+            "created_at": f"2025-03-01T00:{i:02d}:00Z",
+            "user_scores": {"clarity": 3},
+            "judge_scores": {"clarity": 4},
+        }
+        for i in range(40)
+    ]
+
+
+@pytest.fixture(scope="module")
+def server(module_app, tmp_path_factory: pytest.TempPathFactory) -> StreamlitServer:
+    url = _database(tmp_path_factory.mktemp("evaluations"), [_hostile_record(), *_plain_records()])
+    return module_app(url, OVERRULE_PAGE_SIZE="5")
+
+
+def test_hostile_answer_and_evidence_are_highlighted_as_text_and_never_run(server, page) -> None:
     page.goto(f"{server.base_url}/evaluations?snapshot=snap_xss")
     settle(page)
     marks = page.locator("mark.ov-ev")
@@ -88,20 +111,7 @@ def test_hostile_answer_and_evidence_are_highlighted_as_text_and_never_run(
     assert page.locator('a[href*="coach?snapshot=snap_xss"]:visible').count() == 1
 
 
-def test_csv_download_holds_every_filtered_row(tmp_path, streamlit_app, page) -> None:
-    records = [
-        {
-            "id": f"s{i:02d}",
-            "question": f"Q{i}",
-            "model_answer": "A",
-            "product": "beta" if i % 3 == 0 else "acme",
-            "created_at": f"2025-03-01T00:{i:02d}:00Z",
-            "user_scores": {"clarity": 3},
-            "judge_scores": {"clarity": 4},
-        }
-        for i in range(40)
-    ]
-    server = streamlit_app(_database(tmp_path, records), OVERRULE_PAGE_SIZE="5")
+def test_csv_download_holds_every_filtered_row(server, page) -> None:
     page.goto(f"{server.base_url}/evaluations?product=beta")
     settle(page)
     # Served by serve.py, the download is a streamed link (lib.downloads), not a button holding bytes.

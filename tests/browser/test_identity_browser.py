@@ -109,8 +109,10 @@ def test_open_mode_name_survives_reload_deep_link_and_new_tab(streamlit_app, pag
 SECRET_TEXT = "Danube"  # in the evaluation: must never reach a browser that has not signed in
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def oidc_provider():
+    """One provider for the module: each test first gives the accounts it signs in with the claims
+    it needs (`provider_user`), and signs in from browser contexts of its own."""
     from oidc_provider_mock import run_server_in_thread
 
     with run_server_in_thread(port=0) as server:
@@ -170,12 +172,18 @@ def page_text(page) -> str:
     return page.evaluate("() => document.body.textContent.replaceAll('\\u2060', '')")
 
 
-def test_signed_out_browser_sees_the_sign_in_screen_only(
-    streamlit_app, page, tmp_path, oidc_provider
-) -> None:
-    url = f"sqlite:///{tmp_path / 'signin.db'}"
+@pytest.fixture(scope="module")
+def shared_signin(module_app, tmp_path_factory, oidc_provider):
+    """A sign-in server over the one-evaluation database, shared by the signed-out test (it only
+    reads) and the unverified-email test (it signs in, and is the module's last user of it)."""
+    folder = tmp_path_factory.mktemp("signin")
+    url = f"sqlite:///{folder / 'signin.db'}"
     seed(url)
-    server = signin_server(streamlit_app, tmp_path, oidc_provider, url)
+    return signin_server(module_app, folder, oidc_provider, url), url
+
+
+def test_signed_out_browser_sees_the_sign_in_screen_only(shared_signin, page) -> None:
+    server, _ = shared_signin
     for path in ("", "/evaluations?snapshot=snap_who", "/review", "/corrections", "/admin"):
         page.goto(f"{server.base_url}{path}")
         settle(page)  # every run the page makes has drawn whatever it would draw
@@ -246,16 +254,17 @@ def test_two_users_sign_in_and_roles_are_enforced(streamlit_app, browser, tmp_pa
 
 
 def test_an_unverified_email_never_becomes_the_identity(
-    streamlit_app, browser, tmp_path, oidc_provider
+    shared_signin, browser, tmp_path, oidc_provider
 ) -> None:
     """Issue 24.1: a provider account may carry any e-mail; unverified, it is not who the user is.
 
     mallory's account says `email: ROOT@example.com, email_verified: false` (OVERRULE_ADMINS names
     root@example.com): she is her issuer-qualified `sub`, with the default role, and the Admin page
-    stays closed. root's own account, verified and in another case, is the admin."""
-    url = f"sqlite:///{tmp_path / 'signin.db'}"
-    seed(url)
-    server = signin_server(streamlit_app, tmp_path, oidc_provider, url)
+    stays closed. root's own account, verified and in another case, is the admin.
+
+    It writes (sign-ins) on the server it shares with the signed-out test, which only reads: it
+    comes after that test in this file, and no later test uses the server."""
+    server, url = shared_signin
     provider_user(oidc_provider, "mallory", email="ROOT@example.com", email_verified=False)
     provider_user(oidc_provider, "root", email="Root@Example.COM", email_verified=True)
     mallory = new_app_context(browser, viewport={"width": 1400, "height": 1000}).new_page()

@@ -1,12 +1,17 @@
 """Issue #17 in headless Chromium: huge answers are shown a part at a time on the detail page and the
 review queue (what keeps them responsive; bench/bench_render.py measures the time), with highlights
-and the full text still reachable; text from data never becomes a link or an icon."""
+and the full text still reachable; text from data never becomes a link or an icon.
+
+One database (both huge answers and the inert one) and one server serve the module; the tests only
+read (no reviewer name is set, so the queue reserves nothing), and each opens its own evaluation.
+"""
 
 from __future__ import annotations
 
 import re
 import time
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 from playwright.sync_api import expect
@@ -15,14 +20,19 @@ from sqlmodel import Session
 from lib.db import init_db
 from lib.highlight import INLINE_CHARS, answer_parts
 from lib.importer import import_evaluations
-from tests.browser.conftest import settle
+from lib.models import Judgment
+from lib.review_queue import item_key
+from tests.browser.conftest import StreamlitServer, settle
 from tests.long_text import long_record, markup_answer, word_answer
 
 pytestmark = pytest.mark.browser
 
 
-def _database(tmp_path: Path, records: list[dict]) -> str:
-    url = f"sqlite:///{tmp_path / 'long.db'}"
+ANSWERS = {"markup": markup_answer(), "word": word_answer()}
+
+
+def _database(folder: Path, records: list[dict]) -> str:
+    url = f"sqlite:///{folder / 'long.db'}"
     engine = init_db(url)
     with Session(engine) as session:
         import_evaluations(session=session, records=records, reviewer="tester")
@@ -39,17 +49,22 @@ def _open(page, url: str) -> float:  # type: ignore[no-untyped-def]
     return time.perf_counter() - started
 
 
-@pytest.mark.parametrize("answer", [markup_answer(), word_answer()], ids=["1MB-markup", "300k-word"])
+def _queue_link(snapshot_id: str) -> str:
+    """The review queue showing this evaluation (the address the queue gives it)."""
+    return "/review?" + urlencode({"item": item_key(Judgment(snapshot_id=snapshot_id))})
+
+
+@pytest.mark.parametrize("kind", ["markup", "word"], ids=["1MB-markup", "300k-word"])
 def test_huge_answer_shows_one_part_on_detail_and_queue_with_highlights_and_full_text(
-    tmp_path, streamlit_app, page, answer: str
+    server, page, kind: str
 ) -> None:
     """Only one part of the answer is in the page at a time (the cap that keeps these pages fast;
     bench/bench_render.py measures how fast), with its highlights; the rest is a part number or a
     download away. Times are printed for the record, never asserted."""
-    server = streamlit_app(_database(tmp_path, [long_record("big", answer)]))
+    answer = ANSWERS[kind]
     parts = answer_parts(answer)
 
-    seconds = _open(page, f"{server.base_url}/evaluations?snapshot=big")
+    seconds = _open(page, f"{server.base_url}/evaluations?snapshot=big_{kind}")
     print(f"\ndetail page, {len(answer):,} characters: drawn after {seconds:.2f} s")
     expect(page.locator(".st-key-evaluations_card_0")).to_be_visible()
     shown = page.locator(".st-key-evaluations_answer_text .ov-answer")
@@ -80,7 +95,7 @@ def test_huge_answer_shows_one_part_on_detail_and_queue_with_highlights_and_full
     assert len(shown.inner_text()) == len(answer) + 2  # and the two footnote numbers
     assert page.get_by_text("created with a default value").count() == 0
 
-    seconds = _open(page, f"{server.base_url}/review")
+    seconds = _open(page, f"{server.base_url}{_queue_link(f'big_{kind}')}")
     print(f"review queue, {len(answer):,} characters: drawn after {seconds:.2f} s")
     expect(page.locator(".st-key-review_skip")).to_be_visible()
     queue_text = page.locator(".st-key-review_answer_text .ov-answer").inner_text()
@@ -107,11 +122,16 @@ def _inert_record() -> dict:
     return record
 
 
-def test_urls_emails_and_shortcodes_from_data_read_literally(tmp_path, streamlit_app, page) -> None:
-    server = streamlit_app(_database(tmp_path, [_inert_record()]))
+@pytest.fixture(scope="module")
+def server(module_app, tmp_path_factory: pytest.TempPathFactory) -> StreamlitServer:
+    records = [*(long_record(f"big_{kind}", answer) for kind, answer in ANSWERS.items()), _inert_record()]
+    return module_app(_database(tmp_path_factory.mktemp("long"), records))
+
+
+def test_urls_emails_and_shortcodes_from_data_read_literally(server, page) -> None:
     for path, ready in (
         ("/evaluations?snapshot=inert", ".st-key-evaluations_card_0"),
-        ("/review", ".st-key-review_skip"),
+        (_queue_link("inert"), ".st-key-review_skip"),
     ):
         page.goto(server.base_url + path)
         settle(page)
