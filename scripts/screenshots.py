@@ -139,9 +139,10 @@ def take(page: Page, base_url: str, shot: Shot, out: Path) -> Path:
     return path
 
 
-def sign_in(page: Page, base_url: str) -> None:
-    """Open the router once (deep links need it on a fresh server) and give the sidebar a name."""
-    page.goto(base_url)
+def sign_in(page: Page, base_url: str, path: str) -> None:
+    """Give the sidebar a name, on the first page to photograph (any page has the sidebar; the
+    launcher keeps deep links on the router from a fresh server's first request)."""
+    page.goto(f"{base_url}/{path}")
     name = page.get_by_label(NAME_LABEL)
     name.wait_for(timeout=TIMEOUT_MS)
     name.fill(REVIEWER)
@@ -171,7 +172,7 @@ def run(out: Path, only: Sequence[str] = ()) -> list[Path]:
                 browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
                 context = new_app_context(browser, viewport=VIEWPORT)
                 page = context.new_page()
-                sign_in(page, server.base_url)
+                sign_in(page, server.base_url, wanted[0].path)
                 written = [take(page, server.base_url, shot, out) for shot in wanted]
                 browser.close()
         except Exception:

@@ -1,7 +1,10 @@
 """`scripts/screenshots`, the README's screenshots: one command writes small 1400×900 PNGs.
 
 Two of the shots only (the whole set takes a minute or two on the CI machine); which pages they
-show is the README's business, that the command works end to end is this test's.
+show is the README's business, that the command works end to end is this test's. The two are the
+cheapest that still cover each way a shot is taken: a plain page (the review queue) and a tab
+opened first with a chart to wait for (the notes timeline). Analytics and the timeline (with the
+name entered on the Overview) took the command 25.3 CPU s; these two take 18.7.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from tests.browser.conftest import CHROMIUM, ROOT
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-SHOTS = ("analytics", "notes-timeline")
+SHOTS = ("review-queue", "notes-timeline")
 
 
 def test_the_screenshots_command_writes_small_pngs_of_the_pages(tmp_path: Path) -> None:
