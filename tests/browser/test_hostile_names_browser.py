@@ -5,6 +5,7 @@ data with its rubric renamed) is opened on every page in Chromium. Widget labels
 radio options, captions and the like render Markdown, so one unescaped name made the reviewer's
 browser fetch `evil.example` images and showed links to it. The test counts what leaves the page:
 requests to any host but the app's own, and links or images pointing at `evil.example`; all zero.
+The demo is a private copy of the run's one demo load (`sqlite_demo`), renamed in that copy.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from sqlalchemy import text
 
 from lib import evaluation_form
 from lib.db import init_db, session_scope
-from lib.demo import load_demo
 from lib.metrics import DEFAULT_METRICS, products_with_rubrics, upsert_metric_definitions
+from tests.browser.conftest import new_app_context, settle
+from tests.conftest import DemoTemplate
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -27,8 +29,6 @@ NAME = f"![t](http://{EVIL}/x.png) Img [l](http://{EVIL}/l) <img src='http://{EV
 RUBRIC = f"Rubric ![d](http://{EVIL}/d.png) see [docs](http://{EVIL}/docs) www.{EVIL} me@{EVIL}"
 WAIT_MS = 240_000  # the Alignment page alone took 105 s to draw at load 35 on this 2-core machine
 DRAWN = """() => document.querySelectorAll('[data-testid="stMain"] [data-testid="stElementContainer"]').length >= 2"""
-SETTLED = """() => document.querySelector('[data-testid="stApp"]')
-    ?.getAttribute('data-test-script-state') === 'notRunning' && !document.querySelector('[data-stale="true"]')"""
 LEAKS = f"""() => ({{
     links: [...document.querySelectorAll('a[href*="{EVIL}"]')].map(a => a.outerHTML.slice(0, 120)),
     images: [...document.querySelectorAll('img[src*="{EVIL}"]')].map(i => i.outerHTML.slice(0, 120)),
@@ -36,9 +36,9 @@ LEAKS = f"""() => ({{
 
 
 def _hostile_demo(url: str) -> str:
-    """The demo data set with every metric's display name and rubric text made hostile; an evaluation id."""
+    """The demo data set at `url` with every metric's display name and rubric text made hostile; an
+    evaluation id."""
     engine = init_db(url)
-    load_demo(engine=engine)
     with session_scope(engine) as session:
         # Products on the default set get it as their own rubric first, so every metric is renamed.
         for product in evaluation_form.known_products(session=session):
@@ -67,11 +67,13 @@ def _hostile_demo(url: str) -> str:
     return str(snapshot_id)
 
 
-def test_every_page_renders_hostile_metric_names_as_text(streamlit_app, browser, tmp_path) -> None:
-    url = f"sqlite:///{tmp_path / 'hostile.db'}"
+def test_every_page_renders_hostile_metric_names_as_text(
+    streamlit_app, browser, tmp_path, sqlite_demo: DemoTemplate
+) -> None:
+    url = sqlite_demo.copy_to(tmp_path / "hostile.db")
     snapshot = quote(_hostile_demo(url), safe="")
     server = streamlit_app(url)
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context = new_app_context(browser, viewport={"width": 1400, "height": 1000})
     context.add_cookies([{"name": "overrule_reviewer", "value": "ayse", "url": server.base_url}])
     outside: list[tuple[str, str]] = []
     opened = [""]  # the path being walked: a failure names the page a request left from
@@ -92,7 +94,7 @@ def test_every_page_renders_hostile_metric_names_as_text(streamlit_app, browser,
             opened[0] = path
             page.goto(f"{server.base_url}/{path}")
             page.wait_for_function(DRAWN, timeout=WAIT_MS)
-            page.wait_for_function(SETTLED, timeout=WAIT_MS)
+            settle(page, timeout=WAIT_MS)
             page.wait_for_function("() => [...document.images].every(i => i.complete)", timeout=WAIT_MS)
             leaks = page.evaluate(LEAKS)
             if leaks["links"] or leaks["images"]:
