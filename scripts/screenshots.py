@@ -65,6 +65,7 @@ class Shot:
     path: str
     tab: str | None = None  # a tab to open first
     heading: str | None = None  # scroll this heading to the top
+    reviewer: str | None = None  # taken as this reviewer (a team queue assigned to them), not REVIEWER
 
 
 def shots(snapshot_id: str) -> list[Shot]:
@@ -73,6 +74,7 @@ def shots(snapshot_id: str) -> list[Shot]:
         Shot("review-queue", "review"),
         Shot("team-queues", "queues"),
         Shot("team-adjudication", "queues?tab=adjudication"),
+        Shot("team-blind-first", f"review?queue={quote('Docsearch blind-first')}", reviewer="deniz"),
         Shot("evaluation-detail", f"evaluations?snapshot={quote(snapshot_id, safe='')}"),
         Shot("analytics", "analytics"),
         Shot("analytics-gaps", "analytics", heading="Gap distributions"),
@@ -120,6 +122,7 @@ def save_small_png(png: bytes, path: Path) -> int:
 
 def take(page: Page, base_url: str, shot: Shot, out: Path) -> Path:
     """Open one page, bring the part to show into view, wait until it is drawn, save the PNG."""
+    as_reviewer(page, base_url, shot.reviewer or REVIEWER)
     page.goto(f"{base_url}/{shot.path}")
     # Any drawn element, not a title: the pages' headings change with their design.
     page.wait_for_function(MAIN_DRAWN, timeout=TIMEOUT_MS)
@@ -137,6 +140,11 @@ def take(page: Page, base_url: str, shot: Shot, out: Path) -> Path:
     size = save_small_png(page.screenshot(), path)
     print(f"{path}: {size // 1024} KB", flush=True)
     return path
+
+
+def as_reviewer(page: Page, base_url: str, name: str) -> None:
+    """The name the next page load reads from its cookie (as after an earlier visit by them)."""
+    page.context.add_cookies([{"name": "overrule_reviewer", "value": name, "url": base_url}])
 
 
 def sign_in(page: Page, base_url: str, path: str) -> None:
