@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import csv
 import io
+import shutil
 from collections.abc import Iterator
 from datetime import date
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, update
 from sqlmodel import Session, col, select
 
+from lib.db import create_db_engine
 from lib.export import evaluations_csv_bytes
 from lib.importer import import_evaluations, import_metrics
 from lib.inspector import (
@@ -97,6 +100,34 @@ def seeded(engine: Engine) -> Iterator[Session]:
         yield session
 
 
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def seeded_engine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, _sqlite_migrated: Path
+) -> Iterator[Engine]:
+    """RECORDS imported once per module and backend, for the filter tests that only read them."""
+    if request.param == "sqlite":
+        path = tmp_path_factory.mktemp("inspector") / "overrule.db"
+        shutil.copyfile(_sqlite_migrated, path)
+        url = f"sqlite:///{path}"
+    else:
+        url = request.getfixturevalue("pg_module_url")
+    engine = create_db_engine(url)
+    try:
+        with Session(engine) as session:
+            import_evaluations(session=session, records=RECORDS, reviewer="tester")
+            session.commit()
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def seeded_read(seeded_engine: Engine) -> Iterator[Session]:
+    """A session on the module's imported RECORDS; never committed (the tests using it only read)."""
+    with Session(seeded_engine) as session:
+        yield session
+
+
 def ids(filters: EvaluationFilters, session: Session, **kwargs: int) -> list[str]:
     return [r.id for r in list_evaluations(session=session, filters=filters, **kwargs).rows]
 
@@ -125,9 +156,9 @@ def ids(filters: EvaluationFilters, session: Session, **kwargs: int) -> list[str
         (EvaluationFilters(product="acme", language="en", evidence="verified"), ["s_a"]),
     ],
 )
-def test_filter_selects_exactly_the_matching_evaluations(seeded, filters, expected) -> None:
-    assert ids(filters, seeded) == expected
-    assert count_evaluations(session=seeded, filters=filters) == len(expected)
+def test_filter_selects_exactly_the_matching_evaluations(seeded_read, filters, expected) -> None:
+    assert ids(filters, seeded_read) == expected
+    assert count_evaluations(session=seeded_read, filters=filters) == len(expected)
 
 
 @pytest.mark.parametrize(
@@ -141,8 +172,8 @@ def test_filter_selects_exactly_the_matching_evaluations(seeded, filters, expect
         ("QUESTION S_B", ["s_b"]),
     ],
 )
-def test_text_search_takes_like_wildcards_literally_and_ignores_case(seeded, needle, expected) -> None:
-    assert ids(EvaluationFilters(text=needle), seeded) == expected
+def test_text_search_takes_like_wildcards_literally_and_ignores_case(seeded_read, needle, expected) -> None:
+    assert ids(EvaluationFilters(text=needle), seeded_read) == expected
 
 
 def _review(session: Session, change_id: str, user_decision: str) -> None:
