@@ -536,13 +536,31 @@ def _measures(u: np.ndarray, j: np.ndarray, spec: MetricSpec) -> dict[str, float
 def _bootstrap(
     u: np.ndarray, j: np.ndarray, spec: MetricSpec, resamples: int, seed: int
 ) -> dict[str, tuple[float, float]]:
-    """Percentile 95 % intervals from `resamples` seeded resamples of the items."""
+    """Percentile 95 % intervals from `resamples` seeded resamples of the items.
+
+    Each resample is read as a contingency table of its (reviewer, arm) score pairs, so every
+    measure of every resample is computed at once, with the rules `_measures` uses (1000 resamples
+    one at a time took ~0.3 s per arm and metric: 8 s for the demo's page on every rerun).
+    """
     rng = np.random.default_rng(seed)
-    draws: dict[str, list[float]] = {m: [] for m in MEASURES}
-    for idx in rng.integers(0, len(u), size=(resamples, len(u))):
-        for name, value in _measures(u[idx], j[idx], spec).items():
-            draws[name].append(value)
-    return {name: reliability.percentile_interval(values) for name, values in draws.items()}
+    draws = rng.integers(0, len(u), size=(resamples, len(u)))
+    categories = np.unique(np.concatenate([u, j]))
+    k = len(categories)
+    cells = np.searchsorted(categories, u) * k + np.searchsorted(categories, j)
+    offsets = np.arange(resamples)[:, None] * (k * k)
+    tables = np.bincount((cells[draws] + offsets).ravel(), minlength=resamples * k * k)
+    tables = tables.reshape(resamples, k, k).astype(float)
+    gaps = analytics.rescaled_gaps(u, j, spec.min_value, spec.max_value)
+    values = {
+        "exact_agreement": np.trace(tables, axis1=1, axis2=2) / len(u),
+        "within_1_agreement": analytics.within_one(gaps)[draws].mean(axis=1),
+        "weighted_kappa": reliability.kappas(tables, categories, "quadratic")
+        if spec.integer_scale
+        else np.full(resamples, np.nan),
+        "spearman": analytics.spearman_of_tables(tables),
+        "mean_rescaled_gap": gaps[draws].mean(axis=1),
+    }
+    return {name: reliability.percentile_interval(values[name]) for name in MEASURES}
 
 
 @dataclass(frozen=True)

@@ -197,28 +197,37 @@ def spearman_of_counts(
 ) -> float:
     """Spearman's rho from (user, judge, count) rows, with average ranks for ties; NaN when a side is constant.
 
-    A score's average rank is the number of pairs ranked below it plus (its own count + 1) / 2, so
-    the ranks need only the marginal counts; rho is then the count-weighted Pearson correlation.
+    The rows are summed into one contingency table over the scores both sides used (`spearman_of_tables`).
     """
-    n = np.asarray(counts, dtype=float)
-    total = n.sum()
-    if total < 2:
-        return float("nan")
-    ru = _average_ranks(np.asarray(user, dtype=float), n)
-    rj = _average_ranks(np.asarray(judge, dtype=float), n)
-    du = ru - (n * ru).sum() / total
-    dj = rj - (n * rj).sum() / total
-    var_u, var_j = (n * du * du).sum(), (n * dj * dj).sum()
-    if var_u <= 0 or var_j <= 0:
-        return float("nan")
-    return float((n * du * dj).sum() / np.sqrt(var_u * var_j))
+    u, j = np.asarray(user, dtype=float), np.asarray(judge, dtype=float)
+    categories = np.unique(np.concatenate([u, j]))
+    table = np.zeros((1, len(categories), len(categories)))
+    np.add.at(
+        table[0], (np.searchsorted(categories, u), np.searchsorted(categories, j)), np.asarray(counts, float)
+    )
+    return float(spearman_of_tables(table)[0])
 
 
-def _average_ranks(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    categories, index = np.unique(values, return_inverse=True)
-    per_category = np.bincount(index, weights=counts, minlength=len(categories))
-    below = np.cumsum(per_category) - per_category
-    return (below + (per_category + 1) / 2)[index]
+def spearman_of_tables(tables: np.ndarray) -> np.ndarray:
+    """Spearman's rho of each (k x k) contingency table in a stack (rows: one side's scores, columns:
+    the other's, both in ascending order; bootstrap resamples of one sample), NaN where fewer than
+    two pairs or a side is constant.
+
+    A score's average rank is the number of pairs ranked below it plus (its own count + 1) / 2, so
+    the ranks need only the marginal counts; rho is then the count-weighted Pearson correlation of
+    the ranks. A score nobody used has no count and changes nothing.
+    """
+    tables = np.asarray(tables, dtype=float)
+    total = tables.sum(axis=(1, 2))
+    rows, cols = tables.sum(axis=2), tables.sum(axis=1)
+    rank_u = np.cumsum(rows, axis=1) - rows + (rows + 1) / 2
+    rank_j = np.cumsum(cols, axis=1) - cols + (cols + 1) / 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        du = rank_u - ((rows * rank_u).sum(axis=1) / total)[:, None]
+        dj = rank_j - ((cols * rank_j).sum(axis=1) / total)[:, None]
+        var_u, var_j = (rows * du * du).sum(axis=1), (cols * dj * dj).sum(axis=1)
+        rho = np.einsum("rab,ra,rb->r", tables, du, dj) / np.sqrt(var_u * var_j)
+    return np.where((total >= 2) & (var_u > 0) & (var_j > 0), rho, np.nan)
 
 
 def _pair_filters(
