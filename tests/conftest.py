@@ -245,6 +245,16 @@ def pg_module_url(_pg_module_database: PgDatabase) -> str:
     return _pg_module_database.url
 
 
+def module_db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """For a module-scoped fixture parametrized over "sqlite"/"postgresql": an empty migrated database
+    its module's tests share (a copy of the SQLite template, or `pg_module_url`)."""
+    if request.param == "sqlite":
+        path = tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1]) / "overrule.db"
+        shutil.copyfile(request.getfixturevalue("_sqlite_migrated"), path)
+        return f"sqlite:///{path}"
+    return str(request.getfixturevalue("pg_module_url"))
+
+
 # For tests of refusals that happen before any write (validation, parsing): the database only
 # proves nothing was written, which one backend shows as well as two. Overrides `db_url`'s params.
 sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import random
-import shutil
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,6 +28,7 @@ from lib.metrics import DEFAULT_METRICS
 from lib.models import EvaluationSnapshot, Judgment
 from lib.second_opinion import SecondOpinion, store_second_opinion
 from lib.snapshots import build_snapshot_rows
+from tests.conftest import module_db_url
 
 T0 = datetime(2025, 3, 1, 8, tzinfo=UTC)
 PRODUCTS = ("tutor", "atlas", "quill")
@@ -259,20 +258,12 @@ def _filled(engine: Engine) -> None:
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def filled(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, _sqlite_migrated: Path
-) -> Iterator[Engine]:
+def filled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     """`_filled` once per module and backend, for the tests that only read it (a fill costs ~1 CPU s).
 
     A test that writes to it rolls back (see the keyset test); the others only read.
     """
-    if request.param == "sqlite":
-        path = tmp_path_factory.mktemp("counters") / "overrule.db"
-        shutil.copyfile(_sqlite_migrated, path)
-        url = f"sqlite:///{path}"
-    else:
-        url = request.getfixturevalue("pg_module_url")
-    engine = create_db_engine(url)
+    engine = create_db_engine(module_db_url(request, tmp_path_factory))
     try:
         _filled(engine)
         yield engine

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import csv
 import io
-import shutil
 from collections.abc import Iterator
 from datetime import date
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +27,7 @@ from lib.inspector import (
     to_params,
 )
 from lib.models import EvaluationSnapshot, Judgment
+from tests.conftest import module_db_url
 
 ANSWER = "Paris is the capital of France.\n\nIt is known for  the Eiffel Tower."
 EXACT = {"quote": "Paris is the capital of France.", "start": 0, "end": 31, "why": "correct", "better": "-"}
@@ -102,16 +101,10 @@ def seeded(engine: Engine) -> Iterator[Session]:
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def seeded_engine(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, _sqlite_migrated: Path
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Engine]:
     """RECORDS imported once per module and backend, for the filter tests that only read them."""
-    if request.param == "sqlite":
-        path = tmp_path_factory.mktemp("inspector") / "overrule.db"
-        shutil.copyfile(_sqlite_migrated, path)
-        url = f"sqlite:///{path}"
-    else:
-        url = request.getfixturevalue("pg_module_url")
-    engine = create_db_engine(url)
+    engine = create_db_engine(module_db_url(request, tmp_path_factory))
     try:
         with Session(engine) as session:
             import_evaluations(session=session, records=RECORDS, reviewer="tester")

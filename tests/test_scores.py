@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import math
 import random
-import shutil
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -39,6 +37,7 @@ from lib.models import (
     MetricScore,
 )
 from lib.snapshots import build_snapshot_rows
+from tests.conftest import module_db_url
 
 START = datetime(2026, 1, 1, tzinfo=UTC)  # a Thursday: weeks are cut at both ends
 PRODUCTS = ("alpha", "beta", "gamma")  # gamma has its own rubric: one integer and one continuous metric
@@ -277,16 +276,10 @@ def random_data(engine: Engine) -> Engine:
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def shared_random_data(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, _sqlite_migrated: Path
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Engine]:
     """The same random data once per backend, for the read-only report comparisons (~1 s a fill)."""
-    if request.param == "sqlite":
-        path = tmp_path_factory.mktemp("scores") / "overrule.db"
-        shutil.copyfile(_sqlite_migrated, path)
-        url = f"sqlite:///{path}"
-    else:
-        url = request.getfixturevalue("pg_module_url")
-    engine = create_db_engine(url)
+    engine = create_db_engine(module_db_url(request, tmp_path_factory))
     try:
         yield _fill_random(engine)
     finally:
