@@ -32,6 +32,7 @@ from sqlmodel import col, select  # noqa: E402
 from lib.db import init_db, session_scope  # noqa: E402
 from lib.demo import load_demo  # noqa: E402
 from lib.models import EvaluationSnapshot, Judgment  # noqa: E402
+from lib.ui import REVIEWER_COOKIE  # noqa: E402
 from tests.browser.conftest import (  # noqa: E402
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -144,7 +145,7 @@ def take(page: Page, base_url: str, shot: Shot, out: Path) -> Path:
 
 def as_reviewer(page: Page, base_url: str, name: str) -> None:
     """The name the next page load reads from its cookie (as after an earlier visit by them)."""
-    page.context.add_cookies([{"name": "overrule_reviewer", "value": name, "url": base_url}])
+    page.context.add_cookies([{"name": REVIEWER_COOKIE, "value": name, "url": base_url}])
 
 
 def sign_in(page: Page, base_url: str, path: str) -> None:
@@ -155,7 +156,7 @@ def sign_in(page: Page, base_url: str, path: str) -> None:
     name.wait_for(timeout=TIMEOUT_MS)
     name.fill(REVIEWER)
     name.press("Enter")
-    page.wait_for_function(f"document.cookie.includes('overrule_reviewer={REVIEWER}')", timeout=TIMEOUT_MS)
+    page.wait_for_function(f"document.cookie.includes('{REVIEWER_COOKIE}={REVIEWER}')", timeout=TIMEOUT_MS)
     wait_until_drawn(page)
 
 

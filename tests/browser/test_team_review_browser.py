@@ -29,6 +29,7 @@ from lib.db import init_db, session_scope
 from lib.metrics import upsert_metric_definitions
 from lib.models import EvaluationSnapshot, Judgment, ReviewAssignment, ReviewLabel, utcnow
 from lib.queues import QueueSpec
+from lib.ui import REVIEWER_COOKIE
 from lib.ui.team_review import DEFAULT_LABEL
 from tests.browser.conftest import StreamlitServer, new_app_context, settle
 from tests.waiting import wait_until
@@ -121,7 +122,7 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[StreamlitSe
 
 def _reviewer(browser, server: StreamlitServer, name: str):
     context = new_app_context(browser, viewport={"width": 1400, "height": 900})
-    context.add_cookies([{"name": "overrule_reviewer", "value": name, "url": server.base_url}])
+    context.add_cookies([{"name": REVIEWER_COOKIE, "value": name, "url": server.base_url}])
     return context, context.new_page()
 
 
