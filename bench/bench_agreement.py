@@ -27,9 +27,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
-from sqlalchemy import Engine, insert, text  # noqa: E402
+from sqlalchemy import Engine, insert  # noqa: E402
 from sqlmodel import Session  # noqa: E402
 
+from bench.common import fresh_pg_database, parse_size  # noqa: E402
 from lib import agreement  # noqa: E402
 from lib.agreement import AgreementFilters  # noqa: E402
 from lib.db import init_db  # noqa: E402
@@ -37,12 +38,6 @@ from lib.models import Judgment, ReviewLabel, ReviewQueue, ReviewQueueItem, Revi
 
 REVIEWERS = ("ana", "ben", "cem")
 CHUNK = 20_000
-
-
-def parse_size(text_value: str) -> int:
-    text_value = text_value.strip().lower()
-    scale = {"k": 1_000, "m": 1_000_000}.get(text_value[-1], 1)
-    return int(float(text_value.rstrip("km")) * scale)
 
 
 def fill(engine: Engine, items: int, seed: int = 0) -> None:
@@ -113,15 +108,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
             if args.pg:
-                from sqlalchemy import create_engine
-
-                admin = create_engine(args.pg.replace("postgresql://", "postgresql+psycopg://", 1),
-                                      isolation_level="AUTOCOMMIT")  # fmt: skip
-                name = f"bench_agreement_{size}"
-                with admin.connect() as con:
-                    con.execute(text(f"DROP DATABASE IF EXISTS {name}"))
-                    con.execute(text(f"CREATE DATABASE {name}"))
-                url = args.pg.rsplit("/", 1)[0] + f"/{name}"
+                url = fresh_pg_database(args.pg, f"bench_agreement_{size}")
             else:
                 url = f"sqlite:///{tmp}/agreement_{size}.db"
             engine = init_db(url)

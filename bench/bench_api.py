@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 import threading
@@ -35,6 +34,7 @@ from sqlmodel import Session, select  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 from starlette.routing import Mount  # noqa: E402
 
+from bench.common import OUT, fresh_sqlite_url, serve_asgi  # noqa: E402
 from bench.gen import insert_batched, judgment_rows  # noqa: E402
 from lib import corrections  # noqa: E402
 from lib.api import API_PREFIX, create_app  # noqa: E402
@@ -44,15 +44,9 @@ from lib.importer import import_path  # noqa: E402
 from lib.models import Judgment  # noqa: E402
 from lib.tokens import create_token  # noqa: E402
 
-OUT = ROOT / "bench" / "out"
-
 
 def fresh(name: str) -> Engine:
-    path = OUT / name
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    return init_db(f"sqlite:///{path}")
+    return init_db(fresh_sqlite_url(OUT / name))
 
 
 def serve(engine: Engine) -> tuple[str, str, uvicorn.Server, threading.Thread]:
@@ -60,16 +54,9 @@ def serve(engine: Engine) -> tuple[str, str, uvicorn.Server, threading.Thread]:
     with Session(engine) as session:
         _, secret = create_token(session=session, actor=system_actor(), name="bench", role="admin")
         session.commit()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     app = Starlette(routes=[Mount(API_PREFIX, app=create_app(engine, max_body_mb=10_000))])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    return f"http://127.0.0.1:{port}{API_PREFIX}", secret, server, thread
+    base, server, thread = serve_asgi(app)
+    return f"{base}{API_PREFIX}", secret, server, thread
 
 
 def records_file(n: int) -> Path:

@@ -28,14 +28,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import create_engine, func, select, text  # noqa: E402
+from sqlalchemy import func, select  # noqa: E402
 from sqlalchemy.exc import SQLAlchemyError  # noqa: E402
 
+from bench.common import OUT, fresh_pg_database, fresh_sqlite_url  # noqa: E402
 from bench.gen import generate  # noqa: E402
-from lib.db import create_db_engine, init_db, normalize_url  # noqa: E402
+from lib.db import create_db_engine, init_db  # noqa: E402
 from lib.models import Judgment  # noqa: E402
-
-OUT = ROOT / "bench" / "out"
 
 
 def _count_judgments(url: str) -> int:
@@ -52,18 +51,8 @@ def _count_judgments(url: str) -> int:
 def _fresh_database(rows: int, pg_admin: str | None) -> str:
     """Drop whatever a previous (interrupted) run left and return the URL of an empty database."""
     if pg_admin is None:
-        path = OUT / f"bench_{rows}.db"
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
-        OUT.mkdir(parents=True, exist_ok=True)
-        return f"sqlite:///{path}"
-    name = f"overrule_bench_{rows}"
-    admin = create_engine(normalize_url(pg_admin), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    return f"{pg_admin.rpartition('/')[0]}/{name}"
+        return fresh_sqlite_url(OUT / f"bench_{rows}.db")
+    return fresh_pg_database(pg_admin, f"overrule_bench_{rows}")
 
 
 def bench_db(rows: int, pg_admin: str | None = None) -> str:

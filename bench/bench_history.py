@@ -26,9 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python bench/bench_history.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import Engine, create_engine, select, text  # noqa: E402
+from sqlalchemy import Engine, select, text  # noqa: E402
 from sqlmodel import Session  # noqa: E402
 
+from bench.common import drop_pg_database, fresh_pg_database  # noqa: E402
 from bench.gen import PRODUCTS, generate  # noqa: E402
 from lib.corrections import history_pool_sql, select_history  # noqa: E402
 from lib.db import init_db  # noqa: E402
@@ -148,22 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         engine.dispose()
 
     if args.pg:
-        base, _, _ = args.pg.rpartition("/")
         name = f"overrule_bench_{secrets.token_hex(4)}"
-        admin = create_engine(
-            args.pg.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT"
-        )
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        url = fresh_pg_database(args.pg, name)
         try:
             print(f"== PostgreSQL ({name})")
-            engine = init_db(f"{base}/{name}")
+            engine = init_db(url)
             run(engine, args.judgments, args.runs)
             engine.dispose()
         finally:
-            with admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-            admin.dispose()
+            drop_pg_database(args.pg, name)
     return 0
 
 

@@ -36,24 +36,20 @@ if str(ROOT) not in sys.path:
 from sqlalchemy import Engine, Table, delete, event, literal  # noqa: E402
 from sqlmodel import Session  # noqa: E402
 
+from bench.common import OUT, fresh_sqlite_url  # noqa: E402
 from bench.gen import judgment_rows  # noqa: E402
 from lib import counters  # noqa: E402
 from lib.bulk import deferred_indexes, insert_tuples, worth_deferring  # noqa: E402
 from lib.db import init_db, session_scope  # noqa: E402
 from lib.models import Judgment, JudgmentEvent  # noqa: E402
 
-OUT = ROOT / "bench" / "out"
 JUDGMENTS: Table = Judgment.__table__  # type: ignore[attr-defined]
 
 
 def fresh_engine(url: str | None, sqlite_cache_mb: int = 0) -> Engine:
     """An empty judgments table: a new SQLite file, or the given database with judgments deleted."""
     if url is None:
-        path = OUT / "bench_import.db"
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
-        OUT.mkdir(parents=True, exist_ok=True)
-        engine = init_db(f"sqlite:///{path}")
+        engine = init_db(fresh_sqlite_url(OUT / "bench_import.db"))
         if sqlite_cache_mb:
 
             @event.listens_for(engine, "connect")

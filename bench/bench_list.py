@@ -35,9 +35,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import Engine, create_engine, insert, text  # noqa: E402
+from sqlalchemy import Engine, insert, text  # noqa: E402
 from sqlmodel import Session  # noqa: E402
 
+from bench.common import drop_pg_database, fresh_pg_database  # noqa: E402
 from lib.config import reset_settings  # noqa: E402
 from lib.db import init_db  # noqa: E402
 from lib.inspector import EvaluationFilters, count_evaluations, fetch_page, filter_options  # noqa: E402
@@ -210,26 +211,6 @@ def page_render(url: str) -> Callable[[], object]:
     return run
 
 
-def _pg_database(admin_url: str, name: str) -> str:
-    admin = create_engine(
-        admin_url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT"
-    )
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    return f"{admin_url.rpartition('/')[0]}/{name}"
-
-
-def _drop_pg(admin_url: str, name: str) -> None:
-    admin = create_engine(
-        admin_url.replace("postgresql://", "postgresql+psycopg://", 1), isolation_level="AUTOCOMMIT"
-    )
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
-
-
 def bench_backend(label: str, urls: dict[int, str], repeat: int) -> float:
     """Generate, time and print one backend; returns the page-render ratio."""
     engines: dict[int, Engine] = {}
@@ -276,11 +257,11 @@ def main() -> None:
     if args.pg:
         names = {n: f"overrule_bench_{n}_{secrets.token_hex(3)}" for n in (args.small, args.large)}
         try:
-            urls = {n: _pg_database(args.pg, name) for n, name in names.items()}
+            urls = {n: fresh_pg_database(args.pg, name) for n, name in names.items()}
             bench_backend("postgresql", urls, args.repeat)
         finally:
             for name in names.values():
-                _drop_pg(args.pg, name)
+                drop_pg_database(args.pg, name)
 
 
 if __name__ == "__main__":

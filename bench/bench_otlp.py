@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 import threading
 import time
@@ -50,13 +49,13 @@ from sqlmodel import Session  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 from starlette.routing import Mount  # noqa: E402
 
+from bench.common import OUT, fresh_sqlite_url, serve_asgi  # noqa: E402
 from lib.api import API_PREFIX, create_app, otlp_root_routes  # noqa: E402
 from lib.auth import system_actor  # noqa: E402
 from lib.db import init_db  # noqa: E402
 from lib.models import EvaluationSnapshot, Judgment  # noqa: E402
 from lib.tokens import create_token  # noqa: E402
 
-OUT = ROOT / "bench" / "out"
 METRICS = ("truthfulness", "helpfulness", "safety", "clarity", "consistency")
 PRODUCT = "tutor"
 EVENT = "gen_ai.evaluation.result"
@@ -156,28 +155,17 @@ def otlp_bodies(n: int, batch: int, *, events_as_logs: bool) -> tuple[list[bytes
 
 
 def fresh(name: str) -> Engine:
-    path = OUT / name
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    return init_db(f"sqlite:///{path}")
+    return init_db(fresh_sqlite_url(OUT / name))
 
 
 def serve(engine: Engine) -> tuple[str, str, uvicorn.Server, threading.Thread]:
     with Session(engine) as session:
         _, secret = create_token(session=session, actor=system_actor(), name="bench", role="lead")
         session.commit()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     api = create_app(engine, max_body_mb=10_000, max_json_mb=1_000)
     app = Starlette(routes=[Mount(API_PREFIX, app=api), *otlp_root_routes(api)])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    return f"http://127.0.0.1:{port}", secret, server, thread
+    base, server, thread = serve_asgi(app)
+    return base, secret, server, thread
 
 
 def run(name: str, posts: Callable[[str], list[tuple[str, bytes, str]]], n: int) -> tuple[float, float]:

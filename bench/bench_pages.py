@@ -59,7 +59,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-OUT = ROOT / "bench" / "out"
+from bench.common import (  # noqa: E402
+    OUT,
+    label,
+    parse_size,
+    parse_sizes,
+    pg_database,
+    sqlite_database,
+)
+
 JUDGMENTS_PER_EVALUATION = 10
 PAGE_TIMEOUT_S = 1800.0
 
@@ -363,93 +371,6 @@ def scenarios(ctx: Context | None) -> list[Scenario]:
         Scenario("admin", "pages/admin.py"),
         *filter_scenarios(ctx),
     ]
-
-
-# ---------------------------------------------------------------------------------------------
-# Sizes and databases
-
-
-def parse_size(text: str) -> int:
-    """`1k` → 1000, `100k` → 100000, `1m` → 1000000, `2500` → 2500."""
-    text = text.strip().lower().replace("_", "").replace(",", "")
-    scale = {"k": 1_000, "m": 1_000_000}.get(text[-1:], 1)
-    number = text[:-1] if scale > 1 else text
-    value = float(number) * scale
-    if value < 1 or value != int(value):
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use 1k, 100k, 1m or an integer)")
-    return int(value)
-
-
-def parse_sizes(text: str) -> list[int]:
-    """A comma-separated list of sizes, smallest first (the ratio's denominator)."""
-    return sorted({parse_size(part) for part in text.split(",") if part.strip()})
-
-
-def label(size: int) -> str:
-    """1000 → 1k, 1000000 → 1M."""
-    if size % 1_000_000 == 0:
-        return f"{size // 1_000_000}M"
-    if size % 1_000 == 0:
-        return f"{size // 1_000}k"
-    return str(size)
-
-
-def schema_tag() -> str:
-    """Alembic head + generator version: a database built for another schema or generator is not reused."""
-    from alembic.script import ScriptDirectory
-
-    from bench import gen
-    from lib.db import alembic_config
-
-    heads = sorted(ScriptDirectory.from_config(alembic_config()).get_heads())
-    return f"{'-'.join(h[:8] for h in heads)}_g{gen.GEN_VERSION}"
-
-
-def sqlite_database(db_dir: Path, evaluations: int, *, build: bool) -> str:
-    """URL of the SQLite benchmark database of this size, built with gen.py when missing."""
-    from bench import gen
-
-    path = db_dir / f"pages_{label(evaluations)}_{schema_tag()}.db"
-    if not path.exists():
-        if not build:
-            raise SystemExit(f"{path} does not exist (drop --no-build to build it)")
-        db_dir.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".partial")
-        print(f"building {path} ({evaluations:,} evaluations) …", flush=True)
-        if gen.main(["--evaluations", str(evaluations), "--db", str(partial), "--force"]) != 0:
-            raise SystemExit(f"gen.py failed for {partial}")
-        for suffix in ("-wal", "-shm"):
-            Path(f"{partial}{suffix}").unlink(missing_ok=True)
-        partial.rename(path)
-    return f"sqlite:///{path}"
-
-
-def pg_database(admin_url: str, evaluations: int, *, build: bool) -> str:
-    """URL of the PostgreSQL benchmark database of this size, built with gen.py when missing."""
-    from sqlalchemy import create_engine, text
-
-    from bench import gen
-    from lib.db import normalize_url
-
-    name = f"overrule_pages_{label(evaluations).lower()}_{schema_tag().replace('-', '_')}"
-    base = admin_url.rpartition("/")[0]
-    admin = create_engine(normalize_url(admin_url), isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).first()
-            if exists is None:
-                if not build:
-                    raise SystemExit(f"PostgreSQL database {name} does not exist (drop --no-build)")
-                partial = f"{name}_partial"
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{partial}" WITH (FORCE)'))
-                conn.execute(text(f'CREATE DATABASE "{partial}"'))
-                print(f"building PostgreSQL {name} ({evaluations:,} evaluations) …", flush=True)
-                if gen.main(["--evaluations", str(evaluations), "--url", f"{base}/{partial}"]) != 0:
-                    raise SystemExit(f"gen.py failed for {partial}")
-                conn.execute(text(f'ALTER DATABASE "{partial}" RENAME TO "{name}"'))
-    finally:
-        admin.dispose()
-    return f"{base}/{name}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.bench_pages import OUT, label, parse_sizes, pg_database, sqlite_database  # noqa: E402
+from bench.common import OUT, label, parse_sizes, pg_database, sqlite_database  # noqa: E402
 
 GOAL = 1.5
 FLAT = ("default next item", "default save review", "team next item", "team save label")

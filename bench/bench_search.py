@@ -32,9 +32,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import Engine, create_engine, func, insert, select, text  # noqa: E402
+from sqlalchemy import Engine, func, insert, select  # noqa: E402
 from sqlmodel import Session, col  # noqa: E402
 
+from bench.common import drop_pg_database, fresh_pg_database  # noqa: E402
 from lib.db import init_db  # noqa: E402
 from lib.inspector import EvaluationFilters, filter_conditions  # noqa: E402
 from lib.models import EvaluationSnapshot  # noqa: E402
@@ -170,12 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         measure(engine, f"SQLite, {args.rows:,} evaluations")
         engine.dispose()
     if args.pg:
-        admin_url = args.pg.replace("postgresql://", "postgresql+psycopg://", 1)
-        admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text("DROP DATABASE IF EXISTS bench_search WITH (FORCE)"))
-            conn.execute(text("CREATE DATABASE bench_search"))
-        url = args.pg.rsplit("/", 1)[0] + "/bench_search"
+        url = fresh_pg_database(args.pg, "bench_search")
         engine = init_db(url)
         try:
             t0 = time.perf_counter()
@@ -184,9 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             measure(engine, f"PostgreSQL, {args.rows:,} evaluations")
         finally:
             engine.dispose()
-            with admin.connect() as conn:
-                conn.execute(text("DROP DATABASE IF EXISTS bench_search WITH (FORCE)"))
-            admin.dispose()
+            drop_pg_database(args.pg, "bench_search")
     return 0
 
 

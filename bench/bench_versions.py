@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 from sqlalchemy import Engine, insert, text  # noqa: E402
 from sqlmodel import Session  # noqa: E402
 
+from bench.common import fresh_pg_database, parse_size  # noqa: E402
 from lib import version_agreement, version_counts  # noqa: E402
 from lib.db import init_db  # noqa: E402
 from lib.models import EvaluationSnapshot, JudgeVerdict, JudgeVersion, Judgment  # noqa: E402
@@ -41,12 +42,6 @@ METRICS = ("clarity", "safety", "tone", "accuracy")
 VERSIONS_PER_PRODUCT = 10
 CHUNK = 20_000
 START = datetime(2026, 1, 5, tzinfo=UTC)
-
-
-def parse_size(value: str) -> int:
-    value = value.strip().lower()
-    scale = {"k": 1_000, "m": 1_000_000}.get(value[-1], 1)
-    return int(float(value.rstrip("km")) * scale)
 
 
 def fill(engine: Engine, n: int, seed: int = 0) -> None:
@@ -172,15 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in sizes:
         with tempfile.TemporaryDirectory() as tmp:
             if args.pg:
-                from sqlalchemy import create_engine
-
-                admin = create_engine(args.pg.replace("postgresql://", "postgresql+psycopg://", 1),
-                                      isolation_level="AUTOCOMMIT")  # fmt: skip
-                name = f"bench_versions_{n}"
-                with admin.connect() as con:
-                    con.execute(text(f"DROP DATABASE IF EXISTS {name}"))
-                    con.execute(text(f"CREATE DATABASE {name}"))
-                url = args.pg.rsplit("/", 1)[0] + f"/{name}"
+                url = fresh_pg_database(args.pg, f"bench_versions_{n}")
             else:
                 url = f"sqlite:///{Path(tmp) / 'bench.db'}"
             engine = init_db(url)

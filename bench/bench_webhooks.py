@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.bench_pages import OUT, label, parse_sizes, pg_database, sqlite_database  # noqa: E402
+from bench.common import OUT, label, parse_sizes, pg_database, sqlite_database  # noqa: E402
 
 GOAL = 1.1
 
