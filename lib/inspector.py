@@ -30,7 +30,7 @@ from lib.display import REVIEWED_BY, evaluation_title, evaluation_url, metric_fi
 from lib.evidence import EvidenceItem, evidence_items, metric_entry
 from lib.highlight import Span
 from lib.metrics import DEFAULT_METRICS, MetricSpec, metrics_for_product, score_of, scores_of_json
-from lib.models import EvaluationSnapshot, Judgment, MetricDefinition, utcnow
+from lib.models import EvaluationSnapshot, JudgeVersion, Judgment, MetricDefinition, utcnow
 from lib.search import text_match
 
 ReviewState = Literal["any", "pending", "reviewed", "corrected"]
@@ -1191,9 +1191,16 @@ def _card_sort_key(indexed: tuple[int, MetricCard]) -> tuple[int, float, int]:
 
 
 def build_cards(
-    snapshot: EvaluationSnapshot, metrics: Sequence[MetricSpec], judgments: Sequence[Judgment] = ()
+    snapshot: EvaluationSnapshot,
+    metrics: Sequence[MetricSpec],
+    judgments: Sequence[Judgment] = (),
+    judged_under: Sequence[MetricSpec] = (),
 ) -> list[MetricCard]:
-    """A card per rubric metric (plus any metric the data holds beyond the rubric), largest gap first."""
+    """A card per rubric metric (plus any metric the data holds beyond the rubric), largest gap first.
+
+    A metric the rubric no longer names (removed by a rubric edit) keeps the display name and scale
+    of `judged_under`, the rubric of the judge version that judged the evaluation, when it has them.
+    """
     user = snapshot.user_scores_json if isinstance(snapshot.user_scores_json, Mapping) else {}
     judge = snapshot.judge_scores_json if isinstance(snapshot.judge_scores_json, Mapping) else {}
     stored = snapshot.evidence_json
@@ -1202,10 +1209,11 @@ def build_cards(
     bonus = set(snapshot.bonus_metrics or [])
     specs = list(metrics)
     known = {spec.slug for spec in specs}
+    former = {spec.slug: spec for spec in judged_under}
     for slug in dict.fromkeys([*user, *judge, *evidence]):
         if isinstance(slug, str) and slug not in known:
             # Data the rubric no longer names is still shown rather than silently dropped.
-            specs.append(MetricSpec(slug=slug, display_name=slug))
+            specs.append(former.get(slug) or MetricSpec(slug=slug, display_name=slug))
     cards: list[MetricCard] = []
     for spec in specs:
         entry = metric_entry(stored, spec.slug)
@@ -1240,13 +1248,32 @@ def highlight_spans(cards: Sequence[MetricCard]) -> list[Span]:
     ]
 
 
+def judged_under_rubric(
+    session: Session, snapshot: EvaluationSnapshot, metrics: Sequence[MetricSpec]
+) -> list[MetricSpec]:
+    """The rubric of the version that judged the evaluation, read only when its data holds a metric
+    `metrics` (the current rubric) no longer names; [] otherwise, or when unversioned or unstated."""
+    known = {spec.slug for spec in metrics}
+    held = [
+        slug
+        for stored in (snapshot.user_scores_json, snapshot.judge_scores_json, snapshot.evidence_json)
+        if isinstance(stored, Mapping)
+        for slug in stored
+    ]
+    if not snapshot.judge_version_id or all(slug in known for slug in held):
+        return []
+    version = session.get(JudgeVersion, snapshot.judge_version_id)
+    return judge_versions.rubric_specs(version.rubric) if version is not None and version.rubric else []
+
+
 def load_evaluation(*, session: Session, snapshot_id: str) -> EvaluationDetail | None:
     """One evaluation with its cards and highlights (archived ones too: they can be restored), or None."""
     snapshot = session.get(EvaluationSnapshot, snapshot_id)
     if snapshot is None:
         return None
     judgments = session.exec(select(Judgment).where(col(Judgment.snapshot_id) == snapshot_id)).all()
-    cards = build_cards(snapshot, metrics_for_product(session=session, product=snapshot.product), judgments)
+    metrics = metrics_for_product(session=session, product=snapshot.product)
+    cards = build_cards(snapshot, metrics, judgments, judged_under_rubric(session, snapshot, metrics))
     return EvaluationDetail(
         snapshot=snapshot,
         cards=cards,

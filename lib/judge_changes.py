@@ -74,18 +74,24 @@ def _record_current(session: Session, product: str, settings: Settings, by: str)
 
 
 def check_rubric(product: str, metrics: Sequence[Mapping[str, Any]]) -> list[MetricSpec]:
-    """Edited metrics ({slug, display_name, min, max, integer_scale, description}) validated; ValueError says what."""
+    """Edited metrics ({slug, display_name, min, max, integer_scale, description}) validated; ValueError says what.
+
+    Each metric goes through `lib.metrics.parse_metric_definition`, the one rule for a metric's slug,
+    name and scale, so a metric added here obeys the same rules as one imported with `--kind metrics`.
+    """
     if not metrics:
-        raise ValueError("a rubric needs at least one metric")
+        raise ValueError("a rubric needs at least one metric: keep one, or add one before removing the last")
     specs: list[MetricSpec] = []
     for raw in metrics:
         try:
             specs.append(parse_metric_definition({**raw, "product": product}))
         except ValueError as exc:
             raise ValueError(f"metric {raw.get('slug')!r}: {exc}") from None
-    slugs = [s.slug for s in specs]
-    if len(set(slugs)) != len(slugs):
-        raise ValueError("a metric slug appears twice")
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.slug in seen:
+            raise ValueError(f"metric {spec.slug!r} is in the rubric already; a slug can appear only once")
+        seen.add(spec.slug)
     return specs
 
 
@@ -101,7 +107,10 @@ def save_rubric(
 ) -> Ensured:
     """Write the product's edited rubric and record it as a judge version (found again when unchanged).
 
-    ValueError (VersionError for a name) says what is wrong, and nothing is written.
+    Metrics may be edited, added (a slug not in the rubric) or removed (left out of `metrics`). A
+    removed metric's judgments and scores stay as they are, shown under the version that judged them;
+    the new version simply does not judge it. ValueError (VersionError for a name) says what is
+    wrong, and nothing is written.
     """
     settings = settings or get_settings()
     by = require_reviewer(actor, Permission.JUDGE, bind=session)
@@ -128,9 +137,20 @@ def save_rubric(
             session=session,
             identity=by,
             action=AUDIT_ACTION,
-            detail=f"{product}: rubric saved as {made.version.name}",
+            detail=f"{product}: rubric saved as {made.version.name}{metric_changes_text(session, made)}",
         )
     return made
+
+
+def metric_changes_text(session: Session, made: Ensured) -> str:
+    """The metrics a version added or removed, as " (added tone; removed fluency)", else ""."""
+    changes = judge_versions.changes_since_previous(session, made.version)
+    parts = [
+        f"{verb} {', '.join(c.field.partition(': ')[2] for c in changes if c.label == label)}"
+        for verb, label in (("added", "Metric added"), ("removed", "Metric removed"))
+        if any(c.label == label for c in changes)
+    ]
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _write_definitions(session: Session, product: str, specs: Sequence[MetricSpec]) -> None:

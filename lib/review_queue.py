@@ -35,7 +35,7 @@ from lib.corrections import (
 )
 from lib.evidence import EvidenceItem
 from lib.highlight import Span
-from lib.inspector import build_cards, highlight_spans
+from lib.inspector import build_cards, highlight_spans, judged_under_rubric
 from lib.metrics import metrics_for_product
 from lib.models import EvaluationSnapshot, Judgment, ReviewAssignment, ReviewQueueJudgment
 
@@ -508,7 +508,7 @@ def load_workspace(*, session: Session, item: QueueItem) -> Workspace:
         rows = [_bare_row(session, j) for j in item.judgments]
         return Workspace(item=item, rows=rows, spans=[], labels={}, metrics=[])
     specs = metrics_for_product(session=session, product=snapshot.product)
-    cards = build_cards(snapshot, specs, item.judgments)
+    cards = build_cards(snapshot, specs, item.judgments, judged_under_rubric(session, snapshot, specs))
     ranked: list[tuple[tuple[int, float, int], MetricRow]] = []
     for position, card in enumerate(cards):
         judgment = card.judgment

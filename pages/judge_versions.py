@@ -118,15 +118,17 @@ else:
 st.subheader("Edit the rubric")
 st.caption(
     "Each save becomes a new version with its diff against the previous one; judgments already made keep "
-    "the rubric they were judged under."
+    "the rubric they were judged under. A removed metric's judgments keep showing under the version that "
+    "judged them (reviewers can still review them); the new version simply does not judge it."
 )
 if denied:
     st.caption(f"🔒 {escape_markdown(denied)}")
 with st.form("versions_rubric"):
     edited = []
+    removed = []
     for spec in metrics:
         st.markdown(f"**{escape_markdown(spec.slug)}**")
-        cols = st.columns([2, 1, 1, 1])
+        cols = st.columns([2, 1, 1, 1, 1])
         display_name = cols[0].text_input(
             "Display name", spec.display_name, key=f"rubric_name_{product}_{spec.slug}"
         )
@@ -139,9 +141,18 @@ with st.form("versions_rubric"):
         integer = cols[3].checkbox(
             "Whole numbers", spec.integer_scale, key=f"rubric_int_{product}_{spec.slug}"
         )
+        drop = cols[4].checkbox(
+            "Remove",
+            key=f"rubric_remove_{product}_{spec.slug}",
+            help="The new version does not judge this metric. Judgments already made keep showing "
+            "under the version that judged them.",
+        )
         text = st.text_area(
             "Rubric text", spec.description, key=f"rubric_text_{product}_{spec.slug}", height=90
         )
+        if drop:
+            removed.append(spec.slug)
+            continue
         edited.append(
             {
                 "slug": spec.slug,
@@ -150,6 +161,30 @@ with st.form("versions_rubric"):
                 "max": high,
                 "integer_scale": integer,
                 "description": text,
+            }
+        )
+    st.markdown("**Add a metric** (leave the slug empty to add none)")
+    cols = st.columns([1, 2, 1, 1, 1])
+    add_slug = cols[0].text_input(
+        "Slug",
+        key=f"rubric_add_slug_{product}",
+        placeholder="e.g. tone",
+        help="Lowercase letters, digits, '_' or '-'; how imports and the API name the metric",
+    )
+    add_name = cols[1].text_input("Display name", key=f"rubric_add_name_{product}", placeholder="e.g. Tone")
+    add_low = cols[2].number_input("Min", value=1.0, key=f"rubric_add_min_{product}")
+    add_high = cols[3].number_input("Max", value=5.0, key=f"rubric_add_max_{product}")
+    add_integer = cols[4].checkbox("Whole numbers", True, key=f"rubric_add_int_{product}")
+    add_text = st.text_area("Rubric text", key=f"rubric_add_text_{product}", height=90)
+    if add_slug.strip():
+        edited.append(
+            {
+                "slug": add_slug.strip(),
+                "display_name": add_name.strip(),
+                "min": add_low,
+                "max": add_high,
+                "integer_scale": add_integer,
+                "description": add_text,
             }
         )
     cols = st.columns(2)
@@ -176,14 +211,17 @@ if saved:
                     description=note,
                 )
                 label = made.version.name
+                metric_changes = judge_changes.metric_changes_text(session, made) if made.created else ""
             st.session_state[PICK_NEXT] = label
         except ValueError as exc:  # VersionError is one
-            st.error(escape_markdown(str(exc)), icon="⚠️")
+            st.error(escape_markdown(f"Nothing was saved: {exc}"), icon="⚠️")
         else:
+            for key in [k for k in st.session_state if str(k).startswith("rubric_add_")]:
+                del st.session_state[key]  # an added metric is now one of the rubric's own rows
             flash(
                 FLASH,
                 "success" if made.created else "info",
-                f"Saved as version {label}."
+                f"Saved as version {label}{metric_changes}."
                 if made.created
                 else f"This rubric is version {label} already; nothing new was made.",
             )

@@ -396,6 +396,69 @@ def test_a_rubric_save_is_a_version_with_its_diff_and_saving_it_again_makes_none
 
 
 @SQLITE
+def test_a_rubric_save_adds_and_removes_metrics_and_a_refused_edit_changes_nothing(rubric: Engine) -> None:
+    old = [{k: v for k, v in m.items() if k != "product"} for m in RUBRIC]
+    judged_with = {"name": "pipeline v1", "rubric": old}
+    with session_scope(rubric) as session:  # an evaluation judged under the old rubric, fluency included
+        importer.import_evaluations(
+            session=session, records=[_record(1, judge_version=judged_with)], reviewer="rita"
+        )
+    tone = {"slug": "tone", "display_name": "Tone", "min": 0, "max": 10, "description": "Is it polite?"}
+    with session_scope(rubric) as session:
+        made = judge_changes.save_rubric(
+            session=session, product="acme", metrics=[*old[:2], tone], actor="ayse"
+        )
+    with session_scope(rubric) as session:
+        assert made.created
+        changes = judge_versions.changes_since_previous(session, made.version)
+        assert [(c.field, c.label, c.before, c.after) for c in changes] == [
+            ("rubric: tone", "Metric added", "—", "Tone (0–10)"),
+            ("rubric: fluency", "Metric removed", "Fluency (1–5)", "—"),
+        ]
+        assert [m.slug for m in judge.metrics_for_product(session=session, product="acme")] == [
+            "coherence", "groundedness", "tone"]  # fmt: skip
+        audit = session.exec(select(AuditEvent).where(AuditEvent.action == judge_versions.AUDIT_ACTION)).all()
+        assert [a.detail for a in audit] == [
+            f"acme: rubric saved as {made.version.name} (added tone; removed fluency)"
+        ]
+        # The removed metric's scores still show, under the rubric of the version that judged them.
+        snapshot_id = session.exec(select(EvaluationSnapshot.id)).one()
+        detail = inspector.load_evaluation(session=session, snapshot_id=snapshot_id)
+        assert detail is not None
+        fluency = next(c for c in detail.cards if c.spec.slug == "fluency")
+        assert (fluency.spec.display_name, fluency.spec.scale_label(), fluency.in_rubric) == (
+            "Fluency",
+            "1–5",
+            False,
+        )
+        assert fluency.judge_score == 4
+
+    def state() -> tuple[Any, ...]:
+        with Session(rubric) as session:
+            return (
+                [(m.slug, m.max_value) for m in judge.metrics_for_product(session=session, product="acme")],
+                session.exec(select(func.count()).select_from(JudgeVersion)).one(),
+                session.exec(select(func.count()).select_from(AuditEvent)).one(),
+            )
+
+    before = state()
+    kept = [*old[:2], tone]
+    for bad, message in (
+        ([*kept, {**tone, "display_name": "Tone again"}], "metric 'tone' is in the rubric already"),
+        ([], "a rubric needs at least one metric"),
+        (
+            [*kept, {**tone, "slug": "warmth", "min": 5, "max": 1}],
+            "metric 'warmth': field 'max' must be greater",
+        ),
+        ([*kept, {**tone, "slug": "Warm Tone"}], "must be lowercase letters, digits"),
+        ([*kept, {**tone, "slug": "warmth", "display_name": ""}], "field 'display_name' is required"),
+    ):
+        with pytest.raises(ValueError, match=message), session_scope(rubric) as session:
+            judge_changes.save_rubric(session=session, product="acme", metrics=bad, actor="ayse")
+        assert state() == before
+
+
+@SQLITE
 def test_promoting_a_lab_arm_makes_a_current_version_that_records_the_experiment(rubric: Engine) -> None:
     with session_scope(rubric) as session:
         experiment = AlignmentExperiment(

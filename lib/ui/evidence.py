@@ -183,7 +183,7 @@ def render_metric_card(card: MetricCard, *, key: str, extra: CardExtra | None = 
         elif card.role == "bonus":
             title += " :violet-badge[Bonus]"
         if not card.in_rubric:
-            title += " :gray-badge[Not in the product's rubric]"
+            title += " :gray-badge[Not in the product's current rubric]"
         st.markdown(title)
         st.caption(f"Scale {escape_markdown(card.spec.scale_label())}")
         user, judge, gap = st.columns(3)

@@ -7,11 +7,11 @@ import pytest
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
-from lib import judge
+from lib import importer, judge
 from lib.corrections import record_review
 from lib.db import session_scope
-from lib.metrics import upsert_metric_definitions
-from lib.models import JudgeVerdict, JudgeVersion, Judgment
+from lib.metrics import metrics_for_product, upsert_metric_definitions
+from lib.models import EvaluationSnapshot, JudgeVerdict, JudgeVersion, Judgment
 from lib.safe_markdown import escape_markdown
 from tests.llm_server import LLMServer, json_reply
 from tests.test_judge import RUBRIC, STAGE2_PAYLOAD, evaluation, stage1_payload
@@ -101,3 +101,65 @@ def test_edit_rubric_rejudge_and_see_the_new_version_on_analytics(
     rubric = [e for e in detail.expander if e.label == "Rubric this evaluation was judged under"]
     shown = " ".join(m.value for m in rubric[0].markdown)
     assert "Does the answer hang together" in shown and NEW_TEXT not in shown
+
+
+def test_add_and_remove_a_metric_and_a_refused_edit_changes_nothing(app_engine: Engine, open_page) -> None:
+    old = [{k: v for k, v in m.items() if k != "product"} for m in RUBRIC]
+    with session_scope(app_engine) as session:
+        upsert_metric_definitions(session=session, definitions=RUBRIC)
+        importer.import_evaluations(
+            session=session,
+            records=[{"question": "q", "model_answer": "a", "product": "acme",
+                      "judge_scores": {"coherence": 2, "fluency": 4}, "user_scores": {"fluency": 3},
+                      "judge_version": {"name": "pipeline v1", "rubric": old}}],
+            reviewer="ayse",
+        )  # fmt: skip
+        snapshot_id = session.exec(select(EvaluationSnapshot.id)).one()
+    at = open_page(PAGE, reviewer="ayse")
+    assert not at.exception
+    assert any("A removed metric's judgments keep showing under the version" in c.value for c in at.caption)
+
+    at.checkbox(key="rubric_remove_acme_fluency").check()
+    at.text_input(key="rubric_add_slug_acme").input("tone")
+    at.text_input(key="rubric_add_name_acme").input("Tone")
+    at.number_input(key="rubric_add_min_acme").set_value(0.0)
+    at.number_input(key="rubric_add_max_acme").set_value(10.0)
+    at.text_area(key="rubric_add_text_acme").input("Is it polite?")
+    at.button(key="rubric_save").click().run()
+    assert not at.exception
+    assert [s.value for s in at.success] == [
+        escape_markdown("Saved as version v3: rubric tone, rubric fluency (added tone; removed fluency).")
+    ]
+    diff = next(d.value for d in at.dataframe if {"what", "change"} <= set(d.value.columns))
+    assert set(zip(diff["what"], diff["change"], strict=True)) == {
+        ("rubric: tone", "Metric added"), ("rubric: fluency", "Metric removed")}  # fmt: skip
+    # The added metric is now one of the form's own rows; the add fields are empty again.
+    assert at.text_input(key="rubric_name_acme_tone").value == "Tone"
+    assert at.text_input(key="rubric_add_slug_acme").value == ""
+    assert not [w for w in at.checkbox if w.key == "rubric_remove_acme_fluency"]
+
+    def state() -> tuple[list[tuple[str, float]], int]:
+        with Session(app_engine) as session:
+            return (
+                [(m.slug, m.max_value) for m in metrics_for_product(session=session, product="acme")],
+                len(session.exec(select(JudgeVersion)).all()),
+            )
+
+    assert state() == ([("coherence", 3.0), ("groundedness", 1.0), ("tone", 10.0)], 3)
+    at.text_input(key="rubric_add_slug_acme").input("coherence")
+    at.text_input(key="rubric_add_name_acme").input("Coherence again")
+    at.button(key="rubric_save").click().run()
+    assert not at.exception
+    assert [e.value for e in at.error] == [
+        escape_markdown(
+            "Nothing was saved: metric 'coherence' is in the rubric already; a slug can appear only once"
+        )
+    ]
+    assert state() == ([("coherence", 3.0), ("groundedness", 1.0), ("tone", 10.0)], 3)
+
+    # The evaluation judged with fluency still shows it, under the rubric it was judged with.
+    detail = open_page("pages/evaluations.py", query={"snapshot": snapshot_id}, reviewer="ayse")
+    assert not detail.exception
+    assert any(
+        "**Fluency**" in m.value and "Not in the product's current rubric" in m.value for m in detail.markdown
+    )
