@@ -73,6 +73,7 @@ from lib.models import (
     Judgment,
     JudgmentDayCount,
     JudgmentLanguageCount,
+    JudgmentOutcomeCounts,
     JudgmentReviewerCount,
     ProductCount,
 )
@@ -91,14 +92,7 @@ CORRECTED_OF_REVIEWED_HELP = (
     "Corrected of reviewed = corrected ÷ reviewed: the share of the judgments reviewers looked at "
     "that they overruled. Unreviewed judgments are not counted."
 )
-JUDGMENT_VALUES = (
-    "judgments",
-    "reviewed",
-    "corrected",
-    "opinion_validated",
-    "opinion_improved",
-    "opinion_questioned",
-)
+JUDGMENT_VALUES: tuple[str, ...] = tuple(JudgmentOutcomeCounts.model_fields)
 SECOND_OPINION_OUTCOMES = ("validated", "improved", "questioned")
 
 

@@ -343,7 +343,19 @@ class EvaluationCount(SQLModel, table=True):
     n: int = 0
 
 
-class JudgmentDayCount(SQLModel, table=True):
+class JudgmentOutcomeCounts(SQLModel):
+    """The outcome columns every judgment counter table keeps (`lib.counters.JUDGMENT_VALUES` reads
+    them from here): live judgments, how many are reviewed and corrected, and second-opinion results."""
+
+    judgments: int = 0
+    reviewed: int = 0
+    corrected: int = 0
+    opinion_validated: int = 0
+    opinion_improved: int = 0
+    opinion_questioned: int = 0
+
+
+class JudgmentDayCount(JudgmentOutcomeCounts, table=True):
     """Live judgments per product × metric ('' for none) × UTC day judged. Kept by lib.counters."""
 
     __tablename__ = "judgment_day_counts"
@@ -351,15 +363,9 @@ class JudgmentDayCount(SQLModel, table=True):
     product: str = Field(primary_key=True, max_length=200)
     metric: str = Field(primary_key=True, max_length=64)
     day: str = Field(primary_key=True, max_length=10)  # YYYY-MM-DD
-    judgments: int = 0
-    reviewed: int = 0
-    corrected: int = 0
-    opinion_validated: int = 0
-    opinion_improved: int = 0
-    opinion_questioned: int = 0
 
 
-class JudgmentLanguageCount(SQLModel, table=True):
+class JudgmentLanguageCount(JudgmentOutcomeCounts, table=True):
     """Live judgments per product × metric × evaluation language ('' stand-alone). Kept by lib.counters."""
 
     __tablename__ = "judgment_language_counts"
@@ -367,15 +373,9 @@ class JudgmentLanguageCount(SQLModel, table=True):
     product: str = Field(primary_key=True, max_length=200)
     metric: str = Field(primary_key=True, max_length=64)
     language: str = Field(primary_key=True, max_length=16)
-    judgments: int = 0
-    reviewed: int = 0
-    corrected: int = 0
-    opinion_validated: int = 0
-    opinion_improved: int = 0
-    opinion_questioned: int = 0
 
 
-class JudgmentReviewerCount(SQLModel, table=True):
+class JudgmentReviewerCount(JudgmentOutcomeCounts, table=True):
     """Live judgments per product × metric × reviewer ('' for none) × UTC day judged. Kept by lib.counters.
 
     The Corrections page's statistics under its Reviewer filter read these rows (issue 25), as
@@ -389,12 +389,6 @@ class JudgmentReviewerCount(SQLModel, table=True):
     product: str = Field(primary_key=True, max_length=200)
     metric: str = Field(primary_key=True, max_length=64)
     day: str = Field(primary_key=True, max_length=10)  # YYYY-MM-DD
-    judgments: int = 0
-    reviewed: int = 0
-    corrected: int = 0
-    opinion_validated: int = 0
-    opinion_improved: int = 0
-    opinion_questioned: int = 0
 
 
 class JudgmentEvent(SQLModel, table=True):
