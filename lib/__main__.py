@@ -499,7 +499,7 @@ def _cmd_align(args: argparse.Namespace) -> int:
 
 @handler("webhooks")
 def _cmd_webhooks(args: argparse.Namespace) -> int:
-    """`webhooks add|list|pause|resume|rotate|deliveries|replay|deliver|key` (lib.webhooks)."""
+    """`webhooks add|list|pause|resume|rotate|deliveries|replay|deliver|prune|key` (lib.webhooks)."""
     import json
     import time
 
@@ -519,6 +519,12 @@ def _cmd_webhooks(args: argparse.Namespace) -> int:
                 time.sleep(webhooks.POLL_SECONDS)
                 total += webhooks.deliver_due(engine)
             print(f"{total} delivery attempt(s)")
+            return 0
+        if action == "prune":
+            if args.days is not None and args.days < 0:
+                raise CliError("webhooks prune: --days must be 0 or more (0 keeps the whole log)")
+            pruned = webhooks.prune_log(engine, force=True, days=args.days, dry_run=args.dry_run)
+            print(pruned.summary(dry_run=args.dry_run))
             return 0
         with session_scope(engine, read_only=action in ("list", "deliveries")) as session:
             actor = system_actor(args.by) if hasattr(args, "by") else system_actor()
@@ -1108,7 +1114,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--by", default=None, help="recorded as who revoked it")
 
     p = sub.add_parser(
-        "webhooks", help="signed webhooks: add, list, pause, resume, rotate, deliveries, replay, deliver"
+        "webhooks",
+        help="signed webhooks: add, list, pause, resume, rotate, deliveries, replay, deliver, prune",
     )
     hook_sub = p.add_subparsers(dest="webhook_action", required=True, metavar="ACTION")
     w = hook_sub.add_parser("add", help="register a URL and print its signing secret once (lead)")
@@ -1140,6 +1147,15 @@ def build_parser() -> argparse.ArgumentParser:
         "deliver", help="attempt due deliveries now (the app's server does this by itself)"
     )
     w.add_argument("--loop", action="store_true", help="keep delivering every second until stopped")
+    w = hook_sub.add_parser(
+        "prune",
+        help="remove delivered deliveries older than OVERRULE_WEBHOOK_LOG_DAYS with their attempts now "
+        "(the app's server does this hourly); failed and pending ones are kept",
+    )
+    w.add_argument(
+        "--days", type=int, default=None, help="keep this many days instead of OVERRULE_WEBHOOK_LOG_DAYS"
+    )
+    w.add_argument("--dry-run", action="store_true", help="only count what would be removed")
     hook_sub.add_parser("key", help="print a new key for OVERRULE_WEBHOOK_KEY")
 
     p = sub.add_parser("recount", help="rebuild the counters the pages read (and every other derived table)")

@@ -15,9 +15,10 @@
   `Overrule-Event` / `Overrule-Delivery` headers, and records every attempt with its response
   code. A 2xx is delivered; anything else is retried after `RETRY_DELAYS` (10 s, 1 min, 5 min,
   30 min, 2 h, 6 h), then the delivery is failed. `replay_delivery` sends one again.
-- **Retention**: `prune_log` (the worker, and `deliver --loop`, at most hourly) removes delivered
-  deliveries older than OVERRULE_WEBHOOK_LOG_DAYS (30; 0 keeps all) with their attempts; failed and
-  pending ones stay.
+- **Retention**: `prune_log` (the worker, and `deliver --loop`, at most hourly; `webhooks prune`
+  when an operator asks, `--dry-run` to count only) removes delivered deliveries older than
+  OVERRULE_WEBHOOK_LOG_DAYS (30; 0 keeps all) with their attempts; failed and pending ones stay.
+  `log_retention` is what the Admin page says about it.
 - Receivers check a delivery with `verify_signature` (docs/webhooks.md shows it).
 """
 
@@ -43,7 +44,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pandas as pd
-from sqlalchemy import Engine, delete, insert, update
+from sqlalchemy import Engine, delete, func, insert, update
 from sqlmodel import Session, col, select
 
 from lib.auth import Actor, Permission, authorize
@@ -542,45 +543,131 @@ def deliveries_frame(rows: Sequence[WebhookDelivery]) -> pd.DataFrame:
     )  # fmt: skip
 
 
-def prune_deliveries(*, session: Session, days: int, now: datetime | None = None) -> int:
-    """Remove delivered deliveries delivered more than `days` ago, with their attempts; returns how
-    many. Without it the log grows by a row per event and webhook forever. Failed and pending
-    deliveries stay whatever their age (a lead looks at them and replays them); `days` <= 0 keeps all."""
+@dataclass(frozen=True)
+class Pruned:
+    """What one prune of the delivery log removed (or, on a dry run, would remove)."""
+
+    deliveries: int = 0
+    attempts: int = 0
+    days: int = 0  # the retention it ran with (0: the log is kept forever, nothing was looked at)
+    cutoff: datetime | None = None  # deliveries delivered before this went
+
+    def summary(self, *, dry_run: bool = False) -> str:
+        """One line for an operator: how many deliveries and attempts, and which."""
+        if self.days <= 0:
+            return "the webhook delivery log is kept forever (retention 0 days): nothing to remove"
+        verb = "would remove" if dry_run else "removed"
+        assert self.cutoff is not None
+        return (
+            f"{verb} {self.deliveries} delivered deliver{'y' if self.deliveries == 1 else 'ies'} and "
+            f"{self.attempts} attempt{'' if self.attempts == 1 else 's'} delivered more than {self.days} "
+            f"day{'' if self.days == 1 else 's'} ago (before {self.cutoff:%Y-%m-%d %H:%M} UTC); "
+            "failed and pending deliveries are kept"
+        )
+
+
+def prune_deliveries(
+    *, session: Session, days: int, now: datetime | None = None, dry_run: bool = False
+) -> Pruned:
+    """Remove delivered deliveries delivered more than `days` ago, with their attempts (on a dry run,
+    only count them). Without it the log grows by a row per event and webhook forever. Failed and
+    pending deliveries stay whatever their age (a lead looks at them and replays them); `days` <= 0
+    keeps all."""
     if days <= 0:
-        return 0
+        return Pruned(days=0)
     cutoff = (now or utcnow()) - timedelta(days=days)
     old = select(WebhookDelivery.id).where(
         WebhookDelivery.status == "delivered", col(WebhookDelivery.delivered_at) < cutoff
     )
-    if session.get_bind().dialect.name == "postgresql":  # a replay waits for us, or we skip its row
+    if not dry_run and session.get_bind().dialect.name == "postgresql":  # a replay waits, or we skip its row
         old = old.with_for_update(skip_locked=True)
     ids = list(session.exec(old).all())
+    removed_attempts = 0
     for i in range(0, len(ids), 500):
         part = ids[i : i + 500]
-        session.execute(delete(WebhookAttempt).where(col(WebhookAttempt.delivery_id).in_(part)))
+        if dry_run:
+            removed_attempts += session.exec(
+                select(func.count())
+                .select_from(WebhookAttempt)
+                .where(col(WebhookAttempt.delivery_id).in_(part))
+            ).one()
+            continue
+        removed_attempts += session.execute(
+            delete(WebhookAttempt).where(col(WebhookAttempt.delivery_id).in_(part))
+        ).rowcount
         session.execute(delete(WebhookDelivery).where(col(WebhookDelivery.id).in_(part)))
-    return len(ids)
+    return Pruned(deliveries=len(ids), attempts=removed_attempts, days=days, cutoff=cutoff)
 
 
 _last_prune: dict[str, float] = {}
 
 
-def prune_log(engine: Engine, *, force: bool = False) -> int:
-    """`prune_deliveries` with OVERRULE_WEBHOOK_LOG_DAYS, at most once per PRUNE_EVERY_SECONDS per
-    database and process (the worker calls it on every poll)."""
+def prune_log(
+    engine: Engine, *, force: bool = False, days: int | None = None, dry_run: bool = False
+) -> Pruned:
+    """`prune_deliveries` with OVERRULE_WEBHOOK_LOG_DAYS (or `days`), at most once per
+    PRUNE_EVERY_SECONDS per database and process unless forced (the worker calls it on every poll;
+    `python -m lib webhooks prune` forces it)."""
     from lib.config import get_settings
     from lib.db import session_scope
 
     url = str(engine.url)
     now = time.monotonic()
     if not force and now - _last_prune.get(url, -PRUNE_EVERY_SECONDS) < PRUNE_EVERY_SECONDS:
-        return 0
-    _last_prune[url] = now
-    with session_scope(engine) as session:
-        removed = prune_deliveries(session=session, days=get_settings().webhook_log_days)
-    if removed:
-        log.info("removed %s delivered webhook deliveries from the log", removed)
-    return removed
+        return Pruned(days=0)
+    if not dry_run:
+        _last_prune[url] = now
+    with session_scope(engine, read_only=dry_run) as session:
+        pruned = prune_deliveries(
+            session=session, days=get_settings().webhook_log_days if days is None else days, dry_run=dry_run
+        )
+    if pruned.deliveries and not dry_run:
+        log.info("removed %s delivered webhook deliveries from the log", pruned.deliveries)
+    return pruned
+
+
+@dataclass(frozen=True)
+class LogRetention:
+    """The delivery log's retention in force and what it holds now (the Admin page says it)."""
+
+    days: int
+    delivered_kept: int
+    oldest_delivered_at: datetime | None
+
+    def describe(self, now: datetime | None = None) -> str:
+        """What the Admin page says: the retention in force, and the oldest delivery the log keeps."""
+        if self.days <= 0:
+            rule = "Retention: the delivery log is kept forever (OVERRULE_WEBHOOK_LOG_DAYS is 0)."
+        else:
+            rule = (
+                f"Retention: delivered deliveries are kept {self.days} day{'' if self.days == 1 else 's'} "
+                "(OVERRULE_WEBHOOK_LOG_DAYS), then removed with their attempts by the server, at most "
+                "hourly, or by `python -m lib webhooks prune`; failed and pending deliveries are kept "
+                "until replayed."
+            )
+        if self.oldest_delivered_at is None:
+            return f"{rule} No delivered delivery is kept now."
+        age = max(0, ((now or utcnow()) - self.oldest_delivered_at).days)
+        return (
+            f"{rule} {self.delivered_kept} delivered deliver{'y' if self.delivered_kept == 1 else 'ies'} "
+            f"kept; the oldest was delivered {self.oldest_delivered_at:%Y-%m-%d %H:%M} UTC "
+            f"({age} day{'' if age == 1 else 's'} ago)."
+        )
+
+
+def log_retention(*, session: Session) -> LogRetention:
+    """OVERRULE_WEBHOOK_LOG_DAYS and the oldest delivered delivery still kept (the log does not record
+    when it was last pruned: each server process prunes on its own, at most hourly)."""
+    from lib.config import get_settings
+
+    kept, oldest = session.exec(
+        select(func.count(), func.min(WebhookDelivery.delivered_at)).where(
+            WebhookDelivery.status == "delivered"
+        )
+    ).one()
+    return LogRetention(
+        days=get_settings().webhook_log_days, delivered_kept=int(kept), oldest_delivered_at=oldest
+    )
 
 
 # ---------------------------------------------------------------------------------------------

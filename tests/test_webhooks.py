@@ -395,13 +395,15 @@ def test_a_name_that_resolves_to_a_link_local_address_is_not_called(
 
 
 def test_the_delivery_log_forgets_old_delivered_rows_at_most_hourly(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Delivered deliveries older than OVERRULE_WEBHOOK_LOG_DAYS go with their attempts; failed and
-    pending ones, and recent deliveries, stay; a second prune within the hour does not run. On both
+    pending ones, and recent deliveries, stay; a second prune within the hour does not run;
+    `webhooks prune` (the same prune, forced) counts on a dry run and says what it removed. On both
     databases: PostgreSQL locks the rows it removes (a replay of one waits or is skipped)."""
     monkeypatch.setenv("OVERRULE_WEBHOOK_LOG_DAYS", "30")
     reset_settings()
+    env = {"OVERRULE_DATABASE_URL": db_url, "OVERRULE_WEBHOOK_LOG_DAYS": "30"}
     hook_id, _ = register(engine, "http://127.0.0.1:9/hooks")
     now = utcnow()
     rows = {  # event_id: (status, created / delivered days ago)
@@ -420,21 +422,39 @@ def test_the_delivery_log_forgets_old_delivered_rows_at_most_hourly(
             s.add(delivery)
             s.flush()
             s.add(WebhookAttempt(delivery_id=delivery.id or 0, at=at, status_code=200))
+    done = run_cli("webhooks", "prune", "--dry-run", env=env)
+    assert done.returncode == 0 and done.stdout.startswith(
+        "would remove 1 delivered delivery and 1 attempt delivered more than 30 days ago (before "
+    ), done.stderr
+    assert run_cli("webhooks", "prune", "--dry-run", "--days", "28", env=env).stdout.startswith(
+        "would remove 2 delivered deliveries and 2 attempts delivered more than 28 days ago"
+    )
+    assert len(deliveries(engine)) == 4 and len(attempts(engine)) == 4  # a dry run removes nothing
     monkeypatch.setattr(webhooks, "_last_prune", {})
-    assert webhooks.prune_log(engine) == 1
+    pruned = webhooks.prune_log(engine)
+    assert (pruned.deliveries, pruned.attempts, pruned.days) == (1, 1, 30)
     assert sorted(d.event_id for d in deliveries(engine)) == [
         "new-delivered",
         "old-failed",
         "old-pending",
     ]
     assert len(attempts(engine)) == 3
+    with session_scope(engine, read_only=True) as s:
+        kept = webhooks.log_retention(session=s)
+    assert (kept.days, kept.delivered_kept) == (30, 1)
+    assert "kept 30 days (OVERRULE_WEBHOOK_LOG_DAYS)" in kept.describe()
+    assert kept.describe().endswith("1 delivered delivery kept; the oldest was delivered "
+                                    f"{now - timedelta(days=29):%Y-%m-%d %H:%M} UTC (29 days ago).")  # fmt: skip
     with session_scope(engine) as s:  # delivered 40 days ago, after the first prune
         s.add(WebhookDelivery(
             webhook_id=hook_id, event="judgment.reviewed", event_id="late", status="delivered",
             delivered_at=now - timedelta(days=40),
         ))  # fmt: skip
-    assert webhooks.prune_log(engine) == 0  # within the hour: not run
-    assert webhooks.prune_log(engine, force=True) == 1
+    assert webhooks.prune_log(engine).deliveries == 0  # within the hour: not run
+    done = run_cli("webhooks", "prune", env=env)  # an operator's prune is not held back by the hour
+    assert done.stdout.startswith("removed 1 delivered delivery and 0 attempts delivered more than 30 days")
+    assert len(deliveries(engine)) == 3
+    assert "must be 0 or more" in run_cli("webhooks", "prune", "--days", "-1", env=env).stderr
     with session_scope(engine) as s:
         s.add(WebhookDelivery(
             webhook_id=hook_id, event="judgment.reviewed", event_id="kept", status="delivered",
@@ -442,5 +462,7 @@ def test_the_delivery_log_forgets_old_delivered_rows_at_most_hourly(
         ))  # fmt: skip
     monkeypatch.setenv("OVERRULE_WEBHOOK_LOG_DAYS", "0")
     reset_settings()
-    assert webhooks.prune_log(engine, force=True) == 0  # 0 keeps everything
+    assert webhooks.prune_log(engine, force=True).deliveries == 0  # 0 keeps everything
+    done = run_cli("webhooks", "prune", env={**env, "OVERRULE_WEBHOOK_LOG_DAYS": "0"})
+    assert "kept forever" in done.stdout
     assert len(deliveries(engine)) == 4

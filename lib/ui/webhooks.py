@@ -103,6 +103,9 @@ def webhooks_section(actor: auth.Actor) -> None:
 
 def _delivery_log(actor: auth.Actor) -> None:
     st.markdown("**Delivery log**")
+    with session_scope(read_only=True) as session:
+        retention = webhooks.log_retention(session=session)
+    st.caption(retention.describe())  # numbers, dates and our own words only: nothing to escape
     status = st.selectbox("Show", STATUS_FILTER, key="admin_webhook_status")
     with session_scope(read_only=True) as session:
         rows = webhooks.list_deliveries(session=session, status=None if status == "all" else status)

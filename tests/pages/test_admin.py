@@ -262,11 +262,16 @@ def test_admin_creates_a_token_that_expires_and_sees_its_last_use(app_engine: En
 def test_a_lead_registers_a_webhook_reads_the_delivery_log_and_replays(
     app_engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 29.3: the Webhooks section is a lead's; the secret shows once; a failed delivery replays."""
+    """Issue 29.3: the Webhooks section is a lead's; the secret shows once; a failed delivery replays;
+    the log says the retention in force and the oldest delivered delivery it keeps."""
+    from datetime import timedelta
+
     from lib import webhooks
-    from lib.models import Webhook, WebhookDelivery
+    from lib.models import Webhook, WebhookDelivery, utcnow
 
     monkeypatch.setenv("OVERRULE_WEBHOOK_KEY", webhooks.new_key())
+    monkeypatch.setenv("OVERRULE_WEBHOOK_LOG_DAYS", "14")
+    reset_settings()
     signin_mode(monkeypatch)
     with Session(app_engine) as s:
         s.add(UserRole(identity="lead@example.com", role="lead"))
@@ -288,6 +293,7 @@ def test_a_lead_registers_a_webhook_reads_the_delivery_log_and_replays(
             "https://ci.example/hooks/overrule", ["judgment.overruled", "judgment.undone"], "lead@example.com",
         )  # fmt: skip
         assert webhooks.secret_of(hook) == secret
+        hook_id = hook.id or 0
         s.add(
             WebhookDelivery(
                 webhook_id=hook.id or 0, event="judgment.overruled", event_id="e1", status="failed", attempts=7,
@@ -298,6 +304,12 @@ def test_a_lead_registers_a_webhook_reads_the_delivery_log_and_replays(
         s.commit()
     at.run()
     assert not at.code  # shown once
+    retention = [c.value for c in at.caption if c.value.startswith("Retention:")]
+    assert retention == [
+        "Retention: delivered deliveries are kept 14 days (OVERRULE_WEBHOOK_LOG_DAYS), then removed with "
+        "their attempts by the server, at most hourly, or by `python -m lib webhooks prune`; failed and "
+        "pending deliveries are kept until replayed. No delivered delivery is kept now."
+    ]
     log = at.dataframe[-1].value
     assert (log["status"].tolist(), log["last_status_code"].tolist(), log["change_id"].tolist()) == (
         ["failed"], [500], ["p:x"],
@@ -307,4 +319,16 @@ def test_a_lead_registers_a_webhook_reads_the_delivery_log_and_replays(
     with Session(app_engine) as s:
         assert s.exec(select(WebhookDelivery.status)).one() == "pending"
     assert any("will be sent again" in m.value for m in at.success)
+    delivered = utcnow() - timedelta(days=12)
+    with Session(app_engine) as s:
+        s.add(WebhookDelivery(webhook_id=hook_id, event="judgment.overruled", event_id="e0",
+                              status="delivered", attempts=1, delivered_at=delivered))  # fmt: skip
+        s.commit()
+    at.run()
+    assert any(
+        c.value.endswith(
+            f"1 delivered delivery kept; the oldest was delivered {delivered:%Y-%m-%d %H:%M} UTC (12 days ago)."
+        )
+        for c in at.caption
+    )
     assert not at.exception
