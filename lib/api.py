@@ -51,6 +51,8 @@ API_PREFIX = "/api/v1"
 MAX_AGREEMENT_RESAMPLES = 10_000  # bootstrap resamples one request may ask for (each costs CPU)
 MIB = 1024 * 1024
 _LINE = re.compile(r"(?:line|record) (\d+)")
+# The file and place an importer's message starts with: "spans.csv line 3", "evaluations.parquet row 2".
+_PLACE = re.compile(r"^(\S+\.\w+) (line|row) (\d+)")
 _FIELD = re.compile(r"field '?([A-Za-z_][A-Za-z0-9_.]*)'?")
 
 
@@ -127,6 +129,36 @@ _OTLP_BODY: dict[str, Any] = {
 }
 
 
+# `POST /imports/phoenix`: Phoenix's two files as multipart/form-data parts (read by hand, after
+# authentication, through `_capped_body`).
+PHOENIX_PARTS = ("evaluations", "spans")
+_PHOENIX_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": list(PHOENIX_PARTS),
+                    "properties": {
+                        "evaluations": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "span evaluations: SpanEvaluations.save() Parquet, or its dataframe as CSV",
+                        },
+                        "spans": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "the spans dataframe (get_spans_dataframe) as Parquet or CSV",
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
+
+
 async def _capped_body(request: Request, limit: int, setting: str) -> AsyncIterator[bytes]:
     """The body chunk by chunk as it arrives; 413 once it is over `limit` bytes, declared or counted."""
     too_big = f"the body is over the {limit // MIB} MB limit ({setting})"
@@ -150,6 +182,56 @@ async def _json_object(request: Request, limit: int) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ApiError(422, "send one JSON object as the body")
     return value
+
+
+async def _multipart_files(
+    request: Request, limit: int, folder: Path, names: tuple[str, ...]
+) -> dict[str, Path]:
+    """The named file parts of a multipart/form-data body, written to `folder` (each as
+    `<name>.parquet` or `<name>.csv`, by its first bytes); the body is read through `_capped_body`
+    (413 past `limit`); 415 when the body is not multipart, 422 when a part is missing or extra."""
+    from starlette.formparsers import MultiPartException, MultiPartParser
+
+    wanted = " and ".join(f"'{n}'" for n in names)
+    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+        raise ApiError(
+            415, f"send multipart/form-data with the file parts {wanted} (curl -F {names[0]}=@FILE ...)"
+        )
+    parser = MultiPartParser(
+        request.headers,
+        _capped_body(request, limit, "OVERRULE_API_MAX_BODY_MB"),
+        max_files=len(names),
+        max_fields=0,
+    )
+    try:
+        form = await parser.parse()
+    except MultiPartException as exc:
+        raise ApiError(
+            400, f"not a usable multipart/form-data body: {exc}; send the file parts {wanted}"
+        ) from None
+    try:
+        extra = sorted(set(form.keys()) - set(names))
+        if extra:
+            raise ApiError(
+                422, f"unknown part(s) {', '.join(map(repr, extra))}; send the file parts {wanted}"
+            )
+        paths: dict[str, Path] = {}
+        for name in names:
+            part = form.get(name)
+            if part is None or isinstance(part, str):
+                raise ApiError(
+                    422, f"the file part {name!r} is missing; send the file parts {wanted}", field=name
+                )
+            await part.seek(0)
+            head = await part.read(4)
+            await part.seek(0)
+            paths[name] = folder / f"{name}.{'parquet' if head == b'PAR1' else 'csv'}"
+            with paths[name].open("wb") as fh:
+                while chunk := await part.read(1024 * 1024):
+                    await run_in_threadpool(fh.write, chunk)
+        return paths
+    finally:
+        await form.close()
 
 
 def create_app(
@@ -395,18 +477,43 @@ def create_app(
         """
         return await receive_and_import(request, actor, "evaluations", judge=judge, concurrency=concurrency)
 
+    @api.post("/imports/phoenix", openapi_extra=_PHOENIX_BODY)
+    async def post_phoenix_import(
+        actor: Token, request: Request, product: str | None = None
+    ) -> dict[str, Any]:
+        """Import Phoenix span evaluations with their spans, all or nothing, as `python -m lib import
+        EVALS --kind phoenix --spans SPANS`: multipart/form-data with two file parts, `evaluations`
+        and `spans` (each Parquet or CSV; together within OVERRULE_API_MAX_BODY_MB). `?product=`
+        files them under a product. A broken file is refused whole (422 naming file, line or row,
+        and field)."""
+        from lib.source_files import SourceOptions
+
+        require(actor, Permission.IMPORT)
+        folder = Path(tempfile.mkdtemp(prefix="overrule-api-"))
+        try:
+            paths = await _multipart_files(request, limit, folder, PHOENIX_PARTS)
+            options = SourceOptions(product=product, spans=paths["spans"])
+            report = await run_in_threadpool(
+                _import_body, get_engine(), paths["evaluations"], actor, "phoenix", options
+            )
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return {
+            "summary": report.summary(),
+            **{k: v for k, v in dataclasses.asdict(report).items() if isinstance(v, (int, str))},
+        }
+
     @api.post("/imports/{kind}")
     async def post_source_import(
         actor: Token, request: Request, kind: str, product: str | None = None
     ) -> dict[str, Any]:
         """Import another tool's results file as evaluations, all or nothing, as `python -m lib import
         FILE --kind promptfoo|langfuse`: promptfoo's `-o results.json` (or .jsonl), Langfuse traces and
-        scores. `?product=` files them under a product. Phoenix needs two files: use the CLI or the page."""
+        scores. `?product=` files them under a product. Phoenix (two files) has `/imports/phoenix`."""
         from lib.source_files import SourceOptions
 
         if kind not in ("promptfoo", "langfuse"):
-            hint = "; send Phoenix files with the CLI or the Import page" if kind == "phoenix" else ""
-            raise ApiError(404, f"no importer for {kind!r} here: promptfoo or langfuse{hint}")
+            raise ApiError(404, f"no importer for {kind!r} here: promptfoo, langfuse or phoenix")
         return await receive_and_import(request, actor, kind, options=SourceOptions(product=product))
 
     @api.get("/webhooks")
@@ -1155,6 +1262,10 @@ def _import_body(engine: Engine, path: Path, actor: Actor, kind: str, options: A
         line = _LINE.search(message)
         field = _FIELD.search(message)
         extra: dict[str, Any] = {"line": int(line.group(1)) if line else None}
+        if place := _PLACE.match(message):
+            extra["file"] = place.group(1)
+            if place.group(2) == "row":
+                extra["row"] = int(place.group(3))
         if field:
             extra["field"] = field.group(1)
         if "invalid JSON" in message or "not valid UTF-8" in message:

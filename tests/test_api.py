@@ -874,9 +874,78 @@ def test_another_tools_results_file_imports_through_the_api(server: Server) -> N
     assert "results.results[0]" in r.json()["detail"]
     assert (
         httpx.post(
-            f"{server.base}/imports/phoenix", content=b"{}", headers=server.headers("lead")
+            f"{server.base}/imports/braintrust", content=b"{}", headers=server.headers("lead")
         ).status_code
         == 404
     )
     assert httpx.post(url, content=b"{}", headers=server.headers("reviewer")).status_code == 403
+    assert count(server.engine, EvaluationSnapshot) == 3
+
+
+@sqlite_only  # the importer behind it is the CLI's, tested on both databases in tests/test_source_import.py
+def test_phoenix_evaluations_and_spans_import_through_the_api_as_two_file_parts(server: Server) -> None:
+    """Issue 29: `POST /imports/phoenix` (multipart: evaluations + spans) is `import --kind phoenix
+    --spans`; the token is checked before the body is read; a broken file is refused whole."""
+    fixtures = Path(__file__).resolve().parent / "fixtures" / "sources"
+    url = f"{server.base}/imports/phoenix"
+    parquet = {
+        "evaluations": ("evals.parquet", (fixtures / "phoenix_evaluations.parquet").read_bytes()),
+        "spans": ("spans.parquet", (fixtures / "phoenix_spans.parquet").read_bytes()),
+    }
+    assert server.meter is not None
+    read = server.meter.read
+    refused = httpx.post(url, files=parquet)
+    assert refused.status_code == 401 and server.meter.read == read  # not a byte of the body read
+    assert httpx.post(url, files=parquet, headers=server.headers("reviewer")).status_code == 403
+    assert server.meter.read == read
+
+    r = httpx.post(url, params={"product": "library-qa"}, files=parquet, headers=server.headers("lead"))
+    assert r.status_code == 200, r.text
+    assert (r.json()["inserted"], r.json()["judgments"]) == (3, 3)
+    with Session(server.engine) as session:
+        assert set(session.exec(select(EvaluationSnapshot.product)).all()) == {"library-qa"}
+    again = httpx.post(url, params={"product": "library-qa"}, files=parquet, headers=server.headers("lead"))
+    assert (again.status_code, again.json()["inserted"]) == (200, 0)
+
+    broken_csv = (
+        (fixtures / "phoenix_evaluations.csv")
+        .read_text(encoding="utf-8")
+        .replace(",factual,,", ",factual,high,")
+    )
+    csv_files = {
+        "evaluations": ("evals.csv", broken_csv.encode()),
+        "spans": ("spans.csv", (fixtures / "phoenix_spans.csv").read_bytes()),
+    }
+    r = httpx.post(url, files=csv_files, headers=server.headers("lead"))
+    assert r.status_code == 422
+    assert (r.json()["file"], r.json()["line"], r.json()["field"]) == ("evaluations.csv", 2, "score")
+    assert r.json()["detail"].startswith("evaluations.csv line 2, field 'score': 'high' is not a number")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(fixtures / "phoenix_evaluations.parquet")
+    ids = table.column("context.span_id").to_pylist()
+    ids[1] = "ffffffffffffffff"
+    sink = io.BytesIO()
+    pq.write_table(table.set_column(table.schema.get_field_index("context.span_id"), "context.span_id",
+                                    pa.array(ids)), sink)  # fmt: skip
+    r = httpx.post(
+        url, files={**parquet, "evaluations": ("e.parquet", sink.getvalue())}, headers=server.headers("lead")
+    )
+    assert r.status_code == 422
+    assert (r.json()["file"], r.json()["row"], r.json()["field"]) == (
+        "evaluations.parquet",
+        2,
+        "context.span_id",
+    )
+    assert "span 'ffffffffffffffff' is not in spans.parquet" in r.json()["detail"]
+
+    missing = httpx.post(url, files={"evaluations": parquet["evaluations"]}, headers=server.headers("lead"))
+    assert (missing.status_code, missing.json()["field"]) == (422, "spans")
+    assert "the file part 'spans' is missing" in missing.json()["detail"]
+    big = {**csv_files, "spans": ("spans.csv", b"x" * (1024 * 1024))}  # the fixture's cap: 1 MB in all
+    too_big = httpx.post(url, files=big, headers=server.headers("lead"))
+    assert too_big.status_code == 413 and "OVERRULE_API_MAX_BODY_MB" in too_big.json()["detail"]
+    not_multipart = httpx.post(url, content=b"{}", headers=server.headers("lead"))
+    assert not_multipart.status_code == 415 and "multipart/form-data" in not_multipart.json()["detail"]
     assert count(server.engine, EvaluationSnapshot) == 3
