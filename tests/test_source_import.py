@@ -3,8 +3,10 @@
 The fixtures in tests/fixtures/sources were written by the tools or in their documented shapes:
 promptfoo_results.json(l) by promptfoo 0.123.1 against the scripted OpenAI-compatible server
 (make_promptfoo.py), langfuse_export.jsonl with score lines the Langfuse SDK's `Score` model parses
-(make_langfuse.py), Phoenix's span evaluations as `SpanEvaluations.save()` writes them plus the spans
-dataframe (make_phoenix.py). Each importer refuses a broken file whole, naming the place and field.
+(make_langfuse.py), Phoenix's spans and span evaluations by arize-phoenix 20.26.1 itself: a Phoenix
+server's `get_spans_dataframe()` of OpenInference-traced calls to the scripted server, and
+`SpanEvaluations.save()` (make_phoenix.py). Each importer refuses a broken file whole, naming the
+place and field.
 """
 
 from __future__ import annotations
