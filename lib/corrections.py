@@ -245,9 +245,14 @@ def format_score(value: float) -> str:
 
 
 def decision_scale(*, session: Session, judgment: Judgment) -> DecisionScale:
-    """The scale a reviewer answers on: the metric's rubric scale for scores, else the label set."""
+    """The scale a reviewer answers on: the metric's rubric scale for scores (for a metric since removed,
+    the scale of the version that judged it), else the label set."""
     if judgment.metric:
         for spec in metrics_for_product(session=session, product=judgment.product):
+            if spec.slug == judgment.metric:
+                return DecisionScale(spec=spec)
+        # A metric since removed from the rubric: the scale of the version that judged it.
+        for spec in judge_versions.version_rubric(session, judgment.judge_version_id):
             if spec.slug == judgment.metric:
                 return DecisionScale(spec=spec)
     if judgment.decision in CACHE_DECISIONS or parse_score(judgment.decision) is None:

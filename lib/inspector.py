@@ -30,7 +30,7 @@ from lib.display import REVIEWED_BY, evaluation_title, evaluation_url, metric_fi
 from lib.evidence import EvidenceItem, evidence_items, metric_entry
 from lib.highlight import Span
 from lib.metrics import DEFAULT_METRICS, MetricSpec, metrics_for_product, score_of, scores_of_json
-from lib.models import EvaluationSnapshot, JudgeVersion, Judgment, MetricDefinition, utcnow
+from lib.models import EvaluationSnapshot, Judgment, MetricDefinition, utcnow
 from lib.search import text_match
 
 ReviewState = Literal["any", "pending", "reviewed", "corrected"]
@@ -1262,8 +1262,7 @@ def judged_under_rubric(
     ]
     if not snapshot.judge_version_id or all(slug in known for slug in held):
         return []
-    version = session.get(JudgeVersion, snapshot.judge_version_id)
-    return judge_versions.rubric_specs(version.rubric) if version is not None and version.rubric else []
+    return judge_versions.version_rubric(session, snapshot.judge_version_id)
 
 
 def load_evaluation(*, session: Session, snapshot_id: str) -> EvaluationDetail | None:

@@ -99,6 +99,13 @@ def rubric_specs(entries: Iterable[Mapping[str, Any]]) -> list[MetricSpec]:
     ]
 
 
+def version_rubric(session: Session, version_id: int | None) -> list[MetricSpec]:
+    """The rubric a version judged under ([] when unversioned, unknown or it did not say): how a
+    metric since removed from the product's rubric is still shown and reviewed."""
+    version = session.get(JudgeVersion, version_id) if version_id else None
+    return rubric_specs(version.rubric) if version is not None and version.rubric else []
+
+
 @dataclass(frozen=True)
 class JudgeConfig:
     """What a judge version records; None for a field a judge that runs elsewhere did not name."""

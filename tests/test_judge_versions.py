@@ -432,6 +432,14 @@ def test_a_rubric_save_adds_and_removes_metrics_and_a_refused_edit_changes_nothi
             False,
         )
         assert fluency.judge_score == 4
+        # ... and is reviewed on that version's scale, not on any number.
+        judgment = session.exec(select(Judgment).where(Judgment.metric == "fluency")).one()
+        assert corrections.decision_scale(session=session, judgment=judgment).spec.scale_label() == "1–5"
+        with pytest.raises(ValueError, match="outside its scale 1–5"):
+            record_review(session=session, judgment_id=judgment.id, expected_version=judgment.version,
+                          action="overrule", user_decision="7", reviewer="ayse", reason="too high")  # fmt: skip
+        record_review(session=session, judgment_id=judgment.id, expected_version=judgment.version,
+                      action="overrule", user_decision="3", reviewer="ayse", reason="clumsy")  # fmt: skip
 
     def state() -> tuple[Any, ...]:
         with Session(rubric) as session:
