@@ -20,7 +20,7 @@
     running: false, // a run started and its chain has not finished
     received: 0, // frames received
     processed: 0, // frames the app has handled and React has drawn (see below)
-    candidate: null, // the state seen settled at the previous poll
+    candidate: null, // the state seen settled at the previous poll: its frame stamp, a frame drawn since
     inputs: 0, // user input events (a click, a key, typed text) the page received
     inputsSent: 0, // of those, the ones after which anything they made Streamlit send has been sent
   };
@@ -138,15 +138,23 @@
     return null;
   };
 
-  // Settled: nothing pending at two polls in a row with no frame received in between.
+  // Settled: nothing pending at two polls in a row, with no frame received and an animation frame
+  // drawn in between. `settle` polls on a timer, not on every animation frame: a poll per frame kept
+  // the renderer drawing at 60 Hz for as long as the server worked. The frame counted is one asked
+  // for at the first of the two polls, so it is drawn after that poll (its rendering runs in the
+  // same task as its callback, before the next poll).
   runs.settled = () => {
     if (runs.pending() !== null) {
       runs.candidate = null;
       return false;
     }
     const stamp = runs.received;
-    if (runs.candidate === stamp) return true;
-    runs.candidate = stamp;
+    if (runs.candidate?.stamp === stamp) return runs.candidate.drawn;
+    const candidate = { stamp, drawn: false };
+    runs.candidate = candidate;
+    requestAnimationFrame(() => {
+      candidate.drawn = true;
+    });
     return false;
   };
 
