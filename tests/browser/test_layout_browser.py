@@ -80,8 +80,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StreamlitServer
 
 
 def _open(page, server: StreamlitServer, path: str, ready: str) -> None:
-    page.goto(server.base_url)  # the router first: a fresh server serves deep links without it
-    page.get_by_text("Your name (recorded with every change)").wait_for(timeout=120_000)
     page.goto(f"{server.base_url}/{path}")
     page.get_by_text(ready, exact=True).first.wait_for(timeout=120_000)
     settle(page)

@@ -23,8 +23,6 @@ def test_hovering_a_note_mark_shows_its_text_literally(streamlit_app, page, tmp_
     engine.dispose()
     server = streamlit_app(url)
     try:
-        page.goto(server.base_url)  # the router first: a fresh server serves deep links without it
-        settle(page)
         page.goto(f"{server.base_url}/notes")
         settle(page)
         page.get_by_role("tab", name="Timeline").click()

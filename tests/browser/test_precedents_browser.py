@@ -35,8 +35,6 @@ def test_expert_feedback_makes_a_precedent_for_a_later_interaction(streamlit_app
     assert first.evaluation.reasons == {"no_qa_match": 1}  # nothing to match yet
     server = streamlit_app(url)
     try:
-        page.goto(server.base_url)  # the router first: a fresh server serves deep links without it
-        settle(page)
         page.goto(f"{server.base_url}/precedents?interaction=first")
         settle(page)
         name = page.get_by_label("Your name (recorded with every change)")

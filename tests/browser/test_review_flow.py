@@ -108,9 +108,6 @@ def test_five_reviews_by_keyboard_one_undo_and_the_workspace_fits_one_screen(
         )
 
     try:
-        # Load the router first: a fresh server serves a deep link without app.py until it ran once.
-        page.goto(server.base_url)
-        settle(page)
         page.goto(f"{server.base_url}/review")
         settle(page)
         expect(page.get_by_text("Evaluation snap_keys").first).to_be_visible()

@@ -183,19 +183,8 @@ def _labels(url: str) -> list[tuple[str, str]]:
     return sorted((str(snapshot), reviewer) for reviewer, snapshot in rows)
 
 
-def _warm(browser, server: StreamlitServer) -> None:
-    """A fresh server serves a deep link without app.py until the router ran once."""
-    context, page = _reviewer(browser, server, "warmup")
-    try:
-        page.goto(server.base_url)
-        settle(page)
-    finally:
-        context.close()
-
-
 def test_overlap_one_hands_reviewers_different_items_and_overlap_two_each_item_to_two(team, browser) -> None:
     server, url, ids = team
-    _warm(browser, server)
     people = {name: _reviewer(browser, server, name) for name in ("ayse", "ben", "carla")}
     pages = {name: page for name, (_, page) in people.items()}
     try:
@@ -237,7 +226,6 @@ def _holds_judge(text: str) -> list[str]:
 
 def test_blind_first_sends_nothing_of_the_judge_before_the_label_is_saved(team, browser) -> None:
     server, url, ids = team
-    _warm(browser, server)
     context, page = _reviewer(browser, server, "dana")
     frames: list[str] = []
 
@@ -288,7 +276,6 @@ def test_an_abandoned_item_returns_after_its_lease_and_a_reload_restores_the_rev
     team, browser
 ) -> None:
     server, url, ids = team
-    _warm(browser, server)
     engine = init_db(url)
     erin, erin_page = _reviewer(browser, server, "erin")
     try:
