@@ -202,6 +202,7 @@ def test_two_users_sign_in_and_roles_are_enforced(streamlit_app, browser, tmp_pa
         s.add(UserRole(identity="bob@example.com", role="reviewer", updated_by="test"))
         second = s.exec(select(Judgment.id).where(Judgment.id != first)).one()
     server = signin_server(streamlit_app, tmp_path, oidc_provider, url)
+    # Each closed at the end: a page left open retries its server's connection for the rest of the run.
     viewer = new_app_context(browser, viewport={"width": 1400, "height": 1000}).new_page()
     reviewer = new_app_context(browser, viewport={"width": 1400, "height": 1000}).new_page()
     try:
@@ -243,6 +244,9 @@ def test_two_users_sign_in_and_roles_are_enforced(streamlit_app, browser, tmp_pa
             p.screenshot(path=str(tmp_path / f"signin_{name}.png"), full_page=True)
         print("streamlit log:", server.log_path.read_text()[-3000:])
         raise
+    finally:
+        viewer.context.close()
+        reviewer.context.close()
     with session_scope(engine, read_only=True) as s:
         events = {(e.identity, e.action) for e in s.exec(select(AuditEvent)).all()}
     engine.dispose()
@@ -287,6 +291,9 @@ def test_an_unverified_email_never_becomes_the_identity(
             p.screenshot(path=str(tmp_path / f"unverified_{name}.png"), full_page=True)
         print("streamlit log:", server.log_path.read_text()[-3000:])
         raise
+    finally:
+        mallory.context.close()
+        root.context.close()
     engine = init_db(url)
     with session_scope(engine, read_only=True) as s:
         signed_in = {e.identity for e in s.exec(select(AuditEvent).where(AuditEvent.action == "sign_in"))}
