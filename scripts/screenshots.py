@@ -160,15 +160,17 @@ def sign_in(page: Page, base_url: str, path: str) -> None:
     wait_until_drawn(page)
 
 
-def run(out: Path, only: Sequence[str] = ()) -> list[Path]:
-    """Load the demo into a temporary database, serve it, and write the screenshots into `out`."""
+def run(out: Path, only: Sequence[str] = (), database: str | None = None) -> list[Path]:
+    """Load the demo into a temporary database (or serve `database`, the demo already loaded into
+    it), serve it, and write the screenshots into `out`."""
     with tempfile.TemporaryDirectory(prefix="overrule-screenshots-") as tmp:
-        url = f"sqlite:///{Path(tmp) / 'demo.db'}"
-        engine = init_db(url)
-        try:
-            load_demo(engine=engine)
-        finally:
-            engine.dispose()
+        url = database or f"sqlite:///{Path(tmp) / 'demo.db'}"
+        if database is None:
+            engine = init_db(url)
+            try:
+                load_demo(engine=engine)
+            finally:
+                engine.dispose()
         wanted = [s for s in shots(showcase_snapshot(url)) if not only or s.name in only]
         if not wanted:
             raise SystemExit(f"no screenshot is named {', '.join(only)}")
@@ -196,8 +198,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT, help=f"directory for the PNGs (default {OUT})")
     parser.add_argument("--only", nargs="*", default=[], help="names of the shots to take (default: all)")
+    parser.add_argument(
+        "--database",
+        metavar="URL",
+        help="photograph this database, the demo already loaded into it (default: a fresh demo load "
+        "in a temporary file); the pages may record the reviewer's visits in it",
+    )
     args = parser.parse_args(argv)
-    run(args.out.resolve(), args.only)
+    run(args.out.resolve(), args.only, args.database)
     return 0
 
 
