@@ -260,6 +260,35 @@ def module_db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
 sqlite_only = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 
 
+def _runs_on_postgresql(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and "postgresql" in callspec.params.values()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave out the PostgreSQL variant of tests marked `pg_repeats` (their SQLite variant runs).
+
+    `@pytest.mark.pg_repeats("why")` on a test, a `pytest.param` case or a module (`pytestmark`)
+    says: this variant sends PostgreSQL only statement shapes, and runs only lib lines, that the
+    kept PostgreSQL tests of the file already do, and its point is not dialect behaviour.
+    `scripts/pg_cover.py check FILE` proves it (docs/development.md, "PostgreSQL variants"); it sets
+    OVERRULE_PG_COVER, under which every variant runs.
+    """
+    dropped = []
+    for item in items:
+        mark = item.get_closest_marker("pg_repeats")
+        if mark is None:
+            continue
+        if not (mark.args and str(mark.args[0]).strip()):
+            raise pytest.UsageError(f"{item.nodeid}: pg_repeats needs a reason (which kept test covers it)")
+        if _runs_on_postgresql(item) and not os.environ.get("OVERRULE_PG_COVER"):
+            dropped.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        gone = set(map(id, dropped))
+        items[:] = [item for item in items if id(item) not in gone]
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A migrated, empty database: a SQLite file, then PostgreSQL (the same tests on both)."""
