@@ -53,7 +53,12 @@ _SUBSTITUTIONS = [
     (re.compile(r"'(?:[^']|'')*'"), "?"),  # string literals
     (re.compile(r"%\(\w+\)s|%s|\$\d+|\?"), "?"),  # placeholders
     (re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])"), "?"),  # number literals
-    (re.compile(r"\?::[\w ]+(?:\[\])?"), "?"),  # psycopg casts of parameters
+    (
+        re.compile(
+            r"\?::(?:(?:TIMESTAMP|TIME) WITH(?:OUT)? TIME ZONE|DOUBLE PRECISION|CHARACTER VARYING|\w+)(?:\[\])?"
+        ),
+        "?",
+    ),
     (re.compile(r"\bsa_savepoint_\w+"), "sa_savepoint"),
     (re.compile(r"\s+"), " "),
     (re.compile(r"\(\?(?:, \?)*\)"), "(?)"),  # a row of parameters, an IN list
@@ -166,14 +171,21 @@ def _backend(item: pytest.Item) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the variants of OVERRULE_PG_COVER_BACKENDS (default: postgresql; `postgresql,sqlite`)."""
+    """Run the variants of OVERRULE_PG_COVER_BACKENDS: `postgresql` (default), `sqlite`, and
+    `sqlite:marked` (the SQLite variants of `pg_repeats` tests only, all a check needs)."""
     if not os.environ.get("OVERRULE_PG_COVER"):
         return
     wanted = os.environ.get("OVERRULE_PG_COVER_BACKENDS", "postgresql").split(",")
-    others = [item for item in items if _backend(item) not in wanted]
+
+    def runs(item: pytest.Item) -> bool:
+        backend = _backend(item)
+        marked = item.get_closest_marker("pg_repeats") is not None
+        return backend in wanted or (backend == "sqlite" and "sqlite:marked" in wanted and marked)
+
+    others = [item for item in items if not runs(item)]
     if others:
         config.hook.pytest_deselected(items=others)
-        items[:] = [item for item in items if _backend(item) in wanted]
+        items[:] = [item for item in items if runs(item)]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -31,6 +31,7 @@ from pg_cover import DIALECT_WORDS  # noqa: E402
         ("SAVEPOINT sa_savepoint_1", "SAVEPOINT sa_savepoint_12"),
         ("SELECT p0::INTEGER FROM (VALUES (%(x)s::INTEGER, 0))", "SELECT p0::INTEGER FROM (VALUES (%(x)s::INTEGER, 1))"),
         ("SELECT 'it''s'  AS x", "SELECT 'other' AS x"),
+        ("UPDATE t SET a=%(a)s::TIMESTAMP WITH TIME ZONE WHERE t.id = 1", "UPDATE t SET a=%(b)s WHERE t.id = 2"),
     ],
 )  # fmt: skip
 def test_statements_that_differ_only_in_values_have_one_shape(one: str, other: str) -> None:
@@ -44,6 +45,7 @@ def test_statements_that_differ_only_in_values_have_one_shape(one: str, other: s
         ("SELECT a FROM t ORDER BY a", "SELECT a FROM t ORDER BY a DESC"),
         ("SELECT a FROM t1", "SELECT a FROM t2"),
         ("SELECT a FROM t WHERE b IS NULL", "SELECT a FROM t WHERE b IS NOT NULL"),
+        ("UPDATE t SET a=%(a)s::INTEGER WHERE t.id = 1", "UPDATE t SET a=%(a)s::INTEGER WHERE u.id = 1"),
     ],
 )
 def test_statements_that_differ_in_shape_stay_apart(one: str, other: str) -> None:
