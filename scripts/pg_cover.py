@@ -166,18 +166,19 @@ def covering(row: dict, kept: list[dict]) -> list[str]:
     return names
 
 
-def by_file(tests: dict[str, dict]) -> dict[str, list[dict]]:
+def by_file(tests: dict[str, dict], together: bool = False) -> dict[str, list[dict]]:
+    """The tests per file, or all in one group (`--together`: tests of one file may cover another's)."""
     files: dict[str, list[dict]] = defaultdict(list)
     for nodeid in sorted(tests):
-        files[nodeid.split("::", 1)[0]].append(tests[nodeid])
+        files["the files together" if together else nodeid.split("::", 1)[0]].append(tests[nodeid])
     return files
 
 
-def plan(outs: list[str], cpu_dir: str | None) -> int:
+def plan(outs: list[str], cpu_dir: str | None, together: bool = False) -> int:
     tests, child_fixtures = load(*outs)
     costs = cpu_costs(cpu_dir)
     total_kept = total_dropped = 0.0
-    for file, rows in by_file(tests).items():
+    for file, rows in by_file(tests, together).items():
         reasons = plan_file(rows, child_fixtures, costs)
         kept = [r for r in rows if reasons[r["id"]]]
         dropped = [r for r in rows if not reasons[r["id"]]]
@@ -197,11 +198,11 @@ def plan(outs: list[str], cpu_dir: str | None) -> int:
     return 0
 
 
-def check(out: str) -> int:
+def check(out: str, together: bool = False) -> int:
     """Every pg_repeats test: no must-keep reason, and all it covers is covered by its file's kept tests."""
     tests, child_fixtures = load(out)
     problems = 0
-    for file, rows in by_file(tests).items():
+    for file, rows in by_file(tests, together).items():
         kept = [r for r in rows if r["pg_repeats"] is None]
         covered = set().union(*(r["credit"] for r in kept)) if kept else set()
         marked = [r for r in rows if r["pg_repeats"] is not None]
@@ -233,21 +234,23 @@ def main(argv: list[str] | None = None) -> int:
     p_plan = sub.add_parser("plan", help="propose which PostgreSQL variants to keep")
     p_plan.add_argument("out", nargs="+", help="directories `run` wrote")
     p_plan.add_argument("--cpu", help="an OVERRULE_CPU_LOG directory: weigh tests by their CPU seconds")
+    p_plan.add_argument("--together", action="store_true", help="one pool for all files, not one per file")
     p_check = sub.add_parser("check", help="run the files and verify their pg_repeats marks")
     p_check.add_argument("files", nargs="+")
     p_check.add_argument("--out", help="keep the records here (default: a temporary directory)")
     p_check.add_argument("-n", type=int, default=2)
+    p_check.add_argument("--together", action="store_true", help="a kept test of any given file may cover")
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(args.files, args.out, args.n, args.backends)
     if args.command == "plan":
-        return plan(args.out, args.cpu)
+        return plan(args.out, args.cpu, args.together)
     out = args.out or tempfile.mkdtemp(prefix="pg_cover-")
     status = run(args.files, out, args.n, "postgresql,sqlite:marked")
     if status not in (0, 5):
         print(f"the tests failed (pytest exit {status}): fix them before checking", file=sys.stderr)
         return status
-    return check(out)
+    return check(out, args.together)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,11 @@
 Loaded by `scripts/pg_cover.py` (`-p tests.pg_cover`, with OVERRULE_PG_COVER=DIR), never by the
 suite. Per test it writes one JSON line to DIR/<worker>.jsonl:
 
-- `sql`: the normalized shapes of the statements sent to a PostgreSQL engine in this process
-  (a `before_cursor_execute` listener on every Engine): literals, placeholders, IN-list lengths,
-  multi-row VALUES batches, SAVEPOINT names and psycopg casts folded, so twenty parameter cases of
-  one query are one shape;
+- `sql`: the normalized shapes of the statements product code (lib/, pages/, the app) sent to a
+  PostgreSQL engine in this process (a `before_cursor_execute` listener on every Engine):
+  literals, placeholders, IN-list lengths, multi-row VALUES batches, SAVEPOINT names and psycopg
+  casts folded, so twenty parameter cases of one query are one shape; `test_sql`: those the test's
+  own code sent (its setup rows, its raw checks), which prove nothing about the product;
 - `duck`: the normalized DuckDB statements run on a connection attached to PostgreSQL (the scanner
   turns them into its own COPY statements, which the listener cannot see);
 - `lines`: the lib/ lines executed (coverage.py, one dynamic context per test);
@@ -29,6 +30,7 @@ import multiprocessing.process
 import os
 import re
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +42,7 @@ from sqlalchemy import Engine, event
 
 ROOT = Path(__file__).resolve().parent.parent
 LIB = ROOT / "lib"
+PRODUCT = tuple(str(ROOT / part) for part in ("lib" + os.sep, "pages" + os.sep, "app.py", "serve.py"))
 
 _log: IO[str] | None = None
 _cov: coverage.Coverage | None = None
@@ -82,9 +85,20 @@ def _record(kind: str, statement: str) -> None:
             current[kind].add(normalize(statement))
 
 
+def _from_the_product() -> bool:
+    """Whether the statement being sent comes from product code (lib, pages, the app), not from a
+    test's own setup or check (a raw UPDATE that corrupts a counter proves nothing about lib)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(PRODUCT):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _before_cursor_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
     if conn.dialect.name == "postgresql":
-        _record("sql", statement)
+        _record("sql" if _from_the_product() else "test_sql", statement)
 
 
 class _RecordingDuck:
@@ -209,7 +223,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
         return
     mark = item.get_closest_marker("pg_repeats")
-    record: dict[str, Any] = {"sql": set(), "duck": set(), "child": False}
+    record: dict[str, Any] = {"sql": set(), "test_sql": set(), "duck": set(), "child": False}
     _current = record
     _cov.switch_context(item.nodeid)
     try:
@@ -221,6 +235,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             "id": item.nodeid,
             "backend": _backend(item),
             "sql": sorted(record["sql"]),
+            "test_sql": sorted(record["test_sql"]),
             "duck": sorted(record["duck"]),
             "child": record["child"],
             "fixtures": sorted(getattr(item, "fixturenames", [])),
