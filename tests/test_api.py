@@ -127,6 +127,7 @@ def test_tokens_are_stored_as_hashes_and_revoked_tokens_stop(server: Server) -> 
     assert r.status_code == 401
 
 
+@pytest.mark.pg_repeats("statements and lines of test_history_prompt_is_byte_identical_to_the_cli")
 def test_health_needs_no_token_and_reports_the_head_revision(server: Server) -> None:
     r = httpx.get(f"{server.base}/health")
     assert r.status_code == 200
@@ -134,6 +135,7 @@ def test_health_needs_no_token_and_reports_the_head_revision(server: Server) -> 
     assert r.json()["database"] == server.engine.dialect.name
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_viewer_token_cannot_export_the_access_records")
 def test_openapi_docs_are_served(server: Server) -> None:
     assert httpx.get(f"{server.base}/docs").status_code == 200
     paths = httpx.get(f"{server.base}/openapi.json").json()["paths"]
@@ -141,6 +143,7 @@ def test_openapi_docs_are_served(server: Server) -> None:
 
 
 @pytest.mark.parametrize("page", ["docs", "redoc"])
+@pytest.mark.pg_repeats("statements and lines of test_a_viewer_token_cannot_export_the_access_records")
 def test_docs_pages_load_their_scripts_and_styles_from_the_app(server: Server, page: str) -> None:
     """Issue 24.11: /docs loaded Swagger UI from a CDN (and its favicon from fastapi.tiangolo.com)."""
     html = httpx.get(f"{server.base}/{page}").text
@@ -153,6 +156,7 @@ def test_docs_pages_load_their_scripts_and_styles_from_the_app(server: Server, p
     assert "cdn." not in html and "https://" not in html
 
 
+@pytest.mark.pg_repeats("statements and lines of test_another_tools_results_file_imports_through_the_api")
 def test_no_token_401_wrong_role_403_and_nothing_written(server: Server) -> None:
     body = jsonl([record(question="Q1?")])
     assert httpx.post(f"{server.base}/evaluations", content=body).status_code == 401
@@ -315,6 +319,9 @@ def test_review_with_if_match_404_428_and_two_concurrent_reviewers_one_409(serve
     assert [e.reviewer for e in events if e.action in ("confirmed", "overruled")] == ["ci-reviewer"]
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_evaluations_export_wide_or_long_streams_scores_and_answer"
+)
 def test_a_judgment_names_whose_decision_each_field_holds_and_keeps_the_v1_names(server: Server) -> None:
     """Issue 25: the judge's score, the reviewer's decision and its reason by lib.display's rule;
     seed 004's names (decision, user_decision, user_reasoning, reviewer) stay as aliases in v1."""
@@ -343,6 +350,9 @@ def test_a_judgment_names_whose_decision_each_field_holds_and_keeps_the_v1_names
     assert stale.status_code == 409 and stale.json()["current"]["reviewer_decision"] == body["decision"]
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_review_with_if_match_404_428_and_two_concurrent_reviewers_one_409"
+)
 def test_client_push_and_review(server: Server) -> None:
     lead = api_client.Client(server.base, server.secrets["lead"])
     report = lead.push_evaluations([record(question="Via client?")])
@@ -544,6 +554,7 @@ def test_push_with_judge_runs_the_built_in_judge_and_a_repost_resumes(
     assert llm_server.pending == 0
 
 
+@pytest.mark.pg_repeats("statements and lines of test_another_tools_results_file_imports_through_the_api")
 def test_push_with_judge_without_an_llm_is_503_and_reads_nothing(server: Server) -> None:
     r = httpx.post(
         f"{server.base}/evaluations",
@@ -775,6 +786,9 @@ def audit_rows(engine: Engine, *actions: str) -> list[tuple[str, str, str]]:
         return [(e.identity, e.action, e.detail) for e in rows]
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_an_expired_token_is_refused_and_a_used_token_shows_when"
+)
 def test_refused_requests_are_audited_with_who_what_and_why(
     server: Server, fresh_refusal_window: None
 ) -> None:
@@ -794,6 +808,9 @@ def test_refused_requests_are_audited_with_who_what_and_why(
     assert not any(server.secrets["revoked"] in detail for _, _, detail in rows)
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_an_expired_token_is_refused_and_a_used_token_shows_when"
+)
 def test_a_flood_of_refusals_cannot_fill_the_audit_trail(server: Server, fresh_refusal_window: None) -> None:
     from lib import auth
 

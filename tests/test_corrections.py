@@ -151,16 +151,25 @@ def events(engine: Engine, judgment_id: int | None = None) -> list[JudgmentEvent
 # select_history: the seed-004 edge cases
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_default_split_is_15_corrections_and_5_correct_interleaved_newest_first"
+)
 def test_cold_start_returns_no_history_and_the_seed_note(engine) -> None:
     assert history_ids(engine) == []
     assert corrections.format_history_for_prompt([]) == "No previous judgments available"
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_default_split_is_15_corrections_and_5_correct_interleaved_newest_first"
+)
 def test_all_correct_fills_every_slot_from_the_correct_pool(engine) -> None:
     pools(engine, 0, 50)
     assert history_ids(engine) == newest("acme-k", 50, 20)
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_default_split_is_15_corrections_and_5_correct_interleaved_newest_first"
+)
 def test_all_wrong_fills_every_slot_from_the_corrections(engine) -> None:
     pools(engine, 100, 0)
     assert history_ids(engine) == newest("acme-c", 100, 20)
@@ -206,6 +215,9 @@ def test_interleave_starts_with_a_correction_and_appends_the_longer_pool(engine)
     ]  # fmt: skip
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_default_split_is_15_corrections_and_5_correct_interleaved_newest_first"
+)
 def test_history_never_mixes_products(engine) -> None:
     pools(engine, 5, 5, product="acme")
     pools(engine, 5, 5, product="other")
@@ -214,6 +226,9 @@ def test_history_never_mixes_products(engine) -> None:
     assert history_ids(engine, product="nobody") == []
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_default_split_is_15_corrections_and_5_correct_interleaved_newest_first"
+)
 def test_user_agreeing_with_the_judge_counts_as_correct_not_as_a_correction(engine) -> None:
     with session_scope(engine) as s:
         add(s, "agreed", reviewed=True, hours=5)  # user_decision == decision
@@ -288,6 +303,9 @@ def test_pool_query_searches_the_history_index(sqlite_engine, metric, index, cor
 # Reviews: confirm / overrule, optimistic locking, audit trail
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_every_review_appends_one_event_with_who_from_to_and_why"
+)
 def test_overrule_stores_decision_reviewer_and_bumps_version(engine) -> None:
     jid = snapshot_with_metric(engine)
     with session_scope(engine) as s:
@@ -339,6 +357,9 @@ def test_every_review_appends_one_event_with_who_from_to_and_why(engine) -> None
     assert got == [("overruled", "ayse", "4", "2", "vague", 2), ("confirmed", "bob", "2", "4", None, 3)]
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_every_review_appends_one_event_with_who_from_to_and_why"
+)
 def test_confirming_after_an_overrule_clears_was_corrected(engine) -> None:
     jid = snapshot_with_metric(engine)
     with session_scope(engine) as s:
@@ -371,6 +392,9 @@ def test_an_overrule_equal_to_the_judge_is_refused_and_writes_nothing(engine, an
 
 
 @pytest.mark.parametrize("answer", [None, "2", 1])
+@pytest.mark.pg_repeats(
+    "statements and lines of test_the_seed_api_takes_a_decision_and_treats_the_judges_own_as_a_confirmation"
+)
 def test_a_confirmation_stores_the_judges_exact_text_whatever_value_came_with_it(engine, answer) -> None:
     jid = snapshot_with_metric(engine, decision="4")
     with session_scope(engine) as s:
@@ -632,6 +656,9 @@ def test_update_with_user_decision_on_an_unknown_change_id_raises(sqlite_engine)
 # add_judgment, get_judgment, clear_product, stats
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_rejudge_agreeing_with_the_reviewer_keeps_the_reviewed_entry"
+)
 def test_add_judgment_inserts_version_1_with_a_judged_event(engine) -> None:
     with session_scope(engine) as s:
         corrections.add_judgment(
@@ -686,6 +713,9 @@ def _rejudge(engine: Engine, decision: str, **kwargs) -> Judgment:
         return j
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_rejudge_disagreeing_with_the_reviewer_keeps_the_correction_and_records_the_conflict"
+)
 def test_a_rejudge_replaces_an_unreviewed_judgment(engine) -> None:
     label_judgment(engine)
     j = _rejudge(engine, "EXCLUDE")
@@ -728,6 +758,9 @@ def test_a_rejudge_disagreeing_with_the_reviewer_keeps_the_correction_and_record
     assert "EXCLUDE" in last.reason and "internal" in last.reason and "kept" in last.reason
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_rejudge_agreeing_with_the_reviewer_keeps_the_reviewed_entry"
+)
 def test_a_rejudge_against_a_version_that_moved_is_refused_and_changes_nothing(engine) -> None:
     label_judgment(engine)
     with session_scope(engine) as s:
@@ -754,6 +787,9 @@ def test_get_judgment_returns_none_for_an_unknown_change_id(engine) -> None:
         assert corrections.get_judgment(session=s, change_id="missing") is None
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_clear_product_deletes_its_alignment_experiments_in_the_same_transaction"
+)
 def test_clear_product_removes_that_product_and_its_events_only(engine) -> None:
     pools(engine, 2, 3, product="acme")
     pools(engine, 1, 1, product="other")
@@ -838,6 +874,7 @@ def test_clear_product_without_a_reviewer_is_refused(sqlite_engine) -> None:
         corrections.clear_product(session=s, product="acme", reviewer="")
 
 
+@pytest.mark.pg_repeats("statements and lines of test_stats_counts_corrections_products_and_age")
 def test_stats_on_an_empty_cache(engine) -> None:
     with session_scope(engine) as s:
         assert corrections.stats(session=s) == {
@@ -865,6 +902,7 @@ def test_stats_counts_corrections_products_and_age(engine) -> None:
     assert acme["newest_judgment"] == (T0 + timedelta(hours=17)).date().isoformat()
 
 
+@pytest.mark.pg_repeats("statements and lines of test_stats_counts_corrections_products_and_age")
 def test_stats_correction_rate_is_the_seeds_corrected_of_every_judgment(engine) -> None:
     """Seed 004's example: 45 corrected of 150 judgments is 0.30, and correct_count is 150 − 45."""
     with session_scope(engine) as s:
@@ -1298,6 +1336,9 @@ def test_the_importer_and_the_judge_write_scores_with_format_score() -> None:
 # Soft delete (seed 002 AD-13): an archived evaluation's judgments feed no normal query
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_the_cache_download_leaves_archived_evaluations_out_until_restored"
+)
 def test_judgments_of_an_archived_evaluation_leave_history_stats_and_lists_until_restored(engine) -> None:
     from lib.inspector import archive_evaluation, restore_evaluation
 

@@ -219,6 +219,7 @@ def test_counters_equal_a_full_recount_after_random_writes(engine: Engine, seed:
         assert kept[table] == recounted[table], (table, story)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_concurrent_reviews_of_one_evaluation_are_all_counted")
 def test_a_failed_review_leaves_the_counters_as_they_were(engine: Engine) -> None:
     from lib.corrections import InvalidDecision
 

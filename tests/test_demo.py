@@ -215,6 +215,7 @@ def test_counts_meet_the_minimums(loaded: Engine) -> None:
     assert counts["judgments"] > counts["evaluation_snapshots"] * 4
 
 
+@pytest.mark.pg_repeats("no statement or PostgreSQL-only line of its own")
 def test_load_reports_what_it_added(demo_load: FirstLoad) -> None:
     counts, stored = demo_load.reported, demo_load.stored
     assert counts["evaluations"] == stored["evaluation_snapshots"]
@@ -235,6 +236,7 @@ def test_three_products_one_with_its_own_rubric(db: Session) -> None:
     assert rubric == RAG_SCALES
 
 
+@pytest.mark.pg_repeats("statements and lines of test_default_products_score_on_one_to_five_with_some_nulls")
 def test_custom_rubric_scores_stay_within_their_scales(db: Session) -> None:
     rag = snapshots(db, "docsearch-rag")
     assert len(rag) >= 30
@@ -282,11 +284,13 @@ def test_turkish_content_is_written_in_turkish(db: Session) -> None:
     assert " ve " in text and " bir " in text
 
 
+@pytest.mark.pg_repeats("statements and lines of test_counts_meet_the_minimums")
 def test_all_five_evidence_stages_are_stored(db: Session) -> None:
     stages = Counter(item["stage"] for snap in snapshots(db) for item in evidence_items(snap))
     assert all(stages[stage] >= 15 for stage in STAGES), stages
 
 
+@pytest.mark.pg_repeats("statements and lines of test_counts_meet_the_minimums")
 def test_evidence_summary_columns_match_the_stages(db: Session) -> None:
     for snap in snapshots(db):
         stages = Counter(item["stage"] for item in evidence_items(snap))
@@ -296,6 +300,7 @@ def test_evidence_summary_columns_match_the_stages(db: Session) -> None:
         assert snap.evidence_unverified == stages["unverified"]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_counts_meet_the_minimums")
 def test_some_evaluations_have_no_evidence_at_all(db: Session) -> None:
     empty = [s for s in snapshots(db) if s.evidence_count == 0]
     assert 5 <= len(empty) <= 60
@@ -317,11 +322,13 @@ def reviewed(db: Session) -> list[Judgment]:
     return list(db.exec(select(Judgment).where(Judgment.reviewed_at.is_not(None))).all())  # type: ignore[union-attr]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_counts_meet_the_minimums")
 def test_about_sixty_percent_of_judgments_are_reviewed(db: Session) -> None:
     total = db.exec(select(func.count()).select_from(Judgment)).one()
     assert 0.45 <= len(reviewed(db)) / total <= 0.75
 
 
+@pytest.mark.pg_repeats("statements and lines of test_every_review_has_one_audit_event")
 def test_corrections_are_a_realistic_share_of_reviews(db: Session) -> None:
     rows = reviewed(db)
     share = sum(j.was_corrected for j in rows) / len(rows)
@@ -413,6 +420,7 @@ def test_some_judgments_carry_a_second_opinion_with_its_event(db: Session) -> No
         assert j.reviewed_at is None or j.second_opinion_at < j.reviewed_at
 
 
+@pytest.mark.pg_repeats("statements and lines of test_counts_meet_the_minimums")
 def test_notes_cover_all_types_sessions_and_languages(db: Session) -> None:
     notes = db.exec(select(SessionNote)).all()
     assert {n.note_type for n in notes} == {"SUCCESS", "FAILURE", "PATTERN", "STRATEGY", "TIP"}
@@ -486,6 +494,7 @@ def test_reviewers_also_scored_notes(db: Session) -> None:
     assert sources["reviewer"] > 0 and sources["evaluator"] > sources["reviewer"]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_counts_meet_the_minimums")
 def test_some_notes_help_in_one_context_and_harm_in_another(db: Session) -> None:
     per_note: dict[int, list[float]] = defaultdict(list)
     for row in db.exec(select(LessonTagRelevance)).all():
@@ -649,6 +658,7 @@ def test_team_queues_have_overlap_two_blind_first_labels_adjudications_and_waiti
         )
 
 
+@pytest.mark.pg_repeats("statements and lines of test_counts_meet_the_minimums")
 def test_second_load_returns_nothing_and_writes_nothing(loaded: Engine) -> None:
     before = row_counts(loaded)
     assert demo.load_demo(engine=loaded) == {}
@@ -663,6 +673,7 @@ def test_forced_load_adds_nothing_already_present(loaded: Engine) -> None:
 
 
 @pytest.mark.slow  # loads the whole demo into a new database
+@pytest.mark.pg_repeats("statements and lines of test_counts_meet_the_minimums")
 def test_forced_load_fills_a_database_holding_other_evaluations(engine: Engine) -> None:
     with Session(engine) as session:
         import_evaluations(
@@ -684,6 +695,7 @@ def test_forced_load_fills_a_database_holding_other_evaluations(engine: Engine) 
 
 
 @pytest.mark.slow  # loads the whole demo into a new database
+@pytest.mark.pg_repeats("statements and lines of test_counts_meet_the_minimums")
 def test_a_load_into_a_database_with_only_notes_skips_the_notes_it_has(engine: Engine) -> None:
     records = demo.build_notes().records
     with Session(engine) as session:

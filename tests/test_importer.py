@@ -125,6 +125,7 @@ def import_rag_metrics(engine: Engine) -> None:
 # Evaluations: what a good file becomes
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_stored_id_is_skipped_even_with_different_content")
 def test_good_file_stores_snapshot_with_scores_keyed_by_slug(engine: Engine, tmp_path: Path) -> None:
     report = run_import(engine, write_jsonl(tmp_path / "evals.jsonl", [record()]))
     assert (report.kind, report.inserted, report.skipped, report.judgments) == ("evaluations", 1, 0, 2)
@@ -152,6 +153,7 @@ def test_good_file_stores_snapshot_with_scores_keyed_by_slug(engine: Engine, tmp
     assert snap.deleted_at is None
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_stored_id_is_skipped_even_with_different_content")
 def test_rationale_is_accepted_as_the_reason(engine: Engine, tmp_path: Path) -> None:
     rec = record(judge_scores={"clarity": {"score": 3, "rationale": "long-winded"}})
     run_import(engine, write_jsonl(tmp_path / "evals.jsonl", [rec]))
@@ -162,6 +164,7 @@ def test_rationale_is_accepted_as_the_reason(engine: Engine, tmp_path: Path) -> 
     ("user_key", "judge_key"),
     [("Truthfulness", "truthfulness"), ("truthfulness", "Truthfulness"), ("Truthfulness", "Truthfulness")],
 )
+@pytest.mark.pg_repeats("statements and lines of test_a_stored_id_is_skipped_even_with_different_content")
 def test_display_names_and_slugs_both_resolve_to_the_slug(
     engine: Engine, tmp_path: Path, user_key: str, judge_key: str
 ) -> None:
@@ -184,6 +187,7 @@ def test_display_names_and_slugs_both_resolve_to_the_slug(
     assert set(judgments(engine)) == {f"{snap.id}:truthfulness"}
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_stored_id_is_skipped_even_with_different_content")
 def test_evidence_is_verified_with_stages_and_corrected_positions(engine: Engine, tmp_path: Path) -> None:
     at = ANSWER.index(QUOTE)
     rec = record(
@@ -250,6 +254,7 @@ def test_evidence_json_takes_the_seed_shape_with_scores_reasons_and_gaps(
     assert evidence["truthfulness"]["user_score"] is None
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_stored_id_is_skipped_even_with_different_content")
 def test_each_judged_metric_becomes_an_unreviewed_judgment(engine: Engine, tmp_path: Path) -> None:
     rec = record(
         created_at="2025-03-04T05:06:07Z",
@@ -309,6 +314,7 @@ def colliding_questions() -> tuple[str, str]:
         i += 1
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_stored_id_is_skipped_even_with_different_content")
 def test_snapshot_ids_colliding_in_one_file_are_lengthened(engine: Engine, tmp_path: Path) -> None:
     first, second = colliding_questions()
     rows = [record(question=q, created_at="2025-01-01T00:00:00Z") for q in (first, second)]
@@ -319,6 +325,7 @@ def test_snapshot_ids_colliding_in_one_file_are_lengthened(engine: Engine, tmp_p
     assert f"snap_20250101_000000_{key2[:12]}" in ids
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_stored_id_is_skipped_even_with_different_content")
 def test_snapshot_id_colliding_with_a_stored_one_is_lengthened(engine: Engine, tmp_path: Path) -> None:
     first, second = colliding_questions()
     run_import(
@@ -334,6 +341,7 @@ def test_snapshot_id_colliding_with_a_stored_one_is_lengthened(engine: Engine, t
     assert len(judgments(engine)) == 4
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_stored_id_is_skipped_even_with_different_content")
 def test_weighted_gap_and_meta_score_are_computed_when_absent(engine: Engine, tmp_path: Path) -> None:
     # truthfulness is primary (gap 1), clarity bonus (gap 2), safety other (gap 3).
     rec = record(
@@ -348,12 +356,14 @@ def test_weighted_gap_and_meta_score_are_computed_when_absent(engine: Engine, tm
     assert snap.max_metric_gap == 3
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_stored_id_is_skipped_even_with_different_content")
 def test_given_weighted_gap_and_meta_score_are_kept(engine: Engine, tmp_path: Path) -> None:
     run_import(engine, write_jsonl(tmp_path / "evals.jsonl", [record(weighted_gap=0.25, judge_meta_score=2)]))
     (snap,) = snapshots(engine)
     assert (snap.weighted_gap, snap.judge_meta_score) == (0.25, 2)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_stored_id_is_skipped_even_with_different_content")
 def test_only_one_side_scored_leaves_gaps_empty(engine: Engine, tmp_path: Path) -> None:
     run_import(engine, write_jsonl(tmp_path / "evals.jsonl", [record(user_scores=None)]))
     (snap,) = snapshots(engine)
@@ -361,6 +371,7 @@ def test_only_one_side_scored_leaves_gaps_empty(engine: Engine, tmp_path: Path) 
     assert len(judgments(engine)) == 2
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_stored_id_is_skipped_even_with_different_content")
 def test_custom_scale_gap_is_rescaled_to_the_1_to_5_span(engine: Engine, tmp_path: Path) -> None:
     import_rag_metrics(engine)
     rec = record(
@@ -379,6 +390,7 @@ def test_custom_scale_gap_is_rescaled_to_the_1_to_5_span(engine: Engine, tmp_pat
 # Evaluations: identity
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_stored_id_is_skipped_even_with_different_content")
 def test_reimporting_the_same_file_adds_nothing(engine: Engine, tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "evals.jsonl", [*numbered(3), record(id="snap_fixed")])
     first = run_import(engine, path)
@@ -395,6 +407,7 @@ def test_a_stored_id_is_skipped_even_with_different_content(engine: Engine, tmp_
     assert snapshots(engine)[0].question == record()["question"]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_stored_id_is_skipped_even_with_different_content")
 def test_duplicates_within_one_file_keep_the_first(engine: Engine, tmp_path: Path) -> None:
     rows = [
         record(overall_feedback="first"),
@@ -409,6 +422,7 @@ def test_duplicates_within_one_file_keep_the_first(engine: Engine, tmp_path: Pat
     assert stored[record()["question"]].overall_feedback == "first"
 
 
+@pytest.mark.pg_repeats("statements and lines of test_invalid_utf8_is_refused_with_its_line")
 def test_one_id_for_two_different_records_in_a_file_is_refused_with_both_lines(
     engine: Engine, tmp_path: Path
 ) -> None:
@@ -434,6 +448,7 @@ def test_jsonl_whose_first_line_is_cut_short_reports_that_line(engine: Engine, t
     assert_nothing_written(engine)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_stored_id_is_skipped_even_with_different_content")
 def test_import_evaluations_takes_parsed_records(engine: Engine) -> None:
     with session_scope(engine) as s:
         report = import_evaluations(session=s, records=iter(numbered(2)), source="demo", reviewer="builder")
@@ -441,6 +456,7 @@ def test_import_evaluations_takes_parsed_records(engine: Engine) -> None:
     assert {s.created_by for s in snapshots(engine)} == {"builder"}
 
 
+@pytest.mark.pg_repeats("statements and lines of test_invalid_utf8_is_refused_with_its_line")
 def test_import_evaluations_names_the_record_at_fault(engine: Engine) -> None:
     with pytest.raises(ImportFailed, match=r"demo record 3, field 'product'"), session_scope(engine) as s:
         import_evaluations(session=s, records=[*numbered(2), record(product=None)], source="demo")
@@ -584,6 +600,7 @@ def test_unknown_metric_message_says_how_to_define_it(engine: Engine, tmp_path: 
         ({"clarity": 3}, "user_scores.clarity", "not defined for product 'rag'"),
     ],
 )
+@pytest.mark.pg_repeats("statements and lines of test_five_thousand_records_go_through_the_bulk_path")
 def test_custom_product_scales_are_enforced(
     engine: Engine, tmp_path: Path, scores: dict[str, Any], field: str, reason: str
 ) -> None:
@@ -599,6 +616,7 @@ def test_custom_product_scales_are_enforced(
 @pytest.mark.parametrize(
     "scores", [{"groundedness": 0}, {"groundedness": 1}, {"coherence": 2.67}, {"Coherence": 1}]
 )
+@pytest.mark.pg_repeats("statements and lines of test_five_thousand_records_go_through_the_bulk_path")
 def test_custom_product_scales_accept_scores_inside_them(
     engine: Engine, tmp_path: Path, scores: dict[str, Any]
 ) -> None:
@@ -659,6 +677,7 @@ def test_five_thousand_records_go_through_the_bulk_path(engine: Engine, tmp_path
 # Judgments: the seed-004 cache
 
 
+@pytest.mark.pg_repeats("statements and lines of test_seed_cache_import_leaves_an_audit_trail")
 def test_seed_cache_imports_decisions_corrections_and_optional_fields(engine: Engine) -> None:
     report = run_import(engine, FIXTURES / "judgments_cache.json")
     assert (report.kind, report.inserted, report.skipped) == ("judgments", 3, 0)
@@ -775,6 +794,7 @@ def test_corrupted_cache_json_is_refused_with_its_line(engine: Engine, tmp_path:
     assert count(engine, Judgment) == 0
 
 
+@pytest.mark.pg_repeats("statements and lines of test_seed_cache_import_leaves_an_audit_trail")
 def test_cache_import_from_parsed_data(engine: Engine) -> None:
     with session_scope(engine) as s:
         report = import_judgments_cache(session=s, data=cache_with(), source="upload.json", reviewer="rita")
@@ -785,6 +805,9 @@ def test_cache_import_from_parsed_data(engine: Engine) -> None:
 # Notes and metric sets
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_notes_code_is_read_from_code_or_its_seed_name_phelps_code"
+)
 def test_notes_import_with_seed_columns(engine: Engine) -> None:
     report = run_import(engine, FIXTURES / "notes.jsonl")
     assert (report.kind, report.inserted, report.skipped) == ("notes", 3, 0)
@@ -868,6 +891,9 @@ def test_a_notes_code_is_read_from_code_or_its_seed_name_phelps_code(engine: Eng
         }  # fmt: skip
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_notes_code_is_read_from_code_or_its_seed_name_phelps_code"
+)
 def test_import_notes_takes_parsed_records(engine: Engine) -> None:
     with session_scope(engine) as s:
         report = import_notes(
@@ -1003,6 +1029,7 @@ def test_missing_file_is_refused(engine: Engine, tmp_path: Path) -> None:
         run_import(engine, tmp_path / "nope.jsonl")
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_stored_id_is_skipped_even_with_different_content")
 def test_fixture_evaluations_import_end_to_end(engine: Engine) -> None:
     report = run_import(engine, FIXTURES / "evaluations.jsonl")
     assert (report.inserted, report.judgments) == (2, 3)

@@ -195,6 +195,7 @@ def test_review_state_filter_reads_the_judgments(seeded, review, expected) -> No
     assert ids(EvaluationFilters(review=review), seeded) == expected
 
 
+@pytest.mark.pg_repeats("statements and lines of test_review_state_filter_reads_the_judgments")
 def test_page_rows_carry_their_review_counts(seeded) -> None:
     _review(seeded, "s_a:clarity", "2")
     row = next(r for r in list_evaluations(session=seeded, filters=EvaluationFilters()).rows if r.id == "s_a")
@@ -269,6 +270,7 @@ def test_restore_brings_the_evaluation_back_with_a_live_status(seeded, turns, st
 
 
 @pytest.mark.parametrize(("action", "sid"), [(archive_evaluation, "s_a"), (restore_evaluation, "s_a")])
+@pytest.mark.pg_repeats("statements and lines of test_archive_records_reviewer_time_and_status")
 def test_archive_and_restore_report_no_change_when_already_in_that_state(seeded, action, sid) -> None:
     if action is archive_evaluation:
         archive_evaluation(session=seeded, snapshot_id=sid, reviewer="lead")
@@ -283,6 +285,7 @@ def test_archive_and_restore_refuse_an_unknown_id(seeded, action) -> None:
 
 @pytest.mark.parametrize("action", [archive_evaluation, restore_evaluation])
 @pytest.mark.parametrize("reviewer", ["", "   "])
+@pytest.mark.pg_repeats("statements and lines of test_archive_and_restore_refuse_an_unknown_id")
 def test_archive_and_restore_require_a_reviewer(seeded, action, reviewer) -> None:
     with pytest.raises(ValueError, match="reviewer"):
         action(session=seeded, snapshot_id="s_a", reviewer=reviewer)
@@ -303,6 +306,7 @@ def test_filter_options_are_sorted_distinct_values_without_nulls(seeded) -> None
     ]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_filter_options_offer_the_metrics_of_every_product")
 def test_filter_options_offer_a_products_own_metrics(seeded) -> None:
     import_metrics(
         session=seeded,
@@ -383,6 +387,7 @@ def test_wide_export_holds_every_match_with_scores_per_metric(seeded) -> None:
     )
 
 
+@pytest.mark.pg_repeats("statements and lines of test_long_export_has_one_row_per_judgment_with_the_review")
 def test_wide_export_names_whose_score_each_column_holds(seeded) -> None:
     """Issue 25: after overruling the judge's 5 with 2, the wide CSV's `reviewer` column still said
     1 (the evaluated user's score). Each of the three roles has its own column."""
@@ -433,6 +438,7 @@ def test_export_applies_the_text_filter(seeded, form: str) -> None:
     assert {r["id"] for r in rows} == {"s_b"}
 
 
+@pytest.mark.pg_repeats("statements and lines of test_export_neutralises_formulas_in_the_answer")
 def test_export_streams_rows_in_batches(seeded, monkeypatch: pytest.MonkeyPatch) -> None:
     import lib.inspector as inspector
 
@@ -455,6 +461,7 @@ def test_export_neutralises_formulas_in_the_answer(engine: Engine, form: str) ->
     assert {r["answer"] for r in rows} == {"'=1+2 and @SUM(A1)"}
 
 
+@pytest.mark.pg_repeats("statements and lines of test_wide_export_holds_every_match_with_scores_per_metric")
 def test_filtered_csv_holds_full_questions_with_formulas_neutralised(engine: Engine) -> None:
     question = '=HYPERLINK("http://x")' + "y" * 300
     with Session(engine) as session:
@@ -528,6 +535,7 @@ def test_detail_has_a_card_per_rubric_metric_largest_gap_first(seeded) -> None:
     assert (safety.user_score, safety.judge_score, safety.gap, safety.role) == (1, 5, 4, "primary")
 
 
+@pytest.mark.pg_repeats("statements and lines of test_detail_has_a_card_per_rubric_metric_largest_gap_first")
 def test_detail_marks_bonus_metrics(engine: Engine) -> None:
     with Session(engine) as session:
         import_evaluations(
@@ -548,6 +556,7 @@ def test_detail_marks_bonus_metrics(engine: Engine) -> None:
         ("s_d", [], []),
     ],
 )
+@pytest.mark.pg_repeats("statements and lines of test_detail_has_a_card_per_rubric_metric_largest_gap_first")
 def test_detail_highlights_only_stages_one_to_three(seeded, sid, stages, spans) -> None:
     detail = load_evaluation(session=seeded, snapshot_id=sid)
     assert [item.stage for card in detail.cards for item in card.evidence] == stages
@@ -555,6 +564,7 @@ def test_detail_highlights_only_stages_one_to_three(seeded, sid, stages, spans) 
     assert detail.has_evidence is bool(stages)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_detail_has_a_card_per_rubric_metric_largest_gap_first")
 def test_detail_shows_each_metric_on_its_own_scale(engine: Engine) -> None:
     with Session(engine) as session:
         import_metrics(
@@ -590,6 +600,7 @@ def test_detail_shows_each_metric_on_its_own_scale(engine: Engine) -> None:
     assert by_slug["coherence"].spec.scale_label() == "1–3"
 
 
+@pytest.mark.pg_repeats("statements and lines of test_detail_has_a_card_per_rubric_metric_largest_gap_first")
 def test_detail_reasons_come_from_the_scores(engine: Engine) -> None:
     with Session(engine) as session:
         import_evaluations(
@@ -607,6 +618,7 @@ def test_detail_reasons_come_from_the_scores(engine: Engine) -> None:
     assert (card.spec.slug, card.user_reason, card.judge_reason) == ("clarity", "muddled", "fine")
 
 
+@pytest.mark.pg_repeats("statements and lines of test_long_export_has_one_row_per_judgment_with_the_review")
 def test_detail_carries_the_metric_judgment(seeded) -> None:
     _review(seeded, "s_a:clarity", "3")
     card = load_evaluation(session=seeded, snapshot_id="s_a").cards[0]
@@ -639,6 +651,7 @@ def test_detail_of_an_unknown_id_is_none(seeded) -> None:
     assert load_evaluation(session=seeded, snapshot_id="missing") is None
 
 
+@pytest.mark.pg_repeats("statements and lines of test_archive_records_reviewer_time_and_status")
 def test_detail_of_an_archived_evaluation_still_loads(seeded) -> None:
     archive_evaluation(session=seeded, snapshot_id="s_a", reviewer="lead")
     seeded.commit()

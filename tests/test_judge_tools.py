@@ -224,6 +224,9 @@ def test_command_lines_are_stripped_leaving_the_json_readable() -> None:
         {"type": "SUCCESS", "content": "c", "confidence": -0.1},
     ],
 )
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_model_that_keeps_calling_tools_is_stopped_after_max_rounds"
+)
 def test_add_note_arguments_are_checked_exactly_as_add_note_checks_them(engine: Engine, args: dict) -> None:
     try:
         checked = check_note(args, default_language="tr")
@@ -291,6 +294,9 @@ def test_invalid_arguments_come_back_as_error_text_and_change_nothing(
     assert buffer.notes == [] and stored_notes(engine) == []
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_buffered_clear_removes_by_type_and_language_across_sessions_once_the_run_is_saved"
+)
 def test_buffered_add_note_keeps_the_note_pending_until_saved(engine: Engine) -> None:
     buffer = pending()
     result = run_buffered(engine, "add_note", {"type": "TIP", "content": "Check the population"}, buffer)
@@ -302,6 +308,9 @@ def test_buffered_add_note_keeps_the_note_pending_until_saved(engine: Engine) ->
         SID, AUTHOR, "en", "TIP", "Check the population")  # fmt: skip
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_model_that_keeps_calling_tools_is_stopped_after_max_rounds"
+)
 def test_repeating_a_note_in_one_run_does_not_add_it_twice(engine: Engine) -> None:
     buffer = pending()
     run_buffered(engine, "add_note", {"type": "TIP", "content": "same"}, buffer)
@@ -309,6 +318,9 @@ def test_repeating_a_note_in_one_run_does_not_add_it_twice(engine: Engine) -> No
     assert "already added this note" in again and len(buffer.notes) == 1
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_model_that_keeps_calling_tools_is_stopped_after_max_rounds"
+)
 def test_one_run_adds_at_most_the_run_limit_of_notes(engine: Engine) -> None:
     buffer = pending()
     for n in range(MAX_NOTES_PER_RUN):
@@ -320,6 +332,9 @@ def test_one_run_adds_at_most_the_run_limit_of_notes(engine: Engine) -> None:
     assert len(buffer.notes) == MAX_NOTES_PER_RUN
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_buffered_clear_removes_by_type_and_language_across_sessions_once_the_run_is_saved"
+)
 def test_direct_add_note_writes_in_the_callers_session_with_its_session_id(engine: Engine) -> None:
     with session_scope(engine) as session:
         result = execute_tool_call(session=session, name="add_note", args={"type": "STRATEGY", "content": "s", "language": ""},
@@ -398,6 +413,9 @@ def test_buffered_clear_removes_by_type_and_language_across_sessions_once_the_ru
 
 
 @pytest.mark.parametrize("args", [{}, {"days_old": 0}, {"type": " ", "language": ""}])
+@pytest.mark.pg_repeats(
+    "statements and lines of test_buffered_clear_removes_by_type_and_language_across_sessions_once_the_run_is_saved"
+)
 def test_clear_without_a_filter_is_refused_and_changes_nothing(engine: Engine, args: dict) -> None:
     add_stored(engine, "reviewer memory")
     buffer = pending()
@@ -443,6 +461,9 @@ def run_loop(engine: Engine, **options: Any) -> judge_tools.ToolRun:
                           session_id=SID, **{"language": "en", **options})  # fmt: skip
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_search_finds_notes_of_every_session_and_filters_by_type_and_language"
+)
 def test_tool_results_go_back_to_the_model_under_their_call_ids(
     engine: Engine, llm_server: LLMServer
 ) -> None:
@@ -468,6 +489,9 @@ def test_tool_results_go_back_to_the_model_under_their_call_ids(
 
 
 @pytest.mark.parametrize(("language", "stored"), [("TR", "tr"), ("", ""), ("en-US-posix", "")])
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_model_that_keeps_calling_tools_is_stopped_after_max_rounds"
+)
 def test_notes_default_to_the_runs_language_or_every_language(
     engine: Engine, llm_server: LLMServer, language: str, stored: str
 ) -> None:
@@ -505,6 +529,9 @@ def test_only_the_first_calls_of_a_long_reply_are_run(engine: Engine, llm_server
         http_error(422, "Extra inputs are not permitted", headers=(), param="tools"),
     ],
 )
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_model_that_keeps_calling_tools_is_stopped_after_max_rounds"
+)
 def test_a_server_that_rejects_tools_gets_the_text_commands_instead(
     engine: Engine, llm_server: LLMServer, rejection: Any
 ) -> None:
@@ -521,6 +548,9 @@ def test_a_server_that_rejects_tools_gets_the_text_commands_instead(
     )
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_model_that_keeps_calling_tools_is_stopped_after_max_rounds"
+)
 def test_a_request_error_that_is_not_about_tools_is_not_retried(
     engine: Engine, llm_server: LLMServer
 ) -> None:
@@ -560,6 +590,7 @@ def test_text_mode_search_results_come_back_before_the_answer(engine: Engine, ll
 # -- wired into the judge ---------------------------------------------------------------------------
 
 
+@pytest.mark.pg_repeats("statements and lines of test_the_judge_reads_search_results_from_its_tool")
 def test_stage1_offers_the_note_tools_and_stage2_does_not(rubric: Engine, llm_server: LLMServer) -> None:
     llm_server.script(json_reply(stage1_payload()), json_reply(STAGE2_PAYLOAD))
     judge_evaluation(engine=rubric, evaluation=evaluation(), reviewer="ayse")
@@ -568,6 +599,9 @@ def test_stage1_offers_the_note_tools_and_stage2_does_not(rubric: Engine, llm_se
     assert "tools" not in second
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_without_tools_the_judges_text_commands_are_run_and_its_json_still_read"
+)
 def test_a_note_the_judge_adds_is_stored_with_the_runs_session_id_after_success(
     rubric: Engine, llm_server: LLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -613,6 +647,9 @@ def test_a_run_that_fails_after_the_judge_added_a_note_stores_no_note(
         assert session.exec(select(func.count()).select_from(EvaluationSnapshot)).one() == 0
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_run_that_fails_after_the_judge_added_a_note_stores_no_note"
+)
 def test_a_judge_that_loops_on_tools_fails_stage1_and_stores_nothing(
     rubric: Engine, llm_server: LLMServer
 ) -> None:
@@ -638,6 +675,7 @@ def test_the_judge_reads_search_results_from_its_tool(rubric: Engine, llm_server
     assert "formal address" not in result["content"]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_the_judge_reads_search_results_from_its_tool")
 def test_a_judge_clears_by_type_across_sessions_but_never_everything(
     rubric: Engine, llm_server: LLMServer
 ) -> None:
@@ -660,6 +698,7 @@ def test_a_judge_clears_by_type_across_sessions_but_never_everything(
 
 @pytest.mark.parametrize("mode", ["tools", "structured"])
 @pytest.mark.parametrize(("starter", "left"), [(LEAD, 3), (ADMIN, 1)])
+@pytest.mark.pg_repeats("statements and lines of test_the_judge_reads_search_results_from_its_tool")
 def test_a_judge_run_removes_no_more_than_the_notes_page_lets_its_starter_remove(
     rubric: Engine, llm_server: LLMServer, mode: str, starter: Actor, left: int
 ) -> None:
@@ -693,6 +732,7 @@ def test_a_judge_run_removes_no_more_than_the_notes_page_lets_its_starter_remove
             assert "2 stored notes are removed when this evaluation is saved" in said
 
 
+@pytest.mark.pg_repeats("statements and lines of test_direct_clear_removes_matching_notes_of_every_session")
 def test_a_direct_clear_for_a_lead_is_refused_and_changes_nothing(engine: Engine) -> None:
     add_stored(engine, "reviewer memory")
     with session_scope(engine) as session:
@@ -702,6 +742,9 @@ def test_a_direct_clear_for_a_lead_is_refused_and_changes_nothing(engine: Engine
     assert [n.content for n in stored_notes(engine)] == ["reviewer memory"]
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_without_tools_the_judges_text_commands_are_run_and_its_json_still_read"
+)
 def test_invalid_tool_arguments_reach_the_judge_and_the_run_still_succeeds(
     rubric: Engine, llm_server: LLMServer
 ) -> None:

@@ -117,6 +117,7 @@ def test_unknown_note_type_is_refused(engine: Engine, given: str) -> None:
 @pytest.mark.parametrize(
     ("given", "expected"), [("EN", "en"), (" tr ", "tr"), ("", ""), (None, ""), ("pt-BR", "pt-br")]
 )
+@pytest.mark.pg_repeats("statements and lines of test_add_note_takes_its_spec_arguments_positionally")
 def test_language_is_normalised(engine: Engine, given: str | None, expected: str) -> None:
     assert put(engine, language=given).language == expected
 
@@ -128,6 +129,7 @@ def test_invalid_language_is_refused(engine: Engine, given: str) -> None:
         put(engine, language=given)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_add_note_takes_its_spec_arguments_positionally")
 def test_content_becomes_one_line(engine: Engine) -> None:
     note = put(engine, content="  first line\n\nsecond\tline\x00 \r\n")
     assert note.content == "first line second line"
@@ -140,6 +142,7 @@ def test_empty_content_is_refused(engine: Engine, content: str) -> None:
         put(engine, content=content)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_add_note_takes_its_spec_arguments_positionally")
 def test_content_at_the_limit_is_kept_whole(engine: Engine) -> None:
     assert len(put(engine, content="x" * notes.MAX_CONTENT_CHARS).content) == notes.MAX_CONTENT_CHARS
 
@@ -150,6 +153,7 @@ def test_content_over_the_limit_is_refused(engine: Engine) -> None:
         put(engine, content="x" * (notes.MAX_CONTENT_CHARS + 1))
 
 
+@pytest.mark.pg_repeats("statements and lines of test_note_type_is_stored_upper_case")
 def test_success_note_keeps_code_and_confidence(engine: Engine) -> None:
     put(engine, note_type="SUCCESS", phelps_code="AB00123PRO", confidence=0.9)
     note = stored(engine)[0]
@@ -182,6 +186,7 @@ def test_confidence_on_a_non_success_note_is_refused(engine: Engine) -> None:
         put(engine, note_type="PATTERN", confidence=0.7)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_note_type_is_stored_upper_case")
 def test_seed_placeholders_on_a_pattern_note_mean_absent(engine: Engine) -> None:
     # The seed calls addSessionNote("es", "PATTERN", "...", "", 0.0).
     put(engine, language="es", note_type="PATTERN", content="Oh Señor", phelps_code="", confidence=0.0)
@@ -196,6 +201,7 @@ def test_note_defaults_to_this_process_session_and_now(engine: Engine) -> None:
     assert note.timestamp.tzinfo is not None
 
 
+@pytest.mark.pg_repeats("statements and lines of test_note_type_is_stored_upper_case")
 def test_author_is_recorded(engine: Engine) -> None:
     put(engine, created_by=" ayse ")
     assert stored(engine)[0].created_by == "ayse"
@@ -207,6 +213,7 @@ def test_naive_timestamp_is_refused(engine: Engine) -> None:
         put(engine, timestamp=datetime(2025, 1, 1))
 
 
+@pytest.mark.pg_repeats("statements and lines of test_note_type_is_stored_upper_case")
 def test_added_note_is_not_committed_by_the_library(engine: Engine) -> None:
     with Session(engine) as s:
         note = notes.add_note(session=s, language="en", note_type="TIP", content="c")
@@ -235,6 +242,7 @@ SEED_MATRIX = [
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.pg_repeats("statements and lines of test_cache_is_safe_under_concurrent_readers_and_a_writer")
 def test_relevant_notes_follow_the_seed_or_rule(engine: Engine, use_cache: bool) -> None:
     for i, (language, kind, _) in enumerate(SEED_MATRIX):
         put(
@@ -256,6 +264,7 @@ def test_relevant_notes_are_newest_first(engine: Engine, use_cache: bool) -> Non
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.pg_repeats("statements and lines of test_cache_is_safe_under_concurrent_readers_and_a_writer")
 def test_relevant_notes_are_limited_to_twenty_by_default(engine: Engine, use_cache: bool) -> None:
     for i in range(25):
         put(engine, content=f"n{i}", timestamp=NOW + timedelta(minutes=i))
@@ -264,12 +273,14 @@ def test_relevant_notes_are_limited_to_twenty_by_default(engine: Engine, use_cac
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.pg_repeats("statements and lines of test_cache_is_safe_under_concurrent_readers_and_a_writer")
 def test_relevant_notes_honour_an_explicit_limit(engine: Engine, use_cache: bool) -> None:
     for i in range(5):
         put(engine, content=f"n{i}", timestamp=NOW + timedelta(minutes=i))
     assert [n.content for n in relevant(engine, "en", limit=2, use_cache=use_cache)] == ["n4", "n3"]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_cache_is_safe_under_concurrent_readers_and_a_writer")
 def test_relevant_notes_limit_comes_from_settings(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OVERRULE_NOTES_LIMIT", "3")
     reset_settings()
@@ -289,6 +300,7 @@ def test_relevant_notes_language_is_case_insensitive(engine: Engine) -> None:
     assert [n.content for n in relevant(engine, "TR")] == ["turkish"]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_cache_is_safe_under_concurrent_readers_and_a_writer")
 def test_relevant_notes_reach_past_the_cached_window(engine: Engine) -> None:
     # The 50 newest notes are English; the Turkish ones are older than the cached window.
     for i in range(5):
@@ -298,6 +310,7 @@ def test_relevant_notes_reach_past_the_cached_window(engine: Engine) -> None:
     assert [n.content for n in relevant(engine, "tr")] == [f"tr{i}" for i in range(4, -1, -1)]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_cache_is_safe_under_concurrent_readers_and_a_writer")
 def test_relevant_notes_on_an_empty_database(engine: Engine) -> None:
     assert relevant(engine, "en") == []
 
@@ -310,6 +323,7 @@ def _seven_notes(engine: Engine) -> list[int]:
     return [put(engine, content=f"n{i}", timestamp=NOW + timedelta(minutes=i)).id for i in range(7)]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_cache_is_safe_under_concurrent_readers_and_a_writer")
 def test_relevance_hook_is_not_called_without_tags(engine: Engine) -> None:
     _seven_notes(engine)
     calls: list[Any] = []
@@ -330,6 +344,7 @@ def test_relevance_hook_receives_the_candidates_and_tags(engine: Engine) -> None
     assert calls == [(sorted(ids, reverse=True)[:6], ["lang:en"])]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_relevance_hook_receives_the_candidates_and_tags")
 def test_filtered_notes_are_dropped_and_the_gap_is_filled(engine: Engine) -> None:
     ids = _seven_notes(engine)
     newest = ids[-1]
@@ -337,6 +352,7 @@ def test_filtered_notes_are_dropped_and_the_gap_is_filled(engine: Engine) -> Non
     assert [n.content for n in shown] == ["n5", "n4", "n3"]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_relevance_hook_receives_the_candidates_and_tags")
 def test_boost_moves_a_note_up(engine: Engine) -> None:
     ids = _seven_notes(engine)
     oldest_in_pool = ids[1]  # pool of 2×3 = 6 newest: n6..n1
@@ -364,6 +380,7 @@ def statements(engine: Engine) -> Iterator[list[str]]:
     event.remove(engine, "before_cursor_execute", record)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_cache_is_safe_under_concurrent_readers_and_a_writer")
 def test_cache_hit_costs_one_fingerprint_statement(engine: Engine, statements: list[str]) -> None:
     put(engine, content="cached")
     first = relevant(engine, "en")
@@ -374,6 +391,7 @@ def test_cache_hit_costs_one_fingerprint_statement(engine: Engine, statements: l
     assert "max" in statements[0].lower() and "order by" not in statements[0].lower()
 
 
+@pytest.mark.pg_repeats("statements and lines of test_cache_is_safe_under_concurrent_readers_and_a_writer")
 def test_write_in_this_process_drops_the_cache_entry(engine: Engine, statements: list[str]) -> None:
     put(engine, content="one")
     relevant(engine, "en")
@@ -383,6 +401,7 @@ def test_write_in_this_process_drops_the_cache_entry(engine: Engine, statements:
     assert len(statements) == 1 and "order by" in statements[0].lower()  # reloaded, not revalidated
 
 
+@pytest.mark.pg_repeats("statements and lines of test_cache_is_safe_under_concurrent_readers_and_a_writer")
 def test_cached_notes_are_private_copies(engine: Engine) -> None:
     put(engine, content="original")
     relevant(engine, "en")
@@ -443,6 +462,7 @@ def test_raw_delete_by_another_engine_is_seen(engine: Engine) -> None:
     assert [n.content for n in relevant(engine, "en")] == ["n2", "n0"]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_raw_delete_by_another_engine_is_seen")
 def test_raw_delete_inside_a_full_window_is_seen(engine: Engine) -> None:
     for i in range(60):
         put(engine, content=f"n{i}", timestamp=NOW + timedelta(minutes=i))
@@ -471,6 +491,7 @@ def test_note_added_by_another_process_is_seen(engine: Engine) -> None:
     assert [n.content for n in relevant(engine, "en")] == ["from the cli", "mine"]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_cache_is_safe_under_concurrent_readers_and_a_writer")
 def test_disabled_cache_still_answers(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OVERRULE_NOTES_CACHE_SIZE", "0")
     reset_settings()
@@ -694,11 +715,13 @@ def test_type_labels_put_the_icon_before_the_type(kind: str, label: str) -> None
     assert frame["note_type"].tolist() == [label]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_session_counts_stop_at_the_cap")
 def test_health_of_an_empty_database(engine: Engine) -> None:
     with session_scope(engine, read_only=True) as s:
         assert notes.notes_health(session=s) == {"total_notes": 0, "sessions": 0, "latest_note": None}
 
 
+@pytest.mark.pg_repeats("statements and lines of test_session_counts_stop_at_the_cap")
 def test_health_counts_notes_sessions_and_latest(corpus: Engine) -> None:
     with session_scope(corpus, read_only=True) as s:
         health = notes.notes_health(session=s)
@@ -813,6 +836,7 @@ def test_removal_by_filter(corpus: Engine, filters: dict[str, Any], removed: int
 
 
 @pytest.mark.parametrize("older_than", [timedelta(0), timedelta(minutes=-5)])
+@pytest.mark.pg_repeats("statements and lines of test_add_note_takes_its_spec_arguments_positionally")
 def test_removal_age_must_be_positive(corpus: Engine, older_than: timedelta) -> None:
     with pytest.raises(ValueError, match="positive"):
         remove(corpus, older_than=older_than)
@@ -957,6 +981,7 @@ def test_empty_current_session_means_no_current_session() -> None:
     assert block.splitlines()[3].endswith(f" [SESSION: {notes.process_session_id()[-8:]}]")
 
 
+@pytest.mark.pg_repeats("statements and lines of test_add_note_takes_its_spec_arguments_positionally")
 def test_note_added_without_session_id_is_current_in_this_process(engine: Engine) -> None:
     with Session(engine) as s:
         added = notes.add_note(s, "en", "TIP", "mine")
@@ -1021,6 +1046,7 @@ def test_prompt_keeps_the_given_order() -> None:
 # Frames, records, ages
 
 
+@pytest.mark.pg_repeats("statements and lines of test_count_matches_search")
 def test_frame_has_the_seed_columns(corpus: Engine) -> None:
     with session_scope(corpus, read_only=True) as s:
         frame = notes.as_frame(notes.search_notes(session=s))
@@ -1202,6 +1228,7 @@ def test_add_note_takes_its_spec_arguments_positionally(engine: Engine) -> None:
     assert got == ("en", "SUCCESS", "matched", "AB1", 0.75)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_cache_is_safe_under_concurrent_readers_and_a_writer")
 def test_relevant_notes_take_session_language_and_limit_positionally(engine: Engine) -> None:
     for i in range(3):
         put(engine, content=f"n{i}", timestamp=NOW + timedelta(minutes=i))
@@ -1239,6 +1266,7 @@ def test_search_notes_takes_its_filters_positionally(
         ((None, None, timedelta(days=1)), ["tip en", "tip fr"]),
     ],
 )
+@pytest.mark.pg_repeats("statements and lines of test_removal_by_filter")
 def test_remove_notes_takes_its_filters_positionally(
     engine: Engine, args: tuple[Any, ...], left: list[str]
 ) -> None:

@@ -106,6 +106,7 @@ def test_a_queue_freezes_the_oldest_items_of_its_filter_and_holds_their_judgment
         assert [j.metric for j in item.judgments] == ["truthfulness"]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_link_to_an_item_reserves_it_or_says_it_is_taken")
 def test_a_second_queue_leaves_out_judgments_another_queue_holds(engine: Engine) -> None:
     items(engine, 4)
     create(engine, name="first", size=2)
@@ -165,6 +166,9 @@ def test_a_wrong_spec_is_refused_and_writes_nothing(engine: Engine, spec: dict, 
         assert s.exec(select(ReviewQueueItem)).first() is None
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_lapsed_lease_returns_the_item_and_its_holder_can_no_longer_label_it"
+)
 def test_a_queue_name_is_unique(engine: Engine) -> None:
     items(engine, 2)
     create(engine, name="Team A", size=1)
@@ -193,6 +197,9 @@ def test_the_date_range_and_review_state_filters(engine: Engine) -> None:
 # Reservations
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_continuous_labels_agree_within_the_tolerance_and_their_mean_decides"
+)
 def test_overlap_two_gives_each_item_to_two_reviewers_and_never_twice_to_one(engine: Engine) -> None:
     items(engine, 3)
     queue_id = create(engine, overlap=2)
@@ -207,6 +214,7 @@ def test_overlap_two_gives_each_item_to_two_reviewers_and_never_twice_to_one(eng
     assert nxt is not None and nxt.position == 2  # never item 1 again for ana
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_link_to_an_item_reserves_it_or_says_it_is_taken")
 def test_overlap_one_hands_two_reviewers_different_items(engine: Engine) -> None:
     items(engine, 2)
     queue_id = create(engine)
@@ -231,6 +239,9 @@ def test_a_lapsed_lease_returns_the_item_and_its_holder_can_no_longer_label_it(e
     assert statuses == {"ana": "expired", "ben": "reserved"}
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_lapsed_lease_returns_the_item_and_its_holder_can_no_longer_label_it"
+)
 def test_the_lease_follows_the_setting(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OVERRULE_RESERVATION_MINUTES", "2")
     reset_settings()
@@ -241,6 +252,9 @@ def test_the_lease_follows_the_setting(engine: Engine, monkeypatch: pytest.Monke
     assert take(engine, queue_id, "ben", now=NOW + timedelta(minutes=3)) is not None
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_random_queue_work_leaves_counters_history_and_queue_state_equal_to_a_recount"
+)
 def test_a_lapsed_lease_nobody_needed_stays_with_its_reviewer(engine: Engine) -> None:
     items(engine, 1)
     queue_id = create(engine)
@@ -286,6 +300,9 @@ def test_a_link_to_an_item_reserves_it_or_says_it_is_taken(engine: Engine) -> No
     assert b is not None and b.item_id == a.item_id
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_random_queue_work_leaves_counters_history_and_queue_state_equal_to_a_recount"
+)
 def test_the_draft_lives_in_the_database(engine: Engine) -> None:
     items(engine, 1)
     queue_id = create(engine)
@@ -330,6 +347,9 @@ def test_agreeing_labels_resolve_through_the_one_review_write(engine: Engine) ->
         assert s.exec(select(ReviewQueueJudgment.held)).one() is False
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_random_queue_work_leaves_counters_history_and_queue_state_equal_to_a_recount"
+)
 def test_disagreeing_labels_wait_for_a_lead_who_decides(engine: Engine) -> None:
     items(engine, 1, metrics=("clarity",))
     queue_id = create(engine, overlap=2)
@@ -384,6 +404,9 @@ def test_overlap_one_resolves_at_once_like_a_review(engine: Engine) -> None:
     assert (j.user_decision, j.was_corrected, j.reviewer) == ("3", False, "ana")
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_blind_item_shows_the_judge_only_to_those_who_can_no_longer_be_anchored"
+)
 def test_a_label_that_overrules_the_judge_needs_a_reason(engine: Engine) -> None:
     items(engine, 1, metrics=("clarity",))
     queue_id = create(engine)
@@ -797,7 +820,12 @@ def _replayed_decisions(s: Session) -> dict[int, str | None]:
     return out
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+# Seeds 1 and 2 send PostgreSQL no statement shape and run no PostgreSQL-only line that seed 3 does not.
+@pytest.mark.parametrize(
+    "seed",
+    [pytest.param(seed, marks=pytest.mark.pg_repeats("seed 3's statements and lines")) for seed in (1, 2)]
+    + [3],
+)
 def test_random_queue_work_leaves_counters_history_and_queue_state_equal_to_a_recount(
     engine: Engine, seed: int
 ) -> None:
@@ -843,6 +871,9 @@ def test_a_skipped_item_opened_by_its_link_or_labelled_is_yours_again(engine: En
         assert queues.skipped_items(session=s, queue_id=queue_id, reviewer="ana") == []
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_blind_item_shows_the_judge_only_to_those_who_can_no_longer_be_anchored"
+)
 def test_a_label_on_an_item_that_went_to_others_says_so(engine: Engine) -> None:
     items(engine, 1, metrics=("clarity",))
     queue_id = create(engine)
@@ -852,6 +883,9 @@ def test_a_label_on_an_item_that_went_to_others_says_so(engine: Engine) -> None:
         label_all(engine, queue_id, b.item_id, "ana", "3")
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_blind_item_shows_the_judge_only_to_those_who_can_no_longer_be_anchored"
+)
 def test_the_adjudication_list_downloads_with_labels_side_by_side(engine: Engine) -> None:
     items(engine, 1, metrics=("clarity",))
     queue_id = create(engine, overlap=2, mode="blind")
@@ -866,6 +900,7 @@ def test_the_adjudication_list_downloads_with_labels_side_by_side(engine: Engine
     assert frame.loc[0, "labels"] == "ana: 3 (blind 2) — because; ben: 5 — because"
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_link_to_a_default_item_someone_holds_says_who")
 def test_a_default_queue_draft_comes_back_after_a_reload(engine: Engine) -> None:
     items(engine, 1)
     with session_scope(engine) as s:

@@ -167,6 +167,9 @@ def test_skipped_items_are_passed_over(engine) -> None:
     assert next_key(engine, ("snapshot:a", f"judgment:{pr.id}", "snapshot:c")) is None
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_oldest_first_breaks_timestamp_ties_by_id_across_and_within_products"
+)
 def test_a_standalone_judgment_is_an_item_of_its_own(engine) -> None:
     standalone(engine, "pr#1")
     with session_scope(engine, read_only=True) as s:
@@ -175,11 +178,15 @@ def test_a_standalone_judgment_is_an_item_of_its_own(engine) -> None:
         assert [j.change_id for j in item.judgments] == ["pr#1"] and item.title == "Judgment pr#1"
 
 
+@pytest.mark.pg_repeats("statements and lines of test_filters_pick_matching_items_only")
 def test_a_language_filter_leaves_out_standalone_judgments(engine) -> None:
     standalone(engine, "pr#1")
     assert next_key(engine, language="en") is None
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_oldest_first_breaks_timestamp_ties_by_id_across_and_within_products"
+)
 def test_judgments_of_archived_evaluations_never_appear(engine) -> None:
     evaluation(engine, "gone", hours=0, archived=True)
     evaluation(engine, "live", hours=1)
