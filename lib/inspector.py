@@ -9,6 +9,7 @@ through the URL query string (`to_params` / `filters_from_params`) so a filtered
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -19,7 +20,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from sqlalchemy import String, Text, and_, bindparam, case, cast, func, or_, text, type_coerce, update
+from sqlalchemy import String, Text, and_, case, cast, func, or_, text, type_coerce, update
 from sqlalchemy.sql import ColumnElement, Select
 from sqlmodel import Session, col, select
 
@@ -879,42 +880,59 @@ def _batches(rows: Iterator[Any], size: int) -> Iterator[list[Any]]:
         yield batch
 
 
-def _decisions_select() -> Select[Any]:
-    """Reviewed decisions of a batch of evaluations (`ids`, expanded at execution: compiled once),
-    in the order of ix_judgment_snapshot_state, so a later review of the same metric comes last."""
-    return select(col(_J.snapshot_id), col(_J.metric), col(_J.user_decision)).where(
-        col(_J.snapshot_id).in_(bindparam("ids", expanding=True)),
-        col(_J.reviewed_at).is_not(None),
-        col(_J.metric).is_not(None),
-        col(_J.user_decision).is_not(None),
-    )
+# The reviewed decisions of a batch of evaluations, handed over as ONE parameter (a JSON array of
+# their ids) rather than a bind per id: the statement is compiled once, and neither SQLAlchemy nor
+# the driver processes thousands of parameters per batch. Each row names its evaluation by its
+# position in the array, and comes in review order (ix_judgment_snapshot_state's order, then the id),
+# so a later review of the same metric comes last. SQLite walks the array first (CROSS JOIN) and
+# seeks the index once per id; PostgreSQL unnests it WITH ORDINALITY.
+_DECISIONS_SQL = {
+    "sqlite": text(
+        "SELECT e.key AS at, j.metric, j.user_decision FROM json_each(:ids) AS e "
+        "CROSS JOIN judgments AS j ON j.snapshot_id = e.value "
+        "WHERE j.reviewed_at IS NOT NULL AND j.metric IS NOT NULL AND j.user_decision IS NOT NULL "
+        "ORDER BY e.key, j.reviewed_at, j.was_corrected, j.metric, j.id"
+    ),
+    "postgresql": text(
+        "SELECT e.at - 1 AS at, j.metric, j.user_decision "
+        "FROM json_array_elements_text(CAST(:ids AS json)) WITH ORDINALITY AS e(value, at) "
+        "JOIN judgments AS j ON j.snapshot_id = e.value "
+        "WHERE j.reviewed_at IS NOT NULL AND j.metric IS NOT NULL AND j.user_decision IS NOT NULL "
+        "ORDER BY e.at, j.reviewed_at, j.was_corrected, j.metric, j.id"
+    ),
+}
+
+
+def _read_decisions(conn: Any, ids: Sequence[str]) -> Sequence[Sequence[Any]]:
+    """(position in `ids`, metric, decision) of every reviewed judgment of these evaluations, in
+    review order: one indexed read per export batch."""
+    stmt = _DECISIONS_SQL[conn.dialect.name]
+    return conn.execute(stmt, {"ids": json.dumps(list(ids))}).fetchall()
 
 
 def _reviewer_decisions(session: Session, snapshot_ids: Sequence[str]) -> dict[tuple[str, str], str]:
     """{(snapshot id, metric): the reviewer's decision} for the reviewed judgments of these
-    evaluations: one indexed read (ix_judgment_snapshot_state) per export batch."""
-    found = session.execute(_decisions_select(), {"ids": list(snapshot_ids)})
-    return {(sid, metric): decision for sid, metric, decision in found}
+    evaluations (the last review of a metric wins)."""
+    found = _read_decisions(session.connection(), snapshot_ids)
+    return {(snapshot_ids[at], metric): decision for at, metric, decision in found}
 
 
 def _decision_columns(conn: Any, ids: Sequence[str], slugs: Sequence[str]) -> list[pa.Array]:
     """Per slug, the reviewer's decision of each evaluation in `ids` (as `_reviewer_decisions`
-    gives it: the last one read wins), pivoted by Arrow kernels rather than a dict per row."""
-    found = conn.execute(_decisions_select(), {"ids": list(ids)}).fetchall()
-    sids, metrics, decisions = (
-        (pa.array(v, pa.string()) for v in zip(*found, strict=True))
-        if found
-        else (pa.array([], pa.string()) for _ in range(3))
-    )
-    last_first = pa.array(range(len(sids) - 1, -1, -1), pa.int64())
-    sids, metrics, decisions = (pc.take(a, last_first) for a in (sids, metrics, decisions))
-    wanted = pa.array(ids, pa.string())
-    columns = []
-    for slug in slugs:
-        mine = pc.equal(metrics, slug)
-        at = pc.index_in(wanted, value_set=pc.filter(sids, mine))  # the first match: the last review
-        columns.append(pc.take(pc.filter(decisions, mine), at))
-    return columns
+    gives it: the last review wins), pivoted for all slugs at once by Arrow kernels: each decision's
+    cell (slug, position) is looked up among the cells read last first, so the first match is the
+    last review."""
+    found = _read_decisions(conn, ids)
+    types = (pa.int64(), pa.string(), pa.string())
+    values = list(zip(*found, strict=True)) if found else [(), (), ()]
+    at, metrics, decisions = (pa.array(v, t) for v, t in zip(values, types, strict=True))
+    n = len(ids)
+    slug_at = pc.index_in(metrics, value_set=pa.array(list(slugs), pa.string()))  # null: no column
+    cells = pc.add(pc.multiply(slug_at.cast(pa.int64()), n), at)
+    last_first = pa.array(range(len(cells) - 1, -1, -1), pa.int64())
+    cells, decisions = pc.take(cells, last_first), pc.take(decisions, last_first)
+    grid = pc.take(decisions, pc.index_in(pa.array(range(len(slugs) * n), pa.int64()), value_set=cells))
+    return [grid.slice(i * n, n) for i in range(len(slugs))]
 
 
 def _utc_times(values: Sequence[Any]) -> pa.Array:
