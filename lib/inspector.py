@@ -969,7 +969,7 @@ def _wide_batches(session: Session, filters: EvaluationFilters, slugs: Sequence[
     conn = session.connection()  # Core rows: no ORM row processing
     result = conn.execute(stmt.execution_options(yield_per=EXPORT_BATCH_ROWS))
     names = list(result.keys())
-    con = duckdb.connect()  # in memory: reads the batch's JSON, never the app database
+    con = duckdb.connect(config={"threads": 1})  # in memory: reads the batch's JSON, never the app database
     try:
         for part in result.partitions():
             values = dict(zip(names, zip(*part, strict=True), strict=True))
