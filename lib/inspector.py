@@ -17,6 +17,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Literal
 
 import duckdb
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -881,21 +882,22 @@ def _batches(rows: Iterator[Any], size: int) -> Iterator[list[Any]]:
 
 
 # The reviewed decisions of a batch of evaluations, handed over as ONE parameter (a JSON array of
-# their ids) rather than a bind per id: the statement is compiled once, and neither SQLAlchemy nor
-# the driver processes thousands of parameters per batch. Each row names its evaluation by its
-# position in the array, and comes in review order (ix_judgment_snapshot_state's order, then the id),
-# so a later review of the same metric comes last. SQLite walks the array first (CROSS JOIN) and
-# seeks the index once per id; PostgreSQL unnests it WITH ORDINALITY.
+# their ids) rather than a bind per id, and read through the driver's own cursor: neither SQLAlchemy
+# nor the driver processes thousands of parameters per batch, and no Row is built per decision
+# (together half the cost of this read). Each row names its evaluation by its position in the
+# array, and comes in review order (ix_judgment_snapshot_state's order, then the id), so a later
+# review of the same metric comes last. SQLite walks the array first (CROSS JOIN) and seeks the
+# index once per id; PostgreSQL unnests it WITH ORDINALITY. Written in each driver's paramstyle.
 _DECISIONS_SQL = {
-    "sqlite": text(
+    "sqlite": (
         "SELECT e.key AS at, j.metric, j.user_decision FROM json_each(:ids) AS e "
         "CROSS JOIN judgments AS j ON j.snapshot_id = e.value "
         "WHERE j.reviewed_at IS NOT NULL AND j.metric IS NOT NULL AND j.user_decision IS NOT NULL "
         "ORDER BY e.key, j.reviewed_at, j.was_corrected, j.metric, j.id"
     ),
-    "postgresql": text(
+    "postgresql": (
         "SELECT e.at - 1 AS at, j.metric, j.user_decision "
-        "FROM json_array_elements_text(CAST(:ids AS json)) WITH ORDINALITY AS e(value, at) "
+        "FROM json_array_elements_text(CAST(%(ids)s AS json)) WITH ORDINALITY AS e(value, at) "
         "JOIN judgments AS j ON j.snapshot_id = e.value "
         "WHERE j.reviewed_at IS NOT NULL AND j.metric IS NOT NULL AND j.user_decision IS NOT NULL "
         "ORDER BY e.at, j.reviewed_at, j.was_corrected, j.metric, j.id"
@@ -903,11 +905,15 @@ _DECISIONS_SQL = {
 }
 
 
-def _read_decisions(conn: Any, ids: Sequence[str]) -> Sequence[Sequence[Any]]:
+def _read_decisions(conn: Any, ids: Sequence[str]) -> list[tuple[int, str, str]]:
     """(position in `ids`, metric, decision) of every reviewed judgment of these evaluations, in
-    review order: one indexed read per export batch."""
-    stmt = _DECISIONS_SQL[conn.dialect.name]
-    return conn.execute(stmt, {"ids": json.dumps(list(ids))}).fetchall()
+    review order: one indexed read per export batch, inside `conn`'s transaction."""
+    cursor = conn.connection.driver_connection.cursor()
+    try:
+        cursor.execute(_DECISIONS_SQL[conn.dialect.name], {"ids": json.dumps(list(ids))})
+        return cursor.fetchall()
+    finally:
+        cursor.close()
 
 
 def _reviewer_decisions(session: Session, snapshot_ids: Sequence[str]) -> dict[tuple[str, str], str]:
@@ -929,9 +935,11 @@ def _decision_columns(conn: Any, ids: Sequence[str], slugs: Sequence[str]) -> li
     n = len(ids)
     slug_at = pc.index_in(metrics, value_set=pa.array(list(slugs), pa.string()))  # null: no column
     cells = pc.add(pc.multiply(slug_at.cast(pa.int64()), n), at)
-    last_first = pa.array(range(len(cells) - 1, -1, -1), pa.int64())
+    last_first = pa.array(np.arange(len(cells) - 1, -1, -1, dtype=np.int64))
     cells, decisions = pc.take(cells, last_first), pc.take(decisions, last_first)
-    grid = pc.take(decisions, pc.index_in(pa.array(range(len(slugs) * n), pa.int64()), value_set=cells))
+    grid = pc.take(
+        decisions, pc.index_in(pa.array(np.arange(len(slugs) * n, dtype=np.int64)), value_set=cells)
+    )
     return [grid.slice(i * n, n) for i in range(len(slugs))]
 
 
