@@ -201,7 +201,10 @@ def _snapshot_of_counters(s: Session) -> dict[str, Any]:
     return found
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+# Seed 3 sends PostgreSQL only statement shapes seeds 1-2 and the recount command send (lib's, not the test's own).
+@pytest.mark.parametrize(
+    "seed", [1, 2, pytest.param(3, marks=pytest.mark.pg_repeats("seeds 1 and 2, the recount"))]
+)
 def test_counters_equal_a_full_recount_after_random_writes(engine: Engine, seed: int) -> None:
     rng = random.Random(seed)
     story = []
@@ -302,6 +305,7 @@ def test_pages_read_the_same_figures_as_a_count_of_the_rows(filled: Engine) -> N
         assert int(trend["corrected"].sum()) == len(corrected)
 
 
+@pytest.mark.pg_repeats("lib statements of test_recount_command_rebuilds_what_a_raw_write_broke")
 def test_recount_repairs_counters_a_raw_write_left_behind(engine: Engine) -> None:
     _filled(engine)
     with session_scope(engine) as s:
