@@ -12,6 +12,7 @@ missing server is an error, not a skip, so the PostgreSQL runs can never silentl
 from __future__ import annotations
 
 import fcntl
+import gc
 import hashlib
 import itertools
 import json
@@ -31,6 +32,32 @@ import lib.models  # noqa: F401  (every table on SQLModel.metadata, for TRUNCATE
 from lib.config import reset_settings
 from lib.db import create_db_engine, init_db
 from lib.duck import TRUST_EXTENSIONS_VAR
+from tests import compiled_cache
+
+# Engines configured alike share compiled SQL, as the app's one engine reuses its own (a new engine
+# per test otherwise compiles every statement again): see tests/compiled_cache.py.
+compiled_cache.install()
+
+# Garbage collection. Collecting the tests imports Streamlit, pandas, SQLAlchemy, openai and every
+# test module: millions of objects that live as long as the process, and every full collection
+# walked all of them again (7% of a worker's CPU time; 1 CPU s of its 7 s of collecting). So none
+# runs while the tests are collected; then what exists is frozen (gc.freeze: never walked again)
+# and the youngest generation is collected every 7,000 allocations instead of 700.
+gc.disable()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
+        gc.enable()  # the xdist controller: its workers collect the tests, it does not
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(7_000, 10, 10)
+    gc.enable()
+
 
 # Hypothesis: no per-example deadline. A deadline is a wall-clock assertion: on a shared or loaded
 # machine it fails a correct example at random (FlakyFailure: "took 375 ms, which exceeded the
