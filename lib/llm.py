@@ -29,13 +29,17 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import jsonschema
-import openai
-from openai.types.chat import ChatCompletion
 
 from lib.config import LLM_SETUP_HINT, Settings, env_name, get_settings
+
+if TYPE_CHECKING:
+    # Imported where a call is made, not here: importing openai costs about 0.8 CPU s (its
+    # hundreds of typed models), and every process that imports lib pays for it, the CLI's
+    # commands and a Streamlit server whose pages never call an LLM included.
+    import openai
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +137,8 @@ def _client_key(settings: Settings) -> _ClientKey:
 
 def get_client(settings: Settings | None = None) -> openai.OpenAI:
     """The shared client for these settings, created on first use with explicit timeout and retries."""
+    import openai
+
     settings = settings or get_settings()
     key = _client_key(settings)
     with _lock:
@@ -160,6 +166,8 @@ def close_clients() -> None:
 
 def _describe(exc: Exception, settings: Settings) -> LLMError:
     """Turn an openai/transport failure into a message that says what happened and what to do."""
+    import openai
+
     where = settings.openai_base_url or OPENAI_DEFAULT_BASE_URL
     retries = settings.llm_max_retries
     if isinstance(exc, openai.APITimeoutError):
@@ -219,6 +227,8 @@ def _describe(exc: Exception, settings: Settings) -> LLMError:
 
 @contextmanager
 def _translated_errors(settings: Settings) -> Iterator[None]:
+    import openai
+
     try:
         yield
     except LLMError:
@@ -233,6 +243,8 @@ def _as_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _to_result(completion: object) -> ChatResult:
+    from openai.types.chat import ChatCompletion
+
     if not isinstance(completion, ChatCompletion):
         raise LLMError(
             f"The LLM server sent a response that is not a chat completion: {str(completion)[:200]!r}",
@@ -387,6 +399,8 @@ def chat(
     (`temperature_for`); `schema` or `json_mode` asks for structured output in the best mode this
     server accepts (see the module docstring). Calls without tools stream under the local profile.
     """
+    import openai
+
     settings = settings or get_settings()
     client = get_client(settings)
     key = _server_key(settings, model)
@@ -426,6 +440,8 @@ def uses_tools(*, model: str, settings: Settings | None = None) -> bool:
     so a refusal cannot be waited for; a server that refuses the probe or answers it in words
     does not use tools. Connection failures raise and are not remembered.
     """
+    import openai
+
     settings = settings or get_settings()
     key = _server_key(settings, model)
     known = _tool_support.get(key)
@@ -660,6 +676,8 @@ def stream_chat(
 
 
 def _stream_deltas(response: Any, settings: Settings, outcome: dict[str, Any] | None = None) -> Iterator[str]:
+    import openai
+
     finish_reason: str | None = None
     with _translated_errors(settings), response:
         try:
