@@ -599,9 +599,6 @@ def test_stage1_offers_the_note_tools_and_stage2_does_not(rubric: Engine, llm_se
     assert "tools" not in second
 
 
-@pytest.mark.pg_repeats(
-    "statements and lines of test_without_tools_the_judges_text_commands_are_run_and_its_json_still_read"
-)
 def test_a_note_the_judge_adds_is_stored_with_the_runs_session_id_after_success(
     rubric: Engine, llm_server: LLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
