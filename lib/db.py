@@ -9,7 +9,7 @@ write, so a read-then-write transaction takes the write lock up front and can ne
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -135,7 +135,8 @@ SQLITE_ANALYSIS_LIMIT = 400
 
 
 def refresh_statistics(conn: Connection) -> None:
-    """Refresh SQLite's planner statistics (sampled, ~50 ms); PostgreSQL's autovacuum keeps its own.
+    """Refresh SQLite's planner statistics (sampled, ~50 ms); PostgreSQL's autovacuum keeps its own once
+    a load commits, and `LoadStatistics` keeps them during one.
 
     Without statistics SQLite guesses that `deleted_at IS NULL` is selective and scans the list
     index, probing the search index per row, instead of reading the few rows the trigram index
@@ -144,6 +145,47 @@ def refresh_statistics(conn: Connection) -> None:
     if conn.dialect.name == "sqlite":
         conn.exec_driver_sql(f"PRAGMA analysis_limit={SQLITE_ANALYSIS_LIMIT}")
         conn.exec_driver_sql("ANALYZE")
+
+
+# Rows a load writes before PostgreSQL's statistics of the tables are refreshed in its transaction.
+PG_ANALYZE_MIN_ROWS = 1000
+
+
+class LoadStatistics:
+    """PostgreSQL's planner statistics kept in step with a long load inside one transaction.
+
+    Autovacuum analyses a table only after other transactions can see its new rows, so during an
+    import the planner still believes what it last saw; on a new or emptied database that is "no
+    rows". It then plans the per-batch counter updates (an IN list of a batch's ids joined to the
+    judgments) as scans of a table it takes to be empty, and each batch costs time in proportion to
+    all rows loaded so far: minutes for a few thousand evaluations. ANALYZE in the load's own
+    transaction counts its uncommitted rows; run whenever the rows written since the last refresh
+    outnumber what the planner believes the first table holds, it runs about log2(rows) times,
+    each a sample of at most 30,000 rows. SQLite is refreshed once after the load
+    (`refresh_statistics`).
+    """
+
+    def __init__(self, conn: Connection, tables: Sequence[str]) -> None:
+        self._conn = conn
+        self._tables = tuple(tables)
+        self._on = conn.dialect.name == "postgresql"
+        self._believed = self._estimate() if self._on else 0
+        self._written = 0
+
+    def _estimate(self) -> int:
+        found = self._conn.execute(
+            text("SELECT reltuples FROM pg_class WHERE oid = to_regclass(:t)"), {"t": self._tables[0]}
+        ).scalar()
+        return max(int(found or 0), 0)  # -1: never analysed
+
+    def wrote(self, rows: int) -> None:
+        """`rows` more rows are in the first table: refresh the statistics if the planner is now wrong."""
+        if not self._on:
+            return
+        self._written += rows
+        if self._written >= max(PG_ANALYZE_MIN_ROWS, self._believed):
+            self._conn.exec_driver_sql("ANALYZE " + ", ".join(f'"{t}"' for t in self._tables))
+            self._believed, self._written = self._estimate(), 0
 
 
 @contextmanager

@@ -52,7 +52,7 @@ from sqlmodel import Session, col
 from lib import bulk, counters, judge_versions, notes, scores, source_records
 from lib.auth import Actor, Permission, authorize
 from lib.corrections import require_reviewer, review_event_row
-from lib.db import PG_IMPORT_LOCK, one_writer_at_a_time, refresh_statistics, session_scope
+from lib.db import PG_IMPORT_LOCK, LoadStatistics, one_writer_at_a_time, refresh_statistics, session_scope
 from lib.interaction_records import interaction_rows
 from lib.json_files import (
     BOM,
@@ -410,6 +410,7 @@ def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
     # A large load into a small table: build the secondary indexes once afterwards (sorted) rather
     # than updating them row by row; unique indexes stay, the duplicate checks below use them.
     defer = bulk.worth_deferring(conn, _JUDGMENTS, prepared.judgments)
+    statistics = LoadStatistics(conn, [_JUDGMENTS.name, _SNAPSHOTS.name])
     with _roomy_sqlite_cache(session), bulk.deferred_indexes(conn, [_SNAPSHOTS, _JUDGMENTS], defer=defer):
         for chunk in prepared.spool.chunks():
             existing_ids = _existing(session, _SNAPSHOTS.c.id, [row["id"] for row, _, _ in chunk])
@@ -437,6 +438,7 @@ def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
             )
             judgment_rows = [j for j in judgment_rows if j["change_id"] not in taken_changes]
             _write_rows(session, _JUDGMENTS, judgment_rows)
+            statistics.wrote(len(judgment_rows))
             if not defer:  # one set-based update per counter table and batch, on the indexes
                 counters.judgments_added(
                     session=session,
@@ -908,9 +910,11 @@ def import_judgments_cache(
     _write_lock(session)
     stored = _existing(session, _JUDGMENTS.c.change_id, [row["change_id"] for row in rows])
     fresh = [row for row in rows if row["change_id"] not in stored]
+    statistics = LoadStatistics(session.connection(), [_JUDGMENTS.name])
     for i in range(0, len(fresh), CHUNK_ROWS):
         chunk = fresh[i : i + CHUNK_ROWS]
         _write_rows(session, _JUDGMENTS, chunk)
+        statistics.wrote(len(chunk))
         counters.judgments_added(
             session=session,
             where=col(Judgment.change_id).in_([row["change_id"] for row in chunk]),

@@ -673,6 +673,24 @@ def test_five_thousand_records_go_through_the_bulk_path(engine: Engine, tmp_path
         assert s.exec(select(func.sum(EvaluationSnapshot.evidence_highlighted))).one() == 5000
 
 
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_long_load_refreshes_postgresql_statistics_inside_its_transaction(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """Planner statistics that say "no judgments" (a new or emptied database) made each batch's
+    counter updates scan everything loaded so far: a 5,000-evaluation import took minutes. The
+    import refreshes them in its own transaction (lib.db.LoadStatistics); autovacuum cannot, as it
+    sees no uncommitted rows."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("ANALYZE judgments")
+    rows = [record(question=f"Question {i}?") for i in range(1500)]
+    report = run_import(engine, write_jsonl(tmp_path / "evals.jsonl", rows))
+    assert report.judgments == 3000
+    with engine.connect() as conn:
+        believed = conn.exec_driver_sql("SELECT reltuples FROM pg_class WHERE relname = 'judgments'").scalar()
+    assert believed >= 2000  # refreshed after the first batch's 2,000 judgments (0 before the fix)
+
+
 # ---------------------------------------------------------------------------------------------
 # Judgments: the seed-004 cache
 
