@@ -35,6 +35,7 @@ SQLITE_BUSY_TIMEOUT_MS = 15_000
 PG_MIGRATION_LOCK = 7_140_512
 PG_DEMO_LOCK = 7_140_513  # serialises concurrent first starts of several replicas
 PG_IMPORT_LOCK = 7_140_514  # one import writes at a time (lib.importer)
+PG_REVIEW_COUNTERS_LOCK = 7_140_515  # reviews move counter rows one transaction at a time (lib.counters)
 
 
 def one_writer_at_a_time(session: Session, key: int) -> None:

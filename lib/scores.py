@@ -237,7 +237,9 @@ def _upsert_counts(
     connection: Connection, table: Table, key: Sequence[str], deltas: Mapping[tuple[Any, ...], int]
 ) -> None:
     """Add each delta to its count row, creating the row when it is new."""
-    params = [{**dict(zip(key, k, strict=True)), "n": n} for k, n in deltas.items() if n]
+    # Rows locked in one order in every transaction (lib.counters._upsert_add); repr: keys may hold None.
+    ordered = sorted(deltas.items(), key=lambda item: repr(item[0]))
+    params = [{**dict(zip(key, k, strict=True)), "n": n} for k, n in ordered if n]
     if params:
         connection.execute(_on_conflict_add(_upsert(connection, table), table, key), params)
 
@@ -250,6 +252,7 @@ def _shift_counts(connection: Connection, ids: Sequence[str], *, live: bool, sig
             select(*key, func.count() * literal(sign))
             .where(_SCORES.c.snapshot_id.in_(ids), _SCORES.c.live.is_(live))
             .group_by(*key)
+            .order_by(*key)  # rows locked in key order (lib.counters._upsert_add)
         )
         stmt = _upsert(connection, table).from_select([*names, "n"], rows)
         connection.execute(_on_conflict_add(stmt, table, names))
