@@ -66,6 +66,7 @@ from sqlalchemy.sql import ColumnElement
 from sqlmodel import Session, col
 
 from lib import scores, version_counts
+from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_at_a_time
 from lib.models import (
     EvaluationCount,
     EvaluationSnapshot,
@@ -351,8 +352,6 @@ def bump_review(
     concurrent archive of the same evaluation, whose counting then sees the review committed.
     A review that changes the judgment's reviewer moves it between two reviewer rows.
     """
-    from lib.db import PG_REVIEW_COUNTERS_LOCK, one_writer_at_a_time  # lib.db imports this module
-
     # PostgreSQL: from its first review's counters to commit, a transaction holds the counter lock.
     # A transaction that settles several judgments (a queue item's metrics) moves rows of
     # version_counts, evaluation_counts and the judgment counters once per judgment, so two such

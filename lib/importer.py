@@ -52,7 +52,7 @@ from sqlmodel import Session, col
 from lib import bulk, counters, judge_versions, notes, scores, source_records
 from lib.auth import Actor, Permission, authorize
 from lib.corrections import require_reviewer, review_event_row
-from lib.db import PG_IMPORT_LOCK, LoadStatistics, one_writer_at_a_time, refresh_statistics, session_scope
+from lib.db import LoadStatistics, refresh_statistics, session_scope
 from lib.interaction_records import interaction_rows
 from lib.json_files import (
     BOM,
@@ -63,6 +63,7 @@ from lib.json_files import (
     parse_document,
     read_document,
 )
+from lib.locks import PG_IMPORT_LOCK, one_writer_at_a_time
 from lib.metrics import (
     metrics_for_product,
     parse_metric_definition,

@@ -615,7 +615,8 @@ def _verdict_of(data: Mapping[str, Any]) -> Verdict:
 
 def ingest(*, engine: Engine, batch: Batch, actor: Actor) -> Outcome:
     """Join the batch's spans and verdicts with what is stored, import what has met, keep the rest."""
-    from lib.db import PG_IMPORT_LOCK, one_writer_at_a_time, session_scope
+    from lib.db import session_scope
+    from lib.locks import PG_IMPORT_LOCK, one_writer_at_a_time
 
     outcome = Outcome(batch.signal)
     for metric in batch.unkeyed_items:

@@ -6,7 +6,7 @@ dialect object. The app opens one engine and keeps it; the suite opens a new one
 test (a fresh database per test), so each test compiled every statement it ran again: a quarter of
 the CPU time of a database test, and most of the garbage the collector then had to walk.
 
-`install()` gives every SQLite engine, and every mapper for its SQLite statements, caches whose keys
+`install()` gives every engine, and every mapper for its statements, caches whose keys
 name the dialect by its configuration (its class and its plain settings: compiler class, server
 version, paramstyle, ...) instead of by object identity, so two engines configured alike share
 compiled statements (both dialects: see SHARED_DIALECTS). What SQLAlchemy

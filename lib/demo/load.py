@@ -6,7 +6,7 @@ from sqlalchemy import Engine, func, select
 from sqlmodel import Session, col
 
 from lib.auth import system_actor
-from lib.db import PG_DEMO_LOCK, one_writer_at_a_time, session_scope
+from lib.db import session_scope
 from lib.demo import versions
 from lib.demo.evaluations import build_evaluations
 from lib.demo.experiment import demo_experiment_id, run_demo_experiment
@@ -16,6 +16,7 @@ from lib.demo.precedents import _write_precedents, build_precedents
 from lib.demo.queues import write_team_queues
 from lib.demo.reviews import _apply_reviews, _write_cache_judgments, build_cache_judgments, plan_reviews
 from lib.importer import import_evaluations, import_metrics, import_notes
+from lib.locks import PG_DEMO_LOCK, one_writer_at_a_time
 from lib.models import EvaluationSnapshot, LessonTagRelevance, SessionAudit, TagRelevanceEvent
 
 
