@@ -178,24 +178,25 @@ def _insert(session: Session, table: Table) -> Any:
     return (postgresql if session.get_bind().dialect.name == "postgresql" else sqlite).insert(table)
 
 
-# Every upsert of several counter rows writes them in key order. PostgreSQL locks each row as its
-# INSERT ... ON CONFLICT reaches it, in the order the SELECT yields them; without an ORDER BY that
-# order is the aggregate's (a hash order, which differs between a custom and a generic plan of the
-# same prepared statement), and two reviews resolving items with the same product x metric x day
-# rows locked them in opposite orders: a deadlock (seen: 3 reviewers x 100 items x 2 on PostgreSQL).
-
-
 def _upsert_add(
     session: Session, table: Table, keys: dict[str, Any], values: dict[str, Any], where: Any
 ) -> None:
-    """INSERT … SELECT keys, aggregates … GROUP BY keys ON CONFLICT DO UPDATE SET v = v + excluded.v."""
+    """INSERT … SELECT keys, aggregates … GROUP BY keys ON CONFLICT DO UPDATE SET v = v + excluded.v.
+
+    Key order: PostgreSQL locks each counter row as the upsert reaches it, in the order the SELECT
+    yields them, which without an ORDER BY is the aggregate's (a hash order, not the same in a
+    custom and a generic plan of one prepared statement). Every multi-row counter upsert here, in
+    lib.scores and in lib.version_counts orders by its key, so one statement never locks rows in
+    another's reverse order. Across statements that is not enough: reviews, which move counters
+    once per judgment, serialise on `PG_REVIEW_COUNTERS_LOCK` (`bump_review`).
+    """
     source = (
         select(*(e.label(k) for k, e in keys.items()), *(e.label(k) for k, e in values.items()))
         .select_from(_J)
         .outerjoin(_S, col(_S.id) == col(_J.snapshot_id))
         .where(col(_S.deleted_at).is_(None), where)  # a WHERE is required: SQLite's upsert parse rule
         .group_by(*keys.values())
-        .order_by(*keys.values())  # rows locked in key order (see _upsert_add)
+        .order_by(*keys.values())  # key order (_upsert_add)
     )
     stmt = _insert(session, table).from_select([*keys, *values], source)
     stmt = stmt.on_conflict_do_update(
@@ -531,7 +532,7 @@ def _shift_evaluations(
         .select_from(_S)
         .where(where)
         .group_by(*keys.values())
-        .order_by(*keys.values())  # rows locked in key order (see _upsert_add)
+        .order_by(*keys.values())  # key order (_upsert_add)
     )
     stmt = _insert(session, _EVALUATIONS).from_select([*keys, "n"], source)
     stmt = stmt.on_conflict_do_update(
@@ -575,9 +576,8 @@ def _snapshot_values(sign: int) -> dict[str, Any]:
 def _shift_snapshots(session: Session, where: Any, sign: int) -> None:
     values = _snapshot_values(sign)
     source = select(col(_S.product).label("product"), *(e.label(k) for k, e in values.items()))
-    source = (
-        source.where(where).group_by(col(_S.product)).order_by(col(_S.product))
-    )  # rows locked in key order (see _upsert_add)
+    # In key order (_upsert_add).
+    source = source.where(where).group_by(col(_S.product)).order_by(col(_S.product))
     stmt = _insert(session, _PRODUCT).from_select(["product", *values], source)
     stmt = stmt.on_conflict_do_update(
         index_elements=["product"], set_={k: _PRODUCT.c[k] + stmt.excluded[k] for k in values}

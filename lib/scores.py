@@ -237,7 +237,7 @@ def _upsert_counts(
     connection: Connection, table: Table, key: Sequence[str], deltas: Mapping[tuple[Any, ...], int]
 ) -> None:
     """Add each delta to its count row, creating the row when it is new."""
-    # Rows locked in one order in every transaction (lib.counters._upsert_add); repr: keys may hold None.
+    # In key order (lib.counters._upsert_add); by repr, since a key may hold None.
     ordered = sorted(deltas.items(), key=lambda item: repr(item[0]))
     params = [{**dict(zip(key, k, strict=True)), "n": n} for k, n in ordered if n]
     if params:
@@ -252,7 +252,7 @@ def _shift_counts(connection: Connection, ids: Sequence[str], *, live: bool, sig
             select(*key, func.count() * literal(sign))
             .where(_SCORES.c.snapshot_id.in_(ids), _SCORES.c.live.is_(live))
             .group_by(*key)
-            .order_by(*key)  # rows locked in key order (lib.counters._upsert_add)
+            .order_by(*key)  # key order (lib.counters._upsert_add)
         )
         stmt = _upsert(connection, table).from_select([*names, "n"], rows)
         connection.execute(_on_conflict_add(stmt, table, names))

@@ -84,7 +84,7 @@ def _sources(
             .outerjoin(_S, col(_S.id) == col(_J.snapshot_id))
             .where(*conditions)
             .group_by(*own.values())
-            .order_by(*own.values())  # rows locked in key order (lib.counters._upsert_add)
+            .order_by(*own.values())  # key order (lib.counters._upsert_add)
         )
     other = {
         "judge_version_id": col(_V.judge_version_id),
@@ -100,7 +100,7 @@ def _sources(
         .outerjoin(_S, col(_S.id) == col(_J.snapshot_id))
         .where(*conditions)
         .group_by(*other.values())
-        .order_by(*other.values())  # rows locked in key order (lib.counters._upsert_add)
+        .order_by(*other.values())  # key order (lib.counters._upsert_add)
     )
     return out
 
