@@ -524,6 +524,7 @@ def _cmd_webhooks(args: argparse.Namespace) -> int:
             if args.days is not None and args.days < 0:
                 raise CliError("webhooks prune: --days must be 0 or more (0 keeps the whole log)")
             pruned = webhooks.prune_log(engine, force=True, days=args.days, dry_run=args.dry_run)
+            assert pruned is not None  # forced: the throttle never skips it
             print(pruned.summary(dry_run=args.dry_run))
             return 0
         with session_scope(engine, read_only=action in ("list", "deliveries")) as session:

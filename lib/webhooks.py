@@ -604,17 +604,18 @@ _last_prune: dict[str, float] = {}
 
 def prune_log(
     engine: Engine, *, force: bool = False, days: int | None = None, dry_run: bool = False
-) -> Pruned:
+) -> Pruned | None:
     """`prune_deliveries` with OVERRULE_WEBHOOK_LOG_DAYS (or `days`), at most once per
     PRUNE_EVERY_SECONDS per database and process unless forced (the worker calls it on every poll;
-    `python -m lib webhooks prune` forces it)."""
+    `python -m lib webhooks prune` forces it). None when the throttle skipped it: a `Pruned` with
+    days 0 would read as "kept forever"."""
     from lib.config import get_settings
     from lib.db import session_scope
 
     url = str(engine.url)
     now = time.monotonic()
     if not force and now - _last_prune.get(url, -PRUNE_EVERY_SECONDS) < PRUNE_EVERY_SECONDS:
-        return Pruned(days=0)
+        return None
     if not dry_run:
         _last_prune[url] = now
     with session_scope(engine, read_only=dry_run) as session:
