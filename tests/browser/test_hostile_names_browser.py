@@ -19,6 +19,7 @@ from sqlalchemy import text
 from lib import evaluation_form
 from lib.db import init_db, session_scope
 from lib.metrics import DEFAULT_METRICS, products_with_rubrics, upsert_metric_definitions
+from lib.ui import REVIEWER_COOKIE
 from tests.browser.conftest import new_app_context, settle
 from tests.conftest import DemoTemplate
 
@@ -74,7 +75,7 @@ def test_every_page_renders_hostile_metric_names_as_text(
     snapshot = quote(_hostile_demo(url), safe="")
     server = streamlit_app(url)
     context = new_app_context(browser, viewport={"width": 1400, "height": 1000})
-    context.add_cookies([{"name": "overrule_reviewer", "value": "ayse", "url": server.base_url}])
+    context.add_cookies([{"name": REVIEWER_COOKIE, "value": "ayse", "url": server.base_url}])
     outside: list[tuple[str, str]] = []
     opened = [""]  # the path being walked: a failure names the page a request left from
     # Every request for another host is recorded and aborted: nothing leaves the machine.

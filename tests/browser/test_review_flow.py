@@ -12,6 +12,7 @@ from sqlmodel import select
 
 from lib.db import init_db, session_scope
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent
+from lib.ui import REVIEWER_COOKIE
 from tests.browser.conftest import new_app_context, settle
 
 pytestmark = pytest.mark.browser
@@ -81,7 +82,7 @@ def test_five_reviews_by_keyboard_one_undo_and_the_workspace_fits_one_screen(
     server = streamlit_app(url)
     context = new_app_context(browser, viewport=SCREEN)
     # The reviewer's name comes from its cookie (as after any earlier visit): no field to type in.
-    context.add_cookies([{"name": "overrule_reviewer", "value": "ayse", "url": server.base_url}])
+    context.add_cookies([{"name": REVIEWER_COOKIE, "value": "ayse", "url": server.base_url}])
     page = context.new_page()
     dialogs: list[str] = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
