@@ -146,8 +146,11 @@ def metric_changes_text(session: Session, made: Ensured) -> str:
     """The metrics a version added or removed, as " (added tone; removed fluency)", else ""."""
     changes = judge_versions.changes_since_previous(session, made.version)
     parts = [
-        f"{verb} {', '.join(c.field.partition(': ')[2] for c in changes if c.label == label)}"
-        for verb, label in (("added", "Metric added"), ("removed", "Metric removed"))
+        f"{verb} {', '.join(c.metric for c in changes if c.label == label)}"
+        for verb, label in (
+            ("added", judge_versions.METRIC_ADDED),
+            ("removed", judge_versions.METRIC_REMOVED),
+        )
         if any(c.label == label for c in changes)
     ]
     return f" ({'; '.join(parts)})" if parts else ""

@@ -186,6 +186,11 @@ class Change:
     before: str
     after: str
     detail: str = ""  # a unified diff of rubric text, when the text changed
+    metric: str = ""  # the rubric metric's slug, when the change is one metric's (`field` says it too)
+
+
+METRIC_ADDED = "Metric added"  # the labels of a metric's arrival and departure (audit texts read them)
+METRIC_REMOVED = "Metric removed"
 
 
 def _shown(value: Any) -> str:
@@ -212,22 +217,26 @@ def rubric_changes(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[
         a, b = old.get(slug), new.get(slug)
         where = f"rubric: {slug}"
         if a is None and b is not None:
-            out.append(Change(where, "Metric added", "—", f"{b['display_name']} ({_scale_text(b)})"))
+            out.append(
+                Change(where, METRIC_ADDED, "—", f"{b['display_name']} ({_scale_text(b)})", metric=slug)
+            )
             continue
         if b is None and a is not None:
-            out.append(Change(where, "Metric removed", f"{a['display_name']} ({_scale_text(a)})", "—"))
+            out.append(
+                Change(where, METRIC_REMOVED, f"{a['display_name']} ({_scale_text(a)})", "—", metric=slug)
+            )
             continue
         assert a is not None and b is not None
         if a["display_name"] != b["display_name"]:
-            out.append(Change(where, "Display name", a["display_name"], b["display_name"]))
+            out.append(Change(where, "Display name", a["display_name"], b["display_name"], metric=slug))
         if _scale_text(a) != _scale_text(b):
-            out.append(Change(where, "Scale", _scale_text(a), _scale_text(b)))
+            out.append(Change(where, "Scale", _scale_text(a), _scale_text(b), metric=slug))
         old_text, new_text = str(a.get("description") or ""), str(b.get("description") or "")
         if old_text != new_text:
             lines = difflib.unified_diff(
                 old_text.splitlines(), new_text.splitlines(), "before", "after", lineterm="", n=1
             )
-            out.append(Change(where, "Rubric text", old_text, new_text, "\n".join(lines)))
+            out.append(Change(where, "Rubric text", old_text, new_text, "\n".join(lines), metric=slug))
     if [e["slug"] for e in before if e["slug"] in new] != [e["slug"] for e in after if e["slug"] in old]:
         out.append(
             Change(
