@@ -3,7 +3,9 @@ idled. Usage: `.venv/bin/python scripts/suite_cpu.py DIR [--top N]` (docs/develo
 
 CPU seconds are the fair measure on a shared machine (wall time grows with other jobs' load); the
 per-worker lines show each worker's first start, last end and the share of that span its tests
-filled, so a worker that waited at the end (or ran one long test alone) shows up.
+filled, so a worker that waited at the end (or ran one long test alone) shows up. A session-scoped
+fixture's teardown (the browser tier's Chromium) is a line of its own, under the conftest that
+defines it, and is not counted as a test.
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     def cpu(row: dict) -> float:
         return row["self"] + row["child"]
 
+    def tests(rows: list[dict]) -> int:
+        return sum(not r.get("fixture") for r in rows)
+
     total = sum(cpu(r) for r in rows)
-    print(f"{len(rows)} tests, {total:.0f} CPU s in the workers and the processes they waited for")
+    print(f"{tests(rows)} tests, {total:.0f} CPU s in the workers and the processes they waited for")
     print("\nworker   tests   CPU s   span s   tests filled")
     by_worker: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
@@ -41,14 +46,14 @@ def main(argv: list[str] | None = None) -> int:
         start, end = min(r["start"] for r in mine), max(r["end"] for r in mine)
         busy = sum(r["end"] - r["start"] for r in mine)
         print(
-            f"{worker:8} {len(mine):5} {sum(cpu(r) for r in mine):7.0f} {end - start:8.0f}"
+            f"{worker:8} {tests(mine):5} {sum(cpu(r) for r in mine):7.0f} {end - start:8.0f}"
             f"   {busy / max(end - start, 1e-9):5.0%}  (from +{start - first:.0f} s to +{end - first:.0f} s)"
         )
 
     files: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
     for row in rows:
         entry = files[row["id"].split("::")[0]]
-        entry[0] += 1
+        entry[0] += not row.get("fixture")
         entry[1] += cpu(row)
         entry[2] += cpu(row) if "postgresql" in row["id"] else 0.0
         entry[3] += row["end"] - row["start"]

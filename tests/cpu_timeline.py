@@ -7,8 +7,13 @@ directory in OVERRULE_CPU_LOG; `scripts/suite_cpu.py DIR` prints the summary (do
 
 Per test it writes the worker, the test id, its start and end (epoch seconds, setup to teardown),
 `self` (the worker's own user+system CPU) and `child` (CPU of the child processes it started and
-waited for: Streamlit servers, CLI runs). Not counted: the PostgreSQL server, and a Chromium whose
-browser outlives the test (its CPU lands on the worker's last test when the browser closes).
+waited for: Streamlit servers, CLI runs). Not counted: the PostgreSQL server.
+
+A session-scoped fixture is torn down in the teardown of its worker's last test, whatever that test
+is: the CPU of what it reaps then (the session's Chromium and Playwright driver: 65 CPU s of a whole
+run, all of it once charged to the last test of test_webhooks.py) goes to a record of its own, id
+`<where it is defined>::<name> (session teardown)` with `"fixture": true`, not to that test.
+Module-scoped fixtures stay with their module's last test: the CPU is still their file's.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ import pytest
 
 _log: IO[str] | None = None
 _started: dict[str, tuple[float, float, float]] = {}
+# During a test's teardown: the CPU when the last fixture finished tearing down (so the next one's
+# teardown is the difference), and what session fixtures' teardowns took (moved off the test).
+_teardown_mark: tuple[float, float] | None = None
+_session_teardowns: list[tuple[str, float, float]] = []  # (id, own, children)
 
 
 def _cpu() -> tuple[float, float]:
@@ -48,6 +57,38 @@ def pytest_configure(config: pytest.Config) -> None:
     _log = (Path(directory) / f"{_worker()}.jsonl").open("a", buffering=1, encoding="utf-8")
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _log
+    if _log is not None:
+        _log.close()
+        _log = None
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    global _teardown_mark
+    _teardown_mark = _cpu() if _log is not None else None
+    try:
+        return (yield)
+    finally:
+        _teardown_mark = None
+
+
+def pytest_fixture_post_finalizer(
+    fixturedef: pytest.FixtureDef[object], request: pytest.FixtureRequest
+) -> None:
+    global _teardown_mark
+    if _teardown_mark is None:
+        return  # not in a teardown (a parametrized fixture finished during setup), or not logging
+    now = _cpu()
+    own, children = now[0] - _teardown_mark[0], now[1] - _teardown_mark[1]
+    _teardown_mark = now
+    if fixturedef.scope == "session" and own + children >= 0.01:
+        where = fixturedef.baseid
+        where = where if where.endswith(".py") else f"{where}/conftest.py" if where else "<plugin>"
+        _session_teardowns.append((f"{where}::{fixturedef.argname} (session teardown)", own, children))
+
+
 def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
     if _log is not None:
         _started[nodeid] = (time.time(), *_cpu())
@@ -58,6 +99,13 @@ def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str])
         return
     start, own, children = _started.pop(nodeid)
     own_now, children_now = _cpu()
-    record = {"worker": _worker(), "id": nodeid, "start": start, "end": time.time()}
+    end = time.time()
+    for fixture_id, fixture_own, fixture_children in _session_teardowns:  # on a worker's last test
+        own, children = own + fixture_own, children + fixture_children  # moved off the test
+        fixture = {"worker": _worker(), "id": fixture_id, "start": end, "end": end, "fixture": True}
+        fixture |= {"self": round(fixture_own, 3), "child": round(fixture_children, 3)}
+        _log.write(json.dumps(fixture) + "\n")
+    _session_teardowns.clear()
+    record = {"worker": _worker(), "id": nodeid, "start": start, "end": end}
     record |= {"self": round(own_now - own, 3), "child": round(children_now - children, 3)}
     _log.write(json.dumps(record) + "\n")
