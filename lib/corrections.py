@@ -31,6 +31,7 @@ from sqlmodel import Session, col, select
 from lib import counters, judge_versions
 from lib.auth import Actor, Permission, authorize, identity_of
 from lib.display import REVIEWED_BY, evaluation_url, judgment_url, role_field
+from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_at_a_time
 from lib.metrics import MetricSpec, metrics_for_product
 from lib.models import (
     CACHE_DECISIONS,
@@ -504,6 +505,11 @@ def _write_review_state(
     """
     assert judgment.id is not None
     judgment_id = judgment.id
+    # PostgreSQL: the counters' lock before the judgment's row lock, in every review, so every
+    # transaction takes them in one order. A queue item's settlement reviews several judgments in
+    # one transaction; had the lock come after the UPDATE, a lone review of its second judgment
+    # could hold that row waiting for the lock the settlement held: a deadlock.
+    one_writer_at_a_time(session, PG_REVIEW_COUNTERS_LOCK)
     result = session.execute(
         update(Judgment)
         .where(col(Judgment.id) == judgment_id, col(Judgment.version) == expected_version)

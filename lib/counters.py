@@ -66,7 +66,6 @@ from sqlalchemy.sql import ColumnElement
 from sqlmodel import Session, col
 
 from lib import scores, version_counts
-from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_at_a_time
 from lib.models import (
     EvaluationCount,
     EvaluationSnapshot,
@@ -188,7 +187,8 @@ def _upsert_add(
     custom and a generic plan of one prepared statement). Every multi-row counter upsert here, in
     lib.scores and in lib.version_counts orders by its key, so one statement never locks rows in
     another's reverse order. Across statements that is not enough: reviews, which move counters
-    once per judgment, serialise on `PG_REVIEW_COUNTERS_LOCK` (`bump_review`).
+    once per judgment, serialise on `PG_REVIEW_COUNTERS_LOCK`, taken before their judgment's UPDATE
+    (`lib.corrections._write_review_state`).
     """
     source = (
         select(*(e.label(k) for k, e in keys.items()), *(e.label(k) for k, e in values.items()))
@@ -246,7 +246,8 @@ def lock_judgments(*, session: Session, where: Any) -> None:
 
     The one lock order of every counter writer: judgments, then their evaluations (`lock_snapshots`),
     then counter rows. A review takes them in that order too (its versioned UPDATE, `bump_review`),
-    so two writers wait for each other instead of deadlocking.
+    after `PG_REVIEW_COUNTERS_LOCK`, which only reviews take, so two writers wait for each other
+    instead of deadlocking.
     """
     if _locks_rows(session):
         session.execute(select(_J.id).where(where).order_by(col(_J.id)).with_for_update())
@@ -353,13 +354,12 @@ def bump_review(
     concurrent archive of the same evaluation, whose counting then sees the review committed.
     A review that changes the judgment's reviewer moves it between two reviewer rows.
     """
-    # PostgreSQL: from its first review's counters to commit, a transaction holds the counter lock.
-    # A transaction that settles several judgments (a queue item's metrics) moves rows of
-    # version_counts, evaluation_counts and the judgment counters once per judgment, so two such
-    # transactions take shared rows (one product x metric x day, one evaluation state) in
-    # interleaved orders: 3 reviewers x 100 two-metric items x 2 labels deadlocked in 1 run of 4.
-    # The judgment rows stay locked first (the review's UPDATE), so the wait has no cycle.
-    one_writer_at_a_time(session, PG_REVIEW_COUNTERS_LOCK)
+    # PostgreSQL: the caller holds PG_REVIEW_COUNTERS_LOCK from before its first judgment UPDATE to
+    # commit (lib.corrections._write_review_state, the one write of a review state). A transaction
+    # that settles several judgments (a queue item's metrics) moves rows of version_counts,
+    # evaluation_counts and the judgment counters once per judgment, so two such transactions took
+    # shared rows (one product x metric x day, one evaluation state) in interleaved orders: 3
+    # reviewers x 100 two-metric items x 2 labels deadlocked in 1 run of 4.
     reviewed = int(after.reviewed) - int(before.reviewed)
     corrected = int(after.corrected) - int(before.corrected)
     version_counts.move_review(

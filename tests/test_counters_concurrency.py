@@ -90,3 +90,45 @@ def test_a_second_opinion_waiting_on_a_review_leaves_exact_counters(pg_engine: E
         counters.recount(session=s)
     with session_scope(pg_engine) as s:
         assert _snapshot_of_counters(s) == kept
+
+
+def test_a_review_of_two_judgments_and_a_review_of_the_second_never_deadlock(pg_engine: Engine) -> None:
+    """A queue item's settlement reviews J1 then J2 in one transaction; meanwhile a reviewer's review
+    of J2 starts. Every review takes the counters' lock before it locks its judgment, so the lone
+    review waits whole and then meets a clean ReviewConflict. Before, the lock came after the
+    judgment's UPDATE: the lone review held J2 waiting for the lock, the settlement held the lock
+    waiting for J2, and PostgreSQL refused one of them with a deadlock."""
+    rec = _record(random.Random(2), 0)
+    rec["judge_scores"] = {"truthfulness": 4, "helpfulness": 5}
+    with session_scope(pg_engine) as s:
+        importer.import_evaluations(session=s, records=[rec])
+    with session_scope(pg_engine) as s:
+        (j1, v1), (j2, v2) = s.exec(select(Judgment.id, Judgment.version).order_by(col(Judgment.id))).all()
+    assert j1 is not None and j2 is not None
+    errors: list[BaseException] = []
+
+    def lone_review() -> None:
+        try:
+            with session_scope(pg_engine) as s:
+                record_review(
+                    session=s, judgment_id=j2, expected_version=v2, action="confirm", reviewer="bob"
+                )
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+
+    with pg_engine.connect() as conn, Session(bind=conn) as settling:
+        record_review(
+            session=settling, judgment_id=j1, expected_version=v1, action="confirm", reviewer="ayse"
+        )
+        worker = threading.Thread(target=lone_review)
+        worker.start()
+        _wait_until_blocked(pg_engine, worker)
+        record_review(
+            session=settling, judgment_id=j2, expected_version=v2, action="confirm", reviewer="ayse"
+        )
+        settling.commit()
+    worker.join(30)
+    assert not worker.is_alive()
+    assert [type(e).__name__ for e in errors] == ["ReviewConflict"], errors
+    with session_scope(pg_engine) as s:
+        assert {j.reviewer for j in s.exec(select(Judgment)).all()} == {"ayse"}
