@@ -147,6 +147,9 @@ def continuous_rubric(engine: Engine, product: str = "beta") -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_calibration_counts_signed_differences_and_adjudications_against_each_reviewer, test_human_ceiling_on_the_items_two_reviewers_labelled_follows_analytics_filters"
+)
 def test_whole_number_scale_gives_ordinal_alpha_equal_to_the_reference(engine: Engine) -> None:
     add_queue(engine, "team", matrix_items(SECTION_C))
     result = load(engine)
@@ -164,6 +167,9 @@ def test_whole_number_scale_gives_ordinal_alpha_equal_to_the_reference(engine: E
     assert result.labels == 41
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_calibration_counts_signed_differences_and_adjudications_against_each_reviewer, test_human_ceiling_on_the_items_two_reviewers_labelled_follows_analytics_filters"
+)
 def test_reviewer_pairs_kappa_equals_scikit_learn_on_their_shared_items(engine: Engine) -> None:
     add_queue(engine, "team", matrix_items(SECTION_C))
     pairs = load(engine).pairs.set_index(["reviewer_a", "reviewer_b"])
@@ -288,6 +294,9 @@ def test_calibration_counts_signed_differences_and_adjudications_against_each_re
     assert everyone["mean_signed_difference_rescaled"] == pytest.approx(1 / 8)
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_calibration_counts_signed_differences_and_adjudications_against_each_reviewer"
+)
 def test_anchoring_counts_moves_toward_and_away_from_the_judge(engine: Engine) -> None:
     # Judge 4 everywhere. ana: 2->4 (toward, all the way), 3->3 (stays), 5->4 (toward), 4->4 (stays).
     # ben: 4->2 (away), 1->2 (toward by 1), 2->2, 3->4 (toward).
@@ -326,6 +335,9 @@ def test_anchoring_on_labels_counts_switches_to_the_judges_label(sqlite_engine: 
     assert math.isnan(row["mean_shift_toward_judge"])
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_calibration_counts_signed_differences_and_adjudications_against_each_reviewer"
+)
 def test_nothing_labelled_gives_empty_tables(engine: Engine) -> None:
     result = load(engine)
     assert result.empty and result.metrics.empty and result.pairs.empty and result.anchoring.empty

@@ -172,6 +172,9 @@ def test_notes_as_of_excludes_notes_written_later(engine) -> None:
         assert {n.content for n in relevant_notes(session, "en")} == {"early tip", "late tip"}
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_history_as_of_excludes_later_reviews_and_the_item_itself, test_notes_as_of_excludes_notes_written_later, test_tag_relevance_and_pins_are_those_recorded_by_the_moment"
+)
 def test_arm_prompts_show_only_the_past(engine) -> None:
     seed_lab(engine)
     with session_scope(engine) as session:
@@ -429,6 +432,7 @@ def test_cancel_stops_between_calls_and_a_rerun_continues(engine, judge_server) 
     assert len(judge_server.chat_requests) == ITEMS
 
 
+@pytest.mark.pg_repeats("statements and lines of test_cancel_stops_between_calls_and_a_rerun_continues")
 def test_only_those_who_may_start_an_experiment_may_cancel_it(engine) -> None:
     seed_lab(engine)
     experiment_id = alignment.create_experiment(engine, ExperimentSpec(product=PRODUCT, sample_size=2))
@@ -441,6 +445,9 @@ def test_only_those_who_may_start_an_experiment_may_cancel_it(engine) -> None:
         assert session.get(AlignmentExperiment, experiment_id).cancel_requested  # type: ignore[union-attr]
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_failed_call_is_recorded_as_failed_and_a_rerun_retries_only_it, test_history_as_of_excludes_later_reviews_and_the_item_itself, test_tag_relevance_and_pins_are_those_recorded_by_the_moment"
+)
 def test_edited_rubric_arm_sends_the_edited_text(engine, judge_server) -> None:
     seed_lab(engine)
     spec = ExperimentSpec(

@@ -137,6 +137,7 @@ def seeded(engine: Engine) -> Iterator[Engine]:
     yield engine
 
 
+@pytest.mark.pg_repeats("statements and lines of test_weekly_trend_is_exact_agreement_per_week_and_product")
 @pytest.mark.parametrize(
     ("product", "metric", "pairs", "exact", "within_1"),
     [
@@ -165,11 +166,13 @@ def test_only_metrics_with_pairs_are_listed(seeded: Engine) -> None:
     ]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_weekly_trend_is_exact_agreement_per_week_and_product")
 @pytest.mark.parametrize(("metric", "pairs"), [("truthfulness", ALPHA_TRUTH), ("helpfulness", ALPHA_HELP)])
 def test_weighted_kappa_matches_direct_formula(seeded: Engine, metric: str, pairs: list) -> None:
     assert _row(_report(seeded), "alpha", metric)["weighted_kappa"] == pytest.approx(_kappa_from_pairs(pairs))
 
 
+@pytest.mark.pg_repeats("statements and lines of test_weekly_trend_is_exact_agreement_per_week_and_product")
 def test_kappa_is_not_computed_on_a_continuous_scale(seeded: Engine) -> None:
     report = _report(seeded)
     assert math.isnan(_row(report, "beta", "fluency")["weighted_kappa"])
@@ -177,6 +180,7 @@ def test_kappa_is_not_computed_on_a_continuous_scale(seeded: Engine) -> None:
     assert shown.loc[shown["metric"] == "fluency", "weighted_kappa"].item() == "n/a"
 
 
+@pytest.mark.pg_repeats("statements and lines of test_weekly_trend_is_exact_agreement_per_week_and_product")
 @pytest.mark.parametrize(
     ("product", "metric", "pairs"),
     [
@@ -191,6 +195,7 @@ def test_spearman_matches_pandas_rank_correlation(
     assert _row(_report(seeded), product, metric)["spearman"] == pytest.approx(_spearman(pairs))
 
 
+@pytest.mark.pg_repeats("statements and lines of test_weekly_trend_is_exact_agreement_per_week_and_product")
 def test_gap_histogram_counts_rescaled_gaps(seeded: Engine) -> None:
     gaps = _report(seeded).gaps
     counts = {
@@ -234,6 +239,7 @@ def test_filters_narrow_the_pairs(seeded: Engine, filters: dict, expected_pairs:
     assert {(r.product, r.metric): int(r.pairs) for r in metrics.itertuples()} == expected_pairs
 
 
+@pytest.mark.pg_repeats("statements and lines of test_weekly_trend_is_exact_agreement_per_week_and_product")
 def test_empty_database_gives_an_empty_report(engine: Engine) -> None:
     report = _report(engine)
     assert report.empty and report.gaps.empty and report.weekly.empty

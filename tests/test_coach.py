@@ -65,6 +65,7 @@ def _messages(engine, snapshot_id: str) -> list[ChatMessage]:
         return list(s.exec(select(ChatMessage).where(ChatMessage.snapshot_id == snapshot_id)).all())
 
 
+@pytest.mark.pg_repeats("statements and lines of test_fifty_concurrent_sends_grant_exactly_the_limit")
 def test_greeting_is_idempotent_and_never_counted(engine, llm_server) -> None:
     sid = _snapshot(engine)
     llm_server.script(fake.stream(["Merhaba! ", "Truthfulness farkı 2."]))
@@ -81,6 +82,7 @@ def test_greeting_is_idempotent_and_never_counted(engine, llm_server) -> None:
         assert s.get(EvaluationSnapshot, sid).chat_turn_count == 0
 
 
+@pytest.mark.pg_repeats("statements and lines of test_fifty_concurrent_sends_grant_exactly_the_limit")
 def test_context_holds_only_selected_metrics_and_the_strict_evidence_rule(engine, llm_server) -> None:
     sid = _snapshot(engine)
     llm_server.script(fake.stream(["ok"]))
@@ -93,6 +95,7 @@ def test_context_holds_only_selected_metrics_and_the_strict_evidence_rule(engine
     assert "Turkish" in system
 
 
+@pytest.mark.pg_repeats("statements and lines of test_fifty_concurrent_sends_grant_exactly_the_limit")
 def test_duplicate_send_returns_stored_reply_without_llm_or_turn(engine, llm_server) -> None:
     sid = _snapshot(engine)
     llm_server.script(fake.stream(["hi"]))
@@ -127,6 +130,7 @@ def test_window_sends_exactly_the_last_six_messages(engine, llm_server) -> None:
     ]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_fifty_concurrent_sends_grant_exactly_the_limit")
 def test_sixteenth_message_is_refused_with_guidance(engine, llm_server) -> None:
     sid = _snapshot(engine, max_turns=15)
     llm_server.script(fake.stream(["g"]))
@@ -294,6 +298,7 @@ def _at_the_limit(engine, llm_server, *, max_turns: int = 2) -> str:
     return sid
 
 
+@pytest.mark.pg_repeats("statements and lines of test_fifty_concurrent_sends_grant_exactly_the_limit")
 def test_at_the_limit_a_new_chat_is_refused_without_an_llm_call(engine, llm_server) -> None:
     sid = _at_the_limit(engine, llm_server)
     calls, rows = len(llm_server.chat_requests), len(_messages(engine, sid))
@@ -310,6 +315,7 @@ def test_at_the_limit_a_new_chat_is_refused_without_an_llm_call(engine, llm_serv
     assert len(llm_server.chat_requests) == calls
 
 
+@pytest.mark.pg_repeats("statements and lines of test_fifty_concurrent_sends_grant_exactly_the_limit")
 def test_at_the_limit_an_unfinished_greeting_is_not_regenerated(engine, llm_server) -> None:
     sid = _snapshot(engine, max_turns=1)
     llm_server.script(fake.stream(["half "], abort_after=1))
@@ -325,6 +331,7 @@ def test_at_the_limit_an_unfinished_greeting_is_not_regenerated(engine, llm_serv
     assert len(llm_server.chat_requests) == calls
 
 
+@pytest.mark.pg_repeats("statements and lines of test_fifty_concurrent_sends_grant_exactly_the_limit")
 def test_the_reply_to_the_last_turn_is_still_finished_after_an_interruption(engine, llm_server) -> None:
     """The last turn was granted before the limit: its reply is owed, so resuming it may call the LLM."""
     sid = _snapshot(engine, max_turns=1)
@@ -341,6 +348,7 @@ def test_the_reply_to_the_last_turn_is_still_finished_after_an_interruption(engi
 # An empty message is a greeting request (seed 002: `is_init: true` or an empty `message`)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_fifty_concurrent_sends_grant_exactly_the_limit")
 @pytest.mark.parametrize("empty", ["", "   \n"])
 def test_an_empty_message_asks_for_the_greeting_and_costs_no_turn(engine, llm_server, empty) -> None:
     sid = _snapshot(engine)
@@ -361,6 +369,7 @@ def test_an_empty_message_asks_for_the_greeting_and_costs_no_turn(engine, llm_se
         assert s.get(EvaluationSnapshot, sid).chat_turn_count == 0
 
 
+@pytest.mark.pg_repeats("statements and lines of test_fifty_concurrent_sends_grant_exactly_the_limit")
 def test_an_empty_message_on_a_chat_without_metrics_says_to_pick_them(engine) -> None:
     sid = _snapshot(engine)
     with pytest.raises(coach.CoachError, match="pick between 1 and 3 metrics"):

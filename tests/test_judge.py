@@ -273,6 +273,9 @@ def test_stage1_prompt_history_holds_only_the_selected_entries(rubric: Engine) -
     assert "c3:coherence" not in context.history_block and "c4:coherence" not in context.history_block
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_duplicate_stored_while_the_judge_ran_is_refused_atomically"
+)
 def test_stage1_prompt_says_so_when_there_is_no_history(rubric: Engine) -> None:
     with session_scope(rubric, read_only=True) as session:
         context = load_context(session=session, evaluation=evaluation(), settings=Settings(), notes_block="")
@@ -429,6 +432,9 @@ def test_no_comparable_metric_means_no_gap_rather_than_a_perfect_judge() -> None
 # -- end to end against the local OpenAI-compatible server -------------------------------------------
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_judging_the_same_answer_again_is_refused_before_any_llm_call"
+)
 def test_both_stages_write_one_snapshot_with_its_judgments(rubric: Engine, llm_server: LLMServer) -> None:
     llm_server.script(json_reply(stage1_payload()), json_reply(STAGE2_PAYLOAD))
     snapshot_id = judge_evaluation(engine=rubric, evaluation=evaluation(), reviewer="ayse")
@@ -482,6 +488,9 @@ def test_the_prompt_sent_carries_the_history_and_uses_the_judge_model(
     assert "USER-REASON-COHERENCE" not in json.dumps(first) and "USER-REASON-COHERENCE" in json.dumps(second)
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_judging_the_same_answer_again_is_refused_before_any_llm_call"
+)
 @pytest.mark.parametrize(
     "reply",
     [
@@ -498,6 +507,9 @@ def test_stage1_reply_wrapped_in_prose_and_fences_still_works(
     assert snapshot_id
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_judging_the_same_answer_again_is_refused_before_any_llm_call"
+)
 def test_rate_limit_is_retried_and_the_run_succeeds(rubric: Engine, llm_server: LLMServer) -> None:
     llm_server.script(rate_limited(), json_reply(stage1_payload()), json_reply(STAGE2_PAYLOAD))
     judge_evaluation(engine=rubric, evaluation=evaluation(), reviewer="ayse")
@@ -511,6 +523,9 @@ def no_retries(monkeypatch: pytest.MonkeyPatch, timeout: str = "5") -> None:
     reset_settings()
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_duplicate_stored_while_the_judge_ran_is_refused_atomically"
+)
 @pytest.mark.parametrize(
     ("replies", "stage", "kind", "message"),
     [
@@ -589,6 +604,9 @@ def test_unparsable_evidence_keeps_scores_and_logs_the_seed_warning(
     ]
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_judging_the_same_answer_again_is_refused_before_any_llm_call"
+)
 def test_without_reviewer_scores_stage2_is_not_asked_and_there_is_no_gap(
     rubric: Engine, llm_server: LLMServer
 ) -> None:
@@ -602,6 +620,9 @@ def test_without_reviewer_scores_stage2_is_not_asked_and_there_is_no_gap(
     assert counts(rubric) == (1, 3)
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_judging_the_same_answer_again_is_refused_before_any_llm_call"
+)
 def test_the_default_rubric_is_used_for_a_product_without_one(engine: Engine, llm_server: LLMServer) -> None:
     scores = {
         m.slug: {"score": 4, "confidence": 0.5, "rationale": "Good enough on this metric."}
@@ -651,6 +672,9 @@ def test_a_duplicate_stored_while_the_judge_ran_is_refused_atomically(
     assert counts(rubric) == (1, 0)
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_duplicate_stored_while_the_judge_ran_is_refused_atomically"
+)
 def test_no_llm_configured_fails_before_reading_or_calling_anything(engine: Engine) -> None:
     with pytest.raises(JudgeFailed) as failure:
         judge_evaluation(engine=engine, evaluation=evaluation(), reviewer="ayse")
@@ -658,6 +682,9 @@ def test_no_llm_configured_fails_before_reading_or_calling_anything(engine: Engi
     assert "OPENAI_API_KEY" in str(failure.value)
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_duplicate_stored_while_the_judge_ran_is_refused_atomically"
+)
 @pytest.mark.parametrize(
     ("overrides", "reviewer", "message"),
     [
@@ -674,6 +701,9 @@ def test_bad_input_fails_before_any_llm_call(
     assert llm_server.chat_requests == []
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_judging_the_same_answer_again_is_refused_before_any_llm_call"
+)
 def test_progress_messages_follow_the_stages(rubric: Engine, llm_server: LLMServer) -> None:
     llm_server.script(json_reply(stage1_payload(evidence="bad")), json_reply(STAGE2_PAYLOAD))
     said: list[str] = []

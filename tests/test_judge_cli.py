@@ -116,6 +116,7 @@ def test_a_failed_line_is_reported_and_a_rerun_judges_only_what_is_left(
         assert set(session.exec(select(EvaluationSnapshot.created_by)).all()) == {"cli"}
 
 
+@pytest.mark.pg_repeats("statements and lines of test_duplicate_lines_in_one_file_are_judged_once")
 def test_progress_goes_to_stderr_and_the_summary_to_stdout(
     cli_db: Engine, llm_server: LLMServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -163,6 +164,7 @@ def test_the_pool_never_has_more_requests_in_flight_than_the_concurrency(
     assert 1 <= peak <= 3
 
 
+@pytest.mark.pg_repeats("statements and lines of test_duplicate_lines_in_one_file_are_judged_once")
 @pytest.mark.parametrize(
     ("records", "message"),
     [
@@ -188,6 +190,7 @@ def test_a_bad_line_refuses_the_whole_file_before_any_llm_call(
     assert snapshot_questions(cli_db) == []
 
 
+@pytest.mark.pg_repeats("statements and lines of test_duplicate_lines_in_one_file_are_judged_once")
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -204,6 +207,7 @@ def test_cli_usage_errors_exit_non_zero(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.pg_repeats("statements and lines of test_duplicate_lines_in_one_file_are_judged_once")
 @pytest.mark.parametrize("command", [["judge", "{file}"], ["second-opinion", "--product", "acme"]])
 def test_without_an_llm_the_commands_say_how_to_configure_one(
     cli_db: Engine, tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
@@ -276,6 +280,9 @@ def test_second_opinion_batch_validates_eligible_judgments_and_reports(
     ]
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_second_opinion_batch_validates_eligible_judgments_and_reports"
+)
 def test_second_opinion_limit_and_failures_are_reported(
     cli_db: Engine, llm_server: LLMServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -65,6 +65,9 @@ def last_user_message(body: dict[str, Any]) -> str:
 # -- weak-but-well-shaped output gets one repair turn, then a clean failure -------------------------
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_server_that_ignores_tools_gets_note_commands_in_the_schema_and_the_note_is_saved"
+)
 def test_a_reason_copied_from_the_notes_gets_a_repair_turn_and_the_repaired_reply_is_saved(
     rubric: Engine,  # noqa: F811
     llm_server: LLMServer,
@@ -83,6 +86,9 @@ def test_a_reason_copied_from_the_notes_gets_a_repair_turn_and_the_repaired_repl
         assert snap is not None and snap.judge_scores_json["coherence"]["reason"] == "Clear line of thought."
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_server_that_ignores_tools_gets_note_commands_in_the_schema_and_the_note_is_saved"
+)
 def test_an_echoed_template_is_refused_after_its_repair_turn_and_nothing_is_saved(
     rubric: Engine,  # noqa: F811
     llm_server: LLMServer,
@@ -117,6 +123,9 @@ def test_weak_reasons_are_named_for_the_repair(reason: str) -> None:
 # -- token caps and cut-off replies ------------------------------------------------------------------
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_server_that_ignores_tools_gets_note_commands_in_the_schema_and_the_note_is_saved"
+)
 def test_a_runaway_reply_stops_at_the_cap_and_is_reported_as_cut_off(
     rubric: Engine,  # noqa: F811
     llm_server: LLMServer,
@@ -134,6 +143,9 @@ def test_a_runaway_reply_stops_at_the_cap_and_is_reported_as_cut_off(
     assert counts(rubric) == (0, 0)
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_server_that_ignores_tools_gets_note_commands_in_the_schema_and_the_note_is_saved"
+)
 def test_a_cut_off_reply_with_a_complete_inner_object_is_cut_off_not_shapeless(
     rubric: Engine,  # noqa: F811
     llm_server: LLMServer,
@@ -216,6 +228,9 @@ def test_a_server_that_ignores_tools_gets_note_commands_in_the_schema_and_the_no
     assert len(llm_server.probes) == 1
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_server_that_ignores_tools_gets_note_commands_in_the_schema_and_the_note_is_saved"
+)
 def test_a_server_that_calls_tools_is_offered_them(rubric: Engine, llm_server: LLMServer) -> None:  # noqa: F811
     llm_server.script(json_reply(GOOD), json_reply(STAGE2_PAYLOAD))
     judge_evaluation(engine=rubric, evaluation=evaluation(), reviewer="ayse")
@@ -295,6 +310,9 @@ def test_failed_audits_go_to_the_back_of_the_queue(engine: Engine) -> None:
 # -- prompt budget and context errors -------------------------------------------------------------------
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_server_that_ignores_tools_gets_note_commands_in_the_schema_and_the_note_is_saved"
+)
 def test_the_prompt_is_shrunk_to_the_context_window_and_says_what_was_left_out(
     rubric: Engine,  # noqa: F811
     llm_server: LLMServer,
@@ -337,6 +355,9 @@ def test_an_answer_too_long_for_the_window_fails_before_any_call(
     assert llm_server.chat_requests == []
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_server_that_ignores_tools_gets_note_commands_in_the_schema_and_the_note_is_saved"
+)
 def test_a_servers_context_error_names_the_setting_to_change(
     rubric: Engine,  # noqa: F811
     llm_server: LLMServer,

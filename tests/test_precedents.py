@@ -209,12 +209,14 @@ def test_embeddings_come_from_the_server_when_an_embedding_model_is_configured(
 # QA matches
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_qa_matches_skip_the_same_interaction(engine: Engine) -> None:
     with Session(engine) as session:
         me = _add(session, "self", scores=[80, 60])
         assert precedents.find_qa_matches(session=session, interaction=me) == []
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 @pytest.mark.parametrize("feedback_type", [None, "ai"])
 def test_qa_matches_ignore_neighbours_without_expert_feedback(
     engine: Engine, feedback_type: str | None
@@ -257,6 +259,7 @@ def test_qa_match_at_exactly_the_threshold_counts_and_just_above_does_not(engine
         )
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_qa_matching_stores_the_computed_embeddings(engine: Engine) -> None:
     with Session(engine) as session:
         _add(session, "prec", scores=[80, 60])
@@ -328,6 +331,7 @@ def test_sentence_matching_without_a_chooser_takes_the_most_similar() -> None:
 # evaluate_interaction: reason codes and success
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 @pytest.mark.parametrize(
     ("scores", "citation_score", "copied", "total"),
     [
@@ -378,6 +382,7 @@ def test_citation_with_other_case_and_whitespace_still_matches(engine: Engine) -
     assert _evaluate(engine, "new").has_matches is True
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_different_citation_gives_no_citation_match(engine: Engine) -> None:
     with Session(engine) as session:
         _add(session, "prec", scores=[80, 60])
@@ -388,6 +393,7 @@ def test_different_citation_gives_no_citation_match(engine: Engine) -> None:
     assert _ai_feedback(engine, "new") == []
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_unrelated_question_gives_no_qa_match(engine: Engine) -> None:
     with Session(engine) as session:
         _add(session, "prec", scores=[80, 60])
@@ -397,6 +403,7 @@ def test_unrelated_question_gives_no_qa_match(engine: Engine) -> None:
     assert row.sentence_match_trace["qa_matches"] == []
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_interaction_without_text_gives_no_embeddings(engine: Engine) -> None:
     with Session(engine) as session:
         _add(session, "prec", scores=[80, 60])
@@ -406,6 +413,7 @@ def test_interaction_without_text_gives_no_embeddings(engine: Engine) -> None:
     assert "error" in row.sentence_match_trace
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_embedding_server_failure_gives_no_embeddings(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -444,6 +452,7 @@ def test_unmatched_sentence_without_fallback_candidate_gives_no_sentence_match(e
     assert row.sentence_match_trace["fallback"]["candidates"] == []
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_fallback_cannot_pass_without_an_llm(engine: Engine) -> None:
     with Session(engine) as session:
         _sentence_mismatch(session, total=95.0)
@@ -453,6 +462,7 @@ def test_fallback_cannot_pass_without_an_llm(engine: Engine) -> None:
     assert row.sentence_match_trace["fallback"]["llm_pass"] is None
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_fallback_rejected_by_the_llm_gives_no_sentence_match(engine: Engine, llm_server: Any) -> None:
     # Seed 003's diagram: "LLM decides pass? No" → no_sentence_match; forced_fallback_no_match is
     # only for the explicit force-fallback mode.
@@ -466,6 +476,7 @@ def test_fallback_rejected_by_the_llm_gives_no_sentence_match(engine: Engine, ll
     assert llm_server.pending == 0
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_failing_llm_in_the_fallback_gives_no_sentence_match(engine: Engine, llm_server: Any) -> None:
     llm_server.script(server_error(), server_error())  # the first try and its one retry
     with Session(engine) as session:
@@ -483,6 +494,7 @@ def _evaluate_forced(engine: Engine, iid: str) -> AutoEval:
         return row
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_forced_fallback_rejected_gives_forced_fallback_no_match(engine: Engine, llm_server: Any) -> None:
     llm_server.script(json_reply({"pass": False, "reason": "Different advice."}))
     with Session(engine) as session:
@@ -497,6 +509,7 @@ def test_forced_fallback_rejected_gives_forced_fallback_no_match(engine: Engine,
     assert len(llm_server.chat_requests) == 1
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_forced_fallback_without_an_llm_gives_forced_fallback_no_match(engine: Engine) -> None:
     with Session(engine) as session:
         _add(session, "prec", scores=[90, 95], total=95.0)
@@ -504,6 +517,7 @@ def test_forced_fallback_without_an_llm_gives_forced_fallback_no_match(engine: E
     assert _evaluate_forced(engine, "new").no_match_reason == "forced_fallback_no_match"
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_forced_fallback_approved_copies_the_precedent(engine: Engine, llm_server: Any) -> None:
     llm_server.script(json_reply({"pass": True, "reason": "Same advice as the expert."}))
     with Session(engine) as session:
@@ -513,6 +527,7 @@ def test_forced_fallback_approved_copies_the_precedent(engine: Engine, llm_serve
     assert (row.has_matches, row.matched_interaction_id, row.total_score) == (True, "prec", 89.75)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_citation_passes_against_any_qa_match_and_copies_only_that_review(engine: Engine) -> None:
     other = "https://help.acme.test/other"
     with Session(engine) as session:
@@ -533,6 +548,7 @@ def test_citation_passes_against_any_qa_match_and_copies_only_that_review(engine
     assert [s["best_match"] for s in row.sentence_match_trace["sentences"]] == [S1, S2]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_two_experts_on_one_answer_the_url_picks_whose_review_is_copied(engine: Engine) -> None:
     """Issue 25's example: A scored 80/60 with citation 10 (URL x), B 100/100 with 20 (URL y)."""
     url_x, url_y = "https://help.acme.test/x", "https://help.acme.test/y"
@@ -549,6 +565,7 @@ def test_two_experts_on_one_answer_the_url_picks_whose_review_is_copied(engine: 
     assert ([s["score"] for s in ai.sentence_scores], ai.citation_score) == ([100, 100], 20.0)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_a_review_with_the_url_that_misses_a_sentence_is_not_copied(engine: Engine) -> None:
     other = "https://help.acme.test/other"
     with Session(engine) as session:
@@ -564,6 +581,7 @@ def test_a_review_with_the_url_that_misses_a_sentence_is_not_copied(engine: Engi
     assert _ai_feedback(engine, "new") == []
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_citation_prefers_the_sentence_precedent_when_both_match(engine: Engine) -> None:
     with Session(engine) as session:
         _add(session, "prec", scores=[80, 60], citation_score=5.0)
@@ -574,6 +592,7 @@ def test_citation_prefers_the_sentence_precedent_when_both_match(engine: Engine)
     assert row.total_score == precedents.total_score([80, 60], 5.0)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_fallback_approved_by_the_llm_copies_the_precedent_scores(engine: Engine, llm_server: Any) -> None:
     llm_server.script(json_reply({"pass": True, "reason": "Same steps, same link."}))
     with Session(engine) as session:
@@ -586,6 +605,7 @@ def test_fallback_approved_by_the_llm_copies_the_precedent_scores(engine: Engine
     assert row.total_score == precedents.total_score([s["score"] for s in ai.sentence_scores], 20.0)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 @pytest.mark.parametrize("prec_citation", ["https://help.acme.test/other", None])
 def test_fallback_needs_an_exact_citation_match(
     engine: Engine, llm_server: Any, prec_citation: str | None
@@ -605,6 +625,7 @@ def test_fallback_needs_an_exact_citation_match(
     assert llm_server.chat_requests == []
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_evaluating_twice_returns_the_first_result_unchanged(engine: Engine) -> None:
     with Session(engine) as session:
         _add(session, "prec", scores=[80, 60])
@@ -628,6 +649,7 @@ def test_evaluating_an_unknown_interaction_raises(engine: Engine) -> None:
 # evaluate_pending
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_evaluate_pending_evaluates_unreviewed_interactions_once(engine: Engine) -> None:
     with Session(engine) as session:
         _add(session, "prec", scores=[80, 60], age_days=3)
@@ -715,6 +737,7 @@ def _corpus(session: Session) -> None:
     _add(session, "cite", citation="https://help.acme.test/other", age_days=2)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 @pytest.mark.parametrize("concurrency", [0, 1, 3])
 def test_pool_and_serial_runs_give_the_same_results(engine: Engine, concurrency: int) -> None:
     with Session(engine) as session:
@@ -826,6 +849,7 @@ def test_redo_deletes_the_windows_results_and_their_ai_feedback_then_runs_again(
     assert (again.deleted, again.evaluated, again.matched) == (6, 6, 4)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_forced_fallback_run_without_llm_reports_the_forced_reason(engine: Engine) -> None:
     with Session(engine) as session:
         _corpus(session)
@@ -844,6 +868,7 @@ def test_evaluate_new_skips_reviewed_and_evaluated_interactions(engine: Engine) 
     assert set(_auto_rows(engine)) == {"same0", "same1"}
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_a_result_the_database_refuses_is_counted_and_stays_pending(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

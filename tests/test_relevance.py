@@ -299,10 +299,12 @@ def test_seed_worked_example_with_one_evaluation_passes(session: Session) -> Non
     assert relevance_decision(avg, evals)[0] != "filtered"
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_judge_run_that_showed_notes_records_its_audit")
 def test_evidence_without_tags_is_zero(session: Session) -> None:
     assert tag_relevance_with_evidence(session, seed_lesson(session), []) == (0.0, 0)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_judge_run_that_showed_notes_records_its_audit")
 def test_evidence_ignores_other_notes_rows(session: Session) -> None:
     note_id = seed_lesson(session)
     other = make_note(session, "another note")
@@ -314,6 +316,9 @@ def test_evidence_ignores_other_notes_rows(session: Session) -> None:
 # apply_score
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_applied_scores_reproduce_the_seed_sequence_in_the_database"
+)
 @pytest.mark.parametrize(("raw", "positive", "negative"), [(0.7, 1, 0), (-0.2, 0, 1), (0.0, 0, 0)])
 def test_raw_score_sign_decides_which_count_grows(
     session: Session, raw: float, positive: int, negative: int
@@ -333,6 +338,9 @@ def test_zero_raw_score_still_decays_the_ema_and_is_recorded(session: Session) -
     assert session.exec(select(func.count()).select_from(TagRelevanceEvent)).one() == 1
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_applied_scores_reproduce_the_seed_sequence_in_the_database, test_apply_score_reports_the_auto_pin_it_caused"
+)
 def test_apply_score_moves_every_tag_and_writes_its_history(session: Session) -> None:
     note_id = make_note(session)
     set_row(session, note_id, "product:acme", 1.0, pos=2)
@@ -421,6 +429,7 @@ def test_auto_pin_needs_average_above_point_six_and_five_evaluations(
     assert note(session, note_id).auto_pinned is pinned
 
 
+@pytest.mark.pg_repeats("statements and lines of test_apply_score_reports_the_auto_pin_it_caused")
 def test_auto_pin_averages_over_all_of_the_notes_tags(session: Session) -> None:
     note_id = make_note(session)
     set_row(session, note_id, "a", 1.5, pos=3)
@@ -428,6 +437,7 @@ def test_auto_pin_averages_over_all_of_the_notes_tags(session: Session) -> None:
     assert update_pin_state(session=session, note=note_id) == "pinned"
 
 
+@pytest.mark.pg_repeats("statements and lines of test_apply_score_reports_the_auto_pin_it_caused")
 def test_auto_pin_records_the_positive_tags_as_prerequisites(session: Session) -> None:
     note_id = make_note(session)
     set_row(session, note_id, "lang:en", 2.0, pos=3)
@@ -446,6 +456,9 @@ def test_auto_unpin_needs_average_below_point_two_and_five_evaluations(
     assert note(session, note_id).pinned is not unpinned
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_manual_pin_replaces_an_auto_pin_and_survives_bad_scores"
+)
 @pytest.mark.parametrize("prerequisites", [{}, {"match_pinned": True, "tags": ["lang:en"]}])
 def test_manual_and_match_count_pins_are_never_auto_unpinned(session: Session, prerequisites: dict) -> None:
     note_id = scored_note(session, -3.0, 100, pinned=True, auto_pinned=False, prerequisites=prerequisites)
@@ -470,6 +483,7 @@ def test_a_manual_pin_replaces_an_auto_pin_and_survives_bad_scores(session: Sess
     assert (pinned.pinned, pinned.auto_pinned, pinned.prerequisites["pinned_by"]) == (True, False, "ayse")
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_judge_run_that_showed_notes_records_its_audit")
 def test_manual_pin_needs_a_reviewer(session: Session) -> None:
     with pytest.raises(ValueError, match="reviewer"):
         set_manual_pin(session=session, note_id=make_note(session), pinned=True, reviewer=" ")
@@ -489,6 +503,7 @@ def test_match_count_pins_a_note_shown_fifteen_times(session: Session, showings:
     assert shown.auto_pinned is False
 
 
+@pytest.mark.pg_repeats("statements and lines of test_match_count_pins_a_note_shown_fifteen_times")
 def test_match_count_pin_takes_the_smallest_tag_subset_across_tag_sets(session: Session) -> None:
     note_id = make_note(session)
     for _ in range(8):
@@ -499,6 +514,7 @@ def test_match_count_pin_takes_the_smallest_tag_subset_across_tag_sets(session: 
     assert note(session, note_id).prerequisites == {"tags": ["product:acme"], "match_pinned": True}
 
 
+@pytest.mark.pg_repeats("statements and lines of test_match_count_pins_a_note_shown_fifteen_times")
 def test_match_count_leaves_an_already_pinned_note_alone(session: Session) -> None:
     note_id = make_note(session)
     set_manual_pin(session=session, note_id=note_id, pinned=True, reviewer="ayse")
@@ -508,6 +524,7 @@ def test_match_count_leaves_an_already_pinned_note_alone(session: Session) -> No
     assert note(session, note_id).prerequisites == before
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_judge_run_that_showed_notes_records_its_audit")
 def test_match_counts_accumulate_per_tag_set(session: Session) -> None:
     note_id = make_note(session)
     for _ in range(3):
@@ -540,6 +557,7 @@ def test_record_audit_stores_sorted_tags_and_existing_shown_notes(session: Sessi
     )
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_judge_run_that_showed_notes_records_its_audit")
 def test_record_audit_is_idempotent_per_run_and_counts_showings_once(session: Session) -> None:
     note_id = make_note(session)
     for _ in range(2):
@@ -548,6 +566,7 @@ def test_record_audit_is_idempotent_per_run_and_counts_showings_once(session: Se
     assert session.exec(select(LessonMatchStat.times_matched)).one() == 1
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_judge_run_that_showed_notes_records_its_audit")
 def test_record_audit_skips_a_run_that_showed_no_notes(session: Session) -> None:
     assert (
         record_audit(session=session, session_id="run-1", shown_note_ids=[999], env_tags=["lang:en"]) is None
@@ -586,6 +605,9 @@ def test_unprocessed_audits_come_oldest_first_up_to_the_limit(session: Session) 
     assert [a.session_id for a in unprocessed_audits(session=session, limit=2)] == ["old", "mid"]
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_a_judge_run_that_showed_notes_records_its_audit, test_cli_evaluate_processes_pending_audits"
+)
 def test_applying_an_evaluation_twice_never_double_counts(session: Session) -> None:
     note_id = make_note(session)
     record_audit(
@@ -596,6 +618,9 @@ def test_applying_an_evaluation_twice_never_double_counts(session: Session) -> N
     assert tag_relevance_with_evidence(session, note_id, ["lang:en", "product:a"]) == (pytest.approx(0.3), 2)
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_applied_scores_reproduce_the_seed_sequence_in_the_database, test_cli_evaluate_processes_pending_audits"
+)
 def test_a_failure_after_completion_leaves_the_audit_completed(session: Session) -> None:
     note_id = make_note(session)
     record_audit(session=session, session_id="run-1", shown_note_ids=[note_id], env_tags=["t"])
@@ -634,6 +659,7 @@ def scores_and_mark(engine: Engine) -> tuple[dict[tuple[int, str], tuple[float, 
         return rows, (mark.status, mark.retry_count) if mark else None
 
 
+@pytest.mark.pg_repeats("statements and lines of test_cli_evaluate_processes_pending_audits")
 def test_evaluator_applies_scores_per_tag_and_marks_the_audit_processed(
     engine: Engine, llm_server: LLMServer
 ) -> None:
@@ -651,6 +677,7 @@ def test_evaluator_applies_scores_per_tag_and_marks_the_audit_processed(
     assert mark == ("completed", 0)
 
 
+@pytest.mark.pg_repeats("statements and lines of test_cli_evaluate_processes_pending_audits")
 def test_evaluator_rerun_does_not_call_the_llm_or_count_again(engine: Engine, llm_server: LLMServer) -> None:
     (note_id,) = audited(engine, "A note")
     llm_server.script(json_reply({"scores": {str(note_id): 1.0}}))
@@ -662,6 +689,7 @@ def test_evaluator_rerun_does_not_call_the_llm_or_count_again(engine: Engine, ll
     assert scores_and_mark(engine) == before
 
 
+@pytest.mark.pg_repeats("statements and lines of test_cli_evaluate_processes_pending_audits")
 def test_evaluator_prompt_carries_the_notes_tags_and_transcript_as_data(
     engine: Engine, llm_server: LLMServer
 ) -> None:
@@ -686,6 +714,9 @@ def test_evaluator_failure_applies_nothing_and_counts_a_retry(engine: Engine, ll
         assert session.exec(select(func.count()).select_from(TagRelevanceEvent)).one() == 0
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_cli_evaluate_processes_pending_audits, test_evaluator_failure_applies_nothing_and_counts_a_retry"
+)
 def test_a_failed_audit_is_retried_on_the_next_run(engine: Engine, llm_server: LLMServer) -> None:
     (note_id,) = audited(engine, "A note")
     llm_server.script(server_error(), server_error(), json_reply({"scores": {str(note_id): 1.0}}))
@@ -696,6 +727,9 @@ def test_a_failed_audit_is_retried_on_the_next_run(engine: Engine, llm_server: L
     assert rows[(note_id, "lang:en")] == (0.3, 1, 0)
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_an_audit_whose_notes_were_removed_is_closed_without_an_llm_call"
+)
 @pytest.mark.parametrize(
     "reply", [{"scores": {"999": 1.0}}, {"scores": {}}, {"verdict": "fine"}, {"scores": {"1": "very"}}]
 )
@@ -710,6 +744,7 @@ def test_a_reply_that_scores_no_shown_note_is_a_failure(
     assert llm_server.pending == 0
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_judge_run_that_showed_notes_records_its_audit")
 def test_evaluator_without_an_llm_refuses_before_touching_anything(engine: Engine) -> None:
     audited(engine, "A note")
     with pytest.raises(LLMNotConfigured):
@@ -767,6 +802,7 @@ def shown_run(session: Session) -> tuple[int, int]:
     return shown, hidden
 
 
+@pytest.mark.pg_repeats("statements and lines of test_shown_notes_of_a_snapshot_carry_the_reviewers_own_vote")
 @pytest.mark.parametrize(("useful", "score", "counts"), [(True, 0.6, (1, 0)), (False, -0.6, (0, 1))])
 def test_reviewer_feedback_weighs_two_and_records_the_reviewer(
     session: Session, useful: bool, score: float, counts: tuple[int, int]
@@ -786,6 +822,9 @@ def test_reviewer_feedback_weighs_two_and_records_the_reviewer(
     )
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_applied_scores_reproduce_the_seed_sequence_in_the_database, test_shown_notes_of_a_snapshot_carry_the_reviewers_own_vote"
+)
 def test_a_reviewer_scores_a_note_once_per_run(session: Session) -> None:
     shown, _ = shown_run(session)
     record_feedback(session=session, audit_session_id="run-1", note_id=shown, useful=True, reviewer="ayse")
@@ -796,6 +835,7 @@ def test_a_reviewer_scores_a_note_once_per_run(session: Session) -> None:
     record_feedback(session=session, audit_session_id="run-1", note_id=shown, useful=False, reviewer="mehmet")
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_judge_run_that_showed_notes_records_its_audit")
 def test_feedback_on_a_note_the_run_did_not_show_is_refused(session: Session) -> None:
     _, hidden = shown_run(session)
     with pytest.raises(ValueError, match="not shown"):
@@ -804,6 +844,7 @@ def test_feedback_on_a_note_the_run_did_not_show_is_refused(session: Session) ->
         )
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_judge_run_that_showed_notes_records_its_audit")
 def test_feedback_needs_a_reviewer(session: Session) -> None:
     shown, _ = shown_run(session)
     with pytest.raises(ValueError, match="reviewer"):
@@ -823,6 +864,9 @@ def test_shown_notes_of_a_snapshot_carry_the_reviewers_own_vote(session: Session
 # The explainer
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_explainer_lists_scored_and_pinned_notes_unless_asked_for_all"
+)
 def test_explainer_spells_out_the_seed_worked_example(session: Session) -> None:
     note_id = seed_lesson(session)
     row = explain(session=session, tags=SEED_TAGS).set_index("note_id").loc[note_id]
@@ -832,6 +876,9 @@ def test_explainer_spells_out_the_seed_worked_example(session: Session) -> None:
     assert "345 ≥ 3 and -0.289 < -0.1 → FILTERED OUT" in row["arithmetic"]
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_explainer_lists_scored_and_pinned_notes_unless_asked_for_all"
+)
 def test_explainer_says_a_note_with_little_evidence_passes_for_exploration(session: Session) -> None:
     note_id = seed_lesson(session)
     row = explain(session=session, tags=["acme", "frontend"]).set_index("note_id").loc[note_id]
@@ -856,6 +903,7 @@ def test_explainer_lists_scored_and_pinned_notes_unless_asked_for_all(session: S
 # relevant_notes applies the decisions
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_judge_run_that_showed_notes_records_its_audit")
 def test_relevant_notes_with_tags_drops_a_filtered_note(session: Session) -> None:
     good, bad = make_note(session, "good"), make_note(session, "bad")
     set_row(session, bad, "product:acme", -1.0, neg=5)
@@ -878,6 +926,7 @@ def test_a_pinned_note_outside_the_newest_is_included_first(session: Session) ->
     assert shown == [old, newer[0]]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_pinned_note_outside_the_newest_is_included_first")
 def test_a_pinned_note_that_fails_the_check_is_not_shown(session: Session) -> None:
     pinned = make_note(session, "pinned but misleading here")
     make_note(session, "plain")
@@ -887,6 +936,7 @@ def test_a_pinned_note_that_fails_the_check_is_not_shown(session: Session) -> No
     assert pinned not in shown
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_pinned_note_outside_the_newest_is_included_first")
 def test_a_pinned_note_of_another_language_stays_out(session: Session) -> None:
     pinned = make_note(session, "Turkish only", language="tr")
     set_manual_pin(session=session, note_id=pinned, pinned=True, reviewer="ayse")
@@ -945,6 +995,7 @@ def test_a_judge_run_that_showed_notes_records_its_audit(engine: Engine, llm_ser
     assert matches == [1]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_judge_run_that_showed_notes_records_its_audit")
 def test_a_judge_run_without_notes_records_no_audit(engine: Engine, llm_server: LLMServer) -> None:
     llm_server.script(json_reply(STAGE1))
     judge_evaluation(engine=engine, evaluation=judge_input(), reviewer="ayse")
@@ -1005,6 +1056,9 @@ def test_heatmap_is_centred_at_zero_with_counts_in_the_hover_and_literal_labels(
     assert "&lt;b&gt;bold&lt;/b&gt;" in trace.y[0]
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_apply_score_reports_the_auto_pin_it_caused, test_history_frame_lists_a_notes_scores_oldest_first"
+)
 def test_ema_history_chart_draws_one_line_per_tag(session: Session) -> None:
     note_id = make_note(session)
     for raw in (1.0, -1.0):

@@ -180,6 +180,7 @@ def test_without_a_confidence_only_an_improvement_sets_one(
 # -- one second opinion, end to end -------------------------------------------------------------------
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_batch_limit_takes_the_newest_eligible_judgments")
 @pytest.mark.parametrize(
     ("reply", "action", "valid", "decision", "confidence"),
     [
@@ -216,6 +217,7 @@ def test_a_second_opinion_is_stored_beside_the_judges_decision_with_an_event(
     assert "JUDGE-REASONING: wrong prize category." in llm_server.chat_requests[0]["messages"][1]["content"]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_batch_limit_takes_the_newest_eligible_judgments")
 def test_an_improvement_explains_itself_in_the_stored_text(judged: Engine, llm_server: LLMServer) -> None:
     llm_server.script(text("VALID: NO\nIMPROVED_CODE: 1\nIMPROVED_CONFIDENCE: 90\n"
                            "IMPROVED_REASONING: a core fact is wrong\nEVALUATION: Too lenient."))  # fmt: skip
@@ -226,6 +228,7 @@ def test_an_improvement_explains_itself_in_the_stored_text(judged: Engine, llm_s
     )
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_batch_limit_takes_the_newest_eligible_judgments")
 @pytest.mark.parametrize(
     ("replies", "message"),
     [
@@ -257,6 +260,7 @@ def test_an_evaluation_model_that_never_answers_times_out(
     assert the_judgment(judged).second_opinion_at is None
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_batch_limit_takes_the_newest_eligible_judgments")
 @pytest.mark.parametrize(
     ("reviewer", "message"),
     [(" ", "Enter your name first"), ("lead", "no judgment with id 999")],
@@ -270,11 +274,13 @@ def test_nothing_is_asked_without_a_reviewer_or_a_judgment(
     assert llm_server.chat_requests == []
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_batch_limit_takes_the_newest_eligible_judgments")
 def test_without_an_llm_the_error_says_how_to_configure_one(judged: Engine) -> None:
     opinion = request_second_opinion(engine=judged, judgment_id=judgment_id(judged), reviewer="lead")
     assert "OPENAI_API_KEY" in (opinion.error or "")
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_batch_limit_takes_the_newest_eligible_judgments")
 def test_a_label_judgment_is_checked_against_its_description(judged: Engine, llm_server: LLMServer) -> None:
     with session_scope(judged) as session:
         session.add(Judgment(change_id="pr-12", product="acme", decision="INCLUDE", confidence=0.7,
@@ -357,6 +363,7 @@ def test_a_batch_limit_takes_the_newest_eligible_judgments(judged: Engine, llm_s
     assert progress == [(0, 1), (1, 1)]
 
 
+@pytest.mark.pg_repeats("statements and lines of test_a_batch_limit_takes_the_newest_eligible_judgments")
 def test_a_batch_reports_failures_and_carries_on(judged: Engine, llm_server: LLMServer) -> None:
     add_candidates(judged)
 

@@ -77,6 +77,9 @@ def trail(engine: Engine, jid: int) -> list[tuple[str, str, str | None, str | No
         ]
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_undoable_reviews_lists_the_reviewers_decisions_still_in_force_newest_first"
+)
 def test_undoing_a_first_decision_makes_the_judgment_unreviewed_again_with_a_new_event(engine) -> None:
     jid = judged(engine)
     review(engine, jid, "ayse", 2, "rambles")
@@ -86,6 +89,9 @@ def test_undoing_a_first_decision_makes_the_judgment_unreviewed_again_with_a_new
     assert trail(engine, jid) == [("overruled", "ayse", "4", "2"), ("undone", "ayse", "2", None)]
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_undo_against_a_moved_version_is_a_conflict_and_changes_nothing, test_undoable_reviews_lists_the_reviewers_decisions_still_in_force_newest_first"
+)
 def test_undo_restores_the_earlier_decision_with_its_reason_and_reviewer(engine) -> None:
     jid = judged(engine)
     review(engine, jid, "bob", 1, "bob's view")
@@ -95,6 +101,9 @@ def test_undo_restores_the_earlier_decision_with_its_reason_and_reviewer(engine)
     assert [a for a, *_ in trail(engine, jid)] == ["overruled", "confirmed", "undone"]
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_undoable_reviews_lists_the_reviewers_decisions_still_in_force_newest_first"
+)
 def test_a_decision_after_an_undo_is_undone_back_to_the_state_before_both(engine) -> None:
     jid = judged(engine)
     review(engine, jid, "ayse", 2, "first")
@@ -105,6 +114,9 @@ def test_a_decision_after_an_undo_is_undone_back_to_the_state_before_both(engine
     assert len(trail(engine, jid)) == 4  # nothing deleted
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_undoable_reviews_lists_the_reviewers_decisions_still_in_force_newest_first"
+)
 def test_only_your_own_latest_decision_can_be_undone(engine) -> None:
     jid = judged(engine)
     review(engine, jid, "bob", 1, "bob's view")
@@ -126,6 +138,9 @@ def test_undo_against_a_moved_version_is_a_conflict_and_changes_nothing(engine) 
     assert state(engine, jid)[2] == "bob" and len(trail(engine, jid)) == 2
 
 
+@pytest.mark.pg_repeats(
+    "statements and lines of test_undo_against_a_moved_version_is_a_conflict_and_changes_nothing"
+)
 def test_a_viewer_cannot_undo(engine) -> None:
     jid = judged(engine)
     review(engine, jid, "ayse", 2, "mine")
