@@ -5,7 +5,8 @@ CPU seconds are the fair measure on a shared machine (wall time grows with other
 per-worker lines show each worker's first start, last end and the share of that span its tests
 filled, so a worker that waited at the end (or ran one long test alone) shows up. A session-scoped
 fixture's teardown (the browser tier's Chromium) is a line of its own, under the conftest that
-defines it, and is not counted as a test.
+defines it, and is not counted as a test. A test's CPU includes the Chromium it drove (`browser`;
+logs written before that field have none).
 """
 
 from __future__ import annotations
@@ -30,13 +31,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no records in {args.directory} (run pytest with -p tests.cpu_timeline)")
 
     def cpu(row: dict) -> float:
-        return row["self"] + row["child"]
+        return row["self"] + row["child"] + row.get("browser", 0.0)
 
     def tests(rows: list[dict]) -> int:
         return sum(not r.get("fixture") for r in rows)
 
     total = sum(cpu(r) for r in rows)
-    print(f"{tests(rows)} tests, {total:.0f} CPU s in the workers and the processes they waited for")
+    browser = sum(r.get("browser", 0.0) for r in rows)
+    print(
+        f"{tests(rows)} tests, {total:.0f} CPU s in the workers, the processes they waited for and the "
+        f"Chromium they drove ({browser:.0f} of it)"
+    )
     print("\nworker   tests   CPU s   span s   tests filled")
     by_worker: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
@@ -50,16 +55,21 @@ def main(argv: list[str] | None = None) -> int:
             f"   {busy / max(end - start, 1e-9):5.0%}  (from +{start - first:.0f} s to +{end - first:.0f} s)"
         )
 
-    files: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    files: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0, 0.0])
     for row in rows:
         entry = files[row["id"].split("::")[0]]
         entry[0] += not row.get("fixture")
         entry[1] += cpu(row)
         entry[2] += cpu(row) if "postgresql" in row["id"] else 0.0
-        entry[3] += row["end"] - row["start"]
-    print(f"\n{'file':52} tests   CPU s  of it PG   share   wall s")
-    for name, (count, seconds, pg, wall) in sorted(files.items(), key=lambda kv: -kv[1][1])[: args.top]:
-        print(f"{name:52} {count:5} {seconds:7.1f} {pg:9.1f} {seconds / total:6.1%} {wall:8.0f}")
+        entry[3] += row.get("browser", 0.0)
+        entry[4] += row["end"] - row["start"]
+    print(f"\n{'file':52} tests   CPU s  of it PG  Chromium   share   wall s")
+    for name, (count, seconds, pg, chromium, wall) in sorted(files.items(), key=lambda kv: -kv[1][1])[
+        : args.top
+    ]:
+        print(
+            f"{name:52} {count:5} {seconds:7.1f} {pg:9.1f} {chromium:9.1f} {seconds / total:6.1%} {wall:8.0f}"
+        )
     print(f"\n{'test':100}   CPU s   wall s")
     for row in sorted(rows, key=lambda r: -cpu(r))[: args.top]:
         print(f"{row['id'][:100]:100} {cpu(row):7.1f} {row['end'] - row['start']:8.1f}")
