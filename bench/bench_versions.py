@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 from sqlalchemy import Engine, insert, text  # noqa: E402
 from sqlmodel import Session  # noqa: E402
 
-from bench.common import fresh_pg_database, parse_size  # noqa: E402
+from bench.common import fresh_pg_database, fresh_sqlite_url, label, parse_size  # noqa: E402
 from lib import version_agreement, version_counts  # noqa: E402
 from lib.db import init_db  # noqa: E402
 from lib.models import EvaluationSnapshot, JudgeVerdict, JudgeVersion, Judgment  # noqa: E402
@@ -161,19 +161,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1k,100k")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pg", default=None, help="a PostgreSQL server URL (a fresh database per size)")
+    parser.add_argument(
+        "--db-dir", type=Path, default=None,
+        help="keep each size's SQLite database here and reuse it on the next run (migrated on open); "
+        "the 1M fill takes many minutes",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     results: dict[int, dict[str, float]] = {}
     for n in sizes:
         with tempfile.TemporaryDirectory() as tmp:
+            kept = args.db_dir / f"versions_{label(n)}.db" if args.db_dir and not args.pg else None
             if args.pg:
                 url = fresh_pg_database(args.pg, f"bench_versions_{n}")
+            elif kept is not None and kept.exists():
+                url = f"sqlite:///{kept}"
             else:
-                url = f"sqlite:///{Path(tmp) / 'bench.db'}"
-            engine = init_db(url)
+                url = fresh_sqlite_url(
+                    kept.with_name(kept.name + ".partial") if kept else Path(tmp) / "bench.db"
+                )
             started = time.perf_counter()
-            fill(engine, n)
-            print(f"{n:>9,} judgments: filled in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+            engine = init_db(url)
+            if kept is None or not kept.exists():
+                fill(engine, n)
+                print(f"{n:>9,} judgments: filled in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+                if kept is not None:
+                    engine.dispose()
+                    Path(url.removeprefix("sqlite:///")).rename(kept)
+                    engine = init_db(f"sqlite:///{kept}")
+            else:
+                print(f"{n:>9,} judgments: reused {kept} (migrated in {time.perf_counter() - started:.1f} s)",
+                      file=sys.stderr)  # fmt: skip
             results[n] = measure(engine, args.repeats)
             engine.dispose()
     base = results[sizes[0]]
