@@ -946,6 +946,12 @@ def rebuild_judge_version_counts(session: Session) -> None:
     version_counts.rebuild(session)
 
 
+@register_rebuild("judge_version_pair_counts")
+def rebuild_judge_version_pair_counts(session: Session) -> None:
+    """Reviewed judgments two versions both judged, per pair × product × language × metric × decisions."""
+    version_counts.rebuild_pairs(session)
+
+
 def rebuild_counts(*, session: Session) -> None:
     """This module's own tables and columns from scratch (a bulk load's end)."""
     rebuild_product_counts(session)
@@ -954,6 +960,7 @@ def rebuild_counts(*, session: Session) -> None:
     rebuild_reviewer_counts(session)
     rebuild_evaluation_counts(session)
     rebuild_judge_version_counts(session)
+    rebuild_judge_version_pair_counts(session)
 
 
 def recount(*, session: Session, only: Iterator[str] | list[str] | None = None) -> list[str]:

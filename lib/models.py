@@ -252,8 +252,6 @@ class Judgment(SQLModel, table=True):
             sqlite_where=text("reviewer IS NOT NULL"),
             postgresql_where=text("reviewer IS NOT NULL"),
         ),
-        # A judge version's judgments (lib.version_agreement's "same items only"); NULL: unversioned.
-        Index("ix_judgment_version", "judge_version_id", "product"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -603,7 +601,6 @@ class JudgeVerdict(SQLModel, table=True):
     With the judgments' own decisions these are every version's verdicts (lib.version_agreement)."""
 
     __tablename__ = "judge_verdicts"
-    __table_args__ = (Index("ix_judge_verdict_version", "judge_version_id", "judgment_id"),)
 
     judgment_id: int = Field(foreign_key="judgments.id", primary_key=True)
     judge_version_id: int = Field(primary_key=True)  # UNVERSIONED (0) for a decision of no known version
@@ -627,6 +624,25 @@ class JudgeVersionCount(SQLModel, table=True):
     metric: str = Field(primary_key=True, max_length=64)
     week: date = Field(primary_key=True)
     decision: str = Field(primary_key=True, max_length=64)
+    human: str = Field(primary_key=True, max_length=64)
+    n: int = 0
+
+
+class JudgeVersionPairCount(SQLModel, table=True):
+    """Live reviewed judgments that two judge versions both judged, per version pair × product ×
+    language × metric × (A's decision, B's decision, the resolved reviewer decision); A is the
+    version of the lower id. Kept by lib.counters; "same items only" reads these rows, never
+    judgments (lib.version_agreement)."""
+
+    __tablename__ = "judge_version_pair_counts"
+
+    version_a: int = Field(primary_key=True)
+    version_b: int = Field(primary_key=True)
+    product: str = Field(primary_key=True, max_length=200)
+    language: str = Field(primary_key=True, max_length=16)
+    metric: str = Field(primary_key=True, max_length=64)
+    decision_a: str = Field(primary_key=True, max_length=64)
+    decision_b: str = Field(primary_key=True, max_length=64)
     human: str = Field(primary_key=True, max_length=64)
     n: int = 0
 

@@ -16,8 +16,9 @@ continuous scales. A scale is the version's own rubric (as it was), else the pro
 Everything is read from `judge_version_counts` (`lib.version_counts`): every measure is a function
 of a version's (decision, reviewer decision) cell counts, and a bootstrap that resamples items is a
 multinomial draw over those cells (`reliability.resample_counts`), so the cost follows versions ×
-metrics × cells, never judgments. "Same items only" reads the judgments both versions judged
-through the version index (`ix_judgment_version`, `ix_judge_verdict_version`).
+metrics × cells, never judgments. "Same items only" is a function of the joint (A's decision, B's
+decision, reviewer decision) cells of the judgments both versions judged, read likewise from
+`judge_version_pair_counts`.
 """
 
 from __future__ import annotations
@@ -29,15 +30,15 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import and_, func, select, union_all
-from sqlmodel import Session, col
+from sqlalchemy import func, select
+from sqlmodel import Session
 
 from lib import analytics, reliability
 from lib.corrections import parse_score
 from lib.judge_versions import UNVERSIONED_NAME, JudgeConfig, VersionError, require_version, versions_by_id
 from lib.metrics import MetricSpec, metrics_for_product
-from lib.models import UNVERSIONED, EvaluationSnapshot, JudgeVerdict, Judgment
-from lib.version_counts import COUNTS, reviewed
+from lib.models import UNVERSIONED
+from lib.version_counts import COUNTS, PAIRS
 
 MEASURES = ("exact_agreement", "within_1_agreement", "kappa", "mean_gap")
 MEASURE_LABELS = {
@@ -463,44 +464,29 @@ def cautions_for(
     return out
 
 
-def _verdicts(key: VersionKey) -> Any:
-    """(judgment id, decision) of every judgment this version judged: its own and set-aside verdicts."""
-    j, v = Judgment, JudgeVerdict
-    if key.version_id == UNVERSIONED:
-        own = and_(col(j.judge_version_id).is_(None), col(j.product) == key.product)
-    else:
-        own = col(j.judge_version_id) == key.version_id
-    mine = select(col(j.id).label("judgment_id"), col(j.decision).label("decision")).where(own)
-    other = (
-        select(col(v.judgment_id).label("judgment_id"), col(v.decision).label("decision"))
-        .join(j, col(j.id) == col(v.judgment_id))
-        .where(col(v.judge_version_id) == key.version_id, col(j.product) == key.product)
-    )
-    return union_all(mine, other).subquery()
-
-
 def _paired_cells(
     session: Session, a: VersionKey, b: VersionKey, filters: VersionFilters
 ) -> list[tuple[str, str, str, str, int]]:
-    """(metric, A's decision, B's decision, reviewer decision, n) over the live reviewed judgments both judged."""
-    va, vb = _verdicts(a), _verdicts(b)
-    j, s = Judgment, EvaluationSnapshot
-    where = [reviewed(), col(s.deleted_at).is_(None)]
+    """(metric, A's decision, B's decision, reviewer decision, n) over the live reviewed judgments both judged.
+
+    Read from `judge_version_pair_counts`, which keeps each pair once with the lower version id
+    first: A and B are swapped back when A's id is the higher. A judgment has one product, so two
+    versions of different products share none.
+    """
+    if a == b or a.product != b.product:
+        return []
+    p = PAIRS.c
+    first, second = (a, b) if a.version_id < b.version_id else (b, a)
+    da, db = (p.decision_a, p.decision_b) if first == a else (p.decision_b, p.decision_a)
+    where = [p.version_a == first.version_id, p.version_b == second.version_id, p.product == a.product]
     if filters.products:
-        where.append(col(j.product).in_(list(filters.products)))
+        where.append(p.product.in_(list(filters.products)))
     if filters.language:
-        where.append(col(s.language) == filters.language)
-    metric = func.coalesce(col(j.metric), "")
+        where.append(p.language == filters.language)
     rows = session.execute(
-        select(metric, va.c.decision, vb.c.decision, col(j.user_decision), func.count())
-        .select_from(va)
-        .join(vb, vb.c.judgment_id == va.c.judgment_id)
-        .join(j, col(j.id) == va.c.judgment_id)
-        .outerjoin(s, col(s.id) == col(j.snapshot_id))
-        .where(*where)
-        .group_by(metric, va.c.decision, vb.c.decision, col(j.user_decision))
+        select(p.metric, da, db, p.human, func.sum(p.n)).where(*where).group_by(p.metric, da, db, p.human)
     ).all()
-    return [(str(m), str(da), str(db), str(h), int(n)) for m, da, db, h, n in rows]
+    return [(str(m), str(x), str(y), str(h), int(n)) for m, x, y, h, n in rows if int(n) > 0]
 
 
 def compare_versions(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import random
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,7 +27,7 @@ from lib.corrections import (
 )
 from lib.db import create_db_engine, session_scope
 from lib.metrics import DEFAULT_METRICS
-from lib.models import EvaluationSnapshot, Judgment
+from lib.models import EvaluationSnapshot, JudgeVerdict, JudgeVersionPairCount, Judgment
 from lib.second_opinion import SecondOpinion, store_second_opinion
 from lib.snapshots import build_snapshot_rows
 from tests.conftest import module_db_url
@@ -78,19 +80,29 @@ def _snapshot(rng: random.Random, s: Session) -> str | None:
     )
 
 
-def _judgment(rng: random.Random, s: Session, *, unreviewed: bool = False) -> Judgment | None:
+def _judgment(
+    rng: random.Random, s: Session, *, unreviewed: bool = False, reviewed: bool = False
+) -> Judgment | None:
     stmt = select(Judgment).order_by(Judgment.id)
     if unreviewed:
         stmt = stmt.where(col(Judgment.reviewed_at).is_(None))
+    if reviewed:
+        stmt = stmt.where(col(Judgment.user_decision).is_not(None))
     rows = s.exec(stmt).all()
     return rng.choice(rows) if rows else None
 
 
-def _operate(rng: random.Random, s: Session, n: int) -> str:
-    """One random write through a real write path; returns its name (for a failing seed's story)."""
+def _operate(rng: random.Random, s: Session, n: int, *, pairs: bool = False) -> str:
+    """One random write through a real write path; returns its name (for a failing seed's story).
+
+    `pairs`: re-judge more often, mostly reviewed judgments, by one to three versions in turn (two
+    versions' decisions on a reviewed judgment are a pair of judge_version_pair_counts, three leave
+    two verdicts side by side). Off, the writes are those the module's fixed fills were made with.
+    """
     op = rng.choice(
         ["import", "import", "cache", "review", "review", "review", "overrule", "archive", "restore",
-         "judge", "add", "rejudge", "opinion", "bulk", "clear", "undo", "undo"]
+         "judge", "add", "rejudge", "opinion", "bulk", "clear", "undo", "undo",
+         *(["rejudge", "rejudge"] if pairs else [])]
     )  # fmt: skip
     if op == "import":
         records = [_record(rng, n) for _ in range(rng.randint(1, 4))]
@@ -128,8 +140,9 @@ def _operate(rng: random.Random, s: Session, n: int) -> str:
             reviewer=REVIEWER,
         )  # fmt: skip
     elif op == "rejudge":
-        j = _judgment(rng, s)
-        if j is not None:
+        j = _judgment(rng, s, reviewed=pairs and rng.random() < 0.7)
+        for _ in range((rng.randint(1, 3) if pairs else 1) if j is not None else 0):
+            assert j is not None
             fresh = Judgment(
                 change_id=j.change_id, product=j.product, metric=j.metric, snapshot_id=j.snapshot_id,
                 decision=j.decision if j.metric is None else str(rng.randint(1, 5)),
@@ -140,6 +153,7 @@ def _operate(rng: random.Random, s: Session, n: int) -> str:
             )  # fmt: skip
             s.expunge(j)
             add_judgment(session=s, judgment=fresh, reviewer=REVIEWER)
+            j = s.exec(select(Judgment).where(Judgment.change_id == fresh.change_id)).one()
     elif op == "opinion":
         j = _judgment(rng, s)
         if j is not None and j.id is not None:
@@ -169,6 +183,27 @@ def _operate(rng: random.Random, s: Session, n: int) -> str:
     return op
 
 
+def _raw_version_pairs(s: Session) -> Counter[tuple[Any, ...]]:
+    """ "Same items only"'s counts recomputed from the rows in Python: every two decisions of a live
+    reviewed judgment by different versions (its own, its verdicts), lower version id first."""
+    live = {x.id for x in s.exec(select(EvaluationSnapshot)).all() if x.deleted_at is None}
+    languages = {x.id: x.language for x in s.exec(select(EvaluationSnapshot)).all()}
+    verdicts: dict[int, list[tuple[int, str]]] = {}
+    for v in s.exec(select(JudgeVerdict)).all():
+        verdicts.setdefault(v.judgment_id, []).append((v.judge_version_id, v.decision))
+    out: Counter[tuple[Any, ...]] = Counter()
+    for j in s.exec(select(Judgment)).all():
+        if j.reviewed_at is None or j.user_decision is None or (j.snapshot_id and j.snapshot_id not in live):
+            continue
+        decided = [(j.judge_version_id or 0, j.decision), *verdicts.get(j.id or 0, [])]
+        for (va, da), (vb, db) in itertools.combinations(decided, 2):
+            if va != vb:
+                (va, da), (vb, db) = sorted(((va, da), (vb, db)), key=lambda e: e[0])
+                language = languages.get(j.snapshot_id) or "" if j.snapshot_id else ""
+                out[(va, vb, j.product, language, j.metric or "", da, db, j.user_decision)] += 1
+    return out
+
+
 def _snapshot_of_counters(s: Session) -> dict[str, Any]:
     """Every counter as plain data, zero rows dropped (a retraction may leave one; a recount does not)."""
     found: dict[str, Any] = {}
@@ -186,8 +221,9 @@ def _snapshot_of_counters(s: Session) -> dict[str, Any]:
             # evaluation_counts' keys hold numbers too (flags, gap halves): its count is `n`
             if (r["n"] if "n" in r else any(v for k, v in r.items() if isinstance(v, int)))
         )
-    rows = s.connection().execute(text("SELECT * FROM judge_version_counts WHERE n != 0")).mappings().all()
-    found["judge_version_counts"] = sorted(tuple(sorted((k, str(v)) for k, v in r.items())) for r in rows)
+    for table in ("judge_version_counts", "judge_version_pair_counts"):
+        rows = s.connection().execute(text(f"SELECT * FROM {table} WHERE n != 0")).mappings().all()
+        found[table] = sorted(tuple(sorted((k, str(v)) for k, v in r.items())) for r in rows)
     found["evaluation_snapshots"] = sorted(
         s.connection()
         .execute(
@@ -210,7 +246,7 @@ def test_counters_equal_a_full_recount_after_random_writes(engine: Engine, seed:
     story = []
     for n in range(45):
         with session_scope(engine) as s:
-            story.append(_operate(rng, s, n))
+            story.append(_operate(rng, s, n, pairs=True))
     with session_scope(engine) as s:
         kept = _snapshot_of_counters(s)
     with session_scope(engine) as s:
@@ -220,6 +256,14 @@ def test_counters_equal_a_full_recount_after_random_writes(engine: Engine, seed:
     assert sum(len(v) for v in recounted.values()) > 10, story  # the writes did write something
     for table in kept:
         assert kept[table] == recounted[table], (table, story)
+    with session_scope(engine) as s:
+        raw = _raw_version_pairs(s)
+        kept_pairs = s.exec(select(JudgeVersionPairCount).where(col(JudgeVersionPairCount.n) != 0)).all()
+    assert raw, story  # re-judges of reviewed judgments left two versions' decisions on some
+    assert {
+        (p.version_a, p.version_b, p.product, p.language, p.metric, p.decision_a, p.decision_b, p.human): p.n
+        for p in kept_pairs
+    } == dict(raw), story
 
 
 @pytest.mark.pg_repeats("statements and lines of test_concurrent_reviews_of_one_evaluation_are_all_counted")

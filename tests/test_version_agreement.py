@@ -226,8 +226,35 @@ def _check_same_items(engine: Engine) -> None:
             if {1, 2} <= judged[j.id or 0] and j.reviewed_at is not None and j.user_decision is not None
             and (j.snapshot_id is None or j.snapshot_id in live)
         ]  # fmt: skip
+        decisions: dict[tuple[int, int], str] = {
+            (j.id or 0, j.judge_version_id or 0): j.decision for j in shared
+        }
+        decisions.update({(v.judgment_id, v.judge_version_id): v.decision for v in v_rows})
+        swapped = version_agreement.compare_versions(
+            session=s,
+            a=choices["v2"],
+            b=choices["v1"],
+            same_items=True,
+            filters=VersionFilters(resamples=200),
+        )
     assert both.shared_items == len(shared) > 0 and not both.cautions
     assert int(both.frame["pairs_a"].sum()) == int(both.frame["pairs_b"].sum()) == len(shared)
+    # Every figure of the paired comparison is the shared judgments' own, on each side (the counts it
+    # reads keep a pair once, lower version first: B before A must read the same pairs turned round).
+    flipped = {r.metric: r for r in swapped.frame.itertuples()}
+    for row in both.frame.itertuples():
+        mine = [j for j in shared if (j.metric or "") == row.metric]
+        side_a = reference(row.metric, [(decisions[(j.id or 0, 1)], j.user_decision or "") for j in mine])
+        side_b = reference(row.metric, [(decisions[(j.id or 0, 2)], j.user_decision or "") for j in mine])
+        assert row.pairs_a == row.pairs_b == len(mine) == flipped[row.metric].pairs_a
+        for measure in version_agreement.MEASURES:
+            for got, want in ((getattr(row, f"{measure}_a"), side_a[measure]),
+                              (getattr(row, f"{measure}_b"), side_b[measure]),
+                              (getattr(flipped[row.metric], f"{measure}_a"), side_b[measure])):  # fmt: skip
+                assert np.isnan(got) if np.isnan(want) else got == pytest.approx(want, abs=1e-9), (
+                    row.metric,
+                    measure,
+                )
     # Apart, each side reads all its own pairs; together the pairs are the shared items only.
     by_metric = {r.metric: r for r in apart.frame.itertuples()}
     for metric in ("coherence", "fluency"):
