@@ -8,9 +8,13 @@ Each size is a fresh database: N reviewed judgments of two products on four 1–
 weeks and two languages, judged by 20 versions (10 per product, in time order), plus a re-judge of
 a tenth of them by the next version (`judge_verdicts`), the counts rebuilt once. Every option the
 Analytics tab offers is timed: the per-version table (all products, one product, one language),
-the version choices, a comparison of two versions (independent samples, and "same items only"),
-and the timeline. Prints median seconds per option and the ratio against the smallest size,
-measured in the same process; the 1,000-resample bootstrap is included.
+the version choices, a comparison of two versions (independent samples, and "same items only",
+alone and with each filter), and the timeline; then whole renders under Streamlit's AppTest: the
+Analytics "Judge versions" tab as it opens (table, chart, the last two versions compared,
+timeline), the same with "Same items only" ticked, and the Judge versions page. Prints median
+seconds per option and the ratio against the smallest size, measured in the same process; the
+1,000-resample bootstrap is included. `--db-dir` keeps the databases (the 1M fill takes 5–25
+minutes) and reuses them, migrated to the current schema on open.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from sqlalchemy import Engine, insert, text  # noqa: E402
 from sqlmodel import Session  # noqa: E402
 
 from bench.common import fresh_pg_database, fresh_sqlite_url, label, parse_size  # noqa: E402
-from lib import version_agreement, version_counts  # noqa: E402
+from lib import counters, version_agreement  # noqa: E402
 from lib.db import init_db  # noqa: E402
 from lib.models import EvaluationSnapshot, JudgeVerdict, JudgeVersion, Judgment  # noqa: E402
 from lib.scores import utc_day, week_of  # noqa: E402
@@ -107,7 +111,7 @@ def fill(engine: Engine, n: int, seed: int = 0) -> None:
             if verdicts:
                 con.execute(insert(JudgeVerdict.__table__), verdicts)  # type: ignore[attr-defined]
     with Session(engine) as session:
-        version_counts.rebuild(session)
+        counters.recount(session=session)  # every counter, as an import leaves them (the pages read them)
         session.commit()
     if engine.dialect.name == "sqlite":
         with engine.connect() as con:
@@ -135,22 +139,88 @@ def options(session: Session) -> dict[str, object]:
         "compare v4 vs v5": lambda: version_agreement.compare_versions(session=session, a=a, b=b),
         "compare v4 vs v5, same items": lambda: version_agreement.compare_versions(
             session=session, a=a, b=b, same_items=True),
+        "compare v5 vs v4, same items": lambda: version_agreement.compare_versions(
+            session=session, a=b, b=a, same_items=True),
+        "same items, one language": lambda: version_agreement.compare_versions(
+            session=session, a=a, b=b, same_items=True, filters=f(language="tr")),
+        "same items, product + language": lambda: version_agreement.compare_versions(
+            session=session, a=a, b=b, same_items=True, filters=f(products=("alpha",), language="tr")),
         "compare v4 vs v9 (cautions)": lambda: version_agreement.compare_versions(session=session, a=a, b=far),
         "timeline": lambda: version_agreement.timeline(session=session),
         "timeline, one product": lambda: version_agreement.timeline(session=session, filters=f(products=("alpha",))),
+        "tab's filter choices": lambda: (version_agreement.version_products(session=session),
+                                         version_agreement.version_languages(session=session)),
     }  # fmt: skip
 
 
-def measure(engine: Engine, repeats: int) -> dict[str, float]:
+def _versions_tab() -> None:
+    from lib.ui.judge_versions import versions_tab
+
+    versions_tab(key="analytics_versions")
+
+
+def renders(url: str) -> dict[str, object]:
+    """Whole renders under AppTest against `url`: the Analytics tab (as it opens, and with "Same
+    items only" ticked) and the Judge versions page. `st.cache_data` is cleared before each."""
+    import os
+
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    from bench.bench_pages import share_component_scan
+    from lib.config import reset_settings
+
+    os.environ["OVERRULE_DATABASE_URL"] = url
+    os.environ["OVERRULE_LOAD_DEMO"] = "false"
+    reset_settings()
+    st.cache_resource.clear()  # the engine of the previous size's database
+    share_component_scan()
+
+    def run(at: AppTest) -> None:
+        st.cache_data.clear()
+        at.run()
+        if at.exception:
+            raise RuntimeError(at.exception[0].message)
+
+    def tab(same: bool) -> None:
+        at = AppTest.from_function(_versions_tab, default_timeout=1800)
+        at.session_state["analytics_versions_same"] = same
+        run(at)
+
+    def page() -> None:
+        at = AppTest.from_file(str(ROOT / "pages" / "judge_versions.py"), default_timeout=1800)
+        at.session_state["versions_product"] = "alpha"
+        run(at)
+
+    page()  # warm-up: imports, engine, AppTest machinery
+    return {
+        "Analytics tab render (AppTest)": lambda: tab(False),
+        "  … with same items (AppTest)": lambda: tab(True),
+        "Judge versions page (AppTest)": page,
+    }
+
+
+def measure(engine: Engine, repeats: int, url: str, n: int) -> dict[str, tuple[float, float]]:
+    """Median (wall, CPU) seconds per option; each printed as it is measured (a long run that
+    fails later keeps what it measured)."""
     out = {}
-    with Session(engine) as session:
-        for name, fn in options(session).items():
-            times = []
+
+    def time_all(found: dict[str, object]) -> None:
+        for name, fn in found.items():
+            times, cpus = [], []
             for _ in range(repeats):
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), time.process_time()
                 fn()  # type: ignore[operator]
                 times.append(time.perf_counter() - started)
-            out[name] = statistics.median(times)
+                cpus.append(time.process_time() - cpu)
+            out[name] = (statistics.median(times), statistics.median(cpus))
+            print(
+                f"{label(n):>5} {name:<34}{out[name][0]:>9.3f} s {out[name][1]:>9.3f} CPU s", file=sys.stderr
+            )
+
+    with Session(engine) as session:
+        time_all(options(session))
+    time_all(renders(url))
     return out
 
 
@@ -192,15 +262,21 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"{n:>9,} judgments: reused {kept} (migrated in {time.perf_counter() - started:.1f} s)",
                       file=sys.stderr)  # fmt: skip
-            results[n] = measure(engine, args.repeats)
+            with Session(engine) as session:  # a database filled before the fill recounted everything
+                if session.execute(text("SELECT count(*) FROM product_counts")).scalar_one() == 0:
+                    counters.recount(session=session)
+                    session.commit()
+            results[n] = measure(engine, args.repeats, url, n)
             engine.dispose()
     base = results[sizes[0]]
-    names = list(base)
-    print(f"{'option':<32}" + "".join(f"{f'{n:,}':>14}" for n in sizes) + "   ratio (largest / smallest)")
-    for name in names:
-        cells = "".join(f"{results[n][name]:>12.3f} s" for n in sizes)
-        ratio = results[sizes[-1]][name] / base[name] if base[name] else float("nan")
-        print(f"{name:<32}{cells}   {ratio:.1f}×")
+    for kind, which in (("seconds", 0), ("CPU seconds (this process)", 1)):
+        print(f"\n{kind}, median of {args.repeats}")
+        print(f"{'option':<34}" + "".join(f"{label(n):>12}" for n in sizes) + "   ratio (largest / smallest)")
+        for name in base:
+            cells = "".join(f"{results[n][name][which]:>10.3f} s" for n in sizes)
+            low = base[name][which]
+            ratio = results[sizes[-1]][name][which] / low if low else float("nan")
+            print(f"{name:<34}{cells}   {ratio:.1f}×")
     return 0
 
 
