@@ -28,8 +28,10 @@ How writers keep them right: a write that may change judgments runs inside `judg
 (retract the rows' contribution, write, add it back: set-based `INSERT … SELECT … GROUP BY … ON
 CONFLICT DO UPDATE SET n = n + excluded.n`, atomic on SQLite and PostgreSQL alike, so concurrent
 writers never lose an increment); a review, the hot path, adds its known delta (`bump_review`).
-Archive and restore run inside `snapshots_change`. Bulk inserts call `judgments_added` once per batch
-(a large SQLite load that dropped its indexes calls `rebuild_counts` once after it instead). Any
+Archive and restore run inside `snapshots_change`. Bulk inserts call `judgments_added` once per batch;
+the evaluation importer writes new evaluations with their own counters already stated
+(`new_evaluation_counters`) and adds only their judgments (`include_judgments`), once per batch (a
+large SQLite load that dropped its indexes calls `rebuild_counts` once after it instead). Any
 judgment or evaluation written through an ORM flush (the judge, re-judging, second opinions, the
 coach, tests) is counted by the flush hooks at the end of this module, so no ORM writer can forget.
 
@@ -40,7 +42,7 @@ coach, tests) is counted by the flush hooks at the end of this module, so no ORM
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -296,6 +298,46 @@ def refresh_snapshots(*, session: Session, where: Any) -> None:
         .execution_options(synchronize_session=False)
     )
     _shift_evaluations(session, where, 1)
+
+
+def new_evaluation_counters(
+    *, session: Session, metrics_by_snapshot: Mapping[str, Sequence[str | None]]
+) -> dict[str, dict[str, Any]]:
+    """The per-evaluation counter columns of evaluations about to be inserted with their judgments,
+    stated in the rows themselves (snapshot id → column values), so that a bulk insert needs no
+    `refresh_snapshots` afterwards: one UPDATE of every new row, through every list index.
+
+    `metrics_by_snapshot` names each new evaluation's judgments by metric. They are all new and
+    unreviewed (an import's), and the evaluation is new, so they are all it has (the foreign key
+    lets no stored judgment point at an evaluation not stored yet): total = their count, reviewed
+    and corrected 0, `judged_metrics` as `_metrics_list` and the rebuild spell it, sorted as the
+    database sorts (PostgreSQL's collation may not be code-point order: it sorts each distinct set).
+    """
+    sets = {snapshot_id: frozenset(m for m in metrics if m is not None) for snapshot_id, metrics in
+            metrics_by_snapshot.items()}  # fmt: skip
+    spelled: dict[frozenset[str], str] = {}
+    for metrics in set(sets.values()):
+        if not metrics:
+            spelled[metrics] = ""
+        elif session.get_bind().dialect.name == "postgresql":
+            spelled[metrics] = session.execute(
+                text(
+                    "SELECT ',' || string_agg(m, ',' ORDER BY m) || ',' "
+                    "FROM unnest(CAST(:metrics AS VARCHAR[])) AS m"
+                ),
+                {"metrics": sorted(metrics)},
+            ).scalar_one()
+        else:  # SQLite's BINARY collation compares UTF-8 bytes: code-point order
+            spelled[metrics] = "," + ",".join(sorted(metrics)) + ","
+    return {
+        snapshot_id: {
+            "judgments_total": len(metrics_by_snapshot[snapshot_id]),
+            "judgments_reviewed": 0,
+            "judgments_corrected": 0,
+            "judged_metrics": spelled[metrics],
+        }
+        for snapshot_id, metrics in sets.items()
+    }
 
 
 @contextmanager

@@ -429,22 +429,27 @@ def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
                 rows.append(row)
                 ids_by_source_key[row["source_key"]] = row["id"]
                 judgment_rows.extend(snapshot_judgment_rows(row, judged))
-            _write_rows(session, _SNAPSHOTS, rows)
-            scores.add_snapshot_scores(session=session, snapshots=map(_scored_snapshot, rows))
-            new_snapshots = col(EvaluationSnapshot.id).in_([row["id"] for row in rows])
-            if not defer:
-                counters.snapshots_added(session=session, where=new_snapshots)
             taken_changes = _existing(
                 session, _JUDGMENTS.c.change_id, [j["change_id"] for j in judgment_rows]
             )
             judgment_rows = [j for j in judgment_rows if j["change_id"] not in taken_changes]
+            # The new evaluations go in with their counters already right: no UPDATE after.
+            metrics: dict[str, list[str | None]] = {row["id"]: [] for row in rows}
+            for judgment in judgment_rows:
+                metrics[judgment["snapshot_id"]].append(judgment["metric"])
+            stated = counters.new_evaluation_counters(session=session, metrics_by_snapshot=metrics)
+            for row in rows:
+                row.update(stated[row["id"]])
+            _write_rows(session, _SNAPSHOTS, rows)
+            scores.add_snapshot_scores(session=session, snapshots=map(_scored_snapshot, rows))
+            new_ids = [row["id"] for row in rows]
+            if not defer:
+                counters.snapshots_added(session=session, where=bulk.among(session, _SNAPSHOTS.c.id, new_ids))
             _write_rows(session, _JUDGMENTS, judgment_rows)
             statistics.wrote(len(judgment_rows))
             if not defer:  # one set-based update per counter table and batch, on the indexes
-                counters.judgments_added(
-                    session=session,
-                    where=col(Judgment.snapshot_id).in_([row["id"] for row in rows]),
-                    snapshots=new_snapshots,
+                counters.include_judgments(
+                    session=session, where=bulk.among(session, _JUDGMENTS.c.snapshot_id, new_ids)
                 )
             inserted += len(rows)
             judgments += len(judgment_rows)
