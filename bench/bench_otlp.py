@@ -2,10 +2,11 @@
 OTLP/HTTP vs pushing the same evaluations as JSONL to `POST /api/v1/evaluations`. Goal: OTLP at
 least 0.8x the JSONL push's speed.
 
-    python bench/bench_otlp.py [--evaluations 10000] [--batch 512]
+    python bench/bench_otlp.py [--evaluations 10000] [--batch 512] [--pg ADMIN_URL]
 
-The same N judged answers (5 metrics each) three ways, each into a fresh SQLite file behind the API
-under uvicorn on 127.0.0.1, bodies built before the clock starts:
+The same N judged answers (5 metrics each) three ways, each into a fresh SQLite file (or, with
+`--pg`, a fresh PostgreSQL database) behind the API under uvicorn on 127.0.0.1, bodies built before
+the clock starts:
 
 - JSONL: the evaluation records as one JSON Lines body, one POST (the importer's best case), and
   also in `--batch`-record posts;
@@ -16,7 +17,9 @@ under uvicorn on 127.0.0.1, bodies built before the clock starts:
   in the span's context (`/v1/logs`), so every span waits in `otlp_spans` and is joined later.
 
 Printed: wall seconds and process CPU seconds (client and server share the process) for each, and
-speed ratios against the one-body JSONL push (JSONL time / OTLP time: above 1 is faster).
+speed ratios against the one-body JSONL push (JSONL time / OTLP time: above 1 is faster). On
+PostgreSQL the CPU also counts the server backends of the run's connections (read from /proc before
+they close), since there the database's work is not in this process.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from sqlmodel import Session  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
 from starlette.routing import Mount  # noqa: E402
 
-from bench.common import OUT, fresh_sqlite_url, serve_asgi  # noqa: E402
+from bench.common import OUT, drop_pg_database, fresh_pg_database, fresh_sqlite_url, serve_asgi  # noqa: E402
 from lib.api import API_PREFIX, create_app, otlp_root_routes  # noqa: E402
 from lib.auth import system_actor  # noqa: E402
 from lib.db import init_db  # noqa: E402
@@ -154,8 +157,35 @@ def otlp_bodies(n: int, batch: int, *, events_as_logs: bool) -> tuple[list[bytes
     return trace_bodies, log_bodies
 
 
+PG_ADMIN: str | None = None  # --pg: measure on PostgreSQL
+
+
 def fresh(name: str) -> Engine:
+    if PG_ADMIN:
+        return init_db(fresh_pg_database(PG_ADMIN, name.removesuffix(".db")))
     return init_db(fresh_sqlite_url(OUT / name))
+
+
+def server_cpu(engine: Engine) -> float:
+    """CPU seconds of the PostgreSQL backends serving this database (0 on SQLite: in-process)."""
+    if engine.dialect.name != "postgresql":
+        return 0.0
+    import os
+
+    with engine.connect() as conn:
+        pids = (
+            conn.exec_driver_sql("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+            .scalars()
+            .all()
+        )
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # not on this machine, or gone
+        total += int(fields[11]) + int(fields[12])  # utime + stime, clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def serve(engine: Engine) -> tuple[str, str, uvicorn.Server, threading.Thread]:
@@ -173,6 +203,7 @@ def run(name: str, posts: Callable[[str], list[tuple[str, bytes, str]]], n: int)
     engine = fresh(f"bench_otlp_{name}.db")
     base, secret, server, thread = serve(engine)
     requests = posts(base)
+    server_before = server_cpu(engine)
     try:
         with httpx.Client(timeout=3600, headers={"Authorization": f"Bearer {secret}"}) as http:
             cpu, wall = time.process_time(), time.perf_counter()
@@ -184,6 +215,7 @@ def run(name: str, posts: Callable[[str], list[tuple[str, bytes, str]]], n: int)
                         response.content
                     )
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            cpu += server_cpu(engine) - server_before
     finally:
         server.should_exit = True
         thread.join()
@@ -192,6 +224,8 @@ def run(name: str, posts: Callable[[str], list[tuple[str, bytes, str]]], n: int)
         judgments = session.execute(select(func.count()).select_from(Judgment)).scalar_one()
     assert (evaluations, judgments) == (n, n * len(METRICS)), (name, evaluations, judgments)
     engine.dispose()
+    if PG_ADMIN:
+        drop_pg_database(PG_ADMIN, f"bench_otlp_{name}")
     return wall, cpu
 
 
@@ -200,7 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evaluations", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=512, help="spans (or JSONL records) per request")
     parser.add_argument("--skip-logs", action="store_true", help="leave out the spans-then-log-events case")
+    parser.add_argument("--pg", default=None, help="PostgreSQL admin URL: measure there instead of SQLite")
     args = parser.parse_args(argv)
+    global PG_ADMIN
+    PG_ADMIN = args.pg
     n, batch = args.evaluations, args.batch
     jsonl_one = jsonl_bodies(n, None)
     jsonl_batched = jsonl_bodies(n, batch)
@@ -225,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     run("warm_otlp", lambda base: [(base + "/v1/traces", b, proto) for b in warm_spans], 20)
     if args.skip_logs:
         del cases["OTLP spans, then log events"]
-    print(f"{n} evaluations x {len(METRICS)} evaluation events, {batch} a request, SQLite")
+    kind = "PostgreSQL (CPU: this process + its backends)" if PG_ADMIN else "SQLite"
+    print(f"{n} evaluations x {len(METRICS)} evaluation events, {batch} a request, {kind}")
     results = {name: run(str(i), posts, n) for i, (name, posts) in enumerate(cases.items())}
     base_wall, base_cpu = results["JSONL, one POST"]
     print(f"{'':32} {'wall s':>8} {'CPU s':>8} {'evals/s':>9} {'speed vs JSONL (wall, CPU)':>28}")

@@ -35,9 +35,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine, Table, delete, insert, select
-from sqlmodel import Session, col
+from sqlmodel import Session
 
 from lib.auth import Actor
+from lib.bulk import among, insert_tuples
 from lib.importer import add_source_verdicts, import_source_evaluations
 from lib.models import EvaluationSnapshot, OtlpSpan, utcnow
 from lib.records import ImportFailed
@@ -268,7 +269,12 @@ def _proto_attrs(attributes: Iterable[Any]) -> dict[str, Any]:
 
 def _verdict_attrs(attributes: Iterable[Any]) -> dict[str, Any]:
     """A span event's attributes a verdict reads (`_verdict`), converted now; the rest are never read."""
-    return {kv.key: _proto_value(kv.value) for kv in attributes if kv.key in _VERDICT_KEYS}
+    read = {}
+    for kv in attributes:
+        key = kv.key  # each read of a protobuf field makes a new Python object: once
+        if key in _VERDICT_KEYS:
+            read[key] = _proto_value(kv.value)
+    return read
 
 
 def _proto_value(value: Any) -> Any:
@@ -518,13 +524,21 @@ def _verdict(attrs: Mapping[str, Any], key: str | None, response_id: Any) -> Ver
     label = get("gen_ai.evaluation.score.label")
     explanation = get("gen_ai.evaluation.explanation")
     own_response = get("gen_ai.response.id")
+    if score is None:
+        score = get("evaluation.score")
+    if label is None:
+        label = get("evaluation.label")
+    if explanation is None:
+        explanation = get("evaluation.explanation")
+    if own_response is None:
+        own_response = response_id
     return Verdict(
         metric=name.strip() if name else None,
-        score=_number(score if score is not None else get("evaluation.score")),
-        label=_text(label if label is not None else get("evaluation.label")),
-        explanation=_text(explanation if explanation is not None else get("evaluation.explanation")),
+        score=None if score is None else _number(score),
+        label=None if label is None else _text(label),
+        explanation=None if explanation is None else _text(explanation),
         key=key,
-        response_id=_text(own_response if own_response is not None else response_id),
+        response_id=None if own_response is None else _text(own_response),
     )
 
 
@@ -710,11 +724,11 @@ class _Join:
         responses = {c.response_id for c in self.batch.calls if c.response_id}
         responses |= {v.response_id for v in self.batch.verdicts if v.response_id and not v.key}
         keys |= {f"response:{r}" for r in responses}
-        for part in _slices(sorted(keys)):
-            for row in self.session.scalars(select(OtlpSpan).where(col(OtlpSpan.key).in_(part))):
-                self.stored[row.key] = row
-        for part in _slices(sorted(responses)):
-            for row in self.session.scalars(select(OtlpSpan).where(col(OtlpSpan.response_id).in_(part))):
+        for row in self.session.scalars(select(OtlpSpan).where(among(self.session, _SPANS.c.key, keys))):
+            self.stored[row.key] = row
+        if responses:
+            by_response = among(self.session, _SPANS.c.response_id, responses)
+            for row in self.session.scalars(select(OtlpSpan).where(by_response)):
                 self.stored.setdefault(row.key, row)
 
     def _route_verdicts(self) -> None:
@@ -823,24 +837,24 @@ class _Join:
                 select(*columns).where(_SNAPSHOTS.c.source_key.in_(part))
             ):
                 found[source_key] = (snapshot_id, set(_json_dict(judged)))
-        new_rows, replaced = [], []
+        new_rows: list[tuple[Any, ...]] = []
+        replaced = []
+        first: dict[str, list[Verdict]] = {}  # source key → the span imported with it, its verdicts
+        now = utcnow()
         for key, call, verdicts in accepted:
-            snapshot_id, judged = found[source_keys[key]]
+            source_key = source_keys[key]
+            snapshot_id, judged = found[source_key]
             if key in self.stored:
                 replaced.append(key)
-            new_rows.append(
-                {
-                    "key": key,
-                    "response_id": call.response_id,
-                    "snapshot_id": snapshot_id,
-                    "pending_json": [],
-                    "received_at": utcnow(),
-                }
-            )
-            if judged is None:  # the first span of this content: imported with all its verdicts
-                names = {str(v.metric) for v in verdicts}
-                found[source_keys[key]] = (snapshot_id, names | {metric_slug(name) for name in names})
-            elif any(
+            new_rows.append((key, call.response_id, snapshot_id, None, "[]", now))
+            if judged is None:
+                if source_key not in first:  # the first span of this content: imported with all its verdicts
+                    first[source_key] = verdicts
+                    continue
+                names = {str(v.metric) for v in first[source_key]}
+                judged = names | {metric_slug(name) for name in names}
+                found[source_key] = (snapshot_id, judged)
+            if any(
                 str(v.metric) not in judged and metric_slug(str(v.metric)) not in judged for v in verdicts
             ):
                 self._add_late(key, snapshot_id, verdicts)  # the same answer was stored without them
@@ -849,7 +863,10 @@ class _Join:
         for key in replaced:
             self.session.expunge(self.stored.pop(key))
         if new_rows:
-            self.session.execute(insert(_SPANS), new_rows)
+            self.session.flush()  # the deletes and expunges above go first
+            columns = ["key", "response_id", "snapshot_id", "span_json", "pending_json", "received_at"]
+            encoded = {"span_json", "pending_json"}  # NULL and "[]" as stored
+            insert_tuples(self.session.connection(), _SPANS, columns, new_rows, encoded=encoded)
 
     def _add_late(self, key: str, snapshot_id: str, verdicts: list[Verdict]) -> None:
         """Verdicts for a span that is already an evaluation: new metrics become its judgments."""

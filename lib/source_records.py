@@ -172,6 +172,12 @@ def _resolve(specs: Sequence[MetricSpec], name: str) -> str | None:
     return slug if any(spec.slug == slug for spec in specs) else None
 
 
+def _resolved(specs: Sequence[MetricSpec], name: str) -> tuple[str | None, str]:
+    """(the rubric's slug `name` names or None, the key its scores go under)."""
+    slug = _resolve(specs, name)
+    return slug, slug if slug is not None else metric_slug(name)
+
+
 def plan_import(
     evaluations: Sequence[SourceEvaluation],
     rubric: Callable[[str], tuple[list[MetricSpec], bool, bool]],
@@ -191,6 +197,7 @@ def plan_import(
     indexes: list[int] = []
     rubrics: dict[str, tuple[list[MetricSpec], bool, bool]] = {}
     uses_rubric: set[str] = set()
+    resolved: dict[tuple[Any, str], tuple[str | None, str]] = {}
     for index, ev in enumerate(evaluations):
         where = Located(ev.where, dict(ev.fields))
         if ev.product not in rubrics:
@@ -205,12 +212,15 @@ def plan_import(
                 if verdict.where:
                     where.places[verdict.field or verdict.name] = verdict.where
                 score = verdict_score(verdict)
-                slug = _resolve(specs, verdict.name)
-                key = slug
+                # Resolved once per product and name: every evaluation names the same few metrics.
+                named = isinstance(verdict.name, str)
+                cached = resolved.get((ev.product, verdict.name)) if named else None
+                slug, key = cached or _resolved(specs, verdict.name)
+                if cached is None and named:
+                    resolved[ev.product, verdict.name] = (slug, key)
                 if slug is not None:
                     uses_rubric.add(ev.product)
                 else:
-                    key = metric_slug(verdict.name)
                     plan = plans.setdefault((ev.product, key), _MetricPlan(verdict.name, key))
                     plan.stated = plan.stated or verdict.scale
                     plan.labels_only = plan.labels_only and verdict.score is None
