@@ -159,11 +159,14 @@ class PgDatabase:
             sequences = conn.execute(
                 text("SELECT schemaname, sequencename FROM pg_sequences WHERE schemaname = current_schema()")
             ).all()
-        # Children before parents, so every foreign key holds after each DELETE; then every
-        # sequence back to 1 (what TRUNCATE ... RESTART IDENTITY would do, without its file rewrites).
+        # Children before parents; then every sequence back to 1 (what TRUNCATE ... RESTART IDENTITY
+        # would do, without its file rewrites). In replica mode the foreign keys' triggers do not
+        # fire: every table ends empty, so no reference can dangle, and a DELETE after a test that
+        # wrote 13,000 judgments no longer checks five referencing tables per row (66,000 queries).
         deletes = [f'DELETE FROM "{t.name}"' for t in reversed(SQLModel.metadata.sorted_tables)]
         restarts = [f'SELECT setval(\'"{schema}"."{seq}"\', 1, false)' for schema, seq in sequences]
-        self._reset_sql = "; ".join(["BEGIN", *deletes, *restarts, "COMMIT"])
+        replica = "SET LOCAL session_replication_role = replica"
+        self._reset_sql = "; ".join(["BEGIN", replica, *deletes, *restarts, "COMMIT"])
 
     def empty(self) -> None:
         """Delete every row and restart every sequence.
