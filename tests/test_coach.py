@@ -348,7 +348,6 @@ def test_the_reply_to_the_last_turn_is_still_finished_after_an_interruption(engi
 # An empty message is a greeting request (seed 002: `is_init: true` or an empty `message`)
 
 
-@pytest.mark.pg_repeats("statements and lines of test_fifty_concurrent_sends_grant_exactly_the_limit")
 @pytest.mark.parametrize("empty", ["", "   \n"])
 def test_an_empty_message_asks_for_the_greeting_and_costs_no_turn(engine, llm_server, empty) -> None:
     sid = _snapshot(engine)

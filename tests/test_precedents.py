@@ -517,7 +517,6 @@ def test_forced_fallback_without_an_llm_gives_forced_fallback_no_match(engine: E
     assert _evaluate_forced(engine, "new").no_match_reason == "forced_fallback_no_match"
 
 
-@pytest.mark.pg_repeats("statements and lines of test_a_worker_that_raises_never_stops_the_others")
 def test_forced_fallback_approved_copies_the_precedent(engine: Engine, llm_server: Any) -> None:
     llm_server.script(json_reply({"pass": True, "reason": "Same advice as the expert."}))
     with Session(engine) as session:

@@ -77,9 +77,6 @@ def trail(engine: Engine, jid: int) -> list[tuple[str, str, str | None, str | No
         ]
 
 
-@pytest.mark.pg_repeats(
-    "statements and lines of test_undoable_reviews_lists_the_reviewers_decisions_still_in_force_newest_first"
-)
 def test_undoing_a_first_decision_makes_the_judgment_unreviewed_again_with_a_new_event(engine) -> None:
     jid = judged(engine)
     review(engine, jid, "ayse", 2, "rambles")
@@ -89,9 +86,6 @@ def test_undoing_a_first_decision_makes_the_judgment_unreviewed_again_with_a_new
     assert trail(engine, jid) == [("overruled", "ayse", "4", "2"), ("undone", "ayse", "2", None)]
 
 
-@pytest.mark.pg_repeats(
-    "statements and lines of test_undo_against_a_moved_version_is_a_conflict_and_changes_nothing, test_undoable_reviews_lists_the_reviewers_decisions_still_in_force_newest_first"
-)
 def test_undo_restores_the_earlier_decision_with_its_reason_and_reviewer(engine) -> None:
     jid = judged(engine)
     review(engine, jid, "bob", 1, "bob's view")
