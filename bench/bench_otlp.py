@@ -62,6 +62,7 @@ from lib.tokens import create_token  # noqa: E402
 METRICS = ("truthfulness", "helpfulness", "safety", "clarity", "consistency")
 PRODUCT = "tutor"
 EVENT = "gen_ai.evaluation.result"
+GOAL = 0.8  # issue 29: OTLP ingest at least 0.8x the speed of the JSONL API push
 
 
 def question(i: int) -> str:
@@ -271,6 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name:32} {wall:8.2f} {cpu:8.2f} {n / wall:9.0f} {base_wall / wall:13.2f}x {base_cpu / cpu:8.2f}x"
         )
+    otlp_cpu = results["OTLP spans with span events"][1]
+    same_sizes = results[f"JSONL, {batch} a POST"][1]
+    verdict = "met" if base_cpu / otlp_cpu >= GOAL else "NOT met"
+    print(
+        f"goal: OTLP span events >= {GOAL}x the one JSONL POST (CPU): {base_cpu / otlp_cpu:.2f}x, {verdict}; "
+        f"vs JSONL in {batch}-record posts {same_sizes / otlp_cpu:.2f}x"
+    )
     return 0
 
 
