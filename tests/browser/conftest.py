@@ -12,6 +12,7 @@ Pages come from `new_app_context` (the `page` fixture uses it), which installs t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -21,9 +22,10 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
+from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from playwright.sync_api import expect
 
@@ -72,14 +74,168 @@ def new_app_context(browser: Any, **options: Any) -> Any:
     It prefers reduced motion unless told otherwise: Streamlit then draws its loading skeletons,
     tab underlines and entering elements without animations, which otherwise keep the renderer
     drawing frames while a page loads (about a fifth of Chromium's CPU for a page); what a page
-    shows at rest is the same."""
+    shows at rest is the same.
+
+    The context comes clean from the browser's pool (`_ContextPool`): its first `new_page()` is a
+    tab an earlier test used, whose renderer has already compiled Streamlit's scripts; `close()`
+    gives it back, emptied."""
     options.setdefault("reduced_motion", "reduce")
+    return _ContextPool.of(browser).take(options)
+
+
+def _tracked_context(browser: Any, options: dict[str, Any]) -> Any:
     context = browser.new_context(**options)
     context.add_init_script(script=RUN_TRACKER)
     # Every wait (an action's, wait_for's, expect's) as long as `settle`'s: a bound on a hang, not a
     # measure of speed, on a machine that other jobs may keep busy.
     context.set_default_timeout(SETTLE_MS)
     return context
+
+
+# A pooled context's viewport (most tests ask for it) and Playwright's own default (1280x720), which
+# a test that names none gets, as from `browser.new_context()`.
+POOL_VIEWPORT = {"width": 1400, "height": 1000}
+PLAYWRIGHT_VIEWPORT = {"width": 1280, "height": 720}
+
+
+class AppContext:
+    """A pooled browser context as a test sees it: Playwright's BrowserContext (every attribute is
+    the real context's) whose first `new_page()` is the pool's warm tab and whose `close()` empties
+    the context and gives it back to the pool instead of closing it.
+
+    Why: a context's first page load costs Chromium 7-10 CPU s, most of it V8 compiling Streamlit's
+    scripts afresh in a new renderer process; the same load in a tab that has loaded them before,
+    from the same address, costs about 3 (servers reuse their worker's ports for that, see
+    `_server_port`). A test that closes the real context (`page.context.close()`) only loses the
+    saving: the pool drops a context that is closed or whose warm tab is."""
+
+    def __init__(self, pool: _ContextPool, key: str, context: Any) -> None:
+        self._pool, self._key, self._context = pool, key, context
+        self._viewport = POOL_VIEWPORT
+        self._closed = self._lent = False
+        context.on("close", lambda _: setattr(self, "_closed", True))
+        self._tab = context.new_page()
+        self._origins: set[str] = set()
+        self._tab.on("framenavigated", self._visited)
+        # The tab's own listeners (Playwright's and ours): any other is a test's, removed on return.
+        self._own_listeners = {event: list(ls) for event, ls in self._listeners().items()}
+        self._tab_lent = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    def _listeners(self) -> dict[str, list[Any]]:
+        # Playwright's EventEmitter (playwright/_impl/event_emitter.py) keeps one listener or a list.
+        events = self._tab._impl_obj._events
+        return {event: list(ls) if isinstance(ls, list) else [ls] for event, ls in events.items()}
+
+    def _visited(self, frame: Any) -> None:
+        if frame.url.startswith(("http://", "https://")):
+            self._origins.add("/".join(frame.url.split("/", 3)[:3]))
+
+    def new_page(self) -> Any:
+        if self._tab_lent:
+            page = self._context.new_page()
+            page.on("framenavigated", self._visited)
+        else:
+            self._tab_lent, page = True, self._tab
+        if page.viewport_size != self._viewport:
+            page.set_viewport_size(self._viewport)
+        return page
+
+    def close(self) -> None:
+        self._pool.give_back(self)
+
+    def _reset(self) -> bool:
+        """Empty the context for the next test, as a new one would be; False if it cannot be."""
+        if self._closed or self._tab.is_closed():
+            return False
+        for page in self._context.pages:
+            if page != self._tab:
+                page.close()
+        impl = self._tab._impl_obj
+        for event, listeners in self._listeners().items():
+            for listener in listeners:
+                if listener not in self._own_listeners.get(event, []):
+                    impl.remove_listener(event, listener)
+        self._context.unroute_all(behavior="ignoreErrors")
+        self._tab.unroute_all(behavior="ignoreErrors")
+        # Session storage belongs to the tab: it is only reachable from a document of its origin.
+        self._tab.evaluate("() => { try { sessionStorage.clear(); localStorage.clear(); } catch {} }")
+        # Off the app before its server stops: a page left on it would reconnect to whichever
+        # server takes the port next, and rerun its page there.
+        self._tab.goto("about:blank")
+        self._context.clear_cookies()
+        self._context.clear_permissions()
+        cdp = self._context.new_cdp_session(self._tab)
+        try:
+            for origin in self._origins:
+                cdp.send("Storage.clearDataForOrigin", {"origin": origin, "storageTypes": "all"})
+            cdp.send("Page.resetNavigationHistory")
+        finally:
+            cdp.detach()
+        self._origins.clear()
+        self._tab_lent = False
+        return True
+
+
+class _ContextPool:
+    """Per browser, the idle `AppContext`s by the options they were made with, but for the viewport:
+    `AppContext.new_page` gives each page the viewport the test asked for (a page opened through
+    the real context, `page.context.new_page()`, has POOL_VIEWPORT).
+
+    Kept between tests: the tab's renderer process (V8's compiled scripts, decoded images and
+    styles) and the context's in-memory HTTP cache (Streamlit's hashed, immutable static files).
+    Emptied between tests: pages other than the tab, the tab's listeners and history, routes,
+    cookies (of every port), permissions, and each visited origin's storage (local and session
+    storage, IndexedDB, cache storage, service workers)."""
+
+    MAX_IDLE = 4  # per options (a test uses up to 4 contexts); each keeps a renderer on about:blank
+
+    _pools: ClassVar[dict[int, _ContextPool]] = {}
+
+    def __init__(self, browser: Any) -> None:
+        self.browser = browser
+        self.idle: dict[str, list[AppContext]] = {}
+
+    @classmethod
+    def of(cls, browser: Any) -> _ContextPool:
+        pool = cls._pools.get(id(browser))
+        if pool is None or pool.browser is not browser:
+            pool = cls._pools[id(browser)] = cls(browser)
+            browser.on("disconnected", lambda _: cls._pools.pop(id(browser), None))
+        return pool
+
+    def take(self, options: dict[str, Any]) -> Any:
+        options = {"viewport": PLAYWRIGHT_VIEWPORT} | options
+        shared = {name: value for name, value in options.items() if name != "viewport"}
+        try:
+            key = json.dumps(shared, sort_keys=True)
+        except TypeError:  # options that are no plain data (a callable, a path): a context of its own
+            return _tracked_context(self.browser, options)
+        idle = self.idle.get(key)
+        if idle:
+            context = idle.pop()  # the one given back last: likely the same server's scripts
+        else:
+            context = AppContext(
+                self, key, _tracked_context(self.browser, shared | {"viewport": POOL_VIEWPORT})
+            )
+        context._lent, context._viewport = True, options["viewport"]
+        return context
+
+    def give_back(self, context: AppContext) -> None:
+        if not context._lent:  # closed twice: it may already serve another test
+            return
+        context._lent = False
+        try:
+            clean = context._reset()
+        except PlaywrightError:  # a crashed tab, a context closed under it: never lend it again
+            clean = False
+        idle = self.idle.setdefault(context._key, [])
+        if clean and len(idle) < self.MAX_IDLE and context not in idle:
+            idle.append(context)
+        elif not context._closed:
+            context._context.close()
 
 
 def settle(page: Any, timeout: float = SETTLE_MS) -> None:
@@ -119,6 +275,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# The ports this process's servers have listened on, and those a running server holds. A new server
+# takes the first port an earlier one has freed, so the pages of successive tests load Streamlit's
+# scripts from the same address, which the pooled tab (`AppContext`) has compiled already; a new
+# address costs Chromium a full compile (3 -> 6 CPU s for a page load).
+_PORTS: list[int] = []
+_PORTS_HELD: set[int] = set()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _server_port() -> int:
+    for port in _PORTS:
+        if port not in _PORTS_HELD and _bindable(port):
+            return port
+    port = _free_port()
+    _PORTS.append(port)
+    return port
+
+
 class StreamlitServer:
     """A running `streamlit run app.py` on localhost."""
 
@@ -131,9 +314,24 @@ class StreamlitServer:
         args: Sequence[str] = (),
     ) -> None:
         """`address=None` leaves the listening address to the launcher's default."""
-        self.port = _free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self._log = log_path.open("wb")
+        self.log_path = log_path
+        for attempt in range(2):
+            self.port = _server_port()
+            _PORTS_HELD.add(self.port)
+            self.base_url = f"http://127.0.0.1:{self.port}"
+            self._start(env, address, args)
+            try:
+                self._wait_ready()
+                return
+            except BaseException as exc:
+                self.stop()  # a server that never answered must not outlive its test (and load the machine)
+                taken = "already in use" in log_path.read_text(errors="replace")
+                if not (attempt == 0 and taken and isinstance(exc, RuntimeError)):
+                    raise
+                _PORTS.remove(self.port)  # another process took it since: a fresh port, once
+
+    def _start(self, env: dict[str, str], address: str | None, args: Sequence[str]) -> None:
+        self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -155,12 +353,6 @@ class StreamlitServer:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        self.log_path = log_path
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()  # a server that never answered must not outlive its test (and load the machine)
-            raise
 
     def _wait_ready(self, timeout: float = 240) -> None:
         """Until the health check answers or the process ends; the bound only catches a hung start
@@ -183,7 +375,9 @@ class StreamlitServer:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
         self._log.close()
+        _PORTS_HELD.discard(self.port)
 
 
 def _app_starter(folder: Path) -> Iterator[Callable[..., StreamlitServer]]:

@@ -203,8 +203,8 @@ def test_two_users_sign_in_and_roles_are_enforced(streamlit_app, browser, tmp_pa
         second = s.exec(select(Judgment.id).where(Judgment.id != first)).one()
     server = signin_server(streamlit_app, tmp_path, oidc_provider, url)
     # Each closed at the end: a page left open retries its server's connection for the rest of the run.
-    viewer = new_app_context(browser, viewport={"width": 1400, "height": 1000}).new_page()
-    reviewer = new_app_context(browser, viewport={"width": 1400, "height": 1000}).new_page()
+    contexts = [new_app_context(browser, viewport={"width": 1400, "height": 1000}) for _ in range(2)]
+    viewer, reviewer = (context.new_page() for context in contexts)
     try:
         # A viewer (no role row: OVERRULE_DEFAULT_ROLE) reads, and is told why it cannot confirm.
         sign_in(viewer, server.base_url, "alice@example.com", provider=oidc_provider)
@@ -245,8 +245,8 @@ def test_two_users_sign_in_and_roles_are_enforced(streamlit_app, browser, tmp_pa
         print("streamlit log:", server.log_path.read_text()[-3000:])
         raise
     finally:
-        viewer.context.close()
-        reviewer.context.close()
+        for context in contexts:
+            context.close()  # the context lent (given back to the pool), not page.context
     with session_scope(engine, read_only=True) as s:
         events = {(e.identity, e.action) for e in s.exec(select(AuditEvent)).all()}
     engine.dispose()
@@ -271,8 +271,8 @@ def test_an_unverified_email_never_becomes_the_identity(
     server, url = shared_signin
     provider_user(oidc_provider, "mallory", email="ROOT@example.com", email_verified=False)
     provider_user(oidc_provider, "root", email="Root@Example.COM", email_verified=True)
-    mallory = new_app_context(browser, viewport={"width": 1400, "height": 1000}).new_page()
-    root = new_app_context(browser, viewport={"width": 1400, "height": 1000}).new_page()
+    contexts = [new_app_context(browser, viewport={"width": 1400, "height": 1000}) for _ in range(2)]
+    mallory, root = (context.new_page() for context in contexts)
     try:
         sign_in(mallory, server.base_url, "mallory", shown=f"sub:{oidc_provider}#mallory")
         expect(mallory.get_by_text("role viewer").first).to_be_visible()
@@ -292,8 +292,8 @@ def test_an_unverified_email_never_becomes_the_identity(
         print("streamlit log:", server.log_path.read_text()[-3000:])
         raise
     finally:
-        mallory.context.close()
-        root.context.close()
+        for context in contexts:
+            context.close()
     engine = init_db(url)
     with session_scope(engine, read_only=True) as s:
         signed_in = {e.identity for e in s.exec(select(AuditEvent).where(AuditEvent.action == "sign_in"))}
