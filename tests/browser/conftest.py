@@ -30,7 +30,14 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from playwright.sync_api import expect
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = os.environ.get("OVERRULE_CHROMIUM", "/usr/bin/chromium")
+# Debian's headless shell (package chromium-headless-shell, the same Chromium built for headless use
+# only, which Playwright itself runs headless) where installed: the same page loads and clicks cost
+# it about an eighth less CPU than the full browser's headless mode (27 Nov, 3 rounds: 7.4-8.0
+# against 8.6-9.5 CPU s). OVERRULE_CHROMIUM names another.
+HEADLESS_SHELL = "/usr/bin/chromium-headless-shell"
+CHROMIUM = os.environ.get("OVERRULE_CHROMIUM") or (
+    HEADLESS_SHELL if Path(HEADLESS_SHELL).exists() else "/usr/bin/chromium"
+)
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
