@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from sqlalchemy import Engine, text
@@ -47,35 +47,57 @@ def _wait_until_blocked(engine: Engine, worker: threading.Thread) -> None:
         wait_until(lambda: not worker.is_alive() or blocked(), "the second writer to wait on the row lock")
 
 
+def _two_judgments(
+    engine: Engine, seed: int, judge: dict[str, int], user: dict[str, int] | None = None
+) -> list[tuple[int, int]]:
+    """One imported evaluation with two judgments: their (id, version), in id order."""
+    rec = _record(random.Random(seed), 0)
+    rec["judge_scores"] = judge
+    if user is not None:
+        rec["user_scores"] = user
+    with session_scope(engine) as s:
+        importer.import_evaluations(session=s, records=[rec])
+    with session_scope(engine) as s:
+        rows = s.exec(select(Judgment.id, Judgment.version).order_by(col(Judgment.id))).all()
+    return [(int(i), int(v)) for i, v in rows if i is not None]
+
+
+def _blocked_writer(
+    engine: Engine, write: Callable[[Session], None]
+) -> tuple[threading.Thread, list[BaseException]]:
+    """`write` in its own transaction on another thread, started and waited for until it waits on a
+    lock the caller's open transaction holds; what it raised is in the list once the thread ends."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with session_scope(engine) as s:
+                write(s)
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    _wait_until_blocked(engine, worker)
+    return worker, errors
+
+
 @pytest.mark.parametrize("target", ["same judgment", "other judgment of the evaluation"])
 def test_a_second_opinion_waiting_on_a_review_leaves_exact_counters(pg_engine: Engine, target: str) -> None:
     """A review of J1 holds its locks uncommitted while a second opinion is stored on J1 (the flush
     hook's retraction) or on J2 (the evaluation's recount): the counters kept equal a recount."""
-    rec = _record(random.Random(1), 0)
-    rec["user_scores"] = {"truthfulness": 2, "helpfulness": 3}
-    rec["judge_scores"] = {"truthfulness": 4, "helpfulness": 5}
-    with session_scope(pg_engine) as s:
-        importer.import_evaluations(session=s, records=[rec])
-    with session_scope(pg_engine) as s:
-        (j1, v1), (j2, _) = s.exec(select(Judgment.id, Judgment.version).order_by(col(Judgment.id))).all()
-    assert j1 is not None and j2 is not None
+    (j1, v1), (j2, _) = _two_judgments(
+        pg_engine, 1, judge={"truthfulness": 4, "helpfulness": 5}, user={"truthfulness": 2, "helpfulness": 3}
+    )
     opinion_on = j1 if target == "same judgment" else j2
 
-    errors: list[BaseException] = []
-
-    def second_opinion() -> None:
-        try:
-            with session_scope(pg_engine) as s:
-                opinion = SecondOpinion(judgment_id=opinion_on, action="validated", decision="4")
-                store_second_opinion(session=s, opinion=opinion, reviewer="bob")
-        except BaseException as exc:  # reported by the test thread
-            errors.append(exc)
+    def second_opinion(s: Session) -> None:
+        opinion = SecondOpinion(judgment_id=opinion_on, action="validated", decision="4")
+        store_second_opinion(session=s, opinion=opinion, reviewer="bob")
 
     with pg_engine.connect() as conn, Session(bind=conn) as first:
         record_review(session=first, judgment_id=j1, expected_version=v1, action="confirm", reviewer="ayse")
-        worker = threading.Thread(target=second_opinion)
-        worker.start()
-        _wait_until_blocked(pg_engine, worker)
+        worker, errors = _blocked_writer(pg_engine, second_opinion)
         first.commit()
     worker.join(30)
     assert not worker.is_alive() and not errors, errors
@@ -98,31 +120,16 @@ def test_a_review_of_two_judgments_and_a_review_of_the_second_never_deadlock(pg_
     review waits whole and then meets a clean ReviewConflict. Before, the lock came after the
     judgment's UPDATE: the lone review held J2 waiting for the lock, the settlement held the lock
     waiting for J2, and PostgreSQL refused one of them with a deadlock."""
-    rec = _record(random.Random(2), 0)
-    rec["judge_scores"] = {"truthfulness": 4, "helpfulness": 5}
-    with session_scope(pg_engine) as s:
-        importer.import_evaluations(session=s, records=[rec])
-    with session_scope(pg_engine) as s:
-        (j1, v1), (j2, v2) = s.exec(select(Judgment.id, Judgment.version).order_by(col(Judgment.id))).all()
-    assert j1 is not None and j2 is not None
-    errors: list[BaseException] = []
+    (j1, v1), (j2, v2) = _two_judgments(pg_engine, 2, judge={"truthfulness": 4, "helpfulness": 5})
 
-    def lone_review() -> None:
-        try:
-            with session_scope(pg_engine) as s:
-                record_review(
-                    session=s, judgment_id=j2, expected_version=v2, action="confirm", reviewer="bob"
-                )
-        except BaseException as exc:  # reported by the test thread
-            errors.append(exc)
+    def lone_review(s: Session) -> None:
+        record_review(session=s, judgment_id=j2, expected_version=v2, action="confirm", reviewer="bob")
 
     with pg_engine.connect() as conn, Session(bind=conn) as settling:
         record_review(
             session=settling, judgment_id=j1, expected_version=v1, action="confirm", reviewer="ayse"
         )
-        worker = threading.Thread(target=lone_review)
-        worker.start()
-        _wait_until_blocked(pg_engine, worker)
+        worker, errors = _blocked_writer(pg_engine, lone_review)
         record_review(
             session=settling, judgment_id=j2, expected_version=v2, action="confirm", reviewer="ayse"
         )
