@@ -42,6 +42,7 @@ coach, tests) is counted by the flush hooks at the end of this module, so no ORM
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -68,6 +69,7 @@ from sqlalchemy.sql import ColumnElement
 from sqlmodel import Session, col
 
 from lib import scores, version_counts
+from lib.bulk import dialect_name
 from lib.models import (
     EvaluationCount,
     EvaluationSnapshot,
@@ -224,17 +226,27 @@ def retract_judgments(*, session: Session, where: Any) -> None:
     _shift_judgments(session, where, -1)
 
 
+def metrics_spelled(dialect: str, column: str) -> str:
+    """The SQL aggregate that spells `judged_metrics`: `,slug,slug,` of the distinct, non-null
+    `column` values of a group, sorted as the database sorts; '' when there are none.
+
+    The one spelling of that column: the per-evaluation update, the rebuild and an import's new
+    evaluations all aggregate through it, so they cannot disagree (the list's metric filter,
+    `metric_judged`, reads what they write). SQLite's group_concat keeps its input's order, so the
+    rows it aggregates must come distinct and sorted by `column`; PostgreSQL sorts (its collation
+    may not be code-point order).
+    """
+    if dialect == "postgresql":
+        return f"COALESCE(',' || string_agg({column}, ',' ORDER BY {column}) || ',', '')"
+    return f"COALESCE(',' || group_concat({column}, ',') || ',', '')"
+
+
 def _metrics_list(session: Session) -> Any:
-    """`,slug,slug,` of an evaluation's judged metrics, sorted (the list's metric filter reads it)."""
-    if session.get_bind().dialect.name == "postgresql":
-        return text(
-            "COALESCE((SELECT ',' || string_agg(DISTINCT j.metric, ',' ORDER BY j.metric) || ',' "
-            "FROM judgments j WHERE j.snapshot_id = evaluation_snapshots.id AND j.metric IS NOT NULL), '')"
-        )
+    """An evaluation's `judged_metrics` from its judgments (correlated to `evaluation_snapshots`)."""
     return text(
-        "COALESCE((SELECT ',' || group_concat(m, ',') || ',' FROM (SELECT DISTINCT j.metric AS m "
+        f"(SELECT {metrics_spelled(dialect_name(session), 'm')} FROM (SELECT DISTINCT j.metric AS m "
         "FROM judgments j WHERE j.snapshot_id = evaluation_snapshots.id AND j.metric IS NOT NULL "
-        "ORDER BY m)), '')"
+        "ORDER BY m) AS judged)"
     )
 
 
@@ -310,25 +322,22 @@ def new_evaluation_counters(
     `metrics_by_snapshot` names each new evaluation's judgments by metric. They are all new and
     unreviewed (an import's), and the evaluation is new, so they are all it has (the foreign key
     lets no stored judgment point at an evaluation not stored yet): total = their count, reviewed
-    and corrected 0, `judged_metrics` as `_metrics_list` and the rebuild spell it, sorted as the
-    database sorts (PostgreSQL's collation may not be code-point order: it sorts each distinct set).
+    and corrected 0, `judged_metrics` spelled by the database (`metrics_spelled`), once per distinct
+    set of metrics.
     """
     sets = {snapshot_id: frozenset(m for m in metrics if m is not None) for snapshot_id, metrics in
             metrics_by_snapshot.items()}  # fmt: skip
+    dialect = dialect_name(session)
+    rows = (
+        "SELECT DISTINCT m FROM unnest(CAST(:metrics AS VARCHAR[])) AS given(m) ORDER BY m"
+        if dialect == "postgresql"
+        else "SELECT DISTINCT value AS m FROM json_each(:metrics) ORDER BY m"
+    )
+    spell = text(f"SELECT {metrics_spelled(dialect, 'm')} FROM ({rows}) AS judged")
     spelled: dict[frozenset[str], str] = {}
-    for metrics in set(sets.values()):
-        if not metrics:
-            spelled[metrics] = ""
-        elif session.get_bind().dialect.name == "postgresql":
-            spelled[metrics] = session.execute(
-                text(
-                    "SELECT ',' || string_agg(m, ',' ORDER BY m) || ',' "
-                    "FROM unnest(CAST(:metrics AS VARCHAR[])) AS m"
-                ),
-                {"metrics": sorted(metrics)},
-            ).scalar_one()
-        else:  # SQLite's BINARY collation compares UTF-8 bytes: code-point order
-            spelled[metrics] = "," + ",".join(sorted(metrics)) + ","
+    for metrics in set(sets.values()):  # a handful of distinct sets per batch
+        given = sorted(metrics) if dialect == "postgresql" else json.dumps(sorted(metrics))
+        spelled[metrics] = session.execute(spell, {"metrics": given}).scalar_one()
     return {
         snapshot_id: {
             "judgments_total": len(metrics_by_snapshot[snapshot_id]),
@@ -913,19 +922,11 @@ def rebuild_judgment_counts(session: Session) -> None:
             session.execute(table.insert(), rows[start : start + 5000])
 
 
-_REVIEW_COUNTS_SQL = {
-    "sqlite": "COALESCE(',' || group_concat(metric, ',') || ',', '')",  # inner rows come sorted by metric
-    "postgresql": "COALESCE(',' || string_agg(metric, ',' ORDER BY metric) || ',', '')",
-}
-
-
 @register_rebuild("evaluation_review_counts")
 def rebuild_evaluation_review_counts(session: Session) -> None:
     """Every evaluation's review counts and judged metrics from its judgments, in one grouped scan;
     only rows whose counts are wrong are written (a recount of a right database writes nothing)."""
-    metrics = _REVIEW_COUNTS_SQL[
-        "postgresql" if session.get_bind().dialect.name == "postgresql" else "sqlite"
-    ]
+    metrics = metrics_spelled(dialect_name(session), "metric")  # the inner rows come sorted by metric
     session.execute(
         text(
             f"""
@@ -945,7 +946,7 @@ def rebuild_evaluation_review_counts(session: Session) -> None:
             WHERE evaluation_snapshots.id = a.snapshot_id AND (
                 evaluation_snapshots.judgments_total != a.n OR evaluation_snapshots.judgments_reviewed != a.r
                 OR evaluation_snapshots.judgments_corrected != a.c OR evaluation_snapshots.judged_metrics != a.m)
-            """  # the one dialect-dependent piece is the string aggregate above, from a fixed table
+            """  # the one dialect-dependent piece is the string aggregate above, from fixed SQL
         )
     )
     session.execute(
