@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -103,6 +104,9 @@ def _tracked_context(browser: Any, options: dict[str, Any]) -> Any:
 # a test that names none gets, as from `browser.new_context()`.
 POOL_VIEWPORT = {"width": 1400, "height": 1000}
 PLAYWRIGHT_VIEWPORT = {"width": 1280, "height": 720}
+# Options a test may name whose value is Playwright's own default: dropped from the pool's key, so
+# the `page` fixture's contexts (accept_downloads=True) and new_app_context's share warm ones.
+PLAYWRIGHT_DEFAULTS: dict[str, Any] = {"accept_downloads": True}
 
 
 class AppContext:
@@ -187,9 +191,10 @@ class AppContext:
 
 
 class _ContextPool:
-    """Per browser, the idle `AppContext`s by the options they were made with, but for the viewport:
-    `AppContext.new_page` gives each page the viewport the test asked for (a page opened through
-    the real context, `page.context.new_page()`, has POOL_VIEWPORT).
+    """Per browser, the idle `AppContext`s by the options they were made with, but for the viewport
+    and any option named at Playwright's own default (PLAYWRIGHT_DEFAULTS): `AppContext.new_page`
+    gives each page the viewport the test asked for (a page opened through the real context,
+    `page.context.new_page()`, has POOL_VIEWPORT).
 
     Kept between tests: the tab's renderer process (V8's compiled scripts, decoded images and
     styles) and the context's in-memory HTTP cache (Streamlit's hashed, immutable static files).
@@ -215,7 +220,11 @@ class _ContextPool:
 
     def take(self, options: dict[str, Any]) -> Any:
         options = {"viewport": PLAYWRIGHT_VIEWPORT} | options
-        shared = {name: value for name, value in options.items() if name != "viewport"}
+        shared = {
+            name: value
+            for name, value in options.items()
+            if name != "viewport" and (name not in PLAYWRIGHT_DEFAULTS or PLAYWRIGHT_DEFAULTS[name] != value)
+        }
         try:
             key = json.dumps(shared, sort_keys=True)
         except TypeError:  # options that are no plain data (a callable, a path): a context of its own
@@ -274,6 +283,25 @@ def fresh(locator: Any) -> Any:
     """`locator` without the elements of an earlier run that Streamlit still shows (marked stale):
     for a wait that has to watch a page while it reruns. After `settle` there are none."""
     return locator.and_(locator.page.locator(NOT_STALE))
+
+
+def open_in_app(page: Any, path: str) -> None:
+    """Open the app's page at `path` ("review", "admin", "" for the Overview) as a reviewer does:
+    by its sidebar link, in the page's own session (showing the nav's hidden pages first when it
+    is one of them), then `settle`. Call it on a settled page.
+
+    Why: `page.goto` reloads Streamlit's scripts and opens a new WebSocket session, about 1.5-2
+    Chromium CPU s more than the link (a script run either way); keep `goto` where a test is about
+    a fresh load (a deep link, a reload, a new session)."""
+    origin = "/".join(page.url.split("/", 3)[:3])
+    nav = page.get_by_test_id("stSidebarNav")
+    link = nav.locator(f'a[href="{origin}/{path}"]')
+    if link.count() == 0:  # the nav shows ten pages until asked for the rest
+        nav.get_by_role("button", name=re.compile(r"View \d+ more")).click()
+    link.click()
+    # The path, with whatever query the page writes on its first run (Team queues adds `?queue=N`).
+    page.wait_for_url(re.compile(rf"^{re.escape(origin)}/{re.escape(path)}(\?.*)?$"))
+    settle(page)
 
 
 def _free_port() -> int:
