@@ -54,8 +54,8 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from importlib import resources
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
@@ -306,6 +306,44 @@ def _copy_through_arrow(con: duckdb.DuckDBPyConnection, engine: Engine, names: I
             con.unregister("_overrule_stream")
 
 
+def _new_connection(config: Mapping[str, Any] | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection that never downloads, in UTC, without a progress bar."""
+    con = duckdb.connect(
+        config={
+            # Nothing may download at run time (SPEC §8): no silent INSTALL behind a query.
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+            "allow_unsigned_extensions": os.environ.get(TRUST_EXTENSIONS_VAR) == "1",
+            **(config or {}),
+        }
+    )
+    con.execute("SET TimeZone = 'UTC'")  # TIMESTAMPTZ values print and export as UTC
+    con.execute("SET enable_progress_bar = false")  # a child's stderr is the server's log
+    return con
+
+
+# The scanner's table function that runs a query of the app's own SQL dialect in its database,
+# streaming the rows in the query's order (`scanner_connect`).
+RAW_QUERY_FUNCTIONS = {"sqlite": "sqlite_query", "postgresql": "postgres_query"}
+
+
+def scanner_connect(engine: Engine, config: Mapping[str, Any] | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with the app database attached read-only as `app_raw` through the scanner
+    extension, and no fallback: raises DuckUnavailable instead (the caller has a path of its own).
+
+    `RAW_QUERY_FUNCTIONS[dialect]('app_raw', sql)` then runs the app's own SQL in the database (on
+    SQLite only inside a `run_isolated` child, like every scanner read of the file). Every column
+    of a `sqlite_query` comes as text (SQLite's own rendering: 15 digits for a float).
+    """
+    con = _new_connection(config)
+    try:
+        _attach_scanner(con, engine)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
 def duck_connect(
     engine: Engine, *, tables: Iterable[str] | None = None, scanner: bool = True
 ) -> duckdb.DuckDBPyConnection:
@@ -314,16 +352,7 @@ def duck_connect(
     `tables` only matters on the Arrow path (which copies just those); `scanner=False` forces it.
     On SQLite the Arrow path is the rule, except in a `run_isolated` child.
     """
-    con = duckdb.connect(
-        config={
-            # Nothing may download at run time (SPEC §8): no silent INSTALL behind a query.
-            "autoinstall_known_extensions": False,
-            "autoload_known_extensions": False,
-            "allow_unsigned_extensions": os.environ.get(TRUST_EXTENSIONS_VAR) == "1",
-        }
-    )
-    con.execute("SET TimeZone = 'UTC'")  # TIMESTAMPTZ values print and export as UTC
-    con.execute("SET enable_progress_bar = false")  # a child's stderr is the server's log
+    con = _new_connection()
     try:
         if not scanner:
             raise DuckUnavailable("scanner disabled by the caller")
@@ -468,9 +497,26 @@ def run_isolated(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     about as much as the same call in this process. The main script is never re-run in a worker
     (see `_Popen`), so `func` cannot live in `__main__`.
     """
+    return isolated_result(submit_isolated(func, *args, **kwargs))
+
+
+def submit_isolated(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+    """`run_isolated` without waiting: the caller reads what the child writes (e.g. a FIFO) while it
+    runs, then takes `isolated_result(future)`."""
     global _pool
     try:
-        return _isolated_pool().submit(func, *args, **kwargs).result()
+        return _isolated_pool().submit(func, *args, **kwargs)
+    except BrokenProcessPool as exc:
+        with _pool_lock:
+            _pool = None
+        raise RuntimeError(f"the DuckDB worker process died: {exc}") from exc
+
+
+def isolated_result(future: Future[T], timeout: float | None = None) -> T:
+    """The result of a `submit_isolated` call; its exceptions raised here, a dead worker as RuntimeError."""
+    global _pool
+    try:
+        return future.result(timeout)
     except BrokenProcessPool as exc:
         with _pool_lock:
             _pool = None  # the next call starts a new pool

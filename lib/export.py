@@ -25,10 +25,13 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import logging
 import os
 import secrets
+import select
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from concurrent import futures
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,12 +45,14 @@ import pyarrow.compute as pc
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-from lib import corrections, inspector, notes
+from lib import corrections, duck, inspector, notes
 from lib.auth import Actor, Permission, authorize
 from lib.corrections import CSV_ROW_LIMIT, JudgmentFilter, format_score
-from lib.db import session_scope
+from lib.db import create_db_engine, session_scope
 from lib.duck import model_tables, quote_ident, quote_literal, table_ref, tables_in_sql, with_duck
 from lib.inspector import EvaluationFilters
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("csv", "parquet", "json")
 # OWASP "CSV injection": cells a spreadsheet would read as a formula or a control sequence, and the
@@ -299,7 +304,10 @@ def _rendered_distinct(values: pa.Array, render: Callable[[Any], str]) -> pa.Arr
 def _iso_utc_array(moments: pa.Array) -> pa.Array:
     """`iso_utc` over an Arrow timestamp array (naive values are UTC): microseconds only when set."""
     utc = moments.cast(pa.timestamp("us"))  # Arrow keeps UTC instants: dropping the zone keeps them
-    text = pc.replace_substring_regex(pc.strftime(utc, format="%Y-%m-%dT%H:%M:%S"), r"\.000000$", "")
+    # Arrow's cast writes "YYYY-MM-DD HH:MM:SS.ffffff" (7x cheaper than strftime): a "T", then the
+    # fraction dropped where it is zero.
+    text = pc.utf8_replace_slice(utc.cast(pa.string()), 10, 11, "T")
+    text = pc.if_else(pc.ends_with(text, ".000000"), pc.utf8_slice_codeunits(text, 0, 19), text)
     return pc.binary_join_element_wise(text, "Z", "")
 
 
@@ -375,8 +383,28 @@ def _csv_lines(cells: Sequence[pa.Array]) -> bytes:
     return data.slice(int(bounds[0]), int(bounds[-1] - bounds[0])).to_pybytes()
 
 
-def _column_text(column: CsvColumn, rule: ValueRule | None = None) -> pa.Array:
+# A text column (or one with a rule) of at least this many rows with at most half as many distinct
+# values (product, language, status, a decision) is encoded once per distinct value, then taken.
+_DISTINCT_MIN_ROWS = 16
+
+
+def _column_text(column: CsvColumn, rule: ValueRule | None = None, *, distinct: bool = True) -> pa.Array:
     """A column's CSV cells, quoted where needed (numbers, flags and times never need it)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if not isinstance(column, pa.Array):
+        values = list(column)
+        typed = _arrow_values(values)
+        column = values if typed is None else typed  # values: cell by cell (`_csv_cells`)
+    if (
+        distinct
+        and isinstance(column, pa.Array)
+        and len(column) >= _DISTINCT_MIN_ROWS
+        and (rule is not None or pa.types.is_string(column.type))
+    ):
+        encoded = column.dictionary_encode(null_encoding="encode")  # a null is a value like others
+        if 2 * len(encoded.dictionary) <= len(column):
+            return pc.take(_column_text(encoded.dictionary, rule, distinct=False), encoded.indices)
     cells = _csv_cells(column, rule)
     plain = rule is None and isinstance(column, pa.Array) and not pa.types.is_string(column.type)
     return cells if plain else _quoted(cells)
@@ -428,6 +456,11 @@ def write_csv(out: BinaryIO, columns: Sequence[str], rows: Iterable[Sequence[Any
 
 
 def _write_source(out: BinaryIO, source: CsvSource) -> int:
+    return _write_chunks(out, _counted_chunks(source))
+
+
+def _counted_chunks(source: CsvSource) -> Generator[bytes, None, int]:
+    """`source` as UTF-8 CSV chunks (`iter_csv_batches`); returns the number of rows written."""
     count = 0
 
     def counted() -> Iterator[Sequence[CsvColumn]]:
@@ -436,9 +469,17 @@ def _write_source(out: BinaryIO, source: CsvSource) -> int:
             count += len(batch[0]) if batch else 0
             yield batch
 
-    for chunk in iter_csv_batches(source.columns, counted(), source.rules):
-        out.write(chunk)
+    yield from iter_csv_batches(source.columns, counted(), source.rules)
     return count
+
+
+def _write_chunks(out: BinaryIO, chunks: Generator[bytes, None, int]) -> int:
+    """Write the chunks to `out`; returns what the generator returns (the rows written)."""
+    while True:
+        try:
+            out.write(next(chunks))
+        except StopIteration as done:
+            return int(done.value)
 
 
 class CsvSource(Protocol):
@@ -462,17 +503,25 @@ class CsvRows:
         return _row_batches(self.rows, len(self.columns))
 
 
+@dataclass(frozen=True)
+class CsvBatches:
+    """A `CsvSource` from batches of columns."""
+
+    columns: Sequence[str]
+    batches: Iterable[Sequence[CsvColumn]]
+    rules: Mapping[int, ValueRule] = field(default_factory=dict)
+
+
 # A CSV's source, read in the session given: what the bytes and the chunks of one download share,
 # so a page's button and its streamed link can never differ.
 CsvTable = Callable[[Session], CsvSource]
 
 
-def _csv_chunks(engine: Engine, table: CsvTable) -> Iterator[bytes]:
+def _csv_chunks(engine: Engine, table: CsvTable) -> Generator[bytes, None, int]:
     """`table` as UTF-8 CSV chunks, produced while a response sends them (`lib.downloads`), in one
-    read-only session: neither the app nor Streamlit ever holds the file."""
+    read-only session: neither the app nor Streamlit ever holds the file. Returns the row count."""
     with session_scope(engine, read_only=True) as session:
-        source = table(session)
-        yield from iter_csv_batches(source.columns, source.batches, source.rules)
+        return (yield from _counted_chunks(table(session)))
 
 
 def _streamed_csv_bytes(engine: Engine, table: CsvTable) -> bytes:
@@ -502,7 +551,10 @@ def write_evaluations_csv(
 
 def evaluations_csv_bytes(*, engine: Engine, filters: EvaluationFilters, form: str = "wide") -> bytes:
     """The Evaluations page's CSV of every match (all pages), wide or long, formulas neutralised."""
-    return _streamed_csv_bytes(engine, _evaluations_table(filters, form))
+    with tempfile.TemporaryFile() as raw:
+        _write_chunks(raw, _evaluation_chunks(engine, filters, form))
+        raw.seek(0)
+        return raw.read()
 
 
 def evaluations_csv_chunks(
@@ -510,7 +562,91 @@ def evaluations_csv_chunks(
 ) -> Iterator[bytes]:
     """The same CSV as UTF-8 chunks, produced while a response sends them (`lib.downloads`):
     neither the app nor Streamlit ever holds the file."""
-    return _csv_chunks(engine, _evaluations_table(filters, form))
+    return _evaluation_chunks(engine, filters, form)
+
+
+# The scanner path of the wide Evaluations CSV (issue 27; lib.inspector's `wide_scan`): a worker
+# (`lib.duck.submit_isolated`) reads the list's SQL through DuckDB's scanner and writes the CSV into
+# a FIFO that this process reads and hands on: the pipe's buffer is all that is held in between,
+# and a slow reader holds the worker back (no spool file). Closing the chunks (a download stopped)
+# closes the FIFO, and the worker's next write fails, which ends it.
+SCAN_BATCH_ROWS = 5_000  # rows the worker encodes at a time
+SCAN_CHUNK_BYTES = 1 << 20  # bytes read from the FIFO at a time
+# DuckDB's own memory in the worker (the scan streams; the JSON cut needs little).
+SCAN_DUCKDB_CONFIG = {"threads": 1, "memory_limit": "128MB"}
+
+
+class _NoScanner(Exception):
+    """The worker could not attach the database through the scanner, before writing anything."""
+
+
+def _evaluation_chunks(engine: Engine, filters: EvaluationFilters, form: str) -> Generator[bytes, None, int]:
+    """The Evaluations CSV as chunks, by the scanner path where it can run (the wide form of a file
+    or PostgreSQL database), else in the app's session; returns the number of rows."""
+    if form == "wide" and engine.url.database not in (None, "", ":memory:"):
+        with session_scope(engine, read_only=True) as session:
+            scan = inspector.wide_scan(session=session, filters=filters)
+        if scan is not None:
+            try:
+                return (yield from _scanned_chunks(engine, scan))
+            except _NoScanner as exc:
+                log.warning("the Evaluations CSV is read in the app's session (slower): %s", exc.__cause__)
+    return (yield from _csv_chunks(engine, _evaluations_table(filters, form)))
+
+
+def _scanned_chunks(engine: Engine, scan: inspector.WideScan) -> Generator[bytes, None, int]:
+    """What `_write_scanned_wide` writes into a FIFO, read as it comes; returns its row count."""
+    with tempfile.TemporaryDirectory(prefix="overrule-export-") as folder:
+        fifo = os.path.join(folder, "evaluations.csv")
+        os.mkfifo(fifo, 0o600)
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # opens before the worker's end exists
+        sent = False
+        try:
+            url = duck.isolated_url(engine)
+            future = duck.submit_isolated(_write_scanned_wide, url, scan, fifo, SCAN_BATCH_ROWS)
+            while True:
+                select.select([reader], [], [], 0.5)
+                try:
+                    data = os.read(reader, SCAN_CHUNK_BYTES)
+                except BlockingIOError:  # the worker's end is open, nothing written yet
+                    continue
+                if data:
+                    sent = True
+                    yield data
+                elif future.done():  # no writer now, and none to come: what is left is the rest
+                    while data := os.read(reader, SCAN_CHUNK_BYTES):
+                        yield data
+                    break
+                else:  # the worker has not opened its end yet
+                    futures.wait([future], timeout=0.02)
+            try:
+                return duck.isolated_result(future)
+            except duck.DuckUnavailable as exc:
+                if sent:
+                    raise
+                raise _NoScanner(str(exc)) from exc
+        finally:
+            os.close(reader)
+
+
+def _write_scanned_wide(url: str, scan: inspector.WideScan, fifo: str, batch_rows: int) -> int:
+    """In the isolated worker: the wide CSV of `scan` into `fifo`; returns the number of rows."""
+    engine = create_db_engine(url)
+    try:
+        con = duck.scanner_connect(engine, SCAN_DUCKDB_CONFIG)
+        try:
+            # Non-blocking open: fails at once (ENXIO) when the reader is already gone.
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.set_blocking(writer, True)  # then each write waits for the reader: backpressure
+            with open(writer, "wb") as out:
+                function = duck.RAW_QUERY_FUNCTIONS[engine.dialect.name]
+                batches = inspector.scanned_wide_batches(con, scan, function, batch_rows)
+                _, rules = inspector.wide_header(scan.slugs)
+                return _write_source(out, CsvBatches(scan.columns, batches, rules))
+        finally:
+            con.close()
+    finally:
+        engine.dispose()
 
 
 def judgments_csv_chunks(
@@ -534,13 +670,8 @@ def export_evaluations_csv(
     _check_writable(path)
     partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
     try:
-        with (
-            partial.open("wb") as fh,
-            session_scope(engine, read_only=True) as session,
-        ):
-            rows = write_evaluations_csv(
-                session=session, filters=filters or EvaluationFilters(), out=fh, form=form
-            )
+        with partial.open("wb") as fh:
+            rows = _write_chunks(fh, _evaluation_chunks(engine, filters or EvaluationFilters(), form))
         os.replace(partial, path)
         return rows
     except ValueError as exc:

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from sqlalchemy import String, Text, and_, case, cast, func, or_, text, type_coerce, update
+from sqlalchemy import String, Text, and_, case, cast, func, literal_column, or_, text, type_coerce, update
 from sqlalchemy.sql import ColumnElement, Select
 from sqlmodel import Session, col, select
 
@@ -29,9 +29,20 @@ from lib import counters, judge_versions, scores, search
 from lib.auth import Actor, Permission
 from lib.corrections import distinct_metrics, parse_score, require_reviewer
 from lib.display import REVIEWED_BY, evaluation_title, evaluation_url, metric_field, role_field
+from lib.duck import quote_literal
 from lib.evidence import EvidenceItem, evidence_items, metric_entry
 from lib.highlight import Span
-from lib.metrics import DEFAULT_METRICS, MetricSpec, metrics_for_product, score_of, scores_of_json
+from lib.metrics import (
+    DEFAULT_METRICS,
+    MetricSpec,
+    json_pointer,
+    metrics_for_product,
+    object_parse_sql,
+    rescue_unread_scores,
+    score_of,
+    score_sql,
+    scores_of_json,
+)
 from lib.models import EvaluationSnapshot, Judgment, MetricDefinition, utcnow
 from lib.search import text_match
 
@@ -957,13 +968,11 @@ def _utc_times(values: Sequence[Any]) -> pa.Array:
         return pa.array(aware, pa.timestamp("us", tz="UTC"))
 
 
-def _wide_batches(session: Session, filters: EvaluationFilters, slugs: Sequence[str]) -> Iterator[list[Any]]:
-    """The wide export a batch at a time, column by column: the list's SQL (filters, order) read
-    through the driver without per-row conversions, times parsed by Arrow, scores read from the
-    JSON by `metrics.scores_of_json`, gaps computed on whole columns."""
-    raw_time = type_coerce(col(_S.created_at), String).label("created_at")  # no per-row parsing
-    stmt = _list_select(filters).with_only_columns(
-        *[raw_time if c.name == "created_at" else c for c in _LIST_COLUMNS],
+def _wide_select(filters: EvaluationFilters, **replaced: Any) -> Select[Any]:
+    """The list's SQL (filters, order: one definition) with what the wide form reads of each row;
+    `replaced` swaps a column's expression by its label (e.g. a time read as text)."""
+    columns = [
+        *_LIST_COLUMNS,
         col(_S.question).label("question"),
         col(_S.judgments_total).label("judged"),  # the counters lib.counters keeps on write
         col(_S.judgments_reviewed).label("reviewed"),
@@ -972,7 +981,39 @@ def _wide_batches(session: Session, filters: EvaluationFilters, slugs: Sequence[
         cast(col(_S.user_scores_json), Text).label("user_scores"),  # JSON text, not decoded per row
         cast(col(_S.judge_scores_json), Text).label("judge_scores"),
         col(_S.judge_version_id).label("judge_version_id"),
+    ]
+    return _list_select(filters).with_only_columns(
+        *[replaced[c.name].label(c.name) if c.name in replaced else c for c in columns]
     )
+
+
+def _wide_columns(
+    values: Mapping[str, Any],
+    user: Sequence[pa.Array],
+    judge: Sequence[pa.Array],
+    decided: Sequence[pa.Array],
+    versions: Mapping[int, str],
+) -> list[Any]:
+    """One batch of the wide form's columns, in `wide_header`'s order: the list's columns (times
+    as UTC Arrow timestamps), the answer, the judge version's name, then per metric the user's
+    score, the judge's score, their gap (`_gap` on a whole column) and the reviewer's decision."""
+    columns = [values[name] for name in LIST_FRAME_COLUMNS]
+    columns[LIST_FRAME_COLUMNS.index("created_at")] = _utc_times(values["created_at"])
+    columns.append(values["answer"])
+    version_ids = values["judge_version_id"]
+    if isinstance(version_ids, pa.Array | pa.ChunkedArray):
+        version_ids = version_ids.to_pylist()
+    columns.append([judge_versions.name_for(v, versions) for v in version_ids])
+    for user_score, judge_score, decision in zip(user, judge, decided, strict=True):
+        columns += [user_score, judge_score, pc.abs(pc.subtract(user_score, judge_score)), decision]
+    return columns
+
+
+def _wide_batches(session: Session, filters: EvaluationFilters, slugs: Sequence[str]) -> Iterator[list[Any]]:
+    """The wide export a batch at a time, column by column, in the app's own session: the list's
+    SQL read through the driver without per-row conversions, times parsed by Arrow, scores read
+    from the JSON by `metrics.scores_of_json`, decisions pivoted by `_decision_columns`."""
+    stmt = _wide_select(filters, created_at=type_coerce(col(_S.created_at), String))  # no per-row parsing
     versions = judge_versions.names_of(session)
     conn = session.connection()  # Core rows: no ORM row processing
     result = conn.execute(stmt.execution_options(yield_per=EXPORT_BATCH_ROWS))
@@ -981,20 +1022,136 @@ def _wide_batches(session: Session, filters: EvaluationFilters, slugs: Sequence[
     try:
         for part in result.partitions():
             values = dict(zip(names, zip(*part, strict=True), strict=True))
-            values["created_at"] = _utc_times(values["created_at"])
-            ids = values["id"]
             user = scores_of_json(con, pa.array(values["user_scores"], pa.string()), slugs)
             judge = scores_of_json(con, pa.array(values["judge_scores"], pa.string()), slugs)
-            decided = _decision_columns(conn, ids, slugs)
-            columns = [values[name] for name in LIST_FRAME_COLUMNS]
-            columns.append(values["answer"])
-            columns.append([judge_versions.name_for(v, versions) for v in values["judge_version_id"]])
-            for user_score, judge_score, decision in zip(user, judge, decided, strict=True):
-                gap = pc.abs(pc.subtract(user_score, judge_score))  # `_gap` on a whole column
-                columns += [user_score, judge_score, gap, decision]
-            yield columns
+            decided = _decision_columns(conn, values["id"], slugs)
+            yield _wide_columns(values, user, judge, decided, versions)
     finally:
         con.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The scanner path of the wide export (issue 27): "Download CSV (all matches)", the CLI and the API
+# hand the list's own SQL (`_wide_select`, rendered with its values for the app's dialect) to DuckDB
+# in an isolated worker (lib.duck), whose scanner runs it inside the database (`sqlite_query`,
+# `postgres_query`): the rows stream in the list's order without crossing a Python driver value by
+# value. Each row's reviewer decisions come with it as one JSON object (the app database's own JSON
+# aggregate over ix_judgment_snapshot_state, latest review first), which DuckDB cuts per metric: the
+# first entry of a metric is the last review, as `_decision_columns` has it. SQLite hands every
+# value over as text, with floats at 15 digits: the two gap columns are rendered with 20
+# significant digits, which read back to the same float. Scores, gaps, names and the CSV itself are
+# the same functions as the in-session path, so both write the same bytes (tests/test_export_csv.py).
+
+# The reviewer decisions of `evaluation_snapshots`' current row as one JSON object (metric: decision),
+# the last review of each metric first (a later entry of the same metric is an older review).
+_SCAN_DECISIONS_SQL = {
+    "sqlite": (
+        "(SELECT json_group_object(d.metric, d.user_decision) FROM (SELECT j.metric, j.user_decision "
+        "FROM judgments AS j WHERE j.snapshot_id = evaluation_snapshots.id AND j.reviewed_at IS NOT NULL "
+        "AND j.metric IS NOT NULL AND j.user_decision IS NOT NULL "
+        "ORDER BY j.reviewed_at DESC, j.was_corrected DESC, j.metric DESC, j.id DESC) AS d)"
+    ),
+    "postgresql": (
+        "(SELECT CAST(json_object_agg(j.metric, j.user_decision "
+        "ORDER BY j.reviewed_at DESC, j.was_corrected DESC, j.metric DESC, j.id DESC) AS text) "
+        "FROM judgments AS j WHERE j.snapshot_id = evaluation_snapshots.id AND j.reviewed_at IS NOT NULL "
+        "AND j.metric IS NOT NULL AND j.user_decision IS NOT NULL)"
+    ),
+}
+# SQLite's `printf` with this format writes a float with enough digits to read back the same value.
+_EXACT_FLOAT_FORMAT = "%!.20g"
+_FLOAT_LABELS = ("weighted_gap", "max_gap")
+_INT_LABELS = (
+    "judge_meta_score", "evidence", "highlighted", "unlocated", "unverified", "judged", "reviewed",
+    "corrected", "judge_version_id",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class WideScan:
+    """What the isolated worker needs to write the wide CSV (picklable): the header, the metrics,
+    the judge versions' names and the SQL its scanner runs."""
+
+    columns: list[str]
+    slugs: list[str]
+    versions: dict[int, str]
+    sql: str
+
+
+def wide_header(slugs: Sequence[str]) -> tuple[list[str], dict[int, Callable[[Any], Any]]]:
+    """The wide form's header for these metrics, and its value rules (each decision column's
+    number or label, `_decision_value`)."""
+    columns = [*LIST_FRAME_COLUMNS, "answer", "judge_version"]
+    for slug in slugs:
+        columns += [metric_field(slug, name) for name in WIDE_METRIC_FIELDS]
+    first = len(LIST_FRAME_COLUMNS) + 2
+    decisions = range(first + len(WIDE_METRIC_FIELDS) - 1, len(columns), len(WIDE_METRIC_FIELDS))
+    return columns, dict.fromkeys(decisions, _decision_value)
+
+
+def wide_scan(*, session: Session, filters: EvaluationFilters) -> WideScan | None:
+    """The wide export's scanner plan, or None where the app database has no scanner SQL (then the
+    in-session path `export_evaluations` writes it)."""
+    dialect = session.get_bind().dialect
+    if dialect.name not in _SCAN_DECISIONS_SQL:
+        return None
+    replaced: dict[str, Any] = {}
+    if dialect.name == "sqlite":
+        replaced = {
+            label: func.printf(_EXACT_FLOAT_FORMAT, column)
+            for label, column in (("weighted_gap", _S.weighted_gap), ("max_gap", _S.max_metric_gap))
+        }
+    stmt = _wide_select(filters, **replaced).add_columns(
+        literal_column(_SCAN_DECISIONS_SQL[dialect.name]).label("decided")
+    )
+    # Values rendered as literals (the scanner takes no parameters); "named" keeps a % a single %.
+    literal_dialect = type(dialect)(paramstyle="named")
+    sql = str(stmt.compile(dialect=literal_dialect, compile_kwargs={"literal_binds": True}))
+    if "\x00" in sql:
+        return None  # a NUL in a filter's text cannot be written into SQL: the in-session path reads it
+    slugs = export_metrics(session=session, filters=filters)
+    columns, _ = wide_header(slugs)
+    return WideScan(columns=columns, slugs=slugs, versions=judge_versions.names_of(session), sql=sql)
+
+
+def scanned_wide_batches(
+    con: duckdb.DuckDBPyConnection, scan: WideScan, function: str, batch_rows: int
+) -> Iterator[list[Any]]:
+    """The wide form's columns a batch at a time, read by `function('app_raw', scan.sql)` on `con`
+    (`lib.duck.scanner_connect`; in the isolated worker): the same columns as `_wide_batches`, the
+    scores read by `metrics.score_sql` and the decisions cut from each row's JSON object, in DuckDB."""
+    slugs = scan.slugs
+    casts = [f"CAST({label} AS DOUBLE) AS {label}" for label in _FLOAT_LABELS]
+    casts += [f"CAST({label} AS BIGINT) AS {label}" for label in _INT_LABELS]
+    texts = [f"CAST({label} AS VARCHAR) AS {label}" for label in ("user_scores", "judge_scores", "decided")]
+    pointers = ", ".join(quote_literal(json_pointer(slug)) for slug in slugs)
+    reads = []
+    for side in ("user", "judge"):
+        # The stored text only where DuckDB could not parse it (`rescue_unread_scores` reads it).
+        reads.append(f"CASE WHEN _{side} IS NULL THEN {side}_scores END AS {side}_unread")
+        reads += [f"{score_sql(f'_{side}', slugs, i)} AS {side}_{i}" for i in range(len(slugs))]
+    reads += [f"_decided[{i + 1}] AS decided_{i}" for i in range(len(slugs))]
+    reader = con.execute(
+        f"SELECT * EXCLUDE (user_scores, judge_scores, decided, _user, _judge, _decided), {', '.join(reads)} "
+        f"FROM (SELECT *, {object_parse_sql('user_scores', slugs)} AS _user, "
+        f"{object_parse_sql('judge_scores', slugs)} AS _judge, "
+        f"json_extract_string(decided, [{pointers}]::VARCHAR[]) AS _decided "
+        f"FROM (SELECT * REPLACE ({', '.join(casts + texts)}) FROM {function}('app_raw', ?)))",
+        [scan.sql],
+    ).to_arrow_reader(batch_rows)
+    for batch in reader:
+        values = {name: batch.column(name) for name in batch.schema.names}
+        user, judge = (
+            rescue_unread_scores(
+                [values[f"{side}_{i}"] for i in range(len(slugs))],
+                values[f"{side}_unread"],
+                pc.is_valid(values[f"{side}_unread"]),
+                slugs,
+            )
+            for side in ("user", "judge")
+        )
+        decisions = [values[f"decided_{i}"] for i in range(len(slugs))]
+        yield _wide_columns(values, user, judge, decisions, scan.versions)
 
 
 def _long_rows(session: Session, filters: EvaluationFilters) -> Iterator[tuple[Any, ...]]:
@@ -1065,16 +1222,8 @@ def export_evaluations(
             batches=(list(zip(*batch, strict=True)) for batch in _batches(rows, EXPORT_BATCH_ROWS)),
         )
     slugs = export_metrics(session=session, filters=filters)
-    columns = [*LIST_FRAME_COLUMNS, "answer", "judge_version"]
-    for slug in slugs:
-        columns += [metric_field(slug, name) for name in WIDE_METRIC_FIELDS]
-    first = len(LIST_FRAME_COLUMNS) + 2
-    decisions = range(first + len(WIDE_METRIC_FIELDS) - 1, len(columns), len(WIDE_METRIC_FIELDS))
-    return EvaluationExport(
-        columns=columns,
-        batches=_wide_batches(session, filters, slugs),
-        rules=dict.fromkeys(decisions, _decision_value),
-    )
+    columns, rules = wide_header(slugs)
+    return EvaluationExport(columns=columns, batches=_wide_batches(session, filters, slugs), rules=rules)
 
 
 def _distinct_values(session: Session, column: str) -> list[str]:

@@ -227,58 +227,83 @@ def score_of(entry: Any) -> float | None:
     return float(entry) if isinstance(entry, int | float) else None
 
 
-def _json_pointer(key: str) -> str:
+def json_pointer(key: str) -> str:
+    """The JSON pointer (RFC 6901) of a top-level key, as DuckDB's json functions take it."""
     return "/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+# JSON types whose value score_of takes as a number (a bool is not one; yyjson reads an integer past
+# 64 bits as a double, as Python's float() of it gives).
+_JSON_NUMBER_TYPES = "('BIGINT', 'UBIGINT', 'DOUBLE')"
+
+
+def scores_parse_sql(doc: str, slugs: Sequence[str]) -> str:
+    """DuckDB SQL of one parse of the stored scores object `doc` (SQL of a JSON text): a list of each
+    slug's entry, then each slug's entry's "score"; NULL where DuckDB cannot parse the text (read it
+    with `rescue_unread_scores`). `score_sql` reads the list."""
+    paths = [json_pointer(slug) for slug in slugs]
+    return f"TRY(json_extract({doc}, [{', '.join(map(_sql_text, paths + [p + '/score' for p in paths]))}]))"
+
+
+def score_sql(parsed: str, slugs: Sequence[str], index: int) -> str:
+    """DuckDB SQL of `score_of(scores.get(slugs[index]))` over `parsed` (`object_parse_sql`'s list),
+    as DOUBLE: an object's "score" or the bare value, a number only (tests/test_export_csv.py holds
+    it against score_of on odd entries)."""
+    entry, inner = f"{parsed}[{index + 1}]", f"{parsed}[{index + 1 + len(slugs)}]"
+    value = f"CASE WHEN starts_with(CAST({entry} AS VARCHAR), '{{') THEN {inner} ELSE {entry} END"
+    return f"CASE WHEN json_type({value}) IN {_JSON_NUMBER_TYPES} THEN CAST({value} AS DOUBLE) END"
+
+
+def object_parse_sql(doc: str, slugs: Sequence[str]) -> str:
+    """`scores_parse_sql` of `doc` where it is a JSON object (else an empty list: no scores), as
+    score_of reads only an object's entries: a pointer such as "/0" would read into an array."""
+    return f"CASE WHEN starts_with(ltrim({doc}, ' \t\n\r'), '{{') THEN {scores_parse_sql(doc, slugs)} ELSE [] END"
+
+
+def rescue_unread_scores(
+    columns: list[pa.Array],
+    texts: pa.Array | pa.ChunkedArray,
+    unread: pa.Array | pa.ChunkedArray,
+    slugs: Sequence[str],
+) -> list[pa.Array]:
+    """`columns` (per slug, from `score_sql`) with the rows DuckDB could not parse (`unread`; e.g. an
+    escaped lone surrogate, which Python's json reads) read by json.loads and score_of."""
+    if not pc.any(unread).as_py():
+        return columns
+    values = [column.to_pylist() for column in columns]
+    for row in pc.indices_nonzero(unread).to_pylist():
+        stored = json.loads(texts[row].as_py())
+        stored = stored if isinstance(stored, Mapping) else {}
+        for slug, column in zip(slugs, values, strict=True):
+            column[row] = score_of(stored.get(slug))
+    return [pa.array(column, pa.float64()) for column in values]
 
 
 def scores_of_json(con: duckdb.DuckDBPyConnection, texts: pa.Array, slugs: Sequence[str]) -> list[pa.Array]:
     """`score_of(scores.get(slug))` of each stored scores object (JSON text), per slug, as float64
     arrays: the exports' way to read a million evaluations' scores without a json.loads per row.
 
-    DuckDB (`con`: an in-memory connection, no database attached) cuts each metric's entry down to
-    what score_of reads (an object's "score", or the bare value); score_of then runs once per
-    distinct cut entry, so the rule stays score_of's. A text DuckDB cannot parse (an escaped lone
-    surrogate, which Python's json reads) goes through json.loads.
+    DuckDB (`con`: an in-memory connection, no database attached) parses each document once
+    (`object_parse_sql`) and reads each score by `score_sql`; a text DuckDB cannot parse goes
+    through json.loads (`rescue_unread_scores`).
     """
     if not slugs:
         return []
-    # One parse per document: each slug's entry and its "score"; an entry that is an object (the
-    # extracted JSON text starts with "{") is cut to {"score": ...}, anything else kept bare.
-    n = len(slugs)
-    cut = ", ".join(
-        f"CASE WHEN starts_with(CAST(x[{i}] AS VARCHAR), '{{') "
-        f"THEN '{{\"score\":' || COALESCE(CAST(x[{i + n}] AS VARCHAR), 'null') || '}}' "
-        f"ELSE CAST(x[{i}] AS VARCHAR) END AS s{i}"
-        for i in range(1, n + 1)
-    )
-    paths = [_json_pointer(slug) for slug in slugs]
+    reads = ", ".join(f"{score_sql('x', slugs, i)} AS s{i}" for i in range(len(slugs)))
     con.register("_overrule_scores", pa.table({"t": texts}))
     try:
         found = con.execute(
-            f"SELECT x IS NULL AND t IS NOT NULL AS unread, {cut} "
-            "FROM (SELECT t, TRY(json_extract(t, ?::VARCHAR[])) AS x FROM _overrule_scores)",
-            [paths + [f"{path}/score" for path in paths]],
+            f"SELECT x IS NULL AND t IS NOT NULL AS unread, {reads} "
+            f"FROM (SELECT t, {object_parse_sql('t', slugs)} AS x FROM _overrule_scores)"
         ).to_arrow_table()
     finally:
         con.unregister("_overrule_scores")
-    columns = []
-    for i in range(1, len(slugs) + 1):
-        entries = found.column(f"s{i}").combine_chunks()
-        distinct = pc.unique(entries)
-        numbers = pa.array(
-            [None if e is None else score_of(json.loads(e)) for e in distinct.to_pylist()], pa.float64()
-        )
-        columns.append(pc.take(numbers, pc.index_in(entries, value_set=distinct)))
-    unread = found.column("unread").combine_chunks()
-    if pc.any(unread).as_py():
-        columns = [column.to_pylist() for column in columns]
-        for row in pc.indices_nonzero(unread).to_pylist():
-            stored = json.loads(texts[row].as_py())
-            stored = stored if isinstance(stored, Mapping) else {}
-            for slug, column in zip(slugs, columns, strict=True):
-                column[row] = score_of(stored.get(slug))
-        columns = [pa.array(column, pa.float64()) for column in columns]
-    return columns
+    columns = [found.column(f"s{i}").combine_chunks() for i in range(len(slugs))]
+    return rescue_unread_scores(columns, texts, found.column("unread").combine_chunks(), slugs)
 
 
 def metric_gaps(

@@ -239,8 +239,16 @@ class Judgment(SQLModel, table=True):
             sqlite_where=text("reviewed_at IS NULL"),
             postgresql_where=text("reviewed_at IS NULL"),
         ),
-        # The Evaluations list's review-state and metric filters: one covering probe per snapshot.
-        Index("ix_judgment_snapshot_state", "snapshot_id", "reviewed_at", "was_corrected", "metric"),
+        # The Evaluations list's review-state and metric filters: one covering probe per snapshot;
+        # the decision too, for the Evaluations CSV's decisions (migration 0025).
+        Index(
+            "ix_judgment_snapshot_state",
+            "snapshot_id",
+            "reviewed_at",
+            "was_corrected",
+            "metric",
+            "user_decision",
+        ),
         # The Corrections list by metric or by reviewer (issue 27): its id order within the value,
         # and the evaluation whose liveness it tests, so a deep page skips entries, not rows.
         Index("ix_judgment_metric_id", "metric", "id", "snapshot_id"),

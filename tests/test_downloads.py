@@ -58,7 +58,9 @@ def test_link_streams_the_same_csv_as_the_button(seeded: Engine, client: TestCli
 
 
 def test_link_streams_in_chunks(seeded: Engine, client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(inspector, "EXPORT_BATCH_ROWS", 1)
+    monkeypatch.setattr(inspector, "EXPORT_BATCH_ROWS", 1)  # the in-session path
+    monkeypatch.setattr(export, "SCAN_BATCH_ROWS", 1)  # the scanner path: a row per write
+    monkeypatch.setattr(export, "SCAN_CHUNK_BYTES", 64)  # and per read of what its worker wrote
     chunks = list(export.evaluations_csv_chunks(engine=seeded, filters=EvaluationFilters()))
     assert len(chunks) > 4  # header and every row handed on separately, not one buffer
     path = downloads.register(

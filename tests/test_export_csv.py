@@ -89,8 +89,10 @@ def test_a_rule_runs_once_per_distinct_value_and_gives_the_rows_value() -> None:
 
 
 SCORES = [
-    '{"a": {"score": 4, "reason": "=x"}, "b": 3, "c/d": {"score": 2.5}, "e~f": 1}',
-    '{"a": {"score": true}, "b": "4", "c/d": {"score": {"score": 2}}, "e~f": null}',
+    '{"a": {"score": 4, "reason": "=x"}, "b": 3, "c/d": {"score": 2.5}, "e~f": 1, "0": 1180591620717411303424}',
+    '{"a": {"score": true}, "b": "4", "c/d": {"score": {"score": 2}}, "e~f": null, "0": {"score": -0}}',
+    '\n\t {"a": {"score": 0.1}, "b": 1.7976931348623157e308, "c/d": {"score": 5e-324}, "0": [3]}',
+    '[{"score": 1}, 4]',
     '{"a": {"reason": "no score"}, "b": false, "c/d": [1]}',
     '{"a": {"score": 5, "why": "\\ud800 stored before imports refused it"}, "b": 2}',
     "[1, 2]",
@@ -101,7 +103,7 @@ SCORES = [
 
 
 def test_scores_of_json_reads_what_score_of_reads() -> None:
-    slugs = ["a", "b", "c/d", "e~f", "missing"]
+    slugs = ["a", "b", "c/d", "e~f", "0", "missing"]
     con = duckdb.connect()
     try:
         found = scores_of_json(con, pa.array(SCORES, pa.string()), slugs)
