@@ -11,10 +11,12 @@ Small page-sized frames the UI offers for download go through `frame_to_csv_byte
 the pages' download buttons call the `*_bytes` functions here, built on click.
 
 The Evaluations CSV of every match (wide: per metric the user's score, the judge's score, the gap
-and the reviewer's decision; long: one row per judgment; both with the answer) streams rows from the app's own connection a batch at a
-time into a file (`write_evaluations_csv`): its filters are the inspector's SQL (the trigram
-search, the review-state EXISTS), so they keep one definition, and no DuckDB scanner opens the
-SQLite file in the app process (issue #17). Memory is one batch, never a frame of every match.
+and the reviewer's decision; long: one row per judgment; both with the answer) keeps the list's
+filters in one definition: the inspector's SQL. The wide form runs it inside the database through
+DuckDB's scanner in an isolated worker that writes the CSV into a FIFO this process hands on
+(`_scanned_chunks`; no scanner opens the SQLite file in the app process, issue #17); the long form,
+and the wide one where no scanner attaches, stream rows from the app's own connection a batch at a
+time. Memory is one batch, never a frame of every match.
 Every streamed CSV (these and the Corrections, Notes and Precedents ones) is written a batch of
 columns at a time by Arrow kernels (`csv_batch`, issue 27): the same bytes the row-by-row
 `csv.writer` wrote for `_stream_cell` of each value, several times faster.
@@ -601,11 +603,13 @@ def _scanned_chunks(engine: Engine, scan: inspector.WideScan) -> Generator[bytes
         os.mkfifo(fifo, 0o600)
         reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # opens before the worker's end exists
         sent = False
+        waiting = select.poll()  # not select(): a server may hold more than 1,024 descriptors
+        waiting.register(reader, select.POLLIN)
         try:
             url = duck.isolated_url(engine)
             future = duck.submit_isolated(_write_scanned_wide, url, scan, fifo, SCAN_BATCH_ROWS)
             while True:
-                select.select([reader], [], [], 0.5)
+                waiting.poll(500)
                 try:
                     data = os.read(reader, SCAN_CHUNK_BYTES)
                 except BlockingIOError:  # the worker's end is open, nothing written yet

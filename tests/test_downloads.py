@@ -7,6 +7,7 @@ import functools
 import io
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 
 import pytest
 from sqlalchemy import Engine
@@ -16,9 +17,10 @@ from starlette.testclient import TestClient
 
 from lib import downloads, export, inspector
 from lib.corrections import JudgmentFilter
+from lib.duck import isolated_result, submit_isolated
 from lib.importer import import_evaluations
 from lib.inspector import EvaluationFilters
-from tests.test_inspector import RECORDS
+from tests.test_inspector import RECORDS, record
 
 # A browser's XSRF cookie as Streamlit writes it ("2|mask|masked token|time"), and the binding of a
 # link made in that browser session.
@@ -69,6 +71,32 @@ def test_link_streams_in_chunks(seeded: Engine, client: TestClient, monkeypatch:
         owner=OWNER,
     )
     assert client.get(path).content == b"".join(chunks)
+
+
+def test_a_stopped_download_ends_the_export_worker(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing the chunks (a browser that stops the download) closes the FIFO the scanner path's
+    worker writes into: its next write fails and it ends, rather than waiting for a reader. The
+    CSV is larger than a pipe's buffer (64 KiB), so the worker is still writing."""
+    answers = [record(f"s_{i}", model_answer="x" * 20_000) for i in range(8)]
+    with Session(sqlite_engine) as session:
+        import_evaluations(session=session, records=answers, reviewer="tester")
+        session.commit()
+    submitted = []
+
+    def submit(*args: object, **kwargs: object) -> Future[int]:
+        submitted.append(submit_isolated(*args, **kwargs))
+        return submitted[-1]
+
+    monkeypatch.setattr(export.duck, "submit_isolated", submit)
+    monkeypatch.setattr(export, "SCAN_BATCH_ROWS", 1)
+    monkeypatch.setattr(export, "SCAN_CHUNK_BYTES", 64)
+    chunks = export.evaluations_csv_chunks(engine=sqlite_engine, filters=EvaluationFilters())
+    assert next(chunks).startswith(b"id,created_at,")
+    chunks.close()
+    with pytest.raises(BrokenPipeError):
+        isolated_result(submitted[0], timeout=30)
 
 
 def test_corrections_link_streams_judgments(seeded: Engine, client: TestClient) -> None:
