@@ -2,35 +2,43 @@
 OTLP/HTTP vs pushing the same evaluations as JSONL to `POST /api/v1/evaluations`. Goal: OTLP at
 least 0.8x the JSONL push's speed.
 
-    python bench/bench_otlp.py [--evaluations 10000] [--batch 512] [--pg ADMIN_URL]
+    python bench/bench_otlp.py [--evaluations 10000] [--batch 512] [--runs 3] [--skip-logs] [--pg ADMIN_URL]
 
-The same N judged answers (5 metrics each) three ways, each into a fresh SQLite file (or, with
-`--pg`, a fresh PostgreSQL database) behind the API under uvicorn on 127.0.0.1, bodies built before
-the clock starts:
+The same N judged answers (5 metrics each), each case into a fresh SQLite file (or, with `--pg`, a
+fresh PostgreSQL database) behind the API under uvicorn on 127.0.0.1, bodies built before the clock
+starts, in request sizes compared like for like:
 
-- JSONL: the evaluation records as one JSON Lines body, one POST (the importer's best case), and
-  also in `--batch`-record posts;
-- OTLP spans: the OpenTelemetry SDK's spans (GenAI attributes with question and answer) with their
-  5 `gen_ai.evaluation.result` span events, encoded by the SDK's OTLP encoder in `--batch`-span
-  requests (the SDK's BatchSpanProcessor sends at most 512) to `/v1/traces`;
-- OTLP spans then logs: the spans without events first, then the 5 events per span as log records
-  in the span's context (`/v1/logs`), so every span waits in `otlp_spans` and is joined later.
+- one request: the N records as one JSON Lines body vs the N spans in one OTLP request (what the
+  SDK sends when its BatchSpanProcessor is given `max_export_batch_size` >= N: docs/opentelemetry.md);
+- `--batch` a request (default 512, the BatchSpanProcessor's default batch): JSONL posts of that
+  many records vs OTLP requests of that many spans;
+- OTLP spans then logs (unless `--skip-logs`): the spans without events first, then the 5 events
+  per span as log records in the span's context (`/v1/logs`), so every span waits in `otlp_spans`
+  and is joined later; compared with the JSONL posts of the same size.
 
-Printed: wall seconds and process CPU seconds (client and server share the process) for each, and
-speed ratios against the one-body JSONL push (JSONL time / OTLP time: above 1 is faster). On
-PostgreSQL the CPU also counts the server backends of the run's connections (read from /proc before
-they close), since there the database's work is not in this process.
+OTLP spans are the OpenTelemetry SDK's own (GenAI attributes with question and answer, 5
+`gen_ai.evaluation.result` span events each), encoded by the SDK's OTLP encoder.
+
+Printed: median wall and process CPU seconds of each case over `--runs` interleaved rounds (client
+and server share the process; the heap is collected before each), the CPU of every run, and every
+pair's speed ratio (JSONL CPU / OTLP CPU: above 1 is faster) with each run's ratio, then the issue's
+literal reading too: OTLP in `--batch` requests against the one JSONL POST. On PostgreSQL the CPU
+also counts the server backends of the run's connections (read from /proc before they close), since
+there the database's work is not in this process.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import statistics
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -127,15 +135,19 @@ def _verdict(i: int, m: int, metric: str) -> dict[str, object]:
     }
 
 
-def otlp_bodies(n: int, batch: int, *, events_as_logs: bool) -> tuple[list[bytes], list[bytes]]:
-    """(trace bodies, log bodies) as the SDK's OTLP/HTTP exporter would send them."""
+def finished_spans(n: int, *, events_as_logs: bool) -> tuple[list, list]:
+    """(finished spans, log records) of N instrumented calls, as the SDK hands them to its exporters.
+
+    The providers are not kept alive for an exit hook (`shutdown_on_exit`): once the caller drops
+    the spans, nothing of them stays on the heap, which every case's garbage collections would
+    otherwise walk (the JSONL cases' too), as no server's heap would hold its clients' spans."""
     resource = Resource.create({"service.name": PRODUCT})
     spans = InMemorySpanExporter()
-    tracer_provider = TracerProvider(resource=resource)
+    tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     tracer = tracer_provider.get_tracer("bench")
     logs = InMemoryLogRecordExporter()
-    logger_provider = LoggerProvider(resource=resource)
+    logger_provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
     logger_provider.add_log_record_processor(SimpleLogRecordProcessor(logs))
     logger = logger_provider.get_logger("judge")
     for i in range(n):
@@ -147,15 +159,13 @@ def otlp_bodies(n: int, batch: int, *, events_as_logs: bool) -> tuple[list[bytes
             context = trace.set_span_in_context(trace.NonRecordingSpan(span.get_span_context()))
             for m, metric in enumerate(METRICS):
                 logger.emit(event_name=EVENT, context=context, attributes=_verdict(i, m, metric))
-    finished = spans.get_finished_spans()
-    trace_bodies = [
-        encode_spans(finished[i : i + batch]).SerializeToString() for i in range(0, len(finished), batch)
-    ]
-    records = logs.get_finished_logs()
-    log_bodies = [
-        encode_logs(records[i : i + batch]).SerializeToString() for i in range(0, len(records), batch)
-    ]
-    return trace_bodies, log_bodies
+    return list(spans.get_finished_spans()), list(logs.get_finished_logs())
+
+
+def encoded(items: list, batch: int, encoder: Callable[[list], Any]) -> list[bytes]:
+    """The items in `batch`-sized OTLP/HTTP protobuf bodies, as the SDK's exporter encodes each export
+    (a BatchSpanProcessor hands its exporter at most `max_export_batch_size` spans at a time)."""
+    return [encoder(items[i : i + batch]).SerializeToString() for i in range(0, len(items), batch)]
 
 
 PG_ADMIN: str | None = None  # --pg: measure on PostgreSQL
@@ -205,6 +215,7 @@ def run(name: str, posts: Callable[[str], list[tuple[str, bytes, str]]], n: int)
     base, secret, server, thread = serve(engine)
     requests = posts(base)
     server_before = server_cpu(engine)
+    gc.collect()  # every case starts on a collected heap: none pays for garbage an earlier one left
     try:
         with httpx.Client(timeout=3600, headers={"Authorization": f"Bearer {secret}"}) as http:
             cpu, wall = time.process_time(), time.perf_counter()
@@ -230,55 +241,96 @@ def run(name: str, posts: Callable[[str], list[tuple[str, bytes, str]]], n: int)
     return wall, cpu
 
 
+Post = tuple[str, bytes, str]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--evaluations", type=int, default=10_000)
-    parser.add_argument("--batch", type=int, default=512, help="spans (or JSONL records) per request")
+    parser.add_argument(
+        "--batch", type=int, default=512, help="spans (or JSONL records) per request (the SDK's default: 512)"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=1, help="rounds of every case, interleaved; medians reported"
+    )
     parser.add_argument("--skip-logs", action="store_true", help="leave out the spans-then-log-events case")
     parser.add_argument("--pg", default=None, help="PostgreSQL admin URL: measure there instead of SQLite")
     args = parser.parse_args(argv)
     global PG_ADMIN
     PG_ADMIN = args.pg
     n, batch = args.evaluations, args.batch
-    jsonl_one = jsonl_bodies(n, None)
-    jsonl_batched = jsonl_bodies(n, batch)
-    span_bodies, _ = otlp_bodies(n, batch, events_as_logs=False)
-    bare_spans, log_bodies = ([], []) if args.skip_logs else otlp_bodies(n, batch, events_as_logs=True)
+    spans, _ = finished_spans(n, events_as_logs=False)
+    bodies = {
+        "jsonl one": jsonl_bodies(n, None),
+        "jsonl batch": jsonl_bodies(n, batch),
+        "otlp one": encoded(spans, n, encode_spans),
+        "otlp batch": encoded(spans, batch, encode_spans),
+    }
+    if not args.skip_logs:
+        bare_spans, records = finished_spans(n, events_as_logs=True)
+        bodies["bare spans"] = encoded(bare_spans, batch, encode_spans)
+        bodies["logs"] = encoded(records, batch, encode_logs)
+        del bare_spans, records
+    del spans
     jsonl_type, proto = "application/x-ndjson", "application/x-protobuf"
     evaluations_url = API_PREFIX + "/evaluations"
-    cases: dict[str, Callable[[str], list[tuple[str, bytes, str]]]] = {
-        "JSONL, one POST": lambda base: [(base + evaluations_url, b, jsonl_type) for b in jsonl_one],
-        f"JSONL, {batch} a POST": lambda base: [
-            (base + evaluations_url, b, jsonl_type) for b in jsonl_batched
-        ],
-        "OTLP spans with span events": lambda base: [(base + "/v1/traces", b, proto) for b in span_bodies],
-        "OTLP spans, then log events": lambda base: [
-            *((base + "/v1/traces", b, proto) for b in bare_spans),
-            *((base + "/v1/logs", b, proto) for b in log_bodies),
-        ],
+
+    def posts(*parts: tuple[str, str, str]) -> Callable[[str], list[Post]]:
+        return lambda base: [(base + url, b, kind) for key, url, kind in parts for b in bodies[key]]
+
+    jsonl, traces, logs = (evaluations_url, jsonl_type), ("/v1/traces", proto), ("/v1/logs", proto)
+    one, some = "one request", f"{batch} a request"
+    cases: dict[str, Callable[[str], list[Post]]] = {
+        f"JSONL, {one}": posts(("jsonl one", *jsonl)),
+        f"OTLP span events, {one}": posts(("otlp one", *traces)),
+        f"JSONL, {some}": posts(("jsonl batch", *jsonl)),
+        f"OTLP span events, {some}": posts(("otlp batch", *traces)),
     }
+    if not args.skip_logs:
+        cases[f"OTLP spans then logs, {some}"] = posts(("bare spans", *traces), ("logs", *logs))
+    sizes = {len(b) for b in bodies["otlp one"]}
     # Warm up (imports, first queries, the encoder) on a few evaluations, unmeasured.
-    warm_jsonl, (warm_spans, _) = jsonl_bodies(20, None), otlp_bodies(20, batch, events_as_logs=False)
+    warm_spans, _ = finished_spans(20, events_as_logs=False)
+    warm_jsonl, warm_otlp = jsonl_bodies(20, None), encoded(warm_spans, batch, encode_spans)
     run("warm_jsonl", lambda base: [(base + evaluations_url, b, jsonl_type) for b in warm_jsonl], 20)
-    run("warm_otlp", lambda base: [(base + "/v1/traces", b, proto) for b in warm_spans], 20)
-    if args.skip_logs:
-        del cases["OTLP spans, then log events"]
+    run("warm_otlp", lambda base: [(base + "/v1/traces", b, proto) for b in warm_otlp], 20)
     kind = "PostgreSQL (CPU: this process + its backends)" if PG_ADMIN else "SQLite"
-    print(f"{n} evaluations x {len(METRICS)} evaluation events, {batch} a request, {kind}")
-    results = {name: run(str(i), posts, n) for i, (name, posts) in enumerate(cases.items())}
-    base_wall, base_cpu = results["JSONL, one POST"]
-    print(f"{'':32} {'wall s':>8} {'CPU s':>8} {'evals/s':>9} {'speed vs JSONL (wall, CPU)':>28}")
-    for name, (wall, cpu) in results.items():
-        print(
-            f"{name:32} {wall:8.2f} {cpu:8.2f} {n / wall:9.0f} {base_wall / wall:13.2f}x {base_cpu / cpu:8.2f}x"
-        )
-    otlp_cpu = results["OTLP spans with span events"][1]
-    same_sizes = results[f"JSONL, {batch} a POST"][1]
-    verdict = "met" if base_cpu / otlp_cpu >= GOAL else "NOT met"
     print(
-        f"goal: OTLP span events >= {GOAL}x the one JSONL POST (CPU): {base_cpu / otlp_cpu:.2f}x, {verdict}; "
-        f"vs JSONL in {batch}-record posts {same_sizes / otlp_cpu:.2f}x"
+        f"{n} evaluations x {len(METRICS)} evaluation events, {kind}; the one OTLP request is "
+        f"{max(sizes) / 1e6:.1f} MB of protobuf",
+        flush=True,
     )
+    walls: dict[str, list[float]] = {name: [] for name in cases}
+    cpus: dict[str, list[float]] = {name: [] for name in cases}
+    for round_ in range(args.runs):  # interleaved: a load change hits every case alike
+        for i, (name, post) in enumerate(cases.items()):
+            wall, cpu = run(f"{round_}_{i}", post, n)
+            walls[name].append(wall)
+            cpus[name].append(cpu)
+    median = statistics.median
+    print(f"{'':36} {'wall s':>8} {'CPU s':>8} {'evals/s':>9}  CPU s of each run")
+    for name in cases:
+        wall, cpu = median(walls[name]), median(cpus[name])
+        runs = ", ".join(f"{c:.2f}" for c in cpus[name])
+        print(f"{name:36} {wall:8.2f} {cpu:8.2f} {n / wall:9.0f}  {runs}")
+    # Every pair, like for like first (the same request sizes on both sides), then the issue's
+    # literal reading (the SDK's default batches against the one POST, the importer's best case).
+    pairs = [
+        (f"OTLP span events, {one}", f"JSONL, {one}", "same request sizes: one request each"),
+        (f"OTLP span events, {some}", f"JSONL, {some}", f"same request sizes: {batch} a request each"),
+        (f"OTLP span events, {some}", f"JSONL, {one}", f"{batch} a request vs the one JSONL POST (issue 29)"),
+    ]
+    if not args.skip_logs:
+        pairs.append(
+            (f"OTLP spans then logs, {some}", f"JSONL, {some}", f"spans then logs, {batch} a request each")
+        )
+    print(f"speed of OTLP vs JSONL (JSONL CPU s / OTLP CPU s; goal >= {GOAL}x):")
+    for otlp_name, jsonl_name, what in pairs:
+        ratio = median(cpus[jsonl_name]) / median(cpus[otlp_name])
+        each = ", ".join(f"{j / o:.2f}" for j, o in zip(cpus[jsonl_name], cpus[otlp_name], strict=True))
+        wall_ratio = median(walls[jsonl_name]) / median(walls[otlp_name])
+        verdict = "met" if ratio >= GOAL else "NOT met"
+        print(f"  {what:48} CPU {ratio:.2f}x ({verdict}; runs {each}), wall {wall_ratio:.2f}x")
     return 0
 
 
