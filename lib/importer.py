@@ -133,9 +133,11 @@ class ImportReport:
     # judgments added to evaluations stored by an earlier import (an eval run on them since).
     unjudged: int = 0
     extended: int = 0
-    # Evaluations: the id each inserted evaluation got, by its source key (lib.otlp links its
-    # spans to them without reading them back).
+    # Evaluations: the id each inserted evaluation got, by its source key, and (source imports)
+    # each accepted evaluation's source key by its index among those given: lib.otlp links its
+    # spans to them without hashing their content again or reading them back.
     ids_by_source_key: dict[str, str] = field(default_factory=dict)
+    source_keys: dict[int, str] = field(default_factory=dict)
 
     def summary(self) -> str:
         """One line for a human: counts of inserted, skipped (or updated) rows and judgments."""
@@ -296,6 +298,7 @@ class _Prepared:
     skipped: int = 0
     judgments: int = 0  # judgments the spooled rows would add: decides deferring index upkeep
     used_ids: set[str] = field(default_factory=set)
+    source_keys: dict[int, str] = field(default_factory=dict)  # each valid record's, by position
 
     def close(self) -> None:
         self.spool.close()
@@ -342,6 +345,7 @@ def _prepare_evaluations(
                         f"{where}, field 'id': {row['id']!r} is also the id of a different record at "
                         f"{first[0]}; give each evaluation its own id"
                     )
+            prepared.source_keys[position] = row["source_key"]
             if row["source_key"] in seen_keys or (explicit and row["id"] in prepared.used_ids):
                 prepared.skipped += 1
                 continue
@@ -497,7 +501,7 @@ def import_evaluations(
 def import_source_evaluations(
     *,
     session: Session,
-    evaluations: Sequence[source_records.SourceEvaluation],
+    evaluations: Iterable[source_records.SourceEvaluation],
     source: str,
     reviewer: Actor | str = "import",
     on_invalid: Callable[[int, ImportFailed], None] | None = None,
@@ -509,7 +513,8 @@ def import_source_evaluations(
     import (validation, identity, idempotency) in the caller's transaction: a fault refuses it all.
     A source that answers per evaluation (OTLP's partial success, lib.otlp) passes `on_invalid`
     instead: a faulty evaluation is handed to it (its index in `evaluations`, the located fault) and
-    left out, the others imported.
+    left out, the others imported. `evaluations` is read once, in order: a generator keeps only the
+    records it becomes in memory, not both.
     """
     actor = authorize(session, reviewer, Permission.IMPORT)
     rubric = _source_rubric(session)
@@ -530,10 +535,13 @@ def import_source_evaluations(
         reviewer=actor.identity,
         on_invalid=invalid if on_invalid is not None else None,
     )
+    plan.records = []  # spooled now: the write phase need not carry them too
     try:
-        return _write_evaluations(session, prepared)
+        report = _write_evaluations(session, prepared)
     finally:
         prepared.close()
+    report.source_keys = {plan.indexes[i]: key for i, key in prepared.source_keys.items()}
+    return report
 
 
 def _extend_stored(

@@ -32,6 +32,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Engine, Table, delete, insert, select
@@ -52,7 +53,6 @@ _SPANS: Table = OtlpSpan.__table__  # type: ignore[attr-defined]
 _SNAPSHOTS: Table = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
-_IN_SLICE = 500
 # A verdict's attributes, GenAI semantic conventions first, OpenInference second.
 _NAME = ("gen_ai.evaluation.name", "evaluation.name")
 _SCORE = ("gen_ai.evaluation.score.value", "evaluation.score")
@@ -76,7 +76,7 @@ class OtlpError(Exception):
 # What a request carries, whatever its encoding
 
 
-@dataclass
+@dataclass(slots=True)
 class SpanCall:
     """What a GenAI span says about the call it records; `missing` names what it lacks."""
 
@@ -95,7 +95,7 @@ class SpanCall:
         return describe(self.key, self.name)
 
 
-@dataclass
+@dataclass(slots=True)
 class Verdict:
     """One evaluation event: the metric, score, label, explanation, and where it points."""
 
@@ -109,12 +109,14 @@ class Verdict:
     def source(self) -> SourceVerdict:
         """As the shared mapping of other tools' results reads it (lib.source_records)."""
         return SourceVerdict(
-            name=str(self.metric),
-            score=self.score,
-            label=self.label,
-            reason=self.explanation,
-            field=f"gen_ai.evaluation.result {self.metric!r}",
+            str(self.metric), self.score, self.label, self.explanation, field=_event_field(self.metric)
         )
+
+
+@lru_cache(maxsize=1024)
+def _event_field(metric: str | None) -> str:
+    """How a refusal names a verdict's event: every span repeats the same few evaluation names."""
+    return f"{EVALUATION_EVENT} {metric!r}"
 
 
 @dataclass
@@ -183,7 +185,7 @@ def decode(signal: str, body: bytes, kind: str, settings: Any) -> Batch:
     return batch
 
 
-@dataclass
+@dataclass(slots=True)
 class _Record:
     """A span or log record, encoding-neutral: ids in hex, attributes and events as plain values."""
 
@@ -273,7 +275,9 @@ def _verdict_attrs(attributes: Iterable[Any]) -> dict[str, Any]:
     for kv in attributes:
         key = kv.key  # each read of a protobuf field makes a new Python object: once
         if key in _VERDICT_KEYS:
-            read[key] = _proto_value(kv.value)
+            value = kv.value
+            kind = value.WhichOneof("value")  # names and explanations are strings: no second call
+            read[key] = value.string_value if kind == "string_value" else _proto_value(value)
     return read
 
 
@@ -402,20 +406,21 @@ class _Reader:
     def __init__(self, settings: Any) -> None:
         self.product_attr = settings.otlp_product_attribute
         self.language_attr = settings.otlp_language_attribute
+        self._resource: dict[str, Any] | None = None
+        self._defaults: tuple[str | None, str | None] = (None, None)
 
     def span(self, batch: Batch, resource: dict[str, Any], record: _Record) -> None:
         attrs = record.attributes
         key = _key(record.trace_id, record.span_id)
         if key is None:
             return
-        events = record.events
-        response_id = attrs.get("gen_ai.response.id") if events else None
+        response_id = attrs.get("gen_ai.response.id")  # read once: each read converts the value
         verdicts = [
             _verdict(event_attrs, key, response_id)
-            for name, event_attrs in events
+            for name, event_attrs in record.events
             if name == EVALUATION_EVENT or _first(event_attrs, _NAME) is not None
         ]
-        own = _first(attrs, _NAME)
+        own = None if attrs.keys().isdisjoint(_NAME) else _first(attrs, _NAME)
         genai = verdicts or any(
             k.startswith(("gen_ai.", "llm.", "input.value", "output.value")) for k in attrs
         )
@@ -430,7 +435,7 @@ class _Reader:
         if not genai:
             return
         batch.items[key] += 1
-        batch.calls.append(self._call(key, record, resource))
+        batch.calls.append(self._call(key, record, resource, _text(response_id)))
         batch.verdicts.extend(verdicts)
 
     def log(self, batch: Batch, resource: dict[str, Any], record: _Record) -> None:
@@ -449,12 +454,23 @@ class _Reader:
         else:
             batch.unkeyed_items.append(str(verdict.metric))
 
-    def _call(self, key: str, record: _Record, resource: dict[str, Any]) -> SpanCall:
+    def _resource_defaults(self, resource: dict[str, Any]) -> tuple[str | None, str | None]:
+        """The resource's product and language, read once for all its spans."""
+        if self._resource is not resource:  # `is`: the reference held keeps the identity unique
+            self._resource = resource
+            self._defaults = (
+                _text(resource.get(self.product_attr)),
+                _text(resource.get(self.language_attr)),
+            )
+        return self._defaults
+
+    def _call(self, key: str, record: _Record, resource: dict[str, Any], response_id: str | None) -> SpanCall:
         attrs = record.attributes
         question = _question(attrs)
         answer = _answer(attrs)
-        product = _text(attrs.get(self.product_attr)) or _text(resource.get(self.product_attr))
-        language = _text(attrs.get(self.language_attr)) or _text(resource.get(self.language_attr))
+        resource_product, resource_language = self._resource_defaults(resource)
+        product = _text(attrs.get(self.product_attr)) or resource_product
+        language = _text(attrs.get(self.language_attr)) or resource_language
         model = (
             _text(attrs.get("gen_ai.response.model"))
             or _text(attrs.get("gen_ai.request.model"))
@@ -471,7 +487,7 @@ class _Reader:
         return SpanCall(
             key=key,
             name=record.name,
-            response_id=_text(attrs.get("gen_ai.response.id")),
+            response_id=response_id,
             question=question,
             answer=answer,
             model=model,
@@ -697,8 +713,8 @@ class _Join:
             call = self.calls.get(key) or (
                 SpanCall(**row.span_json) if row is not None and row.span_json else None
             )
-            pending = [_verdict_of(v) for v in row.pending_json or []] if row is not None else []
-            verdicts = pending + verdicts
+            if row is not None and row.pending_json:
+                verdicts = [_verdict_of(v) for v in row.pending_json] + verdicts
             if call is None:
                 self._keep(key, None, verdicts)
             elif not verdicts:
@@ -787,17 +803,20 @@ class _Join:
     def _import(self, ready: list[tuple[str, SpanCall, list[Verdict]]]) -> None:
         if not ready:
             return
-        evaluations: list[SourceEvaluation] = []
         accepted: list[tuple[str, SpanCall, list[Verdict]]] = []
-        for key, call, verdicts in ready:
+        for item in ready:
+            key, call, verdicts = item
             if any(v.metric is None for v in verdicts):
                 self._forget(key)
                 self.outcome.reject(
                     self.batch, key, f"{call.label()}: an evaluation event has no gen_ai.evaluation.name"
                 )
                 continue
-            evaluations.append(_evaluation(call, verdicts, self.product_attr))
-            accepted.append((key, call, verdicts))
+            accepted.append(item)
+        fields = _fields(self.product_attr)
+        # Made as the import reads them: each is garbage once it is a record (fewer live objects,
+        # fewer full garbage collections in a large request).
+        evaluations = (_evaluation(call, verdicts, fields) for _, call, verdicts in accepted)
         refused: set[int] = set()
 
         def on_invalid(index: int, exc: ImportFailed) -> None:
@@ -814,35 +833,31 @@ class _Join:
         )
         self.outcome.evaluations += report.inserted
         self.outcome.judgments += report.judgments
-        self._link([item for i, item in enumerate(accepted) if i not in refused], report.ids_by_source_key)
+        keyed = [(*item, report.source_keys[i]) for i, item in enumerate(accepted) if i not in refused]
+        self._link(keyed, report.ids_by_source_key)
 
-    def _link(self, accepted: list[tuple[str, SpanCall, list[Verdict]]], inserted: dict[str, str]) -> None:
+    def _link(
+        self, accepted: list[tuple[str, SpanCall, list[Verdict], str]], inserted: dict[str, str]
+    ) -> None:
         """Note each span's evaluation; metrics a same-content evaluation lacked are added to it.
 
+        `accepted`: each span with its verdicts and the source key the importer gave its content.
         `inserted` (source key → id) are the evaluations this import wrote, with all their span's
         verdicts; only the others (stored before under the same content) are read back."""
-        from lib.snapshots import source_key_of
-
-        source_keys = {
-            key: source_key_of(str(call.product).strip(), str(call.question), str(call.answer), call.model)
-            for key, call, _ in accepted
-        }
         found: dict[str, tuple[str, set[str] | None]] = {
             source_key: (snapshot_id, None) for source_key, snapshot_id in inserted.items()
         }
-        stored_before = sorted({k for k in source_keys.values() if k not in found})
-        for part in _slices(stored_before):
+        stored_before = {source_key for *_, source_key in accepted if source_key not in found}
+        if stored_before:
             columns = [_SNAPSHOTS.c.source_key, _SNAPSHOTS.c.id, _SNAPSHOTS.c.judge_scores_json]
-            for source_key, snapshot_id, judged in self.session.execute(
-                select(*columns).where(_SNAPSHOTS.c.source_key.in_(part))
-            ):
+            where = among(self.session, _SNAPSHOTS.c.source_key, stored_before)
+            for source_key, snapshot_id, judged in self.session.execute(select(*columns).where(where)):
                 found[source_key] = (snapshot_id, set(_json_dict(judged)))
         new_rows: list[tuple[Any, ...]] = []
         replaced = []
         first: dict[str, list[Verdict]] = {}  # source key → the span imported with it, its verdicts
         now = utcnow()
-        for key, call, verdicts in accepted:
-            source_key = source_keys[key]
+        for key, call, verdicts, source_key in accepted:
             snapshot_id, judged = found[source_key]
             if key in self.stored:
                 replaced.append(key)
@@ -858,8 +873,8 @@ class _Join:
                 str(v.metric) not in judged and metric_slug(str(v.metric)) not in judged for v in verdicts
             ):
                 self._add_late(key, snapshot_id, verdicts)  # the same answer was stored without them
-        for part in _slices(replaced):
-            self.session.execute(delete(_SPANS).where(_SPANS.c.key.in_(part)))
+        if replaced:
+            self.session.execute(delete(_SPANS).where(among(self.session, _SPANS.c.key, replaced)))
         for key in replaced:
             self.session.expunge(self.stored.pop(key))
         if new_rows:
@@ -887,20 +902,10 @@ class _Join:
             self.outcome.reject(self.batch, key, str(exc))
 
 
-def _stored_call(row: OtlpSpan | None) -> SpanCall:
-    assert row is not None and row.span_json is not None
-    return SpanCall(**row.span_json)
-
-
 def _json_dict(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         value = json.loads(value)
     return value if isinstance(value, dict) else {}
-
-
-def _slices(values: list[str]) -> Iterator[list[str]]:
-    for i in range(0, len(values), _IN_SLICE):
-        yield values[i : i + _IN_SLICE]
 
 
 def _metrics(verdicts: Iterable[Verdict]) -> list[str]:
@@ -915,9 +920,20 @@ def _dedupe(verdicts: list[Verdict]) -> list[Verdict]:
     return list(seen.values())
 
 
-def _evaluation(call: SpanCall, verdicts: list[Verdict], product_attr: str) -> SourceEvaluation:
-    """The span and its verdicts for the shared mapping (lib.source_records), its fields named as
-    OTLP names them so a refusal points at the attribute."""
+def _fields(product_attr: str) -> dict[str, str]:
+    """Overrule's record fields as OTLP names them, so a refusal points at the attribute."""
+    return {
+        "question": QUESTION_ATTRIBUTE,
+        "model_answer": ANSWER_ATTRIBUTE,
+        "product": product_attr,
+        "model_name": "gen_ai.response.model",
+        "language": "language attribute (OVERRULE_OTLP_LANGUAGE_ATTRIBUTE)",
+    }
+
+
+def _evaluation(call: SpanCall, verdicts: list[Verdict], fields: dict[str, str]) -> SourceEvaluation:
+    """The span and its verdicts for the shared mapping (lib.source_records); `fields` from
+    `_fields` (read, never changed: plan_import copies it)."""
     return SourceEvaluation(
         where=call.label(),
         product=str(call.product),
@@ -927,13 +943,7 @@ def _evaluation(call: SpanCall, verdicts: list[Verdict], product_attr: str) -> S
         model_name=call.model,
         language=call.language,
         created_at=call.created_at,
-        fields={
-            "question": QUESTION_ATTRIBUTE,
-            "model_answer": ANSWER_ATTRIBUTE,
-            "product": product_attr,
-            "model_name": "gen_ai.response.model",
-            "language": "language attribute (OVERRULE_OTLP_LANGUAGE_ATTRIBUTE)",
-        },
+        fields=fields,
     )
 
 

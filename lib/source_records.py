@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +56,7 @@ PROMPTFOO_SCALE = SourceScale(0.0, 1.0, integer_scale=False)  # promptfoo scores
 BINARY_SCALE = SourceScale(0.0, 1.0, integer_scale=True)  # pass/fail, true/false
 
 
-@dataclass
+@dataclass(slots=True)
 class SourceVerdict:
     """One judge result on one answer: an evaluation name with a score and/or a label."""
 
@@ -73,7 +73,7 @@ class SourceVerdict:
     where: str = ""
 
 
-@dataclass
+@dataclass(slots=True)
 class SourceEvaluation:
     """One judged answer from another tool, ready to become an Overrule evaluation record.
 
@@ -179,7 +179,7 @@ def _resolved(specs: Sequence[MetricSpec], name: str) -> tuple[str | None, str]:
 
 
 def plan_import(
-    evaluations: Sequence[SourceEvaluation],
+    evaluations: Iterable[SourceEvaluation],
     rubric: Callable[[str], tuple[list[MetricSpec], bool, bool]],
     *,
     on_invalid: Callable[[int, ImportFailed], None] | None = None,
