@@ -32,11 +32,14 @@ import lib.models  # noqa: F401  (every table on SQLModel.metadata, for TRUNCATE
 from lib.config import reset_settings
 from lib.db import create_db_engine, init_db
 from lib.duck import TRUST_EXTENSIONS_VAR
-from tests import compiled_cache
+from tests import compiled_cache, pg_sessions
 
 # Engines configured alike share compiled SQL, as the app's one engine reuses its own (a new engine
 # per test otherwise compiles every statement again): see tests/compiled_cache.py.
 compiled_cache.install()
+# And PostgreSQL server sessions: a connection an engine closes is kept, reset, for the next engine
+# to the same database instead of a new server process each time (tests/pg_sessions.py).
+pg_sessions.install()
 
 # Garbage collection. Collecting the tests imports Streamlit, pandas, SQLAlchemy, openai and every
 # test module: millions of objects that live as long as the process, and every full collection
