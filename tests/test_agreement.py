@@ -15,7 +15,6 @@ from datetime import UTC, date, datetime, timedelta
 import krippendorff
 import numpy as np
 import pytest
-from sklearn.metrics import cohen_kappa_score
 from sqlalchemy import Engine
 
 from lib import agreement
@@ -31,6 +30,7 @@ from lib.models import (
     ReviewQueueItem,
     ReviewQueueJudgment,
 )
+from tests.kappa import cohen_kappa_score
 
 T0 = datetime(2025, 2, 3, 9, 0, tzinfo=UTC)
 # Krippendorff (2011) section C: four observers, twelve units, None where an observer did not code.

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sklearn.metrics import cohen_kappa_score
 
 from lib import reliability
 from lib.reliability import Crosstab, ValueCounts
+from tests.kappa import cohen_kappa_score
 
 NAN = float("nan")
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sklearn.metrics import cohen_kappa_score
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
@@ -25,6 +24,7 @@ from lib.judge_versions import version_by_name
 from lib.metrics import upsert_metric_definitions
 from lib.models import UNVERSIONED, EvaluationSnapshot, JudgeVerdict, Judgment
 from lib.version_agreement import VersionFilters
+from tests.kappa import cohen_kappa_score
 
 pytestmark = pytest.mark.timeout(300)
 
