@@ -17,6 +17,7 @@ get keys of their own. Nothing changes in what is executed or returned.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from typing import Any
@@ -44,6 +45,7 @@ def _setting(value: Any) -> Any:
     return type(value)  # per-dialect helper objects (identifier preparer, type compiler, memo dicts)
 
 
+@functools.cache  # a question about a class: every engine's dialect asked it again (1 ms an engine)
 def _derived(cls: type, name: str) -> bool:
     """Whether `name` is a value the dialect memoizes on first use (a memoized property or method):
     computed from its settings, and present or not depending only on whether something asked yet."""
