@@ -18,7 +18,7 @@ import itertools
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -253,6 +253,40 @@ def sqlite_demo(tmp_path_factory: pytest.TempPathFactory, _sqlite_migrated: Path
             building.replace(path)
             counts.write_text(json.dumps(reported), encoding="utf-8")  # last: the template is complete
     return DemoTemplate(path, json.loads(counts.read_text(encoding="utf-8")))
+
+
+@pytest.fixture(scope="session")
+def _sqlite_filled(
+    tmp_path_factory: pytest.TempPathFactory, _sqlite_migrated: Path
+) -> Callable[[Callable[[Engine], object]], Path]:
+    """SQLite files filled once per worker, one per fill function (see `fill_database`)."""
+    made: dict[Callable[[Engine], object], Path] = {}
+
+    def template(fill: Callable[[Engine], object]) -> Path:
+        if fill not in made:
+            path = tmp_path_factory.mktemp("filled") / "filled.db"
+            shutil.copyfile(_sqlite_migrated, path)
+            engine = create_db_engine(f"sqlite:///{path}")
+            try:
+                fill(engine)
+            finally:
+                engine.dispose()  # the last connection checkpoints the WAL into the file
+            made[fill] = path
+        return made[fill]
+
+    return template
+
+
+def fill_database(request: pytest.FixtureRequest, engine: Engine, fill: Callable[[Engine], object]) -> Engine:
+    """`fill(engine)`, a deterministic fill through the write paths; on SQLite a copy of a file that
+    `fill` filled once per worker instead (a millisecond instead of a fill: the rows and the counts
+    the fill maintained are the same). Nothing may have connected to `engine`'s database yet. The
+    fill still runs on PostgreSQL for each test, and once per worker on SQLite."""
+    if engine.dialect.name != "sqlite":
+        fill(engine)
+        return engine
+    shutil.copyfile(request.getfixturevalue("_sqlite_filled")(fill), str(engine.url.database))
+    return engine
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,7 @@ from lib.metrics import DEFAULT_METRICS
 from lib.models import EvaluationSnapshot, JudgeVerdict, JudgeVersionPairCount, Judgment
 from lib.second_opinion import SecondOpinion, store_second_opinion
 from lib.snapshots import build_snapshot_rows
-from tests.conftest import module_db_url
+from tests.conftest import fill_database, module_db_url
 
 T0 = datetime(2025, 3, 1, 8, tzinfo=UTC)
 PRODUCTS = ("tutor", "atlas", "quill")
@@ -313,8 +313,7 @@ def filled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     """
     engine = create_db_engine(module_db_url(request, tmp_path_factory))
     try:
-        _filled(engine)
-        yield engine
+        yield fill_database(request, engine, _filled)
     finally:
         engine.dispose()
 
@@ -350,8 +349,10 @@ def test_pages_read_the_same_figures_as_a_count_of_the_rows(filled: Engine) -> N
 
 
 @pytest.mark.pg_repeats("lib statements of test_recount_command_rebuilds_what_a_raw_write_broke")
-def test_recount_repairs_counters_a_raw_write_left_behind(engine: Engine) -> None:
-    _filled(engine)
+def test_recount_repairs_counters_a_raw_write_left_behind(
+    request: pytest.FixtureRequest, engine: Engine
+) -> None:
+    fill_database(request, engine, _filled)
     with session_scope(engine) as s:
         s.connection().execute(text("UPDATE judgment_language_counts SET judgments = judgments + 7"))
         s.connection().execute(text("UPDATE evaluation_snapshots SET judgments_total = 99"))
@@ -465,10 +466,12 @@ def _plan(s: Session, stmt: Any) -> str:
     return " | ".join(str(r[-1]) for r in s.connection().exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}").all())
 
 
-def test_sqlite_plans_read_counters_and_the_list_index_not_judgments(sqlite_engine: Engine) -> None:
+def test_sqlite_plans_read_counters_and_the_list_index_not_judgments(
+    request: pytest.FixtureRequest, sqlite_engine: Engine
+) -> None:
     from lib.models import JudgmentLanguageCount
 
-    _filled(sqlite_engine)
+    fill_database(request, sqlite_engine, _filled)
     with session_scope(sqlite_engine) as s:
         for review in ("pending", "reviewed", "corrected"):
             filters = inspector.EvaluationFilters(review=review, metric=SLUGS[0])  # type: ignore[arg-type]
@@ -486,10 +489,12 @@ def test_sqlite_plans_read_counters_and_the_list_index_not_judgments(sqlite_engi
         assert "judgments " not in _plan(s, progress) + " "
 
 
-def test_the_corrections_count_is_exact_from_counters_with_a_reviewer_too(engine: Engine) -> None:
+def test_the_corrections_count_is_exact_from_counters_with_a_reviewer_too(
+    request: pytest.FixtureRequest, engine: Engine
+) -> None:
     from lib.corrections import JudgmentFilter, count_judgments
 
-    _filled(engine)
+    fill_database(request, engine, _filled)
     with session_scope(engine) as s:
         live = [j for j in s.exec(select(Judgment)).all() if _is_live(s, j)]
         corrected = JudgmentFilter(state="corrected")
@@ -510,10 +515,12 @@ def _is_live(s: Session, j: Judgment) -> bool:
     return snapshot is None or snapshot.deleted_at is None
 
 
-def test_recount_command_rebuilds_what_a_raw_write_broke(engine: Engine, db_url: str) -> None:
+def test_recount_command_rebuilds_what_a_raw_write_broke(
+    request: pytest.FixtureRequest, engine: Engine, db_url: str
+) -> None:
     from tests.cli import run_cli
 
-    _filled(engine)
+    fill_database(request, engine, _filled)
     with session_scope(engine) as s:
         right = _snapshot_of_counters(s)
         s.connection().execute(text("DELETE FROM judgment_day_counts"))

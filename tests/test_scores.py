@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import math
 import random
-import shutil
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -39,7 +37,7 @@ from lib.models import (
     MetricScore,
 )
 from lib.snapshots import build_snapshot_rows
-from tests.conftest import module_db_url
+from tests.conftest import fill_database, module_db_url
 
 START = datetime(2026, 1, 1, tzinfo=UTC)  # a Thursday: weeks are cut at both ends
 PRODUCTS = ("alpha", "beta", "gamma")  # gamma has its own rubric: one integer and one continuous metric
@@ -270,34 +268,10 @@ def _fill_random(engine: Engine) -> Engine:
     return engine
 
 
-@pytest.fixture(scope="session")
-def _sqlite_random_data(tmp_path_factory: pytest.TempPathFactory, _sqlite_migrated: Path) -> Path:
-    """A SQLite file holding the random data as `_fill_random` leaves it, filled once per worker:
-    the SQLite tests get copies (a millisecond instead of 0.75 CPU s a fill; the data and the
-    counts the fill maintained are the same, the fill being deterministic)."""
-    path = tmp_path_factory.mktemp("random-data") / "random.db"
-    shutil.copyfile(_sqlite_migrated, path)
-    engine = create_db_engine(f"sqlite:///{path}")
-    try:
-        _fill_random(engine)
-    finally:
-        engine.dispose()  # the last connection checkpoints the WAL into the file
-    return path
-
-
-def _random_copy(request: pytest.FixtureRequest, engine: Engine) -> Engine:
-    """The random data in `engine`'s database: a copy of the filled SQLite file (nothing may have
-    connected to it yet), or a fill on PostgreSQL."""
-    if engine.dialect.name != "sqlite":
-        return _fill_random(engine)
-    shutil.copyfile(request.getfixturevalue("_sqlite_random_data"), str(engine.url.database))
-    return engine
-
-
 @pytest.fixture
 def random_data(request: pytest.FixtureRequest, engine: Engine) -> Engine:
     """The random data in this test's own database, for tests that change it."""
-    return _random_copy(request, engine)
+    return fill_database(request, engine, _fill_random)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -307,7 +281,7 @@ def shared_random_data(
     """The same random data once per backend, for the read-only report comparisons (~1 s a fill)."""
     engine = create_db_engine(module_db_url(request, tmp_path_factory))
     try:
-        yield _random_copy(request, engine)
+        yield fill_database(request, engine, _fill_random)
     finally:
         engine.dispose()
 
