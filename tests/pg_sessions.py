@@ -19,12 +19,14 @@ deferrable, notice and notify handlers, adapters, factories) set as `connect` le
 that is broken, fails its reset, does not answer a ping when taken (the server ended it: a test's
 `pg_terminate_backend`, a restart) or is in excess of `MAX_IDLE` is closed for real. Nothing changes
 in what a test sends or reads; concurrent connections are still separate server processes (only
-idle ones are handed out), so lock waits between two engines behave as before.
+idle ones are handed out), so lock waits between two engines behave as before. A forked child
+(multiprocessing's workers) never takes its parent's idle sessions: they are the parent's sockets.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from typing import Any
 
@@ -41,6 +43,7 @@ _PING = ""  # an empty query: a round trip the server answers without parsing an
 _real_connect = psycopg.connect
 _idle: dict[tuple[Any, ...], list[KeptConnection]] = {}
 _lock = threading.Lock()
+_inherited: list[KeptConnection] = []  # a forked child's copies of its parent's idle sessions
 stats = {"opened": 0, "reused": 0}
 
 
@@ -129,12 +132,22 @@ def connect(conninfo: str = "", **kwargs: Any) -> psycopg.Connection[Any]:
     return conn
 
 
+def _forget_after_fork() -> None:
+    """In a forked child: the idle sessions are the parent's sockets. Never hand them out here, and
+    keep them referenced so that nothing in the child ends them for the parent."""
+    global _lock
+    _lock = threading.Lock()  # another thread may have held the parent's at the fork
+    _inherited.extend(c for idle in _idle.values() for c in idle)
+    _idle.clear()
+
+
 def install() -> None:
     """Route every psycopg connection of this process through `connect` (idempotent); the kept
     sessions end with the process."""
     if psycopg.connect is not connect:
         psycopg.connect = connect  # type: ignore[assignment]
         atexit.register(close_all)
+        os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def close_all() -> None:
