@@ -86,13 +86,14 @@ def test_every_page_renders_hostile_metric_names_as_text(
     page = context.new_page()
     found: dict[str, dict[str, list[str]]] = {}
     # Every page of the app, by the sidebar's own link: one page load, then each page as a reviewer
-    # opens it (a full load of Streamlit's scripts per page cost Chromium ~3 CPU s each). The pages
-    # that a link opens with a query (an evaluation, a tab) are loaded by their address.
+    # opens it (a full load of Streamlit's scripts per page cost Chromium ~3 CPU s each). What a
+    # page opens in place is opened there too: Team queues' "Awaiting a lead" tab, the Coach page's
+    # pick of an evaluation (its chat page). An evaluation's own page is loaded by its address.
     pages = [
         "", "import", "evaluations", "review", "queues", "corrections", "new", "coach", "notes", "tag-scores",
         "analytics", "alignment", "judge-versions", "precedents", "admin",
     ]  # fmt: skip
-    addresses = [f"evaluations?snapshot={snapshot}", "queues?tab=adjudication", f"coach?snapshot={snapshot}"]
+    addresses = [f"evaluations?snapshot={snapshot}"]
 
     def check(path: str) -> None:
         page.wait_for_function(DRAWN, timeout=WAIT_MS)
@@ -118,6 +119,16 @@ def test_every_page_renders_hostile_metric_names_as_text(
             # `?queue=N`): an exact address missed the page when that run beat this wait (CI, 2026-11-26).
             page.wait_for_url(re.compile(rf"^{re.escape(server.base_url)}/{path}(\?.*)?$"))
             check(path)
+            if path == "queues":
+                opened[0] = "queues, Awaiting a lead"
+                page.get_by_role("tab", name="Awaiting a lead").click()
+                check(opened[0])
+            elif path == "coach":
+                opened[0] = "coach, an evaluation picked"
+                page.locator(".st-key-coach_pick").click()
+                page.get_by_role("option").first.click()
+                page.wait_for_url(re.compile(rf"^{re.escape(server.base_url)}/coach\?snapshot=.+$"))
+                check(opened[0])
         for path in addresses:
             opened[0] = path
             page.goto(f"{server.base_url}/{path}")
