@@ -7,7 +7,7 @@ from playwright.sync_api import expect
 
 from lib.db import init_db, session_scope
 from lib.models import AlignmentExperiment
-from tests.browser.conftest import settle
+from tests.browser.conftest import open_in_app, settle
 from tests.test_alignment import scripted_judge, seed_lab
 from tests.waiting import wait_until
 
@@ -42,19 +42,16 @@ def test_start_a_small_experiment_and_see_the_comparison(streamlit_app, page, tm
                 return experiment is not None and experiment.status == "finished"
 
         wait_until(finished, "experiment 1 to finish")
-        page.reload()
+        # The Analytics page links the latest experiment of each product back here: the finished
+        # experiment is seen through that link (pages opened in the app: no reload of the scripts).
+        open_in_app(page, "analytics")
+        page.get_by_role("link", name="Latest alignment experiment for lab (#1)").click()
+        page.wait_for_url("**/alignment?experiment=1")
         settle(page)
         expect(page.get_by_text("28 calls done, 0 failed, 0 pending (finished)")).to_be_visible()
         expect(page.get_by_role("heading", name="Comparison")).to_be_visible()
         expect(page.get_by_text("Against bare: flipped items")).to_be_visible()
         assert not page.dialogs
-        # The Analytics page links the latest experiment of each product back here.
-        page.goto(f"{server.base_url}/analytics")
-        settle(page)
-        page.get_by_role("link", name="Latest alignment experiment for lab (#1)").click()
-        page.wait_for_url("**/alignment?experiment=1")
-        settle(page)
-        expect(page.get_by_role("heading", name="Comparison")).to_be_visible()
     except Exception:
         page.screenshot(path=str(tmp_path / "alignment_fail.png"), full_page=True)
         print("log:", server.log_path.read_text()[-3000:])

@@ -13,7 +13,7 @@ from sqlmodel import select
 from lib.db import init_db, session_scope
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent
 from lib.ui import REVIEWER_COOKIE
-from tests.browser.conftest import new_app_context, settle
+from tests.browser.conftest import new_app_context, open_in_app, settle
 
 pytestmark = pytest.mark.browser
 
@@ -157,8 +157,7 @@ def test_five_reviews_by_keyboard_one_undo_and_the_workspace_fits_one_screen(
         settle(page)
         expect(page.get_by_text("Evaluation snap_next").first).to_be_visible()
 
-        page.goto(f"{server.base_url}/corrections")
-        settle(page)
+        open_in_app(page, "corrections")
         block = page.get_by_test_id("stCode")
         expect(block.get_by_text("[CORRECTED] snap_keys:helpfulness")).to_be_visible()
         history = block.inner_text()
