@@ -131,6 +131,13 @@ def _open(page, server: StreamlitServer, queue_id: int) -> None:
     settle(page)
 
 
+def _switch(page, queue_name: str) -> None:
+    """Choose another queue in the review page's own chooser (no reload: a reviewer stays on the page)."""
+    page.get_by_test_id("stSelectbox").filter(has_text="Queue").click()
+    page.get_by_role("option", name=re.compile(rf"^{queue_name} · ")).click()
+    settle(page)
+
+
 def _shown(page) -> str | None:
     """The evaluation on screen ('one0' …), None when the queue has nothing for this reviewer."""
     text = page.locator('[data-testid="stMain"]').inner_text()
@@ -201,7 +208,7 @@ def test_overlap_one_hands_reviewers_different_items_and_overlap_two_each_item_t
         # Overlap 2: ayse and ben each label both items once; carla gets none of them.
         seen: dict[str, list[str]] = {"ayse": [], "ben": []}
         for name in seen:
-            _open(pages[name], server, ids["two"])
+            _switch(pages[name], "two")
             while (item := _shown(pages[name])) is not None:
                 assert item not in seen[name], f"{name} was handed {item} twice"
                 seen[name].append(item)
