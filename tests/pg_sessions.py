@@ -35,8 +35,10 @@ from psycopg import pq
 from psycopg.adapt import AdaptersMap
 
 # Idle sessions kept per set of connection parameters (a database, a user): enough for a test's
-# engine plus the few a concurrency test opens at once; the others close as before.
-MAX_IDLE = 6
+# engine, the app's and a second reviewer's; the others close as before. At most 4 databases a
+# worker (its own, the module one, the fill template, the admin one): 16 idle sessions, so that two
+# runs at once stay well inside the server's 100 connections.
+MAX_IDLE = 4
 
 _RESET = "DISCARD ALL"
 _PING = ""  # an empty query: a round trip the server answers without parsing anything
