@@ -239,29 +239,44 @@ def _sql_text(value: str) -> str:
 # JSON types whose value score_of takes as a number (a bool is not one; yyjson reads an integer past
 # 64 bits as a double, as Python's float() of it gives).
 _JSON_NUMBER_TYPES = "('BIGINT', 'UBIGINT', 'DOUBLE')"
+_JSON_NUMBER_LIST = "['BIGINT', 'UBIGINT', 'DOUBLE']"
 
 
 def scores_parse_sql(doc: str, slugs: Sequence[str]) -> str:
-    """DuckDB SQL of one parse of the stored scores object `doc` (SQL of a JSON text): a list of each
-    slug's entry, then each slug's entry's "score"; NULL where DuckDB cannot parse the text (read it
-    with `rescue_unread_scores`). `score_sql` reads the list."""
+    """DuckDB SQL reading the stored scores object `doc` (SQL of a JSON text) for `score_sql`: a
+    struct of each slug's entry's JSON type (`t`), each entry's "score" (`s`) and, only where some
+    entry is a bare number, the entries themselves (`e`). Entries are not written back out as JSON
+    where they are objects (a judge's entry carries its reason: that was most of the cost). NULL
+    where DuckDB cannot parse the text (read it with `rescue_unread_scores`)."""
     paths = [json_pointer(slug) for slug in slugs]
-    return f"TRY(json_extract({doc}, [{', '.join(map(_sql_text, paths + [p + '/score' for p in paths]))}]))"
+    entries = f"[{', '.join(map(_sql_text, paths))}]"
+    scores = f"[{', '.join(_sql_text(p + '/score') for p in paths)}]"
+    bare = f"list_has_any(json_type({doc}, {entries}), {_JSON_NUMBER_LIST})"
+    return (
+        f"TRY({{'t': json_type({doc}, {entries}), 's': json_extract({doc}, {scores}), "
+        f"'e': CASE WHEN {bare} THEN json_extract({doc}, {entries}) END}})"
+    )
 
 
 def score_sql(parsed: str, slugs: Sequence[str], index: int) -> str:
-    """DuckDB SQL of `score_of(scores.get(slugs[index]))` over `parsed` (`object_parse_sql`'s list),
-    as DOUBLE: an object's "score" or the bare value, a number only (tests/test_export_csv.py holds
-    it against score_of on odd entries)."""
-    entry, inner = f"{parsed}[{index + 1}]", f"{parsed}[{index + 1 + len(slugs)}]"
-    value = f"CASE WHEN starts_with(CAST({entry} AS VARCHAR), '{{') THEN {inner} ELSE {entry} END"
-    return f"CASE WHEN json_type({value}) IN {_JSON_NUMBER_TYPES} THEN CAST({value} AS DOUBLE) END"
+    """DuckDB SQL of `score_of(scores.get(slugs[index]))` over `parsed` (`object_parse_sql`'s
+    struct), as DOUBLE: an object's "score" or the bare value, a number only
+    (tests/test_export_csv.py holds it against score_of on odd entries)."""
+    at = index + 1
+    kind, score, entry = f"{parsed}.t[{at}]", f"{parsed}.s[{at}]", f"{parsed}.e[{at}]"
+    return (
+        f"CASE WHEN {kind} = 'OBJECT' THEN (CASE WHEN json_type({score}) IN {_JSON_NUMBER_TYPES} "
+        f"THEN CAST({score} AS DOUBLE) END) WHEN {kind} IN {_JSON_NUMBER_TYPES} THEN CAST({entry} AS DOUBLE) END"
+    )
 
 
 def object_parse_sql(doc: str, slugs: Sequence[str]) -> str:
-    """`scores_parse_sql` of `doc` where it is a JSON object (else an empty list: no scores), as
-    score_of reads only an object's entries: a pointer such as "/0" would read into an array."""
-    return f"CASE WHEN starts_with(ltrim({doc}, ' \t\n\r'), '{{') THEN {scores_parse_sql(doc, slugs)} ELSE [] END"
+    """`scores_parse_sql` of `doc` where it is a JSON object (else empty: no scores), as score_of
+    reads only an object's entries: a pointer such as "/0" would read into an array."""
+    return (
+        f"CASE WHEN starts_with(ltrim({doc}, ' \t\n\r'), '{{') THEN {scores_parse_sql(doc, slugs)} "
+        "ELSE {'t': []::VARCHAR[], 's': []::JSON[], 'e': []::JSON[]} END"
+    )
 
 
 def rescue_unread_scores(
