@@ -184,6 +184,14 @@ def test_the_wide_export_writes_what_the_row_rules_give(
                 .where(EvaluationSnapshot.__table__.c.id == "s_s")  # type: ignore[attr-defined]
                 .values(judge_scores_json=sa.literal_column(f"'{odd}'") if json_text is odd else json_text)
             )
+            # Gaps no short decimal holds: the scanner hands floats over as text, which must read back
+            # as the same double (at SQLite's default 15 digits they do not).
+            for snapshot_id, gaps in (("s_q", (0.1 + 0.2, 1 / 3)), ("s_r", (2 / 3 * 7, 1e-7 + 1e-23))):
+                conn.execute(
+                    sa.update(EvaluationSnapshot.__table__)  # type: ignore[attr-defined]
+                    .where(EvaluationSnapshot.__table__.c.id == snapshot_id)  # type: ignore[attr-defined]
+                    .values(weighted_gap=gaps[0], max_metric_gap=gaps[1])
+                )
         session.expire_all()
         found = inspector.export_evaluations(session=session, filters=EvaluationFilters(), form="wide")
         slugs = inspector.export_metrics(session=session, filters=EvaluationFilters())
