@@ -232,14 +232,9 @@ def json_pointer(key: str) -> str:
     return "/" + key.replace("~", "~0").replace("/", "~1")
 
 
-def _sql_text(value: str) -> str:
-    return "'" + value.replace("'", "''") + "'"
-
-
 # JSON types whose value score_of takes as a number (a bool is not one; yyjson reads an integer past
 # 64 bits as a double, as Python's float() of it gives).
-_JSON_NUMBER_TYPES = "('BIGINT', 'UBIGINT', 'DOUBLE')"
-_JSON_NUMBER_LIST = "['BIGINT', 'UBIGINT', 'DOUBLE']"
+_JSON_NUMBERS = "'BIGINT', 'UBIGINT', 'DOUBLE'"
 
 
 def scores_parse_sql(doc: str, slugs: Sequence[str]) -> str:
@@ -248,10 +243,13 @@ def scores_parse_sql(doc: str, slugs: Sequence[str]) -> str:
     entry is a bare number, the entries themselves (`e`). Entries are not written back out as JSON
     where they are objects (a judge's entry carries its reason: that was most of the cost). NULL
     where DuckDB cannot parse the text (read it with `rescue_unread_scores`)."""
+    # Imported here: lib.duck imports lib.db, which imports lib.counters -> lib.scores -> lib.metrics.
+    from lib.duck import quote_literal
+
     paths = [json_pointer(slug) for slug in slugs]
-    entries = f"[{', '.join(map(_sql_text, paths))}]"
-    scores = f"[{', '.join(_sql_text(p + '/score') for p in paths)}]"
-    bare = f"list_has_any(json_type({doc}, {entries}), {_JSON_NUMBER_LIST})"
+    entries = f"[{', '.join(map(quote_literal, paths))}]"
+    scores = f"[{', '.join(quote_literal(p + '/score') for p in paths)}]"
+    bare = f"list_has_any(json_type({doc}, {entries}), [{_JSON_NUMBERS}])"
     return (
         f"TRY({{'t': json_type({doc}, {entries}), 's': json_extract({doc}, {scores}), "
         f"'e': CASE WHEN {bare} THEN json_extract({doc}, {entries}) END}})"
@@ -265,8 +263,8 @@ def score_sql(parsed: str, slugs: Sequence[str], index: int) -> str:
     at = index + 1
     kind, score, entry = f"{parsed}.t[{at}]", f"{parsed}.s[{at}]", f"{parsed}.e[{at}]"
     return (
-        f"CASE WHEN {kind} = 'OBJECT' THEN (CASE WHEN json_type({score}) IN {_JSON_NUMBER_TYPES} "
-        f"THEN CAST({score} AS DOUBLE) END) WHEN {kind} IN {_JSON_NUMBER_TYPES} THEN CAST({entry} AS DOUBLE) END"
+        f"CASE WHEN {kind} = 'OBJECT' THEN (CASE WHEN json_type({score}) IN ({_JSON_NUMBERS}) "
+        f"THEN CAST({score} AS DOUBLE) END) WHEN {kind} IN ({_JSON_NUMBERS}) THEN CAST({entry} AS DOUBLE) END"
     )
 
 
