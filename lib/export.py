@@ -526,37 +526,26 @@ def _csv_chunks(engine: Engine, table: CsvTable) -> Generator[bytes, None, int]:
         return (yield from _counted_chunks(table(session)))
 
 
-def _streamed_csv_bytes(engine: Engine, table: CsvTable) -> bytes:
-    """CSV bytes written row batch by row batch into a temporary file in a read-only session.
+def _chunks_bytes(chunks: Generator[bytes, None, int]) -> bytes:
+    """CSV chunks written into a temporary file, then its bytes.
 
     The app never holds more than a batch of rows; only the finished file's bytes come back
     (Streamlit's download button keeps those in memory while the session lasts, whatever it gets).
     """
     with tempfile.TemporaryFile() as raw:
-        with session_scope(engine, read_only=True) as session:
-            _write_source(raw, table(session))
+        _write_chunks(raw, chunks)
         raw.seek(0)
         return raw.read()
 
 
-def write_evaluations_csv(
-    *, session: Session, filters: EvaluationFilters, out: BinaryIO, form: str = "wide"
-) -> int:
-    """Every matching evaluation as UTF-8 CSV into `out` (binary), a batch of rows at a time;
-    returns the row count.
-
-    `form` is "wide" or "long" (`lib.inspector.EXPORT_FORMS`). Memory stays one batch of rows
-    whatever the number of matches: no frame.
-    """
-    return _write_source(out, _evaluations_table(filters, form)(session))
+def _streamed_csv_bytes(engine: Engine, table: CsvTable) -> bytes:
+    """`table`'s CSV bytes, written row batch by row batch in one read-only session."""
+    return _chunks_bytes(_csv_chunks(engine, table))
 
 
 def evaluations_csv_bytes(*, engine: Engine, filters: EvaluationFilters, form: str = "wide") -> bytes:
     """The Evaluations page's CSV of every match (all pages), wide or long, formulas neutralised."""
-    with tempfile.TemporaryFile() as raw:
-        _write_chunks(raw, _evaluation_chunks(engine, filters, form))
-        raw.seek(0)
-        return raw.read()
+    return _chunks_bytes(_evaluation_chunks(engine, filters, form))
 
 
 def evaluations_csv_chunks(
