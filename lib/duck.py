@@ -72,6 +72,7 @@ from sqlmodel import SQLModel
 
 import lib.models  # noqa: F401 - registers every table on SQLModel.metadata
 from lib.db import create_db_engine
+from lib.sql_quote import quote_ident, quote_literal
 
 log = logging.getLogger(__name__)
 
@@ -103,16 +104,6 @@ _pool_lock = threading.Lock()
 
 class DuckUnavailable(RuntimeError):
     """A scanner extension could not be loaded or attached; the caller falls back to Arrow."""
-
-
-def quote_ident(name: str) -> str:
-    """A DuckDB identifier, quoted so any name is safe in SQL."""
-    return '"' + name.replace('"', '""') + '"'
-
-
-def quote_literal(value: str) -> str:
-    """A DuckDB string literal (paths, connection strings)."""
-    return "'" + value.replace("'", "''") + "'"
 
 
 def model_tables() -> dict[str, sa.Table]:

@@ -51,8 +51,9 @@ from lib import corrections, duck, inspector, notes
 from lib.auth import Actor, Permission, authorize
 from lib.corrections import CSV_ROW_LIMIT, JudgmentFilter, format_score
 from lib.db import create_db_engine, session_scope
-from lib.duck import model_tables, quote_ident, quote_literal, table_ref, tables_in_sql, with_duck
+from lib.duck import model_tables, table_ref, tables_in_sql, with_duck
 from lib.inspector import EvaluationFilters
+from lib.sql_quote import quote_ident, quote_literal
 
 log = logging.getLogger(__name__)
 

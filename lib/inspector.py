@@ -29,7 +29,6 @@ from lib import counters, judge_versions, scores, search
 from lib.auth import Actor, Permission
 from lib.corrections import distinct_metrics, parse_score, require_reviewer
 from lib.display import REVIEWED_BY, evaluation_title, evaluation_url, metric_field, role_field
-from lib.duck import quote_literal
 from lib.evidence import EvidenceItem, evidence_items, metric_entry
 from lib.highlight import Span
 from lib.metrics import (
@@ -45,6 +44,7 @@ from lib.metrics import (
 )
 from lib.models import EvaluationSnapshot, Judgment, MetricDefinition, utcnow
 from lib.search import text_match
+from lib.sql_quote import quote_literal
 
 ReviewState = Literal["any", "pending", "reviewed", "corrected"]
 EvidenceState = Literal["any", "unverified", "unlocated", "verified", "none"]

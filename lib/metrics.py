@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from sqlmodel import Session, col, select
 
 from lib.models import MetricDefinition
+from lib.sql_quote import quote_literal
 
 METRIC_SLUG_MAP: dict[str, str] = {
     "Truthfulness": "truthfulness",
@@ -243,9 +244,6 @@ def scores_parse_sql(doc: str, slugs: Sequence[str]) -> str:
     entry is a bare number, the entries themselves (`e`). Entries are not written back out as JSON
     where they are objects (a judge's entry carries its reason: that was most of the cost). NULL
     where DuckDB cannot parse the text (read it with `rescue_unread_scores`)."""
-    # Imported here: lib.duck imports lib.db, which imports lib.counters -> lib.scores -> lib.metrics.
-    from lib.duck import quote_literal
-
     paths = [json_pointer(slug) for slug in slugs]
     entries = f"[{', '.join(map(quote_literal, paths))}]"
     scores = f"[{', '.join(quote_literal(p + '/score') for p in paths)}]"

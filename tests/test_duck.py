@@ -18,13 +18,12 @@ from lib.duck import (
     extension_path,
     fetch_frame,
     model_tables,
-    quote_ident,
-    quote_literal,
     source_kind,
     table_ref,
     tables_in_sql,
 )
 from lib.models import Judgment
+from lib.sql_quote import quote_ident, quote_literal
 
 T0 = datetime(2024, 5, 1, 12, tzinfo=UTC)
 
