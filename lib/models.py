@@ -424,11 +424,14 @@ class SessionNote(SQLModel, table=True):
     """A cross-session note (seed 000 schema and indexes); the "lesson" of seed 001."""
 
     __tablename__ = "session_notes"
+    # Seed 000's indexes, each widened (migration 0026, issue 27): its filter, then the list's order
+    # (newest first: `timestamp`, `id`), then the other filter columns, so that a page is a walk that
+    # stops after it, an age a range of it, and the other filters are tested on its entries.
     __table_args__ = (
-        Index("idx_language", "language"),
-        Index("idx_type", "note_type"),
-        Index("idx_timestamp", "timestamp"),
-        Index("idx_session", "session_id"),
+        Index("idx_language", "language", "timestamp", "id", "note_type", "session_id"),
+        Index("idx_type", "note_type", "timestamp", "id", "language", "session_id"),
+        Index("idx_timestamp", "timestamp", "id", "note_type", "language", "session_id"),
+        Index("idx_session", "session_id", "timestamp", "id", "note_type", "language"),
     )
 
     id: int | None = Field(default=None, primary_key=True)

@@ -35,7 +35,7 @@ import re
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import cache, partial
 from typing import Any, TypedDict
@@ -44,6 +44,7 @@ import pandas as pd
 from sqlalchemy import ColumnElement, Engine, Table, and_, delete, false, func, or_, true
 from sqlmodel import Session, SQLModel, col, select
 
+from lib import search
 from lib.auth import Actor, Permission, authorize, removal_permission
 from lib.config import get_settings
 from lib.counters import COUNT_CAP
@@ -264,11 +265,15 @@ AGES: dict[str, tuple[timedelta | None, timedelta | None]] = {
 }
 
 
-def _filters(session: Session, filters: NoteFilter) -> list[ColumnElement[bool]]:
+def _filters(session: Session, filters: NoteFilter, *, text_form: str = "match") -> list[ColumnElement[bool]]:
+    """The filters as conditions. `text_form`: "match" (the text index where it answers), "scan"
+    (the stored text tested row by row, for a walk that stops early) or "none" (the caller starts
+    from the text index's rows: `_Plan.source`)."""
     conds: list[ColumnElement[bool]] = []
     query = str(filters.query or "").strip()
-    if query:
-        conds.append(text_match(SessionNote.__table__, query))  # Unicode-aware, literal, indexed
+    if query and text_form != "none":
+        # Unicode-aware, literal, indexed
+        conds.append(text_match(SessionNote.__table__, query, scan=text_form == "scan"))
     types = _as_list(filters.note_type)
     if types is not None:
         conds.append(
@@ -289,6 +294,80 @@ def _filters(session: Session, filters: NoteFilter) -> list[ColumnElement[bool]]
 
 def _newest_first() -> tuple[Any, Any]:
     return col(SessionNote.timestamp).desc(), col(SessionNote.id).desc()
+
+
+# --------------------------------------------------------------------------------------------
+# Plans (issue 27): which index a list, a count or the timeline reads for the filters picked.
+#
+# Each of the table's four indexes (lib.models, migration 0026) starts with a filter (type,
+# language, session, or none: the time walk), continues in list order (newest first) and holds the
+# other filter columns. A page walks the index of its most selective equality filter newest first
+# (the age is a range of it), tests the other filters on its entries and stops after the page; a
+# count reads that index's range. A text is where the rows come from when it is rare (its trigram
+# index's few matches, sorted); a common one is tested row by row on the walk, which then finds a
+# page within a few entries per row listed (lib.search's rule, as the Evaluations list applies it).
+
+_T: Table = SessionNote.__table__  # type: ignore[attr-defined]
+# Which index each leading filter seeks; SQLite is told (INDEXED BY), PostgreSQL picks among them.
+NOTE_INDEXES: dict[str, str] = {
+    "session_id": "idx_session",
+    "note_type": "idx_type",
+    "language": "idx_language",
+    "timestamp": "idx_timestamp",
+}
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How the matching notes are read: `conds` on `source` (the table, or a rare text's index
+    matches joined to it) through SQLite's `index` (None: the planner's choice)."""
+
+    conds: list[ColumnElement[bool]]
+    index: str | None = None
+    source: Any = None
+
+    def select(self, *columns: Any) -> Any:
+        stmt = select(*columns)
+        if self.source is not None:
+            stmt = stmt.select_from(self.source)
+        stmt = stmt.where(*self.conds)
+        return (
+            stmt if self.index is None else stmt.with_hint(SessionNote, f"INDEXED BY {self.index}", "sqlite")
+        )
+
+
+def _single(value: str | Sequence[str] | None) -> bool:
+    return value is not None and len(_as_list(value) or []) == 1
+
+
+def _index_for(filters: NoteFilter) -> str:
+    """The index whose leading filter keeps the fewest notes, in the usual case: a session (a few
+    notes), one type (of five), one language; else the time walk (an age is its range, several
+    types or languages are tested on its entries)."""
+    if filters.session_id is not None:
+        return NOTE_INDEXES["session_id"]
+    if _single(filters.note_type):
+        return NOTE_INDEXES["note_type"]
+    if _single(filters.language):
+        return NOTE_INDEXES["language"]
+    return NOTE_INDEXES["timestamp"]
+
+
+def _plan(session: Session, filters: NoteFilter) -> _Plan:
+    """The plan of a page, a count or the timeline's walk for `filters` (see Plans above)."""
+    sqlite = session.get_bind().dialect.name == "sqlite"
+    index = _index_for(filters) if sqlite else None
+    query = str(filters.query or "").strip()
+    if query and filters.session_id is None:
+        found = search.count_index_matches(
+            session=session, table=_T, query=query, limit=search.RARE_MATCHES + 1, for_plan=True
+        )
+        if found is not None and found <= search.RARE_MATCHES:
+            source = search.index_matched_rows(session=session, table=_T, query=query)
+            return _Plan(_filters(session, filters, text_form="none"), None, source)
+    # A session's few notes, or a common text: the text is tested on the rows the walk keeps.
+    form = "scan" if query and (sqlite or filters.session_id is not None) else "match"
+    return _Plan(_filters(session, filters, text_form=form), index)
 
 
 # --------------------------------------------------------------------------------------------
@@ -314,15 +393,16 @@ def search_notes(
         filters = NoteFilter(query=query, note_type=note_type, language=language)
     elif (query, note_type, language) != ("", None, None):
         raise TypeError("give the filters as query/note_type/language or as a NoteFilter, not both")
-    conds = _filters(session, filters)
-    stmt = (
-        select(SessionNote)
-        .where(*conds)
-        .order_by(*_newest_first())
-        .offset(max(0, offset))
-        .limit(max(0, limit))
-    )
-    return list(session.exec(stmt).all())
+    if limit <= 0:
+        return []
+    plan = _plan(session, filters)
+    # Ids first, off the plan's index (an offset skips index entries, not rows), then the page's rows.
+    page = plan.select(col(SessionNote.id)).order_by(*_newest_first()).offset(max(0, offset)).limit(limit)
+    ids = list(session.exec(page).all())
+    if not ids:
+        return []
+    found = {n.id: n for n in session.exec(select(SessionNote).where(col(SessionNote.id).in_(ids))).all()}
+    return [found[i] for i in ids if i in found]
 
 
 CSV_BATCH_ROWS = 1_000
@@ -334,10 +414,9 @@ def iter_note_rows(*, session: Session, filters: NoteFilter = NoteFilter()) -> I
     For "Download CSV (all matches)": plain rows, not ORM objects, so memory stays one batch and
     the time is the rows' alone, however many notes match.
     """
-    table: Table = SessionNote.__table__  # type: ignore[attr-defined]
     stmt = (
-        select(*(table.c[name] for name in FRAME_COLUMNS))
-        .where(*_filters(session, filters))
+        _plan(session, filters)
+        .select(*(_T.c[name] for name in FRAME_COLUMNS))
         .order_by(*_newest_first())
         .execution_options(yield_per=CSV_BATCH_ROWS)
     )
@@ -350,9 +429,22 @@ def count_notes(
     session: Session,
     filters: NoteFilter = NoteFilter(),
 ) -> int:
-    """How many notes `search_notes` would find with the same filters and no limit."""
-    conds = _filters(session, filters)
-    return int(session.exec(select(func.count()).select_from(SessionNote).where(*conds)).one())
+    """How many notes `search_notes` would find with the same filters and no limit.
+
+    Exact: a range of the plan's index (lib.models holds every filter column in each), or a text
+    alone counted by its index alone (no row read), or a rare text's matches."""
+    query = str(filters.query or "").strip()
+    if query and filters == NoteFilter(query=filters.query):
+        found = search.count_index_matches(session=session, table=_T, query=query, limit=EXACT_COUNT)
+        if found is not None:
+            return found
+    plan = _plan(session, filters)
+    return int(
+        session.exec(select(func.count()).select_from(plan.select(col(SessionNote.id)).subquery())).one()
+    )
+
+
+EXACT_COUNT = 2**62  # a limit no count reaches
 
 
 def note_languages(*, session: Session) -> list[str]:
@@ -361,11 +453,11 @@ def note_languages(*, session: Session) -> list[str]:
     return list(session.exec(stmt).all())
 
 
-def _distinct_sessions(conds: Sequence[ColumnElement[bool]], cap: int | None) -> Any:
+def _distinct_sessions(plan: _Plan, cap: int | None) -> Any:
     """Count of the distinct sessions of the matching notes, stopped after `cap` + 1 of them: an
     uncapped distinct count reads every matching note (a synthetic 1M notes in 100k sessions on SQLite:
     156 ms, 5.6 ms capped)."""
-    distinct = select(SessionNote.session_id).where(*conds).distinct()
+    distinct = plan.select(col(SessionNote.session_id)).distinct()
     if cap is not None:
         distinct = distinct.limit(max(0, cap) + 1)
     return select(func.count()).select_from(distinct.subquery())
@@ -385,7 +477,7 @@ def notes_health(*, session: Session) -> NotesHealth:
     total, sessions, latest = session.exec(
         select(
             select(func.count()).select_from(SessionNote).scalar_subquery(),
-            _distinct_sessions([], COUNT_CAP).scalar_subquery(),
+            _distinct_sessions(_Plan([], NOTE_INDEXES["session_id"]), COUNT_CAP).scalar_subquery(),
             select(func.max(SessionNote.timestamp)).scalar_subquery(),
         )
     ).one()
@@ -406,9 +498,7 @@ class SessionSummary:
 TIMELINE_SCAN_BATCH = 500  # note rows fetched at a time while looking for a timeline page's sessions
 
 
-def _latest_session_ids(
-    session: Session, conds: Sequence[ColumnElement[bool]], count: int, *, window: int | None = None
-) -> list[str]:
+def _latest_session_ids(session: Session, plan: _Plan, count: int, *, window: int | None = None) -> list[str]:
     """The first `count` sessions met walking the matching notes newest first (the timestamp index),
     i.e. the sessions with the latest activity, in that order. The walk stops there: it reads the
     notes of the sessions asked for (and of the pages before them), not every note; `window` bounds
@@ -419,8 +509,7 @@ def _latest_session_ids(
     if count <= 0:
         return []
     stmt = (
-        select(SessionNote.session_id)
-        .where(*conds)
+        plan.select(col(SessionNote.session_id))
         .order_by(*_newest_first())
         .execution_options(yield_per=TIMELINE_SCAN_BATCH)
     )
@@ -448,21 +537,20 @@ def session_timeline(
     """Sessions with matching notes, latest activity first (their newest matching note), counted
     per type. Finds the page's sessions by walking the notes newest first, then counts only those
     sessions' notes: the work is the sessions shown (and skipped), not every session and note."""
-    conds = _filters(session, filters)
     offset, limit = max(0, offset), max(0, limit)
-    wanted = _latest_session_ids(session, conds, offset + limit)[offset:]
+    wanted = _latest_session_ids(session, _plan(session, filters), offset + limit)[offset:]
     if not wanted:
         return []
     kind = col(SessionNote.note_type)
     stmt = (
-        select(
-            SessionNote.session_id,
+        _of_sessions(session, filters, wanted)
+        .select(
+            col(SessionNote.session_id),
             func.count(),
             func.min(SessionNote.timestamp),
             func.max(SessionNote.timestamp),
             *(func.count().filter(kind == t) for t in NOTE_TYPES),
         )
-        .where(*conds, col(SessionNote.session_id).in_(wanted))
         .group_by(col(SessionNote.session_id))
     )
     found = {row[0]: row for row in session.exec(stmt).all()}
@@ -489,7 +577,14 @@ def recent_session_ids(*, session: Session, limit: int = 100, window: int | None
     session is typed into the menu, opened by link (`/notes?session=<id>`) or paged to on the timeline.
     Ordered as the timeline orders sessions (`_latest_session_ids`)."""
     window = RECENT_SESSIONS_WINDOW if window is None else window  # read now: tests lower it
-    return _latest_session_ids(session, [], limit, window=window)
+    return _latest_session_ids(session, _Plan([], NOTE_INDEXES["timestamp"]), limit, window=window)
+
+
+def _of_sessions(session: Session, filters: NoteFilter, session_ids: Sequence[str]) -> _Plan:
+    """The matching notes of a few sessions: their notes off the session index, every filter (a
+    text too) tested on them."""
+    conds = _filters(session, filters, text_form="scan")
+    return _Plan([*conds, col(SessionNote.session_id).in_(list(session_ids))], NOTE_INDEXES["session_id"])
 
 
 def notes_of_sessions(
@@ -502,9 +597,8 @@ def notes_of_sessions(
     """The notes matching `filters` of these sessions (a timeline page), newest first, at most `limit`."""
     if not session_ids:
         return []
-    conds = [*_filters(session, filters), col(SessionNote.session_id).in_(list(session_ids))]
-    stmt = select(SessionNote).where(*conds).order_by(*_newest_first()).limit(max(0, limit))
-    return list(session.exec(stmt).all())
+    stmt = _of_sessions(session, filters, session_ids).select(SessionNote)
+    return list(session.exec(stmt.order_by(*_newest_first()).limit(max(0, limit))).all())
 
 
 def count_sessions(
@@ -514,8 +608,21 @@ def count_sessions(
     cap: int | None = COUNT_CAP,
 ) -> int:
     """How many sessions `session_timeline` would list with the same filters and no limit, counted
-    up to `cap` + 1 (a larger result means "more than `cap`": `lib.counters.count_label`)."""
-    return int(session.exec(_distinct_sessions(_filters(session, filters), cap)).one())
+    up to `cap` + 1 (a larger result means "more than `cap`": `lib.counters.count_label`).
+
+    A filter that keeps few notes is counted from its range (its sessions sorted); a broad one walks
+    the session index in session order, testing the filters on its entries, to the cap (SQLite)."""
+    plan = _plan(session, filters)
+    if plan.index not in (None, NOTE_INDEXES["session_id"]) and not str(filters.query or "").strip():
+        probe = plan.select(col(SessionNote.id)).limit(SESSION_RANGE_PROBE + 1).subquery()
+        if int(session.exec(select(func.count()).select_from(probe)).one()) > SESSION_RANGE_PROBE:
+            plan = replace(plan, index=NOTE_INDEXES["session_id"])
+    return int(session.exec(_distinct_sessions(plan, cap)).one())
+
+
+# Notes a count of sessions reads off its filter's range (and sorts their sessions) before it walks the
+# session index instead, which needs no sort but reads the notes of every session in turn.
+SESSION_RANGE_PROBE = 20_000
 
 
 # --------------------------------------------------------------------------------------------

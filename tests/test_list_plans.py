@@ -21,12 +21,12 @@ import pytest
 from sqlalchemy import Engine, event
 
 from bench import bench_pages, gen
-from lib import corrections, counters, inspector, search
+from lib import corrections, counters, inspector, notes, search
 from lib.db import create_db_engine, session_scope
 
 BIG_TABLES = ("evaluation_snapshots", "judgments", "judgment_events")
 _FROM_BIG = re.compile(r"\b(FROM|JOIN)\s+(" + "|".join(BIG_TABLES) + r")\b")
-SIZE = {"judgments": 600, "snapshots": 60, "notes": 3}
+SIZE = {"judgments": 600, "snapshots": 60, "notes": 40}
 _WALK = re.compile(
     rf"(SCAN ({'|'.join(BIG_TABLES)})\b|SEARCH evaluation_snapshots USING (COVERING )?INDEX \S+ \(deleted_at=\?\)$)"
 )
@@ -41,6 +41,7 @@ def _small_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(counters, "COUNT_CAP", 8)
     monkeypatch.setattr(counters, "TEXT_COUNT_CAP", 4)
     monkeypatch.setattr(inspector, "RANGE_PROBE", 6)
+    monkeypatch.setattr(notes, "SESSION_RANGE_PROBE", 6)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -62,12 +63,14 @@ def filled(
         engine.dispose()
 
 
-def _statements(engine: Engine, run: Callable[[], Any]) -> list[tuple[str, Any]]:
-    """The statements `run` sends that read the large tables."""
+def _statements(
+    engine: Engine, run: Callable[[], Any], *, match: Callable[[str], bool] | None = None
+) -> list[tuple[str, Any]]:
+    """The statements `run` sends that read the large tables (or that `match` picks)."""
     seen: list[tuple[str, Any]] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool) -> None:
-        if _FROM_BIG.search(statement):
+        if match(statement) if match else _FROM_BIG.search(statement):
             seen.append((statement, parameters))
 
     event.listen(engine, "before_cursor_execute", record)
@@ -169,3 +172,79 @@ def test_a_count_the_counters_answer_reads_no_evaluation(filled: Any) -> None:
         assert inspector.counted_exactly(exact)
         statements = _statements(engine, lambda: inspector.count_evaluations(session=s, filters=exact))
     assert statements == []
+
+
+_NOTE_INDEX_READ = re.compile(r"(SCAN|SEARCH) session_notes USING INDEX (\S+)")
+
+
+def _note_full_walks(engine: Engine, statements: list[tuple[str, Any]], *, text: bool) -> list[str]:
+    """The plans among `statements` that read every note, or every note of a filter, to list a page.
+
+    SQLite: no table scan; no sort of what was read, but of a rare text's matches or of a few
+    sessions' notes; an index read that looks up each entry's row only under a LIMIT (a walk that
+    stops), or on the session index (a few notes). A text's exact count is let read the rows the other
+    filters keep (it tests the text on them). PostgreSQL, told to avoid table scans: no `Seq Scan`.
+    """
+    bad = []
+    with engine.connect() as conn:
+        pg = engine.dialect.name == "postgresql"
+        if pg:
+            conn.exec_driver_sql("SET enable_seqscan = off")
+        for sql, parameters in statements:
+            explain = "EXPLAIN (COSTS OFF) " if pg else "EXPLAIN QUERY PLAN "
+            plan = "\n".join(str(r[-1]) for r in conn.exec_driver_sql(explain + sql, parameters))
+            if pg:
+                walks = "Seq Scan on session_notes" in plan
+            else:
+                lines = [line.strip() for line in plan.splitlines()]
+                few = "SCAN session_notes_search" in plan or "(session_id=?" in plan
+                walks = "SCAN session_notes" in lines or ("TEMP B-TREE FOR ORDER BY" in plan and not few)
+                counted_text = text and sql.lstrip().upper().startswith("SELECT COUNT")
+                # A LIMIT, or a walk in list order that its reader stops (the timeline's sessions).
+                stops = "LIMIT" in sql.upper() or ("ORDER BY" in sql.upper() and "TEMP B-TREE" not in plan)
+                for line in lines:
+                    read = _NOTE_INDEX_READ.match(line)
+                    if read and read[2] != notes.NOTE_INDEXES["session_id"] and not stops:
+                        walks = walks or not counted_text
+            if walks:
+                bad.append(f"{sql}\n{plan}")
+        conn.rollback()
+    return bad
+
+
+def test_every_notes_filter_reads_a_page_not_the_list(filled: Any) -> None:
+    """The Notes list, its count and its timeline for every filter alone and in pairs (the bench's
+    values, and a rare text), at the first page and one further in."""
+    engine, ctx = filled
+    table = {"session_notes"}
+
+    def reads_notes(statement: str) -> bool:
+        return any(re.search(rf"\b(FROM|JOIN)\s+{t}\b", statement) for t in table)
+
+    options = bench_pages.note_options()
+    options.append(bench_pages.Option("query", "text=rare", lambda _ctx: "(#7)"))
+    now = notes.utcnow()
+    bad: dict[str, list[str]] = {}
+    for picked in [(), *bench_pages._alone_and_in_pairs(options)]:
+        chosen: dict[str, Any] = {}
+        for o in picked:
+            value = o.value(ctx)
+            if o.widget == "age":  # the page's Age choice: a since or an until relative to now
+                newer, older = notes.AGES[value]
+                value = now - (newer if o.name == "since" else older)
+            chosen[o.name] = value
+        filters = notes.NoteFilter(**chosen)
+        for offset in (0, 3):
+            with session_scope(engine, read_only=True) as s:
+
+                def run(s: Any = s, f: notes.NoteFilter = filters, o: int = offset) -> None:
+                    notes.count_notes(session=s, filters=f)
+                    notes.search_notes(session=s, filters=f, offset=o, limit=5)
+                    notes.count_sessions(session=s, filters=f)
+                    shown = notes.session_timeline(session=s, filters=f, offset=o // 3, limit=2)
+                    notes.notes_of_sessions(session=s, session_ids=[t.session_id for t in shown], filters=f)
+
+                statements = [(sql, p) for sql, p in _statements(engine, run, match=reads_notes)]
+            if walks := _note_full_walks(engine, statements, text=bool(filters.query)):
+                bad[" ".join(o.label for o in picked) + f" offset={offset}"] = walks
+    assert not bad, "\n\n".join(f"{k}:\n" + "\n".join(v) for k, v in bad.items())
