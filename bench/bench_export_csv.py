@@ -34,8 +34,10 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -55,14 +57,14 @@ def _peak_mib() -> float:
     return int(line.split()[1]) / 1024
 
 
-def _pandas(engine, out: Path) -> None:  # type: ignore[no-untyped-def]
+def _pandas(engine, out: Path, filters=None) -> None:  # type: ignore[no-untyped-def]
     import pandas as pd
     from sqlmodel import col
 
     from lib.inspector import EvaluationFilters, _list_select
     from lib.models import EvaluationSnapshot as S
 
-    stmt = _list_select(EvaluationFilters()).add_columns(
+    stmt = _list_select(filters or EvaluationFilters()).add_columns(
         col(S.judgments_total).label("judged"),
         col(S.judgments_reviewed).label("reviewed"),
         col(S.judgments_corrected).label("corrected"),
@@ -73,6 +75,60 @@ def _pandas(engine, out: Path) -> None:  # type: ignore[no-untyped-def]
     with engine.connect() as conn:
         frame = pd.read_sql(stmt, conn)
     frame.to_csv(out, index=False)
+
+
+def _tree(root: int) -> list[int]:
+    """`root` and every live process below it (the fork server of `lib.duck`, its workers, the
+    resource tracker), from /proc."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    parents[int(entry)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    found, frontier = [root], [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        found += children
+        frontier += children
+    return found
+
+
+def _pss_mib(pids: list[int]) -> float:
+    """The proportional set size of these processes together (smaps_rollup): each page shared by n
+    processes counts 1/n in each, so the sum counts the libraries they share once and whatever the
+    fork server's children still share with it once: what the machine gives the export."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as fh:
+                total += next(int(line.split()[1]) for line in fh if line.startswith("Pss:"))
+        except (OSError, StopIteration):
+            continue
+    return total / 1024
+
+
+def _run_sampled(command: list[str]) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run a child, sampling the summed PSS of its process tree every 0.2 s from here (this process's
+    CPU, not the child's); returns the completed run and the peak of that sum."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = 0.0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(0.2):
+            peak = max(peak, _pss_mib(_tree(proc.pid)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
+    done.set()
+    sampler.join()
+    return subprocess.CompletedProcess(command, proc.returncode, out, err), peak
 
 
 def _descendants() -> dict[int, tuple[float, float]]:
@@ -147,6 +203,68 @@ def child(method: str, url: str) -> None:
     print(json.dumps(result))
 
 
+# Pairs measured besides every filter alone (bench_pages.py's option labels; a sort as "sort=KEY"):
+# the filters a reviewer combines most, and the ones that change the plan (a gap, a text, a review
+# state) with a gap sort.
+EXPORT_PAIRS = (
+    ("product", "language"),
+    ("product", "text=common"),
+    ("model", "category"),
+    ("metric", "evidence=unverified"),
+    ("min_gap=2", "review=pending"),
+    ("from=last 30 days", "product"),
+    ("min_gap=2", "sort=weighted_gap"),
+    ("review=reviewed", "sort=weighted_gap"),
+    ("text=common", "sort=max_gap"),
+    ("archived", "sort=max_gap"),
+)
+
+
+def export_scenarios(url: str, evaluations: int) -> dict[str, Any]:
+    """The filtered views a user exports, by name: every filter of the Evaluations page alone (the
+    values `bench_pages.py` picks on this database), each sort, and `EXPORT_PAIRS`; "all" first."""
+    from bench.bench_pages import evaluation_options, read_context
+    from lib.inspector import SORTS, EvaluationFilters
+
+    ctx = read_context(url, evaluations)
+    picks: dict[str, dict[str, Any]] = {o.label: {o.name: o.value(ctx)} for o in evaluation_options()}
+    picks |= {f"sort={key}": {"sort": key} for key in SORTS if key != "newest"}
+    found = {"all": EvaluationFilters()}
+    found |= {label: EvaluationFilters(**chosen) for label, chosen in picks.items()}
+    found |= {f"{a} + {b}": EvaluationFilters(**picks[a], **picks[b]) for a, b in EXPORT_PAIRS}
+    return found
+
+
+def child_scenarios(url: str, size: int, names: list[str]) -> None:
+    """Each scenario's link export, then pandas of the same rows, in this one process: one JSON line each."""
+    from lib.db import create_db_engine
+    from lib.duck import start_isolated_workers
+    from lib.export import evaluations_csv_chunks
+
+    engine = create_db_engine(url)
+    start_isolated_workers()
+    every = export_scenarios(url, size)
+    for name in names or list(every):
+        filters = every[name]
+        result: dict[str, Any] = {"scenario": name}
+        for method in ("link", "pandas"):
+            before = _descendants()
+            wall, cpu = time.perf_counter(), time.process_time()
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "e.csv"
+                if method == "pandas":
+                    _pandas(engine, out, filters)
+                    size_mb = out.stat().st_size / 1e6
+                else:
+                    chunks = evaluations_csv_chunks(engine=engine, filters=filters, form="wide")
+                    size_mb = sum(len(chunk) for chunk in chunks) / 1e6
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            after = _descendants()
+            cpu += sum(spent - before.get(pid, (0.0, 0.0))[0] for pid, (spent, _) in after.items())
+            result[method] = {"wall": wall, "cpu": cpu, "mb": size_mb}
+        print(json.dumps(result), flush=True)
+
+
 def scale(source: Path, out: Path, factor: int) -> None:
     """Copy `source` to `out` with its evaluations and judgments repeated `factor` times (new ids)."""
     partial = out.with_name(out.name + ".partial")
@@ -198,6 +316,36 @@ def ensure_db(size: int) -> str:
     return f"sqlite:///{path}"
 
 
+def run_scenarios(urls: dict[int, str], names: str) -> int:
+    """Every size's scenarios in one child process each, printed worst (lowest CPU ratio) first."""
+    rows = []
+    for size, url in sorted(urls.items()):
+        done = subprocess.run(
+            [sys.executable, __file__, "--child-scenarios", url, str(size), names],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode:
+            print(done.stderr[-3000:], file=sys.stderr)
+            return 1
+        for line in done.stdout.splitlines():
+            if line.startswith("{"):
+                rows.append((size, json.loads(line)))
+    print(
+        f"{'size':>9} {'scenario':<40} {'CSV MB':>8} {'link CPU s':>10} {'pandas CPU s':>12}"
+        f" {'x CPU':>6} {'link wall s':>11} {'pandas wall s':>13} {'x wall':>6}"
+    )
+    for size, r in sorted(rows, key=lambda item: item[1]["pandas"]["cpu"] / item[1]["link"]["cpu"]):
+        link, pandas = r["link"], r["pandas"]
+        print(
+            f"{size:>9,} {r['scenario']:<40} {link['mb']:>8.2f} {link['cpu']:>10.2f} {pandas['cpu']:>12.2f}"
+            f" {pandas['cpu'] / link['cpu']:>6.2f} {link['wall']:>11.2f} {pandas['wall']:>13.2f}"
+            f" {pandas['wall'] / link['wall']:>6.2f}"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -211,13 +359,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--methods", default="pandas,link wide,file wide", help=f"comma-separated of {METHODS}"
     )
+    parser.add_argument(
+        "--scenarios",
+        nargs="?",
+        const="*",
+        metavar="NAMES",
+        help="instead of the methods: the link export of filtered views against pandas of the same rows "
+        "(every filter alone, each sort, a few pairs; or the comma-separated names given), worst first",
+    )
     parser.add_argument("--scale-from", type=Path, help="build --out from this SQLite database, then stop")
     parser.add_argument("--factor", type=int, default=10)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--child", nargs=2, metavar=("METHOD", "URL"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child-scenarios", nargs=3, metavar=("URL", "SIZE", "NAMES"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
     if args.child:
         child(*args.child)
+        return 0
+    if args.child_scenarios:
+        url, size, names = args.child_scenarios
+        child_scenarios(url, int(size), [n for n in names.split(",") if n])
         return 0
     if args.scale_from:
         scale(args.scale_from, args.out, args.factor)
@@ -225,30 +388,28 @@ def main(argv: list[str] | None = None) -> int:
     urls = {int(k): v for k, v in (item.split("=", 1) for item in args.db)}
     if not urls:
         urls = {size: ensure_db(size) for size in map(int, args.sizes.split(","))}
+    if args.scenarios is not None:
+        return run_scenarios(urls, "" if args.scenarios == "*" else args.scenarios)
     methods = [m for m in args.methods.split(",") if m in METHODS]
     print(
         f"{'size':>9} {'method':<10} {'wall s':>8} {'CPU s':>8} {'of it worker':>12} {'peak MiB':>9} {'+MiB':>6}"
-        f" {'worker MiB':>10} {'CSV MB':>8} {'x wall':>7} {'x CPU':>6}"
+        f" {'worker MiB':>10} {'PSS sum MiB':>11} {'CSV MB':>8} {'x wall':>7} {'x CPU':>6}"
     )
     for size, url in sorted(urls.items()):
         results = {}
         for method in methods:
-            done = subprocess.run(
-                [sys.executable, __file__, "--child", method, url],
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+            done, pss = _run_sampled([sys.executable, __file__, "--child", method, url])
             if done.returncode:
                 print(done.stderr[-2000:], file=sys.stderr)
                 continue
-            results[method] = json.loads(done.stdout.strip().splitlines()[-1])
+            results[method] = json.loads(done.stdout.strip().splitlines()[-1]) | {"pss": pss}
         base = results.get("pandas")
         for method, r in results.items():
             ratio = f"{base['wall'] / r['wall']:>7.2f} {base['cpu'] / r['cpu']:>6.2f}" if base else ""
             print(
                 f"{size:>9,} {method:<10} {r['wall']:>8.2f} {r['cpu']:>8.2f} {r['worker_cpu']:>12.2f}"
-                f" {r['peak']:>9.0f} {r['above']:>6.0f} {r['worker_peak']:>10.0f} {r['mb']:>8.1f} {ratio}",
+                f" {r['peak']:>9.0f} {r['above']:>6.0f} {r['worker_peak']:>10.0f} {r['pss']:>11.0f}"
+                f" {r['mb']:>8.1f} {ratio}",
                 flush=True,
             )
     return 0

@@ -47,6 +47,7 @@ copy is a snapshot, so take a new connection per use rather than caching one.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -188,8 +189,9 @@ def _pg_conninfo(engine: Engine) -> str:
     return " ".join(f"{key}={libpq_quote(value)}" for key, value in parts.items() if value is not None)
 
 
-def _attach_scanner(con: duckdb.DuckDBPyConnection, engine: Engine) -> None:
-    """Attach the app database read-only as `app_raw` through the packaged scanner extension."""
+def _attach_scanner(con: duckdb.DuckDBPyConnection, engine: Engine, *, loaded: bool = False) -> None:
+    """Attach the app database read-only as `app_raw` through the packaged scanner extension
+    (loaded first, unless `loaded` says the connection's database has it already)."""
     dialect = engine.dialect.name
     try:
         if dialect == "sqlite":
@@ -198,10 +200,12 @@ def _attach_scanner(con: duckdb.DuckDBPyConnection, engine: Engine) -> None:
                 raise DuckUnavailable("an in-memory SQLite database cannot be attached")
             if not _sqlite_scanner_allowed:  # see the module docstring: it would drop the app's locks
                 raise DuckUnavailable("the sqlite scanner only runs in an isolated process")
-            con.execute(f"LOAD {quote_literal(extension_path('sqlite'))}")
+            if not loaded:
+                con.execute(f"LOAD {quote_literal(extension_path('sqlite'))}")
             con.execute(f"ATTACH {quote_literal(path)} AS {RAW_CATALOG} (TYPE sqlite, READ_ONLY)")
         elif dialect == "postgresql":
-            con.execute(f"LOAD {quote_literal(extension_path('postgres'))}")
+            if not loaded:
+                con.execute(f"LOAD {quote_literal(extension_path('postgres'))}")
             conninfo = _pg_conninfo(engine)
             con.execute(f"ATTACH {quote_literal(conninfo)} AS {RAW_CATALOG} (TYPE postgres, READ_ONLY)")
         else:
@@ -333,6 +337,52 @@ def scanner_connect(engine: Engine, config: Mapping[str, Any] | None = None) -> 
         con.close()
         raise
     return con
+
+
+# The isolated worker's own DuckDB database for `scanner_session`, kept for the worker's life: the
+# scanner extension's LOAD (a signature check that hashes the 35-42 MB file, ~0.15 CPU s) is paid
+# once per worker, not once per export. Only the app database's attachment is per call.
+_kept_scanner: duckdb.DuckDBPyConnection | None = None
+_kept_extensions: set[str] = set()
+
+
+@contextlib.contextmanager
+def scanner_session(
+    engine: Engine, config: Mapping[str, Any] | None = None
+) -> Iterator[duckdb.DuckDBPyConnection]:
+    """`scanner_connect` for one use inside an isolated worker (which runs one call at a time), on a
+    DuckDB database the worker keeps with the extension already loaded: the app database is attached
+    as `app_raw` on entry and detached on exit, so no file handle outlives the call. `config` holds
+    settings (threads, memory_limit) applied to the kept database for this use. Outside a worker
+    (`_sqlite_scanner_allowed` false) it is `scanner_connect` and a close."""
+    global _kept_scanner
+    if not _sqlite_scanner_allowed:
+        con = scanner_connect(engine, config)
+        try:
+            yield con
+        finally:
+            con.close()
+        return
+    if _kept_scanner is None:
+        _kept_scanner = _new_connection()
+        _kept_extensions.clear()
+    kind = "sqlite" if engine.dialect.name == "sqlite" else "postgres"
+    try:
+        for key, value in (config or {}).items():
+            _kept_scanner.execute(f"SET {quote_ident(key)} = {quote_literal(str(value))}")
+        if kind not in _kept_extensions and engine.dialect.name in RAW_QUERY_FUNCTIONS:
+            _kept_scanner.execute(f"LOAD {quote_literal(extension_path(kind))}")
+            _kept_extensions.add(kind)
+        _kept_scanner.execute(f"DETACH DATABASE IF EXISTS {RAW_CATALOG}")  # a call that died half-way
+        _attach_scanner(_kept_scanner, engine, loaded=True)
+    except duckdb.Error as exc:
+        raise DuckUnavailable(str(exc)) from exc
+    con = _kept_scanner.cursor()
+    try:
+        yield con
+    finally:
+        con.close()
+        _kept_scanner.execute(f"DETACH DATABASE IF EXISTS {RAW_CATALOG}")
 
 
 def duck_connect(

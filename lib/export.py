@@ -627,8 +627,7 @@ def _write_scanned_wide(url: str, scan: inspector.WideScan, fifo: str, batch_row
     """In the isolated worker: the wide CSV of `scan` into `fifo`; returns the number of rows."""
     engine = create_db_engine(url)
     try:
-        con = duck.scanner_connect(engine, SCAN_DUCKDB_CONFIG)
-        try:
+        with duck.scanner_session(engine, SCAN_DUCKDB_CONFIG) as con:
             # Non-blocking open: fails at once (ENXIO) when the reader is already gone.
             writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
             os.set_blocking(writer, True)  # then each write waits for the reader: backpressure
@@ -637,8 +636,6 @@ def _write_scanned_wide(url: str, scan: inspector.WideScan, fifo: str, batch_row
                 batches = inspector.scanned_wide_batches(con, scan, function, batch_rows)
                 _, rules = inspector.wide_header(scan.slugs)
                 return _write_source(out, CsvBatches(scan.columns, batches, rules))
-        finally:
-            con.close()
     finally:
         engine.dispose()
 

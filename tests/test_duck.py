@@ -6,18 +6,26 @@ these cover the helpers every DuckDB query is built from, and what a cursor of a
 
 from __future__ import annotations
 
+import contextlib
+import os
 from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import Engine
 from sqlmodel import Session
 
+import lib.duck
+from lib.db import create_db_engine
 from lib.duck import (
+    RAW_QUERY_FUNCTIONS,
     DuckUnavailable,
     duck_connect,
     extension_path,
     fetch_frame,
+    isolated_url,
     model_tables,
+    run_isolated,
+    scanner_session,
     source_kind,
     table_ref,
     tables_in_sql,
@@ -143,3 +151,39 @@ def test_a_cursor_of_a_kept_scanner_connection_sees_later_writes(engine: Engine)
         assert int(fetch_frame(con.cursor(), count)["n"].iloc[0]) == 1
     finally:
         con.close()
+
+
+def _scanner_sessions_in_a_worker(url: str) -> tuple[list[int], list[str], list[str]]:
+    """In an isolated worker: two `scanner_session`s in a row on the kept DuckDB database; the
+    judgments each counted, the databases attached after them, and the worker's open files."""
+    engine = create_db_engine(url)
+    try:
+        function = RAW_QUERY_FUNCTIONS[engine.dialect.name]
+        counts = []
+        for _ in range(2):
+            with scanner_session(engine, {"threads": 1}) as con:
+                row = con.execute(f"SELECT count(*) FROM {function}('app_raw', 'SELECT id FROM judgments')")
+                counts.append(int(row.fetchone()[0]))
+        kept = lib.duck._kept_scanner
+        assert kept is not None
+        attached = [
+            str(r[0]) for r in kept.execute("SELECT database_name FROM duckdb_databases()").fetchall()
+        ]
+        files = []
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # the listing's own descriptor is gone already
+                files.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return counts, attached, files
+    finally:
+        engine.dispose()
+
+
+def test_a_worker_keeps_its_scanner_database_but_no_attachment_outlives_an_export(engine: Engine) -> None:
+    # The extension is loaded once per worker (its signature check costs ~0.15 CPU s); the app
+    # database is attached per use and detached after, so the worker holds no handle of the file.
+    _judgment(engine, "kept", corrected=False)
+    counts, attached, files = run_isolated(_scanner_sessions_in_a_worker, isolated_url(engine))
+    assert counts == [1, 1]
+    assert "app_raw" not in attached
+    if engine.dialect.name == "sqlite":
+        assert not [f for f in files if f.startswith(str(engine.url.database))]
