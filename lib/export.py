@@ -564,8 +564,14 @@ def evaluations_csv_chunks(
 # closes the FIFO, and the worker's next write fails, which ends it.
 SCAN_BATCH_ROWS = 5_000  # rows the worker encodes at a time
 SCAN_CHUNK_BYTES = 1 << 20  # bytes read from the FIFO at a time
-# DuckDB's own memory in the worker (the scan streams; the JSON cut needs little).
-SCAN_DUCKDB_CONFIG = {"threads": 1, "memory_limit": "128MB"}
+# DuckDB's own memory in the worker (the scan streams; the JSON cut needs little). Freed blocks go
+# back at once rather than from 128 MiB / 512 MiB up (the worker's peak at 100k: 340 -> 310 MiB RSS).
+SCAN_DUCKDB_CONFIG = {
+    "threads": 1,
+    "memory_limit": "128MB",
+    "allocator_flush_threshold": "1MB",
+    "allocator_bulk_deallocation_flush_threshold": "1MB",
+}
 
 
 class _NoScanner(Exception):
