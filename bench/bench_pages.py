@@ -4,6 +4,8 @@
     .venv/bin/python bench/bench_pages.py --sizes 1k,100k,1m --db-dir /work/bench-data
     .venv/bin/python bench/bench_pages.py --sizes 1k --pg postgresql://overrule:overrule@127.0.0.1:5432/postgres --pg-sizes 1k,100k
     .venv/bin/python bench/bench_pages.py --sizes 1k,100k --pages overview,analytics --repeat 5
+    .venv/bin/python bench/bench_pages.py --sizes 1k,200k --db 1k=a.db --db 200k=b.db --match notes --processes 5
+    .venv/bin/python bench/bench_pages.py --sizes '' --pg-db 1k=postgresql://…/a --pg-db 200k=postgresql://…/b
 
 A size is a number of evaluations (`1k`, `100k`, `1m` or a plain integer); each database holds
 10 judgments per evaluation (8 metrics of the evaluation + 2 code-review judgments), built by
@@ -665,6 +667,14 @@ def main(argv: list[str] | None = None) -> int:
         "--pg", metavar="ADMIN_URL", help="also measure PostgreSQL (databases built on this server)"
     )
     parser.add_argument("--pg-sizes", type=parse_sizes, default=parse_sizes("1k,100k"))
+    parser.add_argument(
+        "--pg-db",
+        action="append",
+        default=[],
+        metavar="SIZE=URL",
+        help="use this PostgreSQL database for a size (e.g. 200k=postgresql://…/notes_big) instead of "
+        "building one on --pg's server; measures PostgreSQL without --pg",
+    )
     parser.add_argument("--pages", help="comma-separated scenario names (default: all)")
     parser.add_argument("--match", help="only scenarios whose name contains this text (e.g. 'evaluations')")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per scenario and process (median)")
@@ -707,11 +717,21 @@ def main(argv: list[str] | None = None) -> int:
     def sqlite_url(size: int) -> str:
         return given.get(size) or sqlite_database(args.db_dir, size, build=not args.no_build)
 
-    backends: list[tuple[str, list[int], Callable[[int], str]]] = [("SQLite", args.sizes, sqlite_url)]
-    if args.pg:
-        backends.append(
-            ("PostgreSQL", args.pg_sizes, lambda n: pg_database(args.pg, n, build=not args.no_build))
-        )
+    pg_given: dict[int, str] = {}
+    for item in args.pg_db:
+        size, _, url = item.partition("=")
+        if not url.startswith("postgresql"):
+            parser.error(f"--pg-db {item}: expected SIZE=postgresql://...")
+        pg_given[parse_size(size)] = url
+
+    def pg_url(size: int) -> str:
+        return pg_given.get(size) or pg_database(args.pg, size, build=not args.no_build)
+
+    backends: list[tuple[str, list[int], Callable[[int], str]]] = []
+    if args.sizes:
+        backends.append(("SQLite", args.sizes, sqlite_url))
+    if args.pg or pg_given:
+        backends.append(("PostgreSQL", sorted(pg_given) if not args.pg else args.pg_sizes, pg_url))
     tables: list[tuple[str, dict[int, dict[str, dict[str, Any]]]]] = []
     for backend, sizes, database in backends:
         measured: dict[int, dict[str, dict[str, Any]]] = {}
