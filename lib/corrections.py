@@ -21,11 +21,13 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import Engine, delete, insert, or_, text, update
+from sqlalchemy import Engine, bindparam, delete, insert, or_, text, update
 from sqlalchemy.orm import aliased, object_session
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
 from lib import counters, judge_versions
@@ -493,6 +495,27 @@ class ReviewState:
     reviewed_at: datetime | None = None
 
 
+@cache
+def _review_update() -> Any:
+    """The optimistic-locking UPDATE of a review, returning the row as written: built once (its
+    values are parameters), as building it cost more than running it."""
+    table = Judgment.__table__  # type: ignore[attr-defined]
+    c = table.c
+    return (
+        update(table)
+        .where(c.id == bindparam("judgment_id"), c.version == bindparam("expected_version"))
+        .values(
+            user_decision=bindparam("new_user_decision", type_=c.user_decision.type),
+            user_reasoning=bindparam("new_user_reasoning", type_=c.user_reasoning.type),
+            reviewer=bindparam("new_reviewer", type_=c.reviewer.type),
+            reviewed_at=bindparam("new_reviewed_at", type_=c.reviewed_at.type),
+            was_corrected=bindparam("new_was_corrected", type_=c.was_corrected.type),
+            version=c.version + 1,
+        )
+        .returning(*c)
+    )
+
+
 def _write_review_state(
     session: Session, judgment: Judgment, expected_version: int, state: ReviewState, event: dict[str, Any]
 ) -> Judgment:
@@ -510,20 +533,19 @@ def _write_review_state(
     # one transaction; had the lock come after the UPDATE, a lone review of its second judgment
     # could hold that row waiting for the lock the settlement held: a deadlock.
     one_writer_at_a_time(session, PG_REVIEW_COUNTERS_LOCK)
-    result = session.execute(
-        update(Judgment)
-        .where(col(Judgment.id) == judgment_id, col(Judgment.version) == expected_version)
-        .values(
-            user_decision=state.user_decision,
-            user_reasoning=state.user_reasoning,
-            reviewer=state.reviewer,
-            reviewed_at=state.reviewed_at,
-            was_corrected=compute_was_corrected(judgment.decision, state.user_decision),
-            version=col(Judgment.version) + 1,
-        )
-        .execution_options(synchronize_session=False)
-    )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    written = session.execute(
+        _review_update(),
+        {
+            "judgment_id": judgment_id,
+            "expected_version": expected_version,
+            "new_user_decision": state.user_decision,
+            "new_user_reasoning": state.user_reasoning,
+            "new_reviewer": state.reviewer,
+            "new_reviewed_at": state.reviewed_at,
+            "new_was_corrected": compute_was_corrected(judgment.decision, state.user_decision),
+        },
+    ).first()
+    if written is None:
         # Someone committed between our read and our write (PostgreSQL re-checks the WHERE).
         session.expire(judgment)
         current = session.get(Judgment, judgment_id, populate_existing=True)
@@ -546,7 +568,9 @@ def _write_review_state(
     )
     session.add(JudgmentEvent(**event))
     session.flush()
-    session.refresh(judgment)
+    # The row as written (what a refresh would read, without reading it again).
+    for key, value in written._mapping.items():
+        set_committed_value(judgment, key, value)
     announce_review(session=session, judgment=judgment, event=event)
     return judgment
 

@@ -50,8 +50,10 @@ from typing import Any
 
 from sqlalchemy import (
     Integer,
+    String,
     Table,
     and_,
+    bindparam,
     case,
     cast,
     delete,
@@ -194,6 +196,12 @@ def _upsert_add(
     once per judgment, serialise on `PG_REVIEW_COUNTERS_LOCK`, taken before their judgment's UPDATE
     (`lib.corrections._write_review_state`).
     """
+    session.execute(_upsert_add_statement(session, table, keys, values, where))
+
+
+def _upsert_add_statement(
+    session: Session, table: Table, keys: dict[str, Any], values: dict[str, Any], where: Any
+) -> Any:
     source = (
         select(*(e.label(k) for k, e in keys.items()), *(e.label(k) for k, e in values.items()))
         .select_from(_J)
@@ -203,10 +211,9 @@ def _upsert_add(
         .order_by(*keys.values())  # key order (_upsert_add)
     )
     stmt = _insert(session, table).from_select([*keys, *values], source)
-    stmt = stmt.on_conflict_do_update(
+    return stmt.on_conflict_do_update(
         index_elements=list(keys), set_={k: table.c[k] + stmt.excluded[k] for k in values}
     )
-    session.execute(stmt)
 
 
 def _shift_judgments(session: Session, where: Any, sign: int) -> None:
@@ -396,6 +403,21 @@ class ReviewSide:
     decision: str | None = None  # the reviewer's decision when reviewed (agreement by judge version)
 
 
+# A review's counter statements per dialect and shape (the signs of its change), the judgment, its
+# evaluation and the reviewer as parameters: built once. Building one cost 1-3 ms against ~0.2 ms
+# to run it, and a review runs five to nine (lib.version_counts keeps its own the same way).
+# Constant SQL, no data: the same statements as built per review, so the same rows and locks.
+_REVIEW_STATEMENTS: dict[tuple[Any, ...], Any] = {}
+
+
+def _review_statement(session: Session, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+    full = (dialect_name(session), *key)
+    stmt = _REVIEW_STATEMENTS.get(full)
+    if stmt is None:
+        stmt = _REVIEW_STATEMENTS[full] = build()
+    return stmt
+
+
 def bump_review(
     *, session: Session, judgment_id: int, snapshot_id: str | None, before: ReviewSide, after: ReviewSide
 ) -> None:
@@ -420,47 +442,68 @@ def bump_review(
         after.decision if after.reviewed else None,
     )
     if snapshot_id is not None and (reviewed or corrected):
-        session.execute(
-            update(_S)
-            .where(col(_S.id) == snapshot_id)
-            .values(
-                judgments_reviewed=col(_S.judgments_reviewed) + reviewed,
-                judgments_corrected=col(_S.judgments_corrected) + corrected,
-            )
-            .execution_options(synchronize_session=False)
+        # When the evaluation changes review state (most reviews leave it as it was: the UPDATE
+        # returns whether it did, no second statement), it moves between `evaluation_counts` rows,
+        # stated from the row this UPDATE locked (before: the counters minus this review's change),
+        # so concurrent reviews add up. The write lock is held as briefly as before (SQLite: one writer).
+        update_snapshot = _review_statement(
+            session, ("snapshot", reviewed, corrected), lambda: _snapshot_bump(reviewed, corrected)
         )
-        # When the evaluation changes review state (most reviews leave it as it was: one probe of
-        # its row, not two upserts), it moves between `evaluation_counts` rows, stated from the row
-        # this UPDATE locked (before: the counters minus this review's change), so concurrent
-        # reviews add up. The write lock is held as briefly as before (SQLite: one writer).
-        this = col(_S.id) == snapshot_id
-        offsets = {"reviewed_offset": reviewed, "corrected_offset": corrected}
-        moved = or_(*(review_state(s, **offsets) != review_state(s) for s in REVIEW_STATE_NAMES))
-        if session.execute(select(moved).where(this)).scalar():
-            _shift_evaluations(session, this, -1, **offsets)
-            _shift_evaluations(session, this, 1)
-    one = col(_J.id) == judgment_id
+        if session.execute(update_snapshot, {"snapshot_id": snapshot_id}).scalar():
+            for sign, offsets in ((-1, (reviewed, corrected)), (1, (0, 0))):
+                shift = _review_statement(
+                    session,
+                    ("evaluations", sign, *offsets),
+                    lambda sign=sign, offsets=offsets: _shift_evaluations_statement(
+                        session, col(_S.id) == bindparam("snapshot_id"), sign,
+                        reviewed_offset=offsets[0], corrected_offset=offsets[1],
+                    ),
+                )  # fmt: skip
+                session.execute(shift, {"snapshot_id": snapshot_id})
     if reviewed or corrected:
-        values = {"reviewed": func.count() * reviewed, "corrected": func.count() * corrected}
         for table in (_DAY, _LANGUAGE):
-            _upsert_add(session, table, _judgment_keys(session, table), values, one)
+            upsert = _review_statement(
+                session,
+                (table.name, reviewed, corrected),
+                lambda table=table: _upsert_add_statement(
+                    session, table, _judgment_keys(session, table),
+                    {"reviewed": func.count() * reviewed, "corrected": func.count() * corrected},
+                    col(_J.id) == bindparam("judgment_id"),
+                ),
+            )  # fmt: skip
+            session.execute(upsert, {"judgment_id": judgment_id})
     old, new = before.reviewer or "", after.reviewer or ""
     if old == new:
         if reviewed or corrected:
-            _add_to_row(session, new, {"reviewed": reviewed, "corrected": corrected}, one)
+            _add_to_row(session, new, {"reviewed": reviewed, "corrected": corrected}, judgment_id)
         return
     # Another reviewer: the whole judgment moves rows, its second-opinion outcome with it (a review
     # leaves that as it was, so the row's current value is the one to move).
     _add_to_row(
         session, old,
-        {"judgments": -1, "reviewed": -int(before.reviewed), "corrected": -int(before.corrected), **_opinions(-1)},
-        one,
+        {"judgments": -1, "reviewed": -int(before.reviewed), "corrected": -int(before.corrected)},
+        judgment_id, opinions=-1,
     )  # fmt: skip
     _add_to_row(
         session, new,
-        {"judgments": 1, "reviewed": int(after.reviewed), "corrected": int(after.corrected), **_opinions(1)},
-        one,
+        {"judgments": 1, "reviewed": int(after.reviewed), "corrected": int(after.corrected)},
+        judgment_id, opinions=1,
     )  # fmt: skip
+
+
+def _snapshot_bump(reviewed: int, corrected: int) -> Any:
+    """The evaluation's counters plus a review's change, returning whether its review state moved."""
+    offsets = {"reviewed_offset": reviewed, "corrected_offset": corrected}
+    moved = or_(*(review_state(s, **offsets) != review_state(s) for s in REVIEW_STATE_NAMES))
+    return (
+        update(_S.__table__)  # type: ignore[attr-defined]
+        .where(col(_S.id) == bindparam("snapshot_id"))
+        .values(
+            judgments_reviewed=col(_S.judgments_reviewed) + reviewed,
+            judgments_corrected=col(_S.judgments_corrected) + corrected,
+        )
+        .returning(moved)
+    )
 
 
 def _opinions(sign: int) -> dict[str, Any]:
@@ -469,25 +512,29 @@ def _opinions(sign: int) -> dict[str, Any]:
     return {f"opinion_{o}": case((action == o, sign), else_=0) for o in SECOND_OPINION_OUTCOMES}
 
 
-def _add_to_row(session: Session, reviewer: str, values: dict[str, Any], where: Any) -> None:
-    """Add `values` (numbers, or expressions over the judgment) to the reviewer counter row of the
-    one live judgment matching `where`, keyed by `reviewer` as given rather than read from the
-    judgment: a review writes its reviewer before its counters move."""
-    keys = {**_judgment_keys(session, _REVIEWER), "reviewer": literal(reviewer)}
-    source = (
-        select(
-            *(e.label(k) for k, e in keys.items()),
-            *((v if isinstance(v, ColumnElement) else literal(v)).label(k) for k, v in values.items()),
+def _add_to_row(
+    session: Session, reviewer: str, numbers: dict[str, int], judgment_id: int, *, opinions: int = 0
+) -> None:
+    """Add `numbers` (and, with `opinions` ±1, the judgment's second-opinion outcome) to the reviewer
+    counter row of the one live judgment `judgment_id`, keyed by `reviewer` as given rather than
+    read from the judgment: a review writes its reviewer before its counters move."""
+
+    def build() -> Any:
+        keys = {**_judgment_keys(session, _REVIEWER), "reviewer": bindparam("reviewer", type_=String())}
+        values = {**{k: literal(v) for k, v in numbers.items()}, **(_opinions(opinions) if opinions else {})}
+        source = (
+            select(*(e.label(k) for k, e in keys.items()), *(v.label(k) for k, v in values.items()))
+            .select_from(_J)
+            .outerjoin(_S, col(_S.id) == col(_J.snapshot_id))
+            .where(col(_S.deleted_at).is_(None), col(_J.id) == bindparam("judgment_id"))
         )
-        .select_from(_J)
-        .outerjoin(_S, col(_S.id) == col(_J.snapshot_id))
-        .where(col(_S.deleted_at).is_(None), where)
-    )
-    stmt = _insert(session, _REVIEWER).from_select([*keys, *values], source)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=list(keys), set_={k: _REVIEWER.c[k] + stmt.excluded[k] for k in values}
-    )
-    session.execute(stmt)
+        stmt = _insert(session, _REVIEWER).from_select([*keys, *values], source)
+        return stmt.on_conflict_do_update(
+            index_elements=list(keys), set_={k: _REVIEWER.c[k] + stmt.excluded[k] for k in values}
+        )
+
+    stmt = _review_statement(session, ("reviewer", tuple(numbers.items()), opinions), build)
+    session.execute(stmt, {"reviewer": reviewer, "judgment_id": judgment_id})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -577,6 +624,16 @@ def _shift_evaluations(
     session: Session, where: Any, sign: int, *, reviewed_offset: int = 0, corrected_offset: int = 0
 ) -> None:
     """Add (`sign` 1) or retract (−1) the evaluations matching `where` in `evaluation_counts`."""
+    session.execute(
+        _shift_evaluations_statement(
+            session, where, sign, reviewed_offset=reviewed_offset, corrected_offset=corrected_offset
+        )
+    )
+
+
+def _shift_evaluations_statement(
+    session: Session, where: Any, sign: int, *, reviewed_offset: int = 0, corrected_offset: int = 0
+) -> Any:
     keys = _evaluation_keys(session, reviewed_offset=reviewed_offset, corrected_offset=corrected_offset)
     source = (
         select(*(e.label(k) for k, e in keys.items()), (func.count() * sign).label("n"))
@@ -586,10 +643,9 @@ def _shift_evaluations(
         .order_by(*keys.values())  # key order (_upsert_add)
     )
     stmt = _insert(session, _EVALUATIONS).from_select([*keys, "n"], source)
-    stmt = stmt.on_conflict_do_update(
+    return stmt.on_conflict_do_update(
         index_elements=list(keys), set_={"n": _EVALUATIONS.c.n + stmt.excluded.n}
     )
-    session.execute(stmt)
 
 
 def evaluation_count(*, session: Session, where: Sequence[ColumnElement[bool]]) -> int:

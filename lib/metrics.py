@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,8 +113,38 @@ DEFAULT_METRICS: tuple[MetricSpec, ...] = tuple(
 )
 
 
+_RUBRIC_MEMO = "overrule.rubrics_read_once"
+
+
+@contextmanager
+def rubrics_read_once(session: Session) -> Iterator[None]:
+    """Within it, `metrics_for_product` reads each product's rubric once on this session.
+
+    For a write that asks for the scale of every judgment it decides, several times each (a queue
+    label parses, settles and records each one: three reads of one rubric per judgment). Nothing
+    inside may change a rubric; the reads it spares would have returned the same rows.
+    """
+    if _RUBRIC_MEMO in session.info:  # an outer one holds the memo
+        yield
+        return
+    session.info[_RUBRIC_MEMO] = {}
+    try:
+        yield
+    finally:
+        session.info.pop(_RUBRIC_MEMO, None)
+
+
 def metrics_for_product(session: Session, product: str) -> list[MetricSpec]:
     """The product's own rubric in its order, or the default set when it defines none."""
+    memo: dict[str, list[MetricSpec]] | None = session.info.get(_RUBRIC_MEMO)
+    if memo is not None:
+        if product not in memo:
+            memo[product] = _read_rubric(session, product)
+        return list(memo[product])
+    return _read_rubric(session, product)
+
+
+def _read_rubric(session: Session, product: str) -> list[MetricSpec]:
     rows = session.exec(
         select(MetricDefinition)
         .where(MetricDefinition.product == product)

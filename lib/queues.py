@@ -34,10 +34,11 @@ import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, time, timedelta
+from functools import cache
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import and_, exists, func, insert, or_, update
+from sqlalchemy import Integer, String, and_, bindparam, exists, func, insert, or_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
@@ -67,7 +68,7 @@ from lib.corrections import (
     sort_by_rubric,
     undo_review,
 )
-from lib.metrics import MetricSpec, metrics_for_product
+from lib.metrics import MetricSpec, metrics_for_product, rubrics_read_once
 from lib.models import (
     CACHE_DECISIONS,
     QUEUE_MODES,
@@ -449,14 +450,34 @@ def _locked_queue(session: Session, queue_id: int | str, *, change: bool = False
     never wait for each other on it, exclusive for a lead's change (closing, assigning), which
     waits for them. So the queue row always comes before an item's lock and closing never
     deadlocks with labelling; and a label saved after a close sees the queue closed."""
-    found = get_queue(session=session, queue=queue_id)
-    locked = session.exec(
+    locked: ReviewQueue | None = None
+    if isinstance(queue_id, int) or queue_id.strip().isdigit():  # get_queue's lookup, one statement
+        locked = session.exec(_queue_lock("id", change), params={"key": int(queue_id)}).first()
+    if locked is None and isinstance(queue_id, str):
+        locked = session.exec(_queue_lock("name", change), params={"key": queue_id.strip()}).first()
+    if locked is None:
+        raise QueueNotFound(f"no review queue {queue_id!r}")
+    return locked
+
+
+# The hot statements of a reviewer's writes (every next item, every label), the values as parameters:
+# built once, as building each cost 1-4 ms against a fraction of that to run it (lib.counters).
+@cache
+def _queue_lock(by: str, change: bool) -> Any:
+    return (
         select(ReviewQueue)
-        .where(col(ReviewQueue.id) == found.id)
+        .where(getattr(ReviewQueue, by) == bindparam("key"))
         .with_for_update(read=not change)
         .execution_options(populate_existing=True)
-    ).one()
-    return locked
+    )
+
+
+@cache
+def _item_lock(of_queue: bool) -> Any:
+    stmt = select(ReviewQueueItem).where(col(ReviewQueueItem.id) == bindparam("item_id"))
+    if of_queue:
+        stmt = stmt.where(col(ReviewQueueItem.queue_id) == bindparam("queue_id"))
+    return stmt.with_for_update().execution_options(populate_existing=True)
 
 
 def is_assigned(queue: ReviewQueue, reviewer: str | None) -> bool:
@@ -614,7 +635,7 @@ def _labeller(session: Session, queue: ReviewQueue, reviewer: Actor | str | None
     return actor
 
 
-def _handled_by(queue_id: int, reviewer: str) -> Any:
+def _handled_by(queue_id: Any, reviewer: Any) -> Any:
     """The item is the reviewer's already: held, done or skipped by them."""
     theirs = aliased(ReviewAssignment)  # the lapsed-lease query joins assignments itself
     return exists().where(
@@ -642,10 +663,23 @@ def _first_candidate(
     """The first item (by position) that may go to the reviewer: one that still wants a reviewer,
     or one whose holder's lease ran out; never one they hold, labelled or skipped."""
     assert queue.id is not None
-    mine = _handled_by(queue.id, reviewer)
+    params: dict[str, Any] = {"queue_id": queue.id, "reviewer": reviewer, "now": now}
+    if tried:
+        params["tried"] = sorted(tried)
+    found = [row for stmt in _candidates_of(bool(tried)) for row in session.execute(stmt, params).all()]
+    return min(found, key=lambda r: r[1])[0] if found else None
+
+
+@cache
+def _candidates_of(with_tried: bool) -> tuple[Any, Any]:
+    """`_first_candidate`'s two statements (an open item, a lapsed one), built once."""
+    queue_id = bindparam("queue_id", type_=Integer())
+    reviewer = bindparam("reviewer", type_=String())
+    now = bindparam("now", type_=ReviewAssignment.__table__.c.expires_at.type)  # type: ignore[attr-defined]
+    mine = _handled_by(queue_id, reviewer)
     open_items = (
         select(ReviewQueueItem.id, ReviewQueueItem.position)
-        .where(col(ReviewQueueItem.queue_id) == queue.id, col(ReviewQueueItem.available) == True, ~mine)  # noqa: E712
+        .where(col(ReviewQueueItem.queue_id) == queue_id, col(ReviewQueueItem.available) == True, ~mine)  # noqa: E712
         .where(_live_item())
     )
     lapsed = (
@@ -653,33 +687,29 @@ def _first_candidate(
         .join(ReviewAssignment, col(ReviewAssignment.item_id) == col(ReviewQueueItem.id))
         .where(
             col(ReviewAssignment.status) == reservations.RESERVED,
-            col(ReviewAssignment.queue_id) == queue.id,
+            col(ReviewAssignment.queue_id) == queue_id,
             col(ReviewAssignment.expires_at) <= now,
             col(ReviewAssignment.reviewer) != reviewer,
             ~mine,
         )
         .where(_live_item())
     )
-    if tried:
+    if with_tried:
+        tried = bindparam("tried", expanding=True)
         open_items = open_items.where(col(ReviewQueueItem.id).not_in(tried))
         lapsed = lapsed.where(col(ReviewQueueItem.id).not_in(tried))
-    found = [
-        row
-        for stmt in (open_items, lapsed)
-        for row in session.execute(stmt.order_by(col(ReviewQueueItem.position)).limit(1)).all()
-    ]
-    return min(found, key=lambda r: r[1])[0] if found else None
+    order = col(ReviewQueueItem.position)
+    return open_items.order_by(order).limit(1), lapsed.order_by(order).limit(1)
 
 
-def _locked_item(session: Session, item_id: int) -> ReviewQueueItem:
-    """The item row, locked for this transaction (PostgreSQL; SQLite's writer lock covers it)."""
-    item = session.exec(
-        select(ReviewQueueItem)
-        .where(col(ReviewQueueItem.id) == item_id)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    ).first()
+def _locked_item(session: Session, item_id: int, queue: ReviewQueue | None = None) -> ReviewQueueItem:
+    """The item row, locked for this transaction (PostgreSQL; SQLite's writer lock covers it).
+    With `queue`, an item of that queue only (as `_item_of`), in the same one statement."""
+    params = {"item_id": item_id} if queue is None else {"item_id": item_id, "queue_id": queue.id}
+    item = session.exec(_item_lock(queue is not None), params=params).first()
     if item is None:
+        if queue is not None:
+            raise QueueNotFound(f"queue {queue.name!r} has no item {item_id}")
         raise QueueNotFound(f"no queue item {item_id}")
     return item
 
@@ -716,8 +746,9 @@ def _claim(
         session.flush()
         return None
     row = reservations.reserve(
-        session, queue_id=queue.id, item_key=item.item_key, reviewer=reviewer, now=now, item_id=item.id
-    )
+        session, queue_id=queue.id, item_key=item.item_key, reviewer=reviewer, now=now, item_id=item.id,
+        row=row, found=True,
+    )  # fmt: skip
     item.claimed += 1
     item.available = item.claimed < queue.overlap
     session.add(item)
@@ -828,7 +859,7 @@ def skip_item(
     now = reservations.utc(now)
     queue = _locked_queue(session, queue_id)
     name = _labeller(session, queue, reviewer).identity
-    item = _locked_item(session, _item_of(session, queue, item_id).id or 0)
+    item = _locked_item(session, item_id, queue)
     row = reservations.find(session, queue_id=queue.id, item_key=item.item_key, reviewer=name)
     if row is None:
         row = ReviewAssignment(
@@ -1197,6 +1228,21 @@ def label_item(
     blind-first queue the blind reason serves). A judgment with all its labels is settled at once.
     A reviewer may change their label until its judgment is decided.
     """
+    with rubrics_read_once(session):  # each judgment's scale is asked for up to three times
+        return _label_item(
+            session=session, queue_id=queue_id, item_id=item_id, reviewer=reviewer, labels=labels, now=now
+        )
+
+
+def _label_item(
+    *,
+    session: Session,
+    queue_id: int,
+    item_id: int,
+    reviewer: Actor | str | None,
+    labels: Sequence[LabelInput],
+    now: datetime | None,
+) -> LabelOutcome:
     now = reservations.utc(now)
     if not labels:
         raise QueueError("give at least one label")
@@ -1204,7 +1250,7 @@ def label_item(
     actor = _labeller(session, queue, reviewer)
     name = actor.identity
     assert queue.id is not None
-    item = _locked_item(session, _item_of(session, queue, item_id).id or 0)
+    item = _locked_item(session, item_id, queue)
     row = _reviewer_row(session, queue, item, name)
     if row is None or row.status not in (reservations.RESERVED, reservations.DONE):
         had_it = row is not None and row.status == reservations.EXPIRED
@@ -1231,6 +1277,13 @@ def label_item(
         ).all()
     }
     blind = queue.mode == "blind" and row.revealed_at is None
+    # The labelled judgments in one read, not one each.
+    wanted = sorted({given.judgment_id for given in labels if given.judgment_id in qjs})
+    judgments = (
+        {j.id: j for j in session.exec(select(Judgment).where(col(Judgment.id).in_(wanted))).all()}
+        if wanted
+        else {}
+    )
     seen: set[int] = set()
     for given in sorted(labels, key=lambda x: x.judgment_id):
         if given.judgment_id in seen:
@@ -1245,7 +1298,7 @@ def label_item(
             raise QueueError(
                 f"judgment {given.judgment_id} is {qj.state} already; undo your label to change it"
             )
-        judgment = session.get(Judgment, qj.judgment_id)
+        judgment = judgments.get(qj.judgment_id)
         if judgment is None:
             raise QueueNotFound(f"judgment {qj.judgment_id} is gone")
         label = own.get(qj.judgment_id)

@@ -147,14 +147,18 @@ def reserve(
     reviewer: str,
     now: datetime,
     item_id: int | None = None,
+    row: ReviewAssignment | None = None,
+    found: bool = False,
 ) -> ReviewAssignment:
     """Give the reviewer a fresh lease on the item (their earlier row, with its draft, is reused).
 
     The caller has checked that the item may go to them. In the default queue a second live
     reservation of the same item is refused by a unique index (IntegrityError on PostgreSQL, when
-    two reviewers race for it): the caller retries with another item.
+    two reviewers race for it): the caller retries with another item. `found`: the caller has
+    looked their row up already (`find`, in this transaction): it is `row`, or there is none.
     """
-    row = find(session, queue_id=queue_id, item_key=item_key, reviewer=reviewer)
+    if not found:
+        row = find(session, queue_id=queue_id, item_key=item_key, reviewer=reviewer)
     if row is None:
         row = ReviewAssignment(queue_id=queue_id, item_id=item_id, item_key=item_key, reviewer=reviewer)
     row.status, row.reserved_at, row.expires_at, row.finished_at = RESERVED, now, now + lease(), None

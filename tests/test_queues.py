@@ -8,7 +8,7 @@ import random
 from datetime import UTC, date, datetime, timedelta
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 from sqlmodel import Session, col, select
 
 from lib import corrections, counters, queues, review_queue
@@ -345,6 +345,57 @@ def test_agreeing_labels_resolve_through_the_one_review_write(engine: Engine) ->
     # The resolved judgment is no longer held: it is free for another queue.
     with session_scope(engine, read_only=True) as s:
         assert s.exec(select(ReviewQueueJudgment.held)).one() is False
+
+
+# Statements a reviewer's step may send (issue 30: the label write path cost the suite and every
+# user's save ~45 statements a label). Counted on the second label of a two-metric item that
+# settles both judgments (one moves the evaluation's review state); a change that adds one fails
+# here: find the statement it repeats instead of raising the bound.
+STATEMENT_BUDGET = {
+    "sqlite": {"next": 10, "first label": 14, "settling label": 46},
+    # PostgreSQL: no BEGIN statement; one advisory lock per judgment decided (lib.locks).
+    "postgresql": {"next": 9, "first label": 13, "settling label": 47},
+}
+
+
+def test_a_label_sends_no_more_statements_than_its_budget(engine: Engine) -> None:
+    items(engine, 1)
+    queue_id = create(engine, overlap=2)
+    sent: list[str] = []
+
+    def count(_conn, _cursor, statement, *_args) -> None:
+        sent.append(statement)
+
+    with session_scope(engine, read_only=True) as s:
+        item_id = s.exec(select(ReviewQueueItem.id)).one()
+    given = [LabelInput(j.id or 0, "4", "too kind") for j in judgments_of(engine, queue_id, item_id)]
+    steps: dict[str, int] = {}
+
+    def label(reviewer: str) -> queues.LabelOutcome:
+        with session_scope(engine) as s:
+            return queues.label_item(
+                session=s, queue_id=queue_id, item_id=item_id, reviewer=reviewer, labels=given
+            )
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        for step, run in (
+            ("next", lambda: take(engine, queue_id, "ana")),
+            ("other", lambda: take(engine, queue_id, "ben")),
+            ("first label", lambda: label("ana")),
+            ("settling label", lambda: label("ben")),
+        ):
+            sent.clear()
+            outcome = run()
+            steps[step] = len(sent)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    del steps["other"]
+    assert isinstance(outcome, queues.LabelOutcome) and set(outcome.states.values()) == {"resolved"}
+    with session_scope(engine, read_only=True) as s:
+        assert s.exec(select(EvaluationSnapshot.judgments_reviewed)).one() == 2
+    budget = STATEMENT_BUDGET[engine.dialect.name]
+    assert all(steps[k] <= budget[k] for k in budget), f"{steps} exceeds {budget}"
 
 
 @pytest.mark.pg_repeats(
