@@ -11,7 +11,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import ArgumentError, OperationalError
 
@@ -99,9 +99,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 @handler("demo")
 def _cmd_demo(args: argparse.Namespace) -> int:
+    engine = _engine()  # a wrong database URL fails before the demo builder is imported
     from lib.demo import load_demo
 
-    counts = load_demo(engine=_engine(), force=args.force)
+    counts = load_demo(engine=engine, force=args.force)
     if not counts:
         print("the database already holds data; demo not loaded (use --force to add it anyway)")
         return 0
@@ -896,6 +897,64 @@ def _queue_agreement(session: Session, args: argparse.Namespace) -> int:
     return 0
 
 
+class _Choices(Sequence[str]):
+    """An argument's choices, read from the module that defines them only when argparse needs them
+    (a value to check, help or an error to print): building the parser imports no command's module
+    (lib.importer alone took about 0.4 CPU s off every `python -m lib` run)."""
+
+    def __init__(self, load: Callable[[], Sequence[str]]) -> None:
+        self._load = load
+        self._values: tuple[str, ...] | None = None
+
+    def _all(self) -> tuple[str, ...]:
+        if self._values is None:
+            self._values = tuple(self._load())
+        return self._values
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+        return self._all()[index]
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._all()
+
+
+def _import_kinds() -> Sequence[str]:
+    from lib.importer import KINDS
+
+    return KINDS
+
+
+class _HelpFrom(argparse.Action):
+    """A plain argument whose help is made only when help is shown (`help_from`), so the names it
+    lists are imported then, not on every run (lib.export pulls in most of lib)."""
+
+    def __init__(self, *args: Any, help_from: Callable[[], str], **kwargs: Any) -> None:
+        self._help_from = help_from
+        super().__init__(*args, **kwargs)
+
+    @property  # type: ignore[override]
+    def help(self) -> str:
+        return self._help_from()
+
+    @help.setter
+    def help(self, _value: str | None) -> None:
+        pass
+
+    def __call__(
+        self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None
+    ) -> None:
+        setattr(namespace, self.dest, values)
+
+
+def _export_tables_help() -> str:
+    from lib.export import EXPORTABLE_TABLES
+
+    return "one of: " + ", ".join(sorted(EXPORTABLE_TABLES))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; other modules' commands are registered here so `--help` lists all."""
     parser = argparse.ArgumentParser(prog="python -m lib", description="Overrule command line.")
@@ -907,14 +966,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Phoenix results",
     )
     p.add_argument("file", help="a JSONL or JSON file")
-    from lib.importer import KINDS
-
-    p.add_argument(
-        "--kind",
-        choices=list(KINDS),
-        default=None,
-        help="what the file holds (detected when omitted)",
-    )
+    kind = p.add_argument("--kind", default=None, help="what the file holds (detected when omitted)")
+    kind.choices = _Choices(_import_kinds)  # set after: add_argument would read them at once
     p.add_argument("--reviewer", default="cli", help="recorded as the author of the import")
     p.add_argument(
         "--product",
@@ -927,9 +980,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser("export", help="export a table as CSV, Parquet or JSON")
-    from lib.export import EXPORTABLE_TABLES
-
-    p.add_argument("table", help="one of: " + ", ".join(sorted(EXPORTABLE_TABLES)))
+    p.add_argument("table", action=_HelpFrom, help_from=_export_tables_help)
     p.add_argument("--format", choices=["csv", "parquet", "json"], default="csv")
     p.add_argument("--out", required=True, help="output file path")
     p.add_argument(

@@ -18,9 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import pandas as pd
 from sqlalchemy import Engine, delete
 from sqlmodel import Session, col, select
 
@@ -28,6 +27,9 @@ from lib.bulk import dialect_insert
 from lib.config import get_settings
 from lib.db import session_scope
 from lib.models import AuditEvent, BrowserSession, UserRole, utcnow
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a frame is made: `python -m lib` starts without it
 
 ROLES: tuple[str, ...] = ("viewer", "reviewer", "lead", "admin")
 ActorKind = Literal["user", "open", "system", "agent", "token"]
@@ -360,6 +362,8 @@ def list_roles(*, session: Session) -> list[UserRole]:
 
 def roles_frame(rows: Sequence[UserRole]) -> pd.DataFrame:
     """Role rows as a table for the admin page."""
+    import pandas as pd
+
     return pd.DataFrame(
         [
             {"identity": r.identity, "role": r.role, "updated_by": r.updated_by, "updated_at": r.updated_at}
@@ -561,6 +565,8 @@ def list_sessions(
 
 def sessions_frame(rows: Sequence[BrowserSession]) -> pd.DataFrame:
     """Sessions as the admin page lists them (never the key, which names the sign-in)."""
+    import pandas as pd
+
     return pd.DataFrame(
         [
             {
@@ -695,6 +701,8 @@ def list_events(*, session: Session, limit: int = 1000, action: str | None = Non
 
 def events_frame(events: Sequence[AuditEvent]) -> pd.DataFrame:
     """Audit events as a table (and CSV) for the admin page."""
+    import pandas as pd
+
     return pd.DataFrame(
         [{"at": e.at, "identity": e.identity, "action": e.action, "detail": e.detail} for e in events],
         columns=["at", "identity", "action", "detail"],
@@ -703,6 +711,8 @@ def events_frame(events: Sequence[AuditEvent]) -> pd.DataFrame:
 
 def permissions_frame() -> pd.DataFrame:
     """The permission table as the admin page shows it: one row per action, one column per role."""
+    import pandas as pd
+
     return pd.DataFrame(
         [{"action": DESCRIPTIONS[p], **{r: role_allows(r, p) for r in ROLES}} for p in Permission],
         columns=["action", *ROLES],
