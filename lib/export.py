@@ -414,8 +414,10 @@ def _column_text(column: CsvColumn, rule: ValueRule | None = None, *, distinct: 
 
 
 def csv_header(columns: Sequence[str]) -> bytes:
-    """The header line: column names are neutralised and quoted like any cell."""
-    return _csv_lines([_quoted(_csv_cells([name])) for name in columns])
+    """The header line: column names are neutralised and quoted like any cell (all names encoded
+    as one array: a kernel call per name cost ~10 ms of a small export's 50)."""
+    names = _quoted(_csv_cells(list(columns)))
+    return _csv_lines([names.slice(i, 1) for i in range(len(names))])
 
 
 def csv_batch(columns: Sequence[CsvColumn], rules: Mapping[int, ValueRule] | None = None) -> bytes:

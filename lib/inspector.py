@@ -1140,6 +1140,8 @@ def scanned_wide_batches(
         [scan.sql],
     ).to_arrow_reader(batch_rows)
     for batch in reader:
+        if not batch.num_rows:
+            continue  # DuckDB may hand over an empty batch (no match): nothing to encode
         values = {name: batch.column(name) for name in batch.schema.names}
         user, judge = (
             rescue_unread_scores(
