@@ -70,7 +70,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import ColumnElement
 from sqlmodel import Session, col
 
-from lib import scores, version_counts
+from lib import prepared, scores, version_counts
 from lib.bulk import dialect_name
 from lib.models import (
     EvaluationCount,
@@ -219,7 +219,12 @@ def _upsert_add_statement(
 def _shift_judgments(session: Session, where: Any, sign: int) -> None:
     """Add (`sign` 1) or retract (−1) the contribution of the live judgments matching `where`."""
     for table in _JUDGMENT_TABLES:
-        _upsert_add(session, table, _judgment_keys(session, table), _judgment_values(sign), where)
+        prepared.run(
+            session, where, ("judgments", table.name, sign),
+            lambda w, table=table: _upsert_add_statement(
+                session, table, _judgment_keys(session, table), _judgment_values(sign), w
+            ),
+        )  # fmt: skip
     version_counts.shift(session, where, sign)
 
 
@@ -271,13 +276,23 @@ def lock_judgments(*, session: Session, where: Any) -> None:
     instead of deadlocking.
     """
     if _locks_rows(session):
-        session.execute(select(_J.id).where(where).order_by(col(_J.id)).with_for_update())
+        prepared.run(
+            session,
+            where,
+            ("lock judgments",),
+            lambda w: select(_J.id).where(w).order_by(col(_J.id)).with_for_update(),
+        )
 
 
 def lock_snapshots(*, session: Session, where: Any) -> None:
     """`SELECT … FOR UPDATE` the evaluations matching `where`, in id order (PostgreSQL; see lock_judgments)."""
     if _locks_rows(session):
-        session.execute(select(_S.id).where(where).order_by(col(_S.id)).with_for_update())
+        prepared.run(
+            session,
+            where,
+            ("lock evaluations",),
+            lambda w: select(_S.id).where(w).order_by(col(_S.id)).with_for_update(),
+        )
 
 
 def _snapshots_of(where: Any) -> Any:
@@ -305,17 +320,18 @@ def refresh_snapshots(*, session: Session, where: Any) -> None:
     # before that review committed over its +1. The next statement sees the review committed.
     lock_snapshots(session=session, where=where)
     _shift_evaluations(session, where, -1)
-    session.execute(
-        update(_S)
-        .where(where)
+    prepared.run(
+        session, where, ("refresh evaluations",),
+        lambda w: update(_S)
+        .where(w)
         .values(
             judgments_total=count(),
             judgments_reviewed=count(reviewed_judgment()),
             judgments_corrected=count(reviewed_judgment(), col(_J.was_corrected)),
             judged_metrics=_metrics_list(session),
         )
-        .execution_options(synchronize_session=False)
-    )
+        .execution_options(synchronize_session=False),
+    )  # fmt: skip
     _shift_evaluations(session, where, 1)
 
 
@@ -403,21 +419,6 @@ class ReviewSide:
     decision: str | None = None  # the reviewer's decision when reviewed (agreement by judge version)
 
 
-# A review's counter statements per dialect and shape (the signs of its change), the judgment, its
-# evaluation and the reviewer as parameters: built once. Building one cost 1-3 ms against ~0.2 ms
-# to run it, and a review runs five to nine (lib.version_counts keeps its own the same way).
-# Constant SQL, no data: the same statements as built per review, so the same rows and locks.
-_REVIEW_STATEMENTS: dict[tuple[Any, ...], Any] = {}
-
-
-def _review_statement(session: Session, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
-    full = (dialect_name(session), *key)
-    stmt = _REVIEW_STATEMENTS.get(full)
-    if stmt is None:
-        stmt = _REVIEW_STATEMENTS[full] = build()
-    return stmt
-
-
 def bump_review(
     *, session: Session, judgment_id: int, snapshot_id: str | None, before: ReviewSide, after: ReviewSide
 ) -> None:
@@ -446,12 +447,12 @@ def bump_review(
         # returns whether it did, no second statement), it moves between `evaluation_counts` rows,
         # stated from the row this UPDATE locked (before: the counters minus this review's change),
         # so concurrent reviews add up. The write lock is held as briefly as before (SQLite: one writer).
-        update_snapshot = _review_statement(
+        update_snapshot = prepared.built(
             session, ("snapshot", reviewed, corrected), lambda: _snapshot_bump(reviewed, corrected)
         )
         if session.execute(update_snapshot, {"snapshot_id": snapshot_id}).scalar():
             for sign, offsets in ((-1, (reviewed, corrected)), (1, (0, 0))):
-                shift = _review_statement(
+                shift = prepared.built(
                     session,
                     ("evaluations", sign, *offsets),
                     lambda sign=sign, offsets=offsets: _shift_evaluations_statement(
@@ -462,7 +463,7 @@ def bump_review(
                 session.execute(shift, {"snapshot_id": snapshot_id})
     if reviewed or corrected:
         for table in (_DAY, _LANGUAGE):
-            upsert = _review_statement(
+            upsert = prepared.built(
                 session,
                 (table.name, reviewed, corrected),
                 lambda table=table: _upsert_add_statement(
@@ -533,7 +534,7 @@ def _add_to_row(
             index_elements=list(keys), set_={k: _REVIEWER.c[k] + stmt.excluded[k] for k in values}
         )
 
-    stmt = _review_statement(session, ("reviewer", tuple(numbers.items()), opinions), build)
+    stmt = prepared.built(session, ("reviewer", tuple(numbers.items()), opinions), build)
     session.execute(stmt, {"reviewer": reviewer, "judgment_id": judgment_id})
 
 
@@ -624,11 +625,12 @@ def _shift_evaluations(
     session: Session, where: Any, sign: int, *, reviewed_offset: int = 0, corrected_offset: int = 0
 ) -> None:
     """Add (`sign` 1) or retract (−1) the evaluations matching `where` in `evaluation_counts`."""
-    session.execute(
-        _shift_evaluations_statement(
-            session, where, sign, reviewed_offset=reviewed_offset, corrected_offset=corrected_offset
-        )
-    )
+    prepared.run(
+        session, where, ("evaluations", sign, reviewed_offset, corrected_offset),
+        lambda w: _shift_evaluations_statement(
+            session, w, sign, reviewed_offset=reviewed_offset, corrected_offset=corrected_offset
+        ),
+    )  # fmt: skip
 
 
 def _shift_evaluations_statement(
@@ -681,15 +683,17 @@ def _snapshot_values(sign: int) -> dict[str, Any]:
 
 
 def _shift_snapshots(session: Session, where: Any, sign: int) -> None:
-    values = _snapshot_values(sign)
-    source = select(col(_S.product).label("product"), *(e.label(k) for k, e in values.items()))
-    # In key order (_upsert_add).
-    source = source.where(where).group_by(col(_S.product)).order_by(col(_S.product))
-    stmt = _insert(session, _PRODUCT).from_select(["product", *values], source)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["product"], set_={k: _PRODUCT.c[k] + stmt.excluded[k] for k in values}
-    )
-    session.execute(stmt)
+    def build(where: Any) -> Any:
+        values = _snapshot_values(sign)
+        source = select(col(_S.product).label("product"), *(e.label(k) for k, e in values.items()))
+        # In key order (_upsert_add).
+        source = source.where(where).group_by(col(_S.product)).order_by(col(_S.product))
+        stmt = _insert(session, _PRODUCT).from_select(["product", *values], source)
+        return stmt.on_conflict_do_update(
+            index_elements=["product"], set_={k: _PRODUCT.c[k] + stmt.excluded[k] for k in values}
+        )
+
+    prepared.run(session, where, ("products", sign), build)
 
 
 def _shift_snapshot_rows(session: Session, where: Any, sign: int) -> None:
@@ -1133,21 +1137,40 @@ def _before_flush(session: Session, _context: Any, _instances: Any) -> None:
     if where is not None:
         lock_judgments(session=session, where=where)
     if snapshot_ids or refresh:
-        lock_snapshots(session=session, where=col(_S.id).in_(snapshot_ids | refresh))
+        lock_snapshots(session=session, where=_evaluations_among(snapshot_ids | refresh))
     if where is not None:
         retract_judgments(session=session, where=where)
     if snapshot_ids:
-        _shift_snapshot_rows(session, col(_S.id).in_(snapshot_ids), -1)
+        _shift_snapshot_rows(session, _evaluations_among(snapshot_ids), -1)
     session.info[_PENDING] = (judgment_ids, snapshot_ids, refresh)
 
 
+# The flush hooks' conditions as templates (lib.prepared): their statements are built once, the
+# ids passed each flush (building them was most of a flush's cost: 50-75 CPU ms for an evaluation
+# with two judgments on SQLite).
+_BY_ID = prepared.template(col(_J.id), "judgment_ids")
+_BY_EVALUATION = prepared.template(col(_J.snapshot_id), "judgments_of")
+_JUDGMENTS_AMONG = {
+    (True, False): _BY_ID,
+    (False, True): _BY_EVALUATION,
+    (True, True): or_(_BY_ID, _BY_EVALUATION),
+}
+_EVALUATIONS_AMONG = prepared.template(col(_S.id), "evaluation_ids")
+
+
 def _pending_where(judgment_ids: set[int], snapshot_ids: set[str]) -> Any:
-    conds = []
-    if judgment_ids:
-        conds.append(col(_J.id).in_(judgment_ids))
+    """The judgments with these ids or of these evaluations (None for none)."""
+    shape = (bool(judgment_ids), bool(snapshot_ids))
+    if not any(shape):
+        return None
+    ids = {"judgment_ids": judgment_ids} if judgment_ids else {}
     if snapshot_ids:
-        conds.append(col(_J.snapshot_id).in_(snapshot_ids))
-    return or_(*conds) if conds else None
+        ids["judgments_of"] = snapshot_ids  # type: ignore[assignment]
+    return prepared.among(("judgments", *shape), _JUDGMENTS_AMONG[shape], **ids)
+
+
+def _evaluations_among(snapshot_ids: set[str]) -> Any:
+    return prepared.among("evaluations", _EVALUATIONS_AMONG, evaluation_ids=snapshot_ids)
 
 
 @event.listens_for(Session, "after_flush")
@@ -1165,6 +1188,6 @@ def _after_flush(session: Session, context: Any) -> None:
     if where is not None:
         include_judgments(session=session, where=where)
     if live_snapshots | new_snapshots:
-        _shift_snapshot_rows(session, col(_S.id).in_(live_snapshots | new_snapshots), 1)
+        _shift_snapshot_rows(session, _evaluations_among(live_snapshots | new_snapshots), 1)
     if refresh | new_snapshots:
-        refresh_snapshots(session=session, where=col(_S.id).in_(refresh | new_snapshots))
+        refresh_snapshots(session=session, where=_evaluations_among(refresh | new_snapshots))

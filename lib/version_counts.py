@@ -44,6 +44,7 @@ from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.elements import BindParameter
 from sqlmodel import Session, col
 
+from lib import prepared
 from lib.bulk import dialect_insert
 from lib.models import (
     UNVERSIONED,
@@ -246,10 +247,17 @@ def _review_upserts(session: Session, sign: int, pairs: bool) -> list[Any]:
 
 def shift(session: Session, where: Any, sign: int) -> None:
     """Add (`sign` 1) or retract (−1) the contribution of the live judgments matching `where`."""
-    for source in _sources(session, where, sign=sign):
-        _upsert(session, source)
+    prepared.run_all(
+        session, where, ("version counts", sign),
+        lambda w: [_counts_upsert(session, source) for source in _sources(session, w, sign=sign)],
+    )  # fmt: skip
     if _any_verdicts(session):
-        session.execute(_pair_upsert(session, _pair_source(where, sign=sign)))
+        prepared.run(
+            session,
+            where,
+            ("version pairs", sign),
+            lambda w: _pair_upsert(session, _pair_source(w, sign=sign)),
+        )
 
 
 def move_review(session: Session, judgment_id: int, before: str | None, after: str | None) -> None:
