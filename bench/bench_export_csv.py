@@ -13,9 +13,21 @@ CSV's size, then each method's speed as a ratio to the pandas baseline of the sa
 - `file wide`: `lib.export.export_evaluations_csv`, what `python -m lib export evaluations --form
   wide` writes.
 
-    nice -n 19 .venv/bin/python bench/bench_export_csv.py --db 1000=sqlite:///bench/out/e_1k.db \\
+The export's DuckDB worker is a second process (forked from `lib.duck`'s fork server): its CPU
+counts in the method's, and "PSS sum MiB" is the peak of the proportional set size summed over the
+child's whole process tree (app, fork server, worker, resource tracker), sampled from this process:
+shared pages count once, so it is what the export costs the machine. On PostgreSQL the CPU of the
+server processes serving the bench database counts too ("PG server s").
+
+`--scenarios` measures the filtered views instead: every filter of the Evaluations page alone (the
+values `bench_pages.py` picks), each sort and `EXPORT_PAIRS`, each as the link's export then pandas
+of the same rows in one process per size, printed worst (lowest CPU ratio) first.
+
+    nice -n 10 .venv/bin/python bench/bench_export_csv.py --db 1000=sqlite:///bench/out/e_1k.db \\
         --db 100000=sqlite:////work/bench-data/e_100k.db --db 1000000=sqlite:////work/bench-data/e_1M.db
-    nice -n 19 .venv/bin/python bench/bench_export_csv.py --sizes 1000       # generates bench/out/export_csv_1000.db
+    nice -n 10 .venv/bin/python bench/bench_export_csv.py --sizes 1000       # generates bench/out/export_csv_1000.db
+    nice -n 10 .venv/bin/python bench/bench_export_csv.py --db 100000=sqlite:///… --scenarios
+    nice -n 10 .venv/bin/python bench/bench_export_csv.py --db 1000000=sqlite:///… --scenarios "all,archived"
     .venv/bin/python bench/bench_export_csv.py --scale-from e_100k.db --factor 10 --out e_1M.db
 
 `--scale-from` builds a large SQLite database in minutes from a `bench/gen.py` one: its evaluations
