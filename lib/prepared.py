@@ -23,14 +23,15 @@ from sqlalchemy import bindparam
 _BUILT: dict[tuple[Hashable, ...], Any] = {}
 
 
-def _dialect(session: Any) -> str:
-    return str(session.get_bind().dialect.name)
+def _dialect(bind: Any) -> str:
+    return str(bind.get_bind().dialect.name if hasattr(bind, "get_bind") else bind.dialect.name)
 
 
-def built(session: Any, key: tuple[Hashable, ...], build: Callable[[], Any]) -> Any:
-    """The statement `build()` makes, built once per dialect and `key` (constant SQL, no data:
-    everything that varies between runs is a parameter, or part of `key`)."""
-    full = (_dialect(session), *key)
+def built(bind: Any, key: tuple[Hashable, ...], build: Callable[[], Any]) -> Any:
+    """The statement `build()` makes, built once per dialect (of `bind`: a Session or Connection)
+    and `key` (constant SQL, no data: everything that varies between runs is a parameter, or part
+    of `key`)."""
+    full = (_dialect(bind), *key)
     stmt = _BUILT.get(full)
     if stmt is None:
         stmt = _BUILT[full] = build()

@@ -47,6 +47,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Mapper
 from sqlmodel import Session
 
+from lib import prepared
 from lib.bulk import insert_tuples
 from lib.metrics import score_of
 from lib.models import AgreementCount, AgreementTotal, EvaluationSnapshot, MetricScore
@@ -241,7 +242,12 @@ def _upsert_counts(
     ordered = sorted(deltas.items(), key=lambda item: repr(item[0]))
     params = [{**dict(zip(key, k, strict=True)), "n": n} for k, n in ordered if n]
     if params:
-        connection.execute(_on_conflict_add(_upsert(connection, table), table, key), params)
+        stmt = prepared.built(  # every evaluation written through the ORM runs these (flush hook)
+            connection,
+            ("score counts", table.name),
+            lambda: _on_conflict_add(_upsert(connection, table), table, key),
+        )
+        connection.execute(stmt, params)
 
 
 def _shift_counts(connection: Connection, ids: Sequence[str], *, live: bool, sign: int) -> None:
