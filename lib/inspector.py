@@ -982,9 +982,12 @@ def _wide_select(filters: EvaluationFilters, **replaced: Any) -> Select[Any]:
         cast(col(_S.judge_scores_json), Text).label("judge_scores"),
         col(_S.judge_version_id).label("judge_version_id"),
     ]
-    return _list_select(filters).with_only_columns(
+    stmt = _list_select(filters).with_only_columns(
         *[replaced[c.name].label(c.name) if c.name in replaced else c for c in columns]
     )
+    # The archived list is a short range at the head of the list index (deleted_at leads it): SQLite
+    # otherwise walks the whole created_at index reading every row to test deleted_at (1M reads).
+    return _walk_hint(stmt, ORDER_INDEXES["newest"]) if filters.archived else stmt
 
 
 def _wide_columns(
@@ -1106,6 +1109,7 @@ def wide_scan(*, session: Session, filters: EvaluationFilters) -> WideScan | Non
     )
     # Values rendered as literals (the scanner takes no parameters); "named" keeps a % a single %.
     literal_dialect = type(dialect)(paramstyle="named")
+    literal_dialect.statement_compiler = dialect.statement_compiler  # lib.db's: it renders index hints
     sql = str(stmt.compile(dialect=literal_dialect, compile_kwargs={"literal_binds": True}))
     if "\x00" in sql:
         return None  # a NUL in a filter's text cannot be written into SQL: the in-session path reads it
