@@ -710,10 +710,12 @@ def snapshots_added(*, session: Session, where: Any) -> None:
 @contextmanager
 def snapshots_change(*, session: Session, where: Any) -> Iterator[None]:
     """Around archiving or restoring the evaluations matching `where`: they and their judgments move."""
-    judgments = col(_J.snapshot_id).in_(select(_S.id).where(where))
+    judgments = prepared.derived(
+        where, "judgments of", lambda w: col(_J.snapshot_id).in_(select(_S.id).where(w))
+    )
     # Lock the evaluations first (PostgreSQL): a concurrent review's `bump_review` waits for us or
     # has committed before we count, never in between.
-    session.execute(select(_S.id).where(where).with_for_update())
+    prepared.run(session, where, ("lock for change",), lambda w: select(_S.id).where(w).with_for_update())
     _shift_snapshot_rows(session, where, -1)
     retract_judgments(session=session, where=judgments)
     try:
@@ -1171,6 +1173,15 @@ def _pending_where(judgment_ids: set[int], snapshot_ids: set[str]) -> Any:
 
 def _evaluations_among(snapshot_ids: set[str]) -> Any:
     return prepared.among("evaluations", _EVALUATIONS_AMONG, evaluation_ids=snapshot_ids)
+
+
+_ONE_EVALUATION = col(_S.id) == bindparam("evaluation_id")
+
+
+def one_evaluation(snapshot_id: str) -> Any:
+    """`evaluation_snapshots.id = snapshot_id` for `snapshots_change`, as a template (lib.prepared):
+    archiving or restoring one evaluation runs its ten statements without building them again."""
+    return prepared.Among("one evaluation", _ONE_EVALUATION, {"evaluation_id": snapshot_id})
 
 
 @event.listens_for(Session, "after_flush")

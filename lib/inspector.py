@@ -1475,7 +1475,7 @@ def archive_evaluation(*, session: Session, snapshot_id: str, reviewer: Actor | 
         .where(col(_S.id) == snapshot_id, col(_S.deleted_at).is_(None))
         .values(deleted_at=now, status="archived", status_changed_by=name, status_changed_at=now)
     )
-    with counters.snapshots_change(session=session, where=col(_S.id) == snapshot_id):
+    with counters.snapshots_change(session=session, where=counters.one_evaluation(snapshot_id)):
         changed = session.connection().execute(stmt).rowcount == 1
     if changed:
         scores.set_snapshots_live(session=session, snapshot_ids=[snapshot_id], live=False)
@@ -1495,7 +1495,7 @@ def restore_evaluation(*, session: Session, snapshot_id: str, reviewer: Actor | 
         .where(col(_S.id) == snapshot_id, col(_S.deleted_at).is_not(None))
         .values(deleted_at=None, status=status, status_changed_by=name, status_changed_at=now)
     )
-    with counters.snapshots_change(session=session, where=col(_S.id) == snapshot_id):
+    with counters.snapshots_change(session=session, where=counters.one_evaluation(snapshot_id)):
         changed = session.connection().execute(stmt).rowcount == 1
     if changed:
         scores.set_snapshots_live(session=session, snapshot_ids=[snapshot_id], live=True)

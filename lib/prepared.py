@@ -44,12 +44,19 @@ class Among:
 
     shape: Hashable  # names the template: statements built from it are kept under it
     where: Any
-    params: dict[str, list[Any]]
+    params: dict[str, Any]
 
 
 def among(shape: Hashable, where: Any, **ids: Collection[Any]) -> Among:
     """A condition from a template (`template` below) and the ids for each of its parameters."""
     return Among(shape, where, {name: sorted(values) for name, values in ids.items()})
+
+
+def derived(where: Any, tag: Hashable, make: Callable[[Any], Any]) -> Any:
+    """`make(where)`: for an `Among`, another template (same ids) kept under its own shape."""
+    if isinstance(where, Among):
+        return Among((tag, where.shape), make(where.where), where.params)
+    return make(where)
 
 
 def template(column: Any, name: str) -> Any:
