@@ -22,7 +22,19 @@ from contextlib import contextmanager
 from itertools import islice
 from typing import Any
 
-from sqlalchemy import ARRAY, Connection, Dialect, Table, any_, bindparam, func, literal_column, select, text
+from sqlalchemy import (
+    ARRAY,
+    Connection,
+    Dialect,
+    String,
+    Table,
+    any_,
+    bindparam,
+    func,
+    literal_column,
+    select,
+    text,
+)
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ColumnElement
 
@@ -46,10 +58,28 @@ def among(bind: Any, column: Any, values: Collection[Any]) -> ColumnElement[bool
     execution and binds one parameter per value; an import's batch of 512 evaluations ran ten such
     statements (its counters), and rendering them cost more than the indexed reads themselves.
     """
+    return _among(bind, column, bindparam(None, among_value(bind, values), type_=_among_type(bind, column)))
+
+
+def among_template(bind: Any, column: Any, name: str) -> ColumnElement[bool]:
+    """`among` with its values left to a parameter `name` (given as `among_value` when it runs):
+    a statement built from it once can run for every batch (lib.prepared)."""
+    return _among(bind, column, bindparam(name, type_=_among_type(bind, column)))
+
+
+def among_value(bind: Any, values: Collection[Any]) -> Any:
+    """The parameter value `among` binds: a list (PostgreSQL) or its JSON text (SQLite)."""
+    return list(values) if dialect_name(bind) == "postgresql" else json.dumps(list(values))
+
+
+def _among_type(bind: Any, column: Any) -> Any:
+    return ARRAY(column.type) if dialect_name(bind) == "postgresql" else String()
+
+
+def _among(bind: Any, column: Any, param: Any) -> ColumnElement[bool]:
     if dialect_name(bind) == "postgresql":
-        return column == any_(bindparam(None, list(values), type_=ARRAY(column.type)))
-    listed = func.json_each(bindparam(None, json.dumps(list(values))))
-    return column.in_(select(literal_column("value")).select_from(listed))
+        return column == any_(param)
+    return column.in_(select(literal_column("value")).select_from(func.json_each(param)))
 
 
 def dialect_insert(bind: Any, model: Any) -> Any:

@@ -70,7 +70,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import ColumnElement
 from sqlmodel import Session, col
 
-from lib import prepared, scores, version_counts
+from lib import bulk, prepared, scores, version_counts
 from lib.bulk import dialect_name
 from lib.models import (
     EvaluationCount,
@@ -406,7 +406,28 @@ def judgments_added(*, session: Session, where: Any, snapshots: Any = None) -> N
     `snapshots` (evaluations matching it) is the batch's evaluations when the caller knows them.
     """
     include_judgments(session=session, where=where)
-    refresh_snapshots(session=session, where=_snapshots_of(where) if snapshots is None else snapshots)
+    if snapshots is None:
+        snapshots = prepared.derived(where, "evaluations of", _snapshots_of)
+    refresh_snapshots(session=session, where=snapshots)
+
+
+_BATCH_TEMPLATES: dict[tuple[str, str, str], Any] = {}
+_CHANGE_IDS = prepared.template(col(_J.change_id), "change_ids")
+
+
+def batch(session: Session, column: Any, ids: Sequence[Any]) -> Any:
+    """`lib.bulk.among(column, ids)` (an import's batch) as a template (lib.prepared): the counters'
+    statements for a batch are built once, not for every batch."""
+    key = (dialect_name(session), column.table.name, column.key)
+    template = _BATCH_TEMPLATES.get(key)
+    if template is None:
+        template = _BATCH_TEMPLATES[key] = bulk.among_template(session, column, "batch_ids")
+    return prepared.Among(("batch", *key[1:]), template, {"batch_ids": bulk.among_value(session, ids)})
+
+
+def judgments_with_change_ids(change_ids: Sequence[str]) -> Any:
+    """`judgments.change_id IN (change_ids)` as a template (lib.prepared), for `judgments_added`."""
+    return prepared.among("change ids", _CHANGE_IDS, change_ids=change_ids)
 
 
 @dataclass(frozen=True)

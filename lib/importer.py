@@ -47,7 +47,7 @@ from typing import IO, Any
 
 from sqlalchemy import Engine, Table, false, select
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, col
+from sqlmodel import Session
 
 from lib import bulk, counters, judge_versions, notes, scores, source_records
 from lib.auth import Actor, Permission, authorize
@@ -448,12 +448,14 @@ def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
             scores.add_snapshot_scores(session=session, snapshots=map(_scored_snapshot, rows))
             new_ids = [row["id"] for row in rows]
             if not defer:
-                counters.snapshots_added(session=session, where=bulk.among(session, _SNAPSHOTS.c.id, new_ids))
+                counters.snapshots_added(
+                    session=session, where=counters.batch(session, _SNAPSHOTS.c.id, new_ids)
+                )
             _write_rows(session, _JUDGMENTS, judgment_rows)
             statistics.wrote(len(judgment_rows))
             if not defer:  # one set-based update per counter table and batch, on the indexes
                 counters.include_judgments(
-                    session=session, where=bulk.among(session, _JUDGMENTS.c.snapshot_id, new_ids)
+                    session=session, where=counters.batch(session, _JUDGMENTS.c.snapshot_id, new_ids)
                 )
             inserted += len(rows)
             judgments += len(judgment_rows)
@@ -668,7 +670,7 @@ def add_source_verdicts(
     session.flush()
     if rows:
         counters.judgments_added(
-            session=session, where=col(Judgment.change_id).in_([j["change_id"] for j in rows])
+            session=session, where=counters.judgments_with_change_ids([j["change_id"] for j in rows])
         )
     return len(rows)
 
@@ -931,7 +933,7 @@ def import_judgments_cache(
         statistics.wrote(len(chunk))
         counters.judgments_added(
             session=session,
-            where=col(Judgment.change_id).in_([row["change_id"] for row in chunk]),
+            where=counters.judgments_with_change_ids([row["change_id"] for row in chunk]),
             snapshots=false(),
         )
         _write_rows(session, _EVENTS, _cache_events(session, chunk, reviewer))
