@@ -84,25 +84,30 @@ def _statements(
 def _full_walks(engine: Engine, statements: list[tuple[str, Any]]) -> list[str]:
     """The plans among `statements` that walk a large table without stopping after a page."""
     bad = []
+    for sql, plan, pg in _plans(engine, statements):
+        if pg:
+            walks = any(f"Seq Scan on {t}" in plan for t in BIG_TABLES)
+        else:
+            # A walk: a scan, or a seek that fixes only the live list's `deleted_at IS NULL`.
+            scans = [line for line in plan.splitlines() if _WALK.match(line.strip())]
+            walks = bool(scans) and ("LIMIT" not in sql.upper() or "TEMP B-TREE FOR ORDER BY" in plan)
+            # An index walk that reads each entry's row to test a filter the index lacks.
+            walks = walks or any(" USING INDEX " in line for line in scans)
+        if walks:
+            bad.append(f"{sql}\n{plan}")
+    return bad
+
+
+def _plans(engine: Engine, statements: list[tuple[str, Any]]) -> Iterator[tuple[str, str, bool]]:
+    """Each statement with its plan (PostgreSQL told to avoid table scans) and whether it is PostgreSQL."""
     with engine.connect() as conn:
         pg = engine.dialect.name == "postgresql"
         if pg:
             conn.exec_driver_sql("SET enable_seqscan = off")
+        explain = "EXPLAIN (COSTS OFF) " if pg else "EXPLAIN QUERY PLAN "
         for sql, parameters in statements:
-            explain = "EXPLAIN (COSTS OFF) " if pg else "EXPLAIN QUERY PLAN "
-            plan = "\n".join(str(r[-1]) for r in conn.exec_driver_sql(explain + sql, parameters))
-            if pg:
-                walks = any(f"Seq Scan on {t}" in plan for t in BIG_TABLES)
-            else:
-                # A walk: a scan, or a seek that fixes only the live list's `deleted_at IS NULL`.
-                scans = [line for line in plan.splitlines() if _WALK.match(line.strip())]
-                walks = bool(scans) and ("LIMIT" not in sql.upper() or "TEMP B-TREE FOR ORDER BY" in plan)
-                # An index walk that reads each entry's row to test a filter the index lacks.
-                walks = walks or any(" USING INDEX " in line for line in scans)
-            if walks:
-                bad.append(f"{sql}\n{plan}")
+            yield sql, "\n".join(str(r[-1]) for r in conn.exec_driver_sql(explain + sql, parameters)), pg
         conn.rollback()
-    return bad
 
 
 def _evaluation_scenarios(ctx: bench_pages.Context) -> list[tuple[str, inspector.EvaluationFilters]]:
@@ -186,29 +191,22 @@ def _note_full_walks(engine: Engine, statements: list[tuple[str, Any]], *, text:
     filters keep (it tests the text on them). PostgreSQL, told to avoid table scans: no `Seq Scan`.
     """
     bad = []
-    with engine.connect() as conn:
-        pg = engine.dialect.name == "postgresql"
+    for sql, plan, pg in _plans(engine, statements):
         if pg:
-            conn.exec_driver_sql("SET enable_seqscan = off")
-        for sql, parameters in statements:
-            explain = "EXPLAIN (COSTS OFF) " if pg else "EXPLAIN QUERY PLAN "
-            plan = "\n".join(str(r[-1]) for r in conn.exec_driver_sql(explain + sql, parameters))
-            if pg:
-                walks = "Seq Scan on session_notes" in plan
-            else:
-                lines = [line.strip() for line in plan.splitlines()]
-                few = "SCAN session_notes_search" in plan or "(session_id=?" in plan
-                walks = "SCAN session_notes" in lines or ("TEMP B-TREE FOR ORDER BY" in plan and not few)
-                counted_text = text and sql.lstrip().upper().startswith("SELECT COUNT")
-                # A LIMIT, or a walk in list order that its reader stops (the timeline's sessions).
-                stops = "LIMIT" in sql.upper() or ("ORDER BY" in sql.upper() and "TEMP B-TREE" not in plan)
-                for line in lines:
-                    read = _NOTE_INDEX_READ.match(line)
-                    if read and read[2] != notes.NOTE_INDEXES["session_id"] and not stops:
-                        walks = walks or not counted_text
-            if walks:
-                bad.append(f"{sql}\n{plan}")
-        conn.rollback()
+            walks = "Seq Scan on session_notes" in plan
+        else:
+            lines = [line.strip() for line in plan.splitlines()]
+            few = "SCAN session_notes_search" in plan or "(session_id=?" in plan
+            walks = "SCAN session_notes" in lines or ("TEMP B-TREE FOR ORDER BY" in plan and not few)
+            counted_text = text and sql.lstrip().upper().startswith("SELECT COUNT")
+            # A LIMIT, or a walk in list order that its reader stops (the timeline's sessions).
+            stops = "LIMIT" in sql.upper() or ("ORDER BY" in sql.upper() and "TEMP B-TREE" not in plan)
+            for line in lines:
+                read = _NOTE_INDEX_READ.match(line)
+                if read and read[2] != notes.NOTE_INDEXES["session_id"] and not stops:
+                    walks = walks or not counted_text
+        if walks:
+            bad.append(f"{sql}\n{plan}")
     return bad
 
 
