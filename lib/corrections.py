@@ -496,12 +496,13 @@ class ReviewState:
 
 
 @cache
-def _review_update() -> Any:
-    """The optimistic-locking UPDATE of a review, returning the row as written: built once (its
-    values are parameters), as building it cost more than running it."""
+def _review_update(returning: bool) -> Any:
+    """The optimistic-locking UPDATE of a review, returning the row as written (`returning`; SQLite
+    before 3.35 has no RETURNING: `_written_row` reads it after): built once (its values are
+    parameters), as building it cost more than running it."""
     table = Judgment.__table__  # type: ignore[attr-defined]
     c = table.c
-    return (
+    stmt = (
         update(table)
         .where(c.id == bindparam("judgment_id"), c.version == bindparam("expected_version"))
         .values(
@@ -512,8 +513,20 @@ def _review_update() -> Any:
             was_corrected=bindparam("new_was_corrected", type_=c.was_corrected.type),
             version=c.version + 1,
         )
-        .returning(*c)
     )
+    return stmt.returning(*c) if returning else stmt
+
+
+def _written_row(session: Session, params: dict[str, Any]) -> Any:
+    """The review's UPDATE and the row as written (None when the version check refused it)."""
+    returning = session.get_bind().dialect.update_returning
+    result = session.execute(_review_update(returning), params)
+    if returning:
+        return result.first()
+    if result.rowcount != 1:
+        return None
+    table = Judgment.__table__  # type: ignore[attr-defined]
+    return session.execute(select(*table.c).where(table.c.id == params["judgment_id"])).first()
 
 
 def _write_review_state(
@@ -533,8 +546,8 @@ def _write_review_state(
     # one transaction; had the lock come after the UPDATE, a lone review of its second judgment
     # could hold that row waiting for the lock the settlement held: a deadlock.
     one_writer_at_a_time(session, PG_REVIEW_COUNTERS_LOCK)
-    written = session.execute(
-        _review_update(),
+    written = _written_row(
+        session,
         {
             "judgment_id": judgment_id,
             "expected_version": expected_version,
@@ -544,7 +557,7 @@ def _write_review_state(
             "new_reviewed_at": state.reviewed_at,
             "new_was_corrected": compute_was_corrected(judgment.decision, state.user_decision),
         },
-    ).first()
+    )
     if written is None:
         # Someone committed between our read and our write (PostgreSQL re-checks the WHERE).
         session.expire(judgment)

@@ -468,10 +468,23 @@ def bump_review(
         # returns whether it did, no second statement), it moves between `evaluation_counts` rows,
         # stated from the row this UPDATE locked (before: the counters minus this review's change),
         # so concurrent reviews add up. The write lock is held as briefly as before (SQLite: one writer).
+        returning = session.get_bind().dialect.update_returning  # SQLite before 3.35: no RETURNING
         update_snapshot = prepared.built(
-            session, ("snapshot", reviewed, corrected), lambda: _snapshot_bump(reviewed, corrected)
+            session,
+            ("snapshot", reviewed, corrected, returning),
+            lambda: _snapshot_bump(reviewed, corrected, returning=returning),
         )
-        if session.execute(update_snapshot, {"snapshot_id": snapshot_id}).scalar():
+        moved = session.execute(update_snapshot, {"snapshot_id": snapshot_id})
+        if not returning:
+            moved = session.execute(
+                prepared.built(
+                    session,
+                    ("snapshot moved", reviewed, corrected),
+                    lambda: _snapshot_moved(reviewed, corrected),
+                ),
+                {"snapshot_id": snapshot_id},
+            )
+        if moved.scalar():
             for sign, offsets in ((-1, (reviewed, corrected)), (1, (0, 0))):
                 shift = prepared.built(
                     session,
@@ -513,19 +526,31 @@ def bump_review(
     )  # fmt: skip
 
 
-def _snapshot_bump(reviewed: int, corrected: int) -> Any:
-    """The evaluation's counters plus a review's change, returning whether its review state moved."""
-    offsets = {"reviewed_offset": reviewed, "corrected_offset": corrected}
-    moved = or_(*(review_state(s, **offsets) != review_state(s) for s in REVIEW_STATE_NAMES))
-    return (
+def _snapshot_bump(reviewed: int, corrected: int, *, returning: bool) -> Any:
+    """The evaluation's counters plus a review's change, returning whether its review state moved
+    (`returning`; else `_snapshot_moved` reads it after the UPDATE, in the same transaction)."""
+    stmt = (
         update(_S.__table__)  # type: ignore[attr-defined]
         .where(col(_S.id) == bindparam("snapshot_id"))
         .values(
             judgments_reviewed=col(_S.judgments_reviewed) + reviewed,
             judgments_corrected=col(_S.judgments_corrected) + corrected,
         )
-        .returning(moved)
     )
+    return stmt.returning(_review_state_moved(reviewed, corrected)) if returning else stmt
+
+
+def _snapshot_moved(reviewed: int, corrected: int) -> Any:
+    """Whether the evaluation's review state moved with the review just added to its counters."""
+    moved = _review_state_moved(reviewed, corrected)
+    return select(moved).where(col(_S.id) == bindparam("snapshot_id"))
+
+
+def _review_state_moved(reviewed: int, corrected: int) -> Any:
+    """True when the counters as written (after the review) and as they were (minus its change) give
+    the evaluation different review states."""
+    offsets = {"reviewed_offset": reviewed, "corrected_offset": corrected}
+    return or_(*(review_state(s, **offsets) != review_state(s) for s in REVIEW_STATE_NAMES))
 
 
 def _opinions(sign: int) -> dict[str, Any]:

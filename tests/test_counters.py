@@ -266,6 +266,41 @@ def test_counters_equal_a_full_recount_after_random_writes(engine: Engine, seed:
     } == dict(raw), story
 
 
+def test_a_sqlite_without_returning_reviews_by_reading_back_and_counts_exactly(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite before 3.35 has no UPDATE ... RETURNING (SQLAlchemy's dialect says so at connect): a
+    review then writes and reads its row back. No statement may ask for RETURNING, the counters must
+    still equal a recount after random writes, and a stale version is still refused."""
+    from sqlalchemy import event
+
+    from lib.corrections import ReviewConflict
+
+    with sqlite_engine.connect():
+        pass  # the dialect learns the SQLite version on the first connection
+    monkeypatch.setattr(sqlite_engine.dialect, "update_returning", False)
+    returning: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if "RETURNING" in statement.upper():
+            returning.append(statement)
+
+    event.listen(sqlite_engine, "before_cursor_execute", record)
+    test_counters_equal_a_full_recount_after_random_writes(sqlite_engine, 1)
+    with session_scope(sqlite_engine) as s:
+        j = s.exec(select(Judgment).order_by(col(Judgment.id))).first()
+        assert j is not None and j.id is not None
+        judgment_id, version = j.id, j.version
+    with session_scope(sqlite_engine) as s:
+        record_review(session=s, judgment_id=judgment_id, expected_version=version, action="confirm",
+                      reviewer=REVIEWER)  # fmt: skip
+    with pytest.raises(ReviewConflict), session_scope(sqlite_engine) as s:
+        record_review(session=s, judgment_id=judgment_id, expected_version=version, action="confirm",
+                      reviewer=REVIEWER)  # fmt: skip
+    event.remove(sqlite_engine, "before_cursor_execute", record)
+    assert returning == []
+
+
 @pytest.mark.pg_repeats("statements and lines of test_concurrent_reviews_of_one_evaluation_are_all_counted")
 def test_a_failed_review_leaves_the_counters_as_they_were(engine: Engine) -> None:
     from lib.corrections import InvalidDecision
