@@ -21,7 +21,6 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cache
 from typing import Any
 
 import pandas as pd
@@ -30,7 +29,7 @@ from sqlalchemy.orm import aliased, object_session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlmodel import Session, col, select
 
-from lib import counters, judge_versions
+from lib import counters, judge_versions, prepared
 from lib.auth import Actor, Permission, authorize, identity_of
 from lib.display import REVIEWED_BY, evaluation_url, judgment_url, role_field
 from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_at_a_time
@@ -495,32 +494,35 @@ class ReviewState:
     reviewed_at: datetime | None = None
 
 
-@cache
-def _review_update(returning: bool) -> Any:
+def _review_update(session: Session, returning: bool) -> Any:
     """The optimistic-locking UPDATE of a review, returning the row as written (`returning`; SQLite
-    before 3.35 has no RETURNING: `_written_row` reads it after): built once (its values are
-    parameters), as building it cost more than running it."""
-    table = Judgment.__table__  # type: ignore[attr-defined]
-    c = table.c
-    stmt = (
-        update(table)
-        .where(c.id == bindparam("judgment_id"), c.version == bindparam("expected_version"))
-        .values(
-            user_decision=bindparam("new_user_decision", type_=c.user_decision.type),
-            user_reasoning=bindparam("new_user_reasoning", type_=c.user_reasoning.type),
-            reviewer=bindparam("new_reviewer", type_=c.reviewer.type),
-            reviewed_at=bindparam("new_reviewed_at", type_=c.reviewed_at.type),
-            was_corrected=bindparam("new_was_corrected", type_=c.was_corrected.type),
-            version=c.version + 1,
+    before 3.35 has no RETURNING: `_written_row` reads it after): built once (lib.prepared; its
+    values are parameters), as building it cost more than running it."""
+
+    def build() -> Any:
+        table = Judgment.__table__  # type: ignore[attr-defined]
+        c = table.c
+        stmt = (
+            update(table)
+            .where(c.id == bindparam("judgment_id"), c.version == bindparam("expected_version"))
+            .values(
+                user_decision=bindparam("new_user_decision", type_=c.user_decision.type),
+                user_reasoning=bindparam("new_user_reasoning", type_=c.user_reasoning.type),
+                reviewer=bindparam("new_reviewer", type_=c.reviewer.type),
+                reviewed_at=bindparam("new_reviewed_at", type_=c.reviewed_at.type),
+                was_corrected=bindparam("new_was_corrected", type_=c.was_corrected.type),
+                version=c.version + 1,
+            )
         )
-    )
-    return stmt.returning(*c) if returning else stmt
+        return stmt.returning(*c) if returning else stmt
+
+    return prepared.built(session, ("review update", returning), build)
 
 
 def _written_row(session: Session, params: dict[str, Any]) -> Any:
     """The review's UPDATE and the row as written (None when the version check refused it)."""
     returning = session.get_bind().dialect.update_returning
-    result = session.execute(_review_update(returning), params)
+    result = session.execute(_review_update(session, returning), params)
     if returning:
         return result.first()
     if result.rowcount != 1:

@@ -34,7 +34,6 @@ import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, time, timedelta
-from functools import cache
 from typing import Any
 
 import pandas as pd
@@ -43,7 +42,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
-from lib import counters, reservations
+from lib import counters, prepared, reservations
 from lib.auth import (
     Actor,
     Permission,
@@ -452,32 +451,37 @@ def _locked_queue(session: Session, queue_id: int | str, *, change: bool = False
     deadlocks with labelling; and a label saved after a close sees the queue closed."""
     locked: ReviewQueue | None = None
     if isinstance(queue_id, int) or queue_id.strip().isdigit():  # get_queue's lookup, one statement
-        locked = session.exec(_queue_lock("id", change), params={"key": int(queue_id)}).first()
+        locked = session.exec(_queue_lock(session, "id", change), params={"key": int(queue_id)}).first()
     if locked is None and isinstance(queue_id, str):
-        locked = session.exec(_queue_lock("name", change), params={"key": queue_id.strip()}).first()
+        locked = session.exec(_queue_lock(session, "name", change), params={"key": queue_id.strip()}).first()
     if locked is None:
         raise QueueNotFound(f"no review queue {queue_id!r}")
     return locked
 
 
 # The hot statements of a reviewer's writes (every next item, every label), the values as parameters:
-# built once, as building each cost 1-4 ms against a fraction of that to run it (lib.counters).
-@cache
-def _queue_lock(by: str, change: bool) -> Any:
-    return (
-        select(ReviewQueue)
-        .where(getattr(ReviewQueue, by) == bindparam("key"))
-        .with_for_update(read=not change)
-        .execution_options(populate_existing=True)
+# built once (lib.prepared), as building each cost 1-4 ms against a fraction of that to run it.
+def _queue_lock(session: Session, by: str, change: bool) -> Any:
+    return prepared.built(
+        session,
+        ("queue lock", by, change),
+        lambda: (
+            select(ReviewQueue)
+            .where(getattr(ReviewQueue, by) == bindparam("key"))
+            .with_for_update(read=not change)
+            .execution_options(populate_existing=True)
+        ),
     )
 
 
-@cache
-def _item_lock(of_queue: bool) -> Any:
-    stmt = select(ReviewQueueItem).where(col(ReviewQueueItem.id) == bindparam("item_id"))
-    if of_queue:
-        stmt = stmt.where(col(ReviewQueueItem.queue_id) == bindparam("queue_id"))
-    return stmt.with_for_update().execution_options(populate_existing=True)
+def _item_lock(session: Session, of_queue: bool) -> Any:
+    def build() -> Any:
+        stmt = select(ReviewQueueItem).where(col(ReviewQueueItem.id) == bindparam("item_id"))
+        if of_queue:
+            stmt = stmt.where(col(ReviewQueueItem.queue_id) == bindparam("queue_id"))
+        return stmt.with_for_update().execution_options(populate_existing=True)
+
+    return prepared.built(session, ("item lock", of_queue), build)
 
 
 def is_assigned(queue: ReviewQueue, reviewer: str | None) -> bool:
@@ -666,13 +670,17 @@ def _first_candidate(
     params: dict[str, Any] = {"queue_id": queue.id, "reviewer": reviewer, "now": now}
     if tried:
         params["tried"] = sorted(tried)
-    found = [row for stmt in _candidates_of(bool(tried)) for row in session.execute(stmt, params).all()]
+    statements = _candidates_of(session, bool(tried))
+    found = [row for stmt in statements for row in session.execute(stmt, params).all()]
     return min(found, key=lambda r: r[1])[0] if found else None
 
 
-@cache
-def _candidates_of(with_tried: bool) -> tuple[Any, Any]:
-    """`_first_candidate`'s two statements (an open item, a lapsed one), built once."""
+def _candidates_of(session: Session, with_tried: bool) -> tuple[Any, Any]:
+    """`_first_candidate`'s two statements (an open item, a lapsed one), built once (lib.prepared)."""
+    return prepared.built(session, ("queue candidates", with_tried), lambda: _build_candidates(with_tried))
+
+
+def _build_candidates(with_tried: bool) -> tuple[Any, Any]:
     queue_id = bindparam("queue_id", type_=Integer())
     reviewer = bindparam("reviewer", type_=String())
     now = bindparam("now", type_=ReviewAssignment.__table__.c.expires_at.type)  # type: ignore[attr-defined]
@@ -706,7 +714,7 @@ def _locked_item(session: Session, item_id: int, queue: ReviewQueue | None = Non
     """The item row, locked for this transaction (PostgreSQL; SQLite's writer lock covers it).
     With `queue`, an item of that queue only (as `_item_of`), in the same one statement."""
     params = {"item_id": item_id} if queue is None else {"item_id": item_id, "queue_id": queue.id}
-    item = session.exec(_item_lock(queue is not None), params=params).first()
+    item = session.exec(_item_lock(session, queue is not None), params=params).first()
     if item is None:
         if queue is not None:
             raise QueueNotFound(f"queue {queue.name!r} has no item {item_id}")
