@@ -427,7 +427,7 @@ def batch(session: Session, column: Any, ids: Sequence[Any]) -> Any:
 
 def judgments_with_change_ids(change_ids: Sequence[str]) -> Any:
     """`judgments.change_id IN (change_ids)` as a template (lib.prepared), for `judgments_added`."""
-    return prepared.among("change ids", _CHANGE_IDS, change_ids=change_ids)
+    return prepared.bind_ids("change ids", _CHANGE_IDS, change_ids=change_ids)
 
 
 @dataclass(frozen=True)
@@ -1214,11 +1214,11 @@ def _pending_where(judgment_ids: set[int], snapshot_ids: set[str]) -> Any:
     ids = {"judgment_ids": judgment_ids} if judgment_ids else {}
     if snapshot_ids:
         ids["judgments_of"] = snapshot_ids  # type: ignore[assignment]
-    return prepared.among(("judgments", *shape), _JUDGMENTS_AMONG[shape], **ids)
+    return prepared.bind_ids(("judgments", *shape), _JUDGMENTS_AMONG[shape], **ids)
 
 
 def _evaluations_among(snapshot_ids: set[str]) -> Any:
-    return prepared.among("evaluations", _EVALUATIONS_AMONG, evaluation_ids=snapshot_ids)
+    return prepared.bind_ids("evaluations", _EVALUATIONS_AMONG, evaluation_ids=snapshot_ids)
 
 
 _ONE_EVALUATION = col(_S.id) == bindparam("evaluation_id")

@@ -10,6 +10,9 @@ not the Python construct, so the counters keep the construct here and pass the v
 expanding parameter: statements built from it are kept per template (`run`), while a condition
 given as a plain SQL expression is built into a new statement as before. Either way the SQL sent
 is the same (SQLAlchemy expands an IN list into parameters in both).
+
+Statements that need no template (the review UPDATE in lib.corrections, the queue's locks and
+candidate reads in lib.queues) are kept by `built` directly, under a key naming them.
 """
 
 from __future__ import annotations
@@ -47,8 +50,12 @@ class Among:
     params: dict[str, Any]
 
 
-def among(shape: Hashable, where: Any, **ids: Collection[Any]) -> Among:
-    """A condition from a template (`template` below) and the ids for each of its parameters."""
+def bind_ids(shape: Hashable, where: Any, **ids: Collection[Any]) -> Among:
+    """A condition from a template (`template` below) and the ids for each of its parameters.
+
+    (Not `lib.bulk.among`, which builds a new condition binding its ids as one array or JSON
+    parameter; this one keeps the template and passes the ids when a statement built from it runs.)
+    """
     return Among(shape, where, {name: sorted(values) for name, values in ids.items()})
 
 
