@@ -312,7 +312,10 @@ def _new_connection(config: Mapping[str, Any] | None = None) -> duckdb.DuckDBPyC
             **(config or {}),
         }
     )
-    con.execute("SET TimeZone = 'UTC'")  # TIMESTAMPTZ values print and export as UTC
+    # TIMESTAMPTZ values print and export as UTC, and naive times read as UTC. GLOBAL: a plain SET
+    # holds for this connection only, and a cursor (a new connection to the same database, as
+    # `scanner_session` hands out) would start in the host's zone.
+    con.execute("SET GLOBAL TimeZone = 'UTC'")
     con.execute("SET enable_progress_bar = false")  # a child's stderr is the server's log
     return con
 

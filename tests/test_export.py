@@ -536,15 +536,21 @@ _PROBE = """
 import json, sys
 import lib.duck
 from lib.db import create_db_engine
-from lib.duck import duck_connect, source_kind
+from lib.duck import RAW_QUERY_FUNCTIONS, duck_connect, scanner_session, source_kind
 lib.duck._sqlite_scanner_allowed = True  # as in a run_isolated child: this process holds no connection
-con = duck_connect(create_db_engine(sys.argv[1]))
+engine = create_db_engine(sys.argv[1])
+con = duck_connect(engine)
 row = con.execute(
     "SELECT loaded, installed FROM duckdb_extensions() WHERE extension_name LIKE '%scanner'"
     " AND loaded"
 ).fetchone()
+with scanner_session(engine) as cur:  # the export worker's path: a cursor of its kept database
+    read = RAW_QUERY_FUNCTIONS[engine.dialect.name] + "('app_raw', 'SELECT timestamp FROM judgments')"
+    kept_time = cur.execute(f"SELECT CAST(CAST(timestamp AS TIMESTAMPTZ) AS VARCHAR) FROM {read}").fetchone()[0]
 print(json.dumps({"source": source_kind(con), "loaded": row[0], "installed": row[1],
                   "rows": con.execute("SELECT count(*) FROM db.judgments").fetchone()[0],
+                  "time": con.execute("SELECT CAST(timestamp AS VARCHAR) FROM db.judgments").fetchone()[0],
+                  "kept_time": kept_time,
                   "unsigned": con.execute("SELECT current_setting('allow_unsigned_extensions')").fetchone()[0]}))
 """
 
@@ -554,7 +560,9 @@ def test_scanner_loads_from_the_package_without_install(engine, tmp_path: Path) 
     _insert_judgments(engine, [_judgment("c1")])
     home = tmp_path / "home"
     home.mkdir()
-    env = {**os.environ, "HOME": str(home)}  # an empty home: no previously downloaded extension
+    # An empty home: no previously downloaded extension. A server whose zone is not UTC: times are
+    # still read and exported in UTC, on a connection and on a cursor of the worker's kept database.
+    env = {**os.environ, "HOME": str(home), "TZ": "America/New_York"}
     # As deployed: the extension's signature is checked (the rest of the suite skips that check).
     env.pop(duck.TRUST_EXTENSIONS_VAR, None)
     result = subprocess.run(
@@ -573,6 +581,8 @@ def test_scanner_loads_from_the_package_without_install(engine, tmp_path: Path) 
         "loaded": True,
         "installed": False,
         "rows": 1,
+        "time": "2024-11-15 10:30:00.123456+00",
+        "kept_time": "2024-11-15 10:30:00.123456+00",
         "unsigned": False,
     }
     assert not (home / ".duckdb" / "extensions").exists()
