@@ -358,7 +358,6 @@ def scanner_session(
     as `app_raw` on entry and detached on exit, so no file handle outlives the call. `config` holds
     settings (threads, memory_limit) applied to the kept database for this use. Outside a worker
     (`_sqlite_scanner_allowed` false) it is `scanner_connect` and a close."""
-    global _kept_scanner
     if not _sqlite_scanner_allowed:
         con = scanner_connect(engine, config)
         try:
@@ -366,27 +365,54 @@ def scanner_session(
         finally:
             con.close()
         return
-    if _kept_scanner is None:
-        _kept_scanner = _new_connection()
-        _kept_extensions.clear()
+    kept = _kept_database()
     kind = "sqlite" if engine.dialect.name == "sqlite" else "postgres"
     try:
         for key, value in (config or {}).items():
-            _kept_scanner.execute(f"SET {quote_ident(key)} = {quote_literal(str(value))}")
+            kept.execute(f"SET {quote_ident(key)} = {quote_literal(str(value))}")
         if kind not in _kept_extensions and engine.dialect.name in RAW_QUERY_FUNCTIONS:
-            _kept_scanner.execute(f"LOAD {quote_literal(extension_path(kind))}")
+            kept.execute(f"LOAD {quote_literal(extension_path(kind))}")
             _kept_extensions.add(kind)
-        _kept_scanner.execute(f"DETACH DATABASE IF EXISTS {RAW_CATALOG}")  # a call that died half-way
-        _attach_scanner(_kept_scanner, engine, loaded=True)
+        _attach_scanner(kept, engine, loaded=True)
+        con = kept.cursor()
+    except DuckUnavailable:
+        _drop_kept_database()  # this use's settings are on it: the next use starts on a fresh one
+        raise
     except duckdb.Error as exc:
+        _drop_kept_database()
         raise DuckUnavailable(str(exc)) from exc
-    con = _kept_scanner.cursor()
     try:
         yield con
     finally:
         con.close()
-        _kept_scanner.execute(f"DETACH DATABASE IF EXISTS {RAW_CATALOG}")
-        _give_back_memory(_kept_scanner, config or {})
+        kept.execute(f"DETACH DATABASE IF EXISTS {RAW_CATALOG}")
+        _give_back_memory(kept, config or {})
+
+
+def _kept_database() -> duckdb.DuckDBPyConnection:
+    """The worker's kept DuckDB database, with nothing attached; a fresh one when there is none or
+    the kept one fails (a fatal error invalidates a DuckDB database: every later statement fails)."""
+    global _kept_scanner
+    if _kept_scanner is not None:
+        try:
+            _kept_scanner.execute(f"DETACH DATABASE IF EXISTS {RAW_CATALOG}")  # a call that died half-way
+            return _kept_scanner
+        except duckdb.Error as exc:
+            log.warning("the worker's DuckDB database failed, a fresh one replaces it: %s", exc)
+            _drop_kept_database()
+    _kept_scanner = _new_connection()
+    _kept_extensions.clear()
+    return _kept_scanner
+
+
+def _drop_kept_database() -> None:
+    """Close and forget the kept database (after a failure); the next use opens a fresh one."""
+    global _kept_scanner
+    kept, _kept_scanner = _kept_scanner, None
+    _kept_extensions.clear()
+    if kept is not None:
+        with contextlib.suppress(duckdb.Error):
+            kept.close()
 
 
 def _give_back_memory(con: duckdb.DuckDBPyConnection, config: Mapping[str, Any]) -> None:

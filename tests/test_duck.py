@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
+from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy import Engine
 from sqlmodel import Session
 
@@ -187,3 +192,37 @@ def test_a_worker_keeps_its_scanner_database_but_no_attachment_outlives_an_expor
     assert "app_raw" not in attached
     if engine.dialect.name == "sqlite":
         assert not [f for f in files if f.startswith(str(engine.url.database))]
+
+
+@pytest.fixture
+def worker_engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Engine]:
+    """This process as an isolated worker with no kept DuckDB database yet, over a SQLite file
+    that no connection of this process holds (so the sqlite scanner may open it)."""
+    monkeypatch.setattr(lib.duck, "_sqlite_scanner_allowed", True)
+    monkeypatch.setattr(lib.duck, "_kept_scanner", None)
+    monkeypatch.setattr(lib.duck, "_kept_extensions", set())
+    path = tmp_path / "worker.db"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute("CREATE TABLE t (n INTEGER)")
+        db.execute("INSERT INTO t VALUES (1)")
+        db.commit()
+    engine = sa.create_engine(f"sqlite:///{path}")
+    yield engine
+    if lib.duck._kept_scanner is not None:
+        lib.duck._kept_scanner.close()
+    engine.dispose()
+
+
+def _rows_of_t(con: Any) -> int:
+    return int(con.execute("SELECT count(*) FROM sqlite_query('app_raw', 'SELECT n FROM t')").fetchone()[0])
+
+
+def test_a_kept_scanner_database_that_failed_is_replaced_by_the_next_use(worker_engine: Engine) -> None:
+    with scanner_session(worker_engine) as con:
+        assert _rows_of_t(con) == 1
+    broken = lib.duck._kept_scanner
+    assert broken is not None
+    broken.close()  # what an invalidating error leaves behind: every statement on it fails
+    with scanner_session(worker_engine) as con:
+        assert _rows_of_t(con) == 1
+    assert lib.duck._kept_scanner is not None and lib.duck._kept_scanner is not broken
