@@ -344,7 +344,8 @@ def scanner_connect(engine: Engine, config: Mapping[str, Any] | None = None) -> 
 
 # The isolated worker's own DuckDB database for `scanner_session`, kept for the worker's life: the
 # scanner extension's LOAD (a signature check that hashes the 35-42 MB file, ~0.15 CPU s) is paid
-# once per worker, not once per export. Only the app database's attachment is per call.
+# once per worker, not once per export. Only the app database's attachment is per call. One that
+# fails (an invalidating error, a failed setup or cleanup) is replaced by a fresh one.
 _kept_scanner: duckdb.DuckDBPyConnection | None = None
 _kept_extensions: set[str] = set()
 
@@ -384,9 +385,15 @@ def scanner_session(
     try:
         yield con
     finally:
-        con.close()
-        kept.execute(f"DETACH DATABASE IF EXISTS {RAW_CATALOG}")
-        _give_back_memory(kept, config or {})
+        # A cleanup that fails must not hide the use's own error (nor fail a use that went well):
+        # it is logged, and the kept database, in an unknown state now, is replaced.
+        try:
+            con.close()
+            kept.execute(f"DETACH DATABASE IF EXISTS {RAW_CATALOG}")
+            _give_back_memory(kept, config or {})
+        except duckdb.Error:
+            log.warning("could not reset the worker's DuckDB database after a use; dropped", exc_info=True)
+            _drop_kept_database()
 
 
 def _kept_database() -> duckdb.DuckDBPyConnection:

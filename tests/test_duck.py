@@ -226,3 +226,21 @@ def test_a_kept_scanner_database_that_failed_is_replaced_by_the_next_use(worker_
     with scanner_session(worker_engine) as con:
         assert _rows_of_t(con) == 1
     assert lib.duck._kept_scanner is not None and lib.duck._kept_scanner is not broken
+
+
+def test_a_failed_reset_after_a_use_keeps_the_use_s_own_error(
+    worker_engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The export's error is what the user must see, not the cleanup's that it caused.
+    with (
+        pytest.raises(RuntimeError, match="the export's own error"),
+        scanner_session(worker_engine, {"threads": 1}),
+    ):
+        broken = lib.duck._kept_scanner
+        assert broken is not None
+        broken.close()  # the detach and RESET after this use fail
+        raise RuntimeError("the export's own error")
+    assert "could not reset" in caplog.text
+    with scanner_session(worker_engine) as con:  # and the next use gets a fresh database
+        assert _rows_of_t(con) == 1
+    assert lib.duck._kept_scanner is not broken
