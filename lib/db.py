@@ -1,15 +1,20 @@
 """Database setup: engines for SQLite (default) and PostgreSQL, sessions, and migrations.
 
-SQLite is tuned for several reviewers at once: WAL so readers never block the writer, a busy
-timeout so writers queue instead of failing, and `BEGIN IMMEDIATE` for every transaction that may
-write, so a read-then-write transaction takes the write lock up front and can never hit the
-"database is locked" upgrade failure of a deferred transaction.
+SQLite is tuned for several reviewers at once: WAL so readers never block the writer, `BEGIN
+IMMEDIATE` for every transaction that may write, so a read-then-write transaction takes the write
+lock up front and can never hit the "database is locked" upgrade failure of a deferred transaction,
+a first-come-first-served queue of the writers of one process (`WriterQueue`), and a busy timeout
+so writers of other processes wait instead of failing.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+import os
+import sqlite3
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,6 +23,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.dialects.sqlite.base import SQLiteCompiler
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
 # The ORM hooks that keep derived tables in step with every write through a Session are registered
@@ -42,7 +48,70 @@ def normalize_url(url: str) -> str:
     return url
 
 
-def _install_sqlite_hooks(engine: Engine) -> None:
+class WriterQueue:
+    """Turns to write one SQLite file, handed out first come, first served to the threads of this
+    process (the app server's reviewers, the API, a background import).
+
+    SQLite's own busy handler is not fair: a waiting writer sleeps and polls (1 ms, growing to
+    100 ms), and a thread that has just committed begins its next transaction before any sleeper
+    wakes. Under load one reviewer's label could lose every retry for `SQLITE_BUSY_TIMEOUT_MS` and
+    fail with "database is locked" while the others wrote on (seen once in the suite, five reviewer
+    threads at load 16). Here each writer waits in line and is handed the turn when the one before
+    it commits or rolls back. Writers in other processes still meet in SQLite's busy handler.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._busy = False
+        self._waiting: deque[threading.Event] = deque()  # not empty only while busy
+
+    def acquire(self, timeout: float) -> bool:
+        """Wait for the turn, at most `timeout` seconds; False when it did not come."""
+        with self._mutex:
+            if not self._busy:
+                self._busy = True
+                return True
+            turn = threading.Event()
+            self._waiting.append(turn)
+        if turn.wait(timeout):
+            return True
+        with self._mutex:
+            if turn.is_set():  # handed over just as the wait ran out
+                return True
+            self._waiting.remove(turn)
+            return False
+
+    def release(self) -> None:
+        """End this writer's turn: hand it to the longest waiting writer, if any."""
+        with self._mutex:
+            if self._waiting:
+                self._waiting.popleft().set()  # still busy: the turn is now the next writer's
+            else:
+                self._busy = False
+
+
+_WRITER_QUEUES: dict[str, WriterQueue] = {}
+_WRITER_QUEUES_MUTEX = threading.Lock()
+
+
+def _forget_writer_queues() -> None:
+    """In a forked child: the parent's threads, and so their turns, did not come along."""
+    global _WRITER_QUEUES_MUTEX
+    _WRITER_QUEUES_MUTEX = threading.Lock()
+    _WRITER_QUEUES.clear()
+
+
+os.register_at_fork(after_in_child=_forget_writer_queues)
+
+
+def writer_queue(path: str) -> WriterQueue:
+    """The one queue of this process's writers to the SQLite file at `path` (every engine on it)."""
+    key = os.path.realpath(path)
+    with _WRITER_QUEUES_MUTEX:
+        return _WRITER_QUEUES.setdefault(key, WriterQueue())
+
+
+def _install_sqlite_hooks(engine: Engine, queue: WriterQueue | None) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
         dbapi_conn.isolation_level = None  # SQLAlchemy's "begin" hook issues BEGIN itself
@@ -53,10 +122,45 @@ def _install_sqlite_hooks(engine: Engine) -> None:
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.close()
 
+    holding: dict[int, Any] = {}  # id of a DBAPI connection -> the connection, while it has the turn
+
+    def _end_turn(connection: Any) -> None:
+        raw = getattr(connection, "dbapi_connection", connection)  # SQLAlchemy passes either
+        if queue is not None and holding.pop(id(raw), None) is not None:
+            queue.release()
+
     @event.listens_for(engine, "begin")
     def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
         mode = conn.get_execution_options().get("sqlite_begin", "IMMEDIATE")
-        conn.exec_driver_sql(f"BEGIN {mode}")
+        if queue is None or mode == "DEFERRED":  # a reader takes no turn
+            conn.exec_driver_sql(f"BEGIN {mode}")
+            return
+        if not queue.acquire(SQLITE_BUSY_TIMEOUT_MS / 1000):
+            waited = f"database is locked: waited {SQLITE_BUSY_TIMEOUT_MS / 1000:g} s for this server's other writers"
+            raise OperationalError(f"BEGIN {mode}", None, sqlite3.OperationalError(waited))
+        raw = conn.connection.dbapi_connection
+        holding[id(raw)] = raw
+        try:
+            conn.exec_driver_sql(f"BEGIN {mode}")
+        except BaseException:
+            _end_turn(raw)
+            raise
+
+    # Every way a transaction ends passes through one of these dialect methods: a commit or rollback
+    # of a Connection, the pool's rollback when a connection is returned, and closing a connection.
+    # They are set on this engine's dialect only (each engine has its own).
+    for name in ("do_commit", "do_rollback", "do_close"):
+        setattr(engine.dialect, name, _then(getattr(engine.dialect, name), _end_turn))
+
+
+def _then(end: Callable[[Any], None], after: Callable[[Any], None]) -> Callable[[Any], None]:
+    def ended(dbapi_connection: Any) -> None:
+        try:
+            end(dbapi_connection)
+        finally:
+            after(dbapi_connection)
+
+    return ended
 
 
 class _SQLiteCompiler(SQLiteCompiler):
@@ -77,7 +181,7 @@ def create_db_engine(url: str | None = None) -> Engine:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         engine.dialect.statement_compiler = _SQLiteCompiler
-        _install_sqlite_hooks(engine)
+        _install_sqlite_hooks(engine, writer_queue(path) if path and path != ":memory:" else None)
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, SQLModel, select
 
-from lib.db import alembic_config, init_db, normalize_url, session_scope
+import lib.db
+from lib.db import WriterQueue, alembic_config, create_db_engine, init_db, normalize_url, session_scope
 from lib.models import ChatMessage, EvaluationSnapshot, Judgment, compute_was_corrected, utcnow
 from lib.search import is_search_index_object
+from tests.waiting import wait_until
 
 
 def include_object(_object, name, _type, _reflected, _compare_to) -> bool:  # type: ignore[no-untyped-def]
@@ -160,3 +165,112 @@ def test_naive_datetimes_are_stored_as_utc(engine) -> None:
     with Session(engine) as s:
         stored = s.exec(select(Judgment.timestamp)).one()
     assert stored.isoformat() == "2024-01-01T12:00:00+00:00"
+
+
+# ---------------------------------------------------------------------------------------------
+# The writers of one process take turns (lib.db.WriterQueue)
+
+
+def test_writer_turns_are_handed_out_in_arrival_order_and_a_timed_out_waiter_leaves_the_line() -> None:
+    queue = WriterQueue()
+    assert queue.acquire(0)
+    got: list[int] = []
+
+    def writer(i: int) -> None:
+        assert queue.acquire(5)
+        got.append(i)
+        queue.release()
+
+    threads = []
+    for i in range(4):
+        threads.append(threading.Thread(target=writer, args=(i,)))
+        threads[-1].start()
+        wait_until(lambda n=i + 1: len(queue._waiting) == n, f"writer {i} to wait in line")
+    assert not queue.acquire(0.01)  # gives up and leaves the line: the others are not held up by it
+    queue.release()
+    for t in threads:
+        t.join(5)
+    assert got == [0, 1, 2, 3]
+    assert queue.acquire(0)  # the last writer's release freed the queue
+
+
+def test_a_writer_thread_is_not_starved_by_others_writing_back_to_back(tmp_path, monkeypatch) -> None:
+    """Five threads write in a loop, each holding the write lock 10 ms and beginning again at once.
+    SQLite's busy handler polls: the thread that just committed took the lock again before a sleeper
+    woke, and the others failed with "database is locked" after the busy timeout (1.5 s here). In line,
+    each waits for at most the four writers ahead of it."""
+    monkeypatch.setattr(lib.db, "SQLITE_BUSY_TIMEOUT_MS", 1500)
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'writers.db'}")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE turns (writer INTEGER)")
+    stop = time.monotonic() + 2.0
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        try:
+            while time.monotonic() < stop:
+                with engine.begin() as conn:
+                    conn.exec_driver_sql("INSERT INTO turns VALUES (?)", (i,))
+                    time.sleep(0.01)
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    with engine.connect() as conn:
+        turns = dict(conn.exec_driver_sql("SELECT writer, count(*) FROM turns GROUP BY writer").all())
+    engine.dispose()
+    assert sorted(turns) == [0, 1, 2, 3, 4] and min(turns.values()) >= 2, turns
+
+
+def test_every_way_a_write_transaction_ends_frees_the_turn(tmp_path, monkeypatch) -> None:
+    """Commit, rollback, a connection returned to the pool mid-transaction, and one invalidated
+    (closed): after each, the next writer gets the turn at once. A writer that cannot get it in time
+    gets SQLite's "database is locked" error and changes nothing."""
+    monkeypatch.setattr(lib.db, "SQLITE_BUSY_TIMEOUT_MS", 200)
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'ends.db'}")
+    other = create_db_engine(f"sqlite:///{tmp_path / 'ends.db'}")  # another engine on the same file
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (n INTEGER)")
+
+    def write(n: int) -> None:
+        with other.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO t VALUES (?)", (n,))
+
+    held = engine.connect()
+    held.exec_driver_sql("INSERT INTO t VALUES (-1)")  # holds the turn, uncommitted
+    with pytest.raises(OperationalError, match="database is locked"):
+        write(0)
+    held.commit()
+    write(1)
+    held.exec_driver_sql("INSERT INTO t VALUES (-2)")
+    held.rollback()
+    write(2)
+    held.exec_driver_sql("INSERT INTO t VALUES (-3)")
+    held.close()  # returned to the pool, which rolls back
+    write(3)
+    held = engine.connect()
+    held.exec_driver_sql("INSERT INTO t VALUES (-4)")
+    held.invalidate()  # the DBAPI connection is closed
+    held.close()
+    write(4)
+    with engine.connect() as conn:
+        assert [r[0] for r in conn.exec_driver_sql("SELECT n FROM t ORDER BY n")] == [-1, 1, 2, 3, 4]
+    engine.dispose()
+    other.dispose()
+
+
+def test_a_forked_child_does_not_inherit_its_parents_turn(tmp_path) -> None:
+    path = str(tmp_path / "forked.db")
+    held = lib.db.writer_queue(path)
+    assert held.acquire(0)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 when its own writers can take a turn at once
+        os._exit(0 if lib.db.writer_queue(path).acquire(0) else 1)
+    _, status = os.waitpid(pid, 0)
+    held.release()
+    assert os.waitstatus_to_exitcode(status) == 0
