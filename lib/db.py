@@ -13,6 +13,7 @@ import logging
 import os
 import sqlite3
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -61,54 +62,78 @@ class WriterQueue:
     """
 
     def __init__(self) -> None:
+        # Nothing inside the mutex allocates, so the garbage collector cannot run there: a connection
+        # it finalizes ends its transaction and calls `release` on this thread (a plain Lock would
+        # deadlock, an RLock would let that release run in the middle of another).
         self._mutex = threading.Lock()
         self._busy = False
         self._waiting: deque[threading.Event] = deque()  # not empty only while busy
 
     def acquire(self, timeout: float) -> bool:
         """Wait for the turn, at most `timeout` seconds; False when it did not come."""
+        turn = threading.Event()
         with self._mutex:
             if not self._busy:
                 self._busy = True
                 return True
-            turn = threading.Event()
             self._waiting.append(turn)
-        if turn.wait(timeout):
-            return True
-        with self._mutex:
-            if turn.is_set():  # handed over just as the wait ran out
+        try:
+            if turn.wait(timeout):
                 return True
-            self._waiting.remove(turn)
+        except (
+            BaseException
+        ):  # interrupted (KeyboardInterrupt in the CLI): leave the line, or pass the turn on
+            if not self._leave(turn):
+                self.release()
+            raise
+        if self._leave(turn):
+            return False
+        turn.wait()  # handed over as the wait ran out: `release` sets it at once
+        return True
+
+    def _leave(self, turn: threading.Event) -> bool:
+        """Take `turn` out of the line; False when `release` already took it out to hand it over."""
+        with self._mutex:
+            if turn in self._waiting:
+                self._waiting.remove(turn)
+                return True
             return False
 
     def release(self) -> None:
         """End this writer's turn: hand it to the longest waiting writer, if any."""
         with self._mutex:
-            if self._waiting:
-                self._waiting.popleft().set()  # still busy: the turn is now the next writer's
-            else:
+            turn = self._waiting.popleft() if self._waiting else None
+            if turn is None:
                 self._busy = False
+        if turn is not None:
+            turn.set()  # still busy: the turn is now the next writer's
 
 
-_WRITER_QUEUES: dict[str, WriterQueue] = {}
+# Weak values: a queue lives as long as an engine on its file (the suite makes thousands of files).
+_WRITER_QUEUES: weakref.WeakValueDictionary[str, WriterQueue] = weakref.WeakValueDictionary()
 _WRITER_QUEUES_MUTEX = threading.Lock()
 
 
-def _forget_writer_queues() -> None:
-    """In a forked child: the parent's threads, and so their turns, did not come along."""
+def _forget_turns() -> None:
+    """In a forked child: the parent's threads, and so their turns, did not come along. Engines made
+    before the fork keep their queue objects, so each is emptied, not replaced."""
     global _WRITER_QUEUES_MUTEX
     _WRITER_QUEUES_MUTEX = threading.Lock()
-    _WRITER_QUEUES.clear()
+    for queue in list(_WRITER_QUEUES.values()):
+        queue.__init__()  # type: ignore[misc]
 
 
-os.register_at_fork(after_in_child=_forget_writer_queues)
+os.register_at_fork(after_in_child=_forget_turns)
 
 
 def writer_queue(path: str) -> WriterQueue:
     """The one queue of this process's writers to the SQLite file at `path` (every engine on it)."""
     key = os.path.realpath(path)
     with _WRITER_QUEUES_MUTEX:
-        return _WRITER_QUEUES.setdefault(key, WriterQueue())
+        queue = _WRITER_QUEUES.get(key)
+        if queue is None:
+            queue = _WRITER_QUEUES[key] = WriterQueue()
+        return queue
 
 
 def _install_sqlite_hooks(engine: Engine, queue: WriterQueue | None) -> None:
@@ -135,10 +160,10 @@ def _install_sqlite_hooks(engine: Engine, queue: WriterQueue | None) -> None:
         if queue is None or mode == "DEFERRED":  # a reader takes no turn
             conn.exec_driver_sql(f"BEGIN {mode}")
             return
+        raw = conn.connection.dbapi_connection  # may connect (and fail) before the turn is taken
         if not queue.acquire(SQLITE_BUSY_TIMEOUT_MS / 1000):
             waited = f"database is locked: waited {SQLITE_BUSY_TIMEOUT_MS / 1000:g} s for this server's other writers"
             raise OperationalError(f"BEGIN {mode}", None, sqlite3.OperationalError(waited))
-        raw = conn.connection.dbapi_connection
         holding[id(raw)] = raw
         try:
             conn.exec_driver_sql(f"BEGIN {mode}")
@@ -147,8 +172,10 @@ def _install_sqlite_hooks(engine: Engine, queue: WriterQueue | None) -> None:
             raise
 
     # Every way a transaction ends passes through one of these dialect methods: a commit or rollback
-    # of a Connection, the pool's rollback when a connection is returned, and closing a connection.
+    # of a Connection, the pool's rollback when a connection is returned, and closing a connection;
+    # or, for a connection detached from the pool, the pool's close_detached event.
     # They are set on this engine's dialect only (each engine has its own).
+    event.listen(engine, "close_detached", _end_turn)
     for name in ("do_commit", "do_rollback", "do_close"):
         setattr(engine.dialect, name, _then(getattr(engine.dialect, name), _end_turn))
 

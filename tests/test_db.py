@@ -265,12 +265,13 @@ def test_every_way_a_write_transaction_ends_frees_the_turn(tmp_path, monkeypatch
 
 
 def test_a_forked_child_does_not_inherit_its_parents_turn(tmp_path) -> None:
+    """The child's writers, through engines made before the fork (which keep their queue) or after."""
     path = str(tmp_path / "forked.db")
     held = lib.db.writer_queue(path)
     assert held.acquire(0)
     pid = os.fork()
     if pid == 0:  # the child: exit status 0 when its own writers can take a turn at once
-        os._exit(0 if lib.db.writer_queue(path).acquire(0) else 1)
+        os._exit(0 if held.acquire(0) and lib.db.writer_queue(path) is held else 1)
     _, status = os.waitpid(pid, 0)
     held.release()
     assert os.waitstatus_to_exitcode(status) == 0
