@@ -80,9 +80,8 @@ class WriterQueue:
         try:
             if turn.wait(timeout):
                 return True
-        except (
-            BaseException
-        ):  # interrupted (KeyboardInterrupt in the CLI): leave the line, or pass the turn on
+        except BaseException:
+            # Interrupted (KeyboardInterrupt in the CLI): leave the line, or pass on a turn just handed over.
             if not self._leave(turn):
                 self.release()
             raise
