@@ -521,7 +521,7 @@ def _review_update(session: Session, returning: bool) -> Any:
 
 def _written_row(session: Session, params: dict[str, Any]) -> Any:
     """The review's UPDATE and the row as written (None when the version check refused it)."""
-    returning = session.get_bind().dialect.update_returning
+    returning = prepared.update_returning(session)
     result = session.execute(_review_update(session, returning), params)
     if returning:
         return result.first()

@@ -468,7 +468,7 @@ def bump_review(
         # returns whether it did, no second statement), it moves between `evaluation_counts` rows,
         # stated from the row this UPDATE locked (before: the counters minus this review's change),
         # so concurrent reviews add up. The write lock is held as briefly as before (SQLite: one writer).
-        returning = session.get_bind().dialect.update_returning  # SQLite before 3.35: no RETURNING
+        returning = prepared.update_returning(session)
         update_snapshot = prepared.built(
             session,
             ("snapshot", reviewed, corrected, returning),

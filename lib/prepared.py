@@ -26,8 +26,21 @@ from sqlalchemy import bindparam
 _BUILT: dict[tuple[Hashable, ...], Any] = {}
 
 
+def _dialect_of(bind: Any) -> Any:
+    return bind.get_bind().dialect if hasattr(bind, "get_bind") else bind.dialect
+
+
 def _dialect(bind: Any) -> str:
-    return str(bind.get_bind().dialect.name if hasattr(bind, "get_bind") else bind.dialect.name)
+    return str(_dialect_of(bind).name)
+
+
+def update_returning(bind: Any) -> bool:
+    """Whether `bind`'s database answers UPDATE … RETURNING (SQLite before 3.35 does not).
+
+    The writes that read back what they wrote (a review's row, whether a review moved its
+    evaluation between counters) ask here, and without it write, then read in the same transaction.
+    """
+    return bool(_dialect_of(bind).update_returning)
 
 
 def built(bind: Any, key: tuple[Hashable, ...], build: Callable[[], Any]) -> Any:
