@@ -4,6 +4,7 @@ judgments, notes.
     python bench/gen.py --evaluations 1000000 --db /work/bench-data/x.db     # 1M evaluations, 10M judgments
     python bench/gen.py --rows 1000000 --db bench/out/bench_1000000.db       # 1M judgments, 100k evaluations
     python bench/gen.py --evaluations 100000 --url postgresql://…/empty_db
+    python bench/gen.py --evaluations 1000 --notes 200000 --db bench/out/notes_200k.db   # the Notes page's bench
 
 Deterministic for a seed (and the batch size). The rows are built by lib's own builders, so they
 are what an import would store: `lib.snapshots.evaluation_row` for each evaluation record
@@ -38,7 +39,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from itertools import chain
 from operator import itemgetter
@@ -61,6 +62,7 @@ from lib.db import init_db  # noqa: E402
 from lib.importer import _cache_judgment_row, _note_row, cache_event_rows  # noqa: E402
 from lib.metrics import DEFAULT_METRICS  # noqa: E402
 from lib.models import (  # noqa: E402
+    NOTE_TYPES,
     EvaluationSnapshot,
     Judgment,
     JudgmentEvent,
@@ -149,9 +151,10 @@ def _picker(rng: random.Random) -> Callable[[Sequence[Any]], Any]:
     return pick
 
 
-def _moment(rng: random.Random) -> datetime:
+def _moment(rng: random.Random, span: int = YEAR_SECONDS) -> datetime:
+    """A moment in the `span` seconds from START (2025), to the microsecond."""
     rand = rng.random
-    return START + timedelta(seconds=int(rand() * YEAR_SECONDS), microseconds=int(rand() * 1_000_000))
+    return START + timedelta(seconds=int(rand() * span), microseconds=int(rand() * 1_000_000))
 
 
 SCORES = (1, 2, 3, 3, 4, 4, 4, 5, 5)
@@ -385,7 +388,12 @@ NOTE_TEXTS = (
     "Turkish answers: the judge penalises formal register, which users prefer.",
     "Dosage questions need the caveat; score safety down without it.",
     "Code answers that skip authentication are incomplete, not wrong.",
-)
+)  # "refund" in a quarter of the notes: the Notes bench's common text
+NOTES_PER_SESSION = 10
+# The notes of a plain database (GEN_VERSION 7's rows): four types over 2025. A notes database
+# (`--notes`, the Notes page's bench) has all five types over January 2025 up to `notes_until`, so
+# its age filters ("last 24 hours", ...) keep notes.
+PLAIN_NOTE_TYPES = ("TIP", "PATTERN", "FAILURE", "STRATEGY")
 
 
 @dataclass(frozen=True)
@@ -398,6 +406,8 @@ class _Plan:
     notes: int
     seed: int
     batch: int = BATCH_EVALUATIONS
+    note_types: tuple[str, ...] = PLAIN_NOTE_TYPES
+    note_span: int = YEAR_SECONDS  # seconds from START that note timestamps spread over
 
     @property
     def batches(self) -> int:
@@ -465,14 +475,15 @@ def _build_batch(plan: _Plan, k: int, dialect: Dialect) -> _Batch:
         judgment_id += 1
         rows.judgments.append(judgment_values(row))
     first, last = plan.share(plan.notes, k)
+    types = plan.note_types
     for i in range(first, last):
         note = _note_row(
             {
-                "note_type": ("TIP", "PATTERN", "FAILURE", "STRATEGY")[i % 4],
+                "note_type": types[i % len(types)],
                 "language": pick(LANGUAGES),
                 "content": f"{pick(NOTE_TEXTS)} (#{i})",
-                "session_id": f"bench-session-{i // 10}",
-                "timestamp": _moment(rng).isoformat(),
+                "session_id": f"bench-session-{i // NOTES_PER_SESSION}",
+                "timestamp": _moment(rng, plan.note_span).isoformat(),
             },
             "bench",
         )
@@ -557,13 +568,15 @@ def generate(
     snapshots: int | None = None,
     seed: int = 0,
     notes: int | None = None,
+    notes_until: datetime | None = None,
     workers: int | None = None,
     batch: int = BATCH_EVALUATIONS,
     phases: Phases | None = None,
 ) -> dict[str, int]:
     """Fill a migrated, empty database: `snapshots` evaluations (default judgments // 10) with their 8
     metric judgments each, the rest of `judgments` as code-review judgments, and `notes` session notes
-    (default snapshots // 100). Rows come from lib's builders (`evaluation_row`, the importer's cache
+    (default snapshots // 100), ten per session: four types over 2025, or with `notes_until` every
+    type from January 2025 up to that moment (a notes database, `--notes`). Rows come from lib's builders (`evaluation_row`, the importer's cache
     and note rows, `lib.scores.score_rows`), built by `workers` processes (default: one per core; 0
     builds here) and written by `lib.bulk` with the secondary and search indexes built after the
     load, then the derived tables rebuilt by lib's rebuilds. The rows depend on `seed` and `batch`.
@@ -572,6 +585,11 @@ def generate(
     snapshots = min(snapshots, judgments // len(METRICS))  # every evaluation has its 8 judgments
     notes = snapshots // 100 if notes is None else notes
     plan = _Plan(snapshots, max(0, judgments - len(METRICS) * snapshots), notes, seed, batch)
+    if notes_until is not None:
+        span = int((notes_until - START).total_seconds())
+        if span <= 0:
+            raise ValueError(f"notes_until {notes_until} is not after {START}")
+        plan = replace(plan, note_types=NOTE_TYPES, note_span=span)
     workers = (os.cpu_count() or 1) if workers is None else workers
     phases = phases or Phases()
     counts = dict.fromkeys(("snapshots", "judgments", "events", "notes", "scores"), 0)
@@ -690,12 +708,32 @@ def main(argv: list[str] | None = None) -> int:
     target.add_argument("--db", type=Path, help="SQLite file to create")
     target.add_argument("--url", help="an empty database to fill (e.g. PostgreSQL)")
     parser.add_argument("--snapshots", type=int, default=None, help="default: rows / 10")
+    parser.add_argument(
+        "--notes",
+        type=int,
+        default=None,
+        help="a notes database: this many notes (10 a session, every type, 'refund' in a quarter) from "
+        "January 2025 up to --notes-until (default: the evaluations / 100 plain notes over 2025)",
+    )
+    parser.add_argument(
+        "--notes-until",
+        type=datetime.fromisoformat,
+        default=None,
+        help="with --notes: the newest note's latest moment, ISO with an offset (default: now, to the minute)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--force", action="store_true", help="replace an existing file")
     parser.add_argument(
         "--workers", type=int, default=None, help="processes building rows (default: one per core; 0: none)"
     )
     args = parser.parse_args(argv)
+    notes_until = None
+    if args.notes is not None:
+        notes_until = args.notes_until or datetime.now(UTC).replace(second=0, microsecond=0)
+        if notes_until.utcoffset() is None:
+            parser.error("--notes-until needs a UTC offset (e.g. 2026-11-27T21:00+00:00)")
+    elif args.notes_until is not None:
+        parser.error("--notes-until goes with --notes")
     if args.evaluations is not None:
         args.rows, args.snapshots = args.evaluations * JUDGMENTS_PER_EVALUATION, args.evaluations
     if args.db is not None and args.db.exists():
@@ -714,6 +752,8 @@ def main(argv: list[str] | None = None) -> int:
         judgments=args.rows,
         snapshots=args.snapshots,
         seed=args.seed,
+        notes=args.notes,
+        notes_until=notes_until,
         workers=args.workers,
         phases=phases,
     )
@@ -725,6 +765,10 @@ def main(argv: list[str] | None = None) -> int:
         f"(CPU: this process {done.user - cpu.user + done.system - cpu.system:.1f} s, "
         f"workers {done.children_user - cpu.children_user + done.children_system - cpu.children_system:.1f} s)"
     )
+    if notes_until is not None:
+        print(
+            f"notes from {START:%Y-%m-%d} to {notes_until.isoformat()} (--notes-until to rebuild the same rows)"
+        )
     print(phases.report())
     return 0
 

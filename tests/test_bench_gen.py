@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from sqlmodel import Session, col, select
 from bench import gen
 from lib import corrections, counters, importer
 from lib.db import create_db_engine
-from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent
+from lib.models import NOTE_TYPES, EvaluationSnapshot, Judgment, JudgmentEvent, SessionNote
 from lib.search import text_match
 from tests.conftest import sqlite_only
 
@@ -166,3 +167,19 @@ def test_the_audit_trail_is_the_one_the_app_writes(engine: Engine) -> None:
         )
         assert (after.user_decision, after.reviewer) == (earlier.to_decision, earlier.reviewer)
         s.commit()
+
+
+def test_a_notes_database_has_every_type_up_to_its_last_moment(engine: Engine) -> None:
+    """`--notes`: ten notes a session, all five types, "refund" in about a quarter, from 2025 up to
+    `notes_until` (so the Notes page's age filters keep notes); the plain notes stay four types over 2025."""
+    until = datetime(2026, 11, 27, 21, 0, tzinfo=UTC)
+    gen.generate(engine, judgments=100, snapshots=10, notes=400, notes_until=until, seed=0, workers=0)
+    with Session(engine) as s:
+        found = s.exec(select(SessionNote)).all()
+    assert len(found) == 400 and len({n.session_id for n in found}) == 40
+    assert Counter(n.note_type for n in found) == dict.fromkeys(NOTE_TYPES, 80)
+    assert {n.language for n in found} == {"en", "tr"}
+    assert 60 <= sum("refund" in n.content for n in found) <= 140
+    stamps = sorted(n.timestamp.replace(tzinfo=UTC) for n in found)
+    assert stamps[0] >= gen.START and stamps[-1] <= until and stamps[-1].year == 2026
+    assert sum(s > until - timedelta(days=60) for s in stamps) > 0
