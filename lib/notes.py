@@ -35,7 +35,7 @@ import re
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cache, partial
 from typing import Any, TypedDict
@@ -44,10 +44,9 @@ import pandas as pd
 from sqlalchemy import ColumnElement, Engine, Table, and_, delete, false, func, or_, true
 from sqlmodel import Session, SQLModel, col, select
 
-from lib import search
+from lib import counters, search
 from lib.auth import Actor, Permission, authorize, removal_permission
 from lib.config import get_settings
-from lib.counters import COUNT_CAP
 from lib.display import TYPE_ICONS, TYPE_LABELS, note_type_label  # noqa: F401  (re-exported)
 from lib.models import NOTE_TYPES, SessionNote, TagRelevanceEvent, utcnow
 from lib.relevance import pinned_as_of, relevance_for_notes
@@ -353,8 +352,17 @@ def _index_for(filters: NoteFilter) -> str:
     return NOTE_INDEXES["timestamp"]
 
 
-def _plan(session: Session, filters: NoteFilter) -> _Plan:
-    """The plan of a page, a count or the timeline's walk for `filters` (see Plans above)."""
+# A deep page of a common text (SQLite): the walk reads each walked note's row to test its text,
+# about 5 µs per match skipped when a quarter of the notes match (page 400 of 200k notes: 47 ms). The
+# text index's matches, read once (0.2 µs each) and tested on the walk's entries as a set, cost less
+# once the page lies deeper than 1/TEXT_SET_DEPTH of the matches (the same page: 19 ms). Page 1
+# keeps the walk: a few rows, where the set would read every match.
+TEXT_SET_DEPTH = 20
+
+
+def _plan(session: Session, filters: NoteFilter, *, depth: int = 0) -> _Plan:
+    """The plan of a page (`depth`: its offset + limit), a count or the timeline's walk for
+    `filters` (see Plans above)."""
     sqlite = session.get_bind().dialect.name == "sqlite"
     index = _index_for(filters) if sqlite else None
     query = str(filters.query or "").strip()
@@ -365,6 +373,11 @@ def _plan(session: Session, filters: NoteFilter) -> _Plan:
         if found is not None and found <= search.RARE_MATCHES:
             source = search.index_matched_rows(session=session, table=_T, query=query)
             return _Plan(_filters(session, filters, text_form="none"), None, source)
+        if found is not None and depth * TEXT_SET_DEPTH > search.RARE_MATCHES:
+            most = depth * TEXT_SET_DEPTH
+            every = search.count_index_matches(session=session, table=_T, query=query, limit=most + 1)
+            if every is not None and every <= most:
+                return _Plan(_filters(session, filters, text_form="match"), index)
     # A session's few notes, or a common text: the text is tested on the rows the walk keeps.
     form = "scan" if query and (sqlite or filters.session_id is not None) else "match"
     return _Plan(_filters(session, filters, text_form=form), index)
@@ -395,7 +408,7 @@ def search_notes(
         raise TypeError("give the filters as query/note_type/language or as a NoteFilter, not both")
     if limit <= 0:
         return []
-    plan = _plan(session, filters)
+    plan = _plan(session, filters, depth=max(0, offset) + limit)
     # Ids first, off the plan's index (an offset skips index entries, not rows), then the page's rows.
     page = plan.select(col(SessionNote.id)).order_by(*_newest_first()).offset(max(0, offset)).limit(limit)
     ids = list(session.exec(page).all())
@@ -424,27 +437,59 @@ def iter_note_rows(*, session: Session, filters: NoteFilter = NoteFilter()) -> I
         yield tuple(row)
 
 
+def count_cap(filters: NoteFilter) -> int:
+    """Where the Notes list's count stops (`count_label` / `count_is_capped` take it too), as the
+    Evaluations list's does: a text filter's `counters.TEXT_COUNT_CAP` ("1,000+"; with another
+    filter each match is a row read to test the text), else `counters.COUNT_CAP` ("10,000+")."""
+    return counters.TEXT_COUNT_CAP if str(filters.query or "").strip() else counters.COUNT_CAP
+
+
 def count_notes(
     *,
     session: Session,
     filters: NoteFilter = NoteFilter(),
+    cap: int | None = None,
 ) -> int:
-    """How many notes `search_notes` would find with the same filters and no limit.
+    """How many notes `search_notes` would find with the same filters and no limit: exact, or with
+    `cap` at most `cap` + 1 (more match: "10,000+", `lib.counters.count_label`).
 
-    Exact: a range of the plan's index (lib.models holds every filter column in each), or a text
-    alone counted by its index alone (no row read), or a rare text's matches."""
+    From a range of the plan's index (lib.models holds every filter column in each), or a text
+    alone counted by its index alone (no row read), or a rare text's matches. A capped count reads at
+    most `cap` + 1 matches of that range, and starts from the selective side (issue 27): a text with
+    at most `counters.COUNT_CAP` matches is counted from its index, testing the other filters on those
+    rows; a commoner one walks the other filters' range, testing the text on its rows, until `cap` + 1
+    match (a common text matches within a few rows each). Never every note of a type or an age."""
+    limit = EXACT_COUNT if cap is None else max(0, cap) + 1
     query = str(filters.query or "").strip()
     if query and filters == NoteFilter(query=filters.query):
-        found = search.count_index_matches(session=session, table=_T, query=query, limit=EXACT_COUNT)
+        found = search.count_index_matches(session=session, table=_T, query=query, limit=limit)
         if found is not None:
             return found
-    plan = _plan(session, filters)
-    return int(
-        session.exec(select(func.count()).select_from(plan.select(col(SessionNote.id)).subquery())).one()
-    )
+    source = None
+    if cap is not None and query and filters.session_id is None:
+        seek = max(counters.COUNT_CAP, search.RARE_MATCHES)
+        found = search.count_index_matches(session=session, table=_T, query=query, limit=seek + 1)
+        if found is not None and found <= counters.COUNT_CAP:
+            source = search.index_matched_rows(session=session, table=_T, query=query)
+    if source is not None:
+        plan = _Plan(_filters(session, filters, text_form="none"), None, source)
+    else:
+        plan = _plan(session, filters)  # reuses the text index's count just taken (for_plan)
+    return _count(session, plan, None if cap is None else limit)
+
+
+def _count(session: Session, plan: _Plan, limit: int | None) -> int:
+    """How many notes the plan reads, at most `limit` (a walk that stops there)."""
+    ids = plan.select(col(SessionNote.id))
+    if limit is not None:
+        ids = ids.limit(limit)
+    return int(session.exec(select(func.count()).select_from(ids.subquery())).one())
 
 
 EXACT_COUNT = 2**62  # a limit no count reaches
+# Sessions are counted to this many ("1,000+"; the health figure, the timeline): a count reads about
+# a session's notes per session counted, so it stays a few thousand index entries at any size.
+SESSION_COUNT_CAP = 1_000
 
 
 def note_languages(*, session: Session) -> list[str]:
@@ -471,13 +516,18 @@ class NotesHealth(TypedDict):
 
 def notes_health(*, session: Session) -> NotesHealth:
     """The seed's health query: how many notes, from how many sessions, and the newest one's time.
-    Sessions are counted up to `COUNT_CAP` + 1 (shown as "10,000+" by `lib.counters.count_label`)."""
+    Notes are counted up to `counters.COUNT_CAP` + 1, sessions up to `SESSION_COUNT_CAP` + 1 (shown
+    as "10,000+" and "1,000+" by `lib.counters.count_label`): every render of the Notes page and the
+    Overview reads these, so they read a bounded stretch of an index however many notes exist
+    (issue 27; an exact count read all 200k entries of an index, 2.4 ms on SQLite, 60-100 ms on
+    PostgreSQL, which counts by reading index entries and their visibility)."""
     # Three scalar subqueries, not one SELECT: each is then answered from its own index (count,
     # distinct sessions, newest time) instead of one scan of the table rows (5x faster at 10k notes).
+    every = _Plan([], NOTE_INDEXES["timestamp"]).select(col(SessionNote.id)).limit(counters.COUNT_CAP + 1)
     total, sessions, latest = session.exec(
         select(
-            select(func.count()).select_from(SessionNote).scalar_subquery(),
-            _distinct_sessions(_Plan([], NOTE_INDEXES["session_id"]), COUNT_CAP).scalar_subquery(),
+            select(func.count()).select_from(every.subquery()).scalar_subquery(),
+            _distinct_sessions(_Plan([], NOTE_INDEXES["session_id"]), SESSION_COUNT_CAP).scalar_subquery(),
             select(func.max(SessionNote.timestamp)).scalar_subquery(),
         )
     ).one()
@@ -605,24 +655,24 @@ def count_sessions(
     *,
     session: Session,
     filters: NoteFilter = NoteFilter(),
-    cap: int | None = COUNT_CAP,
+    cap: int | None = SESSION_COUNT_CAP,
 ) -> int:
     """How many sessions `session_timeline` would list with the same filters and no limit, counted
     up to `cap` + 1 (a larger result means "more than `cap`": `lib.counters.count_label`).
 
-    A filter that keeps few notes is counted from its range (its sessions sorted); a broad one walks
-    the session index in session order, testing the filters on its entries, to the cap (SQLite)."""
+    Read off the plan's range (the filters' index, or a rare text's matches), each new session
+    kept as it comes, and stopped at the `cap` + 1st: about a session's matching notes per session
+    counted, so with `SESSION_COUNT_CAP` a few thousand entries at any size (a range of 8,600 notes
+    whose sessions were all sorted, or a walk of the session index to 10,001 sessions, grew with the
+    notes: issue 27). A common text alone is read off its index's matches in stored order (each
+    match's row read once, near the last one read), not the time walk's rows in time order."""
     plan = _plan(session, filters)
-    if plan.index not in (None, NOTE_INDEXES["session_id"]) and not str(filters.query or "").strip():
-        probe = plan.select(col(SessionNote.id)).limit(SESSION_RANGE_PROBE + 1).subquery()
-        if int(session.exec(select(func.count()).select_from(probe)).one()) > SESSION_RANGE_PROBE:
-            plan = replace(plan, index=NOTE_INDEXES["session_id"])
+    query = str(filters.query or "").strip()
+    if plan.source is None and query and filters == NoteFilter(query=filters.query):
+        source = search.index_matched_rows(session=session, table=_T, query=query)
+        if source is not None:
+            plan = _Plan([], None, source)
     return int(session.exec(_distinct_sessions(plan, cap)).one())
-
-
-# Notes a count of sessions reads off its filter's range (and sorts their sessions) before it walks the
-# session index instead, which needs no sort but reads the notes of every session in turn.
-SESSION_RANGE_PROBE = 20_000
 
 
 # --------------------------------------------------------------------------------------------

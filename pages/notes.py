@@ -114,8 +114,9 @@ with session_scope(read_only=True) as session:
     recent_sessions = notes.recent_session_ids(session=session)
 
 cols = st.columns(3)
-cols[0].metric("Notes", f"{health['total_notes']:,}")
-cols[1].metric("Sessions", count_label(health["sessions"]))
+# Both counted to a cap (lib.notes.notes_health): "10,000+" notes, "1,000+" sessions.
+cols[0].metric("Notes", count_label(health["total_notes"]))
+cols[1].metric("Sessions", count_label(health["sessions"], notes.SESSION_COUNT_CAP))
 latest = health["latest_note"]
 cols[2].metric(
     "Latest note",
@@ -167,12 +168,18 @@ tab_list, tab_timeline, tab_add, tab_remove, tab_prompt = st.tabs(list(TABS), ke
 
 if tab_list.open:
     with tab_list, session_scope(read_only=True) as session:
-        total = notes.count_notes(session=session, filters=filters)
-        st.caption(f"{total:,} note{'' if total == 1 else 's'} match")
+        # Counted to a cap, as the Evaluations list is ("10,000+", "1,000+" with a text): an exact
+        # count read every note of a type or age, and every row of it with a text (issue 27).
+        cap = notes.count_cap(filters)
+        total = notes.count_notes(session=session, filters=filters, cap=cap)
+        matched = count_label(total, cap)
+        st.caption(f"{matched} note{'' if total == 1 else 's'} match")
         if total == 0:
             st.info("No notes match these filters.")
         else:
-            offset, limit = pager(total, key="notes_page", persist_state=KEEP)
+            offset, limit = pager(
+                total, key="notes_page", capped=count_is_capped(total, cap), persist_state=KEEP
+            )
             shown = notes.as_frame(
                 notes.search_notes(session=session, limit=limit, offset=offset, filters=filters),
                 type_labels=True,
@@ -209,7 +216,7 @@ if tab_list.open:
                 },
             )
             csv_download_all(
-                f"Download CSV (all {total:,} matches)",
+                f"Download CSV (all {matched} matches)",
                 "notes.csv",
                 # Built only when clicked or fetched, streamed from the database a batch at a time.
                 chunks=functools.partial(export.notes_csv_chunks, engine=get_engine(), filters=filters),
@@ -228,7 +235,7 @@ if tab_timeline.open:
         if sessions_total == 0:
             st.info("No sessions have notes matching these filters.")
         else:
-            capped = count_is_capped(sessions_total)
+            capped = count_is_capped(sessions_total, notes.SESSION_COUNT_CAP)
             offset, limit = pager(
                 sessions_total, key="notes_timeline_page", capped=capped, persist_state=KEEP
             )
@@ -241,7 +248,8 @@ if tab_timeline.open:
             else:
                 st.caption(
                     f"Showing the latest sessions {offset + 1:,}–{offset + len(summaries):,} of "
-                    f"{count_label(sessions_total)} (newest activity first); page back to look further back."
+                    f"{count_label(sessions_total, notes.SESSION_COUNT_CAP)} (newest activity first); page back "
+                    "to look further back."
                 )
                 timeline = notes.timeline_frame(summaries)
                 marks = notes.as_frame(

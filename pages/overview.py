@@ -4,6 +4,7 @@ import streamlit as st
 
 from lib import counters, overview
 from lib.charts import evidence_state_figure
+from lib.notes import SESSION_COUNT_CAP
 from lib.ui import csv_download, session_scope
 from lib.ui.tables import (
     count_column,
@@ -76,7 +77,9 @@ cols[1].metric(
 )
 with cols[2]:
     st.metric(
-        "Session notes", f"{stats.notes:,}", help=f"from {counters.count_label(stats.note_sessions)} sessions"
+        "Session notes",
+        counters.count_label(stats.notes),  # both capped: lib.notes.notes_health
+        help=f"from {counters.count_label(stats.note_sessions, SESSION_COUNT_CAP)} sessions",
     )
     _list_link("notes")
 # The day fits a quarter of the page at 1400 px; the minute is in the help.

@@ -21,7 +21,8 @@ import pytest
 from sqlalchemy import Engine, event, text
 from sqlmodel import Session, select
 
-from lib import export, notes
+from lib import counters, export, notes
+from lib import search as search_module
 from lib.config import reset_settings
 from lib.counters import count_label
 from lib.db import init_db, session_scope
@@ -734,9 +735,73 @@ def test_session_counts_stop_at_the_cap(corpus: Engine, monkeypatch) -> None:
         assert notes.count_sessions(session=s, cap=1) == 2  # cap + 1: shown as "1+"
         assert notes.count_sessions(session=s, cap=0, filters=notes.NoteFilter(note_type="TIP")) == 1
         assert notes.notes_health(session=s)["sessions"] == 3
-        monkeypatch.setattr(notes, "COUNT_CAP", 1)
+        monkeypatch.setattr(notes, "SESSION_COUNT_CAP", 1)
         assert notes.notes_health(session=s)["sessions"] == 2
     assert count_label(2, 1) == "1+"
+
+
+def test_health_counts_notes_to_the_cap(corpus: Engine, monkeypatch) -> None:
+    """Every render reads the health figures: the notes are counted to `COUNT_CAP` + 1 ("4+"), not all."""
+    with session_scope(corpus, read_only=True) as s:  # corpus: 5 notes
+        monkeypatch.setattr(counters, "COUNT_CAP", 4)
+        assert notes.notes_health(session=s)["total_notes"] == 5
+        monkeypatch.setattr(counters, "COUNT_CAP", 3)
+        assert notes.notes_health(session=s)["total_notes"] == 4  # shown as "3+"
+
+
+@pytest.fixture
+def refunds(engine: Engine) -> Engine:
+    """14 notes, "refund" in 10 of them, over types, languages, sessions and (tied) times."""
+    for i in range(14):
+        put(
+            engine,
+            language=("en", "tr")[i % 2],
+            note_type=NOTE_TYPES[i % 3],
+            content=f"{'Refund window' if i % 7 not in (3, 5) else 'Dosage caveat'} no. {i}",
+            session_id=f"s_{i // 4}",
+            timestamp=NOW + timedelta(minutes=i // 3),
+        )
+    return engine
+
+
+REFUND_FILTERS = [
+    {}, {"language": "en"}, {"note_type": "SUCCESS"}, {"query": "refund"}, {"query": "caveat"},
+    {"query": "refund", "language": "en"}, {"query": "refund", "note_type": ["SUCCESS", "FAILURE"]},
+    {"session_id": "s_1", "query": "refund"}, {"until": NOW + timedelta(minutes=3), "language": "tr"},
+    {"since": NOW + timedelta(minutes=1), "query": "refund"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("filters", REFUND_FILTERS)
+def test_a_capped_count_is_the_exact_one_up_to_its_cap(
+    refunds: Engine, monkeypatch, filters: dict[str, Any]
+) -> None:
+    """`count_notes(cap=n)`: the exact count while it is at most n, else n + 1 ("n+"), from each plan:
+    a text alone (its index), a text with others from its index or walked (COUNT_CAP above or below
+    its matches), a rare or a common text (RARE_MATCHES)."""
+    f = notes.NoteFilter(**filters)
+    with session_scope(refunds, read_only=True) as s:
+        exact = notes.count_notes(session=s, filters=f)
+        assert exact == len(search(refunds, limit=100, **filters))
+        for index_cap, rare in ((100, 100), (100, 0), (0, 0)):
+            monkeypatch.setattr(counters, "COUNT_CAP", index_cap)
+            monkeypatch.setattr(search_module, "RARE_MATCHES", rare)
+            for cap in range(exact + 2):
+                assert notes.count_notes(session=s, filters=f, cap=cap) == min(exact, cap + 1), (cap, filters)
+    assert notes.count_cap(f) == (counters.TEXT_COUNT_CAP if f.query else counters.COUNT_CAP)
+
+
+@pytest.mark.parametrize("filters", [f for f in REFUND_FILTERS if "query" in f])
+def test_a_deep_page_of_a_common_text_is_the_walks_page(refunds: Engine, monkeypatch, filters) -> None:
+    """Deep enough, a common text's page tests the text index's matches as a set on the walk
+    (`TEXT_SET_DEPTH`): the same notes in the same order as the walk that reads each row's text."""
+    monkeypatch.setattr(search_module, "RARE_MATCHES", 0)  # every text is common
+    pages = {}
+    for depth in (0, 1_000):  # 0: never the set
+        monkeypatch.setattr(notes, "TEXT_SET_DEPTH", depth)
+        pages[depth] = [search(refunds, limit=3, offset=o, **filters) for o in range(0, 15, 3)]
+    assert pages[0] == pages[1_000]
+    assert [n for page in pages[0] for n in page] == search(refunds, limit=100, **filters) != []
 
 
 def test_recent_sessions_come_from_the_newest_notes_only(corpus: Engine) -> None:

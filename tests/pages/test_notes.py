@@ -297,15 +297,36 @@ def test_session_counts_over_the_cap_say_so(app_engine, open_page, monkeypatch) 
     reset_settings()
     for sid in ("run_a", "run_b", "run_c"):
         put(app_engine, content=f"from {sid}", session_id=sid)
-    monkeypatch.setattr(notes, "COUNT_CAP", 1)  # the health metric's cap, and its label's
-    monkeypatch.setattr(counters, "COUNT_CAP", 1)
+    monkeypatch.setattr(notes, "SESSION_COUNT_CAP", 1)  # the health metric's cap, and its labels'
     monkeypatch.setattr(notes, "count_sessions", functools.partial(notes.count_sessions, cap=1))
     at = open_page(PAGE)
     assert [m.value for m in at.metric if m.label == "Sessions"] == ["1+"]
+    assert metric(at, "Notes") == "3"
     switch(at, "Timeline")
     assert any(c.value.startswith("Showing the latest sessions 1–1 of 1+") for c in at.caption)
     at.button(key="notes_timeline_page_next").click().run()  # a capped count pages on past the cap
     assert any(c.value.startswith("Showing the latest sessions 2–2 of 1+") for c in at.caption)
+    assert not at.exception
+
+
+def test_note_counts_over_the_cap_say_so(seeded, open_page, monkeypatch) -> None:
+    """The list counts to a cap as the Evaluations list does ("1+", with a text its own cap) and
+    pages on past it; the Notes figure stops at its cap too."""
+    monkeypatch.setenv("OVERRULE_PAGE_SIZE", "1")
+    reset_settings()
+    monkeypatch.setattr(counters, "COUNT_CAP", 1)
+    at = open_page(PAGE)
+    assert metric(at, "Notes") == "1+"
+    assert "1+ notes match" in [c.value for c in at.caption]
+    assert at.number_input(key="notes_page").max == 2  # one page past the current one, not 4
+    assert listed(at) == ["turkish tip"]
+    at.button(key="notes_page_next").click().run()
+    at.button(key="notes_page_next").click().run()
+    assert listed(at) == ["universal failure 100%"]  # page 3 of "2+"
+    monkeypatch.setattr(counters, "TEXT_COUNT_CAP", 1)
+    at.text_input(key="notes_query").set_value("turkish").run()
+    assert "1+ notes match" in [c.value for c in at.caption] and listed(at) == ["turkish tip"]
+    assert [b.proto.label for b in at.get("download_button")] == ["Download CSV (all 1+ matches)"]
     assert not at.exception
 
 

@@ -198,11 +198,15 @@ def test_note_sessions_are_counted_by_the_notes_rule_and_capped(app_engine, open
     [metric] = [m for m in at.metric if m.label == "Session notes"]
     assert metric.value == "4" and metric.help == "from 3 sessions"
 
-    monkeypatch.setattr(notes, "COUNT_CAP", 2)
-    monkeypatch.setattr(counters, "COUNT_CAP", 2)
+    monkeypatch.setattr(notes, "SESSION_COUNT_CAP", 2)
     at = open_page("pages/overview.py")
     [metric] = [m for m in at.metric if m.label == "Session notes"]
     assert metric.value == "4" and metric.help == "from 2+ sessions"
+
+    monkeypatch.setattr(counters, "COUNT_CAP", 3)  # the notes too are counted to a cap
+    at = open_page("pages/overview.py")
+    [metric] = [m for m in at.metric if m.label == "Session notes"]
+    assert metric.value == "3+" and metric.help == "from 2+ sessions"
 
 
 def test_products_figure_counts_the_rows_of_the_per_product_table(app_engine, open_page) -> None:
