@@ -73,7 +73,7 @@ from sqlalchemy import (
 from sqlalchemy import table as table_clause
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
-from sqlalchemy.sql import ColumnElement, FromClause
+from sqlalchemy.sql import ColumnElement, FromClause, Join
 from sqlalchemy.sql.compiler import SQLCompiler
 
 SEARCH_COLUMN = "search_text"
@@ -240,8 +240,22 @@ def index_matched_rows(*, session: Session, table: Table, query: str) -> FromCla
     if not needle or not _index_answers(session.get_bind().dialect.name, needle):
         return None
     fts, match = _index_rows(table, needle)
-    # "MATCH" in the ON clause: an inner join treats it as WHERE, and SQLite puts the index first.
-    return fts.join(table, (literal_column(f"{table.name}.rowid") == fts.c.rowid) & match)
+    return _IndexFirst(fts, table, (literal_column(f"{table.name}.rowid") == fts.c.rowid) & match)
+
+
+class _IndexFirst(Join):
+    """An inner join that SQLite runs with the search index as the outer loop (`CROSS JOIN`, SQLite's
+    way to fix the join order). With a plain JOIN its planner may walk the list's ordered index instead,
+    because that gives the page's order without a sort, and probe the index with MATCH per row: a rare
+    query over 100k evaluations took 15 s that way (0.7 ms index first)."""
+
+    inherit_cache = True
+
+
+@compiles(_IndexFirst, "sqlite")
+def _compile_index_first(element: _IndexFirst, compiler: SQLCompiler, **kw: Any) -> str:
+    # The left side is the FTS table itself, so the first " JOIN " is this join's own keyword.
+    return compiler.visit_join(element, **kw).replace(" JOIN ", " CROSS JOIN ", 1)
 
 
 @compiles(TextMatch)
