@@ -13,10 +13,11 @@ CSV's size, then each method's speed as a ratio to the pandas baseline of the sa
 - `file wide`: `lib.export.export_evaluations_csv`, what `python -m lib export evaluations --form
   wide` writes.
 
-The export's DuckDB worker is a second process (forked from `lib.duck`'s fork server): its CPU
-counts in the method's, and "PSS sum MiB" is the peak of the proportional set size summed over the
-child's whole process tree (app, fork server, worker, resource tracker), sampled from this process:
-shared pages count once, so it is what the export costs the machine. On PostgreSQL the CPU of the
+The export's DuckDB worker is a second process (`lib.wide_scan.EXPORT_WORKERS`: a fresh interpreter
+with DuckDB and Arrow only, started before the clock): its CPU counts in the method's, and "PSS sum
+MiB" is the peak of the proportional set size summed over the child's whole process tree (app,
+worker, multiprocessing's resource tracker), sampled from this process: shared pages count once,
+so it is what the export costs the machine. On PostgreSQL the CPU of the
 server processes serving the bench database counts too ("PG server s").
 
 `--scenarios` measures the filtered views instead: every filter of the Evaluations page alone (the
@@ -223,13 +224,13 @@ def _descendants() -> dict[int, tuple[float, float]]:
 
 def child(method: str, url: str) -> None:
     from lib.db import create_db_engine
-    from lib.duck import start_isolated_workers
     from lib.export import evaluations_csv_chunks, export_evaluations_csv
     from lib.inspector import EvaluationFilters
+    from lib.wide_scan import start_export_workers
 
     engine = create_db_engine(url)
     if method != "pandas":
-        start_isolated_workers()  # the app starts its fork server once, not per export
+        start_export_workers()  # the app starts its export worker once, not per export
     base = _rss_mib()
     before = _descendants()
     wall, cpu = time.perf_counter(), time.process_time()
@@ -298,11 +299,11 @@ def export_scenarios(url: str, evaluations: int) -> dict[str, Any]:
 def child_scenarios(url: str, size: int, names: list[str]) -> None:
     """Each scenario's link export, then pandas of the same rows, in this one process: one JSON line each."""
     from lib.db import create_db_engine
-    from lib.duck import start_isolated_workers
     from lib.export import evaluations_csv_chunks
+    from lib.wide_scan import start_export_workers
 
     engine = create_db_engine(url)
-    start_isolated_workers()
+    start_export_workers()
     every = export_scenarios(url, size)
     for name in names or list(every):
         filters = every[name]

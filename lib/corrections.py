@@ -32,6 +32,8 @@ from sqlmodel import Session, col, select
 from lib import counters, judge_versions, prepared
 from lib.auth import Actor, Permission, authorize, identity_of
 from lib.display import REVIEWED_BY, evaluation_url, judgment_url, role_field
+from lib.judgment_text import format_score as format_score  # their home; imported from here by many
+from lib.judgment_text import parse_score as parse_score
 from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_at_a_time
 from lib.metrics import MetricSpec, metrics_for_product
 from lib.models import (
@@ -222,28 +224,6 @@ class DecisionScale:
             return format_score(self.spec.validate(number))
         except ValueError as exc:
             raise InvalidDecision(str(exc)) from None
-
-
-def parse_score(value: Any) -> float | None:
-    """A finite float from a number or numeric text, else None."""
-    if isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
-def format_score(value: float) -> str:
-    """The one text form of a score as a decision: whole numbers without ".0" ("4"), others the
-    shortest text that reads back to the same float ("2.67", "0.3333333333333333").
-
-    Every writer uses it (importer, judge, reviews, demo), so a stored decision never loses
-    precision (`f"{x:g}"` would store 0.333333) and equal scores are equal text.
-    """
-    number = float(value)
-    return str(int(number)) if number.is_integer() else repr(number)
 
 
 def decision_scale(*, session: Session, judgment: Judgment) -> DecisionScale:

@@ -26,6 +26,8 @@ catalog `app_raw` that holds the app's tables, filled in one of two ways:
   `-shm` files under it (lost writes, corruption; issue #17). So the scanner may only open the SQLite
   file in a child process that holds no connection: `with_duck(engine, func, ...)` runs `func(con)`
   there (`run_isolated`), which is how exports and analytics read SQLite, at the scanner's speed.
+The worker processes, the scanner's attachment and the database a worker keeps are `lib.isolated`'s
+(lean: the Evaluations CSV's worker, `lib.wide_scan`, imports it without this module).
 
 Raw column types differ by backend (SQLite booleans are integers, JSON is text, timestamps are
 naive), so every model table is exposed as a view in the schema `db` with one set of types:
@@ -47,20 +49,14 @@ copy is a snapshot, so take a new connection per use rather than caching one.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
 import os
 import re
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from importlib import resources
-from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
-from multiprocessing.context import ForkServerContext, ForkServerProcess, set_spawning_popen
+from concurrent.futures import Future
+from multiprocessing import forkserver, popen_forkserver, util
+from multiprocessing.context import ForkServerContext, ForkServerProcess
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -73,38 +69,28 @@ from sqlmodel import SQLModel
 
 import lib.models  # noqa: F401 - registers every table on SQLModel.metadata
 from lib.db import create_db_engine
-from lib.sql_quote import quote_ident, quote_literal
+from lib.isolated import (
+    RAW_CATALOG,
+    DuckUnavailable,
+    ScanSource,
+    WorkerPool,
+    attach_scanner,
+    init_worker,
+    new_connection,
+    scanner_allowed,
+)
+from lib.lean_worker import dump_launch
+from lib.sql_quote import quote_ident
 
 log = logging.getLogger(__name__)
 
-RAW_CATALOG = "app_raw"
 VIEW_SCHEMA = "db"
 ARROW_BATCH_ROWS = 50_000
-_EXTENSION_PACKAGES = {
-    "sqlite": ("duckdb_extension_sqlite_scanner", "sqlite_scanner"),
-    "postgres": ("duckdb_extension_postgres_scanner", "postgres_scanner"),
-}
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _TABLE_NAME_IN_SQL = re.compile(rf'\b{VIEW_SCHEMA}\s*\.\s*"?(\w+)"?')
 
 
 T = TypeVar("T")
-# At most this many DuckDB child processes at once (exports, analytics) per app process.
-ISOLATED_WORKERS = 2
-# True only in a `run_isolated` child, which holds no SQLite connection of its own.
-_sqlite_scanner_allowed = False
-# The test suite's switch (set by tests/conftest.py, never by a deployment): skip DuckDB's signature
-# check of the scanner extension on LOAD. The check hashes the whole 35-42 MB file on every new
-# connection (0.15-0.2 CPU s each; the suite opens thousands of connections to the same pip-installed
-# files). test_scanner_loads_from_the_package_without_install loads without it, so the shipped files'
-# signatures are still checked on every run.
-TRUST_EXTENSIONS_VAR = "OVERRULE_TEST_TRUST_DUCKDB_EXTENSIONS"
-_pool: ProcessPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-class DuckUnavailable(RuntimeError):
-    """A scanner extension could not be loaded or attached; the caller falls back to Arrow."""
 
 
 def model_tables() -> dict[str, sa.Table]:
@@ -122,19 +108,6 @@ def table_ref(name: str) -> str:
 def tables_in_sql(sql: str) -> set[str]:
     """The model tables a query names as `db.<table>`, so the fallback copies only those."""
     return {name for name in _TABLE_NAME_IN_SQL.findall(sql) if name in model_tables()}
-
-
-def extension_path(kind: str) -> str:
-    """Where the pip-installed scanner extension for this DuckDB version lives."""
-    package, name = _EXTENSION_PACKAGES[kind]
-    try:
-        root = resources.files(package)
-    except ModuleNotFoundError as exc:
-        raise DuckUnavailable(f"package {package} is not installed") from exc
-    path = root / "extensions" / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"
-    if not path.is_file():
-        raise DuckUnavailable(f"{package} has no extension for DuckDB {duckdb.__version__}")
-    return str(path)
 
 
 def _duck_type(column: sa.Column) -> str:
@@ -189,32 +162,14 @@ def _pg_conninfo(engine: Engine) -> str:
     return " ".join(f"{key}={libpq_quote(value)}" for key, value in parts.items() if value is not None)
 
 
-def _attach_scanner(con: duckdb.DuckDBPyConnection, engine: Engine, *, loaded: bool = False) -> None:
-    """Attach the app database read-only as `app_raw` through the packaged scanner extension
-    (loaded first, unless `loaded` says the connection's database has it already)."""
-    dialect = engine.dialect.name
-    try:
-        if dialect == "sqlite":
-            path = engine.url.database
-            if not path or path == ":memory:":
-                raise DuckUnavailable("an in-memory SQLite database cannot be attached")
-            if not _sqlite_scanner_allowed:  # see the module docstring: it would drop the app's locks
-                raise DuckUnavailable("the sqlite scanner only runs in an isolated process")
-            if not loaded:
-                con.execute(f"LOAD {quote_literal(extension_path('sqlite'))}")
-            con.execute(f"ATTACH {quote_literal(path)} AS {RAW_CATALOG} (TYPE sqlite, READ_ONLY)")
-        elif dialect == "postgresql":
-            if not loaded:
-                con.execute(f"LOAD {quote_literal(extension_path('postgres'))}")
-            conninfo = _pg_conninfo(engine)
-            con.execute(f"ATTACH {quote_literal(conninfo)} AS {RAW_CATALOG} (TYPE postgres, READ_ONLY)")
-        else:
-            raise DuckUnavailable(f"no DuckDB scanner for {dialect}")
-    except duckdb.Error as exc:
-        message = str(exc)
-        if engine.url.password:
-            message = message.replace(engine.url.password, "***")
-        raise DuckUnavailable(message) from exc
+def scan_source(engine: Engine) -> ScanSource:
+    """The engine's database as a worker's scanner attaches it: a SQLite file by its absolute path,
+    PostgreSQL by a libpq string (its password kept apart, to mask it in errors)."""
+    if engine.dialect.name == "sqlite":
+        path = engine.url.database or ""
+        return ScanSource("sqlite", path if path in ("", ":memory:") else str(Path(path).resolve()))
+    secret = engine.url.password
+    return ScanSource(engine.dialect.name, _pg_conninfo(engine), str(secret) if secret else None)
 
 
 def _raw_columns(con: duckdb.DuckDBPyConnection) -> dict[str, set[str]]:
@@ -301,30 +256,6 @@ def _copy_through_arrow(con: duckdb.DuckDBPyConnection, engine: Engine, names: I
             con.unregister("_overrule_stream")
 
 
-def _new_connection(config: Mapping[str, Any] | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection that never downloads, in UTC, without a progress bar."""
-    con = duckdb.connect(
-        config={
-            # Nothing may download at run time (SPEC §8): no silent INSTALL behind a query.
-            "autoinstall_known_extensions": False,
-            "autoload_known_extensions": False,
-            "allow_unsigned_extensions": os.environ.get(TRUST_EXTENSIONS_VAR) == "1",
-            **(config or {}),
-        }
-    )
-    # TIMESTAMPTZ values print and export as UTC, and naive times read as UTC. GLOBAL: a plain SET
-    # holds for this connection only, and a cursor (a new connection to the same database, as
-    # `scanner_session` hands out) would start in the host's zone.
-    con.execute("SET GLOBAL TimeZone = 'UTC'")
-    con.execute("SET enable_progress_bar = false")  # a child's stderr is the server's log
-    return con
-
-
-# The scanner's table function that runs a query of the app's own SQL dialect in its database,
-# streaming the rows in the query's order (`scanner_connect`).
-RAW_QUERY_FUNCTIONS = {"sqlite": "sqlite_query", "postgresql": "postgres_query"}
-
-
 def scanner_connect(engine: Engine, config: Mapping[str, Any] | None = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection with the app database attached read-only as `app_raw` through the scanner
     extension, and no fallback: raises DuckUnavailable instead (the caller has a path of its own).
@@ -333,104 +264,13 @@ def scanner_connect(engine: Engine, config: Mapping[str, Any] | None = None) -> 
     SQLite only inside a `run_isolated` child, like every scanner read of the file). Every column
     of a `sqlite_query` comes as text (SQLite's own rendering: 15 digits for a float).
     """
-    con = _new_connection(config)
+    con = new_connection(config)
     try:
-        _attach_scanner(con, engine)
+        attach_scanner(con, scan_source(engine))
     except BaseException:
         con.close()
         raise
     return con
-
-
-# The isolated worker's own DuckDB database for `scanner_session`, kept for the worker's life: the
-# scanner extension's LOAD (a signature check that hashes the 35-42 MB file, ~0.15 CPU s) is paid
-# once per worker, not once per export. Only the app database's attachment is per call. One that
-# fails (an invalidating error, a failed setup or cleanup) is replaced by a fresh one.
-_kept_scanner: duckdb.DuckDBPyConnection | None = None
-_kept_extensions: set[str] = set()
-
-
-@contextlib.contextmanager
-def scanner_session(
-    engine: Engine, config: Mapping[str, Any] | None = None
-) -> Iterator[duckdb.DuckDBPyConnection]:
-    """`scanner_connect` for one use inside an isolated worker (which runs one call at a time), on a
-    DuckDB database the worker keeps with the extension already loaded: the app database is attached
-    as `app_raw` on entry and detached on exit, so no file handle outlives the call. `config` holds
-    settings (threads, memory_limit) applied to the kept database for this use. Outside a worker
-    (`_sqlite_scanner_allowed` false) it is `scanner_connect` and a close."""
-    if not _sqlite_scanner_allowed:
-        con = scanner_connect(engine, config)
-        try:
-            yield con
-        finally:
-            con.close()
-        return
-    kept = _kept_database()
-    kind = "sqlite" if engine.dialect.name == "sqlite" else "postgres"
-    try:
-        for key, value in (config or {}).items():
-            kept.execute(f"SET {quote_ident(key)} = {quote_literal(str(value))}")
-        if kind not in _kept_extensions and engine.dialect.name in RAW_QUERY_FUNCTIONS:
-            kept.execute(f"LOAD {quote_literal(extension_path(kind))}")
-            _kept_extensions.add(kind)
-        _attach_scanner(kept, engine, loaded=True)
-        con = kept.cursor()
-    except DuckUnavailable:
-        _drop_kept_database()  # this use's settings are on it: the next use starts on a fresh one
-        raise
-    except duckdb.Error as exc:
-        _drop_kept_database()
-        raise DuckUnavailable(str(exc)) from exc
-    try:
-        yield con
-    finally:
-        # A cleanup that fails must not hide the use's own error (nor fail a use that went well):
-        # it is logged, and the kept database, in an unknown state now, is replaced.
-        try:
-            con.close()
-            kept.execute(f"DETACH DATABASE IF EXISTS {RAW_CATALOG}")
-            _give_back_memory(kept, config or {})
-        except duckdb.Error:
-            log.warning("could not reset the worker's DuckDB database after a use; dropped", exc_info=True)
-            _drop_kept_database()
-
-
-def _kept_database() -> duckdb.DuckDBPyConnection:
-    """The worker's kept DuckDB database, with nothing attached; a fresh one when there is none or
-    the kept one fails (a fatal error invalidates a DuckDB database: every later statement fails)."""
-    global _kept_scanner
-    if _kept_scanner is not None:
-        try:
-            _kept_scanner.execute(f"DETACH DATABASE IF EXISTS {RAW_CATALOG}")  # a call that died half-way
-            return _kept_scanner
-        except duckdb.Error as exc:
-            log.warning("the worker's DuckDB database failed, a fresh one replaces it: %s", exc)
-            _drop_kept_database()
-    _kept_scanner = _new_connection()
-    _kept_extensions.clear()
-    return _kept_scanner
-
-
-def _drop_kept_database() -> None:
-    """Close and forget the kept database (after a failure); the next use opens a fresh one."""
-    global _kept_scanner
-    kept, _kept_scanner = _kept_scanner, None
-    _kept_extensions.clear()
-    if kept is not None:
-        with contextlib.suppress(duckdb.Error):
-            kept.close()
-
-
-def _give_back_memory(con: duckdb.DuckDBPyConnection, config: Mapping[str, Any]) -> None:
-    """Return what a use of the kept database took, so an idle worker is as small as a fresh one:
-    DuckDB keeps freed blocks until its memory limit shrinks (~80 MiB after a wide export), Arrow's
-    pool its freed pages (~20 MiB). The use's settings go back to their defaults."""
-    with contextlib.suppress(duckdb.Error):
-        con.execute("SET memory_limit = '1MB'")  # nothing is in use now: DuckDB frees what it cached
-    for key in {"memory_limit", *config}:
-        con.execute(f"RESET {quote_ident(key)}")
-    pa.default_memory_pool().release_unused()
 
 
 def duck_connect(
@@ -441,13 +281,13 @@ def duck_connect(
     `tables` only matters on the Arrow path (which copies just those); `scanner=False` forces it.
     On SQLite the Arrow path is the rule, except in a `run_isolated` child.
     """
-    con = _new_connection()
+    con = new_connection()
     try:
         if not scanner:
             raise DuckUnavailable("scanner disabled by the caller")
-        if engine.dialect.name == "sqlite" and not _sqlite_scanner_allowed:
+        if engine.dialect.name == "sqlite" and not scanner_allowed():
             raise DuckUnavailable("SQLite is read through the app's own connection")
-        _attach_scanner(con, engine)
+        attach_scanner(con, scan_source(engine))
     except DuckUnavailable as exc:
         if engine.dialect.name != "sqlite":
             log.warning("DuckDB reads %s through Arrow batches (slower): %s", engine.dialect.name, exc)
@@ -483,47 +323,12 @@ def isolated_url(engine: Engine) -> str:
     return url.render_as_string(hide_password=False)
 
 
-def _init_worker(app_pid: int) -> None:
-    """Worker initializer: this process holds no other SQLite connection, so the scanner may open it.
-
-    It also leaves when the app process is gone (even killed with SIGKILL), instead of lingering.
-    """
-    global _sqlite_scanner_allowed
-    _sqlite_scanner_allowed = True
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            try:
-                os.kill(app_pid, 0)
-            except ProcessLookupError:
-                os._exit(0)
-            except PermissionError:  # the pid now belongs to another user's process: ours is gone
-                os._exit(0)
-
-    threading.Thread(target=watch, name="overrule-app-watch", daemon=True).start()
-
-
 class _Popen(popen_forkserver.Popen):
-    """Forkserver start without re-running the parent's main script in the worker.
-
-    multiprocessing re-imports `__main__` in a new worker; under Streamlit `__main__` is the page
-    script being run, which would run again in the worker (and ask for a worker itself). The call's
-    function is always imported by module name, so the main script is never needed: the same launch
-    as Python's, with the main-module keys left out of the preparation data.
-    """
+    """Forkserver start without re-running the parent's main script in the worker
+    (`lib.lean_worker.preparation_data`): the same launch as Python's otherwise."""
 
     def _launch(self, process_obj: Any) -> None:
-        prep_data = spawn.get_preparation_data(process_obj._name)
-        for key in ("init_main_from_name", "init_main_from_path"):
-            prep_data.pop(key, None)
-        buf = io.BytesIO()
-        set_spawning_popen(self)
-        try:
-            reduction.dump(prep_data, buf)
-            reduction.dump(process_obj, buf)
-        finally:
-            set_spawning_popen(None)
+        buf = dump_launch(self, process_obj)
         self.sentinel, w = forkserver.connect_to_new_process(self._fds)
         parent_w = os.dup(w)  # the child watches this end to notice the parent's death
         self.finalizer = util.Finalize(self, util.close_fds, (parent_w, self.sentinel))
@@ -542,39 +347,25 @@ class _Context(ForkServerContext):
     Process = _Process  # type: ignore[assignment]
 
 
-def _isolated_pool() -> ProcessPoolExecutor:
-    """Worker processes forked from a preloaded fork server, reused; each call opens and closes its own
-    DuckDB connection, so no file handle outlives a call."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            ctx = _Context()
-            ctx.set_forkserver_preload(["lib.export", "lib.analytics"])  # imports paid once
-            _pool = ProcessPoolExecutor(
-                max_workers=ISOLATED_WORKERS,
-                mp_context=ctx,
-                initializer=_init_worker,
-                initargs=(os.getpid(),),
-            )
-        return _pool
+def _preloaded_context() -> ForkServerContext:
+    """Workers forked from a fork server that has imported the export code once."""
+    ctx = _Context()
+    ctx.set_forkserver_preload(["lib.export", "lib.analytics"])  # imports paid once
+    return ctx
+
+
+# The isolated workers of `with_duck` and table exports: forked from a preloaded fork server.
+_POOL = WorkerPool(_preloaded_context, init_worker)
 
 
 def start_isolated_workers() -> None:
     """Start the fork server now (about 2 s of imports) rather than on the first export or chart."""
-    run_isolated(_no_op)
-
-
-def _no_op() -> None:
-    return None
+    _POOL.start()
 
 
 def stop_isolated_workers() -> None:
     """Stop the worker processes (they also stop when this process exits); the next call starts anew."""
-    global _pool
-    with _pool_lock:
-        pool, _pool = _pool, None
-    if pool is not None:
-        pool.shutdown(wait=True)
+    _POOL.stop()
 
 
 def run_isolated(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -590,26 +381,13 @@ def run_isolated(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
 
 
 def submit_isolated(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-    """`run_isolated` without waiting: the caller reads what the child writes (e.g. a FIFO) while it
-    runs, then takes `isolated_result(future)`."""
-    global _pool
-    try:
-        return _isolated_pool().submit(func, *args, **kwargs)
-    except BrokenProcessPool as exc:
-        with _pool_lock:
-            _pool = None
-        raise RuntimeError(f"the DuckDB worker process died: {exc}") from exc
+    """`run_isolated` without waiting: take `isolated_result(future)` after."""
+    return _POOL.submit(func, *args, **kwargs)
 
 
 def isolated_result(future: Future[T], timeout: float | None = None) -> T:
     """The result of a `submit_isolated` call; its exceptions raised here, a dead worker as RuntimeError."""
-    global _pool
-    try:
-        return future.result(timeout)
-    except BrokenProcessPool as exc:
-        with _pool_lock:
-            _pool = None  # the next call starts a new pool
-        raise RuntimeError(f"the DuckDB worker process died: {exc}") from exc
+    return _POOL.result(future, timeout)
 
 
 def with_duck(
@@ -626,7 +404,7 @@ def with_duck(
     child, where the scanner reads the file at full speed without touching this process's locks;
     `func` (module-level) and its result cross the process boundary, so keep results small.
     """
-    if engine.dialect.name == "sqlite" and not _sqlite_scanner_allowed:
+    if engine.dialect.name == "sqlite" and not scanner_allowed():
         wanted = None if tables is None else sorted(tables)
         return run_isolated(_with_duck_at, isolated_url(engine), func, args, kwargs, wanted)
     con = duck_connect(engine, tables=tables)

@@ -13,13 +13,13 @@ the pages' download buttons call the `*_bytes` functions here, built on click.
 The Evaluations CSV of every match (wide: per metric the user's score, the judge's score, the gap
 and the reviewer's decision; long: one row per judgment; both with the answer) keeps the list's
 filters in one definition: the inspector's SQL. The wide form runs it inside the database through
-DuckDB's scanner in an isolated worker that writes the CSV into a FIFO this process hands on
-(`_scanned_chunks`; no scanner opens the SQLite file in the app process, issue #17); the long form,
-and the wide one where no scanner attaches, stream rows from the app's own connection a batch at a
-time. Memory is one batch, never a frame of every match.
+DuckDB's scanner in a lean worker process (`lib.wide_scan`: DuckDB and Arrow only) that writes the
+CSV into a FIFO this process hands on (`_scanned_chunks`; no scanner opens the SQLite file in the
+app process, issue #17); the long form, and the wide one where no scanner attaches, stream rows
+from the app's own connection a batch at a time. Memory is one batch, never a frame of every match.
 Every streamed CSV (these and the Corrections, Notes and Precedents ones) is written a batch of
-columns at a time by Arrow kernels (`csv_batch`, issue 27): the same bytes the row-by-row
-`csv.writer` wrote for `_stream_cell` of each value, several times faster.
+columns at a time by Arrow kernels (`lib.csv_text.csv_batch`, issue 27): the same bytes the
+row-by-row `csv.writer` wrote for `_stream_cell` of each value, several times faster.
 """
 
 from __future__ import annotations
@@ -35,32 +35,37 @@ import tempfile
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 import duckdb
-import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 from sqlalchemy import Engine
 from sqlmodel import Session
 
 from lib import corrections, duck, inspector, notes
 from lib.auth import Actor, Permission, authorize
-from lib.corrections import CSV_ROW_LIMIT, JudgmentFilter, format_score
-from lib.db import create_db_engine, session_scope
+from lib.corrections import CSV_ROW_LIMIT, JudgmentFilter
+from lib.csv_text import (
+    FORMULA_PREFIXES,
+    CsvColumn,
+    ValueRule,
+    counted_chunks,
+    iso_utc,
+    iter_csv_batches,
+    neutralise_cell,
+    write_chunks,
+)
+from lib.db import session_scope
 from lib.duck import model_tables, table_ref, tables_in_sql, with_duck
 from lib.inspector import EvaluationFilters
 from lib.sql_quote import quote_ident, quote_literal
+from lib.wide_scan import EXPORT_WORKERS, WideScan, write_wide_csv
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("csv", "parquet", "json")
-# OWASP "CSV injection": cells a spreadsheet would read as a formula or a control sequence, and the
-# full-width forms (U+FF1D, U+FF0B, U+FF0D, U+FF20) that East Asian spreadsheets convert on input.
-FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r", "\uff1d", "\uff0b", "\uff0d", "\uff20")
 CACHE_VERSION = "1.0"
 # Tables whose JSON export is the seed-004 cache file rather than JSON Lines.
 CACHE_FORMAT_TABLES = frozenset({"judgments", "corrections"})
@@ -106,13 +111,6 @@ class ExportError(Exception):
     """An export that cannot be done (unknown table, format or unwritable path); says how to fix it."""
 
 
-def neutralise_cell(value: Any) -> Any:
-    """The value a spreadsheet shows as text: formula-like strings get a leading quote."""
-    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
-        return "'" + value
-    return value
-
-
 def frame_to_csv_bytes(frame: pd.DataFrame) -> bytes:
     """CSV bytes of a small (page-sized) frame for a download button, formula cells neutralised."""
     safe = frame.copy()
@@ -128,11 +126,6 @@ def frame_to_csv_bytes(frame: pd.DataFrame) -> bytes:
     safe.columns = [neutralise_cell(c) for c in safe.columns]
     # RFC 4180 line ends: with them the csv writer quotes a cell holding a bare CR, as Excel needs.
     return safe.to_csv(index=False, lineterminator="\r\n").encode("utf-8")
-
-
-def iso_utc(moment: datetime) -> str:
-    """ISO 8601 in UTC with a `Z`, as the seed-004 cache writes timestamps."""
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def judgment_cache_entry(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -257,187 +250,8 @@ def notes_csv_chunks(*, engine: Engine, filters: notes.NoteFilter) -> Iterator[b
     return _csv_chunks(engine, _notes_table(filters))
 
 
-def _stream_cell(value: Any) -> Any:
-    """A value as a streamed CSV writes it: text neutralised, times ISO 8601 UTC, nothing as empty."""
-    if value is None:
-        return ""
-    if isinstance(value, datetime):
-        return iso_utc(value if value.tzinfo else value.replace(tzinfo=UTC))
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return format_score(value)  # "4", "2.67": the one text form of a score
-    return neutralise_cell(value)
-
-
-def _cell_text(value: Any) -> str:
-    """The text `csv.writer` writes for `_stream_cell(value)` (it calls str() on what is not text)."""
-    cell = _stream_cell(value)
-    return cell if isinstance(cell, str) else str(cell)
-
-
 # Rows encoded at a time: the streamed CSV's memory is one batch, whatever the number of rows.
 CSV_BATCH_ROWS = 5_000
-# Characters that make `csv.writer` (QUOTE_MINIMAL, CRLF line ends) quote a cell.
-_NEEDS_QUOTES = '[",\r\n]'
-_CRLF = pa.scalar("\r\n")
-# A column as the encoder takes it: typed Arrow values, or Python values of one row batch.
-CsvColumn = pa.Array | pa.ChunkedArray | Sequence[Any]
-ValueRule = Callable[[Any], Any]
-
-
-# FORMULA_PREFIXES as one RE2 pattern anchored at the start, every character written as \\x{...}.
-_FORMULA_PATTERN = "^(?:" + "|".join("".join(f"\\x{{{ord(c):X}}}" for c in p) for p in FORMULA_PREFIXES) + ")"
-
-
-def _neutralised_array(text: pa.Array) -> pa.Array:
-    """`neutralise_cell` over an Arrow string array: the same FORMULA_PREFIXES, tested in C++."""
-    formula = pc.match_substring_regex(text, _FORMULA_PATTERN)
-    return pc.if_else(formula, pc.binary_join_element_wise("'", text, ""), text)
-
-
-def _rendered_distinct(values: pa.Array, render: Callable[[Any], str]) -> pa.Array:
-    """`render` applied once per distinct value (scores, gaps, decisions: a handful per batch), the
-    results taken back to every row: the Python rule stays the one rule at columnar speed."""
-    distinct = pc.unique(values)
-    texts = pa.array([render(v) for v in distinct.to_pylist()], pa.string())
-    return pc.take(texts, pc.index_in(values, value_set=distinct))
-
-
-def _iso_utc_array(moments: pa.Array) -> pa.Array:
-    """`iso_utc` over an Arrow timestamp array (naive values are UTC): microseconds only when set."""
-    utc = moments.cast(pa.timestamp("us"))  # Arrow keeps UTC instants: dropping the zone keeps them
-    # Arrow's cast writes "YYYY-MM-DD HH:MM:SS.ffffff" (7x cheaper than strftime): a "T", then the
-    # fraction dropped where it is zero.
-    text = pc.utf8_replace_slice(utc.cast(pa.string()), 10, 11, "T")
-    text = pc.if_else(pc.ends_with(text, ".000000"), pc.utf8_slice_codeunits(text, 0, 19), text)
-    return pc.binary_join_element_wise(text, "Z", "")
-
-
-def _arrow_values(values: Sequence[Any]) -> pa.Array | None:
-    """A batch of Python values as a typed Arrow array when they are of one plain kind (nulls aside),
-    else None (then each cell goes through `_cell_text`)."""
-    kinds = set(map(type, values))
-    kinds.discard(type(None))
-    if not kinds:
-        return pa.nulls(len(values), pa.string())
-    if len(kinds) != 1:
-        return None
-    (kind,) = kinds
-    arrow_type = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}.get(kind)
-    if arrow_type is None and kind is not datetime:
-        return None
-    try:
-        return pa.array(values, arrow_type)
-    except (pa.ArrowException, OverflowError, TypeError, ValueError):
-        return None  # ints beyond 64 bits, naive and aware times mixed: cell by cell
-
-
-def _csv_cells(column: CsvColumn, rule: ValueRule | None = None) -> pa.Array:
-    """A column as the text of its CSV cells (before quoting), as `_cell_text` renders each value."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if not isinstance(column, pa.Array):
-        values = list(column)
-        typed = _arrow_values(values)
-        if typed is None:
-            if rule is not None:
-                values = [rule(v) for v in values]
-            return pa.array([_cell_text(v) for v in values], pa.string())
-        column = typed
-    kind = column.type
-    if rule is not None:
-        cells = _rendered_distinct(column, lambda v: _cell_text(rule(v)))
-    elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        cells = _neutralised_array(column.cast(pa.string()))
-    elif pa.types.is_floating(kind):
-        cells = _rendered_distinct(column, _cell_text)  # format_score, once per distinct value
-    elif pa.types.is_integer(kind):
-        cells = column.cast(pa.string())
-    elif pa.types.is_boolean(kind):
-        cells = pc.if_else(column, "true", "false")
-    elif pa.types.is_timestamp(kind):
-        cells = _iso_utc_array(column)
-    elif pa.types.is_null(kind):
-        cells = pa.nulls(len(column), pa.string())
-    else:
-        return pa.array([_cell_text(v) for v in column.to_pylist()], pa.string())
-    return pc.fill_null(cells, "") if cells.null_count else cells
-
-
-def _quoted(cells: pa.Array) -> pa.Array:
-    """CSV quoting as `csv.writer` does it: a cell holding a quote, comma, CR or LF is enclosed in
-    quotes with its quotes doubled; others are written as they are."""
-    needs = pc.match_substring_regex(cells, _NEEDS_QUOTES)
-    enclosed = pc.binary_join_element_wise('"', pc.replace_substring(cells, '"', '""'), '"', "")
-    return pc.if_else(needs, enclosed, cells)
-
-
-def _csv_lines(cells: Sequence[pa.Array]) -> bytes:
-    """Cell texts, column by column (quoted), as CSV lines with RFC 4180 CRLF ends, in UTF-8."""
-    if len(cells) == 1:
-        # csv.writer writes a row of one empty cell as "" (an empty line would be no row at all).
-        cells = [pc.if_else(pc.equal(cells[0], ""), '""', cells[0])]
-    lines = pc.binary_join_element_wise(pc.binary_join_element_wise(*cells, ","), _CRLF, "")
-    if len(lines) == 0:
-        return b""
-    offsets, data = lines.buffers()[1], lines.buffers()[2]
-    bounds = np.frombuffer(offsets, dtype=np.int32, count=len(lines) + 1, offset=lines.offset * 4)
-    return data.slice(int(bounds[0]), int(bounds[-1] - bounds[0])).to_pybytes()
-
-
-# A text column (or one with a rule) of at least this many rows with at most half as many distinct
-# values (product, language, status, a decision) is encoded once per distinct value, then taken.
-_DISTINCT_MIN_ROWS = 16
-
-
-def _column_text(column: CsvColumn, rule: ValueRule | None = None, *, distinct: bool = True) -> pa.Array:
-    """A column's CSV cells, quoted where needed (numbers, flags and times never need it)."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
-    if not isinstance(column, pa.Array):
-        values = list(column)
-        typed = _arrow_values(values)
-        column = values if typed is None else typed  # values: cell by cell (`_csv_cells`)
-    if (
-        distinct
-        and isinstance(column, pa.Array)
-        and len(column) >= _DISTINCT_MIN_ROWS
-        and (rule is not None or pa.types.is_string(column.type))
-    ):
-        encoded = column.dictionary_encode(null_encoding="encode")  # a null is a value like others
-        if 2 * len(encoded.dictionary) <= len(column):
-            return pc.take(_column_text(encoded.dictionary, rule, distinct=False), encoded.indices)
-    cells = _csv_cells(column, rule)
-    plain = rule is None and isinstance(column, pa.Array) and not pa.types.is_string(column.type)
-    return cells if plain else _quoted(cells)
-
-
-def csv_header(columns: Sequence[str]) -> bytes:
-    """The header line: column names are neutralised and quoted like any cell (all names encoded
-    as one array: a kernel call per name cost ~10 ms of a small export's 50)."""
-    names = _quoted(_csv_cells(list(columns)))
-    return _csv_lines([names.slice(i, 1) for i in range(len(names))])
-
-
-def csv_batch(columns: Sequence[CsvColumn], rules: Mapping[int, ValueRule] | None = None) -> bytes:
-    """One batch of rows, given column by column, as CSV lines: the bytes `csv.writer` writes for
-    `_stream_cell` of each value (tests/test_export.py holds the two side by side), encoded by
-    Arrow kernels instead of a Python call per cell. `rules[i]` turns column i's values into what
-    is written (e.g. a decision's number or label) once per distinct value."""
-    rules = rules or {}
-    return _csv_lines([_column_text(column, rules.get(i)) for i, column in enumerate(columns)])
-
-
-def iter_csv_batches(
-    columns: Sequence[str],
-    batches: Iterable[Sequence[CsvColumn]],
-    rules: Mapping[int, ValueRule] | None = None,
-) -> Iterator[bytes]:
-    """A header and batches of columns as UTF-8 CSV chunks, one per batch, in constant memory."""
-    yield csv_header(columns)
-    for batch in batches:
-        yield csv_batch(batch, rules)
 
 
 def _row_batches(rows: Iterable[Sequence[Any]], width: int) -> Iterator[list[Sequence[Any]]]:
@@ -461,30 +275,12 @@ def write_csv(out: BinaryIO, columns: Sequence[str], rows: Iterable[Sequence[Any
 
 
 def _write_source(out: BinaryIO, source: CsvSource) -> int:
-    return _write_chunks(out, _counted_chunks(source))
+    return write_chunks(out, _counted_chunks(source))
 
 
 def _counted_chunks(source: CsvSource) -> Generator[bytes, None, int]:
-    """`source` as UTF-8 CSV chunks (`iter_csv_batches`); returns the number of rows written."""
-    count = 0
-
-    def counted() -> Iterator[Sequence[CsvColumn]]:
-        nonlocal count
-        for batch in source.batches:
-            count += len(batch[0]) if batch else 0
-            yield batch
-
-    yield from iter_csv_batches(source.columns, counted(), source.rules)
-    return count
-
-
-def _write_chunks(out: BinaryIO, chunks: Generator[bytes, None, int]) -> int:
-    """Write the chunks to `out`; returns what the generator returns (the rows written)."""
-    while True:
-        try:
-            out.write(next(chunks))
-        except StopIteration as done:
-            return int(done.value)
+    """`source` as UTF-8 CSV chunks (`lib.csv_text.iter_csv_batches`); returns the rows written."""
+    return counted_chunks(source.columns, source.batches, source.rules)
 
 
 class CsvSource(Protocol):
@@ -536,7 +332,7 @@ def _chunks_bytes(chunks: Generator[bytes, None, int]) -> bytes:
     (Streamlit's download button keeps those in memory while the session lasts, whatever it gets).
     """
     with tempfile.TemporaryFile() as raw:
-        _write_chunks(raw, chunks)
+        write_chunks(raw, chunks)
         raw.seek(0)
         return raw.read()
 
@@ -560,20 +356,12 @@ def evaluations_csv_chunks(
 
 
 # The scanner path of the wide Evaluations CSV (issue 27; lib.inspector's `wide_scan`): a worker
-# (`lib.duck.submit_isolated`) reads the list's SQL through DuckDB's scanner and writes the CSV into
+# of `lib.wide_scan.EXPORT_WORKERS` reads the list's SQL through DuckDB's scanner and writes the CSV into
 # a FIFO that this process reads and hands on: the pipe's buffer is all that is held in between,
 # and a slow reader holds the worker back (no spool file). Closing the chunks (a download stopped)
 # closes the FIFO, and the worker's next write fails, which ends it.
-SCAN_BATCH_ROWS = 5_000  # rows the worker encodes at a time
+SCAN_BATCH_ROWS = 2_048  # rows the worker encodes at a time: one DuckDB vector (5,000: +10 MiB peak)
 SCAN_CHUNK_BYTES = 1 << 20  # bytes read from the FIFO at a time
-# DuckDB's own memory in the worker (the scan streams; the JSON cut needs little). Freed blocks go
-# back at once rather than from 128 MiB / 512 MiB up (the worker's peak at 100k: 340 -> 310 MiB RSS).
-SCAN_DUCKDB_CONFIG = {
-    "threads": 1,
-    "memory_limit": "128MB",
-    "allocator_flush_threshold": "1MB",
-    "allocator_bulk_deallocation_flush_threshold": "1MB",
-}
 
 
 class _NoScanner(Exception):
@@ -594,8 +382,8 @@ def _evaluation_chunks(engine: Engine, filters: EvaluationFilters, form: str) ->
     return (yield from _csv_chunks(engine, _evaluations_table(filters, form)))
 
 
-def _scanned_chunks(engine: Engine, scan: inspector.WideScan) -> Generator[bytes, None, int]:
-    """What `_write_scanned_wide` writes into a FIFO, read as it comes; returns its row count."""
+def _scanned_chunks(engine: Engine, scan: WideScan) -> Generator[bytes, None, int]:
+    """What `lib.wide_scan.write_wide_csv` writes into a FIFO, read as it comes; returns its row count."""
     with tempfile.TemporaryDirectory(prefix="overrule-export-") as folder:
         fifo = os.path.join(folder, "evaluations.csv")
         os.mkfifo(fifo, 0o600)
@@ -604,8 +392,8 @@ def _scanned_chunks(engine: Engine, scan: inspector.WideScan) -> Generator[bytes
         waiting = select.poll()  # not select(): a server may hold more than 1,024 descriptors
         waiting.register(reader, select.POLLIN)
         try:
-            url = duck.isolated_url(engine)
-            future = duck.submit_isolated(_write_scanned_wide, url, scan, fifo, SCAN_BATCH_ROWS)
+            source = duck.scan_source(engine)
+            future = EXPORT_WORKERS.submit(write_wide_csv, source, scan, fifo, SCAN_BATCH_ROWS)
             while True:
                 waiting.poll(500)
                 try:
@@ -622,30 +410,13 @@ def _scanned_chunks(engine: Engine, scan: inspector.WideScan) -> Generator[bytes
                 else:  # the worker has not opened its end yet
                     futures.wait([future], timeout=0.02)
             try:
-                return duck.isolated_result(future)
+                return EXPORT_WORKERS.result(future)
             except duck.DuckUnavailable as exc:
                 if sent:
                     raise
                 raise _NoScanner(str(exc)) from exc
         finally:
             os.close(reader)
-
-
-def _write_scanned_wide(url: str, scan: inspector.WideScan, fifo: str, batch_rows: int) -> int:
-    """In the isolated worker: the wide CSV of `scan` into `fifo`; returns the number of rows."""
-    engine = create_db_engine(url)
-    try:
-        with duck.scanner_session(engine, SCAN_DUCKDB_CONFIG) as con:
-            # Non-blocking open: fails at once (ENXIO) when the reader is already gone.
-            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-            os.set_blocking(writer, True)  # then each write waits for the reader: backpressure
-            with open(writer, "wb") as out:
-                function = duck.RAW_QUERY_FUNCTIONS[engine.dialect.name]
-                batches = inspector.scanned_wide_batches(con, scan, function, batch_rows)
-                _, rules = inspector.wide_header(scan.slugs)
-                return _write_source(out, CsvBatches(scan.columns, batches, rules))
-    finally:
-        engine.dispose()
 
 
 def judgments_csv_chunks(
@@ -670,7 +441,7 @@ def export_evaluations_csv(
     partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
     try:
         with partial.open("wb") as fh:
-            rows = _write_chunks(fh, _evaluation_chunks(engine, filters or EvaluationFilters(), form))
+            rows = write_chunks(fh, _evaluation_chunks(engine, filters or EvaluationFilters(), form))
         os.replace(partial, path)
         return rows
     except ValueError as exc:

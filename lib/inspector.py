@@ -27,24 +27,21 @@ from sqlmodel import Session, col, select
 
 from lib import counters, judge_versions, scores, search
 from lib.auth import Actor, Permission
-from lib.corrections import distinct_metrics, parse_score, require_reviewer
+from lib.corrections import distinct_metrics, require_reviewer
 from lib.display import REVIEWED_BY, evaluation_title, evaluation_url, metric_field, role_field
 from lib.evidence import EvidenceItem, evidence_items, metric_entry
 from lib.highlight import Span
-from lib.metrics import (
-    DEFAULT_METRICS,
-    MetricSpec,
-    json_pointer,
-    metrics_for_product,
-    object_parse_sql,
-    rescue_unread_scores,
+from lib.judgment_text import (
+    decision_value,
+    name_for,
+    parse_score,
     score_of,
-    score_sql,
     scores_of_json,
 )
+from lib.metrics import DEFAULT_METRICS, MetricSpec, metrics_for_product
 from lib.models import EvaluationSnapshot, Judgment, MetricDefinition, utcnow
 from lib.search import text_match
-from lib.sql_quote import quote_literal
+from lib.wide_scan import WideScan, wide_columns
 
 ReviewState = Literal["any", "pending", "reviewed", "corrected"]
 EvidenceState = Literal["any", "unverified", "unlocated", "verified", "none"]
@@ -875,14 +872,6 @@ def _gap(user: float | None, judge: float | None) -> float | None:
     return abs(user - judge) if user is not None and judge is not None else None
 
 
-def _decision_value(decision: str | None) -> float | str | None:
-    """A decision as the CSV holds it: a number when it is one (a score), else its text (a label)."""
-    if decision is None:
-        return None
-    number = parse_score(decision)
-    return decision if number is None else number
-
-
 def _stream(session: Session, stmt: Select[Any]) -> Iterator[Any]:
     yield from session.execute(stmt.execution_options(yield_per=EXPORT_BATCH_ROWS))
 
@@ -954,20 +943,6 @@ def _decision_columns(conn: Any, ids: Sequence[str], slugs: Sequence[str]) -> li
     return [grid.slice(i * n, n) for i in range(len(slugs))]
 
 
-def _utc_times(values: Sequence[Any]) -> pa.Array:
-    """Timestamps as the driver hands them (SQLite: UTC text; PostgreSQL: aware datetimes) as one
-    UTC Arrow array, parsed in C++ rather than by SQLAlchemy's result processor, row by row."""
-    moments = pa.array(values)
-    if pa.types.is_timestamp(moments.type):
-        return moments.cast(pa.timestamp("us", tz="UTC"))
-    try:
-        return moments.cast(pa.timestamp("us")).cast(pa.timestamp("us", tz="UTC"))
-    except pa.ArrowException:  # text with an offset, or in a form Arrow does not parse
-        parsed = [None if v is None else datetime.fromisoformat(v) for v in values]
-        aware = [v if v is None or v.tzinfo else v.replace(tzinfo=UTC) for v in parsed]
-        return pa.array(aware, pa.timestamp("us", tz="UTC"))
-
-
 def _wide_select(filters: EvaluationFilters, **replaced: Any) -> Select[Any]:
     """The list's SQL (filters, order: one definition) with what the wide form reads of each row;
     `replaced` swaps a column's expression by its label (e.g. a time read as text)."""
@@ -990,28 +965,6 @@ def _wide_select(filters: EvaluationFilters, **replaced: Any) -> Select[Any]:
     return _walk_hint(stmt, ORDER_INDEXES["newest"]) if filters.archived else stmt
 
 
-def _wide_columns(
-    values: Mapping[str, Any],
-    user: Sequence[pa.Array],
-    judge: Sequence[pa.Array],
-    decided: Sequence[pa.Array],
-    versions: Mapping[int, str],
-) -> list[Any]:
-    """One batch of the wide form's columns, in `wide_header`'s order: the list's columns (times
-    as UTC Arrow timestamps), the answer, the judge version's name, then per metric the user's
-    score, the judge's score, their gap (`_gap` on a whole column) and the reviewer's decision."""
-    columns = [values[name] for name in LIST_FRAME_COLUMNS]
-    columns[LIST_FRAME_COLUMNS.index("created_at")] = _utc_times(values["created_at"])
-    columns.append(values["answer"])
-    version_ids = values["judge_version_id"]
-    if isinstance(version_ids, pa.Array | pa.ChunkedArray):
-        version_ids = version_ids.to_pylist()
-    columns.append([judge_versions.name_for(v, versions) for v in version_ids])
-    for user_score, judge_score, decision in zip(user, judge, decided, strict=True):
-        columns += [user_score, judge_score, pc.abs(pc.subtract(user_score, judge_score)), decision]
-    return columns
-
-
 def _wide_batches(session: Session, filters: EvaluationFilters, slugs: Sequence[str]) -> Iterator[list[Any]]:
     """The wide export a batch at a time, column by column, in the app's own session: the list's
     SQL read through the driver without per-row conversions, times parsed by Arrow, scores read
@@ -1028,7 +981,7 @@ def _wide_batches(session: Session, filters: EvaluationFilters, slugs: Sequence[
             user = scores_of_json(con, pa.array(values["user_scores"], pa.string()), slugs)
             judge = scores_of_json(con, pa.array(values["judge_scores"], pa.string()), slugs)
             decided = _decision_columns(conn, values["id"], slugs)
-            yield _wide_columns(values, user, judge, decided, versions)
+            yield wide_columns(values, LIST_FRAME_COLUMNS, user, judge, decided, versions)
     finally:
         con.close()
 
@@ -1063,33 +1016,17 @@ _SCAN_DECISIONS_SQL = {
 }
 # SQLite's `printf` with this format writes a float with enough digits to read back the same value.
 _EXACT_FLOAT_FORMAT = "%!.20g"
-_FLOAT_LABELS = ("weighted_gap", "max_gap")
-_INT_LABELS = (
-    "judge_meta_score", "evidence", "highlighted", "unlocated", "unverified", "judged", "reviewed",
-    "corrected", "judge_version_id",
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class WideScan:
-    """What the isolated worker needs to write the wide CSV (picklable): the header, the metrics,
-    the judge versions' names and the SQL its scanner runs."""
-
-    columns: list[str]
-    slugs: list[str]
-    versions: dict[int, str]
-    sql: str
 
 
 def wide_header(slugs: Sequence[str]) -> tuple[list[str], dict[int, Callable[[Any], Any]]]:
     """The wide form's header for these metrics, and its value rules (each decision column's
-    number or label, `_decision_value`)."""
+    number or label, `decision_value`)."""
     columns = [*LIST_FRAME_COLUMNS, "answer", "judge_version"]
     for slug in slugs:
         columns += [metric_field(slug, name) for name in WIDE_METRIC_FIELDS]
     first = len(LIST_FRAME_COLUMNS) + 2
     decisions = range(first + len(WIDE_METRIC_FIELDS) - 1, len(columns), len(WIDE_METRIC_FIELDS))
-    return columns, dict.fromkeys(decisions, _decision_value)
+    return columns, dict.fromkeys(decisions, decision_value)
 
 
 def wide_scan(*, session: Session, filters: EvaluationFilters) -> WideScan | None:
@@ -1114,50 +1051,15 @@ def wide_scan(*, session: Session, filters: EvaluationFilters) -> WideScan | Non
     if "\x00" in sql:
         return None  # a NUL in a filter's text cannot be written into SQL: the in-session path reads it
     slugs = export_metrics(session=session, filters=filters)
-    columns, _ = wide_header(slugs)
-    return WideScan(columns=columns, slugs=slugs, versions=judge_versions.names_of(session), sql=sql)
-
-
-def scanned_wide_batches(
-    con: duckdb.DuckDBPyConnection, scan: WideScan, function: str, batch_rows: int
-) -> Iterator[list[Any]]:
-    """The wide form's columns a batch at a time, read by `function('app_raw', scan.sql)` on `con`
-    (`lib.duck.scanner_connect`; in the isolated worker): the same columns as `_wide_batches`, the
-    scores read by `metrics.score_sql` and the decisions cut from each row's JSON object, in DuckDB."""
-    slugs = scan.slugs
-    casts = [f"CAST({label} AS DOUBLE) AS {label}" for label in _FLOAT_LABELS]
-    casts += [f"CAST({label} AS BIGINT) AS {label}" for label in _INT_LABELS]
-    texts = [f"CAST({label} AS VARCHAR) AS {label}" for label in ("user_scores", "judge_scores", "decided")]
-    pointers = ", ".join(quote_literal(json_pointer(slug)) for slug in slugs)
-    reads = []
-    for side in ("user", "judge"):
-        # The stored text only where DuckDB could not parse it (`rescue_unread_scores` reads it).
-        reads.append(f"CASE WHEN _{side} IS NULL THEN {side}_scores END AS {side}_unread")
-        reads += [f"{score_sql(f'_{side}', slugs, i)} AS {side}_{i}" for i in range(len(slugs))]
-    reads += [f"_decided[{i + 1}] AS decided_{i}" for i in range(len(slugs))]
-    reader = con.execute(
-        f"SELECT * EXCLUDE (user_scores, judge_scores, decided, _user, _judge, _decided), {', '.join(reads)} "
-        f"FROM (SELECT *, {object_parse_sql('user_scores', slugs)} AS _user, "
-        f"{object_parse_sql('judge_scores', slugs)} AS _judge, "
-        f"json_extract_string(decided, [{pointers}]::VARCHAR[]) AS _decided "
-        f"FROM (SELECT * REPLACE ({', '.join(casts + texts)}) FROM {function}('app_raw', ?)))",
-        [scan.sql],
-    ).to_arrow_reader(batch_rows)
-    for batch in reader:
-        if not batch.num_rows:
-            continue  # DuckDB may hand over an empty batch (no match): nothing to encode
-        values = {name: batch.column(name) for name in batch.schema.names}
-        user, judge = (
-            rescue_unread_scores(
-                [values[f"{side}_{i}"] for i in range(len(slugs))],
-                values[f"{side}_unread"],
-                pc.is_valid(values[f"{side}_unread"]),
-                slugs,
-            )
-            for side in ("user", "judge")
-        )
-        decisions = [values[f"decided_{i}"] for i in range(len(slugs))]
-        yield _wide_columns(values, user, judge, decisions, scan.versions)
+    columns, rules = wide_header(slugs)
+    return WideScan(
+        columns=columns,
+        list_columns=LIST_FRAME_COLUMNS,
+        slugs=slugs,
+        decision_columns=sorted(rules),
+        versions=judge_versions.names_of(session),
+        sql=sql,
+    )
 
 
 def _long_rows(session: Session, filters: EvaluationFilters) -> Iterator[tuple[Any, ...]]:
@@ -1200,9 +1102,9 @@ def _long_rows(session: Session, filters: EvaluationFilters) -> Iterator[tuple[A
         yield (
             sid, created, product, language, model, category, question, answer, metric, user_score,
             _reason(entry) or None, judge_score, reason, _gap(user_score, judge_score),
-            _decision_value(reviewer_decision) if reviewed else None,
+            decision_value(reviewer_decision) if reviewed else None,
             reviewer_reason if reviewed else None, reviewer, reviewed_at, bool(corrected), change_id,
-            judge_versions.name_for(version_id, names),
+            name_for(version_id, names),
         )  # fmt: skip
 
 

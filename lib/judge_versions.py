@@ -37,10 +37,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from lib.auth import Actor, Permission, authorize, record_event
+from lib.judgment_text import UNVERSIONED_NAME as UNVERSIONED_NAME  # their home; imported from here
+from lib.judgment_text import name_for as name_for
 from lib.metrics import SCALE_BOUND, MetricSpec, parse_metric_definition
 from lib.models import UNVERSIONED, JudgeVersion, ProductJudge, utcnow
 
-UNVERSIONED_NAME = "unversioned"
 NAME_LIMIT = 200
 # The fields of a configuration, in the order tables and diffs show them, with their labels.
 FIELD_LABELS: dict[str, str] = {
@@ -782,13 +783,6 @@ def version_id_or_unversioned(value: int | None) -> int:
 def names_of(session: Session) -> dict[int, str]:
     """Every version's name by id (a CSV or an API answer names the version of each judgment)."""
     return {int(i): str(n) for i, n in session.exec(select(JudgeVersion.id, JudgeVersion.name)).all()}
-
-
-def name_for(version_id: int | None, names: Mapping[int, str] | None) -> str:
-    """How a judgment's version is named wherever a judgment appears: its name, or "unversioned"."""
-    if not version_id:
-        return UNVERSIONED_NAME
-    return (names or {}).get(int(version_id), f"#{version_id}")
 
 
 def label_map(session: Session, ids: Iterable[int | None]) -> dict[int, str]:

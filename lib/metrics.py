@@ -6,20 +6,16 @@ default metrics or the 1–5 scale. Slugs come from explicit maps, never from `l
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import duckdb
-import pyarrow as pa
-import pyarrow.compute as pc
 from sqlmodel import Session, col, select
 
+from lib.judgment_text import score_of as score_of  # its home; imported from here by many modules
 from lib.models import MetricDefinition
-from lib.sql_quote import quote_literal
 
 METRIC_SLUG_MAP: dict[str, str] = {
     "Truthfulness": "truthfulness",
@@ -248,104 +244,6 @@ def parse_metric_definition(raw: Mapping[str, Any]) -> MetricSpec:
         integer_scale=bool(integer),
         description=str(raw.get("description") or ""),
     )
-
-
-def score_of(entry: Any) -> float | None:
-    """The numeric score of a stored score entry ({"score": x, ...} or a bare number)."""
-    if isinstance(entry, Mapping):
-        entry = entry.get("score")
-    if entry is None or isinstance(entry, bool):
-        return None
-    return float(entry) if isinstance(entry, int | float) else None
-
-
-def json_pointer(key: str) -> str:
-    """The JSON pointer (RFC 6901) of a top-level key, as DuckDB's json functions take it."""
-    return "/" + key.replace("~", "~0").replace("/", "~1")
-
-
-# JSON types whose value score_of takes as a number (a bool is not one; yyjson reads an integer past
-# 64 bits as a double, as Python's float() of it gives).
-_JSON_NUMBERS = "'BIGINT', 'UBIGINT', 'DOUBLE'"
-
-
-def scores_parse_sql(doc: str, slugs: Sequence[str]) -> str:
-    """DuckDB SQL reading the stored scores object `doc` (SQL of a JSON text) for `score_sql`: a
-    struct of each slug's entry's JSON type (`t`), each entry's "score" (`s`) and, only where some
-    entry is a bare number, the entries themselves (`e`). Entries are not written back out as JSON
-    where they are objects (a judge's entry carries its reason: that was most of the cost). NULL
-    where DuckDB cannot parse the text (read it with `rescue_unread_scores`)."""
-    paths = [json_pointer(slug) for slug in slugs]
-    entries = f"[{', '.join(map(quote_literal, paths))}]"
-    scores = f"[{', '.join(quote_literal(p + '/score') for p in paths)}]"
-    bare = f"list_has_any(json_type({doc}, {entries}), [{_JSON_NUMBERS}])"
-    return (
-        f"TRY({{'t': json_type({doc}, {entries}), 's': json_extract({doc}, {scores}), "
-        f"'e': CASE WHEN {bare} THEN json_extract({doc}, {entries}) END}})"
-    )
-
-
-def score_sql(parsed: str, slugs: Sequence[str], index: int) -> str:
-    """DuckDB SQL of `score_of(scores.get(slugs[index]))` over `parsed` (`object_parse_sql`'s
-    struct), as DOUBLE: an object's "score" or the bare value, a number only
-    (tests/test_export_csv.py holds it against score_of on odd entries)."""
-    at = index + 1
-    kind, score, entry = f"{parsed}.t[{at}]", f"{parsed}.s[{at}]", f"{parsed}.e[{at}]"
-    return (
-        f"CASE WHEN {kind} = 'OBJECT' THEN (CASE WHEN json_type({score}) IN ({_JSON_NUMBERS}) "
-        f"THEN CAST({score} AS DOUBLE) END) WHEN {kind} IN ({_JSON_NUMBERS}) THEN CAST({entry} AS DOUBLE) END"
-    )
-
-
-def object_parse_sql(doc: str, slugs: Sequence[str]) -> str:
-    """`scores_parse_sql` of `doc` where it is a JSON object (else empty: no scores), as score_of
-    reads only an object's entries: a pointer such as "/0" would read into an array."""
-    return (
-        f"CASE WHEN starts_with(ltrim({doc}, ' \t\n\r'), '{{') THEN {scores_parse_sql(doc, slugs)} "
-        "ELSE {'t': []::VARCHAR[], 's': []::JSON[], 'e': []::JSON[]} END"
-    )
-
-
-def rescue_unread_scores(
-    columns: list[pa.Array],
-    texts: pa.Array | pa.ChunkedArray,
-    unread: pa.Array | pa.ChunkedArray,
-    slugs: Sequence[str],
-) -> list[pa.Array]:
-    """`columns` (per slug, from `score_sql`) with the rows DuckDB could not parse (`unread`; e.g. an
-    escaped lone surrogate, which Python's json reads) read by json.loads and score_of."""
-    if not pc.any(unread).as_py():
-        return columns
-    values = [column.to_pylist() for column in columns]
-    for row in pc.indices_nonzero(unread).to_pylist():
-        stored = json.loads(texts[row].as_py())
-        stored = stored if isinstance(stored, Mapping) else {}
-        for slug, column in zip(slugs, values, strict=True):
-            column[row] = score_of(stored.get(slug))
-    return [pa.array(column, pa.float64()) for column in values]
-
-
-def scores_of_json(con: duckdb.DuckDBPyConnection, texts: pa.Array, slugs: Sequence[str]) -> list[pa.Array]:
-    """`score_of(scores.get(slug))` of each stored scores object (JSON text), per slug, as float64
-    arrays: the exports' way to read a million evaluations' scores without a json.loads per row.
-
-    DuckDB (`con`: an in-memory connection, no database attached) parses each document once
-    (`object_parse_sql`) and reads each score by `score_sql`; a text DuckDB cannot parse goes
-    through json.loads (`rescue_unread_scores`).
-    """
-    if not slugs:
-        return []
-    reads = ", ".join(f"{score_sql('x', slugs, i)} AS s{i}" for i in range(len(slugs)))
-    con.register("_overrule_scores", pa.table({"t": texts}))
-    try:
-        found = con.execute(
-            f"SELECT x IS NULL AND t IS NOT NULL AS unread, {reads} "
-            f"FROM (SELECT t, {object_parse_sql('t', slugs)} AS x FROM _overrule_scores)"
-        ).to_arrow_table()
-    finally:
-        con.unregister("_overrule_scores")
-    columns = [found.column(f"s{i}").combine_chunks() for i in range(len(slugs))]
-    return rescue_unread_scores(columns, texts, found.column("unread").combine_chunks(), slugs)
 
 
 def metric_gaps(

@@ -31,7 +31,7 @@ from sqlmodel import Session, SQLModel
 import lib.models  # noqa: F401  (every table on SQLModel.metadata, for TRUNCATE)
 from lib.config import reset_settings
 from lib.db import create_db_engine, init_db
-from lib.duck import TRUST_EXTENSIONS_VAR
+from lib.isolated import TRUST_EXTENSIONS_VAR
 from tests import compiled_cache, pg_sessions
 
 # Engines configured alike share compiled SQL, as the app's one engine reuses its own (a new engine

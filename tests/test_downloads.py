@@ -15,9 +15,8 @@ from sqlmodel import Session
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from lib import downloads, export, inspector
+from lib import downloads, export, inspector, wide_scan
 from lib.corrections import JudgmentFilter
-from lib.duck import isolated_result, submit_isolated
 from lib.importer import import_evaluations
 from lib.inspector import EvaluationFilters
 from tests.test_inspector import RECORDS, record
@@ -84,19 +83,21 @@ def test_a_stopped_download_ends_the_export_worker(
         import_evaluations(session=session, records=answers, reviewer="tester")
         session.commit()
     submitted = []
+    pool = wide_scan.EXPORT_WORKERS
+    submit_in_pool = pool.submit
 
     def submit(*args: object, **kwargs: object) -> Future[int]:
-        submitted.append(submit_isolated(*args, **kwargs))
+        submitted.append(submit_in_pool(*args, **kwargs))
         return submitted[-1]
 
-    monkeypatch.setattr(export.duck, "submit_isolated", submit)
+    monkeypatch.setattr(pool, "submit", submit)
     monkeypatch.setattr(export, "SCAN_BATCH_ROWS", 1)
     monkeypatch.setattr(export, "SCAN_CHUNK_BYTES", 64)
     chunks = export.evaluations_csv_chunks(engine=sqlite_engine, filters=EvaluationFilters())
     assert next(chunks).startswith(b"id,created_at,")
     chunks.close()
     with pytest.raises(BrokenPipeError):
-        isolated_result(submitted[0], timeout=30)
+        pool.result(submitted[0], timeout=30)
 
 
 def test_corrections_link_streams_judgments(seeded: Engine, client: TestClient) -> None:

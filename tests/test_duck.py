@@ -19,22 +19,20 @@ import sqlalchemy as sa
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-import lib.duck
+import lib.isolated
 from lib.db import create_db_engine
 from lib.duck import (
-    RAW_QUERY_FUNCTIONS,
-    DuckUnavailable,
     duck_connect,
-    extension_path,
     fetch_frame,
     isolated_url,
     model_tables,
     run_isolated,
-    scanner_session,
+    scan_source,
     source_kind,
     table_ref,
     tables_in_sql,
 )
+from lib.isolated import RAW_QUERY_FUNCTIONS, DuckUnavailable, extension_path, scanner_session
 from lib.models import Judgment
 from lib.sql_quote import quote_ident, quote_literal
 
@@ -166,10 +164,10 @@ def _scanner_sessions_in_a_worker(url: str) -> tuple[list[int], list[str], list[
         function = RAW_QUERY_FUNCTIONS[engine.dialect.name]
         counts = []
         for _ in range(2):
-            with scanner_session(engine, {"threads": 1}) as con:
+            with scanner_session(scan_source(engine), {"threads": 1}) as con:
                 row = con.execute(f"SELECT count(*) FROM {function}('app_raw', 'SELECT id FROM judgments')")
                 counts.append(int(row.fetchone()[0]))
-        kept = lib.duck._kept_scanner
+        kept = lib.isolated._kept_scanner
         assert kept is not None
         attached = [
             str(r[0]) for r in kept.execute("SELECT database_name FROM duckdb_databases()").fetchall()
@@ -198,9 +196,9 @@ def test_a_worker_keeps_its_scanner_database_but_no_attachment_outlives_an_expor
 def worker_engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Engine]:
     """This process as an isolated worker with no kept DuckDB database yet, over a SQLite file
     that no connection of this process holds (so the sqlite scanner may open it)."""
-    monkeypatch.setattr(lib.duck, "_sqlite_scanner_allowed", True)
-    monkeypatch.setattr(lib.duck, "_kept_scanner", None)
-    monkeypatch.setattr(lib.duck, "_kept_extensions", set())
+    monkeypatch.setattr(lib.isolated, "_sqlite_scanner_allowed", True)
+    monkeypatch.setattr(lib.isolated, "_kept_scanner", None)
+    monkeypatch.setattr(lib.isolated, "_kept_extensions", set())
     path = tmp_path / "worker.db"
     with contextlib.closing(sqlite3.connect(path)) as db:
         db.execute("CREATE TABLE t (n INTEGER)")
@@ -208,8 +206,8 @@ def worker_engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[E
         db.commit()
     engine = sa.create_engine(f"sqlite:///{path}")
     yield engine
-    if lib.duck._kept_scanner is not None:
-        lib.duck._kept_scanner.close()
+    if lib.isolated._kept_scanner is not None:
+        lib.isolated._kept_scanner.close()
     engine.dispose()
 
 
@@ -218,14 +216,14 @@ def _rows_of_t(con: Any) -> int:
 
 
 def test_a_kept_scanner_database_that_failed_is_replaced_by_the_next_use(worker_engine: Engine) -> None:
-    with scanner_session(worker_engine) as con:
+    with scanner_session(scan_source(worker_engine)) as con:
         assert _rows_of_t(con) == 1
-    broken = lib.duck._kept_scanner
+    broken = lib.isolated._kept_scanner
     assert broken is not None
     broken.close()  # what an invalidating error leaves behind: every statement on it fails
-    with scanner_session(worker_engine) as con:
+    with scanner_session(scan_source(worker_engine)) as con:
         assert _rows_of_t(con) == 1
-    assert lib.duck._kept_scanner is not None and lib.duck._kept_scanner is not broken
+    assert lib.isolated._kept_scanner is not None and lib.isolated._kept_scanner is not broken
 
 
 def test_a_failed_reset_after_a_use_keeps_the_use_s_own_error(
@@ -234,13 +232,13 @@ def test_a_failed_reset_after_a_use_keeps_the_use_s_own_error(
     # The export's error is what the user must see, not the cleanup's that it caused.
     with (
         pytest.raises(RuntimeError, match="the export's own error"),
-        scanner_session(worker_engine, {"threads": 1}),
+        scanner_session(scan_source(worker_engine), {"threads": 1}),
     ):
-        broken = lib.duck._kept_scanner
+        broken = lib.isolated._kept_scanner
         assert broken is not None
         broken.close()  # the detach and RESET after this use fail
         raise RuntimeError("the export's own error")
     assert "could not reset" in caplog.text
-    with scanner_session(worker_engine) as con:  # and the next use gets a fresh database
+    with scanner_session(scan_source(worker_engine)) as con:  # and the next use gets a fresh database
         assert _rows_of_t(con) == 1
-    assert lib.duck._kept_scanner is not broken
+    assert lib.isolated._kept_scanner is not broken

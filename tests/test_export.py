@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy import Engine, insert
 from sqlmodel import SQLModel
 
-from lib import auth, duck, export
+from lib import auth, duck, export, isolated
 from lib.config import reset_settings
 from lib.db import create_db_engine, init_db
 from lib.duck import duck_connect, fetch_frame, source_kind, table_ref, with_duck
@@ -534,17 +534,18 @@ def test_cli_export_of_unknown_table_fails_with_the_valid_names(engine, tmp_path
 
 _PROBE = """
 import json, sys
-import lib.duck
+import lib.isolated
 from lib.db import create_db_engine
-from lib.duck import RAW_QUERY_FUNCTIONS, duck_connect, scanner_session, source_kind
-lib.duck._sqlite_scanner_allowed = True  # as in a run_isolated child: this process holds no connection
+from lib.duck import duck_connect, scan_source, source_kind
+from lib.isolated import RAW_QUERY_FUNCTIONS, scanner_session
+lib.isolated._sqlite_scanner_allowed = True  # as in a worker: this process holds no connection
 engine = create_db_engine(sys.argv[1])
 con = duck_connect(engine)
 row = con.execute(
     "SELECT loaded, installed FROM duckdb_extensions() WHERE extension_name LIKE '%scanner'"
     " AND loaded"
 ).fetchone()
-with scanner_session(engine) as cur:  # the export worker's path: a cursor of its kept database
+with scanner_session(scan_source(engine)) as cur:  # the export worker's path: a cursor of its kept database
     read = RAW_QUERY_FUNCTIONS[engine.dialect.name] + "('app_raw', 'SELECT timestamp FROM judgments')"
     kept_time = cur.execute(f"SELECT CAST(CAST(timestamp AS TIMESTAMPTZ) AS VARCHAR) FROM {read}").fetchone()[0]
 print(json.dumps({"source": source_kind(con), "loaded": row[0], "installed": row[1],
@@ -564,7 +565,7 @@ def test_scanner_loads_from_the_package_without_install(engine, tmp_path: Path) 
     # still read and exported in UTC, on a connection and on a cursor of the worker's kept database.
     env = {**os.environ, "HOME": str(home), "TZ": "America/New_York"}
     # As deployed: the extension's signature is checked (the rest of the suite skips that check).
-    env.pop(duck.TRUST_EXTENSIONS_VAR, None)
+    env.pop(isolated.TRUST_EXTENSIONS_VAR, None)
     result = subprocess.run(
         [sys.executable, "-c", _PROBE, engine.url.render_as_string(hide_password=False)],
         cwd=ROOT,

@@ -19,11 +19,12 @@ import sqlalchemy as sa
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
-from lib import export, inspector, judge_versions
-from lib.export import _stream_cell, iter_csv, neutralise_cell
+from lib import export, inspector, judge_versions, wide_scan
+from lib.csv_text import _stream_cell, csv_batch, neutralise_cell
+from lib.export import iter_csv
 from lib.importer import import_evaluations
 from lib.inspector import EvaluationFilters
-from lib.metrics import score_of, scores_of_json
+from lib.judgment_text import decision_value, name_for, score_of, scores_of_json
 from lib.models import EvaluationSnapshot, Judgment
 from tests.test_inspector import record
 
@@ -83,7 +84,7 @@ def test_a_rule_runs_once_per_distinct_value_and_gives_the_rows_value() -> None:
         return None if value is None else float(value) if value.isdigit() else value
 
     column = ["4", "4", "=x", None, "4", "label"]
-    body = export.csv_batch([column], {0: rule})
+    body = csv_batch([column], {0: rule})
     assert body == old_csv(["c"], [(rule(v),) for v in column]).split(b"\r\n", 1)[1]
     assert len(seen) == 4 + len(column)  # the distinct values, then the oracle's own calls
 
@@ -130,14 +131,14 @@ def _oracle_wide(session: Session, slugs: Sequence[str]) -> list[tuple[Any, ...]
             s.id, s.created_at, s.product, s.language, s.model_name, s.category, s.question, s.weighted_gap,
             s.max_metric_gap, s.judge_meta_score, s.evidence_count, s.evidence_highlighted,
             s.evidence_unlocated, s.evidence_unverified, s.status, s.judgments_total, s.judgments_reviewed,
-            s.judgments_corrected, s.model_answer, judge_versions.name_for(s.judge_version_id, versions),
+            s.judgments_corrected, s.model_answer, name_for(s.judge_version_id, versions),
         ]  # fmt: skip
         user = s.user_scores_json if isinstance(s.user_scores_json, dict) else {}
         judge = s.judge_scores_json if isinstance(s.judge_scores_json, dict) else {}
         for slug in slugs:
             u, j = score_of(user.get(slug)), score_of(judge.get(slug))
             gap = abs(u - j) if u is not None and j is not None else None
-            row += [u, j, gap, inspector._decision_value(decided.get((s.id, slug)))]
+            row += [u, j, gap, decision_value(decided.get((s.id, slug)))]
         rows.append(tuple(row))
     return rows
 
@@ -200,3 +201,24 @@ def test_the_wide_export_writes_what_the_row_rules_give(
     assert export.evaluations_csv_bytes(engine=engine, filters=EvaluationFilters()) == old_csv(
         found.columns, expected
     )
+
+
+# What an export worker may not import: the app's stack, which put a fork server and a worker of
+# ~120 MiB summed PSS beside the app (issue 27: the export must stay under 300 MiB in all).
+HEAVY_MODULES = ("numpy", "pandas", "sqlalchemy", "sqlmodel", "lib.models", "lib.db", "lib.duck", "streamlit")
+
+
+def test_the_export_worker_imports_no_app_stack(sqlite_engine: Engine) -> None:
+    with Session(sqlite_engine) as session:
+        import_evaluations(session=session, records=[record("s_lean")], reviewer="tester")
+        session.commit()
+    csv_bytes = export.evaluations_csv_bytes(engine=sqlite_engine, filters=EvaluationFilters())
+    assert b"s_lean" in csv_bytes
+    # Evaluated in the worker (the pool reuses the idle one that wrote the CSV): its modules after
+    # an export, and after Arrow converted Python values (which would import pandas if it could).
+    loaded = wide_scan.EXPORT_WORKERS.run(
+        eval,
+        "(__import__('lib.wide_scan'), __import__('pyarrow').array(['x']), sorted(__import__('sys').modules))[-1]",
+    )
+    assert "lib.wide_scan" in loaded
+    assert [m for m in loaded if m.split(".")[0] in HEAVY_MODULES or m in HEAVY_MODULES] == []
