@@ -607,7 +607,9 @@ def review_state(state: str, *, reviewed_offset: int = 0, corrected_offset: int 
     if state == "pending":
         return reviewed < total
     if state == "reviewed":
-        return and_(total > 0, reviewed == total)
+        # 0 written into the SQL, not bound: it is lib.models.REVIEWED_WHERE's term, which the planner
+        # must match to read the partial index of reviewed rows (PostgreSQL's generic plans cannot).
+        return and_(total > literal(0, literal_execute=True), reviewed == total)
     if state == "corrected":
         return corrected > 0
     raise ValueError(f"unknown review state {state!r}; choose one of {', '.join(REVIEW_STATE_NAMES)}")

@@ -310,7 +310,9 @@ EXACT_COUNT_CAP = 2**62
 # page walks it, tests the filters on its entries and stops after the page: about (offset + limit) ×
 # listed ÷ matches entries. With exact counts a page past the middle walks from the end instead,
 # and when the dates or a minimum gap keep fewer rows than that walk would read, the page seeks
-# their range and sorts it. Gap sorts read the rows with a gap (a plain descending index walk on
+# their range and sorts it. "All metrics reviewed" has an index of its own rows (partial, lib.models):
+# its count walks that, and a page walks it newest first or seeks it and sorts, whichever is fewer
+# entries than the sort's walk. Gap sorts read the rows with a gap (a plain descending index walk on
 # SQLite and PostgreSQL alike), then those without one, newest first.
 
 # Which index gives each sort's order; SQLite is told which one to walk (INDEXED BY), PostgreSQL
@@ -323,6 +325,9 @@ ORDER_INDEXES: dict[str, str] = {
 # SQLite's newest-first index that also holds the normalised question (lib.models): a text filter's
 # walk tests the text on its entries.
 TEXT_INDEX = search.LIST_TEXT_INDEX
+# The fully reviewed live evaluations only, newest first, with the filter columns (and the question
+# on SQLite): the "All metrics reviewed" list is this index's whole range, counted by the counters.
+REVIEWED_INDEX = search.LIST_REVIEWED_INDEX
 # A range probe (dates) counts at most this many entries: beyond it the range's share is estimated.
 RANGE_PROBE = 20_000
 # A seek that reads n entries and sorts them costs about this many entries' walk per entry.
@@ -401,9 +406,18 @@ def _text_index(session: Session, filters: EvaluationFilters) -> str | None:
     return TEXT_INDEX if filters.text and session.get_bind().dialect.name == "sqlite" else None
 
 
+def _reviewed_only(filters: EvaluationFilters) -> bool:
+    """Whether the list is the fully reviewed live evaluations (a part of them): `REVIEWED_INDEX`'s rows."""
+    return filters.review == "reviewed" and not filters.archived
+
+
 def _count_index(session: Session, filters: EvaluationFilters) -> str | None:
-    """The index a capped count walks: the one whose range the dates or a minimum gap fix, or the
-    one with the question text (all carry every filter column), so no row is read to test a filter."""
+    """The index a capped count walks: the fully reviewed evaluations' own (never more entries than
+    any other: dates are a range of it, the text is on its entries), the one whose range the dates
+    or a minimum gap fix, or the one with the question text (all carry every filter column), so no
+    row is read to test a filter."""
+    if _reviewed_only(filters):
+        return REVIEWED_INDEX
     if text_index := _text_index(session, filters):
         return text_index
     if filters.min_gap and filters.date_from is None and filters.date_to is None and not filters.archived:
@@ -562,18 +576,39 @@ def _choose_index(
     whose range the dates or a minimum gap fix, read whole and sorted, when that range is smaller
     than the walk. Costs are index entries, from the counters' figures (`total` exact, or `bound` for
     the filters they hold) and a bounded range probe. The archived list (1% of the rows here) is a
-    range of the newest-first index, read and sorted; a common text walks the index with its text."""
+    range of the newest-first index, read and sorted; a common text walks the index with its text;
+    the fully reviewed evaluations are the whole range of their own index, walked or sorted."""
     if filters.archived:
         return _text_index(session, filters) or ORDER_INDEXES["newest"]
+    if _reviewed_only(filters) and filters.sort == "newest":
+        return REVIEWED_INDEX  # the list order, over the reviewed rows alone; dates a range of it
     walk_index = ORDER_INDEXES[filters.sort]
     if filters.sort == "newest" and (text_index := _text_index(session, filters)):
         return text_index  # the dates are a range of it too
     dates = filters.date_from is not None or filters.date_to is not None
-    if not dates and not filters.min_gap:
+    if not dates and not filters.min_gap and not _reviewed_only(filters):
         return walk_index
     listed = max(1, _listed(session, filters))
     matches = total if total is not None else bound
     ranges: dict[str, float] = {}
+    if _reviewed_only(filters):
+        # Seek the reviewed rows and sort them, or walk the sort's index until the page: its matches
+        # are at most the counters' figure, and a common text keeps a share of them (the text index's
+        # count, stopped at its cap, so the share is a lower bound: the seek is preferred on doubt).
+        ranges[REVIEWED_INDEX] = _counted(session, EvaluationFilters(review="reviewed")) or 0
+        found = (
+            search.count_index_matches(
+                session=session,
+                table=_S.__table__,
+                query=filters.text,
+                limit=search.RARE_MATCHES + 1,
+                for_plan=True,
+            )
+            if filters.text
+            else None
+        )
+        if found is not None:
+            matches = matches * min(1.0, found / listed)
     if dates:
         size = _date_range_size(session, filters)
         ranges[ORDER_INDEXES["newest"]] = size
@@ -590,6 +625,9 @@ def _choose_index(
             if halves is not None
             else count_evaluations(session=session, filters=gap_only, cap=RANGE_PROBE)
         )
+    if REVIEWED_INDEX in ranges and ORDER_INDEXES["newest"] in ranges:
+        # The dates are a range of the reviewed index too: its seek reads the smaller of the two.
+        ranges[REVIEWED_INDEX] = min(ranges[REVIEWED_INDEX], ranges.pop(ORDER_INDEXES["newest"]))
     # The walk reads the part of its index the filters' range fixes, until offset + limit matches.
     walked = ranges.get(walk_index, listed)
     costs = {walk_index: (offset + limit) * walked / max(matches, 1)}

@@ -119,15 +119,19 @@ def search_table_name(table: str) -> str:
 # common text is tested on the entries of a newest-first walk. PostgreSQL's btrees cannot hold text
 # this long; its trigram index serves there.
 LIST_TEXT_INDEX = "ix_snapshot_live_text"
+# The Evaluations list's index of fully reviewed live evaluations (lib.models): with the question on
+# SQLite only, so each dialect has its own form of it.
+LIST_REVIEWED_INDEX = "ix_snapshot_live_reviewed"
 
 
 def is_search_index_object(name: str | None) -> bool:
     """Whether a schema object is part of the search index (FTS5 tables and their shadow tables, the
-    trigram GIN indexes, SQLite's `LIST_TEXT_INDEX`): built for one dialect only (the first two by
+    trigram GIN indexes, SQLite's `LIST_TEXT_INDEX`, `LIST_REVIEWED_INDEX` with the text on SQLite
+    and without it on PostgreSQL): built for one dialect only (the first two by
     migration, not declared in lib.models), so schema comparison skips it."""
     if not name:
         return False
-    if name == LIST_TEXT_INDEX:
+    if name in (LIST_TEXT_INDEX, LIST_REVIEWED_INDEX):
         return True
     for table in SEARCHABLE:
         fts = search_table_name(table)
