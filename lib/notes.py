@@ -493,8 +493,16 @@ SESSION_COUNT_CAP = 1_000
 
 
 def note_languages(*, session: Session) -> list[str]:
-    """Every language that has notes ('' first when present), for filter menus."""
-    stmt = select(SessionNote.language).distinct().order_by(col(SessionNote.language))
+    """Every language that has notes ('' first when present), for filter menus.
+
+    One index seek per language (the least one after the last found: a recursive query over the
+    language index), not a read of every note: every render of the Notes page asks, and a DISTINCT
+    read all 200k entries of the index on PostgreSQL (35 ms at 200k notes; issue 27)."""
+    language = col(SessionNote.language)
+    found = select(func.min(language).label("language")).cte("languages", recursive=True)
+    following = select(func.min(language)).where(language > found.c.language).scalar_subquery()
+    found = found.union_all(select(following).where(found.c.language.is_not(None)))
+    stmt = select(found.c.language).where(found.c.language.is_not(None))
     return list(session.exec(stmt).all())
 
 

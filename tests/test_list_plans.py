@@ -397,6 +397,30 @@ def test_a_deep_page_of_a_common_text_reads_no_row_per_entry(filled: Any) -> Non
             assert "TEMP B-TREE FOR ORDER BY" not in plan, (filters, plan)
 
 
+def test_the_language_menu_reads_one_index_entry_per_language(filled: Any) -> None:
+    """Every render of the Notes page lists the languages: a seek to the next language after the
+    last, not a DISTINCT over every note (PostgreSQL read all 200k entries of the index: 35 ms)."""
+    engine, _ctx = filled
+    with session_scope(engine, read_only=True) as s:
+        statements = _statements(
+            engine, lambda: notes.note_languages(session=s), match=lambda sql: bool(_NOTES_READ.search(sql))
+        )
+        languages = notes.note_languages(session=s)
+    assert len(languages) >= 2 and statements
+    with engine.connect() as conn:
+        for sql, parameters in statements:
+            if engine.dialect.name == "postgresql":
+                explain = "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) "
+                plan = [str(r[0]) for r in conn.exec_driver_sql(explain + sql, parameters)]
+                read = [int(m[1]) for line in plan if " on session_notes" in line
+                        for m in [re.search(r"actual rows=(\d+)", line)] if m]  # fmt: skip
+                assert read and max(read) <= 1, "\n".join(plan)
+            else:
+                plan = [str(r[-1]) for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, parameters)]
+                assert not [line for line in plan if line.startswith("SCAN session_notes")], plan
+        conn.rollback()
+
+
 def test_the_archived_export_seeks_the_archived_range(filled: Any) -> None:
     # The wide export's scanner SQL (lib.inspector.wide_scan) of the archived list: without the
     # list index's hint SQLite walked ix_evaluation_snapshots_created_at and read every row to test
