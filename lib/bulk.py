@@ -16,7 +16,9 @@ On PostgreSQL only a caller that owns the database defers them (`worth_deferring
 
 from __future__ import annotations
 
+import gc
 import json
+import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import islice
@@ -43,6 +45,44 @@ SQLITE_ROWS = 5_000
 # Below this many new rows (or new rows under half the table) indexes are kept: rebuilding a large
 # table's indexes costs more than maintaining them for a small load.
 DEFER_MIN_ROWS = 50_000
+
+
+_frozen_lock = threading.Lock()
+_frozen_loads = 0  # loads inside `frozen_heap` now
+_froze = False  # whether `frozen_heap` froze the heap (and so unfreezes it)
+
+
+@contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Inside the block, garbage collections leave out the objects that were alive when it began.
+
+    Why: a bulk load (an import, an OTLP request) keeps tens of thousands of its own objects alive
+    until it commits, and once enough of them have survived two young collections CPython runs a
+    full collection, which walks every object of the process: the app's modules, caches and
+    sessions (~200,000 objects) on each pass. Frozen (`gc.freeze`), those are skipped; what the
+    load makes inside the block is collected as usual, so its cyclic garbage still goes. A load
+    that enters again, nested, freezes what it has built since (its decoded or planned input, alive
+    until written). Frozen objects are still freed when their last reference goes; only cyclic
+    garbage among them waits, for the first full collection after the outermost block
+    (`gc.unfreeze` hands them back to the oldest generation). Process-wide, hence counted: with
+    loads on several threads the last to leave unfreezes. A heap someone else froze (the test
+    suite's conftest) is left alone: unfreezing would undo their freeze as well.
+    """
+    global _frozen_loads, _froze
+    with _frozen_lock:
+        if _frozen_loads == 0:
+            _froze = gc.get_freeze_count() == 0
+        if _froze:
+            gc.freeze()
+        _frozen_loads += 1
+    try:
+        yield
+    finally:
+        with _frozen_lock:
+            _frozen_loads -= 1
+            if _frozen_loads == 0 and _froze:
+                _froze = False
+                gc.unfreeze()
 
 
 def dialect_name(bind: Any) -> str:

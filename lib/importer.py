@@ -493,11 +493,12 @@ def import_evaluations(
     """Validate parsed evaluation records and bulk insert them with their judgments, all or nothing."""
     reviewer = authorize(session, reviewer, Permission.IMPORT).identity
     numbered = ((f"{source} record {i}", record) for i, record in enumerate(records, start=1))
-    prepared = _prepare_evaluations(session=session, records=numbered, source=source, reviewer=reviewer)
-    try:
-        return _write_evaluations(session, prepared)
-    finally:
-        prepared.close()
+    with bulk.frozen_heap():
+        prepared = _prepare_evaluations(session=session, records=numbered, source=source, reviewer=reviewer)
+        try:
+            return _write_evaluations(session, prepared)
+        finally:
+            prepared.close()
 
 
 def import_source_evaluations(
@@ -530,18 +531,20 @@ def import_source_evaluations(
         assert on_invalid is not None
         on_invalid(plan.indexes[position], located_failure(plan.records[position][0], exc))
 
-    prepared = _prepare_evaluations(
-        session=session,
-        records=plan.records,
-        source=source,
-        reviewer=actor.identity,
-        on_invalid=invalid if on_invalid is not None else None,
-    )
-    plan.records = []  # spooled now: the write phase need not carry them too
-    try:
-        report = _write_evaluations(session, prepared)
-    finally:
-        prepared.close()
+    # The planned records live until spooled: frozen with what came before (`bulk.frozen_heap`).
+    with bulk.frozen_heap():
+        prepared = _prepare_evaluations(
+            session=session,
+            records=plan.records,
+            source=source,
+            reviewer=actor.identity,
+            on_invalid=invalid if on_invalid is not None else None,
+        )
+        plan.records = []  # spooled now: the write phase need not carry them too
+        try:
+            report = _write_evaluations(session, prepared)
+        finally:
+            prepared.close()
     report.source_keys = {plan.indexes[i]: key for i, key in prepared.source_keys.items()}
     return report
 
@@ -1144,7 +1147,8 @@ def import_path(
     """
     actor = authorize(engine, reviewer, Permission.IMPORT)
     try:
-        report = _import_file(engine=engine, path=path, kind=kind, actor=actor, options=options)
+        with bulk.frozen_heap():  # the load's collections walk its own objects, not the app's
+            report = _import_file(engine=engine, path=path, kind=kind, actor=actor, options=options)
     except ImportFailed as exc:
         raise type(exc)(f"{exc}; nothing was imported") from None
     if report.kind == "interactions":

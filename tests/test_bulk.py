@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -174,3 +176,85 @@ def test_the_import_spool_keeps_one_chunk_in_memory_and_spills_more_in_order(
     assert list(large.chunks()) == [[0, 1, 2], [3, 4, 5], [6]]
     small.close()
     large.close()
+
+
+class _FakeCollector:
+    """gc's freeze API as `bulk.frozen_heap` uses it, recording the calls."""
+
+    def __init__(self, frozen: int = 0) -> None:
+        self.frozen = frozen
+        self.calls: list[str] = []
+
+    def get_freeze_count(self) -> int:
+        return self.frozen
+
+    def freeze(self) -> None:
+        self.calls.append("freeze")
+        self.frozen += 1
+
+    def unfreeze(self) -> None:
+        self.calls.append("unfreeze")
+        self.frozen = 0
+
+
+def test_frozen_heap_freezes_at_each_entry_and_unfreezes_once_the_last_load_leaves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    collector = _FakeCollector()
+    monkeypatch.setattr(bulk, "gc", collector)
+    with bulk.frozen_heap():
+        with bulk.frozen_heap():  # nested (the planned records): what was built since is frozen too
+            assert collector.calls == ["freeze", "freeze"]
+        assert collector.calls == ["freeze", "freeze"]  # the outer load still runs
+        with pytest.raises(RuntimeError), bulk.frozen_heap():
+            raise RuntimeError("a failed load leaves like any other")
+    assert collector.calls == ["freeze", "freeze", "freeze", "unfreeze"]
+    assert collector.frozen == 0
+
+
+def test_frozen_heap_leaves_a_heap_someone_else_froze_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    collector = _FakeCollector(frozen=1)  # the test suite's own freeze (conftest)
+    monkeypatch.setattr(bulk, "gc", collector)
+    with bulk.frozen_heap(), bulk.frozen_heap():
+        pass
+    assert collector.calls == []
+    assert collector.frozen == 1
+
+
+def test_frozen_heap_still_collects_the_loads_garbage_and_the_rest_after_it() -> None:
+    """In a process of its own (this one's heap is frozen by conftest): cyclic garbage made inside
+    the block is collected inside it; garbage among the frozen objects once the block is left."""
+    script = """
+import gc, weakref
+from lib import bulk
+
+class Node:
+    pass
+
+def cycle():
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+gc.collect()
+assert gc.get_freeze_count() == 0
+before = Node()
+before.self = before
+old = weakref.ref(before)
+with bulk.frozen_heap():
+    assert gc.get_freeze_count() > 0
+    del before
+    new = cycle()
+    gc.collect()
+    assert new() is None, "the load's own cyclic garbage is collected inside the block"
+    assert old() is not None, "frozen: not walked until the block is left"
+assert gc.get_freeze_count() == 0
+gc.collect()
+assert old() is None, "unfrozen, then collected"
+print("ok")
+"""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
