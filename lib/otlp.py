@@ -557,13 +557,13 @@ def _verdict(fields: list[Any], key: str | None, response_id: str | None) -> Ver
         label = oi_label
     if explanation is None:
         explanation = oi_explanation
-    return Verdict(
-        metric=name.strip() if name else None,
-        score=None if score is None else _number(score),
-        label=None if label is None else _text(label),
-        explanation=None if explanation is None else _text(explanation),
-        key=key,
-        response_id=response_id if own_response is None else _text(own_response),
+    return Verdict(  # positional: this runs for each of a request's events
+        name.strip() if name else None,
+        None if score is None else _number(score),
+        None if label is None else _text(label),
+        None if explanation is None else _text(explanation),
+        key,
+        response_id if own_response is None else _text(own_response),
     )
 
 
@@ -751,7 +751,8 @@ class _Join:
         keys = set(self.calls) | {v.key for v in self.batch.verdicts if v.key}
         responses = {c.response_id for c in self.batch.calls if c.response_id}
         responses |= {v.response_id for v in self.batch.verdicts if v.response_id and not v.key}
-        keys |= {f"response:{r}" for r in responses}
+        # Verdicts waiting under `response:<id>` are found by the second query: `_keep` gives
+        # those rows their response id (so the first need not look up a key per response too).
         for row in self.session.scalars(select(OtlpSpan).where(among(self.session, _SPANS.c.key, keys))):
             self.stored[row.key] = row
         if responses:

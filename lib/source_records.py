@@ -197,7 +197,9 @@ def plan_import(
     indexes: list[int] = []
     rubrics: dict[str, tuple[list[MetricSpec], bool, bool]] = {}
     uses_rubric: set[str] = set()
-    resolved: dict[tuple[Any, str], tuple[str | None, str]] = {}
+    # (product, evaluation name) → (rubric slug or None, score key, the record's field for it as a
+    # judge's and as a person's score): every evaluation names the same few metrics.
+    resolved: dict[tuple[Any, str], tuple[str | None, str, str, str]] = {}
     for index, ev in enumerate(evaluations):
         where = Located(ev.where, dict(ev.fields))
         if ev.product not in rubrics:
@@ -212,30 +214,34 @@ def plan_import(
                 if verdict.where:
                     where.places[verdict.field or verdict.name] = verdict.where
                 score = verdict_score(verdict)
-                # Resolved once per product and name: every evaluation names the same few metrics.
                 named = isinstance(verdict.name, str)
                 cached = resolved.get((ev.product, verdict.name)) if named else None
-                slug, key = cached or _resolved(specs, verdict.name)
-                if cached is None and named:
-                    resolved[ev.product, verdict.name] = (slug, key)
+                if cached is None:
+                    slug, key = _resolved(specs, verdict.name)
+                    cached = (slug, key, f"judge_scores.{key}", f"user_scores.{key}")
+                    if named:
+                        resolved[ev.product, verdict.name] = cached
+                slug, key, judge_field, user_field = cached
                 if slug is not None:
                     uses_rubric.add(ev.product)
                 else:
-                    plan = plans.setdefault((ev.product, key), _MetricPlan(verdict.name, key))
+                    plan = plans.get((ev.product, key))
+                    if plan is None:
+                        plan = plans[ev.product, key] = _MetricPlan(verdict.name, key)
                     plan.stated = plan.stated or verdict.scale
                     plan.labels_only = plan.labels_only and verdict.score is None
                     plan.low, plan.high = min(plan.low, score), max(plan.high, score)
                     plan.whole = plan.whole and score.is_integer()
-                side, side_name = (human, "user_scores") if verdict.human else (scores, "judge_scores")
+                side, field_name = (human, user_field) if verdict.human else (scores, judge_field)
                 if key in side:
                     raise InvalidField(
                         verdict.field or verdict.name,
                         f"evaluation {verdict.name!r} is given twice for the same answer",
                     )
                 side[key] = {"score": score, "reason": verdict_reason(verdict)}
-                where.fields.setdefault(f"{side_name}.{key}", verdict.field or verdict.name)
+                where.fields.setdefault(field_name, verdict.field or verdict.name)
                 if verdict.where:
-                    where.places.setdefault(f"{side_name}.{key}", verdict.where)
+                    where.places.setdefault(field_name, verdict.where)
         except InvalidField as exc:
             if on_invalid is None:
                 raise located_failure(where, exc) from None
