@@ -536,11 +536,16 @@ class _Segment:
 
 
 def _segments(
-    session: Session, filters: EvaluationFilters, conds: list[ColumnElement[bool]], total: int | None
+    session: Session,
+    filters: EvaluationFilters,
+    conds: list[ColumnElement[bool]],
+    total: int | None,
+    index: str | None = None,
 ) -> list[_Segment]:
     """The list in its sort's order: newest first, or the rows with a gap (largest first) then the
     rows without one (newest first). The live list's orders start with `deleted_at` (always NULL
-    there) so that PostgreSQL reads them off the index too, which `IS NULL` alone does not fix."""
+    there) so that PostgreSQL reads them off the index too, which `IS NULL` alone does not fix.
+    `index`: the one SQLite reads (`_choose_index`)."""
     lead = [] if filters.archived else [col(_S.deleted_at)]
     newest = [*lead, col(_S.created_at), col(_S.id)]
     if filters.sort == "newest":
@@ -552,12 +557,34 @@ def _segments(
         c = counters.evaluation_counts_table().c
         has_gap = c.gap_halves >= 0 if filters.sort == "max_gap" else c.has_weighted_gap.is_(True)
         gapped = counters.evaluation_count(session=session, where=[*cube, has_gap])
+    has_gap = gap.is_not(None)
+    dates = filters.date_from is not None or filters.date_to is not None
+    if dates and not filters.archived and index == ORDER_INDEXES[filters.sort]:
+        # Each gap value's rows are newest first in the gap's index, so the dates are a range of
+        # each value's part of it: one seek per value, in the sort's order, instead of a walk that
+        # skips every row outside the dates (a gap taking 3 values: the first 30 days by largest
+        # gap walked 610k entries at 1M before its first match, 70 ms; 0.3 ms this way).
+        has_gap = gap.in_(_gap_values(filters.sort))
     return [
-        _Segment([*conds, gap.is_not(None)], [*lead, gap, col(_S.created_at), col(_S.id)], gapped),
+        _Segment([*conds, has_gap], [*lead, gap, col(_S.created_at), col(_S.id)], gapped),
         _Segment(
             [*conds, gap.is_(None)], newest, None if gapped is None or total is None else total - gapped
         ),
     ]
+
+
+def _gap_values(sort: str) -> Select[Any]:
+    """The distinct values of a gap sort's column among live evaluations (SQLite), read off its index
+    one seek per value (a recursive "next smaller value" walk: 92 values at 1M take 2.4 ms)."""
+    gap, index = _gap_column(sort), ORDER_INDEXES[sort]
+
+    def largest(*below: ColumnElement[bool]) -> Any:
+        stmt = select(func.max(gap)).where(col(_S.deleted_at).is_(None), *below)
+        return _walk_hint(stmt, index).scalar_subquery()
+
+    walk = select(largest().label("value")).cte("gap_values", recursive=True)
+    walk = walk.union_all(select(largest(gap < walk.c.value)).where(walk.c.value.is_not(None)))
+    return select(walk.c.value).where(walk.c.value.is_not(None))
 
 
 def _date_range_size(session: Session, filters: EvaluationFilters) -> int:
@@ -674,7 +701,7 @@ def _page_ids(
         common_text = filters.text and _index_covers(filters)
         conds = filter_conditions(filters, text_form="scan" if common_text else "match")
         index = _choose_index(session, filters, offset, limit, total, bound or 0)
-    segments = _segments(session, filters, conds, total)
+    segments = _segments(session, filters, conds, total, index)
     if after is not None:
         return _after_key(session, base, filters, segments, after, limit, index)
     ids: list[str] = []

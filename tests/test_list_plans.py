@@ -221,6 +221,45 @@ def test_the_fully_reviewed_list_reads_its_own_index(filled: Any) -> None:
         s.rollback()
 
 
+@pytest.mark.parametrize("sort_cost", [inspector.SORT_COST, 1e9])
+def test_dates_sorted_by_a_gap_seek_the_dates(
+    filled: Any, monkeypatch: pytest.MonkeyPatch, sort_cost: float
+) -> None:
+    """Dates sorted by a gap: the page's plan fixes the dates in the index it reads (an index
+    condition), never tests them on every entry of a walk in gap order. Within one gap value the
+    gap's index is newest first, so the first 30 days came after every later row of that value: a
+    gap with three values walked 610k entries at 1M before its first match (70 ms). The plan seeks the
+    dates inside each gap value (SQLite: `gap IN (its values)`), or the date range, read and sorted.
+    A sort made dear makes SQLite's plan walk the gap's index (60 rows would rather be sorted)."""
+    engine, ctx = filled
+    monkeypatch.setattr(inspector, "SORT_COST", sort_cost)
+    dates = {"date_to": ctx.first_day + timedelta(days=30), "date_from": ctx.last_day - timedelta(days=30)}
+    for name, day in dates.items():
+        for sort in ("weighted_gap", "max_gap"):
+            gap = "max_metric_gap" if sort == "max_gap" else "weighted_gap"
+            filters = inspector.EvaluationFilters(sort=sort, **{name: day})
+            with session_scope(engine, read_only=True) as s:
+                statements = _statements(
+                    engine,
+                    lambda s=s, f=filters: inspector.fetch_page(session=s, filters=f, limit=5),
+                    # the rows with a gap, in gap order (not the gapless rows that follow them)
+                    match=lambda sql, gap=gap: (
+                        f"ORDER BY evaluation_snapshots.deleted_at DESC, "
+                        f"evaluation_snapshots.{gap} DESC" in sql
+                    ),
+                )
+            assert statements, (name, sort)
+            for sql, plan, pg in _plans(engine, statements):
+                if pg:
+                    fixed = [
+                        line for line in plan.splitlines() if "Index Cond" in line and "created_at" in line
+                    ]
+                    assert fixed, f"{name} {sort}:\n{sql}\n{plan}"
+                else:  # each gap value's dates, or the date range read and sorted
+                    seek = rf"\(deleted_at=\? AND ({gap}=\? AND )?created_at[<>]"
+                    assert re.search(seek, plan), f"{name} {sort}:\n{sql}\n{plan}"
+
+
 def test_a_count_the_counters_answer_reads_no_evaluation(filled: Any) -> None:
     engine, ctx = filled
     exact = inspector.EvaluationFilters(product=ctx.products[-1], min_gap=2.0, review="reviewed")
