@@ -557,25 +557,30 @@ def _segments(
         c = counters.evaluation_counts_table().c
         has_gap = c.gap_halves >= 0 if filters.sort == "max_gap" else c.has_weighted_gap.is_(True)
         gapped = counters.evaluation_count(session=session, where=[*cube, has_gap])
-    has_gap = gap.is_not(None)
+    gap_cond, gapped_conds = gap.is_not(None), conds
     dates = filters.date_from is not None or filters.date_to is not None
     if dates and not filters.archived and index == ORDER_INDEXES[filters.sort]:
         # Each gap value's rows are newest first in the gap's index, so the dates are a range of
         # each value's part of it: one seek per value, in the sort's order, instead of a walk that
         # skips every row outside the dates (a gap taking 3 values: the first 30 days by largest
         # gap walked 610k entries at 1M before its first match, 70 ms; 0.3 ms this way).
-        has_gap = gap.in_(_gap_values(filters.sort))
+        at_least = filters.min_gap if filters.sort == "max_gap" else None
+        gap_cond = gap.in_(_gap_values(filters.sort, at_least))
+        if at_least:  # the values hold the minimum gap: its range would win the seek over them
+            minimum = _gap_column("max_gap") >= at_least
+            gapped_conds = [c for c in conds if not c.compare(minimum)]
     return [
-        _Segment([*conds, has_gap], [*lead, gap, col(_S.created_at), col(_S.id)], gapped),
+        _Segment([*gapped_conds, gap_cond], [*lead, gap, col(_S.created_at), col(_S.id)], gapped),
         _Segment(
             [*conds, gap.is_(None)], newest, None if gapped is None or total is None else total - gapped
         ),
     ]
 
 
-def _gap_values(sort: str) -> Select[Any]:
-    """The distinct values of a gap sort's column among live evaluations (SQLite), read off its index
-    one seek per value (a recursive "next smaller value" walk: 92 values at 1M take 2.4 ms)."""
+def _gap_values(sort: str, at_least: float | None = None) -> Select[Any]:
+    """The distinct values of a gap sort's column among live evaluations (SQLite), `at_least` and
+    up, read off its index one seek per value (a recursive "next smaller value" walk: 92 values at
+    1M take 2.4 ms)."""
     gap, index = _gap_column(sort), ORDER_INDEXES[sort]
 
     def largest(*below: ColumnElement[bool]) -> Any:
@@ -584,7 +589,8 @@ def _gap_values(sort: str) -> Select[Any]:
 
     walk = select(largest().label("value")).cte("gap_values", recursive=True)
     walk = walk.union_all(select(largest(gap < walk.c.value)).where(walk.c.value.is_not(None)))
-    return select(walk.c.value).where(walk.c.value.is_not(None))
+    values = select(walk.c.value).where(walk.c.value.is_not(None))
+    return values if at_least is None else values.where(walk.c.value >= at_least)
 
 
 def _date_range_size(session: Session, filters: EvaluationFilters) -> int:

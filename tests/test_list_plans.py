@@ -11,6 +11,7 @@ A count the counters answer runs no such statement at all.
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 from collections.abc import Callable, Iterator
@@ -258,6 +259,37 @@ def test_dates_sorted_by_a_gap_seek_the_dates(
                 else:  # each gap value's dates, or the date range read and sorted
                     seek = rf"\(deleted_at=\? AND ({gap}=\? AND )?created_at[<>]"
                     assert re.search(seek, plan), f"{name} {sort}:\n{sql}\n{plan}"
+
+
+@pytest.mark.parametrize("min_gap", [None, 1.0])
+def test_dates_sorted_by_a_gap_list_the_same_rows_either_way(
+    filled: Any, monkeypatch: pytest.MonkeyPatch, min_gap: float | None
+) -> None:
+    """The seek inside each gap value lists exactly the rows and order of a plain sort: every match
+    once, largest gap first, the rows without a gap last, whichever plan the page takes."""
+    engine, ctx = filled
+    monkeypatch.setattr(inspector, "SORT_COST", 1e9)  # the walk of the gap's index, as at scale
+    with session_scope(engine, read_only=True) as s:
+        rows = s.exec(select(_S).where(col(_S.deleted_at).is_(None))).all()
+        for sort, gap in (("max_gap", "max_metric_gap"), ("weighted_gap", "weighted_gap")):
+            for name, day in (("date_to", ctx.first_day + timedelta(days=200)), ("date_from", ctx.first_day)):
+                filters = inspector.EvaluationFilters(sort=sort, min_gap=min_gap, **{name: day})
+                start = inspector._day_start(day)
+                kept = [
+                    r for r in rows
+                    if (r.created_at < start + timedelta(days=1) if name == "date_to" else r.created_at >= start)
+                    and (min_gap is None or (r.max_metric_gap is not None and r.max_metric_gap >= min_gap))
+                ]  # fmt: skip
+                kept.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+                kept.sort(
+                    key=lambda r, gap=gap: -getattr(r, gap) if getattr(r, gap) is not None else math.inf
+                )
+                listed = [
+                    r.id
+                    for offset in range(0, len(kept) + 5, 5)
+                    for r in inspector.fetch_page(session=s, filters=filters, offset=offset, limit=5)
+                ]
+                assert listed == [r.id for r in kept], (sort, name, min_gap)
 
 
 def test_a_count_the_counters_answer_reads_no_evaluation(filled: Any) -> None:
