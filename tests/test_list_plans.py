@@ -341,19 +341,8 @@ def test_every_notes_filter_reads_a_page_not_the_list(filled: Any) -> None:
     def reads_notes(statement: str) -> bool:
         return any(re.search(rf"\b(FROM|JOIN)\s+{t}\b", statement) for t in table)
 
-    options = bench_pages.note_options()
-    options.append(bench_pages.Option("query", "text=rare", lambda _ctx: "(#7)"))
-    now = notes.utcnow()
     bad: dict[str, list[str]] = {}
-    for picked in [(), *bench_pages._alone_and_in_pairs(options)]:
-        chosen: dict[str, Any] = {}
-        for o in picked:
-            value = o.value(ctx)
-            if o.widget == "age":  # the page's Age choice: a since or an until relative to now
-                newer, older = notes.AGES[value]
-                value = now - (newer if o.name == "since" else older)
-            chosen[o.name] = value
-        filters = notes.NoteFilter(**chosen)
+    for name, filters in _note_pairs(ctx):
         for offset in (0, 3):
             with session_scope(engine, read_only=True) as s:
 
@@ -366,7 +355,7 @@ def test_every_notes_filter_reads_a_page_not_the_list(filled: Any) -> None:
 
                 statements = [(sql, p) for sql, p in _statements(engine, run, match=reads_notes)]
             if walks := _note_full_walks(engine, statements, text=bool(filters.query)):
-                bad[" ".join(o.label for o in picked) + f" offset={offset}"] = walks
+                bad[f"{name} offset={offset}"] = walks
     assert not bad, "\n\n".join(f"{k}:\n" + "\n".join(v) for k, v in bad.items())
 
 
