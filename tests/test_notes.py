@@ -791,6 +791,24 @@ def test_a_capped_count_is_the_exact_one_up_to_its_cap(
     assert notes.count_cap(f) == (counters.TEXT_COUNT_CAP if f.query else counters.COUNT_CAP)
 
 
+@pytest.mark.parametrize("filters", REFUND_FILTERS)
+def test_a_session_count_is_the_sessions_of_the_matches_up_to_its_cap(
+    refunds: Engine, monkeypatch, filters: dict[str, Any]
+) -> None:
+    """`count_sessions` from each plan (a filter's range, a text alone from its index, a rare or a
+    common text with others): the matching notes' distinct sessions, or cap + 1."""
+    f = notes.NoteFilter(**filters)
+    with session_scope(refunds, read_only=True) as s:
+        found = notes.search_notes(session=s, filters=f, limit=100)
+        sessions = len({n.session_id for n in found})
+        assert found
+        for rare in (100, 0):
+            monkeypatch.setattr(search_module, "RARE_MATCHES", rare)
+            assert notes.count_sessions(session=s, filters=f, cap=None) == sessions, filters
+            for cap in range(sessions + 1):
+                assert notes.count_sessions(session=s, filters=f, cap=cap) == min(sessions, cap + 1), cap
+
+
 @pytest.mark.parametrize("filters", [f for f in REFUND_FILTERS if "query" in f])
 def test_a_deep_page_of_a_common_text_is_the_walks_page(refunds: Engine, monkeypatch, filters) -> None:
     """Deep enough, a common text's page tests the text index's matches as a set on the walk
