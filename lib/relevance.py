@@ -52,6 +52,7 @@ from lib.bulk import dialect_insert
 from lib.config import Settings, get_settings
 from lib.db import session_scope
 from lib.display import note_type_label
+from lib.judgment_text import parse_score
 from lib.models import (
     LessonMatchStat,
     LessonTagRelevance,
@@ -876,15 +877,8 @@ def build_evaluator_messages(work: AuditWork) -> list[dict[str, str]]:
 
 
 def _as_score(value: Any) -> float | None:
-    if isinstance(value, Mapping):
-        value = value.get("score")
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
+    """A relevance score: a number or numeric text, alone or as an object's "score" (`parse_score`)."""
+    return parse_score(value.get("score") if isinstance(value, Mapping) else value)
 
 
 def _as_id(value: Any) -> int | None:
