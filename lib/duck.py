@@ -338,9 +338,7 @@ class _Popen(popen_forkserver.Popen):
 
 
 class _Process(ForkServerProcess):
-    @staticmethod
-    def _Popen(process_obj: Any) -> _Popen:
-        return _Popen(process_obj)
+    _Popen = staticmethod(_Popen)  # type: ignore[assignment]
 
 
 class _Context(ForkServerContext):

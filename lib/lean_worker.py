@@ -93,9 +93,7 @@ class _SpawnPopen(popen_spawn_posix.Popen):
 
 
 class _SpawnProcess(SpawnProcess):
-    @staticmethod
-    def _Popen(process_obj: Any) -> _SpawnPopen:
-        return _SpawnPopen(process_obj)
+    _Popen = staticmethod(_SpawnPopen)  # type: ignore[assignment]
 
 
 class _SpawnContext(SpawnContext):
