@@ -176,6 +176,11 @@ def test_the_import_spool_keeps_one_chunk_in_memory_and_spills_more_in_order(
     assert list(large.chunks()) == [[0, 1, 2], [3, 4, 5], [6]]
     small.close()
     large.close()
+    in_memory = importer._Spool(chunk_rows=5)  # an input held whole anyway (import_source_evaluations)
+    for i in range(7):
+        in_memory.add(i)
+    assert list(in_memory.chunks()) == [[0, 1, 2, 3, 4], [5, 6]]
+    in_memory.close()
 
 
 class _FakeCollector:
