@@ -545,7 +545,7 @@ def _segments(
     """The list in its sort's order: newest first, or the rows with a gap (largest first) then the
     rows without one (newest first). The live list's orders start with `deleted_at` (always NULL
     there) so that PostgreSQL reads them off the index too, which `IS NULL` alone does not fix.
-    `index`: the one SQLite reads (`_choose_index`)."""
+    `index`: the one SQLite reads (`_choose_index`); PostgreSQL picks its own."""
     lead = [] if filters.archived else [col(_S.deleted_at)]
     newest = [*lead, col(_S.created_at), col(_S.id)]
     if filters.sort == "newest":
@@ -559,7 +559,8 @@ def _segments(
         gapped = counters.evaluation_count(session=session, where=[*cube, has_gap])
     gap_cond, gapped_conds = gap.is_not(None), conds
     dates = filters.date_from is not None or filters.date_to is not None
-    if dates and not filters.archived and index == ORDER_INDEXES[filters.sort]:
+    sqlite = session.get_bind().dialect.name == "sqlite"  # PostgreSQL plans by its own statistics
+    if dates and not filters.archived and sqlite and index == ORDER_INDEXES[filters.sort]:
         # Each gap value's rows are newest first in the gap's index, so the dates are a range of
         # each value's part of it: one seek per value, in the sort's order, instead of a walk that
         # skips every row outside the dates (a gap taking 3 values: the first 30 days by largest
