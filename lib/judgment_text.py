@@ -67,60 +67,58 @@ def json_pointer(key: str) -> str:
     return "/" + key.replace("~", "~0").replace("/", "~1")
 
 
-# JSON types whose value score_of takes as a number (a bool is not one; yyjson reads an integer past
-# 64 bits as a double, as Python's float() of it gives).
-_JSON_NUMBERS = "'BIGINT', 'UBIGINT', 'DOUBLE'"
-
-
+# A JSON value that score_of takes as a number starts with a minus or a digit (a bool, a string,
+# null, an array or an object does not); DuckDB's cast of that text to DOUBLE reads it as Python's
+# float() reads json.loads' number (an integer past 64 bits too).
+_JSON_NUMBER = "'^[-0-9]'"
 _WHITESPACE = "' \t\n\r'"
 
 
-def object_parse_sql(doc: str, slugs: Sequence[str]) -> str:
-    """DuckDB SQL reading the stored scores object `doc` (SQL of a JSON text) for `score_sql`: a
-    struct of whether `doc` is a JSON object (`o`: score_of reads only an object's entries, and a
-    pointer such as "/0" would read into an array), the JSON types of each slug's entry and then of
-    each entry's "score" (`t`) and each entry's "score" (`s`). NULL where DuckDB cannot parse the
-    text (`unread_sql`). Select it in one query level, `bare_entries_sql` over it in the next, and
-    `score_sql` over both in a third.
-
-    Each document is parsed twice per vector (one json_type of every path, one json_extract of the
-    scores), and each parse keeps an arena of the vector's parsed documents (~9 MiB for 2,048 judge
-    objects): no CASE around the reads (which would parse the document again for the condition),
-    no json_type per score, and no expression repeated in the same query level (DuckDB would compute
-    it once outside the TRY, where an unparsable document fails the whole export). Entries are not
-    written back out as JSON where they are objects (a judge's entry carries its reason: that was
-    most of the CPU)."""
-    paths = [json_pointer(slug) for slug in slugs]
-    every = ", ".join(map(quote_literal, [*paths, *(p + "/score" for p in paths)]))
-    scores = f"[{', '.join(quote_literal(p + '/score') for p in paths)}]"
+def _number_sql(json_value: str) -> str:
+    """DuckDB SQL: `json_value` (the JSON text of one value) as DOUBLE where it is a JSON number."""
     return (
-        f"TRY({{'o': starts_with(ltrim({doc}, {_WHITESPACE}), '{{'), 't': json_type({doc}, [{every}]), "
-        f"'s': json_extract({doc}, {scores})}})"
+        f"CASE WHEN regexp_matches(CAST({json_value} AS VARCHAR), {_JSON_NUMBER}) "
+        f"THEN CAST({json_value} AS DOUBLE) END"
     )
+
+
+def object_parse_sql(doc: str, slugs: Sequence[str]) -> str:
+    """DuckDB SQL reading the stored scores object `doc` (SQL of a JSON text) for `score_sql`: one
+    `json_transform` to a struct of each slug's entry's "score" as JSON text. A missing entry is a
+    NULL struct, an entry that is not an object (a bare number, an array) or has no "score" a struct
+    with a NULL score, and a document that is not an object has no entries (score_of reads only an
+    object's entries). NULL where DuckDB cannot parse the text (`unread_sql`). Select it in one query
+    level, `bare_entries_sql` over it in the next, and `score_sql` over both in a third.
+
+    One parse of each document per vector, and each parse keeps an arena of the vector's parsed
+    documents (~9 MiB for 2,048 judge objects; the json_type of every entry and a json_extract of
+    the scores took two, 23 MiB more at the worker's peak); an entry is not written back out as JSON
+    where it is an object with a score (a judge's entry carries its reason). No expression is
+    repeated in one query level: DuckDB would compute it once outside the TRY, where an unparsable
+    document fails the whole export."""
+    structure = json.dumps({slug: {"score": "JSON"} for slug in slugs})
+    return f"TRY(json_transform({doc}, {quote_literal(structure)}))"
 
 
 def bare_entries_sql(parsed: str, doc: str, slugs: Sequence[str]) -> str:
-    """DuckDB SQL: the entries of `doc` as JSON, only where some entry is a bare number (by `parsed`,
-    `object_parse_sql` of `doc` selected in the query level below), else NULL: a third parse of
-    just those documents."""
+    """DuckDB SQL: the entries of `doc` as JSON text, only where some entry is there without a
+    "score" (by `parsed`, `object_parse_sql` of `doc` selected in the query level below: a bare
+    number, or anything score_of reads as none), else NULL: a second parse of just those documents."""
     entries = ", ".join(quote_literal(json_pointer(slug)) for slug in slugs)
-    return (
-        f"CASE WHEN list_has_any({parsed}.t[1:{len(slugs)}], [{_JSON_NUMBERS}]) "
-        f"THEN TRY(json_extract({doc}, [{entries}])) END"
+    scoreless = " OR ".join(
+        f"({parsed}[{quote_literal(slug)}] IS NOT NULL AND {parsed}[{quote_literal(slug)}]['score'] IS NULL)"
+        for slug in slugs
     )
+    return f"CASE WHEN {scoreless or 'false'} THEN TRY(json_extract({doc}, [{entries}])) END"
 
 
 def score_sql(parsed: str, bare: str, slugs: Sequence[str], index: int) -> str:
     """DuckDB SQL of `score_of(scores.get(slugs[index]))` over `parsed` (`object_parse_sql`'s
     struct) and `bare` (`bare_entries_sql`'s list), as DOUBLE: an object's "score" or the bare
     value, a number only (tests/test_export_csv.py holds it against score_of on odd entries)."""
-    at = index + 1
-    kind, score_kind = f"{parsed}.t[{at}]", f"{parsed}.t[{len(slugs) + at}]"
-    return (
-        f"CASE WHEN NOT {parsed}.o THEN NULL WHEN {kind} = 'OBJECT' THEN (CASE WHEN {score_kind} IN "
-        f"({_JSON_NUMBERS}) THEN CAST({parsed}.s[{at}] AS DOUBLE) END) WHEN {kind} IN ({_JSON_NUMBERS}) "
-        f"THEN CAST({bare}[{at}] AS DOUBLE) END"
-    )
+    score = f"{parsed}[{quote_literal(slugs[index])}]['score']"
+    bare_number = _number_sql(f"{bare}[{index + 1}]")
+    return f"COALESCE({_number_sql(score)}, CASE WHEN {score} IS NULL THEN {bare_number} END)"
 
 
 def unread_sql(parsed: str, doc: str) -> str:
