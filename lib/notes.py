@@ -510,7 +510,7 @@ def note_languages(*, session: Session) -> list[str]:
     found = select(func.min(language).label("language")).cte("languages", recursive=True)
     following = select(func.min(language)).where(language > found.c.language).scalar_subquery()
     found = found.union_all(select(following).where(found.c.language.is_not(None)))
-    stmt = select(found.c.language).where(found.c.language.is_not(None))
+    stmt = select(found.c.language).where(found.c.language.is_not(None)).order_by(found.c.language)
     return list(session.exec(stmt).all())
 
 

@@ -180,41 +180,44 @@ if tab_list.open:
             offset, limit = pager(
                 total, key="notes_page", capped=count_is_capped(total, cap), persist_state=KEEP
             )
-            shown = notes.as_frame(
-                notes.search_notes(session=session, limit=limit, offset=offset, filters=filters),
-                type_labels=True,
-            )
-            show_table(
-                shown,
-                key="notes_table",
-                order=[
-                    "timestamp",
-                    "note_type",
-                    "language",
-                    "content",
-                    "confidence",
-                    "pinned",
-                    "phelps_code",
-                    "session_id",
-                    "created_by",
-                    "id",
-                ],
-                alt="Notes matching the filters, one page",
-                columns={
-                    "timestamp": datetime_column("When (UTC)"),
-                    "note_type": text_column("Type"),
-                    "language": text_column("Lang."),
-                    "content": text_column("Note", width="large"),
-                    "confidence": rate_column("Confidence", help="How sure the judge run was of this note"),
-                    "pinned": check_column("Pinned", help="Shown to every judge run of its language"),
-                    "phelps_code": text_column(
-                        "Code", help="SUCCESS notes: what the successful judgment decided"
-                    ),
-                    "session_id": text_column("Session"),
-                    "created_by": text_column("Added by"),
-                    "id": count_column("Id"),
-                },
-            )
+            found = notes.search_notes(session=session, limit=limit, offset=offset, filters=filters)
+            if found:
+                shown = notes.as_frame(found, type_labels=True)
+                show_table(
+                    shown,
+                    key="notes_table",
+                    order=[
+                        "timestamp",
+                        "note_type",
+                        "language",
+                        "content",
+                        "confidence",
+                        "pinned",
+                        "phelps_code",
+                        "session_id",
+                        "created_by",
+                        "id",
+                    ],
+                    alt="Notes matching the filters, one page",
+                    columns={
+                        "timestamp": datetime_column("When (UTC)"),
+                        "note_type": text_column("Type"),
+                        "language": text_column("Lang."),
+                        "content": text_column("Note", width="large"),
+                        "confidence": rate_column(
+                            "Confidence", help="How sure the judge run was of this note"
+                        ),
+                        "pinned": check_column("Pinned", help="Shown to every judge run of its language"),
+                        "phelps_code": text_column(
+                            "Code", help="SUCCESS notes: what the successful judgment decided"
+                        ),
+                        "session_id": text_column("Session"),
+                        "created_by": text_column("Added by"),
+                        "id": count_column("Id"),
+                    },
+                )
+            else:  # a capped count ("1,000+") offers a page past the last match, as the Evaluations list does
+                st.info("This page is empty.")
             csv_download_all(
                 f"Download CSV (all {matched} matches)",
                 "notes.csv",

@@ -330,6 +330,27 @@ def test_note_counts_over_the_cap_say_so(seeded, open_page, monkeypatch) -> None
     assert not at.exception
 
 
+def test_a_page_past_the_last_match_of_a_capped_count_says_it_is_empty(
+    app_engine, open_page, monkeypatch
+) -> None:
+    """A capped count ("1+") offers one page more than it knows; past the last match the list says
+    so, as the Evaluations list does, and still offers every match as CSV."""
+    monkeypatch.setenv("OVERRULE_PAGE_SIZE", "1")
+    reset_settings()
+    monkeypatch.setattr(counters, "COUNT_CAP", 1)
+    now = utcnow()
+    for i in range(2):
+        put(app_engine, content=f"n{i}", timestamp=now - timedelta(minutes=i))
+    at = open_page(PAGE)
+    at.button(key="notes_page_next").click().run()
+    assert listed(at) == ["n1"] and "This page is empty." not in [i.value for i in at.info]
+    at.button(key="notes_page_next").click().run()  # page 3 of "1+": nothing there
+    assert listed(at) == []
+    assert "This page is empty." in [i.value for i in at.info]
+    assert [b.proto.label for b in at.get("download_button")] == ["Download CSV (all 1+ matches)"]
+    assert not at.exception
+
+
 def test_timeline_page_emptied_meanwhile_says_so(any_app_engine, open_tab, monkeypatch) -> None:
     if any_app_engine.dialect.name == "sqlite":  # one read transaction, one snapshot: count and page agree
         pytest.skip("SQLite reads the count and the page from one snapshot")
