@@ -117,6 +117,9 @@ class Settings:
     # from the delivery log, at most hourly, by the delivery worker; 0 keeps them forever. Failed
     # and pending deliveries always stay (a lead replays them).
     webhook_log_days: int = 30
+    # Evaluations CSV (lib.wide_scan): a download whose reader takes no byte for this many seconds
+    # is stopped, so a stalled client cannot hold an export worker (there are two) for ever.
+    export_stall_seconds: float = 300.0
     # App behaviour.
     load_demo: bool = True
     page_size: int = 25
@@ -186,6 +189,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "api_max_json_mb": (1, 1000),
     "reservation_minutes": (1, 24 * 60),
     "session_hours": (0.01, 8760),
+    "export_stall_seconds": (0.01, 86_400),
 }
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, BinaryIO
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -237,7 +237,13 @@ def counted_chunks(
     return count
 
 
-def write_chunks(out: BinaryIO, chunks: Generator[bytes, None, int]) -> int:
+class ByteSink(Protocol):
+    """Where `write_chunks` writes: a binary file, or the export worker's FIFO (`lib.wide_scan`)."""
+
+    def write(self, data: bytes, /) -> object: ...
+
+
+def write_chunks(out: ByteSink, chunks: Generator[bytes, None, int]) -> int:
     """Write the chunks to `out`; returns what the generator returns (the rows written)."""
     while True:
         try:

@@ -46,6 +46,7 @@ from sqlmodel import Session
 
 from lib import corrections, duck, inspector, notes
 from lib.auth import Actor, Permission, authorize
+from lib.config import get_settings
 from lib.corrections import CSV_ROW_LIMIT, JudgmentFilter
 from lib.csv_text import (
     FORMULA_PREFIXES,
@@ -358,7 +359,8 @@ def evaluations_csv_chunks(
 # The scanner path of the wide Evaluations CSV (issue 27; lib.inspector's `wide_scan`): a worker
 # of `lib.wide_scan.EXPORT_WORKERS` reads the list's SQL through DuckDB's scanner and writes the CSV into
 # a FIFO that this process reads and hands on: the pipe's buffer is all that is held in between,
-# and a slow reader holds the worker back (no spool file). Closing the chunks (a download stopped)
+# and a slow reader holds the worker back (no spool file), for at most `export_stall_seconds` without
+# a byte taken (then the worker stops with `ExportStalled`). Closing the chunks (a download stopped)
 # closes the FIFO, and the worker's next write fails, which ends it.
 SCAN_BATCH_ROWS = 2_048  # rows the worker encodes at a time: one DuckDB vector (5,000: +10 MiB peak)
 SCAN_CHUNK_BYTES = 1 << 20  # bytes read from the FIFO at a time
@@ -393,7 +395,8 @@ def _scanned_chunks(engine: Engine, scan: WideScan) -> Generator[bytes, None, in
         waiting.register(reader, select.POLLIN)
         try:
             source = duck.scan_source(engine)
-            future = EXPORT_WORKERS.submit(write_wide_csv, source, scan, fifo, SCAN_BATCH_ROWS)
+            stall = get_settings().export_stall_seconds
+            future = EXPORT_WORKERS.submit(write_wide_csv, source, scan, fifo, SCAN_BATCH_ROWS, stall)
             while True:
                 waiting.poll(500)
                 try:

@@ -26,6 +26,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -268,13 +269,15 @@ def _no_op() -> None:
 class WorkerPool:
     """Worker processes started on first use and reused (each call opens and closes what it
     attaches, so no file handle outlives a call); a pool whose worker died starts anew on the next
-    call. `initializer(app_pid)` runs in each worker first."""
+    call. `initializer(app_pid)` runs in each worker first. Every pool stops when the app exits
+    (`_stop_pools`)."""
 
     def __init__(self, context: Callable[[], BaseContext], initializer: Callable[[int], None]) -> None:
         self._context = context
         self._initializer = initializer
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
+        _POOLS.add(self)
 
     def _executor(self) -> ProcessPoolExecutor:
         with self._lock:
@@ -317,8 +320,35 @@ class WorkerPool:
         self.run(warm)
 
     def stop(self) -> None:
-        """Stop the workers (they also stop when this process exits); the next call starts anew."""
+        """Stop the workers now, without waiting for their calls (a call still running or queued
+        fails with RuntimeError); the next call starts anew. A call blocked for good (an export
+        whose reader stopped reading) must not keep the app from stopping: the executor's own
+        shutdown waits for every running call, so its processes are killed (a worker holds nothing
+        that needs a clean exit: an in-memory DuckDB database, read-only attachments)."""
         with self._lock:
             pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        if pool is None:
+            return
+        processes = list((pool._processes or {}).values())  # before shutdown forgets them
+        pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            with contextlib.suppress(OSError, ValueError):  # gone already, or closed
+                process.kill()
+
+
+# Every WorkerPool of this process, stopped at exit by `_stop_pools`.
+_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+def _stop_pools() -> None:
+    """Stop every pool before `concurrent.futures` joins its executors at interpreter exit: that join
+    waits for every running call, so a worker blocked in a call (a stalled download) kept the app
+    from exiting until it was killed (a SIGTERM'd server hung in finalisation)."""
+    for pool in list(_POOLS):
+        pool.stop()
+
+
+# `concurrent.futures.process` joins its executors in a `threading` exit hook, which runs before
+# `atexit`'s; these hooks run in reverse order of registration, and that module registered its
+# own when this one imported it, so this one runs first.
+threading._register_atexit(_stop_pools)  # type: ignore[attr-defined]

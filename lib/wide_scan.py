@@ -19,7 +19,9 @@ worker has imported pandas, SQLAlchemy or SQLModel.
 
 from __future__ import annotations
 
+import logging
 import os
+import select
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,6 +50,8 @@ from lib.judgment_text import (
 )
 from lib.lean_worker import init_lean_worker, spawn_context
 from lib.sql_quote import quote_literal
+
+log = logging.getLogger(__name__)
 
 # The workers of the scanner path: fresh interpreters with only this module's imports.
 EXPORT_WORKERS = WorkerPool(spawn_context, init_lean_worker)
@@ -167,16 +171,56 @@ def scanned_wide_batches(
         yield wide_columns(values, scan.list_columns, user, judge, decisions, scan.versions)
 
 
-def write_wide_csv(source: ScanSource, scan: WideScan, fifo: str, batch_rows: int) -> int:
-    """In the worker: the wide CSV of `scan` into `fifo`; returns the number of rows."""
-    with scanner_session(source, SCAN_DUCKDB_CONFIG) as con:
-        # Non-blocking open: fails at once (ENXIO) when the reader is already gone.
-        writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-        os.set_blocking(writer, True)  # then each write waits for the reader: backpressure
-        with open(writer, "wb") as out:
+class ExportStalled(RuntimeError):
+    """The export's reader took no byte for the stall limit (`OVERRULE_EXPORT_STALL_SECONDS`)."""
+
+
+class _FifoWriter:
+    """The worker's end of the export FIFO: each write waits for the reader (backpressure), but
+    never longer than `stall_seconds` without a byte taken. A client that stops reading (a paused
+    or stalled download) would otherwise hold this worker, one of two, for ever, and a worker
+    blocked in a write keeps the app from exiting (the pool's manager thread is joined at exit)."""
+
+    def __init__(self, fd: int, stall_seconds: float) -> None:
+        self._fd = fd
+        self._stall_seconds = stall_seconds
+        self._ready = select.poll()
+        self._ready.register(fd, select.POLLOUT)
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self._fd, view) :]
+                continue
+            except BlockingIOError:  # the pipe is full: wait for the reader (a gone one: EPIPE next)
+                pass
+            if not self._ready.poll(max(1, round(self._stall_seconds * 1000))):
+                log.error(
+                    "the Evaluations CSV's reader took nothing for %s s: the export stops "
+                    "(OVERRULE_EXPORT_STALL_SECONDS)",
+                    self._stall_seconds,
+                )
+                raise ExportStalled(f"the download took nothing for {self._stall_seconds} s")
+
+
+def write_wide_csv(
+    source: ScanSource, scan: WideScan, fifo: str, batch_rows: int, stall_seconds: float
+) -> int:
+    """In the worker: the wide CSV of `scan` into `fifo`; returns the number of rows. Raises
+    ExportStalled when the reader takes nothing for `stall_seconds`."""
+    # Opened first, non-blocking: fails at once (ENXIO) when the reader is gone, or (ENOENT) when the
+    # export was abandoned before this call left the queue, before anything is attached.
+    writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        with scanner_session(source, SCAN_DUCKDB_CONFIG) as con:
             batches = scanned_wide_batches(con, scan, RAW_QUERY_FUNCTIONS[source.dialect], batch_rows)
             rules = dict.fromkeys(scan.decision_columns, decision_value)
-            return write_chunks(out, counted_chunks(scan.columns, batches, rules))
+            return write_chunks(
+                _FifoWriter(writer, stall_seconds), counted_chunks(scan.columns, batches, rules)
+            )
+    finally:
+        os.close(writer)
 
 
 def start_export_workers() -> None:

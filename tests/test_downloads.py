@@ -5,9 +5,12 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
@@ -16,6 +19,7 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from lib import downloads, export, inspector, wide_scan
+from lib.config import ROOT, reset_settings
 from lib.corrections import JudgmentFilter
 from lib.importer import import_evaluations
 from lib.inspector import EvaluationFilters
@@ -72,17 +76,19 @@ def test_link_streams_in_chunks(seeded: Engine, client: TestClient, monkeypatch:
     assert client.get(path).content == b"".join(chunks)
 
 
-def test_a_stopped_download_ends_the_export_worker(
-    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Closing the chunks (a browser that stops the download) closes the FIFO the scanner path's
-    worker writes into: its next write fails and it ends, rather than waiting for a reader. The
-    CSV is larger than a pipe's buffer (64 KiB), so the worker is still writing."""
+def _large_answers(engine: Engine) -> None:
+    """Rows whose CSV is larger than a pipe's buffer (64 KiB): a worker is still writing after the
+    first chunk was read."""
     answers = [record(f"s_{i}", model_answer="x" * 20_000) for i in range(8)]
-    with Session(sqlite_engine) as session:
+    with Session(engine) as session:
         import_evaluations(session=session, records=answers, reviewer="tester")
         session.commit()
-    submitted = []
+
+
+def _submitted_exports(monkeypatch: pytest.MonkeyPatch) -> list[Future[int]]:
+    """The calls the scanner path submits to the export workers, as they are made (one row per
+    write, 64 bytes per read)."""
+    submitted: list[Future[int]] = []
     pool = wide_scan.EXPORT_WORKERS
     submit_in_pool = pool.submit
 
@@ -93,11 +99,67 @@ def test_a_stopped_download_ends_the_export_worker(
     monkeypatch.setattr(pool, "submit", submit)
     monkeypatch.setattr(export, "SCAN_BATCH_ROWS", 1)
     monkeypatch.setattr(export, "SCAN_CHUNK_BYTES", 64)
+    return submitted
+
+
+def test_a_stopped_download_ends_the_export_worker(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing the chunks (a browser that stops the download) closes the FIFO the scanner path's
+    worker writes into: its next write fails and it ends, rather than waiting for a reader."""
+    _large_answers(sqlite_engine)
+    submitted = _submitted_exports(monkeypatch)
     chunks = export.evaluations_csv_chunks(engine=sqlite_engine, filters=EvaluationFilters())
     assert next(chunks).startswith(b"id,created_at,")
     chunks.close()
     with pytest.raises(BrokenPipeError):
-        pool.result(submitted[0], timeout=30)
+        wide_scan.EXPORT_WORKERS.result(submitted[0], timeout=30)
+
+
+def test_stalled_downloads_free_their_workers(sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two downloads whose clients stop reading (but stay connected) held both export workers for
+    ever: every later export waited. A worker now gives up after OVERRULE_EXPORT_STALL_SECONDS
+    without a byte taken, and a third export runs."""
+    monkeypatch.setenv("OVERRULE_EXPORT_STALL_SECONDS", "0.5")
+    reset_settings()
+    _large_answers(sqlite_engine)
+    submitted = _submitted_exports(monkeypatch)
+    stalled = [
+        export.evaluations_csv_chunks(engine=sqlite_engine, filters=EvaluationFilters()) for _ in range(2)
+    ]
+    try:
+        for chunks in stalled:
+            assert next(chunks).startswith(b"id,created_at,")  # then nobody reads on
+        for future in submitted:
+            with pytest.raises(wide_scan.ExportStalled, match=r"took nothing for 0\.5 s"):
+                wide_scan.EXPORT_WORKERS.result(future, timeout=60)
+        third = b"".join(export.evaluations_csv_chunks(engine=sqlite_engine, filters=EvaluationFilters()))
+        assert third.count(b"x" * 20_000) == 8
+    finally:
+        for chunks in stalled:
+            chunks.close()
+
+
+def test_the_app_exits_while_a_worker_is_blocked(tmp_path: Path) -> None:
+    """A call blocked for good in an export worker (here a plain write into a FIFO nobody reads, no
+    stall limit) kept the interpreter from exiting: concurrent.futures joins its executors at exit,
+    and that join waits for every running call. The pools now stop their workers first."""
+    script = f"""
+import os, pathlib, time
+from lib.wide_scan import EXPORT_WORKERS
+fifo = {str(tmp_path / "f")!r}
+os.mkfifo(fifo)
+reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+future = EXPORT_WORKERS.submit(pathlib.Path(fifo).write_bytes, b"x" * 10_000_000)
+while not future.running():
+    time.sleep(0.05)
+print("blocked", flush=True)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )  # before: never returned (TimeoutExpired)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "blocked\n"
 
 
 def test_corrections_link_streams_judgments(seeded: Engine, client: TestClient) -> None:
