@@ -393,6 +393,7 @@ def _scanned_chunks(engine: Engine, scan: WideScan) -> Generator[bytes, None, in
         sent = False
         waiting = select.poll()  # not select(): a server may hold more than 1,024 descriptors
         waiting.register(reader, select.POLLIN)
+        future: futures.Future[int] | None = None
         try:
             source = duck.scan_source(engine)
             stall = get_settings().export_stall_seconds
@@ -419,6 +420,10 @@ def _scanned_chunks(engine: Engine, scan: WideScan) -> Generator[bytes, None, in
                     raise
                 raise _NoScanner(str(exc)) from exc
         finally:
+            # An export abandoned while its call still waits for a worker: it never runs. (A call
+            # the executor already handed on finds the FIFO gone and ends at once: write_wide_csv.)
+            if future is not None:
+                future.cancel()
             os.close(reader)
 
 

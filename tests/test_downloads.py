@@ -116,6 +116,36 @@ def test_a_stopped_download_ends_the_export_worker(
         wide_scan.EXPORT_WORKERS.result(submitted[0], timeout=30)
 
 
+def test_an_abandoned_export_cancels_its_queued_call(seeded: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A download given up while its call still waits for a worker (both busy): the call is
+    cancelled, instead of running later for nobody. Here the call stays queued, and the test
+    writes a first chunk into the FIFO itself so that the download can be given up after it."""
+    queued: Future[int] = Future()
+
+    def submit(func: object, source: object, scan: object, fifo: str, *args: object) -> Future[int]:
+        with open(fifo, "wb") as out:  # the reader is open: this does not block
+            out.write(b"id,created_at\n")
+        return queued
+
+    monkeypatch.setattr(wide_scan.EXPORT_WORKERS, "submit", submit)
+    chunks = export.evaluations_csv_chunks(engine=seeded, filters=EvaluationFilters())
+    assert next(chunks) == b"id,created_at\n"
+    chunks.close()
+    assert queued.cancelled()
+
+
+def test_a_call_whose_fifo_is_gone_attaches_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A call the executor handed on before its export was abandoned (the FIFO removed) ends at
+    once, before the worker attaches the database."""
+    attached = []
+    monkeypatch.setattr(wide_scan, "scanner_session", lambda *args: attached.append(args))
+    source = wide_scan.ScanSource("sqlite", str(tmp_path / "app.db"))
+    scan = wide_scan.WideScan([], [], [], [], {}, "SELECT 1")
+    with pytest.raises(FileNotFoundError):
+        wide_scan.write_wide_csv(source, scan, str(tmp_path / "gone.csv"), 1, 1.0)
+    assert attached == []
+
+
 def test_stalled_downloads_free_their_workers(sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two downloads whose clients stop reading (but stay connected) held both export workers for
     ever: every later export waited. A worker now gives up after OVERRULE_EXPORT_STALL_SECONDS
