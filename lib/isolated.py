@@ -241,25 +241,36 @@ def _give_back_memory(con: duckdb.DuckDBPyConnection, config: Mapping[str, Any])
 # Worker processes
 
 
-def init_worker(app_pid: int) -> None:
+def init_worker(app_pid: int, *, child_of_app: bool = False) -> None:
     """Worker initializer: this process holds no other SQLite connection, so the scanner may open it.
 
     It also leaves when the app process is gone (even killed with SIGKILL), instead of lingering.
-    """
+    `child_of_app`: the app started this process itself (a spawned lean worker, not a fork server's
+    child), so its parent's pid says exactly whether the app is still there (`_app_gone`)."""
     global _sqlite_scanner_allowed
     _sqlite_scanner_allowed = True
 
     def watch() -> None:
-        while True:
+        while not _app_gone(app_pid, child_of_app=child_of_app):
             time.sleep(1.0)
-            try:
-                os.kill(app_pid, 0)
-            except ProcessLookupError:
-                os._exit(0)
-            except PermissionError:  # the pid now belongs to another user's process: ours is gone
-                os._exit(0)
+        os._exit(0)
 
     threading.Thread(target=watch, name="overrule-app-watch", daemon=True).start()
+
+
+def _app_gone(app_pid: int, *, child_of_app: bool) -> bool:
+    """Whether the app process `app_pid` is gone. A child of the app is re-parented when the app
+    dies: exact. Otherwise (a fork server's child) the pid is probed, which a reused pid of the same
+    user, or an app that is a zombie not yet reaped, would still pass."""
+    if child_of_app:
+        return os.getppid() != app_pid
+    try:
+        os.kill(app_pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # the pid now belongs to another user's process: ours is gone
+        return True
+    return False
 
 
 def _no_op() -> None:
@@ -277,6 +288,10 @@ class WorkerPool:
         self._initializer = initializer
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
+        # The executor of each call not yet forgotten: a broken one is dropped only if still current.
+        self._executors: weakref.WeakKeyDictionary[Future[Any], ProcessPoolExecutor] = (
+            weakref.WeakKeyDictionary()
+        )
         _POOLS.add(self)
 
     def _executor(self) -> ProcessPoolExecutor:
@@ -290,26 +305,30 @@ class WorkerPool:
                 )
             return self._pool
 
-    def _broken(self, exc: BrokenProcessPool) -> RuntimeError:
+    def _broken(self, exc: BrokenProcessPool, broken: ProcessPoolExecutor | None) -> RuntimeError:
         with self._lock:
-            self._pool = None  # the next call starts a new pool
+            if self._pool is broken:  # not a new pool another thread made since: that one is healthy
+                self._pool = None  # the next call starts a new pool
         return RuntimeError(f"the DuckDB worker process died: {exc}")
 
     def submit(self, func: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """`func(*args, **kwargs)` in a worker, without waiting: take `result(future)` after.
         `func` must be a module-level function (not in `__main__`), its arguments and result
         picklable."""
+        executor = self._executor()
         try:
-            return self._executor().submit(func, *args, **kwargs)
+            future = executor.submit(func, *args, **kwargs)
         except BrokenProcessPool as exc:
-            raise self._broken(exc) from exc
+            raise self._broken(exc, executor) from exc
+        self._executors[future] = executor
+        return future
 
     def result(self, future: Future[T], timeout: float | None = None) -> T:
         """The result of a `submit` call; its exceptions raised here, a dead worker as RuntimeError."""
         try:
             return future.result(timeout)
         except BrokenProcessPool as exc:
-            raise self._broken(exc) from exc
+            raise self._broken(exc, self._executors.get(future)) from exc
 
     def run(self, func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """`submit`, then wait for its result."""

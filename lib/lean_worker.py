@@ -37,7 +37,7 @@ def init_lean_worker(app_pid: int) -> None:
         sys.meta_path.insert(0, _Refused)  # type: ignore[arg-type]
     from lib.isolated import init_worker  # imports Arrow: after the refusal
 
-    init_worker(app_pid)
+    init_worker(app_pid, child_of_app=True)  # spawned by the app itself
 
 
 def preparation_data(name: str) -> dict[str, Any]:

@@ -10,6 +10,8 @@ import contextlib
 import os
 import sqlite3
 from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,8 @@ from lib.duck import (
     table_ref,
     tables_in_sql,
 )
-from lib.isolated import RAW_QUERY_FUNCTIONS, DuckUnavailable, extension_path, scanner_session
+from lib.isolated import RAW_QUERY_FUNCTIONS, DuckUnavailable, WorkerPool, extension_path, scanner_session
+from lib.lean_worker import init_lean_worker, spawn_context
 from lib.models import Judgment
 from lib.sql_quote import quote_ident, quote_literal
 
@@ -242,3 +245,36 @@ def test_a_failed_reset_after_a_use_keeps_the_use_s_own_error(
     with scanner_session(scan_source(worker_engine)) as con:  # and the next use gets a fresh database
         assert _rows_of_t(con) == 1
     assert lib.isolated._kept_scanner is not broken
+
+
+def test_a_dead_worker_drops_its_own_pool_not_a_newer_one() -> None:
+    """A call of a pool that broke, answered after another thread already made a new pool: the new,
+    healthy pool is kept (it was dropped, and its workers left to the garbage collector)."""
+    pool = WorkerPool(spawn_context, init_lean_worker)
+    old, new = ProcessPoolExecutor(max_workers=1), ProcessPoolExecutor(max_workers=1)  # no process yet
+    late: Future[int] = Future()
+    pool._executors[late] = old
+    late.set_exception(BrokenProcessPool("a worker died"))
+    pool._pool = new
+    try:
+        with pytest.raises(RuntimeError, match="worker process died"):
+            pool.result(late)
+        assert pool._pool is new
+        current: Future[int] = Future()
+        pool._executors[current] = new
+        current.set_exception(BrokenProcessPool("a worker died"))
+        with pytest.raises(RuntimeError, match="worker process died"):
+            pool.result(current)
+        assert pool._pool is None  # the broken pool itself: the next call starts anew
+    finally:
+        old.shutdown()
+        new.shutdown()
+
+
+def test_a_spawned_worker_knows_its_app_is_gone_by_its_parent() -> None:
+    """A lean worker is the app's own child: when its parent is not the app any more, the app is gone,
+    even if the app's pid is alive (reused, or a zombie), which the pid probe cannot tell."""
+    alive_but_not_parent = os.getpid()
+    assert lib.isolated._app_gone(alive_but_not_parent, child_of_app=True)
+    assert not lib.isolated._app_gone(os.getppid(), child_of_app=True)
+    assert not lib.isolated._app_gone(alive_but_not_parent, child_of_app=False)  # the probe's blind spot
