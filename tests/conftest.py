@@ -29,6 +29,7 @@ from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, SQLModel
 
 import lib.models  # noqa: F401  (every table on SQLModel.metadata, for TRUNCATE)
+from lib import bulk
 from lib.config import reset_settings
 from lib.db import create_db_engine, init_db
 from lib.isolated import TRUST_EXTENSIONS_VAR
@@ -58,6 +59,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     gc.collect()
     gc.freeze()
+    bulk.HEAP_FROZEN_ELSEWHERE = True  # imports' own freeze (lib.bulk.frozen_heap) would undo this one
     gc.set_threshold(7_000, 10, 10)
     gc.enable()
 
