@@ -55,6 +55,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.common import backend_cpu, cpu_of  # noqa: E402
+
 OUT = ROOT / "bench" / "out"
 METHODS = ("pandas", "link wide", "file wide", "link long")
 
@@ -125,35 +127,6 @@ def _pss_mib(pids: list[int]) -> float:
     return total / 1024
 
 
-def _backend_cpu(database: str) -> dict[int, float]:
-    """{pid: CPU seconds} of the PostgreSQL server processes serving `database` (their process title
-    names it: "postgres: 15/main: USER DATABASE HOST(PORT) state")."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                    title = fh.read().decode(errors="replace").split()
-            except OSError:
-                continue
-            if len(title) >= 4 and title[0] == "postgres:" and title[3] == database:
-                pids.append(int(entry))
-    return _cpu_of(pids)
-
-
-def _cpu_of(pids: list[int]) -> dict[int, float]:
-    """{pid: CPU seconds} of those of `pids` still alive."""
-    found = {}
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        found[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return found
-
-
 def _run_sampled(
     command: list[str], database: str | None = None
 ) -> tuple[subprocess.CompletedProcess[str], float, float]:
@@ -161,7 +134,7 @@ def _run_sampled(
     CPU, not the child's); returns the completed run, the peak of that sum and, for a PostgreSQL
     `database`, the CPU its server processes spent meanwhile (found every 2 s, read every 0.25 s: a
     connection that lived under 2 s can be missed, and the last 0.25 s of one that closed)."""
-    before = _backend_cpu(database) if database else {}
+    before = backend_cpu(database) if database else {}
     seen: dict[int, float] = {}
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = 0.0
@@ -176,9 +149,9 @@ def _run_sampled(
             if tick % 8 == 0:  # walking /proc costs more than reading a few files: every 2 s
                 pids = _tree(proc.pid)
                 if database:
-                    seen.update(_backend_cpu(database))
+                    seen.update(backend_cpu(database))
             elif seen:  # the backends known so far, every tick: a closing connection's last CPU counts
-                seen.update(_cpu_of(list(seen)))
+                seen.update(cpu_of(list(seen)))
             peak = max(peak, _pss_mib(pids))
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -187,7 +160,7 @@ def _run_sampled(
     done.set()
     sampler.join()
     if database:
-        seen.update(_backend_cpu(database))
+        seen.update(backend_cpu(database))
     server = sum(spent - before.get(pid, 0.0) for pid, spent in seen.items())
     return subprocess.CompletedProcess(command, proc.returncode, out, err), peak, server
 

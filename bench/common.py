@@ -6,6 +6,7 @@ variant of the set-up (a bench that builds its database differently measures som
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import threading
 from pathlib import Path
@@ -154,6 +155,47 @@ def pg_database(admin_url: str, evaluations: int, *, build: bool) -> str:
     finally:
         admin.dispose()
     return f"{base}/{name}"
+
+
+# ---------------------------------------------------------------------------------------------
+# PostgreSQL server CPU
+
+
+def backend_cpu(database: str) -> dict[int, float]:
+    """{pid: CPU seconds} of the PostgreSQL server processes serving `database` (their process title
+    names it: "postgres: 15/main: USER DATABASE HOST(PORT) state")."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    title = fh.read().decode(errors="replace").split()
+            except OSError:
+                continue
+            if len(title) >= 4 and title[0] == "postgres:" and title[3] == database:
+                pids.append(int(entry))
+    return cpu_of(pids)
+
+
+def cpu_of(pids: list[int]) -> dict[int, float]:
+    """{pid: CPU seconds} of those of `pids` still alive: the scheduler's nanosecond count
+    (/proc/PID/schedstat) where the kernel keeps one, else utime + stime in clock ticks (10 ms: too
+    coarse for one query of a few ms)."""
+    found = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/schedstat") as fh:
+                found[pid] = int(fh.read().split()[0]) / 1e9
+            continue
+        except (OSError, ValueError, IndexError):
+            pass
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        found[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return found
 
 
 # ---------------------------------------------------------------------------------------------
