@@ -217,8 +217,10 @@ def filter_conditions(filters: EvaluationFilters, *, text_form: str = "match") -
     if filters.text and text_form != "none":
         # Unicode-aware and literal, through the trigram index or row by row (lib.search); a list
         # the index does not hold (the archived one) tests its own rows one by one.
-        scan = text_form == "scan" or not _index_covers(filters)
-        conds.append(text_match(_S.__table__, filters.text, scan=scan))
+        # The archived list is a small range of the list index: its rows, each tested (PostgreSQL
+        # would otherwise intersect it with every trigram match of a common text).
+        rows = not _index_covers(filters)
+        conds.append(text_match(_S.__table__, filters.text, scan=text_form == "scan", rows=rows))
     return conds
 
 

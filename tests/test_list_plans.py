@@ -292,6 +292,42 @@ def test_dates_sorted_by_a_gap_list_the_same_rows_either_way(
                 assert listed == [r.id for r in kept], (sort, name, min_gap)
 
 
+def test_the_archived_list_tests_a_text_on_its_own_rows(filled: Any) -> None:
+    """The archived list with a text: its count and page read the archived range of the list index
+    and test the text on those rows. PostgreSQL, given a LIKE, intersected the range with every
+    trigram match of a common text (20,000 of 100k evaluations: 27-29 ms for ~1,000 archived rows,
+    2 ms this way); it gets a test no index serves (strpos). SQLite's index never held archived rows."""
+    engine, ctx = filled
+    phrase, rare = "reset my password", f"(case {ctx.evaluations // 3}"
+    with Session(engine) as s:  # a few evaluations archived, never committed
+        live = col(_S.deleted_at).is_(None)
+        ids = {*s.exec(select(_S.id).where(live, col(_S.search_text).contains(phrase)).limit(3)).all()}
+        ids |= {*s.exec(select(_S.id).where(live, col(_S.search_text).contains(rare)).limit(1)).all()}
+        assert len(ids) >= 2
+        for sid in sorted(ids):
+            assert inspector.archive_evaluation(session=s, snapshot_id=sid, reviewer="plans")
+        s.flush()
+        for text in (phrase, rare):
+            for sort in inspector.SORTS:
+                filters = inspector.EvaluationFilters(text=text, archived=True, sort=sort)
+                statements = _statements(
+                    engine,
+                    lambda f=filters: (
+                        inspector.count_evaluations(session=s, filters=f),
+                        inspector.fetch_page(session=s, filters=f, limit=5),
+                    ),
+                    match=lambda sql: "search_text" in sql,
+                )
+                assert statements, (text, sort)
+                for sql, plan, pg in _plans(engine, statements):
+                    assert "search_trgm" not in plan and "_search VIRTUAL" not in plan, f"{sql}\n{plan}"
+                    assert not (pg and re.search(r"search_text\s+LIKE", sql)), sql
+                    if pg:
+                        assert "strpos(evaluation_snapshots.search_text" in sql, sql
+                assert inspector.fetch_page(session=s, filters=filters, limit=5), (text, sort)
+        s.rollback()
+
+
 def test_a_count_the_counters_answer_reads_no_evaluation(filled: Any) -> None:
     engine, ctx = filled
     exact = inspector.EvaluationFilters(product=ctx.products[-1], min_gap=2.0, review="reviewed")
