@@ -33,7 +33,10 @@ SQLite scans in a forked worker), sampled every 50 ms during its renders, and th
 
 Prints seconds per scenario and size and the ratio to the smallest size (goal: every page ≤ 1.5),
 then the same for the worker's CPU seconds, which other jobs on a shared machine disturb far less
-(but which leave out work done in DuckDB's forked worker and in the PostgreSQL server).
+(but which leave out work done in DuckDB's forked worker). On PostgreSQL that figure adds the CPU
+of the server processes serving the bench database (a local server: read from /proc before and
+after each render, `bench.common.backend_cpu`), where a render's queries run; so no other client
+may use that database while the bench runs.
 A page that raises prints its error instead of a time. Wall clock on a shared machine: run with
 `nice` and expect noise from other jobs; `--repeat 5` narrows it.
 """

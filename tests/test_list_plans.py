@@ -187,6 +187,23 @@ def test_every_corrections_filter_reads_a_page_not_the_list(filled: Any) -> None
     assert not bad, "\n\n".join(f"{k}:\n" + "\n".join(v) for k, v in bad.items())
 
 
+def _count_and_page_plans(
+    engine: Engine, session: Session, filters: inspector.EvaluationFilters, needle: str
+) -> list[tuple[str, str, bool]]:
+    """The plans of the statements a list's count and first page send that contain `needle`
+    (there must be some), read in `session` (which may hold uncommitted rows)."""
+    statements = _statements(
+        engine,
+        lambda: (
+            inspector.count_evaluations(session=session, filters=filters),
+            inspector.fetch_page(session=session, filters=filters, limit=5),
+        ),
+        match=lambda sql: needle in sql,
+    )
+    assert statements, filters
+    return list(_plans(engine, statements))
+
+
 def test_the_fully_reviewed_list_reads_its_own_index(filled: Any) -> None:
     """ "All metrics reviewed" with a common text or dates: the count and the page read the index of
     the fully reviewed evaluations, not the whole list (before it, the count walked every entry of
@@ -208,16 +225,8 @@ def test_the_fully_reviewed_list_reads_its_own_index(filled: Any) -> None:
         for extra in ({"text": phrase}, {"date_from": ctx.last_day - timedelta(days=30)}):
             for sort in inspector.SORTS:
                 filters = inspector.EvaluationFilters(review="reviewed", sort=sort, **extra)
-                statements = _statements(
-                    engine,
-                    lambda f=filters: (
-                        inspector.count_evaluations(session=s, filters=f),
-                        inspector.fetch_page(session=s, filters=f, limit=5),
-                    ),
-                    match=lambda sql: "judgments_reviewed = evaluation_snapshots.judgments_total" in sql,
-                )
-                assert statements, (extra, sort)
-                for sql, plan, _pg in _plans(engine, statements):
+                reviewed = "judgments_reviewed = evaluation_snapshots.judgments_total"
+                for sql, plan, _pg in _count_and_page_plans(engine, s, filters, reviewed):
                     assert inspector.REVIEWED_INDEX in plan, f"{extra} {sort}:\n{sql}\n{plan}"
         s.rollback()
 
@@ -310,16 +319,7 @@ def test_the_archived_list_tests_a_text_on_its_own_rows(filled: Any) -> None:
         for text in (phrase, rare):
             for sort in inspector.SORTS:
                 filters = inspector.EvaluationFilters(text=text, archived=True, sort=sort)
-                statements = _statements(
-                    engine,
-                    lambda f=filters: (
-                        inspector.count_evaluations(session=s, filters=f),
-                        inspector.fetch_page(session=s, filters=f, limit=5),
-                    ),
-                    match=lambda sql: "search_text" in sql,
-                )
-                assert statements, (text, sort)
-                for sql, plan, pg in _plans(engine, statements):
+                for sql, plan, pg in _count_and_page_plans(engine, s, filters, "search_text"):
                     assert "search_trgm" not in plan and "_search VIRTUAL" not in plan, f"{sql}\n{plan}"
                     assert not (pg and re.search(r"search_text\s+LIKE", sql)), sql
                     if pg:
