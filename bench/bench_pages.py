@@ -656,6 +656,102 @@ def print_table(
     return over
 
 
+def is_flat(small: float, big: float) -> bool:
+    """The issue-27 rule: at most 1.5x the smallest size, or under 50 ms at the largest."""
+    return big < FLAT_SECONDS or (small > 0 and big / small <= GOAL_RATIO)
+
+
+Tables = list[tuple[str, dict[int, dict[str, dict[str, Any]]]]]
+
+
+def load_results(paths: list[Path]) -> tuple[Tables, list[dict[str, Any]]]:
+    """Merge several `--json` files into tables as measured ones, so a sitting's runs (one page per
+    run, a re-run of the worst with more processes) print and tabulate as if measured together.
+    A later file's figure replaces an earlier one's for the same backend, size and scenario; a
+    backend measured at other sizes (e.g. notes at 1k and 200k) stays a table of its own. Returns
+    the tables and each file's run facts (`_run`, or the file's time when it predates them)."""
+    tables: Tables = []
+    runs: list[dict[str, Any]] = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        run = dict(data.get("_run") or {"date": datetime.fromtimestamp(path.stat().st_mtime).isoformat()})
+        runs.append({"file": str(path), **run})
+        for backend, by_size in data.items():
+            if backend.startswith("_"):
+                continue
+            sizes = sorted(int(s) for s in by_size)
+            found = next((m for b, m in tables if b == backend and sorted(m) == sizes), None)
+            if found is None:
+                found = {size: {} for size in sizes}
+                tables.append((backend, found))
+            for size, results in by_size.items():
+                found[int(size)].update(results)
+    return tables, runs
+
+
+def markdown_table(tables: Tables, key: str = "seconds", top: int | None = None, link: str = "") -> str:
+    """The worst-first Markdown table of every scenario over every backend: its smallest and
+    largest size, the time at each (`key`, in ms; the CPU figure beside it), the ratio and whether
+    it is flat by the issue-27 rule; the scenarios over the goal first, then by ratio. `top` keeps
+    the worst rows; the counts per backend above the table cover all of them. A scenario in
+    several tables of one backend keeps the later table's figures, as `load_results` merges."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for backend, measured in tables:
+        for name in {n for results in measured.values() for n in results}:
+            if name.startswith("("):
+                continue
+            sizes = [s for s in sorted(measured) if name in measured[s]]
+            small, big = measured[sizes[0]][name], measured[sizes[-1]][name]
+            row: dict[str, Any] = {"scenario": name, "backend": backend, "sizes": (sizes[0], sizes[-1])}
+            for field_ in ("seconds", "cpu_seconds"):
+                a, b = small.get(field_), big.get(field_)
+                row[field_] = (a, b)
+                row[field_ + "_flat"] = None if a is None or b is None or len(sizes) < 2 else is_flat(a, b)
+                row[field_ + "_ratio"] = b / a if a and b is not None else math.inf
+            rows[(backend, name)] = row
+    ordered = sorted(
+        rows.values(), key=lambda r: (r[key + "_flat"] is not False, -r[key + "_ratio"], r["scenario"])
+    )
+    other = "cpu_seconds" if key == "seconds" else "seconds"
+    what, beside = ("wall", "CPU") if key == "seconds" else ("CPU", "wall")
+    lines = []
+    for backend in dict.fromkeys(r["backend"] for r in ordered):
+        mine = [r for r in ordered if r["backend"] == backend]
+        over = [r for r in mine if r[key + "_flat"] is False]
+        over_other = [r for r in mine if r[other + "_flat"] is False]
+        unmeasured = [r for r in mine if r[key + "_flat"] is None]
+        lines.append(
+            f"- {backend}: {len(mine)} scenarios, **{len(over)} over the goal** by {what} time"
+            f" ({len(over_other)} by {beside} time)"
+            + (f", {len(unmeasured)} without a figure at both sizes" if unmeasured else "")
+            + (": " + ", ".join(f"{r['scenario']} ({r[key + '_ratio']:.1f}x)" for r in over) if over else "")
+        )
+    lines += [
+        "",
+        f"| scenario | backend | sizes | {what} ms small | {what} ms big | ratio | flat | "
+        f"{beside} ms small | {beside} ms big | {beside} ratio |",
+        "|---|---|---|--:|--:|--:|---|--:|--:|--:|",
+    ]
+
+    def ms(value: float | None) -> str:
+        return "—" if value is None else f"{value * 1000:.1f}"
+
+    def ratio(value: float) -> str:
+        return "—" if math.isinf(value) else f"{value:.2f}x"
+
+    for r in ordered[:top]:
+        flat = {True: "yes", False: "**no**", None: "—"}[r[key + "_flat"]]
+        name = f"[{r['scenario']}]({link})" if link else r["scenario"]
+        lines.append(
+            f"| {name} | {r['backend']} | {label(r['sizes'][0])} → {label(r['sizes'][1])} | "
+            f"{ms(r[key][0])} | {ms(r[key][1])} | {ratio(r[key + '_ratio'])} | {flat} | "
+            f"{ms(r[other][0])} | {ms(r[other][1])} | {ratio(r[other + '_ratio'])} |"
+        )
+    if top is not None and len(ordered) > top:
+        lines.append(f"\n(the worst {top} of {len(ordered)} rows)")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Build missing databases, measure each in worker processes, print the tables."""
     parser = argparse.ArgumentParser(
@@ -701,6 +797,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="print the scenario names and exit")
     parser.add_argument("--verbose", action="store_true", help="print each scenario's time as it is measured")
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="measure nothing: print the tables of these --json files merged (repeatable; a later "
+        "file's figure replaces an earlier one's for the same backend, size and scenario)",
+    )
+    parser.add_argument(
+        "--markdown",
+        metavar="FILE",
+        help="also write the worst-first Markdown table of every backend to FILE ('-' prints it)",
+    )
+    parser.add_argument("--markdown-top", type=int, help="keep the worst N rows of the Markdown table")
+    parser.add_argument(
+        "--markdown-key",
+        choices=("seconds", "cpu_seconds"),
+        default="seconds",
+        help="the figure the Markdown table ranks and judges by (wall by default)",
+    )
+    parser.add_argument("--markdown-link", default="", help="link every scenario of the Markdown table here")
     parser.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--evaluations", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -740,11 +858,14 @@ def main(argv: list[str] | None = None) -> int:
         return pg_given.get(size) or pg_database(args.pg, size, build=not args.no_build)
 
     backends: list[tuple[str, list[int], Callable[[int], str]]] = []
-    if args.sizes:
+    if args.from_json:
+        pass  # figures come from the files: nothing is measured
+    elif args.sizes:
         backends.append(("SQLite", args.sizes, sqlite_url))
-    if args.pg or pg_given:
+    if (args.pg or pg_given) and not args.from_json:
         backends.append(("PostgreSQL", sorted(pg_given) if not args.pg else args.pg_sizes, pg_url))
-    tables: list[tuple[str, dict[int, dict[str, dict[str, Any]]]]] = []
+    tables: Tables = []
+    started, load = datetime.now().astimezone().isoformat(timespec="seconds"), os.getloadavg()
     for backend, sizes, database in backends:
         measured: dict[int, dict[str, dict[str, Any]]] = {}
         for size in sizes:
@@ -752,8 +873,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{backend} {label(size)}] {url}", flush=True)
             measured[size] = run_worker(url, size, args)
         tables.append((backend, measured))
+    runs = [
+        {
+            "date": started,
+            "ended": datetime.now().astimezone().isoformat(timespec="seconds"),
+            "load": [round(x, 2) for x in (*load, *os.getloadavg())],
+            "processes": args.processes,
+            "repeat": args.repeat,
+        }
+    ]
+    if args.from_json:
+        tables, runs = load_results(args.from_json)
     if args.json:
-        args.json.write_text(json.dumps({b: {str(s): r for s, r in m.items()} for b, m in tables}, indent=1))
+        figures = {b: {str(s): r for s, r in m.items()} for b, m in tables}
+        args.json.write_text(
+            json.dumps({"_run": runs[0], **figures} if not args.from_json else figures, indent=1)
+        )
     failed = 0
     for backend, measured in tables:
         over = print_table(
@@ -775,6 +910,25 @@ def main(argv: list[str] | None = None) -> int:
             key="cpu_seconds",
         )
         failed += len(over)
+    if args.markdown:
+        facts = "".join(
+            f"- {run.get('file', 'this run')}: {run['date']}"
+            + (f" to {run['ended']}" if run.get("ended") else "")
+            + (
+                f", load {run['load'][0]:.1f} at the start, {run['load'][3]:.1f} at the end"
+                if run.get("load")
+                else ""
+            )
+            + (f", {run['processes']} process(es) × {run['repeat']}" if run.get("processes") else "")
+            + "\n"
+            for run in runs
+        )
+        text = markdown_table(tables, args.markdown_key, args.markdown_top, args.markdown_link)
+        text = text + "\nRuns:\n\n" + facts
+        if args.markdown == "-":
+            print("\n" + text)
+        else:
+            Path(args.markdown).write_text(text)
     return 1 if failed else 0
 
 
