@@ -334,6 +334,10 @@ REVIEWED_INDEX = search.LIST_REVIEWED_INDEX
 RANGE_PROBE = 20_000
 # A seek that reads n entries and sorts them costs about this many entries' walk per entry.
 SORT_COST = 2.0
+# Dates sorted by a gap (SQLite): past this many distinct gap values the dates are not sought inside
+# each value (one seek per value, for the count and each page) but tested along the gap's index, as
+# before that plan. gen.py's weighted gaps take 92 values; a weighted mean can take thousands.
+GAP_VALUES_CAP = 256
 
 
 def _cube_conditions(filters: EvaluationFilters) -> tuple[list[ColumnElement[bool]], bool]:
@@ -568,10 +572,12 @@ def _segments(
         # skips every row outside the dates (a gap taking 3 values: the first 30 days by largest
         # gap walked 610k entries at 1M before its first match, 70 ms; 0.3 ms this way).
         at_least = filters.min_gap if filters.sort == "max_gap" else None
-        gap_cond = gap.in_(_gap_values(filters.sort, at_least))
-        if at_least:  # the values hold the minimum gap: its range would win the seek over them
-            minimum = _gap_column("max_gap") >= at_least
-            gapped_conds = [c for c in conds if not c.compare(minimum)]
+        values = _gap_values(filters.sort, at_least)
+        if _count_up_to(session, values, GAP_VALUES_CAP) <= GAP_VALUES_CAP:
+            gap_cond = gap.in_(values)
+            if at_least:  # the values hold the minimum gap: its range would win the seek over them
+                minimum = _gap_column("max_gap") >= at_least
+                gapped_conds = [c for c in conds if not c.compare(minimum)]
     return [
         _Segment([*gapped_conds, gap_cond], [*lead, gap, col(_S.created_at), col(_S.id)], gapped),
         _Segment(
@@ -591,9 +597,15 @@ def _gap_values(sort: str, at_least: float | None = None) -> Select[Any]:
         return _walk_hint(stmt, index).scalar_subquery()
 
     walk = select(largest().label("value")).cte("gap_values", recursive=True)
-    walk = walk.union_all(select(largest(gap < walk.c.value)).where(walk.c.value.is_not(None)))
+    more = [walk.c.value.is_not(None)] if at_least is None else [walk.c.value >= at_least]
+    walk = walk.union_all(select(largest(gap < walk.c.value)).where(*more))  # stops below `at_least`
     values = select(walk.c.value).where(walk.c.value.is_not(None))
     return values if at_least is None else values.where(walk.c.value >= at_least)
+
+
+def _count_up_to(session: Session, rows: Select[Any], cap: int) -> int:
+    """How many rows `rows` has, reading at most `cap` + 1 of them (a recursive walk stops there)."""
+    return int(session.exec(select(func.count()).select_from(rows.limit(cap + 1).subquery())).one())
 
 
 def _date_range_size(session: Session, filters: EvaluationFilters) -> int:
@@ -912,7 +924,7 @@ WIDE_METRIC_FIELDS = (
 @dataclass(frozen=True)
 class EvaluationExport:
     """The header and the lazily fetched rows of an export, as batches of columns (typed Arrow
-    arrays or Python values, what `lib.export.csv_batch` writes), and `rules`: the columns whose
+    arrays or Python values, what `lib.csv_text.csv_batch` writes), and `rules`: the columns whose
     values go through a rule before they are written (a decision's number or label). Iterate
     `batches` or `rows` inside the session."""
 
