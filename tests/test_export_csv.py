@@ -9,6 +9,7 @@ import io
 import json
 import math
 from collections.abc import Sequence
+from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -19,12 +20,15 @@ import sqlalchemy as sa
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 
+import lib.isolated
 from lib import export, inspector, judge_versions, wide_scan
 from lib.csv_text import _stream_cell, csv_batch, neutralise_cell
 from lib.export import iter_csv
 from lib.importer import import_evaluations
 from lib.inspector import EvaluationFilters
+from lib.isolated import WorkerPool
 from lib.judgment_text import decision_value, name_for, score_of, scores_of_json
+from lib.lean_worker import init_lean_worker, spawn_context
 from lib.models import EvaluationSnapshot, Judgment
 from tests.test_inspector import record
 
@@ -208,17 +212,36 @@ def test_the_wide_export_writes_what_the_row_rules_give(
 HEAVY_MODULES = ("numpy", "pandas", "sqlalchemy", "sqlmodel", "lib.models", "lib.db", "lib.duck", "streamlit")
 
 
-def test_the_export_worker_imports_no_app_stack(sqlite_engine: Engine) -> None:
+def test_the_export_worker_imports_no_app_stack(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker that wrote an export (its DuckDB query, Arrow reader and CSV encoding) holds none
+    of the app's stack: a pool of one worker, so the modules are read in the process that wrote the
+    CSV, and the CSV is the scanner path's (write_wide_csv returned its rows there; a fallback to the
+    app's session would have written the same bytes without the worker)."""
     with Session(sqlite_engine) as session:
         import_evaluations(session=session, records=[record("s_lean")], reviewer="tester")
         session.commit()
-    csv_bytes = export.evaluations_csv_bytes(engine=sqlite_engine, filters=EvaluationFilters())
-    assert b"s_lean" in csv_bytes
-    # Evaluated in the worker (the pool reuses the idle one that wrote the CSV): its modules after
-    # an export, and after Arrow converted Python values (which would import pandas if it could).
-    loaded = wide_scan.EXPORT_WORKERS.run(
-        eval,
-        "(__import__('lib.wide_scan'), __import__('pyarrow').array(['x']), sorted(__import__('sys').modules))[-1]",
-    )
+    monkeypatch.setattr(lib.isolated, "ISOLATED_WORKERS", 1)
+    pool = WorkerPool(spawn_context, init_lean_worker)
+    calls: list[tuple[object, Future[Any]]] = []
+    submit_in_pool = pool.submit
+
+    def submit(func: Any, *args: Any) -> Future[Any]:
+        calls.append((func, submit_in_pool(func, *args)))
+        return calls[-1][1]
+
+    monkeypatch.setattr(pool, "submit", submit)
+    monkeypatch.setattr(export, "EXPORT_WORKERS", pool)
+    try:
+        csv_bytes = export.evaluations_csv_bytes(engine=sqlite_engine, filters=EvaluationFilters())
+        assert b"s_lean" in csv_bytes
+        assert [func for func, _ in calls] == [wide_scan.write_wide_csv]
+        assert pool.result(calls[0][1]) == 1  # the row, written by the scanner path in the worker
+        # The same worker's modules after the export, and after Arrow converted Python values (which
+        # would import pandas if it could).
+        loaded = pool.run(eval, "(__import__('pyarrow').array(['x']), sorted(__import__('sys').modules))[-1]")
+    finally:
+        pool.stop()
     assert "lib.wide_scan" in loaded
     assert [m for m in loaded if m.split(".")[0] in HEAVY_MODULES or m in HEAVY_MODULES] == []
