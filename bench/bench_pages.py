@@ -52,6 +52,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping
@@ -561,7 +562,10 @@ def run_worker(url: str, evaluations: int, args: argparse.Namespace) -> dict[str
         command.append("--warm-data-cache")
     runs: dict[str, list[dict[str, Any]]] = {}
     for process in range(args.processes):
-        with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+        with (
+            tempfile.TemporaryFile("w+") as errors,  # Streamlit's warnings, and why a worker failed
+            subprocess.Popen(command, stdout=subprocess.PIPE, stderr=errors, text=True) as proc,
+        ):
             assert proc.stdout is not None
             for line in proc.stdout:
                 record = json.loads(line)
@@ -569,8 +573,10 @@ def run_worker(url: str, evaluations: int, args: argparse.Namespace) -> dict[str
                 shown = "error: " + record["error"] if record.get("error") else f"{record['seconds']:.3f} s"
                 if args.verbose:
                     print(f"    [{process + 1}] {record['scenario']:60} {shown}", flush=True)
-        if proc.returncode:
-            print(f"    worker exited with {proc.returncode}", flush=True)
+            if proc.wait():
+                errors.seek(0)
+                tail = "".join(errors.readlines()[-8:])
+                print(f"    worker exited with {proc.returncode}:\n{tail}", flush=True)
         print(f"    process {process + 1}/{args.processes}: {len(runs)} scenarios", flush=True)
     results: dict[str, dict[str, Any]] = {}
     for name, records in runs.items():
@@ -579,6 +585,7 @@ def run_worker(url: str, evaluations: int, args: argparse.Namespace) -> dict[str
             values = [r[key] for r in records if r.get(key) is not None]
             merged[key] = statistics.median(values) if values and len(values) == len(records) else None
         merged["error"] = next((r["error"] for r in records if r.get("error")), None)
+        merged["processes"] = len(records)  # fewer than --processes when a worker failed
         results[name] = merged
     return results
 
