@@ -63,7 +63,7 @@ def test_runs_merge_and_the_table_is_worst_first(tmp_path: Path) -> None:
     assert tables[0][1][1_000_000]["evaluations"]["seconds"] == 0.025
     assert runs[0]["load"][0] == 3 and runs[1]["file"].endswith("b.json") and "date" in runs[1]
 
-    text = bench_pages.markdown_table(tables, link="docs/benchmarks.md#x")
+    text = bench_pages.markdown_table(tables, key="seconds", link="docs/benchmarks.md#x")
     rows = [line for line in text.splitlines() if line.startswith("| [")]
     assert rows[0].startswith(
         "| [notes text](docs/benchmarks.md#x) | PostgreSQL | 1k → 200k | 10.0 | 60.0 | 6.00x | **no** |"
@@ -75,7 +75,7 @@ def test_runs_merge_and_the_table_is_worst_first(tmp_path: Path) -> None:
         in text
     )
     assert "- SQLite: 2 scenarios, **0 over the goal** by wall time (0 by CPU time)" in text
-    cpu = bench_pages.markdown_table(tables, key="cpu_seconds", top=1)
+    cpu = bench_pages.markdown_table(tables, top=1)  # CPU by default
     assert "**0 over the goal** by CPU time (1 by wall time)" in cpu
     assert "(the worst 1 of 3 rows)" in cpu
 
@@ -91,7 +91,8 @@ def test_from_json_writes_the_markdown_without_measuring(tmp_path: Path) -> None
         },
     )
     out = tmp_path / "table.md"
-    assert bench_pages.main(["--from-json", str(source), "--markdown", str(out), "--no-build"]) == 1  # 1 over
+    args = ["--from-json", str(source), "--markdown", str(out), "--markdown-key", "seconds"]
+    assert bench_pages.main(args) == 1  # 1 over
     written = out.read_text()
     assert "| review queue | SQLite | 1k → 1M | 20.0 | 80.0 | 4.00x | **no** |" in written
     assert f"- {source}: " in written
