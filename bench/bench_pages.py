@@ -681,7 +681,8 @@ def load_results(paths: list[Path]) -> tuple[Tables, list[dict[str, Any]]]:
     runs: list[dict[str, Any]] = []
     for path in paths:
         data = json.loads(path.read_text())
-        run = dict(data.get("_run") or {"date": datetime.fromtimestamp(path.stat().st_mtime).isoformat()})
+        written = datetime.fromtimestamp(path.stat().st_mtime).astimezone().isoformat(timespec="seconds")
+        run = dict(data.get("_run") or {"written": written})
         runs.append({"file": str(path), **run})
         for backend, by_size in data.items():
             if backend.startswith("_"):
@@ -920,7 +921,12 @@ def main(argv: list[str] | None = None) -> int:
         failed += len(over)
     if args.markdown:
         facts = "".join(
-            f"- {run.get('file', 'this run')}: {run['date']}"
+            f"- {run.get('file', 'this run')}: "
+            + (
+                f"{run['date']}"
+                if run.get("date")
+                else f"written {run['written']} (date and load not recorded)"
+            )
             + (f" to {run['ended']}" if run.get("ended") else "")
             + (
                 f", load {run['load'][0]:.1f} at the start, {run['load'][3]:.1f} at the end"

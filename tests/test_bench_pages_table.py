@@ -61,7 +61,7 @@ def test_runs_merge_and_the_table_is_worst_first(tmp_path: Path) -> None:
     tables, runs = bench_pages.load_results([first, rerun, notes_pg])
     assert [b for b, _ in tables] == ["SQLite", "PostgreSQL"]
     assert tables[0][1][1_000_000]["evaluations"]["seconds"] == 0.025
-    assert runs[0]["load"][0] == 3 and runs[1]["file"].endswith("b.json") and "date" in runs[1]
+    assert runs[0]["load"][0] == 3 and runs[1]["file"].endswith("b.json") and "written" in runs[1]
 
     text = bench_pages.markdown_table(tables, key="seconds", link="docs/benchmarks.md#x")
     rows = [line for line in text.splitlines() if line.startswith("| [")]
