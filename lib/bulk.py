@@ -48,10 +48,12 @@ DEFER_MIN_ROWS = 50_000
 
 
 _frozen_lock = threading.Lock()
-_frozen_loads = 0  # loads inside `frozen_heap` now
+_loads: dict[int, int] = {}  # thread id -> how deep that thread's loads are inside `frozen_heap` now
+_freezer: int | None = None  # the thread whose load froze the heap (and unfreezes it), if any
 # Set by a process that freezes its heap itself and keeps it frozen (the test suite's conftest):
-# `frozen_heap` then leaves the heap alone, as its unfreeze would undo that freeze too. A flag, not
-# `gc.get_freeze_count()`: that walks the frozen objects (28 ms for 220,000).
+# `frozen_heap` then leaves the heap alone, as its unfreeze would undo that freeze too (also one
+# made while a load is inside). A flag, not `gc.get_freeze_count()`: that walks the frozen objects
+# (28 ms for 220,000).
 HEAP_FROZEN_ELSEWHERE = False
 
 
@@ -66,25 +68,37 @@ def frozen_heap() -> Iterator[None]:
     load makes inside the block is collected as usual, so its cyclic garbage still goes. A load
     that enters again, nested, freezes what it has built since (its decoded or planned input, alive
     until written). Frozen objects are still freed when their last reference goes; only cyclic
-    garbage among them waits, for the first full collection after the outermost block
-    (`gc.unfreeze` hands them back to the oldest generation). Process-wide, hence counted: with
-    loads on several threads the last to leave unfreezes. A heap someone else keeps frozen
-    (`HEAP_FROZEN_ELSEWHERE`: the test suite's conftest) is left alone.
+    garbage among them waits, for the first full collection after the block (`gc.unfreeze` hands
+    them back to the oldest generation).
+
+    The freeze is process-wide (every thread's objects), so it is bounded to one load: a load
+    freezes only when no other thread's load is inside, and the heap is unfrozen when the load
+    that froze it leaves its outermost block, whoever else is inside then. Loads that overlap skip
+    the freeze (their collections walk the heap, as without this block) rather than keep every
+    request's cyclic garbage for as long as the overlap lasts (the freeze used to be undone only
+    once no load was inside, which an OTLP receiver under steady load may never reach). A heap
+    someone else keeps frozen (`HEAP_FROZEN_ELSEWHERE`: the test suite's conftest) is left alone.
     """
-    global _frozen_loads
-    if HEAP_FROZEN_ELSEWHERE:
-        yield
-        return
+    global _freezer
+    me = threading.get_ident()
     with _frozen_lock:
-        gc.freeze()
-        _frozen_loads += 1
+        depth = _loads.get(me, 0) + 1
+        _loads[me] = depth
+        if len(_loads) == 1 and _freezer in (None, me) and not HEAP_FROZEN_ELSEWHERE:
+            gc.freeze()
+            _freezer = me
     try:
         yield
     finally:
         with _frozen_lock:
-            _frozen_loads -= 1
-            if _frozen_loads == 0:
-                gc.unfreeze()
+            if depth == 1:
+                del _loads[me]
+            else:
+                _loads[me] = depth - 1
+            if depth == 1 and _freezer == me:
+                _freezer = None
+                if not HEAP_FROZEN_ELSEWHERE:  # frozen for good by its owner while this load ran
+                    gc.unfreeze()
 
 
 def dialect_name(bind: Any) -> str:

@@ -655,8 +655,9 @@ def _verdict_of(data: Mapping[str, Any]) -> Verdict:
 def ingest(*, engine: Engine, batch: Batch, actor: Actor) -> Outcome:
     """Join the batch's spans and verdicts with what is stored, import what has met, keep the rest.
 
-    As a bulk load (`lib.bulk.frozen_heap`, like every import): the decoded batch, alive until the
-    request commits, is frozen with the rest of the heap, so the import's collections skip it."""
+    As a bulk load (`lib.bulk.frozen_heap`, like every import), once it holds the writer's lock: the
+    decoded batch, alive until the request commits, is frozen with the rest of the heap, so the
+    import's collections skip it."""
     from lib.db import session_scope
     from lib.locks import PG_IMPORT_LOCK, one_writer_at_a_time
 
@@ -669,10 +670,15 @@ def ingest(*, engine: Engine, batch: Batch, actor: Actor) -> Outcome:
         )
     if not batch.calls and not batch.verdicts:
         return outcome
-    with frozen_heap(), session_scope(engine) as session:
+    with session_scope(engine) as session:
         one_writer_at_a_time(session, PG_IMPORT_LOCK)  # the importer's lock: one join at a time
-        _sweep(session)
-        _Join(session, batch, actor, outcome).run()
+        session.connection()  # SQLite: the writing transaction begins (BEGIN IMMEDIATE waits) here
+        # Frozen once this request writes, not while it waits for the writer before it: a frozen
+        # heap is the process's, and requests queued inside their blocks kept it frozen for good.
+        with frozen_heap():
+            _sweep(session)
+            _Join(session, batch, actor, outcome).run()
+            session.flush()
     return outcome
 
 

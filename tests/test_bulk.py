@@ -224,6 +224,65 @@ def test_frozen_heap_leaves_a_heap_someone_else_keeps_frozen_alone(monkeypatch: 
     assert collector.calls == []
 
 
+def test_frozen_heap_never_undoes_a_freeze_made_during_a_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    collector = _FakeCollector()
+    monkeypatch.setattr(bulk, "gc", collector)
+    monkeypatch.setattr(bulk, "HEAP_FROZEN_ELSEWHERE", False)  # as in the app (conftest sets it)
+    with bulk.frozen_heap():
+        collector.freeze()  # someone else's, kept (as conftest does), while the load runs
+        monkeypatch.setattr(bulk, "HEAP_FROZEN_ELSEWHERE", True)
+    assert collector.calls == ["freeze", "freeze"]
+    assert collector.frozen == 2
+
+
+def _run_alone(script: str) -> None:
+    """`script` in a process of its own (this one's heap is frozen by conftest); it prints ok."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_overlapping_loads_keep_no_cyclic_garbage_frozen() -> None:
+    """Loads on two threads, each entered before the other left (an OTLP receiver under load): the
+    heap was frozen at every entry and unfrozen only once no load was inside, so garbage cycles
+    made meanwhile waited for as long as the overlap lasted. Now only a load alone freezes, and the
+    heap is unfrozen when that load leaves, with the other still inside."""
+    _run_alone("""
+import gc, threading, weakref
+from lib import bulk
+
+class Node:
+    pass
+
+gc.collect()
+entered, leave, left = threading.Event(), threading.Event(), threading.Event()
+
+def first_load():
+    with bulk.frozen_heap():
+        entered.set()
+        leave.wait()
+    left.set()
+
+threading.Thread(target=first_load).start()
+entered.wait()
+assert gc.get_freeze_count() > 0, "a load alone freezes"
+request = Node()
+request.self = request  # a cycle made during the first load, garbage once this load is done with it
+garbage = weakref.ref(request)
+with bulk.frozen_heap():  # the second load, entered while the first is inside: no freeze of its own
+    leave.set()
+    left.wait()
+    assert gc.get_freeze_count() == 0, "unfrozen as the load that froze left"
+    del request
+    gc.collect()
+    assert garbage() is None, "collected while a load is still inside"
+assert gc.get_freeze_count() == 0
+print("ok")
+""")
+
+
 def test_frozen_heap_still_collects_the_loads_garbage_and_the_rest_after_it() -> None:
     """In a process of its own (this one's heap is frozen by conftest): cyclic garbage made inside
     the block is collected inside it; garbage among the frozen objects once the block is left."""
@@ -256,8 +315,4 @@ gc.collect()
 assert old() is None, "unfrozen, then collected"
 print("ok")
 """
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    _run_alone(script)
