@@ -678,7 +678,7 @@ def ingest(*, engine: Engine, batch: Batch, actor: Actor) -> Outcome:
         with frozen_heap():
             _sweep(session)
             _Join(session, batch, actor, outcome).run()
-            session.flush()
+            session.commit()  # inside the block: the commit's flush is the load's too
     return outcome
 
 
