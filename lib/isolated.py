@@ -287,6 +287,7 @@ class WorkerPool:
         self._context = context
         self._initializer = initializer
         self._pool: ProcessPoolExecutor | None = None
+        self._made_in = 0  # the process that started `_pool`: its workers are that process's children
         self._lock = threading.Lock()
         # The executor of each call not yet forgotten: a broken one is dropped only if still current.
         self._executors: weakref.WeakKeyDictionary[Future[Any], ProcessPoolExecutor] = (
@@ -303,6 +304,7 @@ class WorkerPool:
                     initializer=self._initializer,
                     initargs=(os.getpid(),),
                 )
+                self._made_in = os.getpid()
             return self._pool
 
     def _broken(self, exc: BrokenProcessPool, broken: ProcessPoolExecutor | None) -> RuntimeError:
@@ -339,14 +341,16 @@ class WorkerPool:
         self.run(warm)
 
     def stop(self) -> None:
-        """Stop the workers now, without waiting for their calls (a call still running or queued
-        fails with RuntimeError); the next call starts anew. A call blocked for good (an export
-        whose reader stopped reading) must not keep the app from stopping: the executor's own
-        shutdown waits for every running call, so its processes are killed (a worker holds nothing
-        that needs a clean exit: an in-memory DuckDB database, read-only attachments)."""
+        """Stop the workers now, without waiting for their calls (a running call fails, as
+        RuntimeError from `result`; a queued one is cancelled); the next call starts anew. A call
+        blocked for good (an export whose reader stopped reading) must not keep the app from
+        stopping: the executor's own shutdown waits for every running call, so its processes are
+        killed (a worker holds nothing that needs a clean exit: an in-memory DuckDB database,
+        read-only attachments). In a process forked from the one that started them (a copy of
+        this object), the workers are not its own: only the copy is forgotten."""
         with self._lock:
             pool, self._pool = self._pool, None
-        if pool is None:
+        if pool is None or self._made_in != os.getpid():
             return
         processes = list((pool._processes or {}).values())  # before shutdown forgets them
         pool.shutdown(wait=False, cancel_futures=True)

@@ -278,3 +278,23 @@ def test_a_spawned_worker_knows_its_app_is_gone_by_its_parent() -> None:
     assert lib.isolated._app_gone(alive_but_not_parent, child_of_app=True)
     assert not lib.isolated._app_gone(os.getppid(), child_of_app=True)
     assert not lib.isolated._app_gone(alive_but_not_parent, child_of_app=False)  # the probe's blind spot
+
+
+def test_a_forked_copy_of_a_pool_never_stops_the_parent_s_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At exit every pool kills its workers; a process forked from the app holds a copy of the
+    app's pools, whose workers are the app's, not its own: it leaves them alone."""
+    pool = WorkerPool(spawn_context, init_lean_worker)
+    stopped: list[bool] = []
+
+    class Executor:
+        _processes = None
+
+        def shutdown(self, wait: bool, cancel_futures: bool) -> None:
+            stopped.append(wait)
+
+    pool._pool, pool._made_in = Executor(), os.getpid() + 1  # type: ignore[assignment]
+    pool.stop()
+    assert stopped == [] and pool._pool is None
+    pool._pool, pool._made_in = Executor(), os.getpid()  # type: ignore[assignment]
+    pool.stop()
+    assert stopped == [False]
