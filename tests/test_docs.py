@@ -94,7 +94,8 @@ def test_a_computed_default_is_still_what_the_page_says() -> None:
 
 def test_the_readme_is_a_front_page_whose_first_commands_are_run_and_test() -> None:
     text = README.read_text(encoding="utf-8")
-    assert len(text.splitlines()) <= 80, "keep the README to one or two screens; guides go in docs/"
+    # 80 lines before issue 27's worst-first table (about 30 lines) came to the front page
+    assert len(text.splitlines()) <= 110, "keep the README to two or three screens; guides go in docs/"
     first_block = text.split("```bash\n", 1)[1].split("```", 1)[0]
     assert [line.split()[0] for line in first_block.splitlines()] == ["./scripts/run", "./scripts/test"]
 
