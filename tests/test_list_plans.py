@@ -362,6 +362,31 @@ def test_the_archived_list_tests_a_text_on_its_own_rows(filled: Any) -> None:
         s.rollback()
 
 
+def test_postgresql_plans_each_list_query_for_its_own_values(filled: Any) -> None:
+    """psycopg prepares a statement the fifth time a connection runs it, and PostgreSQL may then keep
+    one generic plan for any values. The lists' filters are bound values whose best plans differ: after
+    the Evaluations pages before it, "all metrics reviewed + a rare text, by largest gap" ran under a
+    plan made for no text in particular (0.21 s a render at 100k instead of 0.02). Every execution is
+    planned for its values (`lib.db.PG_SESSION_OPTIONS`): no generic plan even after many runs."""
+    engine, ctx = filled
+    if engine.dialect.name != "postgresql":
+        pytest.skip("SQLite plans each statement for its values")
+    with session_scope(engine, read_only=True) as s:
+        assert s.connection().exec_driver_sql("SHOW plan_cache_mode").scalar() == "force_custom_plan"
+        for _ in range(4):
+            for text in ("reset my password", f"(case {ctx.evaluations // 3}"):
+                for sort in inspector.SORTS:
+                    filters = inspector.EvaluationFilters(review="reviewed", text=text, sort=sort)
+                    inspector.count_evaluations(session=s, filters=filters)
+                    inspector.fetch_page(session=s, filters=filters, limit=5)
+        prepared = s.connection().exec_driver_sql(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+        )
+        rows = prepared.all()
+    assert any(custom >= 5 for _sql, _generic, custom in rows), rows  # psycopg prepared them
+    assert not [sql for sql, generic, _custom in rows if generic], rows
+
+
 def test_a_count_the_counters_answer_reads_no_evaluation(filled: Any) -> None:
     engine, ctx = filled
     exact = inspector.EvaluationFilters(product=ctx.products[-1], min_gap=2.0, review="reviewed")
