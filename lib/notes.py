@@ -270,17 +270,12 @@ def _filters(session: Session, filters: NoteFilter, *, text_form: str = "match")
     from the text index's rows: `_Plan.source`)."""
     conds: list[ColumnElement[bool]] = []
     query = str(filters.query or "").strip()
-    if query and text_form == "scan" and session.get_bind().dialect.name == "postgresql":
-        # A walk's or a few sessions' rows, each tested: PostgreSQL's planner otherwise reads the
-        # trigram index's matches of a common text (50,000 of 200k notes: 18 ms) to intersect them
-        # with a timeline page's 250 notes. The same rule: the stored normalised text contains the
-        # normalised query, literally (strpos has no wildcards), where no index answers.
-        needle = search.normalize_search_text(query)
-        if needle:
-            conds.append(func.strpos(_T.c[search.SEARCH_COLUMN], needle) > 0)
-    elif query and text_form != "none":
-        # Unicode-aware, literal, indexed
-        conds.append(text_match(SessionNote.__table__, query, scan=text_form == "scan"))
+    if query and text_form != "none":
+        # Unicode-aware, literal; indexed for "match". A walk's or a few sessions' rows ("scan") are
+        # each tested (`rows`): on PostgreSQL a LIKE made the planner read the trigram index's matches
+        # of a common text (50,000 of 200k notes: 18 ms) to intersect them with a timeline page's 250.
+        scan = text_form == "scan"
+        conds.append(text_match(SessionNote.__table__, query, scan=scan, rows=scan))
     types = _as_list(filters.note_type)
     if types is not None:
         conds.append(
