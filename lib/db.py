@@ -204,7 +204,21 @@ class _SQLiteCompiler(SQLiteCompiler):
 # (a common text vs a rare one, a minimum gap of 4 vs 2). After the Evaluations pages before it, "all
 # metrics reviewed + a rare text, by largest gap" ran under a plan made for no text in particular:
 # 0.21 s a render at 100k instead of 0.02. Planning costs ~0.1-0.5 ms a statement.
-PG_SESSION_OPTIONS = "-c plan_cache_mode=force_custom_plan"
+# Set on each new connection, not as a startup `options` parameter: that would replace any `options`
+# the deployment's URL carries (a search_path, a statement_timeout), and PgBouncer refuses startup
+# parameters it does not know. PostgreSQL before 12 has no such setting and keeps its default.
+PG_PLAN_EACH_EXECUTION = "SET plan_cache_mode = force_custom_plan"
+
+
+def _plan_each_execution(dbapi_connection: Any, _record: Any) -> None:
+    if dbapi_connection.info.server_version < 120000:
+        return
+    autocommit = dbapi_connection.autocommit
+    dbapi_connection.autocommit = True  # outside a transaction: the pool's rollback must not undo it
+    try:
+        dbapi_connection.execute(PG_PLAN_EACH_EXECUTION)
+    finally:
+        dbapi_connection.autocommit = autocommit
 
 
 def create_db_engine(url: str | None = None) -> Engine:
@@ -218,9 +232,10 @@ def create_db_engine(url: str | None = None) -> Engine:
         engine.dialect.statement_compiler = _SQLiteCompiler
         _install_sqlite_hooks(engine, writer_queue(path) if path and path != ":memory:" else None)
         return engine
-    return create_engine(
-        url, pool_pre_ping=True, pool_size=10, max_overflow=20, connect_args={"options": PG_SESSION_OPTIONS}
-    )
+    engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    if engine.dialect.name == "postgresql":
+        event.listen(engine, "connect", _plan_each_execution)
+    return engine
 
 
 def alembic_config(engine: Engine | None = None) -> Config:

@@ -315,3 +315,20 @@ def test_a_forked_child_does_not_inherit_its_parents_turn(tmp_path) -> None:
     _, status = os.waitpid(pid, 0)
     held.release()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_postgresql_connections_plan_each_execution_and_keep_the_urls_options(pg_server: str) -> None:
+    """Every connection plans each query for its own values (`lib.db.PG_PLAN_EACH_EXECUTION`), set
+    after connecting: a startup `options` parameter replaced the deployment's own (here a
+    statement_timeout), and the pool's rollback on return must not undo it."""
+    from urllib.parse import quote
+
+    engine = create_db_engine(f"{pg_server}?options={quote('-c statement_timeout=12345')}")
+    try:
+        for _ in range(2):  # the second checkout gets the same connection, rolled back by the pool
+            with engine.connect() as conn:
+                assert conn.exec_driver_sql("SHOW plan_cache_mode").scalar() == "force_custom_plan"
+                assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "12345ms"
+                conn.rollback()
+    finally:
+        engine.dispose()

@@ -367,7 +367,7 @@ def test_postgresql_plans_each_list_query_for_its_own_values(filled: Any) -> Non
     one generic plan for any values. The lists' filters are bound values whose best plans differ: after
     the Evaluations pages before it, "all metrics reviewed + a rare text, by largest gap" ran under a
     plan made for no text in particular (0.21 s a render at 100k instead of 0.02). Every execution is
-    planned for its values (`lib.db.PG_SESSION_OPTIONS`): no generic plan even after many runs."""
+    planned for its values (`lib.db.PG_PLAN_EACH_EXECUTION`): no generic plan even after many runs."""
     engine, ctx = filled
     if engine.dialect.name != "postgresql":
         pytest.skip("SQLite plans each statement for its values")
