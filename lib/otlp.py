@@ -111,7 +111,7 @@ class Verdict:
     def source(self) -> SourceVerdict:
         """As the shared mapping of other tools' results reads it (lib.source_records)."""
         return SourceVerdict(
-            str(self.metric), self.score, self.label, self.explanation, field=_event_field(self.metric)
+            str(self.metric), self.score, self.label, self.explanation, None, _event_field(self.metric)
         )
 
 
@@ -284,9 +284,17 @@ def _proto_verdict_fields(attributes: Iterable[Any]) -> list[Any]:
         slot = slot_of(kv.key)  # each read of a protobuf field makes a new Python object: once
         if slot is not None:
             value = kv.value
-            kind = value.WhichOneof("value")  # names and explanations are strings: no second call
-            fields[slot] = value.string_value if kind == "string_value" else _proto_value(value)
+            kind = value.WhichOneof("value")  # read once: names are strings, scores numbers
+            if kind == "string_value":
+                fields[slot] = value.string_value
+            elif kind in _SCALARS:
+                fields[slot] = getattr(value, kind)
+            else:
+                fields[slot] = _proto_value(value)
     return fields
+
+
+_SCALARS = frozenset(("int_value", "double_value", "bool_value", "bytes_value"))
 
 
 def _proto_value(value: Any) -> Any:
@@ -875,7 +883,8 @@ class _Join:
         new_rows: list[tuple[Any, ...]] = []
         replaced = []
         first: dict[str, list[Verdict]] = {}  # source key → the span imported with it, its verdicts
-        now = utcnow()
+        connection = self.session.connection()
+        now = _bound(connection, _SPANS.c.received_at, utcnow())  # every row's: converted once
         for key, call, verdicts, source_key in accepted:
             snapshot_id, judged = found[source_key]
             if key in self.stored:
@@ -899,8 +908,8 @@ class _Join:
         if new_rows:
             self.session.flush()  # the deletes and expunges above go first
             columns = ["key", "response_id", "snapshot_id", "span_json", "pending_json", "received_at"]
-            encoded = {"span_json", "pending_json"}  # NULL and "[]" as stored
-            insert_tuples(self.session.connection(), _SPANS, columns, new_rows, encoded=encoded)
+            encoded = {"span_json", "pending_json", "received_at"}  # NULL, "[]" and `now` as stored
+            insert_tuples(connection, _SPANS, columns, new_rows, encoded=encoded)
 
     def _add_late(self, key: str, snapshot_id: str, verdicts: list[Verdict]) -> None:
         """Verdicts for a span that is already an evaluation: new metrics become its judgments."""
@@ -921,6 +930,12 @@ class _Join:
             self.outcome.reject(self.batch, key, str(exc))
 
 
+def _bound(connection: Any, column: Any, value: Any) -> Any:
+    """`value` as the driver receives it for `column` (its type's bind processor, if any)."""
+    process = column.type.dialect_impl(connection.dialect).bind_processor(connection.dialect)
+    return value if process is None else process(value)
+
+
 def _json_dict(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         value = json.loads(value)
@@ -936,6 +951,19 @@ def _dedupe(verdicts: list[Verdict]) -> list[Verdict]:
     seen: dict[str | None, Verdict] = {}
     for verdict in verdicts:
         seen.setdefault(verdict.metric, verdict)
+    return list(seen.values())
+
+
+def _sources(verdicts: list[Verdict]) -> list[SourceVerdict]:
+    """`_dedupe`d verdicts as the shared mapping reads them (`Verdict.source`), in one pass: this
+    runs for each of a request's spans (`_evaluation`)."""
+    seen: dict[str | None, SourceVerdict] = {}
+    for v in verdicts:
+        metric = v.metric
+        if metric not in seen:
+            seen[metric] = SourceVerdict(
+                str(metric), v.score, v.label, v.explanation, None, _event_field(metric)
+            )
     return list(seen.values())
 
 
@@ -958,7 +986,7 @@ def _evaluation(call: SpanCall, verdicts: list[Verdict], fields: dict[str, str])
         product=str(call.product),
         question=call.question,
         answer=call.answer,
-        verdicts=[v.source() for v in _dedupe(verdicts)],
+        verdicts=_sources(verdicts),
         model_name=call.model,
         language=call.language,
         created_at=call.created_at,
