@@ -108,12 +108,6 @@ class Verdict:
     key: str | None  # "<trace>:<span>" of the judged span, when the event carries its context
     response_id: str | None
 
-    def source(self) -> SourceVerdict:
-        """As the shared mapping of other tools' results reads it (lib.source_records)."""
-        return SourceVerdict(
-            str(self.metric), self.score, self.label, self.explanation, None, _event_field(self.metric)
-        )
-
 
 @lru_cache(maxsize=1024)
 def _event_field(metric: str | None) -> str:
@@ -922,7 +916,7 @@ class _Join:
             self.outcome.judgments += add_source_verdicts(
                 session=self.session,
                 snapshot_id=snapshot_id,
-                verdicts=[v.source() for v in _dedupe(verdicts)],
+                verdicts=_sources(verdicts),
                 where=describe(key),
                 reviewer=self.actor,
             )
@@ -955,8 +949,8 @@ def _dedupe(verdicts: list[Verdict]) -> list[Verdict]:
 
 
 def _sources(verdicts: list[Verdict]) -> list[SourceVerdict]:
-    """`_dedupe`d verdicts as the shared mapping reads them (`Verdict.source`), in one pass: this
-    runs for each of a request's spans (`_evaluation`)."""
+    """The first verdict per metric (`_dedupe`) as the shared mapping of other tools' results reads
+    it (lib.source_records), in one pass: this runs for each of a request's spans (`_evaluation`)."""
     seen: dict[str | None, SourceVerdict] = {}
     for v in verdicts:
         metric = v.metric
