@@ -787,10 +787,10 @@ def _whole_sorts_only(session: Session, filters: EvaluationFilters) -> Iterator[
     was = conn.exec_driver_sql(
         "SELECT current_setting('enable_incremental_sort'), set_config('enable_incremental_sort', 'off', true)"
     ).scalar_one()
-    try:
-        yield
-    finally:
-        conn.exec_driver_sql("SELECT set_config('enable_incremental_sort', %(was)s, true)", {"was": was})
+    # On an error the setting simply ends with the transaction (set_config's is_local): a restore in
+    # a transaction the error aborted would fail, and its error would hide the read's own.
+    yield
+    conn.exec_driver_sql("SELECT set_config('enable_incremental_sort', %(was)s, true)", {"was": was})
 
 
 def _read_page(

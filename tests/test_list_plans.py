@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, event, func
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session, col, select
 
 from bench import bench_pages, gen
@@ -651,3 +652,20 @@ def test_the_archived_export_seeks_the_archived_range(filled: Any) -> None:
             )
         assert scan is not None
         assert not _full_walks(engine, [(scan.sql, ())]), sort
+
+
+def test_a_failed_page_read_reports_its_own_error_not_the_settings_restore(filled: Any, monkeypatch) -> None:
+    """The page's reads with incremental sort off (PostgreSQL, dates + a common text by a gap): an error
+    inside aborts the transaction, and the setting's restore must not run there and hide that error."""
+    engine, _ctx = filled
+    if engine.dialect.name != "postgresql":
+        pytest.skip("the setting is PostgreSQL's")
+    monkeypatch.setattr(inspector, "_scan_text_rows", lambda session, filters: True)
+    filters = inspector.EvaluationFilters(text="password", sort="weighted_gap")
+    with session_scope(engine, read_only=True) as s:
+        with pytest.raises(DBAPIError, match="division by zero"), inspector._whole_sorts_only(s, filters):
+            s.connection().exec_driver_sql("SELECT 1/0")
+        s.rollback()
+        with inspector._whole_sorts_only(s, filters):  # and without an error it is restored
+            assert s.connection().exec_driver_sql("SHOW enable_incremental_sort").scalar() == "off"
+        assert s.connection().exec_driver_sql("SHOW enable_incremental_sort").scalar() == "on"
