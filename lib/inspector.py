@@ -33,6 +33,7 @@ from lib.display import REVIEWED_BY, evaluation_title, evaluation_url, metric_fi
 from lib.evidence import EvidenceItem, evidence_items, metric_entry
 from lib.highlight import Span
 from lib.judgment_text import (
+    check_slugs,
     decision_value,
     name_for,
     parse_score,
@@ -1187,7 +1188,9 @@ _EXACT_FLOAT_FORMAT = "%!.20g"
 
 def wide_header(slugs: Sequence[str]) -> tuple[list[str], dict[int, Callable[[Any], Any]]]:
     """The wide form's header for these metrics, and its value rules (each decision column's
-    number or label, `decision_value`)."""
+    number or label, `decision_value`). Raises ValueError for slugs equal up to case (`check_slugs`):
+    both paths refuse before the first byte."""
+    check_slugs(slugs)
     columns = [*LIST_FRAME_COLUMNS, "answer", "judge_version"]
     for slug in slugs:
         columns += [metric_field(slug, name) for name in WIDE_METRIC_FIELDS]

@@ -54,12 +54,30 @@ def decision_value(decision: str | None) -> float | str | None:
 
 
 def score_of(entry: Any) -> float | None:
-    """The numeric score of a stored score entry ({"score": x, ...} or a bare number)."""
+    """The numeric score of a stored score entry ({"score": x, ...} or a bare number), finite only.
+
+    A stored NaN or infinity (json.dumps writes them; no validated writer stores one, `parse_score`)
+    is no score, like a bool or a text: a page, a statistic or an export shows "not scored" rather
+    than "nan", which would read as a value and turn every mean and gap over it into nan."""
     if isinstance(entry, Mapping):
         entry = entry.get("score")
-    if entry is None or isinstance(entry, bool):
+    if entry is None or isinstance(entry, bool) or not isinstance(entry, int | float):
         return None
-    return float(entry) if isinstance(entry, int | float) else None
+    number = float(entry)
+    return number if math.isfinite(number) else None
+
+
+def check_slugs(slugs: Sequence[str]) -> None:
+    """Raise ValueError when two metric slugs are equal up to case: the exports read the scores as
+    DuckDB struct fields, whose names are case-insensitive, so one metric would silently read the
+    other's scores (rubric slugs are lowercase, `lib.metrics`; only foreign data can do this)."""
+    seen: dict[str, str] = {}
+    for slug in slugs:
+        other = seen.setdefault(slug.casefold(), slug)
+        if other != slug:
+            raise ValueError(
+                f"metrics {other!r} and {slug!r} differ only in case; an export cannot tell them apart"
+            )
 
 
 def json_pointer(key: str) -> str:
@@ -95,7 +113,9 @@ def object_parse_sql(doc: str, slugs: Sequence[str]) -> str:
     the scores took two, 23 MiB more at the worker's peak); an entry is not written back out as JSON
     where it is an object with a score (a judge's entry carries its reason). No expression is
     repeated in one query level: DuckDB would compute it once outside the TRY, where an unparsable
-    document fails the whole export."""
+    document fails the whole export. `slugs` must not be empty (DuckDB cannot bind an empty struct)
+    nor equal up to case (`check_slugs`)."""
+    check_slugs(slugs)
     structure = json.dumps({slug: {"score": "JSON"} for slug in slugs})
     return f"TRY(json_transform({doc}, {quote_literal(structure)}))"
 
@@ -134,7 +154,9 @@ def rescue_unread_scores(
     slugs: Sequence[str],
 ) -> list[pa.Array]:
     """`columns` (per slug, from `score_sql`) with the rows DuckDB could not parse (`unread`; e.g. an
-    escaped lone surrogate, which Python's json reads) read by json.loads and score_of."""
+    escaped lone surrogate, which Python's json reads) read by json.loads and score_of, and a
+    non-finite score (NaN, Infinity, 1e400) read as none, as score_of reads it."""
+    columns = [pc.if_else(pc.is_finite(column), column, None) for column in columns]
     if not pc.any(unread).as_py():
         return columns
     values = [column.to_pylist() for column in columns]

@@ -95,6 +95,8 @@ def utc_times(values: Sequence[Any]) -> pa.Array:
     try:
         return moments.cast(pa.timestamp("us")).cast(pa.timestamp("us", tz="UTC"))
     except pa.ArrowException:  # text with an offset, or in a form Arrow does not parse
+        if isinstance(values, pa.Array | pa.ChunkedArray):  # the scanner's text: as the driver's
+            values = values.to_pylist()
         parsed = [None if v is None else datetime.fromisoformat(v) for v in values]
         aware = [v if v is None or v.tzinfo else v.replace(tzinfo=UTC) for v in parsed]
         return pa.array(aware, pa.timestamp("us", tz="UTC"))
@@ -143,17 +145,20 @@ def scanned_wide_batches(
         reads.append(f"CASE WHEN {unread} THEN {side}_scores END AS {side}_unread")
         reads += [f"{score_sql(f'_{side}', f'_{side}_e', slugs, i)} AS {side}_{i}" for i in range(len(slugs))]
     reads += [f"_decided[{i + 1}] AS decided_{i}" for i in range(len(slugs))]
-    parsed = "user_scores, judge_scores, decided, _user, _judge, _decided, _user_e, _judge_e"
-    reader = con.execute(
-        f"SELECT * EXCLUDE ({parsed}), {', '.join(reads)} "
-        f"FROM (SELECT *, {bare_entries_sql('_user', 'user_scores', slugs)} AS _user_e, "
-        f"{bare_entries_sql('_judge', 'judge_scores', slugs)} AS _judge_e "
-        f"FROM (SELECT *, {object_parse_sql('user_scores', slugs)} AS _user, "
-        f"{object_parse_sql('judge_scores', slugs)} AS _judge, "
-        f"json_extract_string(decided, [{pointers}]::VARCHAR[]) AS _decided "
-        f"FROM (SELECT * REPLACE ({', '.join(casts + texts)}) FROM {function}('app_raw', ?))))",
-        [scan.sql],
-    ).to_arrow_reader(batch_rows)
+    rows = f"(SELECT * REPLACE ({', '.join(casts + texts)}) FROM {function}('app_raw', ?))"
+    if not slugs:  # no metric: no score columns (DuckDB cannot bind `object_parse_sql`'s empty struct)
+        query = f"SELECT * EXCLUDE (user_scores, judge_scores, decided) FROM {rows}"
+    else:
+        parsed = "user_scores, judge_scores, decided, _user, _judge, _decided, _user_e, _judge_e"
+        query = (
+            f"SELECT * EXCLUDE ({parsed}), {', '.join(reads)} "
+            f"FROM (SELECT *, {bare_entries_sql('_user', 'user_scores', slugs)} AS _user_e, "
+            f"{bare_entries_sql('_judge', 'judge_scores', slugs)} AS _judge_e "
+            f"FROM (SELECT *, {object_parse_sql('user_scores', slugs)} AS _user, "
+            f"{object_parse_sql('judge_scores', slugs)} AS _judge, "
+            f"json_extract_string(decided, [{pointers}]::VARCHAR[]) AS _decided FROM {rows}))"
+        )
+    reader = con.execute(query, [scan.sql]).to_arrow_reader(batch_rows)
     for batch in reader:
         if not batch.num_rows:
             continue  # DuckDB may hand over an empty batch (no match): nothing to encode
@@ -165,6 +170,8 @@ def scanned_wide_batches(
                 pc.is_valid(values[f"{side}_unread"]),
                 slugs,
             )
+            if slugs
+            else []
             for side in ("user", "judge")
         )
         decisions = [values[f"decided_{i}"] for i in range(len(slugs))]

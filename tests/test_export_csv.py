@@ -245,3 +245,99 @@ def test_the_export_worker_imports_no_app_stack(
         pool.stop()
     assert "lib.wide_scan" in loaded
     assert [m for m in loaded if m.split(".")[0] in HEAVY_MODULES or m in HEAVY_MODULES] == []
+
+
+def _both_paths(
+    engine: Engine, records: list[dict[str, Any]], stored: dict[str, dict[str, str]]
+) -> tuple[bytes, bytes]:
+    """The wide CSV of `records` by the in-session path and by the scanner path (its worker), with
+    each row's columns in `stored` (id: column: raw text) written as is, as legacy or foreign rows
+    hold them (SQLite: no JSON or time check)."""
+    with Session(engine) as session:
+        import_evaluations(session=session, records=records, reviewer="tester")
+        session.commit()
+    table = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
+    with engine.begin() as conn:
+        for snapshot_id, columns in stored.items():
+            raw = {
+                name: sa.literal_column("'" + text.replace("'", "''") + "'") for name, text in columns.items()
+            }
+            conn.execute(sa.update(table).where(table.c.id == snapshot_id).values(**raw))
+    in_session = export._streamed_csv_bytes(engine, export._evaluations_table(EvaluationFilters(), "wide"))
+    with Session(engine) as session:
+        scan = inspector.wide_scan(session=session, filters=EvaluationFilters())
+    assert scan is not None
+    return in_session, export._chunks_bytes(export._scanned_chunks(engine, scan))
+
+
+def _cells(csv_bytes: bytes, column: str) -> list[str]:
+    rows = list(csv.DictReader(io.StringIO(csv_bytes.decode())))
+    return [row[column] for row in rows]
+
+
+def test_a_non_finite_stored_score_is_no_score_on_both_paths(sqlite_engine: Engine) -> None:
+    # json.dumps writes NaN and Infinity; a page, a statistic and both exports read them as no score.
+    records = [
+        record("s_n", created_at="2025-01-03T00:00:00Z"),
+        record("s_i", created_at="2025-01-02T00:00:00Z"),
+        record("s_f", created_at="2025-01-01T00:00:00Z"),
+    ]
+    stored = {
+        "s_n": {"user_scores_json": '{"clarity": NaN, "safety": {"score": NaN}}'},
+        "s_i": {"user_scores_json": '{"clarity": Infinity, "safety": {"score": -Infinity}}'},
+        # DuckDB cannot parse this one (a lone surrogate): read by json.loads, the same rule.
+        "s_f": {"user_scores_json": '{"clarity": 1e400, "safety": {"score": NaN, "why": "\\ud800"}}'},
+    }
+    in_session, scanned = _both_paths(sqlite_engine, records, stored)
+    assert in_session == scanned
+    for column in ("clarity user_score", "safety user_score", "clarity gap", "safety gap"):
+        assert _cells(in_session, column) == ["", "", ""], column
+    assert _cells(in_session, "clarity judge_score") == ["4", "4", "4"]
+    assert score_of(json.loads('{"score": NaN}')) is None
+    assert score_of(float("inf")) is None and score_of(2) == 2.0
+
+
+def test_an_export_with_no_metrics_writes_the_rows_without_score_columns(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(inspector, "export_metrics", lambda **_: [])
+    records = [
+        record("s_a", created_at="2025-01-02T00:00:00Z"),
+        record("s_b", created_at="2025-01-01T00:00:00Z"),
+    ]
+    in_session, scanned = _both_paths(engine, records, {})
+    assert in_session == scanned
+    assert _cells(scanned, "id") == ["s_a", "s_b"]
+    assert scanned.split(b"\r\n", 1)[0].endswith(b",answer,judge_version")
+
+
+def test_a_stored_time_with_an_offset_exports_as_utc_on_both_paths(sqlite_engine: Engine) -> None:
+    records = [
+        record("s_a", created_at="2025-01-02T00:00:00Z"),
+        record("s_b", created_at="2025-01-01T00:00:00Z"),
+    ]
+    stored = {"s_a": {"created_at": "2025-01-02 01:30:00+01:30"}}
+    in_session, scanned = _both_paths(sqlite_engine, records, stored)
+    assert in_session == scanned
+    assert _cells(scanned, "created_at") == ["2025-01-02T00:00:00Z", "2025-01-01T00:00:00Z"]
+
+
+def test_metric_slugs_equal_up_to_case_are_refused_on_both_paths(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(inspector, "export_metrics", lambda **_: ["clarity", "Clarity"])
+    with Session(engine) as session:
+        import_evaluations(session=session, records=[record("s_a")], reviewer="tester")
+        session.commit()
+    with pytest.raises(ValueError, match="'clarity' and 'Clarity' differ only in case"):
+        export.evaluations_csv_bytes(engine=engine, filters=EvaluationFilters())
+    with Session(engine) as session, pytest.raises(ValueError, match="differ only in case"):
+        inspector.export_evaluations(session=session, filters=EvaluationFilters())
+    with Session(engine) as session, pytest.raises(ValueError, match="differ only in case"):
+        inspector.wide_scan(session=session, filters=EvaluationFilters())
+    con = duckdb.connect()
+    try:
+        with pytest.raises(ValueError, match="differ only in case"):
+            scores_of_json(con, pa.array(['{"a": 1, "A": 2}']), ["a", "A"])
+    finally:
+        con.close()
