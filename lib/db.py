@@ -211,12 +211,17 @@ PG_PLAN_EACH_EXECUTION = "SET plan_cache_mode = force_custom_plan"
 
 
 def _plan_each_execution(dbapi_connection: Any, _record: Any) -> None:
+    # psycopg 3 and psycopg2 alike: `info.server_version`, `autocommit`, a cursor.
     if dbapi_connection.info.server_version < 120000:
         return
     autocommit = dbapi_connection.autocommit
     dbapi_connection.autocommit = True  # outside a transaction: the pool's rollback must not undo it
     try:
-        dbapi_connection.execute(PG_PLAN_EACH_EXECUTION)
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(PG_PLAN_EACH_EXECUTION)
+        finally:
+            cursor.close()
     finally:
         dbapi_connection.autocommit = autocommit
 
@@ -233,7 +238,7 @@ def create_db_engine(url: str | None = None) -> Engine:
         _install_sqlite_hooks(engine, writer_queue(path) if path and path != ":memory:" else None)
         return engine
     engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
-    if engine.dialect.name == "postgresql":
+    if engine.dialect.name == "postgresql" and engine.dialect.driver in {"psycopg", "psycopg2"}:
         event.listen(engine, "connect", _plan_each_execution)
     return engine
 

@@ -22,6 +22,8 @@ def _write(path: Path, data: dict[str, Any]) -> Path:
 
 def test_flat_rule() -> None:
     assert bench_pages.is_flat(0.010, 0.015)  # 1.5x exactly
+    assert bench_pages.is_flat(0.100, 0.150)  # 1.5x over 50 ms: flat by its ratio alone
+    assert bench_pages.is_flat(0.080, 0.119)  # 1.49x over 50 ms
     assert not bench_pages.is_flat(0.010, 0.051)  # 5.1x and not under 50 ms
     assert bench_pages.is_flat(0.010, 0.049)  # 4.9x but under 50 ms at the largest size
     assert not bench_pages.is_flat(0.100, 0.160)  # 1.6x over 50 ms

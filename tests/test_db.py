@@ -329,6 +329,7 @@ def test_postgresql_connections_plan_each_execution_and_keep_the_urls_options(pg
             with engine.connect() as conn:
                 assert conn.exec_driver_sql("SHOW plan_cache_mode").scalar() == "force_custom_plan"
                 assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "12345ms"
+                assert not conn.connection.dbapi_connection.autocommit  # transactions as before
                 conn.rollback()
     finally:
         engine.dispose()
