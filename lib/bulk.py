@@ -101,9 +101,14 @@ def frozen_heap() -> Iterator[None]:
                     gc.unfreeze()
 
 
+def dialect_of(bind: Any) -> Any:
+    """The SQLAlchemy dialect of `bind` (a Session, Connection or Engine)."""
+    return bind.get_bind().dialect if hasattr(bind, "get_bind") else bind.dialect
+
+
 def dialect_name(bind: Any) -> str:
     """The dialect name of `bind` (a Session, Connection or Engine): "sqlite" or "postgresql"."""
-    return str(bind.get_bind().dialect.name if hasattr(bind, "get_bind") else bind.dialect.name)
+    return str(dialect_of(bind).name)
 
 
 def among(bind: Any, column: Any, values: Collection[Any]) -> ColumnElement[bool]:

@@ -23,15 +23,9 @@ from typing import Any
 
 from sqlalchemy import bindparam
 
+from lib.bulk import dialect_name, dialect_of
+
 _BUILT: dict[tuple[Hashable, ...], Any] = {}
-
-
-def _dialect_of(bind: Any) -> Any:
-    return bind.get_bind().dialect if hasattr(bind, "get_bind") else bind.dialect
-
-
-def _dialect(bind: Any) -> str:
-    return str(_dialect_of(bind).name)
 
 
 def update_returning(bind: Any) -> bool:
@@ -40,14 +34,14 @@ def update_returning(bind: Any) -> bool:
     The writes that read back what they wrote (a review's row, whether a review moved its
     evaluation between counters) ask here, and without it write, then read in the same transaction.
     """
-    return bool(_dialect_of(bind).update_returning)
+    return bool(dialect_of(bind).update_returning)
 
 
 def built(bind: Any, key: tuple[Hashable, ...], build: Callable[[], Any]) -> Any:
     """The statement `build()` makes, built once per dialect (of `bind`: a Session or Connection)
     and `key` (constant SQL, no data: everything that varies between runs is a parameter, or part
     of `key`)."""
-    full = (_dialect(bind), *key)
+    full = (dialect_name(bind), *key)
     stmt = _BUILT.get(full)
     if stmt is None:
         stmt = _BUILT[full] = build()
