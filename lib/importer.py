@@ -312,6 +312,22 @@ class _Prepared:
         self.spool.close()
 
 
+def _bulk_load(prepare: Callable[[], _Prepared], write: Callable[[_Prepared], ImportReport]) -> ImportReport:
+    """Every row import's one shape: `prepare` validates every record and spools its rows (the
+    first fault refuses the load before a row is written), then `write` stores them; the spool is
+    closed whatever happens (a spilled file is removed with it). Both phases run inside
+    `bulk.frozen_heap`: the load keeps its rows alive until written, and the full collections they
+    cause should walk those, not the app's heap (a load overlapping another thread's skips the
+    freeze: lib.bulk). One home, so no entry (file, records, another tool's results, notes) loses
+    the freeze or the close that the others keep."""
+    with bulk.frozen_heap():
+        prepared = prepare()
+        try:
+            return write(prepared)
+        finally:
+            prepared.close()
+
+
 def _prepare_evaluations(
     *,
     session: Session,
@@ -503,12 +519,10 @@ def import_evaluations(
     """Validate parsed evaluation records and bulk insert them with their judgments, all or nothing."""
     reviewer = authorize(session, reviewer, Permission.IMPORT).identity
     numbered = ((f"{source} record {i}", record) for i, record in enumerate(records, start=1))
-    with bulk.frozen_heap():
-        prepared = _prepare_evaluations(session=session, records=numbered, source=source, reviewer=reviewer)
-        try:
-            return _write_evaluations(session, prepared)
-        finally:
-            prepared.close()
+    return _bulk_load(
+        lambda: _prepare_evaluations(session=session, records=numbered, source=source, reviewer=reviewer),
+        lambda prepared: _write_evaluations(session, prepared),
+    )
 
 
 def import_source_evaluations(
@@ -541,8 +555,7 @@ def import_source_evaluations(
         assert on_invalid is not None
         on_invalid(plan.indexes[position], located_failure(plan.records[position][0], exc))
 
-    # The planned records live until spooled: frozen with what came before (`bulk.frozen_heap`).
-    with bulk.frozen_heap():
+    def prepare() -> _Prepared:
         prepared = _prepare_evaluations(
             session=session,
             records=plan.records,
@@ -552,12 +565,15 @@ def import_source_evaluations(
             chunk_rows=IN_MEMORY_CHUNK_ROWS,  # the evaluations are in memory whole already
         )
         plan.records = []  # spooled now: the write phase need not carry them too
-        try:
-            report = _write_evaluations(session, prepared)
-        finally:
-            prepared.close()
-    report.source_keys = {plan.indexes[i]: key for i, key in prepared.source_keys.items()}
-    return report
+        return prepared
+
+    def write(prepared: _Prepared) -> ImportReport:
+        report = _write_evaluations(session, prepared)
+        report.source_keys = {plan.indexes[i]: key for i, key in prepared.source_keys.items()}
+        return report
+
+    # The planned records live until spooled: frozen with what came before (`bulk.frozen_heap`).
+    return _bulk_load(prepare, write)
 
 
 def _extend_stored(
@@ -806,11 +822,10 @@ def import_notes(
     """Validate seed-000 note records and bulk insert the ones not stored yet, all or nothing."""
     reviewer = authorize(session, reviewer, Permission.IMPORT).identity
     numbered = ((f"{source} record {i}", record) for i, record in enumerate(records, start=1))
-    prepared = _prepare_notes(records=numbered, source=source, reviewer=reviewer)
-    try:
-        return _write_notes(session, prepared)
-    finally:
-        prepared.close()
+    return _bulk_load(
+        lambda: _prepare_notes(records=numbered, source=source, reviewer=reviewer),
+        lambda prepared: _write_notes(session, prepared),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1158,7 +1173,9 @@ def import_path(
     """
     actor = authorize(engine, reviewer, Permission.IMPORT)
     try:
-        with bulk.frozen_heap():  # the load's collections walk its own objects, not the app's
+        # The load's collections walk its own objects, not the app's, from the file's first read
+        # (another tool's file or a document is read whole before its rows): `_bulk_load` nests.
+        with bulk.frozen_heap():
             report = _import_file(engine=engine, path=path, kind=kind, actor=actor, options=options)
     except ImportFailed as exc:
         raise type(exc)(f"{exc}; nothing was imported") from None
@@ -1197,25 +1214,27 @@ def _import_file(
         kind, document = detect_kind(path, source)
     if kind in ("evaluations", "notes", "interactions"):
         records = nonblank(jsonl_records(path, source))
-        # Validate under a read-only session: SQLite's write lock is held only for the inserts.
-        with session_scope(engine, read_only=True) as session:
-            if kind == "evaluations":
-                prepared = _prepare_evaluations(
-                    session=session, records=records, source=source, reviewer=reviewer
-                )
-            elif kind == "interactions":
-                prepared = _prepare_interactions(records=records, source=source, reviewer=reviewer)
-            else:
-                prepared = _prepare_notes(records=records, source=source, reviewer=reviewer)
-        try:
+
+        def prepare() -> _Prepared:
+            # Validate under a read-only session: SQLite's write lock is held only for the inserts.
+            with session_scope(engine, read_only=True) as session:
+                if kind == "evaluations":
+                    return _prepare_evaluations(
+                        session=session, records=records, source=source, reviewer=reviewer
+                    )
+                if kind == "interactions":
+                    return _prepare_interactions(records=records, source=source, reviewer=reviewer)
+                return _prepare_notes(records=records, source=source, reviewer=reviewer)
+
+        def write(prepared: _Prepared) -> ImportReport:
             with session_scope(engine) as session:
                 if kind == "evaluations":
                     return _write_evaluations(session, prepared)
                 if kind == "interactions":
                     return _write_interactions(session, prepared)
                 return _write_notes(session, prepared)
-        finally:
-            prepared.close()
+
+        return _bulk_load(prepare, write)
     data = document if document is not None else read_document(path, source)
     with session_scope(engine) as session:
         if kind == "judgments":

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import threading
 import time
 from datetime import UTC, datetime
 from functools import cache
@@ -17,6 +18,7 @@ import pytest
 from sqlalchemy import Engine, func
 from sqlmodel import Session, select
 
+from lib import bulk, importer
 from lib.db import init_db, session_scope
 from lib.importer import (
     ImportFailed,
@@ -27,11 +29,13 @@ from lib.importer import (
     import_metrics,
     import_notes,
     import_path,
+    import_source_evaluations,
 )
 from lib.json_files import MAX_LINE_BYTES
 from lib.metrics import DEFAULT_METRICS
 from lib.models import EvaluationSnapshot, Judgment, JudgmentEvent, MetricDefinition, SessionNote
 from lib.snapshots import build_snapshot_rows, source_key_of
+from lib.source_records import SourceEvaluation, SourceVerdict
 from tests import cli
 from tests.cli import CliResult
 from tests.conftest import sqlite_only
@@ -1142,3 +1146,95 @@ SLUGS = (
     "efficiency",
     "robustness",
 )
+
+
+# ---------------------------------------------------------------------------------------------
+# Every row import's one shape (`importer._bulk_load`)
+
+SOURCES = ROOT / "tests" / "fixtures" / "sources"
+
+
+def _load_through(entry: str, engine: Engine) -> ImportReport:
+    """One row import through `entry`: each way in that validates, spools and writes rows."""
+    if entry.startswith("file "):
+        kind = entry.removeprefix("file ")
+        path = SOURCES / "promptfoo_results.json" if kind == "promptfoo" else FIXTURES / f"{kind}.jsonl"
+        return import_path(engine=engine, path=path, kind=kind, reviewer="rita")
+    with session_scope(engine) as session:
+        if entry == "records":
+            return import_evaluations(session=session, records=numbered(3), reviewer="rita")
+        if entry == "notes":
+            return import_notes(session=session, records=[note(content=c) for c in "ab"], reviewer="rita")
+        evaluations = [
+            SourceEvaluation(where=f"span {i}", product="p", question=f"q{i}?", answer="a.",
+                             verdicts=[SourceVerdict("Helpfulness", score=4)])
+            for i in range(3)
+        ]  # fmt: skip
+        return import_source_evaluations(
+            session=session, evaluations=evaluations, source="otlp", reviewer="rita"
+        )
+
+
+LOAD_ENTRIES = ["records", "notes", "source", "file evaluations", "file notes", "file promptfoo"]
+
+
+@pytest.fixture
+def spool_events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """Each spooled row, each write's read of the spool and each close, with whether this thread's
+    load was inside `bulk.frozen_heap` then (its depth is kept even where conftest's own freeze
+    makes the block skip `gc.freeze`)."""
+    events: list[tuple[str, bool]] = []
+    add, chunks, close = importer._Spool.add, importer._Spool.chunks, importer._Spool.close
+
+    def inside() -> bool:
+        return bulk._loads.get(threading.get_ident(), 0) > 0
+
+    def watched_add(self: importer._Spool, item: Any) -> None:
+        events.append(("spool", inside()))
+        add(self, item)
+
+    def watched_chunks(self: importer._Spool) -> Any:
+        events.append(("write", inside()))
+        return chunks(self)
+
+    def watched_close(self: importer._Spool) -> None:
+        events.append(("close", inside()))
+        close(self)
+
+    monkeypatch.setattr(importer._Spool, "add", watched_add)
+    monkeypatch.setattr(importer._Spool, "chunks", watched_chunks)
+    monkeypatch.setattr(importer._Spool, "close", watched_close)
+    return events
+
+
+@sqlite_only
+@pytest.mark.parametrize("entry", LOAD_ENTRIES)
+def test_every_row_import_spools_and_writes_inside_a_frozen_heap_and_closes_its_spool(
+    engine: Engine, entry: str, spool_events: list[tuple[str, bool]]
+) -> None:
+    """The rule had three homes, and a fourth entry (notes from records, as the demo loads them)
+    spooled and wrote outside the freeze every other import takes (lib.bulk.frozen_heap)."""
+    report = _load_through(entry, engine)
+    assert report.inserted > 0
+    phases = [phase for phase, _ in spool_events]
+    assert phases.count("close") == 1 and phases[-1] == "close"
+    assert "spool" in phases and "write" in phases
+    assert phases.index("write") > max(i for i, phase in enumerate(phases) if phase == "spool")
+    assert all(frozen for _, frozen in spool_events), spool_events
+    assert threading.get_ident() not in bulk._loads
+
+
+@sqlite_only
+@pytest.mark.parametrize("entry", LOAD_ENTRIES)
+def test_a_row_import_whose_write_fails_still_closes_its_spool_and_leaves_the_freeze(
+    engine: Engine, entry: str, spool_events: list[tuple[str, bool]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(importer, "_write_rows", refused)
+    with pytest.raises(RuntimeError, match="went away"):
+        _load_through(entry, engine)
+    assert [phase for phase, _ in spool_events][-1] == "close"
+    assert threading.get_ident() not in bulk._loads
+    assert_nothing_written(engine)
