@@ -5,7 +5,8 @@ Whole tables never pass through pandas: DuckDB's `COPY (SELECT ...) TO` reads th
 carriage return is prefixed with a single quote (the OWASP rule against CSV injection), done in SQL;
 numbers are never touched, so a negative number stays a number. JSON for judgments is the seed-004
 cache file `{"cache_version": "1.0", "judgments": {change_id: {...}}}`, written a batch at a time;
-JSON for other tables is JSON Lines. Files appear whole or not at all (written aside, then renamed).
+JSON for other tables is JSON Lines. Files appear whole or not at all (written aside, then renamed;
+what an export killed meanwhile leaves aside, a later export to the same file removes: `_written_aside`).
 
 Small page-sized frames the UI offers for download go through `frame_to_csv_bytes`, same rule;
 the pages' download buttons call the `*_bytes` functions here, built on click.
@@ -24,16 +25,20 @@ row-by-row `csv.writer` wrote for `_stream_cell` of each value, several times fa
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import itertools
 import json
 import logging
 import os
+import re
 import secrets
 import select
 import tempfile
+import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent import futures
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -446,18 +451,11 @@ def export_evaluations_csv(
     """Write the evaluations CSV (wide or long) to `out`, whole or not at all; for the CLI."""
     path = Path(out)
     _check_writable(path)
-    partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
     try:
-        with partial.open("wb") as fh:
-            rows = write_chunks(fh, _evaluation_chunks(engine, filters or EvaluationFilters(), form))
-        os.replace(partial, path)
-        return rows
+        with _written_aside(path) as partial, partial.open("wb") as fh:
+            return write_chunks(fh, _evaluation_chunks(engine, filters or EvaluationFilters(), form))
     except ValueError as exc:
         raise ExportError(str(exc)) from exc
-    except OSError as exc:
-        raise ExportError(f"cannot write {path}: {exc.strerror or exc}") from exc
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def export_query_csv(*, engine: Engine, sql: str, out: Path | str, params: Params = None) -> int:
@@ -478,17 +476,119 @@ def _export(engine: Engine, sql: str, params: Params, out: Path, writer: Writer)
 
 
 def _write_aside(con: duckdb.DuckDBPyConnection, sql: str, params: Params, out: Path, writer: Writer) -> int:
-    partial = out.with_name(f".{out.name}.{secrets.token_hex(4)}.partial")
     try:
-        rows = writer(con, sql, params, partial)
-        os.replace(partial, out)
-        return rows
+        with _written_aside(out) as partial:
+            return writer(con, sql, params, partial)
     except duckdb.Error as exc:
         raise ExportError(f"export to {out} failed: {exc}") from exc
+
+
+# How old a dead export's leftovers must be before the next export to the same file removes them.
+# A live export is told apart by its claim's lock, whatever its age; the age only covers the instant
+# between a claim's creation and its lock, and file systems whose locks other hosts do not see.
+PARTIAL_STALE_SECONDS = 3600
+_TOKEN = re.compile(r"[0-9a-f]{8}")
+
+
+@contextmanager
+def _written_aside(out: Path) -> Iterator[Path]:
+    """The hidden `.NAME.<hex>.partial` beside `out` that the block writes; renamed onto `out` when
+    the block ends, removed whatever happens: readers see the file whole or not at all.
+
+    The one home of that rule for every export to a file, and of its leftovers. An export killed
+    before this `finally` runs (at interpreter exit, SIGKILL, a lost machine) leaves its partial
+    behind, hidden, for ever. So each export first claims its token with an empty
+    `.NAME.<hex>.lock` it creates and keeps locked (`flock`, which the kernel releases however the
+    process ends) until its partial is gone, and sweeps the leftovers of earlier exports to the
+    same file (`_sweep_leftovers`). An OSError (disk full, permission) becomes an ExportError."""
+    try:
+        token, fd = _claim(out)
+    except OSError as exc:
+        raise ExportError(f"cannot write {out}: {exc.strerror or exc}") from exc
+    partial, claim = _aside_paths(out, token)
+    try:
+        _sweep_leftovers(out)
+        yield partial
+        os.replace(partial, out)
     except OSError as exc:
         raise ExportError(f"cannot write {out}: {exc.strerror or exc}") from exc
     finally:
         partial.unlink(missing_ok=True)
+        claim.unlink(missing_ok=True)  # while still locked: no sweeper takes a live claim's lock
+        os.close(fd)
+
+
+def _aside_paths(out: Path, token: str) -> tuple[Path, Path]:
+    """An export's partial and its claim, by its token."""
+    return out.with_name(f".{out.name}.{token}.partial"), out.with_name(f".{out.name}.{token}.lock")
+
+
+def _claim(out: Path) -> tuple[str, int]:
+    """A fresh token for an export to `out` and the descriptor of its claim, created and locked."""
+    while True:
+        token = secrets.token_hex(4)
+        try:
+            fd = os.open(_aside_paths(out, token)[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another export's token (1 in 4 billion): draw again
+            continue
+        with suppress(OSError):  # a file system without locks: the leftovers' age alone protects it
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return token, fd
+
+
+def _sweep_leftovers(out: Path) -> None:
+    """Remove what dead exports to `out` left beside it, never what a live export is writing.
+
+    A token's files (`.NAME.<hex>.partial`, `.NAME.<hex>.lock`) go only when each is older than
+    PARTIAL_STALE_SECONDS and its claim's lock can be taken: a live export holds that lock (on
+    another thread or in another process, however slowly it writes) until its files are removed.
+    A partial without a claim is an older version's. Only this file name's leftovers are looked
+    at: other names in the folder may be anyone's. Best effort: a sweep that fails leaves the
+    files and never fails the export."""
+    prefix = f".{out.name}."
+    stale_before = time.time() - PARTIAL_STALE_SECONDS
+    try:
+        with os.scandir(out.parent) as entries:
+            names = [entry.name for entry in entries if entry.name.startswith(prefix)]
+    except OSError:
+        return
+    tokens: set[str] = set()
+    for name in names:
+        token, _, suffix = name.removeprefix(prefix).partition(".")
+        if _TOKEN.fullmatch(token) and suffix in ("partial", "lock"):
+            tokens.add(token)
+    for token in tokens:
+        try:
+            _sweep_token(*_aside_paths(out, token), stale_before=stale_before)
+        except OSError:
+            log.warning("could not remove the leftovers of an export to %s", out, exc_info=True)
+
+
+def _sweep_token(partial: Path, claim: Path, *, stale_before: float) -> None:
+    """Remove one token's partial and claim if both are stale and no live export holds the claim.
+    The claim is opened for writing: on NFS an exclusive lock (flock becomes a POSIX lock) needs it."""
+    for path in (partial, claim):
+        try:
+            if path.stat().st_mtime > stale_before:
+                return  # written lately: maybe a live export's
+        except FileNotFoundError:
+            pass
+    try:
+        fd = os.open(claim, os.O_WRONLY)
+    except FileNotFoundError:
+        partial.unlink(missing_ok=True)  # no claim: an older version's partial
+        return
+    except OSError:
+        return  # someone else's claim (another user's export): theirs to sweep
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # held: a live export (or a file system that cannot tell)
+        partial.unlink(missing_ok=True)
+        claim.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
 
 
 def _check_writable(out: Path) -> None:

@@ -4,11 +4,14 @@ JSON Lines, errors, the CLI, and the offline scanner connection — on SQLite an
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from itertools import cycle
@@ -39,6 +42,7 @@ from lib.export import (
 from lib.models import EvaluationSnapshot, Judgment
 from tests import cli
 from tests.cli import CliResult
+from tests.conftest import sqlite_only
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = [
@@ -479,6 +483,76 @@ def test_failed_export_leaves_no_file_behind(engine, tmp_path: Path) -> None:
             engine=engine, table="judgments", fmt="csv", out=out_dir / "x.csv", where_sql="no_such_column = 1"
         )
     assert list(out_dir.iterdir()) == []
+
+
+def _leftover(folder: Path, name: str, token: str, *, claim: bool = True, age: float = 7200) -> list[Path]:
+    """A dead export's files to `name` (its partial, and its claim unless `claim` is False), `age` s old."""
+    made = [folder / f".{name}.{token}.partial", *([folder / f".{name}.{token}.lock"] if claim else [])]
+    then = time.time() - age
+    for path in made:
+        path.write_bytes(b"half a file" if path.suffix == ".partial" else b"")
+        os.utime(path, (then, then))
+    return made
+
+
+def test_an_export_sweeps_its_files_dead_leftovers_and_keeps_the_rest(engine, tmp_path: Path) -> None:
+    """An export killed before its cleanup (at exit, SIGKILL) left its hidden partial for ever."""
+    _insert_judgments(engine, [_judgment("c1")])
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    dead = _leftover(folder, "x.csv", "0badc0de") + _leftover(folder, "x.csv", "01dc0de0", claim=False)
+    kept = [
+        *_leftover(folder, "x.csv", "f4e5a6b7", age=60),  # recent: maybe an export between claim and lock
+        *_leftover(folder, "y.csv", "0badc0de"),  # another file's: swept by an export to y.csv
+        *_leftover(folder, "x.csv", "not-hex0"),  # not an export's name
+    ]
+    live = _leftover(folder, "x.csv", "1a2b3c4d")  # an hour old, but its export still runs
+    holder = os.open(live[1], os.O_WRONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        assert export_table(engine=engine, table="judgments", fmt="csv", out=folder / "x.csv") == 1
+    finally:
+        os.close(holder)
+    assert sorted(folder.iterdir()) == sorted([*kept, *live, folder / "x.csv"])
+    assert not any(path.exists() for path in dead)
+
+
+@sqlite_only  # a process's death, not a dialect: the PostgreSQL sweep runs in the test above
+def test_a_killed_exports_partial_is_kept_while_it_runs_and_swept_once_it_is_dead(
+    engine, tmp_path: Path
+) -> None:
+    """A real second process: its claim's lock, not its files' age, tells a live export from a dead one."""
+    _insert_judgments(engine, [_judgment("c1")])
+    out = tmp_path / "x.csv"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", f"""
+import os, signal, sys
+from pathlib import Path
+from lib import export
+with export._written_aside(Path({str(out)!r})) as partial:
+    partial.write_bytes(b"half a file")
+    print("writing", flush=True)
+    sys.stdin.readline()
+    os.kill(os.getpid(), signal.SIGKILL)  # no cleanup: as at exit or under the OOM killer
+"""],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "writing\n"
+        leftovers = sorted(tmp_path.glob(".x.csv.*"))
+        assert [p.suffix for p in leftovers] == [".lock", ".partial"]
+        for path in leftovers:
+            os.utime(path, (time.time() - 7200,) * 2)
+        export_table(engine=engine, table="judgments", fmt="csv", out=out)
+        assert all(path.exists() for path in leftovers), "a live export's files are never swept"
+    finally:
+        assert writer.stdin is not None
+        writer.stdin.write("\n")
+        writer.stdin.close()
+        assert writer.wait(timeout=60) == -signal.SIGKILL
+    assert all(path.exists() for path in leftovers)
+    export_table(engine=engine, table="judgments", fmt="csv", out=out)
+    assert sorted(tmp_path.glob(".x.csv.*")) == []
 
 
 # --- small frames for download buttons ------------------------------------------------------------
