@@ -145,11 +145,19 @@ class JudgeConfig:
 
     @classmethod
     def of(cls, version: JudgeVersion) -> JudgeConfig:
-        """A stored version's configuration."""
+        """A stored version's configuration (`columns` is the way back)."""
         values = {f.name: getattr(version, f.name) for f in fields(cls)}
         if values["rubric"] is not None:
             values["rubric"] = tuple(dict(e) for e in values["rubric"])
         return cls(**values)
+
+    def columns(self) -> dict[str, Any]:
+        """The configuration as `JudgeVersion` columns (`of` is the way back): every field, so a
+        field added here is stored without a second list to extend."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.rubric is not None:
+            values["rubric"] = [dict(e) for e in self.rubric]
+        return values
 
     def specs(self) -> list[MetricSpec]:
         """The rubric as metric specs ([] when this version does not say)."""
@@ -455,16 +463,7 @@ def ensure_version(
         name=name,
         content_hash=content_hash(config, name),
         complete=config.complete,
-        judge_model=config.judge_model,
-        rubric=[dict(e) for e in config.rubric] if config.rubric is not None else None,
-        prompt_hash=config.prompt_hash,
-        history_entries=config.history_entries,
-        history_ratio=config.history_ratio,
-        notes_limit=config.notes_limit,
-        relevance=config.relevance,
-        temperature=config.temperature,
-        max_tokens_judge=config.max_tokens_judge,
-        max_tokens_mentor=config.max_tokens_mentor,
+        **config.columns(),
         origin=origin,
         description=description.strip(),
         previous_id=previous.id if previous else None,
