@@ -509,6 +509,11 @@ def _scored_snapshot(row: Mapping[str, Any]) -> scores.ScoredSnapshot:
     )
 
 
+def _numbered(records: Iterable[Any], source: str) -> Iterator[tuple[str, Any]]:
+    """Parsed records (not lines of a file) with where each is, as a refusal names it."""
+    return ((f"{source} record {i}", record) for i, record in enumerate(records, start=1))
+
+
 def import_evaluations(
     *,
     session: Session,
@@ -518,7 +523,7 @@ def import_evaluations(
 ) -> ImportReport:
     """Validate parsed evaluation records and bulk insert them with their judgments, all or nothing."""
     reviewer = authorize(session, reviewer, Permission.IMPORT).identity
-    numbered = ((f"{source} record {i}", record) for i, record in enumerate(records, start=1))
+    numbered = _numbered(records, source)
     return _bulk_load(
         lambda: _prepare_evaluations(session=session, records=numbered, source=source, reviewer=reviewer),
         lambda prepared: _write_evaluations(session, prepared),
@@ -821,7 +826,7 @@ def import_notes(
 ) -> ImportReport:
     """Validate seed-000 note records and bulk insert the ones not stored yet, all or nothing."""
     reviewer = authorize(session, reviewer, Permission.IMPORT).identity
-    numbered = ((f"{source} record {i}", record) for i, record in enumerate(records, start=1))
+    numbered = _numbered(records, source)
     return _bulk_load(
         lambda: _prepare_notes(records=numbered, source=source, reviewer=reviewer),
         lambda prepared: _write_notes(session, prepared),

@@ -467,6 +467,13 @@ def test_import_evaluations_names_the_record_at_fault(engine: Engine) -> None:
     assert_nothing_written(engine)
 
 
+@sqlite_only
+def test_import_notes_names_the_record_at_fault_as_evaluations_do(engine: Engine) -> None:
+    with pytest.raises(ImportFailed, match=r"demo record 2, field 'note_type'"), session_scope(engine) as s:
+        import_notes(session=s, records=[note(), note(note_type="IDEA")], source="demo")
+    assert_nothing_written(engine)
+
+
 def test_parsed_records_are_checked_for_lone_surrogates_too(engine: Engine) -> None:
     """The API path (parsed records, no JSON text) gets the same refusal as a file (issue #17)."""
     bad = record(evidence={"clarity": [{"quote": QUOTE, "why": "\ud800"}]})
