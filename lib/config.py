@@ -193,6 +193,11 @@ _RANGES: dict[str, tuple[float, float]] = {
 }
 
 
+def setting_range(name: str) -> tuple[float, float]:
+    """The bounds a setting's value must keep (KeyError for a setting without any)."""
+    return _RANGES[name]
+
+
 def env_name(field_name: str) -> str:
     """The environment variable that sets a field."""
     return _ENV_NAMES.get(field_name, f"OVERRULE_{field_name.upper()}")

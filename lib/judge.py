@@ -994,33 +994,28 @@ def builtin_config(
     """The configuration a run of the built-in judge uses: the product's rubric, this build's prompt
     templates, and the options (model, history, notes, temperature, caps) a lead made current for the
     product (`options`), else the server's settings."""
-    source: Any = options if options is not None else None
+    chosen: dict[str, Any] = {
+        option: getattr(options, option) if options is not None else getattr(settings, setting)
+        for option, setting in judge_versions.OPTION_SETTINGS.items()
+    }
     return JudgeConfig(
-        judge_model=source.judge_model if source else settings.judge_model,
         rubric=judge_versions.rubric_entries(metrics),
         prompt_hash=prompt_template_hash(),
-        history_entries=source.history_entries if source else settings.history_max_entries,
-        history_ratio=source.history_ratio if source else settings.history_correction_ratio,
-        notes_limit=source.notes_limit if source else settings.notes_limit,
-        relevance=source.relevance if source else True,
-        temperature=source.temperature if source else settings.judge_temperature,
-        max_tokens_judge=source.max_tokens_judge if source else settings.max_tokens_judge,
-        max_tokens_mentor=source.max_tokens_mentor if source else settings.max_tokens_mentor,
+        relevance=options.relevance if options is not None else True,
+        **chosen,
     )
 
 
 def settings_for(config: JudgeConfig, settings: Settings) -> Settings:
-    """`settings` with a complete configuration's options in place of the server's."""
+    """`settings` with a complete configuration's options in place of the server's (each as its
+    setting's type: a stored 20.0 runs as 20 where the setting is a whole number)."""
     assert config.complete
     return replace(
         settings,
-        judge_model=str(config.judge_model),
-        history_max_entries=int(config.history_entries or 0),
-        history_correction_ratio=float(config.history_ratio or 0.0),
-        notes_limit=int(config.notes_limit or 0),
-        judge_temperature=float(config.temperature or 0.0),
-        max_tokens_judge=int(config.max_tokens_judge or settings.max_tokens_judge),
-        max_tokens_mentor=int(config.max_tokens_mentor or settings.max_tokens_mentor),
+        **{
+            setting: type(getattr(settings, setting))(getattr(config, option))
+            for option, setting in judge_versions.OPTION_SETTINGS.items()
+        },
     )
 
 

@@ -37,6 +37,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from lib.auth import Actor, Permission, authorize, record_event
+from lib.config import setting_range
 from lib.judgment_text import UNVERSIONED_NAME as UNVERSIONED_NAME  # their home; imported from here
 from lib.judgment_text import name_for as name_for
 from lib.metrics import SCALE_BOUND, MetricSpec, parse_metric_definition
@@ -58,7 +59,18 @@ FIELD_LABELS: dict[str, str] = {
 }
 # The audit trail's action for a change of a product's judge: a rubric save, a promotion, a version made current.
 AUDIT_ACTION = "judge_changed"
-OPTION_FIELDS = tuple(f for f in FIELD_LABELS if f not in ("rubric", "prompt_hash"))
+# The server setting (lib.config) each option of a version stands for: the built-in judge runs with
+# the product's current version's value in its place (`lib.judge.builtin_config`, `settings_for`),
+# and a version's value keeps that setting's bounds (`option_range`). Tag relevance has no setting.
+OPTION_SETTINGS: dict[str, str] = {
+    "judge_model": "judge_model",
+    "history_entries": "history_max_entries",
+    "history_ratio": "history_correction_ratio",
+    "notes_limit": "notes_limit",
+    "temperature": "judge_temperature",
+    "max_tokens_judge": "max_tokens_judge",
+    "max_tokens_mentor": "max_tokens_mentor",
+}
 RUBRIC_KEYS = ("slug", "display_name", "min", "max", "integer_scale", "description")
 
 
@@ -636,9 +648,16 @@ class VersionRef:
         return self.name, content_hash(self.config, self.name)
 
 
-_INT_FIELDS = {"history_entries": (0, 1000), "notes_limit": (0, 10_000), "max_tokens_judge": (16, 1_000_000),
-               "max_tokens_mentor": (16, 1_000_000)}  # fmt: skip
-_FLOAT_FIELDS = {"history_ratio": (0.0, 1.0), "temperature": (0.0, 2.0)}
+_INT_FIELDS = ("history_entries", "notes_limit", "max_tokens_judge", "max_tokens_mentor")
+_FLOAT_FIELDS = ("history_ratio", "temperature")
+
+
+def option_range(option: str) -> tuple[float, float]:
+    """The bounds of a version's numeric option: its setting's (`OPTION_SETTINGS`), except that a
+    version may use no notes at all (the alignment lab's arms without notes), which the server's
+    setting does not allow."""
+    low, high = setting_range(OPTION_SETTINGS[option])
+    return (0, high) if option == "notes_limit" else (low, high)
 
 
 def parse_version_ref(raw: Any) -> VersionRef | None:
@@ -658,15 +677,17 @@ def parse_version_ref(raw: Any) -> VersionRef | None:
     if not isinstance(name, str):
         raise ValueError("'name' is required and must be text")
     values: dict[str, Any] = {}
-    for key, (low, high) in _INT_FIELDS.items():
+    for key in _INT_FIELDS:
         value = raw.get(key)
         if value is not None:
+            low, high = option_range(key)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ValueError(f"{key!r} must be a whole number from {low} to {high}")
             values[key] = value
-    for key, (lo, hi) in _FLOAT_FIELDS.items():
+    for key in _FLOAT_FIELDS:
         value = raw.get(key)
         if value is not None:
+            lo, hi = option_range(key)
             ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
             if not ok or not lo <= value <= hi:
                 raise ValueError(f"{key!r} must be a number from {lo:g} to {hi:g}")

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, func
 from sqlmodel import Session, col, select
 
+from lib import config as server_settings
 from lib import corrections, importer, inspector, judge, judge_changes, judge_versions, version_agreement
 from lib.auth import Actor, PermissionDenied
 from lib.config import get_settings, reset_settings
@@ -205,6 +206,40 @@ def test_the_diff_names_each_changed_field_and_rubric_text_line() -> None:
 def test_a_bad_judge_version_field_says_what_is_wrong(raw: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_version_ref(raw)
+
+
+_NUMERIC_OPTIONS = ("history_entries", "history_ratio", "notes_limit", "temperature", "max_tokens_judge",
+                    "max_tokens_mentor")  # fmt: skip
+
+
+@pytest.mark.parametrize("option", _NUMERIC_OPTIONS)
+def test_a_versions_option_keeps_the_bounds_of_the_setting_it_stands_for(
+    option: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bounds were written twice, here and in lib.config; a setting's new bounds now hold for
+    versions too (a version may still use no notes, which the server's setting refuses)."""
+    setting = judge_versions.OPTION_SETTINGS[option]
+    low, high = server_settings.setting_range(setting)
+    assert judge_versions.option_range(option) == ((0, high) if option == "notes_limit" else (low, high))
+    narrower = (low, high / 2)
+    monkeypatch.setitem(server_settings._RANGES, setting, narrower)
+    whole = isinstance(getattr(get_settings(), setting), int)
+    within, beyond = (int(high / 2), int(high / 2) + 1) if whole else (high / 2, high / 2 + 0.01)
+    ref = parse_version_ref({"name": "v", option: within})
+    assert ref is not None and getattr(ref.config, option) == within
+    with pytest.raises(ValueError, match=f"'{option}' must be a"):
+        parse_version_ref({"name": "v", option: beyond})
+
+
+@given(config=CONFIGS)
+@settings(max_examples=50)
+def test_the_settings_a_version_runs_with_give_that_version_back(config: JudgeConfig) -> None:
+    """`settings_for` and `builtin_config` read one list of option ↔ setting pairs (OPTION_SETTINGS)."""
+    server = get_settings()
+    back = judge.builtin_config(judge.settings_for(config, server), DEFAULT_METRICS)
+    options = [*judge_versions.OPTION_SETTINGS]
+    assert {o: getattr(back, o) for o in options} == {o: getattr(config, o) for o in options}
+    assert set(options) | {"rubric", "prompt_hash", "relevance"} == {f.name for f in fields(JudgeConfig)}
 
 
 # -- the built-in judge stamps its version ------------------------------------------------------------
