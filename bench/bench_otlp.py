@@ -3,10 +3,19 @@ OTLP/HTTP vs pushing the same evaluations as JSONL to `POST /api/v1/evaluations`
 least 0.8x the JSONL push's speed.
 
     python bench/bench_otlp.py [--evaluations 10000] [--batch 512] [--runs 3] [--skip-logs] [--pg ADMIN_URL]
+    python bench/bench_otlp.py --runs 3 --skip-logs --existing bench/out/existing/pages_100k_0027_g7.db
 
 The same N judged answers (5 metrics each), each case into a fresh SQLite file (or, with `--pg`, a
 fresh PostgreSQL database) behind the API under uvicorn on 127.0.0.1, bodies built before the clock
-starts, in request sizes compared like for like:
+starts, in request sizes compared like for like. With `--existing FILE` each case starts instead
+from a copy of FILE (a `bench/gen.py` SQLite database: a running Overrule that already holds data),
+made before the clock starts; FILE itself is only read. Copy a shared read-only database to a
+folder of your own first: the copy per case is a plain file copy, so FILE must have no pending WAL.
+What changes with data already there: a large load into a small table builds its secondary
+indexes once after the load (`lib.bulk.worth_deferring`: at least 50,000 new judgments and at
+least half the judgments already stored), so the one 10,000-record JSONL POST defers on an empty
+database or the 1k file (10,000 judgments) and not on the 100k one (1,000,000); the bench prints
+which. The cases:
 
 - one request: the N records as one JSON Lines body vs the N spans in one OTLP request (what the
   SDK sends when its BatchSpanProcessor is given `max_export_batch_size` >= N: docs/opentelemetry.md);
@@ -32,6 +41,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import shutil
 import statistics
 import sys
 import threading
@@ -63,6 +73,7 @@ from starlette.routing import Mount  # noqa: E402
 from bench.common import OUT, drop_pg_database, fresh_pg_database, fresh_sqlite_url, serve_asgi  # noqa: E402
 from lib.api import API_PREFIX, create_app, otlp_root_routes  # noqa: E402
 from lib.auth import system_actor  # noqa: E402
+from lib.bulk import worth_deferring  # noqa: E402
 from lib.db import init_db  # noqa: E402
 from lib.models import EvaluationSnapshot, Judgment  # noqa: E402
 from lib.tokens import create_token  # noqa: E402
@@ -169,12 +180,43 @@ def encoded(items: list, batch: int, encoder: Callable[[list], Any]) -> list[byt
 
 
 PG_ADMIN: str | None = None  # --pg: measure on PostgreSQL
+EXISTING: Path | None = None  # --existing: every case starts from a copy of this SQLite file
 
 
 def fresh(name: str) -> Engine:
+    """The case's starting database: empty, or a copy of `EXISTING` (copied before any clock starts)."""
     if PG_ADMIN:
         return init_db(fresh_pg_database(PG_ADMIN, name.removesuffix(".db")))
-    return init_db(fresh_sqlite_url(OUT / name))
+    url = fresh_sqlite_url(OUT / name)
+    if EXISTING is not None:
+        shutil.copyfile(EXISTING, OUT / name)
+    return init_db(url)
+
+
+def discard(name: str) -> None:
+    """Remove a case's SQLite file once measured (with `--existing` each is a copy of a large file)."""
+    if EXISTING is not None:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{OUT / name}{suffix}").unlink(missing_ok=True)
+
+
+def held(engine: Engine) -> tuple[int, int]:
+    """(evaluations, judgments) the database holds."""
+    with Session(engine) as session:
+        evaluations = session.execute(select(func.count()).select_from(EvaluationSnapshot)).scalar_one()
+        judgments = session.execute(select(func.count()).select_from(Judgment)).scalar_one()
+    return evaluations, judgments
+
+
+def existing_copy(path: Path) -> Path:
+    """`path`, checked: a SQLite file whose every committed page is in the file itself (a plain copy
+    of a database with a non-empty WAL beside it would miss what the WAL holds)."""
+    if not path.is_file():
+        raise SystemExit(f"--existing {path}: no such file")
+    wal = Path(f"{path}-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        raise SystemExit(f"--existing {path}: {wal} is not empty; checkpoint a copy of your own first")
+    return path
 
 
 def server_cpu(engine: Engine) -> float:
@@ -212,6 +254,7 @@ def serve(engine: Engine) -> tuple[str, str, uvicorn.Server, threading.Thread]:
 def run(name: str, posts: Callable[[str], list[tuple[str, bytes, str]]], n: int) -> tuple[float, float]:
     """(wall, CPU) seconds to send every body in order; then checks every evaluation and judgment is in."""
     engine = fresh(f"bench_otlp_{name}.db")
+    start = held(engine) if EXISTING is not None else (0, 0)
     base, secret, server, thread = serve(engine)
     requests = posts(base)
     server_before = server_cpu(engine)
@@ -231,13 +274,14 @@ def run(name: str, posts: Callable[[str], list[tuple[str, bytes, str]]], n: int)
     finally:
         server.should_exit = True
         thread.join()
-    with Session(engine) as session:
-        evaluations = session.execute(select(func.count()).select_from(EvaluationSnapshot)).scalar_one()
-        judgments = session.execute(select(func.count()).select_from(Judgment)).scalar_one()
-    assert (evaluations, judgments) == (n, n * len(METRICS)), (name, evaluations, judgments)
+    evaluations, judgments = held(engine)
+    added = (evaluations - start[0], judgments - start[1])
+    assert added == (n, n * len(METRICS)), (name, start, evaluations, judgments)
     engine.dispose()
     if PG_ADMIN:
         drop_pg_database(PG_ADMIN, f"bench_otlp_{name}")
+    else:
+        discard(f"bench_otlp_{name}.db")
     return wall, cpu
 
 
@@ -255,9 +299,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--skip-logs", action="store_true", help="leave out the spans-then-log-events case")
     parser.add_argument("--pg", default=None, help="PostgreSQL admin URL: measure there instead of SQLite")
+    parser.add_argument(
+        "--existing",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="start every case from a copy of this SQLite database (e.g. a bench/gen.py file) instead of an empty one",
+    )
     args = parser.parse_args(argv)
-    global PG_ADMIN
+    global PG_ADMIN, EXISTING
+    if args.existing is not None and args.pg:
+        parser.error("--existing is a SQLite file; it cannot be combined with --pg")
     PG_ADMIN = args.pg
+    EXISTING = existing_copy(args.existing) if args.existing is not None else None
     n, batch = args.evaluations, args.batch
     spans, _ = finished_spans(n, events_as_logs=False)
     bodies = {
@@ -298,6 +352,18 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{n} evaluations x {len(METRICS)} evaluation events, {kind}; the one OTLP request is "
         f"{max(sizes) / 1e6:.1f} MB of protobuf",
+        flush=True,
+    )
+    engine = fresh("bench_otlp_start.db")
+    with engine.connect() as conn:
+        defers = worth_deferring(conn, Judgment.__table__, n * len(METRICS))  # type: ignore[attr-defined]
+    start = held(engine)
+    engine.dispose()
+    discard("bench_otlp_start.db")
+    print(
+        f"starting database: {'a copy of ' + str(EXISTING) if EXISTING else 'empty'} ({start[0]:,} "
+        f"evaluations, {start[1]:,} judgments); the one JSONL POST of {n:,} records "
+        f"{'defers' if defers else 'does not defer'} its secondary indexes (lib.bulk.worth_deferring)",
         flush=True,
     )
     walls: dict[str, list[float]] = {name: [] for name in cases}
