@@ -8,6 +8,7 @@ in place when Arrow asks for them.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import sys
@@ -37,7 +38,18 @@ def init_lean_worker(app_pid: int) -> None:
         sys.meta_path.insert(0, _Refused)  # type: ignore[arg-type]
     from lib.isolated import init_worker  # imports Arrow: after the refusal
 
+    _use_jemalloc()
     init_worker(app_pid, child_of_app=True)  # spawned by the app itself
+
+
+def _use_jemalloc() -> None:
+    """Arrow's jemalloc pool for this worker's Arrow allocations (the CSV kernels' buffers) instead
+    of its default mimalloc, where the build has it: a wide export's peak is ~9 MiB lower (issue 27:
+    101 -> 92 MiB private at 100k) at the same CPU; mimalloc keeps freed pages for reuse."""
+    import pyarrow as pa
+
+    with contextlib.suppress(NotImplementedError):  # a pyarrow built without jemalloc: its default
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
 
 
 def preparation_data(name: str) -> dict[str, Any]:
