@@ -14,7 +14,14 @@ from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, Text, UniqueC
 from sqlalchemy.orm import Session as OrmSession
 from sqlmodel import Field, SQLModel
 
-from lib.search import LIST_REVIEWED_INDEX, LIST_TEXT_INDEX, normalize_search_text
+from lib.search import (
+    LIST_REVIEWED_INDEX,
+    LIST_SHORT_TEXT_INDEX,
+    LIST_TEXT_INDEX,
+    SHORT_TEXT_BYTES,
+    TEXT_BYTES_INDEX,
+    normalize_search_text,
+)
 
 SNAPSHOT_STATUSES = ("active", "completed", "archived")
 NOTE_TYPES = ("SUCCESS", "FAILURE", "PATTERN", "STRATEGY", "TIP")
@@ -50,6 +57,11 @@ LIST_FILTER_COLUMNS = (
 )  # fmt: skip
 
 
+# The rows of LIST_SHORT_TEXT_INDEX (PostgreSQL): live evaluations whose normalised question fits a
+# btree entry (lib.search.short_text states it), and TEXT_BYTES_INDEX's expression.
+TEXT_BYTES = "octet_length(search_text)"
+SHORT_TEXT_WHERE = f"deleted_at IS NULL AND {TEXT_BYTES} <= {SHORT_TEXT_BYTES}"
+
 # The rows of LIST_REVIEWED_INDEX: lib.counters.review_state("reviewed") of live evaluations, which
 # implies it term by term (so SQLite and PostgreSQL use the partial index for that filter).
 REVIEWED_WHERE = "deleted_at IS NULL AND judgments_total > 0 AND judgments_reviewed = judgments_total"
@@ -84,8 +96,8 @@ class EvaluationSnapshot(SQLModel, table=True):
         Index("ix_snapshot_product_language", "product", "language"),
         # SQLite only: the list index with the normalised question too, so a text filter that matches
         # many rows is tested on the entries of a newest-first walk, never on a row it reads (a page
-        # 400 of a phrase in a fifth of 1M rows read 50k rows). PostgreSQL's btrees cannot hold the
-        # text (lib.search); its trigram index and row tests serve it there.
+        # 400 of a phrase in a fifth of 1M rows read 50k rows). PostgreSQL's btrees cannot hold every
+        # text (lib.search); its trigram index, row tests and LIST_SHORT_TEXT_INDEX serve it there.
         Index(LIST_TEXT_INDEX, "deleted_at", "created_at", "id", *LIST_FILTER_COLUMNS, "search_text").ddl_if(
             dialect="sqlite"
         ),
@@ -101,6 +113,15 @@ class EvaluationSnapshot(SQLModel, table=True):
             LIST_REVIEWED_INDEX, "deleted_at", "created_at", "id", *LIST_FILTER_COLUMNS,
             postgresql_where=text(REVIEWED_WHERE),
         ).ddl_if(dialect="postgresql"),
+        # PostgreSQL: the live list newest first with the normalised question (INCLUDE), for the
+        # rows whose question fits a btree entry, and the question's length: a deep page of a
+        # common text walks the first and tests the text on its entries, reading no row, when the
+        # second finds no longer live question (lib.search, migration 0028).
+        Index(
+            LIST_SHORT_TEXT_INDEX, "deleted_at", "created_at", "id", postgresql_include=["search_text"],
+            postgresql_where=text(SHORT_TEXT_WHERE),
+        ).ddl_if(dialect="postgresql"),
+        Index(TEXT_BYTES_INDEX, text(TEXT_BYTES)).ddl_if(dialect="postgresql"),
     )  # fmt: skip
 
     id: str = Field(primary_key=True, max_length=64)

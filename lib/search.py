@@ -24,8 +24,18 @@ How it is found without a scan (the index is built by migration 0008):
   index's own count. The condition adds the archived rows whose stored text matches, row by row.
 - PostgreSQL: a `pg_trgm` GIN index on `search_text`; the condition is `search_text LIKE '%query%'`,
   which the planner answers from the index. For a common query it walks the table or the list's
-  date index instead, testing each row, and stops after a page or at a count's cap. No btree may hold
-  `search_text` (not even as INCLUDE): a btree entry is limited to 2,704 bytes, and questions are longer.
+  date index instead, testing each row, and stops after a page or at a count's cap. A btree entry is
+  limited to 2,704 bytes and questions may be longer, so no btree holds every `search_text`; one
+  holds the short ones (`LIST_SHORT_TEXT_INDEX`, below).
+- PostgreSQL, the live evaluations' text alone (issue 27): `LIST_SHORT_TEXT_INDEX` is the list's
+  newest-first order with the normalised question as an INCLUDE column, for live rows whose text is
+  at most `SHORT_TEXT_BYTES` (migration 0028). With `short_text` among its conditions the planner
+  can walk it and test the text on its entries (an Index Only Scan: page 400 of a text in a fifth of
+  100k questions reads 13 MB of index instead of ~13,600 pages of a 327 MB table), or still take
+  the trigram index for a rare text. `short_text` may only be added when no live row's text is
+  longer: `TEXT_BYTES_INDEX` (the text's length in bytes) answers that in one probe of an empty
+  range, and gives the planner statistics of the length, so that it knows the condition keeps
+  every row (without them it guesses a third, and intersects the index with the trigram matches).
 - A query of fewer than three characters has no trigram: it is a LIKE over the normalised column
   (a scan, but of a short query, which matches many rows and so finds a page quickly).
 - A Python whose SQLite lacks FTS5 or the trigram tokenizer (before 3.34) gets no index from the
@@ -122,16 +132,26 @@ LIST_TEXT_INDEX = "ix_snapshot_live_text"
 # The Evaluations list's index of fully reviewed live evaluations (lib.models): with the question on
 # SQLite only, so each dialect has its own form of it.
 LIST_REVIEWED_INDEX = "ix_snapshot_live_reviewed"
+# PostgreSQL's Evaluations list order (live rows, newest first) with the normalised question as an
+# INCLUDE column, for the live rows whose question is short enough for a btree entry, and the
+# questions' length in bytes (migration 0028, lib.models; see the module doc).
+LIST_SHORT_TEXT_INDEX = "ix_snapshot_live_short_text"
+TEXT_BYTES_INDEX = "ix_snapshot_search_text_bytes"
+# The longest `search_text` (bytes) `LIST_SHORT_TEXT_INDEX` holds: a btree entry is at most 2,704 bytes
+# on 8 kB pages, which must also hold the entry's header, `created_at` and an `id` of up to 64
+# characters (256 bytes): ~2,300 bytes at most.
+SHORT_TEXT_BYTES = 2000
 
 
 def is_search_index_object(name: str | None) -> bool:
     """Whether a schema object is part of the search index (FTS5 tables and their shadow tables, the
     trigram GIN indexes, SQLite's `LIST_TEXT_INDEX`, `LIST_REVIEWED_INDEX` with the text on SQLite
-    and without it on PostgreSQL): built for one dialect only (the first two by
-    migration, not declared in lib.models), so schema comparison skips it."""
+    and without it on PostgreSQL, PostgreSQL's `LIST_SHORT_TEXT_INDEX` and `TEXT_BYTES_INDEX`):
+    built for one dialect only (the first two by migration, not declared in lib.models), so schema
+    comparison skips it (tests/test_db.py compares the declared ones itself)."""
     if not name:
         return False
-    if name in (LIST_TEXT_INDEX, LIST_REVIEWED_INDEX):
+    if name in (LIST_TEXT_INDEX, LIST_REVIEWED_INDEX, LIST_SHORT_TEXT_INDEX, TEXT_BYTES_INDEX):
         return True
     for table in SEARCHABLE:
         fts = search_table_name(table)
@@ -208,6 +228,15 @@ def text_match(table: Table, query: str, *, scan: bool = False, rows: bool = Fal
     """
     match = TextMatch(table, query, scan=scan, rows=rows)
     return true() if not match.needle else match
+
+
+def short_text(table: Table, *, longer: bool = False) -> ColumnElement[bool]:
+    """`table`'s stored search text is at most `SHORT_TEXT_BYTES` long (or, `longer`, above it), as
+    `LIST_SHORT_TEXT_INDEX`'s predicate and `TEXT_BYTES_INDEX`'s expression write it (the bound a
+    literal), so that PostgreSQL proves a query stating it may read that partial index."""
+    size = func.octet_length(table.c[SEARCH_COLUMN])
+    bound = literal_column(str(SHORT_TEXT_BYTES))
+    return size > bound if longer else size <= bound
 
 
 def _index_rows(table: Table, needle: str) -> Any:

@@ -12,19 +12,28 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.schema import CreateIndex
 from sqlmodel import Session, SQLModel, select
 
 import lib.db
 from lib.db import WriterQueue, alembic_config, create_db_engine, init_db, normalize_url, session_scope
 from lib.models import (
     REVIEWED_WHERE,
+    SHORT_TEXT_WHERE,
+    TEXT_BYTES,
     ChatMessage,
     EvaluationSnapshot,
     Judgment,
     compute_was_corrected,
     utcnow,
 )
-from lib.search import LIST_REVIEWED_INDEX, is_search_index_object
+from lib.search import (
+    LIST_REVIEWED_INDEX,
+    LIST_SHORT_TEXT_INDEX,
+    SHORT_TEXT_BYTES,
+    TEXT_BYTES_INDEX,
+    is_search_index_object,
+)
 from tests.waiting import wait_until
 
 
@@ -72,6 +81,35 @@ def test_the_migrated_reviewed_index_is_the_models(engine) -> None:
         model.dialect_options[dialect]["where"]
     )
     assert str(model.dialect_options[dialect]["where"]) == REVIEWED_WHERE
+
+
+def test_the_migrated_short_text_and_text_bytes_indexes_are_the_models(engine) -> None:
+    """PostgreSQL's partial index of live questions that fit a btree entry (with the text as an
+    INCLUDE column) and its index of the questions' length (migration 0028), left out of the
+    comparison above with the search index's objects: their definitions on the migrated database are
+    lib.models' DDL. SQLite has neither."""
+    found = {ix["name"] for ix in inspect(engine).get_indexes("evaluation_snapshots")}
+    names = (LIST_SHORT_TEXT_INDEX, TEXT_BYTES_INDEX)
+    if engine.dialect.name == "sqlite":
+        assert not found & set(names)
+        return
+    models = {ix.name: ix for ix in EvaluationSnapshot.__table__.indexes if ix.name in names}  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        for name in names:
+            migrated = conn.execute(
+                text("SELECT pg_get_indexdef(CAST(:n AS regclass))"), {"n": name}
+            ).scalar_one()
+            declared = str(CreateIndex(models[name]).compile(dialect=engine.dialect))
+            assert _index_words(migrated) == _index_words(declared), (migrated, declared)
+    assert SHORT_TEXT_WHERE.endswith(f"{TEXT_BYTES} <= {SHORT_TEXT_BYTES}")
+
+
+def _index_words(ddl: str) -> list[str]:
+    """An index's DDL as words, without what PostgreSQL's and SQLAlchemy's spellings differ in
+    (parentheses, the schema, `USING btree`, quotes)."""
+    for noise in ("(", ")", ",", '"', "public.", "USING btree"):
+        ddl = ddl.replace(noise, " ")
+    return ddl.split()
 
 
 def test_init_db_is_idempotent(db_url) -> None:
