@@ -126,8 +126,8 @@ def search_table_name(table: str) -> str:
 
 
 # SQLite's Evaluations list index that also holds the normalised question (lib.models, issue 27): a
-# common text is tested on the entries of a newest-first walk. PostgreSQL's btrees cannot hold text
-# this long; its trigram index serves there.
+# common text is tested on the entries of a newest-first walk. PostgreSQL's btrees cannot hold every
+# text; its trigram index and `LIST_SHORT_TEXT_INDEX` (below) serve there.
 LIST_TEXT_INDEX = "ix_snapshot_live_text"
 # The Evaluations list's index of fully reviewed live evaluations (lib.models): with the question on
 # SQLite only, so each dialect has its own form of it.
