@@ -510,9 +510,6 @@ def _scan_text_rows(session: Session, filters: EvaluationFilters) -> bool:
     return shares[key] >= COMMON_TEXT_SHARE
 
 
-_SHORT_TEXTS_KEY = "lib.inspector.short_texts"  # session.info: whether every live question is short
-
-
 def _short_text_walk(session: Session, filters: EvaluationFilters) -> list[ColumnElement[bool]]:
     """PostgreSQL, a text alone on the live list: `search.short_text` as a condition, so the planner
     may walk `search.LIST_SHORT_TEXT_INDEX` (newest first, with the question) and test the text on
@@ -521,17 +518,17 @@ def _short_text_walk(session: Session, filters: EvaluationFilters) -> list[Colum
     rare text keeps the trigram index (the planner's choice; its estimate of the LIKE decides).
 
     Only when no live question is longer than the index holds (one probe of an empty range of
-    `search.TEXT_BYTES_INDEX`, once a session): the condition would leave those rows out, so with
-    one the list keeps its other plans. With another filter or a date the index has no column to test it on, so nothing is
-    added; the caller adds it to a newest-first page or a count only (the index's order)."""
+    `search.TEXT_BYTES_INDEX`, ~0.01 ms, asked by each call: a session that has stored a long
+    question since must not reuse an earlier answer): the condition would leave those rows out, so
+    with one the list keeps its other plans. With another filter or a date the index has no column
+    to test it on, so nothing is added; the caller adds it to a newest-first page or a count only
+    (the index's order)."""
     alone = replace(filters, sort="newest") == EvaluationFilters(text=filters.text)
     if not (filters.text and alone) or session.get_bind().dialect.name != "postgresql":
         return []
     table = _S.__table__
-    if _SHORT_TEXTS_KEY not in session.info:
-        longer = select(col(_S.id)).where(col(_S.deleted_at).is_(None), search.short_text(table, longer=True))
-        session.info[_SHORT_TEXTS_KEY] = session.exec(longer.limit(1)).first() is None
-    return [search.short_text(table)] if session.info[_SHORT_TEXTS_KEY] else []
+    longer = select(col(_S.id)).where(col(_S.deleted_at).is_(None), search.short_text(table, longer=True))
+    return [] if session.exec(longer.limit(1)).first() is not None else [search.short_text(table)]
 
 
 def _text_matched_rows(session: Session, filters: EvaluationFilters) -> Any:

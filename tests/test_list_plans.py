@@ -470,6 +470,8 @@ def test_a_common_text_alone_walks_the_short_text_index(filled: Any) -> None:
         assert [r.id for r in page] == expected[3:7]
         s.rollback()
     with Session(engine) as s:  # a live question of 10 kB with the phrase, never committed
+        # The same session listed before the question was stored: that answer must not be reused.
+        assert [r.id for r in inspector.fetch_page(session=s, filters=filters, limit=4)] == expected[:4]
         words = [f"{n * 7919 % 10007:x}" for n in range(3000)]
         long = _S(
             id="plans-long",
