@@ -15,8 +15,9 @@ CSV's size, then each method's speed as a ratio to the pandas baseline of the sa
 
 The export's DuckDB worker is a second process (`lib.wide_scan.EXPORT_WORKERS`: a fresh interpreter
 with DuckDB and Arrow only, started before the clock): its CPU counts in the method's, and "PSS sum
-MiB" is the peak of the proportional set size summed over the child's whole process tree (app,
-worker, multiprocessing's resource tracker), sampled from this process: shared pages count once,
+MiB" is the peak of the proportional set size summed over the child's whole process tree (the app
+and its export worker; before 28 Nov also multiprocessing's resource tracker), sampled from this
+process: shared pages count once,
 so it is what the export costs the machine. On PostgreSQL the CPU of the
 server processes serving the bench database counts too ("PG server s").
 

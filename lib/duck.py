@@ -77,6 +77,7 @@ from lib.isolated import (
     attach_scanner,
     init_worker,
     new_connection,
+    process_pool,
     scanner_allowed,
 )
 from lib.lean_worker import dump_launch
@@ -353,7 +354,7 @@ def _preloaded_context() -> ForkServerContext:
 
 
 # The isolated workers of `with_duck` and table exports: forked from a preloaded fork server.
-_POOL = WorkerPool(_preloaded_context, init_worker)
+_POOL = WorkerPool(process_pool(_preloaded_context), init_worker)
 
 
 def start_isolated_workers() -> None:

@@ -8,7 +8,7 @@ such reads run in a worker process (`WorkerPool`). Two pools use this module:
 - `lib.duck`'s, forked from a fork server that preloads the app's export code (table exports,
   `with_duck`);
 - `lib.wide_scan`'s, for the Evaluations CSV of every match (issue 27): a fresh interpreter
-  (`lib.lean_worker.spawn_context`) that imports only `lib.lean_worker`, this module,
+  (`lib.lean_worker.LeanExecutor`) that imports only `lib.lean_worker`, this module,
   `lib.wide_scan`, `lib.csv_text` and `lib.judgment_text`: DuckDB and Arrow, never numpy, pandas,
   SQLAlchemy or SQLModel. It sits at ~50-70 MiB PSS beside the app instead of a fork server with
   the app's imports and its worker (~120 MiB), which is what kept the export above 300 MiB.
@@ -28,7 +28,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from importlib import resources
@@ -277,37 +277,47 @@ def _no_op() -> None:
     return None
 
 
+# How a pool makes its executor: (max_workers, initializer, initargs) -> an executor whose broken
+# worker raises BrokenProcessPool and whose `_processes` maps pids to killable processes (as
+# ProcessPoolExecutor's): `process_pool(context)`, or `lib.lean_worker.LeanExecutor`.
+ExecutorFactory = Callable[[int, Callable[[int], None], tuple[Any, ...]], Executor]
+
+
+def process_pool(context: Callable[[], BaseContext]) -> ExecutorFactory:
+    """A ProcessPoolExecutor of workers started by `context()` (multiprocessing)."""
+
+    def make(max_workers: int, initializer: Callable[[int], None], initargs: tuple[Any, ...]) -> Executor:
+        return ProcessPoolExecutor(
+            max_workers=max_workers, mp_context=context(), initializer=initializer, initargs=initargs
+        )
+
+    return make
+
+
 class WorkerPool:
     """Worker processes started on first use and reused (each call opens and closes what it
     attaches, so no file handle outlives a call); a pool whose worker died starts anew on the next
-    call. `initializer(app_pid)` runs in each worker first. Every pool stops when the app exits
-    (`_stop_pools`)."""
+    call. `executor` makes the workers (`ExecutorFactory`); `initializer(app_pid)` runs in each
+    worker first. Every pool stops when the app exits (`_stop_pools`)."""
 
-    def __init__(self, context: Callable[[], BaseContext], initializer: Callable[[int], None]) -> None:
-        self._context = context
+    def __init__(self, executor: ExecutorFactory, initializer: Callable[[int], None]) -> None:
+        self._make_executor = executor
         self._initializer = initializer
-        self._pool: ProcessPoolExecutor | None = None
+        self._pool: Executor | None = None
         self._made_in = 0  # the process that started `_pool`: its workers are that process's children
         self._lock = threading.Lock()
         # The executor of each call not yet forgotten: a broken one is dropped only if still current.
-        self._executors: weakref.WeakKeyDictionary[Future[Any], ProcessPoolExecutor] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._executors: weakref.WeakKeyDictionary[Future[Any], Executor] = weakref.WeakKeyDictionary()
         _POOLS.add(self)
 
-    def _executor(self) -> ProcessPoolExecutor:
+    def _executor(self) -> Executor:
         with self._lock:
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(
-                    max_workers=ISOLATED_WORKERS,
-                    mp_context=self._context(),
-                    initializer=self._initializer,
-                    initargs=(os.getpid(),),
-                )
+                self._pool = self._make_executor(ISOLATED_WORKERS, self._initializer, (os.getpid(),))
                 self._made_in = os.getpid()
             return self._pool
 
-    def _broken(self, exc: BrokenProcessPool, broken: ProcessPoolExecutor | None) -> RuntimeError:
+    def _broken(self, exc: BrokenProcessPool, broken: Executor | None) -> RuntimeError:
         with self._lock:
             if self._pool is broken:  # not a new pool another thread made since: that one is healthy
                 self._pool = None  # the next call starts a new pool
@@ -352,7 +362,7 @@ class WorkerPool:
             pool, self._pool = self._pool, None
         if pool is None or self._made_in != os.getpid():
             return
-        processes = list((pool._processes or {}).values())  # before shutdown forgets them
+        processes = list((getattr(pool, "_processes", None) or {}).values())  # before shutdown forgets them
         pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             with contextlib.suppress(OSError, ValueError):  # gone already, or closed

@@ -1,9 +1,15 @@
 """How worker processes start (`lib.isolated.WorkerPool`): without re-running the app's main script,
 and for a lean worker (`lib.wide_scan.EXPORT_WORKERS`) without numpy and pandas.
 
-Standard library only, on purpose: a new worker imports this module first (its process class and
-its initializer live here), before anything brings in Arrow, so the refusal of numpy and pandas is
-in place when Arrow asks for them.
+A lean worker is a fresh interpreter started by `LeanExecutor` with `subprocess` and spoken to
+over two pipes (a call, then its answer, pickled), not by `multiprocessing`: its spawn start needs
+multiprocessing's resource tracker, a third interpreter beside the app and the worker (~7 MiB of
+the export's summed PSS, issue 27) that only cleans up named semaphores, which these pipes do not
+use.
+
+Standard library only, on purpose: a new worker imports this module first (its loop and its
+initializer live here), before anything brings in Arrow, so the refusal of numpy and pandas is in
+place when Arrow asks for them.
 """
 
 from __future__ import annotations
@@ -11,10 +17,19 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import pickle
+import queue
+import struct
+import subprocess
 import sys
-from multiprocessing import popen_spawn_posix, reduction, spawn, util
-from multiprocessing.context import BaseContext, SpawnContext, SpawnProcess, set_spawning_popen
-from typing import Any
+import threading
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import reduction, spawn
+from multiprocessing.context import set_spawning_popen
+from typing import IO, Any
 
 # What a lean worker never imports: Arrow imports numpy with itself and pandas (~30 MiB of private
 # memory) the first time it converts Python values, only to ask whether they are pandas objects.
@@ -76,42 +91,226 @@ def dump_launch(popen: Any, process_obj: Any) -> io.BytesIO:
     return buf
 
 
-class _SpawnPopen(popen_spawn_posix.Popen):
-    """Python's spawn start, with `preparation_data` (the main script is never re-run)."""
+# A message on a lean worker's pipes: its length, then the pickle. Framed, so that a call that
+# cannot be unpickled (a module that fails to import) is answered as that call's error.
+_FRAME = struct.Struct("!Q")
+# What a lean worker runs first (standard library only): the app's sys.path from the first message,
+# then this module's `serve`, which reads the initializer and then the calls.
+_BOOT = (
+    "import os, pickle, sys; "
+    "calls, answers = os.fdopen(int(sys.argv[1]), 'rb'), os.fdopen(int(sys.argv[2]), 'wb'); "
+    "sys.path[:] = pickle.loads(calls.read(int.from_bytes(calls.read(8), 'big'))); "
+    "from lib.lean_worker import serve; serve(calls, answers)"
+)
 
-    def _launch(self, process_obj: Any) -> None:
-        from multiprocessing import resource_tracker
 
-        tracker_fd = resource_tracker.getfd()
-        self._fds.append(tracker_fd)
-        buf = dump_launch(self, process_obj)
-        parent_r = child_w = child_r = parent_w = None
+def _send(stream: IO[bytes], data: bytes) -> None:
+    stream.write(_FRAME.pack(len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream: IO[bytes]) -> bytes:
+    """The next message; EOFError when the other end is gone (closed, or its process died)."""
+    header = stream.read(_FRAME.size)
+    if len(header) < _FRAME.size:
+        raise EOFError("the pipe was closed")
+    (size,) = _FRAME.unpack(header)
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError("the pipe was closed")
+    return data
+
+
+class RemoteTraceback(Exception):
+    """The traceback of a call's error in the worker, as its `__cause__` (as concurrent.futures does)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _answer(call: bytes) -> bytes:
+    """Run one pickled call; its pickled answer: (True, result) or (False, error, traceback text)."""
+    try:
+        func, args, kwargs = pickle.loads(call)  # noqa: S301 - from the app that started this process
+        return pickle.dumps((True, func(*args, **kwargs)), pickle.HIGHEST_PROTOCOL)
+    except BaseException as exc:  # the call's error is the caller's to raise
+        trace = "".join(traceback.format_exception(exc))
         try:
-            parent_r, child_w = os.pipe()
-            child_r, parent_w = os.pipe()
-            cmd = spawn.get_command_line(tracker_fd=tracker_fd, pipe_handle=child_r)
-            self._fds.extend([child_r, child_w])
-            self.pid = util.spawnv_passfds(spawn.get_executable(), cmd, self._fds)
-            self.sentinel = parent_r
-            with open(parent_w, "wb", closefd=False) as f:
-                f.write(buf.getbuffer())
-        finally:
-            self.finalizer = util.Finalize(
-                self, util.close_fds, [fd for fd in (parent_r, parent_w) if fd is not None]
+            return pickle.dumps((False, exc, trace), pickle.HIGHEST_PROTOCOL)
+        except Exception:  # an error that cannot be pickled: its text
+            return pickle.dumps((False, RuntimeError(repr(exc)), trace), pickle.HIGHEST_PROTOCOL)
+
+
+def serve(calls: IO[bytes], answers: IO[bytes]) -> None:
+    """A lean worker's life: run its initializer, then each call in turn until the app closes its end
+    of the pipe (the executor is shut down, or the app is gone)."""
+    initializer, initargs = pickle.loads(_receive(calls))  # noqa: S301 - from the app, as above
+    initializer(*initargs)
+    while True:
+        try:
+            call = _receive(calls)
+        except EOFError:
+            return
+        _send(answers, _answer(call))
+
+
+class _Worker:
+    """One lean worker process and the app's ends of its pipes."""
+
+    def __init__(self, launch: bytes) -> None:
+        call_r, call_w = os.pipe()
+        answer_r, answer_w = os.pipe()
+        try:
+            command = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", _BOOT]  # type: ignore[attr-defined]
+            self.process = subprocess.Popen(
+                [*command, str(call_r), str(answer_w)], pass_fds=(call_r, answer_w), stdin=subprocess.DEVNULL
             )
-            for fd in (child_r, child_w):
-                if fd is not None:
-                    os.close(fd)
+        except BaseException:
+            for fd in (call_r, call_w, answer_r, answer_w):
+                os.close(fd)
+            raise
+        os.close(call_r)
+        os.close(answer_w)
+        self.calls = os.fdopen(call_w, "wb")
+        self.answers = os.fdopen(answer_r, "rb")
+        try:
+            _send(self.calls, pickle.dumps(sys.path, pickle.HIGHEST_PROTOCOL))
+            _send(self.calls, launch)
+        except OSError:  # it died at once: the caller sees it as a dead worker
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Let the worker go (its pipe closed: it leaves its loop) and reap it."""
+        for stream in (self.calls, self.answers):
+            with contextlib.suppress(OSError):
+                stream.close()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
-class _SpawnProcess(SpawnProcess):
-    _Popen = staticmethod(_SpawnPopen)  # type: ignore[assignment]
+# An item of `LeanExecutor`'s queue: the call's future and the pickled call; None stops a thread.
+_Item = tuple[Future[Any], bytes] | None
 
 
-class _SpawnContext(SpawnContext):
-    Process = _SpawnProcess  # type: ignore[assignment]
+class LeanExecutor:
+    """The executor `lib.isolated.WorkerPool` uses for lean workers (`lib.wide_scan.EXPORT_WORKERS`):
+    up to `max_workers` fresh interpreters, each started with `subprocess` on its first call and
+    reused, spoken to over two pipes, one call at a time, by a thread of this process.
 
+    It behaves as a `ProcessPoolExecutor` where `WorkerPool` relies on it: a worker is started only
+    when none is idle; a queued call can be cancelled; a worker that dies (killed, crashed) fails
+    its call with BrokenProcessPool and breaks the executor (every other worker is stopped, queued
+    calls fail, `submit` raises), so the pool starts a new one; `shutdown` cancels the queued calls,
+    and `_processes` are the processes `WorkerPool.stop` kills. Without multiprocessing, no resource
+    tracker is started (see the module's docstring)."""
 
-def spawn_context() -> BaseContext:
-    """Workers started as fresh interpreters that import only what their calls need."""
-    return _SpawnContext()
+    def __init__(self, max_workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...]) -> None:
+        self._max_workers = max_workers
+        self._launch = pickle.dumps((initializer, initargs), pickle.HIGHEST_PROTOCOL)
+        self._items: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)  # released by a thread waiting for a call
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._workers: set[_Worker] = set()
+        self._broken: str | None = None
+        self._shut_down = False
+
+    @property
+    def _processes(self) -> dict[int, subprocess.Popen[bytes]]:
+        """The live worker processes by pid (as ProcessPoolExecutor's attribute of that name)."""
+        with self._lock:
+            return {worker.process.pid: worker.process for worker in self._workers}
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Queue `fn(*args, **kwargs)` for a worker; raises BrokenProcessPool once a worker died."""
+        call = pickle.dumps((fn, args, kwargs), pickle.HIGHEST_PROTOCOL)  # fails here, not in a worker
+        with self._lock:
+            if self._broken is not None:
+                raise BrokenProcessPool(self._broken)
+            if self._shut_down:
+                raise RuntimeError("cannot schedule new calls after shutdown")
+            future: Future[Any] = Future()
+            self._items.put((future, call))
+            if not self._idle.acquire(blocking=False) and self._threads < self._max_workers:
+                self._threads += 1
+                threading.Thread(target=self._run, name="overrule-lean-worker", daemon=True).start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop taking calls; cancel the queued ones if `cancel_futures`; idle workers leave. A running
+        call goes on (`WorkerPool.stop` kills its process). `wait` waits for nothing here."""
+        with self._lock:
+            self._shut_down = True
+            threads = self._threads
+        if cancel_futures:
+            self._fail_queued(None)
+        for _ in range(threads):
+            self._items.put(None)
+
+    def _fail_queued(self, error: str | None) -> None:
+        """Cancel every queued call (`error` None), or fail it with BrokenProcessPool(error)."""
+        while True:
+            try:
+                item = self._items.get_nowait()
+            except queue.Empty:
+                return
+            if item is None:
+                self._items.put(None)  # a thread's stop, not a call: kept for the thread
+                return
+            future = item[0]
+            if error is None:
+                future.cancel()
+            elif future.set_running_or_notify_cancel():
+                future.set_exception(BrokenProcessPool(error))
+
+    def _break(self, error: str) -> None:
+        """A worker died: as ProcessPoolExecutor, the executor is broken and its other workers stop."""
+        with self._lock:
+            self._broken = error
+            workers = list(self._workers)
+        self._fail_queued(error)
+        for worker in workers:
+            with contextlib.suppress(OSError):
+                worker.process.kill()
+
+    def _run(self) -> None:
+        """A thread's loop: take a call, hand it to this thread's worker (started on its first call),
+        settle the call's future with the answer."""
+        worker: _Worker | None = None
+        try:
+            while True:
+                item = self._items.get()
+                if item is None:
+                    return
+                future, call = item
+                if not future.set_running_or_notify_cancel():
+                    self._idle.release()
+                    continue
+                try:
+                    if worker is None:
+                        worker = _Worker(self._launch)
+                        with self._lock:
+                            self._workers.add(worker)
+                    _send(worker.calls, call)
+                    answer = pickle.loads(_receive(worker.answers))  # noqa: S301 - our own child's
+                except (OSError, EOFError) as exc:  # the worker died, or was killed by WorkerPool.stop
+                    error = f"a lean worker process died: {exc!r}"
+                    future.set_exception(BrokenProcessPool(error))
+                    self._break(error)
+                    return
+                if answer[0]:
+                    future.set_result(answer[1])
+                else:
+                    error = answer[1]
+                    error.__cause__ = RemoteTraceback(answer[2])
+                    future.set_exception(error)
+                self._idle.release()  # this thread waits for the next call (as ThreadPoolExecutor's)
+        finally:
+            if worker is not None:
+                with self._lock:
+                    self._workers.discard(worker)
+                worker.close()

@@ -8,7 +8,7 @@ with it as one JSON object (the app database's own JSON aggregate, latest review
 DuckDB cuts per metric. The worker writes the CSV into a FIFO that the app reads and hands on
 (`lib.export._scanned_chunks`).
 
-The worker is a fresh interpreter (`lib.lean_worker.spawn_context`) that imports this module and what it
+The worker is a fresh interpreter (`lib.lean_worker.LeanExecutor`) that imports this module and what it
 imports: `lib.isolated`, `lib.csv_text`, `lib.judgment_text` (DuckDB, Arrow), never numpy, pandas,
 SQLAlchemy, SQLModel or the app's models. The CSV rules, the score and decision rules and the
 version names are those modules' (their one home, which the app's own path imports too), so the
@@ -48,13 +48,13 @@ from lib.judgment_text import (
     score_sql,
     unread_sql,
 )
-from lib.lean_worker import init_lean_worker, spawn_context
+from lib.lean_worker import LeanExecutor, init_lean_worker
 from lib.sql_quote import quote_literal
 
 log = logging.getLogger(__name__)
 
 # The workers of the scanner path: fresh interpreters with only this module's imports.
-EXPORT_WORKERS = WorkerPool(spawn_context, init_lean_worker)
+EXPORT_WORKERS = WorkerPool(LeanExecutor, init_lean_worker)
 # DuckDB's own memory in the worker (the scan streams; the JSON cut needs little). Freed blocks go
 # back at once rather than from 128 MiB / 512 MiB up (the worker's peak at 100k: 340 -> 310 MiB RSS).
 SCAN_DUCKDB_CONFIG = {

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -35,7 +37,7 @@ from lib.duck import (
     tables_in_sql,
 )
 from lib.isolated import RAW_QUERY_FUNCTIONS, DuckUnavailable, WorkerPool, extension_path, scanner_session
-from lib.lean_worker import init_lean_worker, spawn_context
+from lib.lean_worker import LeanExecutor, init_lean_worker
 from lib.models import Judgment
 from lib.sql_quote import quote_ident, quote_literal
 
@@ -250,7 +252,7 @@ def test_a_failed_reset_after_a_use_keeps_the_use_s_own_error(
 def test_a_dead_worker_drops_its_own_pool_not_a_newer_one() -> None:
     """A call of a pool that broke, answered after another thread already made a new pool: the new,
     healthy pool is kept (it was dropped, and its workers left to the garbage collector)."""
-    pool = WorkerPool(spawn_context, init_lean_worker)
+    pool = WorkerPool(LeanExecutor, init_lean_worker)
     old, new = ProcessPoolExecutor(max_workers=1), ProcessPoolExecutor(max_workers=1)  # no process yet
     late: Future[int] = Future()
     pool._executors[late] = old
@@ -271,6 +273,45 @@ def test_a_dead_worker_drops_its_own_pool_not_a_newer_one() -> None:
         new.shutdown()
 
 
+def test_a_lean_worker_that_dies_fails_its_call_and_the_next_call_gets_a_new_one() -> None:
+    """A lean worker (`LeanExecutor`) killed in a call: the call fails as a dead worker's, and the
+    pool starts a new worker for the next; a call's own error comes back as itself, with the
+    worker's traceback as its cause; the worker is the app's own child."""
+    pool = WorkerPool(LeanExecutor, init_lean_worker)
+    try:
+        first = pool.run(os.getpid)
+        assert pool.run(os.getppid) == os.getpid()
+        with pytest.raises(ValueError, match="invalid literal") as raised:
+            pool.run(int, "not a number")
+        assert "ValueError" in str(raised.value.__cause__)  # the worker's traceback
+        assert pool.run(os.getpid) == first  # an error is not a death: the same worker
+        with pytest.raises(RuntimeError, match="worker process died"):
+            pool.run(os._exit, 3)
+        assert pool.run(os.getpid) != first
+    finally:
+        pool.stop()
+
+
+def test_the_lean_workers_start_no_resource_tracker(tmp_path: Path) -> None:
+    """An app that exports only through lean workers has them as its one kind of child: no
+    multiprocessing resource tracker beside them (~7 MiB of the export's summed PSS, issue 27)."""
+    script = """
+import os
+from lib.wide_scan import EXPORT_WORKERS, start_export_workers
+start_export_workers()
+worker = EXPORT_WORKERS.run(os.getpid)
+children = [int(p) for p in os.listdir("/proc") if p.isdigit() and os.path.exists(f"/proc/{p}/stat")
+            and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == str(os.getpid())]
+print(sorted(children) == [worker], flush=True)
+"""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "True\n"
+
+
 def test_a_spawned_worker_knows_its_app_is_gone_by_its_parent() -> None:
     """A lean worker is the app's own child: when its parent is not the app any more, the app is gone,
     even if the app's pid is alive (reused, or a zombie), which the pid probe cannot tell."""
@@ -283,7 +324,7 @@ def test_a_spawned_worker_knows_its_app_is_gone_by_its_parent() -> None:
 def test_a_forked_copy_of_a_pool_never_stops_the_parent_s_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     """At exit every pool kills its workers; a process forked from the app holds a copy of the
     app's pools, whose workers are the app's, not its own: it leaves them alone."""
-    pool = WorkerPool(spawn_context, init_lean_worker)
+    pool = WorkerPool(LeanExecutor, init_lean_worker)
     stopped: list[bool] = []
 
     class Executor:

@@ -28,7 +28,7 @@ from lib.importer import import_evaluations
 from lib.inspector import EvaluationFilters
 from lib.isolated import WorkerPool
 from lib.judgment_text import decision_value, name_for, score_of, scores_of_json
-from lib.lean_worker import init_lean_worker, spawn_context
+from lib.lean_worker import LeanExecutor, init_lean_worker
 from lib.models import EvaluationSnapshot, Judgment
 from tests.test_inspector import record
 
@@ -223,7 +223,7 @@ def test_the_export_worker_imports_no_app_stack(
         import_evaluations(session=session, records=[record("s_lean")], reviewer="tester")
         session.commit()
     monkeypatch.setattr(lib.isolated, "ISOLATED_WORKERS", 1)
-    pool = WorkerPool(spawn_context, init_lean_worker)
+    pool = WorkerPool(LeanExecutor, init_lean_worker)
     calls: list[tuple[object, Future[Any]]] = []
     submit_in_pool = pool.submit
 
