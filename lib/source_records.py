@@ -198,48 +198,58 @@ def plan_import(
     rubrics: dict[str, tuple[list[MetricSpec], bool, bool]] = {}
     uses_rubric: set[str] = set()
     # (product, evaluation name) → (rubric slug or None, score key, the record's field for it as a
-    # judge's and as a person's score): every evaluation names the same few metrics.
-    resolved: dict[tuple[Any, str], tuple[str | None, str, str, str]] = {}
+    # judge's and as a person's score, the new metric's plan or None): every evaluation names the
+    # same few metrics, and every verdict passes here (an OTLP request of 512 spans: 2,560).
+    resolved: dict[tuple[Any, str], tuple[str | None, str, str, str, _MetricPlan | None]] = {}
     for index, ev in enumerate(evaluations):
+        product = ev.product
         where = Located(ev.where, dict(ev.fields))
-        if ev.product not in rubrics:
-            rubrics[ev.product] = rubric(ev.product) if isinstance(ev.product, str) else ([], True, False)
-        specs = rubrics[ev.product][0]
+        if product not in rubrics:
+            rubrics[product] = rubric(product) if isinstance(product, str) else ([], True, False)
+        specs = rubrics[product][0]
         scores: dict[str, dict[str, Any]] = {}
         human: dict[str, dict[str, Any]] = {}
         try:
             if not ev.verdicts:
                 raise InvalidField(None, "has no evaluation results")
             for verdict in ev.verdicts:
+                name = verdict.name
+                source_field = verdict.field or name
                 if verdict.where:
-                    where.places[verdict.field or verdict.name] = verdict.where
-                score = verdict_score(verdict)
-                named = isinstance(verdict.name, str)
-                cached = resolved.get((ev.product, verdict.name)) if named else None
+                    where.places[source_field] = verdict.where
+                score = verdict.score
+                if score.__class__ is not float or not math.isfinite(score):  # else: as verdict_score
+                    score = verdict_score(verdict)
+                named = isinstance(name, str)
+                cached = resolved.get((product, name)) if named else None
                 if cached is None:
-                    slug, key = _resolved(specs, verdict.name)
-                    cached = (slug, key, f"judge_scores.{key}", f"user_scores.{key}")
+                    slug, key = _resolved(specs, name)
+                    plan = None
+                    if slug is None:
+                        plan = plans.get((product, key))
+                        if plan is None:
+                            plan = plans[product, key] = _MetricPlan(name, key)
+                    cached = (slug, key, f"judge_scores.{key}", f"user_scores.{key}", plan)
                     if named:
-                        resolved[ev.product, verdict.name] = cached
-                slug, key, judge_field, user_field = cached
-                if slug is not None:
-                    uses_rubric.add(ev.product)
+                        resolved[product, name] = cached
+                slug, key, judge_field, user_field, plan = cached
+                if plan is None:  # the rubric's metric
+                    uses_rubric.add(product)
                 else:
-                    plan = plans.get((ev.product, key))
-                    if plan is None:
-                        plan = plans[ev.product, key] = _MetricPlan(verdict.name, key)
                     plan.stated = plan.stated or verdict.scale
                     plan.labels_only = plan.labels_only and verdict.score is None
-                    plan.low, plan.high = min(plan.low, score), max(plan.high, score)
+                    if score < plan.low:
+                        plan.low = score
+                    if score > plan.high:
+                        plan.high = score
                     plan.whole = plan.whole and score.is_integer()
                 side, field_name = (human, user_field) if verdict.human else (scores, judge_field)
                 if key in side:
                     raise InvalidField(
-                        verdict.field or verdict.name,
-                        f"evaluation {verdict.name!r} is given twice for the same answer",
+                        source_field, f"evaluation {name!r} is given twice for the same answer"
                     )
                 side[key] = {"score": score, "reason": verdict_reason(verdict)}
-                where.fields.setdefault(field_name, verdict.field or verdict.name)
+                where.fields.setdefault(field_name, source_field)
                 if verdict.where:
                     where.places.setdefault(field_name, verdict.where)
         except InvalidField as exc:
@@ -248,7 +258,7 @@ def plan_import(
             on_invalid(index, located_failure(where, exc))
             continue
         record: dict[str, Any] = {
-            "product": ev.product,
+            "product": product,
             "question": ev.question,
             "model_answer": ev.answer,
             "judge_scores": scores,

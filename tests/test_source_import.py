@@ -362,3 +362,71 @@ def test_a_later_eval_of_stored_answers_adds_its_judgments_once(sqlite_engine: E
     )
     assert (again.inserted, again.judgments) == (0, 0)
     assert _counts(sqlite_engine)[1] == 5
+
+
+def test_plan_import_scores_scales_and_refusals_per_verdict() -> None:
+    """The shared mapping's per-verdict rules, which every source's verdicts pass through (an OTLP
+    request of 512 spans: 2,560 of them): numbers kept as floats, a label without a number as 1/0, a
+    new metric's scale from its scores (or 0–1 whole for labels only), a rubric metric left to the
+    rubric, and a non-finite, boolean or non-numeric score, a label that is not pass/fail, or a
+    metric given twice for one answer refused, naming the source's field."""
+    from lib.metrics import MetricSpec
+    from lib.records import ImportFailed as Refused
+    from lib.source_records import BINARY_SCALE, plan_import
+
+    rubric_metric = MetricSpec(slug="safety", display_name="Safety", min_value=1, max_value=5)
+
+    def rubric(product: str) -> tuple[list[MetricSpec], bool, bool]:
+        return ([rubric_metric], True, True) if product == "owned" else ([], False, False)
+
+    def ev(product: str, *verdicts: SourceVerdict) -> SourceEvaluation:
+        return SourceEvaluation(
+            where="row 1", product=product, question="q", answer="a", verdicts=list(verdicts)
+        )
+
+    plan = plan_import(
+        [
+            ev("p", SourceVerdict("Depth", 0.5), SourceVerdict("passed", label="pass", reason=" fine ")),
+            ev("p", SourceVerdict("Depth", 3), SourceVerdict("passed", label="FAIL")),
+            ev("owned", SourceVerdict("Safety", 4.0, reason="ok")),
+        ],
+        rubric,
+    )
+    first, second, third = (record for _, record in plan.records)
+    assert first["judge_scores"] == {
+        "depth": {"score": 0.5, "reason": None},
+        "passed": {"score": 1.0, "reason": "pass: fine"},
+    }
+    assert second["judge_scores"]["depth"] == {"score": 3.0, "reason": None}
+    assert type(second["judge_scores"]["depth"]["score"]) is float
+    assert second["judge_scores"]["passed"] == {"score": 0.0, "reason": "FAIL"}
+    assert third["judge_scores"] == {"safety": {"score": 4.0, "reason": "ok"}}
+    scales = {d["slug"]: (d["min"], d["max"], d["integer_scale"]) for d in plan.definitions}
+    assert scales == {
+        "depth": (0.0, 3.0, False),  # 0 up to the highest score; 0.5 is not whole
+        "passed": (BINARY_SCALE.min_value, BINARY_SCALE.max_value, True),
+    }
+
+    refusals = {
+        "nan": (SourceVerdict("m", float("nan"), field="events[0]"), "events[0]", "finite number"),
+        "infinite": (SourceVerdict("m", float("inf")), "m", "finite number"),
+        "boolean": (SourceVerdict("m", True), "m", "must be a number"),  # type: ignore[arg-type]
+        "text": (SourceVerdict("m", "4"), "m", "must be a number"),  # type: ignore[arg-type]
+        "label": (SourceVerdict("m", label="maybe"), "m", "not a pass/fail label"),
+        "nothing": (SourceVerdict("m"), "m", "neither a score nor a label"),
+    }
+    for what, (verdict, field, message) in refusals.items():
+        with pytest.raises(Refused) as caught:
+            plan_import([ev("p", verdict)], rubric)
+        assert field in str(caught.value) and message in str(caught.value), (what, str(caught.value))
+    with pytest.raises(Refused, match="given twice"):
+        plan_import([ev("p", SourceVerdict("Depth", 1.0), SourceVerdict("depth", 2.0))], rubric)
+    # With on_invalid, a refused evaluation is left out and the others planned.
+    left_out: list[int] = []
+    plan = plan_import(
+        [ev("p", SourceVerdict("m", float("inf"))), ev("p", SourceVerdict("m", 2.0))],
+        rubric,
+        on_invalid=lambda index, exc: left_out.append(index),
+    )
+    assert left_out == [0] and plan.indexes == [1]
+    assert [d["max"] for d in plan.definitions] == [2.0]
