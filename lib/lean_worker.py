@@ -302,13 +302,15 @@ class LeanExecutor:
                     future.set_exception(BrokenProcessPool(error))
                     self._break(error)
                     return
+                # Idle before the caller hears back: a call it submits next finds this worker free
+                # rather than starting a second one (an idle worker is ~30 MiB).
+                self._idle.release()
                 if answer[0]:
                     future.set_result(answer[1])
                 else:
                     error = answer[1]
                     error.__cause__ = RemoteTraceback(answer[2])
                     future.set_exception(error)
-                self._idle.release()  # this thread waits for the next call (as ThreadPoolExecutor's)
         finally:
             if worker is not None:
                 with self._lock:

@@ -285,6 +285,7 @@ def test_a_lean_worker_that_dies_fails_its_call_and_the_next_call_gets_a_new_one
             pool.run(int, "not a number")
         assert "ValueError" in str(raised.value.__cause__)  # the worker's traceback
         assert pool.run(os.getpid) == first  # an error is not a death: the same worker
+        assert {pool.run(os.getpid) for _ in range(20)} == {first}  # one call after another: one worker
         with pytest.raises(RuntimeError, match="worker process died"):
             pool.run(os._exit, 3)
         assert pool.run(os.getpid) != first
