@@ -25,7 +25,16 @@ state, a reviewer named in the sidebar). Timed: `AppTest.run()` only, i.e. the s
 - `st.cache_data` cleared before every timed run (a first render after the cache expired, the
   reviewer's worst case), `st.cache_resource` (engine, DuckDB connection) kept, as in a server
   that has been up for a while; `--warm-data-cache` keeps it too;
-- one untimed warm-up run per scenario, then the median of `--repeat` (3) runs.
+- one untimed warm-up run per scenario, then the median of `--repeat` (3) runs;
+- before every run (untimed) the worker's heap is collected and frozen (`gc.collect()`, `gc.freeze()`),
+  so a run pays for the garbage collections of its own objects only. Without it, CPython's full
+  collection, which walks the ~250,000 objects of the imported libraries (~150 ms here, the same
+  at 1k and 100k), fell into whichever run happened to cross its allocation threshold: one
+  scenario's timed run at one size and its untimed warm-up at the other (issue 27's PostgreSQL
+  "review language order=largest_gap" 23 -> 163 ms and "corrections" 65 -> 211 ms with one timed
+  run per process). A server pays that collection now and then at any size: it is no cost of the
+  data, and `gc_seconds` (the collections inside a timed run, in `--json`) still shows the ones a
+  render's own objects cause.
 
 Analytics also reports the server's memory: the peak proportional set size (PSS, so pages that
 forked children share are counted once) of the worker process plus its children (DuckDB runs
@@ -44,6 +53,7 @@ A page that raises prints its error instead of a time. Wall clock on a shared ma
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import math
@@ -479,7 +489,18 @@ def worker(
     # is added to the worker's, else the process CPU alone flatters PostgreSQL.
     server = url.rpartition("/")[2].partition("?")[0] if url.startswith("postgresql") else None
 
-    def render(scenario: Scenario | None) -> tuple[float, float, str | None]:
+    collecting: list[float] = []  # perf_counter at the start of the collection under way
+    collected = [0.0]  # seconds of collections since the last reset
+
+    def on_gc(phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            collecting[:] = [time.perf_counter()]
+        elif collecting:
+            collected[0] += time.perf_counter() - collecting.pop()
+
+    gc.callbacks.append(on_gc)
+
+    def render(scenario: Scenario | None) -> tuple[float, float, str | None, float]:
         if scenario is None:
             at = AppTest.from_string("import streamlit as st\nst.write('empty')", default_timeout=60)
         else:
@@ -491,14 +512,18 @@ def worker(
                 at.session_state[key] = value
         if not warm_data_cache:
             st.cache_data.clear()
+        gc.collect()  # the garbage earlier runs left, untimed (the heap after them is frozen: cheap)
+        gc.freeze()  # collections during the run walk only the objects it makes (see the docstring)
         before = backend_cpu(server) if server else {}
+        collected[0] = 0.0
         started, cpu_started = time.perf_counter(), time.process_time()
         at.run()
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        in_gc = collected[0]
         if server:
             cpu += sum(spent - before.get(pid, 0.0) for pid, spent in backend_cpu(server).items())
         error = at.exception[0].message.splitlines()[0][:200] if at.exception else None
-        return elapsed, cpu, error
+        return elapsed, cpu, error, in_gc
 
     def emit(record: dict[str, Any]) -> None:
         print(json.dumps(record), flush=True)
@@ -520,22 +545,24 @@ def worker(
             if sampler:
                 sampler.__enter__()
             try:
-                _, _, error = render(scenario)  # warm-up (connections, OS page cache, imports)
-                times, cpus = [], []
+                _, _, error, _ = render(scenario)  # warm-up (connections, OS page cache, imports)
+                times, cpus, gcs = [], [], []
                 for _ in range(repeat if error is None else 0):
-                    elapsed, cpu, error = render(scenario)
+                    elapsed, cpu, error, in_gc = render(scenario)
                     times.append(elapsed)
                     cpus.append(cpu)
+                    gcs.append(in_gc)
                     if error:
                         break
             finally:
                 if sampler:
                     sampler.__exit__()
         except Exception as exc:  # a page that cannot even start: report it, measure the others
-            error, times, cpus = f"{type(exc).__name__}: {exc}"[:200], [], []
+            error, times, cpus, gcs = f"{type(exc).__name__}: {exc}"[:200], [], [], []
         record: dict[str, Any] = {"scenario": scenario.name, "times": times, "error": error}
         record["seconds"] = statistics.median(times) if times and error is None else None
         record["cpu_seconds"] = statistics.median(cpus) if cpus and error is None else None
+        record["gc_seconds"] = statistics.median(gcs) if gcs and error is None else None
         if sampler:
             record["peak_rss_mib"] = round(sampler.peak / 2**20)
             record["rss_after_mib"] = round(_tree_pss_bytes(os.getpid()) / 2**20)
@@ -581,7 +608,7 @@ def run_worker(url: str, evaluations: int, args: argparse.Namespace) -> dict[str
     results: dict[str, dict[str, Any]] = {}
     for name, records in runs.items():
         merged = dict(records[-1])
-        for key in ("seconds", "cpu_seconds"):
+        for key in ("seconds", "cpu_seconds", "gc_seconds"):
             values = [r[key] for r in records if r.get(key) is not None]
             merged[key] = statistics.median(values) if values and len(values) == len(records) else None
         merged["error"] = next((r["error"] for r in records if r.get("error")), None)
