@@ -7,7 +7,7 @@ import streamlit as st
 
 from lib import charts, corrections, counters, export, importer, judge_versions
 from lib.auth import Permission
-from lib.config import get_settings
+from lib.config import get_settings, setting_range
 from lib.corrections import REVIEW_STATES, JudgmentFilter
 from lib.display import REVIEWED_BY, ROLE_HELP, role_label
 from lib.importer import ImportFailed
@@ -235,13 +235,19 @@ history_product = cols[0].selectbox(
     key="corrections_history_product",
 )
 history_metric = cols[1].selectbox("Metric", [ANY, *options["metrics"]], key="corrections_history_metric")
+entries_low, entries_high = setting_range("history_max_entries")
+ratio_low, ratio_high = setting_range("history_correction_ratio")
 size = cols[2].number_input(
-    "Entries", min_value=0, max_value=1000, value=settings.history_max_entries, key="corrections_history_size"
+    "Entries",
+    min_value=int(entries_low),
+    max_value=int(entries_high),
+    value=settings.history_max_entries,
+    key="corrections_history_size",
 )
 ratio = cols[3].slider(
     "Correction ratio",
-    min_value=0.0,
-    max_value=1.0,
+    min_value=float(ratio_low),
+    max_value=float(ratio_high),
     value=float(settings.history_correction_ratio),
     step=0.05,
     key="corrections_history_ratio",

@@ -131,6 +131,21 @@ def test_the_judges_view_is_exactly_the_history_block(app_engine, open_page) -> 
     assert not at.exception
 
 
+def test_the_history_controls_keep_the_settings_bounds(app_engine, open_page, monkeypatch) -> None:
+    """The page's bounds are the settings' (lib.config), not a copy: narrower settings narrow the widgets."""
+    from lib import config
+
+    monkeypatch.setitem(config._RANGES, "history_max_entries", (0, 50))
+    monkeypatch.setitem(config._RANGES, "history_correction_ratio", (0.0, 0.9))
+    cache(app_engine, "acme")
+    at = open_page(PAGE)
+    size = at.number_input(key="corrections_history_size")
+    ratio = at.slider(key="corrections_history_ratio")
+    assert (size.min, size.max) == (0, 50)
+    assert (ratio.min, ratio.max) == (0.0, 0.9)
+    assert not at.exception
+
+
 def test_the_judges_view_on_an_empty_cache_is_the_cold_start_note(app_engine, open_page) -> None:
     at = open_page(PAGE)
     assert [c.value for c in at.code] == ["No previous judgments available"]
