@@ -449,7 +449,7 @@ def count_evaluations(*, session: Session, filters: EvaluationFilters, cap: int 
     if _counted(session, filters, bound=True) == 0:
         return 0  # the filters the counters hold already keep nothing
     cap = count_cap(filters) if cap is None else cap
-    text_only = filters == EvaluationFilters(text=filters.text, sort=filters.sort, archived=filters.archived)
+    text_only = _text_alone(filters)
     matched = _text_matched_rows(session, filters)
     found = None
     if matched is not None:
@@ -522,13 +522,14 @@ def _short_text_walk(session: Session, filters: EvaluationFilters) -> list[Colum
     question since must not reuse an earlier answer): the condition would leave those rows out, so
     with one the list keeps its other plans. With another filter or a date the index has no column
     to test it on, so nothing is added; the caller adds it to a newest-first page or a count only
-    (the index's order)."""
-    alone = replace(filters, sort="newest") == EvaluationFilters(text=filters.text)
-    if not (filters.text and alone) or session.get_bind().dialect.name != "postgresql":
+    (the index's order). The probe and the list's read are two READ COMMITTED statements: a long
+    question committed between them is left out of that one render (the next one lists it)."""
+    live_text_alone = filters.text and not filters.archived and _text_alone(filters)
+    if not live_text_alone or session.get_bind().dialect.name != "postgresql":
         return []
-    table = _S.__table__
-    longer = select(col(_S.id)).where(col(_S.deleted_at).is_(None), search.short_text(table, longer=True))
-    return [] if session.exec(longer.limit(1)).first() is not None else [search.short_text(table)]
+    question = col(_S.search_text)
+    longer = select(col(_S.id)).where(col(_S.deleted_at).is_(None), search.short_text(question, longer=True))
+    return [] if session.exec(longer.limit(1)).first() is not None else [search.short_text(question)]
 
 
 def _text_matched_rows(session: Session, filters: EvaluationFilters) -> Any:
@@ -559,6 +560,11 @@ def _rare_text_rows(session: Session, filters: EvaluationFilters) -> Any:
 def _index_covers(filters: EvaluationFilters) -> bool:
     """Whether SQLite's search index holds exactly this list's rows (lib.search.index_covers)."""
     return search.index_covers(_S.__table__.name, archived=filters.archived)
+
+
+def _text_alone(filters: EvaluationFilters) -> bool:
+    """Whether no filter but the text (which may be empty) is set, in any sort, live or archived."""
+    return filters == EvaluationFilters(text=filters.text, sort=filters.sort, archived=filters.archived)
 
 
 def _only_product(filters: EvaluationFilters) -> bool:

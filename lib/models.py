@@ -10,7 +10,19 @@ import secrets
 from datetime import UTC, date, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Index, LargeBinary, Text, UniqueConstraint, event, text
+from sqlalchemy import (
+    JSON,
+    Column,
+    DateTime,
+    Index,
+    LargeBinary,
+    Text,
+    UniqueConstraint,
+    and_,
+    column,
+    event,
+    text,
+)
 from sqlalchemy.orm import Session as OrmSession
 from sqlmodel import Field, SQLModel
 
@@ -18,9 +30,11 @@ from lib.search import (
     LIST_REVIEWED_INDEX,
     LIST_SHORT_TEXT_INDEX,
     LIST_TEXT_INDEX,
-    SHORT_TEXT_BYTES,
+    SEARCH_COLUMN,
     TEXT_BYTES_INDEX,
     normalize_search_text,
+    short_text,
+    text_bytes,
 )
 
 SNAPSHOT_STATUSES = ("active", "completed", "archived")
@@ -56,11 +70,6 @@ LIST_FILTER_COLUMNS = (
     "judgments_corrected", "judged_metrics",
 )  # fmt: skip
 
-
-# The rows of LIST_SHORT_TEXT_INDEX (PostgreSQL): live evaluations whose normalised question fits a
-# btree entry (lib.search.short_text states it), and TEXT_BYTES_INDEX's expression.
-TEXT_BYTES = "octet_length(search_text)"
-SHORT_TEXT_WHERE = f"deleted_at IS NULL AND {TEXT_BYTES} <= {SHORT_TEXT_BYTES}"
 
 # The rows of LIST_REVIEWED_INDEX: lib.counters.review_state("reviewed") of live evaluations, which
 # implies it term by term (so SQLite and PostgreSQL use the partial index for that filter).
@@ -116,12 +125,13 @@ class EvaluationSnapshot(SQLModel, table=True):
         # PostgreSQL: the live list newest first with the normalised question (INCLUDE), for the
         # rows whose question fits a btree entry, and the question's length: a deep page of a
         # common text walks the first and tests the text on its entries, reading no row, when the
-        # second finds no longer live question (lib.search, migration 0028).
+        # second finds no longer live question (lib.search, migration 0028). Both are written by
+        # lib.search's expressions, which lib.inspector states in its queries.
         Index(
             LIST_SHORT_TEXT_INDEX, "deleted_at", "created_at", "id", postgresql_include=["search_text"],
-            postgresql_where=text(SHORT_TEXT_WHERE),
+            postgresql_where=and_(column("deleted_at").is_(None), short_text(column(SEARCH_COLUMN))),
         ).ddl_if(dialect="postgresql"),
-        Index(TEXT_BYTES_INDEX, text(TEXT_BYTES)).ddl_if(dialect="postgresql"),
+        Index(TEXT_BYTES_INDEX, text_bytes(column(SEARCH_COLUMN))).ddl_if(dialect="postgresql"),
     )  # fmt: skip
 
     id: str = Field(primary_key=True, max_length=64)

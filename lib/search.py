@@ -230,11 +230,18 @@ def text_match(table: Table, query: str, *, scan: bool = False, rows: bool = Fal
     return true() if not match.needle else match
 
 
-def short_text(table: Table, *, longer: bool = False) -> ColumnElement[bool]:
-    """`table`'s stored search text is at most `SHORT_TEXT_BYTES` long (or, `longer`, above it), as
-    `LIST_SHORT_TEXT_INDEX`'s predicate and `TEXT_BYTES_INDEX`'s expression write it (the bound a
-    literal), so that PostgreSQL proves a query stating it may read that partial index."""
-    size = func.octet_length(table.c[SEARCH_COLUMN])
+def text_bytes(text: ColumnElement[Any]) -> ColumnElement[int]:
+    """A stored search text's length in bytes: `TEXT_BYTES_INDEX`'s expression (lib.models) and the
+    one `short_text` bounds, so that PostgreSQL matches the query's expression to the index's."""
+    return func.octet_length(text)
+
+
+def short_text(text: ColumnElement[Any], *, longer: bool = False) -> ColumnElement[bool]:
+    """The stored search text `text` is at most `SHORT_TEXT_BYTES` long (or, `longer`, above it):
+    `LIST_SHORT_TEXT_INDEX`'s predicate (lib.models declares the index with it) and the condition
+    a query states so that PostgreSQL proves it may read that partial index (the bound a literal:
+    a bound parameter would not prove it)."""
+    size = text_bytes(text)
     bound = literal_column(str(SHORT_TEXT_BYTES))
     return size > bound if longer else size <= bound
 
