@@ -636,7 +636,8 @@ def generate(
                 "SELECT setval(pg_get_serial_sequence('judgments', 'id'), "
                 "(SELECT coalesce(max(id), 0) + 1 FROM judgments), false)"
             )
-            # VACUUM too: the pages all-visible, as autovacuum leaves a loaded table a minute later,
+            # VACUUM too: the pages all-visible, as autovacuum leaves a table a minute after a load of
+            # 1,000 + 20% of its rows (PostgreSQL's default insert threshold; a smaller one waits),
             # so a bench run right after the build plans as one run later does (PostgreSQL walks
             # an index alone, e.g. lib.search.LIST_SHORT_TEXT_INDEX, only over all-visible pages).
             conn.exec_driver_sql("VACUUM ANALYZE")
@@ -655,7 +656,7 @@ def rebuild_derived(
     """What the app maintains on write but a bulk load bypasses, rebuilt by lib's own rebuilds in the
     caller's transaction: every derived table registered for `python -m lib recount` (counters,
     scores and agreement counts, ...) or the `only` ones, then (`analyze`) planner statistics
-    (SQLite; PostgreSQL's ANALYZE runs outside a transaction after the commit).
+    (SQLite; PostgreSQL's VACUUM ANALYZE runs outside a transaction after the commit).
     `scores_loaded`: the load wrote the score rows (`lib.scores.score_rows`, as the importer does),
     so only their counts are rebuilt."""
     phases = phases or Phases()
