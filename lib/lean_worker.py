@@ -268,14 +268,22 @@ class LeanExecutor:
                 future.set_exception(BrokenProcessPool(error))
 
     def _break(self, error: str) -> None:
-        """A worker died: as ProcessPoolExecutor, the executor is broken and its other workers stop."""
+        """A worker died: as ProcessPoolExecutor, the executor is broken and its other workers stop.
+        Every thread is told to leave, as `shutdown` does: an idle one waits for a call that will
+        never come, and only it reaps its killed worker (`_run`'s `finally`); `WorkerPool` drops a
+        broken executor without a `shutdown`, so nothing else would (a zombie, a thread and two
+        pipes for each worker death while another worker was idle)."""
         with self._lock:
-            self._broken = error
+            if self._broken is None:  # the first death's error, not the EOF it caused in the others
+                self._broken = error
             workers = list(self._workers)
+            threads = self._threads
         self._fail_queued(error)
         for worker in workers:
             with contextlib.suppress(OSError):
                 worker.process.kill()
+        for _ in range(threads):
+            self._items.put(None)
 
     def _run(self) -> None:
         """A thread's loop: take a call, hand it to this thread's worker (started on its first call),

@@ -11,6 +11,8 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -289,6 +291,36 @@ def test_a_lean_worker_that_dies_fails_its_call_and_the_next_call_gets_a_new_one
         with pytest.raises(RuntimeError, match="worker process died"):
             pool.run(os._exit, 3)
         assert pool.run(os.getpid) != first
+    finally:
+        pool.stop()
+
+
+def _lean_threads() -> set[threading.Thread]:
+    return {thread for thread in threading.enumerate() if thread.name == "overrule-lean-worker"}
+
+
+def test_a_lean_worker_death_stops_and_reaps_the_idle_one_too() -> None:
+    """One of two lean workers dies in a call while the other is idle: the executor breaks and kills
+    the idle one, whose thread must then reap it and leave. It waited for a call for ever, and its
+    killed worker stayed a zombie with its two pipes (review3 L1)."""
+    pool = WorkerPool(LeanExecutor, init_lean_worker)
+    before = _lean_threads()
+    try:
+        both = [pool.submit(time.sleep, 0.5) for _ in range(2)]  # at once: two threads, two workers
+        for future in both:
+            pool.result(future)
+        executor = pool._pool
+        assert isinstance(executor, LeanExecutor)
+        processes = list(executor._processes.values())
+        threads = _lean_threads() - before
+        assert len(processes) == 2 and len(threads) == 2
+        with pytest.raises(RuntimeError, match="worker process died"):
+            pool.run(os._exit, 3)  # one worker dies in its call; the other is idle
+        for thread in threads:
+            thread.join(timeout=30)
+        assert not any(thread.is_alive() for thread in threads)
+        assert all(process.returncode is not None for process in processes)  # reaped: no zombie
+        assert executor._processes == {}
     finally:
         pool.stop()
 
