@@ -192,6 +192,27 @@ class _Worker:
             self.process.wait()
 
 
+def _settle(future: Future[Any], answer: bytes) -> None:
+    """Settle a call's future with its worker's pickled answer (`_answer`): the result, or the
+    call's error with the worker's traceback as its cause. An answer that does not unpickle here (an
+    error class whose `__init__` wants more than its `args`, a class the app cannot import) fails
+    the call with a RuntimeError that says so: it is never left pending. The worker is fine (the
+    frame was read whole), so it takes the next call; ProcessPoolExecutor breaks on this instead."""
+    try:
+        ok, *rest = pickle.loads(answer)  # noqa: S301 - our own child's
+    except BaseException as exc:  # whatever unpickling raised (it runs the classes' own code)
+        unread = RuntimeError(f"the answer of a lean worker could not be unpickled in the app: {exc!r}")
+        unread.__cause__ = exc
+        future.set_exception(unread)
+        return
+    if ok:
+        future.set_result(rest[0])
+        return
+    error, trace = rest
+    error.__cause__ = RemoteTraceback(trace)
+    future.set_exception(error)
+
+
 # An item of `LeanExecutor`'s queue: the call's future and the pickled call; None stops a thread.
 _Item = tuple[Future[Any], bytes] | None
 
@@ -204,7 +225,8 @@ class LeanExecutor:
     It behaves as a `ProcessPoolExecutor` where `WorkerPool` relies on it: a worker is started only
     when none is idle; a queued call can be cancelled; a worker that dies (killed, crashed) fails
     its call with BrokenProcessPool and breaks the executor (every other worker is stopped, queued
-    calls fail, `submit` raises), so the pool starts a new one; `shutdown` cancels the queued calls,
+    calls fail, `submit` raises), so the pool starts a new one; an answer the app cannot unpickle
+    fails its call with a RuntimeError, and the worker goes on (`_settle`); `shutdown` cancels the queued calls,
     and `_processes` are the processes `WorkerPool.stop` kills. Without multiprocessing, no resource
     tracker is started (see the module's docstring)."""
 
@@ -304,21 +326,21 @@ class LeanExecutor:
                         with self._lock:
                             self._workers.add(worker)
                     _send(worker.calls, call)
-                    answer = pickle.loads(_receive(worker.answers))  # noqa: S301 - our own child's
-                except (OSError, EOFError) as exc:  # the worker died, or was killed by WorkerPool.stop
-                    error = f"a lean worker process died: {exc!r}"
-                    future.set_exception(BrokenProcessPool(error))
+                    answer = _receive(worker.answers)
+                except BaseException as exc:  # the call's future is settled whatever went wrong
+                    # OSError, EOFError: the worker died, or was killed by WorkerPool.stop. Anything
+                    # else leaves the worker and its pipes in a state nobody knows: broken the same.
+                    died = "died" if isinstance(exc, (OSError, EOFError)) else "failed"
+                    error = f"a lean worker process {died}: {exc!r}"
+                    broken = BrokenProcessPool(error)
+                    broken.__cause__ = exc
+                    future.set_exception(broken)
                     self._break(error)
                     return
                 # Idle before the caller hears back: a call it submits next finds this worker free
                 # rather than starting a second one (an idle worker is ~30 MiB).
                 self._idle.release()
-                if answer[0]:
-                    future.set_result(answer[1])
-                else:
-                    error = answer[1]
-                    error.__cause__ = RemoteTraceback(answer[2])
-                    future.set_exception(error)
+                _settle(future, answer)
         finally:
             if worker is not None:
                 with self._lock:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from datetime import UTC, datetime
@@ -42,6 +42,7 @@ from lib.isolated import RAW_QUERY_FUNCTIONS, DuckUnavailable, WorkerPool, exten
 from lib.lean_worker import LeanExecutor, init_lean_worker
 from lib.models import Judgment
 from lib.sql_quote import quote_ident, quote_literal
+from tests import lean_calls
 
 T0 = datetime(2024, 5, 1, 12, tzinfo=UTC)
 
@@ -321,6 +322,32 @@ def test_a_lean_worker_death_stops_and_reaps_the_idle_one_too() -> None:
         assert not any(thread.is_alive() for thread in threads)
         assert all(process.returncode is not None for process in processes)  # reaped: no zombie
         assert executor._processes == {}
+    finally:
+        pool.stop()
+
+
+@pytest.mark.parametrize(
+    ("call", "unpickling_error"),
+    [(lean_calls.fail_not_rebuilt, TypeError), (lean_calls.not_rebuilt_result, ValueError)],
+)
+def test_an_answer_the_app_cannot_unpickle_fails_its_call_and_the_worker_goes_on(
+    call: Callable[[], Any], unpickling_error: type[Exception]
+) -> None:
+    """A call whose error (or result) pickles in the worker but does not unpickle in the app fails
+    with an error that says so; its future was left running for ever, its thread gone and its slot
+    lost, so that two such calls left every later call queued for good (review3 L2)."""
+    pool = WorkerPool(LeanExecutor, init_lean_worker)
+    try:
+        first = pool.run(os.getpid)
+        future = pool.submit(call)
+        with pytest.raises(RuntimeError, match="could not be unpickled in the app") as raised:
+            pool.result(future, timeout=60)  # before: TimeoutError, the future still running
+        assert isinstance(raised.value.__cause__, unpickling_error)
+        assert pool.run(os.getpid) == first  # the worker read the answer whole: it takes the next call
+        for _ in range(3):  # more than ISOLATED_WORKERS such calls: no slot is lost
+            with pytest.raises(RuntimeError, match="could not be unpickled"):
+                pool.result(pool.submit(call), timeout=60)
+        assert pool.result(pool.submit(os.getpid), timeout=60) == first
     finally:
         pool.stop()
 
