@@ -352,6 +352,53 @@ def test_an_answer_the_app_cannot_unpickle_fails_its_call_and_the_worker_goes_on
         pool.stop()
 
 
+def _running(future: Future[Any]) -> None:
+    deadline = time.monotonic() + 60
+    while not future.running():
+        assert time.monotonic() < deadline, "the call never started"
+        time.sleep(0.01)
+
+
+def test_a_queued_lean_call_can_be_cancelled() -> None:
+    """A call still queued behind a busy worker is cancelled (lib.export's `finally` cancels the one
+    it no longer needs) and never runs; the worker then takes the next call."""
+    executor = LeanExecutor(1, init_lean_worker, (os.getpid(),))
+    try:
+        busy = executor.submit(time.sleep, 0.5)
+        _running(busy)
+        queued = executor.submit(os.getpid)
+        assert queued.cancel()
+        assert busy.result(timeout=60) is None
+        assert queued.cancelled()
+        later = executor.submit(os.getpid)
+        assert later.result(timeout=60) in executor._processes
+    finally:
+        executor.shutdown(cancel_futures=True)
+
+
+def test_a_lean_shutdown_cancels_the_queued_calls_lets_the_running_one_end_and_reaps_the_worker() -> None:
+    """`shutdown(cancel_futures=True)` (what `WorkerPool.stop` calls): the queued calls are cancelled,
+    the running one ends with its result, then the thread leaves and reaps its worker; no new call
+    is taken."""
+    before = _lean_threads()
+    executor = LeanExecutor(1, init_lean_worker, (os.getpid(),))
+    worker = executor.submit(os.getpid).result(timeout=60)
+    busy = executor.submit(time.sleep, 0.5)
+    _running(busy)
+    queued = [executor.submit(os.getpid) for _ in range(2)]
+    processes = list(executor._processes.values())
+    (thread,) = _lean_threads() - before
+    executor.shutdown(cancel_futures=True)
+    assert all(future.cancelled() for future in queued)
+    assert busy.result(timeout=60) is None
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert [process.pid for process in processes] == [worker]
+    assert processes[0].returncode is not None  # reaped
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        executor.submit(os.getpid)
+
+
 def test_the_lean_workers_start_no_resource_tracker(tmp_path: Path) -> None:
     """An app that exports only through lean workers has them as its one kind of child: no
     multiprocessing resource tracker beside them (~7 MiB of the export's summed PSS, issue 27)."""
