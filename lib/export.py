@@ -513,9 +513,16 @@ def _written_aside(out: Path) -> Iterator[Path]:
     except OSError as exc:
         raise ExportError(f"cannot write {out}: {exc.strerror or exc}") from exc
     finally:
-        partial.unlink(missing_ok=True)
-        claim.unlink(missing_ok=True)  # while still locked: no sweeper takes a live claim's lock
-        os.close(fd)
+        # Cleanup never hides the block's own error and always lets the claim go: an unlink that
+        # fails (EACCES, EROFS, EBUSY) is logged, and what it left a later export sweeps.
+        try:
+            for path in (partial, claim):  # the claim while still locked: no sweeper takes a live one
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError:
+                    log.warning("could not remove %s after an export", path, exc_info=True)
+        finally:
+            os.close(fd)
 
 
 def _aside_paths(out: Path, token: str) -> tuple[Path, Path]:

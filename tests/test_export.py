@@ -517,6 +517,42 @@ def test_an_export_sweeps_its_files_dead_leftovers_and_keeps_the_rest(engine, tm
     assert not any(path.exists() for path in dead)
 
 
+@pytest.mark.parametrize("failing", ["partial", "lock"])
+def test_a_cleanup_unlink_that_fails_keeps_the_export_s_error_and_lets_the_claim_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """An unlink in the cleanup that fails with something other than FileNotFoundError skipped the
+    rest of it: the claim's descriptor stayed open and locked (until the process exits: the API
+    server), and the PermissionError replaced the export's own error (review3 E1)."""
+    out = tmp_path / "x.csv"
+    claims: list[tuple[str, int]] = []
+    claim_of = export._claim
+    monkeypatch.setattr(export, "_claim", lambda path: claims.append(claim_of(path)) or claims[-1])
+    unlink = Path.unlink
+
+    def refused(path: Path, missing_ok: bool = False) -> None:
+        if path.parent == tmp_path and path.name.endswith(f".{failing}"):
+            raise PermissionError(13, "Permission denied", str(path))
+        unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refused)
+    with pytest.raises(RuntimeError, match="the export's own error"), export._written_aside(out) as partial:
+        partial.write_bytes(b"half a file")
+        raise RuntimeError("the export's own error")
+    monkeypatch.undo()
+    ((token, fd),) = claims
+    with pytest.raises(OSError):  # closed
+        os.fstat(fd)
+    partial, claim = export._aside_paths(out, token)
+    assert [path.exists() for path in (partial, claim)] == [failing == "partial", failing == "lock"]
+    if failing == "lock":  # nobody holds its lock: the next export's sweep may take it
+        holder = os.open(claim, os.O_WRONLY)
+        try:
+            fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(holder)
+
+
 @sqlite_only  # a process's death, not a dialect: the PostgreSQL sweep runs in the test above
 def test_a_killed_exports_partial_is_kept_while_it_runs_and_swept_once_it_is_dead(
     engine, tmp_path: Path
