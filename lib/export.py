@@ -538,7 +538,9 @@ def _claim(out: Path) -> tuple[str, int]:
             fd = os.open(_aside_paths(out, token)[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:  # another export's token (1 in 4 billion): draw again
             continue
-        with suppress(OSError):  # a file system without locks: the leftovers' age alone protects it
+        # A file system whose flock fails: the export goes on unlocked. A sweep cannot lock a claim
+        # there either, so it never removes a leftover that has one (docs/data.md says so).
+        with suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return token, fd
 
