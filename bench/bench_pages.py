@@ -475,9 +475,13 @@ def worker(
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
+    from lib import bulk
     from lib.config import reset_settings
     from lib.db import init_db
 
+    # `render` freezes the heap for good before each run: a bulk load inside a scenario (none today)
+    # must not `gc.unfreeze()` it in the middle of a timed run (`lib.bulk.frozen_heap`).
+    bulk.HEAP_FROZEN_ELSEWHERE = True
     logging.getLogger("streamlit").setLevel(logging.ERROR)
     reset_settings()
     share_component_scan()
