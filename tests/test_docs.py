@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 CONFIGURATION = DOCS / "configuration.md"
 README = ROOT / "README.md"
+README_APPENDIX = "\n## Appendix: every filter at scale"
 
 # Defaults that depend on the machine, documented as the rule that computes them.
 COMPUTED_DEFAULTS = {"eval_concurrency": "CPUs − 1 (≥ 1)"}
@@ -94,8 +95,14 @@ def test_a_computed_default_is_still_what_the_page_says() -> None:
 
 def test_the_readme_is_a_front_page_whose_first_commands_are_run_and_test() -> None:
     text = README.read_text(encoding="utf-8")
-    # 80 lines before issue 27's worst-first table (about 30 lines) came to the front page
-    assert len(text.splitlines()) <= 110, "keep the README to two or three screens; guides go in docs/"
+    # 80 lines before issue 27's worst-first table (about 30 lines) came to the front page. Issue 27 also
+    # asks the README's table to show every scenario: that whole table is a generated appendix at the
+    # end, folded (<details>), and is all that may follow its heading.
+    front, _, appendix = text.partition(README_APPENDIX)
+    assert len(front.splitlines()) <= 110, "keep the README to two or three screens; guides go in docs/"
+    if appendix:
+        body = appendix.split("<details>", 1)[1].rsplit("</details>", 1)
+        assert body[1].strip() == "" and "\n## " not in body[0], "only the folded table follows the appendix"
     first_block = text.split("```bash\n", 1)[1].split("```", 1)[0]
     assert [line.split()[0] for line in first_block.splitlines()] == ["./scripts/run", "./scripts/test"]
 
