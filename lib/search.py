@@ -32,10 +32,12 @@ How it is found without a scan (the index is built by migration 0008):
   at most `SHORT_TEXT_BYTES` (migration 0028). With `short_text` among its conditions the planner
   can walk it and test the text on its entries (an Index Only Scan: page 400 of a text in a fifth of
   100k questions reads 13 MB of index instead of ~13,600 pages of a 327 MB table), or still take
-  the trigram index for a rare text. `short_text` may only be added when no live row's text is
-  longer: `TEXT_BYTES_INDEX` (the text's length in bytes) answers that in one probe of an empty
-  range, and gives the planner statistics of the length, so that it knows the condition keeps
-  every row (without them it guesses a third, and intersects the index with the trigram matches).
+  the trigram index for a rare text. The live rows whose text is longer are read beside it (the
+  same conditions with `short_text(..., longer=True)`, merged in list order: lib.inspector), when
+  there are any: `TEXT_BYTES_INDEX` (the text's length in bytes) answers that in one probe of an
+  empty range, finds the long ones, and gives the planner statistics of the length, so that it
+  knows the condition keeps (nearly) every row (without them it guesses a third, and intersects
+  the index with the trigram matches).
 - A query of fewer than three characters has no trigram: it is a LIKE over the normalised column
   (a scan, but of a short query, which matches many rows and so finds a page quickly).
 - A Python whose SQLite lacks FTS5 or the trigram tokenizer (before 3.34) gets no index from the

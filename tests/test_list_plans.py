@@ -418,6 +418,26 @@ def _listed_by_python(session: Session, text: str) -> list[str]:
 
 
 _SHORT_TEXT = f"octet_length(evaluation_snapshots.search_text) <= {search.SHORT_TEXT_BYTES}"
+_LONG_TEXT = f"octet_length(evaluation_snapshots.search_text) > {search.SHORT_TEXT_BYTES}"
+
+
+def _walks_the_short_text_index(
+    engine: Engine, statements: list[tuple[str, Any]], *, merged: bool = False
+) -> None:
+    """PostgreSQL plans each of `statements` (a count or a page of a text alone) with an Index Only
+    Scan of `LIST_SHORT_TEXT_INDEX`, backward for a page (newest first); `merged`: a page merges it
+    with the long questions' read in list order (a Merge Append, not a sort of both whole)."""
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SET enable_seqscan = off; SET enable_bitmapscan = off")  # a tiny table
+        for sql, parameters in statements:
+            assert _SHORT_TEXT in sql, sql
+            plan = "\n".join(r[0] for r in conn.exec_driver_sql("EXPLAIN (COSTS OFF) " + sql, parameters))
+            backward = " Backward" if "ORDER BY" in sql else ""
+            assert f"Index Only Scan{backward} using {search.LIST_SHORT_TEXT_INDEX} " in plan, (
+                f"{sql}\n{plan}"
+            )
+            assert not (merged and backward) or "Merge Append" in plan, f"{sql}\n{plan}"
+        conn.rollback()
 
 
 def test_a_common_text_alone_walks_the_short_text_index(filled: Any) -> None:
@@ -425,13 +445,15 @@ def test_a_common_text_alone_walks_the_short_text_index(filled: Any) -> None:
     short-text index's predicate, so the planner may walk `LIST_SHORT_TEXT_INDEX` (newest first, with
     the question) and test the text on its entries; before it, page 400 of a text in a fifth of 100k
     questions read ~13,600 pages of the table (70-85 ms a render). A live question longer than that
-    index holds (a 10 kB one here) turns it off: the rows are the same as a Python filter's either
-    way, and such a question can be stored (a btree of every question could not hold it). SQLite
-    keeps its own plan (its list index holds the question): the same rows there too."""
+    index holds (a 10 kB one here, which a btree of every question could not hold) is read beside the
+    walk and merged in list order, so the walk stays (before, one such question turned it off for
+    every list): the rows, pages at an offset and after a key, and the count are a Python filter's.
+    SQLite keeps its own plan (its list index holds the question): the same rows there too."""
     engine, _ctx = filled
     pg = engine.dialect.name == "postgresql"
     phrase = "reset my password"
     filters = inspector.EvaluationFilters(text=phrase)
+    reads_text = lambda sql: "LIKE" in sql or "MATCH" in sql  # noqa: E731 (not the length probe)
     with Session(engine) as s:
         expected = _listed_by_python(s, phrase)
         assert len(expected) >= 8
@@ -441,9 +463,7 @@ def test_a_common_text_alone_walks_the_short_text_index(filled: Any) -> None:
                 inspector.count_evaluations(session=s, filters=filters, cap=1000),
                 inspector.fetch_page(session=s, filters=filters, offset=3, limit=4),
             ),
-            match=lambda sql: (
-                "search_text" in sql and "octet_length(evaluation_snapshots.search_text) >" not in sql
-            ),
+            match=reads_text,
         )
         assert len(statements) >= (2 if pg else 1)  # SQLite counts a text alone off its FTS5 index
         if pg:  # all-visible pages, as autovacuum leaves a loaded table: an index-only walk's condition
@@ -451,19 +471,8 @@ def test_a_common_text_alone_walks_the_short_text_index(filled: Any) -> None:
                 conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
                     "VACUUM ANALYZE evaluation_snapshots"
                 )
-        with engine.connect() as conn:
-            if pg:  # a tiny table: the planner would rather read it whole
-                conn.exec_driver_sql("SET enable_seqscan = off; SET enable_bitmapscan = off")
-                for sql, parameters in statements:
-                    assert _SHORT_TEXT in sql, sql
-                    plan = "\n".join(
-                        r[0] for r in conn.exec_driver_sql("EXPLAIN (COSTS OFF) " + sql, parameters)
-                    )
-                    assert (
-                        f"Index Only Scan{' Backward' if 'ORDER BY' in sql else ''} using {search.LIST_SHORT_TEXT_INDEX} "
-                        in plan
-                    ), f"{sql}\n{plan}"
-            conn.rollback()
+            assert not [sql for sql, _ in statements if _LONG_TEXT in sql], statements
+            _walks_the_short_text_index(engine, statements)
         assert not [sql for sql, _ in statements if not pg and "octet_length" in sql]
         assert inspector.count_evaluations(session=s, filters=filters, cap=1000) == len(expected)
         page = inspector.fetch_page(session=s, filters=filters, offset=3, limit=4)
@@ -472,30 +481,43 @@ def test_a_common_text_alone_walks_the_short_text_index(filled: Any) -> None:
     with Session(engine) as s:  # a live question of 10 kB with the phrase, never committed
         # The same session listed before the question was stored: that answer must not be reused.
         assert [r.id for r in inspector.fetch_page(session=s, filters=filters, limit=4)] == expected[:4]
+        third = s.get(_S, expected[2])
+        assert third is not None
         words = [f"{n * 7919 % 10007:x}" for n in range(3000)]
         long = _S(
             id="plans-long",
             question=" ".join([*words, phrase]),
             model_answer="a",
             product="p",
-            created_at=utcnow(),
+            created_at=third.created_at - timedelta(microseconds=1),  # fourth in the list
         )
         s.add(long)
         s.flush()
         assert len(long.search_text.encode()) > 5 * search.SHORT_TEXT_BYTES
         expected = _listed_by_python(s, phrase)
-        assert expected[0] == long.id
+        assert expected[3] == long.id
         statements = _statements(
             engine,
             lambda: (
                 inspector.count_evaluations(session=s, filters=filters, cap=1000),
-                inspector.fetch_page(session=s, filters=filters, limit=4),
+                inspector.fetch_page(session=s, filters=filters, offset=2, limit=4),
             ),
-            match=lambda sql: "search_text" in sql,
+            match=reads_text,
         )
-        assert not [sql for sql, _ in statements if _SHORT_TEXT in sql], statements
+        if pg:  # the short rows' walk and the long ones', one statement each
+            assert len(statements) == 2, statements
+            assert all(_LONG_TEXT in sql and "UNION ALL" in sql for sql, _ in statements), statements
+            _walks_the_short_text_index(engine, statements, merged=True)
         assert inspector.count_evaluations(session=s, filters=filters, cap=1000) == len(expected)
-        assert [r.id for r in inspector.fetch_page(session=s, filters=filters, limit=4)] == expected[:4]
+        assert inspector.count_evaluations(session=s, filters=filters, cap=3) == 4  # cap + 1: capped
+        for offset in range(6):
+            page = inspector.fetch_page(session=s, filters=filters, offset=offset, limit=3)
+            assert [r.id for r in page] == expected[offset : offset + 3], offset
+        first = inspector.fetch_page(session=s, filters=filters, limit=3)
+        after = inspector.page_key(first[-1], "newest")
+        assert [
+            r.id for r in inspector.fetch_page(session=s, filters=filters, after=after, limit=3)
+        ] == expected[3:6]
         s.rollback()
 
 
