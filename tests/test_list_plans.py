@@ -440,6 +440,21 @@ def _walks_the_short_text_index(
         conn.rollback()
 
 
+def _text_list_statements(
+    engine: Engine, session: Session, filters: inspector.EvaluationFilters, *, offset: int
+) -> list[tuple[str, Any]]:
+    """The statements of a capped count and a page at `offset` that test the text (LIKE or MATCH),
+    not the probe for a long question."""
+    return _statements(
+        engine,
+        lambda: (
+            inspector.count_evaluations(session=session, filters=filters, cap=1000),
+            inspector.fetch_page(session=session, filters=filters, offset=offset, limit=4),
+        ),
+        match=lambda sql: "LIKE" in sql or "MATCH" in sql,
+    )
+
+
 def test_a_common_text_alone_walks_the_short_text_index(filled: Any) -> None:
     """A text alone on the live list, newest first (PostgreSQL): the count and the page state the
     short-text index's predicate, so the planner may walk `LIST_SHORT_TEXT_INDEX` (newest first, with
@@ -453,18 +468,10 @@ def test_a_common_text_alone_walks_the_short_text_index(filled: Any) -> None:
     pg = engine.dialect.name == "postgresql"
     phrase = "reset my password"
     filters = inspector.EvaluationFilters(text=phrase)
-    reads_text = lambda sql: "LIKE" in sql or "MATCH" in sql  # noqa: E731 (not the length probe)
     with Session(engine) as s:
         expected = _listed_by_python(s, phrase)
         assert len(expected) >= 8
-        statements = _statements(
-            engine,
-            lambda: (
-                inspector.count_evaluations(session=s, filters=filters, cap=1000),
-                inspector.fetch_page(session=s, filters=filters, offset=3, limit=4),
-            ),
-            match=reads_text,
-        )
+        statements = _text_list_statements(engine, s, filters, offset=3)
         assert len(statements) >= (2 if pg else 1)  # SQLite counts a text alone off its FTS5 index
         if pg:  # all-visible pages, as autovacuum leaves a loaded table: an index-only walk's condition
             with engine.connect() as conn:
@@ -496,14 +503,7 @@ def test_a_common_text_alone_walks_the_short_text_index(filled: Any) -> None:
         assert len(long.search_text.encode()) > 5 * search.SHORT_TEXT_BYTES
         expected = _listed_by_python(s, phrase)
         assert expected[3] == long.id
-        statements = _statements(
-            engine,
-            lambda: (
-                inspector.count_evaluations(session=s, filters=filters, cap=1000),
-                inspector.fetch_page(session=s, filters=filters, offset=2, limit=4),
-            ),
-            match=reads_text,
-        )
+        statements = _text_list_statements(engine, s, filters, offset=2)
         if pg:  # the short rows' walk and the long ones', one statement each
             assert len(statements) == 2, statements
             assert all(_LONG_TEXT in sql and "UNION ALL" in sql for sql, _ in statements), statements
