@@ -13,7 +13,9 @@ like this for that reason), so the index holds the live rows whose text is at mo
 (`lib.search.SHORT_TEXT_BYTES`). `ix_snapshot_search_text_bytes` is the text's length in bytes:
 `lib.inspector` reads its (normally empty) range above 2,000 to tell whether the short rows are the
 whole live list (then it states the index's predicate and PostgreSQL may walk it) or not (then the
-list keeps its earlier plans); and ANALYZE keeps statistics of that expression. Without them the
+long live rows, found through this index, are read beside the walk and merged in list order: since
+45645f3, before which one long question turned the walk off); and ANALYZE keeps statistics of that
+expression. Without them the
 planner takes the predicate to keep a third of the rows: on a table not vacuumed since a load it
 then intersected the whole short-text index with the trigram matches (170-190 ms for that page,
 worse than before; with them it keeps its earlier plan until the rows are all-visible). ANALYZE
