@@ -28,9 +28,12 @@ apply_allowed_hosts()  # done by the launcher already; here for `streamlit run s
 
 @asynccontextmanager
 async def lifespan(_app: st.App) -> AsyncIterator[None]:
-    """Webhook deliveries run in a background thread of the server (lib.webhooks), never in a request."""
+    """Webhook deliveries run in a background thread of the server (lib.webhooks), never in a request.
+    Temporary folders that a killed server's requests left an hour ago or more go first (lib.claims)."""
+    from lib.claims import sweep_temp_folders
     from lib.db import init_db
 
+    sweep_temp_folders()
     worker = webhooks.start_worker(init_db())
     try:
         yield

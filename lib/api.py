@@ -22,8 +22,6 @@ import dataclasses
 import json
 import logging
 import re
-import shutil
-import tempfile
 from collections.abc import AsyncIterator, Callable
 from functools import lru_cache
 from pathlib import Path
@@ -40,10 +38,10 @@ from fastapi.responses import (
 )
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
-from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from lib.auth import Actor, Permission, PermissionDenied, require
+from lib.claims import TempFolder
 from lib.records import ImportFailed
 
 log = logging.getLogger(__name__)
@@ -232,6 +230,21 @@ async def _multipart_files(
         return paths
     finally:
         await form.close()
+
+
+class _FolderFileResponse(FileResponse):
+    """A file in a `TempFolder`, sent, then the folder removed however the sending ends: a
+    background task would be skipped when `send` raises (a client gone, under an ASGI 2.4 server)."""
+
+    def __init__(self, folder: TempFolder, path: Path, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self.folder = folder
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.folder.remove()
 
 
 def create_app(
@@ -445,8 +458,7 @@ def create_app(
         require(actor, Permission.IMPORT)
         if judge:
             _check_can_judge(actor)
-        folder = Path(tempfile.mkdtemp(prefix="overrule-api-"))
-        try:
+        with await run_in_threadpool(TempFolder, "api") as folder:
             path = folder / ("request.jsonl" if options is None else f"{kind}.json")
             with path.open("wb") as fh:  # streamed to disk: the importer reads it line by line
                 async for chunk in _capped_body(request, limit, "OVERRULE_API_MAX_BODY_MB"):
@@ -454,8 +466,6 @@ def create_app(
             if judge:
                 return await run_in_threadpool(_judge_body, get_engine(), path, actor, concurrency)
             report = await run_in_threadpool(_import_body, get_engine(), path, actor, kind, options)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
         return {
             "summary": report.summary(),
             **{k: v for k, v in dataclasses.asdict(report).items() if isinstance(v, (int, str))},
@@ -489,15 +499,12 @@ def create_app(
         from lib.source_files import SourceOptions
 
         require(actor, Permission.IMPORT)
-        folder = Path(tempfile.mkdtemp(prefix="overrule-api-"))
-        try:
+        with await run_in_threadpool(TempFolder, "api") as folder:
             paths = await _multipart_files(request, limit, folder, PHOENIX_PARTS)
             options = SourceOptions(product=product, spans=paths["spans"])
             report = await run_in_threadpool(
                 _import_body, get_engine(), paths["evaluations"], actor, "phoenix", options
             )
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
         return {
             "summary": report.summary(),
             **{k: v for k, v in dataclasses.asdict(report).items() if isinstance(v, (int, str))},
@@ -1043,26 +1050,24 @@ def create_app(
                 404, f"unknown table {table!r}; exportable: {', '.join(sorted(EXPORTABLE_TABLES))}"
             )
         require(actor, EXPORT_PERMISSIONS[table])
-        folder = Path(tempfile.mkdtemp(prefix="overrule-export-"))
-        out = folder / f"{table}.{format}"
+        folder = TempFolder("export")
+        out = folder.path / f"{table}.{format}"
         try:
-            export_table(
-                engine=get_engine(),
-                table=table,
-                fmt="json" if format == "jsonl" else format,
-                out=out,
-                actor=actor,
-            )
-        except ExportError as exc:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise ApiError(422, str(exc)) from None
+            try:
+                export_table(
+                    engine=get_engine(),
+                    table=table,
+                    fmt="json" if format == "jsonl" else format,
+                    out=out,
+                    actor=actor,
+                )
+            except ExportError as exc:
+                raise ApiError(422, str(exc)) from None
+        except BaseException:  # any error, not only a refused export: no folder is left behind
+            folder.remove()
+            raise
         media = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet", "jsonl": "application/jsonl"}
-        return FileResponse(
-            out,
-            media_type=media[format],
-            filename=out.name,
-            background=BackgroundTask(shutil.rmtree, folder, ignore_errors=True),
-        )
+        return _FolderFileResponse(folder, out, media_type=media[format], filename=out.name)
 
     return api
 

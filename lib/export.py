@@ -25,7 +25,6 @@ row-by-row `csv.writer` wrote for `_stream_cell` of each value, several times fa
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import itertools
 import json
@@ -38,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from concurrent import futures
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -49,7 +48,7 @@ import pandas as pd
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-from lib import corrections, duck, inspector, notes
+from lib import claims, corrections, duck, inspector, notes
 from lib.auth import Actor, Permission, authorize
 from lib.config import get_settings
 from lib.corrections import CSV_ROW_LIMIT, JudgmentFilter
@@ -194,8 +193,8 @@ def export_cache_bytes(
     where, params = LIVE_JUDGMENT_SQL, []
     if product is not None:
         where, params = f"{where} AND product = ?", [product]
-    with tempfile.TemporaryDirectory(prefix="overrule-cache-") as tmp:
-        out = Path(tmp) / "cache.json"
+    with claims.TempFolder("cache") as tmp:
+        out = tmp / "cache.json"
         export_table(
             engine=engine, table="judgments", fmt="json", out=out, where_sql=where, params=params, actor=actor
         )
@@ -391,8 +390,8 @@ def _evaluation_chunks(engine: Engine, filters: EvaluationFilters, form: str) ->
 
 def _scanned_chunks(engine: Engine, scan: WideScan) -> Generator[bytes, None, int]:
     """What `lib.wide_scan.write_wide_csv` writes into a FIFO, read as it comes; returns its row count."""
-    with tempfile.TemporaryDirectory(prefix="overrule-export-") as folder:
-        fifo = os.path.join(folder, "evaluations.csv")
+    with claims.TempFolder("export") as folder:
+        fifo = str(folder / "evaluations.csv")
         os.mkfifo(fifo, 0o600)
         reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # opens before the worker's end exists
         sent = False
@@ -483,10 +482,6 @@ def _write_aside(con: duckdb.DuckDBPyConnection, sql: str, params: Params, out: 
         raise ExportError(f"export to {out} failed: {exc}") from exc
 
 
-# How old a dead export's leftovers must be before the next export to the same file removes them.
-# A live export is told apart by its claim's lock, whatever its age; the age only covers the instant
-# between a claim's creation and its lock, and file systems whose locks other hosts do not see.
-PARTIAL_STALE_SECONDS = 3600
 _TOKEN = re.compile(r"[0-9a-f]{8}")
 
 
@@ -498,9 +493,9 @@ def _written_aside(out: Path) -> Iterator[Path]:
     The one home of that rule for every export to a file, and of its leftovers. An export killed
     before this `finally` runs (at interpreter exit, SIGKILL, a lost machine) leaves its partial
     behind, hidden, for ever. So each export first claims its token with an empty
-    `.NAME.<hex>.lock` it creates and keeps locked (`flock`, which the kernel releases however the
-    process ends) until its partial is gone, and sweeps the leftovers of earlier exports to the
-    same file (`_sweep_leftovers`). An OSError (disk full, permission) becomes an ExportError."""
+    `.NAME.<hex>.lock` it keeps locked until its partial is gone (`lib.claims`, the rule that tells
+    a dead writer's leftovers from a live one's), and sweeps the leftovers of earlier exports to
+    the same file (`_sweep_leftovers`). An OSError (disk full, permission) becomes an ExportError."""
     try:
         token, fd = _claim(out)
     except OSError as exc:
@@ -535,27 +530,20 @@ def _claim(out: Path) -> tuple[str, int]:
     while True:
         token = secrets.token_hex(4)
         try:
-            fd = os.open(_aside_paths(out, token)[1], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            return token, claims.hold(_aside_paths(out, token)[1])
         except FileExistsError:  # another export's token (1 in 4 billion): draw again
             continue
-        # A file system whose flock fails: the export goes on unlocked. A sweep cannot lock a claim
-        # there either, so it never removes a leftover that has one (docs/data.md says so).
-        with suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return token, fd
 
 
 def _sweep_leftovers(out: Path) -> None:
     """Remove what dead exports to `out` left beside it, never what a live export is writing.
 
-    A token's files (`.NAME.<hex>.partial`, `.NAME.<hex>.lock`) go only when each is older than
-    PARTIAL_STALE_SECONDS and its claim's lock can be taken: a live export holds that lock (on
-    another thread or in another process, however slowly it writes) until its files are removed.
-    A partial without a claim is an older version's. Only this file name's leftovers are looked
-    at: other names in the folder may be anyone's. Best effort: a sweep that fails leaves the
-    files and never fails the export."""
+    A token's files (`.NAME.<hex>.partial`, `.NAME.<hex>.lock`) go by `lib.claims.sweep`: both
+    older than `claims.STALE_SECONDS` and the claim's lock free. A partial without a claim is an
+    older version's. Only this file name's leftovers are looked at: other names in the folder may
+    be anyone's. Best effort: a sweep that fails leaves the files and never fails the export."""
     prefix = f".{out.name}."
-    stale_before = time.time() - PARTIAL_STALE_SECONDS
+    stale_before = time.time() - claims.STALE_SECONDS
     try:
         with os.scandir(out.parent) as entries:
             names = [entry.name for entry in entries if entry.name.startswith(prefix)]
@@ -567,37 +555,21 @@ def _sweep_leftovers(out: Path) -> None:
         if _TOKEN.fullmatch(token) and suffix in ("partial", "lock"):
             tokens.add(token)
     for token in tokens:
+        partial, claim = _aside_paths(out, token)
         try:
-            _sweep_token(*_aside_paths(out, token), stale_before=stale_before)
+            claims.sweep(
+                claim,
+                functools.partial(_unlink_all, partial, claim),
+                aged=(partial, claim),
+                stale_before=stale_before,
+            )
         except OSError:
             log.warning("could not remove the leftovers of an export to %s", out, exc_info=True)
 
 
-def _sweep_token(partial: Path, claim: Path, *, stale_before: float) -> None:
-    """Remove one token's partial and claim if both are stale and no live export holds the claim.
-    The claim is opened for writing: on NFS an exclusive lock (flock becomes a POSIX lock) needs it."""
-    for path in (partial, claim):
-        try:
-            if path.stat().st_mtime > stale_before:
-                return  # written lately: maybe a live export's
-        except FileNotFoundError:
-            pass
-    try:
-        fd = os.open(claim, os.O_WRONLY)
-    except FileNotFoundError:
-        partial.unlink(missing_ok=True)  # no claim: an older version's partial
-        return
-    except OSError:
-        return  # someone else's claim (another user's export): theirs to sweep
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return  # held: a live export (or a file system that cannot tell)
-        partial.unlink(missing_ok=True)
-        claim.unlink(missing_ok=True)
-    finally:
-        os.close(fd)
+def _unlink_all(*paths: Path) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
 
 
 def _check_writable(out: Path) -> None:

@@ -1,13 +1,13 @@
 """Import: upload evaluations, judgment caches, notes, metric sets or interactions — the page twin of
 `python -m lib import`. Imported interactions are auto-evaluated by precedent, with a progress bar."""
 
-import tempfile
 from pathlib import Path
 
 import streamlit as st
 
 from lib import importer
 from lib.auth import Permission
+from lib.claims import FOLDER_CLAIM, TempFolder
 from lib.safe_markdown import escape_markdown
 from lib.source_files import SourceOptions
 from lib.ui import get_engine, require_reviewer
@@ -65,18 +65,17 @@ reviewer = require_reviewer("import data", Permission.IMPORT)
 clicked = st.button("Import", key="import_run", type="primary", disabled=upload is None or not reviewer)
 if clicked and upload is not None and reviewer:
     # import_path names the file in its messages, so the copy keeps the uploaded name.
-    with tempfile.TemporaryDirectory(prefix="overrule_upload_") as folder:
-        # Only the base name, never "." or "..": the browser's file name is untrusted.
+    # Removed at the end; one a killed server left is swept an hour later (lib.claims).
+    with TempFolder("upload") as folder:
+        # Only the base name, never "." or ".." (nor the folder's claim): the browser's file name is untrusted.
         name = Path(upload.name).name
-        path = Path(folder) / (name if name not in ("", ".", "..") else "upload.jsonl")
+        path = folder / (name if name not in ("", ".", "..", FOLDER_CLAIM) else "upload.jsonl")
         path.write_bytes(upload.getvalue())
         spans_path = None
         if spans_upload is not None:
             spans_name = Path(spans_upload.name).name
             spans_path = (
-                Path(folder)
-                / "spans"
-                / (spans_name if spans_name not in ("", ".", "..") else "spans.parquet")
+                folder / "spans" / (spans_name if spans_name not in ("", ".", "..") else "spans.parquet")
             )
             spans_path.parent.mkdir()
             spans_path.write_bytes(spans_upload.getvalue())

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import csv as csv_module
+import fcntl
 import io
 import json
+import os
 import re
 import select as selectors_module
 import socket
+import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -391,6 +395,53 @@ def test_exports_stream_formula_safe_csv_and_refuse_unknown_tables(server: Serve
     )
     assert httpx.get(f"{server.base}/exports/evaluations", timeout=EXPORT_TIMEOUT).status_code == 401
     assert count(server.engine, ApiToken) == 5
+
+
+def _temp_folders(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.name.startswith(("overrule-export-", "overrule-api-")))
+
+
+def test_export_and_upload_folders_are_removed_and_dead_ones_swept(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review3 E2: an export's temp folder stayed for ever when the server was killed mid-request
+    (no later request looks into it) or when the export failed with anything but an ExportError."""
+    from lib import export
+    from lib.claims import FOLDER_CLAIM
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the server runs in this process
+    then = time.time() - 7200
+    dead, fresh, live = (
+        tmp_path / name
+        for name in ("overrule-export-dead0001", "overrule-api-fresh001", "overrule-api-live0001")
+    )
+    for folder in (dead, fresh, live):
+        folder.mkdir()
+        (folder / FOLDER_CLAIM).write_bytes(b"")
+        if folder is not fresh:
+            for path in (folder / FOLDER_CLAIM, folder):
+                os.utime(path, (then, then))
+    holder = os.open(live / FOLDER_CLAIM, os.O_WRONLY)  # a request of another server, still running
+    fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    viewer = server.headers("viewer")
+    try:
+        r = httpx.get(f"{server.base}/exports/judgments", headers=viewer, timeout=EXPORT_TIMEOUT)
+        assert r.status_code == 200
+        # the request's own folder goes once the file is sent
+        wait_until(lambda: _temp_folders(tmp_path) == [fresh.name, live.name], "the export's folder to go")
+        r = httpx.post(f"{server.base}/evaluations", content=b"not json\n", headers=server.headers("lead"))
+        assert r.status_code == 400  # refused: its folder goes all the same
+        assert _temp_folders(tmp_path) == [fresh.name, live.name]
+    finally:
+        os.close(holder)
+
+    def broken(**kwargs: Any) -> int:
+        raise RuntimeError("not an ExportError")
+
+    monkeypatch.setattr(export, "export_table", broken)
+    r = httpx.get(f"{server.base}/exports/judgments", headers=viewer, timeout=EXPORT_TIMEOUT)
+    assert r.status_code == 500
+    assert _temp_folders(tmp_path) == [fresh.name]  # the live one, let go, was swept by that request
 
 
 @pytest.mark.parametrize(("form", "rows"), [("wide", 1), ("long", 2)])
