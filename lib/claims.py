@@ -63,6 +63,8 @@ def sweep(claim: Path, remove: Callable[[], None], *, aged: Iterable[Path], stal
                 return False  # written lately: maybe a live writer's
         except FileNotFoundError:
             pass
+        except PermissionError:
+            return False  # inside another user's private folder: theirs to sweep
     try:
         fd = os.open(claim, os.O_WRONLY)
     except FileNotFoundError:

@@ -130,6 +130,26 @@ os.kill(os.getpid(), signal.SIGKILL)  # no cleanup: as under the OOM killer
     assert _ours(temp_dir) == []
 
 
+def test_another_users_private_folder_is_left_quietly(
+    temp_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In a /tmp shared with another user running Overrule, their 0700 folders cannot be looked
+    into: theirs to sweep, with no warning on every request (the tests run as root, who may look
+    anywhere, so the refusal is what the kernel answers another user)."""
+    foreign = _folder(temp_dir, "overrule-api-foreign1")
+    real_stat = Path.stat
+
+    def stat(self: Path, *args: object, **kwargs: object) -> os.stat_result:
+        if self.parent == foreign:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_stat(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    with caplog.at_level("WARNING"):
+        assert sweep_temp_folders() == 0
+    assert foreign.exists() and not caplog.records
+
+
 def test_a_sweep_that_cannot_read_the_temp_dir_fails_nothing(tmp_path: Path) -> None:
     assert sweep_temp_folders(tmp_path / "missing") == 0
 
