@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from lib.ui.server import APP, DEFAULT_ADDRESS, address_given, configured_address, streamlit_args
+from lib.ui.server import (
+    APP,
+    DEFAULT_ADDRESS,
+    address_given,
+    configured_address,
+    script_imports,
+    streamlit_args,
+)
 from tests.browser.conftest import ROOT, StreamlitServer
 
 ALL = "0.0.0.0"  # noqa: S104 - the address that means "every interface"
@@ -218,3 +225,37 @@ def test_every_route_refuses_a_host_name_it_was_not_given(tmp_path) -> None:
         assert "OVERRULE_ALLOWED_HOSTS" in answer.value.read().decode()
     finally:
         server.stop()
+
+
+def test_launcher_freezes_the_imported_heap_and_bulk_loads_leave_the_freeze_alone() -> None:
+    """Review3 B1: the server's entry imports what the app's scripts import, collects and freezes the
+    heap (full collections then skip the libraries' ~230,000 objects), and marks it frozen elsewhere,
+    so a bulk load's `frozen_heap` neither freezes again nor unfreezes it. In a fresh interpreter
+    (the launcher with Streamlit's CLI left out): the test process has its own freeze (conftest)."""
+    probe = """
+import gc
+import streamlit.web.cli
+
+streamlit.web.cli.main = lambda: None  # everything of the launcher but the server itself
+from lib import bulk
+from lib.ui import server
+
+assert gc.get_freeze_count() == 0 and not bulk.HEAP_FROZEN_ELSEWHERE
+server.main(["--server.port", "1"])
+frozen = gc.get_freeze_count()
+assert bulk.HEAP_FROZEN_ELSEWHERE
+for name in ("lib.ui.review", "lib.ui.tables", "lib.metrics", "pandas"):  # the pages' imports
+    assert name in __import__("sys").modules, name
+with bulk.frozen_heap():
+    assert gc.get_freeze_count() == frozen  # no freeze of its own inside a frozen heap
+assert gc.get_freeze_count() == frozen  # and no unfreeze leaving
+print(frozen)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OVERRULE_", "STREAMLIT_"))}
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout.split()[-1]) > 100_000  # the libraries, not a handful of objects
+    assert "No runtime found" not in result.stderr  # Streamlit's warning for cached functions is kept quiet
+    assert "lib.ui.review" in script_imports() and "lib.ui.server" in script_imports()

@@ -18,6 +18,11 @@ address, OVERRULE_ALLOWED_HOSTS), and serve.py refuses every other Host on every
 
 from __future__ import annotations
 
+import ast
+import gc
+import importlib
+import importlib.util
+import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -30,6 +35,8 @@ from lib.hosts import refusal
 
 # serve.py is the ASGI entry: app.py (the pages) plus the pipeline API at /api/v1, on one port.
 APP = Path(__file__).resolve().parents[2] / "serve.py"
+# What the server runs: its modules' module-level imports are made before the heap is frozen.
+SCRIPTS = (APP, APP.parent / "app.py", *sorted((APP.parent / "pages").glob("*.py")))
 DEFAULT_ADDRESS = "127.0.0.1"
 _ADDRESS_FLAG = "--server.address"
 
@@ -117,7 +124,54 @@ def main(argv: Sequence[str] | None = None) -> None:
     config.on_config_parsed(apply_allowed_hosts, force_connect=True)
     disconnect = config.on_config_parsed(warn_once, force_connect=True)
     sys.argv = streamlit_args(sys.argv[1:] if argv is None else argv, os.environ, configured_address())
+    freeze_imported_heap()
     cli.main()
+
+
+def script_imports(scripts: Sequence[Path] = SCRIPTS) -> list[str]:
+    """The modules `scripts` import at module level (absolute imports; `from lib import x` names the
+    submodule lib.x), read from their source: the pages are run by Streamlit, never imported."""
+    names: set[str] = set()
+    for script in scripts:
+        for node in ast.parse(script.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module)
+                spec = importlib.util.find_spec(node.module)
+                if spec is not None and spec.submodule_search_locations is not None:
+                    for alias in node.names:
+                        if importlib.util.find_spec(f"{node.module}.{alias.name}") is not None:
+                            names.add(f"{node.module}.{alias.name}")
+    return sorted(names)
+
+
+def freeze_imported_heap() -> None:
+    """Import what the app's scripts import, collect, and freeze the heap for the server's lifetime.
+
+    Why: the imported libraries (Streamlit, pandas, SQLAlchemy, the app's modules) are ~230,000
+    objects that live as long as the process, and every full (oldest-generation) collection walked
+    them all again: ~150 ms, falling on whichever user's render happened to trigger it. Frozen
+    (`gc.freeze`), they are never walked again; what requests make afterwards is collected as
+    before. The imports are the ones the first render would make anyway (moved to start-up).
+    `lib.bulk.frozen_heap` must then leave the heap alone, as its unfreeze would undo this freeze.
+    Only the server's entry calls this: the test suite runs app.py in-process and freezes itself.
+    """
+    from lib import bulk
+
+    # Streamlit warns, when a cached function is declared before its runtime exists, that it checks
+    # the cache's options against an in-memory store; the runtime's own store is used at run time.
+    caching_log = logging.getLogger("streamlit.runtime.caching.cache_data_api")
+    level = caching_log.level
+    caching_log.setLevel(logging.ERROR)
+    try:
+        for name in script_imports():
+            importlib.import_module(name)
+    finally:
+        caching_log.setLevel(level)
+    gc.collect()
+    gc.freeze()
+    bulk.HEAP_FROZEN_ELSEWHERE = True
 
 
 def apply_allowed_hosts() -> None:
