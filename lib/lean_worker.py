@@ -176,7 +176,7 @@ class _Worker:
         try:
             _send(self.calls, pickle.dumps(sys.path, pickle.HIGHEST_PROTOCOL))
             _send(self.calls, launch)
-        except OSError:  # it died at once: the caller sees it as a dead worker
+        except BaseException:  # it died at once (the caller sees a dead worker), or anything else: reap it
             self.close()
             raise
 

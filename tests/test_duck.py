@@ -382,13 +382,15 @@ def test_a_lean_shutdown_cancels_the_queued_calls_lets_the_running_one_end_and_r
     is taken."""
     before = _lean_threads()
     executor = LeanExecutor(1, init_lean_worker, (os.getpid(),))
-    worker = executor.submit(os.getpid).result(timeout=60)
-    busy = executor.submit(time.sleep, 0.5)
-    _running(busy)
-    queued = [executor.submit(os.getpid) for _ in range(2)]
-    processes = list(executor._processes.values())
-    (thread,) = _lean_threads() - before
-    executor.shutdown(cancel_futures=True)
+    try:
+        worker = executor.submit(os.getpid).result(timeout=60)
+        busy = executor.submit(time.sleep, 0.5)
+        _running(busy)
+        queued = [executor.submit(os.getpid) for _ in range(2)]
+        processes = list(executor._processes.values())
+        (thread,) = _lean_threads() - before
+    finally:  # a failure above must not leave the worker for the rest of the session
+        executor.shutdown(cancel_futures=True)
     assert all(future.cancelled() for future in queued)
     assert busy.result(timeout=60) is None
     thread.join(timeout=30)
@@ -446,3 +448,26 @@ def test_a_forked_copy_of_a_pool_never_stops_the_parent_s_workers(monkeypatch: p
     pool._pool, pool._made_in = Executor(), os.getpid()  # type: ignore[assignment]
     pool.stop()
     assert stopped == [False]
+
+
+def test_a_lean_worker_whose_start_fails_in_any_way_is_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only an OSError (the worker died at once): any error sending it its start leaves no
+    process and no open pipe behind (before, a MemoryError there left both to the garbage collector)."""
+    from lib import lean_worker
+
+    started: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    def send(*_args: object) -> None:
+        raise MemoryError("no memory for the start")
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    monkeypatch.setattr(lean_worker, "_send", send)
+    with pytest.raises(MemoryError):
+        lean_worker._Worker(b"")
+    (process,) = started
+    assert process.returncode is not None  # reaped
