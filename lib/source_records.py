@@ -117,6 +117,8 @@ def verdict_reason(verdict: SourceVerdict) -> str | None:
 
 def verdict_score(verdict: SourceVerdict) -> float:
     """The verdict's number: its score, else its label's (pass 1, fail 0); InvalidField otherwise."""
+    if verdict.score.__class__ is float and math.isfinite(verdict.score):
+        return verdict.score  # the common case (every OTLP number), as the checks below would return it
     if verdict.score is not None:
         if isinstance(verdict.score, bool) or not isinstance(verdict.score, int | float):
             raise InvalidField(
@@ -217,9 +219,7 @@ def plan_import(
                 source_field = verdict.field or name
                 if verdict.where:
                     where.places[source_field] = verdict.where
-                score = verdict.score
-                if score.__class__ is not float or not math.isfinite(score):  # else: as verdict_score
-                    score = verdict_score(verdict)
+                score = verdict_score(verdict)
                 named = isinstance(name, str)
                 cached = resolved.get((product, name)) if named else None
                 if cached is None:
