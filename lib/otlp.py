@@ -29,7 +29,7 @@ import base64
 import json
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -940,25 +940,25 @@ def _metrics(verdicts: Iterable[Verdict]) -> list[str]:
     return list(dict.fromkeys(str(v.metric) for v in verdicts))
 
 
-def _dedupe(verdicts: list[Verdict]) -> list[Verdict]:
-    """The first verdict per metric (a re-sent event is the same verdict again)."""
-    seen: dict[str | None, Verdict] = {}
+def _dedupe(verdicts: list[Verdict], as_item: Callable[[Verdict], Any] | None = None) -> list[Any]:
+    """The first verdict per metric (a re-sent event is the same verdict again), each as
+    `as_item(verdict)` if given: built for the first only, in the same pass."""
+    seen: dict[str | None, Any] = {}
     for verdict in verdicts:
-        seen.setdefault(verdict.metric, verdict)
+        if verdict.metric not in seen:
+            seen[verdict.metric] = verdict if as_item is None else as_item(verdict)
     return list(seen.values())
+
+
+def _source(v: Verdict) -> SourceVerdict:
+    """A verdict as the shared mapping of other tools' results reads it (lib.source_records)."""
+    return SourceVerdict(str(v.metric), v.score, v.label, v.explanation, None, _event_field(v.metric))
 
 
 def _sources(verdicts: list[Verdict]) -> list[SourceVerdict]:
-    """The first verdict per metric (`_dedupe`) as the shared mapping of other tools' results reads
-    it (lib.source_records), in one pass: this runs for each of a request's spans (`_evaluation`)."""
-    seen: dict[str | None, SourceVerdict] = {}
-    for v in verdicts:
-        metric = v.metric
-        if metric not in seen:
-            seen[metric] = SourceVerdict(
-                str(metric), v.score, v.label, v.explanation, None, _event_field(metric)
-            )
-    return list(seen.values())
+    """The first verdict per metric (`_dedupe`) as lib.source_records reads it: for each of a
+    request's spans (`_evaluation`)."""
+    return _dedupe(verdicts, _source)
 
 
 def _fields(product_attr: str) -> dict[str, str]:
