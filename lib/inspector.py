@@ -373,7 +373,7 @@ def _cube_conditions(filters: EvaluationFilters) -> tuple[list[ColumnElement[boo
             conds.append(column == value)
     if filters.metric:
         conds.append(counters.metric_judged(c.judged_metrics, filters.metric))
-    complete = not filters.text and filters.date_from is None and filters.date_to is None
+    complete = not filters.text and not _has_dates(filters)
     if filters.min_gap is not None and filters.min_gap > 0:
         halves = counters.gap_halves_at_least(filters.min_gap)
         if halves is None:
@@ -444,7 +444,7 @@ def _count_index(session: Session, filters: EvaluationFilters) -> str | None:
         return REVIEWED_INDEX
     if text_index := _text_index(session, filters):
         return text_index
-    if filters.min_gap and filters.date_from is None and filters.date_to is None and not filters.archived:
+    if filters.min_gap and not _has_dates(filters) and not filters.archived:
         return ORDER_INDEXES["max_gap"]
     return ORDER_INDEXES["newest"]
 
@@ -508,7 +508,7 @@ def _scan_text_rows(session: Session, filters: EvaluationFilters) -> bool:
     the count of "last 30 days + a common text" 48 ms cold, 20 warm; 15 ms this way). A rare text
     keeps the LIKE: the trigram index finds its few rows (2 ms) where the range's rows take 20.
     The share is read off `TEXT_SAMPLE` rows of the range, newest first (~1 ms), once a session."""
-    dates = filters.date_from is not None or filters.date_to is not None
+    dates = _has_dates(filters)
     if not (filters.text and dates and _index_covers(filters)):
         return False
     if session.get_bind().dialect.name != "postgresql":
@@ -622,6 +622,11 @@ def _text_alone(filters: EvaluationFilters) -> bool:
     return filters == EvaluationFilters(text=filters.text, sort=filters.sort, archived=filters.archived)
 
 
+def _has_dates(filters: EvaluationFilters) -> bool:
+    """Whether a date bound (from, to or both) is set."""
+    return filters.date_from is not None or filters.date_to is not None
+
+
 def _only_product(filters: EvaluationFilters) -> bool:
     return filters == EvaluationFilters(product=filters.product, sort=filters.sort, archived=filters.archived)
 
@@ -685,7 +690,7 @@ def _segments(
         has_gap = c.gap_halves >= 0 if filters.sort == "max_gap" else c.has_weighted_gap.is_(True)
         gapped = counters.evaluation_count(session=session, where=[*cube, has_gap])
     gap_cond, gapped_conds = gap.is_not(None), conds
-    dates = filters.date_from is not None or filters.date_to is not None
+    dates = _has_dates(filters)
     sqlite = session.get_bind().dialect.name == "sqlite"  # PostgreSQL plans by its own statistics
     if dates and not filters.archived and sqlite and index == ORDER_INDEXES[filters.sort]:
         # Each gap value's rows are newest first in the gap's index, so the dates are a range of
@@ -754,7 +759,7 @@ def _choose_index(
     walk_index = ORDER_INDEXES[filters.sort]
     if filters.sort == "newest" and (text_index := _text_index(session, filters)):
         return text_index  # the dates are a range of it too
-    dates = filters.date_from is not None or filters.date_to is not None
+    dates = _has_dates(filters)
     if not dates and not filters.min_gap and not _reviewed_only(filters):
         return walk_index
     listed = max(1, _listed(session, filters))
