@@ -15,6 +15,7 @@ from lib.config import get_settings
 from lib.highlight import clip_text
 from lib.safe_markdown import escape_markdown
 from lib.ui import (
+    EMPTY_PAGE_TEXT,
     csv_download_all,
     current_actor,
     denied_reason,
@@ -312,7 +313,7 @@ def show_list() -> None:
     label = inspector.count_label(total, cap)
     st.markdown(f"**{label}** {noun} matches" if total == 1 else f"**{label}** {noun}s match")
     if not rows:
-        st.info("No evaluations match these filters." if total == 0 else "This page is empty.")
+        st.info("No evaluations match these filters." if total == 0 else EMPTY_PAGE_TEXT)
         return
 
     event = show_table(

@@ -17,6 +17,7 @@ from lib.counters import count_is_capped, count_label
 from lib.models import NOTE_TYPES, utcnow
 from lib.safe_markdown import escape_markdown
 from lib.ui import (
+    EMPTY_PAGE_TEXT,
     audit_denied,
     csv_download,
     csv_download_all,
@@ -217,7 +218,7 @@ if tab_list.open:
                     },
                 )
             else:  # a capped count ("1,000+") offers a page past the last match, as the Evaluations list does
-                st.info("This page is empty.")
+                st.info(EMPTY_PAGE_TEXT)
             csv_download_all(
                 f"Download CSV (all {matched} matches)",
                 "notes.csv",

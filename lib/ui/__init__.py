@@ -296,6 +296,10 @@ def csv_download_all(
         )
 
 
+# What a list shows on a page past its last match: a capped count ("1,000+") lets `pager` offer one.
+EMPTY_PAGE_TEXT = "This page is empty."
+
+
 def _step_page(key: str, delta: int, pages: int) -> None:
     """Move the page number by `delta` before the rerun draws the number box (a callback may)."""
     current = int(st.session_state.get(key, 1) or 1)
