@@ -628,6 +628,11 @@ GOAL_RATIO = 1.5
 FLAT_SECONDS = 0.05  # a render this fast at the largest size counts as flat whatever its ratio (issue 27)
 
 
+def is_flat(small: float, big: float) -> bool:
+    """The issue-27 rule: at most 1.5x the smallest size, or under 50 ms at the largest."""
+    return big < FLAT_SECONDS or (small > 0 and big / small <= GOAL_RATIO)
+
+
 def print_table(
     title: str, measured: dict[int, dict[str, dict[str, Any]]], key: str = "seconds"
 ) -> list[str]:
@@ -666,7 +671,7 @@ def print_table(
         for size in sizes[1:]:
             if size in seconds and base in seconds and seconds[base] > 0:
                 ratio = seconds[size] / seconds[base]
-                flat = ratio <= GOAL_RATIO or seconds[size] < FLAT_SECONDS
+                flat = is_flat(seconds[base], seconds[size])
                 cells.append(f" {ratio:>8.2f}{'x' if flat else '!'} |")
                 if size == top and not flat and not name.startswith("("):
                     over.append(f"{name} ({ratio:.1f}x)")
@@ -692,11 +697,6 @@ def print_table(
                 if record.get("error"):
                     print(f"{name} at {label(size)}: {record['error']}")
     return over
-
-
-def is_flat(small: float, big: float) -> bool:
-    """The issue-27 rule: at most 1.5x the smallest size, or under 50 ms at the largest."""
-    return big < FLAT_SECONDS or (small > 0 and big / small <= GOAL_RATIO)
 
 
 Tables = list[tuple[str, dict[int, dict[str, dict[str, Any]]]]]
