@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 from sqlalchemy import func
@@ -41,21 +41,13 @@ from lib.config import setting_range
 from lib.judgment_text import UNVERSIONED_NAME as UNVERSIONED_NAME  # their home; imported from here
 from lib.judgment_text import name_for as name_for
 from lib.metrics import SCALE_BOUND, MetricSpec, parse_metric_definition
-from lib.models import UNVERSIONED, JudgeVersion, ProductJudge, utcnow
+from lib.models import UNVERSIONED, JudgeConfigFields, JudgeVersion, ProductJudge, utcnow
 
 NAME_LIMIT = 200
-# The fields of a configuration, in the order tables and diffs show them, with their labels.
+# The fields of a configuration, in the order tables and diffs show them, with their labels
+# (`JudgeConfigFields`' titles).
 FIELD_LABELS: dict[str, str] = {
-    "judge_model": "Judge model",
-    "rubric": "Rubric",
-    "prompt_hash": "Prompt templates",
-    "history_entries": "History entries",
-    "history_ratio": "History correction ratio",
-    "notes_limit": "Notes limit",
-    "relevance": "Tag relevance",
-    "temperature": "Temperature",
-    "max_tokens_judge": "Reply cap (scoring)",
-    "max_tokens_mentor": "Reply cap (mentoring)",
+    name: str(info.title) for name, info in JudgeConfigFields.model_fields.items()
 }
 # The audit trail's action for a change of a product's judge: a rubric save, a promotion, a version made current.
 AUDIT_ACTION = "judge_changed"
@@ -119,20 +111,26 @@ def version_rubric(session: Session, version_id: int | None) -> list[MetricSpec]
     return rubric_specs(version.rubric) if version is not None and version.rubric else []
 
 
-@dataclass(frozen=True)
-class JudgeConfig:
-    """What a judge version records; None for a field a judge that runs elsewhere did not name."""
+_Cls = TypeVar("_Cls", bound=type)
 
-    judge_model: str | None = None
-    rubric: tuple[dict[str, Any], ...] | None = None
-    prompt_hash: str | None = None
-    history_entries: int | None = None
-    history_ratio: float | None = None
-    notes_limit: int | None = None
-    relevance: bool | None = None
-    temperature: float | None = None
-    max_tokens_judge: int | None = None
-    max_tokens_mentor: int | None = None
+
+def _with_config_fields(cls: _Cls) -> _Cls:
+    """Annotate `cls` with one field per `JudgeConfigFields` column, of the column's type and
+    default None (the rubric a tuple, not the row's JSON list, so a configuration holds no list to
+    mutate): the configuration's fields are declared once, where the table's columns are."""
+    annotations: dict[str, Any] = {}
+    for name, info in JudgeConfigFields.model_fields.items():
+        annotations[name] = tuple[dict[str, Any], ...] | None if name == "rubric" else info.annotation
+        setattr(cls, name, None)
+    cls.__annotations__ = annotations
+    return cls
+
+
+@dataclass(frozen=True)
+@_with_config_fields
+class JudgeConfig:
+    """What a judge version records (the fields of `lib.models.JudgeConfigFields`); None for a
+    field a judge that runs elsewhere did not name."""
 
     @property
     def complete(self) -> bool:

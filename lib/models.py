@@ -605,10 +605,31 @@ JUDGE_VERSION_ORIGINS = ("judge", "rubric", "lab", "import", "api", "cli", "demo
 UNVERSIONED = 0  # the judge-version id of judgments no version is known for, in counts and verdicts
 
 
-class JudgeVersion(SQLModel, table=True):
+class JudgeConfigFields(SQLModel):
+    """The configuration a judge version records (issue 28), declared once: `JudgeVersion` inherits
+    these as its columns and `lib.judge_versions.JudgeConfig` is generated from them, so a field
+    added here is stored, hashed, compared and shown with no second list to extend. In the order
+    tables and diffs show them; each title is the field's label there. None: a judge that runs
+    elsewhere did not name the field."""
+
+    judge_model: str | None = Field(default=None, max_length=200, title="Judge model")
+    # [{slug, display_name, min, max, integer_scale, description}] in the rubric's order.
+    rubric: list[dict[str, Any]] | None = Field(default=None, sa_type=JSON, title="Rubric")
+    prompt_hash: str | None = Field(default=None, max_length=64, title="Prompt templates")
+    history_entries: int | None = Field(default=None, title="History entries")
+    history_ratio: float | None = Field(default=None, title="History correction ratio")
+    notes_limit: int | None = Field(default=None, title="Notes limit")
+    relevance: bool | None = Field(default=None, title="Tag relevance")
+    temperature: float | None = Field(default=None, title="Temperature")
+    max_tokens_judge: int | None = Field(default=None, title="Reply cap (scoring)")
+    max_tokens_mentor: int | None = Field(default=None, title="Reply cap (mentoring)")
+
+
+class JudgeVersion(JudgeConfigFields, table=True):
     """One configuration of a product's judge (issue 28): model, rubric as it was, prompt templates,
-    history and notes settings, temperature and reply caps. Content-addressed (lib.judge_versions):
-    the same configuration is the same row. A judge that runs elsewhere may name only some fields."""
+    history and notes settings, temperature and reply caps (`JudgeConfigFields`). Content-addressed
+    (lib.judge_versions): the same configuration is the same row. A judge that runs elsewhere may
+    name only some fields."""
 
     __tablename__ = "judge_versions"
     __table_args__ = (
@@ -621,17 +642,6 @@ class JudgeVersion(SQLModel, table=True):
     name: str = Field(max_length=200)
     content_hash: str = Field(max_length=64)
     complete: bool = False  # every field known: the built-in judge can run it
-    judge_model: str | None = Field(default=None, max_length=200)
-    # [{slug, display_name, min, max, integer_scale, description}] in the rubric's order.
-    rubric: list[dict[str, Any]] | None = Field(default=None, sa_column=Column(JSON))
-    prompt_hash: str | None = Field(default=None, max_length=64)
-    history_entries: int | None = None
-    history_ratio: float | None = None
-    notes_limit: int | None = None
-    relevance: bool | None = None
-    temperature: float | None = None
-    max_tokens_judge: int | None = None
-    max_tokens_mentor: int | None = None
     origin: str = Field(default="judge", max_length=16)
     description: str = Field(default="", sa_column=Column(Text, nullable=False))
     previous_id: int | None = None  # the product's newest version when this one was made (its diff)

@@ -71,22 +71,13 @@ SQLITE = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_every_listed_field_is_part_of_a_configuration() -> None:
     # The issue's list: model, rubric, prompt templates, history entries and ratio, notes limit,
     # relevance on/off, temperature and the two reply caps.
-    assert {f.name for f in fields(JudgeConfig)} == set(_VALUES) == set(judge_versions.FIELD_LABELS)
-
-
-# What a version row holds beside its configuration.
-_VERSION_BOOKKEEPING = {
-    "id", "product", "name", "content_hash", "complete", "origin", "description", "previous_id",
-    "experiment_id", "experiment_arm", "created_by", "created_at",
-}  # fmt: skip
+    assert {f.name for f in fields(JudgeConfig)} == set(_VALUES)
 
 
 @SQLITE
 @given(config=CONFIGS)
 @settings(max_examples=10, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_a_version_row_stores_every_field_of_its_configuration(engine: Engine, config: JudgeConfig) -> None:
-    """The row's columns were a second list of the fields (in ensure_version), beside JudgeConfig's."""
-    assert set(JudgeVersion.model_fields) - _VERSION_BOOKKEEPING == {f.name for f in fields(JudgeConfig)}
     with session_scope(engine) as session:
         made = ensure_version(
             session=session, product=f"p{next(_products)}", config=config, created_by="ayse"
