@@ -82,6 +82,7 @@ from lib.models import (
     JudgmentOutcomeCounts,
     JudgmentReviewerCount,
     ProductCount,
+    all_reviewed,
 )
 
 _S = EvaluationSnapshot
@@ -607,9 +608,7 @@ def review_state(state: str, *, reviewed_offset: int = 0, corrected_offset: int 
     if state == "pending":
         return reviewed < total
     if state == "reviewed":
-        # 0 written into the SQL, not bound: it is lib.models.REVIEWED_WHERE's term, which the planner
-        # must match to read the partial index of reviewed rows (PostgreSQL's generic plans cannot).
-        return and_(total > literal(0, literal_execute=True), reviewed == total)
+        return all_reviewed(total, reviewed)
     if state == "corrected":
         return corrected > 0
     raise ValueError(f"unknown review state {state!r}; choose one of {', '.join(REVIEW_STATE_NAMES)}")

@@ -21,9 +21,11 @@ from sqlalchemy import (
     and_,
     column,
     event,
+    literal,
     text,
 )
 from sqlalchemy.orm import Session as OrmSession
+from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Field, SQLModel
 
 from lib.search import (
@@ -71,9 +73,21 @@ LIST_FILTER_COLUMNS = (
 )  # fmt: skip
 
 
-# The rows of LIST_REVIEWED_INDEX: lib.counters.review_state("reviewed") of live evaluations, which
-# implies it term by term (so SQLite and PostgreSQL use the partial index for that filter).
-REVIEWED_WHERE = "deleted_at IS NULL AND judgments_total > 0 AND judgments_reviewed = judgments_total"
+def all_reviewed(total: Any, reviewed: Any) -> ColumnElement[bool]:
+    """An evaluation with judgments, every one reviewed, from its counters: the one statement of
+    lib.counters.review_state("reviewed") and of LIST_REVIEWED_INDEX's rows, so the list's filter
+    states the index's predicate term by term (SQLite and PostgreSQL match a partial index only
+    so). The 0 is written into the SQL, not bound: PostgreSQL's generic plans cannot match a
+    parameter to the index's constant."""
+    return and_(total > literal(0, literal_execute=True), reviewed == total)
+
+
+# The rows of LIST_REVIEWED_INDEX: the live evaluations in review state "reviewed". Its DDL reads
+# "deleted_at IS NULL AND judgments_total > 0 AND judgments_reviewed = judgments_total", as
+# migration 0027 wrote it (tests/test_db.py compares the two).
+REVIEWED_WHERE = and_(
+    column("deleted_at").is_(None), all_reviewed(column("judgments_total"), column("judgments_reviewed"))
+)
 
 
 class EvaluationSnapshot(SQLModel, table=True):
@@ -116,11 +130,11 @@ class EvaluationSnapshot(SQLModel, table=True):
         # question on SQLite, as LIST_TEXT_INDEX; PostgreSQL's btrees cannot hold it.
         Index(
             LIST_REVIEWED_INDEX, "deleted_at", "created_at", "id", *LIST_FILTER_COLUMNS, "search_text",
-            sqlite_where=text(REVIEWED_WHERE),
+            sqlite_where=REVIEWED_WHERE,
         ).ddl_if(dialect="sqlite"),
         Index(
             LIST_REVIEWED_INDEX, "deleted_at", "created_at", "id", *LIST_FILTER_COLUMNS,
-            postgresql_where=text(REVIEWED_WHERE),
+            postgresql_where=REVIEWED_WHERE,
         ).ddl_if(dialect="postgresql"),
         # PostgreSQL: the live list newest first with the normalised question (INCLUDE), for the
         # rows whose question fits a btree entry, and the question's length: a deep page of a
