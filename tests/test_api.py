@@ -406,10 +406,12 @@ def test_export_and_upload_folders_are_removed_and_dead_ones_swept(
 ) -> None:
     """review3 E2: an export's temp folder stayed for ever when the server was killed mid-request
     (no later request looks into it) or when the export failed with anything but an ExportError."""
-    from lib import export
+    from lib import claims, export
     from lib.claims import FOLDER_CLAIM
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the server runs in this process
+    # Every request's folder sweeps here (the once-a-minute throttle is tests/test_claims.py's).
+    monkeypatch.setattr(claims, "SWEEP_INTERVAL_SECONDS", 0.0)
     then = time.time() - 7200
     dead, fresh, live = (
         tmp_path / name
