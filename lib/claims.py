@@ -41,8 +41,10 @@ SWEEP_INTERVAL_SECONDS = 60.0
 
 # The temporary folders TempFolder makes: `overrule-KIND-` and mkdtemp's eight random characters.
 # Only names of this shape are swept: a user's own `overrule-export-backup` folder is never touched.
+# Also the Import page's folders of versions before TempFolder, `overrule_upload_` and mkdtemp's
+# eight: they have no claim, so like the older versions' `overrule-KIND-` folders they go on age alone.
 TEMP_KINDS = ("export", "api", "cache", "upload")
-_TEMP_NAME = re.compile(rf"overrule-(?:{'|'.join(TEMP_KINDS)})-[a-z0-9_]{{8}}")
+_TEMP_NAME = re.compile(rf"(?:overrule-(?:{'|'.join(TEMP_KINDS)})-|overrule_upload_)[a-z0-9_]{{8}}")
 FOLDER_CLAIM = ".overrule.lock"
 
 

@@ -56,10 +56,13 @@ def test_making_a_folder_sweeps_dead_ones_and_keeps_fresh_live_and_foreign_ones(
         _folder(temp_dir, "overrule-export-dead0001"),
         _folder(temp_dir, "overrule-api-dead_002"),
         _folder(temp_dir, "overrule-api-oldver03", claim=False),  # an older version's: no claim
+        _folder(temp_dir, "overrule_upload_k3_9xq2a", claim=False),  # an older Import page's (tempfile)
     ]
     kept = [
         _folder(temp_dir, "overrule-api-fresh001", age=60),  # maybe between mkdtemp and its claim
+        _folder(temp_dir, "overrule_upload_fresh001", claim=False, age=60),  # maybe an older server's, live
         _folder(temp_dir, "overrule-export-backup"),  # not a name mkdtemp gave: a user's folder
+        _folder(temp_dir, "overrule_upload_backup"),
         _folder(temp_dir, "overrule-other-abcdefgh"),  # no kind of ours
     ]
     (temp_dir / "overrule-api-afile001").write_bytes(b"a file, not a folder")
