@@ -14,6 +14,9 @@ rows in proportion to products × metrics × days, never to evaluations or judgm
 - per evaluation, `judgments_total`, `judgments_reviewed`, `judgments_corrected` and
   `judged_metrics` on `evaluation_snapshots` itself, inside the Evaluations list index, so the
   list's review-state and metric filters read the index instead of probing judgments per row;
+- per evaluation, `reviewer_decisions` (its reviewers' decisions as one JSON object, latest review
+  first: `reviewer_decisions_sql`), which the wide CSV export reads with the row instead of
+  reading the evaluation's judgments (issue 27: a third of the 1M export's CPU);
 - `evaluation_counts`: evaluations per combination of every value the Evaluations list filters on
   but dates and text (product, language, model, category, judged metrics, largest gap in halves,
   review and evidence state, archived), so the list counts any such combination exactly from a few
@@ -263,6 +266,40 @@ def _metrics_list(session: Session) -> Any:
     )
 
 
+def reviewer_decisions_sql(dialect: str, evaluation_id: str = "evaluation_snapshots.id") -> str:
+    """The SQL (a correlated scalar subquery) of `reviewer_decisions`: the reviewed decisions of the
+    evaluation whose id is `evaluation_id`, as one JSON object text (metric: decision), latest review
+    first (a later entry of the same metric is an older review); NULL before any reviewed decision.
+
+    The one definition of that column: a review (`bump_review`), a recompute (`refresh_snapshots`)
+    and the rebuild all write it, so they cannot disagree. The wide export hands the column to DuckDB,
+    whose `json_extract_string` takes a metric's first entry: the last review, as the in-session
+    path's `lib.inspector._decision_columns` has it. A review order ties on its time, then puts an
+    overrule before a confirmation, then orders by metric and id, as the export has always read it
+    (through `ix_judgment_snapshot_state`, whose columns these are). SQLite's json_group_object keeps
+    its input's order (the inner ORDER BY); PostgreSQL orders inside the aggregate.
+    """
+    reviewed = (
+        f"j.snapshot_id = {evaluation_id} AND j.reviewed_at IS NOT NULL AND j.metric IS NOT NULL "
+        "AND j.user_decision IS NOT NULL"
+    )
+    latest_first = "j.reviewed_at DESC, j.was_corrected DESC, j.metric DESC, j.id DESC"
+    if dialect == "postgresql":
+        return (
+            f"(SELECT CAST(json_object_agg(j.metric, j.user_decision ORDER BY {latest_first}) AS text) "
+            f"FROM judgments AS j WHERE {reviewed})"
+        )
+    return (
+        "(SELECT NULLIF(json_group_object(d.metric, d.user_decision), '{}') FROM (SELECT j.metric, "
+        f"j.user_decision FROM judgments AS j WHERE {reviewed} ORDER BY {latest_first}) AS d)"
+    )
+
+
+def _reviewer_decisions(session: Session) -> Any:
+    """An evaluation's `reviewer_decisions` from its judgments (correlated to `evaluation_snapshots`)."""
+    return text(reviewer_decisions_sql(dialect_name(session)))
+
+
 def _locks_rows(session: Session) -> bool:
     """Row locks matter on PostgreSQL only: SQLite serialises writers on the database file."""
     return session.get_bind().dialect.name == "postgresql"
@@ -305,7 +342,9 @@ def refresh_snapshots(*, session: Session, where: Any) -> None:
     """Recompute the per-evaluation counters of the evaluations matching `where` from their judgments.
 
     Used by the rarer writes (imports, the judge, re-judging, clearing a product); a review adds
-    its delta instead (`bump_review`), so concurrent reviews of one evaluation stay exact.
+    its delta instead (`bump_review`), so concurrent reviews of one evaluation stay exact. Its
+    `reviewer_decisions` too: whatever may change a judgment's review state comes through here or
+    through `bump_review` (archive and restore change no decision: they keep theirs).
     """
 
     def count(*conds: Any) -> Any:
@@ -330,6 +369,7 @@ def refresh_snapshots(*, session: Session, where: Any) -> None:
             judgments_reviewed=count(reviewed_judgment()),
             judgments_corrected=count(reviewed_judgment(), col(_J.was_corrected)),
             judged_metrics=_metrics_list(session),
+            reviewer_decisions=_reviewer_decisions(session),
         )
         .execution_options(synchronize_session=False),
     )  # fmt: skip
@@ -347,7 +387,8 @@ def new_evaluation_counters(
     unreviewed (an import's), and the evaluation is new, so they are all it has (the foreign key
     lets no stored judgment point at an evaluation not stored yet): total = their count, reviewed
     and corrected 0, `judged_metrics` spelled by the database (`metrics_spelled`), once per distinct
-    set of metrics.
+    set of metrics, and no `reviewer_decisions` (NULL, the column's default: nothing reviewed), so
+    an import writes no more than before for it.
     """
     sets = {snapshot_id: frozenset(m for m in metrics if m is not None) for snapshot_id, metrics in
             metrics_by_snapshot.items()}  # fmt: skip
@@ -448,7 +489,8 @@ def bump_review(
 
     The evaluation's row is updated first: on PostgreSQL that lock orders a review behind a
     concurrent archive of the same evaluation, whose counting then sees the review committed.
-    A review that changes the judgment's reviewer moves it between two reviewer rows.
+    A review that changes the judgment's reviewer moves it between two reviewer rows. The
+    evaluation's `reviewer_decisions` is recomputed in the same UPDATE (`_bump_snapshot`).
     """
     # PostgreSQL: the caller holds PG_REVIEW_COUNTERS_LOCK from before its first judgment UPDATE to
     # commit (lib.corrections._write_review_state, the one write of a review state). A transaction
@@ -464,38 +506,8 @@ def bump_review(
         before.decision if before.reviewed else None,
         after.decision if after.reviewed else None,
     )
-    if snapshot_id is not None and (reviewed or corrected):
-        # When the evaluation changes review state (most reviews leave it as it was: the UPDATE
-        # returns whether it did, no second statement), it moves between `evaluation_counts` rows,
-        # stated from the row this UPDATE locked (before: the counters minus this review's change),
-        # so concurrent reviews add up. The write lock is held as briefly as before (SQLite: one writer).
-        returning = prepared.update_returning(session)
-        update_snapshot = prepared.built(
-            session,
-            ("snapshot", reviewed, corrected, returning),
-            lambda: _snapshot_bump(reviewed, corrected, returning=returning),
-        )
-        moved = session.execute(update_snapshot, {"snapshot_id": snapshot_id})
-        if not returning:
-            moved = session.execute(
-                prepared.built(
-                    session,
-                    ("snapshot moved", reviewed, corrected),
-                    lambda: _snapshot_moved(reviewed, corrected),
-                ),
-                {"snapshot_id": snapshot_id},
-            )
-        if moved.scalar():
-            for sign, offsets in ((-1, (reviewed, corrected)), (1, (0, 0))):
-                shift = prepared.built(
-                    session,
-                    ("evaluations", sign, *offsets),
-                    lambda sign=sign, offsets=offsets: _shift_evaluations_statement(
-                        session, col(_S.id) == bindparam("snapshot_id"), sign,
-                        reviewed_offset=offsets[0], corrected_offset=offsets[1],
-                    ),
-                )  # fmt: skip
-                session.execute(shift, {"snapshot_id": snapshot_id})
+    if snapshot_id is not None:
+        _bump_snapshot(session, snapshot_id, reviewed, corrected)
     if reviewed or corrected:
         for table in (_DAY, _LANGUAGE):
             upsert = prepared.built(
@@ -527,16 +539,72 @@ def bump_review(
     )  # fmt: skip
 
 
-def _snapshot_bump(reviewed: int, corrected: int, *, returning: bool) -> Any:
-    """The evaluation's counters plus a review's change, returning whether its review state moved
-    (`returning`; else `_snapshot_moved` reads it after the UPDATE, in the same transaction)."""
+def _bump_snapshot(session: Session, snapshot_id: str, reviewed: int, corrected: int) -> None:
+    """A review's change on its evaluation's row: the counters plus the review's delta, and its
+    `reviewer_decisions` recomputed, in one UPDATE (every review, also one that moves no counter:
+    an overrule of a reviewed judgment, or its undo, changes the decisions alone).
+
+    PostgreSQL: the row is locked first, in a statement of its own, as `refresh_snapshots` does.
+    The UPDATE then starts after every writer that held the row committed, and its recompute sees
+    their judgments: an UPDATE that waited on the row would re-check the row only, not its
+    subquery, and write decisions from before that writer's commit. Concurrent reviews are already
+    serialised (`PG_REVIEW_COUNTERS_LOCK`) and each adds its counters' delta to the row as written.
+    """
+    params = {"snapshot_id": snapshot_id}
+    if _locks_rows(session):
+        lock = prepared.built(
+            session,
+            ("lock evaluation",),
+            lambda: select(_S.id).where(col(_S.id) == bindparam("snapshot_id")).with_for_update(),
+        )
+        session.execute(lock, params)
+    counted = bool(reviewed or corrected)
+    # When the evaluation changes review state (most reviews leave it as it was: the UPDATE
+    # returns whether it did, no second statement), it moves between `evaluation_counts` rows,
+    # stated from the row this UPDATE locked (before: the counters minus this review's change),
+    # so concurrent reviews add up. The write lock is held as briefly as before (SQLite: one writer).
+    returning = counted and prepared.update_returning(session)
+    update_snapshot = prepared.built(
+        session,
+        ("snapshot", reviewed, corrected, returning),
+        lambda: _snapshot_bump(session, reviewed, corrected, returning=returning),
+    )
+    moved = session.execute(update_snapshot, params)
+    if not counted:
+        return  # no counter moved: the review state cannot have
+    if not returning:
+        moved = session.execute(
+            prepared.built(
+                session, ("snapshot moved", reviewed, corrected), lambda: _snapshot_moved(reviewed, corrected)
+            ),
+            params,
+        )
+    if moved.scalar():
+        for sign, offsets in ((-1, (reviewed, corrected)), (1, (0, 0))):
+            shift = prepared.built(
+                session,
+                ("evaluations", sign, *offsets),
+                lambda sign=sign, offsets=offsets: _shift_evaluations_statement(
+                    session, col(_S.id) == bindparam("snapshot_id"), sign,
+                    reviewed_offset=offsets[0], corrected_offset=offsets[1],
+                ),
+            )  # fmt: skip
+            session.execute(shift, params)
+
+
+def _snapshot_bump(session: Session, reviewed: int, corrected: int, *, returning: bool) -> Any:
+    """The evaluation's counters plus a review's change and its decisions recomputed, returning
+    whether its review state moved (`returning`; else `_snapshot_moved` reads it after the UPDATE,
+    in the same transaction)."""
+    values: dict[str, Any] = {"reviewer_decisions": _reviewer_decisions(session)}
+    if reviewed:
+        values["judgments_reviewed"] = col(_S.judgments_reviewed) + reviewed
+    if corrected:
+        values["judgments_corrected"] = col(_S.judgments_corrected) + corrected
     stmt = (
         update(_S.__table__)  # type: ignore[attr-defined]
         .where(col(_S.id) == bindparam("snapshot_id"))
-        .values(
-            judgments_reviewed=col(_S.judgments_reviewed) + reviewed,
-            judgments_corrected=col(_S.judgments_corrected) + corrected,
-        )
+        .values(**values)
     )
     return stmt.returning(_review_state_moved(reviewed, corrected)) if returning else stmt
 
@@ -1071,6 +1139,32 @@ def rebuild_evaluation_review_counts(session: Session) -> None:
     )
 
 
+@register_rebuild("reviewer_decisions")
+def rebuild_reviewer_decisions(session: Session) -> None:
+    """Every evaluation's `reviewer_decisions` from its judgments (`reviewer_decisions_sql`); only
+    rows whose value is wrong are written (a recount of a right database writes nothing).
+
+    Read only where something was reviewed (`judgments_reviewed`, which `evaluation_review_counts`,
+    registered before, has just made right) or a value is stored: an evaluation nobody reviewed
+    has no decision, and its judgments are not read.
+    """
+    dialect = dialect_name(session)
+    differs = "IS DISTINCT FROM" if dialect == "postgresql" else "IS NOT"
+    session.execute(
+        text(
+            f"""
+            UPDATE evaluation_snapshots SET reviewer_decisions = fresh.d
+            FROM (
+                SELECT s.id AS id, {reviewer_decisions_sql(dialect, "s.id")} AS d
+                FROM evaluation_snapshots AS s
+                WHERE s.judgments_reviewed > 0 OR s.reviewer_decisions IS NOT NULL
+            ) AS fresh
+            WHERE evaluation_snapshots.id = fresh.id AND evaluation_snapshots.reviewer_decisions {differs} fresh.d
+            """  # fixed SQL: the dialect picks one of two spellings
+        )
+    )
+
+
 @register_rebuild("metric_scores")
 def rebuild_metric_scores(session: Session) -> None:
     """The narrow scores table and its agreement counts (Analytics' source; `lib.scores`)."""
@@ -1109,6 +1203,9 @@ def rebuild_counts(*, session: Session) -> None:
     rebuild_product_counts(session)
     rebuild_judgment_counts(session)
     rebuild_evaluation_review_counts(session)
+    # Not `reviewer_decisions`: a load writes new evaluations with unreviewed judgments only (their
+    # decisions are NULL as inserted, `new_evaluation_counters`) and leaves the stored ones as they
+    # were, so reading every reviewed evaluation's judgments again would only slow the load.
     rebuild_reviewer_counts(session)
     rebuild_evaluation_counts(session)
     rebuild_judge_version_counts(session)

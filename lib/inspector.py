@@ -30,7 +30,6 @@ from sqlalchemy import (
     case,
     cast,
     func,
-    literal_column,
     or_,
     text,
     type_coerce,
@@ -46,6 +45,7 @@ from lib.corrections import distinct_metrics, require_reviewer
 from lib.display import REVIEWED_BY, evaluation_title, evaluation_url, metric_field, role_field
 from lib.evidence import EvidenceItem, evidence_items, metric_entry
 from lib.highlight import Span
+from lib.isolated import RAW_QUERY_FUNCTIONS
 from lib.judgment_text import (
     check_slugs,
     decision_value,
@@ -1253,29 +1253,14 @@ def _wide_batches(session: Session, filters: EvaluationFilters, slugs: Sequence[
 # hand the list's own SQL (`_wide_select`, rendered with its values for the app's dialect) to DuckDB
 # in an isolated worker (lib.duck), whose scanner runs it inside the database (`sqlite_query`,
 # `postgres_query`): the rows stream in the list's order without crossing a Python driver value by
-# value. Each row's reviewer decisions come with it as one JSON object (the app database's own JSON
-# aggregate over ix_judgment_snapshot_state, latest review first), which DuckDB cuts per metric: the
-# first entry of a metric is the last review, as `_decision_columns` has it. SQLite hands every
-# value over as text, with floats at 15 digits: the two gap columns are rendered with 20
-# significant digits, which read back to the same float. Scores, gaps, names and the CSV itself are
+# value. Each row's reviewer decisions come with it as one JSON object, latest review first: the
+# evaluation's `reviewer_decisions`, kept on write by lib.counters (`reviewer_decisions_sql`), so the
+# scan reads no judgment. DuckDB cuts it per metric: the first entry of a metric is the last review,
+# as `_decision_columns` has it (an evaluation with no reviewed decision holds NULL: no decision).
+# SQLite hands every value over as text, with floats at 15 digits: the two gap columns are rendered
+# with 20 significant digits, which read back to the same float. Scores, gaps, names and the CSV itself are
 # the same functions as the in-session path, so both write the same bytes (tests/test_export_csv.py).
 
-# The reviewer decisions of `evaluation_snapshots`' current row as one JSON object (metric: decision),
-# the last review of each metric first (a later entry of the same metric is an older review).
-_SCAN_DECISIONS_SQL = {
-    "sqlite": (
-        "(SELECT json_group_object(d.metric, d.user_decision) FROM (SELECT j.metric, j.user_decision "
-        "FROM judgments AS j WHERE j.snapshot_id = evaluation_snapshots.id AND j.reviewed_at IS NOT NULL "
-        "AND j.metric IS NOT NULL AND j.user_decision IS NOT NULL "
-        "ORDER BY j.reviewed_at DESC, j.was_corrected DESC, j.metric DESC, j.id DESC) AS d)"
-    ),
-    "postgresql": (
-        "(SELECT CAST(json_object_agg(j.metric, j.user_decision "
-        "ORDER BY j.reviewed_at DESC, j.was_corrected DESC, j.metric DESC, j.id DESC) AS text) "
-        "FROM judgments AS j WHERE j.snapshot_id = evaluation_snapshots.id AND j.reviewed_at IS NOT NULL "
-        "AND j.metric IS NOT NULL AND j.user_decision IS NOT NULL)"
-    ),
-}
 # SQLite's `printf` with this format writes a float with enough digits to read back the same value.
 _EXACT_FLOAT_FORMAT = "%!.20g"
 
@@ -1297,7 +1282,7 @@ def wide_scan(*, session: Session, filters: EvaluationFilters) -> WideScan | Non
     """The wide export's scanner plan, or None where the app database has no scanner SQL (then the
     in-session path `export_evaluations` writes it)."""
     dialect = session.get_bind().dialect
-    if dialect.name not in _SCAN_DECISIONS_SQL:
+    if dialect.name not in RAW_QUERY_FUNCTIONS:
         return None
     replaced: dict[str, Any] = {}
     if dialect.name == "sqlite":
@@ -1305,9 +1290,7 @@ def wide_scan(*, session: Session, filters: EvaluationFilters) -> WideScan | Non
             label: func.printf(_EXACT_FLOAT_FORMAT, column)
             for label, column in (("weighted_gap", _S.weighted_gap), ("max_gap", _S.max_metric_gap))
         }
-    stmt = _wide_select(filters, **replaced).add_columns(
-        literal_column(_SCAN_DECISIONS_SQL[dialect.name]).label("decided")
-    )
+    stmt = _wide_select(filters, **replaced).add_columns(col(_S.reviewer_decisions).label("decided"))
     # Values rendered as literals (the scanner takes no parameters); "named" keeps a % a single %.
     literal_dialect = type(dialect)(paramstyle="named")
     literal_dialect.statement_compiler = dialect.statement_compiler  # lib.db's: it renders index hints

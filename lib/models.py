@@ -178,6 +178,10 @@ class EvaluationSnapshot(SQLModel, table=True):
     judgments_reviewed: int = 0
     judgments_corrected: int = 0
     judged_metrics: str = Field(default="", max_length=1000)
+    # Its reviewers' decisions as one JSON object (metric: decision), the latest review first; None
+    # before any reviewed decision. Kept on write by lib.counters (`reviewer_decisions_sql`), so the
+    # wide CSV export reads it with the row instead of reading the judgments per evaluation.
+    reviewer_decisions: str | None = Field(default=None, sa_column=Column(Text))
     overall_feedback: str | None = Field(default=None, sa_column=Column(Text))
     user_evaluation_id: str | None = Field(default=None, max_length=128)
     judge_evaluation_id: str | None = Field(default=None, max_length=128)

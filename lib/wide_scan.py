@@ -4,8 +4,8 @@
 renders it with its values for the app's dialect) to a worker of `EXPORT_WORKERS`, whose DuckDB
 scanner runs it inside the database (`sqlite_query`, `postgres_query`): the rows stream in the
 list's order without crossing a Python driver value by value. Each row's reviewer decisions come
-with it as one JSON object (the app database's own JSON aggregate, latest review first), which
-DuckDB cuts per metric. The worker writes the CSV into a FIFO that the app reads and hands on
+with it as one JSON object, latest review first (the evaluation's `reviewer_decisions`, kept on
+write by `lib.counters`), which DuckDB cuts per metric. The worker writes the CSV into a FIFO that the app reads and hands on
 (`lib.export._scanned_chunks`).
 
 The worker is a fresh interpreter (`lib.lean_worker.LeanExecutor`) that imports this module and what it

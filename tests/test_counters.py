@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -228,12 +229,39 @@ def _snapshot_of_counters(s: Session) -> dict[str, Any]:
         s.connection()
         .execute(
             text(
-                "SELECT id, judgments_total, judgments_reviewed, judgments_corrected, judged_metrics "
-                "FROM evaluation_snapshots"
+                "SELECT id, judgments_total, judgments_reviewed, judgments_corrected, judged_metrics, "
+                "reviewer_decisions FROM evaluation_snapshots"
             )
         )
         .all()
     )
+    return found
+
+
+def _stored_decisions(s: Session) -> dict[str, list[tuple[str, str]]]:
+    """Each evaluation's `reviewer_decisions` as stored: its (metric, decision) entries in order
+    (duplicates kept), [] for NULL."""
+    rows = s.connection().execute(text("SELECT id, reviewer_decisions FROM evaluation_snapshots")).all()
+    return {sid: json.loads(value, object_pairs_hook=list) if value else [] for sid, value in rows}
+
+
+def _decisions_of_rows(s: Session) -> dict[str, list[tuple[str, str]]]:
+    """What `reviewer_decisions` must say, from the judgments in Python: per evaluation, its reviewed
+    judgments with a metric and a decision, latest review first (ties: overrule first, then metric
+    and id descending), as (metric, decision). An independent statement of `reviewer_decisions_sql`."""
+    found: dict[str, list[tuple[str, str]]] = {sid: [] for sid in s.exec(select(EvaluationSnapshot.id)).all()}
+    reviewed = [
+        j
+        for j in s.exec(select(Judgment)).all()
+        if j.snapshot_id
+        and j.reviewed_at is not None
+        and j.metric is not None
+        and j.user_decision is not None
+    ]
+    at = {j.id: j.reviewed_at.replace(tzinfo=None) for j in reviewed}  # type: ignore[union-attr]
+    reviewed.sort(key=lambda j: (at[j.id], j.was_corrected, j.metric, j.id), reverse=True)
+    for j in reviewed:
+        found[str(j.snapshot_id)].append((str(j.metric), str(j.user_decision)))
     return found
 
 
@@ -249,6 +277,11 @@ def test_counters_equal_a_full_recount_after_random_writes(engine: Engine, seed:
             story.append(_operate(rng, s, n, pairs=True))
     with session_scope(engine) as s:
         kept = _snapshot_of_counters(s)
+        stored, expected = _stored_decisions(s), _decisions_of_rows(s)
+    # Each evaluation's decisions as reviews, re-reviews, undos, bulk reviews, re-judging and
+    # archiving left them: what the judgments say, and some say something.
+    assert stored == expected, story
+    assert sum(bool(v) for v in stored.values()) > 2, story
     with session_scope(engine) as s:
         counters.recount(session=s)
     with session_scope(engine) as s:
@@ -264,6 +297,54 @@ def test_counters_equal_a_full_recount_after_random_writes(engine: Engine, seed:
         (p.version_a, p.version_b, p.product, p.language, p.metric, p.decision_a, p.decision_b, p.human): p.n
         for p in kept_pairs
     } == dict(raw), story
+
+
+def test_reviewer_decisions_follow_reviews_re_reviews_and_undos(engine: Engine) -> None:
+    """Each step leaves the evaluation's `reviewer_decisions` as its judgments say, including an
+    overrule of an overruled judgment (no counter moves: only the decision does) and its undo."""
+    record = {**_record(random.Random(7), 0), "judge_scores": {"truthfulness": 4, "helpfulness": 5}}
+    with session_scope(engine) as s:
+        importer.import_evaluations(session=s, records=[record])
+    with session_scope(engine) as s:
+        first, second = s.exec(
+            select(Judgment).order_by(col(Judgment.metric))
+        ).all()  # helpfulness, truthfulness
+        ids = {"helpfulness": first.id, "truthfulness": second.id}
+
+    def review(metric: str, action: str, decision: str | None, minute: int) -> None:
+        with session_scope(engine) as s:
+            j = s.get(Judgment, ids[metric])
+            assert j is not None and j.id is not None
+            record_review(
+                session=s, judgment_id=j.id, expected_version=j.version, action=action, user_decision=decision,
+                reviewer=REVIEWER, reason="because", at=T0 + timedelta(minutes=minute),
+            )  # fmt: skip
+
+    def decisions() -> list[tuple[str, str]]:
+        with session_scope(engine) as s:
+            stored = _stored_decisions(s)
+            assert stored == _decisions_of_rows(s)
+            return next(iter(stored.values()))
+
+    assert decisions() == []
+    review("truthfulness", "confirm", None, 1)
+    assert decisions() == [("truthfulness", "4")]
+    review("truthfulness", "overrule", "2", 2)
+    assert decisions() == [("truthfulness", "2")]
+    review("truthfulness", "overrule", "1", 3)  # reviewed and corrected as before: only the decision moves
+    assert decisions() == [("truthfulness", "1")]
+    review("helpfulness", "overrule", "3", 4)
+    assert decisions() == [("helpfulness", "3"), ("truthfulness", "1")]
+    with session_scope(engine) as s:
+        j = s.get(Judgment, ids["truthfulness"])
+        assert j is not None and j.id is not None
+        undo_review(session=s, judgment_id=j.id, expected_version=j.version, reviewer=REVIEWER)
+    assert decisions() == [("helpfulness", "3"), ("truthfulness", "2")]
+    with session_scope(engine) as s:
+        j = s.get(Judgment, ids["helpfulness"])
+        assert j is not None and j.id is not None
+        undo_review(session=s, judgment_id=j.id, expected_version=j.version, reviewer=REVIEWER)
+    assert decisions() == [("truthfulness", "2")]
 
 
 def test_a_sqlite_without_returning_reviews_by_reading_back_and_counts_exactly(
@@ -391,10 +472,21 @@ def test_recount_repairs_counters_a_raw_write_left_behind(
     with session_scope(engine) as s:
         s.connection().execute(text("UPDATE judgment_language_counts SET judgments = judgments + 7"))
         s.connection().execute(text("UPDATE evaluation_snapshots SET judgments_total = 99"))
+        # Decisions dropped where there are some, made up where there are none.
+        s.connection().execute(
+            text(
+                "UPDATE evaluation_snapshots SET reviewer_decisions = "
+                """CASE WHEN reviewer_decisions IS NULL THEN '{"made": "up"}' END"""
+            )
+        )
+        broken = _stored_decisions(s)
     with session_scope(engine) as s:
         wrong = overview.overview_stats(session=s).judgments
         assert counters.recount(session=s) == list(counters.REBUILDS)
     with session_scope(engine) as s:
+        repaired = _stored_decisions(s)
+        assert repaired == _decisions_of_rows(s)
+        assert any(repaired.values()) and all(repaired[sid] != broken[sid] for sid in repaired)
         right = overview.overview_stats(session=s).judgments
         assert right == len(s.exec(select(Judgment.id).where(  # type: ignore[call-overload]
             Judgment.snapshot_id.is_(None)  # type: ignore[union-attr]
@@ -608,3 +700,6 @@ def test_concurrent_reviews_of_one_evaluation_are_all_counted(engine: Engine) ->
         )
         counters.recount(session=s)
         assert _snapshot_of_counters(s) == kept
+        # Every metric's review is in the evaluation's decisions, none lost to a concurrent one.
+        assert sorted(m for m, _ in _stored_decisions(s)[snapshot.id]) == sorted(SLUGS)
+        assert _stored_decisions(s) == _decisions_of_rows(s)

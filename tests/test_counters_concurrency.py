@@ -12,12 +12,12 @@ from sqlalchemy import Engine, text
 from sqlmodel import Session, col, select
 
 from lib import counters, importer
-from lib.corrections import record_review
+from lib.corrections import BulkReview, record_review, record_reviews
 from lib.db import create_db_engine, session_scope
 from lib.models import Judgment
 from lib.second_opinion import SecondOpinion, store_second_opinion
 from tests.conftest import PgDatabase
-from tests.test_counters import _record, _snapshot_of_counters
+from tests.test_counters import T0, _decisions_of_rows, _record, _snapshot_of_counters, _stored_decisions
 from tests.waiting import wait_until
 
 
@@ -139,3 +139,30 @@ def test_a_review_of_two_judgments_and_a_review_of_the_second_never_deadlock(pg_
     assert [type(e).__name__ for e in errors] == ["ReviewConflict"], errors
     with session_scope(pg_engine) as s:
         assert {j.reviewer for j in s.exec(select(Judgment)).all()} == {"ayse"}
+
+
+def test_a_review_waiting_on_another_writer_of_its_evaluation_keeps_both_decisions(pg_engine: Engine) -> None:
+    """A bulk review of J2 (no review lock: `judgments_change`) holds the evaluation's row
+    uncommitted while a reviewer's review of J1 reaches it. The review locks the row before it
+    recomputes the evaluation's `reviewer_decisions`, so the recompute runs after the bulk review
+    committed and holds both: an UPDATE that had waited on the row would re-check the row alone and
+    write the decisions from before the bulk review's commit (J1's only)."""
+    (j1, v1), (j2, _) = _two_judgments(pg_engine, 3, judge={"truthfulness": 4, "helpfulness": 5})
+    with session_scope(pg_engine) as s:
+        second = s.get(Judgment, j2)
+        assert second is not None
+        bulk = BulkReview(second.change_id, second.decision, "ayse", None, T0)
+
+    def review(s: Session) -> None:
+        record_review(session=s, judgment_id=j1, expected_version=v1, action="confirm", reviewer="bob")
+
+    with pg_engine.connect() as conn, Session(bind=conn) as first:
+        assert record_reviews(session=first, reviews=[bulk]) == 1
+        worker, errors = _blocked_writer(pg_engine, review)
+        first.commit()
+    worker.join(30)
+    assert not worker.is_alive() and not errors, errors
+    with session_scope(pg_engine) as s:
+        stored = _stored_decisions(s)
+        assert stored == _decisions_of_rows(s)
+        assert sorted(m for m, _ in next(iter(stored.values()))) == ["helpfulness", "truthfulness"]

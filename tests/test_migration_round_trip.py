@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 from alembic import command
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, inspect, text
 from sqlmodel import Session, col, select
 
 from lib import importer
 from lib.corrections import record_review
 from lib.db import alembic_config, session_scope
 from lib.models import Judgment
-from tests.test_counters import _record, _snapshot_of_counters
+from tests.test_counters import _decisions_of_rows, _record, _snapshot_of_counters, _stored_decisions
 from tests.test_scores import table_state
 
 pytestmark = pytest.mark.slow
@@ -63,3 +63,28 @@ def test_downgrade_to_0005_and_back_keeps_counters_scores_and_search_text(engine
     _migrate(engine, "head")
 
     assert _state(engine) == before
+
+
+def test_0029_backfills_each_evaluations_reviewer_decisions_and_its_downgrade_drops_them(
+    engine: Engine,
+) -> None:
+    """At 0028 there is no `reviewer_decisions`; upgrading fills it with what the judgments say (the
+    reviewed evaluations' decisions, latest review first; NULL elsewhere), downgrading drops it."""
+    rng = random.Random(29)
+    with session_scope(engine) as s:
+        importer.import_evaluations(session=s, records=[_record(rng, n) for n in range(6)])
+    with session_scope(engine) as s:
+        judgments = s.exec(select(Judgment).order_by(col(Judgment.id))).all()
+        for judgment in judgments[::2]:
+            assert judgment.id is not None
+            record_review(session=s, judgment_id=judgment.id, expected_version=judgment.version,
+                          action="confirm", reviewer="ayse")  # fmt: skip
+    _migrate(engine, "0028")
+    with engine.connect() as conn:
+        columns = [c["name"] for c in inspect(conn).get_columns("evaluation_snapshots")]
+    assert "reviewer_decisions" not in columns and "judged_metrics" in columns
+    _migrate(engine, "head")
+    with Session(engine) as s:
+        stored = _stored_decisions(s)
+        assert stored == _decisions_of_rows(s)
+        assert any(stored.values()) and not all(stored.values())  # some reviewed, some not
