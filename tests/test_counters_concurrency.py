@@ -82,6 +82,17 @@ def _blocked_writer(
     return worker, errors
 
 
+def _wait_behind(engine: Engine, first: Callable[[Session], None], then: Callable[[Session], None]) -> None:
+    """`first` in an open transaction, then `then` in another until it waits on `first`'s locks;
+    `first` commits and `then` must finish without an error."""
+    with engine.connect() as conn, Session(bind=conn) as holding:
+        first(holding)
+        worker, errors = _blocked_writer(engine, then)
+        holding.commit()
+    worker.join(30)
+    assert not worker.is_alive() and not errors, errors
+
+
 @pytest.mark.parametrize("target", ["same judgment", "other judgment of the evaluation"])
 def test_a_second_opinion_waiting_on_a_review_leaves_exact_counters(pg_engine: Engine, target: str) -> None:
     """A review of J1 holds its locks uncommitted while a second opinion is stored on J1 (the flush
@@ -95,13 +106,10 @@ def test_a_second_opinion_waiting_on_a_review_leaves_exact_counters(pg_engine: E
         opinion = SecondOpinion(judgment_id=opinion_on, action="validated", decision="4")
         store_second_opinion(session=s, opinion=opinion, reviewer="bob")
 
-    with pg_engine.connect() as conn, Session(bind=conn) as first:
-        record_review(session=first, judgment_id=j1, expected_version=v1, action="confirm", reviewer="ayse")
-        worker, errors = _blocked_writer(pg_engine, second_opinion)
-        first.commit()
-    worker.join(30)
-    assert not worker.is_alive() and not errors, errors
+    def review(s: Session) -> None:
+        record_review(session=s, judgment_id=j1, expected_version=v1, action="confirm", reviewer="ayse")
 
+    _wait_behind(pg_engine, review, second_opinion)
     with session_scope(pg_engine) as s:
         kept = _snapshot_of_counters(s)
         reviewed = (
@@ -153,15 +161,13 @@ def test_a_review_waiting_on_another_writer_of_its_evaluation_keeps_both_decisio
         assert second is not None
         bulk = BulkReview(second.change_id, second.decision, "ayse", None, T0)
 
+    def bulk_review(s: Session) -> None:
+        assert record_reviews(session=s, reviews=[bulk]) == 1
+
     def review(s: Session) -> None:
         record_review(session=s, judgment_id=j1, expected_version=v1, action="confirm", reviewer="bob")
 
-    with pg_engine.connect() as conn, Session(bind=conn) as first:
-        assert record_reviews(session=first, reviews=[bulk]) == 1
-        worker, errors = _blocked_writer(pg_engine, review)
-        first.commit()
-    worker.join(30)
-    assert not worker.is_alive() and not errors, errors
+    _wait_behind(pg_engine, bulk_review, review)
     with session_scope(pg_engine) as s:
         stored = _stored_decisions(s)
         assert stored == _decisions_of_rows(s)
