@@ -55,6 +55,11 @@ _freezer: int | None = None  # the thread whose load froze the heap (and unfreez
 # made while a load is inside). A flag, not `gc.get_freeze_count()`: that walks the frozen objects
 # (28 ms for 220,000).
 HEAP_FROZEN_ELSEWHERE = False
+# While a load runs in a heap frozen elsewhere, full collections wait (`frozen_heap`): the oldest
+# generation's threshold is set this high, and the thresholds it had are kept here until the load
+# that raised it leaves.
+HELD_OFF_THRESHOLD = 1_000_000_000
+_held: tuple[int, int, int] | None = None
 
 
 @contextmanager
@@ -76,16 +81,29 @@ def frozen_heap() -> Iterator[None]:
     that froze it leaves its outermost block, whoever else is inside then. Loads that overlap skip
     the freeze (their collections walk the heap, as without this block) rather than keep every
     request's cyclic garbage for as long as the overlap lasts (the freeze used to be undone only
-    once no load was inside, which an OTLP receiver under steady load may never reach). A heap
-    someone else keeps frozen (`HEAP_FROZEN_ELSEWHERE`: the test suite's conftest) is left alone.
+    once no load was inside, which an OTLP receiver under steady load may never reach).
+
+    A heap someone else keeps frozen (`HEAP_FROZEN_ELSEWHERE`: the app's server freezes what it
+    imported at start, `lib.ui.server.freeze_imported_heap`; the test suite's conftest) is left
+    frozen as it is: freezing the load's input too could not be undone without undoing that freeze.
+    There the load holds off full collections instead, bounded the same way (the load alone inside
+    sets the oldest generation's threshold out of reach and puts it back when it leaves): each one
+    would walk the load's own objects, a 10,000-span OTLP request's ~100,000 of them four times
+    over (0.19 CPU s measured), while what it finds is alive until the load commits. Young
+    collections go on, so the load's short-lived cycles are still collected; the full collection
+    that the load's survivors are owed runs once it has left, when they are garbage.
     """
-    global _freezer
+    global _freezer, _held
     me = threading.get_ident()
     with _frozen_lock:
         depth = _loads.get(me, 0) + 1
         _loads[me] = depth
-        if len(_loads) == 1 and _freezer in (None, me) and not HEAP_FROZEN_ELSEWHERE:
-            gc.freeze()
+        if len(_loads) == 1 and _freezer in (None, me):
+            if not HEAP_FROZEN_ELSEWHERE:
+                gc.freeze()
+            elif _freezer is None:
+                _held = gc.get_threshold()
+                gc.set_threshold(_held[0], _held[1], HELD_OFF_THRESHOLD)
             _freezer = me
     try:
         yield
@@ -97,7 +115,10 @@ def frozen_heap() -> Iterator[None]:
                 _loads[me] = depth - 1
             if depth == 1 and _freezer == me:
                 _freezer = None
-                if not HEAP_FROZEN_ELSEWHERE:  # frozen for good by its owner while this load ran
+                if _held is not None:
+                    gc.set_threshold(*_held)
+                    _held = None
+                elif not HEAP_FROZEN_ELSEWHERE:  # frozen for good by its owner while this load ran
                     gc.unfreeze()
 
 

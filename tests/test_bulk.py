@@ -184,11 +184,12 @@ def test_the_import_spool_keeps_one_chunk_in_memory_and_spills_more_in_order(
 
 
 class _FakeCollector:
-    """gc's freeze API as `bulk.frozen_heap` uses it, recording the calls."""
+    """gc's freeze and threshold API as `bulk.frozen_heap` uses it, recording the calls."""
 
     def __init__(self) -> None:
         self.frozen = 0
         self.calls: list[str] = []
+        self.threshold = (700, 10, 10)
 
     def freeze(self) -> None:
         self.calls.append("freeze")
@@ -198,13 +199,20 @@ class _FakeCollector:
         self.calls.append("unfreeze")
         self.frozen = 0
 
+    def get_threshold(self) -> tuple[int, int, int]:
+        return self.threshold
+
+    def set_threshold(self, *threshold: int) -> None:
+        self.calls.append(f"threshold {threshold[2]}")
+        self.threshold = threshold  # type: ignore[assignment]
+
 
 def test_frozen_heap_freezes_at_each_entry_and_unfreezes_once_the_last_load_leaves(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     collector = _FakeCollector()
     monkeypatch.setattr(bulk, "gc", collector)
-    monkeypatch.setattr(bulk, "HEAP_FROZEN_ELSEWHERE", False)  # as in the app (conftest sets it)
+    monkeypatch.setattr(bulk, "HEAP_FROZEN_ELSEWHERE", False)  # without the server's start-up freeze
     with bulk.frozen_heap():
         with bulk.frozen_heap():  # nested (the planned records): what was built since is frozen too
             assert collector.calls == ["freeze", "freeze"]
@@ -216,18 +224,25 @@ def test_frozen_heap_freezes_at_each_entry_and_unfreezes_once_the_last_load_leav
 
 
 def test_frozen_heap_leaves_a_heap_someone_else_keeps_frozen_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frozen by its owner (the app's server, the test suite): never frozen or unfrozen here; the
+    load holds off full collections instead, once for nested blocks, and puts the threshold back
+    when it leaves, after a failure too."""
     collector = _FakeCollector()
     monkeypatch.setattr(bulk, "gc", collector)
-    monkeypatch.setattr(bulk, "HEAP_FROZEN_ELSEWHERE", True)  # the test suite's own freeze (conftest)
+    monkeypatch.setattr(bulk, "HEAP_FROZEN_ELSEWHERE", True)  # the server's own freeze (or conftest's)
     with bulk.frozen_heap(), bulk.frozen_heap():
-        pass
-    assert collector.calls == []
+        assert collector.threshold == (700, 10, bulk.HELD_OFF_THRESHOLD)
+    assert collector.calls == [f"threshold {bulk.HELD_OFF_THRESHOLD}", "threshold 10"]
+    assert collector.threshold == (700, 10, 10)
+    with pytest.raises(RuntimeError), bulk.frozen_heap():
+        raise RuntimeError("a failed load leaves like any other")
+    assert collector.threshold == (700, 10, 10) and "freeze" not in collector.calls
 
 
 def test_frozen_heap_never_undoes_a_freeze_made_during_a_load(monkeypatch: pytest.MonkeyPatch) -> None:
     collector = _FakeCollector()
     monkeypatch.setattr(bulk, "gc", collector)
-    monkeypatch.setattr(bulk, "HEAP_FROZEN_ELSEWHERE", False)  # as in the app (conftest sets it)
+    monkeypatch.setattr(bulk, "HEAP_FROZEN_ELSEWHERE", False)  # without the server's start-up freeze
     with bulk.frozen_heap():
         collector.freeze()  # someone else's, kept (as conftest does), while the load runs
         monkeypatch.setattr(bulk, "HEAP_FROZEN_ELSEWHERE", True)
@@ -279,6 +294,40 @@ with bulk.frozen_heap():  # the second load, entered while the first is inside: 
     gc.collect()
     assert garbage() is None, "collected while a load is still inside"
 assert gc.get_freeze_count() == 0
+print("ok")
+""")
+
+
+def test_loads_in_a_heap_frozen_elsewhere_hold_off_full_collections_only_while_alone_inside() -> None:
+    """The app's server keeps its start-up heap frozen (`HEAP_FROZEN_ELSEWHERE`): a load alone
+    holds full collections off, the thresholds come back when it leaves even with another load
+    still inside (so steady overlapping requests cannot hold them off for good), and that other
+    load holds nothing of its own."""
+    _run_alone("""
+import gc, threading
+from lib import bulk
+
+gc.collect()
+gc.freeze()
+bulk.HEAP_FROZEN_ELSEWHERE = True
+before = gc.get_threshold()
+entered, leave, left = threading.Event(), threading.Event(), threading.Event()
+
+def first_load():
+    with bulk.frozen_heap():
+        entered.set()
+        leave.wait()
+    left.set()
+
+threading.Thread(target=first_load).start()
+entered.wait()
+assert gc.get_threshold() == (*before[:2], bulk.HELD_OFF_THRESHOLD), gc.get_threshold()
+with bulk.frozen_heap():  # the second load, entered while the first is inside
+    leave.set()
+    left.wait()
+    assert gc.get_threshold() == before, "put back as the load that held it left"
+assert gc.get_threshold() == before
+assert gc.get_freeze_count() > 0, "the owner's freeze is kept"
 print("ok")
 """)
 
