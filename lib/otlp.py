@@ -39,9 +39,10 @@ from sqlalchemy import Engine, Table, delete, insert, select
 from sqlmodel import Session
 
 from lib.auth import Actor
-from lib.bulk import among, frozen_heap, insert_tuples
+from lib.bulk import among, among_template, among_value, frozen_heap, insert_tuples
 from lib.importer import add_source_verdicts, import_source_evaluations
 from lib.models import EvaluationSnapshot, OtlpSpan, utcnow
+from lib.prepared import built
 from lib.records import ImportFailed
 from lib.source_records import SourceEvaluation, SourceVerdict, metric_slug
 
@@ -250,23 +251,20 @@ def _proto_resources(signal: str, body: bytes) -> Iterator[tuple[dict[str, Any],
             )
 
 
-class _ProtoAttributes(dict[str, Any]):
-    """A protobuf KeyValue list by key, each AnyValue turned into Python only when it is read: a
-    span has a dozen attributes and the receiver reads a few."""
-
-    def get(self, key: str, default: Any = None) -> Any:
-        value = dict.get(self, key)
-        return default if value is None else _proto_value(value)
-
-    def __getitem__(self, key: str) -> Any:
-        return _proto_value(dict.__getitem__(self, key))
-
-    def items(self) -> Any:  # type: ignore[override]
-        return ((key, _proto_value(value)) for key, value in dict.items(self))
-
-
 def _proto_attrs(attributes: Iterable[Any]) -> dict[str, Any]:
-    return _ProtoAttributes((kv.key, kv.value) for kv in attributes)
+    """A protobuf KeyValue list as a dict of plain values: each upb read makes a new Python object,
+    so every value is read once, strings (nearly all of a GenAI span's) without a call each."""
+    attrs: dict[str, Any] = {}
+    for kv in attributes:
+        value = kv.value
+        kind = value.WhichOneof("value")
+        if kind == "string_value":
+            attrs[kv.key] = value.string_value
+        elif kind in _SCALARS:
+            attrs[kv.key] = getattr(value, kind)
+        else:
+            attrs[kv.key] = _proto_value(value)
+    return attrs
 
 
 def _proto_verdict_fields(attributes: Iterable[Any]) -> list[Any]:
@@ -708,6 +706,15 @@ def _sweep(session: Session, *, force: bool = False) -> int:
     return int(getattr(result, "rowcount", 0) or 0)
 
 
+def _stored_by(session: Session, column: str) -> Any:
+    """`SELECT otlp_spans WHERE <column> IN :keys` (the keys as `lib.bulk.among_value`), built once."""
+    return built(
+        session,
+        ("otlp_spans by", column),
+        lambda: select(OtlpSpan).where(among_template(session, _SPANS.c[column], "keys")),
+    )
+
+
 class _Join:
     def __init__(self, session: Session, batch: Batch, actor: Actor, outcome: Outcome) -> None:
         self.session, self.batch, self.actor, self.outcome = session, batch, actor, outcome
@@ -761,11 +768,14 @@ class _Join:
         responses |= {v.response_id for v in self.batch.verdicts if v.response_id and not v.key}
         # Verdicts waiting under `response:<id>` are found by the second query: `_keep` gives
         # those rows their response id (so the first need not look up a key per response too).
-        for row in self.session.scalars(select(OtlpSpan).where(among(self.session, _SPANS.c.key, keys))):
+        # Both statements are built once (`lib.prepared.built`): every request runs them, and
+        # building a statement costs about as much as running it on 512 keys.
+        session = self.session
+        for row in session.scalars(_stored_by(session, "key"), {"keys": among_value(session, keys)}):
             self.stored[row.key] = row
         if responses:
-            by_response = among(self.session, _SPANS.c.response_id, responses)
-            for row in self.session.scalars(select(OtlpSpan).where(by_response)):
+            by_response = _stored_by(session, "response_id")
+            for row in session.scalars(by_response, {"keys": among_value(session, responses)}):
                 self.stored.setdefault(row.key, row)
 
     def _route_verdicts(self) -> None:
