@@ -46,7 +46,8 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,7 @@ from starlette.applications import Starlette  # noqa: E402
 from starlette.routing import Mount  # noqa: E402
 
 from bench.common import OUT, drop_pg_database, fresh_pg_database, fresh_sqlite_url, serve_asgi  # noqa: E402
+from lib import bulk  # noqa: E402
 from lib.api import API_PREFIX, create_app, otlp_root_routes  # noqa: E402
 from lib.auth import system_actor  # noqa: E402
 from lib.bulk import worth_deferring  # noqa: E402
@@ -251,6 +253,25 @@ def serve(engine: Engine) -> tuple[str, str, uvicorn.Server, threading.Thread]:
     return base, secret, server, thread
 
 
+@contextmanager
+def server_heap() -> Iterator[None]:
+    """The heap as the app's server keeps it (`lib.ui.server.freeze_imported_heap`): what exists
+    when the case starts (the app, its modules, the bodies to send) is collected and frozen, and
+    `lib.bulk` is told so (`HEAP_FROZEN_ELSEWHERE`), as the server's launcher does; undone after.
+
+    Every case starts on a collected heap (none pays for garbage an earlier one left). Without
+    the freeze, `lib.bulk.frozen_heap` froze and unfroze the heap around each load, which the
+    server, whose heap is frozen at start, never does: the bench measured another collector."""
+    gc.collect()
+    gc.freeze()
+    bulk.HEAP_FROZEN_ELSEWHERE = True
+    try:
+        yield
+    finally:
+        bulk.HEAP_FROZEN_ELSEWHERE = False
+        gc.unfreeze()
+
+
 def run(name: str, posts: Callable[[str], list[tuple[str, bytes, str]]], n: int) -> tuple[float, float]:
     """(wall, CPU) seconds to send every body in order; then checks every evaluation and judgment is in."""
     engine = fresh(f"bench_otlp_{name}.db")
@@ -258,9 +279,8 @@ def run(name: str, posts: Callable[[str], list[tuple[str, bytes, str]]], n: int)
     base, secret, server, thread = serve(engine)
     requests = posts(base)
     server_before = server_cpu(engine)
-    gc.collect()  # every case starts on a collected heap: none pays for garbage an earlier one left
     try:
-        with httpx.Client(timeout=3600, headers={"Authorization": f"Bearer {secret}"}) as http:
+        with server_heap(), httpx.Client(timeout=3600, headers={"Authorization": f"Bearer {secret}"}) as http:
             cpu, wall = time.process_time(), time.perf_counter()
             for url, body, content_type in requests:
                 response = http.post(url, content=body, headers={"Content-Type": content_type})
