@@ -29,7 +29,8 @@ OTLP spans are the OpenTelemetry SDK's own (GenAI attributes with question and a
 `gen_ai.evaluation.result` span events each), encoded by the SDK's OTLP encoder.
 
 Printed: median wall and process CPU seconds of each case over `--runs` interleaved rounds (client
-and server share the process; the heap is collected before each), the CPU of every run, and every
+and server share the process; before each the heap is collected and frozen, as the app's server
+freezes its start-up heap: `server_heap`), the CPU of every run, and every
 pair's speed ratio (JSONL CPU / OTLP CPU: above 1 is faster) with each run's ratio, then the issue's
 literal reading too: OTLP in `--batch` requests against the one JSONL POST. On PostgreSQL the CPU
 also counts the server backends of the run's connections (read from /proc before they close), since
