@@ -1261,7 +1261,8 @@ def _wide_batches(session: Session, filters: EvaluationFilters, slugs: Sequence[
 # with 20 significant digits, which read back to the same float. Scores, gaps, names and the CSV itself are
 # the same functions as the in-session path, so both write the same bytes (tests/test_export_csv.py).
 
-# SQLite's `printf` with this format writes a float with enough digits to read back the same value.
+# SQLite's `printf` with this format writes a float with enough digits to read back the same value
+# (and 0 for NULL: a missing gap is kept NULL by a CASE around it).
 _EXACT_FLOAT_FORMAT = "%!.20g"
 
 
@@ -1287,7 +1288,7 @@ def wide_scan(*, session: Session, filters: EvaluationFilters) -> WideScan | Non
     replaced: dict[str, Any] = {}
     if dialect.name == "sqlite":
         replaced = {
-            label: func.printf(_EXACT_FLOAT_FORMAT, column)
+            label: case((column.is_(None), None), else_=func.printf(_EXACT_FLOAT_FORMAT, column))
             for label, column in (("weighted_gap", _S.weighted_gap), ("max_gap", _S.max_metric_gap))
         }
     stmt = _wide_select(filters, **replaced).add_columns(col(_S.reviewer_decisions).label("decided"))

@@ -308,6 +308,19 @@ def test_a_non_finite_stored_score_is_no_score_on_both_paths(sqlite_engine: Engi
     assert score_of(float("inf")) is None and score_of(2) == 2.0
 
 
+def test_an_evaluation_without_a_gap_exports_empty_gaps_on_both_paths(engine: Engine) -> None:
+    # A judge-only evaluation (no reviewer score beside the judge's) has no gap: NULL, written as an
+    # empty cell. SQLite's printf('%!.20g', NULL) is '0', which the scanner path wrote (review5 F2).
+    records = [
+        {k: v for k, v in record("s_none", created_at="2025-01-02T00:00:00Z").items() if k != "user_scores"},
+        record("s_gap", created_at="2025-01-01T00:00:00Z", user_scores={"clarity": 2, "safety": 5}),
+    ]
+    in_session, scanned = _both_paths(engine, records, {})
+    assert in_session == scanned
+    assert _cells(scanned, "weighted_gap")[0] == "" and _cells(scanned, "max_gap")[0] == ""
+    assert _cells(scanned, "max_gap")[1] not in ("", "0")
+
+
 def test_an_export_with_no_metrics_writes_the_rows_without_score_columns(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
