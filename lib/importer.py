@@ -702,11 +702,7 @@ def add_source_verdicts(
     )
     for judgment in rows:
         session.add(Judgment(**judgment))
-    session.flush()
-    if rows:
-        counters.judgments_added(
-            session=session, where=counters.judgments_with_change_ids([j["change_id"] for j in rows])
-        )
+    session.flush()  # the flush hooks count the new judgments (lib.counters): nothing more to add
     return len(rows)
 
 

@@ -18,10 +18,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from sqlalchemy import Engine, func
+from sqlalchemy import Engine, func, text
 from sqlmodel import Session, select
 
-from lib.importer import ImportFailed, import_path, import_source_evaluations
+from lib import counters
+from lib.db import session_scope
+from lib.importer import ImportFailed, add_source_verdicts, import_path, import_source_evaluations
 from lib.models import EvaluationSnapshot, Judgment, MetricDefinition
 from lib.source_files import SourceOptions
 from lib.source_records import SourceEvaluation, SourceVerdict, metric_slug
@@ -430,3 +432,35 @@ def test_plan_import_scores_scales_and_refusals_per_verdict() -> None:
     )
     assert left_out == [0] and plan.indexes == [1]
     assert [d["max"] for d in plan.definitions] == [2.0]
+
+
+def _counter_rows(engine: Engine) -> dict[str, list[tuple[object, ...]]]:
+    with engine.connect() as conn:
+        return {
+            table: sorted(map(tuple, conn.execute(text(f"SELECT * FROM {table}")).all()))
+            for table in ("judgment_day_counts", "judgment_language_counts", "product_counts")
+        }
+
+
+def test_verdicts_added_to_a_stored_evaluation_are_counted_once(engine: Engine) -> None:
+    # A verdict arriving after its evaluation (OTLP's late events, a second source's scores) adds a
+    # judgment through the ORM, whose flush hooks count it; it was counted a second time (review5 F4).
+    evaluation = SourceEvaluation(
+        where="x",
+        product="bot",
+        question="Q?",
+        answer="A.",
+        verdicts=[SourceVerdict(name="truthfulness", score=4.0)],
+    )
+    with session_scope(engine) as s:
+        import_source_evaluations(session=s, evaluations=[evaluation], source="t")
+    with session_scope(engine) as s:
+        snapshot_id = s.exec(select(EvaluationSnapshot.id)).one()
+        added = add_source_verdicts(
+            session=s, snapshot_id=snapshot_id, verdicts=[SourceVerdict(name="clarity", score=3.0)], where="y"
+        )
+        assert added == 1
+    kept = _counter_rows(engine)
+    with session_scope(engine) as s:
+        counters.recount(session=s)
+    assert kept == _counter_rows(engine)
