@@ -555,7 +555,12 @@ def _bump_snapshot(session: Session, snapshot_id: str, reviewed: int, corrected:
         lock = prepared.built(
             session,
             ("lock evaluation",),
-            lambda: select(_S.id).where(col(_S.id) == bindparam("snapshot_id")).with_for_update(),
+            # FOR NO KEY UPDATE: the UPDATE below changes no key, so a transaction that inserted a row
+            # referencing this evaluation (a queue item, a chat message: their foreign keys take FOR KEY
+            # SHARE) need not finish first; FOR UPDATE waited on it, holding every review behind it.
+            lambda: (
+                select(_S.id).where(col(_S.id) == bindparam("snapshot_id")).with_for_update(key_share=True)
+            ),
         )
         session.execute(lock, params)
     counted = bool(reviewed or corrected)
@@ -1144,9 +1149,8 @@ def rebuild_reviewer_decisions(session: Session) -> None:
     """Every evaluation's `reviewer_decisions` from its judgments (`reviewer_decisions_sql`); only
     rows whose value is wrong are written (a recount of a right database writes nothing).
 
-    Read only where something was reviewed (`judgments_reviewed`, which `evaluation_review_counts`,
-    registered before, has just made right) or a value is stored: an evaluation nobody reviewed
-    has no decision, and its judgments are not read.
+    Every evaluation is read, whatever its counters say: a repair must not trust the counters that
+    the same hand-made write may have left wrong (`recount reviewer_decisions` is run alone too).
     """
     dialect = dialect_name(session)
     differs = "IS DISTINCT FROM" if dialect == "postgresql" else "IS NOT"
@@ -1157,7 +1161,6 @@ def rebuild_reviewer_decisions(session: Session) -> None:
             FROM (
                 SELECT s.id AS id, {reviewer_decisions_sql(dialect, "s.id")} AS d
                 FROM evaluation_snapshots AS s
-                WHERE s.judgments_reviewed > 0 OR s.reviewer_decisions IS NOT NULL
             ) AS fresh
             WHERE evaluation_snapshots.id = fresh.id AND evaluation_snapshots.reviewer_decisions {differs} fresh.d
             """  # fixed SQL: the dialect picks one of two spellings

@@ -496,6 +496,24 @@ def test_recount_repairs_counters_a_raw_write_left_behind(
         assert 99 not in s.exec(select(EvaluationSnapshot.judgments_total)).all()
 
 
+def test_recount_of_the_decisions_alone_repairs_a_review_written_by_hand(engine: Engine) -> None:
+    # A review written into judgments by hand leaves judgments_reviewed at 0 too: the decisions'
+    # rebuild run alone must not trust that counter (review5 F3).
+    rec = {**_record(random.Random(3), 0), "judge_scores": {"truthfulness": 4}}
+    with session_scope(engine) as s:
+        importer.import_evaluations(session=s, records=[rec])
+    with session_scope(engine) as s:
+        s.connection().execute(
+            text("UPDATE judgments SET user_decision = '2', reviewed_at = timestamp, reviewer = 'x'")
+        )
+    with session_scope(engine) as s:
+        assert not any(_stored_decisions(s).values())
+        counters.recount(session=s, only=["reviewer_decisions"])
+    with session_scope(engine) as s:
+        assert _stored_decisions(s) == _decisions_of_rows(s)
+        assert any(_stored_decisions(s).values())
+
+
 def test_recount_refuses_an_unknown_name(sqlite_engine: Engine) -> None:
     with session_scope(sqlite_engine) as s, pytest.raises(ValueError, match="unknown counters nope"):
         counters.recount(session=s, only=["nope"])

@@ -172,3 +172,27 @@ def test_a_review_waiting_on_another_writer_of_its_evaluation_keeps_both_decisio
         stored = _stored_decisions(s)
         assert stored == _decisions_of_rows(s)
         assert sorted(m for m, _ in next(iter(stored.values()))) == ["helpfulness", "truthfulness"]
+
+
+def test_a_review_does_not_wait_on_a_row_that_merely_references_its_evaluation(pg_engine: Engine) -> None:
+    """An open transaction that inserted a row pointing at the evaluation (a chat message, a queue
+    item: the foreign key check holds FOR KEY SHARE on the evaluation's row) must not hold its
+    reviews, nor, behind the review lock, every other review (review5 F1: FOR UPDATE waited)."""
+    (j1, v1), _ = _two_judgments(pg_engine, 4, judge={"truthfulness": 4, "helpfulness": 5})
+    with session_scope(pg_engine) as s:
+        snapshot_id = s.get(Judgment, j1).snapshot_id  # type: ignore[union-attr]
+    with pg_engine.connect() as holder:
+        holder.execute(
+            text(
+                "INSERT INTO chat_messages (id, chat_id, client_message_id, is_complete, snapshot_id, role, "
+                "content, selected_metrics, created_at) VALUES ('m1', '', 'c1', false, :s, 'user', 'hi', '[]', now())"
+            ),
+            {"s": snapshot_id},
+        )
+        with session_scope(pg_engine) as s:
+            s.connection().execute(text("SET LOCAL lock_timeout = '2s'"))  # waiting fails the test
+            record_review(session=s, judgment_id=j1, expected_version=v1, action="confirm", reviewer="bob")
+        holder.rollback()
+    with session_scope(pg_engine) as s:
+        assert _stored_decisions(s) == _decisions_of_rows(s)
+        assert any(_stored_decisions(s).values())
