@@ -259,19 +259,13 @@ def _run_alone(script: str) -> None:
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
-def test_overlapping_loads_keep_no_cyclic_garbage_frozen() -> None:
-    """Loads on two threads, each entered before the other left (an OTLP receiver under load): the
-    heap was frozen at every entry and unfrozen only once no load was inside, so garbage cycles
-    made meanwhile waited for as long as the overlap lasted. Now only a load alone freezes, and the
-    heap is unfrozen when that load leaves, with the other still inside."""
-    _run_alone("""
-import gc, threading, weakref
-from lib import bulk
+def _run_beside_a_load(setup: str, script: str) -> None:
+    """`setup`, then a first load on a thread of its own, inside `frozen_heap` until the script sets
+    `leave` (then it sets `left`), then `script`, whose own load overlaps it (`_run_alone`)."""
+    _run_alone(setup + _FIRST_LOAD_INSIDE + script)
 
-class Node:
-    pass
 
-gc.collect()
+_FIRST_LOAD_INSIDE = """
 entered, leave, left = threading.Event(), threading.Event(), threading.Event()
 
 def first_load():
@@ -282,6 +276,26 @@ def first_load():
 
 threading.Thread(target=first_load).start()
 entered.wait()
+"""
+
+
+def test_overlapping_loads_keep_no_cyclic_garbage_frozen() -> None:
+    """Loads on two threads, each entered before the other left (an OTLP receiver under load): the
+    heap was frozen at every entry and unfrozen only once no load was inside, so garbage cycles
+    made meanwhile waited for as long as the overlap lasted. Now only a load alone freezes, and the
+    heap is unfrozen when that load leaves, with the other still inside."""
+    setup = """
+import gc, threading, weakref
+from lib import bulk
+
+class Node:
+    pass
+
+gc.collect()
+"""
+    _run_beside_a_load(
+        setup,
+        """
 assert gc.get_freeze_count() > 0, "a load alone freezes"
 request = Node()
 request.self = request  # a cycle made during the first load, garbage once this load is done with it
@@ -295,7 +309,8 @@ with bulk.frozen_heap():  # the second load, entered while the first is inside: 
     assert garbage() is None, "collected while a load is still inside"
 assert gc.get_freeze_count() == 0
 print("ok")
-""")
+""",
+    )
 
 
 def test_loads_in_a_heap_frozen_elsewhere_hold_off_full_collections_only_while_alone_inside() -> None:
@@ -303,7 +318,7 @@ def test_loads_in_a_heap_frozen_elsewhere_hold_off_full_collections_only_while_a
     holds full collections off, the thresholds come back when it leaves even with another load
     still inside (so steady overlapping requests cannot hold them off for good), and that other
     load holds nothing of its own."""
-    _run_alone("""
+    setup = """
 import gc, threading
 from lib import bulk
 
@@ -311,16 +326,10 @@ gc.collect()
 gc.freeze()
 bulk.HEAP_FROZEN_ELSEWHERE = True
 before = gc.get_threshold()
-entered, leave, left = threading.Event(), threading.Event(), threading.Event()
-
-def first_load():
-    with bulk.frozen_heap():
-        entered.set()
-        leave.wait()
-    left.set()
-
-threading.Thread(target=first_load).start()
-entered.wait()
+"""
+    _run_beside_a_load(
+        setup,
+        """
 assert gc.get_threshold() == (*before[:2], bulk.HELD_OFF_THRESHOLD), gc.get_threshold()
 with bulk.frozen_heap():  # the second load, entered while the first is inside
     leave.set()
@@ -329,7 +338,8 @@ with bulk.frozen_heap():  # the second load, entered while the first is inside
 assert gc.get_threshold() == before
 assert gc.get_freeze_count() > 0, "the owner's freeze is kept"
 print("ok")
-""")
+""",
+    )
 
 
 def test_frozen_heap_still_collects_the_loads_garbage_and_the_rest_after_it() -> None:
