@@ -32,6 +32,11 @@ of the same rows in one process per size, printed worst (lowest CPU ratio) first
     nice -n 10 .venv/bin/python bench/bench_export_csv.py --db 1000000=sqlite:///… --scenarios "all,archived"
     .venv/bin/python bench/bench_export_csv.py --scale-from e_100k.db --factor 10 --out e_1M.db
 
+`--cold` (root, Linux) drops the OS page cache before each method, so each reads the SQLite file
+from disk: in a plain run the first method's reads warm the cache for the second, or the first's
+memory (pandas' 9 GiB at 1M) empties it for the next run, and a 1M run's link CPU moves by a third
+with that alone.
+
 `--scale-from` builds a large SQLite database in minutes from a `bench/gen.py` one: its evaluations
 and judgments copied `--factor` times under new ids (the search index and the derived counters are
 not extended: good for exports, not for page benches). `bench/gen.py --evaluations 1000000` makes a
@@ -126,6 +131,18 @@ def _pss_mib(pids: list[int]) -> float:
         except (OSError, StopIteration):
             continue
     return total / 1024
+
+
+def drop_page_cache() -> None:
+    """Write back and drop the OS page cache (`--cold`), so the next method reads the database file
+    from disk as the one before it did: in a plain run the first method pays for the reads and the
+    second finds them cached (or finds the cache emptied by the first's memory, as pandas' 9 GiB at
+    1M does). Linux, as root; PostgreSQL's own shared buffers are not touched."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as exc:
+        raise SystemExit(f"--cold: cannot drop the page cache ({exc}); it needs root on Linux") from None
 
 
 def _run_sampled(
@@ -402,6 +419,12 @@ def main(argv: list[str] | None = None) -> int:
         help="instead of the methods: the link export of filtered views against pandas of the same rows "
         "(every filter alone, each sort, a few pairs; or the comma-separated names given), worst first",
     )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="drop the OS page cache before each method (root only; SQLite: the file is read from disk "
+        "by both sides, not by the first method alone while the second reads what it left cached)",
+    )
     parser.add_argument("--scale-from", type=Path, help="build --out from this SQLite database, then stop")
     parser.add_argument("--factor", type=int, default=10)
     parser.add_argument("--out", type=Path)
@@ -434,13 +457,15 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for method in methods:
             database = url.rsplit("/", 1)[1].split("?")[0] if url.startswith("postgresql") else None
+            if args.cold:
+                drop_page_cache()
             done, pss, server = _run_sampled([sys.executable, __file__, "--child", method, url], database)
             if done.returncode:
                 print(done.stderr[-2000:], file=sys.stderr)
                 continue
             result = json.loads(done.stdout.strip().splitlines()[-1])
             # PostgreSQL's server CPU for this database counts on both sides (pandas' plain read, the
-            # scanner's query with its decisions subquery); shown apart too.
+            # scanner's query); shown apart too.
             results[method] = result | {"pss": pss, "server": server, "cpu": result["cpu"] + server}
         base = results.get("pandas")
         for method, r in results.items():
