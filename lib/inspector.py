@@ -1279,6 +1279,28 @@ def wide_header(slugs: Sequence[str]) -> tuple[list[str], dict[int, Callable[[An
     return columns, dict.fromkeys(decisions, decision_value)
 
 
+# An export of at least this many evaluations, and at least this share of every stored one, reads
+# SQLite's table in file order and sorts the rows (a temporary B-tree on disk) instead of walking the
+# list's index and reading each row where it lies: at 1M evaluations the walk's million random page
+# reads cost 7 CPU s from a warm page cache but 27 from a cold one (the kernel's work per read), the
+# scan and sort 9 and 15 (issue 27; docs/benchmarks.md). Below the size the file is small enough to
+# stay cached, and the walk is the cheaper.
+EXPORT_SCAN_MIN_ROWS = 200_000
+EXPORT_SCAN_SHARE = 0.5
+
+
+def _exports_most_rows(session: Session, filters: EvaluationFilters) -> bool:
+    """Whether the wide export of `filters` should scan and sort (`EXPORT_SCAN_MIN_ROWS`): only
+    where the counters say exactly how many rows match, and they are most of the table."""
+    if filters.archived:
+        return False  # a short range at the head of the list index (`_wide_select`)
+    matches = _counted(session, filters)
+    if matches is None or matches < EXPORT_SCAN_MIN_ROWS:
+        return False
+    stored = _listed(session, EvaluationFilters()) + _listed(session, EvaluationFilters(archived=True))
+    return matches >= EXPORT_SCAN_SHARE * stored
+
+
 def wide_scan(*, session: Session, filters: EvaluationFilters) -> WideScan | None:
     """The wide export's scanner plan, or None where the app database has no scanner SQL (then the
     in-session path `export_evaluations` writes it)."""
@@ -1292,6 +1314,8 @@ def wide_scan(*, session: Session, filters: EvaluationFilters) -> WideScan | Non
             for label, column in (("weighted_gap", _S.weighted_gap), ("max_gap", _S.max_metric_gap))
         }
     stmt = _wide_select(filters, **replaced).add_columns(col(_S.reviewer_decisions).label("decided"))
+    if dialect.name == "sqlite" and _exports_most_rows(session, filters):
+        stmt = stmt.with_hint(_S, "NOT INDEXED", "sqlite")
     # Values rendered as literals (the scanner takes no parameters); "named" keeps a % a single %.
     literal_dialect = type(dialect)(paramstyle="named")
     literal_dialect.statement_compiler = dialect.statement_compiler  # lib.db's: it renders index hints

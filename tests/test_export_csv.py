@@ -321,6 +321,36 @@ def test_an_evaluation_without_a_gap_exports_empty_gaps_on_both_paths(engine: En
     assert _cells(scanned, "max_gap")[1] not in ("", "0")
 
 
+def test_an_export_of_most_rows_scans_the_table_and_sorts_with_the_same_bytes(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 27: from EXPORT_SCAN_MIN_ROWS matches that are most of the table, SQLite reads the table
+    # in file order and sorts (a million random page reads from a cold page cache cost 27 CPU s);
+    # a narrower export still walks the list's index. Either way the rows come in the list's order.
+    monkeypatch.setattr(inspector, "EXPORT_SCAN_MIN_ROWS", 3)
+    records = [
+        record(f"s_{i}", created_at=f"2025-01-0{1 + i % 3}T00:00:00Z", product="acme" if i < 4 else "beta")
+        for i in range(6)  # ties on the time: the id orders them
+    ]
+    in_session, scanned = _both_paths(sqlite_engine, records, {})
+    assert in_session == scanned
+    assert _cells(scanned, "id") == ["s_5", "s_2", "s_4", "s_1", "s_3", "s_0"]
+
+    def plan(filters: EvaluationFilters) -> str:
+        with Session(sqlite_engine) as session:
+            scan = inspector.wide_scan(session=session, filters=filters)
+            assert scan is not None
+            rows = session.connection().exec_driver_sql("EXPLAIN QUERY PLAN " + scan.sql).all()
+        return " | ".join(str(row[-1]) for row in rows)
+
+    assert "SCAN evaluation_snapshots" in plan(EvaluationFilters())
+    assert "TEMP B-TREE FOR ORDER BY" in plan(EvaluationFilters())
+    assert "SCAN evaluation_snapshots" in plan(EvaluationFilters(product="acme"))  # 4 of 6
+    assert "USING" in plan(EvaluationFilters(product="beta"))  # 2 of 6: the index
+    monkeypatch.setattr(inspector, "EXPORT_SCAN_MIN_ROWS", 7)
+    assert "TEMP B-TREE FOR ORDER BY" not in plan(EvaluationFilters())
+
+
 def test_an_export_with_no_metrics_writes_the_rows_without_score_columns(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
