@@ -298,10 +298,34 @@ def test_a_caution_names_different_weeks_and_languages(engine: Engine) -> None:
 
 def _check_timeline(engine: Engine) -> None:
     """The timeline counts every reviewed pair once per week and marks where each version starts."""
-    with Session(engine) as s:
+    parsed: list[object] = []
+
+    def counted_parse(value: object) -> float | None:
+        parsed.append(value)
+        return parse_score(value)
+
+    with Session(engine) as s, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(version_agreement, "parse_score", counted_parse)
         line = version_agreement.timeline(session=s, filters=VersionFilters(products=(PRODUCT,)))
-        pairs = raw_pairs(s)
-    assert int(line.weekly["pairs"].sum()) == sum(len(p) for k, p in pairs.items() if k[0] == PRODUCT)
+        patch.undo()
+        pairs = {k: p for k, p in raw_pairs(s).items() if k[0] == PRODUCT}
+    assert int(line.weekly["pairs"].sum()) == sum(len(p) for p in pairs.values())
+    # Pooled over weeks and metrics, each version's exact and within-1 pairs are the raw pairs'.
+    for version_id in {v for _, v, _ in pairs}:
+        mine = line.weekly[line.weekly["version_id"] == version_id]
+        got = [round(float((mine[f"{m}_agreement"] * mine["pairs"]).sum())) for m in ("exact", "within_1")]
+        want = [0, 0]
+        for (_, v, metric), found in pairs.items():
+            if v == version_id:
+                measures = reference(metric, found)
+                within = measures["exact_agreement" if metric not in SCALES else "within_1_agreement"]
+                want[0] += round(measures["exact_agreement"] * len(found))
+                want[1] += round(within * len(found))
+        assert got == want
+    # Score texts are parsed once per distinct text of a (version, metric), not once per count row
+    # (the rows fill up with weeks: 108k at 1M evaluations, a second of the Analytics page).
+    distinct = sum(len({t for pair in found for t in pair}) for found in pairs.values())
+    assert len(parsed) <= 2 * distinct
     assert set(line.starts["version"]) == {"unversioned", "v1", "v2"}
     for row in line.starts.itertuples():
         part = line.weekly[line.weekly["version_id"] == row.version_id]
