@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import func, select
+from sqlalchemy import case, func, literal, select, tuple_
 from sqlmodel import Session
 
 from lib import analytics, reliability
@@ -61,6 +61,10 @@ COMPARE_COLUMNS = [
     "metric", "metric_name", "pairs_a", "pairs_b",
     *[f"{m}_{s}" for m in MEASURES for s in ("a", "b", "difference", "difference_lo", "difference_hi")],
 ]  # fmt: skip
+# Combinations named in one timeline statement: five bound values each, far below SQLite's 32,766 and
+# PostgreSQL's 65,535 parameters whatever the number of versions and metrics.
+TIMELINE_KEYS_PER_STATEMENT = 500
+
 TIMELINE_COLUMNS = [
     "product",
     "version_id",
@@ -661,55 +665,67 @@ def timeline(*, session: Session, filters: VersionFilters | None = None) -> Time
     """Per product, version and week judged: pairs, exact and within-1 agreement pooled over metrics."""
     filters = filters or VersionFilters()
     c = COUNTS.c
-    rows = session.execute(
-        select(c.judge_version_id, c.product, c.metric, c.week, c.decision, c.human, func.sum(c.n))
-        .where(*_count_filters(filters))
-        .group_by(c.judge_version_id, c.product, c.metric, c.week, c.decision, c.human)
+    where = _count_filters(filters)
+    # What a pair counts as (exact, within 1) depends only on its version's metric scale and its two
+    # texts, so it is worked out here on the distinct (version, product, metric, decision, human)
+    # combinations (about a thousand at 1M evaluations), and the database sums each week's counts of
+    # the combinations that qualify. The (week x decision x human) rows themselves fill up as
+    # evaluations grow (108k at 1M) and never reach Python.
+    combos = session.execute(
+        select(c.judge_version_id, c.product, c.metric, c.decision, c.human)
+        .where(*where)
+        .group_by(c.judge_version_id, c.product, c.metric, c.decision, c.human)
     ).all()
-    # Tuples, not Rows: pandas probes every Row's attributes (a third of a second at 55k rows, 1M).
-    frame = pd.DataFrame(
-        [tuple(r) for r in rows],
-        columns=["version_id", "product", "metric", "week", "decision", "human", "n"],
-    )
-    frame = frame[frame["n"] > 0]
-    pairs = frame[["version_id", "product"]].drop_duplicates()
-    keys = {VersionKey(str(p), int(v)) for v, p in zip(pairs["version_id"], pairs["product"], strict=True)}
+    keys = {VersionKey(str(p), int(v)) for v, p, *_ in combos}
     scales = _Scales(session, keys)
-    # The table fills up with (week x decision x human) rows as evaluations grow (108k at 1M): parse
-    # each distinct score text and week once, not once per row.
-    days = {week: _as_date(week) for week in frame["week"].unique()}
-    parts = []
-    for (vid, product, metric), group in frame.groupby(["version_id", "product", "metric"], sort=False):
-        key = VersionKey(str(product), int(vid))
-        decisions, humans = group["decision"].astype(str), group["human"].astype(str)
-        values = {*decisions.unique(), *humans.unique()}
-        scale = _scale_of(scales.spec(key, str(metric)), str(metric), values)
+    by_metric: dict[tuple[int, str, str], list[tuple[str, str]]] = {}
+    for vid, product, metric, decision, human in combos:
+        by_metric.setdefault((int(vid), str(product), str(metric)), []).append((str(decision), str(human)))
+    within_keys: list[tuple[int, str, str, str, str]] = []
+    exact_keys: set[tuple[int, str, str, str, str]] = set()
+    for (vid, product, metric), found in by_metric.items():
+        values = {v for pair in found for v in pair}
+        scale = _scale_of(scales.spec(VersionKey(product, vid), metric), metric, values)
         if scale.numeric:
             parsed = {v: parse_score(v) for v in values}
-            d = decisions.map(parsed).to_numpy(dtype=float)
-            h = humans.map(parsed).to_numpy(dtype=float)
+            d = np.array([parsed[a] for a, _ in found], dtype=float)
+            h = np.array([parsed[b] for _, b in found], dtype=float)
             exact = d == h
             within = analytics.within_one(
                 np.nan_to_num(analytics.rescaled_gaps(d, h, scale.min_value, scale.max_value))
             ).astype(bool)
         else:
-            exact = decisions.to_numpy() == humans.to_numpy()
+            exact = np.array([a == b for a, b in found], dtype=bool)
             within = exact
-        n = group["n"].to_numpy(dtype=float)
-        parts.append(
-            pd.DataFrame(
-                {
-                    "product": str(product),
-                    "version_id": int(vid),
-                    "week": group["week"].map(days).to_numpy(),
-                    "pairs": n,
-                    "exact": n * exact,
-                    "within": n * within,
-                }
-            )
+        for (decision, human), is_exact, is_within in zip(found, exact, within, strict=True):
+            if is_within or is_exact:
+                within_keys.append((vid, product, metric, decision, human))
+            if is_exact:
+                exact_keys.add((vid, product, metric, decision, human))
+    week_key = (c.judge_version_id, c.product, c.week)
+    sums: dict[tuple[int, str, date], list[float]] = {}
+    for vid, product, week, n in session.execute(
+        select(*week_key, func.sum(c.n)).where(*where).group_by(*week_key)
+    ).all():
+        sums[(int(vid), str(product), _as_date(week))] = [float(n), 0.0, 0.0]
+    combo = tuple_(c.judge_version_id, c.product, c.metric, c.decision, c.human)
+    for start in range(0, len(within_keys), TIMELINE_KEYS_PER_STATEMENT):
+        chunk = within_keys[start : start + TIMELINE_KEYS_PER_STATEMENT]
+        exact_chunk = [k for k in chunk if k in exact_keys]
+        exact_n = case((combo.in_(exact_chunk), c.n), else_=0) if exact_chunk else literal(0)
+        for vid, product, week, within_n, exact_sum in session.execute(
+            select(*week_key, func.sum(c.n), func.sum(exact_n))
+            .where(*where, combo.in_(chunk))
+            .group_by(*week_key)
+        ).all():
+            total = sums[(int(vid), str(product), _as_date(week))]
+            total[1] += float(exact_sum or 0)
+            total[2] += float(within_n or 0)
+    if sums:
+        summed = pd.DataFrame(
+            [(p, v, w, n, e, wi) for (v, p, w), (n, e, wi) in sums.items()],
+            columns=["product", "version_id", "week", "pairs", "exact", "within"],
         )
-    if parts:
-        summed = pd.concat(parts).groupby(["product", "version_id", "week"], as_index=False).sum()
         summed["version"] = [
             scales.name(VersionKey(p, int(v)))
             for p, v in zip(summed["product"], summed["version_id"], strict=True)
