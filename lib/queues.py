@@ -67,6 +67,7 @@ from lib.corrections import (
     sort_by_rubric,
     undo_review,
 )
+from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_at_a_time
 from lib.metrics import MetricSpec, metrics_for_product, rubrics_read_once
 from lib.models import (
     CACHE_DECISIONS,
@@ -1168,10 +1169,16 @@ def _write_decision(
     now: datetime,
 ) -> None:
     """The queue's decision reaches the judgment through `record_review` (its one write)."""
+    # PostgreSQL: the review lock before the judgment's row, the order every review takes them
+    # (lib.corrections._write_review_state): a lone review of this judgment holding the lock while
+    # it waits for the row deadlocked with a settlement that held the row. FOR NO KEY UPDATE: a
+    # transaction that merely inserted a row pointing at the judgment (its FOR KEY SHARE) must not
+    # hold this settlement, and every review behind its lock (review6 R1).
+    one_writer_at_a_time(session, PG_REVIEW_COUNTERS_LOCK)
     judgment = session.exec(
         select(Judgment)
         .where(col(Judgment.id) == qj.judgment_id)
-        .with_for_update()
+        .with_for_update(key_share=True)
         .execution_options(populate_existing=True)
     ).one()
     assert judgment.id is not None

@@ -196,3 +196,35 @@ def test_a_review_does_not_wait_on_a_row_that_merely_references_its_evaluation(p
     with session_scope(pg_engine) as s:
         assert _stored_decisions(s) == _decisions_of_rows(s)
         assert any(_stored_decisions(s).values())
+
+
+def test_the_review_lock_is_taken_once_a_transaction(pg_engine: Engine) -> None:
+    """`one_writer_at_a_time` sends its lock once per transaction (a queue's settlement takes the
+    review lock before its first judgment's row, then each review asks again), and again in the next."""
+    from sqlalchemy import event
+
+    from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_at_a_time
+
+    sent: list[str] = []
+
+    def count(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
+        if "pg_advisory_xact_lock" in statement:
+            sent.append(statement)
+
+    event.listen(pg_engine, "before_cursor_execute", count)
+    try:
+        with Session(pg_engine) as s:
+            for _ in range(3):
+                one_writer_at_a_time(s, PG_REVIEW_COUNTERS_LOCK)
+            s.commit()
+            assert len(sent) == 1
+            one_writer_at_a_time(s, PG_REVIEW_COUNTERS_LOCK)
+            s.rollback()
+            with s.begin_nested():  # rolled back to: PostgreSQL released the lock taken inside
+                one_writer_at_a_time(s, PG_REVIEW_COUNTERS_LOCK)
+                s.get_nested_transaction().rollback()  # type: ignore[union-attr]
+            one_writer_at_a_time(s, PG_REVIEW_COUNTERS_LOCK)
+            s.commit()
+        assert len(sent) == 4
+    finally:
+        event.remove(pg_engine, "before_cursor_execute", count)

@@ -14,12 +14,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import Engine, func
-from sqlmodel import select
+from sqlalchemy import Engine, func, text
+from sqlmodel import Session, select
 
 from lib import corrections, queues, review_queue
 from lib.auth import Actor
+from lib.corrections import record_review
 from lib.db import create_db_engine, session_scope
+from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_at_a_time
 from lib.models import (
     EvaluationSnapshot,
     Judgment,
@@ -30,6 +32,9 @@ from lib.models import (
 )
 from lib.queues import LabelInput, QueueSpec
 from lib.review_queue import QueueFilter
+from tests.test_counters_concurrency import _blocked_writer, pg_engine  # noqa: F401
+from tests.test_queues import NOW, create, items, judgments_of, take
+from tests.test_review_queue import evaluation
 
 pytestmark = pytest.mark.slow
 
@@ -173,3 +178,85 @@ def test_reviewers_on_the_default_queue_never_get_the_same_evaluation(url: str) 
     assert len(events) == len(set(events)) == 80
     assert left == 0  # each reservation let go of once its evaluation was reviewed
     engine.dispose()
+
+
+# PostgreSQL lock order of a queue's settlement (review6 R1): helpers of the counters' concurrency tests.
+def test_a_settlement_and_a_lone_review_of_the_same_judgment_do_not_deadlock(pg_engine: Engine) -> None:  # noqa: F811
+    """review6 R1. A lone review has taken the review lock (its first step, `_write_review_state`) and is about to
+    UPDATE judgment J; a queue label that settles J locks J FOR UPDATE (queues._write_decision), then
+    waits for the review lock; the lone review's UPDATE waits for J: a lock-order deadlock."""
+    items(pg_engine, 1, metrics=("clarity",))
+    queue_id = create(pg_engine, overlap=1)
+    taken = take(pg_engine, queue_id, "ana")
+    assert taken is not None
+    [j] = judgments_of(pg_engine, queue_id, taken.item_id)
+    assert j.id is not None
+
+    def settle(s: Session) -> None:
+        queues.label_item(
+            session=s, queue_id=queue_id, item_id=taken.item_id, reviewer="ana",
+            labels=[LabelInput(j.id or 0, "3", "why")], now=NOW,
+        )  # fmt: skip
+
+    lone_error: BaseException | None = None
+    with pg_engine.connect() as conn, Session(bind=conn) as lone:
+        one_writer_at_a_time(lone, PG_REVIEW_COUNTERS_LOCK)  # what record_review does first
+        worker, errors = _blocked_writer(pg_engine, settle)
+        try:
+            record_review(
+                session=lone, judgment_id=j.id, expected_version=j.version, action="confirm", reviewer="bob"
+            )
+            lone.commit()
+        except BaseException as exc:
+            lone_error = exc
+    worker.join(30)
+    assert lone_error is None and not errors
+
+
+def test_a_settlement_does_not_wait_on_a_row_that_merely_references_its_judgment(
+    pg_engine: Engine,  # noqa: F811
+) -> None:
+    """review6 R1: review5 F1's shape on the judgment row: an open transaction inserted a row pointing at J2 (an
+    audit event here; a label, a queue judgment, an alignment item, a verdict alike: FOR KEY SHARE).
+    A label settling J1 then J2 takes the review lock at J1, then waits FOR UPDATE on J2: every
+    review of any other judgment waits behind the review lock."""
+    items(pg_engine, 1, metrics=("clarity", "truthfulness"))
+    queue_id = create(pg_engine, overlap=1)
+    evaluation(pg_engine, "zeta-000", product="zeta", metrics=("clarity",))  # outside the queue
+    taken = take(pg_engine, queue_id, "ana")
+    assert taken is not None
+    j1, j2 = judgments_of(pg_engine, queue_id, taken.item_id)
+    with session_scope(pg_engine, read_only=True) as s:
+        other = s.exec(text("SELECT id, version FROM judgments WHERE change_id LIKE 'zeta-000%'")).one()  # type: ignore[call-overload]
+
+    def settle(s: Session) -> None:
+        queues.label_item(
+            session=s, queue_id=queue_id, item_id=taken.item_id, reviewer="ana",
+            labels=[LabelInput(j1.id or 0, "3", "why"), LabelInput(j2.id or 0, "3", "why")], now=NOW,
+        )  # fmt: skip
+
+    lone_error: BaseException | None = None
+    with pg_engine.connect() as holder:
+        holder.execute(
+            text(
+                "INSERT INTO judgment_events (judgment_id, change_id, action, reviewer, at, version) "
+                "VALUES (:j, 'x', 'noted', 'someone', now(), 1)"
+            ),
+            {"j": j2.id},
+        )
+        worker, errors = _blocked_writer(pg_engine, settle)
+        try:
+            with session_scope(pg_engine) as s:
+                s.connection().execute(text("SET LOCAL lock_timeout = '2s'"))  # waiting fails the test
+                record_review(
+                    session=s,
+                    judgment_id=other[0],
+                    expected_version=other[1],
+                    action="confirm",
+                    reviewer="bob",
+                )
+        except BaseException as exc:
+            lone_error = exc
+        holder.rollback()
+    worker.join(30)
+    assert lone_error is None and not errors
