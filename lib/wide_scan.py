@@ -19,6 +19,7 @@ worker has imported pandas, SQLAlchemy or SQLModel.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import select
@@ -34,6 +35,7 @@ import pyarrow.compute as pc
 from lib.csv_text import counted_chunks, write_chunks
 from lib.isolated import (
     RAW_QUERY_FUNCTIONS,
+    DuckUnavailable,
     ScanSource,
     WorkerPool,
     scanner_session,
@@ -222,6 +224,16 @@ def write_wide_csv(
     try:
         with scanner_session(source, SCAN_DUCKDB_CONFIG) as con:
             batches = scanned_wide_batches(con, scan, RAW_QUERY_FUNCTIONS[source.dialect], batch_rows)
+            try:  # the first rows before the first byte: a query that fails at once lets the app
+                # write the CSV in its own session instead of sending a header and breaking off
+                first = list(itertools.islice(batches, 1))
+            except duckdb.Error as exc:
+                raise DuckUnavailable(
+                    f"the scanner's query failed before its first row ({exc}); an export of most of a "
+                    "large SQLite database sorts in SQLite's temporary directory (SQLITE_TMPDIR, else "
+                    "the system temp dir): is it full?"
+                ) from exc
+            batches = itertools.chain(first, batches)
             rules = dict.fromkeys(scan.decision_columns, decision_value)
             return write_chunks(
                 _FifoWriter(writer, stall_seconds), counted_chunks(scan.columns, batches, rules)

@@ -5,6 +5,7 @@ each value, cell by cell, on tricky values; the wide Evaluations CSV against the
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -349,6 +350,29 @@ def test_an_export_of_most_rows_scans_the_table_and_sorts_with_the_same_bytes(
     assert "USING" in plan(EvaluationFilters(product="beta"))  # 2 of 6: the index
     monkeypatch.setattr(inspector, "EXPORT_SCAN_MIN_ROWS", 7)
     assert "TEMP B-TREE FOR ORDER BY" not in plan(EvaluationFilters())
+
+
+def test_a_scanner_query_that_fails_before_its_first_row_falls_back_to_the_app_session(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A sort that finds SQLite's temp dir full fails before the first row (review6 R2): the download
+    # sent a header and broke off. Now the app writes the CSV in its own session, whole.
+    with Session(sqlite_engine) as session:
+        import_evaluations(session=session, records=[record("s_a"), record("s_b")], reviewer="tester")
+        session.commit()
+    whole = export.evaluations_csv_bytes(engine=sqlite_engine, filters=EvaluationFilters())
+    real = inspector.wide_scan
+
+    def failing(**kwargs: Any) -> Any:
+        scan = real(**kwargs)
+        # Fails at the first step, as a sort out of temp space does: SQLite's integer overflow.
+        sql = f"SELECT * FROM ({scan.sql}) WHERE abs(-9223372036854775808) IS NOT NULL"
+        return dataclasses.replace(scan, sql=sql)
+
+    monkeypatch.setattr(inspector, "wide_scan", failing)
+    with caplog.at_level("WARNING", logger="lib.export"):
+        assert export.evaluations_csv_bytes(engine=sqlite_engine, filters=EvaluationFilters()) == whole
+    assert "failed before its first row" in caplog.text and "integer overflow" in caplog.text
 
 
 def test_an_export_with_no_metrics_writes_the_rows_without_score_columns(
