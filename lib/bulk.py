@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import json
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import islice
@@ -60,6 +61,21 @@ HEAP_FROZEN_ELSEWHERE = False
 # that raised it leaves.
 HELD_OFF_THRESHOLD = 1_000_000_000
 _held: tuple[int, int, int] | None = None
+# ...for at most this long: past it, the next young collection puts the thresholds back, so a long
+# import, or loads back to back, cannot keep every thread's cyclic garbage that reached the oldest
+# generation for as long as they last (review6 R3). A 10,000-span OTLP request takes ~2 s.
+HOLD_SECONDS = 5.0
+_held_since = 0.0
+
+
+def _end_a_long_hold(phase: str, _info: dict[str, Any]) -> None:
+    """A `gc.callbacks` entry while a load holds full collections off: the hold ends past
+    HOLD_SECONDS. No lock: a collection may start in a thread that holds `_frozen_lock`."""
+    global _held
+    held = _held
+    if phase == "start" and held is not None and time.monotonic() - _held_since > HOLD_SECONDS:
+        _held = None
+        gc.set_threshold(*held)
 
 
 @contextmanager
@@ -87,13 +103,14 @@ def frozen_heap() -> Iterator[None]:
     imported at start, `lib.ui.server.freeze_imported_heap`; the test suite's conftest) is left
     frozen as it is: freezing the load's input too could not be undone without undoing that freeze.
     There the load holds off full collections instead, bounded the same way (the load alone inside
-    sets the oldest generation's threshold out of reach and puts it back when it leaves): each one
+    sets the oldest generation's threshold out of reach and puts it back when it leaves, or after
+    HOLD_SECONDS, whichever comes first): each one
     would walk the load's own objects, a 10,000-span OTLP request's ~100,000 of them four times
     over (0.19 CPU s measured), while what it finds is alive until the load commits. Young
     collections go on, so the load's short-lived cycles are still collected; the full collection
     that the load's survivors are owed runs once it has left, when they are garbage.
     """
-    global _freezer, _held
+    global _freezer, _held, _held_since
     me = threading.get_ident()
     with _frozen_lock:
         depth = _loads.get(me, 0) + 1
@@ -102,8 +119,9 @@ def frozen_heap() -> Iterator[None]:
             if not HEAP_FROZEN_ELSEWHERE:
                 gc.freeze()
             elif _freezer is None:
-                _held = gc.get_threshold()
+                _held, _held_since = gc.get_threshold(), time.monotonic()
                 gc.set_threshold(_held[0], _held[1], HELD_OFF_THRESHOLD)
+                gc.callbacks.append(_end_a_long_hold)
             _freezer = me
     try:
         yield
@@ -115,9 +133,11 @@ def frozen_heap() -> Iterator[None]:
                 _loads[me] = depth - 1
             if depth == 1 and _freezer == me:
                 _freezer = None
-                if _held is not None:
-                    gc.set_threshold(*_held)
-                    _held = None
+                if _end_a_long_hold in gc.callbacks:
+                    gc.callbacks.remove(_end_a_long_hold)
+                held, _held = _held, None
+                if held is not None:
+                    gc.set_threshold(*held)
                 elif not HEAP_FROZEN_ELSEWHERE:  # frozen for good by its owner while this load ran
                     gc.unfreeze()
 

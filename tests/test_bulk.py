@@ -190,6 +190,7 @@ class _FakeCollector:
         self.frozen = 0
         self.calls: list[str] = []
         self.threshold = (700, 10, 10)
+        self.callbacks: list[object] = []  # a hold's time limit (`bulk._end_a_long_hold`) while it holds
 
     def freeze(self) -> None:
         self.calls.append("freeze")
@@ -237,6 +238,7 @@ def test_frozen_heap_leaves_a_heap_someone_else_keeps_frozen_alone(monkeypatch: 
     with pytest.raises(RuntimeError), bulk.frozen_heap():
         raise RuntimeError("a failed load leaves like any other")
     assert collector.threshold == (700, 10, 10) and "freeze" not in collector.calls
+    assert collector.callbacks == []
 
 
 def test_frozen_heap_never_undoes_a_freeze_made_during_a_load(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -340,6 +342,31 @@ assert gc.get_freeze_count() > 0, "the owner's freeze is kept"
 print("ok")
 """,
     )
+
+
+def test_a_load_holds_full_collections_off_for_at_most_hold_seconds() -> None:
+    """A long load (a big import, loads back to back) gets its full collections back after
+    HOLD_SECONDS, at the next young collection, and leaves no callback behind (review6 R3)."""
+    _run_alone("""
+import gc
+from lib import bulk
+
+gc.collect()
+gc.freeze()
+bulk.HEAP_FROZEN_ELSEWHERE = True
+bulk.HOLD_SECONDS = 0.2
+before = gc.get_threshold()
+with bulk.frozen_heap():
+    assert gc.get_threshold() == (*before[:2], bulk.HELD_OFF_THRESHOLD)
+    gc.collect(0)
+    assert gc.get_threshold()[2] == bulk.HELD_OFF_THRESHOLD, "held within HOLD_SECONDS"
+    bulk._held_since -= 1.0  # as if the load had run a second
+    gc.collect(0)
+    assert gc.get_threshold() == before, "given back past HOLD_SECONDS"
+assert gc.get_threshold() == before
+assert not [c for c in gc.callbacks if getattr(c, "__module__", "") == "lib.bulk"]
+print("ok")
+""")
 
 
 def test_frozen_heap_still_collects_the_loads_garbage_and_the_rest_after_it() -> None:
