@@ -5,7 +5,7 @@ The export read every evaluation's reviewed decisions with a correlated subquery
 1M export. `evaluation_snapshots.reviewer_decisions` holds that JSON object (metric: decision,
 latest review first; NULL before any reviewed decision), kept on write by lib.counters like the
 per-evaluation counters, and backfilled here by its registered rebuild (the one definition,
-`lib.counters.reviewer_decisions_sql`), which reads only evaluations with a reviewed judgment.
+`lib.counters.reviewer_decisions_sql`), which reads every evaluation's reviewed judgments.
 
 Revision ID: 0029
 Revises: 0028
