@@ -1195,6 +1195,12 @@ def rebuild_judge_version_counts(session: Session) -> None:
     version_counts.rebuild(session)
 
 
+@register_rebuild("judge_version_totals")
+def rebuild_judge_version_totals(session: Session) -> None:
+    """`judge_version_counts` summed over weeks; after it, whose rows it sums (lib.version_counts)."""
+    version_counts.rebuild_totals(session)
+
+
 @register_rebuild("judge_version_pair_counts")
 def rebuild_judge_version_pair_counts(session: Session) -> None:
     """Reviewed judgments two versions both judged, per pair × product × language × metric × decisions."""
@@ -1212,6 +1218,7 @@ def rebuild_counts(*, session: Session) -> None:
     rebuild_reviewer_counts(session)
     rebuild_evaluation_counts(session)
     rebuild_judge_version_counts(session)
+    rebuild_judge_version_totals(session)
     rebuild_judge_version_pair_counts(session)
 
 

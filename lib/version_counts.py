@@ -7,7 +7,10 @@ decision sets it). A version's decisions are the judgments' own (`judgments.deci
 seed-004 rule did not let replace a reviewed entry). `judge_version_counts` holds, per version ×
 product × language × metric × week judged × (version decision, reviewer decision), how many live
 reviewed judgments there are, so Analytics reads rows in proportion to versions × metrics × weeks ×
-score cells, never judgments. `judge_version_pair_counts` holds, per pair of versions that both
+score cells, never judgments. `judge_version_totals` holds the same summed over weeks (as
+`agreement_totals` beside `agreement_counts`, `lib.scores`): everything Analytics shows that needs no
+week reads it, a few thousand rows where the weekly table keeps growing with every week (108k rows
+at 1M evaluations). Both are written by the same statements, one per table (`COUNT_TABLES`). `judge_version_pair_counts` holds, per pair of versions that both
 judged a judgment × product × language × metric × (A's decision, B's decision, reviewer decision),
 how many such judgments there are: "same items only" (a paired comparison of two versions) is a
 function of that joint table, so it too reads cells, never judgments. A pair is two of a judgment's
@@ -18,8 +21,8 @@ judgment is live), "reviewed" is `reviewed_at` and `user_decision` set, the week
 the decision's UTC day (the judgment's `timestamp`, a verdict's `judged_at`).
 
 `lib.counters` calls `shift` wherever it moves the other judgment counters (so every write path
-that keeps those keeps these), `move_review` from a review's known change, and `rebuild` and
-`rebuild_pairs` from `recount`; this module imports nothing that imports it.
+that keeps those keeps these), `move_review` from a review's known change, and `rebuild`,
+`rebuild_totals` and `rebuild_pairs` from `recount`; this module imports nothing that imports it.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from lib.models import (
     JudgeVerdict,
     JudgeVersionCount,
     JudgeVersionPairCount,
+    JudgeVersionTotal,
     Judgment,
 )
 
@@ -60,6 +64,11 @@ _S = EvaluationSnapshot
 _V = JudgeVerdict
 COUNTS: Table = JudgeVersionCount.__table__  # type: ignore[attr-defined]
 KEY = ("judge_version_id", "product", "language", "metric", "week", "decision", "human")
+TOTALS: Table = JudgeVersionTotal.__table__  # type: ignore[attr-defined]
+TOTAL_KEY = tuple(name for name in KEY if name != "week")
+# Every per-version count table with its key: by week judged, and the same summed over weeks. Each
+# write adds to both with the same source rows, grouped by the table's key.
+COUNT_TABLES: tuple[tuple[Table, tuple[str, ...]], ...] = ((COUNTS, KEY), (TOTALS, TOTAL_KEY))
 PAIRS: Table = JudgeVersionPairCount.__table__  # type: ignore[attr-defined]
 PAIR_KEY = ("version_a", "version_b", "product", "language", "metric", "decision_a", "decision_b", "human")
 
@@ -87,12 +96,19 @@ def _human(human: Any, table: Table) -> Any:
 
 
 def _sources(
-    session: Session, where: Any, *, sign: int, human: Any = None, verdicts_only: bool = False
+    session: Session,
+    where: Any,
+    *,
+    sign: int,
+    human: Any = None,
+    verdicts_only: bool = False,
+    key: tuple[str, ...] = KEY,
 ) -> list[Any]:
     """SELECTs of (key…, n) for the judgments matching `where`: their own decisions and their verdicts.
 
     `human` None takes the stored reviewer decision of reviewed judgments; a literal stands for a
     known decision (a review's before or after) and counts the judgment whatever its stored state.
+    `key` is the count table's (`COUNT_TABLES`): the week-less totals group without the week.
     """
     label = col(_J.user_decision) if human is None else _human(human, COUNTS)
     conditions = [_live(), where, *([reviewed()] if human is None else [])]
@@ -111,6 +127,7 @@ def _sources(
             "decision": col(_J.decision),
             "human": label,
         }
+        own = {k: own[k] for k in key}
         out.append(
             select(*(e.label(k) for k, e in own.items()), n)
             .select_from(_J)
@@ -126,6 +143,7 @@ def _sources(
         "decision": col(_V.decision),
         "human": label,
     }
+    other = {k: other[k] for k in key}
     out.append(
         select(*(e.label(k) for k, e in other.items()), n)
         .select_from(_V)
@@ -202,13 +220,19 @@ def _pair_source(where: Any, *, sign: int, human: Any = None) -> Any:
     )
 
 
-def _counts_upsert(session: Session, source: Any) -> Any:
-    stmt = dialect_insert(session, COUNTS).from_select([*KEY, "n"], source)
-    return stmt.on_conflict_do_update(index_elements=list(KEY), set_={"n": COUNTS.c.n + stmt.excluded.n})
+def _counts_upsert(session: Session, source: Any, table: Table, key: tuple[str, ...]) -> Any:
+    stmt = dialect_insert(session, table).from_select([*key, "n"], source)
+    return stmt.on_conflict_do_update(index_elements=list(key), set_={"n": table.c.n + stmt.excluded.n})
 
 
-def _upsert(session: Session, source: Any) -> None:
-    session.execute(_counts_upsert(session, source))
+def _upserts(session: Session, where: Any, **how: Any) -> list[Any]:
+    """The upserts adding the judgments matching `where` to every count table (`_sources`' options):
+    the one path every write takes, so the totals cannot miss a write the weekly counts see."""
+    return [
+        _counts_upsert(session, source, table, key)
+        for table, key in COUNT_TABLES
+        for source in _sources(session, where, key=key, **how)
+    ]
 
 
 def _any_verdicts(session: Session) -> bool:
@@ -237,7 +261,7 @@ def _review_upserts(session: Session, sign: int, pairs: bool) -> list[Any]:
     if key not in _REVIEW_UPSERTS:
         one = col(_J.id) == bindparam("judgment_id")
         human = bindparam("human", type_=COUNTS.c.human.type)
-        out = [_counts_upsert(session, source) for source in _sources(session, one, sign=sign, human=human)]
+        out = _upserts(session, one, sign=sign, human=human)
         if pairs:
             human = bindparam("human", type_=PAIRS.c.human.type)
             out.append(_pair_upsert(session, _pair_source(one, sign=sign, human=human)))
@@ -249,7 +273,7 @@ def shift(session: Session, where: Any, sign: int) -> None:
     """Add (`sign` 1) or retract (−1) the contribution of the live judgments matching `where`."""
     prepared.run_all(
         session, where, ("version counts", sign),
-        lambda w: [_counts_upsert(session, source) for source in _sources(session, w, sign=sign)],
+        lambda w: _upserts(session, w, sign=sign),
     )  # fmt: skip
     if _any_verdicts(session):
         prepared.run(
@@ -272,12 +296,26 @@ def move_review(session: Session, judgment_id: int, before: str | None, after: s
 
 
 def rebuild(session: Session) -> None:
-    """Every per-version count from the judgments and verdicts (`recount`, migration 0023's backfill)."""
+    """Every weekly per-version count from the judgments and verdicts (`recount`, migration 0023's
+    backfill); `rebuild_totals` follows it."""
     session.execute(delete(COUNTS))
     for source in _sources(session, literal(True), sign=1):
-        _upsert(session, source)
+        session.execute(_counts_upsert(session, source, COUNTS, KEY))
     # Rows a retraction left at zero are dropped by a rebuild; none are negative.
     session.execute(delete(COUNTS).where(COUNTS.c.n == 0))
+
+
+def rebuild_totals(session: Session) -> None:
+    """The totals from the weekly counts (`recount`, after `rebuild`): summing them over weeks is the
+    totals' definition, and they are far fewer than the judgments (108k rows at 1M evaluations, 10M
+    judgments), so no second pass over the judgments. Migration 0030 backfills with the same sum."""
+    session.execute(delete(TOTALS))
+    weekly = [COUNTS.c[name] for name in TOTAL_KEY]
+    session.execute(
+        TOTALS.insert().from_select(
+            [*TOTAL_KEY, "n"], select(*weekly, func.sum(COUNTS.c.n)).where(COUNTS.c.n > 0).group_by(*weekly)
+        )
+    )
 
 
 def rebuild_pairs(session: Session) -> None:

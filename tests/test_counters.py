@@ -28,7 +28,14 @@ from lib.corrections import (
 )
 from lib.db import create_db_engine, session_scope
 from lib.metrics import DEFAULT_METRICS
-from lib.models import EvaluationSnapshot, JudgeVerdict, JudgeVersionPairCount, Judgment
+from lib.models import (
+    EvaluationSnapshot,
+    JudgeVerdict,
+    JudgeVersionCount,
+    JudgeVersionPairCount,
+    JudgeVersionTotal,
+    Judgment,
+)
 from lib.second_opinion import SecondOpinion, store_second_opinion
 from lib.snapshots import build_snapshot_rows
 from tests.conftest import fill_database, module_db_url
@@ -222,7 +229,7 @@ def _snapshot_of_counters(s: Session) -> dict[str, Any]:
             # evaluation_counts' keys hold numbers too (flags, gap halves): its count is `n`
             if (r["n"] if "n" in r else any(v for k, v in r.items() if isinstance(v, int)))
         )
-    for table in ("judge_version_counts", "judge_version_pair_counts"):
+    for table in ("judge_version_counts", "judge_version_totals", "judge_version_pair_counts"):
         rows = s.connection().execute(text(f"SELECT * FROM {table} WHERE n != 0")).mappings().all()
         found[table] = sorted(tuple(sorted((k, str(v)) for k, v in r.items())) for r in rows)
     found["evaluation_snapshots"] = sorted(
@@ -236,6 +243,23 @@ def _snapshot_of_counters(s: Session) -> dict[str, Any]:
         .all()
     )
     return found
+
+
+def _weekly_version_counts_summed(s: Session) -> dict[tuple[Any, ...], int]:
+    """`judge_version_counts` summed over weeks in Python: what `judge_version_totals` must hold."""
+    out: Counter[tuple[Any, ...]] = Counter()
+    for r in s.exec(select(JudgeVersionCount)).all():
+        out[(r.judge_version_id, r.product, r.language, r.metric, r.decision, r.human)] += r.n
+    return {k: n for k, n in out.items() if n}
+
+
+def _version_totals(s: Session) -> dict[tuple[Any, ...], int]:
+    """`judge_version_totals` as stored, rows at 0 left out (a retraction may leave one)."""
+    return {
+        (r.judge_version_id, r.product, r.language, r.metric, r.decision, r.human): r.n
+        for r in s.exec(select(JudgeVersionTotal)).all()
+        if r.n
+    }
 
 
 def _stored_decisions(s: Session) -> dict[str, list[tuple[str, str]]]:
@@ -278,6 +302,9 @@ def test_counters_equal_a_full_recount_after_random_writes(engine: Engine, seed:
     with session_scope(engine) as s:
         kept = _snapshot_of_counters(s)
         stored, expected = _stored_decisions(s), _decisions_of_rows(s)
+        # The week-less totals the writes kept are the weekly counts the same writes kept, summed.
+        totals, summed = _version_totals(s), _weekly_version_counts_summed(s)
+    assert totals == summed and summed, story
     # Each evaluation's decisions as reviews, re-reviews, undos, bulk reviews, re-judging and
     # archiving left them: what the judgments say, and some say something.
     assert stored == expected, story

@@ -11,11 +11,18 @@ from alembic import command
 from sqlalchemy import Engine, inspect, text
 from sqlmodel import Session, col, select
 
-from lib import importer
+from lib import counters, importer
 from lib.corrections import record_review
 from lib.db import alembic_config, session_scope
 from lib.models import Judgment
-from tests.test_counters import _decisions_of_rows, _record, _snapshot_of_counters, _stored_decisions
+from tests.test_counters import (
+    _decisions_of_rows,
+    _operate,
+    _record,
+    _snapshot_of_counters,
+    _stored_decisions,
+    _version_totals,
+)
 from tests.test_scores import table_state
 
 pytestmark = pytest.mark.slow
@@ -88,3 +95,25 @@ def test_0029_backfills_each_evaluations_reviewer_decisions_and_its_downgrade_dr
         stored = _stored_decisions(s)
         assert stored == _decisions_of_rows(s)
         assert any(stored.values()) and not all(stored.values())  # some reviewed, some not
+
+
+def test_0030_backfills_the_judge_version_totals_as_a_recount_does(engine: Engine) -> None:
+    """At 0029 there is no `judge_version_totals`; upgrading sums the weekly counts into it, which
+    must equal what a recount writes (from the judgments) on a database with reviewed judgments
+    of several versions, in several weeks."""
+    rng = random.Random(30)
+    for n in range(30):
+        with session_scope(engine) as s:
+            _operate(rng, s, n, pairs=True)
+    with session_scope(engine) as s:
+        counters.recount(session=s)
+    with Session(engine) as s:
+        recounted = _version_totals(s)
+        weeks = s.connection().execute(text("SELECT COUNT(DISTINCT week) FROM judge_version_counts")).scalar()
+    assert len(recounted) > 5 and weeks and weeks > 1  # rows a sum over weeks merges
+    _migrate(engine, "0029")
+    with engine.connect() as conn:
+        assert "judge_version_totals" not in inspect(conn).get_table_names()
+    _migrate(engine, "head")
+    with Session(engine) as s:
+        assert _version_totals(s) == recounted

@@ -136,6 +136,7 @@ def write_later_versions(session: Session, seed: int = DEMO_SEED) -> int:
     if rows:
         session.execute(insert(JudgeVerdict.__table__), rows)  # type: ignore[attr-defined]
         version_counts.rebuild(session)
+        version_counts.rebuild_totals(session)
         version_counts.rebuild_pairs(session)
     return len(rows)
 
