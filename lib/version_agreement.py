@@ -13,10 +13,14 @@ Definitions are `lib.analytics`' (one rule each): the within-1 rule and the gap 
 quadratic weights on whole-number scales and unweighted on labels (INCLUDE/EXCLUDE), undefined on
 continuous scales. A scale is the version's own rubric (as it was), else the product's rubric.
 
-Everything is read from `judge_version_counts` (`lib.version_counts`): every measure is a function
-of a version's (decision, reviewer decision) cell counts, and a bootstrap that resamples items is a
-multinomial draw over those cells (`reliability.resample_counts`), so the cost follows versions ×
-metrics × cells, never judgments. "Same items only" is a function of the joint (A's decision, B's
+Everything is read from `judge_version_totals` and `judge_version_counts` (`lib.version_counts`):
+every measure is a function of a version's (decision, reviewer decision) cell counts, and a
+bootstrap that resamples items is a multinomial draw over those cells (`reliability.resample_counts`),
+so the cost follows versions × metrics × cells, never judgments. What needs no week (the cells, the
+choices, the filters' values, a version's languages) reads the totals, whose rows do not grow with
+the weeks; only the weeks themselves (first and last week, the timeline) read the weekly counts,
+with as few grouped statements as the timeline allows. A render reads the cells and the weekly pairs
+once (`read_counts`) and passes them to the table, the comparison and the timeline. "Same items only" is a function of the joint (A's decision, B's
 decision, reviewer decision) cells of the judgments both versions judged, read likewise from
 `judge_version_pair_counts`.
 """
@@ -30,7 +34,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import case, func, literal, select, tuple_
+from sqlalchemy import Table, case, func, literal, select, tuple_
 from sqlmodel import Session
 
 from lib import analytics, reliability
@@ -38,7 +42,7 @@ from lib.corrections import parse_score
 from lib.judge_versions import UNVERSIONED_NAME, JudgeConfig, VersionError, require_version, versions_by_id
 from lib.metrics import MetricSpec, metrics_for_product
 from lib.models import UNVERSIONED
-from lib.version_counts import COUNTS, PAIRS
+from lib.version_counts import COUNTS, PAIRS, TOTALS
 
 MEASURES = ("exact_agreement", "within_1_agreement", "kappa", "mean_gap")
 MEASURE_LABELS = {
@@ -221,17 +225,17 @@ def _draws(
 # Reading the counts
 
 
-def _count_filters(filters: VersionFilters) -> list[Any]:
-    where: list[Any] = [COUNTS.c.n > 0]
+def _count_filters(filters: VersionFilters, table: Table = TOTALS) -> list[Any]:
+    where: list[Any] = [table.c.n > 0]
     if filters.products:
-        where.append(COUNTS.c.product.in_(list(filters.products)))
+        where.append(table.c.product.in_(list(filters.products)))
     if filters.language:
-        where.append(COUNTS.c.language == filters.language)
+        where.append(table.c.language == filters.language)
     return where
 
 
 def _cells(session: Session, filters: VersionFilters) -> dict[tuple[VersionKey, str], _Cells]:
-    c = COUNTS.c
+    c = TOTALS.c
     rows = session.execute(
         select(c.judge_version_id, c.product, c.metric, c.decision, c.human, func.sum(c.n))
         .where(*_count_filters(filters))
@@ -249,14 +253,51 @@ def _cells(session: Session, filters: VersionFilters) -> dict[tuple[VersionKey, 
     return out
 
 
-def _weeks(session: Session, filters: VersionFilters) -> dict[VersionKey, tuple[date, date]]:
+def _weekly(session: Session, filters: VersionFilters) -> dict[tuple[VersionKey, date], int]:
+    """Reviewed pairs per version and week judged (weeks with some pair only)."""
     c = COUNTS.c
+    week_key = (c.judge_version_id, c.product, c.week)
     rows = session.execute(
-        select(c.judge_version_id, c.product, func.min(c.week), func.max(c.week))
-        .where(*_count_filters(filters))
-        .group_by(c.judge_version_id, c.product)
+        select(*week_key, func.sum(c.n)).where(*_count_filters(filters, COUNTS)).group_by(*week_key)
     ).all()
-    return {VersionKey(str(p), int(v)): (_as_date(lo), _as_date(hi)) for v, p, lo, hi in rows}
+    return {(VersionKey(str(p), int(v)), _as_date(week)): int(n) for v, p, week, n in rows if int(n) > 0}
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What one render of the tab reads from the count tables under its filters, read once
+    (`read_counts`) and shared by the table, the choices, the comparison and the timeline: each
+    version's cells (from the totals), and its pairs per week (from the weekly counts)."""
+
+    filters: VersionFilters
+    cells: dict[tuple[VersionKey, str], _Cells]
+    weekly: dict[tuple[VersionKey, date], int]
+
+    def weeks(self) -> dict[VersionKey, tuple[date, date]]:
+        """Each version's first and last week judged."""
+        out: dict[VersionKey, tuple[date, date]] = {}
+        for key, week in self.weekly:
+            first, last = out.get(key, (week, week))
+            out[key] = (min(first, week), max(last, week))
+        return out
+
+
+def read_counts(session: Session, filters: VersionFilters) -> Counts:
+    """The cells and weekly pairs under these filters (two grouped statements)."""
+    return Counts(filters, _cells(session, filters), _weekly(session, filters))
+
+
+def _read(session: Session, filters: VersionFilters, counts: Counts | None) -> Counts:
+    if counts is None:
+        return read_counts(session, filters)
+    if _unsampled(counts.filters) != _unsampled(filters):
+        raise ValueError("counts read under other filters")
+    return counts
+
+
+def _unsampled(filters: VersionFilters) -> VersionFilters:
+    """The filters that choose counts (the bootstrap's draws and seed do not)."""
+    return replace(filters, resamples=0, seed=0)
 
 
 def _as_date(value: Any) -> date:
@@ -291,11 +332,16 @@ class _Scales:
         return key.product, key.version_id
 
 
-def agreement_by_version(*, session: Session, filters: VersionFilters | None = None) -> pd.DataFrame:
-    """One row per product × version × metric with every measure and its interval (`VERSION_COLUMNS`)."""
+def agreement_by_version(
+    *, session: Session, filters: VersionFilters | None = None, counts: Counts | None = None
+) -> pd.DataFrame:
+    """One row per product × version × metric with every measure and its interval (`VERSION_COLUMNS`).
+
+    `counts`: this render's (`read_counts`, under the same filters), else read here."""
     filters = filters or VersionFilters()
-    cells = _cells(session, filters)
-    weeks = _weeks(session, filters)
+    read = _read(session, filters, counts)
+    cells = read.cells
+    weeks = read.weeks()
     scales = _Scales(session, {k for k, _ in cells})
     rows = []
     for (key, metric), found in sorted(
@@ -349,24 +395,24 @@ class VersionChoice:
         return f"{self.key.product} · {self.name} ({self.pairs:,} pairs)"
 
 
-def version_choices(*, session: Session, filters: VersionFilters | None = None) -> list[VersionChoice]:
+def version_choices(
+    *, session: Session, filters: VersionFilters | None = None, counts: Counts | None = None
+) -> list[VersionChoice]:
     """Versions with reviewed pairs under the filters, per product oldest first (unversioned first)."""
     filters = filters or VersionFilters()
-    c = COUNTS.c
-    rows = session.execute(
-        select(c.judge_version_id, c.product, func.sum(c.n))
-        .where(*_count_filters(filters))
-        .group_by(c.judge_version_id, c.product)
-    ).all()
-    found = versions_by_id(session, [int(v) for v, _, _ in rows])
+    pairs: dict[VersionKey, int] = {}
+    cells = _cells(session, filters) if counts is None else _read(session, filters, counts).cells
+    for (key, _metric), found_cells in cells.items():
+        pairs[key] = pairs.get(key, 0) + sum(found_cells.counts)
+    found = versions_by_id(session, [k.version_id for k in pairs])
     out = []
-    for vid, product, n in rows:
-        version = found.get(int(vid))
+    for key, n in pairs.items():
+        version = found.get(key.version_id)
         out.append(
             VersionChoice(
-                VersionKey(str(product), int(vid)),
+                key,
                 version.name if version else UNVERSIONED_NAME,
-                int(n),
+                n,
                 version.created_at if version else None,
             )
         )
@@ -375,7 +421,7 @@ def version_choices(*, session: Session, filters: VersionFilters | None = None) 
 
 def version_products(*, session: Session) -> list[str]:
     """Products with reviewed pairs by any version (or unversioned)."""
-    c = COUNTS.c
+    c = TOTALS.c
     return [
         str(p)
         for p in session.execute(select(c.product).where(c.n > 0).distinct().order_by(c.product)).scalars()
@@ -384,7 +430,7 @@ def version_products(*, session: Session) -> list[str]:
 
 def version_languages(*, session: Session) -> list[str]:
     """Languages of those pairs ('' stand-alone judgments left out)."""
-    c = COUNTS.c
+    c = TOTALS.c
     stmt = select(c.language).where(c.n > 0, c.language != "").distinct().order_by(c.language)
     return [str(v) for v in session.execute(stmt).scalars()]
 
@@ -410,7 +456,7 @@ class Comparison:
 
 
 def _profile(session: Session, key: VersionKey, filters: VersionFilters) -> dict[str, int]:
-    c = COUNTS.c
+    c = TOTALS.c
     rows = session.execute(
         select(c.language, func.sum(c.n))
         .where(*_count_filters(filters), c.judge_version_id == key.version_id, c.product == key.product)
@@ -432,7 +478,12 @@ def _fmt_week(span: tuple[date, date] | None) -> str:
 
 
 def cautions_for(
-    session: Session, a: VersionChoice, b: VersionChoice, filters: VersionFilters, shared: int
+    session: Session,
+    a: VersionChoice,
+    b: VersionChoice,
+    filters: VersionFilters,
+    shared: int,
+    counts: Counts | None = None,
 ) -> list[str]:
     """Why A and B may not have been judged on the same kind of items: products, languages, weeks."""
     out: list[str] = []
@@ -451,7 +502,7 @@ def cautions_for(
             )
 
         out.append(f"They judged different languages ({a.name}: {mix(pa)}; {b.name}: {mix(pb)}).")
-    weeks = _weeks(session, filters)
+    weeks = _read(session, filters, counts).weeks()
     wa, wb = weeks.get(a.key), weeks.get(b.key)
     if wa and wb and (wa[1] < wb[0] or wb[1] < wa[0]):
         out.append(
@@ -500,12 +551,14 @@ def compare_versions(
     b: VersionChoice,
     filters: VersionFilters | None = None,
     same_items: bool = False,
+    counts: Counts | None = None,
 ) -> Comparison:
     """B against A per metric, with B − A and its percentile bootstrap interval.
 
     Independent samples (default): each side's own reviewed judgments, resampled separately (seeds
     `seed` and `seed + 1`). Same items: only the judgments both versions judged, resampled as
     triples (A's decision, B's decision, reviewer decision), so the interval is the paired one.
+    `counts` as in `agreement_by_version`.
     """
     filters = filters or VersionFilters()
     paired = _paired_cells(session, a.key, b.key, filters)
@@ -519,11 +572,11 @@ def compare_versions(
         for metric in sorted(by_metric):
             rows.append(_paired_row(scales, a.key, b.key, metric, by_metric[metric], filters))
     else:
-        cells = _cells(session, filters)
+        cells = _cells(session, filters) if counts is None else _read(session, filters, counts).cells
         metrics = sorted({m for (k, m) in cells if k == a.key} & {m for (k, m) in cells if k == b.key})
         for metric in metrics:
             rows.append(_independent_row(scales, cells[(a.key, metric)], cells[(b.key, metric)], filters))
-    cautions = [] if same_items else cautions_for(session, a, b, filters, shared)
+    cautions = [] if same_items else cautions_for(session, a, b, filters, shared, counts)
     return Comparison(a, b, same_items, pd.DataFrame(rows, columns=COMPARE_COLUMNS), cautions, shared)
 
 
@@ -661,31 +714,30 @@ class Timeline:
     starts: pd.DataFrame  # product, version_id, version, first_week, created_at
 
 
-def timeline(*, session: Session, filters: VersionFilters | None = None) -> Timeline:
-    """Per product, version and week judged: pairs, exact and within-1 agreement pooled over metrics."""
+def timeline(
+    *, session: Session, filters: VersionFilters | None = None, counts: Counts | None = None
+) -> Timeline:
+    """Per product, version and week judged: pairs, exact and within-1 agreement pooled over metrics.
+
+    `counts` as in `agreement_by_version`."""
     filters = filters or VersionFilters()
+    read = _read(session, filters, counts)
     c = COUNTS.c
-    where = _count_filters(filters)
+    where = _count_filters(filters, COUNTS)
     # What a pair counts as (exact, within 1) depends only on its version's metric scale and its two
     # texts, so it is worked out here on the distinct (version, product, metric, decision, human)
-    # combinations (about a thousand at 1M evaluations), and the database sums each week's counts of
-    # the combinations that qualify. The (week x decision x human) rows themselves fill up as
-    # evaluations grow (108k at 1M) and never reach Python.
-    combos = session.execute(
-        select(c.judge_version_id, c.product, c.metric, c.decision, c.human)
-        .where(*where)
-        .group_by(c.judge_version_id, c.product, c.metric, c.decision, c.human)
-    ).all()
-    keys = {VersionKey(str(p), int(v)) for v, p, *_ in combos}
+    # combinations, the cells (about a thousand at 1M evaluations, read from the totals), and the
+    # database sums each week's counts of the combinations that qualify. The (week x decision x
+    # human) rows themselves fill up as evaluations grow (108k at 1M) and never reach Python.
+    keys = {k for k, _ in read.cells}
     scales = _Scales(session, keys)
-    by_metric: dict[tuple[int, str, str], list[tuple[str, str]]] = {}
-    for vid, product, metric, decision, human in combos:
-        by_metric.setdefault((int(vid), str(product), str(metric)), []).append((str(decision), str(human)))
     within_keys: list[tuple[int, str, str, str, str]] = []
     exact_keys: set[tuple[int, str, str, str, str]] = set()
-    for (vid, product, metric), found in by_metric.items():
+    for (key, metric), cells in read.cells.items():
+        vid, product = key.version_id, key.product
+        found = list(zip(cells.decisions, cells.humans, strict=True))
         values = {v for pair in found for v in pair}
-        scale = _scale_of(scales.spec(VersionKey(product, vid), metric), metric, values)
+        scale = _scale_of(scales.spec(key, metric), metric, values)
         if scale.numeric:
             parsed = {v: parse_score(v) for v in values}
             d = np.array([parsed[a] for a, _ in found], dtype=float)
@@ -703,11 +755,9 @@ def timeline(*, session: Session, filters: VersionFilters | None = None) -> Time
             if is_exact:
                 exact_keys.add((vid, product, metric, decision, human))
     week_key = (c.judge_version_id, c.product, c.week)
-    sums: dict[tuple[int, str, date], list[float]] = {}
-    for vid, product, week, n in session.execute(
-        select(*week_key, func.sum(c.n)).where(*where).group_by(*week_key)
-    ).all():
-        sums[(int(vid), str(product), _as_date(week))] = [float(n), 0.0, 0.0]
+    sums: dict[tuple[int, str, date], list[float]] = {
+        (key.version_id, key.product, week): [float(n), 0.0, 0.0] for (key, week), n in read.weekly.items()
+    }
     combo = tuple_(c.judge_version_id, c.product, c.metric, c.decision, c.human)
     for start in range(0, len(within_keys), TIMELINE_KEYS_PER_STATEMENT):
         chunk = within_keys[start : start + TIMELINE_KEYS_PER_STATEMENT]
@@ -718,7 +768,9 @@ def timeline(*, session: Session, filters: VersionFilters | None = None) -> Time
             .where(*where, combo.in_(chunk))
             .group_by(*week_key)
         ).all():
-            total = sums[(int(vid), str(product), _as_date(week))]
+            total = sums.get((int(vid), str(product), _as_date(week)))
+            if total is None:  # a week a concurrent write added after `counts` was read: the next render
+                continue
             total[1] += float(exact_sum or 0)
             total[2] += float(within_n or 0)
     if sums:

@@ -43,9 +43,16 @@ def versions_tab(*, key: str) -> None:
         products=tuple(chosen), language=None if language == ANY else language
     )
     with session_scope(read_only=True) as session:
-        frame = version_agreement.agreement_by_version(session=session, filters=filters)
-        choices = version_agreement.version_choices(session=session, filters=filters)
-    if frame.empty:
+        # The cells and weekly pairs once for the table, the choices, the comparison and the timeline.
+        counts = version_agreement.read_counts(session, filters)
+        frame = version_agreement.agreement_by_version(session=session, filters=filters, counts=counts)
+        choices = version_agreement.version_choices(session=session, filters=filters, counts=counts)
+        line = (
+            None
+            if frame.empty
+            else version_agreement.timeline(session=session, filters=filters, counts=counts)
+        )
+    if frame.empty or line is None:
         st.info("No reviewed judgments match these filters.")
         return
 
@@ -62,11 +69,9 @@ def versions_tab(*, key: str) -> None:
     )
     csv_download(frame, "agreement_by_judge_version.csv", key=f"{key}_csv", label="Download (CSV)")
 
-    _compare_section(choices, filters, key=key)
+    _compare_section(choices, filters, counts, key=key)
 
     st.subheader("Timeline")
-    with session_scope(read_only=True) as session:
-        line = version_agreement.timeline(session=session, filters=filters)
     st.plotly_chart(version_timeline_figure(line.weekly, line.starts), key=f"{key}_timeline_chart")
     show_table(
         line.weekly,
@@ -85,7 +90,11 @@ def versions_tab(*, key: str) -> None:
 
 
 def _compare_section(
-    choices: Sequence[version_agreement.VersionChoice], filters: version_agreement.VersionFilters, *, key: str
+    choices: Sequence[version_agreement.VersionChoice],
+    filters: version_agreement.VersionFilters,
+    counts: version_agreement.Counts,
+    *,
+    key: str,
 ) -> None:
     st.subheader("Compare two versions")
     if len(choices) < 2:
@@ -117,7 +126,7 @@ def _compare_section(
         return
     with session_scope(read_only=True) as session:
         result = version_agreement.compare_versions(
-            session=session, a=choices[a], b=choices[b], filters=filters, same_items=same
+            session=session, a=choices[a], b=choices[b], filters=filters, same_items=same, counts=counts
         )
     for caution in result.cautions:
         st.warning(escape_markdown(caution), icon="⚠️")

@@ -93,6 +93,15 @@ def test_edit_rubric_rejudge_and_see_the_new_version_on_analytics(
     rows = table[table["version"] == "v2: stricter coherence"]
     assert len(rows) == 3 and rows["exact_agreement"].str.contains(r"\[").all()
     assert set(table["version"]) == {"v1", "v2: stricter coherence"}
+    # v1 against v2 on the evaluation both judged: one pair per metric each side, and the weekly
+    # timeline pools each version's three pairs (v1 missed coherence, 3 against the reviewer's 2).
+    compared = next(d.value for d in analytics.dataframe if "pairs_a" in d.value.columns)
+    assert sorted(compared["metric_name"]) == ["Coherence", "Fluency", "Groundedness"]
+    assert (compared["pairs_a"] == 1).all() and (compared["pairs_b"] == 1).all()
+    weekly = next(d.value for d in analytics.dataframe if {"version_id", "week"} <= set(d.value.columns))
+    assert {r.version: (r.pairs, r.exact_agreement) for r in weekly.itertuples()} == {
+        "v1": (3, pytest.approx(2 / 3)), "v2: stricter coherence": (3, 1.0)}  # fmt: skip
+    assert set(table["first_week"]) == set(table["last_week"]) == set(weekly["week"])
 
     # The older evaluation still shows the rubric it was judged under.
     detail = open_page("pages/evaluations.py", query={"snapshot": snapshot_id}, reviewer="ayse")
