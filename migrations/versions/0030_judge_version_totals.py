@@ -52,6 +52,14 @@ def upgrade() -> None:
         "FROM judge_version_counts WHERE n > 0 "
         "GROUP BY judge_version_id, product, language, metric, decision, human"
     )
+    # Planner statistics of the new table and index (SQLite sampled, as lib.db does).
+    if op.get_bind().dialect.name == "sqlite":
+        op.execute("PRAGMA analysis_limit=400")
+        op.execute("ANALYZE ix_judge_version_count_week")
+        op.execute("ANALYZE judge_version_totals")
+    else:
+        op.execute("ANALYZE judge_version_counts")
+        op.execute("ANALYZE judge_version_totals")
 
 
 def downgrade() -> None:
