@@ -572,7 +572,8 @@ def compare_versions(
         for metric in sorted(by_metric):
             rows.append(_paired_row(scales, a.key, b.key, metric, by_metric[metric], filters))
     else:
-        cells = _cells(session, filters) if counts is None else _read(session, filters, counts).cells
+        counts = _read(session, filters, counts)  # read once for the cells and the cautions' weeks
+        cells = counts.cells
         metrics = sorted({m for (k, m) in cells if k == a.key} & {m for (k, m) in cells if k == b.key})
         for metric in metrics:
             rows.append(_independent_row(scales, cells[(a.key, metric)], cells[(b.key, metric)], filters))
