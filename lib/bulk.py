@@ -37,6 +37,7 @@ from sqlalchemy import (
     literal_column,
     select,
     text,
+    tuple_,
 )
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ColumnElement
@@ -161,6 +162,28 @@ def among(bind: Any, column: Any, values: Collection[Any]) -> ColumnElement[bool
     statements (its counters), and rendering them cost more than the indexed reads themselves.
     """
     return _among(bind, column, bindparam(None, among_value(bind, values), type_=_among_type(bind, column)))
+
+
+def among_rows(bind: Any, columns: Sequence[Any], rows: Collection[Sequence[Any]]) -> ColumnElement[bool]:
+    """`(columns…) IN (rows)` with the rows as bound values of fixed number, whatever the rows':
+    one JSON array of rows read through `json_each` on SQLite, one array per column `unnest`ed on
+    PostgreSQL.
+
+    Why not `tuple_(…).in_(rows)`: that binds one parameter per value (so a caller must split the
+    rows to stay under the databases' limits), SQLAlchemy renders it value by value, and
+    PostgreSQL tests a row-value IN list one row at a time: the Judge versions timeline's 543
+    combinations against 93k count rows took 1.5 s there, against 33 ms as a (hashed) subquery. SQLite
+    reads either form into one temporary index (44 ms both ways).
+    """
+    if dialect_name(bind) == "postgresql":
+        arrays = [
+            bindparam(None, [row[i] for row in rows], type_=ARRAY(column.type))
+            for i, column in enumerate(columns)
+        ]
+        return tuple_(*columns).in_(select(literal_column("*")).select_from(func.unnest(*arrays)))
+    param = bindparam(None, json.dumps([list(row) for row in rows]), type_=String())
+    items = [func.json_extract(literal_column("value"), f"$[{i}]") for i in range(len(columns))]
+    return tuple_(*columns).in_(select(*items).select_from(func.json_each(param)))
 
 
 def among_template(bind: Any, column: Any, name: str) -> ColumnElement[bool]:

@@ -402,3 +402,28 @@ assert old() is None, "unfrozen, then collected"
 print("ok")
 """
     _run_alone(script)
+
+
+def test_among_rows_finds_exactly_the_rows_a_python_filter_finds(engine: Engine) -> None:
+    """`(columns…) IN rows` as one bound value each way: text with quotes, non-ASCII letters, separators,
+    JSON or digits, and integers, match the stored values exactly; no rows match nothing."""
+    products = ["O'Brien", 'say "hi"', "İstanbul ÇAĞRI", "a|b", "[1, 2]", "3", "plain"]
+    rows = [
+        judgment(f"c{n}", product=product, decision=decision, version=version)
+        for n, (product, decision, version) in enumerate(
+            (p, d, v) for p in products for d in ("INCLUDE", "3") for v in (2, 3)
+        )
+    ]
+    with engine.begin() as conn:
+        bulk.insert_tuples(conn, JUDGMENTS, list(rows[0]), [tuple(r.values()) for r in rows])
+    wanted = [("O'Brien", "3", 2), ("İstanbul ÇAĞRI", "INCLUDE", 3), ("a|b", "3", 3), ("3", "INCLUDE", 2),
+              ("[1, 2]", "3", 2), ("absent", "INCLUDE", 2), ("plain", "3", 4)]  # fmt: skip
+    columns = (JUDGMENTS.c.product, JUDGMENTS.c.decision, JUDGMENTS.c.version)
+    with engine.connect() as conn:
+        for keys in (wanted, wanted[:1], []):
+            found = conn.execute(
+                select(JUDGMENTS.c.change_id).where(bulk.among_rows(conn, columns, keys))
+            ).scalars()
+            expected = {r["change_id"] for r in rows if (r["product"], r["decision"], r["version"]) in keys}
+            assert set(found) == expected
+    assert len({r["change_id"] for r in rows if (r["product"], r["decision"], r["version"]) in wanted}) == 5
