@@ -29,7 +29,7 @@ import base64
 import json
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -99,15 +99,28 @@ class SpanCall:
 
 
 @dataclass(slots=True)
-class Verdict:
-    """One evaluation event: the metric, score, label, explanation, and where it points."""
+class Verdict(SourceVerdict):
+    """One evaluation event: the metric (`name`, None when the event names none), score, label,
+    explanation (`reason`), and where it points. It is the shared mapping's SourceVerdict itself
+    (`field` names its event), so a span's verdicts go to lib.source_records as decoded: a
+    10,000-span request has 50,000 of them, and a copy each would be 50,000 more objects."""
 
-    metric: str | None
-    score: float | None
-    label: str | None
-    explanation: str | None
-    key: str | None  # "<trace>:<span>" of the judged span, when the event carries its context
-    response_id: str | None
+    key: str | None = None  # "<trace>:<span>" of the judged span, when the event carries its context
+    response_id: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        metric: str | None,
+        score: float | None,
+        label: str | None,
+        explanation: str | None,
+        key: str | None = None,
+        response_id: str | None = None,
+    ) -> Verdict:
+        """A verdict on `metric`, its event named by `field` in refusals (`_verdict` spells this
+        out positionally: it runs for each of a request's events)."""
+        return cls(metric, score, label, explanation, None, _event_field(metric), False, "", key, response_id)  # type: ignore[arg-type]
 
 
 @lru_cache(maxsize=1024)
@@ -461,7 +474,7 @@ class _Reader:
         elif response_id is not None:
             batch.items[f"response:{response_id}"] += 1
         else:
-            batch.unkeyed_items.append(str(verdict.metric))
+            batch.unkeyed_items.append(str(verdict.name))
 
     def _resource_defaults(self, resource: dict[str, Any]) -> tuple[str | None, str | None]:
         """The resource's product and language, read once for all its spans."""
@@ -557,11 +570,16 @@ def _verdict(fields: list[Any], key: str | None, response_id: str | None) -> Ver
         label = oi_label
     if explanation is None:
         explanation = oi_explanation
-    return Verdict(  # positional: this runs for each of a request's events
-        name.strip() if name else None,
+    metric = name.strip() if name else None
+    return Verdict(  # positional (`Verdict.of`): this runs for each of a request's events
+        metric,
         None if score is None else _number(score),
         None if label is None else _text(label),
         None if explanation is None else _text(explanation),
+        None,
+        _event_field(metric),
+        False,
+        "",
         key,
         response_id if own_response is None else _text(own_response),
     )
@@ -643,13 +661,17 @@ class Outcome:
 
 
 def _verdict_json(verdict: Verdict) -> dict[str, Any]:
-    return {k: v for k, v in asdict(verdict).items() if k not in ("key", "response_id")}
+    """A waiting verdict as `otlp_spans.pending_json` stores it (`_verdict_of` reads it back)."""
+    return {
+        "metric": verdict.name,
+        "score": verdict.score,
+        "label": verdict.label,
+        "explanation": verdict.reason,
+    }
 
 
 def _verdict_of(data: Mapping[str, Any]) -> Verdict:
-    return Verdict(
-        data.get("metric"), data.get("score"), data.get("label"), data.get("explanation"), None, None
-    )
+    return Verdict.of(data.get("metric"), data.get("score"), data.get("label"), data.get("explanation"))
 
 
 def ingest(*, engine: Engine, batch: Batch, actor: Actor) -> Outcome:
@@ -837,7 +859,7 @@ class _Join:
         accepted: list[tuple[str, SpanCall, list[Verdict]]] = []
         for item in ready:
             key, call, verdicts = item
-            if any(v.metric is None for v in verdicts):
+            if any(v.name is None for v in verdicts):
                 self._forget(key)
                 self.outcome.reject(
                     self.batch, key, f"{call.label()}: an evaluation event has no gen_ai.evaluation.name"
@@ -898,12 +920,10 @@ class _Join:
                 if source_key not in first:  # the first span of this content: imported with all its verdicts
                     first[source_key] = verdicts
                     continue
-                names = {str(v.metric) for v in first[source_key]}
+                names = {str(v.name) for v in first[source_key]}
                 judged = names | {metric_slug(name) for name in names}
                 found[source_key] = (snapshot_id, judged)
-            if any(
-                str(v.metric) not in judged and metric_slug(str(v.metric)) not in judged for v in verdicts
-            ):
+            if any(str(v.name) not in judged and metric_slug(str(v.name)) not in judged for v in verdicts):
                 self._add_late(key, snapshot_id, verdicts)  # the same answer was stored without them
         if replaced:
             self.session.execute(delete(_SPANS).where(among(self.session, _SPANS.c.key, replaced)))
@@ -917,11 +937,11 @@ class _Join:
 
     def _add_late(self, key: str, snapshot_id: str, verdicts: list[Verdict]) -> None:
         """Verdicts for a span that is already an evaluation: new metrics become its judgments."""
-        if any(v.metric is None for v in verdicts):
+        if any(v.name is None for v in verdicts):
             self.outcome.reject(
                 self.batch, key, f"{describe(key)}: an evaluation event has no gen_ai.evaluation.name"
             )
-            verdicts = [v for v in verdicts if v.metric is not None]
+            verdicts = [v for v in verdicts if v.name is not None]
         try:
             self.outcome.judgments += add_source_verdicts(
                 session=self.session,
@@ -947,28 +967,22 @@ def _json_dict(value: Any) -> dict[str, Any]:
 
 
 def _metrics(verdicts: Iterable[Verdict]) -> list[str]:
-    return list(dict.fromkeys(str(v.metric) for v in verdicts))
+    return list(dict.fromkeys(str(v.name) for v in verdicts))
 
 
-def _dedupe(verdicts: list[Verdict], as_item: Callable[[Verdict], Any] | None = None) -> list[Any]:
-    """The first verdict per metric (a re-sent event is the same verdict again), each as
-    `as_item(verdict)` if given: built for the first only, in the same pass."""
-    seen: dict[str | None, Any] = {}
+def _dedupe(verdicts: list[Verdict]) -> list[Verdict]:
+    """The first verdict per metric (a re-sent event is the same verdict again)."""
+    seen: dict[str | None, Verdict] = {}
     for verdict in verdicts:
-        if verdict.metric not in seen:
-            seen[verdict.metric] = verdict if as_item is None else as_item(verdict)
+        if verdict.name not in seen:
+            seen[verdict.name] = verdict
     return list(seen.values())
 
 
-def _source(v: Verdict) -> SourceVerdict:
-    """A verdict as the shared mapping of other tools' results reads it (lib.source_records)."""
-    return SourceVerdict(str(v.metric), v.score, v.label, v.explanation, None, _event_field(v.metric))
-
-
 def _sources(verdicts: list[Verdict]) -> list[SourceVerdict]:
-    """The first verdict per metric (`_dedupe`) as lib.source_records reads it: for each of a
-    request's spans (`_evaluation`)."""
-    return _dedupe(verdicts, _source)
+    """The first verdict per metric (`_dedupe`), as lib.source_records reads them (a Verdict is a
+    SourceVerdict): for each of a request's spans (`_evaluation`)."""
+    return _dedupe(verdicts)
 
 
 def _fields(product_attr: str) -> dict[str, str]:
