@@ -91,7 +91,7 @@ class SpanCall:
     model: str | None
     product: str | None
     language: str | None
-    created_at: str
+    created_at: datetime | str  # the span's start (ISO 8601 text once stored: `_span_json`)
     missing: list[str] = field(default_factory=list)
 
     def label(self) -> str:
@@ -515,7 +515,7 @@ class _Reader:
             model=model,
             product=product,
             language=language,
-            created_at=moment.isoformat(),
+            created_at=moment,  # typed: the importer takes an aware datetime as is (records.timestamp_field)
             missing=missing,
         )
 
@@ -563,19 +563,30 @@ def _verdict(fields: list[Any], key: str | None, response_id: str | None) -> Ver
     """The verdict `fields` (`_verdict_fields`) state, GenAI attributes before OpenInference's; the event's
     own gen_ai.response.id before `response_id` (its span's, as text)."""
     name, oi_name, score, oi_score, label, oi_label, explanation, oi_explanation, own_response = fields
-    name = _text(name if name is not None else oi_name)
+    if name is None:
+        name = oi_name
     if score is None:
         score = oi_score
     if label is None:
         label = oi_label
     if explanation is None:
         explanation = oi_explanation
-    metric = name.strip() if name else None
+    # What SDKs send (a text name and explanation, a float or int score) without a call each, the
+    # same values `_text` / `_number` give; anything else through them.
+    if name.__class__ is str:
+        metric = name.strip() or None
+    else:
+        text = _text(name)
+        metric = text.strip() if text else None
+    if score.__class__ is not float:
+        score = float(score) if score.__class__ is int else None if score is None else _number(score)
+    if explanation is not None and (explanation.__class__ is not str or not explanation.strip()):
+        explanation = _text(explanation)
     return Verdict(  # positional (`Verdict.of`): this runs for each of a request's events
         metric,
-        None if score is None else _number(score),
+        score,
         None if label is None else _text(label),
-        None if explanation is None else _text(explanation),
+        explanation,
         None,
         _event_field(metric),
         False,
@@ -658,6 +669,14 @@ class Outcome:
     def reject(self, batch: Batch, key: str, message: str) -> None:
         self.rejected += batch.items.get(key, 0)
         self.messages.append(message)
+
+
+def _span_json(call: SpanCall) -> dict[str, Any]:
+    """A waiting span as `otlp_spans.span_json` stores it (`SpanCall(**span_json)` reads it back)."""
+    data = asdict(call)
+    if isinstance(call.created_at, datetime):
+        data["created_at"] = call.created_at.isoformat()
+    return data
 
 
 def _verdict_json(verdict: Verdict) -> dict[str, Any]:
@@ -834,14 +853,14 @@ class _Join:
                 {
                     "key": key,
                     "response_id": response_id,
-                    "span_json": asdict(call) if call is not None else None,
+                    "span_json": _span_json(call) if call is not None else None,
                     "pending_json": [_verdict_json(v) for v in pending],
                     "received_at": utcnow(),
                 }
             )
             self.outcome.waiting += 1
             return
-        row.span_json = asdict(call) if call is not None else row.span_json
+        row.span_json = _span_json(call) if call is not None else row.span_json
         row.response_id = row.response_id or response_id
         row.pending_json = [_verdict_json(v) for v in pending]
         row.received_at = utcnow()

@@ -130,21 +130,30 @@ def number_field(value: Any, label: str) -> float:
 
 
 def timestamp_field(value: Any, label: str, *, required: bool) -> datetime | None:
-    """An ISO 8601 time as aware UTC; a time without offset is taken to be UTC."""
+    """An ISO 8601 time as aware UTC; a time without offset is taken to be UTC. A `datetime` (not a
+    subclass) is taken as already parsed: what a decoder hands over typed (lib.otlp: a span's start),
+    as it would have written and this read back."""
     if value is None:
         if required:
             raise InvalidField(label, "is required")
         return None
+    if value.__class__ is datetime:
+        return _utc(value, value, label)
     if not isinstance(value, str):
         raise InvalidField(label, f"must be an ISO 8601 time string, got {type_name(value)}")
     try:
         moment = datetime.fromisoformat(value.strip())
     except ValueError:
         raise InvalidField(label, f"{value[:40]!r} is not an ISO 8601 time") from None
+    return _utc(moment, value, label)
+
+
+def _utc(moment: datetime, given: str | datetime, label: str) -> datetime:
+    """`moment` in UTC (naive taken as UTC); `given` is what the refusal quotes."""
     try:
         return moment.replace(tzinfo=UTC) if moment.utcoffset() is None else moment.astimezone(UTC)
     except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00 is before year 1 in UTC
-        raise InvalidField(label, f"{value[:40]!r} is out of range (years 1 to 9999 in UTC)") from None
+        raise InvalidField(label, f"{str(given)[:40]!r} is out of range (years 1 to 9999 in UTC)") from None
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

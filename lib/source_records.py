@@ -27,6 +27,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from lib.metrics import MetricSpec
@@ -90,7 +91,7 @@ class SourceEvaluation:
     model_name: str | None = None
     judge_model: str | None = None
     language: str | None = None
-    created_at: str | None = None
+    created_at: str | datetime | None = None  # ISO 8601 text, or already a datetime (lib.otlp)
     question_id: str | None = None
     fields: dict[str, str] = field(default_factory=dict)
 

@@ -407,3 +407,26 @@ def test_two_spans_of_one_answer_in_one_request_keep_both_spans_metrics(sqlite_e
     with Session(sqlite_engine) as session:
         snapshot_id = session.exec(select(EvaluationSnapshot.id)).one()
         assert [row.snapshot_id for row in session.exec(select(OtlpSpan))] == [snapshot_id, snapshot_id]
+
+
+def test_an_event_reads_as_a_verdict_whatever_types_its_attributes_hold() -> None:
+    """`_verdict` reads what SDKs send (text name and explanation, float or int score) without a call
+    each; every other value still goes through `_text` / `_number`, so the verdict is the same."""
+    from lib.otlp import _VERDICT_ATTRIBUTES, _number, _text, _verdict
+
+    def fields(**given: Any) -> list[Any]:
+        return [given.get(name.rsplit(".", 1)[-1]) for name in _VERDICT_ATTRIBUTES]
+
+    cases = {
+        ("  Truth  ", 4, "  terse "): ("Truth", 4.0, "  terse "),
+        ("x", 2.5, "   "): ("x", 2.5, None),
+        ("   ", True, 7): (None, None, "7"),
+        (5, "3", None): ("5", 3.0, None),
+        (None, None, ""): (None, None, None),
+    }
+    for (name, score, explanation), (metric, number, reason) in cases.items():
+        v = _verdict(fields(name=name, value=score, explanation=explanation), "t:s", "r1")
+        assert (v.name, v.score, v.reason, v.key, v.response_id) == (metric, number, reason, "t:s", "r1")
+        assert v.score == (None if score is None else _number(score))
+        assert v.reason == (None if explanation is None else _text(explanation))
+        assert v.field == f"{EVAL} {metric!r}"

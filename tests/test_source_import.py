@@ -332,6 +332,46 @@ def test_the_command_line_imports_each_source(sqlite_engine: Engine, sqlite_url:
     assert done.returncode == 1 and "--spans FILE" in done.stderr
 
 
+def test_a_source_evaluation_may_hand_its_time_over_already_typed(sqlite_engine: Engine) -> None:
+    """The OTLP receiver passes a span's start as an aware datetime (no text round trip): taken as
+    is, a naive one as UTC, as the same time written as text would be; text stays accepted and
+    checked, and nothing else passes for a time (a datetime subclass neither: it is not parsed)."""
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from lib.records import InvalidField, timestamp_field
+
+    start = datetime(2026, 11, 28, 4, 5, 6, 789012, tzinfo=UTC)
+    assert timestamp_field(start, "created_at", required=False) == start
+    assert timestamp_field(start.replace(tzinfo=None), "created_at", required=False) == start
+    paris = start.astimezone(timezone(timedelta(hours=1)))
+    assert timestamp_field(paris, "created_at", required=False) == start
+    assert timestamp_field(paris.isoformat(), "created_at", required=False) == start
+
+    class Stamp(datetime):
+        pass
+
+    for wrong in (Stamp(2026, 1, 1), 1764302706, "yesterday"):
+        with pytest.raises(InvalidField):
+            timestamp_field(wrong, "created_at", required=False)
+    evaluations = [
+        SourceEvaluation(
+            where="span 1", product="p", question="q?", answer="a.", created_at=paris,
+            verdicts=[SourceVerdict("Helpfulness", score=4)],
+        ),
+        SourceEvaluation(
+            where="span 2", product="p", question="q2?", answer="a2.", created_at=start.isoformat(),
+            verdicts=[SourceVerdict("Helpfulness", score=3)],
+        ),
+    ]  # fmt: skip
+    with Session(sqlite_engine) as session:
+        import_source_evaluations(session=session, evaluations=evaluations, source="otlp", reviewer=WHO)
+        session.commit()
+    with Session(sqlite_engine) as session:
+        rows = session.exec(select(EvaluationSnapshot)).all()
+        stored = {s.question: s.created_at.replace(tzinfo=UTC) for s in rows}
+    assert stored == {"q?": start, "q2?": start}
+
+
 def test_a_later_eval_of_stored_answers_adds_its_judgments_once(sqlite_engine: Engine) -> None:
     """A second Phoenix eval on spans imported before: the stored evaluations gain the new metric."""
     spans = SourceOptions(spans=FIXTURES / "phoenix_spans.parquet")
