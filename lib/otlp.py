@@ -168,6 +168,12 @@ def read_body(raw: bytes, content_encoding: str, limit: int) -> bytes:
         raise OtlpError(400, f"the gzip body is corrupt: {exc}") from None
     if len(body) > limit or inflater.unconsumed_tail:
         raise OtlpError(413, f"the body is over the {limit // (1024 * 1024)} MB limit once un-gzipped")
+    # What could be inflated is only part of what was sent: decoding it would store part of the
+    # request and answer success for the rest.
+    if not inflater.eof:
+        raise OtlpError(400, "the gzip body is truncated: it ends before the gzip stream does")
+    if inflater.unused_data:
+        raise OtlpError(400, "the gzip body has bytes after the end of its gzip stream")
     return body
 
 

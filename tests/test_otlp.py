@@ -245,6 +245,11 @@ def test_otlp_json_bodies_and_refusals(receiver: Receiver) -> None:
     assert refused.status_code == 413
     bomb = gzip.compress(b" " * (3 * 1024 * 1024))
     assert receiver.post("/v1/traces", bomb, **json_type, **{"Content-Encoding": "gzip"}).status_code == 413
+    # A cut or padded gzip body inflates to a prefix of the request: refused whole, not half stored.
+    whole = gzip.compress(body, compresslevel=0)
+    for broken in (whole[: len(whole) * 3 // 4], whole + b"JUNKJUNK", b"\x1f\x8b\x08\x00garbage"):
+        r = receiver.post("/v1/traces", broken, **json_type, **{"Content-Encoding": "gzip"})
+        assert r.status_code == 400 and "gzip body" in r.json()["message"], r.text
     assert count(receiver.engine, EvaluationSnapshot) == 0
     r = receiver.post("/v1/traces", body, **json_type)
     assert r.status_code == 200 and r.json() == {}
