@@ -107,6 +107,9 @@ class Verdict(SourceVerdict):
 
     key: str | None = None  # "<trace>:<span>" of the judged span, when the event carries its context
     response_id: str | None = None
+    # A log record that names its call's gen_ai.response.id: the span it was emitted in, used only
+    # when no call has that response id but that span is a GenAI call (`_Join._route_verdicts`).
+    context: str | None = None
 
     @classmethod
     def of(
@@ -474,6 +477,12 @@ class _Reader:
         key = _key(record.trace_id, record.span_id)
         response_id = _text(attrs.get("gen_ai.response.id"))
         verdict = _verdict(_verdict_fields(attrs), key, response_id)
+        if verdict.response_id is not None and key is not None:
+            # The response id names the judged call; the record's context is only where the judge
+            # ran, usually a request's or job's span around it (the SDK stamps the current span on
+            # every record, and the chat span has ended by then). Keyed by that span, the verdict
+            # waited for a GenAI span that never comes.
+            verdict.key, verdict.context, key = None, key, None
         batch.verdicts.append(verdict)
         if key is not None:
             batch.items[key] += 1
@@ -810,7 +819,7 @@ class _Join:
     # -- reading what is stored
 
     def _load(self) -> None:
-        keys = set(self.calls) | {v.key for v in self.batch.verdicts if v.key}
+        keys = set(self.calls) | {v.key or v.context for v in self.batch.verdicts if v.key or v.context}
         responses = {c.response_id for c in self.batch.calls if c.response_id}
         responses |= {v.response_id for v in self.batch.verdicts if v.response_id and not v.key}
         # Verdicts waiting under `response:<id>` are found by the second query: `_keep` gives
@@ -834,7 +843,11 @@ class _Join:
         for verdict in self.batch.verdicts:
             key = verdict.key
             if key is None and verdict.response_id:
-                key = by_response.get(verdict.response_id, f"response:{verdict.response_id}")
+                key = by_response.get(verdict.response_id)
+                if key is None and verdict.context is not None and self._is_call(verdict.context):
+                    key = verdict.context  # its call's span records no response id: the context is it
+                if key is None:
+                    key = f"response:{verdict.response_id}"
                 self.batch.items[key] += self.batch.items.pop(f"response:{verdict.response_id}", 0)
             if key is not None:
                 self.verdicts[key].append(verdict)
@@ -844,6 +857,13 @@ class _Join:
             if waiting is not None and waiting.pending_json:
                 self.verdicts[call.key][:0] = [_verdict_of(v) for v in waiting.pending_json]
                 self._forget(waiting.key)
+
+    def _is_call(self, key: str) -> bool:
+        """Whether `key` is a GenAI call's span: in this request, or stored (waiting or joined)."""
+        if key in self.calls:
+            return True
+        row = self.stored.get(key)
+        return row is not None and (row.span_json is not None or row.snapshot_id is not None)
 
     # -- writing
 

@@ -196,6 +196,51 @@ def test_events_before_their_span_wait_and_join_it_by_response_id(receiver: Rece
         assert [row.snapshot_id is not None for row in session.exec(select(OtlpSpan))] == [True]
 
 
+@pytest.mark.parametrize("logs_first", [False, True], ids=["spans first", "logs first"])
+def test_a_judge_inside_a_request_span_joins_by_the_response_id_it_names(
+    any_receiver: Receiver, logs_first: bool
+) -> None:
+    """The judge runs inside a web handler's span, after the chat span ended: the SDK stamps the
+    handler's ids on its log records. The response id the record names wins over that context
+    (before, the verdicts waited under the handler span, which is no GenAI call, and were lost)."""
+    receiver = any_receiver
+    t = Telemetry()
+    with t.tracer.start_as_current_span("POST /ask"):
+        t.call("Capital of Italy?", "Rome.", **{"gen_ai.response.id": "chatcmpl-7"})
+        t.logger.emit(
+            event_name=EVAL,  # no context given: the current span's, the handler's
+            attributes={
+                "gen_ai.evaluation.name": "truthfulness",
+                "gen_ai.evaluation.score.value": 5,
+                "gen_ai.response.id": "chatcmpl-7",
+            },
+        )
+    assert t.logs.get_finished_logs()[0].log_record.span_id != 0  # stamped with the handler span
+    posts = [("/v1/traces", t.traces()), ("/v1/logs", t.log_body())]
+    for path, body in reversed(posts) if logs_first else posts:
+        r = receiver.post(path, body)
+        assert r.status_code == 200 and not r.content, r.content  # no partial success
+    assert judgments(receiver.engine) == {"truthfulness": ("5", None)}
+    with Session(receiver.engine) as session:
+        assert [row.snapshot_id is not None for row in session.exec(select(OtlpSpan))] == [True]
+
+
+def test_a_log_naming_an_unknown_response_id_in_its_calls_context_joins_that_call(
+    any_receiver: Receiver,
+) -> None:
+    """A chat span that records no gen_ai.response.id, judged by a log record in its context that
+    names one: the context is the call (in the same request or already stored)."""
+    receiver = any_receiver
+    t = Telemetry()
+    ctx = t.call("Capital of Peru?", "Lima.")
+    assert receiver.post("/v1/traces", t.traces()).status_code == 200
+    t.verdict("clarity", 4, ctx, **{"gen_ai.response.id": "resp-unrecorded"})
+    r = receiver.post("/v1/logs", t.log_body())
+    assert r.status_code == 200 and not r.content, r.content
+    assert judgments(receiver.engine) == {"clarity": ("4", None)}
+    assert count(receiver.engine, OtlpSpan) == 1
+
+
 def test_what_cannot_be_mapped_is_named_in_the_partial_success(receiver: Receiver) -> None:
     t = Telemetry()
     t.call("No answer recorded?", None, events={"truthfulness": 4})
