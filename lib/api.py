@@ -332,6 +332,17 @@ def create_app(
         except ImportConflict as exc:  # another writer at the same moment: OTLP clients retry a 503
             status, message, headers = 503, str(exc), {"Retry-After": "1"}
         else:
+            if outcome.rejected or outcome.messages:
+                # The SDK's exporters never read a partial success: the server's log is where an
+                # operator sees what was not stored. Messages quote span names: repr keeps one line.
+                log.warning(
+                    "OTLP %s from %s: %d rejected: %s",
+                    signal,
+                    actor,
+                    outcome.rejected,
+                    "; ".join(repr(m[:300]) for m in outcome.messages[:5])
+                    + (f" (and {len(outcome.messages) - 5} more)" if len(outcome.messages) > 5 else ""),
+                )
             return Response(otlp.response_body(signal, outcome, kind), media_type=kind)
         body = otlp.status_body(otlp.GRPC_CODE.get(status, 2), message, kind)
         return Response(body, status_code=status, media_type=kind, headers=headers)

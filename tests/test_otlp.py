@@ -241,12 +241,19 @@ def test_a_log_naming_an_unknown_response_id_in_its_calls_context_joins_that_cal
     assert count(receiver.engine, OtlpSpan) == 1
 
 
-def test_what_cannot_be_mapped_is_named_in_the_partial_success(receiver: Receiver) -> None:
+def test_what_cannot_be_mapped_is_named_in_the_partial_success(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
     t = Telemetry()
     t.call("No answer recorded?", None, events={"truthfulness": 4})
     t.call("Off the scale?", "Yes.", events={"truthfulness": 9})
     t.call("Mapped?", "Yes.", events={"clarity": 3})
-    r = receiver.post("/v1/traces", t.traces())
+    with caplog.at_level("WARNING", logger="lib.api"):
+        r = receiver.post("/v1/traces", t.traces())
+    # The SDK's exporters ignore a partial success: the server's log says it too, on one line.
+    (warning,) = [rec.getMessage() for rec in caplog.records if rec.name == "lib.api"]
+    assert warning.startswith("OTLP traces from o-lead: 2 rejected: ") and "\n" not in warning
+    assert "no gen_ai.output.messages" in warning and "outside its scale 1–5" in warning
     assert r.status_code == 200
     partial = ExportTraceServiceResponse.FromString(r.content).partial_success
     assert partial.rejected_spans == 2
