@@ -142,6 +142,9 @@ class Batch:
     verdicts: list[Verdict] = field(default_factory=list)
     items: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     unkeyed_items: list[str] = field(default_factory=list)  # verdicts that name no span or response
+    # Spans passed over (no GenAI attributes, no evaluation) by key, with their names: verdicts that
+    # wait under one of these keys were emitted in a span that is no call, and never join.
+    passed_over: dict[str, str] = field(default_factory=dict)
 
 
 def describe(key: str, name: str = "") -> str:
@@ -464,6 +467,7 @@ class _Reader:
             if _answer(attrs) is None:
                 return
         if not genai:
+            batch.passed_over[key] = record.name
             return
         batch.items[key] += 1
         batch.calls.append(self._call(key, record, resource, response_id))
@@ -724,8 +728,8 @@ def ingest(*, engine: Engine, batch: Batch, actor: Actor) -> Outcome:
             f"evaluation {metric!r} names no span (no trace and span id) and no gen_ai.response.id: "
             "emit it in the judged span's context or with its gen_ai.response.id"
         )
-    if not batch.calls and not batch.verdicts:
-        return outcome
+    if not batch.calls and not batch.verdicts and not _orphans_wait(engine, batch):
+        return outcome  # a trace stream's other spans: no writer's lock taken for them
     with session_scope(engine) as session:
         one_writer_at_a_time(session, PG_IMPORT_LOCK)  # the importer's lock: one join at a time
         session.connection()  # SQLite: the writing transaction begins (BEGIN IMMEDIATE waits) here
@@ -736,6 +740,20 @@ def ingest(*, engine: Engine, batch: Batch, actor: Actor) -> Outcome:
             _Join(session, batch, actor, outcome).run()
             session.commit()  # inside the block: the commit's flush is the load's too
     return outcome
+
+
+def _orphans_wait(engine: Engine, batch: Batch) -> bool:
+    """Whether verdicts wait under a span the batch passed over (`_Join._drop_orphans` drops them),
+    read without the writer's lock: most such spans (HTTP, database) have nothing waiting."""
+    from lib.db import session_scope
+
+    if not batch.passed_over:
+        return False
+    with session_scope(engine) as session:
+        rows = session.scalars(
+            _stored_by(session, "key"), {"keys": among_value(session, set(batch.passed_over))}
+        )
+        return any(row.span_json is None and row.snapshot_id is None for row in rows)
 
 
 # A span nobody judged, or a verdict whose span never came, waits this long, then is forgotten: an
@@ -785,6 +803,7 @@ class _Join:
     def run(self) -> None:
         self._load()
         self._route_verdicts()
+        self._drop_orphans()
         ready: list[tuple[str, SpanCall, list[Verdict]]] = []
         for key in list(dict.fromkeys([*self.calls, *self.verdicts])):
             row = self.stored.get(key)
@@ -820,6 +839,7 @@ class _Join:
 
     def _load(self) -> None:
         keys = set(self.calls) | {v.key or v.context for v in self.batch.verdicts if v.key or v.context}
+        keys.update(self.batch.passed_over)
         responses = {c.response_id for c in self.batch.calls if c.response_id}
         responses |= {v.response_id for v in self.batch.verdicts if v.response_id and not v.key}
         # Verdicts waiting under `response:<id>` are found by the second query: `_keep` gives
@@ -857,6 +877,23 @@ class _Join:
             if waiting is not None and waiting.pending_json:
                 self.verdicts[call.key][:0] = [_verdict_of(v) for v in waiting.pending_json]
                 self._forget(waiting.key)
+
+    def _drop_orphans(self) -> None:
+        """Verdicts that waited under a span this request shows is no GenAI call: they can never
+        join it, so they are dropped now and named, instead of waiting out the week in silence."""
+        for key, name in self.batch.passed_over.items():
+            row = self.stored.get(key)
+            if row is None or row.span_json is not None or row.snapshot_id is not None:
+                continue
+            self._forget(key)
+            self.outcome.reject(
+                self.batch,
+                key,
+                f"{describe(key, name)} is no GenAI call (no gen_ai.* attributes), but evaluations "
+                f"({', '.join(_metrics(_verdict_of(v) for v in row.pending_json))}) were emitted in its "
+                "context: they are dropped. Emit them in the judged call's span context, or with "
+                "its gen_ai.response.id",
+            )
 
     def _is_call(self, key: str) -> bool:
         """Whether `key` is a GenAI call's span: in this request, or stored (waiting or joined)."""

@@ -225,6 +225,38 @@ def test_a_judge_inside_a_request_span_joins_by_the_response_id_it_names(
         assert [row.snapshot_id is not None for row in session.exec(select(OtlpSpan))] == [True]
 
 
+def test_verdicts_waiting_under_a_span_that_is_no_call_are_named_and_dropped_when_it_arrives(
+    any_receiver: Receiver,
+) -> None:
+    """A judge inside a handler's span that names no response id: its verdicts wait under the
+    handler span. When that span arrives and is no GenAI call, the answer (and the server's log)
+    names them and they are dropped, instead of waiting out the week in silence."""
+    receiver = any_receiver
+    t = Telemetry()
+    with t.tracer.start_as_current_span("POST /ask"):
+        t.call("Capital of Chile?", "Santiago.")
+        t.logger.emit(
+            event_name=EVAL,
+            attributes={"gen_ai.evaluation.name": "truthfulness", "gen_ai.evaluation.score.value": 5},
+        )
+    r = receiver.post("/v1/logs", t.log_body())
+    assert r.status_code == 200 and not r.content, r.content  # it waits: its span may still come
+    chat, handler = t.spans.get_finished_spans()
+    t.spans.clear()
+    r = receiver.post("/v1/traces", encode_spans([chat]).SerializeToString())
+    assert r.status_code == 200 and not r.content, r.content
+    assert count(receiver.engine, OtlpSpan) == 2  # the chat span and the verdict, each waiting
+    r = receiver.post("/v1/traces", encode_spans([handler]).SerializeToString())  # no GenAI span in it
+    partial = ExportTraceServiceResponse.FromString(r.content).partial_success
+    assert r.status_code == 200 and partial.rejected_spans == 0
+    assert "span 'POST /ask' (trace " in partial.error_message
+    assert "is no GenAI call" in partial.error_message and "(truthfulness)" in partial.error_message
+    with Session(receiver.engine) as session:
+        (left,) = session.exec(select(OtlpSpan)).all()
+    assert left.span_json is not None and not left.pending_json  # the chat span still waits
+    assert receiver.post("/v1/traces", encode_spans([handler]).SerializeToString()).content == b""
+
+
 def test_a_log_naming_an_unknown_response_id_in_its_calls_context_joins_that_call(
     any_receiver: Receiver,
 ) -> None:
