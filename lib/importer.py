@@ -65,6 +65,7 @@ from lib.json_files import (
 )
 from lib.locks import PG_IMPORT_LOCK, one_writer_at_a_time
 from lib.metrics import (
+    ScaleWidened,
     metrics_for_product,
     parse_metric_definition,
     upsert_metric_definitions,
@@ -552,9 +553,7 @@ def import_source_evaluations(
     rubric = _source_rubric(session)
     plan = source_records.plan_import(evaluations, rubric, on_invalid=on_invalid)
     if plan.definitions:
-        _write_lock(session)
-        upsert_metric_definitions(session=session, definitions=plan.definitions)
-        session.flush()
+        _define_metrics(session, plan.definitions, actor.identity)
 
     def invalid(position: int, exc: InvalidField) -> None:
         assert on_invalid is not None
@@ -579,6 +578,24 @@ def import_source_evaluations(
 
     # The planned records live until spooled: frozen with what came before (`bulk.frozen_heap`).
     return _bulk_load(prepare, write)
+
+
+def _define_metrics(session: Session, definitions: list[dict[str, Any]], identity: str) -> None:
+    """Write the metric definitions another tool's results imply (`plan_import`: new metrics, and
+    inferred scales their scores widen) before the records they check, under the import lock (two
+    requests widening one scale take the union of both); each widening is audited as a change of
+    the product's judge ("tone widened from 0–3 to 0–5 by an import"), a lead sees when and by whom."""
+    _write_lock(session)
+    widened: list[ScaleWidened] = []
+    upsert_metric_definitions(session=session, definitions=definitions, widened=widened)
+    for change in widened:
+        judge_versions.record_change(
+            session=session,
+            identity=identity,
+            product=change.product,
+            what=f"{change.display_name!r} widened from {change.before} to {change.after} by an import",
+        )
+    session.flush()
 
 
 def _extend_stored(
@@ -666,8 +683,7 @@ def add_source_verdicts(
     )  # fmt: skip
     plan = source_records.plan_import([evaluation], rubric)
     if plan.definitions:
-        upsert_metric_definitions(session=session, definitions=plan.definitions)
-        session.flush()
+        _define_metrics(session, plan.definitions, actor.identity)
     located, added = plan.records[0]
     metrics = MetricSet(snapshot.product, metrics_for_product(session=session, product=snapshot.product))
     evidence = {slug: e.get("evidence") or [] for slug, e in (snapshot.evidence_json or {}).items()}
@@ -1050,7 +1066,10 @@ def import_metrics(
         (product, slug)
         for product, slug in session.execute(select(MetricDefinition.product, MetricDefinition.slug))
     }
-    count = upsert_metric_definitions(session=session, definitions=data)
+    # A user's definitions: their scales are fixed, whatever the file says about inference.
+    count = upsert_metric_definitions(
+        session=session, definitions=[{**raw, "scale_inferred": False} for raw in data]
+    )
     session.flush()
     updated = len(seen & stored)
     return ImportReport("metrics", count - updated, 0, source=source, updated=updated)

@@ -34,7 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
 from lib import judge, judge_versions
-from lib.auth import Actor, Permission, authorize, record_event
+from lib.auth import Actor, Permission, authorize
 from lib.config import Settings, get_settings
 from lib.corrections import add_judgment, format_score, require_reviewer, same_decision
 from lib.db import session_scope
@@ -133,11 +133,11 @@ def save_rubric(
         description=description,
     )
     if made.created:
-        record_event(
+        judge_versions.record_change(
             session=session,
             identity=by,
-            action=AUDIT_ACTION,
-            detail=f"{product}: rubric saved as {made.version.name}{metric_changes_text(session, made)}",
+            product=product,
+            what=f"rubric saved as {made.version.name}{metric_changes_text(session, made)}",
         )
     return made
 
@@ -157,11 +157,16 @@ def metric_changes_text(session: Session, made: Ensured) -> str:
 
 
 def _write_definitions(session: Session, product: str, specs: Sequence[MetricSpec]) -> None:
-    """The product's metric definitions become exactly `specs`, in their order."""
+    """The product's metric definitions become exactly `specs`, in their order. A scale an import
+    inferred stays inferred (it keeps growing with later imports) while the edit leaves it as it
+    was; a scale the lead changed is theirs from then on."""
     keep = {s.slug for s in specs}
+    inferred: dict[str, tuple[float, float, bool]] = {}  # slug → its stored inferred scale
     for row in session.exec(select(MetricDefinition).where(col(MetricDefinition.product) == product)).all():
         if row.slug not in keep:
             session.delete(row)
+        elif row.scale_inferred:
+            inferred[row.slug] = (row.min_value, row.max_value, row.integer_scale)
     upsert_metric_definitions(
         session,
         [
@@ -174,6 +179,8 @@ def _write_definitions(session: Session, product: str, specs: Sequence[MetricSpe
                 "integer_scale": s.integer_scale,
                 "description": s.description,
                 "position": i,
+                # Unchanged: the union `upsert_metric_definitions` takes is the stored scale itself.
+                "scale_inferred": inferred.get(s.slug) == (s.min_value, s.max_value, s.integer_scale),
             }
             for i, s in enumerate(specs)
         ],
@@ -235,11 +242,11 @@ def promote_arm(
         experiment_arm=arm,
     )
     judge_versions.set_current_options(session=session, version=made.version, set_by=by)
-    record_event(
+    judge_versions.record_change(
         session=session,
         identity=by,
-        action=AUDIT_ACTION,
-        detail=f"{product}: experiment #{experiment_id} arm {arm} promoted as {made.version.name}",
+        product=product,
+        what=f"experiment #{experiment_id} arm {arm} promoted as {made.version.name}",
     )
     return made
 

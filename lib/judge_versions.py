@@ -530,13 +530,17 @@ def set_current_options(*, session: Session, version: JudgeVersion, set_by: Acto
         pinned = ProductJudge(product=version.product, judge_version_id=version.id, set_by=set_by)
     pinned.judge_version_id, pinned.set_by, pinned.set_at = version.id, set_by, utcnow()
     session.add(pinned)
-    record_event(
-        session=session,
-        identity=set_by,
-        action=AUDIT_ACTION,
-        detail=f"{version.product}: {version.name} made current",
+    record_change(
+        session=session, identity=set_by, product=version.product, what=f"{version.name} made current"
     )
     session.flush()
+
+
+def record_change(*, session: Session, identity: str, product: str, what: str) -> None:
+    """The audit trail's row for a change of a product's judge (a rubric saved, a version promoted or
+    made current, an import widening a metric's inferred scale): "PRODUCT: WHAT", action
+    `AUDIT_ACTION`, so a lead reads every change of what the judge scores against in one place."""
+    record_event(session=session, identity=identity, action=AUDIT_ACTION, detail=f"{product}: {what}")
 
 
 def clear_current_options(*, session: Session, product: str) -> bool:

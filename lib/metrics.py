@@ -69,6 +69,8 @@ class MetricSpec:
     max_value: float = 5.0
     integer_scale: bool = True
     description: str = ""
+    # An import inferred the scale from its scores: later imports widen it (`upsert_metric_definitions`).
+    scale_inferred: bool = False
 
     @property
     def span(self) -> float:
@@ -156,6 +158,7 @@ def _read_rubric(session: Session, product: str) -> list[MetricSpec]:
             max_value=r.max_value,
             integer_scale=r.integer_scale,
             description=r.description,
+            scale_inferred=r.scale_inferred,
         )
         for r in rows
     ]
@@ -182,12 +185,37 @@ def resolve_metric_key(key: str, metrics: Sequence[MetricSpec], product: str = "
     )
 
 
-def upsert_metric_definitions(session: Session, definitions: Iterable[Mapping[str, Any]]) -> int:
-    """Create or update metric definitions from dicts of {product, slug, display_name, min, max, ...}."""
+@dataclass(frozen=True)
+class ScaleWidened:
+    """An inferred scale a write widened: the metric and its scale before and after ("0–3" → "0–5")."""
+
+    product: str
+    slug: str
+    display_name: str
+    before: str
+    after: str
+
+
+def upsert_metric_definitions(
+    session: Session,
+    definitions: Iterable[Mapping[str, Any]],
+    *,
+    widened: list[ScaleWidened] | None = None,
+) -> int:
+    """Create or update metric definitions from dicts of {product, slug, display_name, min, max, ...}.
+
+    A definition with `"scale_inferred": True` is a scale inferred from scores (an import's, or a
+    rubric save that left such a scale as it was): it never narrows a stored inferred scale (the
+    stored row takes the union of both: lower minimum, higher maximum, whole only when both are)
+    and never replaces a scale a user defined (that row is left as it is, so scores outside it keep
+    being refused). Any other definition is written as given and its scale is a user's from then on.
+    Each inferred scale that grows is appended to `widened` (the caller writes the audit row).
+    """
     count = 0
     for position, raw in enumerate(definitions):
         spec = parse_metric_definition(raw)
         product = str(raw["product"]).strip()
+        inferred = raw.get("scale_inferred") is True
         row = session.exec(
             select(MetricDefinition).where(
                 MetricDefinition.product == product, MetricDefinition.slug == spec.slug
@@ -195,14 +223,45 @@ def upsert_metric_definitions(session: Session, definitions: Iterable[Mapping[st
         ).first()
         if row is None:
             row = MetricDefinition(product=product, slug=spec.slug, display_name=spec.display_name)
+        elif inferred and not row.scale_inferred:
+            continue  # a user's scale: the scores are checked against it
+        elif inferred:
+            spec = _union(spec, row)
+            if (spec.min_value, spec.max_value, spec.integer_scale) != (
+                row.min_value, row.max_value, row.integer_scale,
+            ) and widened is not None:  # fmt: skip
+                before = MetricSpec(
+                    row.slug, row.display_name, row.min_value, row.max_value, row.integer_scale
+                )
+                widened.append(
+                    ScaleWidened(
+                        product, row.slug, row.display_name, before.scale_label(), spec.scale_label()
+                    )
+                )
+            if "position" not in raw:  # an import widening a stored metric keeps its place
+                raw = {**raw, "position": row.position}
         row.display_name = spec.display_name
         row.min_value, row.max_value = spec.min_value, spec.max_value
         row.integer_scale = spec.integer_scale
         row.description = spec.description
         row.position = int(raw.get("position", position))
+        row.scale_inferred = inferred
         session.add(row)
         count += 1
     return count
+
+
+def _union(spec: MetricSpec, row: MetricDefinition) -> MetricSpec:
+    """`spec` with the stored row's scale added to it: the lower minimum, the higher maximum,
+    whole only when both are."""
+    return MetricSpec(
+        slug=spec.slug,
+        display_name=spec.display_name,
+        min_value=min(spec.min_value, row.min_value),
+        max_value=max(spec.max_value, row.max_value),
+        integer_scale=spec.integer_scale and row.integer_scale,
+        description=spec.description,
+    )
 
 
 # Scale bounds a metric definition may use. Scores are rescaled, averaged and charted over the

@@ -617,6 +617,9 @@ class MetricDefinition(SQLModel, table=True):
     integer_scale: bool = True
     description: str = Field(default="", sa_column=Column(Text, nullable=False))
     position: int = 0
+    # The scale was inferred by an import from its scores (no user, rubric editor or source stated
+    # it): later imports widen it to cover their scores (lib.metrics.upsert_metric_definitions).
+    scale_inferred: bool = False
 
 
 JUDGE_VERSION_ORIGINS = ("judge", "rubric", "lab", "import", "api", "cli", "demo")

@@ -13,8 +13,12 @@ Rules (docs/importing.md says them to users):
   name itself. Its scale is the one the source states (promptfoo: 0–1 continuous; a Langfuse
   BOOLEAN score: 0–1 whole), else 0–1 whole for pass/fail labels, else inferred from the scores
   (0, or the lowest score when negative, up to the next whole number above the highest, at least 1;
-  whole numbers only when every score is whole). A rubric metric keeps its scale: a score outside
-  it refuses the file, naming the place.
+  whole numbers only when every score is whole). An inferred scale grows with later imports: a
+  score outside it widens it (and a fractional score makes it continuous), never narrows it, in the
+  import's transaction, with a "judge_changed" audit row (review7 F2: an OTLP stream's first
+  request would otherwise freeze it). Any other rubric metric keeps its scale (a user defined it
+  with `--kind metrics` or on the Admin page, or the source stated it): a score outside it refuses
+  the evaluation, naming the place.
 - **Score**: the source's number. A verdict with a label but no number gets 1 for a passing label
   and 0 for a failing one (`LABEL_SCORES`); any other label without a number refuses the file.
 - **Reason**: the label, then the judge's explanation (`"fail: the answer invents a date"`), so a
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from lib.metrics import MetricSpec
+from lib.metrics import SCALE_BOUND, MetricSpec
 from lib.records import ImportFailed, InvalidField, Located, located_failure
 
 # Labels that say pass or fail without a number; compared case-insensitively after strip().
@@ -143,8 +147,12 @@ def verdict_score(verdict: SourceVerdict) -> float:
 
 @dataclass
 class _MetricPlan:
+    """The scores an import gives a metric it defines, or one whose stored scale an import inferred
+    (`stored`): the scale it writes covers them."""
+
     name: str
     slug: str
+    stored: MetricSpec | None = None
     stated: SourceScale | None = None
     labels_only: bool = True
     low: float = math.inf
@@ -225,18 +233,26 @@ def plan_import(
                 cached = resolved.get((product, name)) if named else None
                 if cached is None:
                     slug, key = _resolved(specs, name)
-                    plan = None
-                    if slug is None:
-                        plan = plans.get((product, key))
-                        if plan is None:
-                            plan = plans[product, key] = _MetricPlan(name, key)
+                    plan = plans.get((product, key))
+                    if plan is None and slug is None:
+                        plan = plans[product, key] = _MetricPlan(name, key)
+                    elif plan is None:
+                        stored = next(spec for spec in specs if spec.slug == slug)
+                        if stored.scale_inferred:  # an import's scale: this import's scores widen it
+                            plan = plans[product, key] = _MetricPlan(stored.display_name, key, stored)
                     cached = (slug, key, f"judge_scores.{key}", f"user_scores.{key}", plan)
                     if named:
                         resolved[product, name] = cached
                 slug, key, judge_field, user_field, plan = cached
-                if plan is None:  # the rubric's metric
+                if plan is None:  # the rubric's metric, on a scale a user (or the source) set
                     uses_rubric.add(product)
-                else:
+                else:  # a metric this import defines, or one whose inferred scale it may widen
+                    if abs(score) > SCALE_BOUND:
+                        raise InvalidField(
+                            source_field,
+                            f"score {score:g} for {name!r} is beyond any scale a metric may have "
+                            f"(±{SCALE_BOUND:,})",
+                        )
                     plan.stated = plan.stated or verdict.scale
                     plan.labels_only = plan.labels_only and verdict.score is None
                     if score < plan.low:
@@ -274,7 +290,9 @@ def plan_import(
         indexes.append(index)
     definitions: list[dict[str, Any]] = []
     for product, (specs, own, populated) in rubrics.items():
-        new = [plan for (p, _), plan in plans.items() if p == product]
+        ours = [plan for (p, _), plan in plans.items() if p == product]
+        definitions.extend(filter(None, (_widened(product, plan) for plan in ours if plan.stored)))
+        new = [plan for plan in ours if plan.stored is None]
         if not new:
             continue
         kept = specs if own or populated or product in uses_rubric else []
@@ -293,14 +311,37 @@ def _definition(product: str, spec: MetricSpec) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def _inferred_scale(plan: _MetricPlan) -> SourceScale:
+    """The scale the scores imply: 0 (or the lowest score's whole number below, when negative) up to
+    the next whole number above the highest, at least 1; whole when every score is."""
+    low = min(0.0, math.floor(plan.low))
+    high = max(1.0, math.ceil(plan.high))
+    return SourceScale(low, high, integer_scale=plan.whole)
+
+
 def _new_definition(product: str, plan: _MetricPlan) -> dict[str, Any]:
     scale = plan.stated or (BINARY_SCALE if plan.labels_only else None)
-    if scale is None:
-        low = min(0.0, math.floor(plan.low))
-        high = max(1.0, math.ceil(plan.high))
-        scale = SourceScale(low, high, integer_scale=plan.whole)
     return {
-        "product": product, "slug": plan.slug, "display_name": plan.name[:200], "min": scale.min_value,
-        "max": scale.max_value, "integer_scale": scale.integer_scale,
-        "description": f"Imported evaluation {plan.name!r}.",
+        "product": product, "slug": plan.slug, "display_name": plan.name[:200],
+        "description": f"Imported evaluation {plan.name!r}.", **_scale_fields(scale or _inferred_scale(plan)),
+        # Only a scale inferred from the scores grows with later imports; a stated one is fixed.
+        "scale_inferred": scale is None,
     }  # fmt: skip
+
+
+def _widened(product: str, plan: _MetricPlan) -> dict[str, Any] | None:
+    """The stored inferred metric with the scale this import's scores imply, which
+    lib.metrics.upsert_metric_definitions adds to the stored one (widened, never narrowed); None
+    when the scores fit the stored scale."""
+    spec = plan.stored
+    assert spec is not None
+    if spec.min_value <= plan.low and plan.high <= spec.max_value and (plan.whole or not spec.integer_scale):
+        return None
+    return {
+        "product": product, "slug": spec.slug, "display_name": spec.display_name,
+        "description": spec.description, **_scale_fields(_inferred_scale(plan)), "scale_inferred": True,
+    }  # fmt: skip
+
+
+def _scale_fields(scale: SourceScale) -> dict[str, Any]:
+    return {"min": scale.min_value, "max": scale.max_value, "integer_scale": scale.integer_scale}

@@ -32,6 +32,7 @@ from lib.models import (
     JudgeVerdict,
     JudgeVersion,
     Judgment,
+    MetricDefinition,
 )
 from tests.cli import run_cli
 from tests.llm_server import LLMServer, json_reply
@@ -442,6 +443,54 @@ def test_a_rubric_save_is_a_version_with_its_diff_and_saving_it_again_makes_none
             judge_changes.save_rubric(
                 session=session, product="acme", metrics=_edited("y"), actor=Actor("val", "viewer")
             )
+
+
+@SQLITE
+def test_a_rubric_save_keeps_an_inferred_scale_growing_until_the_lead_changes_it(rubric: Engine) -> None:
+    """A metric an import defined from its scores keeps growing with later imports after a rubric
+    save that leaves its scale as it was (only its text edited); once the lead sets its scale on
+    the editor, that scale is theirs and a later score outside it is refused."""
+    from lib.source_records import SourceEvaluation, SourceVerdict
+
+    def send(question: str, score: float) -> None:
+        verdict = SourceVerdict("tone", score, field="score")
+        ev = SourceEvaluation(
+            where=question, product="acme", question=question, answer="a", verdicts=[verdict]
+        )
+        with session_scope(rubric) as session:
+            importer.import_source_evaluations(session=session, evaluations=[ev], source="t", reviewer="rita")
+
+    def tone() -> tuple[float, float, bool]:
+        with Session(rubric) as session:
+            row = session.exec(select(MetricDefinition).where(MetricDefinition.slug == "tone")).one()
+            return row.min_value, row.max_value, row.scale_inferred
+
+    send("q1", 3)
+    assert tone() == (0.0, 3.0, True)
+    with session_scope(rubric) as session:
+        current = [
+            {"slug": m.slug, "display_name": m.display_name, "min": m.min_value, "max": m.max_value,
+             "integer_scale": m.integer_scale, "description": m.description}
+            for m in judge.metrics_for_product(session=session, product="acme")
+        ]  # fmt: skip
+        current[-1]["description"] = "Is the tone warm?"
+        judge_changes.save_rubric(session=session, product="acme", metrics=current, actor="ayse")
+    assert tone() == (0.0, 3.0, True)
+    send("q2", 5)
+    assert tone() == (0.0, 5.0, True)
+    with session_scope(rubric) as session:
+        current[-1]["max"] = 6
+        judge_changes.save_rubric(session=session, product="acme", metrics=current, actor="ayse")
+    assert tone() == (0.0, 6.0, False)
+    with pytest.raises(
+        importer.ImportFailed, match="q3, field 'score': score 7 for 'tone' is outside its scale 0–6"
+    ):
+        send("q3", 7)
+    with Session(rubric) as session:
+        details = session.exec(
+            select(AuditEvent.detail).where(AuditEvent.action == judge_versions.AUDIT_ACTION)
+        ).all()
+    assert "acme: 'tone' widened from 0–3 to 0–5 by an import" in details
 
 
 @SQLITE

@@ -117,3 +117,37 @@ def test_0030_backfills_the_judge_version_totals_as_a_recount_does(engine: Engin
     _migrate(engine, "head")
     with Session(engine) as s:
         assert _version_totals(s) == recounted
+
+
+def test_0031_marks_the_scales_an_import_inferred_and_no_others(engine: Engine) -> None:
+    """At 0030 no column says which scale an import inferred; upgrading marks the rows an import
+    wrote ("Imported evaluation 'NAME'.", a scale from 0 or below to a whole number) and leaves a
+    user's (other text) and a lead's rescale of an imported one (1–5) as user-defined."""
+    _migrate(engine, "0030")
+    rows = [
+        ("tone", "tone", "Imported evaluation 'tone'.", 0, 3),
+        ("Faith", "faith", "Imported evaluation 'Faith'.", 0, 1),
+        ("it's", "it_s", 'Imported evaluation "it\'s".', -2, 4),
+        ("rescaled", "rescaled", "Imported evaluation 'rescaled'.", 1, 5),
+        ("named", "named", "Imported evaluation 'other name'.", 0, 3),
+        ("style", "style", "Is the style plain?", 0, 3),
+    ]
+    with engine.begin() as conn:
+        for position, (name, slug, description, low, high) in enumerate(rows):
+            conn.execute(
+                text(
+                    "INSERT INTO metric_definitions (product, slug, display_name, min_value, max_value,"
+                    " integer_scale, description, position) VALUES ('p', :s, :n, :lo, :hi, :w, :d, :pos)"
+                ),
+                {"s": slug, "n": name, "lo": low, "hi": high, "w": True, "d": description, "pos": position},
+            )
+    _migrate(engine, "head")
+    with engine.connect() as conn:
+        marked = dict(conn.execute(text("SELECT slug, scale_inferred FROM metric_definitions")).all())
+    assert {slug: bool(flag) for slug, flag in marked.items()} == {
+        "tone": True, "faith": True, "it_s": True, "rescaled": False, "named": False, "style": False,
+    }  # fmt: skip
+    _migrate(engine, "0030")
+    with engine.connect() as conn:
+        assert "scale_inferred" not in [c["name"] for c in inspect(conn).get_columns("metric_definitions")]
+    _migrate(engine, "head")

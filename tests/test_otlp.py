@@ -31,7 +31,10 @@ from starlette.routing import Mount
 
 from lib.api import API_PREFIX, create_app, otlp_root_routes
 from lib.auth import system_actor
-from lib.models import EvaluationSnapshot, Judgment, OtlpSpan
+from lib.db import session_scope
+from lib.importer import import_metrics
+from lib.judge_versions import AUDIT_ACTION
+from lib.models import AuditEvent, EvaluationSnapshot, Judgment, MetricDefinition, OtlpSpan
 from lib.tokens import create_token
 from tests.test_api import count, serving
 
@@ -519,3 +522,76 @@ def test_an_event_reads_as_a_verdict_whatever_types_its_attributes_hold() -> Non
         assert v.score == (None if score is None else _number(score))
         assert v.reason == (None if explanation is None else _text(explanation))
         assert v.field == f"{EVAL} {metric!r}"
+
+
+def _scales(engine: Engine, product: str) -> dict[str, tuple[float, float, bool, bool]]:
+    with Session(engine) as session:
+        rows = session.exec(select(MetricDefinition).where(MetricDefinition.product == product))
+        return {m.slug: (m.min_value, m.max_value, m.integer_scale, m.scale_inferred) for m in rows}
+
+
+def _audited(engine: Engine) -> list[str]:
+    with Session(engine) as session:
+        rows = session.exec(
+            select(AuditEvent).where(AuditEvent.action == AUDIT_ACTION).order_by(AuditEvent.id)
+        )
+        return [row.detail for row in rows]
+
+
+def test_a_scale_inferred_from_one_request_grows_with_later_ones_and_a_defined_one_refuses(
+    any_receiver: Receiver,
+) -> None:
+    """review7 F2: a metric the rubric lacks got 0 .. ceil(the first request's highest score), and the
+    same judge's later 4s and 5s were refused. An inferred scale now widens with each request's
+    scores (span events and late log events alike), audited; a scale a user defined (`--kind
+    metrics`) still refuses a score outside it, naming the span and attribute."""
+    receiver = any_receiver
+    t = Telemetry()
+    t.call("Q1?", "A1.", events={"truthfulness": 4, "tone": 3})  # the product keeps the defaults too
+    assert receiver.post("/v1/traces", t.traces()).status_code == 200
+    assert _scales(receiver.engine, "support-bot")["tone"] == (0.0, 3.0, True, True)
+
+    t.call("Q2?", "A2.", events={"tone": 5})
+    r = receiver.post("/v1/traces", t.traces())
+    assert r.status_code == 200, r.text
+    assert not ExportTraceServiceResponse.FromString(r.content).HasField("partial_success")
+    scales = _scales(receiver.engine, "support-bot")
+    assert scales["tone"] == (0.0, 5.0, True, True)
+    assert scales["truthfulness"] == (1.0, 5.0, True, False)  # a default metric's scale is fixed
+    assert _audited(receiver.engine) == ["support-bot: 'tone' widened from 0–3 to 0–5 by an import"]
+
+    # A fractional score makes it continuous; a late log event widens it as a span event does.
+    waiting = t.call("Q3?", "A3.", events={"tone": 4.5})
+    assert receiver.post("/v1/traces", t.traces()).status_code == 200
+    t.verdict("tone", 7, waiting)  # the span stored has tone already: this one is a re-sent metric
+    t.verdict("warmth", 2, waiting)
+    assert receiver.post("/v1/logs", t.log_body()).status_code == 200
+    t.verdict("warmth", 6, t.call("Q4?", "A4."))
+    r = receiver.post("/v1/traces", t.traces())
+    assert r.status_code == 200 and receiver.post("/v1/logs", t.log_body()).status_code == 200
+    scales = _scales(receiver.engine, "support-bot")
+    assert scales["tone"] == (0.0, 5.0, False, True)
+    assert scales["warmth"] == (0.0, 6.0, True, True)
+    with Session(receiver.engine) as session:
+        stored = {s.question: s.judge_scores_json for s in session.exec(select(EvaluationSnapshot))}
+    assert stored["Q2?"]["tone"]["score"] == 5.0 and stored["Q3?"]["tone"]["score"] == 4.5
+    assert stored["Q4?"]["warmth"]["score"] == 6.0
+    assert _audited(receiver.engine)[1:] == [
+        "support-bot: 'tone' widened from 0–5 to 0–5 (continuous) by an import",
+        "support-bot: 'warmth' widened from 0–2 to 0–6 by an import",
+    ]
+
+    # A metric a user defined keeps its scale: the span is refused, named, as before.
+    with session_scope(receiver.engine) as session:
+        import_metrics(
+            session=session,
+            data=[{"product": "support-bot", "slug": "style", "display_name": "Style", "min": 0, "max": 3}],
+        )
+    t.call("Q5?", "A5.", events={"style": 4})
+    partial = ExportTraceServiceResponse.FromString(receiver.post("/v1/traces", t.traces()).content)
+    assert partial.partial_success.rejected_spans == 1
+    message = partial.partial_success.error_message
+    assert message.startswith("span 'chat m1' (trace ")
+    assert f"field \"{EVAL} 'style'\": score 4 for 'style' is outside its scale 0–3" in message
+    assert _scales(receiver.engine, "support-bot")["style"] == (0.0, 3.0, True, False)
+    assert len(_audited(receiver.engine)) == 3

@@ -203,6 +203,61 @@ def test_a_langfuse_score_outside_the_rubric_scale_names_its_line(
     )
 
 
+def _langfuse_lines(traces: dict[str, dict[str, float]]) -> str:
+    """A Langfuse export of one trace a question, each with NUMERIC judge scores (name → value)."""
+    lines = []
+    for n, trace_id in enumerate(traces):
+        lines.append({
+            "id": trace_id, "timestamp": f"2026-11-2{n}T10:00:00.000Z", "name": "support-bot",
+            "input": {"messages": [{"role": "user", "content": f"Question {trace_id}?"}]},
+            "output": {"role": "assistant", "content": f"Answer {trace_id}."},
+        })  # fmt: skip
+    for trace_id, scores in traces.items():
+        for name, value in scores.items():
+            lines.append({
+                "id": f"{trace_id}-{name}", "traceId": trace_id, "name": name, "value": value,
+                "dataType": "NUMERIC", "source": "EVAL",
+            })  # fmt: skip
+    return "".join(json.dumps(line) + "\n" for line in lines)
+
+
+def test_an_inferred_scale_grows_with_a_later_file_and_a_defined_one_still_refuses(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """review7 F2 for files: a metric a Langfuse export defined from its scores (0–3) took the next
+    export's 5 as out of scale. Now the later import widens it (continuous for a fractional score),
+    audited; a metric defined with `--kind metrics` still refuses the whole file, naming line and field."""
+    from lib.judge_versions import AUDIT_ACTION
+    from lib.models import AuditEvent
+
+    first, second, third = tmp_path / "first.jsonl", tmp_path / "second.jsonl", tmp_path / "third.jsonl"
+    first.write_text(_langfuse_lines({"t1": {"tone": 3, "depth": 1}}), encoding="utf-8")
+    second.write_text(_langfuse_lines({"t2": {"tone": 5, "depth": 2.5}}), encoding="utf-8")
+    import_path(engine=engine, path=first, kind="langfuse", reviewer=WHO)
+    assert _metrics(engine, "support-bot") == {"tone": (0.0, 3.0, True), "depth": (0.0, 1.0, True)}
+    report = import_path(engine=engine, path=second, kind="langfuse", reviewer=WHO)
+    assert (report.inserted, report.judgments) == (1, 2)
+    assert _metrics(engine, "support-bot") == {"tone": (0.0, 5.0, True), "depth": (0.0, 3.0, False)}
+    assert _snapshots(engine)["t2"].judge_scores_json["tone"]["score"] == 5.0
+    with Session(engine) as session:
+        audited = session.exec(select(AuditEvent).where(AuditEvent.action == AUDIT_ACTION)).all()
+        assert sorted((a.identity, a.detail) for a in audited) == [
+            (WHO, "support-bot: 'depth' widened from 0–1 to 0–3 (continuous) by an import"),
+            (WHO, "support-bot: 'tone' widened from 0–3 to 0–5 by an import"),
+        ]
+
+    defined = tmp_path / "metrics.json"
+    metric = {"product": "support-bot", "slug": "tone", "display_name": "tone", "min": 0, "max": 4}
+    defined.write_text(json.dumps([metric]), encoding="utf-8")  # a user narrows it: theirs now
+    import_path(engine=engine, path=defined, kind="metrics", reviewer=WHO)
+    third.write_text(_langfuse_lines({"t3": {"depth": 9, "tone": 5}}), encoding="utf-8")
+    message = _refused(engine, third, "langfuse")
+    assert message.startswith(
+        "third.jsonl line 3, field 'value': score 5 for 'tone' is outside its scale 0–4"
+    )
+    assert _metrics(engine, "support-bot")["depth"] == (0.0, 3.0, False)  # refused whole: not widened
+
+
 def test_langfuse_api_pages_are_read_too(sqlite_engine: Engine, tmp_path: Path) -> None:
     items = [
         json.loads(line)
@@ -472,6 +527,46 @@ def test_plan_import_scores_scales_and_refusals_per_verdict() -> None:
     )
     assert left_out == [0] and plan.indexes == [1]
     assert [d["max"] for d in plan.definitions] == [2.0]
+
+
+def test_plan_import_widens_only_an_inferred_scale_and_marks_only_inferred_ones() -> None:
+    """A new metric's definition says whether its scale was inferred (from scores) or stated (the
+    source's, pass/fail labels); a stored inferred metric gets a definition only when this import's
+    scores fall outside it (lib.metrics takes the union), a user's never; a score beyond any
+    usable scale is refused for that evaluation instead of failing the write."""
+    from lib.metrics import SCALE_BOUND, MetricSpec
+    from lib.records import ImportFailed as Refused
+    from lib.source_records import PROMPTFOO_SCALE, plan_import
+
+    inferred = MetricSpec("tone", "Tone", 0, 3, True, "Imported evaluation 'Tone'.", scale_inferred=True)
+    fixed = MetricSpec("style", "Style", 0, 3)
+
+    def rubric(product: str) -> tuple[list[MetricSpec], bool, bool]:
+        return [inferred, fixed], True, True
+
+    def plan(*verdicts: SourceVerdict) -> list[dict[str, object]]:
+        evaluations = [
+            SourceEvaluation(where="r", product="p", question="q", answer="a", verdicts=[v]) for v in verdicts
+        ]
+        return plan_import(evaluations, rubric).definitions
+
+    assert plan(SourceVerdict("Tone", 2), SourceVerdict("tone", 3), SourceVerdict("style", 9)) == []
+    assert plan(SourceVerdict("Tone", 5), SourceVerdict("tone", -1)) == [
+        {"product": "p", "slug": "tone", "display_name": "Tone", "description": "Imported evaluation 'Tone'.",
+         "min": -1.0, "max": 5.0, "integer_scale": True, "scale_inferred": True},
+    ]  # fmt: skip
+    assert [(d["max"], d["integer_scale"]) for d in plan(SourceVerdict("tone", 2.5))] == [(3.0, False)]
+    new = {
+        d["slug"]: d["scale_inferred"]
+        for d in plan(
+            SourceVerdict("scored", 4),
+            SourceVerdict("labelled", label="pass"),
+            SourceVerdict("stated", 0.5, scale=PROMPTFOO_SCALE),
+        )
+    }
+    assert new == {"scored": True, "labelled": False, "stated": False}
+    with pytest.raises(Refused, match=f"beyond any scale a metric may have \\(±{SCALE_BOUND:,}\\)"):
+        plan(SourceVerdict("tone", SCALE_BOUND * 2.0))
 
 
 def _counter_rows(engine: Engine) -> dict[str, list[tuple[object, ...]]]:
