@@ -128,6 +128,11 @@ with st.form("versions_rubric"):
     removed = []
     for spec in metrics:
         st.markdown(f"**{escape_markdown(spec.slug)}**")
+        if spec.scale_inferred:
+            st.caption(
+                f"Scale {spec.scale_label()} inferred from imported scores: a later import's scores "
+                "outside it widen it. Change the scale here to fix it."
+            )
         cols = st.columns([2, 1, 1, 1, 1])
         display_name = cols[0].text_input(
             "Display name", spec.display_name, key=f"rubric_name_{product}_{spec.slug}"

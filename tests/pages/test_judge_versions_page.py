@@ -172,3 +172,38 @@ def test_add_and_remove_a_metric_and_a_refused_edit_changes_nothing(app_engine: 
     assert any(
         "**Fluency**" in m.value and "Not in the product's current rubric" in m.value for m in detail.markdown
     )
+
+
+def test_a_scale_an_import_inferred_is_marked_and_stays_inferred_until_the_lead_changes_it(
+    app_engine: Engine, open_page
+) -> None:
+    from lib.source_records import SourceEvaluation, SourceVerdict
+
+    tone = SourceEvaluation(
+        where="x", product="acme", question="q", answer="a", verdicts=[SourceVerdict("tone", 3)]
+    )
+    with session_scope(app_engine) as session:
+        upsert_metric_definitions(session=session, definitions=RUBRIC)
+        importer.import_source_evaluations(session=session, evaluations=[tone], source="t")
+
+    def inferred() -> dict[str, tuple[float, bool]]:
+        with Session(app_engine) as session:
+            return {
+                m.slug: (m.max_value, m.scale_inferred)
+                for m in metrics_for_product(session=session, product="acme")
+            }
+
+    at = open_page(PAGE, reviewer="ayse")
+    assert not at.exception
+    marked = [c.value for c in at.caption if "inferred from imported scores" in c.value]
+    assert marked == ["Scale 0–3 inferred from imported scores: a later import's scores outside it widen it. "
+                      "Change the scale here to fix it."]  # fmt: skip
+    at.text_area(key="rubric_text_acme_tone").input("Is the tone warm?")
+    at.button(key="rubric_save").click().run()
+    assert not at.exception and at.success
+    assert inferred()["tone"] == (3.0, True)  # only its text changed: still growing
+    at.number_input(key="rubric_max_acme_tone").set_value(5.0)
+    at.button(key="rubric_save").click().run()
+    assert not at.exception and at.success
+    assert inferred()["tone"] == (5.0, False)
+    assert not [c for c in at.caption if "inferred from imported scores" in c.value]
