@@ -65,7 +65,7 @@ from lib.json_files import (
 )
 from lib.locks import PG_IMPORT_LOCK, one_writer_at_a_time
 from lib.metrics import (
-    ScaleWidened,
+    ScaleChange,
     metrics_for_product,
     parse_metric_definition,
     upsert_metric_definitions,
@@ -583,19 +583,26 @@ def import_source_evaluations(
 def _define_metrics(session: Session, definitions: list[dict[str, Any]], identity: str) -> None:
     """Write the metric definitions another tool's results imply (`plan_import`: new metrics, and
     inferred scales their scores widen) before the records they check, under the import lock (two
-    requests widening one scale take the union of both); each widening is audited as a change of
-    the product's judge ("tone widened from 0–3 to 0–5 by an import"), a lead sees when and by whom."""
+    requests widening one scale take the union of both); each change is audited (`_audit_scales`)."""
     _write_lock(session)
-    widened: list[ScaleWidened] = []
-    upsert_metric_definitions(session=session, definitions=definitions, widened=widened)
-    for change in widened:
+    changes: list[ScaleChange] = []
+    upsert_metric_definitions(session=session, definitions=definitions, changes=changes)
+    _audit_scales(session, changes, identity, "an import")
+    session.flush()
+
+
+def _audit_scales(session: Session, changes: Sequence[ScaleChange], identity: str, by: str) -> None:
+    """Each stored metric scale an import changed, in the audit trail as a change of the product's
+    judge ("support-bot: 'tone' widened from 0–3 to 0–5 by an import"): a lead sees when, why and
+    by whom the scale its scores are checked against moved."""
+    for change in changes:
+        verb = "widened" if change.widened else "set"
         judge_versions.record_change(
             session=session,
             identity=identity,
             product=change.product,
-            what=f"{change.display_name!r} widened from {change.before} to {change.after} by an import",
+            what=f"{change.display_name!r} {verb} from {change.before} to {change.after} by {by}",
         )
-    session.flush()
 
 
 def _extend_stored(
@@ -1033,7 +1040,7 @@ def import_metrics(
     *, session: Session, data: Any, source: str = "<metrics>", reviewer: Actor | str = "import"
 ) -> ImportReport:
     """Create or update metric definitions from a JSON list; one bad entry refuses the whole list."""
-    authorize(session, reviewer, Permission.IMPORT)
+    actor = authorize(session, reviewer, Permission.IMPORT)
     if not isinstance(data, list):
         raise ImportFailed(
             f"{source}: expected a JSON list of {{product, slug, display_name, min, max, description}}"
@@ -1067,9 +1074,11 @@ def import_metrics(
         for product, slug in session.execute(select(MetricDefinition.product, MetricDefinition.slug))
     }
     # A user's definitions: their scales are fixed, whatever the file says about inference.
+    changes: list[ScaleChange] = []
     count = upsert_metric_definitions(
-        session=session, definitions=[{**raw, "scale_inferred": False} for raw in data]
+        session=session, definitions=[{**raw, "scale_inferred": False} for raw in data], changes=changes
     )
+    _audit_scales(session, changes, actor.identity, f"a metrics import ({source})")
     session.flush()
     updated = len(seen & stored)
     return ImportReport("metrics", count - updated, 0, source=source, updated=updated)

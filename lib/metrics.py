@@ -186,21 +186,23 @@ def resolve_metric_key(key: str, metrics: Sequence[MetricSpec], product: str = "
 
 
 @dataclass(frozen=True)
-class ScaleWidened:
-    """An inferred scale a write widened: the metric and its scale before and after ("0–3" → "0–5")."""
+class ScaleChange:
+    """A stored metric whose scale a write changed, before and after ("0–3" → "0–5"); `widened`
+    when it was an inferred scale an import's scores widened, else a user set it."""
 
     product: str
     slug: str
     display_name: str
     before: str
     after: str
+    widened: bool
 
 
 def upsert_metric_definitions(
     session: Session,
     definitions: Iterable[Mapping[str, Any]],
     *,
-    widened: list[ScaleWidened] | None = None,
+    changes: list[ScaleChange] | None = None,
 ) -> int:
     """Create or update metric definitions from dicts of {product, slug, display_name, min, max, ...}.
 
@@ -209,7 +211,7 @@ def upsert_metric_definitions(
     stored row takes the union of both: lower minimum, higher maximum, whole only when both are)
     and never replaces a scale a user defined (that row is left as it is, so scores outside it keep
     being refused). Any other definition is written as given and its scale is a user's from then on.
-    Each inferred scale that grows is appended to `widened` (the caller writes the audit row).
+    Each stored scale that changes is appended to `changes` (the caller writes the audit row).
     """
     count = 0
     for position, raw in enumerate(definitions):
@@ -225,21 +227,23 @@ def upsert_metric_definitions(
             row = MetricDefinition(product=product, slug=spec.slug, display_name=spec.display_name)
         elif inferred and not row.scale_inferred:
             continue  # a user's scale: the scores are checked against it
-        elif inferred:
-            spec = _union(spec, row)
-            if (spec.min_value, spec.max_value, spec.integer_scale) != (
-                row.min_value, row.max_value, row.integer_scale,
-            ) and widened is not None:  # fmt: skip
-                before = MetricSpec(
-                    row.slug, row.display_name, row.min_value, row.max_value, row.integer_scale
-                )
-                widened.append(
-                    ScaleWidened(
-                        product, row.slug, row.display_name, before.scale_label(), spec.scale_label()
+        else:
+            if inferred:
+                spec = _union(spec, row)
+                if "position" not in raw:  # an import widening a stored metric keeps its place
+                    raw = {**raw, "position": row.position}
+            before = MetricSpec(row.slug, row.display_name, row.min_value, row.max_value, row.integer_scale)
+            if changes is not None and before.scale_label() != spec.scale_label():
+                changes.append(
+                    ScaleChange(
+                        product,
+                        row.slug,
+                        row.display_name,
+                        before.scale_label(),
+                        spec.scale_label(),
+                        inferred,
                     )
                 )
-            if "position" not in raw:  # an import widening a stored metric keeps its place
-                raw = {**raw, "position": row.position}
         row.display_name = spec.display_name
         row.min_value, row.max_value = spec.min_value, spec.max_value
         row.integer_scale = spec.integer_scale

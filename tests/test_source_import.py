@@ -250,6 +250,10 @@ def test_an_inferred_scale_grows_with_a_later_file_and_a_defined_one_still_refus
     metric = {"product": "support-bot", "slug": "tone", "display_name": "tone", "min": 0, "max": 4}
     defined.write_text(json.dumps([metric]), encoding="utf-8")  # a user narrows it: theirs now
     import_path(engine=engine, path=defined, kind="metrics", reviewer=WHO)
+    with Session(engine) as session:
+        latest = session.exec(select(AuditEvent).order_by(AuditEvent.id.desc())).first()  # type: ignore[union-attr]
+        assert latest is not None and (latest.action, latest.detail) == (
+            AUDIT_ACTION, "support-bot: 'tone' set from 0–5 to 0–4 by a metrics import (metrics.json)")  # fmt: skip
     third.write_text(_langfuse_lines({"t3": {"depth": 9, "tone": 5}}), encoding="utf-8")
     message = _refused(engine, third, "langfuse")
     assert message.startswith(
