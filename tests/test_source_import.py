@@ -28,6 +28,7 @@ from lib.models import EvaluationSnapshot, Judgment, MetricDefinition
 from lib.source_files import SourceOptions
 from lib.source_records import SourceEvaluation, SourceVerdict, metric_slug
 from tests.cli import run_cli
+from tests.test_counters_concurrency import _blocked_writer, pg_engine  # noqa: F401
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sources"
 WHO = "overrule-cli"
@@ -571,6 +572,30 @@ def test_plan_import_widens_only_an_inferred_scale_and_marks_only_inferred_ones(
     assert new == {"scored": True, "labelled": False, "stated": False}
     with pytest.raises(Refused, match=f"beyond any scale a metric may have \\(±{SCALE_BOUND:,}\\)"):
         plan(SourceVerdict("tone", SCALE_BOUND * 2.0))
+
+
+def test_two_imports_racing_for_one_new_metric_keep_the_union_of_their_scales(pg_engine: Engine) -> None:  # noqa: F811
+    """Two PostgreSQL transactions both find `tone` undefined: the first defines it 0–7 and holds
+    the import lock uncommitted; the second (its scores 0–3) waits, then finds the row the first
+    committed. It used to overwrite it with 0–3, below the first's stored 7; the union keeps 0–7."""
+
+    def tone(question: str, score: float) -> list[SourceEvaluation]:
+        verdict = SourceVerdict("tone", score)
+        return [
+            SourceEvaluation(where=question, product="bot", question=question, answer="a", verdicts=[verdict])
+        ]
+
+    def second(session: Session) -> None:
+        import_source_evaluations(session=session, evaluations=tone("q2", 3), source="b")
+
+    with pg_engine.connect() as conn, Session(bind=conn) as holding:
+        import_source_evaluations(session=holding, evaluations=tone("q1", 7), source="a")
+        worker, errors = _blocked_writer(pg_engine, second)
+        holding.commit()
+    worker.join(30)
+    assert not worker.is_alive() and not errors, errors
+    assert _metrics(pg_engine, "bot") == {"tone": (0.0, 7.0, True)}
+    assert _counts(pg_engine)[:2] == (2, 2)
 
 
 def _counter_rows(engine: Engine) -> dict[str, list[tuple[object, ...]]]:
