@@ -227,12 +227,29 @@ def _counts_upsert(session: Session, source: Any, table: Table, key: tuple[str, 
 
 def _upserts(session: Session, where: Any, **how: Any) -> list[Any]:
     """The upserts adding the judgments matching `where` to every count table (`_sources`' options):
-    the one path every write takes, so the totals cannot miss a write the weekly counts see."""
+    the one path every write takes, so the totals cannot miss a write the weekly counts see. One
+    statement per table: a review writes both tables without sending more statements than the
+    weekly counts alone took (tests/test_queues.py's statement budget)."""
     return [
-        _counts_upsert(session, source, table, key)
+        _counts_upsert(session, _summed(_sources(session, where, key=key, **how), key), table, key)
         for table, key in COUNT_TABLES
-        for source in _sources(session, where, key=key, **how)
     ]
+
+
+def _summed(sources: list[Any], key: tuple[str, ...]) -> Any:
+    """The judgments' own decisions and their verdicts as one SELECT, summed per key: an upsert may
+    not touch a row twice (PostgreSQL refuses it), and a version's own decision and another's
+    verdict can share a key."""
+    if len(sources) == 1:
+        return sources[0]
+    both = union_all(*(source.order_by(None) for source in sources)).subquery()
+    keys = [both.c[k] for k in key]
+    return (
+        select(*keys, func.sum(both.c.n).label("n"))
+        .where(true())  # SQLite's upsert parse rule: an INSERT … SELECT … ON CONFLICT needs a WHERE
+        .group_by(*keys)
+        .order_by(*keys)  # key order (lib.counters._upsert_add)
+    )
 
 
 def _any_verdicts(session: Session) -> bool:
