@@ -100,6 +100,10 @@ class Settings:
     # imports (files of evaluations or interactions), and every other body (one JSON object).
     api_max_body_mb: int = 200
     api_max_json_mb: int = 10
+    # Foreign files (lib.source_files): the most rows a Phoenix evaluations file may hold. Each row
+    # becomes Python objects in the importing process, and a compressed Parquet file of a few KB can
+    # hold millions (review7 F8), so the byte limits alone do not bound the memory.
+    import_max_rows: int = 100_000
     # OTLP receiver (lib.otlp): the span or resource attribute that names an evaluation's product
     # (the span's wins), and the one that names its language (default "en" when absent).
     otlp_product_attribute: str = "service.name"
@@ -187,6 +191,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "page_size": (1, 1000),
     "api_max_body_mb": (1, 100_000),
     "api_max_json_mb": (1, 1000),
+    "import_max_rows": (1, 100_000_000),
     "reservation_minutes": (1, 24 * 60),
     "session_hours": (0.01, 8760),
     "export_stall_seconds": (0.01, 86_400),

@@ -22,6 +22,7 @@ from sqlalchemy import Engine, func, text
 from sqlmodel import Session, select
 
 from lib import counters
+from lib.config import reset_settings
 from lib.db import session_scope
 from lib.importer import ImportFailed, add_source_verdicts, import_path, import_source_evaluations
 from lib.models import EvaluationSnapshot, Judgment, MetricDefinition
@@ -341,6 +342,61 @@ def test_a_phoenix_evaluation_of_an_unknown_span_or_label_is_refused(
     message = _refused(sqlite_engine, tmp_path / "odd.csv", "phoenix", spans=FIXTURES / "phoenix_spans.csv")
     assert message.startswith("odd.csv line 3, field 'score': label 'spicy' has no score")
     assert "needs the spans file" in _refused(sqlite_engine, FIXTURES / "phoenix_evaluations.csv", "phoenix")
+
+
+def test_a_small_parquet_of_many_rows_is_refused_from_its_metadata(
+    sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review7 F8: 150,001 identical rows compress to a few KB but cost the server hundreds of MB
+    as Python objects. The row count in the Parquet metadata refuses the file before any row is
+    read; under the limit, a fault (the same evaluation of a span twice) stops the reading at its row."""
+    n = 150_001
+    bomb = pa.table(
+        {
+            "context.span_id": pa.array(["a1b2c3d4e5f60718"] * n),
+            "label": pa.array(["correct"] * n),
+            "score": pa.array([1.0] * n),
+            "explanation": pa.array(["x" * 200] * n),
+        }
+    )
+    pq.write_table(bomb, tmp_path / "bomb.parquet", compression="zstd")
+    assert (tmp_path / "bomb.parquet").stat().st_size < 100_000
+    spans = FIXTURES / "phoenix_spans.parquet"
+    message = _refused(sqlite_engine, tmp_path / "bomb.parquet", "phoenix", spans=spans)
+    assert message.startswith(
+        "bomb.parquet: 150,001 rows is over the limit of 100,000 rows for an evaluations file "
+        "(OVERRULE_IMPORT_MAX_ROWS); split the file, or raise the limit"
+    )
+    monkeypatch.setenv("OVERRULE_IMPORT_MAX_ROWS", "1000000")
+    reset_settings()
+    message = _refused(sqlite_engine, tmp_path / "bomb.parquet", "phoenix", spans=spans)
+    assert message.startswith(
+        "bomb.parquet row 2, field 'context.span_id': evaluation 'bomb' of span 'a1b2c3d4e5f60718' "
+        "is given twice (first at bomb.parquet row 1)"
+    )
+    # A CSV's rows are counted as they are read.
+    monkeypatch.setenv("OVERRULE_IMPORT_MAX_ROWS", "1")
+    reset_settings()
+    message = _refused(
+        sqlite_engine, FIXTURES / "phoenix_evaluations.csv", "phoenix", spans=FIXTURES / "phoenix_spans.csv"
+    )
+    assert message.startswith("phoenix_evaluations.csv line 3: row 2 is over the limit of 1 rows")
+
+
+def test_a_parquet_file_over_the_size_limit_once_uncompressed_is_refused(
+    sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 512 MB file limit counts a Parquet file's data uncompressed, from its metadata."""
+    import lib.source_files
+
+    table = pa.table({"context.span_id": pa.array([f"{i:016x}" for i in range(5000)]), "score": [1.0] * 5000})
+    pq.write_table(table, tmp_path / "wide.parquet", compression="zstd")
+    monkeypatch.setattr(lib.source_files, "MAX_SOURCE_BYTES", 50_000)
+    assert (tmp_path / "wide.parquet").stat().st_size < 50_000
+    message = _refused(
+        sqlite_engine, tmp_path / "wide.parquet", "phoenix", spans=FIXTURES / "phoenix_spans.parquet"
+    )
+    assert message.startswith("wide.parquet: its data is 0 MB uncompressed, over the 0 MB limit for a file")
 
 
 # ---------------------------------------------------------------------------------------------
