@@ -31,7 +31,7 @@ import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
@@ -766,7 +766,6 @@ _last_sweep: dict[str, float] = {}
 def _sweep(session: Session, *, force: bool = False) -> int:
     """Delete what waited longer than PENDING_DAYS (at most once an hour per database and process)."""
     import time
-    from datetime import timedelta
 
     url = str(session.get_bind().engine.url)
     now = time.monotonic()
@@ -778,6 +777,11 @@ def _sweep(session: Session, *, force: bool = False) -> int:
         delete(_SPANS).where(_SPANS.c.snapshot_id.is_(None), _SPANS.c.received_at < cutoff)
     )
     return int(getattr(result, "rowcount", 0) or 0)
+
+
+def _aware(moment: datetime) -> datetime:
+    """A stored time as aware UTC (SQLite hands it back naive)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _stored_by(session: Session, column: str) -> Any:
@@ -799,6 +803,9 @@ class _Join:
 
         self.product_attr = get_settings().otlp_product_attribute
         self.new_rows: list[dict[str, Any]] = []
+        self._by_response: dict[str, list[str]] | None = None
+        self._traces: dict[str, list[str]] = {}
+        self._ambiguous: set[str] = set()
 
     def run(self) -> None:
         self._load()
@@ -855,44 +862,142 @@ class _Join:
                 self.stored.setdefault(row.key, row)
 
     def _route_verdicts(self) -> None:
-        """Each verdict to its span's key: its own context, else the span its response id names."""
-        by_response = {c.response_id: c.key for c in self.batch.calls if c.response_id}
-        for row in self.stored.values():
-            if row.response_id and not row.key.startswith("response:"):
-                by_response.setdefault(row.response_id, row.key)
+        """Each verdict to its call's key (`_call_for`); verdicts that waited for a response id join
+        the call that now names it."""
+        calls = self.calls
         for verdict in self.batch.verdicts:
             key = verdict.key
-            if key is None and verdict.response_id:
-                key = by_response.get(verdict.response_id)
-                if key is None and verdict.context is not None and self._is_call(verdict.context):
-                    key = verdict.context  # its call's span records no response id: the context is it
-                if key is None:
-                    key = f"response:{verdict.response_id}"
-                self.batch.items[key] += self.batch.items.pop(f"response:{verdict.response_id}", 0)
+            if key is None or key not in calls:  # not a span event of this request's call
+                key = self._call_for(verdict)
             if key is not None:
                 self.verdicts[key].append(verdict)
-        # Verdicts that waited under a response id join the span that now names it.
+        waiting: dict[str, list[OtlpSpan]] = defaultdict(list)
+        for row in self.stored.values():
+            if row.response_id and row.span_json is None and row.snapshot_id is None and row.pending_json:
+                waiting[row.response_id].append(row)
+        if not waiting:
+            return
         for call in self.batch.calls:
-            waiting = self.stored.get(f"response:{call.response_id}") if call.response_id else None
-            if waiting is not None and waiting.pending_json:
-                self.verdicts[call.key][:0] = [_verdict_of(v) for v in waiting.pending_json]
-                self._forget(waiting.key)
+            trace = call.key.partition(":")[0] + ":"
+            for row in waiting.get(call.response_id or "", []):
+                # Under `response:<id>`, or under a span of the call's own trace (its context was
+                # no call, or had not arrived): an id shared across traces joins nothing else.
+                if (
+                    row.key in self.stored
+                    and row.key != call.key
+                    and (row.key.startswith("response:") or row.key.startswith(trace))
+                ):
+                    self.verdicts[call.key][:0] = [_verdict_of(v) for v in row.pending_json]
+                    self._forget(row.key)
+
+    def _call_for(self, verdict: Verdict) -> str | None:
+        """The key a verdict goes to (a call's, or where it waits); None when it is refused here.
+
+        A verdict in a span's context goes to that span when it is a call, else to the one call of
+        its trace (a judge in a web request's span, after the chat span ended). A verdict naming a
+        gen_ai.response.id goes to the call of that id in its own trace; else, when its span is a
+        call, to that span; else to the one call anywhere with that id. Response ids are not unique
+        everywhere (Ollama's OpenAI endpoint has 999): an id several calls share, outside the
+        verdict's trace, is refused rather than guessed. What finds no call yet waits under its span
+        (with its response id, so either may join it later) or under `response:<id>`."""
+        context = verdict.key
+        if context is not None:  # a span event, or a log record that names no response id
+            if context in self.calls or self._is_call(context):
+                return context
+            in_trace = self._trace_calls(context)
+            if len(in_trace) == 1:
+                self.batch.items[in_trace[0]] += self.batch.items.pop(context, 0)
+                return in_trace[0]
+            return context  # waits: the call, or the span it was emitted in, may still come
+        if verdict.response_id is None:
+            return None  # named nothing (`Batch.unkeyed_items` refuses it)
+        context = verdict.context
+        by_id = f"response:{verdict.response_id}"
+        named = self._named(verdict.response_id)
+        trace = context.partition(":")[0] + ":" if context else None
+        same = [key for key in named if trace and key.startswith(trace)]
+        if len(same) == 1:
+            key = same[0]
+        elif context is not None and self._is_call(context):
+            key = context
+        elif len(named) == 1 and not same:
+            key = named[0]
+        elif named:
+            rejected = self.batch.items.pop(by_id, 0)
+            if rejected or verdict.response_id not in self._ambiguous:
+                self._ambiguous.add(verdict.response_id)
+                self.outcome.rejected += rejected
+                self.outcome.messages.append(
+                    f"evaluation {verdict.name!r} names gen_ai.response.id {verdict.response_id!r}, which "
+                    f"{len(same) or len(named)} calls{' of its trace' if same else ''} share: emit it in the "
+                    "judged call's span context (response ids are not unique with every server)"
+                )
+            return None
+        else:
+            key = context or by_id  # waits, its response id kept on the row (`_keep`)
+        self.batch.items[key] += self.batch.items.pop(by_id, 0)
+        return key
+
+    def _named(self, response_id: str) -> list[str]:
+        """The keys of the calls, in this request or stored in the last PENDING_DAYS, that record
+        `response_id` (built once a request)."""
+        if self._by_response is None:
+            recent = utcnow() - timedelta(days=PENDING_DAYS)
+            by_response: dict[str, list[str]] = defaultdict(list)
+            for call in self.batch.calls:
+                if call.response_id:
+                    by_response[call.response_id].append(call.key)
+            for row in self.stored.values():
+                if (
+                    row.response_id
+                    and (row.span_json is not None or row.snapshot_id is not None)
+                    and row.key not in self.calls
+                    and _aware(row.received_at) >= recent
+                ):
+                    by_response[row.response_id].append(row.key)
+            self._by_response = by_response
+        return self._by_response.get(response_id, [])
+
+    def _trace_calls(self, key: str) -> list[str]:
+        """The calls of `key`'s trace, in this request or stored (one indexed range read a trace,
+        only for verdicts and spans that are no call)."""
+        trace = key.partition(":")[0]
+        if trace not in self._traces:
+            found = {k for k in self.calls if k.startswith(trace + ":")}
+            rows = self.session.scalars(
+                select(OtlpSpan).where(_SPANS.c.key >= trace + ":", _SPANS.c.key < trace + ";")
+            )
+            for row in rows:
+                self.stored.setdefault(row.key, row)
+                if row.span_json is not None or row.snapshot_id is not None:
+                    found.add(row.key)
+            self._traces[trace] = sorted(found)
+        return self._traces[trace]
 
     def _drop_orphans(self) -> None:
-        """Verdicts that waited under a span this request shows is no GenAI call: they can never
-        join it, so they are dropped now and named, instead of waiting out the week in silence."""
+        """Verdicts that waited under a span this request shows is no GenAI call: they join the one
+        call of its trace; with none (or several) they can never join, so they are dropped now and
+        named, instead of waiting out the week in silence. Those naming a response id wait on."""
         for key, name in self.batch.passed_over.items():
             row = self.stored.get(key)
             if row is None or row.span_json is not None or row.snapshot_id is not None:
                 continue
+            if row.response_id is not None and row.pending_json:
+                continue  # the call naming it may still come (`_waiting_for`)
+            in_trace = self._trace_calls(key)
+            if len(in_trace) == 1:
+                self.verdicts[in_trace[0]][:0] = [_verdict_of(v) for v in row.pending_json]
+                self._forget(key)
+                continue
             self._forget(key)
+            metrics = ", ".join(_metrics(_verdict_of(v) for v in row.pending_json))
             self.outcome.reject(
                 self.batch,
                 key,
                 f"{describe(key, name)} is no GenAI call (no gen_ai.* attributes), but evaluations "
-                f"({', '.join(_metrics(_verdict_of(v) for v in row.pending_json))}) were emitted in its "
-                "context: they are dropped. Emit them in the judged call's span context, or with "
-                "its gen_ai.response.id",
+                f"({metrics}) were emitted in its context and its trace holds "
+                f"{len(in_trace) or 'no'} calls: they are dropped. Emit them in the judged call's span "
+                "context, or with its gen_ai.response.id",
             )
 
     def _is_call(self, key: str) -> bool:
@@ -908,9 +1013,12 @@ class _Join:
         """The span or verdicts wait for the other half (merged with what already waits)."""
         row = self.stored.get(key)
         pending = _dedupe(verdicts)
-        response_id = call.response_id if call is not None else None
-        if response_id is None and key.startswith("response:"):
+        if call is not None:
+            response_id = call.response_id
+        elif key.startswith("response:"):
             response_id = key.removeprefix("response:")
+        else:  # verdicts waiting under a span: the response id they name finds them too
+            response_id = next((v.response_id for v in verdicts if v.response_id), None)
         if row is None:  # new: written with the others in one statement (`_write_new`)
             self.new_rows.append(
                 {

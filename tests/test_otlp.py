@@ -80,6 +80,23 @@ def any_receiver(engine: Engine) -> Iterator[Receiver]:
         yield running
 
 
+def _chat_attributes(question: str, answer: str | None, **attrs: Any) -> dict[str, Any]:
+    """A chat span's attributes as GenAI instrumentation records them."""
+    attributes = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": "m1",
+        "gen_ai.input.messages": json.dumps(
+            [{"role": "user", "parts": [{"type": "text", "content": question}]}]
+        ),
+        **attrs,
+    }
+    if answer is not None:
+        attributes["gen_ai.output.messages"] = json.dumps(
+            [{"role": "assistant", "parts": [{"type": "text", "content": answer}]}]
+        )
+    return attributes
+
+
 class Telemetry:
     """An SDK tracer and logger whose spans and log records are kept to be encoded as OTLP."""
 
@@ -98,19 +115,9 @@ class Telemetry:
         self, question: str, answer: str | None, *, events: dict[str, float] | None = None, **attrs: Any
     ) -> Any:
         """A chat span as GenAI instrumentation records it, with evaluation span events."""
-        attributes = {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.request.model": "m1",
-            "gen_ai.input.messages": json.dumps(
-                [{"role": "user", "parts": [{"type": "text", "content": question}]}]
-            ),
-            **attrs,
-        }
-        if answer is not None:
-            attributes["gen_ai.output.messages"] = json.dumps(
-                [{"role": "assistant", "parts": [{"type": "text", "content": answer}]}]
-            )
-        with self.tracer.start_as_current_span("chat m1", attributes=attributes) as span:
+        with self.tracer.start_as_current_span(
+            "chat m1", attributes=_chat_attributes(question, answer, **attrs)
+        ) as span:
             for name, score in (events or {}).items():
                 span.add_event(EVAL, {"gen_ai.evaluation.name": name, "gen_ai.evaluation.score.value": score})
         return span.get_span_context()
@@ -228,36 +235,137 @@ def test_a_judge_inside_a_request_span_joins_by_the_response_id_it_names(
         assert [row.snapshot_id is not None for row in session.exec(select(OtlpSpan))] == [True]
 
 
-def test_verdicts_waiting_under_a_span_that_is_no_call_are_named_and_dropped_when_it_arrives(
-    any_receiver: Receiver,
-) -> None:
-    """A judge inside a handler's span that names no response id: its verdicts wait under the
-    handler span. When that span arrives and is no GenAI call, the answer (and the server's log)
-    names them and they are dropped, instead of waiting out the week in silence."""
-    receiver = any_receiver
-    t = Telemetry()
+def _handler_trace(t: Telemetry, question: str, calls: int = 1, **verdict_attrs: Any) -> None:
+    """A web handler's span around `calls` chat calls and a judge's verdict emitted in the
+    handler's context (the SDK stamps the current span), naming what `verdict_attrs` add."""
     with t.tracer.start_as_current_span("POST /ask"):
-        t.call("Capital of Chile?", "Santiago.")
+        for i in range(calls):
+            t.call(f"{question} ({i})" if calls > 1 else question, "Santiago.")
         t.logger.emit(
             event_name=EVAL,
-            attributes={"gen_ai.evaluation.name": "truthfulness", "gen_ai.evaluation.score.value": 5},
+            attributes={
+                "gen_ai.evaluation.name": "truthfulness",
+                "gen_ai.evaluation.score.value": 5,
+                **verdict_attrs,
+            },
         )
-    r = receiver.post("/v1/logs", t.log_body())
-    assert r.status_code == 200 and not r.content, r.content  # it waits: its span may still come
+
+
+@pytest.mark.parametrize("order", ["logs, chat, handler", "chat and handler, logs"])
+def test_a_verdict_in_a_handler_span_joins_the_one_call_of_its_trace(
+    any_receiver: Receiver, order: str
+) -> None:
+    """A judge inside a handler's span that names no response id: its record points at the handler
+    span, which is no call. It joins the one call of that trace, whichever arrives first."""
+    receiver = any_receiver
+    t = Telemetry()
+    _handler_trace(t, "Capital of Chile?")
     chat, handler = t.spans.get_finished_spans()
     t.spans.clear()
-    r = receiver.post("/v1/traces", encode_spans([chat]).SerializeToString())
-    assert r.status_code == 200 and not r.content, r.content
-    assert count(receiver.engine, OtlpSpan) == 2  # the chat span and the verdict, each waiting
+    logs = t.log_body()
+    posts = (
+        [("/v1/logs", logs), ("/v1/traces", [chat]), ("/v1/traces", [handler])]
+        if order.startswith("logs")
+        else [("/v1/traces", [chat, handler]), ("/v1/logs", logs)]
+    )
+    for path, body in posts:
+        sent = body if isinstance(body, bytes) else encode_spans(body).SerializeToString()
+        r = receiver.post(path, sent)
+        assert r.status_code == 200 and not r.content, r.content
+    assert judgments(receiver.engine) == {"truthfulness": ("5", None)}
+    with Session(receiver.engine) as session:
+        assert [row.snapshot_id is not None for row in session.exec(select(OtlpSpan))] == [True]
+
+
+def test_a_verdict_in_a_handler_span_of_two_calls_is_named_and_dropped(any_receiver: Receiver) -> None:
+    """Two calls in the handler's trace and a verdict naming neither: it cannot be placed, so the
+    answer (and the server's log) names it when the handler span shows it is no call."""
+    receiver = any_receiver
+    t = Telemetry()
+    _handler_trace(t, "Capital of Chile?", calls=2)
+    r = receiver.post("/v1/logs", t.log_body())
+    assert r.status_code == 200 and not r.content, r.content  # it waits: its span may still come
+    *chats, handler = t.spans.get_finished_spans()
+    t.spans.clear()
+    assert receiver.post("/v1/traces", encode_spans(chats).SerializeToString()).content == b""
     r = receiver.post("/v1/traces", encode_spans([handler]).SerializeToString())  # no GenAI span in it
     partial = ExportTraceServiceResponse.FromString(r.content).partial_success
     assert r.status_code == 200 and partial.rejected_spans == 0
     assert "span 'POST /ask' (trace " in partial.error_message
     assert "is no GenAI call" in partial.error_message and "(truthfulness)" in partial.error_message
+    assert "its trace holds 2 calls" in partial.error_message
     with Session(receiver.engine) as session:
-        (left,) = session.exec(select(OtlpSpan)).all()
-    assert left.span_json is not None and not left.pending_json  # the chat span still waits
-    assert receiver.post("/v1/traces", encode_spans([handler]).SerializeToString()).content == b""
+        left = session.exec(select(OtlpSpan)).all()
+    assert len(left) == 2 and all(row.span_json is not None and not row.pending_json for row in left)
+
+
+@pytest.mark.parametrize("span_names_it", [False, True], ids=["span records no id", "span records it"])
+def test_a_verdict_in_its_calls_context_naming_its_response_id_joins_it_when_logs_come_first(
+    any_receiver: Receiver, span_names_it: bool
+) -> None:
+    """The SDK's default timing (logs every 1 s, spans every 5 s): the verdict, emitted in its
+    call's own span and naming the response id, arrives before the span; the span may or may not
+    record that id (hand-made or streaming call spans do not)."""
+    receiver = any_receiver
+    t = Telemetry()
+    ids = {"gen_ai.response.id": "resp-9"} if span_names_it else {}
+    with t.tracer.start_as_current_span(
+        "chat m1", attributes=_chat_attributes("Capital of Chad?", "N'Djamena.", **ids)
+    ):
+        t.logger.emit(
+            event_name=EVAL,
+            attributes={
+                "gen_ai.evaluation.name": "clarity",
+                "gen_ai.evaluation.score.value": 4,
+                "gen_ai.response.id": "resp-9",
+            },
+        )
+    assert receiver.post("/v1/logs", t.log_body()).content == b""
+    r = receiver.post("/v1/traces", t.traces())
+    assert r.status_code == 200 and not r.content, r.content
+    assert judgments(receiver.engine) == {"clarity": ("4", None)}
+    assert count(receiver.engine, OtlpSpan) == 1
+
+
+def test_a_response_id_two_calls_share_joins_the_call_of_the_verdicts_trace_or_is_refused(
+    any_receiver: Receiver,
+) -> None:
+    """Ollama's OpenAI endpoint draws response ids from 999: two calls may share one. A verdict in
+    the second call's trace joins it; one with no trace is refused, not put on a guessed call."""
+    receiver = any_receiver
+    t = Telemetry()
+    t.call(
+        "Call A: capital of Peru?",
+        "Lima.",
+        events={"truthfulness": 5},
+        **{"gen_ai.response.id": "chatcmpl-4"},
+    )
+    with t.tracer.start_as_current_span("POST /ask"):
+        t.call("Call B: capital of Chile?", "Buenos Aires.", **{"gen_ai.response.id": "chatcmpl-4"})
+        t.logger.emit(
+            event_name=EVAL,
+            attributes={
+                "gen_ai.evaluation.name": "helpfulness",
+                "gen_ai.evaluation.score.value": 1,
+                "gen_ai.response.id": "chatcmpl-4",
+            },
+        )
+    assert receiver.post("/v1/traces", t.traces()).content == b""
+    assert receiver.post("/v1/logs", t.log_body()).content == b""
+    with Session(receiver.engine) as session:
+        scored = {
+            (s.question, m) for s in session.exec(select(EvaluationSnapshot)) for m in s.judge_scores_json
+        }
+    assert scored == {
+        ("Call A: capital of Peru?", "truthfulness"),
+        ("Call B: capital of Chile?", "helpfulness"),
+    }
+    t.verdict("clarity", 2, None, **{"gen_ai.response.id": "chatcmpl-4"})  # no trace: which call?
+    r = receiver.post("/v1/logs", t.log_body())
+    partial = ExportLogsServiceResponse.FromString(r.content).partial_success
+    assert partial.rejected_log_records == 1
+    assert "names gen_ai.response.id 'chatcmpl-4', which 2 calls share" in partial.error_message
+    assert count(receiver.engine, Judgment) == 2
 
 
 def test_a_log_naming_an_unknown_response_id_in_its_calls_context_joins_that_call(
