@@ -1,7 +1,8 @@
 """Signed webhooks (issue 29.3): tell a team's pipeline when a reviewer decides a judgment.
 
 - **Registration** (`register_webhook`, a lead): a URL (http or https, no credentials in it, no
-  link-local or unspecified address) and the events it wants (`WEBHOOK_EVENTS`). Overrule makes
+  address `refused_address` refuses: link-local, unspecified, multicast, a cloud metadata address,
+  also inside an IPv6 form) and the events it wants (`WEBHOOK_EVENTS`). Overrule makes
   the signing secret, shows it once, and stores it encrypted (Fernet) with the key in
   OVERRULE_WEBHOOK_KEY, else in `data/webhook.key` (created on first use, mode 0600): the database
   alone does not give the secret away.
@@ -14,7 +15,9 @@
   `Overrule-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">` and
   `Overrule-Event` / `Overrule-Delivery` headers, and records every attempt with its response
   code. A 2xx is delivered; anything else is retried after `RETRY_DELAYS` (10 s, 1 min, 5 min,
-  30 min, 2 h, 6 h), then the delivery is failed. `replay_delivery` sends one again.
+  30 min, 2 h, 6 h) from the attempt's end, then the delivery is failed. Each attempt is signed and
+  logged at its own time, under a claim renewed just before it is sent. `replay_delivery` sends
+  one again.
 - **Retention**: `prune_log` (the worker, and `deliver --loop`, at most hourly; `webhooks prune`
   when an operator asks, `--dry-run` to count only) removes delivered deliveries older than
   OVERRULE_WEBHOOK_LOG_DAYS (30; 0 keeps all) with their attempts; failed and pending ones stay.
@@ -35,7 +38,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -64,8 +67,11 @@ DELIVERY_HEADER = "Overrule-Delivery"
 # Seconds after the first attempt's failure, then each later one; after the last, the delivery fails.
 RETRY_DELAYS = (10, 60, 300, 1800, 7200, 21600)
 MAX_ATTEMPTS = len(RETRY_DELAYS) + 1
-REQUEST_TIMEOUT = 10.0
-CLAIM_SECONDS = 60  # a claimed delivery is someone's for this long (a crashed worker's comes back)
+REQUEST_TIMEOUT = 10.0  # seconds for each read or write of a POST
+CONNECT_TIMEOUT = 3.0  # seconds to connect: a receiver that is down holds the others up this long
+# A claimed delivery is someone's for this long (a crashed worker's comes back); each is re-claimed
+# just before its POST, so this must exceed one attempt (connect, write, read), not a batch.
+CLAIM_SECONDS = 60
 SIGNATURE_TOLERANCE = 300  # seconds a receiver should accept between the timestamp and its clock
 POLL_SECONDS = 1.0
 PRUNE_EVERY_SECONDS = 3600.0  # the delivery log is pruned at most this often per database and process
@@ -172,6 +178,50 @@ def verify_signature(
 # Registration
 
 
+# Cloud metadata services that are not link-local (169.254.0.0/16 and fe80::/10 are refused as such):
+# Alibaba Cloud, AWS's IPv6 endpoint (Nitro), Oracle Cloud Classic, Azure's WireServer.
+METADATA_ADDRESSES = frozenset(
+    ipaddress.ip_address(a) for a in ("100.100.100.200", "fd00:ec2::254", "192.0.0.192", "168.63.129.16")
+)
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def ipv4_behind(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address reaches, for the forms that carry one: IPv4-mapped
+    (`::ffff:a.b.c.d`, which Linux connects to the IPv4 host), 6to4 (`2002::/16`) and NAT64
+    (`64:ff9b::/96`). Python 3.11's `is_link_local` looks at the IPv6 form only, so
+    `::ffff:169.254.169.254` would pass a check that refuses `169.254.169.254`."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address in _NAT64:
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
+def refused_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    """Why a webhook must not be sent to `address` (a phrase), else None: link-local (the cloud
+    metadata service at 169.254.169.254, fe80::), unspecified, multicast, or a known metadata
+    address, in IPv4 or in any IPv6 form that embeds the IPv4 address (`ipv4_behind`). Loopback and
+    private addresses are allowed: receivers often live there (docs/security.md)."""
+    behind = ipv4_behind(address)
+    if behind is not None:
+        refused = refused_address(behind)
+        return None if refused is None else f"{refused} (IPv4 {behind})"
+    if address.is_link_local:
+        return "a link-local address (cloud metadata)"
+    if address.is_unspecified:
+        return "an unspecified address"
+    if address.is_multicast:
+        return "a multicast address"
+    if address in METADATA_ADDRESSES:
+        return "a cloud metadata address"
+    return None
+
+
 def check_url(url: str) -> str:
     """The URL stripped, or WebhookError saying what is wrong with it."""
     url = (url or "").strip()
@@ -190,10 +240,9 @@ def check_url(url: str) -> str:
         address = ipaddress.ip_address(parts.hostname)
     except ValueError:
         address = None
-    if address is not None and (address.is_link_local or address.is_unspecified or address.is_multicast):
-        raise WebhookError(
-            f"{parts.hostname} is not an address a receiver listens on (link-local, cloud metadata)"
-        )
+    refused = refused_address(address) if address is not None else None
+    if refused is not None:
+        raise WebhookError(f"{parts.hostname} is not an address a receiver listens on: {refused}")
     if any(ch.isspace() for ch in url):
         raise WebhookError("the URL must not contain spaces")
     return url
@@ -338,11 +387,14 @@ def enqueue(*, session: Session, events: Sequence[str], data: Mapping[str, Any])
 
 @dataclass(frozen=True)
 class AttemptResult:
-    """What one POST got: a status code (None when no response came) and the error text."""
+    """What one POST got: a status code (None when no response came) and the error text. `stalled`
+    says how it timed out: "connect" (the host did not take the connection) or "answer" (no answer
+    in time); the batch then holds back that host's, or that webhook's, other deliveries."""
 
     status_code: int | None
     error: str | None
     duration_ms: int
+    stalled: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -350,8 +402,9 @@ class AttemptResult:
 
 
 def _unreachable_address(url: str) -> str | None:
-    """Why a URL's host must not be called (it resolves to a link-local, unspecified or multicast
-    address, e.g. a cloud metadata service behind a DNS name), else None."""
+    """Why a URL's host must not be called (it resolves to an address `refused_address` refuses,
+    e.g. a cloud metadata service behind a DNS name), else None. Checked at each delivery because
+    a name registered as harmless may resolve elsewhere later."""
     host = urlsplit(url).hostname or ""
     try:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
@@ -359,8 +412,9 @@ def _unreachable_address(url: str) -> str | None:
         return None  # unresolvable: the POST itself fails and says so
     for info in infos:
         address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-        if address.is_link_local or address.is_unspecified or address.is_multicast:
-            return f"refused: {host} resolves to {address}, a link-local or unspecified address"
+        refused = refused_address(address)
+        if refused is not None:
+            return f"refused: {host} resolves to {address}, {refused}"
     return None
 
 
@@ -369,19 +423,35 @@ def _post(url: str, body: bytes, headers: Mapping[str, str], client: httpx.Clien
     refused = _unreachable_address(url)
     if refused is not None:
         return AttemptResult(None, refused, 0)
+    stalled = None
     try:
         response = client.post(url, content=body, headers=dict(headers))
         error = None if 200 <= response.status_code < 300 else response.text[:500]
         code: int | None = response.status_code
     except httpx.HTTPError as exc:
         code, error = None, f"{type(exc).__name__}: {str(exc)[:400]}"
-    return AttemptResult(code, error, int((time.perf_counter() - started) * 1000))
+        if isinstance(exc, httpx.ConnectTimeout):
+            stalled = "connect"
+        elif isinstance(exc, httpx.TimeoutException):
+            stalled = "answer"
+    return AttemptResult(code, error, int((time.perf_counter() - started) * 1000), stalled)
 
 
-def _claim(engine: Engine, now: datetime, limit: int) -> list[int]:
-    """Ids of due deliveries this worker now holds for CLAIM_SECONDS (others skip them meanwhile)."""
+def http_client() -> httpx.Client:
+    """The client deliveries use: REQUEST_TIMEOUT per read or write, CONNECT_TIMEOUT to connect (a
+    receiver that is down costs little), redirects not followed."""
+    return httpx.Client(
+        timeout=httpx.Timeout(REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT), follow_redirects=False
+    )
+
+
+def _claim(engine: Engine, now: datetime, limit: int) -> dict[int, datetime]:
+    """Due deliveries this worker now holds, each with its claim: `next_attempt_at` moved to the
+    claim's end, which others skip until then (a crashed worker's rows come back). The value is
+    also the claim's token: `_reclaim` and `_record` write only while it is still there."""
     from lib.db import session_scope
 
+    until = now + timedelta(seconds=CLAIM_SECONDS)
     with session_scope(engine) as session:
         due = session.exec(
             select(WebhookDelivery.id)
@@ -389,7 +459,7 @@ def _claim(engine: Engine, now: datetime, limit: int) -> list[int]:
             .order_by(col(WebhookDelivery.next_attempt_at), col(WebhookDelivery.id))
             .limit(limit)
         ).all()
-        claimed = []
+        claimed: dict[int, datetime] = {}
         for delivery_id in due:
             result = session.execute(
                 update(WebhookDelivery)
@@ -398,11 +468,77 @@ def _claim(engine: Engine, now: datetime, limit: int) -> list[int]:
                     col(WebhookDelivery.status) == "pending",
                     col(WebhookDelivery.next_attempt_at) <= now,
                 )
-                .values(next_attempt_at=now + timedelta(seconds=CLAIM_SECONDS))
+                .values(next_attempt_at=until)
             )
             if result.rowcount == 1:  # type: ignore[attr-defined]
-                claimed.append(delivery_id)
+                claimed[delivery_id] = until
     return claimed
+
+
+def _still_ours(delivery_id: int, claimed_until: datetime) -> Any:
+    """The UPDATE of a delivery that is still pending and still under this worker's claim. A claim
+    that ran out was taken over by another worker if it moved `next_attempt_at` (always later:
+    its clock passed our claim's end), so equality is the test of ownership."""
+    return update(WebhookDelivery).where(
+        col(WebhookDelivery.id) == delivery_id,
+        col(WebhookDelivery.status) == "pending",
+        col(WebhookDelivery.next_attempt_at) == claimed_until,
+    )
+
+
+@dataclass(frozen=True)
+class _Send:
+    """A delivery about to be sent, read under a fresh claim (`claimed_until`)."""
+
+    delivery_id: int
+    webhook_id: int
+    url: str
+    body: bytes
+    event: str
+    secret: str | None
+    key_error: str | None
+    claimed_until: datetime
+
+
+def _reclaim(engine: Engine, delivery_id: int, claimed_until: datetime, now: datetime) -> _Send | None:
+    """Extend this worker's claim on a delivery from `now`, just before sending it, and read it;
+    None when it is no longer pending or another worker took it over (a batch claimed long ago
+    may have outlived its claim behind slow receivers: sending it now would send it twice)."""
+    from lib.db import session_scope
+
+    until = now + timedelta(seconds=CLAIM_SECONDS)
+    with session_scope(engine) as session:
+        if (
+            session.execute(_still_ours(delivery_id, claimed_until).values(next_attempt_at=until)).rowcount
+            != 1
+        ):  # type: ignore[attr-defined]
+            return None
+        delivery = session.get(WebhookDelivery, delivery_id)
+        webhook = session.get(Webhook, delivery.webhook_id) if delivery else None
+        if delivery is None or webhook is None:
+            return None
+        try:
+            secret, key_error = secret_of(webhook), None
+        except WebhookError as exc:
+            secret, key_error = None, str(exc)
+        return _Send(
+            delivery_id,
+            webhook.id or 0,
+            webhook.url,
+            body_of(delivery),
+            delivery.event,
+            secret,
+            key_error,
+            until,
+        )
+
+
+def _release(engine: Engine, delivery_id: int, claimed_until: datetime, at: datetime) -> None:
+    """Give a claimed delivery back, due at `at`, without an attempt."""
+    from lib.db import session_scope
+
+    with session_scope(engine) as session:
+        session.execute(_still_ours(delivery_id, claimed_until).values(next_attempt_at=at))
 
 
 def body_of(delivery: WebhookDelivery) -> bytes:
@@ -413,71 +549,105 @@ def body_of(delivery: WebhookDelivery) -> bytes:
 
 
 def deliver_due(
-    engine: Engine, *, now: datetime | None = None, limit: int = 100, client: httpx.Client | None = None
+    engine: Engine,
+    *,
+    clock: Callable[[], datetime] = utcnow,
+    limit: int = 100,
+    client: httpx.Client | None = None,
 ) -> int:
-    """Attempt every due delivery once (at most `limit`); returns how many were attempted."""
-    from lib.db import session_scope
+    """Attempt due deliveries once each (at most `limit`); returns how many were attempted.
 
-    now = now or utcnow()
-    claimed = _claim(engine, now, limit)
-    if not claimed:
+    Every attempt reads `clock` itself (tests pass a fake one): it is signed with the time it is
+    sent, logged at that time, and its retry is timed from when it ended, so a receiver late in a
+    batch behind slow ones still gets a fresh signature. Each delivery is re-claimed just before it
+    is sent and skipped if another worker took it over. After a timeout the batch holds back the
+    rest of that host's deliveries (connect timeout) or that webhook's (no answer in time) for
+    RETRY_DELAYS[0] seconds without counting an attempt: one dead receiver costs the others one
+    timeout per batch, not one per pending delivery.
+    """
+    claims = _claim(engine, clock(), limit)
+    if not claims:
         return 0
     own = client is None
-    client = client or httpx.Client(timeout=REQUEST_TIMEOUT, follow_redirects=False)
+    client = client or http_client()
+    stalled_hosts: set[str] = set()
+    stalled_webhooks: set[int] = set()
+    attempted = 0
     try:
-        for delivery_id in claimed:
-            with session_scope(engine, read_only=True) as session:
-                delivery = session.get(WebhookDelivery, delivery_id)
-                webhook = session.get(Webhook, delivery.webhook_id) if delivery else None
-                if delivery is None or webhook is None:
-                    continue
-                url, body, event = webhook.url, body_of(delivery), delivery.event
-                try:
-                    secret: str | None = secret_of(webhook)
-                except WebhookError as exc:
-                    secret, key_error = None, str(exc)
-            if secret is None:
-                result = AttemptResult(None, key_error, 0)
+        for delivery_id, claimed_until in claims.items():
+            started = clock()
+            send = _reclaim(engine, delivery_id, claimed_until, started)
+            if send is None:
+                continue
+            host = urlsplit(send.url).netloc.lower()
+            if host in stalled_hosts or send.webhook_id in stalled_webhooks:
+                _release(
+                    engine, delivery_id, send.claimed_until, started + timedelta(seconds=RETRY_DELAYS[0])
+                )
+                continue
+            if send.secret is None:
+                result = AttemptResult(None, send.key_error, 0)
             else:
-                stamp = int(now.timestamp()) if now is not None else int(time.time())
                 headers = {
                     "Content-Type": "application/json",
                     "User-Agent": "Overrule-Webhooks/1",
-                    SIGNATURE_HEADER: sign(secret, stamp, body),
-                    EVENT_HEADER: event,
+                    SIGNATURE_HEADER: sign(send.secret, int(started.timestamp()), send.body),
+                    EVENT_HEADER: send.event,
                     DELIVERY_HEADER: str(delivery_id),
                 }
-                result = _post(url, body, headers, client)
-            _record(engine, delivery_id, result, now)
+                result = _post(send.url, send.body, headers, client)
+            attempted += 1
+            _record(engine, send, result, started=started, ended=clock())
+            if result.stalled == "connect":
+                stalled_hosts.add(host)
+            elif result.stalled == "answer":
+                stalled_webhooks.add(send.webhook_id)
     finally:
         if own:
             client.close()
-    return len(claimed)
+    return attempted
 
 
-def _record(engine: Engine, delivery_id: int, result: AttemptResult, now: datetime) -> None:
+def _record(
+    engine: Engine, send: _Send, result: AttemptResult, *, started: datetime, ended: datetime
+) -> bool:
+    """Write an attempt's outcome, the retry timed from `ended`; nothing when the delivery is no
+    longer this worker's (its claim ran out during the POST and another worker took it over: that
+    worker's outcome stands). Returns whether it was written."""
     from lib.db import session_scope
 
     with session_scope(engine) as session:
-        delivery = session.get(WebhookDelivery, delivery_id)
+        delivery = session.get(WebhookDelivery, send.delivery_id)
         if delivery is None:
-            return
-        delivery.attempts += 1
-        delivery.last_status_code = result.status_code
-        delivery.last_error = result.error
+            return False
+        attempts = delivery.attempts + 1
+        values: dict[str, Any] = {
+            "attempts": attempts, "last_status_code": result.status_code, "last_error": result.error,
+        }  # fmt: skip
         if result.ok:
-            delivery.status, delivery.delivered_at, delivery.next_attempt_at = "delivered", now, None
-        elif delivery.attempts >= MAX_ATTEMPTS:
-            delivery.status, delivery.next_attempt_at = "failed", None
+            values.update(status="delivered", delivered_at=ended, next_attempt_at=None)
+        elif attempts >= MAX_ATTEMPTS:
+            values.update(status="failed", next_attempt_at=None)
         else:
-            delivery.next_attempt_at = now + timedelta(seconds=RETRY_DELAYS[delivery.attempts - 1])
-        session.add(delivery)
+            values.update(next_attempt_at=ended + timedelta(seconds=RETRY_DELAYS[attempts - 1]))
+        written = session.execute(
+            _still_ours(send.delivery_id, send.claimed_until)
+            .where(col(WebhookDelivery.attempts) == delivery.attempts)
+            .values(**values)
+        )
+        if written.rowcount != 1:  # type: ignore[attr-defined]
+            log.warning(
+                "webhook delivery %s was taken over by another worker during its POST; this attempt "
+                "(status %s) is not recorded", send.delivery_id, result.status_code,
+            )  # fmt: skip
+            return False
         session.add(
             WebhookAttempt(
-                delivery_id=delivery_id, at=now, status_code=result.status_code, error=result.error,
+                delivery_id=send.delivery_id, at=started, status_code=result.status_code, error=result.error,
                 duration_ms=result.duration_ms,
             )
         )  # fmt: skip
+    return True
 
 
 def replay_delivery(*, session: Session, actor: Actor | str | None, delivery_id: int) -> WebhookDelivery:
@@ -684,7 +854,7 @@ class DeliveryWorker(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
-        with httpx.Client(timeout=REQUEST_TIMEOUT, follow_redirects=False) as client:
+        with http_client() as client:
             while not self._stop_event.is_set():
                 try:
                     while deliver_due(self.engine, client=client) and not self._stop_event.is_set():

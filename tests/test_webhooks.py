@@ -1,19 +1,20 @@
 """Signed webhooks (issue 29.3), against a real HTTP receiver on 127.0.0.1 that checks signatures.
 
 Deliveries are written with the review (an outbox row in its transaction) and sent by
-`deliver_due`, which the tests call with an explicit clock so retries and backoff need no sleeping;
-one test runs the real worker thread.
+`deliver_due`, which the tests call with an explicit clock (fixed, or advanced by a fake receiver
+while it "answers") so retries and backoff need no sleeping; one test runs the real worker thread.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -33,6 +34,11 @@ from tests.test_queues import LEAD, create, items, judgment, label_all, take
 from tests.waiting import wait_until
 
 REVIEWER = Actor(identity="rita", role="reviewer")
+
+
+def at(moment: datetime) -> Callable[[], datetime]:
+    """A clock stopped at `moment`."""
+    return lambda: moment
 
 
 @pytest.fixture(autouse=True)
@@ -159,7 +165,7 @@ def test_a_500_is_retried_with_backoff_and_the_same_event_id(
     overrule(sqlite_engine)
     receiver.statuses.extend([500, 503])
     now = utcnow()
-    assert webhooks.deliver_due(sqlite_engine, now=now) == 1
+    assert webhooks.deliver_due(sqlite_engine, clock=at(now)) == 1
     [row] = deliveries(sqlite_engine)
     assert (row.status, row.attempts, row.last_status_code, row.last_error) == (
         "pending",
@@ -168,12 +174,12 @@ def test_a_500_is_retried_with_backoff_and_the_same_event_id(
         "try again",
     )
     assert row.next_attempt_at == now + timedelta(seconds=webhooks.RETRY_DELAYS[0])
-    assert webhooks.deliver_due(sqlite_engine, now=now + timedelta(seconds=5)) == 0  # not due yet
-    assert webhooks.deliver_due(sqlite_engine, now=now + timedelta(seconds=11)) == 1
+    assert webhooks.deliver_due(sqlite_engine, clock=at(now + timedelta(seconds=5))) == 0  # not due yet
+    assert webhooks.deliver_due(sqlite_engine, clock=at(now + timedelta(seconds=11))) == 1
     assert deliveries(sqlite_engine)[0].next_attempt_at == now + timedelta(
         seconds=11 + webhooks.RETRY_DELAYS[1]
     )
-    assert webhooks.deliver_due(sqlite_engine, now=now + timedelta(seconds=11 + 61)) == 1
+    assert webhooks.deliver_due(sqlite_engine, clock=at(now + timedelta(seconds=11 + 61))) == 1
     assert attempts(sqlite_engine) == [500, 503, 200]
     assert len({b["id"] for b in receiver.bodies()}) == 1  # one event, delivered at least once
     [row] = deliveries(sqlite_engine)
@@ -193,11 +199,11 @@ def test_a_review_succeeds_while_the_receiver_is_down_and_the_delivery_fails_the
     now = utcnow()
     for i in range(webhooks.MAX_ATTEMPTS):
         now += timedelta(seconds=webhooks.RETRY_DELAYS[i - 1] if i else 0)
-        assert webhooks.deliver_due(sqlite_engine, now=now) == 1
+        assert webhooks.deliver_due(sqlite_engine, clock=at(now)) == 1
     [row] = deliveries(sqlite_engine)
     assert (row.status, row.attempts, row.last_status_code) == ("failed", webhooks.MAX_ATTEMPTS, None)
     assert "ConnectError" in (row.last_error or "")
-    assert webhooks.deliver_due(sqlite_engine, now=now + timedelta(days=1)) == 0
+    assert webhooks.deliver_due(sqlite_engine, clock=at(now + timedelta(days=1))) == 0
     # The pipeline is back (a new URL would be registered anew; here the receiver takes the old port).
     with session_scope(sqlite_engine) as s:
         hook = s.get(Webhook, hook_id)
@@ -275,6 +281,14 @@ def test_paused_webhooks_and_unsubscribed_events_get_nothing(
         ("ftp://example.com/x", "must start with https:// or http://"),
         ("https://user:pw@example.com/x", "no credentials"),
         ("http://169.254.169.254/latest/meta-data", "link-local"),
+        ("http://[::ffff:169.254.169.254]/latest/meta-data/", r"link-local .*\(IPv4 169\.254\.169\.254\)"),
+        ("http://[::ffff:a9fe:a9fe]/x", "link-local"),
+        ("http://[64:ff9b::a9fe:a9fe]/x", "link-local"),  # NAT64
+        ("http://[2002:a9fe:a9fe::1]/x", "link-local"),  # 6to4
+        ("http://[::ffff:0.0.0.0]:8080/x", "unspecified"),
+        ("http://100.100.100.200/latest/meta-data/", "cloud metadata address"),  # Alibaba Cloud
+        ("http://[fd00:ec2::254]/latest/meta-data/", "cloud metadata address"),  # AWS IPv6
+        ("http://[::ffff:100.100.100.200]/x", "cloud metadata address"),
         ("https:///nohost", "no host"),
         ("https://example.com/x#frag", "fragment"),
     ],
@@ -390,7 +404,7 @@ def test_a_name_that_resolves_to_a_link_local_address_is_not_called(
     assert (row.status, row.last_status_code) == ("pending", None)
     assert (
         row.last_error
-        == "refused: metadata.example resolves to 169.254.169.254, a link-local or unspecified address"
+        == "refused: metadata.example resolves to 169.254.169.254, a link-local address (cloud metadata)"
     )
 
 
@@ -466,3 +480,210 @@ def test_the_delivery_log_forgets_old_delivered_rows_at_most_hourly(
     done = run_cli("webhooks", "prune", env={**env, "OVERRULE_WEBHOOK_LOG_DAYS": "0"})
     assert "kept forever" in done.stdout
     assert len(deliveries(engine)) == 4
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["::ffff:169.254.169.254", "::ffff:a9fe:a9fe", "64:ff9b::a9fe:a9fe", "2002:a9fe:a9fe::", "fd00:ec2::254",
+     "100.100.100.200"],
+)  # fmt: skip
+def test_a_name_that_resolves_to_a_metadata_address_in_another_form_is_not_called(
+    host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delivery-time check sees the address the name resolves to the way the socket would reach
+    it: an IPv4-mapped, NAT64 or 6to4 address is the IPv4 address it carries (Linux connects
+    `::ffff:169.254.169.254` to the IPv4 metadata service)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    monkeypatch.setattr(
+        socket, "getaddrinfo", lambda *a, **k: [(family, socket.SOCK_STREAM, 6, "", (host, 0))]
+    )
+    refused = webhooks._unreachable_address("http://rebound.example/hook")
+    assert refused is not None and refused.startswith(
+        f"refused: rebound.example resolves to {ipaddress.ip_address(host)}, "
+    )
+
+
+@pytest.mark.parametrize("host", ["::ffff:127.0.0.1", "::1", "10.1.2.3", "64:ff9b::a00:1", "fd00::1"])
+def test_loopback_and_private_addresses_stay_allowed_in_every_form(host: str) -> None:
+    """Receivers often live on the same machine or network (docs/security.md)."""
+    url = f"http://[{host}]/hook" if ":" in host else f"http://{host}/hook"
+    assert webhooks.check_url(url) == url
+    assert webhooks.refused_address(ipaddress.ip_address(host)) is None
+
+
+class FakeClock:
+    """A clock the fake receivers advance while they "take time" to answer."""
+
+    def __init__(self, start: datetime) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def enqueue_for(engine: Engine, webhook_id: int, n: int, event: str = "judgment.overruled") -> None:
+    """`n` pending deliveries of `event` for one webhook (only that webhook wants the event)."""
+    with session_scope(engine) as s:
+        for i in range(n):
+            assert webhooks.enqueue(session=s, events=[event], data={"n": i, "webhook": webhook_id}) == 1
+
+
+def signed_at(request: httpx.Request) -> int:
+    return int(request.headers[webhooks.SIGNATURE_HEADER].split(",")[0].removeprefix("t="))
+
+
+def test_a_slow_receiver_neither_stales_the_others_signatures_nor_holds_them_up(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thirty deliveries to a receiver that never answers in time, then one to a healthy receiver,
+    in one batch (review7 F5): each attempt is signed and logged at its own time and retried from
+    when it ended; after the first timeout the slow webhook's other deliveries wait for the next
+    batch without an attempt, so the healthy one is sent one timeout after the batch began, with a
+    signature its receiver accepts."""
+    slow_id, _ = register(sqlite_engine, "http://slow.example/hook", events=("judgment.overruled",))
+    enqueue_for(sqlite_engine, slow_id, 30)
+    good_id, good_secret = register(sqlite_engine, "http://good.example/hook", events=("judgment.reviewed",))
+    enqueue_for(sqlite_engine, good_id, 1, "judgment.reviewed")
+    clock = FakeClock(utcnow() + timedelta(seconds=1))
+    start = clock()
+    seen: list[tuple[str, int, datetime]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.host, signed_at(request), clock()))
+        if request.url.host == "slow.example":
+            clock.advance(webhooks.REQUEST_TIMEOUT)
+            raise httpx.ReadTimeout("timed out", request=request)
+        clock.advance(0.2)
+        ok = webhooks.verify_signature(good_secret, request.headers[webhooks.SIGNATURE_HEADER], request.content,
+                                       now=clock().timestamp())  # fmt: skip
+        return httpx.Response(200 if ok else 401)
+
+    monkeypatch.setattr(webhooks, "_unreachable_address", lambda url: None)  # no DNS for example names
+    client = httpx.Client(transport=httpx.MockTransport(answer))
+    assert webhooks.deliver_due(sqlite_engine, clock=clock, client=client) == 2
+    assert [(host, stamp - int(start.timestamp())) for host, stamp, _ in seen] == [
+        ("slow.example", 0),
+        ("good.example", int(webhooks.REQUEST_TIMEOUT)),
+    ]
+    rows = {d.id: d for d in deliveries(sqlite_engine)}
+    good = next(d for d in rows.values() if d.webhook_id == good_id)
+    assert (good.status, good.last_status_code, good.delivered_at) == ("delivered", 200, clock())
+    slow = sorted((d for d in rows.values() if d.webhook_id == slow_id), key=lambda d: d.id or 0)
+    first_end = start + timedelta(seconds=webhooks.REQUEST_TIMEOUT)
+    assert (slow[0].attempts, slow[0].next_attempt_at) == (
+        1,
+        first_end + timedelta(seconds=webhooks.RETRY_DELAYS[0]),
+    )
+    assert {(d.attempts, d.next_attempt_at) for d in slow[1:]} == {
+        (0, first_end + timedelta(seconds=webhooks.RETRY_DELAYS[0]))
+    }
+    with session_scope(sqlite_engine, read_only=True) as s:
+        logged = {a.delivery_id: a.at for a in s.exec(select(WebhookAttempt)).all()}
+    assert logged == {slow[0].id: start, good.id: first_end}
+
+
+def test_a_receiver_that_does_not_take_the_connection_holds_back_its_host_not_the_others(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connect timeout stands for the host: its other webhooks' deliveries wait too."""
+    a_id, _ = register(sqlite_engine, "http://down.example/a", events=("judgment.overruled",))
+    b_id, _ = register(sqlite_engine, "http://DOWN.example/b", events=("judgment.reviewed",))
+    c_id, _ = register(sqlite_engine, "http://up.example/c", events=("judgment.undone",))
+    enqueue_for(sqlite_engine, a_id, 2)
+    enqueue_for(sqlite_engine, b_id, 2, "judgment.reviewed")
+    enqueue_for(sqlite_engine, c_id, 1, "judgment.undone")
+    clock = FakeClock(utcnow() + timedelta(seconds=1))
+    hosts: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        hosts.append(request.url.host)
+        if request.url.host == "down.example":
+            clock.advance(webhooks.CONNECT_TIMEOUT)
+            raise httpx.ConnectTimeout("timed out", request=request)
+        return httpx.Response(204)
+
+    monkeypatch.setattr(webhooks, "_unreachable_address", lambda url: None)
+    client = httpx.Client(transport=httpx.MockTransport(answer))
+    attempted = webhooks.deliver_due(sqlite_engine, clock=clock, client=client)
+    assert (attempted, hosts) == (2, ["down.example", "up.example"])
+    assert sorted((d.webhook_id, d.status, d.attempts) for d in deliveries(sqlite_engine)) == [
+        (a_id, "pending", 0), (a_id, "pending", 1), (b_id, "pending", 0), (b_id, "pending", 0),
+        (c_id, "delivered", 1),
+    ]  # fmt: skip
+
+
+def test_a_second_worker_never_sends_what_the_first_is_sending_or_still_holds(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker A claims a batch; its receiver takes 35 s per answer, so by A's second POST the
+    batch's claim (CLAIM_SECONDS) has run out for the rest. Worker B (another thread, on the same
+    database) then takes over those rows but not the one A is sending (re-claimed when A began
+    it); A skips what B took. Every delivery is sent once and recorded once (review7 F5: A used to
+    send its whole batch again). On SQLite and PostgreSQL."""
+    hook_id, _ = register(engine, "http://pipeline.example/hook", events=("judgment.overruled",))
+    enqueue_for(engine, hook_id, 5)
+    clock = FakeClock(utcnow() + timedelta(seconds=1))
+    sent: list[tuple[str, str]] = []  # (worker, delivery id)
+    b_attempted: list[int] = []
+
+    def worker_b() -> None:
+        client = httpx.Client(transport=httpx.MockTransport(lambda request: (
+            sent.append(("B", request.headers[webhooks.DELIVERY_HEADER])) or httpx.Response(200))))  # fmt: skip
+        b_attempted.append(webhooks.deliver_due(engine, clock=clock, client=client))
+
+    def answer_a(request: httpx.Request) -> httpx.Response:
+        sent.append(("A", request.headers[webhooks.DELIVERY_HEADER]))
+        clock.advance(35)
+        if len(sent) == 2:  # during A's second POST, 70 s after the batch's claim
+            thread = threading.Thread(target=worker_b)
+            thread.start()
+            thread.join()
+        return httpx.Response(200)
+
+    monkeypatch.setattr(webhooks, "_unreachable_address", lambda url: None)  # no DNS for example.com names
+    assert (
+        webhooks.deliver_due(
+            engine, clock=clock, client=httpx.Client(transport=httpx.MockTransport(answer_a))
+        )
+        == 2
+    )
+    ids = [str(d.id) for d in deliveries(engine)]
+    assert b_attempted == [3]
+    assert sent == [("A", ids[0]), ("A", ids[1]), ("B", ids[2]), ("B", ids[3]), ("B", ids[4])]
+    assert [(d.status, d.attempts) for d in deliveries(engine)] == [("delivered", 1)] * 5
+    with session_scope(engine, read_only=True) as s:
+        assert sorted(a.delivery_id for a in s.exec(select(WebhookAttempt)).all()) == [int(i) for i in ids]
+
+
+def test_an_attempt_whose_claim_was_taken_over_meanwhile_is_not_recorded(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A POST that outlives its own claim (the receiver kept it longer than CLAIM_SECONDS): another
+    worker sends it again (at least once) and its outcome stands; the first worker's late answer
+    neither overwrites it nor counts an attempt."""
+    hook_id, _ = register(sqlite_engine, "http://pipeline.example/hook", events=("judgment.overruled",))
+    enqueue_for(sqlite_engine, hook_id, 1)
+    clock = FakeClock(utcnow() + timedelta(seconds=1))
+    monkeypatch.setattr(webhooks, "_unreachable_address", lambda url: None)
+    codes: list[int] = []
+
+    def answer_a(request: httpx.Request) -> httpx.Response:
+        clock.advance(webhooks.CLAIM_SECONDS + 1)
+        b = httpx.Client(transport=httpx.MockTransport(lambda r: codes.append(202) or httpx.Response(202)))
+        assert webhooks.deliver_due(sqlite_engine, clock=clock, client=b) == 1
+        codes.append(500)
+        return httpx.Response(500)
+
+    assert (
+        webhooks.deliver_due(
+            sqlite_engine, clock=clock, client=httpx.Client(transport=httpx.MockTransport(answer_a))
+        )
+        == 1
+    )
+    assert codes == [202, 500]
+    [row] = deliveries(sqlite_engine)
+    assert (row.status, row.attempts, row.last_status_code) == ("delivered", 1, 202)
+    assert attempts(sqlite_engine) == [202]
