@@ -546,29 +546,58 @@ def import_source_evaluations(
     import (validation, identity, idempotency) in the caller's transaction: a fault refuses it all.
     A source that answers per evaluation (OTLP's partial success, lib.otlp) passes `on_invalid`
     instead: a faulty evaluation is handed to it (its index in `evaluations`, the located fault) and
-    left out, the others imported. `evaluations` is read once, in order: a generator keeps only the
+    left out, the others imported; the metric definitions are then those of the accepted ones only
+    (a refused span defines no metric and widens no scale). `evaluations` is read once, in order: a generator keeps only the
     records it becomes in memory, not both.
     """
     actor = authorize(session, reviewer, Permission.IMPORT)
     rubric = _source_rubric(session)
     plan = source_records.plan_import(evaluations, rubric, on_invalid=on_invalid)
+    refused: dict[int, ImportFailed] = {}  # position in plan.records → why validation refused it
+    # The definitions are written before the records they check; when some of those records are
+    # then refused (an OTLP span whose other score is off a fixed scale), the definitions are taken
+    # back to this savepoint and written again from the accepted ones only (review7 F7). Without
+    # `on_invalid` any refusal rolls the whole import back.
+    checkpoint = session.begin_nested() if plan.definitions and on_invalid is not None else None
     if plan.definitions:
         _define_metrics(session, plan.definitions, actor.identity)
 
     def invalid(position: int, exc: InvalidField) -> None:
-        assert on_invalid is not None
-        on_invalid(plan.indexes[position], located_failure(plan.records[position][0], exc))
+        refused[position] = located_failure(plan.records[position][0], exc)
 
-    def prepare() -> _Prepared:
+    def validate(positions: list[int]) -> _Prepared:
+        def kept(position: int, exc: InvalidField) -> None:
+            invalid(positions[position], exc)
+
+        records = (
+            plan.records if len(positions) == len(plan.records) else [plan.records[i] for i in positions]
+        )
         prepared = _prepare_evaluations(
             session=session,
-            records=plan.records,
+            records=records,
             source=source,
             reviewer=actor.identity,
-            on_invalid=invalid if on_invalid is not None else None,
+            on_invalid=kept if on_invalid is not None else None,
             chunk_rows=IN_MEMORY_CHUNK_ROWS,  # the evaluations are in memory whole already
         )
+        prepared.source_keys = {positions[i]: key for i, key in prepared.source_keys.items()}
+        return prepared
+
+    def prepare() -> _Prepared:
+        prepared = validate(list(range(len(plan.records))))
+        if checkpoint is not None and refused:
+            prepared.close()
+            checkpoint.rollback()
+            definitions = plan.definitions_without(refused)
+            if definitions:
+                _define_metrics(session, definitions, actor.identity)
+            prepared = validate([i for i in range(len(plan.records)) if i not in refused])
+        elif checkpoint is not None:
+            checkpoint.commit()
         plan.records = []  # spooled now: the write phase need not carry them too
+        if on_invalid is not None:
+            for position in sorted(refused):
+                on_invalid(plan.indexes[position], refused[position])
         return prepared
 
     def write(prepared: _Prepared) -> ImportReport:
@@ -689,6 +718,9 @@ def add_source_verdicts(
         verdicts=list(new),
     )  # fmt: skip
     plan = source_records.plan_import([evaluation], rubric)
+    # Definitions go first (the row is checked against them) in a savepoint: a verdict group the
+    # check then refuses takes its definitions back with it (review7 F7).
+    checkpoint = session.begin_nested() if plan.definitions else None
     if plan.definitions:
         _define_metrics(session, plan.definitions, actor.identity)
     located, added = plan.records[0]
@@ -709,7 +741,11 @@ def add_source_verdicts(
             {k: v for k, v in record.items() if v is not None}, lambda _product: metrics, actor.identity
         )
     except InvalidField as exc:
+        if checkpoint is not None:
+            checkpoint.rollback()
         raise located_failure(located, exc) from None
+    if checkpoint is not None:
+        checkpoint.commit()
     for column in (
         "judge_scores_json",
         "evidence_json",

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -159,15 +159,59 @@ class _MetricPlan:
     high: float = -math.inf
     whole: bool = True
 
+    def add(self, score: float, labelled: bool, scale: SourceScale | None) -> None:
+        """One accepted evaluation's score for this metric."""
+        self.stated = self.stated or scale
+        self.labels_only = self.labels_only and labelled
+        if score < self.low:
+            self.low = score
+        if score > self.high:
+            self.high = score
+        self.whole = self.whole and score.is_integer()
+
+    @property
+    def scored(self) -> bool:
+        return self.low <= self.high
+
+
+# What one accepted record gave the plan: its product, whether it scored a metric the rubric fixes,
+# and each score of a metric the plan defines or widens (the plan, score, label only, stated scale).
+_Use = tuple[_MetricPlan, float, bool, SourceScale | None]
+_Contribution = tuple[Any, bool, list[_Use]]
+
 
 @dataclass
 class SourcePlan:
     """What importing some source evaluations writes: metric definitions first, then the records
-    (`indexes`: each record's position among the evaluations, when faulty ones were left out)."""
+    (`indexes`: each record's position among the evaluations, when faulty ones were left out).
+
+    The definitions come from the records only: an evaluation refused while planning adds nothing
+    to them, and `definitions_without` gives them again without the records a later check refused
+    (review7 F7: a refused OTLP span wrote its product's rubric)."""
 
     definitions: list[dict[str, Any]]
     records: list[tuple[Located, dict[str, Any]]]
     indexes: list[int] = field(default_factory=list)
+    rubrics: dict[Any, tuple[list[MetricSpec], bool, bool]] = field(default_factory=dict)
+    contributions: list[_Contribution] = field(default_factory=list)  # one per record
+
+    def definitions_without(self, refused: Collection[int]) -> list[dict[str, Any]]:
+        """The definitions of the records but those at the positions `refused` (in `records`)."""
+        plans: dict[tuple[Any, str], _MetricPlan] = {}
+        uses_rubric: set[Any] = set()
+        for position, (product, on_rubric, uses) in enumerate(self.contributions):
+            if position in refused:
+                continue
+            if on_rubric:
+                uses_rubric.add(product)
+            for template, score, labelled, scale in uses:
+                plan = plans.get((product, template.slug))
+                if plan is None:
+                    plan = plans[product, template.slug] = _MetricPlan(
+                        template.name, template.slug, template.stored
+                    )
+                plan.add(score, labelled, scale)
+        return _definitions(self.rubrics, plans, uses_rubric)
 
 
 def resolve_metric(specs: Sequence[MetricSpec], name: str) -> str:
@@ -206,6 +250,7 @@ def plan_import(
     plans: dict[tuple[str, str], _MetricPlan] = {}
     records: list[tuple[Located, dict[str, Any]]] = []
     indexes: list[int] = []
+    contributions: list[_Contribution] = []
     rubrics: dict[str, tuple[list[MetricSpec], bool, bool]] = {}
     uses_rubric: set[str] = set()
     # (product, evaluation name) → (rubric slug or None, score key, the record's field for it as a
@@ -220,6 +265,8 @@ def plan_import(
         specs = rubrics[product][0]
         scores: dict[str, dict[str, Any]] = {}
         human: dict[str, dict[str, Any]] = {}
+        uses: list[_Use] = []  # added to the plans once the evaluation is accepted whole
+        on_rubric = False
         try:
             if not ev.verdicts:
                 raise InvalidField(None, "has no evaluation results")
@@ -245,7 +292,7 @@ def plan_import(
                         resolved[product, name] = cached
                 slug, key, judge_field, user_field, plan = cached
                 if plan is None:  # the rubric's metric, on a scale a user (or the source) set
-                    uses_rubric.add(product)
+                    on_rubric = True
                 else:  # a metric this import defines, or one whose inferred scale it may widen
                     if abs(score) > SCALE_BOUND:
                         raise InvalidField(
@@ -253,13 +300,7 @@ def plan_import(
                             f"score {score:g} for {name!r} is beyond any scale a metric may have "
                             f"(±{SCALE_BOUND:,})",
                         )
-                    plan.stated = plan.stated or verdict.scale
-                    plan.labels_only = plan.labels_only and verdict.score is None
-                    if score < plan.low:
-                        plan.low = score
-                    if score > plan.high:
-                        plan.high = score
-                    plan.whole = plan.whole and score.is_integer()
+                    uses.append((plan, score, verdict.score is None, verdict.scale))
                 side, field_name = (human, user_field) if verdict.human else (scores, judge_field)
                 if key in side:
                     raise InvalidField(
@@ -286,11 +327,31 @@ def plan_import(
             value = getattr(ev, name)
             if value is not None:
                 record[name] = value
+        for plan, score, labelled, scale in uses:
+            plan.add(score, labelled, scale)
+        if on_rubric:
+            uses_rubric.add(product)
         records.append((where, record))
         indexes.append(index)
+        contributions.append((product, on_rubric, uses))
+    return SourcePlan(
+        definitions=_definitions(rubrics, plans, uses_rubric),
+        records=records,
+        indexes=indexes,
+        rubrics=rubrics,
+        contributions=contributions,
+    )
+
+
+def _definitions(
+    rubrics: Mapping[Any, tuple[list[MetricSpec], bool, bool]],
+    plans: Mapping[tuple[Any, str], _MetricPlan],
+    uses_rubric: Collection[Any],
+) -> list[dict[str, Any]]:
+    """The definitions the scored plans write (a plan no accepted evaluation scored writes none)."""
     definitions: list[dict[str, Any]] = []
     for product, (specs, own, populated) in rubrics.items():
-        ours = [plan for (p, _), plan in plans.items() if p == product]
+        ours = [plan for (p, _), plan in plans.items() if p == product and plan.scored]
         definitions.extend(filter(None, (_widened(product, plan) for plan in ours if plan.stored)))
         new = [plan for plan in ours if plan.stored is None]
         if not new:
@@ -301,7 +362,7 @@ def plan_import(
         definitions.extend(
             {**_new_definition(product, plan), "position": len(kept) + i} for i, plan in enumerate(new)
         )
-    return SourcePlan(definitions=definitions, records=records, indexes=indexes)
+    return definitions
 
 
 def _definition(product: str, spec: MetricSpec) -> dict[str, Any]:

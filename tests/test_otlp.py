@@ -703,3 +703,48 @@ def test_a_scale_inferred_from_one_request_grows_with_later_ones_and_a_defined_o
     assert f"field \"{EVAL} 'style'\": score 4 for 'style' is outside its scale 0–3" in message
     assert _scales(receiver.engine, "support-bot")["style"] == (0.0, 3.0, True, False)
     assert len(_audited(receiver.engine)) == 3
+
+
+def test_a_refused_span_or_late_verdict_writes_nothing_of_its_products_rubric(any_receiver: Receiver) -> None:
+    """review7 F7: a span refused for one score (truthfulness 9 on the default 1–5) still wrote its
+    product's rubric: the eight defaults became the product's own and `warmth` got 0–3 from the
+    refused score, fixed before any accepted evaluation scored it. Definitions now come only from
+    what is accepted, in a request of spans and in a late log event alike."""
+    receiver = any_receiver
+    t = Telemetry("fresh-bot")
+    t.call("Refused span?", "Yes.", events={"warmth": 3, "truthfulness": 9})
+    t.call("Accepted span?", "Yes.", events={"warmth": 1})
+    partial = ExportTraceServiceResponse.FromString(receiver.post("/v1/traces", t.traces()).content)
+    assert partial.partial_success.rejected_spans == 1
+    assert "score 9 for 'truthfulness' is outside its scale 1–5" in partial.partial_success.error_message
+    # Only the accepted span's score: warmth 0–1, and no defaults written (it scored none of them).
+    assert _scales(receiver.engine, "fresh-bot") == {"warmth": (0.0, 1.0, True, True)}
+    assert _audited(receiver.engine) == []
+    with Session(receiver.engine) as session:
+        stored = [s.question for s in session.exec(select(EvaluationSnapshot))]
+    assert stored == ["Accepted span?"]
+
+    # Every span refused: nothing at all.
+    t = Telemetry("other-bot")
+    t.call("Refused span?", "Yes.", events={"warmth": 3, "truthfulness": 9})
+    partial = ExportTraceServiceResponse.FromString(receiver.post("/v1/traces", t.traces()).content)
+    assert partial.partial_success.rejected_spans == 1
+    assert _scales(receiver.engine, "other-bot") == {}
+
+    # A late log event group refused for one score takes its new metric back with it.
+    t = Telemetry("late-bot")
+    span = t.call("Judged span?", "Yes.", events={"truthfulness": 4})
+    assert receiver.post("/v1/traces", t.traces()).status_code == 200
+    t.verdict("helpfulness", 9, span)
+    t.verdict("tone", 3, span)
+    r = receiver.post("/v1/logs", t.log_body())
+    assert r.status_code == 200
+    message = ExportLogsServiceResponse.FromString(r.content).partial_success.error_message
+    assert "score 9 for 'helpfulness' is outside its scale 1–5" in message
+    assert _scales(receiver.engine, "late-bot") == {}
+    t.verdict("tone", 5, span)
+    assert receiver.post("/v1/logs", t.log_body()).status_code == 200
+    assert _scales(receiver.engine, "late-bot")["tone"] == (0.0, 5.0, True, True)
+    with Session(receiver.engine) as session:
+        late = session.exec(select(Judgment).where(Judgment.product == "late-bot"))
+        assert sorted((j.metric, j.decision) for j in late) == [("tone", "5"), ("truthfulness", "4")]
