@@ -630,6 +630,37 @@ def test_plan_import_widens_only_an_inferred_scale_and_marks_only_inferred_ones(
         plan(SourceVerdict("tone", SCALE_BOUND * 2.0))
 
 
+def test_plan_import_defines_metrics_from_the_evaluations_it_accepts_only() -> None:
+    """review7 F7: an evaluation refused half-way through its verdicts (a label with no score after
+    `tone` 7) no longer widens the plan of `tone`; `definitions_without` gives the definitions had
+    a later check refused some of the records too (none left: nothing at all, not the defaults)."""
+    from lib.metrics import DEFAULT_METRICS
+    from lib.records import ImportFailed as Refused
+    from lib.source_records import plan_import
+
+    def rubric(product: str) -> tuple[list[object], bool, bool]:
+        return list(DEFAULT_METRICS), False, False
+
+    refused: list[int] = []
+
+    def on_invalid(index: int, exc: Refused) -> None:
+        refused.append(index)
+
+    evaluations = [
+        SourceEvaluation(where="r1", product="p", question="q1", answer="a",
+                         verdicts=[SourceVerdict("tone", 7), SourceVerdict("mood", label="maybe")]),
+        SourceEvaluation(where="r2", product="p", question="q2", answer="a", verdicts=[SourceVerdict("tone", 2)]),
+        SourceEvaluation(where="r3", product="p", question="q3", answer="a",
+                         verdicts=[SourceVerdict("tone", 4), SourceVerdict("truthfulness", 3)]),
+    ]  # fmt: skip
+    plan = plan_import(evaluations, rubric, on_invalid=on_invalid)
+    assert refused == [0] and plan.indexes == [1, 2]
+    scales = {d["slug"]: (d["min"], d["max"]) for d in plan.definitions}
+    assert scales["tone"] == (0.0, 4.0) and len(scales) == 9  # the defaults: r3 scores truthfulness
+    assert [(d["slug"], d["max"]) for d in plan.definitions_without({1})] == [("tone", 2.0)]
+    assert plan.definitions_without({0, 1}) == []
+
+
 def test_two_imports_racing_for_one_new_metric_keep_the_union_of_their_scales(pg_engine: Engine) -> None:  # noqa: F811
     """Two PostgreSQL transactions both find `tone` undefined: the first defines it 0–7 and holds
     the import lock uncommitted; the second (its scores 0–3) waits, then finds the row the first
