@@ -237,6 +237,10 @@ def _proto_resources(signal: str, body: bytes) -> Iterator[tuple[dict[str, Any],
     except DecodeError as exc:
         raise OtlpError(400, f"the body is not an OTLP {signal} protobuf message: {exc}") from None
     if signal == "traces":
+        _check_count(signal, sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans))
+    else:
+        _check_count(signal, sum(len(s.log_records) for r in request.resource_logs for s in r.scope_logs))
+    if signal == "traces":
         for resource_spans in request.resource_spans:
             attrs = _proto_attrs(resource_spans.resource.attributes)
             yield (
@@ -274,6 +278,21 @@ def _proto_resources(signal: str, body: bytes) -> Iterator[tuple[dict[str, Any],
                     for log in scope_logs.log_records
                 ),
             )
+
+
+# Spans or log records in one request: the SDK sends at most 512, a backfill 10,000 (docs). Ten
+# megabytes of empty spans are millions of them, and each would cost a Python object or more.
+MAX_RECORDS = 100_000
+
+
+def _check_count(signal: str, count: int) -> None:
+    if count > MAX_RECORDS:
+        what = "spans" if signal == "traces" else "log records"
+        raise OtlpError(
+            413,
+            f"{count:,} {what} in one request, over the {MAX_RECORDS:,} a request takes: export smaller "
+            "batches (OTEL_BSP_MAX_EXPORT_BATCH_SIZE, OTEL_BLRP_MAX_EXPORT_BATCH_SIZE)",
+        )
 
 
 def _proto_attrs(attributes: Iterable[Any]) -> dict[str, Any]:
@@ -343,6 +362,7 @@ def _json_resources(signal: str, body: bytes) -> Iterator[tuple[dict[str, Any], 
         resources = [
             (_json_attrs(_get(r, "resource", {}).get("attributes")), r) for r in _list(document, outer)
         ]
+        _check_count(signal, sum(len(_list(scope, leaf)) for _, r in resources for scope in _list(r, inner)))
         out = []
         for attrs, resource in resources:
             records = [

@@ -410,6 +410,36 @@ def test_what_cannot_be_mapped_is_named_in_the_partial_success(
     assert answer.status_code == 400 and answer.json()["message"].startswith("malformed JSON")
 
 
+def test_a_request_of_more_records_than_it_takes_is_refused_before_they_are_read(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten megabytes of empty spans are millions of them: counted before any is read, refused whole."""
+    from lib import otlp
+
+    monkeypatch.setattr(otlp, "MAX_RECORDS", 3)
+    t = Telemetry()
+    for i in range(4):
+        t.call(f"Question {i}?", "Answer.", events={"clarity": 4})
+    spans = t.spans.get_finished_spans()
+    body = encode_spans(spans).SerializeToString()
+    as_json = json.dumps(
+        {
+            "resourceSpans": [
+                {"scopeSpans": [{"spans": [{"traceId": "ab" * 16, "spanId": f"{i:016x}"} for i in range(4)]}]}
+            ]
+        }
+    ).encode()
+    for sent, headers in ((body, {}), (as_json, {"Content-Type": "application/json"})):
+        r = receiver.post("/v1/traces", sent, **headers)
+        assert r.status_code == 413, r.text
+        assert "4 spans in one request, over the 3 a request takes" in (
+            r.json()["message"] if headers else r.content.decode(errors="replace")
+        )
+    assert count(receiver.engine, EvaluationSnapshot) == 0
+    assert receiver.post("/v1/traces", encode_spans(spans[:3]).SerializeToString()).status_code == 200
+    assert count(receiver.engine, EvaluationSnapshot) == 3
+
+
 def test_otlp_json_bodies_and_refusals(receiver: Receiver) -> None:
     span = {
         "traceId": "5b8efff798038103d269b633813fc60c",
