@@ -167,20 +167,24 @@ def read_body(raw: bytes, content_encoding: str, limit: int) -> bytes:
         return raw
     if encoding != "gzip":
         raise OtlpError(415, f"Content-Encoding {encoding!r} is not supported: send gzip or none")
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        body = inflater.decompress(raw, limit + 1)
-    except zlib.error as exc:
-        raise OtlpError(400, f"the gzip body is corrupt: {exc}") from None
-    if len(body) > limit or inflater.unconsumed_tail:
-        raise OtlpError(413, f"the body is over the {limit // (1024 * 1024)} MB limit once un-gzipped")
-    # What could be inflated is only part of what was sent: decoding it would store part of the
-    # request and answer success for the rest.
-    if not inflater.eof:
-        raise OtlpError(400, "the gzip body is truncated: it ends before the gzip stream does")
-    if inflater.unused_data:
-        raise OtlpError(400, "the gzip body has bytes after the end of its gzip stream")
-    return body
+    body, data = b"", raw
+    while True:  # one gzip member after another (RFC 1952 allows several; gzip.decompress reads them)
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            body += inflater.decompress(data, limit + 1 - len(body))
+        except zlib.error as exc:
+            raise OtlpError(400, f"the gzip body is corrupt: {exc}") from None
+        if len(body) > limit or inflater.unconsumed_tail:
+            raise OtlpError(413, f"the body is over the {limit // (1024 * 1024)} MB limit once un-gzipped")
+        # What could be inflated is only part of what was sent: decoding it would store part of
+        # the request and answer success for the rest.
+        if not inflater.eof:
+            raise OtlpError(400, "the gzip body is truncated: it ends before the gzip stream does")
+        data = inflater.unused_data
+        if not data:
+            return body
+        if not data.startswith(b"\x1f\x8b"):
+            raise OtlpError(400, "the gzip body has bytes after the end of its gzip stream")
 
 
 def media_type(content_type: str) -> str:

@@ -476,6 +476,12 @@ def test_otlp_json_bodies_and_refusals(receiver: Receiver) -> None:
         r = receiver.post("/v1/traces", broken, **json_type, **{"Content-Encoding": "gzip"})
         assert r.status_code == 400 and "gzip body" in r.json()["message"], r.text
     assert count(receiver.engine, EvaluationSnapshot) == 0
+    # Two gzip members (RFC 1952; a proxy may send them) are one body.
+    half = len(body) // 2
+    members = gzip.compress(body[:half]) + gzip.compress(body[half:])
+    r = receiver.post("/v1/traces", members, **json_type, **{"Content-Encoding": "gzip"})
+    assert r.status_code == 200 and r.json() == {}, r.text
+    assert count(receiver.engine, EvaluationSnapshot) == 1
     r = receiver.post("/v1/traces", body, **json_type)
     assert r.status_code == 200 and r.json() == {}
     with Session(receiver.engine) as session:
