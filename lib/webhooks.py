@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpcore
 import httpx
 import pandas as pd
 from sqlalchemy import Engine, delete, func, insert, update
@@ -437,12 +438,43 @@ def _post(url: str, body: bytes, headers: Mapping[str, str], client: httpx.Clien
     return AttemptResult(code, error, int((time.perf_counter() - started) * 1000), stalled)
 
 
+class _CheckedBackend(httpcore.SyncBackend):
+    """httpcore's network backend, refusing a connection whose peer `refused_address` refuses.
+
+    `_unreachable_address` resolves the host before the POST, and httpx resolves it again to
+    connect: a DNS server answering a harmless address first and the metadata service second
+    (rebinding) gets past the first check, not this one, which looks at the socket's peer."""
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        stream = super().connect_tcp(host, port, timeout, local_address, socket_options)
+        peer = ipaddress.ip_address(str(stream.get_extra_info("server_addr")[0]).split("%", 1)[0])
+        refused = refused_address(peer)
+        if refused is not None:
+            stream.close()
+            raise httpcore.ConnectError(f"refused: {host} connected to {peer}, {refused}")
+        return stream
+
+
 def http_client() -> httpx.Client:
     """The client deliveries use: REQUEST_TIMEOUT per read or write, CONNECT_TIMEOUT to connect (a
-    receiver that is down costs little), redirects not followed."""
-    return httpx.Client(
+    receiver that is down costs little), redirects not followed, and every direct connection's peer
+    checked (`_CheckedBackend`, set on the default transport's pool: httpx takes no backend, and
+    passing a transport of our own would drop the HTTP(S)_PROXY settings a proxy user relies on;
+    through a proxy, the proxy connects)."""
+    client = httpx.Client(
         timeout=httpx.Timeout(REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT), follow_redirects=False
     )
+    pool = getattr(client._transport, "_pool", None)
+    assert isinstance(pool, httpcore.ConnectionPool) and type(pool._network_backend) is httpcore.SyncBackend
+    pool._network_backend = _CheckedBackend()
+    return client
 
 
 def _claim(engine: Engine, now: datetime, limit: int) -> dict[int, datetime]:

@@ -687,3 +687,28 @@ def test_an_attempt_whose_claim_was_taken_over_meanwhile_is_not_recorded(
     [row] = deliveries(sqlite_engine)
     assert (row.status, row.attempts, row.last_status_code) == ("delivered", 1, 202)
     assert attempts(sqlite_engine) == [202]
+
+
+def test_the_connection_itself_is_checked_so_a_name_rebound_after_the_check_is_not_called(
+    sqlite_engine: Engine, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DNS rebinding: the name answered a harmless address to the delivery-time lookup and the
+    metadata service to httpx's own. Here the lookup is told nothing is wrong and 127.0.0.1 (the
+    receiver) stands in for the metadata service: the socket's peer is checked, so nothing is sent."""
+    items(sqlite_engine, 1)
+    _, receiver.secret = register(sqlite_engine, receiver.url, events=("judgment.overruled",))
+    overrule(sqlite_engine)
+    monkeypatch.setattr(webhooks, "_unreachable_address", lambda url: None)
+    monkeypatch.setattr(
+        webhooks, "METADATA_ADDRESSES", webhooks.METADATA_ADDRESSES | {ipaddress.ip_address("127.0.0.1")}
+    )
+    assert webhooks.deliver_due(sqlite_engine) == 1
+    assert receiver.received == []
+    [row] = deliveries(sqlite_engine)
+    assert (row.status, row.last_status_code, row.last_error) == (
+        "pending", None, "ConnectError: refused: 127.0.0.1 connected to 127.0.0.1, a cloud metadata address",
+    )  # fmt: skip
+    # Allowed again, the same path connects and delivers.
+    monkeypatch.setattr(webhooks, "METADATA_ADDRESSES", frozenset())
+    assert webhooks.deliver_due(sqlite_engine, clock=at(utcnow() + timedelta(seconds=60))) == 1
+    assert [r["signed"] for r in receiver.received] == [True]
