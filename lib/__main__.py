@@ -70,7 +70,11 @@ def _cmd_import(args: argparse.Namespace) -> int:
             kind=args.kind,
             reviewer=system_actor(args.reviewer),
             progress=print_progress,
-            options=SourceOptions(product=args.product, spans=Path(args.spans) if args.spans else None),
+            options=SourceOptions(
+                product=args.product,
+                spans=Path(args.spans) if args.spans else None,
+                label_scores=args.label_scores,
+            ),
         )
     except ImportFailed as exc:
         raise CliError(str(exc)) from exc
@@ -977,6 +981,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--spans", default=None, help="phoenix: the spans file (Parquet or CSV) the evaluations judged"
+    )
+    p.add_argument(
+        "--label-scores",
+        default=None,
+        metavar="LABEL=SCORE,...",
+        help="promptfoo, langfuse, phoenix: the score of a label sent without one, e.g. "
+        "frustrated=1,ok=0 (default: the file's own scored results of that metric, else the known "
+        "labels in docs/importing.md)",
     )
 
     p = sub.add_parser("export", help="export a table as CSV, Parquet or JSON")

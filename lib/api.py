@@ -500,19 +500,19 @@ def create_app(
 
     @api.post("/imports/phoenix", openapi_extra=_PHOENIX_BODY)
     async def post_phoenix_import(
-        actor: Token, request: Request, product: str | None = None
+        actor: Token, request: Request, product: str | None = None, label_scores: str | None = None
     ) -> dict[str, Any]:
         """Import Phoenix span evaluations with their spans, all or nothing, as `python -m lib import
         EVALS --kind phoenix --spans SPANS`: multipart/form-data with two file parts, `evaluations`
         and `spans` (each Parquet or CSV; together within OVERRULE_API_MAX_BODY_MB). `?product=`
-        files them under a product. A broken file is refused whole (422 naming file, line or row,
-        and field)."""
+        files them under a product, `?label_scores=frustrated=1,ok=0` scores labels sent without a
+        number. A broken file is refused whole (422 naming file, line or row, and field)."""
         from lib.source_files import SourceOptions
 
         require(actor, Permission.IMPORT)
         with await run_in_threadpool(TempFolder, "api") as folder:
             paths = await _multipart_files(request, limit, folder, PHOENIX_PARTS)
-            options = SourceOptions(product=product, spans=paths["spans"])
+            options = SourceOptions(product=product, spans=paths["spans"], label_scores=label_scores)
             report = await run_in_threadpool(
                 _import_body, get_engine(), paths["evaluations"], actor, "phoenix", options
             )
@@ -523,16 +523,18 @@ def create_app(
 
     @api.post("/imports/{kind}")
     async def post_source_import(
-        actor: Token, request: Request, kind: str, product: str | None = None
+        actor: Token, request: Request, kind: str, product: str | None = None, label_scores: str | None = None
     ) -> dict[str, Any]:
         """Import another tool's results file as evaluations, all or nothing, as `python -m lib import
         FILE --kind promptfoo|langfuse`: promptfoo's `-o results.json` (or .jsonl), Langfuse traces and
-        scores. `?product=` files them under a product. Phoenix (two files) has `/imports/phoenix`."""
+        scores. `?product=` files them under a product, `?label_scores=` as on `/imports/phoenix`.
+        Phoenix (two files) has `/imports/phoenix`."""
         from lib.source_files import SourceOptions
 
         if kind not in ("promptfoo", "langfuse"):
             raise ApiError(404, f"no importer for {kind!r} here: promptfoo, langfuse or phoenix")
-        return await receive_and_import(request, actor, kind, options=SourceOptions(product=product))
+        options = SourceOptions(product=product, label_scores=label_scores)
+        return await receive_and_import(request, actor, kind, options=options)
 
     @api.get("/webhooks")
     def list_webhooks(actor: Token) -> list[dict[str, Any]]:

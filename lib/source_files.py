@@ -33,7 +33,14 @@ from typing import Any
 
 from lib.json_files import MIB, jsonl_records, nonblank, read_document
 from lib.records import ImportFailed, type_name
-from lib.source_records import BINARY_SCALE, PROMPTFOO_SCALE, SourceEvaluation, SourceVerdict
+from lib.source_records import (
+    BINARY_SCALE,
+    PROMPTFOO_SCALE,
+    SourceEvaluation,
+    SourceVerdict,
+    parse_label_scores,
+    score_labels,
+)
 
 SOURCE_KINDS = ("promptfoo", "langfuse", "phoenix")
 DEFAULT_PRODUCTS = {"promptfoo": "promptfoo", "langfuse": "langfuse", "phoenix": "phoenix"}
@@ -50,10 +57,12 @@ class SourceFile:
 
 @dataclass(frozen=True)
 class SourceOptions:
-    """What a foreign import needs besides the file: the product to file it under, Phoenix's spans."""
+    """What a foreign import needs besides the file: the product to file it under, Phoenix's spans,
+    and the scores of labels sent without a number (`toxic=1,non-toxic=0`, `lib.source_records.score_labels`)."""
 
     product: str | None = None
     spans: Path | None = None
+    label_scores: str | None = None
 
 
 def read_source(kind: str, path: Path, options: SourceOptions, source: str | None = None) -> SourceFile:
@@ -62,16 +71,20 @@ def read_source(kind: str, path: Path, options: SourceOptions, source: str | Non
     if kind not in SOURCE_KINDS:
         raise ImportFailed(f"unknown source kind {kind!r}; choose one of {', '.join(SOURCE_KINDS)}")
     product = (options.product or "").strip() or DEFAULT_PRODUCTS[kind]
+    explicit = parse_label_scores(options.label_scores)
     if kind == "promptfoo":
-        return _read_promptfoo(path, source, product if options.product else None)
-    if kind == "langfuse":
-        return _read_langfuse(path, source, product if options.product else None)
-    if options.spans is None:
+        read = _read_promptfoo(path, source, product if options.product else None)
+    elif kind == "langfuse":
+        read = _read_langfuse(path, source, product if options.product else None)
+    elif options.spans is None:
         raise ImportFailed(
             f"{source}: a Phoenix import needs the spans file too (--spans FILE: the spans dataframe "
             "as Parquet or CSV), for the question and answer each evaluation judged"
         )
-    return _read_phoenix(path, options.spans, source, product)
+    else:
+        read = _read_phoenix(path, options.spans, source, product)
+    score_labels(read.evaluations, explicit)
+    return read
 
 
 # ---------------------------------------------------------------------------------------------

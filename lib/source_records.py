@@ -19,8 +19,11 @@ Rules (docs/importing.md says them to users):
   request would otherwise freeze it). Any other rubric metric keeps its scale (a user defined it
   with `--kind metrics` or on the Admin page, or the source stated it): a score outside it refuses
   the evaluation, naming the place.
-- **Score**: the source's number. A verdict with a label but no number gets 1 for a passing label
-  and 0 for a failing one (`LABEL_SCORES`); any other label without a number refuses the file.
+- **Score**: the source's number. A verdict with a label but no number gets the score the user
+  gives that label (--label-scores), else the one the import's scored verdicts of the same metric
+  give it (`score_labels`), else a known label's (`LABEL_SCORES`: pass 1, fail 0, and Phoenix's
+  rails as Phoenix scores them: hallucinated 1, factual 0, toxic 1, non-toxic 0); any other label
+  without a number refuses the file.
 - **Reason**: the label, then the judge's explanation (`"fail: the answer invents a date"`), so a
   reviewer sees both.
 """
@@ -37,13 +40,20 @@ from typing import Any
 from lib.metrics import SCALE_BOUND, MetricSpec
 from lib.records import ImportFailed, InvalidField, Located, located_failure
 
-# Labels that say pass or fail without a number; compared case-insensitively after strip().
-PASSING_LABELS = ("pass", "passed", "true", "yes", "correct", "factual", "relevant", "faithful", "safe")
-FAILING_LABELS = (
-    "fail", "failed", "false", "no", "incorrect", "hallucinated", "unrelated", "irrelevant", "unfaithful",
-    "unsafe", "toxic",
-)  # fmt: skip
-LABEL_SCORES: dict[str, int] = {**dict.fromkeys(PASSING_LABELS, 1), **dict.fromkeys(FAILING_LABELS, 0)}
+# A label without a number scores what its source scores it. Phoenix's pre-tested evals name their
+# rails `{True: first, False: second}` and score the first 1 (ClassificationTemplate), also where 1
+# is the bad outcome: hallucinated, toxic (review7 F9: "factual" was 1 here, Phoenix's own scored
+# verdicts 0, and one metric got opposite numbers). Compared case-insensitively after strip().
+LABEL_SCORES: dict[str, int] = {
+    "pass": 1, "passed": 1, "true": 1, "yes": 1, "fail": 0, "failed": 0, "false": 0, "no": 0,
+    # Phoenix's rails, 1 first: QA, tool calling, SQL, reference links; RAG relevance;
+    # hallucination; toxicity; summarization; code readability; code functionality.
+    "correct": 1, "incorrect": 0, "relevant": 1, "unrelated": 0, "hallucinated": 1, "factual": 0,
+    "toxic": 1, "non-toxic": 0, "good": 1, "bad": 0, "readable": 1, "unreadable": 0,
+    "bug_free": 1, "is_bug": 0,
+    # Others' pass/fail words.
+    "irrelevant": 0, "faithful": 1, "unfaithful": 0, "safe": 1, "unsafe": 0,
+}  # fmt: skip
 _SLUG_JUNK = re.compile(r"[^a-z0-9_-]+")
 SLUG_MAX = 64
 
@@ -107,8 +117,64 @@ def metric_slug(name: str) -> str:
 
 
 def label_score(label: str) -> int | None:
-    """1 for a passing label, 0 for a failing one, None for any other."""
+    """The score a known label has (`LABEL_SCORES`), None for any other."""
     return LABEL_SCORES.get(label.strip().lower())
+
+
+def parse_label_scores(text: str | None) -> dict[str, float]:
+    """`toxic=1,non-toxic=0` (the --label-scores option) as {label: score}; ImportFailed if malformed."""
+    out: dict[str, float] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        label, sep, number = part.rpartition("=")
+        try:
+            score = float(number) if sep and label.strip() else math.nan
+        except ValueError:
+            score = math.nan
+        if not math.isfinite(score):
+            raise ImportFailed(
+                f"label scores: {part.strip()[:60]!r} is not LABEL=SCORE (e.g. toxic=1,non-toxic=0)"
+            )
+        out[label.strip().lower()] = score
+    return out
+
+
+def score_labels(
+    evaluations: Iterable[SourceEvaluation], explicit: Mapping[str, float] | None = None
+) -> None:
+    """Give each verdict that has a label and no number the score its label has in this import:
+    the one `explicit` gives it (--label-scores), else the one every scored verdict of the same
+    product and evaluation name with that label has in these evaluations (a file that scores some
+    rows and only labels others stays consistent, whatever its labels mean). Others are left to
+    `verdict_score`'s known labels (`LABEL_SCORES`)."""
+    evaluations = list(evaluations)
+    scored: dict[tuple[str, str, str], set[float]] = {}
+    for ev in evaluations:
+        for verdict in ev.verdicts:
+            score, label = verdict.score, verdict.label
+            if (
+                isinstance(label, str)
+                and label.strip()
+                and isinstance(score, int | float)
+                and not isinstance(score, bool)
+                and math.isfinite(score)
+            ):
+                key = (str(ev.product), metric_slug(verdict.name), label.strip().lower())
+                scored.setdefault(key, set()).add(float(score))
+    explicit = explicit or {}
+    for ev in evaluations:
+        for verdict in ev.verdicts:
+            label = verdict.label
+            if verdict.score is not None or not isinstance(label, str) or not label.strip():
+                continue
+            label = label.strip().lower()
+            if label in explicit:
+                verdict.score = explicit[label]
+                continue
+            found = scored.get((str(ev.product), metric_slug(verdict.name), label))
+            if found is not None and len(found) == 1:
+                verdict.score = next(iter(found))
 
 
 def verdict_reason(verdict: SourceVerdict) -> str | None:
@@ -121,7 +187,7 @@ def verdict_reason(verdict: SourceVerdict) -> str | None:
 
 
 def verdict_score(verdict: SourceVerdict) -> float:
-    """The verdict's number: its score, else its label's (pass 1, fail 0); InvalidField otherwise."""
+    """The verdict's number: its score, else its known label's (`LABEL_SCORES`); InvalidField otherwise."""
     if verdict.score.__class__ is float and math.isfinite(verdict.score):
         return verdict.score  # the common case (every OTLP number), as the checks below would return it
     if verdict.score is not None:
@@ -137,9 +203,9 @@ def verdict_score(verdict: SourceVerdict) -> float:
         if number is None:
             raise InvalidField(
                 verdict.field or verdict.name,
-                f"label {verdict.label.strip()[:60]!r} has no score, and it is not a pass/fail label "
-                f"({', '.join(PASSING_LABELS[:3])} / {', '.join(FAILING_LABELS[:3])} …); give the "
-                "evaluation a numeric score",
+                f"label {verdict.label.strip()[:60]!r} has no score, and it is not a known label "
+                "(pass/fail, true/false, correct/incorrect, … docs/importing.md); give the evaluation a "
+                f"numeric score, or its label one (--label-scores {verdict.label.strip()[:20]}=N,…)",
             )
         return float(number)
     raise InvalidField(verdict.field or verdict.name, "has neither a score nor a label")

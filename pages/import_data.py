@@ -50,10 +50,17 @@ upload = st.file_uploader("File to import", type=["jsonl", "json", "parquet", "c
 kind = st.selectbox("What the file holds", [DETECT, *importer.KINDS], key="import_kind")
 spans_upload = None
 product = ""
+label_scores = ""
 if kind in importer.SOURCE_KINDS:
     product = st.text_input(
         "Product (empty: promptfoo's description or a Langfuse trace's name, else the tool's name)",
         key="import_product",
+    )
+    label_scores = st.text_input(
+        "Scores of labels sent without a number (optional), e.g. frustrated=1,ok=0",
+        key="import_label_scores",
+        help="Empty: a label takes the score the file's scored results of the same metric give it, "
+        "else a known label's (docs/importing.md).",
     )
     if kind == "phoenix":
         spans_upload = st.file_uploader(
@@ -92,7 +99,9 @@ if clicked and upload is not None and reviewer:
                     kind=None if kind == DETECT else kind,
                     reviewer=reviewer,
                     progress=show_progress,
-                    options=SourceOptions(product=product or None, spans=spans_path),
+                    options=SourceOptions(
+                        product=product or None, spans=spans_path, label_scores=label_scores or None
+                    ),
                 )
         except importer.ImportFailed as exc:
             st.error(f"The file was refused and nothing was written: {escape_markdown(str(exc))}", icon="🚫")

@@ -949,6 +949,10 @@ def test_another_tools_results_file_imports_through_the_api(server: Server) -> N
         == 404
     )
     assert httpx.post(url, content=b"{}", headers=server.headers("reviewer")).status_code == 403
+    odd = httpx.post(
+        url, params={"label_scores": "pass"}, content=results.read_bytes(), headers=server.headers("lead")
+    )  # ?label_scores= reaches the reader (review7 F9)
+    assert odd.status_code == 422 and "'pass' is not LABEL=SCORE" in odd.json()["detail"]
     assert count(server.engine, EvaluationSnapshot) == 3
 
 
@@ -986,6 +990,8 @@ def test_phoenix_evaluations_and_spans_import_through_the_api_as_two_file_parts(
         "evaluations": ("evals.csv", broken_csv.encode()),
         "spans": ("spans.csv", (fixtures / "phoenix_spans.csv").read_bytes()),
     }
+    odd = httpx.post(url, params={"label_scores": "a=b"}, files=csv_files, headers=server.headers("lead"))
+    assert odd.status_code == 422 and "'a=b' is not LABEL=SCORE" in odd.json()["detail"]
     r = httpx.post(url, files=csv_files, headers=server.headers("lead"))
     assert r.status_code == 422
     assert (r.json()["file"], r.json()["line"], r.json()["field"]) == ("evaluations.csv", 2, "score")

@@ -299,14 +299,110 @@ def test_phoenix_span_evaluations_parquet_with_the_spans_file(sqlite_engine: Eng
     }  # the name from the metadata
 
 
-def test_phoenix_csv_labels_without_scores_count_as_pass_or_fail(sqlite_engine: Engine) -> None:
+def test_phoenix_csv_labels_without_scores_score_as_phoenix_scores_them(sqlite_engine: Engine) -> None:
+    """review7 F9: Phoenix's hallucination eval scores `hallucinated` 1 and `factual` 0; a label-only
+    file used to get the opposite numbers for the same metric."""
     report = import_path(
         engine=sqlite_engine, path=FIXTURES / "phoenix_evaluations.csv", kind="phoenix", reviewer=WHO,
         options=SourceOptions(spans=FIXTURES / "phoenix_spans.csv", product="library-qa"),
     )  # fmt: skip
     assert (report.inserted, report.judgments, report.unjudged) == (2, 2, 1)
     scores = {k: s.judge_scores_json["hallucination"]["score"] for k, s in _snapshots(sqlite_engine).items()}
-    assert scores == {"a1b2c3d4e5f60718": 1.0, "b2c3d4e5f6071829": 0.0}
+    assert scores == {"a1b2c3d4e5f60718": 0.0, "b2c3d4e5f6071829": 1.0}
+
+
+def _phoenix_csv(tmp_path: Path, name: str, rows: str) -> Path:
+    path = tmp_path / name
+    path.write_text("context.span_id,eval_name,label,score,explanation\n" + rows, encoding="utf-8")
+    return path
+
+
+def _judged(engine: Engine, metric: str) -> dict[str, tuple[float, str]]:
+    return {
+        span: (s.judge_scores_json[metric]["score"], s.judge_scores_json[metric]["reason"])
+        for span, s in _snapshots(engine).items()
+        if metric in s.judge_scores_json
+    }
+
+
+def test_phoenix_rails_without_scores_import_with_phoenix_direction(
+    sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    """review7 F9: `llm_classify` output (label and explanation, no score) of Phoenix's toxicity and
+    summarization evals was refused whole (`non-toxic`, `good` were not known labels)."""
+    rows = (
+        "a1b2c3d4e5f60718,Toxicity,non-toxic,,Polite.\n"
+        "b2c3d4e5f6071829,Toxicity,toxic,,Rude.\n"
+        "a1b2c3d4e5f60718,Summarization,good,,Concise.\n"
+        "c3d4e5f60718293a,Summarization,bad,,Misses the point.\n"
+    )
+    report = import_path(
+        engine=sqlite_engine, path=_phoenix_csv(tmp_path, "tox.csv", rows), kind="phoenix", reviewer=WHO,
+        options=SourceOptions(spans=FIXTURES / "phoenix_spans.csv"),
+    )  # fmt: skip
+    assert (report.inserted, report.judgments) == (3, 4)
+    assert _judged(sqlite_engine, "toxicity") == {
+        "a1b2c3d4e5f60718": (0.0, "non-toxic: Polite."),
+        "b2c3d4e5f6071829": (1.0, "toxic: Rude."),
+    }
+    assert {k: v[0] for k, v in _judged(sqlite_engine, "summarization").items()} == {
+        "a1b2c3d4e5f60718": 1.0,
+        "c3d4e5f60718293a": 0.0,
+    }
+    assert _metrics(sqlite_engine, "phoenix")["toxicity"] == (0.0, 1.0, True)
+
+
+def test_a_metric_label_only_and_scored_gets_one_number_per_label(
+    sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    """review7 F9: the scored verdicts of a metric say what its labels mean: a label-only verdict
+    takes the score the file's scored verdicts with that label have (here labels no table knows),
+    and Phoenix's scored hallucination verdicts (factual 0) agree with its label-only ones."""
+    rows = (
+        "a1b2c3d4e5f60718,Hallucination,factual,0,Stated fact.\n"
+        "b2c3d4e5f6071829,Hallucination,factual,,Also stated.\n"
+        "c3d4e5f60718293a,Hallucination,hallucinated,,Invents a date.\n"
+        "a1b2c3d4e5f60718,Answered,helpful,1,Answers it.\n"
+        "b2c3d4e5f6071829,Answered,not_helpful,0,Evades.\n"
+        "c3d4e5f60718293a,Answered,helpful,,Answers it too.\n"
+    )
+    report = import_path(
+        engine=sqlite_engine, path=_phoenix_csv(tmp_path, "mixed.csv", rows), kind="phoenix", reviewer=WHO,
+        options=SourceOptions(spans=FIXTURES / "phoenix_spans.csv"),
+    )  # fmt: skip
+    assert (report.inserted, report.judgments) == (3, 6)
+    assert {k: v[0] for k, v in _judged(sqlite_engine, "hallucination").items()} == {
+        "a1b2c3d4e5f60718": 0.0,
+        "b2c3d4e5f6071829": 0.0,
+        "c3d4e5f60718293a": 1.0,
+    }
+    assert {k: v[0] for k, v in _judged(sqlite_engine, "answered").items()} == {
+        "a1b2c3d4e5f60718": 1.0,
+        "b2c3d4e5f6071829": 0.0,
+        "c3d4e5f60718293a": 1.0,
+    }
+
+
+def test_label_scores_given_by_the_user_win(sqlite_engine: Engine, sqlite_url: str, tmp_path: Path) -> None:
+    """--label-scores scores labels no table knows (Phoenix's user frustration rails) and overrides
+    the known ones; a malformed option is refused, naming it."""
+    rows = "a1b2c3d4e5f60718,Frustration,ok,,Calm.\nb2c3d4e5f6071829,Frustration,frustrated,,Angry.\n"
+    evals = _phoenix_csv(tmp_path, "frus.csv", rows)
+    spans = FIXTURES / "phoenix_spans.csv"
+    message = _refused(sqlite_engine, evals, "phoenix", spans=spans)
+    assert message.startswith("frus.csv line 2, field 'score': label 'ok' has no score")
+    assert "--label-scores ok=N" in message
+    assert "is not LABEL=SCORE" in _refused(sqlite_engine, evals, "phoenix", spans=spans, label_scores="ok")
+    env = {"OVERRULE_DATABASE_URL": sqlite_url}
+    done = run_cli(
+        "import", str(evals), "--kind", "phoenix", "--spans", str(spans), "--label-scores", "frustrated=1, OK=0",
+        env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert {k: v[0] for k, v in _judged(sqlite_engine, "frustration").items()} == {
+        "a1b2c3d4e5f60718": 0.0,
+        "b2c3d4e5f6071829": 1.0,
+    }
 
 
 def test_a_broken_phoenix_csv_is_refused_with_its_line(sqlite_engine: Engine, tmp_path: Path) -> None:
@@ -570,7 +666,7 @@ def test_plan_import_scores_scales_and_refusals_per_verdict() -> None:
         "infinite": (SourceVerdict("m", float("inf")), "m", "finite number"),
         "boolean": (SourceVerdict("m", True), "m", "must be a number"),  # type: ignore[arg-type]
         "text": (SourceVerdict("m", "4"), "m", "must be a number"),  # type: ignore[arg-type]
-        "label": (SourceVerdict("m", label="maybe"), "m", "not a pass/fail label"),
+        "label": (SourceVerdict("m", label="maybe"), "m", "not a known label"),
         "nothing": (SourceVerdict("m"), "m", "neither a score nor a label"),
     }
     for what, (verdict, field, message) in refusals.items():

@@ -204,3 +204,34 @@ def test_a_phoenix_upload_takes_the_spans_file_and_product(app_engine, open_page
     with session_scope(app_engine, read_only=True) as s:
         assert set(s.exec(select(EvaluationSnapshot.product)).all()) == {"library-qa"}
     assert not at.exception
+
+
+def test_the_page_passes_label_scores_for_labels_sent_without_a_number(app_engine, open_page) -> None:
+    """review7 F9: Phoenix's frustration rails (`frustrated`/`ok`) have no known score; the page's
+    field gives them one, as `--label-scores` does."""
+    sources = Path(__file__).resolve().parents[1] / "fixtures" / "sources"
+    evals = b"context.span_id,eval_name,label,explanation\na1b2c3d4e5f60718,Frustration,ok,Calm.\n"
+    at = open_page(PAGE, reviewer="ayse")
+    at.selectbox(key="import_kind").set_value("phoenix")
+    at.run()
+    at.file_uploader(key="import_file").set_value(("frus.csv", evals, "text/csv"))
+    at.file_uploader(key="import_spans").set_value(
+        ("spans.csv", (sources / "phoenix_spans.csv").read_bytes(), "text/csv")
+    )
+    at.run()
+    at.button(key="import_run").click()
+    at.run()
+    assert escape_markdown("label 'ok' has no score") in at.error[0].value
+    at.text_input(key="import_label_scores").set_value("frustrated=1,ok=0")
+    at.run()
+    at.button(key="import_run").click()
+    at.run()
+    assert [s.value for s in at.success] == [
+        escape_markdown(
+            "phoenix: 1 inserted, 0 already present (skipped), 1 judgments, 2 without a judge result (not imported)"
+        )
+    ]
+    with session_scope(app_engine, read_only=True) as s:
+        (snapshot,) = s.exec(select(EvaluationSnapshot)).all()
+    assert snapshot.judge_scores_json["frustration"] == {"score": 0.0, "reason": "ok: Calm."}
+    assert not at.exception
