@@ -536,17 +536,17 @@ def signed_at(request: httpx.Request) -> int:
 
 
 def test_a_slow_receiver_neither_stales_the_others_signatures_nor_holds_them_up(
-    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Thirty deliveries to a receiver that never answers in time, then one to a healthy receiver,
     in one batch (review7 F5): each attempt is signed and logged at its own time and retried from
     when it ended; after the first timeout the slow webhook's other deliveries wait for the next
     batch without an attempt, so the healthy one is sent one timeout after the batch began, with a
-    signature its receiver accepts."""
-    slow_id, _ = register(sqlite_engine, "http://slow.example/hook", events=("judgment.overruled",))
-    enqueue_for(sqlite_engine, slow_id, 30)
-    good_id, good_secret = register(sqlite_engine, "http://good.example/hook", events=("judgment.reviewed",))
-    enqueue_for(sqlite_engine, good_id, 1, "judgment.reviewed")
+    signature its receiver accepts. On SQLite and PostgreSQL."""
+    slow_id, _ = register(engine, "http://slow.example/hook", events=("judgment.overruled",))
+    enqueue_for(engine, slow_id, 30)
+    good_id, good_secret = register(engine, "http://good.example/hook", events=("judgment.reviewed",))
+    enqueue_for(engine, good_id, 1, "judgment.reviewed")
     clock = FakeClock(utcnow() + timedelta(seconds=1))
     start = clock()
     seen: list[tuple[str, int, datetime]] = []
@@ -563,12 +563,12 @@ def test_a_slow_receiver_neither_stales_the_others_signatures_nor_holds_them_up(
 
     monkeypatch.setattr(webhooks, "_unreachable_address", lambda url: None)  # no DNS for example names
     client = httpx.Client(transport=httpx.MockTransport(answer))
-    assert webhooks.deliver_due(sqlite_engine, clock=clock, client=client) == 2
+    assert webhooks.deliver_due(engine, clock=clock, client=client) == 2
     assert [(host, stamp - int(start.timestamp())) for host, stamp, _ in seen] == [
         ("slow.example", 0),
         ("good.example", int(webhooks.REQUEST_TIMEOUT)),
     ]
-    rows = {d.id: d for d in deliveries(sqlite_engine)}
+    rows = {d.id: d for d in deliveries(engine)}
     good = next(d for d in rows.values() if d.webhook_id == good_id)
     assert (good.status, good.last_status_code, good.delivered_at) == ("delivered", 200, clock())
     slow = sorted((d for d in rows.values() if d.webhook_id == slow_id), key=lambda d: d.id or 0)
@@ -580,7 +580,7 @@ def test_a_slow_receiver_neither_stales_the_others_signatures_nor_holds_them_up(
     assert {(d.attempts, d.next_attempt_at) for d in slow[1:]} == {
         (0, first_end + timedelta(seconds=webhooks.RETRY_DELAYS[0]))
     }
-    with session_scope(sqlite_engine, read_only=True) as s:
+    with session_scope(engine, read_only=True) as s:
         logged = {a.delivery_id: a.at for a in s.exec(select(WebhookAttempt)).all()}
     assert logged == {slow[0].id: start, good.id: first_end}
 
@@ -659,13 +659,13 @@ def test_a_second_worker_never_sends_what_the_first_is_sending_or_still_holds(
 
 
 def test_an_attempt_whose_claim_was_taken_over_meanwhile_is_not_recorded(
-    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A POST that outlives its own claim (the receiver kept it longer than CLAIM_SECONDS): another
     worker sends it again (at least once) and its outcome stands; the first worker's late answer
-    neither overwrites it nor counts an attempt."""
-    hook_id, _ = register(sqlite_engine, "http://pipeline.example/hook", events=("judgment.overruled",))
-    enqueue_for(sqlite_engine, hook_id, 1)
+    neither overwrites it nor counts an attempt. On SQLite and PostgreSQL."""
+    hook_id, _ = register(engine, "http://pipeline.example/hook", events=("judgment.overruled",))
+    enqueue_for(engine, hook_id, 1)
     clock = FakeClock(utcnow() + timedelta(seconds=1))
     monkeypatch.setattr(webhooks, "_unreachable_address", lambda url: None)
     codes: list[int] = []
@@ -673,20 +673,20 @@ def test_an_attempt_whose_claim_was_taken_over_meanwhile_is_not_recorded(
     def answer_a(request: httpx.Request) -> httpx.Response:
         clock.advance(webhooks.CLAIM_SECONDS + 1)
         b = httpx.Client(transport=httpx.MockTransport(lambda r: codes.append(202) or httpx.Response(202)))
-        assert webhooks.deliver_due(sqlite_engine, clock=clock, client=b) == 1
+        assert webhooks.deliver_due(engine, clock=clock, client=b) == 1
         codes.append(500)
         return httpx.Response(500)
 
     assert (
         webhooks.deliver_due(
-            sqlite_engine, clock=clock, client=httpx.Client(transport=httpx.MockTransport(answer_a))
+            engine, clock=clock, client=httpx.Client(transport=httpx.MockTransport(answer_a))
         )
         == 1
     )
     assert codes == [202, 500]
-    [row] = deliveries(sqlite_engine)
+    [row] = deliveries(engine)
     assert (row.status, row.attempts, row.last_status_code) == ("delivered", 1, 202)
-    assert attempts(sqlite_engine) == [202]
+    assert attempts(engine) == [202]
 
 
 def test_the_connection_itself_is_checked_so_a_name_rebound_after_the_check_is_not_called(
