@@ -21,9 +21,13 @@ which. The cases:
   SDK sends when its BatchSpanProcessor is given `max_export_batch_size` >= N: docs/opentelemetry.md);
 - `--batch` a request (default 512, the BatchSpanProcessor's default batch): JSONL posts of that
   many records vs OTLP requests of that many spans;
-- OTLP spans then logs (unless `--skip-logs`): the spans without events first, then the 5 events
-  per span as log records in the span's context (`/v1/logs`), so every span waits in `otlp_spans`
-  and is joined later; compared with the JSONL posts of the same size.
+- the evaluations as log records (unless `--skip-logs`): the SDK emits a `gen_ai.evaluation.result`
+  event as a LOG record and exports spans and logs in separate requests, so each call arrives in
+  two halves and the first waits in `otlp_spans` for the second. Four cases, each compared with
+  the JSONL posts of the same size: the spans (without events) first, then the 5 events per span
+  as log records (`/v1/logs`), and the log records first, then the spans; each with the records
+  in the span's context, and naming the call's `gen_ai.response.id` instead (no span context:
+  docs/opentelemetry.md's example, a judge running after the call's span has ended).
 
 OTLP spans are the OpenTelemetry SDK's own (GenAI attributes with question and answer, 5
 `gen_ai.evaluation.result` span events each), encoded by the SDK's OTLP encoder.
@@ -149,8 +153,11 @@ def _verdict(i: int, m: int, metric: str) -> dict[str, object]:
     }
 
 
-def finished_spans(n: int, *, events_as_logs: bool) -> tuple[list, list]:
+def finished_spans(n: int, *, events_as_logs: bool, by_response: bool = False) -> tuple[list, list]:
     """(finished spans, log records) of N instrumented calls, as the SDK hands them to its exporters.
+
+    Log records (`events_as_logs`) are emitted in the judged span's context, or with `by_response`
+    outside any span, naming the call's `gen_ai.response.id` (docs/opentelemetry.md's example).
 
     The providers are not kept alive for an exit hook (`shutdown_on_exit`): once the caller drops
     the spans, nothing of them stays on the heap, which every case's garbage collections would
@@ -169,7 +176,11 @@ def finished_spans(n: int, *, events_as_logs: bool) -> tuple[list, list]:
             if not events_as_logs:
                 for m, metric in enumerate(METRICS):
                     span.add_event(EVENT, _verdict(i, m, metric))
-        if events_as_logs:
+        if events_as_logs and by_response:
+            for m, metric in enumerate(METRICS):
+                named = {**_verdict(i, m, metric), "gen_ai.response.id": f"chatcmpl-{i}"}
+                logger.emit(event_name=EVENT, attributes=named)
+        elif events_as_logs:
             context = trace.set_span_in_context(trace.NonRecordingSpan(span.get_span_context()))
             for m, metric in enumerate(METRICS):
                 logger.emit(event_name=EVENT, context=context, attributes=_verdict(i, m, metric))
@@ -345,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         bare_spans, records = finished_spans(n, events_as_logs=True)
         bodies["bare spans"] = encoded(bare_spans, batch, encode_spans)
         bodies["logs"] = encoded(records, batch, encode_logs)
+        bare_spans, records = finished_spans(n, events_as_logs=True, by_response=True)
+        bodies["bare spans by response"] = encoded(bare_spans, batch, encode_spans)
+        bodies["logs by response"] = encoded(records, batch, encode_logs)
         del bare_spans, records
     del spans
     jsonl_type, proto = "application/x-ndjson", "application/x-protobuf"
@@ -361,8 +375,15 @@ def main(argv: list[str] | None = None) -> int:
         f"JSONL, {some}": posts(("jsonl batch", *jsonl)),
         f"OTLP span events, {some}": posts(("otlp batch", *traces)),
     }
+    two_phase = {  # case → its bodies in the order sent
+        "spans then logs": (("bare spans", *traces), ("logs", *logs)),
+        "logs then spans": (("logs", *logs), ("bare spans", *traces)),
+        "spans then logs by response id": (("bare spans by response", *traces), ("logs by response", *logs)),
+        "logs by response id then spans": (("logs by response", *logs), ("bare spans by response", *traces)),
+    }
     if not args.skip_logs:
-        cases[f"OTLP spans then logs, {some}"] = posts(("bare spans", *traces), ("logs", *logs))
+        for what, parts in two_phase.items():
+            cases[f"OTLP {what}, {some}"] = posts(*parts)
     sizes = {len(b) for b in bodies["otlp one"]}
     # Warm up (imports, first queries, the encoder) on a few evaluations, unmeasured.
     warm_spans, _ = finished_spans(20, events_as_logs=False)
@@ -395,11 +416,11 @@ def main(argv: list[str] | None = None) -> int:
             walls[name].append(wall)
             cpus[name].append(cpu)
     median = statistics.median
-    print(f"{'':36} {'wall s':>8} {'CPU s':>8} {'evals/s':>9}  CPU s of each run")
+    print(f"{'':52} {'wall s':>8} {'CPU s':>8} {'evals/s':>9}  CPU s of each run")
     for name in cases:
         wall, cpu = median(walls[name]), median(cpus[name])
         runs = ", ".join(f"{c:.2f}" for c in cpus[name])
-        print(f"{name:36} {wall:8.2f} {cpu:8.2f} {n / wall:9.0f}  {runs}")
+        print(f"{name:52} {wall:8.2f} {cpu:8.2f} {n / wall:9.0f}  {runs}")
     # Every pair, like for like first (the same request sizes on both sides), then the issue's
     # literal reading (the SDK's default batches against the one POST, the importer's best case).
     pairs = [
@@ -408,9 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         (f"OTLP span events, {some}", f"JSONL, {one}", f"{batch} a request vs the one JSONL POST (issue 29)"),
     ]
     if not args.skip_logs:
-        pairs.append(
-            (f"OTLP spans then logs, {some}", f"JSONL, {some}", f"spans then logs, {batch} a request each")
-        )
+        pairs += [(f"OTLP {what}, {some}", f"JSONL, {some}", f"{what}, {batch} each") for what in two_phase]
     print(f"speed of OTLP vs JSONL (JSONL CPU s / OTLP CPU s; goal >= {GOAL}x):")
     for otlp_name, jsonl_name, what in pairs:
         ratio = median(cpus[jsonl_name]) / median(cpus[otlp_name])

@@ -30,12 +30,12 @@ import json
 import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Engine, Table, delete, insert, select
+from sqlalchemy import Engine, Table, delete, select
 from sqlmodel import Session
 
 from lib.auth import Actor
@@ -715,11 +715,37 @@ class Outcome:
 
 
 def _span_json(call: SpanCall) -> dict[str, Any]:
-    """A waiting span as `otlp_spans.span_json` stores it (`SpanCall(**span_json)` reads it back)."""
-    data = asdict(call)
-    if isinstance(call.created_at, datetime):
-        data["created_at"] = call.created_at.isoformat()
-    return data
+    """A waiting span as `otlp_spans.span_json` stores it (`_call_of` reads it back): its fields
+    named one by one, not `dataclasses.asdict`, whose deep copy of each value cost more than the
+    rest of keeping a span (a request of spans alone keeps 512 of them)."""
+    moment = call.created_at
+    return {
+        "key": call.key,
+        "name": call.name,
+        "response_id": call.response_id,
+        "question": call.question,
+        "answer": call.answer,
+        "model": call.model,
+        "product": call.product,
+        "language": call.language,
+        "created_at": moment.isoformat() if isinstance(moment, datetime) else moment,
+        "missing": list(call.missing),
+    }
+
+
+def _call_of(span_json: Mapping[str, Any]) -> SpanCall:
+    """A waiting span read back (`_span_json`), its start typed again: the importer takes an aware
+    datetime as is (lib.records.timestamp_field) and would parse the text."""
+    call = SpanCall(**span_json)
+    moment = call.created_at
+    if isinstance(moment, str):
+        try:
+            parsed = datetime.fromisoformat(moment)
+        except ValueError:
+            parsed = None
+        if parsed is not None and parsed.tzinfo is not None:
+            call.created_at = parsed
+    return call
 
 
 def _verdict_json(verdict: Verdict) -> dict[str, Any]:
@@ -774,7 +800,7 @@ def _orphans_wait(engine: Engine, batch: Batch) -> bool:
     if not batch.passed_over:
         return False
     with session_scope(engine) as session:
-        rows = session.scalars(
+        rows = session.execute(
             _stored_by(session, "key"), {"keys": among_value(session, set(batch.passed_over))}
         )
         return any(row.span_json is None and row.snapshot_id is None for row in rows)
@@ -808,12 +834,31 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+@dataclass(slots=True)
+class _Stored:
+    """An `otlp_spans` row as read: plain values, not an ORM object (a request reads one per span
+    and writes them back by statement, `_Join._write`; identity-map bookkeeping, flushes and
+    expunges of 512 objects cost more than the rows' reading)."""
+
+    key: str
+    response_id: str | None
+    snapshot_id: str | None
+    span_json: dict[str, Any] | None
+    pending_json: list[Any]
+    received_at: datetime
+
+
+_ROW_COLUMNS = ("key", "response_id", "snapshot_id", "span_json", "pending_json", "received_at")
+_ROW = [_SPANS.c[name] for name in _ROW_COLUMNS]
+
+
 def _stored_by(session: Session, column: str) -> Any:
-    """`SELECT otlp_spans WHERE <column> IN :keys` (the keys as `lib.bulk.among_value`), built once."""
+    """`SELECT <_ROW_COLUMNS> FROM otlp_spans WHERE <column> IN :keys` (the keys as
+    `lib.bulk.among_value`), built once."""
     return built(
         session,
-        ("otlp_spans by", column),
-        lambda: select(OtlpSpan).where(among_template(session, _SPANS.c[column], "keys")),
+        ("otlp_spans rows by", column),
+        lambda: select(*_ROW).where(among_template(session, _SPANS.c[column], "keys")),
     )
 
 
@@ -822,11 +867,21 @@ class _Join:
         self.session, self.batch, self.actor, self.outcome = session, batch, actor, outcome
         self.calls = {call.key: call for call in batch.calls}
         self.verdicts: dict[str, list[Verdict]] = defaultdict(list)
-        self.stored: dict[str, OtlpSpan] = {}
+        self.stored: dict[str, _Stored] = {}
         from lib.config import get_settings
 
         self.product_attr = get_settings().otlp_product_attribute
-        self.new_rows: list[dict[str, Any]] = []
+        # What `_write` sends: stored rows to delete (forgotten, or replaced by a row in `new_rows`),
+        # then the rows to insert (`_ROW_COLUMNS`) as the driver takes them (`lib.bulk.insert_tuples`'
+        # `encoded`): the JSON columns encoded by their type once per value, the time and a link
+        # row's empty list once per request.
+        self.gone: set[str] = set()
+        self.new_rows: list[tuple[Any, ...]] = []
+        dialect = session.connection().dialect
+        self.to_json = _SPANS.c.pending_json.type.dialect_impl(dialect).bind_processor(dialect)
+        bind_time = _SPANS.c.received_at.type.dialect_impl(dialect).bind_processor(dialect)
+        self.now = utcnow() if bind_time is None else bind_time(utcnow())
+        self.no_verdicts = self.to_json([])
         self._by_response: dict[str, list[str]] | None = None
         self._traces: dict[str, list[str]] = {}
         self._ambiguous: set[str] = set()
@@ -844,7 +899,7 @@ class _Join:
                     self._add_late(key, row.snapshot_id, verdicts)
                 continue
             call = self.calls.get(key) or (
-                SpanCall(**row.span_json) if row is not None and row.span_json else None
+                _call_of(row.span_json) if row is not None and row.span_json else None
             )
             if row is not None and row.pending_json:
                 verdicts = [_verdict_of(v) for v in row.pending_json] + verdicts
@@ -862,9 +917,9 @@ class _Join:
                 )
             else:
                 ready.append((key, call, verdicts))
-        if self.new_rows:
-            self.session.execute(insert(_SPANS), self.new_rows)
+        self._write()
         self._import(ready)
+        self._write()
 
     # -- reading what is stored
 
@@ -878,12 +933,13 @@ class _Join:
         # Both statements are built once (`lib.prepared.built`): every request runs them, and
         # building a statement costs about as much as running it on 512 keys.
         session = self.session
-        for row in session.scalars(_stored_by(session, "key"), {"keys": among_value(session, keys)}):
-            self.stored[row.key] = row
+        for row in session.execute(_stored_by(session, "key"), {"keys": among_value(session, keys)}):
+            self.stored[row[0]] = _Stored(*row)
         if responses:
             by_response = _stored_by(session, "response_id")
-            for row in session.scalars(by_response, {"keys": among_value(session, responses)}):
-                self.stored.setdefault(row.key, row)
+            for row in session.execute(by_response, {"keys": among_value(session, responses)}):
+                if row[0] not in self.stored:
+                    self.stored[row[0]] = _Stored(*row)
 
     def _route_verdicts(self) -> None:
         """Each verdict to its call's key (`_call_for`); verdicts that waited for a response id join
@@ -895,7 +951,7 @@ class _Join:
                 key = self._call_for(verdict)
             if key is not None:
                 self.verdicts[key].append(verdict)
-        waiting: dict[str, list[OtlpSpan]] = defaultdict(list)
+        waiting: dict[str, list[_Stored]] = defaultdict(list)
         for row in self.stored.values():
             if row.response_id and row.span_json is None and row.snapshot_id is None and row.pending_json:
                 waiting[row.response_id].append(row)
@@ -988,11 +1044,13 @@ class _Join:
         trace = key.partition(":")[0]
         if trace not in self._traces:
             found = {k for k in self.calls if k.startswith(trace + ":")}
-            rows = self.session.scalars(
-                select(OtlpSpan).where(_SPANS.c.key >= trace + ":", _SPANS.c.key < trace + ";")
+            rows = self.session.execute(
+                select(*_ROW).where(_SPANS.c.key >= trace + ":", _SPANS.c.key < trace + ";")
             )
-            for row in rows:
-                self.stored.setdefault(row.key, row)
+            for values in rows:
+                if values[0] in self.gone:  # forgotten in this request (`_write` deletes it)
+                    continue
+                row = self.stored.setdefault(values[0], _Stored(*values))
                 if row.span_json is not None or row.snapshot_id is not None:
                     found.add(row.key)
             self._traces[trace] = sorted(found)
@@ -1043,29 +1101,32 @@ class _Join:
             response_id = key.removeprefix("response:")
         else:  # verdicts waiting under a span: the response id they name finds them too
             response_id = next((v.response_id for v in verdicts if v.response_id), None)
-        if row is None:  # new: written with the others in one statement (`_write_new`)
-            self.new_rows.append(
-                {
-                    "key": key,
-                    "response_id": response_id,
-                    "span_json": _span_json(call) if call is not None else None,
-                    "pending_json": [_verdict_json(v) for v in pending],
-                    "received_at": utcnow(),
-                }
-            )
-            self.outcome.waiting += 1
-            return
-        row.span_json = _span_json(call) if call is not None else row.span_json
-        row.response_id = row.response_id or response_id
-        row.pending_json = [_verdict_json(v) for v in pending]
-        row.received_at = utcnow()
-        self.session.add(row)
+        span_json = _span_json(call) if call is not None else None
+        if row is not None:  # rewritten whole (`_write`: deleted, then inserted with the new rows)
+            self._forget(key)
+            span_json = span_json or row.span_json
+            response_id = row.response_id or response_id
+        to_json = self.to_json
+        span = None if span_json is None else to_json(span_json)
+        pending_json = to_json([_verdict_json(v) for v in pending])
+        self.new_rows.append((key, response_id, None, span, pending_json, self.now))
         self.outcome.waiting += 1
 
     def _forget(self, key: str) -> None:
-        row = self.stored.pop(key, None)
-        if row is not None:
-            self.session.delete(row)
+        if self.stored.pop(key, None) is not None:
+            self.gone.add(key)
+
+    def _write(self) -> None:
+        """The rows forgotten or replaced are deleted, then the new ones inserted: one statement
+        each (`lib.bulk.insert_tuples`), whatever the request's size."""
+        session = self.session
+        if self.gone:
+            session.execute(delete(_SPANS).where(among(session, _SPANS.c.key, self.gone)))
+            self.gone = set()
+        if self.new_rows:
+            connection = session.connection()
+            insert_tuples(connection, _SPANS, _ROW_COLUMNS, self.new_rows, encoded=_ROW_COLUMNS)
+            self.new_rows = []
 
     def _import(self, ready: list[tuple[str, SpanCall, list[Verdict]]]) -> None:
         if not ready:
@@ -1120,16 +1181,11 @@ class _Join:
             where = among(self.session, _SNAPSHOTS.c.source_key, stored_before)
             for source_key, snapshot_id, judged in self.session.execute(select(*columns).where(where)):
                 found[source_key] = (snapshot_id, set(_json_dict(judged)))
-        new_rows: list[tuple[Any, ...]] = []
-        replaced = []
         first: dict[str, list[Verdict]] = {}  # source key → the span imported with it, its verdicts
-        connection = self.session.connection()
-        now = _bound(connection, _SPANS.c.received_at, utcnow())  # every row's: converted once
         for key, call, verdicts, source_key in accepted:
             snapshot_id, judged = found[source_key]
-            if key in self.stored:
-                replaced.append(key)
-            new_rows.append((key, call.response_id, snapshot_id, None, "[]", now))
+            self._forget(key)  # a waiting row becomes the link row
+            self.new_rows.append((key, call.response_id, snapshot_id, None, self.no_verdicts, self.now))
             if judged is None:
                 if source_key not in first:  # the first span of this content: imported with all its verdicts
                     first[source_key] = verdicts
@@ -1139,15 +1195,7 @@ class _Join:
                 found[source_key] = (snapshot_id, judged)
             if any(str(v.name) not in judged and metric_slug(str(v.name)) not in judged for v in verdicts):
                 self._add_late(key, snapshot_id, verdicts)  # the same answer was stored without them
-        if replaced:
-            self.session.execute(delete(_SPANS).where(among(self.session, _SPANS.c.key, replaced)))
-        for key in replaced:
-            self.session.expunge(self.stored.pop(key))
-        if new_rows:
-            self.session.flush()  # the deletes and expunges above go first
-            columns = ["key", "response_id", "snapshot_id", "span_json", "pending_json", "received_at"]
-            encoded = {"span_json", "pending_json", "received_at"}  # NULL, "[]" and `now` as stored
-            insert_tuples(connection, _SPANS, columns, new_rows, encoded=encoded)
+        self._write()
 
     def _add_late(self, key: str, snapshot_id: str, verdicts: list[Verdict]) -> None:
         """Verdicts for a span that is already an evaluation: new metrics become its judgments."""
@@ -1166,12 +1214,6 @@ class _Join:
             )
         except ImportFailed as exc:
             self.outcome.reject(self.batch, key, str(exc))
-
-
-def _bound(connection: Any, column: Any, value: Any) -> Any:
-    """`value` as the driver receives it for `column` (its type's bind processor, if any)."""
-    process = column.type.dialect_impl(connection.dialect).bind_processor(connection.dialect)
-    return value if process is None else process(value)
 
 
 def _json_dict(value: Any) -> dict[str, Any]:
