@@ -977,7 +977,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--product",
         default=None,
         help="promptfoo, langfuse, phoenix: the product to file the evaluations under "
-        "(default: promptfoo's description or a Langfuse trace's name, else the tool's name)",
+        "(default: promptfoo's description, which a results.jsonl lacks, or a Langfuse trace's name, "
+        "else the tool's name)",
     )
     p.add_argument(
         "--spans", default=None, help="phoenix: the spans file (Parquet or CSV) the evaluations judged"

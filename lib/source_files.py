@@ -6,12 +6,14 @@ the first fault with its place (JSON Lines and CSV: the line; a JSON document: t
 Overrule's records (metrics, scales, labels) is `lib.source_records`' one rule; the write is
 `lib.importer.import_source_evaluations`. docs/importing.md shows each format with an example.
 
-- **promptfoo** (`promptfoo eval -o results.json`, or `.jsonl`): one evaluation per result (the
+- **promptfoo** (`promptfoo eval -o results.json`, or `.jsonl`, whose lines name no product: the
+  config's description is in the `.json` only): one evaluation per result (the
   rendered prompt, the provider's output), one verdict per assertion (`metric` or its type) with
   its 0–1 score, pass/fail and reason.
 - **Langfuse** (public API or UI export): traces (`id`, `input`, `output`, `name`, `timestamp`) and
   scores (`traceId`, `name`, `value`/`stringValue`, `dataType`, `comment`, `source`), as JSON Lines in
-  any order, a JSON list, an API page `{"data": [...]}` or `{"traces": [...], "scores": [...]}`; a
+  any order (a line may be a whole API page), a JSON list, an API page `{"data": [...]}` or
+  `{"traces": [...], "scores": [...]}`; a
   trace may embed its full score objects. Scores from human annotation (`source: ANNOTATION`) are
   the reviewer's side, the others the judge's.
 - **Phoenix**: span evaluations (`SpanEvaluations.save()` Parquet with its `eval_name`, or CSV/Parquet
@@ -375,10 +377,24 @@ def _is_score(obj: Mapping[str, Any]) -> bool:
     )
 
 
+def _is_page(obj: Any) -> bool:
+    """A Langfuse public API page, `{"data": [...], "meta": {...}}` (review7 F13: read as a trace)."""
+    return (
+        isinstance(obj, Mapping)
+        and isinstance(obj.get("data"), list)
+        and "id" not in obj
+        and not _is_score(obj)
+    )
+
+
 def _langfuse_items(path: Path, source: str) -> Iterator[tuple[str, Any]]:
     records, doc = _lines_or_document(path, source, {"data", "traces", "scores"})
     if doc is None:
-        yield from records
+        for where, obj in records:
+            if _is_page(obj):  # `curl …/api/public/traces >> export.jsonl`: a line per API page
+                yield from ((f"{where}, data[{i}]", item) for i, item in enumerate(obj["data"]))
+            else:
+                yield where, obj
         return
     if isinstance(doc, Mapping) and ("traces" in doc or "scores" in doc):
         for key in ("traces", "scores"):

@@ -53,7 +53,8 @@ product = ""
 label_scores = ""
 if kind in importer.SOURCE_KINDS:
     product = st.text_input(
-        "Product (empty: promptfoo's description or a Langfuse trace's name, else the tool's name)",
+        "Product (empty: promptfoo's description, which a .jsonl lacks, or a Langfuse trace's name, "
+        "else the tool's name)",
         key="import_product",
     )
     label_scores = st.text_input(

@@ -811,3 +811,109 @@ def test_verdicts_added_to_a_stored_evaluation_are_counted_once(engine: Engine) 
     with session_scope(engine) as s:
         counters.recount(session=s)
     assert kept == _counter_rows(engine)
+
+
+def _doc_block(marker: str) -> str:
+    """The ```bash block of docs/importing.md that contains `marker`, as a user copies it."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "importing.md").read_text(encoding="utf-8")
+    blocks = [b.split("```", 1)[0] for b in text.split("```bash\n")[1:]]
+    (block,) = [b for b in blocks if marker in b]
+    return block
+
+
+def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
+    sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    """review7 F13: `curl …/traces >> f; curl …/v2/scores >> f` gives a file of API pages, one a
+    line; each line was read as a trace ("field 'id': is required"). The docs' export script, run
+    as written against a stand-in for Langfuse's public API (two items a page), writes every page
+    of both endpoints, and the import of that file is the import of the items themselves."""
+    import base64
+    import subprocess
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlsplit
+
+    if not (shutil.which("curl") and shutil.which("jq") and shutil.which("bash")):
+        pytest.skip("the docs' export script needs bash, curl and jq")
+    items = [json.loads(line) for line in (FIXTURES / "langfuse_export.jsonl").read_text().splitlines()]
+    by_endpoint = {
+        "/api/public/traces": [i for i in items if "traceId" not in i],
+        "/api/public/v2/scores": [i for i in items if "traceId" in i],
+    }
+    asked: list[str] = []
+    key = "Basic " + base64.b64encode(b"pk-lf-test:sk-lf-test").decode()
+
+    class Langfuse(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            url = urlsplit(self.path)
+            data = by_endpoint.get(url.path)
+            if data is None or self.headers.get("Authorization") != key:
+                self.send_response(404 if data is None else 401)
+                self.end_headers()
+                return
+            page = int(parse_qs(url.query)["page"][0])
+            asked.append(f"{url.path}?page={page}")
+            body = {
+                "data": data[(page - 1) * 2 : page * 2],
+                "meta": {"page": page, "limit": 2, "totalItems": len(data), "totalPages": -(-len(data) // 2)},
+            }
+            raw = json.dumps(body, indent=2).encode()  # pretty: the script makes it one line
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Langfuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        script = tmp_path / "langfuse-export.sh"
+        script.write_text(_doc_block("api/public/$endpoint"), encoding="utf-8")
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "LANGFUSE_HOST": f"http://127.0.0.1:{server.server_port}",
+            "LANGFUSE_PUBLIC_KEY": "pk-lf-test",
+            "LANGFUSE_SECRET_KEY": "sk-lf-test",
+        }
+        done = subprocess.run(
+            ["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 0, done.stderr
+    traces, scores = len(by_endpoint["/api/public/traces"]), len(by_endpoint["/api/public/v2/scores"])
+    assert asked == [f"/api/public/traces?page={p}" for p in range(1, -(-traces // 2) + 1)] + [
+        f"/api/public/v2/scores?page={p}" for p in range(1, -(-scores // 2) + 1)
+    ]
+    export = tmp_path / "export.jsonl"
+    assert len(export.read_text().splitlines()) == len(asked) and not (tmp_path / "page.json").exists()
+    report = import_path(engine=sqlite_engine, path=export, kind="langfuse", reviewer=WHO)
+    assert (report.inserted, report.judgments, report.unjudged) == (3, 6, 1)  # as the items' own file
+    lines = export.read_text().splitlines()
+    page = json.loads(lines[0])
+    page["data"][1]["id"] = ""
+    lines[0] = json.dumps(page)
+    export.write_text("\n".join(lines) + "\n")
+    message = _refused(sqlite_engine, export, "langfuse")
+    assert message.startswith("export.jsonl line 1, data[1], field 'id': is required")
+
+
+def test_a_promptfoo_jsonl_needs_its_product_given(sqlite_engine: Engine) -> None:
+    """review7 F10 (a documented limit): promptfoo writes the config's description into
+    results.json only; its .jsonl lines name no product, so they land in `promptfoo` unless
+    --product names the one the .json went to (docs/importing.md)."""
+    for name in ("promptfoo_results.json", "promptfoo_results.jsonl"):
+        import_path(engine=sqlite_engine, path=FIXTURES / name, kind="promptfoo", reviewer=WHO)
+    with Session(sqlite_engine) as session:
+        products = sorted(session.exec(select(EvaluationSnapshot.product)).all())
+    assert products == ["capitals-qa"] * 3 + ["promptfoo"] * 3
+    again = import_path(
+        engine=sqlite_engine, path=FIXTURES / "promptfoo_results.jsonl", kind="promptfoo", reviewer=WHO,
+        options=SourceOptions(product="capitals-qa"),
+    )  # fmt: skip
+    assert (again.inserted, again.skipped) == (0, 3)  # the same answers as the .json's
