@@ -45,7 +45,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import IO, Any
 
-from sqlalchemy import Engine, Table, false, select
+from sqlalchemy import Engine, Table, false, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
@@ -607,6 +607,34 @@ def import_source_evaluations(
 
     # The planned records live until spooled: frozen with what came before (`bulk.frozen_heap`).
     return _bulk_load(prepare, write)
+
+
+def _stored_label_scores(session: Session) -> Callable[[str, str, str], set[float]]:
+    """For `lib.source_records.score_labels`: the judge scores a product's metric holds for a label
+    (a stored verdict's reasoning is "label" or "label: explanation", `verdict_reason`), so a label
+    sent without a number gets the one reviewers already see for it (review7 F9)."""
+
+    def scores(product: str, metric: str, label: str) -> set[float]:
+        reasoning = func.lower(Judgment.reasoning)
+        rows = session.execute(
+            select(Judgment.decision)
+            .where(
+                Judgment.product == product,
+                Judgment.metric == metric,
+                or_(reasoning == label, func.substr(reasoning, 1, len(label) + 2) == f"{label}: "),
+            )
+            .distinct()
+            .limit(3)
+        ).scalars()
+        found = set()
+        for decision in rows:
+            try:
+                found.add(float(decision))
+            except ValueError:
+                continue
+        return found
+
+    return scores
 
 
 def _define_metrics(session: Session, definitions: list[dict[str, Any]], identity: str) -> None:
@@ -1265,6 +1293,7 @@ def _import_file(
 
         read = read_source(kind, path, options or SourceOptions(), source)
         with session_scope(engine) as session:
+            source_records.score_labels(read.evaluations, stored=_stored_label_scores(session))
             fresh, extended, added = _extend_stored(session, read.evaluations, actor)
             report = import_source_evaluations(
                 session=session, evaluations=fresh, source=source, reviewer=actor

@@ -21,7 +21,8 @@ Rules (docs/importing.md says them to users):
   the evaluation, naming the place.
 - **Score**: the source's number. A verdict with a label but no number gets the score the user
   gives that label (--label-scores), else the one the import's scored verdicts of the same metric
-  give it (`score_labels`), else a known label's (`LABEL_SCORES`: pass 1, fail 0, and Phoenix's
+  give it, else the one the product's stored judgments of that metric and label have
+  (`score_labels`), else a known label's (`LABEL_SCORES`: pass 1, fail 0, and Phoenix's
   rails as Phoenix scores them: hallucinated 1, factual 0, toxic 1, non-toxic 0); any other label
   without a number refuses the file.
 - **Reason**: the label, then the judge's explanation (`"fail: the answer invents a date"`), so a
@@ -43,17 +44,21 @@ from lib.records import ImportFailed, InvalidField, Located, located_failure
 # A label without a number scores what its source scores it. Phoenix's pre-tested evals name their
 # rails `{True: first, False: second}` and score the first 1 (ClassificationTemplate), also where 1
 # is the bad outcome: hallucinated, toxic (review7 F9: "factual" was 1 here, Phoenix's own scored
-# verdicts 0, and one metric got opposite numbers). Compared case-insensitively after strip().
-LABEL_SCORES: dict[str, int] = {
-    "pass": 1, "passed": 1, "true": 1, "yes": 1, "fail": 0, "failed": 0, "false": 0, "no": 0,
-    # Phoenix's rails, 1 first: QA, tool calling, SQL, reference links; RAG relevance;
-    # hallucination; toxicity; summarization; code readability; code functionality.
-    "correct": 1, "incorrect": 0, "relevant": 1, "unrelated": 0, "hallucinated": 1, "factual": 0,
-    "toxic": 1, "non-toxic": 0, "good": 1, "bad": 0, "readable": 1, "unreadable": 0,
-    "bug_free": 1, "is_bug": 0,
+# verdicts 0, and one metric got opposite numbers). Each pair is (the label scored 1, the one
+# scored 0); compared case-insensitively after strip().
+LABEL_PAIRS: tuple[tuple[str, str], ...] = (
+    ("pass", "fail"), ("passed", "failed"), ("true", "false"), ("yes", "no"),
+    # Phoenix's rails: QA, tool calling, SQL, reference links; RAG relevance; hallucination;
+    # toxicity; summarization; code readability; code functionality.
+    ("correct", "incorrect"), ("relevant", "unrelated"), ("hallucinated", "factual"),
+    ("toxic", "non-toxic"), ("good", "bad"), ("readable", "unreadable"), ("bug_free", "is_bug"),
     # Others' pass/fail words.
-    "irrelevant": 0, "faithful": 1, "unfaithful": 0, "safe": 1, "unsafe": 0,
+    ("faithful", "unfaithful"), ("safe", "unsafe"),
+)  # fmt: skip
+LABEL_SCORES: dict[str, int] = {
+    **{one: 1 for one, _ in LABEL_PAIRS}, **{zero: 0 for _, zero in LABEL_PAIRS}, "irrelevant": 0,
 }  # fmt: skip
+_PARTNER = {**dict(LABEL_PAIRS), **{zero: one for one, zero in LABEL_PAIRS}}
 _SLUG_JUNK = re.compile(r"[^a-z0-9_-]+")
 SLUG_MAX = 64
 
@@ -141,13 +146,19 @@ def parse_label_scores(text: str | None) -> dict[str, float]:
 
 
 def score_labels(
-    evaluations: Iterable[SourceEvaluation], explicit: Mapping[str, float] | None = None
+    evaluations: Iterable[SourceEvaluation],
+    explicit: Mapping[str, float] | None = None,
+    stored: Callable[[str, str, str], set[float]] | None = None,
 ) -> None:
-    """Give each verdict that has a label and no number the score its label has in this import:
-    the one `explicit` gives it (--label-scores), else the one every scored verdict of the same
-    product and evaluation name with that label has in these evaluations (a file that scores some
-    rows and only labels others stays consistent, whatever its labels mean). Others are left to
-    `verdict_score`'s known labels (`LABEL_SCORES`)."""
+    """Give each verdict that has a label and no number the score its label has here, the first of:
+    the one `explicit` gives it (--label-scores); the one every scored verdict of the same product
+    and evaluation name with that label has in these evaluations (a file that scores some rows and
+    only labels others stays consistent, whatever its labels mean); the one every judgment the
+    database holds for that product, metric and label has (`stored(product, metric slug, label)`:
+    a label keeps the number reviewers already see for it); for one of a known pair (`LABEL_PAIRS`),
+    the other of the number its partner gets so (a product that stored `factual` as 1 gets
+    `hallucinated` 0, not a 1 for both). Others are left to `verdict_score`'s known labels
+    (`LABEL_SCORES`)."""
     evaluations = list(evaluations)
     scored: dict[tuple[str, str, str], set[float]] = {}
     for ev in evaluations:
@@ -163,18 +174,30 @@ def score_labels(
                 key = (str(ev.product), metric_slug(verdict.name), label.strip().lower())
                 scored.setdefault(key, set()).add(float(score))
     explicit = explicit or {}
+
+    def known(product: str, slug: str, label: str) -> float | None:
+        key = (product, slug, label)
+        found = scored.get(key)
+        if found is None and stored is not None:
+            found = scored[key] = stored(*key)
+        return next(iter(found)) if found is not None and len(found) == 1 else None
+
     for ev in evaluations:
         for verdict in ev.verdicts:
             label = verdict.label
             if verdict.score is not None or not isinstance(label, str) or not label.strip():
                 continue
             label = label.strip().lower()
-            if label in explicit:
-                verdict.score = explicit[label]
-                continue
-            found = scored.get((str(ev.product), metric_slug(verdict.name), label))
-            if found is not None and len(found) == 1:
-                verdict.score = next(iter(found))
+            score = explicit.get(label)
+            if score is None:
+                score = known(str(ev.product), metric_slug(verdict.name), label)
+            if score is None and label in _PARTNER:  # "factual" stored as 1: "hallucinated" is 0 here
+                other = explicit.get(_PARTNER[label])
+                if other is None:
+                    other = known(str(ev.product), metric_slug(verdict.name), _PARTNER[label])
+                score = 1.0 - other if other in (0.0, 1.0) else None
+            if score is not None:
+                verdict.score = score
 
 
 def verdict_reason(verdict: SourceVerdict) -> str | None:

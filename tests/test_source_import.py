@@ -917,3 +917,59 @@ def test_a_promptfoo_jsonl_needs_its_product_given(sqlite_engine: Engine) -> Non
         options=SourceOptions(product="capitals-qa"),
     )  # fmt: skip
     assert (again.inserted, again.skipped) == (0, 3)  # the same answers as the .json's
+
+
+def test_a_label_keeps_the_score_the_products_stored_judgments_give_it(
+    sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    """review7 F9: a product whose label-only hallucination results were stored as factual 1 (the
+    rule before, or --label-scores) keeps that number for later label-only files of the metric, and
+    `hallucinated`, never stored there, is then 0 (not 1 as well); a product with none gets Phoenix's
+    numbers (factual 0, hallucinated 1)."""
+    first = _phoenix_csv(tmp_path, "first.csv", "a1b2c3d4e5f60718,Hallucination,Factual,,Stated fact.\n")
+    later = _phoenix_csv(
+        tmp_path, "later.csv",
+        "b2c3d4e5f6071829,Hallucination,factual,,Also stated.\nc3d4e5f60718293a,Hallucination,hallucinated,,Invents.\n",
+    )  # fmt: skip
+    spans = FIXTURES / "phoenix_spans.csv"
+
+    def load(path: Path, product: str, label_scores: str | None = None) -> None:
+        options = SourceOptions(spans=spans, product=product, label_scores=label_scores)
+        import_path(engine=sqlite_engine, path=path, kind="phoenix", reviewer=WHO, options=options)
+
+    load(first, "old", "factual=1,hallucinated=0")
+    load(later, "old")
+    load(later, "new")
+    with Session(sqlite_engine) as session:
+        rows = session.exec(select(EvaluationSnapshot)).all()
+    got = {(s.product, s.question_id): s.judge_scores_json["hallucination"]["score"] for s in rows}
+    assert got == {
+        ("old", "a1b2c3d4e5f60718"): 1.0,
+        ("old", "b2c3d4e5f6071829"): 1.0,  # as stored for "factual" in this product
+        ("old", "c3d4e5f60718293a"): 0.0,  # its partner's stored 1 makes "hallucinated" 0 here
+        ("new", "b2c3d4e5f6071829"): 0.0,
+        ("new", "c3d4e5f60718293a"): 1.0,
+    }
+
+
+def test_score_labels_takes_a_pairs_other_number_from_its_partner() -> None:
+    """A label given (explicitly, or by its scored verdicts) makes its known partner the other
+    number, so one metric never scores both labels of a pair 1; a score other than 0 or 1 leaves
+    the partner to the known labels, and a label scored two ways in the file is not guessed."""
+    from lib.source_records import score_labels
+
+    def ev(*verdicts: SourceVerdict) -> SourceEvaluation:
+        return SourceEvaluation("row", "p", "q", "a", list(verdicts))
+
+    evals = [ev(SourceVerdict("H", label="hallucinated")), ev(SourceVerdict("T", label="Toxic"))]
+    score_labels(evals, {"factual": 1.0})
+    assert [e.verdicts[0].score for e in evals] == [0.0, None]  # toxic: left to LABEL_SCORES
+    evals = [
+        ev(SourceVerdict("G", 0.8, label="good")),
+        ev(SourceVerdict("G", label="bad")),
+        ev(SourceVerdict("M", 0.5, label="x")),
+        ev(SourceVerdict("M", 1.0, label="x")),
+        ev(SourceVerdict("M", label="x")),
+    ]
+    score_labels(evals)
+    assert [e.verdicts[0].score for e in evals] == [0.8, None, 0.5, 1.0, None]
