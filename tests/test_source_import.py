@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -317,6 +318,15 @@ def _phoenix_csv(tmp_path: Path, name: str, rows: str) -> Path:
     return path
 
 
+def _import_phoenix_csv(engine: Engine, tmp_path: Path, name: str, rows: str, **options: Any) -> Any:
+    """Import Phoenix evaluation `rows` (a CSV body) against the fixture's spans."""
+    options = {"spans": FIXTURES / "phoenix_spans.csv", **options}
+    path = _phoenix_csv(tmp_path, name, rows)
+    return import_path(
+        engine=engine, path=path, kind="phoenix", reviewer=WHO, options=SourceOptions(**options)
+    )
+
+
 def _judged(engine: Engine, metric: str) -> dict[str, tuple[float, str]]:
     return {
         span: (s.judge_scores_json[metric]["score"], s.judge_scores_json[metric]["reason"])
@@ -336,10 +346,7 @@ def test_phoenix_rails_without_scores_import_with_phoenix_direction(
         "a1b2c3d4e5f60718,Summarization,good,,Concise.\n"
         "c3d4e5f60718293a,Summarization,bad,,Misses the point.\n"
     )
-    report = import_path(
-        engine=sqlite_engine, path=_phoenix_csv(tmp_path, "tox.csv", rows), kind="phoenix", reviewer=WHO,
-        options=SourceOptions(spans=FIXTURES / "phoenix_spans.csv"),
-    )  # fmt: skip
+    report = _import_phoenix_csv(sqlite_engine, tmp_path, "tox.csv", rows)
     assert (report.inserted, report.judgments) == (3, 4)
     assert _judged(sqlite_engine, "toxicity") == {
         "a1b2c3d4e5f60718": (0.0, "non-toxic: Polite."),
@@ -366,10 +373,7 @@ def test_a_metric_label_only_and_scored_gets_one_number_per_label(
         "b2c3d4e5f6071829,Answered,not_helpful,0,Evades.\n"
         "c3d4e5f60718293a,Answered,helpful,,Answers it too.\n"
     )
-    report = import_path(
-        engine=sqlite_engine, path=_phoenix_csv(tmp_path, "mixed.csv", rows), kind="phoenix", reviewer=WHO,
-        options=SourceOptions(spans=FIXTURES / "phoenix_spans.csv"),
-    )  # fmt: skip
+    report = _import_phoenix_csv(sqlite_engine, tmp_path, "mixed.csv", rows)
     assert (report.inserted, report.judgments) == (3, 6)
     assert {k: v[0] for k, v in _judged(sqlite_engine, "hallucination").items()} == {
         "a1b2c3d4e5f60718": 0.0,
@@ -926,20 +930,16 @@ def test_a_label_keeps_the_score_the_products_stored_judgments_give_it(
     rule before, or --label-scores) keeps that number for later label-only files of the metric, and
     `hallucinated`, never stored there, is then 0 (not 1 as well); a product with none gets Phoenix's
     numbers (factual 0, hallucinated 1)."""
-    first = _phoenix_csv(tmp_path, "first.csv", "a1b2c3d4e5f60718,Hallucination,Factual,,Stated fact.\n")
-    later = _phoenix_csv(
-        tmp_path, "later.csv",
-        "b2c3d4e5f6071829,Hallucination,factual,,Also stated.\nc3d4e5f60718293a,Hallucination,hallucinated,,Invents.\n",
-    )  # fmt: skip
-    spans = FIXTURES / "phoenix_spans.csv"
-
-    def load(path: Path, product: str, label_scores: str | None = None) -> None:
-        options = SourceOptions(spans=spans, product=product, label_scores=label_scores)
-        import_path(engine=sqlite_engine, path=path, kind="phoenix", reviewer=WHO, options=options)
-
-    load(first, "old", "factual=1,hallucinated=0")
-    load(later, "old")
-    load(later, "new")
+    later = (
+        "b2c3d4e5f6071829,Hallucination,factual,,Also stated.\n"
+        "c3d4e5f60718293a,Hallucination,hallucinated,,Invents.\n"
+    )
+    first = "a1b2c3d4e5f60718,Hallucination,Factual,,Stated fact.\n"
+    _import_phoenix_csv(
+        sqlite_engine, tmp_path, "first.csv", first, product="old", label_scores="factual=1,hallucinated=0"
+    )
+    _import_phoenix_csv(sqlite_engine, tmp_path, "later.csv", later, product="old")
+    _import_phoenix_csv(sqlite_engine, tmp_path, "later.csv", later, product="new")
     with Session(sqlite_engine) as session:
         rows = session.exec(select(EvaluationSnapshot)).all()
     got = {(s.product, s.question_id): s.judge_scores_json["hallucination"]["score"] for s in rows}
