@@ -854,6 +854,18 @@ def snapshots_change(*, session: Session, where: Any) -> Iterator[None]:
     include_judgments(session=session, where=judgments)
 
 
+@contextmanager
+def gaps_change(*, session: Session, where: Any) -> Iterator[None]:
+    """Around a Core UPDATE of the gap columns (`weighted_gap`, `max_metric_gap`) of the evaluations
+    matching `where` (`lib.snapshots.rederive_gaps`): `evaluation_counts` keys an evaluation by its
+    largest gap and whether it has a weighted gap, so they leave their old rows and join their new
+    ones. Nothing else counted here depends on a gap (the scores tables keep raw scores)."""
+    lock_snapshots(session=session, where=where)
+    _shift_evaluations(session, where, -1)
+    yield
+    _shift_evaluations(session, where, 1)
+
+
 # ---------------------------------------------------------------------------------------------
 # Reads: rows in proportion to products × metrics × (days | languages)
 

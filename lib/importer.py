@@ -94,7 +94,13 @@ from lib.records import (
     type_name,
 )
 from lib.search import normalize_search_text
-from lib.snapshots import MetricSet, evaluation_row, snapshot_judgment_rows, source_key_of
+from lib.snapshots import (
+    MetricSet,
+    evaluation_row,
+    gaps_follow_scales,
+    snapshot_judgment_rows,
+    source_key_of,
+)
 
 SOURCE_KINDS = ("promptfoo", "langfuse", "phoenix")  # other tools' result files (lib.source_files)
 KINDS = ("evaluations", "judgments", "notes", "metrics", "interactions", *SOURCE_KINDS)
@@ -643,7 +649,8 @@ def _define_metrics(session: Session, definitions: list[dict[str, Any]], identit
     requests widening one scale take the union of both); each change is audited (`_audit_scales`)."""
     _write_lock(session)
     changes: list[ScaleChange] = []
-    upsert_metric_definitions(session=session, definitions=definitions, changes=changes)
+    with gaps_follow_scales(session, (str(d["product"]).strip() for d in definitions)):
+        upsert_metric_definitions(session=session, definitions=definitions, changes=changes)
     _audit_scales(session, changes, identity, "an import")
     session.flush()
 
@@ -1139,9 +1146,10 @@ def import_metrics(
     }
     # A user's definitions: their scales are fixed, whatever the file says about inference.
     changes: list[ScaleChange] = []
-    count = upsert_metric_definitions(
-        session=session, definitions=[{**raw, "scale_inferred": False} for raw in data], changes=changes
-    )
+    with gaps_follow_scales(session, (product for product, _slug in seen)):
+        count = upsert_metric_definitions(
+            session=session, definitions=[{**raw, "scale_inferred": False} for raw in data], changes=changes
+        )
     _audit_scales(session, changes, actor.identity, f"a metrics import ({source})")
     session.flush()
     updated = len(seen & stored)

@@ -41,6 +41,7 @@ from lib.db import session_scope
 from lib.judge_versions import Ensured, JudgeConfig, VersionError
 from lib.metrics import MetricSpec, metrics_for_product, parse_metric_definition, upsert_metric_definitions
 from lib.models import AlignmentExperiment, EvaluationSnapshot, Judgment, MetricDefinition, utcnow
+from lib.snapshots import gaps_follow_scales
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,11 @@ def _write_definitions(session: Session, product: str, specs: Sequence[MetricSpe
     """The product's metric definitions become exactly `specs`, in their order. A scale an import
     inferred stays inferred (it keeps growing with later imports) while the edit leaves it as it
     was; a scale the lead changed is theirs from then on."""
+    with gaps_follow_scales(session, [product]):  # a scale the edit changes re-derives the gaps
+        _replace_definitions(session, product, specs)
+
+
+def _replace_definitions(session: Session, product: str, specs: Sequence[MetricSpec]) -> None:
     keep = {s.slug for s in specs}
     inferred: dict[str, tuple[float, float, bool]] = {}  # slug → its stored inferred scale
     for row in session.exec(select(MetricDefinition).where(col(MetricDefinition.product) == product)).all():

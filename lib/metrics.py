@@ -349,6 +349,28 @@ def weighted_gap_of(
     return round(0.7 * avg(primary_group) + 0.2 * avg(bonus_group) + 0.1 * avg(other_group), 2)
 
 
+@dataclass(frozen=True)
+class DerivedGaps:
+    """An evaluation's stored figures that follow from its rescaled per-metric gaps (SPEC §5)."""
+
+    weighted_gap: float | None
+    max_metric_gap: float | None
+    judge_meta_score: int | None
+
+
+def derived_gaps(
+    gaps: Mapping[str, float], primary_metric: str | None, bonus_metrics: Sequence[str] = ()
+) -> DerivedGaps:
+    """The weighted gap, the largest gap (4 decimals) and the meta score of these per-metric gaps;
+    all None when no metric is scored on both sides (no gap to weigh is not a perfect judge). The
+    one rule for an evaluation as written (`lib.snapshots.evaluation_row`) and when its metrics'
+    scales change (`lib.snapshots.rederive_gaps`)."""
+    if not gaps:
+        return DerivedGaps(None, None, None)
+    gap = weighted_gap_of(gaps, primary_metric, bonus_metrics)
+    return DerivedGaps(gap, round(max(gaps.values()), 4), judge_meta_score(gap))
+
+
 def judge_meta_score(gap: float) -> int:
     """SPEC §5: 5 if ≤ 0.5, 4 if ≤ 1.0, 3 if ≤ 1.5, 2 if ≤ 2.0, else 1."""
     for limit, score in ((0.5, 5), (1.0, 4), (1.5, 3), (2.0, 2)):

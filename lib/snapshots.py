@@ -9,14 +9,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Table
+from sqlalchemy import Table, bindparam, or_, select, update
+from sqlmodel import Session
 
+from lib import counters
 from lib.corrections import format_score
 from lib.evidence import HIGHLIGHT_STAGES, STAGES, items_of, verify_evidence_items
-from lib.metrics import MetricSpec, judge_meta_score, resolve_metric_key, weighted_gap_of
+from lib.metrics import (
+    MetricSpec,
+    derived_gaps,
+    judge_meta_score,
+    metric_gaps,
+    metrics_for_product,
+    resolve_metric_key,
+)
 from lib.models import EvaluationSnapshot, utcnow
 from lib.records import (
     ImportFailed,
@@ -197,7 +207,7 @@ def evaluation_row(
             "judge_reason": j.get("reason"),
             "evidence": items or [],
         }
-    rescaled_gaps = list(gaps.values())
+    derived = derived_gaps(gaps, primary, bonus)
 
     given_gap = record.get("weighted_gap")
     if given_gap is not None:
@@ -205,8 +215,7 @@ def evaluation_row(
         if gap < 0:  # type: ignore[operator]
             raise InvalidField("weighted_gap", "must not be negative")
     else:
-        # No metric scored on both sides means there is no gap to weigh, not a perfect judge.
-        gap = weighted_gap_of(gaps, primary, bonus) if gaps else None
+        gap = derived.weighted_gap
     given_meta = record.get("judge_meta_score")
     if given_meta is not None:
         meta_value = number_field(given_meta, "judge_meta_score")
@@ -236,7 +245,7 @@ def evaluation_row(
         "evidence_json": evidence_json,
         "judge_meta_score": meta,
         "weighted_gap": gap,
-        "max_metric_gap": round(max(rescaled_gaps), 4) if rescaled_gaps else None,
+        "max_metric_gap": derived.max_metric_gap,
         "evidence_count": sum(counts.values()),
         "evidence_highlighted": sum(counts[s] for s in HIGHLIGHT_STAGES),
         "evidence_unlocated": counts["whitespace"],
@@ -289,3 +298,88 @@ def build_snapshot_rows(
     if not row["id"]:
         raise ImportFailed("evaluation, field 'id': is required")
     return row, snapshot_judgment_rows(row, judged)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gaps after a scale changes
+
+REGAP_BATCH = 1000  # evaluations per UPDATE batch (and per evaluation_counts shift)
+
+
+@contextmanager
+def gaps_follow_scales(session: Session, products: Iterable[str]) -> Iterator[None]:
+    """Around a write of the metric definitions of `products`: afterwards, the stored gaps of their
+    evaluations follow every scale the write changed (`rederive_gaps`), in the same transaction.
+    Every writer of definitions runs inside it: an import inferring or widening a scale, a
+    `--kind metrics` file, the rubric editor."""
+    before = {product: metrics_for_product(session=session, product=product) for product in set(products)}
+    yield
+    session.flush()
+    for product, specs in before.items():
+        rederive_gaps(session, product, specs, metrics_for_product(session=session, product=product))
+
+
+def rederive_gaps(
+    session: Session, product: str, before: Sequence[MetricSpec], after: Sequence[MetricSpec]
+) -> int:
+    """Re-derive `weighted_gap`, `max_metric_gap` and `judge_meta_score` of `product`'s evaluations
+    that score, on both sides, a metric whose span differs between the rubrics `before` and `after`
+    (review7 F12: a widened 0–1 → 0–4 scale left a gap of 1 ranked as a gap of 4).
+
+    A gap is rescaled to the 1–5 span (`MetricSpec.rescaled_gap`), so a new span changes it. A stored
+    figure is re-derived only when it is what `before` derives from the evaluation's scores (the
+    same `derived_gaps` rule as on import): a weighted gap or meta score the record gave
+    (SPEC §6) is kept, and so is a figure derived under an older rubric that differs in more than
+    this change. Only a metric kept with another span counts: a metric added or removed leaves the
+    gaps as they are. `evaluation_counts` follows (`counters.gaps_change`). Returns the evaluations
+    changed."""
+    spans = {spec.slug: spec.span for spec in before}
+    moved = sorted(spec.slug for spec in after if spec.slug in spans and spans[spec.slug] != spec.span)
+    if not moved:
+        return 0
+    c = _SNAPSHOTS.c
+    scored = select(
+        c.id, c.user_scores_json, c.judge_scores_json, c.primary_metric, c.bonus_metrics,
+        c.weighted_gap, c.max_metric_gap, c.judge_meta_score,
+    ).where(
+        c.product == product,
+        c.max_metric_gap.is_not(None),  # no metric scored on both sides: no gap to re-derive
+        or_(*(counters.metric_judged(c.judged_metrics, slug) for slug in moved)),
+    )  # fmt: skip
+    changed: list[dict[str, Any]] = []
+    for row in session.execute(scored.execution_options(yield_per=REGAP_BATCH)):
+        user, judge = row.user_scores_json or {}, row.judge_scores_json or {}
+        if not any(slug in user and slug in judge for slug in moved):
+            continue
+        bonus = list(row.bonus_metrics or [])
+        old = derived_gaps(metric_gaps(before, user, judge), row.primary_metric, bonus)
+        new = derived_gaps(metric_gaps(after, user, judge), row.primary_metric, bonus)
+        derived = row.weighted_gap == old.weighted_gap
+        values = {
+            "b_weighted_gap": new.weighted_gap if derived else row.weighted_gap,
+            "b_meta": new.judge_meta_score
+            if derived and row.judge_meta_score == old.judge_meta_score
+            else row.judge_meta_score,
+            "b_max_gap": new.max_metric_gap
+            if row.max_metric_gap == old.max_metric_gap
+            else row.max_metric_gap,
+        }
+        if (values["b_weighted_gap"], values["b_meta"], values["b_max_gap"]) != (
+            row.weighted_gap, row.judge_meta_score, row.max_metric_gap,
+        ):  # fmt: skip
+            changed.append({"b_id": row.id, **values})
+    write = (
+        update(_SNAPSHOTS)
+        .where(c.id == bindparam("b_id"))
+        .values(
+            weighted_gap=bindparam("b_weighted_gap"),
+            max_metric_gap=bindparam("b_max_gap"),
+            judge_meta_score=bindparam("b_meta"),
+        )
+    )
+    for start in range(0, len(changed), REGAP_BATCH):
+        rows = changed[start : start + REGAP_BATCH]
+        where = counters.batch(session, c.id, [r["b_id"] for r in rows])
+        with counters.gaps_change(session=session, where=where):
+            session.connection().execute(write, rows)
+    return len(changed)

@@ -718,3 +718,36 @@ def test_the_cli_rejudges_with_a_version_and_lists_and_compares_versions(
     )
     assert compared.returncode == 0, compared.stderr
     assert "Fluency" in compared.stdout
+
+
+def test_a_scale_changed_on_the_rubric_editor_re_derives_the_stored_gaps(rubric: Engine) -> None:
+    """review7 F12 for the editor: a lead widening `tone` 0–1 → 0–4 left the evaluations' gaps on
+    the 0–1 span (a judge 1 / person 0 stayed a maximal disagreement of 4). A save that changes a
+    scale now re-derives them in its transaction; one that changes only text leaves them."""
+    from lib.source_records import SourceEvaluation, SourceVerdict
+
+    verdicts = [SourceVerdict("tone", 1), SourceVerdict("tone", 0, human=True)]
+    ev = SourceEvaluation(where="r", product="acme", question="q1", answer="a", verdicts=verdicts)
+    with session_scope(rubric) as session:
+        importer.import_source_evaluations(session=session, evaluations=[ev], source="t", reviewer="rita")
+
+    def gaps() -> tuple[object, ...]:
+        with Session(rubric) as session:
+            s = session.exec(select(EvaluationSnapshot).where(EvaluationSnapshot.question == "q1")).one()
+            return s.weighted_gap, s.max_metric_gap, s.judge_meta_score
+
+    def save(**tone: object) -> None:
+        with session_scope(rubric) as session:
+            current = [
+                {"slug": m.slug, "display_name": m.display_name, "min": m.min_value, "max": m.max_value,
+                 "integer_scale": m.integer_scale, "description": m.description}
+                for m in judge.metrics_for_product(session=session, product="acme")
+            ]  # fmt: skip
+            current[-1].update(tone)
+            judge_changes.save_rubric(session=session, product="acme", metrics=current, actor="ayse")
+
+    assert gaps() == (0.4, 4.0, 5)  # tone is an "other" metric of acme's rubric: 0.1 × 4
+    save(description="Is the tone warm?")
+    assert gaps() == (0.4, 4.0, 5)
+    save(max=4)
+    assert gaps() == (0.1, 1.0, 5)

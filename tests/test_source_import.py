@@ -973,3 +973,72 @@ def test_score_labels_takes_a_pairs_other_number_from_its_partner() -> None:
     ]
     score_labels(evals)
     assert [e.verdicts[0].score for e in evals] == [0.8, None, 0.5, 1.0, None]
+
+
+def _langfuse_with_annotation(trace_id: str, question: str, judge: float, person: float) -> str:
+    """review7's lf1/lf2.jsonl: one trace with a judge's `warmth` (EVAL) and a person's (ANNOTATION)."""
+    lines = [
+        {"id": trace_id, "timestamp": "2026-11-20T10:01:00.000Z", "name": "gapbot", "input": question,
+         "output": "An answer."},
+        {"id": f"{trace_id}-j", "traceId": trace_id, "name": "warmth", "value": judge, "dataType": "NUMERIC",
+         "source": "EVAL", "comment": "c"},
+        {"id": f"{trace_id}-p", "traceId": trace_id, "name": "warmth", "value": person, "dataType": "NUMERIC",
+         "source": "ANNOTATION", "comment": "c"},
+    ]  # fmt: skip
+    return "\n".join(json.dumps(line) for line in lines) + "\n"
+
+
+def _gaps(engine: Engine) -> dict[str, tuple[object, ...]]:
+    with Session(engine) as session:
+        rows = session.exec(select(EvaluationSnapshot)).all()
+        return {s.question: (s.weighted_gap, s.max_metric_gap, s.judge_meta_score) for s in rows}
+
+
+def _evaluation_counts(engine: Engine) -> list[tuple[object, ...]]:
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT * FROM evaluation_counts WHERE n != 0")).all()
+        return sorted(map(tuple, rows))
+
+
+def test_a_scale_change_re_derives_the_stored_gaps_of_the_evaluations_scoring_it(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """review7 F12: a second file widened `warmth` 0–1 → 0–4, and Q1's judge 1 / person 0 kept the
+    gap of the 0–1 span (4.0, ranked as a maximal disagreement) beside Q2's same gap of 1 at 0.7–1.0.
+    Now every change of a scale (an import widening it, a `--kind metrics` file, in the same
+    transaction) re-derives the weighted gap, the largest gap and the meta score of the product's
+    evaluations scoring that metric on both sides; `evaluation_counts` (gap halves) follows; a
+    weighted gap an evaluations file gave is kept, and its largest gap follows."""
+    first, second = tmp_path / "lf1.jsonl", tmp_path / "lf2.jsonl"
+    first.write_text(_langfuse_with_annotation("t1", "Q1?", 1, 0), encoding="utf-8")
+    second.write_text(_langfuse_with_annotation("t2", "Q2?", 4, 3), encoding="utf-8")
+    import_path(engine=engine, path=first, kind="langfuse", reviewer=WHO)
+    assert _metrics(engine, "gapbot") == {"warmth": (0.0, 1.0, True)}
+    assert _gaps(engine) == {"Q1?": (2.8, 4.0, 1)}
+    import_path(engine=engine, path=second, kind="langfuse", reviewer=WHO)
+    assert _metrics(engine, "gapbot") == {"warmth": (0.0, 4.0, True)}
+    assert _gaps(engine) == {"Q1?": (0.7, 1.0, 4), "Q2?": (0.7, 1.0, 4)}  # was Q1? (2.8, 4.0, 1)
+
+    # A file with a weighted gap of its own: kept; the largest gap is always derived.
+    given = tmp_path / "given.jsonl"
+    given.write_text(
+        json.dumps({"product": "gapbot", "question": "Q3?", "model_answer": "A.", "weighted_gap": 3.5,
+                    "user_scores": {"warmth": 0}, "judge_scores": {"warmth": 2}}) + "\n",
+        encoding="utf-8",
+    )  # fmt: skip
+    import_path(engine=engine, path=given, kind="evaluations", reviewer=WHO)
+    assert _gaps(engine)["Q3?"] == (3.5, 2.0, 1)
+
+    # A user sets the scale (--kind metrics): the same re-derivation.
+    metrics = tmp_path / "metrics.json"
+    defined = {"product": "gapbot", "slug": "warmth", "display_name": "warmth", "min": 0, "max": 8}
+    metrics.write_text(json.dumps([defined]), encoding="utf-8")
+    import_path(engine=engine, path=metrics, kind="metrics", reviewer=WHO)
+    assert _gaps(engine) == {"Q1?": (0.35, 0.5, 5), "Q2?": (0.35, 0.5, 5), "Q3?": (3.5, 1.0, 1)}
+    kept = _evaluation_counts(engine)
+    with session_scope(engine) as s:
+        counters.recount(session=s)
+    assert _evaluation_counts(engine) == kept
+    with engine.connect() as conn:
+        halves = conn.execute(text("SELECT gap_halves, n FROM evaluation_counts WHERE n != 0")).all()
+    assert sorted(map(tuple, halves)) == [(1, 2), (2, 1)]  # Q1 and Q2 at 0.5, Q3 at 1.0: moved with them
