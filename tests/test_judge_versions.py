@@ -445,6 +445,15 @@ def test_a_rubric_save_is_a_version_with_its_diff_and_saving_it_again_makes_none
             )
 
 
+def _rubric_as_saved(session: Session, product: str) -> list[dict[str, object]]:
+    """The product's rubric as the editor sends it to `judge_changes.save_rubric`."""
+    return [
+        {"slug": m.slug, "display_name": m.display_name, "min": m.min_value, "max": m.max_value,
+         "integer_scale": m.integer_scale, "description": m.description}
+        for m in judge.metrics_for_product(session=session, product=product)
+    ]  # fmt: skip
+
+
 @SQLITE
 def test_a_rubric_save_keeps_an_inferred_scale_growing_until_the_lead_changes_it(rubric: Engine) -> None:
     """A metric an import defined from its scores keeps growing with later imports after a rubric
@@ -468,11 +477,7 @@ def test_a_rubric_save_keeps_an_inferred_scale_growing_until_the_lead_changes_it
     send("q1", 3)
     assert tone() == (0.0, 3.0, True)
     with session_scope(rubric) as session:
-        current = [
-            {"slug": m.slug, "display_name": m.display_name, "min": m.min_value, "max": m.max_value,
-             "integer_scale": m.integer_scale, "description": m.description}
-            for m in judge.metrics_for_product(session=session, product="acme")
-        ]  # fmt: skip
+        current = _rubric_as_saved(session, "acme")
         current[-1]["description"] = "Is the tone warm?"
         judge_changes.save_rubric(session=session, product="acme", metrics=current, actor="ayse")
     assert tone() == (0.0, 3.0, True)
@@ -738,11 +743,7 @@ def test_a_scale_changed_on_the_rubric_editor_re_derives_the_stored_gaps(rubric:
 
     def save(**tone: object) -> None:
         with session_scope(rubric) as session:
-            current = [
-                {"slug": m.slug, "display_name": m.display_name, "min": m.min_value, "max": m.max_value,
-                 "integer_scale": m.integer_scale, "description": m.description}
-                for m in judge.metrics_for_product(session=session, product="acme")
-            ]  # fmt: skip
+            current = _rubric_as_saved(session, "acme")
             current[-1].update(tone)
             judge_changes.save_rubric(session=session, product="acme", metrics=current, actor="ayse")
 
