@@ -35,7 +35,7 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Engine, Table, delete, select
+from sqlalchemy import ARRAY, Engine, String, Table, and_, bindparam, column, delete, func, select
 from sqlmodel import Session
 
 from lib.auth import Actor
@@ -862,6 +862,32 @@ def _stored_by(session: Session, column: str) -> Any:
     )
 
 
+def _in_traces(session: Session) -> Any:
+    """`SELECT <_ROW_COLUMNS> FROM otlp_spans` of the traces in the parameter `traces` (as
+    `lib.bulk.among_value`): a key range `<trace>:` .. `<trace>;` each, read by the primary key's
+    index; built once."""
+
+    def build() -> Any:
+        if session.get_bind().dialect.name == "postgresql":
+            listed: Any = (
+                func.unnest(bindparam("traces", type_=ARRAY(String())))
+                .table_valued(column("value", String()))
+                .render_derived("listed")  # AS listed(value)
+            )
+        else:
+            listed = func.json_each(bindparam("traces", type_=String())).table_valued(
+                column("value", String())
+            )
+        trace = listed.c.value
+        return (
+            select(*_ROW)
+            .select_from(listed)
+            .join(_SPANS, and_(_SPANS.c.key >= trace + ":", _SPANS.c.key < trace + ";"))
+        )
+
+    return built(session, ("otlp_spans of traces",), build)
+
+
 class _Join:
     def __init__(self, session: Session, batch: Batch, actor: Actor, outcome: Outcome) -> None:
         self.session, self.batch, self.actor, self.outcome = session, batch, actor, outcome
@@ -945,6 +971,13 @@ class _Join:
         """Each verdict to its call's key (`_call_for`); verdicts that waited for a response id join
         the call that now names it."""
         calls = self.calls
+        unknown = {  # the traces `_call_for` will look in: read at once
+            verdict.key.partition(":")[0]
+            for verdict in self.batch.verdicts
+            if verdict.key is not None and verdict.key not in calls and not self._is_call(verdict.key)
+        }
+        if unknown:
+            self._read_traces(unknown)
         for verdict in self.batch.verdicts:
             key = verdict.key
             if key is None or key not in calls:  # not a span event of this request's call
@@ -1039,22 +1072,31 @@ class _Join:
         return self._by_response.get(response_id, [])
 
     def _trace_calls(self, key: str) -> list[str]:
-        """The calls of `key`'s trace, in this request or stored (one indexed range read a trace,
-        only for verdicts and spans that are no call)."""
+        """The calls of `key`'s trace, in this request or stored (an indexed range read, only for
+        verdicts and spans that are no call; `_read_traces` reads a request's at once)."""
         trace = key.partition(":")[0]
         if trace not in self._traces:
-            found = {k for k in self.calls if k.startswith(trace + ":")}
-            rows = self.session.execute(
-                select(*_ROW).where(_SPANS.c.key >= trace + ":", _SPANS.c.key < trace + ";")
-            )
-            for values in rows:
-                if values[0] in self.gone:  # forgotten in this request (`_write` deletes it)
-                    continue
-                row = self.stored.setdefault(values[0], _Stored(*values))
-                if row.span_json is not None or row.snapshot_id is not None:
-                    found.add(row.key)
-            self._traces[trace] = sorted(found)
+            self._read_traces({trace})
         return self._traces[trace]
+
+    def _read_traces(self, traces: set[str]) -> None:
+        """`_trace_calls` of every trace in `traces`, in one statement: a request of log records
+        that come before their spans names 100 traces or more, and a statement each cost more
+        than the rest of their join."""
+        found: dict[str, set[str]] = {trace: set() for trace in traces}
+        for key in self.calls:
+            calls = found.get(key.partition(":")[0])
+            if calls is not None:
+                calls.add(key)
+        session = self.session
+        for values in session.execute(_in_traces(session), {"traces": among_value(session, traces)}):
+            if values[0] in self.gone:  # forgotten in this request (`_write` deletes it)
+                continue
+            row = self.stored.setdefault(values[0], _Stored(*values))
+            if row.span_json is not None or row.snapshot_id is not None:
+                found[row.key.partition(":")[0]].add(row.key)
+        for trace, calls in found.items():
+            self._traces[trace] = sorted(calls)
 
     def _drop_orphans(self) -> None:
         """Verdicts that waited under a span this request shows is no GenAI call: they join the one
