@@ -487,9 +487,12 @@ def bump_review(
 ) -> None:
     """A review's known change (`before` → `after`), after its UPDATE succeeded, by atomic increments.
 
-    The evaluation's row is updated first: on PostgreSQL that lock orders a review behind a
-    concurrent archive of the same evaluation, whose counting then sees the review committed.
-    A review that changes the judgment's reviewer moves it between two reviewer rows. The
+    The evaluation's row is updated before any counter row (the lock order of `lock_judgments`):
+    on PostgreSQL that lock orders a review behind a concurrent archive or restore of the same
+    evaluation, whose retraction then sees the review committed. The judge-version counts move
+    last, like every other counter row: moved before that lock, they read the evaluation as live
+    while an archive of it was uncommitted and kept the review of an archived evaluation (review8
+    F1). A review that changes the judgment's reviewer moves it between two reviewer rows. The
     evaluation's `reviewer_decisions` is recomputed in the same UPDATE (`_bump_snapshot`).
     """
     # PostgreSQL: the caller holds PG_REVIEW_COUNTERS_LOCK from before its first judgment UPDATE to
@@ -500,12 +503,6 @@ def bump_review(
     # reviewers x 100 two-metric items x 2 labels deadlocked in 1 run of 4.
     reviewed = int(after.reviewed) - int(before.reviewed)
     corrected = int(after.corrected) - int(before.corrected)
-    version_counts.move_review(
-        session,
-        judgment_id,
-        before.decision if before.reviewed else None,
-        after.decision if after.reviewed else None,
-    )
     if snapshot_id is not None:
         _bump_snapshot(session, snapshot_id, reviewed, corrected)
     if reviewed or corrected:
@@ -524,19 +521,25 @@ def bump_review(
     if old == new:
         if reviewed or corrected:
             _add_to_row(session, new, {"reviewed": reviewed, "corrected": corrected}, judgment_id)
-        return
-    # Another reviewer: the whole judgment moves rows, its second-opinion outcome with it (a review
-    # leaves that as it was, so the row's current value is the one to move).
-    _add_to_row(
-        session, old,
-        {"judgments": -1, "reviewed": -int(before.reviewed), "corrected": -int(before.corrected)},
-        judgment_id, opinions=-1,
-    )  # fmt: skip
-    _add_to_row(
-        session, new,
-        {"judgments": 1, "reviewed": int(after.reviewed), "corrected": int(after.corrected)},
-        judgment_id, opinions=1,
-    )  # fmt: skip
+    else:
+        # Another reviewer: the whole judgment moves rows, its second-opinion outcome with it (a
+        # review leaves that as it was, so the row's current value is the one to move).
+        _add_to_row(
+            session, old,
+            {"judgments": -1, "reviewed": -int(before.reviewed), "corrected": -int(before.corrected)},
+            judgment_id, opinions=-1,
+        )  # fmt: skip
+        _add_to_row(
+            session, new,
+            {"judgments": 1, "reviewed": int(after.reviewed), "corrected": int(after.corrected)},
+            judgment_id, opinions=1,
+        )  # fmt: skip
+    version_counts.move_review(
+        session,
+        judgment_id,
+        before.decision if before.reviewed else None,
+        after.decision if after.reviewed else None,
+    )
 
 
 def _bump_snapshot(session: Session, snapshot_id: str, reviewed: int, corrected: int) -> None:

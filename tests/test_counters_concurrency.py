@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlmodel import Session, col, select
 
-from lib import counters, importer
+from lib import counters, importer, inspector
 from lib.corrections import BulkReview, record_review, record_reviews
 from lib.db import create_db_engine, session_scope
 from lib.models import Judgment
@@ -172,6 +172,40 @@ def test_a_review_waiting_on_another_writer_of_its_evaluation_keeps_both_decisio
         stored = _stored_decisions(s)
         assert stored == _decisions_of_rows(s)
         assert sorted(m for m, _ in next(iter(stored.values()))) == ["helpfulness", "truthfulness"]
+
+
+@pytest.mark.parametrize("change", ["archive", "restore"])
+def test_a_review_waiting_on_an_archive_of_its_evaluation_leaves_exact_counters(
+    pg_engine: Engine, change: str
+) -> None:
+    """An archive (or restore) of an evaluation holds its row uncommitted, having retracted (added)
+    the evaluation's judgments as they were, J1 unreviewed; a review of J1 then runs until it waits
+    on that row. Every counter the review moves, the judge-version counts included, must be moved
+    after it has the row: moved before, they read the evaluation as still live (archived) and kept
+    J1's review in the counts of an archived evaluation, or lost it from a restored one (review8 F1)."""
+    (j1, v1), _ = _two_judgments(pg_engine, 7, judge={"truthfulness": 4, "helpfulness": 5})
+    with session_scope(pg_engine) as s:
+        snapshot_id = s.get(Judgment, j1).snapshot_id  # type: ignore[union-attr]
+        if change == "restore":
+            assert inspector.archive_evaluation(session=s, snapshot_id=snapshot_id, reviewer="ayse")
+
+    def archive_or_restore(s: Session) -> None:
+        change_it = inspector.archive_evaluation if change == "archive" else inspector.restore_evaluation
+        assert change_it(session=s, snapshot_id=snapshot_id, reviewer="ayse")
+
+    def review(s: Session) -> None:
+        record_review(session=s, judgment_id=j1, expected_version=v1, action="confirm", reviewer="bob")
+
+    _wait_behind(pg_engine, archive_or_restore, review)
+    with session_scope(pg_engine) as s:
+        kept = _snapshot_of_counters(s)
+        assert s.get(Judgment, j1).reviewer == "bob"  # type: ignore[union-attr]
+    with session_scope(pg_engine) as s:
+        counters.recount(session=s)
+    with session_scope(pg_engine) as s:
+        recounted = _snapshot_of_counters(s)
+    assert bool(recounted["judge_version_totals"]) == (change == "restore")
+    assert kept == recounted
 
 
 def test_a_review_does_not_wait_on_a_row_that_merely_references_its_evaluation(pg_engine: Engine) -> None:
