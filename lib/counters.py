@@ -1206,14 +1206,18 @@ def rebuild_evaluation_counts(session: Session) -> None:
 
 @register_rebuild("judge_version_counts")
 def rebuild_judge_version_counts(session: Session) -> None:
-    """Reviewed judgments per judge version × product × language × metric × week × decisions (lib.version_counts)."""
+    """Reviewed judgments per judge version × product × language × metric × week × decisions, then
+    `judge_version_totals`, their sums over weeks (lib.version_counts).
+
+    One name for both, as `metric_scores` rebuilds the agreement counts with their totals: rebuilt
+    alone, the weekly rows would leave the totals (what the tab reads) as wrong as before, and the
+    table and the timeline disagreeing (review8 F3)."""
     version_counts.rebuild(session)
-
-
-@register_rebuild("judge_version_totals")
-def rebuild_judge_version_totals(session: Session) -> None:
-    """`judge_version_counts` summed over weeks; after it, whose rows it sums (lib.version_counts)."""
     version_counts.rebuild_totals(session)
+
+
+# Names a recount accepts for a table rebuilt under another table's name (no second rebuild).
+_REBUILT_WITH = {"judge_version_totals": "judge_version_counts"}
 
 
 @register_rebuild("judge_version_pair_counts")
@@ -1233,16 +1237,18 @@ def rebuild_counts(*, session: Session) -> None:
     rebuild_reviewer_counts(session)
     rebuild_evaluation_counts(session)
     rebuild_judge_version_counts(session)
-    rebuild_judge_version_totals(session)
     rebuild_judge_version_pair_counts(session)
 
 
 def recount(*, session: Session, only: Iterator[str] | list[str] | None = None) -> list[str]:
-    """Rebuild every registered derived table (or the named ones) in the caller's transaction."""
-    names = list(REBUILDS) if only is None else list(only)
+    """Rebuild every registered derived table (or the named ones) in the caller's transaction.
+
+    A table rebuilt with another (`_REBUILT_WITH`) names that one; each rebuild runs once."""
+    names = list(REBUILDS) if only is None else list(dict.fromkeys(_REBUILT_WITH.get(n, n) for n in only))
     unknown = [n for n in names if n not in REBUILDS]
     if unknown:
-        raise ValueError(f"unknown counters {', '.join(unknown)}; known: {', '.join(REBUILDS)}")
+        known = ", ".join([*REBUILDS, *_REBUILT_WITH])
+        raise ValueError(f"unknown counters {', '.join(unknown)}; known: {known}")
     for name in names:
         REBUILDS[name](session)
     session.flush()

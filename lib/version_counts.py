@@ -10,7 +10,8 @@ reviewed judgments there are, so Analytics reads rows in proportion to versions 
 score cells, never judgments. `judge_version_totals` holds the same summed over weeks (as
 `agreement_totals` beside `agreement_counts`, `lib.scores`): everything Analytics shows that needs no
 week reads it, a few thousand rows where the weekly table keeps growing with every week (108k rows
-at 1M evaluations). Both are written by the same statements, one per table (`COUNT_TABLES`). `judge_version_pair_counts` holds, per pair of versions that both
+at 1M evaluations). Both are written from the same source rows, one statement per table (`COUNT_TABLES`), and rebuilt
+together (`counters.rebuild_judge_version_counts`). `judge_version_pair_counts` holds, per pair of versions that both
 judged a judgment × product × language × metric × (A's decision, B's decision, reviewer decision),
 how many such judgments there are: "same items only" (a paired comparison of two versions) is a
 function of that joint table, so it too reads cells, never judgments. A pair is two of a judgment's
@@ -227,9 +228,10 @@ def _counts_upsert(session: Session, source: Any, table: Table, key: tuple[str, 
 
 def _upserts(session: Session, where: Any, **how: Any) -> list[Any]:
     """The upserts adding the judgments matching `where` to every count table (`_sources`' options):
-    the one path every write takes, so the totals cannot miss a write the weekly counts see. One
-    statement per table: a review writes both tables without sending more statements than the
-    weekly counts alone took (tests/test_queues.py's statement budget)."""
+    the one path every kept write takes (full rebuilds: `rebuild` then `rebuild_totals`), so the
+    totals cannot miss a write the weekly counts see. One statement per table: a review writes both
+    tables without sending more statements than the weekly counts alone took (tests/test_queues.py's
+    statement budget)."""
     return [
         _counts_upsert(session, _summed(_sources(session, where, key=key, **how), key), table, key)
         for table, key in COUNT_TABLES
@@ -314,7 +316,7 @@ def move_review(session: Session, judgment_id: int, before: str | None, after: s
 
 def rebuild(session: Session) -> None:
     """Every weekly per-version count from the judgments and verdicts (`recount`, migration 0023's
-    backfill); `rebuild_totals` follows it."""
+    backfill); `rebuild_totals` must follow it (`counters.rebuild_judge_version_counts` runs both)."""
     session.execute(delete(COUNTS))
     for source in _sources(session, literal(True), sign=1):
         session.execute(_counts_upsert(session, source, COUNTS, KEY))

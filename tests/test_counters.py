@@ -541,6 +541,32 @@ def test_recount_of_the_decisions_alone_repairs_a_review_written_by_hand(engine:
         assert any(_stored_decisions(s).values())
 
 
+@pytest.mark.parametrize("name", ["judge_version_counts", "judge_version_totals"])
+def test_a_recount_of_either_version_table_repairs_both(engine: Engine, name: str) -> None:
+    """Drift in the weekly version counts and in their totals alike (what review8 F1 left): a recount
+    naming either table rebuilds both, so the totals (the tab's table) end equal to the weekly rows
+    summed and to a full recount; the weekly rows alone left the totals wrong (review8 F3)."""
+    rec = {**_record(random.Random(4), 0), "judge_scores": {"truthfulness": 4, "helpfulness": 5}}
+    with session_scope(engine) as s:
+        importer.import_evaluations(session=s, records=[rec])
+    with session_scope(engine) as s:
+        first = s.exec(select(Judgment).order_by(col(Judgment.id))).first()
+        assert first is not None and first.id is not None
+        record_review(
+            session=s, judgment_id=first.id, expected_version=first.version, action="confirm", reviewer="bob"
+        )
+    with session_scope(engine) as s:
+        right = _snapshot_of_counters(s)
+        assert right["judge_version_totals"]
+        for table in ("judge_version_counts", "judge_version_totals"):
+            s.connection().execute(text(f"UPDATE {table} SET n = n + 5"))  # fixed table names
+    with session_scope(engine) as s:
+        assert counters.recount(session=s, only=[name]) == ["judge_version_counts"]
+    with session_scope(engine) as s:
+        assert _version_totals(s) == _weekly_version_counts_summed(s)
+        assert _snapshot_of_counters(s) == right
+
+
 def test_recount_refuses_an_unknown_name(sqlite_engine: Engine) -> None:
     with session_scope(sqlite_engine) as s, pytest.raises(ValueError, match="unknown counters nope"):
         counters.recount(session=s, only=["nope"])

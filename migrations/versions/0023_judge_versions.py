@@ -93,9 +93,11 @@ def upgrade() -> None:
     op.add_column("judgments", sa.Column("judge_version_id", sa.Integer(), nullable=True))
     op.add_column("evaluation_snapshots", sa.Column("judge_version_id", sa.Integer(), nullable=True))
     op.create_index("ix_judgment_version", "judgments", ["judge_version_id", "product"])
-    from lib import counters  # this revision's table only, not every registered rebuild
+    # This revision's table only: not every registered rebuild, and not the recount's
+    # `judge_version_counts` either, which also rebuilds the totals of 0030.
+    from lib import version_counts
 
-    counters.rebuild_judge_version_counts(Session(bind=op.get_bind()))
+    version_counts.rebuild(Session(bind=op.get_bind()))
 
 
 def downgrade() -> None:
