@@ -328,26 +328,63 @@ class BulkReview:
     reviewed_at: datetime
 
 
-def record_reviews(*, session: Session, reviews: Sequence[BulkReview]) -> int:
+@dataclass(frozen=True)
+class BulkReviewed:
+    """What `record_reviews` did: reviews applied, and reviews skipped because their judgment was
+    already reviewed (before the call, or by a review that committed while the call waited)."""
+
+    applied: int
+    already_reviewed: int
+
+
+def record_reviews(*, session: Session, reviews: Sequence[BulkReview]) -> BulkReviewed:
     """Bulk-apply reviews to judgments nobody has reviewed yet (loading data, not a reviewer's click).
 
     Same rows as `record_review` (confirmation keeps the judge's text, version + 1, one audit event
     each), without its per-row version check: already-reviewed judgments are skipped, never
-    overwritten. Returns how many were applied.
+    overwritten. The judgments are read again once locked (`counters.judgments_change`), and that
+    read is the one written from: a review committed between the first read and the lock (PostgreSQL;
+    SQLite's writers do not overlap) is skipped, where writing from the first read overwrote it and
+    gave both events the same version (review8 F5).
     """
     by_change = {r.change_id: r for r in reviews}
     ids = list(by_change)
-    rows = []
+    unreviewed: list[tuple[str, int]] = []
+    found = 0
     for i in range(0, len(ids), 500):
-        rows.extend(
-            session.execute(
-                select(Judgment.id, Judgment.change_id, Judgment.decision, Judgment.version).where(
-                    col(Judgment.change_id).in_(ids[i : i + 500]), col(Judgment.reviewed_at).is_(None)
-                )
+        for judgment_id, change_id, open_ in session.execute(
+            select(Judgment.id, Judgment.change_id, col(Judgment.reviewed_at).is_(None)).where(
+                col(Judgment.change_id).in_(ids[i : i + 500])
+            )
+        ).all():
+            found += 1
+            if open_:
+                unreviewed.append((change_id, judgment_id))
+    unreviewed.sort()
+    applied = 0
+    for i in range(0, len(unreviewed), 5000):
+        part = col(Judgment.id).in_([judgment_id for _, judgment_id in unreviewed[i : i + 5000]])
+        with counters.judgments_change(session=session, where=part):
+            rows = session.execute(
+                select(Judgment.id, Judgment.change_id, Judgment.decision, Judgment.version)
+                .where(part, col(Judgment.reviewed_at).is_(None))
+                .order_by(col(Judgment.change_id))
             ).all()
-        )
+            updates, events = _bulk_review_rows(rows, by_change)
+            if updates:
+                session.execute(update(Judgment), updates)
+        if events:
+            session.execute(insert(JudgmentEvent), events)
+        applied += len(updates)
+    return BulkReviewed(applied=applied, already_reviewed=found - applied)
+
+
+def _bulk_review_rows(
+    rows: Sequence[Any], by_change: Mapping[str, BulkReview]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The judgments' updates and their audit events for `record_reviews`, from rows read under lock."""
     updates, events = [], []
-    for judgment_id, change_id, decision, version in sorted(rows, key=lambda r: r[1]):
+    for judgment_id, change_id, decision, version in rows:
         r = by_change[change_id]
         decided, corrected = settle_decision(decision, r.user_decision)
         updates.append(
@@ -361,13 +398,7 @@ def record_reviews(*, session: Session, reviews: Sequence[BulkReview]) -> int:
                 version=version + 1,
             )
         )  # fmt: skip
-    for i in range(0, len(updates), 5000):
-        part = updates[i : i + 5000]
-        with counters.judgments_change(session=session, where=col(Judgment.id).in_([u["id"] for u in part])):
-            session.execute(update(Judgment), part)
-    if events:
-        session.execute(insert(JudgmentEvent), events)
-    return len(updates)
+    return updates, events
 
 
 def _judgment_at(session: Session, judgment_id: int, expected_version: int) -> Judgment:

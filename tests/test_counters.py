@@ -567,6 +567,35 @@ def test_a_recount_of_either_version_table_repairs_both(engine: Engine, name: st
         assert _snapshot_of_counters(s) == right
 
 
+def test_a_bulk_review_skips_a_reviewed_judgment_and_says_so(engine: Engine) -> None:
+    """`record_reviews` applies its reviews to unreviewed judgments only and counts the others."""
+    rec = {**_record(random.Random(5), 0), "judge_scores": {"truthfulness": 4, "helpfulness": 5}}
+    with session_scope(engine) as s:
+        importer.import_evaluations(session=s, records=[rec])
+    with session_scope(engine) as s:
+        first, second = s.exec(select(Judgment).order_by(col(Judgment.id))).all()
+        assert first.id is not None
+        record_review(
+            session=s, judgment_id=first.id, expected_version=first.version, action="confirm", reviewer="bob"
+        )
+        bulk = [BulkReview(j.change_id, "1", "loader", None, T0) for j in (first, second)]
+        bulk.append(BulkReview("no such change", "1", "loader", None, T0))
+    with session_scope(engine) as s:
+        done = record_reviews(session=s, reviews=bulk)
+    assert (done.applied, done.already_reviewed) == (1, 1)
+    with session_scope(engine) as s:
+        assert [
+            (j.reviewer, j.user_decision == j.decision)
+            for j in s.exec(select(Judgment).order_by(col(Judgment.id)))
+        ] == [
+            ("bob", True),
+            ("loader", False),
+        ]
+        kept = _snapshot_of_counters(s)
+        counters.recount(session=s)
+        assert _snapshot_of_counters(s) == kept
+
+
 def test_recount_refuses_an_unknown_name(sqlite_engine: Engine) -> None:
     with session_scope(sqlite_engine) as s, pytest.raises(ValueError, match="unknown counters nope"):
         counters.recount(session=s, only=["nope"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
@@ -162,7 +163,7 @@ def test_a_review_waiting_on_another_writer_of_its_evaluation_keeps_both_decisio
         bulk = BulkReview(second.change_id, second.decision, "ayse", None, T0)
 
     def bulk_review(s: Session) -> None:
-        assert record_reviews(session=s, reviews=[bulk]) == 1
+        assert record_reviews(session=s, reviews=[bulk]).applied == 1
 
     def review(s: Session) -> None:
         record_review(session=s, judgment_id=j1, expected_version=v1, action="confirm", reviewer="bob")
@@ -206,6 +207,47 @@ def test_a_review_waiting_on_an_archive_of_its_evaluation_leaves_exact_counters(
         recounted = _snapshot_of_counters(s)
     assert bool(recounted["judge_version_totals"]) == (change == "restore")
     assert kept == recounted
+
+
+def test_a_bulk_review_waiting_on_a_review_skips_its_judgment(pg_engine: Engine) -> None:
+    """A reviewer's overrule of J1 is uncommitted when a bulk review of J1 and J2 reads them (J1 still
+    unreviewed) and then waits on J1's row. Once the review commits, the bulk review reads J1 again
+    under the lock and skips it: before, it wrote from its first read, overwrote the overrule and
+    gave both audit events version 2 (review8 F5)."""
+    (j1, v1), (j2, _) = _two_judgments(pg_engine, 5, judge={"truthfulness": 4, "helpfulness": 5})
+    with session_scope(pg_engine) as s:
+        bulk = [BulkReview(s.get(Judgment, j).change_id, "4", "loader", None, T0) for j in (j1, j2)]  # type: ignore[union-attr]
+    done: list[Any] = []
+
+    def bulk_review(s: Session) -> None:
+        done.append(record_reviews(session=s, reviews=bulk))
+
+    with pg_engine.connect() as conn, Session(bind=conn) as holding:
+        record_review(
+            session=holding, judgment_id=j1, expected_version=v1, action="overrule", user_decision="2",
+            reviewer="bob", reason="too generous",
+        )  # fmt: skip
+        worker, errors = _blocked_writer(pg_engine, bulk_review)
+        holding.commit()
+    worker.join(30)
+    assert not worker.is_alive() and not errors, errors
+    assert [(d.applied, d.already_reviewed) for d in done] == [(1, 1)]
+    with session_scope(pg_engine) as s:
+        first, second = s.get(Judgment, j1), s.get(Judgment, j2)
+        assert first is not None and second is not None
+        assert (first.reviewer, first.user_decision, first.version) == ("bob", "2", v1 + 1)
+        assert second.reviewer == "loader"
+        events = (
+            s.connection()
+            .execute(text("SELECT judgment_id, reviewer, version FROM judgment_events ORDER BY id"))
+            .all()
+        )
+        assert sorted(map(tuple, events)) == sorted([(j1, "bob", v1 + 1), (j2, "loader", second.version)])
+        kept = _snapshot_of_counters(s)
+    with session_scope(pg_engine) as s:
+        counters.recount(session=s)
+    with session_scope(pg_engine) as s:
+        assert _snapshot_of_counters(s) == kept
 
 
 def test_a_review_does_not_wait_on_a_row_that_merely_references_its_evaluation(pg_engine: Engine) -> None:

@@ -225,7 +225,7 @@ def test_the_fully_reviewed_list_reads_its_own_index(filled: Any) -> None:
             select(Judgment.change_id, Judgment.decision).where(col(Judgment.snapshot_id).in_(ids))
         )
         reviews = [corrections.BulkReview(c, d, "plans", None, utcnow()) for c, d in judged.all()]
-        assert corrections.record_reviews(session=s, reviews=reviews)
+        assert corrections.record_reviews(session=s, reviews=reviews).applied
         s.flush()
         for extra in ({"text": phrase}, {"date_from": ctx.last_day - timedelta(days=30)}):
             for sort in inspector.SORTS:

@@ -96,7 +96,7 @@ def _apply_reviews(session: Session, plan: Sequence[PlannedReview]) -> int:
     return record_reviews(
         session=session,
         reviews=[BulkReview(p.change_id, p.user_decision, p.reviewer, p.reason, p.reviewed_at) for p in plan],
-    )
+    ).applied
 
 
 # ---------------------------------------------------------------------------------------------
