@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, Table, insert, select
+from sqlalchemy import ColumnElement, Engine, Table, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from lib import bulk, importer
@@ -427,3 +427,22 @@ def test_among_rows_finds_exactly_the_rows_a_python_filter_finds(engine: Engine)
             expected = {r["change_id"] for r in rows if (r["product"], r["decision"], r["version"]) in keys}
             assert set(found) == expected
     assert len({r["change_id"] for r in rows if (r["product"], r["decision"], r["version"]) in wanted}) == 5
+
+
+def test_a_key_longer_than_its_column_matches_nothing(engine: Engine) -> None:
+    """A key one character longer than `product` (200) must not match the stored value it begins
+    with: PostgreSQL's `::VARCHAR(200)[]` cast truncated it, and both helpers matched (review8 F2)."""
+    stored = "x" * 200
+    rows = [judgment("c1", product=stored, decision="3", version=2)]
+    with engine.begin() as conn:
+        bulk.insert_tuples(conn, JUDGMENTS, list(rows[0]), [tuple(r.values()) for r in rows])
+    product, version = JUDGMENTS.c.product, JUDGMENTS.c.version
+    with engine.connect() as conn:
+
+        def found(where: ColumnElement[bool]) -> list[str]:
+            return list(conn.execute(select(JUDGMENTS.c.change_id).where(where)).scalars())
+
+        assert found(bulk.among(conn, product, [stored])) == ["c1"]
+        assert found(bulk.among_rows(conn, (product, version), [(stored, 2)])) == ["c1"]
+        assert found(bulk.among(conn, product, [stored + "x"])) == []
+        assert found(bulk.among_rows(conn, (product, version), [(stored + "x", 2)])) == []
