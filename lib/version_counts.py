@@ -341,13 +341,3 @@ def rebuild_pairs(session: Session) -> None:
     """Every pair count from the judgments and verdicts (`recount`, migration 0024's backfill)."""
     session.execute(delete(PAIRS))
     session.execute(_pair_upsert(session, _pair_source(literal(True), sign=1)))
-
-
-def nonzero() -> ColumnElement[bool]:
-    """Count rows that still hold judgments (a row may fall to 0 and stay)."""
-    return COUNTS.c.n > 0
-
-
-def positive(column: Any) -> Any:
-    """`column` where positive, else 0 (sums of counts that include retracted rows)."""
-    return case((column > 0, column), else_=0)
