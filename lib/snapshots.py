@@ -26,6 +26,7 @@ from lib.metrics import (
     metric_gaps,
     metrics_for_product,
     resolve_metric_key,
+    score_of,
 )
 from lib.models import EvaluationSnapshot, utcnow
 from lib.records import (
@@ -334,7 +335,8 @@ def rederive_gaps(
     gaps as they are. `evaluation_counts` follows (`counters.gaps_change`). Returns the evaluations
     changed."""
     spans = {spec.slug: spec.span for spec in before}
-    moved = sorted(spec.slug for spec in after if spec.slug in spans and spans[spec.slug] != spec.span)
+    rescaled = {spec.slug: spec for spec in after if spec.slug in spans and spans[spec.slug] != spec.span}
+    moved = sorted(rescaled)
     if not moved:
         return 0
     c = _SNAPSHOTS.c
@@ -352,8 +354,12 @@ def rederive_gaps(
         if not any(slug in user and slug in judge for slug in moved):
             continue
         bonus = list(row.bonus_metrics or [])
-        old = derived_gaps(metric_gaps(before, user, judge), row.primary_metric, bonus)
-        new = derived_gaps(metric_gaps(after, user, judge), row.primary_metric, bonus)
+        gaps = metric_gaps(before, user, judge)
+        old = derived_gaps(gaps, row.primary_metric, bonus)
+        for slug in moved:  # only these gaps change: a metric added or removed is left out of both
+            if slug in gaps:
+                gaps[slug] = rescaled[slug].rescaled_gap(score_of(user[slug]), score_of(judge[slug]))  # type: ignore[arg-type]
+        new = derived_gaps(gaps, row.primary_metric, bonus)
         derived = row.weighted_gap == old.weighted_gap
         values = {
             "b_weighted_gap": new.weighted_gap if derived else row.weighted_gap,

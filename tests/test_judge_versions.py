@@ -728,10 +728,14 @@ def test_the_cli_rejudges_with_a_version_and_lists_and_compares_versions(
 def test_a_scale_changed_on_the_rubric_editor_re_derives_the_stored_gaps(rubric: Engine) -> None:
     """review7 F12 for the editor: a lead widening `tone` 0–1 → 0–4 left the evaluations' gaps on
     the 0–1 span (a judge 1 / person 0 stayed a maximal disagreement of 4). A save that changes a
-    scale now re-derives them in its transaction; one that changes only text leaves them."""
+    scale now re-derives them in its transaction; one that changes only text leaves them, and a
+    metric the same save removes still counts (only the changed scale moves the figures)."""
     from lib.source_records import SourceEvaluation, SourceVerdict
 
-    verdicts = [SourceVerdict("tone", 1), SourceVerdict("tone", 0, human=True)]
+    verdicts = [
+        SourceVerdict("tone", 1), SourceVerdict("tone", 0, human=True),
+        SourceVerdict("fluency", 5), SourceVerdict("fluency", 1, human=True),
+    ]  # fmt: skip
     ev = SourceEvaluation(where="r", product="acme", question="q1", answer="a", verdicts=verdicts)
     with session_scope(rubric) as session:
         importer.import_source_evaluations(session=session, evaluations=[ev], source="t", reviewer="rita")
@@ -741,14 +745,15 @@ def test_a_scale_changed_on_the_rubric_editor_re_derives_the_stored_gaps(rubric:
             s = session.exec(select(EvaluationSnapshot).where(EvaluationSnapshot.question == "q1")).one()
             return s.weighted_gap, s.max_metric_gap, s.judge_meta_score
 
-    def save(**tone: object) -> None:
+    def save(drop: str = "", **tone: object) -> None:
         with session_scope(rubric) as session:
-            current = _rubric_as_saved(session, "acme")
+            current = [m for m in _rubric_as_saved(session, "acme") if m["slug"] != drop]
             current[-1].update(tone)
             judge_changes.save_rubric(session=session, product="acme", metrics=current, actor="ayse")
 
-    assert gaps() == (0.4, 4.0, 5)  # tone is an "other" metric of acme's rubric: 0.1 × 4
+    # Neither is acme's primary metric (coherence): 0.1 × mean(tone 4, fluency 4 on the 1–5 span).
+    assert gaps() == (0.4, 4.0, 5)
     save(description="Is the tone warm?")
     assert gaps() == (0.4, 4.0, 5)
-    save(max=4)
-    assert gaps() == (0.1, 1.0, 5)
+    save(drop="fluency", max=4)
+    assert gaps() == (0.25, 4.0, 5)  # tone 1 on 0–4 → 1.0; fluency's 4 still counted
