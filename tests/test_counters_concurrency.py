@@ -6,16 +6,17 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 from sqlmodel import Session, col, select
 
 from lib import counters, importer, inspector
-from lib.corrections import BulkReview, record_review, record_reviews
+from lib.corrections import BulkReview, add_judgment, record_review, record_reviews
 from lib.db import create_db_engine, session_scope
-from lib.models import Judgment
+from lib.models import JudgeVersion, Judgment
 from lib.second_opinion import SecondOpinion, store_second_opinion
 from tests.conftest import PgDatabase
 from tests.test_counters import T0, _decisions_of_rows, _record, _snapshot_of_counters, _stored_decisions
@@ -243,6 +244,67 @@ def test_a_bulk_review_waiting_on_a_review_skips_its_judgment(pg_engine: Engine)
             .all()
         )
         assert sorted(map(tuple, events)) == sorted([(j1, "bob", v1 + 1), (j2, "loader", second.version)])
+        kept = _snapshot_of_counters(s)
+    with session_scope(pg_engine) as s:
+        counters.recount(session=s)
+    with session_scope(pg_engine) as s:
+        assert _snapshot_of_counters(s) == kept
+
+
+@pytest.mark.parametrize("change", ["restore", "archive"])
+def test_a_rejudge_that_keeps_a_reviewed_entry_racing_a_restore_leaves_exact_counters(
+    pg_engine: Engine, change: str
+) -> None:
+    """A re-judge of a reviewed judgment that keeps the reviewer's entry writes only a verdict: its
+    flush retracts and re-adds the judgment. A restore (or archive) of the evaluation run to its
+    commit between those statements must wait for the re-judge: before, the flush did not lock the
+    evaluation, the restore counted the judgment and the re-add counted it again (review8 F7)."""
+    (j1, v1), _ = _two_judgments(pg_engine, 6, judge={"truthfulness": 4, "helpfulness": 5})
+    with session_scope(pg_engine) as s:
+        record_review(session=s, judgment_id=j1, expected_version=v1, action="confirm", reviewer="bob")
+    with session_scope(pg_engine) as s:
+        j = s.get(Judgment, j1)
+        assert j is not None and j.snapshot_id is not None
+        snapshot_id, change_id, decision, product, metric = (
+            j.snapshot_id,
+            j.change_id,
+            j.decision,
+            j.product,
+            j.metric,
+        )
+        version = JudgeVersion(product=product, name="r8", content_hash="r8", created_by="r8", origin="demo")
+        s.add(version)
+        s.flush()
+        version_id = version.id
+        if change == "restore":
+            assert inspector.archive_evaluation(session=s, snapshot_id=snapshot_id, reviewer="ayse")
+
+    other: list[threading.Thread] = []
+
+    def other_writer() -> None:
+        with session_scope(pg_engine) as s2:
+            change_it = inspector.restore_evaluation if change == "restore" else inspector.archive_evaluation
+            assert change_it(session=s2, snapshot_id=snapshot_id, reviewer="ayse")
+
+    def start_the_other_writer(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
+        if statement.startswith("INSERT INTO judge_verdicts") and not other:
+            other.append(threading.Thread(target=other_writer))
+            other[0].start()
+            _wait_until_blocked(pg_engine, other[0])  # it waits on the evaluation's row (before: ran through)
+
+    with pg_engine.connect() as conn:
+        event.listen(conn, "before_cursor_execute", start_the_other_writer)
+        with Session(bind=conn) as s:
+            fresh = Judgment(
+                change_id=change_id, product=product, metric=metric, snapshot_id=snapshot_id, decision=decision,
+                timestamp=T0 + timedelta(days=2), judge_version_id=version_id,
+            )  # fmt: skip
+            add_judgment(session=s, judgment=fresh, reviewer="importer")
+            s.commit()
+    assert other
+    other[0].join(30)
+    assert not other[0].is_alive()
+    with session_scope(pg_engine) as s:
         kept = _snapshot_of_counters(s)
     with session_scope(pg_engine) as s:
         counters.recount(session=s)
