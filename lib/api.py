@@ -321,8 +321,10 @@ def create_app(
                     raw += chunk
             except ApiError as exc:
                 raise otlp.OtlpError(exc.status, exc.detail) from None
-            body = otlp.read_body(bytes(raw), request.headers.get("content-encoding", ""), json_limit)
+            encoding = request.headers.get("content-encoding", "")
             settings = get_settings()
+            # Off the event loop, as the decode is: the server's loop serves the pages too.
+            body = await run_in_threadpool(otlp.read_body, bytes(raw), encoding, json_limit)
             batch = await run_in_threadpool(otlp.decode, signal, body, kind, settings)
             outcome = await run_in_threadpool(
                 lambda: otlp.ingest(engine=get_engine(), batch=batch, actor=actor)

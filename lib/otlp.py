@@ -160,6 +160,9 @@ def describe(key: str, name: str = "") -> str:
 # Decoding
 
 
+GZIP_MEMBERS = 16  # gzip members a body may hold (`read_body`)
+
+
 def read_body(raw: bytes, content_encoding: str, limit: int) -> bytes:
     """The body as sent, un-gzipped within `limit` bytes (a gzip bomb stops there: 413)."""
     encoding = content_encoding.strip().lower()
@@ -167,24 +170,32 @@ def read_body(raw: bytes, content_encoding: str, limit: int) -> bytes:
         return raw
     if encoding != "gzip":
         raise OtlpError(415, f"Content-Encoding {encoding!r} is not supported: send gzip or none")
-    body, data = b"", raw
+    parts: list[bytes] = []
+    size, data = 0, memoryview(raw)
     while True:  # one gzip member after another (RFC 1952 allows several; gzip.decompress reads them)
         inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
         try:
-            body += inflater.decompress(data, limit + 1 - len(body))
+            part = inflater.decompress(data, limit + 1 - size)
         except zlib.error as exc:
             raise OtlpError(400, f"the gzip body is corrupt: {exc}") from None
-        if len(body) > limit or inflater.unconsumed_tail:
+        parts.append(part)
+        size += len(part)
+        if size > limit or inflater.unconsumed_tail:
             raise OtlpError(413, f"the body is over the {limit // (1024 * 1024)} MB limit once un-gzipped")
         # What could be inflated is only part of what was sent: decoding it would store part of
         # the request and answer success for the rest.
         if not inflater.eof:
             raise OtlpError(400, "the gzip body is truncated: it ends before the gzip stream does")
-        data = inflater.unused_data
-        if not data:
-            return body
-        if not data.startswith(b"\x1f\x8b"):
+        rest = inflater.unused_data  # a copy of what follows: a view of the body's rest is not
+        if not rest:
+            return b"".join(parts)
+        if not rest.startswith(b"\x1f\x8b"):
             raise OtlpError(400, "the gzip body has bytes after the end of its gzip stream")
+        if len(parts) == GZIP_MEMBERS:
+            # zlib hands the rest of the body back as a copy after each member: tiny members cost
+            # the square of the body's size (4 MB of them took 7 CPU s). No exporter sends more.
+            raise OtlpError(400, f"the gzip body has more than {GZIP_MEMBERS} members")
+        data = data[len(data) - len(rest) :]
 
 
 def media_type(content_type: str) -> str:
@@ -862,10 +873,17 @@ def _stored_by(session: Session, column: str) -> Any:
     )
 
 
+# The end of a trace's key range: `<trace>:` then the highest span id. Not `<trace>;`: a database
+# sorting text by a language's rules (ICU, glibc's en_US: PostgreSQL's default outside C locales)
+# puts ';' before ':' or ignores both, and that range came back empty. Between two keys of the same
+# length made of hex digits and ':', every collation agrees; callers keep only `<trace>:` keys.
+_TRACE_END = ":" + "f" * 64
+
+
 def _in_traces(session: Session) -> Any:
     """`SELECT <_ROW_COLUMNS> FROM otlp_spans` of the traces in the parameter `traces` (as
-    `lib.bulk.among_value`): a key range `<trace>:` .. `<trace>;` each, read by the primary key's
-    index; built once."""
+    `lib.bulk.among_value`): a key range `<trace>:` .. `<trace>:ff…f` each, read by the primary
+    key's index; built once."""
 
     def build() -> Any:
         if session.get_bind().dialect.name == "postgresql":
@@ -882,7 +900,7 @@ def _in_traces(session: Session) -> Any:
         return (
             select(*_ROW)
             .select_from(listed)
-            .join(_SPANS, and_(_SPANS.c.key >= trace + ":", _SPANS.c.key < trace + ";"))
+            .join(_SPANS, and_(_SPANS.c.key >= trace + ":", _SPANS.c.key <= trace + _TRACE_END))
         )
 
     return built(session, ("otlp_spans of traces",), build)
@@ -1033,9 +1051,9 @@ class _Join:
             key = same[0]
         elif context is not None and self._is_call(context):
             key = context
-        elif len(named) == 1 and not same:
+        elif context is None and len(named) == 1:
             key = named[0]
-        elif named:
+        elif len(same) > 1 or (context is None and named):
             rejected = self.batch.items.pop(by_id, 0)
             if rejected or verdict.response_id not in self._ambiguous:
                 self._ambiguous.add(verdict.response_id)
@@ -1047,7 +1065,11 @@ class _Join:
                 )
             return None
         else:
-            key = context or by_id  # waits, its response id kept on the row (`_keep`)
+            # Waits, its response id kept on the row (`_keep`): under its span, it joins that span
+            # when the span is a call, or, when the span is no call, the call its trace or its
+            # response id names then (`_drop_orphans`); not at once a call of another trace with the
+            # same id, which may be another call's (its own may not have arrived yet).
+            key = context or by_id
         self.batch.items[key] += self.batch.items.pop(by_id, 0)
         return key
 
@@ -1092,6 +1114,8 @@ class _Join:
         for values in session.execute(_in_traces(session), {"traces": among_value(session, traces)}):
             if values[0] in self.gone:  # forgotten in this request (`_write` deletes it)
                 continue
+            if values[0].partition(":")[0] not in found:  # in the range by a collation's rules only
+                continue
             row = self.stored.setdefault(values[0], _Stored(*values))
             if row.span_json is not None or row.snapshot_id is not None:
                 found[row.key.partition(":")[0]].add(row.key)
@@ -1099,30 +1123,59 @@ class _Join:
             self._traces[trace] = sorted(calls)
 
     def _drop_orphans(self) -> None:
-        """Verdicts that waited under a span this request shows is no GenAI call: they join the one
-        call of its trace; with none (or several) they can never join, so they are dropped now and
-        named, instead of waiting out the week in silence. Those naming a response id wait on."""
-        for key, name in self.batch.passed_over.items():
-            row = self.stored.get(key)
-            if row is None or row.span_json is not None or row.snapshot_id is not None:
-                continue
-            if row.response_id is not None and row.pending_json:
-                continue  # the call naming it may still come (`_waiting_for`)
+        """Verdicts that waited under a span this request shows is no GenAI call join the one call
+        of its trace, else the one call their response id names; with several they are named and
+        dropped, with none those naming a response id wait for it and the others are named and
+        dropped: no verdict waits out the week in silence under a span that is no call."""
+        orphans = [
+            (key, name, row)
+            for key, name in self.batch.passed_over.items()
+            if (row := self.stored.get(key)) is not None
+            and row.span_json is None
+            and row.snapshot_id is None
+            and row.pending_json
+        ]
+        if not orphans:
+            return
+        self._load_more(
+            keys={f"response:{row.response_id}" for *_, row in orphans if row.response_id},
+            responses={row.response_id for *_, row in orphans if row.response_id},
+        )
+        for key, name, row in orphans:
+            verdicts = [_verdict_of(v) for v in row.pending_json]
             in_trace = self._trace_calls(key)
-            if len(in_trace) == 1:
-                self.verdicts[in_trace[0]][:0] = [_verdict_of(v) for v in row.pending_json]
-                self._forget(key)
-                continue
+            named = self._named(row.response_id) if row.response_id and not in_trace else []
+            target = in_trace[0] if len(in_trace) == 1 else named[0] if len(named) == 1 else None
+            if target is None and row.response_id and not in_trace and not named:
+                target = f"response:{row.response_id}"  # waits for the call that names it
             self._forget(key)
-            metrics = ", ".join(_metrics(_verdict_of(v) for v in row.pending_json))
+            if target is not None:
+                self.verdicts[target][:0] = verdicts
+                continue
+            count = len(in_trace) or len(named)
+            where = "its trace holds" if in_trace else f"gen_ai.response.id {row.response_id!r} names"
             self.outcome.reject(
                 self.batch,
                 key,
                 f"{describe(key, name)} is no GenAI call (no gen_ai.* attributes), but evaluations "
-                f"({metrics}) were emitted in its context and its trace holds "
-                f"{len(in_trace) or 'no'} calls: they are dropped. Emit them in the judged call's span "
-                "context, or with its gen_ai.response.id",
+                f"({', '.join(_metrics(verdicts))}) were emitted in its context and {where} "
+                f"{count or 'no'} calls: they are dropped. Emit them in the judged call's span "
+                "context",
             )
+
+    def _load_more(self, *, keys: set[str], responses: set[str]) -> None:
+        """Stored rows by key and by response id that `_load` did not read (`_drop_orphans`)."""
+        session = self.session
+        keys -= self.stored.keys()
+        if keys:
+            for row in session.execute(_stored_by(session, "key"), {"keys": among_value(session, keys)}):
+                self.stored.setdefault(row[0], _Stored(*row))
+        if responses:
+            by_response = _stored_by(session, "response_id")
+            for row in session.execute(by_response, {"keys": among_value(session, responses)}):
+                if row[0] not in self.gone:
+                    self.stored.setdefault(row[0], _Stored(*row))
+            self._by_response = None  # `_named` reads them too
 
     def _is_call(self, key: str) -> bool:
         """Whether `key` is a GenAI call's span: in this request, or stored (waiting or joined)."""

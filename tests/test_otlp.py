@@ -277,6 +277,105 @@ def test_a_verdict_in_a_handler_span_joins_the_one_call_of_its_trace(
         assert [row.snapshot_id is not None for row in session.exec(select(OtlpSpan))] == [True]
 
 
+@pytest.mark.parametrize("emitted_in", ["its call's span", "a handler's span"])
+def test_a_shared_response_id_with_logs_first_joins_the_verdicts_own_call(
+    any_receiver: Receiver, emitted_in: str
+) -> None:
+    """Logs before spans (the SDK's default timing) and an id another trace's call already has: the
+    verdict waits for its own call instead of joining the other one (Ollama draws ids from 999)."""
+    receiver = any_receiver
+    t = Telemetry()
+    t.call(
+        "Call A: capital of Peru?",
+        "Lima.",
+        events={"truthfulness": 5},
+        **{"gen_ai.response.id": "chatcmpl-4"},
+    )
+    assert receiver.post("/v1/traces", t.traces()).content == b""
+    verdict = {
+        "gen_ai.evaluation.name": "helpfulness",
+        "gen_ai.evaluation.score.value": 1,
+        "gen_ai.response.id": "chatcmpl-4",
+    }
+    attrs = _chat_attributes(
+        "Call B: capital of Chile?", "Buenos Aires.", **{"gen_ai.response.id": "chatcmpl-4"}
+    )
+    if emitted_in == "its call's span":
+        with t.tracer.start_as_current_span("chat m1", attributes=attrs):
+            t.logger.emit(event_name=EVAL, attributes=verdict)
+    else:
+        with t.tracer.start_as_current_span("POST /ask"):
+            with t.tracer.start_as_current_span("chat m1", attributes=attrs):
+                pass
+            t.logger.emit(event_name=EVAL, attributes=verdict)
+    assert receiver.post("/v1/logs", t.log_body()).content == b""
+    r = receiver.post("/v1/traces", t.traces())
+    assert r.status_code == 200 and not r.content, r.content
+    with Session(receiver.engine) as session:
+        scored = {
+            (s.question, m) for s in session.exec(select(EvaluationSnapshot)) for m in s.judge_scores_json
+        }
+    assert scored == {
+        ("Call A: capital of Peru?", "truthfulness"),
+        ("Call B: capital of Chile?", "helpfulness"),
+    }
+
+
+def test_a_judge_in_another_trace_joins_the_call_its_response_id_names_once_its_span_shows_it_is_no_call(
+    any_receiver: Receiver,
+) -> None:
+    """A judge in another process, in a span of its own, naming the call's response id: its verdict
+    arrives first, then the call (another trace), then the judge's span, which is no call."""
+    receiver = any_receiver
+    app, judge = Telemetry(), Telemetry("judge-job")
+    app.call("Capital of Kenya?", "Nairobi.", **{"gen_ai.response.id": "resp-k"})
+    with judge.tracer.start_as_current_span("judge batch"):
+        judge.logger.emit(
+            event_name=EVAL,
+            attributes={
+                "gen_ai.evaluation.name": "truthfulness",
+                "gen_ai.evaluation.score.value": 5,
+                "gen_ai.response.id": "resp-k",
+            },
+        )
+    for body, path in (
+        (judge.log_body(), "/v1/logs"),
+        (app.traces(), "/v1/traces"),
+        (judge.traces(), "/v1/traces"),
+    ):
+        r = receiver.post(path, body)
+        assert r.status_code == 200 and not r.content, r.content
+    assert judgments(receiver.engine) == {"truthfulness": ("5", None)}
+    with Session(receiver.engine) as session:
+        assert [row.snapshot_id is not None for row in session.exec(select(OtlpSpan))] == [True]
+
+
+def test_a_trace_is_found_whatever_order_the_database_sorts_text_in(any_receiver: Receiver) -> None:
+    """PostgreSQL's default collation outside C locales (ICU, glibc's en_US) sorts ';' before ':':
+    the trace's key range `<trace>:` .. `<trace>;` came back empty there, and a verdict in a
+    handler's span never found the call of its trace. The test databases are C: the column is
+    given an ICU collation for the test."""
+    receiver = any_receiver
+    if receiver.engine.dialect.name != "postgresql":
+        pytest.skip("the collation is PostgreSQL's")
+    with receiver.engine.begin() as conn:
+        conn.exec_driver_sql(
+            'ALTER TABLE otlp_spans ALTER COLUMN key TYPE varchar(300) COLLATE "en-US-x-icu"'
+        )
+    try:
+        t = Telemetry()
+        _handler_trace(t, "Capital of Chile?")
+        assert receiver.post("/v1/traces", t.traces()).content == b""
+        r = receiver.post("/v1/logs", t.log_body())
+        assert r.status_code == 200 and not r.content, r.content
+        assert judgments(receiver.engine) == {"truthfulness": ("5", None)}
+    finally:
+        with receiver.engine.begin() as conn:
+            conn.exec_driver_sql(
+                'ALTER TABLE otlp_spans ALTER COLUMN key TYPE varchar(300) COLLATE "default"'
+            )
+
+
 def test_a_verdict_in_a_handler_span_of_two_calls_is_named_and_dropped(any_receiver: Receiver) -> None:
     """Two calls in the handler's trace and a verdict naming neither: it cannot be placed, so the
     answer (and the server's log) names it when the handler span shows it is no call."""
@@ -482,6 +581,12 @@ def test_otlp_json_bodies_and_refusals(receiver: Receiver) -> None:
     r = receiver.post("/v1/traces", members, **json_type, **{"Content-Encoding": "gzip"})
     assert r.status_code == 200 and r.json() == {}, r.text
     assert count(receiver.engine, EvaluationSnapshot) == 1
+    # Many tiny members cost the square of the body's size in zlib's copies: refused past a few.
+    from lib.otlp import GZIP_MEMBERS
+
+    tiny = b"".join(gzip.compress(body[i : i + 1]) for i in range(GZIP_MEMBERS + 1))
+    r = receiver.post("/v1/traces", tiny, **json_type, **{"Content-Encoding": "gzip"})
+    assert r.status_code == 400 and f"more than {GZIP_MEMBERS} members" in r.json()["message"], r.text
     r = receiver.post("/v1/traces", body, **json_type)
     assert r.status_code == 200 and r.json() == {}
     with Session(receiver.engine) as session:
