@@ -39,6 +39,7 @@ from lib.config import Settings, get_settings
 from lib.corrections import add_judgment, format_score, require_reviewer, same_decision
 from lib.db import session_scope
 from lib.judge_versions import Ensured, JudgeConfig, VersionError
+from lib.locks import PG_IMPORT_LOCK, one_writer_at_a_time
 from lib.metrics import MetricSpec, metrics_for_product, parse_metric_definition, upsert_metric_definitions
 from lib.models import AlignmentExperiment, EvaluationSnapshot, Judgment, MetricDefinition, utcnow
 from lib.snapshots import gaps_follow_scales
@@ -119,6 +120,9 @@ def save_rubric(
     if not product:
         raise ValueError("choose a product")
     specs = check_rubric(product, metrics)
+    # The importers' lock before any write, as an import takes it: the scale change below waits for
+    # an open import (`lib.snapshots.gaps_follow_scales`), and must not hold rows that import needs.
+    one_writer_at_a_time(session, PG_IMPORT_LOCK)
     if name:
         name = judge_versions.check_name(name)
     _record_current(session, product, settings, by)

@@ -312,7 +312,14 @@ def gaps_follow_scales(session: Session, products: Iterable[str]) -> Iterator[No
     """Around a write of the metric definitions of `products`: afterwards, the stored gaps of their
     evaluations follow every scale the write changed (`rederive_gaps`), in the same transaction.
     Every writer of definitions runs inside it: an import inferring or widening a scale, a
-    `--kind metrics` file, the rubric editor."""
+    `--kind metrics` file, the rubric editor.
+
+    It takes the importers' writer lock first (held already by an import): on PostgreSQL a scale
+    change beside an open import re-derived the committed evaluations only, and the import's rows
+    kept the old span's gaps (review9 R9). SQLite writers are one at a time anyway."""
+    from lib.locks import PG_IMPORT_LOCK, one_writer_at_a_time
+
+    one_writer_at_a_time(session, PG_IMPORT_LOCK)
     before = {product: metrics_for_product(session=session, product=product) for product in set(products)}
     yield
     session.flush()

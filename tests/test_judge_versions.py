@@ -757,3 +757,53 @@ def test_a_scale_changed_on_the_rubric_editor_re_derives_the_stored_gaps(rubric:
     assert gaps() == (0.4, 4.0, 5)
     save(drop="fluency", max=4)
     assert gaps() == (0.25, 4.0, 5)  # tone 1 on 0–4 → 1.0; fluency's 4 still counted
+
+
+def test_a_scale_change_beside_an_open_import_re_derives_the_imports_gaps_too(rubric: Engine) -> None:
+    """review9 R9: on PostgreSQL the rubric editor took no importers' lock, so a scale change while
+    an import was open re-derived the committed evaluations only; the import's rows kept the old
+    span's gaps. The editor now waits for the import (SQLite's writers are one at a time anyway)."""
+    import threading
+
+    from lib.source_records import SourceEvaluation, SourceVerdict
+
+    def evaluation(question: str) -> SourceEvaluation:
+        verdicts = [SourceVerdict("tone", 1), SourceVerdict("tone", 0, human=True)]
+        return SourceEvaluation(where="r", product="acme", question=question, answer="a", verdicts=verdicts)
+
+    def gaps() -> dict[str, tuple[float | None, float | None]]:
+        with Session(rubric) as s:
+            return {
+                e.question: (e.weighted_gap, e.max_metric_gap) for e in s.exec(select(EvaluationSnapshot))
+            }
+
+    with session_scope(rubric) as s:
+        importer.import_source_evaluations(
+            session=s, evaluations=[evaluation("q1")], source="t", reviewer="rita"
+        )
+    if rubric.dialect.name != "postgresql":
+        pytest.skip("SQLite's writers are one at a time: no import is open beside the editor")
+    failures: list[BaseException] = []
+
+    def edit() -> None:
+        try:
+            with session_scope(rubric) as s:
+                current = _rubric_as_saved(s, "acme")
+                next(m for m in current if m["slug"] == "tone").update(max=4)
+                judge_changes.save_rubric(session=s, product="acme", metrics=current, actor="ayse")
+        except BaseException as exc:
+            failures.append(exc)
+
+    with Session(rubric) as open_import:
+        importer.import_source_evaluations(
+            session=open_import, evaluations=[evaluation("q2")], source="t", reviewer="rita"
+        )
+        open_import.flush()
+        editor = threading.Thread(target=edit)
+        editor.start()
+        editor.join(2)  # it waits for the import's lock now; before, it finished here
+        open_import.commit()
+    editor.join(30)
+    assert not failures and not editor.is_alive()
+    after = gaps()
+    assert after["q1"] == after["q2"], after
