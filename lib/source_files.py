@@ -536,10 +536,11 @@ _SPAN_COLUMNS = frozenset(
     )
 )  # fmt: skip
 _BATCH_ROWS = 2048
+SPAN_ROWS_PER_ROW = 10  # a spans file may hold this many rows per evaluations-file row allowed
 
 
 def _table(
-    path: Path, source: str, columns: frozenset[str], max_rows: int | None = None
+    path: Path, source: str, columns: frozenset[str], max_rows: int, spans: bool = False
 ) -> tuple[Iterator[tuple[str, dict[str, Any]]], dict[str, Any]]:
     """(where, row) for each row of a Parquet or CSV file, read as the caller goes (a fault stops
     the reading there), and the Parquet schema's metadata.
@@ -548,36 +549,50 @@ def _table(
     disk: an 18 KB Parquet file held 500,000 rows and cost the server 0.7 GB (review7 F8). So before
     any row is read a Parquet file's metadata is checked (at most `max_rows` rows; its data
     uncompressed within the file limit), CSV rows are counted as they come, and only `columns` are
-    decoded, a batch at a time."""
+    decoded, a batch at a time. A Parquet file's encoded size says little of its decoded one: a 9.8 KB
+    file whose 4,096 rows share one 256 KB dictionary value cost 1.1 GB (review9 R7), so its text
+    stays dictionary-encoded in Arrow and each row's decoded bytes are added up before the row is
+    converted, refusing the row that takes the file past the file limit."""
     _check_size(path, source)
     with path.open("rb") as fh:
         magic = fh.read(4)
     if magic == b"PAR1":
-        return _parquet_rows(path, source, columns, max_rows)
-    return _csv_rows(path, source, max_rows), {}
+        return _parquet_rows(path, source, columns, max_rows, spans)
+    return _csv_rows(path, source, max_rows, spans), {}
 
 
-def _over_rows(where: str, what: str, max_rows: int) -> ImportFailed:
+def _over_rows(where: str, what: str, max_rows: int, spans: bool) -> ImportFailed:
+    limit = (
+        f"a spans file ({SPAN_ROWS_PER_ROW} x OVERRULE_IMPORT_MAX_ROWS)"
+        if spans
+        else "an evaluations file (OVERRULE_IMPORT_MAX_ROWS)"
+    )
     return ImportFailed(
-        f"{where}: {what} is over the limit of {max_rows:,} rows for an evaluations file "
-        "(OVERRULE_IMPORT_MAX_ROWS); split the file, or raise the limit"
+        f"{where}: {what} the limit of {max_rows:,} rows for {limit}; split the file, or raise the limit"
     )
 
 
 def _parquet_rows(
-    path: Path, source: str, columns: frozenset[str], max_rows: int | None
+    path: Path, source: str, columns: frozenset[str], max_rows: int | None, spans: bool
 ) -> tuple[Iterator[tuple[str, dict[str, Any]]], dict[str, Any]]:
     import pyarrow.parquet as pq
 
     try:
-        parquet = pq.ParquetFile(path)
-        meta = parquet.metadata
+        meta = pq.read_metadata(path)
+        # Text columns stay dictionary-encoded in Arrow (a repeated value held once), so a batch
+        # costs what the file stores until its rows are counted and converted (review9 R7).
+        text = [
+            c.path
+            for c in (meta.schema.column(i) for i in range(meta.num_columns))
+            if c.physical_type == "BYTE_ARRAY"
+        ]
+        parquet = pq.ParquetFile(path, read_dictionary=text)
         schema = parquet.schema_arrow
     except Exception as exc:  # pyarrow raises its own errors for a damaged file
         raise ImportFailed(f"{source}: not a readable Parquet file ({str(exc)[:200]})") from None
     if max_rows is not None and meta.num_rows > max_rows:
         parquet.close()
-        raise _over_rows(source, f"{meta.num_rows:,} rows", max_rows)
+        raise _over_rows(source, f"has {meta.num_rows:,} rows, over", max_rows, spans)
     uncompressed = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
     if uncompressed > MAX_SOURCE_BYTES:
         parquet.close()
@@ -589,12 +604,27 @@ def _parquet_rows(
     wanted = [name for name in schema.names if name in columns]
 
     def rows() -> Iterator[tuple[str, dict[str, Any]]]:
+        import numpy as np
+
         number = 0
+        decoded = 0
         try:
             for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=wanted or None):
-                for row in batch.to_pylist():
+                cost = np.zeros(batch.num_rows, dtype=np.int64)
+                for column in batch.columns:
+                    cost += _decoded_bytes(column)
+                running = decoded + np.cumsum(cost)
+                over = int(np.searchsorted(running, MAX_SOURCE_BYTES, side="right"))
+                for row in batch.slice(0, over).to_pylist():
                     number += 1
                     yield f"{source} row {number}", row
+                if over < batch.num_rows:
+                    raise ImportFailed(
+                        f"{source} row {number + 1}: the file's data decoded is over the "
+                        f"{MAX_SOURCE_BYTES // MIB} MB limit for a file at this row (a Parquet file "
+                        "stores a repeated value once); split the file"
+                    )
+                decoded = int(running[-1]) if len(running) else decoded
         except ImportFailed:
             raise
         except Exception as exc:
@@ -607,7 +637,35 @@ def _parquet_rows(
     return rows(), metadata
 
 
-def _csv_rows(path: Path, source: str, max_rows: int | None) -> Iterator[tuple[str, dict[str, Any]]]:
+def _decoded_bytes(array: Any) -> Any:
+    """Each cell's bytes once converted to Python: a dictionary-encoded text cell counts its whole
+    value, however often the file repeats it; fixed-width and list cells their average share."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_dictionary(array.type):
+        values = _decoded_bytes(array.dictionary)
+        indices = pc.fill_null(array.indices, 0).to_numpy(zero_copy_only=False)
+        return values[indices] if len(values) else np.zeros(len(array), dtype=np.int64)
+    if (
+        pa.types.is_string(array.type)
+        or pa.types.is_large_string(array.type)
+        or pa.types.is_binary(array.type)
+        or pa.types.is_large_binary(array.type)
+    ):
+        return pc.fill_null(pc.binary_length(array), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if pa.types.is_struct(array.type):
+        total = np.zeros(len(array), dtype=np.int64)
+        for child in array.flatten():
+            total += _decoded_bytes(child)
+        return total
+    return np.full(len(array), array.nbytes // max(len(array), 1), dtype=np.int64)
+
+
+def _csv_rows(
+    path: Path, source: str, max_rows: int | None, spans: bool
+) -> Iterator[tuple[str, dict[str, Any]]]:
     with path.open(encoding="utf-8-sig", newline="") as fh:
         reader = csv.DictReader(fh)
         start, count = 2, 0
@@ -615,7 +673,7 @@ def _csv_rows(path: Path, source: str, max_rows: int | None) -> Iterator[tuple[s
             for row in reader:
                 count += 1
                 if max_rows is not None and count > max_rows:
-                    raise _over_rows(f"{source} line {start}", f"row {count:,}", max_rows)
+                    raise _over_rows(f"{source} line {start}", f"row {count:,} is over", max_rows, spans)
                 if None in row:
                     raise ImportFailed(f"{source} line {start}: more values than the header has columns")
                 yield f"{source} line {start}", {k: (v if v != "" else None) for k, v in row.items()}
@@ -663,7 +721,8 @@ def _csv_number(value: Any, where: str, field: str) -> float | None:
 def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> SourceFile:
     from lib.config import get_settings
 
-    eval_rows, metadata = _table(path, source, _EVAL_COLUMNS, get_settings().import_max_rows)
+    max_rows = get_settings().import_max_rows
+    eval_rows, metadata = _table(path, source, _EVAL_COLUMNS, max_rows)
     default_name = None
     if "arize" in metadata:  # SpanEvaluations.save(): {"eval_id", "eval_name", "eval_type"}
         try:
@@ -710,8 +769,11 @@ def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> So
                 where=where,
             )
         )
+    # Phoenix's spans dataframe holds every span of the project (chains, retrievers, tools, LLM
+    # calls), not only the judged ones, so it may have more rows than the evaluations; still bounded,
+    # as each row costs a conversion (review9 R10: 4M rows in 16.7 KB cost 5.4 CPU s).
     spans_source = spans_path.name
-    span_rows, _ = _table(spans_path, spans_source, _SPAN_COLUMNS)
+    span_rows, _ = _table(spans_path, spans_source, _SPAN_COLUMNS, SPAN_ROWS_PER_ROW * max_rows, spans=True)
     spans: dict[str, tuple[str, Mapping[str, Any]]] = {}
     unjudged = 0
     for where, row in span_rows:

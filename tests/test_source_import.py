@@ -26,6 +26,7 @@ from lib import counters
 from lib.config import reset_settings
 from lib.db import session_scope
 from lib.importer import ImportFailed, add_source_verdicts, import_path, import_source_evaluations
+from lib.json_files import MIB
 from lib.models import EvaluationSnapshot, Judgment, MetricDefinition
 from lib.source_files import SourceOptions
 from lib.source_records import SourceEvaluation, SourceVerdict, metric_slug
@@ -464,7 +465,7 @@ def test_a_small_parquet_of_many_rows_is_refused_from_its_metadata(
     spans = FIXTURES / "phoenix_spans.parquet"
     message = _refused(sqlite_engine, tmp_path / "bomb.parquet", "phoenix", spans=spans)
     assert message.startswith(
-        "bomb.parquet: 150,001 rows is over the limit of 100,000 rows for an evaluations file "
+        "bomb.parquet: has 150,001 rows, over the limit of 100,000 rows for an evaluations file "
         "(OVERRULE_IMPORT_MAX_ROWS); split the file, or raise the limit"
     )
     monkeypatch.setenv("OVERRULE_IMPORT_MAX_ROWS", "1000000")
@@ -497,6 +498,86 @@ def test_a_parquet_file_over_the_size_limit_once_uncompressed_is_refused(
         sqlite_engine, tmp_path / "wide.parquet", "phoenix", spans=FIXTURES / "phoenix_spans.parquet"
     )
     assert message.startswith("wide.parquet: its data is 0 MB uncompressed, over the 0 MB limit for a file")
+
+
+def test_a_parquet_dictionary_bomb_is_refused_at_the_row_its_decoded_data_passes_the_limit(
+    sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review9 R7: a Parquet file stores a repeated value once (a dictionary page), so a 10 KB file
+    of 4,096 rows all labelled with one 64 KB value is 256 MB once decoded, while its metadata's
+    size counts the value once. Each row's decoded bytes are added up before it is converted: the
+    row that takes the file past the limit is refused, the rows after it are never converted."""
+    import lib.source_files
+
+    rows, value = 4096, "x" * 65536
+    table = pa.table(
+        {
+            "context.span_id": pa.array([f"{i:016x}" for i in range(rows)]),
+            "eval_name": pa.array(["bomb"] * rows),
+            "label": pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array([value])),
+            "score": pa.array([1.0] * rows),
+        }
+    )
+    pq.write_table(table, tmp_path / "dict.parquet", compression="zstd", dictionary_pagesize_limit=1 << 30)
+    assert (tmp_path / "dict.parquet").stat().st_size < 50_000
+    meta = pq.read_metadata(tmp_path / "dict.parquet")
+    assert meta.row_group(0).total_byte_size < MIB  # what the metadata check sees: under the limit
+    monkeypatch.setattr(lib.source_files, "MAX_SOURCE_BYTES", MIB)
+    message = _refused(
+        sqlite_engine, tmp_path / "dict.parquet", "phoenix", spans=FIXTURES / "phoenix_spans.parquet"
+    )
+    # 16 rows of 64 KB + their span id, name and score pass 1 MB: the 16th row is refused.
+    assert message.startswith(
+        "dict.parquet row 16: the file's data decoded is over the 1 MB limit for a file"
+    )
+    # The same file under the limit reads on (to its first unknown span).
+    monkeypatch.setattr(lib.source_files, "MAX_SOURCE_BYTES", 512 * MIB)
+    message = _refused(
+        sqlite_engine, tmp_path / "dict.parquet", "phoenix", spans=FIXTURES / "phoenix_spans.parquet"
+    )
+    assert "is not in phoenix_spans.parquet" in message
+
+
+@pytest.mark.parametrize("form", ["csv", "parquet"])
+def test_a_spans_file_has_a_row_limit_ten_times_the_evaluations_one(
+    sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str
+) -> None:
+    """review9 R10: 4,000,000 spans compress to 16.7 KB and cost 5.4 CPU s to read. Phoenix's spans
+    dataframe holds every span of the project, not only the judged ones, so it may hold ten times
+    the evaluations file's limit; Parquet is refused from its metadata, CSV as the rows come."""
+    monkeypatch.setenv("OVERRULE_IMPORT_MAX_ROWS", "2")
+    reset_settings()
+    judged = ["a1b2c3d4e5f60718", "b2c3d4e5f6071829"]
+
+    def spans(count: int) -> Path:
+        ids = judged + [f"{i:016x}" for i in range(count - len(judged))]
+        table = pa.table(
+            {
+                "context.span_id": pa.array(ids),
+                "attributes.input.value": pa.array([f"question {i}?" for i in range(count)]),
+                "attributes.output.value": pa.array([f"answer {i}." for i in range(count)]),
+            }
+        )
+        path = tmp_path / f"spans{count}.{form}"
+        if form == "parquet":
+            pq.write_table(table, path)
+        else:
+            table.to_pandas().to_csv(path, index=False)
+        return path
+
+    evaluations = FIXTURES / "phoenix_evaluations.csv"
+    message = _refused(sqlite_engine, evaluations, "phoenix", spans=spans(21))
+    where = (
+        "spans21.parquet: has 21 rows, over" if form == "parquet" else "spans21.csv line 22: row 21 is over"
+    )
+    assert message.startswith(
+        f"{where} the limit of 20 rows for a spans file (10 x OVERRULE_IMPORT_MAX_ROWS); split the file"
+    )
+    report = import_path(
+        engine=sqlite_engine, path=evaluations, kind="phoenix", reviewer=WHO,
+        options=SourceOptions(spans=spans(20)),
+    )  # fmt: skip
+    assert report.inserted == 2
 
 
 # ---------------------------------------------------------------------------------------------
