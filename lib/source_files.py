@@ -27,7 +27,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -539,8 +539,18 @@ _BATCH_ROWS = 2048
 SPAN_ROWS_PER_ROW = 10  # a spans file may hold this many rows per evaluations-file row allowed
 
 
+# Which rows of a Parquet batch the caller needs (a numpy bool per row); the others are never
+# converted to Python objects nor counted against the decoded-bytes limit.
+Keep = Callable[[Any], Any]
+
+
 def _table(
-    path: Path, source: str, columns: frozenset[str], max_rows: int, spans: bool = False
+    path: Path,
+    source: str,
+    columns: frozenset[str],
+    max_rows: int,
+    spans: bool = False,
+    keep: Keep | None = None,
 ) -> tuple[Iterator[tuple[str, dict[str, Any]]], dict[str, Any]]:
     """(where, row) for each row of a Parquet or CSV file, read as the caller goes (a fault stops
     the reading there), and the Parquet schema's metadata.
@@ -557,7 +567,7 @@ def _table(
     with path.open("rb") as fh:
         magic = fh.read(4)
     if magic == b"PAR1":
-        return _parquet_rows(path, source, columns, max_rows, spans)
+        return _parquet_rows(path, source, columns, max_rows, spans, keep)
     return _csv_rows(path, source, max_rows, spans), {}
 
 
@@ -573,7 +583,7 @@ def _over_rows(where: str, what: str, max_rows: int, spans: bool) -> ImportFaile
 
 
 def _parquet_rows(
-    path: Path, source: str, columns: frozenset[str], max_rows: int | None, spans: bool
+    path: Path, source: str, columns: frozenset[str], max_rows: int | None, spans: bool, keep: Keep | None
 ) -> tuple[Iterator[tuple[str, dict[str, Any]]], dict[str, Any]]:
     import pyarrow.parquet as pq
 
@@ -605,26 +615,35 @@ def _parquet_rows(
 
     def rows() -> Iterator[tuple[str, dict[str, Any]]]:
         import numpy as np
+        import pyarrow as pa
 
-        number = 0
+        number = 0  # the last row given
+        done = 0  # the rows of the batches before this one
         decoded = 0
         try:
             for batch in parquet.iter_batches(batch_size=_BATCH_ROWS, columns=wanted or None):
+                size = batch.num_rows
+                at = np.arange(size)
+                if keep is not None:
+                    mask = keep(batch)
+                    at = np.flatnonzero(mask)
+                    batch = batch.filter(pa.array(mask))
                 cost = np.zeros(batch.num_rows, dtype=np.int64)
                 for column in batch.columns:
                     cost += _decoded_bytes(column)
                 running = decoded + np.cumsum(cost)
                 over = int(np.searchsorted(running, MAX_SOURCE_BYTES, side="right"))
-                for row in batch.slice(0, over).to_pylist():
-                    number += 1
+                for i, row in zip(at[:over], batch.slice(0, over).to_pylist(), strict=True):
+                    number = done + int(i) + 1
                     yield f"{source} row {number}", row
                 if over < batch.num_rows:
                     raise ImportFailed(
-                        f"{source} row {number + 1}: the file's data decoded is over the "
+                        f"{source} row {done + int(at[over]) + 1}: the file's data decoded is over the "
                         f"{MAX_SOURCE_BYTES // MIB} MB limit for a file at this row (a Parquet file "
                         "stores a repeated value once); split the file"
                     )
                 decoded = int(running[-1]) if len(running) else decoded
+                done += size
         except ImportFailed:
             raise
         except Exception as exc:
@@ -773,7 +792,10 @@ def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> So
     # calls), not only the judged ones, so it may have more rows than the evaluations; still bounded,
     # as each row costs a conversion (review9 R10: 4M rows in 16.7 KB cost 5.4 CPU s).
     spans_source = spans_path.name
-    span_rows, _ = _table(spans_path, spans_source, _SPAN_COLUMNS, SPAN_ROWS_PER_ROW * max_rows, spans=True)
+    judged = _JudgedRows(set(verdicts))
+    span_rows, _ = _table(
+        spans_path, spans_source, _SPAN_COLUMNS, SPAN_ROWS_PER_ROW * max_rows, spans=True, keep=judged
+    )
     spans: dict[str, tuple[str, Mapping[str, Any]]] = {}
     unjudged = 0
     for where, row in span_rows:
@@ -784,7 +806,7 @@ def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> So
             unjudged += 1
         elif span_id not in spans:
             spans[span_id] = (where, row)
-    out = SourceFile([], unjudged=unjudged)
+    out = SourceFile([], unjudged=unjudged + judged.skipped)
     for span_id, found in verdicts.items():
         if span_id not in spans:
             raise _fail(found[0].where, "context.span_id", f"span {span_id!r} is not in {spans_source}")
@@ -813,6 +835,42 @@ def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> So
             )
         )
     return out
+
+
+class _JudgedRows:
+    """A Parquet spans batch's rows to convert: those of a judged span, and those whose id is
+    missing or not text (converted, so the reader refuses them with their row). The others are
+    counted (`skipped`) as unjudged spans; never converting them keeps a spans file's cost to its
+    judged spans (review9 R10: 1.3 CPU s per million rows converted)."""
+
+    def __init__(self, ids: set[str]) -> None:
+        import pyarrow as pa
+
+        self.ids = pa.array(sorted(ids), pa.string())
+        self.skipped = 0
+
+    def __call__(self, batch: Any) -> Any:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        texts = []
+        for name in ("context.span_id", "span_id"):
+            if name not in batch.schema.names:
+                continue
+            column = batch.column(name)
+            if pa.types.is_dictionary(column.type):
+                column = column.cast(column.type.value_type)
+            if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+                return np.ones(batch.num_rows, dtype=bool)
+            texts.append(column)
+        if not texts:
+            return np.ones(batch.num_rows, dtype=bool)
+        ids = pc.coalesce(*texts)  # the first id given, as `_cell` takes it; "" is kept to be refused
+        ids = pc.if_else(pc.equal(ids, ""), pa.scalar(None, pa.string()), ids)
+        mask = pc.fill_null(pc.is_in(ids, value_set=self.ids), True).to_numpy(zero_copy_only=False)
+        self.skipped += int(len(mask) - mask.sum())
+        return mask
 
 
 def _span_text(value: Any, role: str) -> Any:

@@ -577,7 +577,42 @@ def test_a_spans_file_has_a_row_limit_ten_times_the_evaluations_one(
         engine=sqlite_engine, path=evaluations, kind="phoenix", reviewer=WHO,
         options=SourceOptions(spans=spans(20)),
     )  # fmt: skip
-    assert report.inserted == 2
+    assert (report.inserted, report.unjudged) == (2, 18)
+
+
+def test_a_spans_files_unjudged_rows_are_neither_converted_nor_counted_decoded(
+    sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the judged spans of a Parquet spans file become Python objects, so only theirs count
+    against the decoded-bytes limit: a project's spans dataframe repeating a long system prompt in
+    every unjudged span (stored once) still imports; a judged span past the limit is refused."""
+    import lib.source_files
+
+    judged = ["a1b2c3d4e5f60718", "b2c3d4e5f6071829"]
+    long = "p" * 600_000
+    ids = [f"{i:016x}" for i in range(40)] + judged
+    table = pa.table(
+        {
+            "context.span_id": pa.array(ids),
+            "attributes.input.value": pa.DictionaryArray.from_arrays(
+                pa.array([0] * 40 + [1, 2], pa.int32()), pa.array([long, "question 1?", "question 2?"])
+            ),
+            "attributes.output.value": pa.array(["answer."] * 42),
+        }
+    )
+    pq.write_table(table, tmp_path / "spans.parquet", compression="zstd")
+    monkeypatch.setattr(lib.source_files, "MAX_SOURCE_BYTES", MIB)  # 40 x 600 KB of unjudged spans: 24 MB
+    evaluations = FIXTURES / "phoenix_evaluations.csv"
+    report = import_path(
+        engine=sqlite_engine, path=evaluations, kind="phoenix", reviewer=WHO,
+        options=SourceOptions(spans=tmp_path / "spans.parquet"),
+    )  # fmt: skip
+    assert (report.inserted, report.unjudged) == (2, 40)
+    # The same long text in a judged span passes the limit at its row.
+    table = table.set_column(1, "attributes.input.value", pa.array([long] * 42))
+    pq.write_table(table, tmp_path / "judged.parquet", compression="zstd")
+    message = _refused(sqlite_engine, evaluations, "phoenix", spans=tmp_path / "judged.parquet")
+    assert message.startswith("judged.parquet row 42: the file's data decoded is over the 1 MB limit")
 
 
 # ---------------------------------------------------------------------------------------------
