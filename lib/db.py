@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import sqlite3
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -39,6 +41,14 @@ log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = ROOT / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 15_000
+
+# PostgreSQL aborts one transaction of a lock cycle (deadlock_detected) and, above read committed,
+# one of two that conflict (serialization_failure); both mean "run it again", never "bad input".
+RETRY_SQLSTATES = frozenset({"40P01", "40001"})
+WRITE_ATTEMPTS = 5  # the first run and up to four retries
+RETRY_BACKOFF_S = 0.05  # the first retry waits up to this long, doubling per attempt (jittered)
+
+T = TypeVar("T")
 
 
 def normalize_url(url: str) -> str:
@@ -350,3 +360,46 @@ def session_scope(engine: Engine, *, read_only: bool = False) -> Iterator[Sessio
         raise
     finally:
         session.close()
+
+
+def must_retry(exc: BaseException) -> bool:
+    """True when `exc` (or what it was raised from) is PostgreSQL's deadlock or serialization failure."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a chain of wrappers, never a loop
+        if seen is None:
+            return False
+        for candidate in (seen, getattr(seen, "orig", None)):
+            if getattr(candidate, "sqlstate", None) in RETRY_SQLSTATES:
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def write_retrying(engine: Engine, work: Callable[[Session], T], *, attempts: int = WRITE_ATTEMPTS) -> T:
+    """`work(session)` in one write transaction (`session_scope`), run again whole on PostgreSQL when
+    the database aborted it as a deadlock's victim or a serialization failure.
+
+    Why: under contention (reviews, undos, re-judges, archives sharing counter rows) PostgreSQL picks
+    a victim in every lock cycle; the victim did nothing wrong and succeeds when run again, so a
+    reviewer should not see an error page for it. Each attempt is a fresh session after a short
+    jittered back-off (the other transaction finishes meanwhile). `work` must therefore read what it
+    checks inside the transaction (a version check after a lost race then refuses as it should) and
+    have no effect outside it: its result is what the last attempt returned. SQLite never needs it
+    (one writer at a time), so there `work` runs once.
+    """
+    retries = attempts - 1 if engine.dialect.name == "postgresql" else 0
+    for attempt in range(retries + 1):
+        try:
+            with session_scope(engine) as session:
+                return work(session)
+        except Exception as exc:
+            if attempt == retries or not must_retry(exc):
+                raise
+            log.info(
+                "write transaction retried after %s (attempt %d of %d)",
+                type(exc).__name__,
+                attempt + 2,
+                attempts,
+            )
+            time.sleep(random.uniform(0.5, 1.0) * RETRY_BACKOFF_S * 2**attempt)
+    raise AssertionError("unreachable")  # the loop returns or raises

@@ -14,8 +14,8 @@ from sqlalchemy import Engine, event, text
 from sqlmodel import Session, col, select
 
 from lib import counters, importer, inspector
-from lib.corrections import BulkReview, add_judgment, record_review, record_reviews
-from lib.db import create_db_engine, session_scope
+from lib.corrections import BulkReview, ReviewConflict, add_judgment, record_review, record_reviews
+from lib.db import WRITE_ATTEMPTS, create_db_engine, must_retry, session_scope, write_retrying
 from lib.models import JudgeVersion, Judgment
 from lib.second_opinion import SecondOpinion, store_second_opinion
 from tests.conftest import PgDatabase
@@ -366,3 +366,88 @@ def test_the_review_lock_is_taken_once_a_transaction(pg_engine: Engine) -> None:
         assert len(sent) == 4
     finally:
         event.remove(pg_engine, "before_cursor_execute", count)
+
+
+def _deadlock_a_review(
+    engine: Engine, then: Callable[[Session], None], *, attempts: int
+) -> tuple[list[Any], list[BaseException]]:
+    """Stage one lock cycle whose victim is a review run by `write_retrying`: an open transaction
+    archives the evaluation; ayse's review of J1 takes the review lock and J1, then waits on the
+    evaluation's row; the open transaction then runs `then` (a review of the same evaluation: it
+    waits on the review lock), and commits once PostgreSQL aborted one of the two. The review waited
+    first, so its deadlock check runs first (the holder's is put off to be sure) and it is the victim.
+    Returns what the review returned and what it raised."""
+    (j1, v1), _ = _two_judgments(engine, 7, judge={"truthfulness": 4, "helpfulness": 5})
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def review() -> None:
+        def work(s: Session) -> int:
+            done = record_review(
+                session=s, judgment_id=j1, expected_version=v1, action="confirm", reviewer="ayse"
+            )
+            return done.version
+
+        try:
+            results.append(write_retrying(engine, work, attempts=attempts))
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+
+    with engine.connect() as conn, Session(bind=conn) as holding:
+        holding.execute(text("SET LOCAL deadlock_timeout = '5s'"))  # the test user is a superuser
+        sid = holding.exec(select(Judgment.snapshot_id).where(col(Judgment.id) == j1)).one()
+        inspector.archive_evaluation(session=holding, snapshot_id=sid, reviewer="lead")
+        worker = threading.Thread(target=review)
+        worker.start()
+        _wait_until_blocked(engine, worker)
+        then(holding)  # waits on the review's lock until PostgreSQL aborts the review
+        holding.commit()
+    worker.join(30)
+    assert not worker.is_alive()
+    return results, errors
+
+
+def _review_second(decision: str | None) -> Callable[[Session], None]:
+    def run(s: Session) -> None:
+        j1, j2 = s.exec(select(Judgment).order_by(col(Judgment.id))).all()
+        target = j2 if decision is None else j1
+        action = "confirm" if decision is None else "overrule"
+        record_review(
+            session=s, judgment_id=target.id or 0, expected_version=target.version, action=action,
+            user_decision=decision, reviewer="bob", reason=None if decision is None else "no",
+        )  # fmt: skip
+
+    return run
+
+
+def test_a_deadlocked_review_is_retried_and_both_writes_land(pg_engine: Engine) -> None:
+    """The victim of a deadlock (review8 F4) is run again whole: the archive, bob's review of J2 and
+    ayse's review of J1 are all stored, and the counters kept equal a recount."""
+    results, errors = _deadlock_a_review(pg_engine, _review_second(None), attempts=WRITE_ATTEMPTS)
+    assert not errors, errors
+    assert len(results) == 1
+    with session_scope(pg_engine) as s:
+        reviewers = s.exec(select(Judgment.reviewer).order_by(col(Judgment.id))).all()
+        archived = s.connection().execute(text("SELECT deleted_at IS NOT NULL FROM evaluation_snapshots"))
+        assert list(reviewers) == ["ayse", "bob"] and archived.scalar_one()
+        kept = _snapshot_of_counters(s)
+    with session_scope(pg_engine) as s:
+        counters.recount(session=s)
+    with session_scope(pg_engine) as s:
+        assert _snapshot_of_counters(s) == kept
+
+
+def test_the_staged_review_deadlocks_without_retries(pg_engine: Engine) -> None:
+    """The staging above is a real lock cycle: with one attempt the review ends in DeadlockDetected."""
+    results, errors = _deadlock_a_review(pg_engine, _review_second(None), attempts=1)
+    assert not results and len(errors) == 1 and must_retry(errors[0]), errors
+
+
+def test_a_retried_review_after_a_lost_race_still_conflicts(pg_engine: Engine) -> None:
+    """Bob's overrule of J1 is the transaction that wins the cycle: ayse's review, run again, reads J1
+    anew and meets the moved version (409 in the API), not a silent second decision."""
+    results, errors = _deadlock_a_review(pg_engine, _review_second("2"), attempts=WRITE_ATTEMPTS)
+    assert not results and len(errors) == 1 and isinstance(errors[0], ReviewConflict), errors
+    with session_scope(pg_engine) as s:
+        j1 = s.exec(select(Judgment).order_by(col(Judgment.id))).first()
+        assert j1 is not None and (j1.reviewer, j1.user_decision) == ("bob", "2")
