@@ -25,7 +25,7 @@ import re
 from collections.abc import AsyncIterator, Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.encoders import jsonable_encoder
@@ -43,6 +43,9 @@ from starlette.concurrency import run_in_threadpool
 from lib.auth import Actor, Permission, PermissionDenied, require
 from lib.claims import TempFolder
 from lib.records import ImportFailed
+
+if TYPE_CHECKING:  # the closures' sessions; lib.db is imported where a request needs it
+    from sqlmodel import Session
 
 log = logging.getLogger(__name__)
 API_PREFIX = "/api/v1"
@@ -636,7 +639,7 @@ def create_app(
         """`{"action": "confirm"}` or `{"action": "overrule", "decision": ..., "reason": ...}` as of the
         version in If-Match; 409 with the other reviewer's decision if it moved."""
         from lib import corrections
-        from lib.db import session_scope
+        from lib.db import write_retrying
 
         require(actor, Permission.REVIEW)
         if if_match is None:
@@ -648,23 +651,22 @@ def create_app(
         body = await _json_object(request, json_limit)
         action = _req_str(body, "action")  # "confirm" or "overrule": record_review checks it
 
-        def review() -> corrections.JudgmentState:
-            with session_scope(get_engine()) as session:
-                judgment = corrections.get_judgment(session=session, change_id=change_id)
-                if judgment is None or judgment.id is None:
-                    raise corrections.JudgmentNotFound(f"no judgment with change_id {change_id!r}")
-                done = corrections.record_review(
-                    session=session,
-                    judgment_id=judgment.id,
-                    expected_version=expected,
-                    action=action,
-                    user_decision=body.get("decision"),
-                    reviewer=actor,
-                    reason=_opt_str(body, "reason"),
-                )
-                return corrections.JudgmentState.of(done, actor.identity)
+        def review(session: Session) -> corrections.JudgmentState:
+            judgment = corrections.get_judgment(session=session, change_id=change_id)
+            if judgment is None or judgment.id is None:
+                raise corrections.JudgmentNotFound(f"no judgment with change_id {change_id!r}")
+            done = corrections.record_review(
+                session=session,
+                judgment_id=judgment.id,
+                expected_version=expected,
+                action=action,
+                user_decision=body.get("decision"),
+                reviewer=actor,
+                reason=_opt_str(body, "reason"),
+            )
+            return corrections.JudgmentState.of(done, actor.identity)
 
-        state = _run(review)
+        state = _run(lambda: write_retrying(get_engine(), review))
         return JSONResponse(
             jsonable_encoder(corrections.judgment_state_json(state)), headers={"ETag": f'"{state.version}"'}
         )
@@ -867,40 +869,38 @@ def create_app(
         """Labels of the item's judgments: `{"labels": [{"judgment_id": 1, "decision": 4, "reason": "..."}]}`
         (blind labels first in a blind-first queue; all or nothing)."""
         from lib import queues
-        from lib.db import session_scope
+        from lib.db import write_retrying
 
         require(actor, Permission.REVIEW)
         body = await _json_object(request, json_limit)
         labels = _label_inputs(body)
 
-        def save() -> dict[str, Any]:
-            with session_scope(get_engine()) as session:
-                found = queues.get_queue(session=session, queue=queue)
-                outcome = queues.label_item(
-                    session=session, queue_id=found.id or 0, item_id=item_id, reviewer=actor, labels=labels
-                )
-                return {
-                    "stage": outcome.stage, "revealed": outcome.revealed, "item_done": outcome.item_done,
-                    "states": {str(k): v for k, v in outcome.states.items()},
-                }  # fmt: skip
+        def save(session: Session) -> dict[str, Any]:
+            found = queues.get_queue(session=session, queue=queue)
+            outcome = queues.label_item(
+                session=session, queue_id=found.id or 0, item_id=item_id, reviewer=actor, labels=labels
+            )
+            return {
+                "stage": outcome.stage, "revealed": outcome.revealed, "item_done": outcome.item_done,
+                "states": {str(k): v for k, v in outcome.states.items()},
+            }  # fmt: skip
 
-        return await run_in_threadpool(_run, save)
+        return await run_in_threadpool(_run, lambda: write_retrying(get_engine(), save))
 
     @api.post("/queues/{queue}/items/{item_id}/skip")
     def skip_queue_item(actor: Token, queue: str, item_id: int) -> dict[str, Any]:
         """Pass an item over: it goes to other reviewers."""
         from lib import queues
-        from lib.db import session_scope
+        from lib.db import write_retrying
 
         require(actor, Permission.REVIEW)
 
-        def skip() -> dict[str, Any]:
-            with session_scope(get_engine()) as session:
-                found = queues.get_queue(session=session, queue=queue)
-                queues.skip_item(session=session, queue_id=found.id or 0, item_id=item_id, reviewer=actor)
-                return {"skipped": item_id}
+        def skip(session: Session) -> dict[str, Any]:
+            found = queues.get_queue(session=session, queue=queue)
+            queues.skip_item(session=session, queue_id=found.id or 0, item_id=item_id, reviewer=actor)
+            return {"skipped": item_id}
 
-        return _run(skip)
+        return _run(lambda: write_retrying(get_engine(), skip))
 
     @api.get("/queues/{queue}/disputes")
     def get_disputes(
@@ -938,23 +938,22 @@ def create_app(
     ) -> dict[str, Any]:
         """A lead decides a disputed judgment: `{"decision": ..., "reason": ...}` (a reason when it overrules the judge)."""
         from lib import queues
-        from lib.db import session_scope
+        from lib.db import write_retrying
 
         require(actor, Permission.ADJUDICATE)
         body = await _json_object(request, json_limit)
         if "decision" not in body:
             raise ApiError(422, "the body needs 'decision'", field="decision")
 
-        def decide() -> dict[str, Any]:
-            with session_scope(get_engine()) as session:
-                found = queues.get_queue(session=session, queue=queue)
-                qj = queues.adjudicate(
-                    session=session, queue_id=found.id or 0, judgment_id=judgment_id, actor=actor,
-                    decision=body["decision"], reason=_opt_str(body, "reason"),
-                )  # fmt: skip
-                return {"judgment_id": judgment_id, "state": qj.state, "decision": qj.decision}
+        def decide(session: Session) -> dict[str, Any]:
+            found = queues.get_queue(session=session, queue=queue)
+            qj = queues.adjudicate(
+                session=session, queue_id=found.id or 0, judgment_id=judgment_id, actor=actor,
+                decision=body["decision"], reason=_opt_str(body, "reason"),
+            )  # fmt: skip
+            return {"judgment_id": judgment_id, "state": qj.state, "decision": qj.decision}
 
-        return await run_in_threadpool(_run, decide)
+        return await run_in_threadpool(_run, lambda: write_retrying(get_engine(), decide))
 
     @api.post("/relevance/audits", openapi_extra=_JSON_BODY)
     async def post_audit(actor: Token, request: Request) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from lib import judge, judge_versions
 from lib.auth import Actor, Permission, authorize
 from lib.config import Settings, get_settings
 from lib.corrections import add_judgment, format_score, require_reviewer, same_decision
-from lib.db import session_scope
+from lib.db import session_scope, write_retrying
 from lib.judge_versions import Ensured, JudgeConfig, VersionError
 from lib.locks import PG_IMPORT_LOCK, one_writer_at_a_time
 from lib.metrics import MetricSpec, metrics_for_product, parse_metric_definition, upsert_metric_definitions
@@ -376,7 +376,11 @@ def _rejudge_one(
         eval_id=f"rejudge-{snapshot_id}",
     )
     now = utcnow()
-    with session_scope(engine) as session:
+
+    def store(session: Session) -> tuple[int, int, int]:
+        """The verdicts as new judgments; (replaced, kept, conflicts), counted per attempt: a
+        deadlock's victim runs again whole (`write_retrying`) and must not count twice."""
+        replaced = kept = conflicts = 0
         stored = {
             j.metric: j
             for j in session.exec(select(Judgment).where(col(Judgment.snapshot_id) == snapshot_id)).all()
@@ -401,10 +405,16 @@ def _rejudge_one(
                 judge_version_id=version_id,
             )
             if existing.user_decision is None:
-                report.replaced += 1
+                replaced += 1
             elif same_decision(existing.user_decision, fresh.decision):
-                report.kept += 1
+                kept += 1
             else:
-                report.conflicts += 1
+                conflicts += 1
             session.expunge(existing)
             add_judgment(session=session, judgment=fresh, reviewer=actor)
+        return replaced, kept, conflicts
+
+    replaced, kept, conflicts = write_retrying(engine, store)
+    report.replaced += replaced
+    report.kept += kept
+    report.conflicts += conflicts

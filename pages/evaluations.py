@@ -26,6 +26,7 @@ from lib.ui import (
     require_reviewer,
     session_scope,
     show_flash,
+    write,
 )
 from lib.ui.evidence import (
     NO_EVIDENCE_MESSAGE,
@@ -71,9 +72,8 @@ def _set_status(snapshot_id: str, *, archive: bool) -> None:
     reviewer = require_reviewer("archive or restore evaluations", Permission.ARCHIVE)
     if reviewer is None:
         return
-    with session_scope() as session:
-        action = inspector.archive_evaluation if archive else inspector.restore_evaluation
-        action(session=session, snapshot_id=snapshot_id, reviewer=reviewer)
+    action = inspector.archive_evaluation if archive else inspector.restore_evaluation
+    write(lambda session: action(session=session, snapshot_id=snapshot_id, reviewer=reviewer))
     flash(FLASH_KEY, "success", "Evaluation archived." if archive else "Evaluation restored.")
     st.rerun()
 

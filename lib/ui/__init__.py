@@ -12,7 +12,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, TypeVar
 from urllib.parse import unquote
 
 import pandas as pd
@@ -23,6 +23,8 @@ from sqlmodel import Session
 from lib import auth, db
 from lib.config import LLM_SETUP_HINT, get_settings, llm_off_reason
 from lib.safe_markdown import escape_markdown
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,12 @@ def session_scope(*, read_only: bool = False) -> Iterator[Session]:
     """A session on the app database that commits on success."""
     with db.session_scope(get_engine(), read_only=read_only) as session:
         yield session
+
+
+def write(work: Callable[[Session], T]) -> T:
+    """`work(session)` in one write transaction on the app database, run again on PostgreSQL when
+    it was a deadlock's victim (`lib.db.write_retrying`): a reviewer's click never ends in one."""
+    return db.write_retrying(get_engine(), work)
 
 
 # ---------------------------------------------------------------------------------------------

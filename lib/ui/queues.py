@@ -28,6 +28,7 @@ from lib.ui import (
     pager,
     session_scope,
     show_flash,
+    write,
 )
 from lib.ui.tables import count_column, datetime_column, link_column, rate_column, show_table, text_column
 
@@ -231,11 +232,13 @@ def _adjudicate(queue_id: int, judgment_id: int, key: str, flash_key: str) -> No
         flash(flash_key, "warning", "Pick the decision first.")
         return
     try:
-        with session_scope() as session:
-            queues.adjudicate(
-                session=session, queue_id=queue_id, judgment_id=judgment_id, actor=current_actor(),
+        actor = current_actor()
+        write(
+            lambda session: queues.adjudicate(
+                session=session, queue_id=queue_id, judgment_id=judgment_id, actor=actor,
                 decision=decision, reason=reason or None,
-            )  # fmt: skip
+            )
+        )  # fmt: skip
     except PermissionDenied as exc:
         flash(flash_key, "error", audit_denied(exc))
         return
@@ -251,10 +254,12 @@ def _adjudicate(queue_id: int, judgment_id: int, key: str, flash_key: str) -> No
 
 def _undo_adjudication(queue_id: int, judgment_id: int, flash_key: str) -> None:
     try:
-        with session_scope() as session:
-            queues.undo_adjudication(
-                session=session, queue_id=queue_id, judgment_id=judgment_id, actor=current_actor()
+        actor = current_actor()
+        write(
+            lambda session: queues.undo_adjudication(
+                session=session, queue_id=queue_id, judgment_id=judgment_id, actor=actor
             )
+        )
     except PermissionDenied as exc:
         flash(flash_key, "error", audit_denied(exc))
         return

@@ -41,6 +41,7 @@ from lib.ui import (
     flash,
     session_scope,
     show_flash,
+    write,
 )
 from lib.ui.evidence import format_score, render_answer, render_evidence_list, render_long_text
 from lib.ui.tables import datetime_column, show_table, text_column
@@ -88,8 +89,8 @@ def write_review(
         )
         return False
     try:
-        with session_scope() as session:
-            saved = corrections.record_review(
+        saved = write(
+            lambda session: corrections.record_review(
                 session=session,
                 judgment_id=judgment_id,
                 expected_version=version,
@@ -98,11 +99,12 @@ def write_review(
                 reviewer=reviewer,
                 reason=reason,
             )
-            summary = (
-                f"Overruled {saved.change_id}: {saved.decision} → {saved.user_decision}."
-                if saved.was_corrected
-                else f"Confirmed {saved.change_id}: {saved.decision}."
-            )
+        )
+        summary = (
+            f"Overruled {saved.change_id}: {saved.decision} → {saved.user_decision}."
+            if saved.was_corrected
+            else f"Confirmed {saved.change_id}: {saved.decision}."
+        )
     except ReviewConflict as exc:
         flash(flash_key, "error", exc.describe())
         return False
@@ -285,17 +287,16 @@ def undo_decision(judgment_id: int, version: int, *, flash_key: str, queue_key: 
         )
         return
     try:
-        with session_scope() as session:
-            saved = corrections.undo_review(
+        saved = write(
+            lambda session: corrections.undo_review(
                 session=session, judgment_id=judgment_id, expected_version=version, reviewer=reviewer
             )
-            now = (
-                f"back to {saved.user_decision} ({saved.reviewer})"
-                if saved.user_decision
-                else "unreviewed again"
-            )
-            summary = f"Undid your decision on {saved.change_id}: {now}."
-            key = review_queue.item_key(saved)
+        )
+        now = (
+            f"back to {saved.user_decision} ({saved.reviewer})" if saved.user_decision else "unreviewed again"
+        )
+        summary = f"Undid your decision on {saved.change_id}: {now}."
+        key = review_queue.item_key(saved)
     except ReviewConflict as exc:
         flash(flash_key, "error", exc.describe())
         return
@@ -429,14 +430,16 @@ def write_label(target: Target, judgment_id: int, decision: Any, reason: str, *,
         return False
     assert target.queue_id is not None and target.item_id is not None
     try:
-        with session_scope() as session:
-            outcome = queues.label_item(
+        queue_id, item_id = target.queue_id, target.item_id
+        outcome = write(
+            lambda session: queues.label_item(
                 session=session,
-                queue_id=target.queue_id,
-                item_id=target.item_id,
+                queue_id=queue_id,
+                item_id=item_id,
                 reviewer=reviewer,
                 labels=[queues.LabelInput(judgment_id=judgment_id, decision=decision, reason=reason or None)],
             )
+        )
     except PermissionDenied as exc:
         flash(flash_key, "error", audit_denied(exc))
         return False
@@ -763,10 +766,12 @@ def _withdraw(key: str, judgment_id: int, flash_key: str) -> None:
     actor = current_actor()
     assert target.queue_id is not None
     try:
-        with session_scope() as session:
-            label = queues.undo_label(
-                session=session, queue_id=target.queue_id, judgment_id=judgment_id, reviewer=actor
+        queue_id = target.queue_id
+        label = write(
+            lambda session: queues.undo_label(
+                session=session, queue_id=queue_id, judgment_id=judgment_id, reviewer=actor
             )
+        )
     except PermissionDenied as exc:
         flash(flash_key, "error", audit_denied(exc))
         return

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import streamlit as st
+from sqlmodel import Session
 
 from lib import queues, reservations
 from lib.auth import Permission, PermissionDenied
@@ -20,7 +21,7 @@ from lib.corrections import InvalidDecision, MissingReviewer, same_decision
 from lib.highlight import sanitize_slug
 from lib.models import ReviewQueue, utcnow
 from lib.safe_markdown import escape_markdown
-from lib.ui import audit_denied, current_actor, current_reviewer, denied_reason, flash, session_scope
+from lib.ui import audit_denied, current_actor, current_reviewer, denied_reason, flash, session_scope, write
 from lib.ui.evidence import render_long_text
 from lib.ui.review import CANCEL_KEY, NEXT_KEY, PREVIOUS_KEY, Target, save_draft
 
@@ -143,7 +144,8 @@ def _reveal(key: str, item: queues.BlindItem, flash_key: str) -> None:
         flash(flash_key, "warning", f"Score every metric first; still open: {', '.join(missing)}.")
         return
     try:
-        with session_scope() as session:
+
+        def save(session: Session) -> queues.LabelOutcome:
             outcome = queues.label_item(
                 session=session, queue_id=item.queue_id, item_id=item.item_id, reviewer=actor, labels=labels
             )
@@ -154,6 +156,9 @@ def _reveal(key: str, item: queues.BlindItem, flash_key: str) -> None:
                 reviewer=actor.identity,
                 draft={},
             )
+            return outcome
+
+        outcome = write(save)
     except PermissionDenied as exc:
         flash(flash_key, "error", audit_denied(exc))
         return
