@@ -658,7 +658,7 @@ def _parquet_rows(
 
 def _decoded_bytes(array: Any) -> Any:
     """Each cell's bytes once converted to Python: a dictionary-encoded text cell counts its whole
-    value, however often the file repeats it; fixed-width and list cells their average share."""
+    value, however often the file repeats it; a list cell its items'; fixed-width cells their share."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -674,6 +674,10 @@ def _decoded_bytes(array: Any) -> Any:
         or pa.types.is_large_binary(array.type)
     ):
         return pc.fill_null(pc.binary_length(array), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):  # chat messages
+        parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+        weights = _decoded_bytes(array.flatten())
+        return np.bincount(parents, weights=weights, minlength=len(array)).astype(np.int64)
     if pa.types.is_struct(array.type):
         total = np.zeros(len(array), dtype=np.int64)
         for child in array.flatten():

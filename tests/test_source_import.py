@@ -613,6 +613,12 @@ def test_a_spans_files_unjudged_rows_are_neither_converted_nor_counted_decoded(
     pq.write_table(table, tmp_path / "judged.parquet", compression="zstd")
     message = _refused(sqlite_engine, evaluations, "phoenix", spans=tmp_path / "judged.parquet")
     assert message.startswith("judged.parquet row 42: the file's data decoded is over the 1 MB limit")
+    # And in chat messages (a list of structs, as OpenInference records a call's input).
+    messages = pa.array([[{"message.role": "user", "message.content": long}]] * 42)
+    table = table.set_column(1, "attributes.llm.input_messages", messages)
+    pq.write_table(table, tmp_path / "messages.parquet", compression="zstd")
+    message = _refused(sqlite_engine, evaluations, "phoenix", spans=tmp_path / "messages.parquet")
+    assert message.startswith("messages.parquet row 42: the file's data decoded is over the 1 MB limit")
 
 
 # ---------------------------------------------------------------------------------------------
