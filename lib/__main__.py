@@ -518,11 +518,15 @@ def _cmd_webhooks(args: argparse.Namespace) -> int:
     engine = _engine()
     try:
         if action == "deliver":
-            total = webhooks.deliver_due(engine)
-            while args.loop:
-                webhooks.prune_log(engine)
-                time.sleep(webhooks.POLL_SECONDS)
-                total += webhooks.deliver_due(engine)
+            try:
+                with webhooks.http_client() as client:  # one client for the loop; fails before a claim
+                    total = webhooks.deliver_due(engine, client=client)
+                    while args.loop:
+                        webhooks.prune_log(engine)
+                        time.sleep(webhooks.POLL_SECONDS)
+                        total += webhooks.deliver_due(engine, client=client)
+            except webhooks.DeliveriesStopped as exc:
+                raise CliError(str(exc)) from None
             print(f"{total} delivery attempt(s)")
             return 0
         if action == "prune":

@@ -467,14 +467,37 @@ def http_client() -> httpx.Client:
     receiver that is down costs little), redirects not followed, and every direct connection's peer
     checked (`_CheckedBackend`, set on the default transport's pool: httpx takes no backend, and
     passing a transport of our own would drop the HTTP(S)_PROXY settings a proxy user relies on;
-    through a proxy, the proxy connects)."""
+    through a proxy, the proxy connects). DeliveriesStopped when that hook cannot be installed."""
     client = httpx.Client(
         timeout=httpx.Timeout(REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT), follow_redirects=False
     )
-    pool = getattr(client._transport, "_pool", None)
-    assert isinstance(pool, httpcore.ConnectionPool) and type(pool._network_backend) is httpcore.SyncBackend
-    pool._network_backend = _CheckedBackend()
+    try:
+        _check_connections(client)
+    except BaseException:
+        client.close()
+        raise
     return client
+
+
+class DeliveriesStopped(RuntimeError):
+    """The delivery client cannot check the address of each connection (an httpcore release changed
+    what `http_client` hooks): Overrule then delivers nothing, rather than deliver unchecked."""
+
+
+def _check_connections(client: httpx.Client) -> None:
+    """Put `_CheckedBackend` on the client's pool, or raise DeliveriesStopped. An explicit check,
+    not an `assert`: under `python -O` an assert is gone, and setting an attribute httpcore renamed
+    would "succeed" on the pool without effect, so the check would be silently off."""
+    pool = getattr(client._transport, "_pool", None)
+    backend = getattr(pool, "_network_backend", None)
+    if not isinstance(pool, httpcore.ConnectionPool) or type(backend) is not httpcore.SyncBackend:
+        raise DeliveriesStopped(
+            f"webhook deliveries stopped: httpcore {getattr(httpcore, '__version__', '?')} (with httpx "
+            f"{httpx.__version__}) no longer has the connection pool's network backend that Overrule "
+            "checks each receiver's address on, so nothing is delivered; install the httpcore version "
+            "requirements.txt pins and restart"
+        )
+    pool._network_backend = _CheckedBackend()
 
 
 def _claim(engine: Engine, now: datetime, limit: int) -> dict[int, datetime]:
@@ -877,24 +900,72 @@ def log_retention(*, session: Session) -> LogRetention:
 # The worker thread
 
 
+CLIENT_RETRY_SECONDS = 60.0  # how often a stopped worker tries to build its client again
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """What a delivery worker met last, for the Admin page: why it delivers nothing (`stopped`), or
+    the last batch that failed (`failure`, cleared by the next batch that does not)."""
+
+    stopped: str | None = None
+    failed_at: datetime | None = None
+    failure: str | None = None
+
+    def describe(self) -> str | None:
+        """What the Admin page says, or None when the worker is fine."""
+        if self.stopped:
+            return self.stopped
+        if self.failure and self.failed_at is not None:
+            return (
+                f"The last batch of webhook deliveries failed at {self.failed_at:%Y-%m-%d %H:%M:%S} UTC "
+                f"({self.failure}); the worker goes on with the next (the server log has the traceback)."
+            )
+        return None
+
+
 class DeliveryWorker(threading.Thread):
-    """Delivers due webhooks in the background, every `interval` seconds, until `stop()`."""
+    """Delivers due webhooks in the background, every `interval` seconds, until `stop()`.
+
+    Nothing but `stop()` ends it: a batch that raises is logged with its traceback and the next one
+    runs after the pause (a database hiccup or one bad row must not stop deliveries until a restart),
+    and a client that cannot check addresses (`DeliveriesStopped`) is logged, shown in `status`, and
+    tried again every CLIENT_RETRY_SECONDS, delivering nothing meanwhile."""
 
     def __init__(self, engine: Engine, interval: float = POLL_SECONDS) -> None:
         super().__init__(name="overrule-webhooks", daemon=True)
         self.engine, self.interval = engine, interval
+        self.status = WorkerStatus()
         self._stop_event = threading.Event()
 
     def run(self) -> None:
-        with http_client() as client:
+        client: httpx.Client | None = None
+        try:
             while not self._stop_event.is_set():
+                pause = self.interval
                 try:
+                    if client is None:
+                        client = http_client()
                     while deliver_due(self.engine, client=client) and not self._stop_event.is_set():
                         pass
                     prune_log(self.engine)
-                except Exception:  # a database hiccup must not end deliveries for good
-                    log.exception("webhook delivery failed; retrying in %s s", self.interval)
-                self._stop_event.wait(self.interval)
+                    self.status = WorkerStatus()
+                except DeliveriesStopped as exc:
+                    if self.status.stopped != str(exc):  # once, not every minute
+                        log.error("%s", exc)
+                    self.status = WorkerStatus(stopped=str(exc))
+                    pause = CLIENT_RETRY_SECONDS
+                except Exception as exc:
+                    log.exception(
+                        "a batch of webhook deliveries failed; the next runs in %s s", self.interval
+                    )
+                    self.status = WorkerStatus(
+                        failed_at=utcnow(), failure=f"{type(exc).__name__}: {exc}"[:300]
+                    )
+                self._stop_event.wait(pause)
+        finally:
+            if client is not None:
+                client.close()
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop_event.set()
@@ -913,3 +984,15 @@ def start_worker(engine: Engine) -> DeliveryWorker:
             _worker = DeliveryWorker(engine)
             _worker.start()
         return _worker
+
+
+def worker_problem() -> str | None:
+    """What is wrong with this process's delivery worker, for the Admin page (which runs in the
+    server's process): deliveries stopped, the last batch failed, or the thread is gone; None when
+    it is fine or none was started (a CLI-only setup delivers with `webhooks deliver --loop`)."""
+    worker = _worker
+    if worker is None:
+        return None
+    if not worker.is_alive():
+        return "The webhook delivery worker is not running; restart the server (the server log says why)."
+    return worker.status.describe()

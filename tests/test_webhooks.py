@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import socket
+import subprocess
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -18,6 +21,7 @@ from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpcore
 import httpx
 import pytest
 from sqlalchemy import Engine
@@ -28,7 +32,7 @@ from lib.auth import Actor, PermissionDenied, system_actor
 from lib.config import reset_settings
 from lib.db import session_scope
 from lib.models import Judgment, Webhook, WebhookAttempt, WebhookDelivery, utcnow
-from tests.cli import run_cli
+from tests.cli import ROOT, run_cli
 from tests.test_api import Server, server  # noqa: F401 - the API served by uvicorn, as a fixture
 from tests.test_queues import LEAD, create, items, judgment, label_all, take
 from tests.waiting import wait_until
@@ -712,3 +716,132 @@ def test_the_connection_itself_is_checked_so_a_name_rebound_after_the_check_is_n
     monkeypatch.setattr(webhooks, "METADATA_ADDRESSES", frozenset())
     assert webhooks.deliver_due(sqlite_engine, clock=at(utcnow() + timedelta(seconds=60))) == 1
     assert [r["signed"] for r in receiver.received] == [True]
+
+
+def rename_network_backend(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Make httpcore's pools keep their backend under another name, as a release might; returns the undo."""
+    real = httpcore.ConnectionPool.__init__
+
+    def renamed(self: httpcore.ConnectionPool, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        self._backend_renamed = self._network_backend  # type: ignore[attr-defined]
+        del self._network_backend
+
+    monkeypatch.setattr(httpcore.ConnectionPool, "__init__", renamed)
+    return lambda: monkeypatch.setattr(httpcore.ConnectionPool, "__init__", real)
+
+
+def test_a_client_that_cannot_check_addresses_delivers_nothing_says_why_and_recovers(
+    engine: Engine, receiver: Receiver, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An httpcore upgrade that renames what `http_client` hooks: no client is built (fail closed),
+    the worker thread stays alive delivering nothing, logs why at ERROR once, the Admin page says it,
+    and it delivers once a client can be built again, without a restart. SQLite and PostgreSQL."""
+    hook_id, receiver.secret = register(engine, receiver.url, events=("judgment.overruled",))
+    enqueue_for(engine, hook_id, 1)
+    restore = rename_network_backend(monkeypatch)
+    with pytest.raises(
+        webhooks.DeliveriesStopped, match=r"webhook deliveries stopped: httpcore .* requirements\.txt"
+    ):
+        webhooks.http_client()
+    monkeypatch.setattr(webhooks, "CLIENT_RETRY_SECONDS", 0.05)
+    monkeypatch.setattr(webhooks, "_worker", None)
+    worker = webhooks.start_worker(engine)
+    try:
+        wait_until(lambda: worker.status.stopped, "the worker to say it stopped")
+        # Logged before the status is set, so it is there now.
+        assert [r.levelno for r in caplog.records if "deliveries stopped" in r.getMessage()] == [
+            logging.ERROR
+        ]
+        problem = webhooks.worker_problem()
+        assert problem is not None and problem.startswith("webhook deliveries stopped: httpcore")
+        assert worker.is_alive() and receiver.received == []
+        [row] = deliveries(engine)
+        assert (row.status, row.attempts) == ("pending", 0)
+        restore()
+        wait_until(lambda: len(receiver.received) == 1, "the worker to deliver once a client can be built")
+        wait_until(lambda: webhooks.worker_problem() is None, "the Admin page's warning to go")
+    finally:
+        worker.stop()
+        monkeypatch.setattr(webhooks, "_worker", None)
+    assert receiver.received[0]["signed"]
+    # Retried 20 times a second, logged once.
+    assert len([r for r in caplog.records if "deliveries stopped" in r.getMessage()]) == 1
+
+
+def test_under_python_O_the_address_check_is_installed_or_nothing_is_delivered() -> None:
+    """`python -O` strips asserts: the check that the hook took must not be one."""
+    script = """
+import pytest
+from lib import webhooks
+from tests.test_webhooks import rename_network_backend
+client = webhooks.http_client()
+print(__debug__, type(client._transport._pool._network_backend).__name__)
+client.close()
+rename_network_backend(pytest.MonkeyPatch())
+try:
+    webhooks.http_client()
+except webhooks.DeliveriesStopped as exc:
+    print("refused:", str(exc).split(":")[0])
+else:
+    print("built a client without the check")
+"""
+    done = subprocess.run(
+        [sys.executable, "-O", "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["False _CheckedBackend", "refused: webhook deliveries stopped"]
+
+
+def test_the_worker_survives_a_batch_that_raises(
+    sqlite_engine: Engine,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An unexpected exception in a batch is logged at ERROR with its traceback, shown on the Admin
+    page, and the next batch runs after the pause: one bad batch does not end deliveries."""
+    hook_id, receiver.secret = register(sqlite_engine, receiver.url, events=("judgment.overruled",))
+    enqueue_for(sqlite_engine, hook_id, 1)
+    real = webhooks.deliver_due
+    calls: list[int] = []
+
+    def once_broken(engine: Engine, **kwargs: Any) -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyError("a row nobody expected")
+        return real(engine, **kwargs)
+
+    monkeypatch.setattr(webhooks, "deliver_due", once_broken)
+    worker = webhooks.DeliveryWorker(sqlite_engine, interval=0.05)
+    failures: list[str | None] = []
+    worker.start()
+    try:
+        wait_until(
+            lambda: failures.append(worker.status.failure) or len(receiver.received) == 1, "the delivery"
+        )
+    finally:
+        worker.stop()
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert record.exc_info and record.exc_info[0] is KeyError
+    assert "a batch of webhook deliveries failed" in record.getMessage()
+    assert worker.status == webhooks.WorkerStatus()  # the next batch went through: nothing to show
+    assert not worker.is_alive()
+
+
+def test_the_command_line_refuses_to_deliver_without_the_address_check(
+    sqlite_url: str, sqlite_engine: Engine, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook_id, _ = register(sqlite_engine, receiver.url, events=("judgment.overruled",))
+    enqueue_for(sqlite_engine, hook_id, 1)
+    rename_network_backend(monkeypatch)
+    done = run_cli("webhooks", "deliver", env={"OVERRULE_DATABASE_URL": sqlite_url})
+    assert done.returncode == 1 and "error: webhook deliveries stopped: httpcore" in done.stderr
+    assert receiver.received == []
+    [row] = deliveries(sqlite_engine)
+    assert (row.status, row.attempts, row.next_attempt_at <= utcnow()) == ("pending", 0, True)  # not claimed

@@ -23,6 +23,9 @@ def webhooks_section(actor: auth.Actor) -> None:
         "or adjudicated (docs/webhooks.md). Deliveries are sent in the background and retried with "
         "backoff; a receiver that is down never slows or fails a review."
     )
+    problem = webhooks.worker_problem()
+    if problem:  # an exception's text may quote a URL or a database message
+        st.error(escape_markdown(problem))
     with session_scope(read_only=True) as session:
         hooks = webhooks.list_webhooks(session=session)
     if hooks:

@@ -332,3 +332,32 @@ def test_a_lead_registers_a_webhook_reads_the_delivery_log_and_replays(
         for c in at.caption
     )
     assert not at.exception
+
+
+def test_the_delivery_log_says_when_the_worker_delivers_nothing(
+    app_engine: Engine, open_page, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review9: an httpcore upgrade that leaves the address check nothing to hook stops deliveries;
+    the server log alone is not where a lead looks, so the Delivery log says it (and a dead thread)."""
+    from lib import webhooks
+    from tests.test_webhooks import rename_network_backend
+    from tests.waiting import wait_until
+
+    restore = rename_network_backend(monkeypatch)
+    monkeypatch.setattr(webhooks, "_worker", None)
+    worker = webhooks.start_worker(app_engine)
+    try:
+        wait_until(lambda: worker.status.stopped, "the worker to stop delivering")
+        restore()  # the worker tries again in a minute; the page's own clients stay untouched
+        at = open_page(PAGE, reviewer="ayse")
+        [error] = [e.value for e in at.error]
+        assert error.startswith(escape_markdown("webhook deliveries stopped: httpcore "))
+    finally:
+        worker.stop()
+    at.run()
+    assert [e.value for e in at.error] == [
+        escape_markdown(
+            "The webhook delivery worker is not running; restart the server (the server log says why)."
+        )
+    ]
+    assert not at.exception
