@@ -928,7 +928,8 @@ class DeliveryWorker(threading.Thread):
     """Delivers due webhooks in the background, every `interval` seconds, until `stop()`.
 
     Nothing but `stop()` ends it: a batch that raises is logged with its traceback and the next one
-    runs after the pause (a database hiccup or one bad row must not stop deliveries until a restart),
+    runs after a pause, doubled after each failure in a row up to CLIENT_RETRY_SECONDS (a database
+    hiccup or one bad row must not stop deliveries until a restart),
     and a client that cannot check addresses (`DeliveriesStopped`) is logged, shown in `status`, and
     tried again every CLIENT_RETRY_SECONDS, delivering nothing meanwhile."""
 
@@ -940,7 +941,8 @@ class DeliveryWorker(threading.Thread):
 
     def run(self) -> None:
         client: httpx.Client | None = None
-        try:
+        failures = 0  # batches in a row that raised: the pause doubles, so a database that is down
+        try:  # is not hammered, nor the log filled, once a second
             while not self._stop_event.is_set():
                 pause = self.interval
                 try:
@@ -949,16 +951,16 @@ class DeliveryWorker(threading.Thread):
                     while deliver_due(self.engine, client=client) and not self._stop_event.is_set():
                         pass
                     prune_log(self.engine)
-                    self.status = WorkerStatus()
+                    self.status, failures = WorkerStatus(), 0
                 except DeliveriesStopped as exc:
                     if self.status.stopped != str(exc):  # once, not every minute
                         log.error("%s", exc)
                     self.status = WorkerStatus(stopped=str(exc))
                     pause = CLIENT_RETRY_SECONDS
                 except Exception as exc:
-                    log.exception(
-                        "a batch of webhook deliveries failed; the next runs in %s s", self.interval
-                    )
+                    failures += 1
+                    pause = min(self.interval * 2 ** (failures - 1), CLIENT_RETRY_SECONDS)
+                    log.exception("a batch of webhook deliveries failed; the next runs in %.3g s", pause)
                     self.status = WorkerStatus(
                         failed_at=utcnow(), failure=f"{type(exc).__name__}: {exc}"[:300]
                     )

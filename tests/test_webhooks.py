@@ -805,31 +805,40 @@ def test_the_worker_survives_a_batch_that_raises(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """An unexpected exception in a batch is logged at ERROR with its traceback, shown on the Admin
-    page, and the next batch runs after the pause: one bad batch does not end deliveries."""
+    page, and the next batch runs after a pause (doubled while batches keep failing): one bad batch
+    does not end deliveries."""
     hook_id, receiver.secret = register(sqlite_engine, receiver.url, events=("judgment.overruled",))
     enqueue_for(sqlite_engine, hook_id, 1)
     real = webhooks.deliver_due
     calls: list[int] = []
+    shown: list[str | None] = []
 
-    def once_broken(engine: Engine, **kwargs: Any) -> int:
+    def thrice_broken(engine: Engine, **kwargs: Any) -> int:
         calls.append(1)
-        if len(calls) == 1:
+        if len(calls) <= 3:
             raise KeyError("a row nobody expected")
+        shown.append(worker.status.describe())  # what the Admin page says meanwhile
         return real(engine, **kwargs)
 
-    monkeypatch.setattr(webhooks, "deliver_due", once_broken)
+    monkeypatch.setattr(webhooks, "deliver_due", thrice_broken)
     worker = webhooks.DeliveryWorker(sqlite_engine, interval=0.05)
-    failures: list[str | None] = []
+    pauses: list[float | None] = []
+    wait = worker._stop_event.wait
+    worker._stop_event.wait = lambda timeout=None: pauses.append(timeout) or wait(timeout)  # type: ignore[method-assign]
     worker.start()
     try:
-        wait_until(
-            lambda: failures.append(worker.status.failure) or len(receiver.received) == 1, "the delivery"
-        )
+        wait_until(lambda: len(receiver.received) == 1, "the delivery")
     finally:
         worker.stop()
-    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert record.exc_info and record.exc_info[0] is KeyError
-    assert "a batch of webhook deliveries failed" in record.getMessage()
+    records = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert [r.exc_info[0] if r.exc_info else None for r in records] == [KeyError] * 3
+    assert [r.getMessage() for r in records] == [
+        f"a batch of webhook deliveries failed; the next runs in {p} s" for p in ("0.05", "0.1", "0.2")
+    ]
+    assert shown[0] is not None and shown[0].endswith(
+        "(KeyError: 'a row nobody expected'); the worker goes on with the next (the server log has the traceback)."
+    )
+    assert pauses[:4] == [0.05, 0.1, 0.2, 0.05]  # doubled while failing, back to the interval after
     assert worker.status == webhooks.WorkerStatus()  # the next batch went through: nothing to show
     assert not worker.is_alive()
 
