@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -368,3 +369,46 @@ def test_postgresql_connections_plan_each_execution_and_keep_the_urls_options(pg
                 conn.rollback()
     finally:
         engine.dispose()
+
+
+class _Aborted(Exception):
+    """Stands for psycopg's DeadlockDetected: what write_retrying reads is the SQLSTATE."""
+
+    sqlstate = "40P01"
+
+
+def test_write_retrying_runs_a_deadlocks_victim_again_on_postgresql_only(engine, monkeypatch) -> None:
+    """PostgreSQL: a transaction aborted as a deadlock's victim runs again whole, each attempt in a
+    fresh session, until it succeeds or the attempts are spent; any other error is raised at once.
+    SQLite (writers take turns, so never a deadlock's victim): once. The real deadlock is staged in
+    tests/test_counters_concurrency.py."""
+    monkeypatch.setattr(lib.db, "RETRY_BACKOFF_S", 0.0)
+    sessions: list[Session] = []
+
+    def fails(times: int, error: Exception) -> Callable[[Session], int]:
+        def work(session: Session) -> int:
+            sessions.append(session)
+            session.execute(text("SELECT 1"))
+            if len(sessions) <= times:
+                raise error
+            return len(sessions)
+
+        return work
+
+    postgres = engine.dialect.name == "postgresql"
+    if postgres:
+        assert lib.db.write_retrying(engine, fails(2, _Aborted())) == 3
+        assert len(set(map(id, sessions))) == 3
+        sessions.clear()
+        wrapped = OperationalError("UPDATE …", {}, _Aborted())
+        with pytest.raises(OperationalError):
+            lib.db.write_retrying(engine, fails(99, wrapped), attempts=4)
+        assert len(sessions) == 4
+    else:
+        with pytest.raises(_Aborted):
+            lib.db.write_retrying(engine, fails(1, _Aborted()))
+        assert len(sessions) == 1
+    sessions.clear()
+    with pytest.raises(ValueError):
+        lib.db.write_retrying(engine, fails(1, ValueError("bad input")))
+    assert len(sessions) == 1
