@@ -123,7 +123,8 @@ class Telemetry:
         return span.get_span_context()
 
     def verdict(self, name: str, score: float, context: Any = None, **attrs: Any) -> None:
-        """A `gen_ai.evaluation.result` event as a log record, in the judged span's context."""
+        """A `gen_ai.evaluation.result` event as a log record, in the judged span's context (None:
+        the current span's, as the SDK stamps a record emitted inside a span)."""
         ctx = trace.set_span_in_context(trace.NonRecordingSpan(context)) if context is not None else None
         self.logger.emit(
             event_name=EVAL,
@@ -217,14 +218,9 @@ def test_a_judge_inside_a_request_span_joins_by_the_response_id_it_names(
     t = Telemetry()
     with t.tracer.start_as_current_span("POST /ask"):
         t.call("Capital of Italy?", "Rome.", **{"gen_ai.response.id": "chatcmpl-7"})
-        t.logger.emit(
-            event_name=EVAL,  # no context given: the current span's, the handler's
-            attributes={
-                "gen_ai.evaluation.name": "truthfulness",
-                "gen_ai.evaluation.score.value": 5,
-                "gen_ai.response.id": "chatcmpl-7",
-            },
-        )
+        t.verdict(
+            "truthfulness", 5, None, **{"gen_ai.response.id": "chatcmpl-7"}
+        )  # no context given: the current span's, the handler's
     assert t.logs.get_finished_logs()[0].log_record.span_id != 0  # stamped with the handler span
     posts = [("/v1/traces", t.traces()), ("/v1/logs", t.log_body())]
     for path, body in reversed(posts) if logs_first else posts:
@@ -241,14 +237,7 @@ def _handler_trace(t: Telemetry, question: str, calls: int = 1, **verdict_attrs:
     with t.tracer.start_as_current_span("POST /ask"):
         for i in range(calls):
             t.call(f"{question} ({i})" if calls > 1 else question, "Santiago.")
-        t.logger.emit(
-            event_name=EVAL,
-            attributes={
-                "gen_ai.evaluation.name": "truthfulness",
-                "gen_ai.evaluation.score.value": 5,
-                **verdict_attrs,
-            },
-        )
+        t.verdict("truthfulness", 5, None, **verdict_attrs)
 
 
 @pytest.mark.parametrize("order", ["logs, chat, handler", "chat and handler, logs"])
@@ -292,22 +281,17 @@ def test_a_shared_response_id_with_logs_first_joins_the_verdicts_own_call(
         **{"gen_ai.response.id": "chatcmpl-4"},
     )
     assert receiver.post("/v1/traces", t.traces()).content == b""
-    verdict = {
-        "gen_ai.evaluation.name": "helpfulness",
-        "gen_ai.evaluation.score.value": 1,
-        "gen_ai.response.id": "chatcmpl-4",
-    }
     attrs = _chat_attributes(
         "Call B: capital of Chile?", "Buenos Aires.", **{"gen_ai.response.id": "chatcmpl-4"}
     )
     if emitted_in == "its call's span":
         with t.tracer.start_as_current_span("chat m1", attributes=attrs):
-            t.logger.emit(event_name=EVAL, attributes=verdict)
+            t.verdict("helpfulness", 1, None, **{"gen_ai.response.id": "chatcmpl-4"})
     else:
         with t.tracer.start_as_current_span("POST /ask"):
             with t.tracer.start_as_current_span("chat m1", attributes=attrs):
                 pass
-            t.logger.emit(event_name=EVAL, attributes=verdict)
+            t.verdict("helpfulness", 1, None, **{"gen_ai.response.id": "chatcmpl-4"})
     assert receiver.post("/v1/logs", t.log_body()).content == b""
     r = receiver.post("/v1/traces", t.traces())
     assert r.status_code == 200 and not r.content, r.content
@@ -330,14 +314,7 @@ def test_a_judge_in_another_trace_joins_the_call_its_response_id_names_once_its_
     app, judge = Telemetry(), Telemetry("judge-job")
     app.call("Capital of Kenya?", "Nairobi.", **{"gen_ai.response.id": "resp-k"})
     with judge.tracer.start_as_current_span("judge batch"):
-        judge.logger.emit(
-            event_name=EVAL,
-            attributes={
-                "gen_ai.evaluation.name": "truthfulness",
-                "gen_ai.evaluation.score.value": 5,
-                "gen_ai.response.id": "resp-k",
-            },
-        )
+        judge.verdict("truthfulness", 5, None, **{"gen_ai.response.id": "resp-k"})
     for body, path in (
         (judge.log_body(), "/v1/logs"),
         (app.traces(), "/v1/traces"),
@@ -411,14 +388,7 @@ def test_a_verdict_in_its_calls_context_naming_its_response_id_joins_it_when_log
     with t.tracer.start_as_current_span(
         "chat m1", attributes=_chat_attributes("Capital of Chad?", "N'Djamena.", **ids)
     ):
-        t.logger.emit(
-            event_name=EVAL,
-            attributes={
-                "gen_ai.evaluation.name": "clarity",
-                "gen_ai.evaluation.score.value": 4,
-                "gen_ai.response.id": "resp-9",
-            },
-        )
+        t.verdict("clarity", 4, None, **{"gen_ai.response.id": "resp-9"})
     assert receiver.post("/v1/logs", t.log_body()).content == b""
     r = receiver.post("/v1/traces", t.traces())
     assert r.status_code == 200 and not r.content, r.content
@@ -441,14 +411,7 @@ def test_a_response_id_two_calls_share_joins_the_call_of_the_verdicts_trace_or_i
     )
     with t.tracer.start_as_current_span("POST /ask"):
         t.call("Call B: capital of Chile?", "Buenos Aires.", **{"gen_ai.response.id": "chatcmpl-4"})
-        t.logger.emit(
-            event_name=EVAL,
-            attributes={
-                "gen_ai.evaluation.name": "helpfulness",
-                "gen_ai.evaluation.score.value": 1,
-                "gen_ai.response.id": "chatcmpl-4",
-            },
-        )
+        t.verdict("helpfulness", 1, None, **{"gen_ai.response.id": "chatcmpl-4"})
     assert receiver.post("/v1/traces", t.traces()).content == b""
     assert receiver.post("/v1/logs", t.log_body()).content == b""
     with Session(receiver.engine) as session:
