@@ -706,16 +706,64 @@ def _print_item(session: Session, a: Assignment, actor: Actor, fmt: str) -> None
         )
 
 
+# The queue actions that write a reviewer's or a lead's decision: run by write_retrying, so a
+# deadlock's victim on PostgreSQL is run again (and prints once, after its commit).
+_QUEUE_WRITES = ("label", "skip", "undo", "adjudicate")
+
+
+def _queue_write(session: Session, args: argparse.Namespace) -> str:
+    """One of `_QUEUE_WRITES` in `session`; what to print once it committed."""
+    from lib import queues
+
+    queue = queues.get_queue(session=session, queue=args.queue)
+    assert queue.id is not None
+    action = args.queue_command
+    if action == "label":
+        outcome = queues.label(
+            session=session, queue_id=queue.id, judgment_id=args.judgment, reviewer=system_actor(args.reviewer),
+            decision=args.decision, reason=args.reason,
+        )  # fmt: skip
+        state = outcome.states.get(args.judgment, "?")
+        extra = " (the judge's side is revealed now)" if outcome.stage == "blind" and outcome.revealed else ""
+        return f"{outcome.stage} label saved for judgment {args.judgment}: {state}{extra}"
+    if action == "skip":
+        queues.skip_item(
+            session=session, queue_id=queue.id, item_id=args.item, reviewer=system_actor(args.reviewer)
+        )
+        return f"item {args.item} skipped"
+    if action == "undo" and args.adjudication:
+        queues.undo_adjudication(
+            session=session, queue_id=queue.id, judgment_id=args.judgment, actor=system_actor(args.reviewer)
+        )
+        return f"adjudication of judgment {args.judgment} undone: it awaits adjudication again"
+    if action == "undo":
+        queues.undo_label(
+            session=session,
+            queue_id=queue.id,
+            judgment_id=args.judgment,
+            reviewer=system_actor(args.reviewer),
+        )
+        return f"your label of judgment {args.judgment} is withdrawn"
+    queues.adjudicate(
+        session=session, queue_id=queue.id, judgment_id=args.judgment, actor=system_actor(args.by),
+        decision=args.decision, reason=args.reason,
+    )  # fmt: skip
+    return f"judgment {args.judgment} adjudicated: {args.decision}"
+
+
 @handler("queue")
 def _cmd_queue(args: argparse.Namespace) -> int:
     """`queue ACTION`: team review queues (lib.queues) from the command line."""
     from lib import queues
     from lib.corrections import InvalidDecision, NothingToUndo
-    from lib.db import session_scope
+    from lib.db import session_scope, write_retrying
 
     action = args.queue_command
     reader = action in ("list", "show", "disputes", "agreement")
     try:
+        if action in _QUEUE_WRITES:
+            print(write_retrying(_engine(), lambda session: _queue_write(session, args)))
+            return 0
         with session_scope(_engine(), read_only=reader) as session:
             if action == "create":
                 queue = queues.create_queue(
@@ -795,53 +843,6 @@ def _cmd_queue(args: argparse.Namespace) -> int:
                     print(f"nothing left for {actor.identity} in {queue.name!r}")
                     return 0
                 _print_item(session, assignment, actor, args.format)
-                return 0
-            if action == "label":
-                outcome = queues.label(
-                    session=session, queue_id=queue.id, judgment_id=args.judgment, reviewer=system_actor(args.reviewer),
-                    decision=args.decision, reason=args.reason,
-                )  # fmt: skip
-                state = outcome.states.get(args.judgment, "?")
-                extra = (
-                    " (the judge's side is revealed now)"
-                    if outcome.stage == "blind" and outcome.revealed
-                    else ""
-                )
-                print(f"{outcome.stage} label saved for judgment {args.judgment}: {state}{extra}")
-                return 0
-            if action == "skip":
-                queues.skip_item(
-                    session=session,
-                    queue_id=queue.id,
-                    item_id=args.item,
-                    reviewer=system_actor(args.reviewer),
-                )
-                print(f"item {args.item} skipped")
-                return 0
-            if action == "undo":
-                if args.adjudication:
-                    queues.undo_adjudication(
-                        session=session,
-                        queue_id=queue.id,
-                        judgment_id=args.judgment,
-                        actor=system_actor(args.reviewer),
-                    )
-                    print(f"adjudication of judgment {args.judgment} undone: it awaits adjudication again")
-                else:
-                    queues.undo_label(
-                        session=session,
-                        queue_id=queue.id,
-                        judgment_id=args.judgment,
-                        reviewer=system_actor(args.reviewer),
-                    )
-                    print(f"your label of judgment {args.judgment} is withdrawn")
-                return 0
-            if action == "adjudicate":
-                queues.adjudicate(
-                    session=session, queue_id=queue.id, judgment_id=args.judgment, actor=system_actor(args.by),
-                    decision=args.decision, reason=args.reason,
-                )  # fmt: skip
-                print(f"judgment {args.judgment} adjudicated: {args.decision}")
                 return 0
             if action == "assign":
                 reviewers = [r for r in args.reviewers.split(",") if r.strip()]

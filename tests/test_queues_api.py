@@ -176,6 +176,12 @@ def test_the_command_line_runs_a_queue_from_creation_to_adjudication(cli_db: Eng
         "queue", "adjudicate", "Pair", "--judgment", str(judgment_id), "--decision", "2", "--by", "boss"
     )
     assert decided.returncode == 0, decided.stderr
+    undone = run_cli(
+        "queue", "undo", "Pair", "--judgment", str(judgment_id), "--adjudication", "--reviewer", "boss"
+    )
+    assert undone.stdout == f"adjudication of judgment {judgment_id} undone: it awaits adjudication again\n"
+    again = ("queue", "adjudicate", "Pair", "--judgment", str(judgment_id), "--decision", "2", "--by", "boss")
+    assert run_cli(*again).stdout == f"judgment {judgment_id} adjudicated: 2\n"
     listed = run_cli("queue", "list")
     assert (
         "Pair\tactive\topen\toverlap 2\t1/1 items done\t0 reserved\t0 awaiting adjudication" in listed.stdout
