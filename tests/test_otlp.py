@@ -143,6 +143,14 @@ class Telemetry:
         return body
 
 
+def scored(engine: Engine) -> set[tuple[str, str]]:
+    """(question, metric) of every judge score stored: which call each verdict went to."""
+    with Session(engine) as session:
+        return {
+            (s.question, m) for s in session.exec(select(EvaluationSnapshot)) for m in s.judge_scores_json
+        }
+
+
 def judgments(engine: Engine) -> dict[str, tuple[str, str | None]]:
     with Session(engine) as session:
         return {j.metric: (j.decision, j.reasoning) for j in session.exec(select(Judgment))}
@@ -295,11 +303,7 @@ def test_a_shared_response_id_with_logs_first_joins_the_verdicts_own_call(
     assert receiver.post("/v1/logs", t.log_body()).content == b""
     r = receiver.post("/v1/traces", t.traces())
     assert r.status_code == 200 and not r.content, r.content
-    with Session(receiver.engine) as session:
-        scored = {
-            (s.question, m) for s in session.exec(select(EvaluationSnapshot)) for m in s.judge_scores_json
-        }
-    assert scored == {
+    assert scored(receiver.engine) == {
         ("Call A: capital of Peru?", "truthfulness"),
         ("Call B: capital of Chile?", "helpfulness"),
     }
@@ -414,11 +418,7 @@ def test_a_response_id_two_calls_share_joins_the_call_of_the_verdicts_trace_or_i
         t.verdict("helpfulness", 1, None, **{"gen_ai.response.id": "chatcmpl-4"})
     assert receiver.post("/v1/traces", t.traces()).content == b""
     assert receiver.post("/v1/logs", t.log_body()).content == b""
-    with Session(receiver.engine) as session:
-        scored = {
-            (s.question, m) for s in session.exec(select(EvaluationSnapshot)) for m in s.judge_scores_json
-        }
-    assert scored == {
+    assert scored(receiver.engine) == {
         ("Call A: capital of Peru?", "truthfulness"),
         ("Call B: capital of Chile?", "helpfulness"),
     }
