@@ -666,7 +666,9 @@ def create_app(
             )
             return corrections.JudgmentState.of(done, actor.identity)
 
-        state = _run(lambda: write_retrying(get_engine(), review))
+        # Off the event loop (the pages share it): the write may wait on a row lock, and a
+        # deadlock's victim sleeps before it runs again.
+        state = await run_in_threadpool(_run, lambda: write_retrying(get_engine(), review))
         return JSONResponse(
             jsonable_encoder(corrections.judgment_state_json(state)), headers={"ETag": f'"{state.version}"'}
         )

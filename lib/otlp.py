@@ -1144,16 +1144,21 @@ class _Join:
         for key, name, row in orphans:
             verdicts = [_verdict_of(v) for v in row.pending_json]
             in_trace = self._trace_calls(key)
-            named = self._named(row.response_id) if row.response_id and not in_trace else []
-            target = in_trace[0] if len(in_trace) == 1 else named[0] if len(named) == 1 else None
-            if target is None and row.response_id and not in_trace and not named:
-                target = f"response:{row.response_id}"  # waits for the call that names it
+            rid = row.response_id
+            if rid is None:  # the one call of its trace, whatever it records
+                target, count = (in_trace[0] if len(in_trace) == 1 else None), len(in_trace)
+                where = "its trace holds"
+            else:
+                # Only a call that records the id it names: its trace's, else any trace's (a judge in
+                # another process). None yet: it waits for one. Never a call recording another id,
+                # though it be its trace's only call so far (review10 F0).
+                named = [k for k in in_trace if self._response_of(k) == rid] or self._named(rid)
+                target = named[0] if len(named) == 1 else None if named else f"response:{rid}"
+                count, where = len(named), f"gen_ai.response.id {rid!r} names"
             self._forget(key)
             if target is not None:
                 self.verdicts[target][:0] = verdicts
                 continue
-            count = len(in_trace) or len(named)
-            where = "its trace holds" if in_trace else f"gen_ai.response.id {row.response_id!r} names"
             self.outcome.reject(
                 self.batch,
                 key,
@@ -1176,6 +1181,14 @@ class _Join:
                 if row[0] not in self.gone:
                     self.stored.setdefault(row[0], _Stored(*row))
             self._by_response = None  # `_named` reads them too
+
+    def _response_of(self, key: str) -> str | None:
+        """The gen_ai.response.id a call records (in this request or stored), else None."""
+        call = self.calls.get(key)
+        if call is not None:
+            return call.response_id
+        row = self.stored.get(key)
+        return row.response_id if row is not None else None
 
     def _is_call(self, key: str) -> bool:
         """Whether `key` is a GenAI call's span: in this request, or stored (waiting or joined)."""

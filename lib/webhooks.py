@@ -924,6 +924,13 @@ class WorkerStatus:
         return None
 
 
+def failure_pause(interval: float, failures: int) -> float:
+    """The worker's pause after `failures` batches in a row raised: doubled from `interval` up to
+    CLIENT_RETRY_SECONDS. The exponent is capped: a float overflows at 2 ** 1024, which a database
+    down for a day reached and which ended the thread (review10 F3)."""
+    return min(interval * 2.0 ** min(failures - 1, 32), CLIENT_RETRY_SECONDS)
+
+
 class DeliveryWorker(threading.Thread):
     """Delivers due webhooks in the background, every `interval` seconds, until `stop()`.
 
@@ -959,7 +966,7 @@ class DeliveryWorker(threading.Thread):
                     pause = CLIENT_RETRY_SECONDS
                 except Exception as exc:
                     failures += 1
-                    pause = min(self.interval * 2 ** (failures - 1), CLIENT_RETRY_SECONDS)
+                    pause = failure_pause(self.interval, failures)
                     log.exception("a batch of webhook deliveries failed; the next runs in %.3g s", pause)
                     self.status = WorkerStatus(
                         failed_at=utcnow(), failure=f"{type(exc).__name__}: {exc}"[:300]

@@ -24,7 +24,7 @@ import httpx
 import pytest
 import uvicorn
 from fastapi.routing import APIRoute
-from sqlalchemy import Engine, func
+from sqlalchemy import Engine, func, text
 from sqlmodel import Session, select
 from starlette.applications import Starlette
 from starlette.routing import Mount
@@ -352,6 +352,47 @@ def test_a_judgment_names_whose_decision_each_field_holds_and_keeps_the_v1_names
         headers={**rev, "If-Match": f'"{state["version"]}"'},
     )
     assert stale.status_code == 409 and stale.json()["current"]["reviewer_decision"] == body["decision"]
+
+
+def test_a_review_waiting_on_a_row_lock_leaves_the_server_answering(server: Server) -> None:
+    """review10 F6: PATCH /judgments ran its write on the event loop the pages share: a review
+    waiting on a locked row (or a deadlock victim's back-off) froze every other request."""
+    if server.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite's writers wait on the file, not a row")
+    httpx.post(f"{server.base}/evaluations", json=[record(question="Q?")], headers=server.headers("lead"))
+    change_id = _a_change_id(server.engine)
+    rev = server.headers("reviewer")
+    version = httpx.get(f"{server.base}/judgments/{change_id}", headers=rev).json()["version"]
+    answered: list[int] = []
+    with server.engine.connect() as holder:
+        holder.execute(text("SELECT id FROM judgments WHERE change_id = :c FOR UPDATE"), {"c": change_id})
+
+        def review() -> None:
+            r = httpx.patch(
+                f"{server.base}/judgments/{change_id}",
+                json={"action": "confirm"},
+                headers={**rev, "If-Match": f'"{version}"'},
+                timeout=60,
+            )
+            answered.append(r.status_code)
+
+        waiting = threading.Thread(target=review)
+        waiting.start()
+        wait_until(lambda: _lock_waiters(server.engine) > 0, what="the review waiting on the row lock")
+        assert httpx.get(f"{server.base}/health", timeout=20).status_code == 200  # while it waits
+        assert not answered
+        holder.rollback()
+    waiting.join(60)
+    assert answered == [200]
+
+
+def _lock_waiters(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+        ).scalar_one()
 
 
 @pytest.mark.pg_repeats(

@@ -331,6 +331,28 @@ def test_a_judge_in_another_trace_joins_the_call_its_response_id_names_once_its_
         assert [row.snapshot_id is not None for row in session.exec(select(OtlpSpan))] == [True]
 
 
+def test_a_verdict_naming_an_id_never_joins_its_traces_call_that_records_another(
+    any_receiver: Receiver,
+) -> None:
+    """review10 F0: a handler's span around two calls (ids Y-7 and X-7), the verdict in the handler's
+    context naming X-7; the call recording Y-7 and the handler arrive first. The verdict waits for
+    X-7's call instead of joining the trace's only call so far."""
+    receiver = any_receiver
+    t = Telemetry()
+    with t.tracer.start_as_current_span("POST /ask"):
+        t.call("First question?", "First.", **{"gen_ai.response.id": "Y-7"})
+        t.call("Second question?", "Second.", **{"gen_ai.response.id": "X-7"})
+        t.verdict("truthfulness", 1, None, **{"gen_ai.response.id": "X-7"})
+    logs = t.log_body()
+    first, second, handler = t.spans.get_finished_spans()
+    t.spans.clear()
+    for path, body in (("/v1/logs", logs), ("/v1/traces", [first, handler]), ("/v1/traces", [second])):
+        sent = body if isinstance(body, bytes) else encode_spans(body).SerializeToString()
+        r = receiver.post(path, sent)
+        assert r.status_code == 200 and not r.content, r.content
+    assert scored(receiver.engine) == {("Second question?", "truthfulness")}
+
+
 def test_a_trace_is_found_whatever_order_the_database_sorts_text_in(any_receiver: Receiver) -> None:
     """PostgreSQL's default collation outside C locales (ICU, glibc's en_US) sorts ';' before ':':
     the trace's key range `<trace>:` .. `<trace>;` came back empty there, and a verdict in a

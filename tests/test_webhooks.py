@@ -843,6 +843,13 @@ def test_the_worker_survives_a_batch_that_raises(
     assert not worker.is_alive()
 
 
+def test_the_pause_after_failures_stays_a_minute_however_long_they_last() -> None:
+    """review10 F3: 2 ** failures overflowed a float after 1,025 failed batches in a row and the
+    OverflowError ended the delivery thread."""
+    assert webhooks.failure_pause(1.0, 1) == 1.0 and webhooks.failure_pause(1.0, 3) == 4.0
+    assert webhooks.failure_pause(1.0, 5_000) == webhooks.CLIENT_RETRY_SECONDS
+
+
 def test_the_command_line_refuses_to_deliver_without_the_address_check(
     sqlite_url: str, sqlite_engine: Engine, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
