@@ -274,6 +274,16 @@ def test_a_verdict_in_a_handler_span_joins_the_one_call_of_its_trace(
         assert [row.snapshot_id is not None for row in session.exec(select(OtlpSpan))] == [True]
 
 
+def _call_a(t: Telemetry) -> None:
+    """Call A, judged on truthfulness, with response id chatcmpl-4 (call B's too in the tests)."""
+    t.call(
+        "Call A: capital of Peru?",
+        "Lima.",
+        events={"truthfulness": 5},
+        **{"gen_ai.response.id": "chatcmpl-4"},
+    )
+
+
 @pytest.mark.parametrize("emitted_in", ["its call's span", "a handler's span"])
 def test_a_shared_response_id_with_logs_first_joins_the_verdicts_own_call(
     any_receiver: Receiver, emitted_in: str
@@ -282,12 +292,7 @@ def test_a_shared_response_id_with_logs_first_joins_the_verdicts_own_call(
     verdict waits for its own call instead of joining the other one (Ollama draws ids from 999)."""
     receiver = any_receiver
     t = Telemetry()
-    t.call(
-        "Call A: capital of Peru?",
-        "Lima.",
-        events={"truthfulness": 5},
-        **{"gen_ai.response.id": "chatcmpl-4"},
-    )
+    _call_a(t)  # judged, with the id call B will share
     assert receiver.post("/v1/traces", t.traces()).content == b""
     attrs = _chat_attributes(
         "Call B: capital of Chile?", "Buenos Aires.", **{"gen_ai.response.id": "chatcmpl-4"}
@@ -429,12 +434,7 @@ def test_a_response_id_two_calls_share_joins_the_call_of_the_verdicts_trace_or_i
     the second call's trace joins it; one with no trace is refused, not put on a guessed call."""
     receiver = any_receiver
     t = Telemetry()
-    t.call(
-        "Call A: capital of Peru?",
-        "Lima.",
-        events={"truthfulness": 5},
-        **{"gen_ai.response.id": "chatcmpl-4"},
-    )
+    _call_a(t)  # judged, with the id call B will share
     with t.tracer.start_as_current_span("POST /ask"):
         t.call("Call B: capital of Chile?", "Buenos Aires.", **{"gen_ai.response.id": "chatcmpl-4"})
         t.verdict("helpfulness", 1, None, **{"gen_ai.response.id": "chatcmpl-4"})
