@@ -505,8 +505,8 @@ def _cmd_align(args: argparse.Namespace) -> int:
 @handler("webhooks")
 def _cmd_webhooks(args: argparse.Namespace) -> int:
     """`webhooks add|list|pause|resume|rotate|deliveries|replay|deliver|prune|key` (lib.webhooks)."""
+    import contextlib
     import json
-    import time
 
     from lib import webhooks
     from lib.db import session_scope
@@ -519,14 +519,17 @@ def _cmd_webhooks(args: argparse.Namespace) -> int:
     try:
         if action == "deliver":
             try:
-                with webhooks.http_client() as client:  # one client for the loop; fails before a claim
-                    total = webhooks.deliver_due(engine, client=client)
-                    while args.loop:
-                        webhooks.prune_log(engine)
-                        time.sleep(webhooks.POLL_SECONDS)
-                        total += webhooks.deliver_due(engine, client=client)
+                with webhooks.http_client() as client:  # fails before a claim
+                    total = 0 if args.loop else webhooks.deliver_due(engine, client=client)
             except webhooks.DeliveriesStopped as exc:
                 raise CliError(str(exc)) from None
+            if args.loop:
+                # The app server's worker, in the foreground until Ctrl-C: a batch that raises (a
+                # database hiccup) is logged and the next runs after a pause, as in the server.
+                print("delivering due webhooks until interrupted (Ctrl-C)", flush=True)
+                with contextlib.suppress(KeyboardInterrupt):
+                    webhooks.DeliveryWorker(engine, interval=webhooks.POLL_SECONDS).run()
+                return 0
             print(f"{total} delivery attempt(s)")
             return 0
         if action == "prune":

@@ -850,6 +850,45 @@ def test_the_pause_after_failures_stays_a_minute_however_long_they_last() -> Non
     assert webhooks.failure_pause(1.0, 5_000) == webhooks.CLIENT_RETRY_SECONDS
 
 
+def test_deliver_loop_on_the_command_line_survives_a_batch_that_raises(
+    sqlite_url: str, sqlite_engine: Engine, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review10 L4: `webhooks deliver --loop` (the CLI-only deployment's delivery) ended on the first
+    batch that raised; it now runs the server's worker in the foreground."""
+    hook_id, receiver.secret = register(sqlite_engine, receiver.url, events=("judgment.overruled",))
+    enqueue_for(sqlite_engine, hook_id, 1)
+    real, calls, workers = webhooks.deliver_due, [], []
+
+    def once_broken(engine: Engine, **kwargs: Any) -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyError("a row nobody expected")
+        return real(engine, **kwargs)
+
+    class Recorded(webhooks.DeliveryWorker):
+        def run(self) -> None:
+            workers.append(self)
+            super().run()
+
+    monkeypatch.setattr(webhooks, "deliver_due", once_broken)
+    monkeypatch.setattr(webhooks, "DeliveryWorker", Recorded)
+    monkeypatch.setattr(webhooks, "POLL_SECONDS", 0.05)
+    done: list[Any] = []
+    loop = threading.Thread(
+        target=lambda: done.append(
+            run_cli("webhooks", "deliver", "--loop", env={"OVERRULE_DATABASE_URL": sqlite_url})
+        )
+    )
+    loop.start()
+    try:
+        wait_until(lambda: len(receiver.received) == 1, "the delivery after the failed batch")
+    finally:
+        wait_until(lambda: workers, "the worker")
+        workers[0]._stop_event.set()  # run() in the foreground: no thread to join
+        loop.join(30)
+    assert len(calls) >= 2 and done and done[0].returncode == 0, done
+
+
 def test_the_command_line_refuses_to_deliver_without_the_address_check(
     sqlite_url: str, sqlite_engine: Engine, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
