@@ -381,6 +381,15 @@ def _rejudge_one(
         """The verdicts as new judgments; (replaced, kept, conflicts), counted per attempt: a
         deadlock's victim runs again whole (`write_retrying`) and must not count twice."""
         replaced = kept = conflicts = 0
+        # Checked again here: the judge ran for seconds since the first check, and an evaluation
+        # archived meanwhile gets no new judgments (review10 L5).
+        live = session.exec(
+            select(EvaluationSnapshot.id).where(
+                col(EvaluationSnapshot.id) == snapshot_id, col(EvaluationSnapshot.deleted_at).is_(None)
+            )
+        ).first()
+        if live is None:
+            raise ValueError("the evaluation was archived or deleted while the judge ran")
         stored = {
             j.metric: j
             for j in session.exec(select(Judgment).where(col(Judgment.snapshot_id) == snapshot_id)).all()

@@ -687,6 +687,35 @@ def test_rejudging_a_sample_keeps_reviewers_decisions_and_records_both_versions(
 
 
 @SQLITE
+def test_a_rejudge_of_an_evaluation_archived_while_the_judge_ran_writes_nothing(
+    rubric: Engine, llm_server: LLMServer
+) -> None:
+    """review10 L5: archived was checked before the LLM call only, so an evaluation archived while
+    the judge ran still got the new version's judgments."""
+    llm_server.responder = lambda body: json_reply(
+        stage1_payload() if "Stage 1" in body["messages"][0]["content"] else STAGE2_PAYLOAD
+    )
+    snapshot_id = judge.judge_evaluation(engine=rubric, evaluation=evaluation(), reviewer="ayse")
+    with Session(rubric) as session:
+        before = sorted((j.metric, j.decision, j.judge_version_id) for j in session.exec(select(Judgment)))
+
+    def archive_then_answer(body: dict[str, Any]) -> Any:
+        with session_scope(rubric) as session:
+            inspector.archive_evaluation(session=session, snapshot_id=snapshot_id, reviewer="ayse")
+        return json_reply(stage1_payload())
+
+    llm_server.responder = archive_then_answer
+    report = judge_changes.rejudge_sample(
+        engine=rubric, product="acme", reviewer="ayse", size=5, reviewed_only=False
+    )
+    assert report.failed == [(snapshot_id, "the evaluation was archived or deleted while the judge ran")]
+    with Session(rubric) as session:
+        after = sorted((j.metric, j.decision, j.judge_version_id) for j in session.exec(select(Judgment)))
+        assert not session.exec(select(JudgeVerdict)).all()
+    assert after == before
+
+
+@SQLITE
 def test_the_cli_rejudges_with_a_version_and_lists_and_compares_versions(
     rubric: Engine, llm_server: LLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
