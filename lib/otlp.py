@@ -814,7 +814,7 @@ def _orphans_wait(engine: Engine, batch: Batch) -> bool:
         rows = session.execute(
             _stored_by(session, "key"), {"keys": among_value(session, set(batch.passed_over))}
         )
-        return any(row.span_json is None and row.snapshot_id is None for row in rows)
+        return any(not _Stored(*row).is_call for row in rows)
 
 
 # A span nobody judged, or a verdict whose span never came, waits this long, then is forgotten: an
@@ -857,6 +857,16 @@ class _Stored:
     span_json: dict[str, Any] | None
     pending_json: list[Any]
     received_at: datetime
+
+    @property
+    def is_call(self) -> bool:
+        """A GenAI call's row: its span waiting for verdicts, or joined to its evaluation."""
+        return self.span_json is not None or self.snapshot_id is not None
+
+    @property
+    def waits_verdicts(self) -> bool:
+        """Verdicts waiting for their call, under a span or `response:<id>`."""
+        return not self.is_call and bool(self.pending_json)
 
 
 _ROW_COLUMNS = ("key", "response_id", "snapshot_id", "span_json", "pending_json", "received_at")
@@ -972,18 +982,23 @@ class _Join:
         keys.update(self.batch.passed_over)
         responses = {c.response_id for c in self.batch.calls if c.response_id}
         responses |= {v.response_id for v in self.batch.verdicts if v.response_id and not v.key}
-        # Verdicts waiting under `response:<id>` are found by the second query: `_keep` gives
-        # those rows their response id (so the first need not look up a key per response too).
-        # Both statements are built once (`lib.prepared.built`): every request runs them, and
-        # building a statement costs about as much as running it on 512 keys.
+        self._read(keys=keys, responses=responses)
+
+    def _read(self, *, keys: set[str], responses: set[str]) -> None:
+        """The stored rows of `keys`, then those of `responses` (`response_id`) not read yet, minus
+        rows this request already forgot. Verdicts waiting under `response:<id>` are found by the
+        second query: `_keep` gives those rows their response id (so the first need not look up a
+        key per response too). Both statements are built once (`lib.prepared.built`): every
+        request runs them, and building a statement costs about as much as running it on 512 keys."""
         session = self.session
-        for row in session.execute(_stored_by(session, "key"), {"keys": among_value(session, keys)}):
-            self.stored[row[0]] = _Stored(*row)
+        for by, wanted in (("key", keys - self.stored.keys()), ("response_id", responses)):
+            if not wanted:
+                continue
+            for row in session.execute(_stored_by(session, by), {"keys": among_value(session, wanted)}):
+                if row[0] not in self.gone:
+                    self.stored.setdefault(row[0], _Stored(*row))
         if responses:
-            by_response = _stored_by(session, "response_id")
-            for row in session.execute(by_response, {"keys": among_value(session, responses)}):
-                if row[0] not in self.stored:
-                    self.stored[row[0]] = _Stored(*row)
+            self._by_response = None  # `_named` reads them too
 
     def _route_verdicts(self) -> None:
         """Each verdict to its call's key (`_call_for`); verdicts that waited for a response id join
@@ -1004,7 +1019,7 @@ class _Join:
                 self.verdicts[key].append(verdict)
         waiting: dict[str, list[_Stored]] = defaultdict(list)
         for row in self.stored.values():
-            if row.response_id and row.span_json is None and row.snapshot_id is None and row.pending_json:
+            if row.response_id and row.waits_verdicts:
                 waiting[row.response_id].append(row)
         if not waiting:
             return
@@ -1085,7 +1100,7 @@ class _Join:
             for row in self.stored.values():
                 if (
                     row.response_id
-                    and (row.span_json is not None or row.snapshot_id is not None)
+                    and row.is_call
                     and row.key not in self.calls
                     and _aware(row.received_at) >= recent
                 ):
@@ -1117,7 +1132,7 @@ class _Join:
             if values[0].partition(":")[0] not in found:  # in the range by a collation's rules only
                 continue
             row = self.stored.setdefault(values[0], _Stored(*values))
-            if row.span_json is not None or row.snapshot_id is not None:
+            if row.is_call:
                 found[row.key.partition(":")[0]].add(row.key)
         for trace, calls in found.items():
             self._traces[trace] = sorted(calls)
@@ -1130,14 +1145,11 @@ class _Join:
         orphans = [
             (key, name, row)
             for key, name in self.batch.passed_over.items()
-            if (row := self.stored.get(key)) is not None
-            and row.span_json is None
-            and row.snapshot_id is None
-            and row.pending_json
+            if (row := self.stored.get(key)) is not None and row.waits_verdicts
         ]
         if not orphans:
             return
-        self._load_more(
+        self._read(
             keys={f"response:{row.response_id}" for *_, row in orphans if row.response_id},
             responses={row.response_id for *_, row in orphans if row.response_id},
         )
@@ -1168,20 +1180,6 @@ class _Join:
                 "context",
             )
 
-    def _load_more(self, *, keys: set[str], responses: set[str]) -> None:
-        """Stored rows by key and by response id that `_load` did not read (`_drop_orphans`)."""
-        session = self.session
-        keys -= self.stored.keys()
-        if keys:
-            for row in session.execute(_stored_by(session, "key"), {"keys": among_value(session, keys)}):
-                self.stored.setdefault(row[0], _Stored(*row))
-        if responses:
-            by_response = _stored_by(session, "response_id")
-            for row in session.execute(by_response, {"keys": among_value(session, responses)}):
-                if row[0] not in self.gone:
-                    self.stored.setdefault(row[0], _Stored(*row))
-            self._by_response = None  # `_named` reads them too
-
     def _response_of(self, key: str) -> str | None:
         """The gen_ai.response.id a call records (in this request or stored), else None."""
         call = self.calls.get(key)
@@ -1195,7 +1193,7 @@ class _Join:
         if key in self.calls:
             return True
         row = self.stored.get(key)
-        return row is not None and (row.span_json is not None or row.snapshot_id is not None)
+        return row is not None and row.is_call
 
     # -- writing
 
