@@ -366,14 +366,18 @@ def session_scope(engine: Engine, *, read_only: bool = False) -> Iterator[Sessio
 
 
 def must_retry(exc: BaseException) -> bool:
-    """True when `exc` (or what it was raised from) is PostgreSQL's deadlock or serialization failure."""
+    """True when `exc` (or what it was raised from) is PostgreSQL's deadlock or serialization failure.
+
+    The SQLSTATE is psycopg 3's `.sqlstate` or psycopg2's `.pgcode`: a deployment whose URL names
+    psycopg2 (`postgresql+psycopg2://`) gets its deadlock victims run again too (review10 L3)."""
     seen: BaseException | None = exc
     for _ in range(8):  # a chain of wrappers, never a loop
         if seen is None:
             return False
         for candidate in (seen, getattr(seen, "orig", None)):
-            if getattr(candidate, "sqlstate", None) in RETRY_SQLSTATES:
-                return True
+            for attribute in ("sqlstate", "pgcode"):
+                if getattr(candidate, attribute, None) in RETRY_SQLSTATES:
+                    return True
         seen = seen.__cause__ or seen.__context__
     return False
 

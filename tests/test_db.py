@@ -412,3 +412,21 @@ def test_write_retrying_runs_a_deadlocks_victim_again_on_postgresql_only(engine,
     with pytest.raises(ValueError):
         lib.db.write_retrying(engine, fails(1, ValueError("bad input")))
     assert len(sessions) == 1
+
+
+class _Psycopg2Aborted(Exception):
+    """Stands for psycopg2's TransactionRollbackError: its SQLSTATE is `.pgcode`, no `.sqlstate`."""
+
+    def __init__(self, pgcode: str) -> None:
+        super().__init__(pgcode)
+        self.pgcode = pgcode
+
+
+def test_must_retry_reads_psycopg2s_pgcode_too() -> None:
+    """review10 L3: a psycopg2 deployment's deadlock victim (40P01) or serialization failure
+    (40001), bare or wrapped by SQLAlchemy, is run again like psycopg 3's; another SQLSTATE is not."""
+    for code in ("40P01", "40001"):
+        assert lib.db.must_retry(_Psycopg2Aborted(code))
+        assert lib.db.must_retry(OperationalError("UPDATE …", {}, _Psycopg2Aborted(code)))
+    assert not lib.db.must_retry(OperationalError("UPDATE …", {}, _Psycopg2Aborted("23505")))
+    assert not lib.db.must_retry(ValueError("bad input"))
