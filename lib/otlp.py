@@ -1062,13 +1062,16 @@ class _Join:
         named = self._named(verdict.response_id)
         trace = context.partition(":")[0] + ":" if context else None
         same = [key for key in named if trace and key.startswith(trace)]
+        # A call recording another id (a judge's own LLM call) is where the judge ran, not what it
+        # judged: the verdict goes by its id, as one emitted outside any span (review10 L2).
+        by_name = context is None or self._records_other(context, verdict.response_id)
         if len(same) == 1:
             key = same[0]
-        elif context is not None and self._is_call(context):
+        elif context is not None and not by_name and self._is_call(context):
             key = context
-        elif context is None and len(named) == 1:
+        elif by_name and len(named) == 1:
             key = named[0]
-        elif len(same) > 1 or (context is None and named):
+        elif len(same) > 1 or (by_name and named):
             rejected = self.batch.items.pop(by_id, 0)
             if rejected or verdict.response_id not in self._ambiguous:
                 self._ambiguous.add(verdict.response_id)
@@ -1084,7 +1087,7 @@ class _Join:
             # when the span is a call, or, when the span is no call, the call its trace or its
             # response id names then (`_drop_orphans`); not at once a call of another trace with the
             # same id, which may be another call's (its own may not have arrived yet).
-            key = context or by_id
+            key = by_id if by_name else context
         self.batch.items[key] += self.batch.items.pop(by_id, 0)
         return key
 
@@ -1141,12 +1144,23 @@ class _Join:
         """Verdicts that waited under a span this request shows is no GenAI call join the one call
         of its trace, else the one call their response id names; with several they are named and
         dropped, with none those naming a response id wait for it and the others are named and
-        dropped: no verdict waits out the week in silence under a span that is no call."""
+        dropped: no verdict waits out the week in silence under a span that is no call. So do
+        verdicts naming a response id that waited under a call recording another (a judge's own LLM
+        call, review10 L2): they go by the id they name."""
         orphans = [
             (key, name, row)
             for key, name in self.batch.passed_over.items()
             if (row := self.stored.get(key)) is not None and row.waits_verdicts
         ]
+        for call in self.batch.calls:  # a judge's own LLM call, its verdicts naming the judged call's id
+            row = self.stored.get(call.key)
+            if (
+                row is not None
+                and row.waits_verdicts
+                and call.response_id
+                and row.response_id not in (None, call.response_id)
+            ):
+                orphans.append((call.key, "", row))
         if not orphans:
             return
         self._read(
@@ -1171,13 +1185,17 @@ class _Join:
             if target is not None:
                 self.verdicts[target][:0] = verdicts
                 continue
+            what = (
+                f"{describe(key, name)} is no GenAI call (no gen_ai.* attributes)"
+                if key not in self.calls
+                else f"{self.calls[key].label()} records gen_ai.response.id {self._response_of(key)!r}"
+            )
             self.outcome.reject(
                 self.batch,
                 key,
-                f"{describe(key, name)} is no GenAI call (no gen_ai.* attributes), but evaluations "
-                f"({', '.join(_metrics(verdicts))}) were emitted in its context and {where} "
-                f"{count or 'no'} calls: they are dropped. Emit them in the judged call's span "
-                "context",
+                f"{what}, but evaluations ({', '.join(_metrics(verdicts))}) were emitted in its "
+                f"context and {where} {count or 'no'} calls: they are dropped. Emit them in the judged "
+                "call's span context",
             )
 
     def _response_of(self, key: str) -> str | None:
@@ -1187,6 +1205,11 @@ class _Join:
             return call.response_id
         row = self.stored.get(key)
         return row.response_id if row is not None else None
+
+    def _records_other(self, key: str, response_id: str) -> bool:
+        """Whether `key` is a call that records a gen_ai.response.id other than `response_id`."""
+        recorded = self._response_of(key) if self._is_call(key) else None
+        return recorded is not None and recorded != response_id
 
     def _is_call(self, key: str) -> bool:
         """Whether `key` is a GenAI call's span: in this request, or stored (waiting or joined)."""

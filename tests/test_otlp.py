@@ -7,7 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -356,6 +356,70 @@ def test_a_verdict_naming_an_id_never_joins_its_traces_call_that_records_another
         r = receiver.post(path, sent)
         assert r.status_code == 200 and not r.content, r.content
     assert scored(receiver.engine) == {("Second question?", "truthfulness")}
+
+
+@pytest.mark.parametrize(
+    "order", ["spans, then verdict", "verdict, then spans", "verdict, judge's span, judged span"]
+)
+@pytest.mark.parametrize("judge_in", ["another trace", "the judged call's trace"])
+def test_a_verdict_in_a_judges_own_call_naming_another_id_joins_the_call_of_that_id(
+    any_receiver: Receiver, order: str, judge_in: str
+) -> None:
+    """review10 L2: a judge whose own LLM call is a GenAI span (recording id resp-J) emits, in that
+    span's context, a verdict naming the judged call's id resp-X. It joins the call recording resp-X,
+    never the judge's call, whichever arrives first (before the judged call: it waits for its id)."""
+    receiver = any_receiver
+    t = Telemetry()
+    with t.tracer.start_as_current_span("POST /ask") if judge_in != "another trace" else nullcontext():
+        t.call("Judged: capital of Peru?", "Lima.", **{"gen_ai.response.id": "resp-X"})
+        judge = t.call("Is 'Lima.' right for Peru?", "Yes: 5.", **{"gen_ai.response.id": "resp-J"})
+    t.verdict("truthfulness", 5, judge, **{"gen_ai.response.id": "resp-X"})
+    finished = t.spans.get_finished_spans()
+    judged = [s for s in finished if (s.attributes or {}).get("gen_ai.response.id") == "resp-X"]
+    spans = {
+        "judged": judged,
+        "judge": [s for s in finished if s not in judged],  # its call (and the handler)
+        "both": finished,
+    }
+    logs = ("/v1/logs", t.log_body())
+    by = {name: ("/v1/traces", encode_spans(body).SerializeToString()) for name, body in spans.items()}
+    sent = {
+        "spans, then verdict": [by["both"], logs],
+        "verdict, then spans": [logs, by["both"]],
+        "verdict, judge's span, judged span": [logs, by["judge"], by["judged"]],
+    }[order]
+    for path, body in sent:
+        r = receiver.post(path, body)
+        assert r.status_code == 200 and not r.content, r.content
+    assert scored(receiver.engine) == {("Judged: capital of Peru?", "truthfulness")}
+    with Session(receiver.engine) as session:
+        rows = {row.response_id: row for row in session.exec(select(OtlpSpan))}
+    assert rows["resp-J"].span_json is not None and not rows["resp-J"].pending_json  # waits unjudged
+    assert rows["resp-X"].snapshot_id is not None and len(rows) == 2
+
+
+def test_a_verdict_in_a_judges_own_call_naming_an_id_two_calls_share_is_named_and_dropped(
+    any_receiver: Receiver,
+) -> None:
+    """review10 L2, when the id names two calls of other traces (Ollama's ids repeat): the verdict
+    waited under the judge's span; once that span shows it is a call recording another id, the
+    answer names the verdict and drops it rather than guess."""
+    receiver = any_receiver
+    t = Telemetry()
+    for question in ("One?", "Two?"):
+        t.call(question, "Yes.", **{"gen_ai.response.id": "resp-X"})
+    assert receiver.post("/v1/traces", t.traces()).content == b""
+    judge = t.call("Is it right?", "Yes: 5.", **{"gen_ai.response.id": "resp-J"})
+    t.verdict("truthfulness", 5, judge, **{"gen_ai.response.id": "resp-X"})
+    assert receiver.post("/v1/logs", t.log_body()).content == b""
+    r = receiver.post("/v1/traces", t.traces())
+    partial = ExportTraceServiceResponse.FromString(r.content).partial_success
+    assert "span 'chat m1' (trace " in partial.error_message
+    assert "records gen_ai.response.id 'resp-J', but evaluations (truthfulness)" in partial.error_message
+    assert "gen_ai.response.id 'resp-X' names 2 calls: they are dropped" in partial.error_message
+    assert count(receiver.engine, Judgment) == 0
+    with Session(receiver.engine) as session:
+        assert not any(row.pending_json for row in session.exec(select(OtlpSpan)))
 
 
 def test_a_trace_is_found_whatever_order_the_database_sorts_text_in(any_receiver: Receiver) -> None:
