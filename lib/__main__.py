@@ -575,6 +575,36 @@ def _cmd_webhooks(args: argparse.Namespace) -> int:
     return 0
 
 
+@handler("otlp")
+def _cmd_otlp(args: argparse.Namespace) -> int:
+    """`otlp waiting [--csv] [--limit N]`: what the OTLP receiver keeps waiting, why, and what it
+    forgot (lib.otlp_waiting); each row a line saying what the sender should change."""
+    from lib import otlp_waiting
+    from lib.db import session_scope
+    from lib.export import iter_csv
+
+    if args.limit is not None and args.limit < 0:
+        raise CliError("otlp waiting: --limit must be 0 or more")
+    with session_scope(_engine(), read_only=True) as session:
+        waiting = otlp_waiting.read(session, limit=None if args.csv else args.limit)
+    if args.csv:  # the whole list, cells a spreadsheet would run neutralised
+        for chunk in iter_csv(otlp_waiting.COLUMNS, otlp_waiting.csv_rows(waiting)):
+            sys.stdout.write(chunk.decode("utf-8"))
+        return 0
+    for line in otlp_waiting.summary_lines(waiting):
+        print(line)
+    for row in waiting.rows:
+        print("\t".join(_printable(str(cell)) for cell in row.values()))
+    if args.limit is not None and waiting.total > len(waiting.rows):
+        print(f"(the oldest {len(waiting.rows):,} of {waiting.total:,}; --csv prints them all)")
+    return 0
+
+
+def _printable(text: str) -> str:
+    """A cell on one terminal line: control characters (a span name's escape sequences) shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 @handler("token")
 def _cmd_token(args: argparse.Namespace) -> int:
     """`token create|list|revoke`: bearer tokens for the pipeline API (lib.tokens); create prints the secret once."""
@@ -1231,6 +1261,14 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--dry-run", action="store_true", help="only count what would be removed")
     hook_sub.add_parser("key", help="print a new key for OVERRULE_WEBHOOK_KEY")
 
+    p = sub.add_parser("otlp", help="the OTLP receiver: what waits for its other half, and why")
+    otlp_sub = p.add_subparsers(dest="otlp_action", required=True, metavar="ACTION")
+    o = otlp_sub.add_parser(
+        "waiting",
+        help="calls and verdicts waiting for their other half, why, what to change; what was forgotten",
+    )
+    o.add_argument("--csv", action="store_true", help="the whole list as CSV on stdout")
+    o.add_argument("--limit", type=int, default=50, help="rows listed, oldest first (default 50)")
     p = sub.add_parser("recount", help="rebuild the counters the pages read (and every other derived table)")
     p.add_argument("names", nargs="*", metavar="NAME", help="only these (default: all registered rebuilds)")
 

@@ -825,8 +825,11 @@ _last_sweep: dict[str, float] = {}
 
 
 def _sweep(session: Session, *, force: bool = False) -> int:
-    """Delete what waited longer than PENDING_DAYS (at most once an hour per database and process)."""
+    """Delete what waited longer than PENDING_DAYS (at most once an hour per database and process),
+    recorded first in the audit trail (lib.otlp_waiting.record_sweep): a lead sees what was forgotten."""
     import time
+
+    from lib.otlp_waiting import record_sweep
 
     url = str(session.get_bind().engine.url)
     now = time.monotonic()
@@ -834,6 +837,7 @@ def _sweep(session: Session, *, force: bool = False) -> int:
         return 0
     _last_sweep[url] = now
     cutoff = utcnow() - timedelta(days=PENDING_DAYS)
+    record_sweep(session, cutoff)
     result = session.execute(
         delete(_SPANS).where(_SPANS.c.snapshot_id.is_(None), _SPANS.c.received_at < cutoff)
     )

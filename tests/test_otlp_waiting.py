@@ -1,0 +1,187 @@
+"""What the OTLP receiver keeps waiting, why, and what it forgot (lib.otlp_waiting): the cases that
+waited the week in silence, each sent through the receiver as the SDK would, then read back on
+SQLite and PostgreSQL; the sweep's record; the CLI."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from sqlalchemy import Engine, update
+from sqlmodel import Session
+
+from lib import otlp, otlp_waiting
+from lib.models import OtlpSpan, utcnow
+from tests.cli import run_cli
+from tests.test_otlp import Receiver, Telemetry, _receiving
+
+RID = {"gen_ai.response.id": "resp-X"}
+
+
+@pytest.fixture
+def receiver(engine: Engine) -> Iterator[Receiver]:
+    with _receiving(engine) as running:
+        yield running
+
+
+def _send(receiver: Receiver, t: Telemetry, *, spans: bool = True, leave_out: str = "") -> None:
+    """The telemetry's log records, then (if `spans`) its finished spans but those named
+    `leave_out` (a span Overrule never receives); what is not sent is forgotten."""
+    if t.logs.get_finished_logs():
+        r = receiver.post("/v1/logs", t.log_body())
+        assert r.status_code == 200 and not r.content, r.content
+    sent = [s for s in t.spans.get_finished_spans() if s.name != leave_out]
+    t.spans.clear()
+    if spans and sent:
+        r = receiver.post("/v1/traces", encode_spans(sent).SerializeToString())
+        assert r.status_code == 200 and not r.content, r.content
+
+
+def _trace(span: Any) -> str:
+    return f"{span.get_span_context().trace_id:032x}"
+
+
+def _every_case(receiver: Receiver) -> dict[str, str]:
+    """Each reason to wait, as the receiver meets it; returns the trace id (hex) of each case."""
+    traces: dict[str, str] = {}
+    t = Telemetry()
+    # A call no judge looked at (an app exporting every call), and one with no answer.
+    with t.tracer.start_as_current_span("POST /unjudged") as handler:
+        t.call("Capital of Peru?", "Lima.", **{"gen_ai.response.id": "resp-unjudged"})
+    traces["no_verdict"] = _trace(handler)
+    t.call("Capital of Chad?", None)
+    _send(receiver, t)
+    # A verdict in a handler's span that never arrives, its trace holding no call.
+    with t.tracer.start_as_current_span("POST /sampled-out") as handler:
+        t.verdict("clarity", 4, None)
+    traces["span_not_received"] = _trace(handler)
+    _send(receiver, t, spans=False)
+    # The same, then its trace's one call arrives, but not the handler's span (sent before, or never).
+    with t.tracer.start_as_current_span("POST /ask") as handler:
+        t.verdict("tone", 3, None)
+        _send(receiver, t, spans=False)
+        t.call("Capital of Chile?", "Santiago.")
+    traces["call_came_later"] = _trace(handler)
+    _send(receiver, t, leave_out="POST /ask")
+    # A trace of two calls, the verdict in its handler's span (not received), naming no call.
+    with t.tracer.start_as_current_span("POST /two") as handler:
+        t.call("First?", "One.")
+        t.call("Second?", "Two.")
+        _send(receiver, t)
+        t.verdict("helpfulness", 1, None)
+    traces["several_calls"] = _trace(handler)
+    _send(receiver, t, leave_out="POST /two")
+    # A verdict naming resp-X, which a call of another trace records, emitted in a span not received.
+    t.call("Capital of Kenya?", "Nairobi.", **RID)
+    _send(receiver, t)
+    with t.tracer.start_as_current_span("judge job") as job:
+        t.verdict("truthfulness", 5, None, **RID)
+    traces["id_in_other_trace"] = _trace(job)
+    _send(receiver, t, spans=False)
+    # A verdict emitted outside any span naming an id no call records.
+    t.verdict("=cmd|' /C calc'!A0", 2, None, **{"gen_ai.response.id": "resp-nobody"})
+    _send(receiver, t, spans=False)
+    return traces
+
+
+def test_every_reason_to_wait_is_read_with_what_to_change(receiver: Receiver) -> None:
+    traces = _every_case(receiver)
+    with Session(receiver.engine) as session:
+        waiting = otlp_waiting.read(session)
+    by_why: dict[str, list[otlp_waiting.WaitingRow]] = {}
+    for row in waiting.rows:
+        by_why.setdefault(row.why, []).append(row)
+    # Calls waiting: the unjudged call, the call with no answer, the two calls of the trace, Kenya.
+    calls = by_why.pop("no_verdict")
+    assert {row.response_id for row in calls} >= {"resp-unjudged", "resp-X"}
+    assert all(row.what == "call" and row.span_name == "chat m1" for row in calls)
+    assert all(row.product == "support-bot" for row in calls)
+    [no_answer] = [row for row in calls if "will be refused" in row.advice]
+    assert "the span has no gen_ai.output.messages" in no_answer.advice
+    [unjudged] = [row for row in calls if row.response_id == "resp-unjudged"]
+    assert unjudged.trace_id == traces["no_verdict"]
+    assert "naming its gen_ai.response.id 'resp-unjudged'" in unjudged.advice
+    assert set(by_why) == {
+        "span_not_received",
+        "call_came_later",
+        "several_calls",
+        "id_in_other_trace",
+        "id_unrecorded",
+    }
+    for why, rows in by_why.items():
+        assert len(rows) == 1, why
+    expected = {
+        "span_not_received": ("clarity", "its trace holds no call yet"),
+        "call_came_later": ("tone", "came after the verdicts"),
+        "several_calls": ("helpfulness", "in a trace of 2 calls"),
+        "id_in_other_trace": ("truthfulness", "which 1 call(s) of another trace record"),
+        "id_unrecorded": ("=cmd|' /C calc'!A0", "which no call Overrule holds records"),
+    }
+    for why, (metric, words) in expected.items():
+        [row] = by_why[why]
+        assert row.what == "verdicts" and row.evaluations == (metric,), why
+        assert words in row.advice, (why, row.advice)
+        if why != "id_unrecorded":
+            assert row.trace_id == traces[why] and row.span_id, why
+    assert by_why["id_in_other_trace"][0].response_id == "resp-X"
+    unrecorded = by_why["id_unrecorded"][0]
+    assert (unrecorded.trace_id, unrecorded.span_id, unrecorded.response_id) == ("", "", "resp-nobody")
+    # Counted by why, in WHY's order, with the oldest of each; the rows oldest first.
+    assert [c.why for c in waiting.counts] == list(otlp_waiting.WHY)
+    assert waiting.counts[0].rows == len(calls) and waiting.total == len(waiting.rows)
+    assert sum(c.verdicts for c in waiting.counts) == 5
+    assert [row.since for row in waiting.rows] == sorted(row.since for row in waiting.rows)
+    assert not waiting.swept.sweeps
+    with Session(receiver.engine) as session:
+        assert otlp_waiting.read(session, limit=2).rows == waiting.rows[:2]
+
+
+def test_the_sweep_records_what_it_forgets_and_the_reader_counts_it(receiver: Receiver) -> None:
+    _every_case(receiver)
+    with Session(receiver.engine) as session:
+        before = otlp_waiting.read(session)
+        old = utcnow() - timedelta(days=otlp.PENDING_DAYS, hours=1)
+        session.execute(update(OtlpSpan).values(received_at=old))  # type: ignore[call-overload]
+        session.add(OtlpSpan(key="f:1", snapshot_id="s1", received_at=old))  # a link row stays
+        assert otlp._sweep(session, force=True) == len(before.rows)
+        assert otlp._sweep(session, force=True) == 0  # nothing left: no second record
+        session.commit()
+        after = otlp_waiting.read(session)
+    assert not after.rows and not after.counts
+    calls = before.counts[0].rows
+    assert (after.swept.sweeps, after.swept.calls, after.swept.verdicts) == (1, calls, 5)
+    assert after.swept.last_at is not None
+    assert f"{calls:,} call(s) no verdict came for and 5 verdict(s)" in after.swept.describe()
+    lines = list(otlp_waiting.summary_lines(after))
+    assert lines[0].startswith("Nothing waits") and lines[-1] == after.swept.describe()
+
+
+def test_the_cli_prints_each_waiting_row_as_a_line_and_the_whole_list_as_csv(
+    receiver: Receiver, db_url: str
+) -> None:
+    env = {"OVERRULE_DATABASE_URL": db_url}
+    done = run_cli("otlp", "waiting", env=env)
+    assert done.returncode == 0 and "Nothing waits" in done.stdout, done.stderr
+    _every_case(receiver)
+    done = run_cli("otlp", "waiting", "--limit", "3", env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "1 verdicts naming a response id no call records (1 verdict(s)); the oldest since" in done.stdout
+    assert "Nothing forgotten yet" in done.stdout
+    with Session(receiver.engine) as session:
+        waiting = otlp_waiting.read(session)
+    assert lines[-1] == f"(the oldest 3 of {waiting.total}; --csv prints them all)"
+    assert lines[-4].split("\t")[1:3] == ["call", "no_verdict"]  # the oldest first, tab-separated
+    done = run_cli("otlp", "waiting", "--csv", env=env)
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    assert tuple(rows[0]) == otlp_waiting.COLUMNS and len(rows) == waiting.total
+    [formula] = [row for row in rows if row["response_id"] == "resp-nobody"]
+    assert formula["evaluations"] == "'=cmd|' /C calc'!A0"  # neutralised for spreadsheets
+    assert formula["why"] == "id_unrecorded" and "no call Overrule holds records" in formula["advice"]
+    assert run_cli("otlp", "waiting", "--limit", "-1", env=env).returncode == 1
