@@ -581,16 +581,16 @@ def _cmd_otlp(args: argparse.Namespace) -> int:
     forgot (lib.otlp_waiting); each row a line saying what the sender should change."""
     from lib import otlp_waiting
     from lib.db import session_scope
-    from lib.export import iter_csv
 
     if args.limit is not None and args.limit < 0:
         raise CliError("otlp waiting: --limit must be 0 or more")
-    with session_scope(_engine(), read_only=True) as session:
-        waiting = otlp_waiting.read(session, limit=None if args.csv else args.limit)
+    engine = _engine()
     if args.csv:  # the whole list, cells a spreadsheet would run neutralised
-        for chunk in iter_csv(otlp_waiting.COLUMNS, otlp_waiting.csv_rows(waiting)):
+        for chunk in otlp_waiting.csv_chunks(engine):
             sys.stdout.write(chunk.decode("utf-8"))
         return 0
+    with session_scope(engine, read_only=True) as session:
+        waiting = otlp_waiting.read(session, limit=args.limit)
     for line in otlp_waiting.summary_lines(waiting):
         print(line)
     for row in waiting.rows:

@@ -17,14 +17,17 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
+from sqlalchemy import Engine, Text, and_, cast, func, not_, select
 from sqlmodel import Session, col
 
 from lib.bulk import among_value
 from lib.models import AuditEvent, utcnow
 from lib.otlp import _SPANS, PENDING_DAYS, _aware, _in_traces, _Stored, _stored_by
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SWEPT_ACTION = "otlp_swept"
 SWEPT_BY = "otlp receiver"  # the audit row's identity: no one's request, the receiver's clean-up
@@ -136,54 +139,90 @@ def read(session: Session, *, limit: int | None = None) -> Waiting:
     """Everything that waits in `otlp_spans`, counted by why; `rows` the oldest `limit` (None: all).
 
     Why: a lead sees what waits, for which reason, and what the sender should change, instead of
-    verdicts that wait out the week without a word anywhere."""
-    rows = sorted(_rows(session), key=lambda r: _aware(r.since))
+    verdicts that wait out the week without a word anywhere. Calls no verdict came for are counted
+    in SQL and only the oldest `limit` read: an app exporting every call has a week of them."""
+    verdicts = list(_verdict_rows(session, _waiting_verdicts(session)))
+    rows = sorted([*verdicts, *_call_rows(session, limit)], key=lambda r: _aware(r.since))[:limit]
     counts: dict[str, WhyCount] = {}
-    for row in rows:
+    calls, oldest = session.execute(
+        select(func.count(), func.min(_SPANS.c.received_at)).where(_WAITS, _IS_CALL)
+    ).one()
+    if calls:
+        counts["no_verdict"] = WhyCount("no_verdict", calls, 0, oldest)
+    for row in verdicts:
         known = counts.get(row.why)
-        verdicts = len(row.evaluations) if row.what == "verdicts" else 0
         counts[row.why] = (
-            WhyCount(row.why, 1, verdicts, row.since)
+            WhyCount(row.why, 1, len(row.evaluations), row.since)
             if known is None
-            else WhyCount(row.why, known.rows + 1, known.verdicts + verdicts, known.oldest)
+            else WhyCount(
+                row.why, known.rows + 1, known.verdicts + len(row.evaluations), min(known.oldest, row.since)
+            )
         )
     ordered = [counts[why] for why in WHY if why in counts]
-    return Waiting(rows[:limit] if limit is not None else rows, ordered, swept(session))
+    return Waiting(rows, ordered, swept(session))
 
 
-def csv_rows(waiting: Waiting) -> Iterator[tuple[Any, ...]]:
-    """The rows as the whole list's CSV writes them (`COLUMNS`)."""
-    return (row.values() for row in waiting.rows)
+def csv_chunks(engine: Engine) -> Iterator[bytes]:
+    """The whole list as UTF-8 CSV (`COLUMNS`, oldest first), cells a spreadsheet would run
+    neutralised (lib.export.iter_csv): the CLI's `--csv` and the Admin page's download."""
+    from lib.db import session_scope
+    from lib.export import iter_csv
+
+    with session_scope(engine, read_only=True) as session:
+        waiting = read(session)
+    return iter_csv(COLUMNS, (row.values() for row in waiting.rows))
+
+
+def frames(waiting: Waiting) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The counts by why and the rows, as the Admin page shows them."""
+    import pandas as pd
+
+    counts = pd.DataFrame(
+        [(c.title, c.rows, c.verdicts, _aware(c.oldest)) for c in waiting.counts],
+        columns=["why", "rows", "verdicts", "oldest"],
+    )
+    rows = pd.DataFrame([row.values() for row in waiting.rows], columns=list(COLUMNS))
+    rows["waiting_since"] = pd.to_datetime(rows["waiting_since"], utc=True)
+    return counts, rows
 
 
 # ---------------------------------------------------------------------------------------------
 # Reading and explaining the rows
 
 
-_JSON = _SPANS.c.span_json
+_WAITS = _SPANS.c.snapshot_id.is_(None)  # not (yet) an evaluation: a call or verdicts waiting
+# A call's row holds its span; a row of verdicts none (SQL NULL as lib.otlp writes it, or a JSON null
+# as the ORM writes None): told apart without parsing a week of spans' JSON.
+_IS_CALL = and_(_SPANS.c.span_json.is_not(None), cast(_SPANS.c.span_json, Text) != "null")
 
 
-def _rows(session: Session) -> list[WaitingRow]:
-    """Every waiting row, explained: calls from their span's name, product and what it lacks (not
-    its question and answer); verdicts from where they wait and what their trace and id hold."""
-    statement = select(
+def _call_rows(session: Session, limit: int | None) -> Iterator[WaitingRow]:
+    """The oldest `limit` calls waiting (None: all), explained from their span's name, product and
+    what it lacks; their question and answer are not read. With a limit, the keys are picked first:
+    the JSON of only those spans is read."""
+    j = _SPANS.c.span_json
+    columns = (
         _SPANS.c.key,
         _SPANS.c.response_id,
         _SPANS.c.received_at,
-        _SPANS.c.pending_json,
-        _JSON["name"].as_string(),  # None: no span (SQL NULL or a JSON null), verdicts
-        _JSON["product"].as_string(),
-        _JSON["missing"].as_json(),
-    ).where(_SPANS.c.snapshot_id.is_(None))
-    out: list[WaitingRow] = []
-    verdicts: list[tuple[str, str | None, datetime, list[Any]]] = []
-    for key, response_id, received_at, pending, name, product, missing in session.execute(statement):
-        if name is not None:
-            out.append(_call_row(key, response_id, received_at, name, product, missing or []))
-        elif pending:
-            verdicts.append((key, response_id, received_at, pending))
-    out.extend(_verdict_rows(session, verdicts))
-    return out
+        j["name"].as_string(),
+        j["product"].as_string(),
+        j["missing"].as_json(),
+    )
+    oldest = (_SPANS.c.received_at, _SPANS.c.key)
+    statement = select(*columns).where(_WAITS, _IS_CALL)
+    if limit is not None:
+        keys = select(_SPANS.c.key).where(_WAITS, _IS_CALL).order_by(*oldest).limit(limit)
+        statement = statement.where(_SPANS.c.key.in_(keys.scalar_subquery()))
+    for key, response_id, received_at, name, product, missing in session.execute(statement.order_by(*oldest)):
+        yield _call_row(key, response_id, received_at, name or "", product, missing or [])
+
+
+def _waiting_verdicts(session: Session) -> list[tuple[str, str | None, datetime, list[Any]]]:
+    """Every row of verdicts waiting for their call: key, response id, since, the verdicts."""
+    statement = select(_SPANS.c.key, _SPANS.c.response_id, _SPANS.c.received_at, _SPANS.c.pending_json)
+    rows = session.execute(statement.where(_WAITS, not_(_IS_CALL)))
+    return [(key, rid, since, pending) for key, rid, since, pending in rows if pending]
 
 
 def _split(key: str) -> tuple[str, str]:
@@ -314,16 +353,15 @@ def record_sweep(session: Session, cutoff: datetime) -> None:
     calls and verdicts it forgets and which evaluations (none when nothing waited that long)."""
     from lib.auth import record_event
 
-    j = _SPANS.c.span_json
-    statement = select(_SPANS.c.received_at, _SPANS.c.pending_json, j["name"].as_string()).where(
-        _SPANS.c.snapshot_id.is_(None), _SPANS.c.received_at < cutoff
+    statement = select(_SPANS.c.received_at, _SPANS.c.pending_json, _IS_CALL).where(
+        _WAITS, _SPANS.c.received_at < cutoff
     )
     calls = verdicts = 0
     names: dict[str, None] = {}
     oldest: datetime | None = None
-    for received_at, pending, name in session.execute(statement):
+    for received_at, pending, is_call in session.execute(statement):
         oldest = received_at if oldest is None or received_at < oldest else oldest
-        if name is not None:
+        if is_call:
             calls += 1
             continue
         for verdict in pending or []:

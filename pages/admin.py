@@ -1,10 +1,12 @@
-"""Admin: who has which role, what each role may do, API tokens, webhooks, and the access audit trail."""
+"""Admin: who has which role, what each role may do, API tokens, webhooks, what the OTLP receiver keeps
+waiting, and the access audit trail."""
 
 import streamlit as st
 
-from lib import auth, judge_versions, tokens
+from lib import auth, judge_versions, otlp_waiting, tokens
 from lib.safe_markdown import escape_markdown
 from lib.ui import csv_download, current_actor, denied_reason, report_denied, session_scope
+from lib.ui.otlp_waiting import otlp_waiting_section
 from lib.ui.tables import check_column, datetime_column, show_table, text_column
 from lib.ui.webhooks import webhooks_section
 
@@ -14,9 +16,11 @@ reason = denied_reason(auth.Permission.MANAGE_ROLES, actor)
 if reason is not None or actor is None:
     if actor is not None and denied_reason(auth.Permission.MANAGE_WEBHOOKS, actor) is None:
         st.caption(
-            "As a lead you manage the webhooks here; roles, tokens and the audit trail are for admins."
+            "As a lead you manage the webhooks here and see what the OpenTelemetry receiver keeps "
+            "waiting; roles, tokens and the audit trail are for admins."
         )
         webhooks_section(actor)
+        otlp_waiting_section()
         st.stop()
     st.info(f"Only admins can see this page. {reason or ''}", icon="🔒")
     st.stop()
@@ -193,6 +197,7 @@ if live:
         st.rerun()
 
 webhooks_section(actor)
+otlp_waiting_section()
 
 st.subheader("Audit trail")
 action = st.selectbox(
@@ -206,6 +211,7 @@ action = st.selectbox(
         "api_refused",
         "refusals_dropped",
         judge_versions.AUDIT_ACTION,
+        otlp_waiting.SWEPT_ACTION,
     ],
     key="admin_audit_action",
 )

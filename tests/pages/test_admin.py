@@ -361,3 +361,95 @@ def test_the_delivery_log_says_when_the_worker_delivers_nothing(
         )
     ]
     assert not at.exception
+
+
+def _otlp_rows(engine: Engine, *rows: tuple[str, str | None, dict | None, list, int]) -> None:
+    """`otlp_spans` rows as the receiver writes them (no span: SQL NULL), received `hours` ago."""
+    from datetime import timedelta
+
+    from lib.models import utcnow
+    from lib.otlp import _SPANS
+
+    with engine.begin() as connection:
+        for key, response_id, span, pending, hours in rows:
+            connection.execute(
+                _SPANS.insert().values(
+                    key=key, response_id=response_id, snapshot_id=None, span_json=span, pending_json=pending,
+                    received_at=utcnow() - timedelta(hours=hours),
+                )
+            )  # fmt: skip
+
+
+def test_the_otlp_waiting_section_says_when_nothing_waits(app_engine: Engine, open_page) -> None:
+    at = open_page(PAGE, reviewer="ayse")
+    captions = [c.value for c in at.caption]
+    assert "Nothing waits: every span and verdict received has met its other half." in captions
+    assert "Nothing forgotten yet (what waits longer than 7 days is)." in captions
+    assert not [d for d in at.dataframe if "advice" in d.value.columns]
+    assert not at.exception
+
+
+def test_a_lead_sees_what_waits_why_and_downloads_the_whole_list(
+    app_engine: Engine, monkeypatch: pytest.MonkeyPatch, download_client
+) -> None:
+    """Issue 29: the cases that waited the week in silence, shown to a lead with what to change; the
+    oldest rows in the table, every row in the CSV (formulas neutralised); what was forgotten."""
+    import csv
+    import io
+
+    import lib.ui.otlp_waiting
+    from lib import otlp
+
+    monkeypatch.setattr(lib.ui.otlp_waiting, "SHOWN", 2)
+    hostile = "**bold** <script>alert(1)</script>"
+    span = {"name": hostile, "product": "travel-bot", "missing": []}
+    _otlp_rows(
+        app_engine,
+        ("a" * 32 + ":" + "1" * 16, "chatcmpl-1", span, [], 30),
+        ("response:chatcmpl-404", "chatcmpl-404", None, [{"metric": '=HYPERLINK("x")'}], 20),
+        ("b" * 32 + ":" + "2" * 16, None, None, [{"metric": "clarity"}, {"metric": "tone"}], 10),
+        ("c" * 32 + ":" + "3" * 16, None, None, [{"metric": "old"}], 24 * 8),  # swept below
+    )
+    with Session(app_engine) as s:
+        assert otlp._sweep(s, force=True) == 1
+        s.commit()
+    signin_mode(monkeypatch)
+    with Session(app_engine) as s:
+        s.add(UserRole(identity="lead@example.com", role="lead"))
+        s.commit()
+    at = as_user(PAGE, "lead@example.com", app_engine)
+    assert not at.exception
+    [counts] = [d.value for d in at.dataframe if "verdicts" in d.value.columns]
+    assert counts.to_dict("list") == {
+        "why": [
+            "calls no verdict has come for",
+            "verdicts whose span has not arrived (no call in its trace)",
+            "verdicts naming a response id no call records",
+        ],
+        "rows": [1, 1, 1],
+        "verdicts": [0, 2, 1],
+        "oldest": counts["oldest"].tolist(),
+    }
+    [rows] = [d.value for d in at.dataframe if "advice" in d.value.columns]
+    assert rows["what"].tolist() == ["call", "verdicts"]  # the oldest 2, oldest first
+    assert rows["span_name"].tolist() == [hostile, ""]  # a table cell: never Markdown
+    assert rows["response_id"].tolist() == ["chatcmpl-1", "chatcmpl-404"]
+    assert "which no call Overrule holds records" in rows["advice"].tolist()[1]
+    captions = [c.value for c in at.caption]
+    assert "The oldest 2 of 3 rows; the download holds them all." in captions
+    assert any(
+        c.startswith("Forgotten after 7 days so far: 0 call(s) no verdict came for and 1 verdict(s)")
+        for c in captions
+    )
+    drawn = [
+        e.value for kind in ("markdown", "caption", "info", "warning", "error") for e in getattr(at, kind)
+    ]
+    assert not any("<script>" in text for text in drawn)
+    [link] = [b for b in at.get("link_button") if "otlp" in b.proto.url or "3 rows" in b.proto.label]
+    assert link.proto.label == "Download CSV (all 3 rows)"
+    response = download_client.get(link.proto.url)
+    assert response.status_code == 200
+    listed = list(csv.DictReader(io.StringIO(response.text)))
+    assert [row["why"] for row in listed] == ["no_verdict", "id_unrecorded", "span_not_received"]
+    assert listed[1]["evaluations"] == '\'=HYPERLINK("x")'  # neutralised for spreadsheets
+    assert listed[2]["evaluations"] == "clarity, tone" and listed[2]["span_id"] == "2" * 16

@@ -1,0 +1,73 @@
+"""The Admin page's "OpenTelemetry: waiting" section: what the OTLP receiver keeps waiting for its
+other half, why, what the sender should change, and what it forgot (lib.otlp_waiting).
+
+Leads see it as admins do: they own the pipelines that export to Overrule (OTLP takes a lead's token).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import streamlit as st
+
+from lib import otlp_waiting
+from lib.otlp import PENDING_DAYS
+from lib.ui import csv_download_all, get_engine, session_scope
+from lib.ui.tables import count_column, datetime_column, show_table, text_column
+
+SHOWN = 50  # the oldest rows in the table; the download holds them all
+
+
+def otlp_waiting_section() -> None:
+    """Counts by why, the oldest rows, the whole list as CSV, and what was forgotten."""
+    st.subheader("OpenTelemetry: waiting")
+    st.caption(
+        "The OTLP receiver keeps a GenAI span until its verdicts come, and verdicts until their call "
+        f"comes, for {PENDING_DAYS} days (docs/opentelemetry.md). Calls no judge looked at wait here "
+        "as a matter of course; verdicts waiting long usually mean the sender should change how it "
+        "emits them: each row says what."
+    )
+    with session_scope(read_only=True) as session:
+        waiting = otlp_waiting.read(session, limit=SHOWN)
+    if not waiting.counts:
+        st.caption("Nothing waits: every span and verdict received has met its other half.")
+    else:
+        counts, rows = otlp_waiting.frames(waiting)
+        show_table(
+            counts,
+            key="admin_otlp_counts",
+            columns={
+                "why": text_column("Waiting", width="large"),
+                "rows": count_column("Rows"),
+                "verdicts": count_column("Verdicts", help="evaluation events the rows hold"),
+                "oldest": datetime_column("Oldest since (UTC)"),
+            },
+        )
+        shown = len(waiting.rows)
+        if waiting.total > shown:
+            st.caption(f"The oldest {shown:,} of {waiting.total:,} rows; the download holds them all.")
+        show_table(
+            rows,
+            key="admin_otlp_waiting_table",
+            columns={
+                "waiting_since": datetime_column("Since (UTC)"),
+                "what": text_column("What"),
+                "why": None,
+                "trace_id": text_column("Trace id"),
+                "span_id": text_column("Span id"),
+                "response_id": text_column("Response id"),
+                "span_name": text_column("Span"),
+                "product": text_column("Product"),
+                "evaluations": text_column("Evaluations"),
+                "advice": text_column("Why, and what to change", width="large"),
+            },
+        )
+        engine = get_engine()
+        csv_download_all(
+            f"Download CSV (all {waiting.total:,} rows)",
+            "otlp-waiting.csv",
+            chunks=functools.partial(otlp_waiting.csv_chunks, engine),
+            data=lambda: b"".join(otlp_waiting.csv_chunks(engine)),
+            key="admin_otlp_csv",
+        )
+    st.caption(waiting.swept.describe())  # numbers and dates only: nothing to escape
