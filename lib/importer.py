@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from operator import itemgetter
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
-from sqlalchemy import Engine, Table, false, func, or_, select
+from sqlalchemy import Engine, Table, bindparam, false, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session
 
@@ -113,6 +113,7 @@ SQLITE_IMPORT_CACHE_KIB = 128 * 1024
 STATISTICS_AFTER_ROWS = 1000
 SUPPORTED_CACHE_VERSIONS = ("1.0",)
 
+_Checked = TypeVar("_Checked")
 _CACHE_HEAD = re.compile(r'\{\s*"(cache_version|judgments)"\s*:')
 _SNAPSHOTS: Table = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
 _JUDGMENTS: Table = Judgment.__table__  # type: ignore[attr-defined]
@@ -560,13 +561,6 @@ def import_source_evaluations(
     rubric = _source_rubric(session)
     plan = source_records.plan_import(evaluations, rubric, on_invalid=on_invalid)
     refused: dict[int, ImportFailed] = {}  # position in plan.records → why validation refused it
-    # The definitions are written before the records they check; when some of those records are
-    # then refused (an OTLP span whose other score is off a fixed scale), the definitions are taken
-    # back to this savepoint and written again from the accepted ones only (review7 F7). Without
-    # `on_invalid` any refusal rolls the whole import back.
-    checkpoint = session.begin_nested() if plan.definitions and on_invalid is not None else None
-    if plan.definitions:
-        _define_metrics(session, plan.definitions, actor.identity)
 
     def invalid(position: int, exc: InvalidField) -> None:
         refused[position] = located_failure(plan.records[position][0], exc)
@@ -590,16 +584,10 @@ def import_source_evaluations(
         return prepared
 
     def prepare() -> _Prepared:
-        prepared = validate(list(range(len(plan.records))))
-        if checkpoint is not None and refused:
-            prepared.close()
-            checkpoint.rollback()
-            definitions = plan.definitions_without(refused)
-            if definitions:
-                _define_metrics(session, definitions, actor.identity)
-            prepared = validate([i for i in range(len(plan.records)) if i not in refused])
-        elif checkpoint is not None:
-            checkpoint.commit()
+        prepared = _defined_then_checked(
+            session, plan, actor.identity, validate, refused, tolerant=on_invalid is not None,
+            discard=_Prepared.close,
+        )  # fmt: skip
         plan.records = []  # spooled now: the write phase need not carry them too
         if on_invalid is not None:
             for position in sorted(refused):
@@ -613,6 +601,39 @@ def import_source_evaluations(
 
     # The planned records live until spooled: frozen with what came before (`bulk.frozen_heap`).
     return _bulk_load(prepare, write)
+
+
+def _defined_then_checked(
+    session: Session,
+    plan: source_records.SourcePlan,
+    identity: str,
+    check: Callable[[list[int]], _Checked],
+    refused: Mapping[int, ImportFailed],
+    *,
+    tolerant: bool,
+    discard: Callable[[_Checked], object] = lambda _checked: None,
+) -> _Checked:
+    """Write `plan`'s metric definitions, then `check` its records (positions in `plan.records`)
+    against them; `check` puts each it refuses in `refused`. The definitions go first since the
+    records are checked against them; when some records are then refused (an OTLP span whose other
+    score is off a fixed scale), a `tolerant` caller's definitions are taken back to a savepoint and
+    written again from the accepted ones only, and those checked again (review7 F7). Not tolerant,
+    a refusal raises and the caller's transaction goes whole. One rule for every source import and
+    for late verdicts (`add_source_verdicts`)."""
+    checkpoint = session.begin_nested() if plan.definitions and tolerant else None
+    if plan.definitions:
+        _define_metrics(session, plan.definitions, identity)
+    checked = check(list(range(len(plan.records))))
+    if checkpoint is not None and refused:
+        discard(checked)
+        checkpoint.rollback()
+        definitions = plan.definitions_without(refused)
+        if definitions:
+            _define_metrics(session, definitions, identity)
+        checked = check([i for i in range(len(plan.records)) if i not in refused])
+    elif checkpoint is not None:
+        checkpoint.commit()
+    return checked
 
 
 def _stored_label_scores(session: Session) -> Callable[[str, str, str], set[float]]:
@@ -694,7 +715,8 @@ def _extend_stored(
             )
         )
         stored.update((key, snapshot_id) for key, snapshot_id in found)
-    extended = added = 0
+    extended = 0
+    late: list[LateVerdicts] = []
     for key, group in keyed.items():
         if key not in stored:
             fresh.extend(group)
@@ -703,9 +725,8 @@ def _extend_stored(
             extended += 1
             judged = [v for v in ev.verdicts if not v.human]
             if judged:
-                added += add_source_verdicts(
-                    session=session, snapshot_id=stored[key], verdicts=judged, where=ev.where, reviewer=actor
-                )
+                late.append(LateVerdicts(stored[key], judged, ev.where))
+    added = add_source_verdicts(session=session, items=late, reviewer=actor) if late else 0
     return fresh, extended, added
 
 
@@ -725,79 +746,216 @@ def _source_rubric(session: Session) -> Callable[[str], tuple[list[Any], bool, b
     return rubric
 
 
+@dataclass(frozen=True)
+class LateVerdicts:
+    """Judge verdicts for an evaluation already stored (`add_source_verdicts`), and where they are
+    in the source, as a refusal names it."""
+
+    snapshot_id: str
+    verdicts: Sequence[source_records.SourceVerdict]
+    where: str
+
+
 def add_source_verdicts(
     *,
     session: Session,
-    snapshot_id: str,
-    verdicts: Sequence[source_records.SourceVerdict],
-    where: str,
+    items: Sequence[LateVerdicts],
     reviewer: Actor | str = "import",
+    on_invalid: Callable[[int, ImportFailed], None] | None = None,
 ) -> int:
-    """Judge results that arrive for an evaluation already stored (an OTLP evaluation event after
-    its span was imported): each metric the evaluation has no judgment for yet becomes one, mapped
-    by `plan_import` as on import (new metrics defined), the snapshot's judge scores and gaps
-    re-derived as an import would. A metric it has already is left as it is (a re-sent event).
-    Returns the judgments added; ImportFailed (located at `where`) when a verdict cannot be mapped."""
-    actor = authorize(session, reviewer, Permission.IMPORT)
-    snapshot = session.get(EvaluationSnapshot, snapshot_id)
-    if snapshot is None:
-        raise ImportFailed(f"{where}: its evaluation {snapshot_id!r} no longer exists")
-    rubric = _source_rubric(session)
-    have = dict(snapshot.judge_scores_json or {})
-    specs = rubric(snapshot.product)[0]
-    new = [v for v in verdicts if source_records.resolve_metric(specs, v.name) not in have]
-    if not new:
-        return 0
-    evaluation = source_records.SourceEvaluation(
-        where=where, product=snapshot.product, question=snapshot.question, answer=snapshot.model_answer,
-        verdicts=list(new),
-    )  # fmt: skip
-    plan = source_records.plan_import([evaluation], rubric)
-    # Definitions go first (the row is checked against them) in a savepoint: a verdict group the
-    # check then refuses takes its definitions back with it (review7 F7).
-    checkpoint = session.begin_nested() if plan.definitions else None
-    if plan.definitions:
-        _define_metrics(session, plan.definitions, actor.identity)
-    located, added = plan.records[0]
-    metrics = MetricSet(snapshot.product, metrics_for_product(session=session, product=snapshot.product))
-    evidence = {slug: e.get("evidence") or [] for slug, e in (snapshot.evidence_json or {}).items()}
-    record = {
-        "product": snapshot.product, "question": snapshot.question, "model_answer": snapshot.model_answer,
-        "model_name": snapshot.model_name, "judge_model": snapshot.judge_model, "language": snapshot.language,
-        "category": snapshot.category, "created_at": snapshot.created_at.isoformat(),
-        "user_scores": snapshot.user_scores_json or None,
-        "judge_scores": {**have, **{k: v for k, v in added["judge_scores"].items() if k not in have}},
-        "evidence": {k: v for k, v in evidence.items() if v} or None,
-        "primary_metric": snapshot.primary_metric, "bonus_metrics": list(snapshot.bonus_metrics or []),
-        "overall_feedback": snapshot.overall_feedback,
-    }  # fmt: skip
-    try:
-        row, judged, _ = evaluation_row(
-            {k: v for k, v in record.items() if v is not None}, lambda _product: metrics, actor.identity
+    """Judge results that arrive for evaluations already stored (OTLP evaluation events after their
+    span was imported, a second Phoenix eval, a later Langfuse score): each metric an evaluation has
+    no judgment for yet becomes one, mapped by `plan_import` as on import (new metrics defined), the
+    snapshot's judge scores and gaps re-derived as an import would. A metric it has already is left
+    as it is (a re-sent event). Returns the judgments added.
+
+    Many groups at once (issue 29: an OTLP request of log records carries the late halves of ~80
+    calls): the snapshots read in one statement, one plan and one definitions write for all, the
+    judgments written by the importer's bulk writer and the snapshots' columns by one UPDATE, the
+    counters moved set-based by the rules the bulk import uses. Groups of one evaluation are added
+    in order, each seeing what the ones before added (a later one waits for the next round).
+
+    A group that cannot be mapped raises ImportFailed located at its `where`, or, with `on_invalid`,
+    is handed to it (its index in `items`) and changes nothing, not even the metric definitions
+    (review7 F7); the other groups are added."""
+    identity = authorize(session, reviewer, Permission.IMPORT).identity
+    added = 0
+    waiting = list(enumerate(items))
+    while waiting:
+        now: list[tuple[int, LateVerdicts]] = []
+        later: list[tuple[int, LateVerdicts]] = []
+        named: set[str] = set()
+        for index, item in waiting:
+            (later if item.snapshot_id in named else now).append((index, item))
+            named.add(item.snapshot_id)
+        added += _add_verdicts(session, now, identity, on_invalid)
+        waiting = later
+    return added
+
+
+_LATE_COLUMNS = (
+    "id", "product", "question", "model_answer", "model_name", "judge_model", "language", "category",
+    "created_at", "deleted_at", "user_scores_json", "judge_scores_json", "evidence_json", "primary_metric",
+    "bonus_metrics", "overall_feedback",
+)  # fmt: skip
+# The snapshot columns late verdicts re-derive (lib.scores follows the judge scores: replace_snapshot_scores).
+_LATE_DERIVED = ("judge_scores_json", "evidence_json", "weighted_gap", "max_metric_gap", "judge_meta_score")
+_LATE_UPDATE = (
+    _SNAPSHOTS.update()
+    .where(_SNAPSHOTS.c.id == bindparam("b_id"))
+    .values({column: bindparam(f"b_{column}") for column in _LATE_DERIVED})
+)
+
+
+def _add_verdicts(
+    session: Session,
+    entries: list[tuple[int, LateVerdicts]],
+    identity: str,
+    on_invalid: Callable[[int, ImportFailed], None] | None,
+) -> int:
+    """One round of `add_source_verdicts`: `entries` (index in its items, group) name different evaluations."""
+    found = {
+        row.id: row
+        for row in session.execute(
+            select(*(_SNAPSHOTS.c[name] for name in _LATE_COLUMNS)).where(
+                bulk.among(session, _SNAPSHOTS.c.id, {item.snapshot_id for _, item in entries})
+            )
         )
-    except InvalidField as exc:
-        if checkpoint is not None:
-            checkpoint.rollback()
-        raise located_failure(located, exc) from None
-    if checkpoint is not None:
-        checkpoint.commit()
-    for column in (
-        "judge_scores_json",
-        "evidence_json",
-        "weighted_gap",
-        "max_metric_gap",
-        "judge_meta_score",
-    ):
-        setattr(snapshot, column, row[column])
-    session.add(snapshot)  # lib.scores re-derives the snapshot's scores on flush
-    rows = snapshot_judgment_rows(
-        {**row, "id": snapshot.id, "created_at": snapshot.created_at},
-        [j for j in judged if j[0] not in have],
+    }
+    refusals: dict[int, ImportFailed] = {}  # index in items → why
+
+    def refuse(index: int, exc: ImportFailed) -> None:
+        if on_invalid is None:
+            raise exc
+        refusals[index] = exc
+
+    stored_rubric = _source_rubric(session)
+    rubrics: dict[str, tuple[list[Any], bool, bool]] = {}
+
+    def rubric(product: str) -> tuple[list[Any], bool, bool]:  # read once a product (plan_import too)
+        if product not in rubrics:
+            rubrics[product] = stored_rubric(product)
+        return rubrics[product]
+
+    evaluations: list[source_records.SourceEvaluation] = []
+    of_evaluation: list[tuple[int, Any]] = []  # each evaluation's (index in items, snapshot row)
+    for index, item in entries:
+        snapshot = found.get(item.snapshot_id)
+        if snapshot is None:
+            refuse(index, ImportFailed(f"{item.where}: its evaluation {item.snapshot_id!r} no longer exists"))
+            continue
+        have = _json_object(snapshot.judge_scores_json)
+        specs = rubric(snapshot.product)[0]
+        new = [v for v in item.verdicts if source_records.resolve_metric(specs, v.name) not in have]
+        if new:
+            evaluations.append(
+                source_records.SourceEvaluation(
+                    where=item.where,
+                    product=snapshot.product,
+                    question=snapshot.question,
+                    answer=snapshot.model_answer,
+                    verdicts=new,
+                )
+            )
+            of_evaluation.append((index, snapshot))
+    plan = source_records.plan_import(
+        evaluations,
+        rubric,
+        on_invalid=None if on_invalid is None else lambda i, exc: refuse(of_evaluation[i][0], exc),
     )
-    for judgment in rows:
-        session.add(Judgment(**judgment))
-    session.flush()  # the flush hooks count the new judgments (lib.counters): nothing more to add
-    return len(rows)
+    refused: dict[int, ImportFailed] = {}  # position in plan.records → why the check refused it
+
+    def check(positions: list[int]) -> list[tuple[int, dict[str, Any], list[Any]]]:
+        metric_sets: dict[str, MetricSet] = {}  # read after the definitions
+        checked = []
+        for position in positions:
+            located, planned = plan.records[position]
+            snapshot = of_evaluation[plan.indexes[position]][1]
+            product = snapshot.product
+            if product not in metric_sets:
+                metric_sets[product] = MetricSet(
+                    product, metrics_for_product(session=session, product=product)
+                )
+            have = _json_object(snapshot.judge_scores_json)
+            evidence = {
+                slug: e.get("evidence") or [] for slug, e in _json_object(snapshot.evidence_json).items()
+            }
+            record = {
+                "product": product, "question": snapshot.question, "model_answer": snapshot.model_answer,
+                "model_name": snapshot.model_name, "judge_model": snapshot.judge_model,
+                "language": snapshot.language, "category": snapshot.category,
+                "created_at": snapshot.created_at.isoformat(),
+                "user_scores": _json_object(snapshot.user_scores_json) or None,
+                "judge_scores": {**have, **{k: v for k, v in planned["judge_scores"].items() if k not in have}},
+                "evidence": {k: v for k, v in evidence.items() if v} or None,
+                "primary_metric": snapshot.primary_metric, "bonus_metrics": list(snapshot.bonus_metrics or []),
+                "overall_feedback": snapshot.overall_feedback,
+            }  # fmt: skip
+            metrics = metric_sets[product]
+            try:
+                row, judged, _ = evaluation_row(
+                    {k: v for k, v in record.items() if v is not None},
+                    lambda _product, metrics=metrics: metrics,
+                    identity,
+                )
+            except InvalidField as exc:
+                refused[position] = located_failure(located, exc)
+                refuse(of_evaluation[plan.indexes[position]][0], refused[position])
+                continue
+            checked.append((position, row, [j for j in judged if j[0] not in have]))
+        return checked
+
+    checked = _defined_then_checked(session, plan, identity, check, refused, tolerant=on_invalid is not None)
+    added = _write_late(session, [(of_evaluation[plan.indexes[p]][1], row, new) for p, row, new in checked])
+    if on_invalid is not None:
+        for index in sorted(refusals):
+            on_invalid(index, refusals[index])
+    return added
+
+
+def _json_object(value: Any) -> dict[str, Any]:
+    """A JSON object column as read by a Core select (text on some drivers), {} for none."""
+    if isinstance(value, str):
+        value = json.loads(value)
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def _write_late(session: Session, checked: list[tuple[Any, dict[str, Any], list[Any]]]) -> int:
+    """Store late verdicts checked by `_add_verdicts` — (stored snapshot row, its re-derived row,
+    the judged metrics it lacked) each — with every counter moved as the bulk import moves it."""
+    if not checked:
+        return 0
+    updates: list[dict[str, Any]] = []
+    rescored: list[scores.ScoredSnapshot] = []
+    judgment_rows: list[dict[str, Any]] = []
+    for snapshot, row, new in checked:
+        updates.append({"b_id": snapshot.id, **{f"b_{column}": row[column] for column in _LATE_DERIVED}})
+        rescored.append(
+            scores.ScoredSnapshot(
+                id=snapshot.id,
+                product=snapshot.product,
+                language=snapshot.language,
+                created_at=snapshot.created_at,
+                live=snapshot.deleted_at is None,
+                user_scores=_json_object(snapshot.user_scores_json),
+                judge_scores=row["judge_scores_json"],
+            )
+        )
+        judgment_rows.extend(
+            snapshot_judgment_rows({**row, "id": snapshot.id, "created_at": snapshot.created_at}, new)
+        )
+    snapshots = counters.batch(session, _SNAPSHOTS.c.id, [u["b_id"] for u in updates])
+    with counters.gaps_change(session=session, where=snapshots):  # evaluation_counts keys the gaps
+        session.connection().execute(_LATE_UPDATE, updates)
+    scores.replace_snapshot_scores(session=session, snapshots=rescored)
+    _write_rows(session, _JUDGMENTS, judgment_rows)
+    if judgment_rows:
+        counters.judgments_added(
+            session=session,
+            where=counters.judgments_with_change_ids([j["change_id"] for j in judgment_rows]),
+            snapshots=snapshots,
+        )
+    return len(judgment_rows)
 
 
 # ---------------------------------------------------------------------------------------------

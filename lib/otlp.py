@@ -40,7 +40,7 @@ from sqlmodel import Session
 
 from lib.auth import Actor
 from lib.bulk import among, among_template, among_value, frozen_heap, insert_tuples
-from lib.importer import add_source_verdicts, import_source_evaluations
+from lib.importer import LateVerdicts, add_source_verdicts, import_source_evaluations
 from lib.models import EvaluationSnapshot, OtlpSpan, utcnow
 from lib.prepared import built
 from lib.records import ImportFailed
@@ -720,9 +720,10 @@ class Outcome:
     rejected: int = 0
     messages: list[str] = field(default_factory=list)
 
-    def reject(self, batch: Batch, key: str, message: str) -> None:
+    def reject(self, batch: Batch, key: str, message: str, at: int | None = None) -> None:
+        """Count `key`'s items as rejected, saying why; `at`: the message's place among those before."""
         self.rejected += batch.items.get(key, 0)
-        self.messages.append(message)
+        self.messages.insert(len(self.messages) if at is None else at, message)
 
 
 def _span_json(call: SpanCall) -> dict[str, Any]:
@@ -941,6 +942,9 @@ class _Join:
         self.now = utcnow() if bind_time is None else bind_time(utcnow())
         self.no_verdicts = self.to_json([])
         self._by_response: dict[str, list[str]] | None = None
+        # Late verdicts (`_add_late`), added once a request (`_send_late`): (where a refusal's
+        # message goes among the request's messages, key, evaluation id, verdicts).
+        self.late: list[tuple[int, str, str, list[Verdict]]] = []
         self._traces: dict[str, list[str]] = {}
         self._ambiguous: set[str] = set()
 
@@ -977,6 +981,7 @@ class _Join:
                 ready.append((key, call, verdicts))
         self._write()
         self._import(ready)
+        self._send_late()
         self._write()
 
     # -- reading what is stored
@@ -1331,22 +1336,35 @@ class _Join:
         self._write()
 
     def _add_late(self, key: str, snapshot_id: str, verdicts: list[Verdict]) -> None:
-        """Verdicts for a span that is already an evaluation: new metrics become its judgments."""
+        """Verdicts for a span that is already an evaluation: new metrics become its judgments, with
+        the request's other late verdicts (`_send_late`)."""
         if any(v.name is None for v in verdicts):
             self.outcome.reject(
                 self.batch, key, f"{describe(key)}: an evaluation event has no gen_ai.evaluation.name"
             )
             verdicts = [v for v in verdicts if v.name is not None]
-        try:
-            self.outcome.judgments += add_source_verdicts(
-                session=self.session,
-                snapshot_id=snapshot_id,
-                verdicts=_sources(verdicts),
-                where=describe(key),
-                reviewer=self.actor,
-            )
-        except ImportFailed as exc:
-            self.outcome.reject(self.batch, key, str(exc))
+        self.late.append((len(self.outcome.messages), key, snapshot_id, verdicts))
+
+    def _send_late(self) -> None:
+        """The request's late verdicts in one `add_source_verdicts` (issue 29: one call each was a
+        tenth of a request of log records). A refused group is refused alone, its message where
+        adding it alone put it among the request's messages."""
+        if not self.late:
+            return
+        late, self.late = self.late, []
+        refused: list[tuple[int, ImportFailed]] = []
+        self.outcome.judgments += add_source_verdicts(
+            session=self.session,
+            items=[
+                LateVerdicts(snapshot_id, _sources(verdicts), describe(key))
+                for _, key, snapshot_id, verdicts in late
+            ],
+            reviewer=self.actor,
+            on_invalid=lambda index, exc: refused.append((index, exc)),
+        )
+        for index, exc in sorted(refused, key=lambda r: r[0], reverse=True):  # later places first
+            at, key, *_ = late[index]
+            self.outcome.reject(self.batch, key, str(exc), at=at)
 
 
 def _json_dict(value: Any) -> dict[str, Any]:

@@ -142,6 +142,18 @@ def add_snapshot_scores(*, session: Session, snapshots: Iterable[ScoredSnapshot]
     return _add(session.connection(), snapshots)
 
 
+def replace_snapshot_scores(*, session: Session, snapshots: Sequence[ScoredSnapshot]) -> None:
+    """The rows and counts of stored snapshots whose scores changed (a Core UPDATE of their score
+    columns: late judge verdicts, `lib.importer.add_source_verdicts`): the old ones out, the new in,
+    as the ORM hook below does for one snapshot."""
+    _replace(session.connection(), snapshots)
+
+
+def _replace(connection: Connection, snapshots: Sequence[ScoredSnapshot]) -> None:
+    _remove(connection, [snap.id for snap in snapshots])
+    _add(connection, snapshots)
+
+
 def set_snapshots_live(*, session: Session, snapshot_ids: Sequence[str], live: bool) -> None:
     """Archive (live=False) or restore (True) the snapshots' scores: flag and counts, set-based."""
     _set_live(session.connection(), snapshot_ids, live)
@@ -311,8 +323,7 @@ def _snapshot_inserted(_mapper: Mapper[Any], connection: Connection, target: Eva
 def _snapshot_updated(_mapper: Mapper[Any], connection: Connection, target: EvaluationSnapshot) -> None:
     state = inspect(target)
     if any(state.attrs[name].history.has_changes() for name in SCORED_FIELDS):
-        _remove(connection, [target.id])
-        _add(connection, [_of(target)])
+        _replace(connection, [_of(target)])
 
 
 @event.listens_for(EvaluationSnapshot, "before_delete")

@@ -799,6 +799,72 @@ def test_two_spans_of_one_answer_in_one_request_keep_both_spans_metrics(sqlite_e
         assert [row.snapshot_id for row in session.exec(select(OtlpSpan))] == [snapshot_id, snapshot_id]
 
 
+def test_late_verdicts_of_a_request_are_added_together_as_one_by_one_with_the_same_messages(
+    engine: Engine,
+) -> None:
+    """issue 29: a request's late verdicts (log records after their span's evaluation, and spans of
+    an answer stored before) are added in one bulk call. What each call gets, the partial-success
+    messages in their order, and every counter (equal to a recount) are what adding each call's
+    verdicts alone gave: a refused group is refused alone and defines nothing, a re-sent metric is
+    left as it is, two spans of one stored answer in one request add their metrics in order."""
+    from lib import counters, otlp
+    from lib.config import get_settings
+    from tests.test_source_import import _late_state
+
+    def ingest(signal: str, body: bytes) -> Any:
+        batch = otlp.decode(signal, body, otlp.PROTOBUF, get_settings())
+        return otlp.ingest(engine=engine, batch=batch, actor=system_actor())
+
+    t = Telemetry("late-bot")
+    spans = {q: t.call(q, "A.", events={"truthfulness": 4}) for q in ("QA?", "QB?", "QC?", "QD?")}
+    assert ingest("traces", t.traces()).evaluations == 4
+    t.verdict("clarity", 4, spans["QA?"])
+    t.verdict("tone", 2.5, spans["QA?"])  # a metric the rubric lacks: defined
+    t.verdict("warmth", 2, spans["QB?"])  # ... but not from a refused group
+    t.verdict("helpfulness", 9, spans["QB?"])
+    t.verdict("  ", 4, spans["QC?"])  # no name: named, the call's other verdict still added
+    t.verdict("safety", 4, spans["QC?"])
+    t.verdict("truthfulness", 1, spans["QD?"])  # re-sent: left as it is
+    t.verdict("helpfulness", 3, spans["QD?"])
+    outcome = ingest("logs", t.log_body())
+    assert (outcome.evaluations, outcome.judgments, outcome.rejected) == (0, 4, 4)
+    assert len(outcome.messages) == 2
+    assert (
+        outcome.messages[0].startswith("span (trace ")
+        and "score 9 for 'helpfulness' is outside its scale 1–5" in outcome.messages[0]
+    )
+    assert outcome.messages[1].endswith(": an evaluation event has no gen_ai.evaluation.name")
+
+    # Spans of an answer stored before: their metrics it lacks are added, in order; one refused.
+    t.call("QA?", "A.", events={"truthfulness": 4, "consistency": 5})
+    t.call("QA?", "A.", events={"consistency": 2, "efficiency": 3})
+    t.call("QA?", "A.", events={"robustness": 7})
+    t.call("QE?", "A.", events={"truthfulness": 2})
+    outcome = ingest("traces", t.traces())
+    assert (outcome.evaluations, outcome.judgments, outcome.rejected) == (1, 3, 1)
+    assert (
+        len(outcome.messages) == 1
+        and "score 7 for 'robustness' is outside its scale 1–5" in outcome.messages[0]
+    )
+
+    with Session(engine) as session:
+        stored = {s.question: s.judge_scores_json for s in session.exec(select(EvaluationSnapshot))}
+    scored_by = {q: {m: v["score"] for m, v in scores.items()} for q, scores in stored.items()}
+    assert scored_by == {
+        "QA?": {"truthfulness": 4, "clarity": 4, "tone": 2.5, "consistency": 5, "efficiency": 3},
+        "QB?": {"truthfulness": 4},
+        "QC?": {"truthfulness": 4, "safety": 4},
+        "QD?": {"truthfulness": 4, "helpfulness": 3},
+        "QE?": {"truthfulness": 2},
+    }
+    assert _scales(engine, "late-bot")["tone"] == (0.0, 3.0, False, True)
+    assert "warmth" not in _scales(engine, "late-bot")
+    with Session(engine) as session:
+        kept = _late_state(session)
+        counters.recount(session=session)
+        assert _late_state(session) == kept
+
+
 def test_an_event_reads_as_a_verdict_whatever_types_its_attributes_hold() -> None:
     """`_verdict` reads what SDKs send (text name and explanation, float or int score) without a call
     each; every other value still goes through `_text` / `_number`, so the verdict is the same."""

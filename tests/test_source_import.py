@@ -27,12 +27,20 @@ from sqlmodel import Session, select
 from lib import counters
 from lib.config import reset_settings
 from lib.db import session_scope
-from lib.importer import ImportFailed, add_source_verdicts, import_path, import_source_evaluations
+from lib.importer import (
+    ImportFailed,
+    LateVerdicts,
+    add_source_verdicts,
+    import_path,
+    import_source_evaluations,
+)
+from lib.inspector import archive_evaluation
 from lib.json_files import MIB
 from lib.models import EvaluationSnapshot, Judgment, MetricDefinition
 from lib.source_files import SourceOptions
 from lib.source_records import SourceEvaluation, SourceVerdict, metric_slug
 from tests.cli import run_cli
+from tests.test_counters import _snapshot_of_counters
 from tests.test_counters_concurrency import _blocked_writer, pg_engine  # noqa: F401
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sources"
@@ -1011,14 +1019,143 @@ def test_verdicts_added_to_a_stored_evaluation_are_counted_once(engine: Engine) 
         import_source_evaluations(session=s, evaluations=[evaluation], source="t")
     with session_scope(engine) as s:
         snapshot_id = s.exec(select(EvaluationSnapshot.id)).one()
-        added = add_source_verdicts(
-            session=s, snapshot_id=snapshot_id, verdicts=[SourceVerdict(name="clarity", score=3.0)], where="y"
-        )
+        late = LateVerdicts(snapshot_id, [SourceVerdict(name="clarity", score=3.0)], "y")
+        added = add_source_verdicts(session=s, items=[late])
         assert added == 1
     kept = _counter_rows(engine)
     with session_scope(engine) as s:
         counters.recount(session=s)
     assert kept == _counter_rows(engine)
+
+
+LATE_AT = "2026-11-20T10:00:00+00:00"
+
+
+def _stored_for_late(engine: Engine) -> dict[str, str]:
+    """Four stored evaluations of "late-bot" (one archived since), by question: their snapshot ids."""
+
+    def ev(question: str, judge: dict[str, float], human: dict[str, float] | None = None) -> SourceEvaluation:
+        verdicts = [SourceVerdict(name=n, score=v) for n, v in judge.items()]
+        verdicts += [SourceVerdict(name=n, score=v, human=True) for n, v in (human or {}).items()]
+        return SourceEvaluation(
+            where=question, product="late-bot", question=question, answer="A.", verdicts=verdicts,
+            created_at=LATE_AT, language="de" if question == "Q2" else None,
+        )  # fmt: skip
+
+    with session_scope(engine) as s:
+        import_source_evaluations(
+            session=s,
+            evaluations=[
+                ev("Q1", {"truthfulness": 4}, {"truthfulness": 3, "clarity": 2}),
+                ev("Q2", {"truthfulness": 2}),
+                ev("Q3", {"truthfulness": 5, "tone": 2}, {"helpfulness": 4, "tone": 1}),
+                ev("Q4", {"truthfulness": 3}, {"clarity": 5}),
+            ],
+            source="t",
+        )
+        ids = dict(s.exec(select(EvaluationSnapshot.question, EvaluationSnapshot.id)).all())
+        archive_evaluation(session=s, snapshot_id=ids["Q4"], reviewer="ayse")
+    return ids
+
+
+def _late_items(ids: dict[str, str]) -> list[LateVerdicts]:
+    """Late verdict groups of every kind: new metrics (one the rubric lacks), a re-sent one, a refused
+    group (its new metric must not be defined), two halves of one call, an archived and a deleted
+    evaluation, a group with nothing new."""
+
+    def v(name: str, score: float, reason: str | None = None) -> SourceVerdict:
+        return SourceVerdict(name=name, score=score, reason=reason)
+
+    return [
+        LateVerdicts(ids["Q1"], [v("clarity", 4, "clear"), v("truthfulness", 5), v("tone", 3.5)], "call 1"),
+        LateVerdicts(ids["Q2"], [v("warmth", 2), v("helpfulness", 9)], "call 2"),
+        LateVerdicts(ids["Q3"], [v("helpfulness", 3, "first half")], "call 3, first half"),
+        LateVerdicts(ids["Q3"], [v("helpfulness", 5), v("tone", 1), v("safety", 4)], "call 3, second half"),
+        LateVerdicts(ids["Q4"], [v("clarity", 2)], "call 4, archived"),
+        LateVerdicts("snap_gone", [v("clarity", 2)], "call 5"),
+        LateVerdicts(ids["Q2"], [v("clarity", 1)], "call 2 again"),
+        LateVerdicts(ids["Q1"], [v("truthfulness", 1)], "call 1 re-sent"),
+    ]
+
+
+def _late_state(s: Session) -> dict[str, Any]:
+    """Everything late verdicts may change, as plain data: the judgments (by change id: row ids are
+    the database's), every snapshot column, the rubric, the scores and every counter table."""
+    conn = s.connection()
+
+    def rows(sql: str) -> list[tuple[Any, ...]]:
+        return sorted((tuple(r) for r in conn.execute(text(sql))), key=repr)
+
+    state = _snapshot_of_counters(s)
+    columns = [c.name for c in Judgment.__table__.columns if c.name != "id"]  # type: ignore[attr-defined]
+    state["judgments"] = rows(f"SELECT {', '.join(columns)} FROM judgments")
+    state["evaluation_snapshots"] = rows("SELECT * FROM evaluation_snapshots")
+    state["metric_definitions"] = rows(
+        "SELECT product, slug, display_name, min_value, max_value, integer_scale, description, position, "
+        "scale_inferred FROM metric_definitions"
+    )
+    state["metric_scores"] = rows("SELECT * FROM metric_scores")
+    for table in ("agreement_counts", "agreement_totals"):
+        state[table] = rows(f"SELECT * FROM {table} WHERE n != 0")
+    return state
+
+
+def test_late_verdicts_in_bulk_leave_the_state_one_call_each_left_and_a_recount_keeps_it(
+    engine: Engine,
+) -> None:
+    """issue 29: late verdicts (OTLP log records after their span's evaluation) are added many at a
+    time. The judgments, every snapshot column, the rubric, the scores and every counter come out as
+    adding each group alone left them, and a full recount changes none of it. A refused group is
+    refused alone, named, and defines nothing; a metric the evaluation has is left as it is."""
+    ids = _stored_for_late(engine)
+    items = _late_items(ids)
+    results: list[tuple[int, list[tuple[int, str]]]] = []
+    states: list[dict[str, Any]] = []
+    for together in (False, True):
+        refusals: list[tuple[int, str]] = []
+        with Session(engine) as s:
+            groups = [list(enumerate(items))] if together else [[(i, item)] for i, item in enumerate(items)]
+            added = 0
+            for group in groups:
+                added += add_source_verdicts(
+                    session=s,
+                    items=[item for _, item in group],
+                    on_invalid=lambda k, exc, group=group, out=refusals: out.append((group[k][0], str(exc))),
+                )
+            s.flush()
+            results.append((added, refusals))
+            states.append(_late_state(s))
+            if together:
+                counters.recount(session=s)
+                assert _late_state(s) == states[-1], "a recount changed what the bulk path left"
+                s.commit()
+            else:
+                s.rollback()
+    assert results[0] == results[1]
+    added, refusals = results[1]
+    assert added == 6
+    assert [i for i, _ in refusals] == [1, 5]
+    assert (
+        refusals[0][1].startswith("call 2, field")
+        and "score 9 for 'helpfulness' is outside" in refusals[0][1]
+    )
+    assert refusals[1][1] == "call 5: its evaluation 'snap_gone' no longer exists"
+    assert states[0].keys() == states[1].keys()
+    for name in states[0]:
+        assert states[0][name] == states[1][name], name
+    assert _metrics(engine, "late-bot")["tone"] == (0.0, 4.0, False)
+    assert "warmth" not in _metrics(engine, "late-bot")
+    with Session(engine) as s:
+        decided = {
+            (j.snapshot_id, j.metric): (j.decision, j.reasoning)
+            for j in s.exec(select(Judgment).where(Judgment.product == "late-bot"))
+        }
+    assert decided[ids["Q1"], "truthfulness"] == ("4", None)  # re-sent: left as it is
+    assert decided[ids["Q1"], "clarity"] == ("4", "clear")
+    assert decided[ids["Q3"], "helpfulness"] == ("3", "first half")  # the first half's
+    assert decided[ids["Q3"], "tone"] == ("2", None) and decided[ids["Q3"], "safety"] == ("4", None)
+    assert decided[ids["Q4"], "clarity"] == ("2", None)
+    assert (ids["Q2"], "warmth") not in decided and decided[ids["Q2"], "clarity"] == ("1", None)
 
 
 def _doc_block(marker: str) -> str:
