@@ -367,6 +367,17 @@ def create_app(
         Also served at `/v1/logs` on the app's root."""
         return await otlp_export(request, actor, "logs")
 
+    @api.get("/otlp/waiting")
+    def otlp_waiting(actor: Token, limit: Annotated[int, Query(ge=0, le=10_000)] = 100) -> dict[str, Any]:
+        """What the OTLP receiver keeps waiting for its other half (lib.otlp_waiting): counts by why,
+        the oldest `limit` rows with what the sender should change, what was forgotten. Lead."""
+        from lib import otlp_waiting
+        from lib.db import session_scope
+
+        require(actor, Permission.IMPORT)
+        with session_scope(get_engine(), read_only=True) as session:
+            return otlp_waiting.waiting_record(otlp_waiting.read(session, limit=limit))
+
     @api.get("/health")
     def health() -> dict[str, Any]:
         """Database reachable and migrated to the newest revision (no token needed: it shows no data)."""

@@ -86,6 +86,15 @@ class WaitingRow:
             self.advice,
         )
 
+    def record(self) -> dict[str, Any]:
+        """The row as JSON (`GET /api/v1/otlp/waiting`): `COLUMNS`, the time in ISO 8601 UTC."""
+        return {
+            **dict(zip(COLUMNS, self.values(), strict=True)),
+            "waiting_since": _aware(self.since).isoformat(),
+            "response_id": self.response_id,
+            "evaluations": list(self.evaluations),
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class WhyCount:
@@ -160,6 +169,31 @@ def read(session: Session, *, limit: int | None = None) -> Waiting:
         )
     ordered = [counts[why] for why in WHY if why in counts]
     return Waiting(rows, ordered, swept(session))
+
+
+def waiting_record(waiting: Waiting) -> dict[str, Any]:
+    """What waits as JSON (`GET /api/v1/otlp/waiting`): counts by why, the rows, what was forgotten."""
+    last = waiting.swept.last_at
+    return {
+        "total": waiting.total,
+        "counts": [
+            {
+                "why": c.why,
+                "title": c.title,
+                "rows": c.rows,
+                "verdicts": c.verdicts,
+                "oldest": _aware(c.oldest).isoformat(),
+            }
+            for c in waiting.counts
+        ],
+        "rows": [row.record() for row in waiting.rows],
+        "swept": {
+            "sweeps": waiting.swept.sweeps,
+            "calls": waiting.swept.calls,
+            "verdicts": waiting.swept.verdicts,
+            "last_at": None if last is None else _aware(last).isoformat(),
+        },
+    }
 
 
 def csv_chunks(engine: Engine) -> Iterator[bytes]:

@@ -185,3 +185,26 @@ def test_the_cli_prints_each_waiting_row_as_a_line_and_the_whole_list_as_csv(
     assert formula["evaluations"] == "'=cmd|' /C calc'!A0"  # neutralised for spreadsheets
     assert formula["why"] == "id_unrecorded" and "no call Overrule holds records" in formula["advice"]
     assert run_cli("otlp", "waiting", "--limit", "-1", env=env).returncode == 1
+
+
+def test_the_api_answers_what_waits_to_a_lead(receiver: Receiver) -> None:
+    import httpx
+
+    _every_case(receiver)
+    lead = {"Authorization": f"Bearer {receiver.secrets['lead']}"}
+    viewer = {"Authorization": f"Bearer {receiver.secrets['viewer']}"}
+    url = f"{receiver.base}/api/v1/otlp/waiting"
+    assert httpx.get(url, headers=viewer).status_code == 403
+    r = httpx.get(url, params={"limit": 2}, headers=lead)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    with Session(receiver.engine) as session:
+        waiting = otlp_waiting.read(session, limit=2)
+    assert body["total"] == waiting.total and len(body["rows"]) == 2
+    assert [c["why"] for c in body["counts"]] == list(otlp_waiting.WHY)
+    assert body["rows"] == [row.record() for row in waiting.rows]
+    assert body["rows"][0]["why"] == "no_verdict" and body["rows"][0]["waiting_since"].endswith("+00:00")
+    assert body["swept"] == {"sweeps": 0, "calls": 0, "verdicts": 0, "last_at": None}
+    everything = httpx.get(url, params={"limit": 100}, headers=lead).json()["rows"]
+    [unrecorded] = [row for row in everything if row["why"] == "id_unrecorded"]
+    assert unrecorded["evaluations"] == ["=cmd|' /C calc'!A0"] and unrecorded["trace_id"] == ""
