@@ -40,6 +40,15 @@ def as_user(path: str, email: str | None, engine: Engine | None = None) -> AppTe
     return at.run()
 
 
+def as_lead(monkeypatch: pytest.MonkeyPatch, engine: Engine) -> AppTest:
+    """The Admin page in sign-in mode, signed in as a lead (webhooks and what OTLP keeps waiting)."""
+    signin_mode(monkeypatch)
+    with Session(engine) as s:
+        s.add(UserRole(identity="lead@example.com", role="lead"))
+        s.commit()
+    return as_user(PAGE, "lead@example.com", engine)
+
+
 def test_open_mode_admin_sets_a_role_and_the_change_is_audited(app_engine: Engine, open_page) -> None:
     at = open_page(PAGE, reviewer="ayse")
     assert any("Open mode" in w.value for w in at.warning)
@@ -144,11 +153,7 @@ def test_admin_creates_shows_the_secret_once_and_revokes_a_token(app_engine: Eng
 def test_a_lead_cannot_manage_tokens(app_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     from lib.models import ApiToken
 
-    signin_mode(monkeypatch)
-    with Session(app_engine) as s:
-        s.add(UserRole(identity="lead@example.com", role="lead"))
-        s.commit()
-    at = as_user(PAGE, "lead@example.com", app_engine)
+    at = as_lead(monkeypatch, app_engine)
     assert not at.exception
     assert not [w for w in at.text_input if w.key == "admin_token_name"]
     with Session(app_engine) as s:
@@ -272,11 +277,7 @@ def test_a_lead_registers_a_webhook_reads_the_delivery_log_and_replays(
     monkeypatch.setenv("OVERRULE_WEBHOOK_KEY", webhooks.new_key())
     monkeypatch.setenv("OVERRULE_WEBHOOK_LOG_DAYS", "14")
     reset_settings()
-    signin_mode(monkeypatch)
-    with Session(app_engine) as s:
-        s.add(UserRole(identity="lead@example.com", role="lead"))
-        s.commit()
-    at = as_user(PAGE, "lead@example.com", app_engine)
+    at = as_lead(monkeypatch, app_engine)
     assert not [w for w in at.text_input if w.key == "admin_role_identity"]  # the rest is for admins
     at.text_input(key="admin_webhook_url").set_value("javascript:alert(1)")
     at.button(key="admin_webhook_add").click().run()
@@ -413,11 +414,7 @@ def test_a_lead_sees_what_waits_why_and_downloads_the_whole_list(
     with Session(app_engine) as s:
         assert otlp._sweep(s, force=True) == 1
         s.commit()
-    signin_mode(monkeypatch)
-    with Session(app_engine) as s:
-        s.add(UserRole(identity="lead@example.com", role="lead"))
-        s.commit()
-    at = as_user(PAGE, "lead@example.com", app_engine)
+    at = as_lead(monkeypatch, app_engine)
     assert not at.exception
     [counts] = [d.value for d in at.dataframe if "verdicts" in d.value.columns]
     assert counts.to_dict("list") == {
