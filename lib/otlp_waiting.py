@@ -300,9 +300,10 @@ def _verdict_rows(
             if not calls:
                 why = "span_not_received"
                 advice = (
-                    f"Emitted in {where}, and its trace holds no call yet. If that span is sampled out "
-                    "or exported elsewhere it never will be: emit the verdicts in the judged call's "
-                    "span context, or name the call's gen_ai.response.id."
+                    f"Emitted in {where}, and its trace holds no call yet: they join that span when "
+                    "it arrives as the call (spans are exported a few seconds after their verdicts). If "
+                    "it is sampled out or exported elsewhere it never will: emit the verdicts in the "
+                    "judged call's span context, or name the call's gen_ai.response.id."
                 )
             elif len(calls) == 1:
                 why = "call_came_later"
