@@ -42,6 +42,8 @@ from lib.search import (
 SNAPSHOT_STATUSES = ("active", "completed", "archived")
 NOTE_TYPES = ("SUCCESS", "FAILURE", "PATTERN", "STRATEGY", "TIP")
 CACHE_DECISIONS = ("INCLUDE", "EXCLUDE", "UNCERTAIN")
+# A judge's label longer than this is free text, not a category: kept in the reasoning only.
+LABEL_MAX = 200
 
 
 def utcnow() -> datetime:
@@ -326,6 +328,18 @@ class Judgment(SQLModel, table=True):
             sqlite_where=text("reviewer IS NOT NULL"),
             postgresql_where=text("reviewer IS NOT NULL"),
         ),
+        # The score a product's metric already gives a judge's label (lib.importer._stored_label_scores,
+        # for a label sent without a number): one index read of the labelled judgments only (migration
+        # 0032). Partial, so the many judgments without a label cost a write nothing here.
+        Index(
+            "ix_judgment_label",
+            "product",
+            "metric",
+            "label",
+            "decision",
+            sqlite_where=text("label IS NOT NULL"),
+            postgresql_where=text("label IS NOT NULL"),
+        ),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -336,6 +350,10 @@ class Judgment(SQLModel, table=True):
     decision: str = Field(max_length=64)
     confidence: float | None = None
     reasoning: str | None = Field(default=None, sa_column=Column(Text))
+    # The judge's label when its source sent one (Phoenix, Langfuse, promptfoo pass/fail, OTLP
+    # `gen_ai.evaluation.score.label`), as labels are compared: stripped, lower case
+    # (`lib.source_records.label_key`). The reasoning shows it too, but free text there is no label.
+    label: str | None = Field(default=None, max_length=LABEL_MAX)
     user_decision: str | None = Field(default=None, max_length=64)
     user_reasoning: str | None = Field(default=None, sa_column=Column(Text))
     reviewer: str | None = Field(default=None, max_length=200)
@@ -710,11 +728,15 @@ class JudgeVersionCount(SQLModel, table=True):
     # The reads that need the week (the timeline's weekly pairs and sums, first and last week) group
     # by (version, product, week): a covering index in that order streams the aggregate instead of
     # sorting every row (108k at 1M evaluations) into a temporary b-tree (migration 0030).
+    # SQLite only (migration 0032, review8 F6): PostgreSQL plans those reads as a sequential scan
+    # and a hashed aggregate with or without it (93k rows at 100k evaluations: the same server CPU
+    # for the tab's reads with this index, without `n`, or none), and an index holding `n`, which
+    # every review changes, made none of the reviews' count updates HOT (100% -> 0%).
     __table_args__ = (
         Index(
             "ix_judge_version_count_week",
             "judge_version_id", "product", "week", "language", "metric", "decision", "human", "n",
-        ),
+        ).ddl_if(dialect="sqlite"),
     )  # fmt: skip
 
     judge_version_id: int = Field(primary_key=True)

@@ -40,6 +40,7 @@ from lib.records import (
     type_name,
 )
 from lib.search import normalize_search_text
+from lib.source_records import label_key
 
 _SNAPSHOTS: Table = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
 
@@ -72,7 +73,9 @@ class MetricSet:
 
 
 def _scores(raw: Any, name: str, metrics: MetricSet) -> dict[str, dict[str, Any]]:
-    """`{key: number | {"score", "reason"|"rationale"}}` → `{slug: {"score", "reason"}}`, validated."""
+    """`{key: number | {"score", "reason"|"rationale", "label"?}}` → `{slug: {"score", "reason",
+    "label"?}}`, validated. `label` is the judge's label (a Phoenix or Langfuse category, pass/fail):
+    its judgment's `label`, which the stored-label lookup reads (lib.importer._stored_label_scores)."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -83,7 +86,7 @@ def _scores(raw: Any, name: str, metrics: MetricSet) -> dict[str, dict[str, Any]
         slug = metrics.keys.get(key) or metrics.resolve(key, f"{name}.{key}")
         if slug in out:
             raise InvalidField(f"{name}.{key}", f"metric {slug!r} is given twice (as slug and display name)")
-        reason = None
+        reason = label = None
         if value.__class__ is dict:
             if "score" not in value:
                 raise InvalidField(f"{name}.{key}.score", "is required when a score is an object")
@@ -94,6 +97,9 @@ def _scores(raw: Any, name: str, metrics: MetricSet) -> dict[str, dict[str, Any]
                 reason.__class__ is not str or "\x00" in reason or not reason.isascii()
             ):
                 reason = text_field(value, reason_key, path=f"{name}.{key}.{reason_key}")
+            label = value.get("label")
+            if label is not None:
+                label = text_field(value, "label", path=f"{name}.{key}.label")
             value = value["score"]
         if value is not None:
             try:
@@ -103,7 +109,11 @@ def _scores(raw: Any, name: str, metrics: MetricSet) -> dict[str, dict[str, Any]
             except OverflowError:
                 raise InvalidField(f"{name}.{key}", "score is too large") from None
             value = value if value.__class__ is int else number
-        out[slug] = {"score": value, "reason": reason}
+        out[slug] = (
+            {"score": value, "reason": reason}
+            if label is None
+            else {"score": value, "reason": reason, "label": label}
+        )
     return out
 
 
@@ -257,14 +267,19 @@ def evaluation_row(
         "created_by": reviewer,
         "search_text": normalize_search_text(question),
     }
-    judged = [(slug, s["score"], s["reason"]) for slug, s in judge.items() if s["score"] is not None]
+    judged = [
+        (slug, s["score"], s["reason"], label_key(s.get("label")))
+        for slug, s in judge.items()
+        if s["score"] is not None
+    ]
     return row, judged, snapshot_id is not None
 
 
 def snapshot_judgment_rows(
-    row: Mapping[str, Any], judged: list[tuple[str, Any, str | None]]
+    row: Mapping[str, Any], judged: list[tuple[str, Any, str | None, str | None]]
 ) -> list[dict[str, Any]]:
-    """One unreviewed Judgment per judged metric of a snapshot; the decision is the score as text."""
+    """One unreviewed Judgment per judged metric of a snapshot; the decision is the score as text,
+    the label the score entry's (`evaluation_row`'s judged: slug, score, reason, label key)."""
     return [
         {
             "change_id": f"{row['id']}:{slug}",
@@ -273,13 +288,14 @@ def snapshot_judgment_rows(
             "snapshot_id": row["id"],
             "decision": format_score(score),
             "reasoning": reason,
+            "label": label,
             "judge_model": row["judge_model"],
             "timestamp": row["created_at"],
             "version": 1,
             "was_corrected": False,
             "judge_version_id": row.get("judge_version_id"),
         }
-        for slug, score, reason in judged
+        for slug, score, reason, label in judged
     ]
 
 

@@ -26,7 +26,8 @@ Rules (docs/importing.md says them to users):
   rails as Phoenix scores them: hallucinated 1, factual 0, toxic 1, non-toxic 0); any other label
   without a number refuses the file.
 - **Reason**: the label, then the judge's explanation (`"fail: the answer invents a date"`), so a
-  reviewer sees both.
+  reviewer sees both. The label is also the score entry's `label` and the judgment's (`label_key`):
+  the stored-label lookup reads that, never the reasoning's free text.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from datetime import datetime
 from typing import Any
 
 from lib.metrics import SCALE_BOUND, MetricSpec
+from lib.models import LABEL_MAX
 from lib.records import ImportFailed, InvalidField, Located, located_failure
 
 # A label without a number scores what its source scores it. Phoenix's pre-tested evals name their
@@ -119,6 +121,15 @@ def metric_slug(name: str) -> str:
     """The slug of a foreign evaluation name: lower case, runs of other characters as "_" (max 64)."""
     slug = _SLUG_JUNK.sub("_", name.strip().lower()).strip("_-")[:SLUG_MAX].rstrip("_-")
     return slug or "score"
+
+
+def label_key(label: Any) -> str | None:
+    """A label as labels are compared and stored on a judgment (`Judgment.label`): stripped, lower
+    case; None for no label, a blank one, or text longer than `LABEL_MAX` (free text, not a category)."""
+    if not isinstance(label, str):
+        return None
+    key = label.strip().lower()
+    return key if key and len(key) <= LABEL_MAX else None
 
 
 def label_score(label: str) -> int | None:
@@ -395,7 +406,10 @@ def plan_import(
                     raise InvalidField(
                         source_field, f"evaluation {name!r} is given twice for the same answer"
                     )
-                side[key] = {"score": score, "reason": verdict_reason(verdict)}
+                entry = side[key] = {"score": score, "reason": verdict_reason(verdict)}
+                label = verdict.label
+                if label and (label := label.strip()):
+                    entry["label"] = label  # the judgment's structured label (`label_key`)
                 where.fields.setdefault(field_name, source_field)
                 if verdict.where:
                     where.places.setdefault(field_name, verdict.where)

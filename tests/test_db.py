@@ -42,10 +42,30 @@ def include_object(_object, name, _type, _reflected, _compare_to) -> bool:  # ty
 
 
 def test_migrated_schema_matches_models(engine) -> None:
+    dialect = engine.dialect.name
+
+    def include(obj, name, type_, reflected, compare_to) -> bool:  # type: ignore[no-untyped-def]
+        # A model index declared for the other dialect only (`ddl_if`) is not in this database.
+        only = getattr(getattr(obj, "_ddl_if", None), "dialect", None)
+        return only in (None, dialect) and include_object(obj, name, type_, reflected, compare_to)
+
     with engine.connect() as conn:
-        ctx = MigrationContext.configure(conn, opts={"compare_type": True, "include_object": include_object})
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True, "include_object": include})
         diff = compare_metadata(ctx, SQLModel.metadata)
     assert diff == []
+
+
+def test_the_weekly_version_count_index_is_sqlites_only(engine) -> None:
+    """review8 F6 (migration 0032): `ix_judge_version_count_week` holds `n`, which every review
+    changes; PostgreSQL never reads it (a sequential scan and a hashed aggregate) and lost its HOT
+    updates to it, so it exists on SQLite only, covering the grouped read in its order."""
+    found = {ix["name"]: ix["column_names"] for ix in inspect(engine).get_indexes("judge_version_counts")}
+    if engine.dialect.name == "sqlite":
+        assert found["ix_judge_version_count_week"] == [
+            "judge_version_id", "product", "week", "language", "metric", "decision", "human", "n",
+        ]  # fmt: skip
+    else:
+        assert found == {}
 
 
 def test_the_migrated_reviewed_index_is_the_models(engine) -> None:

@@ -151,3 +151,59 @@ def test_0031_marks_the_scales_an_import_inferred_and_no_others(engine: Engine) 
     with engine.connect() as conn:
         assert "scale_inferred" not in [c["name"] for c in inspect(conn).get_columns("metric_definitions")]
     _migrate(engine, "head")
+
+
+def test_0032_labels_the_judgments_of_imported_metrics_whose_reasoning_starts_with_one_word(
+    engine: Engine,
+) -> None:
+    """At 0031 a judgment's label is only the start of its reasoning; upgrading labels it where that
+    is unambiguous: a metric an import of another tool's results defined, and a reasoning that is
+    one word, alone or before ": " (`verdict_reason`). Free text, several words, and a rubric's own
+    metric stay unlabelled; the lookup then reads the labels (index), and downgrading drops them."""
+    _migrate(engine, "0031")
+    reasonings = {
+        "factual": ("hallucination", "factual"),
+        "Factual: it keeps to the source.": ("hallucination", "factual"),
+        "non-toxic": ("toxicity", "non-toxic"),
+        "bug_free: no:colon trap": ("toxicity", "bug_free"),
+        "The answer keeps to the source.": ("hallucination", None),
+        "very good: several words": ("hallucination", None),
+        "factual:no space": ("hallucination", None),
+        "factual: a rubric metric's free text": ("style", None),
+        None: ("hallucination", None),
+    }
+    with engine.begin() as conn:
+        for position, (name, slug, description) in enumerate(
+            [
+                ("Hallucination", "hallucination", "Imported evaluation 'Hallucination'."),
+                ("Toxicity", "toxicity", "Imported evaluation 'Toxicity'."),
+                ("Style", "style", "Is the style plain?"),
+            ]
+        ):
+            conn.execute(
+                text(
+                    "INSERT INTO metric_definitions (product, slug, display_name, min_value, max_value,"
+                    " integer_scale, description, position, scale_inferred)"
+                    " VALUES ('p', :s, :n, 0, 1, :w, :d, :pos, :w)"
+                ),
+                {"s": slug, "n": name, "w": True, "d": description, "pos": position},
+            )
+        for n, (reasoning, (metric, _label)) in enumerate(reasonings.items()):
+            conn.execute(
+                text(
+                    "INSERT INTO judgments (change_id, product, metric, decision, reasoning, timestamp,"
+                    " version, was_corrected) VALUES (:c, 'p', :m, '1', :r, :t, 1, :f)"
+                ),
+                {"c": f"j{n}", "m": metric, "r": reasoning, "t": "2026-11-20 10:00:00", "f": False},
+            )
+    _migrate(engine, "head")
+    with engine.connect() as conn:
+        labels = dict(conn.execute(text("SELECT change_id, label FROM judgments")).all())
+    assert labels == {f"j{n}": label for n, (_metric, label) in enumerate(reasonings.values())}
+    with Session(engine) as s:
+        stored = importer._stored_label_scores(s)
+        assert (stored("p", "hallucination", "factual"), stored("p", "style", "factual")) == ({1.0}, set())
+    _migrate(engine, "0031")
+    with engine.connect() as conn:
+        assert "label" not in [c["name"] for c in inspect(conn).get_columns("judgments")]
+    _migrate(engine, "head")

@@ -30,6 +30,7 @@ from lib.db import session_scope
 from lib.importer import (
     ImportFailed,
     LateVerdicts,
+    _stored_label_scores,
     add_source_verdicts,
     import_path,
     import_source_evaluations,
@@ -93,6 +94,7 @@ def test_promptfoo_results_become_evaluations_with_a_judgment_per_assertion(sqli
     assert sydney.judge_scores_json["correctness"] == {
         "score": 0.0,
         "reason": "fail: It names Sydney; the capital is Canberra.",
+        "label": "fail",
     }
     assert snaps["capital-of-canada"].judge_scores_json["brevity"]["score"] == 0.6
     # promptfoo states its scale: 0–1, continuous, for every assertion's metric.
@@ -105,7 +107,7 @@ def test_promptfoo_results_become_evaluations_with_a_judgment_per_assertion(sqli
         judgment = session.exec(
             select(Judgment).where(Judgment.change_id == f"{sydney.id}:correctness")
         ).one()
-    assert (judgment.decision, judgment.user_decision) == ("0", None)
+    assert (judgment.decision, judgment.user_decision, judgment.label) == ("0", None, "fail")
     again = import_path(
         engine=sqlite_engine, path=FIXTURES / "promptfoo_results.json", kind="promptfoo", reviewer=WHO
     )
@@ -179,6 +181,7 @@ def test_langfuse_traces_and_scores_become_evaluations(sqlite_engine: Engine) ->
     assert refund.judge_scores_json["policy-compliant"] == {
         "score": 0.0,
         "reason": "False: The policy is 30 days.",
+        "label": "False",
     }
     # An annotation is a person's score: the reviewer's side, not a judgment.
     assert refund.user_scores_json == {"helpfulness": {"score": 1.0, "reason": "Wrong policy."}}
@@ -304,6 +307,7 @@ def test_phoenix_span_evaluations_parquet_with_the_spans_file(sqlite_engine: Eng
         "qa_correctness": {
             "score": 0.0,
             "reason": "incorrect: Middlemarch is by George Eliot, not Charlotte Brontë.",
+            "label": "incorrect",
         }
     }
     assert _metrics(sqlite_engine, "phoenix") == {
@@ -865,11 +869,11 @@ def test_plan_import_scores_scales_and_refusals_per_verdict() -> None:
     first, second, third = (record for _, record in plan.records)
     assert first["judge_scores"] == {
         "depth": {"score": 0.5, "reason": None},
-        "passed": {"score": 1.0, "reason": "pass: fine"},
+        "passed": {"score": 1.0, "reason": "pass: fine", "label": "pass"},
     }
     assert second["judge_scores"]["depth"] == {"score": 3.0, "reason": None}
     assert type(second["judge_scores"]["depth"]["score"]) is float
-    assert second["judge_scores"]["passed"] == {"score": 0.0, "reason": "FAIL"}
+    assert second["judge_scores"]["passed"] == {"score": 0.0, "reason": "FAIL", "label": "FAIL"}
     assert third["judge_scores"] == {"safety": {"score": 4.0, "reason": "ok"}}
     scales = {d["slug"]: (d["min"], d["max"], d["integer_scale"]) for d in plan.definitions}
     assert scales == {
@@ -1290,6 +1294,61 @@ def test_a_label_keeps_the_score_the_products_stored_judgments_give_it(
         ("new", "b2c3d4e5f6071829"): 0.0,
         ("new", "c3d4e5f60718293a"): 1.0,
     }
+
+
+def test_only_a_stored_label_gives_a_label_its_score_not_free_text_that_starts_like_one(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """The stored-label lookup reads the judgments' structured label (migration 0032): a verdict
+    scored 1 whose explanation merely starts "factual: " (no label) no longer makes a later
+    label-only `factual` 1; a verdict labelled `factual` and scored 1 does. Every writer that knows
+    a label stores it: a file's verdict, and a verdict added to a stored evaluation later."""
+    _import_phoenix_csv(
+        engine,
+        tmp_path,
+        "free.csv",
+        "a1b2c3d4e5f60718,Hallucination,,1,factual: keeps to it\n",
+        product="free",
+    )
+    _import_phoenix_csv(
+        engine, tmp_path, "kept.csv", "a1b2c3d4e5f60718,Hallucination,Factual,1,keeps to it\n", product="kept"
+    )
+    with Session(engine) as session:
+        labels = dict(session.exec(select(Judgment.product, Judgment.label)).all())
+        assert labels == {"free": None, "kept": "factual"}
+        stored = _stored_label_scores(session)
+        assert (stored("free", "hallucination", "factual"), stored("kept", "hallucination", " FACTUAL ")) == (
+            set(),
+            {1.0},
+        )
+    later = "b2c3d4e5f6071829,Hallucination,factual,,Also stated.\n"
+    for product in ("free", "kept"):
+        _import_phoenix_csv(engine, tmp_path, "later.csv", later, product=product)
+    with Session(engine) as session:
+        rows = session.exec(select(EvaluationSnapshot)).all()
+    got = {(s.product, s.question_id): s.judge_scores_json["hallucination"]["score"] for s in rows}
+    assert got == {
+        ("free", "a1b2c3d4e5f60718"): 1.0,
+        ("free", "b2c3d4e5f6071829"): 0.0,  # Phoenix's number: the free text is no label
+        ("kept", "a1b2c3d4e5f60718"): 1.0,
+        ("kept", "b2c3d4e5f6071829"): 1.0,  # the product's stored `factual`
+    }
+    with session_scope(engine) as session:
+        snapshot_id = session.exec(
+            select(EvaluationSnapshot.id).where(EvaluationSnapshot.product == "kept")
+        ).first()
+        assert snapshot_id is not None
+        verdict = SourceVerdict("Toxicity", label=" Non-Toxic ", reason="Polite.")
+        assert (
+            add_source_verdicts(
+                session=session,
+                items=[LateVerdicts(snapshot_id=snapshot_id, verdicts=[verdict], where="late")],
+            )
+            == 1
+        )
+    with Session(engine) as session:
+        added = session.exec(select(Judgment).where(Judgment.metric == "toxicity")).one()
+    assert (added.decision, added.label, added.reasoning) == ("0", "non-toxic", "Non-Toxic: Polite.")
 
 
 def test_score_labels_takes_a_pairs_other_number_from_its_partner() -> None:

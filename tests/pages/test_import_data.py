@@ -233,5 +233,5 @@ def test_the_page_passes_label_scores_for_labels_sent_without_a_number(app_engin
     ]
     with session_scope(app_engine, read_only=True) as s:
         (snapshot,) = s.exec(select(EvaluationSnapshot)).all()
-    assert snapshot.judge_scores_json["frustration"] == {"score": 0.0, "reason": "ok: Calm."}
+    assert snapshot.judge_scores_json["frustration"] == {"score": 0.0, "reason": "ok: Calm.", "label": "ok"}
     assert not at.exception
