@@ -316,13 +316,7 @@ def _proto_attrs(attributes: Iterable[Any]) -> dict[str, Any]:
     attrs: dict[str, Any] = {}
     for kv in attributes:
         value = kv.value
-        kind = value.WhichOneof("value")
-        if kind == "string_value":
-            attrs[kv.key] = value.string_value
-        elif kind in _SCALARS:
-            attrs[kv.key] = getattr(value, kind)
-        else:
-            attrs[kv.key] = _proto_value(value)
+        attrs[kv.key] = value.string_value or _proto_value(value)  # a string in one read: `_proto_value`
     return attrs
 
 
@@ -335,20 +329,15 @@ def _proto_verdict_fields(attributes: Iterable[Any]) -> list[Any]:
         slot = slot_of(kv.key)  # each read of a protobuf field makes a new Python object: once
         if slot is not None:
             value = kv.value
-            kind = value.WhichOneof("value")  # read once: names are strings, scores numbers
-            if kind == "string_value":
-                fields[slot] = value.string_value
-            elif kind in _SCALARS:
-                fields[slot] = getattr(value, kind)
-            else:
-                fields[slot] = _proto_value(value)
+            fields[slot] = value.string_value or _proto_value(value)  # as in `_proto_attrs`
     return fields
 
 
-_SCALARS = frozenset(("int_value", "double_value", "bool_value", "bytes_value"))
-
-
 def _proto_value(value: Any) -> Any:
+    """An AnyValue as a plain value. Callers read `value.string_value or _proto_value(value)`: it is
+    "" unless the value is a non-empty string, so a string (names, explanations, messages: most of
+    a request's values) takes one read, without asking which kind the value holds (150,000 values
+    in a 10,000-span request); anything else, "" included, is read here."""
     kind = value.WhichOneof("value")
     if kind == "string_value":
         return value.string_value
