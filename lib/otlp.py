@@ -36,6 +36,7 @@ from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import ARRAY, Engine, String, Table, and_, bindparam, column, delete, func, select
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
 from lib.auth import Actor
@@ -867,6 +868,39 @@ _ROW_COLUMNS = ("key", "response_id", "snapshot_id", "span_json", "pending_json"
 _ROW = [_SPANS.c[name] for name in _ROW_COLUMNS]
 
 
+def _relink(connection: Any, rows: list[tuple[str | None, str, str]], no_verdicts: Any, now: Any) -> None:
+    """Waiting rows become link rows in place: each (response id, snapshot id, key) row's call is
+    now that evaluation (span_json NULL, no verdicts waiting, received `now`), as `_Join._link`
+    would insert it. An UPDATE by key rewrites the row and the snapshot index's entry only; a
+    DELETE and an INSERT of the same key rewrote every index's (in a request of log records, each
+    call's row is written twice: waiting, then linked). `no_verdicts` and `now` are bound already.
+
+    SQLite: one UPDATE, run for each row (executemany); PostgreSQL: one UPDATE of the rows listed
+    as arrays (a statement per row would be a round trip per row)."""
+    postgresql = connection.dialect.name == "postgresql"
+    cursor = connection.connection.driver_connection.cursor()
+    try:
+        if postgresql:
+            sql = (
+                "UPDATE otlp_spans SET response_id = listed.response_id, snapshot_id = listed.snapshot_id, "
+                "span_json = NULL, pending_json = CAST(%s AS JSON), received_at = %s "
+                "FROM unnest(CAST(%s AS VARCHAR[]), CAST(%s AS VARCHAR[]), CAST(%s AS VARCHAR[])) "
+                "AS listed(response_id, snapshot_id, key) WHERE otlp_spans.key = listed.key"
+            )
+            response_ids, snapshot_ids, keys = (list(column) for column in zip(*rows, strict=True))
+            cursor.execute(sql, (no_verdicts, now, response_ids, snapshot_ids, keys))
+        else:
+            sql = (
+                "UPDATE otlp_spans SET response_id = ?, snapshot_id = ?, span_json = NULL, "
+                "pending_json = ?, received_at = ? WHERE key = ?"
+            )
+            cursor.executemany(sql, [(rid, sid, no_verdicts, now, key) for rid, sid, key in rows])
+    except connection.dialect.loaded_dbapi.Error as exc:
+        raise DBAPIError.instance(sql, None, exc, connection.dialect.loaded_dbapi.Error) from exc
+    finally:
+        cursor.close()
+
+
 def _stored_by(session: Session, column: str) -> Any:
     """`SELECT <_ROW_COLUMNS> FROM otlp_spans WHERE <column> IN :keys` (the keys as
     `lib.bulk.among_value`), built once."""
@@ -920,10 +954,12 @@ class _Join:
 
         self.product_attr = get_settings().otlp_product_attribute
         # What `_write` sends: stored rows to delete (forgotten, or replaced by a row in `new_rows`),
+        # waiting rows that become link rows in place (`relinked`: response id, snapshot id, key),
         # then the rows to insert (`_ROW_COLUMNS`) as the driver takes them (`lib.bulk.insert_tuples`'
         # `encoded`): the JSON columns encoded by their type once per value, the time and a link
         # row's empty list once per request.
         self.gone: set[str] = set()
+        self.relinked: list[tuple[str | None, str, str]] = []
         self.new_rows: list[tuple[Any, ...]] = []
         dialect = session.connection().dialect
         self.to_json = _SPANS.c.pending_json.type.dialect_impl(dialect).bind_processor(dialect)
@@ -1244,12 +1280,16 @@ class _Join:
             self.gone.add(key)
 
     def _write(self) -> None:
-        """The rows forgotten or replaced are deleted, then the new ones inserted: one statement
-        each (`lib.bulk.insert_tuples`), whatever the request's size."""
+        """The rows forgotten or replaced are deleted, the relinked ones updated (`_relink`), then
+        the new ones inserted: one statement each (`lib.bulk.insert_tuples`), whatever the
+        request's size."""
         session = self.session
         if self.gone:
             session.execute(delete(_SPANS).where(among(session, _SPANS.c.key, self.gone)))
             self.gone = set()
+        if self.relinked:
+            _relink(session.connection(), self.relinked, self.no_verdicts, self.now)
+            self.relinked = []
         if self.new_rows:
             connection = session.connection()
             insert_tuples(connection, _SPANS, _ROW_COLUMNS, self.new_rows, encoded=_ROW_COLUMNS)
@@ -1311,8 +1351,10 @@ class _Join:
         first: dict[str, list[Verdict]] = {}  # source key → the span imported with it, its verdicts
         for key, call, verdicts, source_key in accepted:
             snapshot_id, judged = found[source_key]
-            self._forget(key)  # a waiting row becomes the link row
-            self.new_rows.append((key, call.response_id, snapshot_id, None, self.no_verdicts, self.now))
+            if self.stored.pop(key, None) is not None:  # its waiting row becomes the link row
+                self.relinked.append((call.response_id, snapshot_id, key))
+            else:
+                self.new_rows.append((key, call.response_id, snapshot_id, None, self.no_verdicts, self.now))
             if judged is None:
                 if source_key not in first:  # the first span of this content: imported with all its verdicts
                     first[source_key] = verdicts

@@ -239,6 +239,43 @@ def test_a_judge_inside_a_request_span_joins_by_the_response_id_it_names(
         assert [row.snapshot_id is not None for row in session.exec(select(OtlpSpan))] == [True]
 
 
+@pytest.mark.parametrize("logs_first", [False, True], ids=["spans first", "logs first"])
+def test_a_call_that_waited_is_linked_like_one_joined_at_once(
+    any_receiver: Receiver, logs_first: bool
+) -> None:
+    """A call's waiting row (its span's, or its verdicts') becomes its link row in place
+    (lib.otlp._relink): the call's response id and evaluation, no span or verdicts kept, received
+    when linked, as the row of a span sent with its events."""
+    receiver = any_receiver
+    t = Telemetry()
+    t.call("Capital of Peru?", "Lima.", events={"truthfulness": 4}, **{"gen_ai.response.id": "chatcmpl-1"})
+    waited = t.call("Capital of Chile?", "Santiago.", **{"gen_ai.response.id": "chatcmpl-2"})
+    t.verdict("truthfulness", 3, waited)
+    posts = [("/v1/traces", t.traces()), ("/v1/logs", t.log_body())]
+    first, second = reversed(posts) if logs_first else posts
+    key = f"{waited.trace_id:032x}:{waited.span_id:016x}"
+    assert receiver.post(*first).status_code == 200
+    with Session(receiver.engine) as session:
+        waiting = session.get(OtlpSpan, key)
+        assert waiting is not None and waiting.snapshot_id is None
+        waited_since = waiting.received_at
+    assert receiver.post(*second).status_code == 200
+    with Session(receiver.engine) as session:
+        ids = {s.question: s.id for s in session.exec(select(EvaluationSnapshot))}
+        rows = {row.response_id: row for row in session.exec(select(OtlpSpan))}
+        assert sorted(rows) == ["chatcmpl-1", "chatcmpl-2"]
+        linked = {rid: (row.snapshot_id, row.span_json, row.pending_json) for rid, row in rows.items()}
+        assert linked == {
+            "chatcmpl-1": (ids["Capital of Peru?"], None, []),
+            "chatcmpl-2": (ids["Capital of Chile?"], None, []),
+        }
+        assert rows["chatcmpl-2"].key == key and rows["chatcmpl-2"].received_at > waited_since
+        # SQL NULL, not JSON null: both read back as None
+        nulls = select(OtlpSpan.key).where(OtlpSpan.span_json.is_(None))  # type: ignore[union-attr]
+        assert len(session.exec(nulls).all()) == 2
+    assert count(receiver.engine, Judgment) == 2
+
+
 def _handler_trace(t: Telemetry, question: str, calls: int = 1, **verdict_attrs: Any) -> None:
     """A web handler's span around `calls` chat calls and a judge's verdict emitted in the
     handler's context (the SDK stamps the current span), naming what `verdict_attrs` add."""
