@@ -679,6 +679,8 @@ def test_otlp_json_bodies_and_refusals(receiver: Receiver) -> None:
         snapshot = session.exec(select(EvaluationSnapshot)).one()
     assert (snapshot.product, snapshot.question, snapshot.model_answer) == ("json-bot", "Hi?", "Hello.")
     assert judgments(receiver.engine) == {"clarity": ("4", "clear")}
+    with Session(receiver.engine) as session:  # gen_ai.evaluation.score.label, structured (0032)
+        assert session.exec(select(Judgment.label)).one() == "clear"
 
 
 def test_an_instrumented_openai_call_reaches_the_running_app_and_its_evaluations_page(
