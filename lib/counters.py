@@ -346,6 +346,24 @@ def refresh_snapshots(*, session: Session, where: Any) -> None:
     `reviewer_decisions` too: whatever may change a judgment's review state comes through here or
     through `bump_review` (archive and restore change no decision: they keep theirs).
     """
+    # Lock the rows in a statement of their own first (PostgreSQL): an UPDATE that waits on a
+    # review's `bump_review` re-checks only the row, not its subqueries, and would write counts from
+    # before that review committed over its +1. The next statement sees the review committed.
+    lock_snapshots(session=session, where=where)
+    _shift_evaluations(session, where, -1)
+    prepared.run(
+        session, where, ("refresh evaluations",),
+        lambda w: update(_S).where(w).values(refreshed_columns(session)).execution_options(synchronize_session=False),
+    )  # fmt: skip
+    _shift_evaluations(session, where, 1)
+
+
+def refreshed_columns(session: Session) -> dict[str, Any]:
+    """The per-evaluation counter columns recomputed from the evaluation's judgments, as SQL
+    correlated to `evaluation_snapshots`: what `refresh_snapshots` sets. A writer that updates the
+    evaluations' rows anyway once it has added their judgments sets these in that same UPDATE,
+    inside `gaps_change` (which moves their `evaluation_counts` and locks them as a refresh does),
+    instead of a refresh after it (lib.importer's late verdicts: three statements fewer a request)."""
 
     def count(*conds: Any) -> Any:
         return (
@@ -355,25 +373,13 @@ def refresh_snapshots(*, session: Session, where: Any) -> None:
             .scalar_subquery()
         )
 
-    # Lock the rows in a statement of their own first (PostgreSQL): an UPDATE that waits on a
-    # review's `bump_review` re-checks only the row, not its subqueries, and would write counts from
-    # before that review committed over its +1. The next statement sees the review committed.
-    lock_snapshots(session=session, where=where)
-    _shift_evaluations(session, where, -1)
-    prepared.run(
-        session, where, ("refresh evaluations",),
-        lambda w: update(_S)
-        .where(w)
-        .values(
-            judgments_total=count(),
-            judgments_reviewed=count(reviewed_judgment()),
-            judgments_corrected=count(reviewed_judgment(), col(_J.was_corrected)),
-            judged_metrics=_metrics_list(session),
-            reviewer_decisions=_reviewer_decisions(session),
-        )
-        .execution_options(synchronize_session=False),
-    )  # fmt: skip
-    _shift_evaluations(session, where, 1)
+    return {
+        "judgments_total": count(),
+        "judgments_reviewed": count(reviewed_judgment()),
+        "judgments_corrected": count(reviewed_judgment(), col(_J.was_corrected)),
+        "judged_metrics": _metrics_list(session),
+        "reviewer_decisions": _reviewer_decisions(session),
+    }
 
 
 def new_evaluation_counters(
@@ -860,9 +866,10 @@ def snapshots_change(*, session: Session, where: Any) -> Iterator[None]:
 @contextmanager
 def gaps_change(*, session: Session, where: Any) -> Iterator[None]:
     """Around a Core UPDATE of the gap columns (`weighted_gap`, `max_metric_gap`) of the evaluations
-    matching `where` (`lib.snapshots.rederive_gaps`): `evaluation_counts` keys an evaluation by its
-    largest gap and whether it has a weighted gap, so they leave their old rows and join their new
-    ones. Nothing else counted here depends on a gap (the scores tables keep raw scores)."""
+    matching `where` (`lib.snapshots.rederive_gaps`; late verdicts, with `refreshed_columns`):
+    `evaluation_counts` keys an evaluation by its largest gap and whether it has a weighted gap, so
+    they leave their old rows and join their new ones. Nothing else counted here depends on a gap
+    (the scores tables keep raw scores)."""
     lock_snapshots(session=session, where=where)
     _shift_evaluations(session, where, -1)
     yield

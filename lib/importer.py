@@ -32,6 +32,7 @@ reviewer (the cache does not say who), with "imported" and "overruled"/"confirme
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import pickle
@@ -82,6 +83,7 @@ from lib.models import (
     compute_was_corrected,
     utcnow,
 )
+from lib.prepared import built
 from lib.records import (
     ImportFailed,
     InvalidField,
@@ -803,11 +805,36 @@ _LATE_COLUMNS = (
 )  # fmt: skip
 # The snapshot columns late verdicts re-derive (lib.scores follows the judge scores: replace_snapshot_scores).
 _LATE_DERIVED = ("judge_scores_json", "evidence_json", "weighted_gap", "max_metric_gap", "judge_meta_score")
-_LATE_UPDATE = (
-    _SNAPSHOTS.update()
-    .where(_SNAPSHOTS.c.id == bindparam("b_id"))
-    .values({column: bindparam(f"b_{column}") for column in _LATE_DERIVED})
-)
+
+
+def _late_snapshots(session: Session) -> Any:
+    """`SELECT <_LATE_COLUMNS> FROM evaluation_snapshots WHERE id IN :ids` (`lib.bulk.among_value`), built once."""
+    return built(
+        session,
+        ("late verdicts' evaluations",),
+        lambda: select(*(_SNAPSHOTS.c[name] for name in _LATE_COLUMNS)).where(
+            bulk.among_template(session, _SNAPSHOTS.c.id, "ids")
+        ),
+    )
+
+
+def _late_update(session: Session) -> Any:
+    """The UPDATE of one evaluation gaining late verdicts (executemany): its re-derived columns and,
+    its new judgments written, its counters (`counters.refreshed_columns`); built once."""
+    return built(
+        session,
+        ("late verdicts' evaluation",),
+        lambda: (
+            _SNAPSHOTS.update()
+            .where(_SNAPSHOTS.c.id == bindparam("b_id"))
+            .values(
+                {
+                    **{column: bindparam(f"b_{column}") for column in _LATE_DERIVED},
+                    **counters.refreshed_columns(session),
+                }
+            )
+        ),
+    )
 
 
 def _add_verdicts(
@@ -817,14 +844,8 @@ def _add_verdicts(
     on_invalid: Callable[[int, ImportFailed], None] | None,
 ) -> int:
     """One round of `add_source_verdicts`: `entries` (index in its items, group) name different evaluations."""
-    found = {
-        row.id: row
-        for row in session.execute(
-            select(*(_SNAPSHOTS.c[name] for name in _LATE_COLUMNS)).where(
-                bulk.among(session, _SNAPSHOTS.c.id, {item.snapshot_id for _, item in entries})
-            )
-        )
-    }
+    ids = bulk.among_value(session, {item.snapshot_id for _, item in entries})
+    found = {row.id: row for row in session.execute(_late_snapshots(session), {"ids": ids})}
     refusals: dict[int, ImportFailed] = {}  # index in items → why
 
     def refuse(index: int, exc: ImportFailed) -> None:
@@ -869,15 +890,17 @@ def _add_verdicts(
     refused: dict[int, ImportFailed] = {}  # position in plan.records → why the check refused it
 
     def check(positions: list[int]) -> list[tuple[int, dict[str, Any], list[Any]]]:
-        metric_sets: dict[str, MetricSet] = {}  # read after the definitions
+        metric_sets: dict[str, MetricSet] = {}  # read again after definitions were written
         checked = []
         for position in positions:
             located, planned = plan.records[position]
             snapshot = of_evaluation[plan.indexes[position]][1]
             product = snapshot.product
             if product not in metric_sets:
+                specs = rubric(product)[0] if not plan.definitions else None
                 metric_sets[product] = MetricSet(
-                    product, metrics_for_product(session=session, product=product)
+                    product,
+                    specs if specs is not None else metrics_for_product(session=session, product=product),
                 )
             have = _json_object(snapshot.judge_scores_json)
             evidence = {
@@ -929,35 +952,37 @@ def _write_late(session: Session, checked: list[tuple[Any, dict[str, Any], list[
     if not checked:
         return 0
     updates: list[dict[str, Any]] = []
-    rescored: list[scores.ScoredSnapshot] = []
+    before: list[scores.ScoredSnapshot] = []
+    after: list[scores.ScoredSnapshot] = []
     judgment_rows: list[dict[str, Any]] = []
     for snapshot, row, new in checked:
         updates.append({"b_id": snapshot.id, **{f"b_{column}": row[column] for column in _LATE_DERIVED}})
-        rescored.append(
-            scores.ScoredSnapshot(
-                id=snapshot.id,
-                product=snapshot.product,
-                language=snapshot.language,
-                created_at=snapshot.created_at,
-                live=snapshot.deleted_at is None,
-                user_scores=_json_object(snapshot.user_scores_json),
-                judge_scores=row["judge_scores_json"],
-            )
+        scored = scores.ScoredSnapshot(
+            id=snapshot.id,
+            product=snapshot.product,
+            language=snapshot.language,
+            created_at=snapshot.created_at,
+            live=snapshot.deleted_at is None,
+            user_scores=_json_object(snapshot.user_scores_json),
+            judge_scores=_json_object(snapshot.judge_scores_json),
         )
+        before.append(scored)
+        after.append(dataclasses.replace(scored, judge_scores=row["judge_scores_json"]))
         judgment_rows.extend(
             snapshot_judgment_rows({**row, "id": snapshot.id, "created_at": snapshot.created_at}, new)
         )
     snapshots = counters.batch(session, _SNAPSHOTS.c.id, [u["b_id"] for u in updates])
-    with counters.gaps_change(session=session, where=snapshots):  # evaluation_counts keys the gaps
-        session.connection().execute(_LATE_UPDATE, updates)
-    scores.replace_snapshot_scores(session=session, snapshots=rescored)
-    _write_rows(session, _JUDGMENTS, judgment_rows)
+    # evaluation_counts keys the gaps and the per-evaluation counters: the evaluations leave their
+    # rows (locked first), gain their judgments, are updated with counters recounted from those, and
+    # join their new rows; then the judgments are counted (lib.counters.judgments_added's two halves).
+    with counters.gaps_change(session=session, where=snapshots):
+        _write_rows(session, _JUDGMENTS, judgment_rows)
+        session.connection().execute(_late_update(session), updates)
     if judgment_rows:
-        counters.judgments_added(
-            session=session,
-            where=counters.judgments_with_change_ids([j["change_id"] for j in judgment_rows]),
-            snapshots=snapshots,
+        counters.include_judgments(
+            session=session, where=counters.judgments_with_change_ids([j["change_id"] for j in judgment_rows])
         )
+    scores.replace_snapshot_scores(session=session, before=before, after=after)
     return len(judgment_rows)
 
 

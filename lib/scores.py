@@ -142,11 +142,16 @@ def add_snapshot_scores(*, session: Session, snapshots: Iterable[ScoredSnapshot]
     return _add(session.connection(), snapshots)
 
 
-def replace_snapshot_scores(*, session: Session, snapshots: Sequence[ScoredSnapshot]) -> None:
-    """The rows and counts of stored snapshots whose scores changed (a Core UPDATE of their score
-    columns: late judge verdicts, `lib.importer.add_source_verdicts`): the old ones out, the new in,
-    as the ORM hook below does for one snapshot."""
-    _replace(session.connection(), snapshots)
+def replace_snapshot_scores(
+    *, session: Session, before: Sequence[ScoredSnapshot], after: Sequence[ScoredSnapshot]
+) -> None:
+    """The rows and counts of stored snapshots whose scores a Core UPDATE changed from `before` to
+    `after` (late judge verdicts, `lib.importer.add_source_verdicts`): the old ones out, the new in,
+    as the ORM hook below does for one snapshot. Only snapshots whose rows differ are touched: a
+    judge score for a metric no user scored adds no row (an OTLP call has no user scores at all)."""
+    changed = [new for old, new in zip(before, after, strict=True) if score_rows([old]) != score_rows([new])]
+    if changed:
+        _replace(session.connection(), changed)
 
 
 def _replace(connection: Connection, snapshots: Sequence[ScoredSnapshot]) -> None:
