@@ -259,9 +259,11 @@ def _any_verdicts(session: Session) -> bool:
 
     Re-judges are rare, and most databases have none: this probe (~0.25 ms on SQLite) spares the
     pair upsert (~1.8 ms) on every write of judgments there. It reads what that upsert's own SELECT
-    would: a verdict this transaction cannot see would add no pair there either.
+    would: a verdict this transaction cannot see would add no pair there either. Built once
+    (lib.prepared): building it cost more than running it.
     """
-    return session.execute(select(literal(1)).select_from(_V).limit(1)).first() is not None
+    probe = prepared.built(session, ("any verdicts",), lambda: select(literal(1)).select_from(_V).limit(1))
+    return session.execute(probe).first() is not None
 
 
 def _pair_upsert(session: Session, source: Any) -> Any:
