@@ -63,6 +63,9 @@ _EXPLANATION = ("gen_ai.evaluation.explanation", "evaluation.explanation")
 # An evaluation event's attributes the receiver reads, in the order of their values (`_verdict_fields`).
 _VERDICT_ATTRIBUTES = (*_NAME, *_SCORE, *_LABEL, *_EXPLANATION, "gen_ai.response.id")
 _VERDICT_SLOT = {name: slot for slot, name in enumerate(_VERDICT_ATTRIBUTES)}
+# A log record's: its verdict's, then the event name older SDKs sent as an attribute (`_Reader.log`).
+_LOG_ATTRIBUTES = (*_VERDICT_ATTRIBUTES, "event.name")
+_LOG_SLOT = {name: slot for slot, name in enumerate(_LOG_ATTRIBUTES)}
 ANSWER_ATTRIBUTE = "gen_ai.output.messages"
 QUESTION_ATTRIBUTE = "gen_ai.input.messages"
 
@@ -229,7 +232,10 @@ def decode(signal: str, body: bytes, kind: str, settings: Any) -> Batch:
 
 @dataclass(slots=True)
 class _Record:
-    """A span or log record, encoding-neutral: ids in hex, attributes and events as plain values."""
+    """A span or log record, encoding-neutral: ids in hex, attributes and events as plain values.
+
+    A log record is one event: `events` holds its name and its `_LOG_ATTRIBUTES` values, and its
+    attributes are read no further (a request of 512 records would build 512 dicts to read them)."""
 
     trace_id: str
     span_id: str
@@ -287,8 +293,8 @@ def _proto_resources(signal: str, body: bytes) -> Iterator[tuple[dict[str, Any],
                         "",
                         log.event_name,
                         log.time_unix_nano or log.observed_time_unix_nano,
-                        _proto_attrs(log.attributes),
-                        [],
+                        {},
+                        [(log.event_name, _proto_verdict_fields(log.attributes, _LOG_SLOT))],
                     )
                     for scope_logs in resource_logs.scope_logs
                     for log in scope_logs.log_records
@@ -321,11 +327,12 @@ def _proto_attrs(attributes: Iterable[Any]) -> dict[str, Any]:
     return attrs
 
 
-def _proto_verdict_fields(attributes: Iterable[Any]) -> list[Any]:
+def _proto_verdict_fields(attributes: Iterable[Any], slots: dict[str, int] = _VERDICT_SLOT) -> list[Any]:
     """A span event's KeyValues walked once into the values a verdict reads (`_verdict_fields`'
-    order); the others are never converted. A 10,000-span request has 50,000 events: no dict each."""
-    fields: list[Any] = [None] * len(_VERDICT_ATTRIBUTES)
-    slot_of = _VERDICT_SLOT.get
+    order; a log record's with `_LOG_SLOT`); the others are never converted. A 10,000-span request
+    has 50,000 events: no dict each."""
+    fields: list[Any] = [None] * len(slots)
+    slot_of = slots.get
     for kv in attributes:
         slot = slot_of(kv.key)  # each read of a protobuf field makes a new Python object: once
         if slot is not None:
@@ -410,13 +417,16 @@ def _json_record(signal: str, record: Any) -> _Record:
     else:
         name = str(_get(record, "eventName", ""))
         time_ns = _get(record, "timeUnixNano") or _get(record, "observedTimeUnixNano", 0)
+    attributes = _json_attrs(_get(record, "attributes"))
+    if signal != "traces":  # one event (`_Record`)
+        events, attributes = [(name, [attributes.get(n) for n in _LOG_ATTRIBUTES])], {}
     return _Record(
         _hex_id(_get(record, "traceId", "")),
         _hex_id(_get(record, "spanId", "")),
         _hex_id(_get(record, "parentSpanId", "")),
         name,
         int(time_ns or 0),
-        _json_attrs(_get(record, "attributes")),
+        attributes,
         events,
     )
 
@@ -499,13 +509,12 @@ class _Reader:
         batch.verdicts.extend(verdicts)
 
     def log(self, batch: Batch, resource: dict[str, Any], record: _Record) -> None:
-        attrs = record.attributes
-        named = EVALUATION_EVENT in (record.name, attrs.get("event.name"))
-        if not named and _first(attrs, _NAME) is None:
+        ((name, fields),) = record.events  # `_LOG_ATTRIBUTES`' values
+        if EVALUATION_EVENT not in (name, fields[-1]) and fields[0] is None and fields[1] is None:  # _NAME
             return  # an ordinary log line, not ours
         key = _key(record.trace_id, record.span_id)
-        response_id = _text(attrs.get("gen_ai.response.id"))
-        verdict = _verdict(_verdict_fields(attrs), key, response_id)
+        verdict = _verdict(fields, key, None)
+        response_id = verdict.response_id  # the record's gen_ai.response.id, as text
         if verdict.response_id is not None and key is not None:
             # The response id names the judged call; the record's context is only where the judge
             # ran, usually a request's or job's span around it (the SDK stamps the current span on
@@ -604,9 +613,10 @@ def _verdict_fields(attrs: Mapping[str, Any]) -> list[Any]:
 
 
 def _verdict(fields: list[Any], key: str | None, response_id: str | None) -> Verdict:
-    """The verdict `fields` (`_verdict_fields`) state, GenAI attributes before OpenInference's; the event's
-    own gen_ai.response.id before `response_id` (its span's, as text)."""
-    name, oi_name, score, oi_score, label, oi_label, explanation, oi_explanation, own_response = fields
+    """The verdict `fields` (`_verdict_fields`; a log record's `_LOG_ATTRIBUTES` end with one more,
+    not the verdict's) state, GenAI attributes before OpenInference's; the event's own
+    gen_ai.response.id before `response_id` (its span's, as text)."""
+    name, oi_name, score, oi_score, label, oi_label, explanation, oi_explanation, own_response, *_ = fields
     if name is None:
         name = oi_name
     if score is None:

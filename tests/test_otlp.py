@@ -683,6 +683,56 @@ def test_otlp_json_bodies_and_refusals(receiver: Receiver) -> None:
         assert session.exec(select(Judgment.label)).one() == "clear"
 
 
+def test_log_records_are_verdicts_by_their_event_name_or_evaluation_name_in_both_encodings(
+    receiver: Receiver,
+) -> None:
+    """A log record is a verdict when its event name says so, or the `event.name` attribute older
+    SDKs set does, or it names an evaluation (OpenInference's attributes too); any other log line is
+    passed over. Read alike from protobuf and OTLP/JSON."""
+    t = Telemetry()
+    by_json = t.call("Capital of Norway?", "Oslo.")
+    by_protobuf = t.call("Capital of Sweden?", "Stockholm.")
+    unnamed = t.call("Capital of Finland?", "Helsinki.")
+    assert receiver.post("/v1/traces", t.traces()).status_code == 200
+    verdicts = [  # (event name, attributes)
+        (EVAL, {"gen_ai.evaluation.name": "clarity", "gen_ai.evaluation.score.value": 4}),
+        (None, {"event.name": EVAL, "gen_ai.evaluation.name": "safety", "gen_ai.evaluation.score.value": 5}),
+        (None, {"evaluation.name": "tone", "evaluation.score": 3}),
+        (None, {"http.request.method": "GET"}),  # an ordinary log line
+    ]
+    for event, attributes in verdicts:
+        context = trace.set_span_in_context(trace.NonRecordingSpan(by_protobuf))
+        t.logger.emit(event_name=event, context=context, attributes=attributes, body="a line")
+    # Ours by the `event.name` attribute alone, naming no evaluation: refused, not passed over.
+    context = trace.set_span_in_context(trace.NonRecordingSpan(unnamed))
+    t.logger.emit(context=context, attributes={"event.name": EVAL, "gen_ai.evaluation.score.value": 1})
+    r = receiver.post("/v1/logs", t.log_body())
+    partial = ExportLogsServiceResponse.FromString(r.content).partial_success
+    assert r.status_code == 200 and partial.rejected_log_records == 1, r.content
+    assert "no gen_ai.evaluation.name" in partial.error_message
+
+    def value(v: Any) -> dict[str, Any]:
+        return {"stringValue": v} if isinstance(v, str) else {"intValue": str(v)}
+
+    records = [
+        {
+            "traceId": f"{by_json.trace_id:032x}",
+            "spanId": f"{by_json.span_id:016x}",
+            **({"eventName": event} if event else {}),
+            "body": {"stringValue": "a line"},
+            "attributes": [{"key": k, "value": value(v)} for k, v in attributes.items()],
+        }
+        for event, attributes in verdicts
+    ]
+    body = json.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": records}]}]}).encode()
+    r = receiver.post("/v1/logs", body, **{"Content-Type": "application/json"})
+    assert r.status_code == 200 and r.json() == {}, r.text
+    expected = {"clarity", "safety", "tone"}
+    assert scored(receiver.engine) == {
+        (q, m) for q in ("Capital of Norway?", "Capital of Sweden?") for m in expected
+    }
+
+
 def test_an_instrumented_openai_call_reaches_the_running_app_and_its_evaluations_page(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sqlite_url: str, sqlite_engine: Engine
 ) -> None:
