@@ -328,9 +328,10 @@ def create_app(
             settings = get_settings()
             # Off the event loop, as the decode is: the server's loop serves the pages too.
             body = await run_in_threadpool(otlp.read_body, bytes(raw), encoding, json_limit)
-            batch = await run_in_threadpool(otlp.decode, signal, body, kind, settings)
             outcome = await run_in_threadpool(
-                lambda: otlp.ingest(engine=get_engine(), batch=batch, actor=actor)
+                lambda: otlp.receive(
+                    engine=get_engine(), signal=signal, body=body, kind=kind, settings=settings, actor=actor
+                )
             )
         except otlp.OtlpError as exc:
             status, message = exc.status, exc.message
@@ -1273,7 +1274,7 @@ def _parse_json(raw: bytes) -> Any:
 def _import_body(engine: Engine, path: Path, actor: Actor, kind: str, options: Any = None) -> Any:
     """The importer on the spooled body: an evaluations JSON array through import_evaluations,
     JSON Lines and other tools' files (`options` given) through import_path (the CLI's import)."""
-    from lib.db import session_scope
+    from lib.db import write_retrying
     from lib.importer import ImportConflict, import_evaluations, import_path
 
     is_array = options is None and _is_json_array(path)
@@ -1283,9 +1284,13 @@ def _import_body(engine: Engine, path: Path, actor: Actor, kind: str, options: A
         if is_array and kind != "evaluations":
             raise ApiError(422, f"send {kind} as JSON Lines (one object per line)", line=1)
         if is_array:
-            records = _json_array(path)
-            with session_scope(engine) as session:
-                return import_evaluations(session=session, records=records, source="request", reviewer=actor)
+            # Parsed again by a deadlock's victim (write_retrying): the importer's records are its own.
+            return write_retrying(
+                engine,
+                lambda session: import_evaluations(
+                    session=session, records=_json_array(path), source="request", reviewer=actor
+                ),
+            )
         return import_path(engine=engine, path=path, kind=kind, reviewer=actor)
     except ImportConflict as exc:  # nothing wrong with the data: the same post a moment later works
         raise ApiError(409, str(exc), headers={"Retry-After": "1"}) from None

@@ -382,7 +382,7 @@ def must_retry(exc: BaseException) -> bool:
     return False
 
 
-def write_retrying(engine: Engine, work: Callable[[Session], T], *, attempts: int = WRITE_ATTEMPTS) -> T:
+def write_retrying(engine: Engine, work: Callable[[Session], T], *, attempts: int | None = None) -> T:
     """`work(session)` in one write transaction (`session_scope`), run again whole on PostgreSQL when
     the database aborted it as a deadlock's victim or a serialization failure.
 
@@ -392,21 +392,37 @@ def write_retrying(engine: Engine, work: Callable[[Session], T], *, attempts: in
     jittered back-off (the other transaction finishes meanwhile). `work` must therefore read what it
     checks inside the transaction (a version check after a lost race then refuses as it should) and
     have no effect outside it: its result is what the last attempt returned. SQLite never needs it
-    (one writer at a time), so there `work` runs once.
+    (one writer at a time), so there `work` runs once. `attempts`: WRITE_ATTEMPTS unless given.
     """
+
+    def attempt() -> T:
+        with session_scope(engine) as session:
+            return work(session)
+
+    return run_retrying(engine, attempt, attempts=attempts)
+
+
+def run_retrying(engine: Engine, attempt: Callable[[], T], *, attempts: int | None = None) -> T:
+    """`attempt()` again whole on PostgreSQL while it fails as a deadlock's victim or a serialization
+    failure (`must_retry`), after the same jittered back-off as `write_retrying`.
+
+    For a writer that opens its own sessions (an import validates under a read-only session, then
+    writes in one transaction): every write of `attempt` must be in that one transaction, and what
+    it reads (a file on disk, a request body in memory) must read the same again. An import is all
+    or nothing, so a victim's attempt left nothing behind. SQLite: runs once."""
+    attempts = WRITE_ATTEMPTS if attempts is None else attempts  # read when called (a test may lower it)
     retries = attempts - 1 if engine.dialect.name == "postgresql" else 0
-    for attempt in range(retries + 1):
+    for n in range(retries + 1):
         try:
-            with session_scope(engine) as session:
-                return work(session)
+            return attempt()
         except Exception as exc:
-            if attempt == retries or not must_retry(exc):
+            if n == retries or not must_retry(exc):
                 raise
             log.info(
                 "write transaction retried after %s (attempt %d of %d)",
                 type(exc).__name__,
-                attempt + 2,
+                n + 2,
                 attempts,
             )
-            time.sleep(random.uniform(0.5, 1.0) * min(RETRY_BACKOFF_S * 2**attempt, RETRY_BACKOFF_MAX_S))
+            time.sleep(random.uniform(0.5, 1.0) * min(RETRY_BACKOFF_S * 2**n, RETRY_BACKOFF_MAX_S))
     raise AssertionError("unreachable")  # the loop returns or raises

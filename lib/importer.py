@@ -53,7 +53,7 @@ from sqlmodel import Session
 from lib import bulk, counters, judge_versions, notes, scores, source_records
 from lib.auth import Actor, Permission, authorize
 from lib.corrections import require_reviewer, review_event_row
-from lib.db import LoadStatistics, refresh_statistics, session_scope
+from lib.db import LoadStatistics, refresh_statistics, run_retrying, session_scope
 from lib.interaction_records import interaction_rows
 from lib.json_files import (
     BOM,
@@ -1462,8 +1462,13 @@ def import_path(
     try:
         # The load's collections walk its own objects, not the app's, from the file's first read
         # (another tool's file or a document is read whole before its rows): `_bulk_load` nests.
+        # A deadlock's victim on PostgreSQL (the load's counter rows against a review's, an archive's or
+        # a re-judge's) is run again whole: the file is read again and nothing of the attempt is left.
         with bulk.frozen_heap():
-            report = _import_file(engine=engine, path=path, kind=kind, actor=actor, options=options)
+            report = run_retrying(
+                engine,
+                lambda: _import_file(engine=engine, path=path, kind=kind, actor=actor, options=options),
+            )
     except ImportFailed as exc:
         raise type(exc)(f"{exc}; nothing was imported") from None
     if report.kind == "interactions":

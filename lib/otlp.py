@@ -804,6 +804,19 @@ def ingest(*, engine: Engine, batch: Batch, actor: Actor) -> Outcome:
     return outcome
 
 
+def receive(*, engine: Engine, signal: str, body: bytes, kind: str, settings: Any, actor: Actor) -> Outcome:
+    """A request's body decoded and ingested (`decode`, `ingest`), run again whole when PostgreSQL
+    picked its transaction as a deadlock's victim (its counter rows against a review's, an archive's
+    or a re-judge's): OTLP exporters resend after 429, 502, 503 and 504 only, so on a 500 the batch
+    was lost. The body is in memory; a retry decodes it again (the join rewrites the batch's item
+    counts as it routes them), and an attempt that was rolled back left nothing."""
+    from lib.db import run_retrying
+
+    return run_retrying(
+        engine, lambda: ingest(engine=engine, batch=decode(signal, body, kind, settings), actor=actor)
+    )
+
+
 def _orphans_wait(engine: Engine, batch: Batch) -> bool:
     """Whether verdicts wait under a span the batch passed over (`_Join._drop_orphans` drops them),
     read without the writer's lock: most such spans (HTTP, database) have nothing waiting."""

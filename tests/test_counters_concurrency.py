@@ -3,20 +3,26 @@ counts what that review committed (SQLite serialises writers, so there is nothin
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, event, text
 from sqlmodel import Session, col, select
 
-from lib import counters, importer, inspector
+import lib.db
+from lib import counters, importer, inspector, otlp
+from lib.api import _import_body
+from lib.auth import system_actor
+from lib.config import get_settings
 from lib.corrections import BulkReview, ReviewConflict, add_judgment, record_review, record_reviews
 from lib.db import WRITE_ATTEMPTS, create_db_engine, must_retry, session_scope, write_retrying
-from lib.models import JudgeVersion, Judgment
+from lib.models import EvaluationSnapshot, JudgeVersion, Judgment
 from lib.second_opinion import SecondOpinion, store_second_opinion
 from tests.conftest import PgDatabase
 from tests.test_counters import T0, _decisions_of_rows, _record, _snapshot_of_counters, _stored_decisions
@@ -447,3 +453,80 @@ def test_a_retried_review_after_a_lost_race_still_conflicts(pg_engine: Engine) -
     with session_scope(pg_engine) as s:
         j1 = s.exec(select(Judgment).order_by(col(Judgment.id))).first()
         assert j1 is not None and (j1.reviewer, j1.user_decision) == ("bob", "2")
+
+
+def _import_file(engine: Engine, tmp_path: Path, rec: dict[str, Any]) -> Any:
+    """`python -m lib import FILE`, the Import page and a JSON Lines POST: `importer.import_path`."""
+    path = tmp_path / "batch.jsonl"
+    path.write_text(json.dumps(rec) + "\n")
+    return importer.import_path(engine=engine, path=path, kind="evaluations", reviewer=system_actor())
+
+
+def _post_array(engine: Engine, tmp_path: Path, rec: dict[str, Any]) -> Any:
+    """`POST /api/v1/evaluations` with a JSON array: what the endpoint runs on the spooled body."""
+    path = tmp_path / "request.jsonl"
+    path.write_text(json.dumps([rec]))
+    return _import_body(engine, path, system_actor("ci"), "evaluations")
+
+
+def _post_otlp(engine: Engine, _tmp_path: Path, rec: dict[str, Any]) -> Any:
+    """`POST /v1/traces`: a chat span of the evaluation's product with a verdict as a span event."""
+    from tests.test_otlp import Telemetry
+
+    telemetry = Telemetry(service=rec["product"])
+    telemetry.call(rec["question"], rec["model_answer"], events={"truthfulness": 4})
+    return otlp.receive(
+        engine=engine, signal="traces", body=telemetry.traces(), kind=otlp.PROTOBUF,
+        settings=get_settings(), actor=system_actor("ci"),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("entry", [_import_file, _post_array, _post_otlp], ids=["file", "api array", "otlp"])
+@pytest.mark.parametrize("attempts", [WRITE_ATTEMPTS, 1], ids=["retried", "one attempt"])
+def test_an_import_that_a_deadlock_aborts_is_run_again_whole(
+    pg_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, entry: Any, attempts: int
+) -> None:
+    """Imports (a file, an API push, an OTLP request) are deadlock victims too: staged here, an open
+    transaction archives an evaluation of product P (holding P's counter rows), the import takes the
+    importers' lock and waits on those rows, and the open transaction then imports as well (waiting on
+    the importers' lock): a cycle, whose victim is the import (it waited first). Run again whole, it
+    lands with its evaluation and the counters equal a recount; with one attempt (main before) the
+    caller met DeadlockDetected and nothing of it was stored."""
+    monkeypatch.setattr(lib.db, "WRITE_ATTEMPTS", attempts)
+    (j1, _), _ = _two_judgments(pg_engine, 7, judge={"truthfulness": 4, "helpfulness": 5})
+    rng = random.Random(11)
+    with session_scope(pg_engine) as s:
+        seeded = s.get(Judgment, j1)
+        assert seeded is not None and seeded.snapshot_id is not None
+        sid, product = seeded.snapshot_id, seeded.product
+    incoming, other = (_record(rng, n) | {"product": product} for n in (1, 2))
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(entry(pg_engine, tmp_path, incoming))
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+
+    with pg_engine.connect() as conn, Session(bind=conn) as holding:
+        holding.execute(text("SET LOCAL deadlock_timeout = '5s'"))  # the test user is a superuser
+        inspector.archive_evaluation(session=holding, snapshot_id=sid, reviewer="lead")
+        worker = threading.Thread(target=run)
+        worker.start()
+        _wait_until_blocked(pg_engine, worker)
+        importer.import_evaluations(session=holding, records=[other])  # waits on the importers' lock
+        holding.commit()
+    worker.join(30)
+    assert not worker.is_alive()
+    with session_scope(pg_engine) as s:
+        questions = set(s.exec(select(EvaluationSnapshot.question)).all())
+        kept = _snapshot_of_counters(s)
+    assert other["question"] in questions
+    if attempts == 1:
+        assert not results and len(errors) == 1 and must_retry(errors[0]), errors
+        assert incoming["question"] not in questions
+    else:
+        assert not errors and len(results) == 1, errors
+        assert incoming["question"] in questions
+    _assert_recount_keeps(pg_engine, kept)
