@@ -761,17 +761,46 @@ def _call_of(span_json: Mapping[str, Any]) -> SpanCall:
 
 
 def _verdict_json(verdict: Verdict) -> dict[str, Any]:
-    """A waiting verdict as `otlp_spans.pending_json` stores it (`_verdict_of` reads it back)."""
-    return {
+    """A waiting verdict as `otlp_spans.pending_json` stores it (`_verdict_of` reads it back). The
+    gen_ai.response.id it names and the span it was emitted in are kept when it has them: a row
+    holds one response id for all its verdicts, but a judge's verdict naming another call's id can
+    wait beside verdicts naming none (`_by_id`), and the waiting list says where a verdict waiting
+    under `response:<id>` was emitted (lib.otlp_waiting; review11 F2, F3)."""
+    data = {
         "metric": verdict.name,
         "score": verdict.score,
         "label": verdict.label,
         "explanation": verdict.reason,
     }
+    if verdict.response_id is not None:
+        data["response_id"] = verdict.response_id
+    if verdict.context is not None:
+        data["context"] = verdict.context
+    return data
 
 
 def _verdict_of(data: Mapping[str, Any]) -> Verdict:
-    return Verdict.of(data.get("metric"), data.get("score"), data.get("label"), data.get("explanation"))
+    verdict = Verdict.of(
+        data.get("metric"),
+        data.get("score"),
+        data.get("label"),
+        data.get("explanation"),
+        None,
+        data.get("response_id"),
+    )
+    verdict.context = data.get("context")
+    return verdict
+
+
+def _by_id(row: _Stored) -> dict[str | None, list[Verdict]]:
+    """A waiting row's verdicts by the gen_ai.response.id each names (None: none). A row written
+    before each verdict kept its own (`_verdict_json`) goes whole by the row's."""
+    kept = any(isinstance(v, dict) and "response_id" in v for v in row.pending_json)
+    found: dict[str | None, list[Verdict]] = {}
+    for data in row.pending_json:
+        rid = data.get("response_id") if kept else row.response_id
+        found.setdefault(rid, []).append(_verdict_of(data))
+    return found
 
 
 def ingest(*, engine: Engine, batch: Batch, actor: Actor) -> Outcome:
@@ -1090,8 +1119,13 @@ class _Join:
                     and row.key != call.key
                     and (row.key.startswith("response:") or row.key.startswith(trace))
                 ):
-                    self.verdicts[call.key][:0] = [_verdict_of(v) for v in row.pending_json]
+                    # Only the verdicts that name this id: others emitted in the same span (naming
+                    # none) wait on under it (review11 F3).
+                    by_id = _by_id(row)
+                    self.verdicts[call.key][:0] = by_id.pop(call.response_id, [])
                     self._forget(row.key)
+                    if by_id:
+                        self.verdicts[row.key][:0] = [v for verdicts in by_id.values() for v in verdicts]
 
     def _call_for(self, verdict: Verdict) -> str | None:
         """The key a verdict goes to (a call's, or where it waits); None when it is refused here.
@@ -1214,46 +1248,58 @@ class _Join:
             if (
                 row is not None
                 and row.waits_verdicts
-                and call.response_id
-                and row.response_id not in (None, call.response_id)
+                and call.response_id  # a call recording no id (streaming, hand-made) takes them all
+                and row.response_id is not None
+                and (
+                    row.response_id != call.response_id
+                    or any(v.get("response_id") not in (None, call.response_id) for v in row.pending_json)
+                )
             ):
                 orphans.append((call.key, "", row))
         if not orphans:
             return
-        self._read(
-            keys={f"response:{row.response_id}" for *_, row in orphans if row.response_id},
-            responses={row.response_id for *_, row in orphans if row.response_id},
-        )
-        for key, name, row in orphans:
-            verdicts = [_verdict_of(v) for v in row.pending_json]
-            in_trace = self._trace_calls(key)
-            rid = row.response_id
-            if rid is None:  # the one call of its trace, whatever it records
-                target, count = (in_trace[0] if len(in_trace) == 1 else None), len(in_trace)
-                where = "its trace holds"
-            else:
-                # Only a call that records the id it names: its trace's, else any trace's (a judge in
-                # another process). None yet: it waits for one. Never a call recording another id,
-                # though it be its trace's only call so far (review10 F0).
-                named = [k for k in in_trace if self._response_of(k) == rid] or self._named(rid)
-                target = named[0] if len(named) == 1 else None if named else f"response:{rid}"
-                count, where = len(named), f"gen_ai.response.id {rid!r} names"
+        grouped = [(key, name, _by_id(row)) for key, name, row in orphans]
+        named = {rid for *_, by_id in grouped for rid in by_id if rid is not None}
+        self._read(keys={f"response:{rid}" for rid in named}, responses=named)
+        for key, name, by_id in grouped:
             self._forget(key)
-            if target is not None:
-                self.verdicts[target][:0] = verdicts
-                continue
-            what = (
-                f"{describe(key, name)} is no GenAI call (no gen_ai.* attributes)"
-                if key not in self.calls
-                else f"{self.calls[key].label()} records gen_ai.response.id {self._response_of(key)!r}"
-            )
-            self.outcome.reject(
-                self.batch,
-                key,
-                f"{what}, but evaluations ({', '.join(_metrics(verdicts))}) were emitted in its "
-                f"context and {where} {count or 'no'} calls: they are dropped. Emit them in the judged "
-                "call's span context",
-            )
+            call = self.calls.get(key)
+            for rid, verdicts in by_id.items():
+                if call is not None and (call.response_id is None or rid in (None, call.response_id)):
+                    # The call's own verdicts (naming none, or its id) stay with it; only those
+                    # naming another id go by it (review11 F3).
+                    self.verdicts[key][:0] = verdicts
+                    continue
+                self._reroute(key, name, rid, verdicts)
+
+    def _reroute(self, key: str, name: str, rid: str | None, verdicts: list[Verdict]) -> None:
+        """`_drop_orphans`' rule for verdicts that waited under `key` (naming `rid`, or None)."""
+        in_trace = self._trace_calls(key)
+        if rid is None:  # the one call of its trace, whatever it records
+            target, count = (in_trace[0] if len(in_trace) == 1 else None), len(in_trace)
+            where = "its trace holds"
+        else:
+            # Only a call that records the id it names: its trace's, else any trace's (a judge in
+            # another process). None yet: it waits for one. Never a call recording another id,
+            # though it be its trace's only call so far (review10 F0).
+            named = [k for k in in_trace if self._response_of(k) == rid] or self._named(rid)
+            target = named[0] if len(named) == 1 else None if named else f"response:{rid}"
+            count, where = len(named), f"gen_ai.response.id {rid!r} names"
+        if target is not None:
+            self.verdicts[target][:0] = verdicts
+            return
+        what = (
+            f"{describe(key, name)} is no GenAI call (no gen_ai.* attributes)"
+            if key not in self.calls
+            else f"{self.calls[key].label()} records gen_ai.response.id {self._response_of(key)!r}"
+        )
+        self.outcome.reject(
+            self.batch,
+            key,
+            f"{what}, but evaluations ({', '.join(_metrics(verdicts))}) were emitted in its "
+            f"context and {where} {count or 'no'} calls: they are dropped. Emit them in the judged "
+            "call's span context",
+        )
 
     def _response_of(self, key: str) -> str | None:
         """The gen_ai.response.id a call records (in this request or stored), else None."""

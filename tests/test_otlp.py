@@ -435,6 +435,107 @@ def test_a_verdict_in_a_judges_own_call_naming_another_id_joins_the_call_of_that
     assert rows["resp-X"].snapshot_id is not None and len(rows) == 2
 
 
+@pytest.mark.parametrize(
+    "order", ["logs, the call, the other id's call", "logs, the other id's call, the call"]
+)
+def test_a_calls_own_verdicts_stay_with_it_beside_a_verdict_naming_another_id(
+    any_receiver: Receiver, order: str
+) -> None:
+    """review11 F3: in call S's context (S records resp-S) a verdict naming no id (S's own) and a
+    judge's verdict naming resp-X, the logs first (the SDK's timing). Each goes by the id it names:
+    clarity to S, truthfulness to resp-X's call, whichever of the two calls comes first. Before,
+    the row's one response id took both to resp-X's call."""
+    receiver = any_receiver
+    t = Telemetry()
+    with t.tracer.start_as_current_span("POST /ask"):
+        own = t.call("Own: capital of Peru?", "Lima.", **{"gen_ai.response.id": "resp-S"})
+        t.call("Other: capital of Chile?", "Santiago.", **{"gen_ai.response.id": "resp-X"})
+    t.verdict("clarity", 4, own)
+    t.verdict("truthfulness", 5, own, **{"gen_ai.response.id": "resp-X"})
+    calls = {
+        (s.attributes or {}).get("gen_ai.response.id"): encode_spans([s]).SerializeToString()
+        for s in t.spans.get_finished_spans()
+    }
+    t.spans.clear()
+    later = ["resp-S", "resp-X"] if order.endswith("other id's call") else ["resp-X", "resp-S"]
+    for path, body in [("/v1/logs", t.log_body()), *(("/v1/traces", calls[rid]) for rid in later)]:
+        r = receiver.post(path, body)
+        assert r.status_code == 200 and not r.content, r.content
+    assert scored(receiver.engine) == {
+        ("Own: capital of Peru?", "clarity"),
+        ("Other: capital of Chile?", "truthfulness"),
+    }
+    with Session(receiver.engine) as session:
+        assert not any(row.pending_json for row in session.exec(select(OtlpSpan)))
+
+
+@pytest.mark.parametrize("order", ["span first", "verdict first"])
+def test_a_verdict_in_a_calls_own_context_naming_an_id_it_does_not_record_waits_for_that_id(
+    any_receiver: Receiver, order: str
+) -> None:
+    """review11 F2, the other side of review10 L2: a verdict emitted in a call that records resp-A,
+    naming resp-B. The receiver cannot tell the judged call with a mismatched id from a judge's own
+    LLM call, so it goes by the id it names: it waits for resp-B's call (the waiting list says where
+    it was emitted, lib.otlp_waiting "in_call_recording_another"), and joins it when it comes."""
+    receiver = any_receiver
+    t = Telemetry()
+    ctx = t.call("Capital of Peru?", "Lima.", **{"gen_ai.response.id": "resp-A"})
+    t.verdict("clarity", 4, ctx, **{"gen_ai.response.id": "resp-B"})
+    sent = [("/v1/traces", t.traces()), ("/v1/logs", t.log_body())]
+    for path, body in sent if order == "span first" else sent[::-1]:
+        r = receiver.post(path, body)
+        assert r.status_code == 200 and not r.content, r.content
+    assert judgments(receiver.engine) == {}  # not put on the call it was emitted in
+    with Session(receiver.engine) as session:
+        [waiting] = [row for row in session.exec(select(OtlpSpan)) if row.pending_json]
+    assert waiting.key == "response:resp-B"
+    assert waiting.pending_json[0]["context"] == f"{ctx.trace_id:032x}:{ctx.span_id:016x}"
+    t.call("Capital of Chile?", "Santiago.", **{"gen_ai.response.id": "resp-B"})
+    assert receiver.post("/v1/traces", t.traces()).content == b""
+    assert scored(receiver.engine) == {("Capital of Chile?", "clarity")}
+
+
+@pytest.mark.parametrize(
+    "order", ["judged call first", "judge's call first", "verdict, judge's call, judged call"]
+)
+def test_a_judges_verdict_with_a_repeated_id_joins_another_traces_call_if_its_own_comes_last(
+    any_receiver: Receiver, order: str
+) -> None:
+    """review11 F1, asserted as the receiver behaves (docs/opentelemetry.md, "A judge's own LLM
+    call"): response ids repeat (Ollama draws them from 999), trace T2 already holds a call recording
+    chatcmpl-4. In trace T1 the judged call C (chatcmpl-4) and the judge's own call J (chatcmpl-9);
+    the verdict naming chatcmpl-4 is emitted in J's context. Once J has arrived, the verdict goes to
+    T1's call recording the id, else to the one call anywhere that does: when C comes before or
+    with J (one SDK exports spans in the order they end, and C ends before the judge runs) it
+    joins C; when C comes after J (another process exports it, or it ends later), T2's call gets
+    the judgment, and nothing says so. No receiver rule tells the cases apart; the sender avoids it
+    by emitting the verdict in C's span context, or by unique response ids."""
+    receiver = any_receiver
+    t = Telemetry()
+    t.call("Other trace: capital of Peru?", "Lima.", **{"gen_ai.response.id": "chatcmpl-4"})
+    assert receiver.post("/v1/traces", t.traces()).content == b""
+    with t.tracer.start_as_current_span("POST /ask"):
+        t.call("Judged: capital of Chile?", "Santiago.", **{"gen_ai.response.id": "chatcmpl-4"})
+        judge = t.call("Is it right?", "Yes: 5.", **{"gen_ai.response.id": "chatcmpl-9"})
+    t.verdict("truthfulness", 5, judge, **{"gen_ai.response.id": "chatcmpl-4"})
+    finished = t.spans.get_finished_spans()
+    t.spans.clear()
+    judged = [s for s in finished if (s.attributes or {}).get("gen_ai.response.id") == "chatcmpl-4"]
+    c = ("/v1/traces", encode_spans(judged).SerializeToString())
+    j = ("/v1/traces", encode_spans([s for s in finished if s not in judged]).SerializeToString())
+    logs = ("/v1/logs", t.log_body())
+    sent = {
+        "judged call first": [c, j, logs],
+        "judge's call first": [j, logs, c],
+        "verdict, judge's call, judged call": [logs, j, c],
+    }[order]
+    for path, body in sent:
+        r = receiver.post(path, body)
+        assert r.status_code == 200 and not r.content, r.content
+    joined = "Judged: capital of Chile?" if order == "judged call first" else "Other trace: capital of Peru?"
+    assert scored(receiver.engine) == {(joined, "truthfulness")}
+
+
 def test_a_verdict_in_a_judges_own_call_naming_an_id_two_calls_share_is_named_and_dropped(
     any_receiver: Receiver,
 ) -> None:
