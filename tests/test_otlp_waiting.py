@@ -5,8 +5,8 @@ SQLite and PostgreSQL; the sweep's record; the CLI."""
 from __future__ import annotations
 
 import csv
-import json
 import io
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -84,6 +84,13 @@ def _every_case(receiver: Receiver) -> dict[str, str]:
         t.verdict("truthfulness", 5, None, **RID)
     traces["id_in_other_trace"] = _trace(job)
     _send(receiver, t, spans=False)
+    # A verdict emitted in a call recording resp-A, naming resp-B, which no call records (review11 F2):
+    # the judged call with a mismatched id, or a judge's own call whose judged call has not come.
+    ctx = t.call("Capital of Mali?", "Bamako.", **{"gen_ai.response.id": "resp-A"})
+    traces["in_call_recording_another"] = f"{ctx.trace_id:032x}"
+    _send(receiver, t)
+    t.verdict("coherence", 3, ctx, **{"gen_ai.response.id": "resp-B"})
+    _send(receiver, t, spans=False)
     # A verdict emitted outside any span naming an id no call records.
     t.verdict("=cmd|' /C calc'!A0", 2, None, **{"gen_ai.response.id": "resp-nobody"})
     _send(receiver, t, spans=False)
@@ -112,6 +119,7 @@ def test_every_reason_to_wait_is_read_with_what_to_change(receiver: Receiver) ->
         "call_came_later",
         "several_calls",
         "id_in_other_trace",
+        "in_call_recording_another",
         "id_unrecorded",
     }
     for why, rows in by_why.items():
@@ -121,6 +129,7 @@ def test_every_reason_to_wait_is_read_with_what_to_change(receiver: Receiver) ->
         "call_came_later": ("tone", "came after the verdicts"),
         "several_calls": ("helpfulness", "in a trace of 2 calls"),
         "id_in_other_trace": ("truthfulness", "which 1 call(s) of another trace record"),
+        "in_call_recording_another": ("coherence", "which records gen_ai.response.id 'resp-A'"),
         "id_unrecorded": ("=cmd|' /C calc'!A0", "which no call received in the last 7 days records"),
     }
     for why, (metric, words) in expected.items():
@@ -135,7 +144,7 @@ def test_every_reason_to_wait_is_read_with_what_to_change(receiver: Receiver) ->
     # Counted by why, in WHY's order, with the oldest of each; the rows oldest first.
     assert [c.why for c in waiting.counts] == list(otlp_waiting.WHY)
     assert waiting.counts[0].rows == len(calls) and waiting.total == len(waiting.rows)
-    assert sum(c.verdicts for c in waiting.counts) == 5
+    assert sum(c.verdicts for c in waiting.counts) == 6
     assert [row.since for row in waiting.rows] == sorted(row.since for row in waiting.rows)
     assert not waiting.swept.sweeps
     with Session(receiver.engine) as session:
@@ -155,9 +164,9 @@ def test_the_sweep_records_what_it_forgets_and_the_reader_counts_it(receiver: Re
         after = otlp_waiting.read(session)
     assert not after.rows and not after.counts
     calls = before.counts[0].rows
-    assert (after.swept.sweeps, after.swept.calls, after.swept.verdicts) == (1, calls, 5)
+    assert (after.swept.sweeps, after.swept.calls, after.swept.verdicts) == (1, calls, 6)
     assert after.swept.last_at is not None
-    assert f"{calls:,} call(s) no verdict came for and 5 verdict(s)" in after.swept.describe()
+    assert f"{calls:,} call(s) no verdict came for and 6 verdict(s)" in after.swept.describe()
     lines = list(otlp_waiting.summary_lines(after))
     assert lines[0].startswith("Nothing waits") and lines[-1] == after.swept.describe()
 
