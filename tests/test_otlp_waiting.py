@@ -193,7 +193,10 @@ def test_the_cli_prints_each_waiting_row_as_a_line_and_the_whole_list_as_csv(
     assert tuple(rows[0]) == otlp_waiting.COLUMNS and len(rows) == waiting.total
     [formula] = [row for row in rows if row["response_id"] == "resp-nobody"]
     assert formula["evaluations"] == "'=cmd|' /C calc'!A0"  # neutralised for spreadsheets
-    assert formula["why"] == "id_unrecorded" and "no call received in the last 7 days records" in formula["advice"]
+    assert (
+        formula["why"] == "id_unrecorded"
+        and "no call received in the last 7 days records" in formula["advice"]
+    )
     assert run_cli("otlp", "waiting", "--limit", "-1", env=env).returncode == 1
 
 
@@ -238,7 +241,9 @@ def _fill_waiting(engine: Engine, verdicts: int, calls: int) -> None:
         conn.execute(
             insert(OtlpSpan.__table__),  # type: ignore[attr-defined]
             [
-                dict(zip(("key", "response_id", "span_json", "pending_json", "received_at"), row, strict=True))
+                dict(
+                    zip(("key", "response_id", "span_json", "pending_json", "received_at"), row, strict=True)
+                )
                 for row in rows
             ],
         )

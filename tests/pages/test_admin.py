@@ -431,7 +431,7 @@ def test_a_lead_sees_what_waits_why_and_downloads_the_whole_list(
     assert rows["what"].tolist() == ["call", "verdicts"]  # the oldest 2, oldest first
     assert rows["span_name"].tolist() == [hostile, ""]  # a table cell: never Markdown
     assert rows["response_id"].tolist() == ["chatcmpl-1", "chatcmpl-404"]
-    assert "which no call Overrule holds records" in rows["advice"].tolist()[1]
+    assert "which no call received in the last 7 days records" in rows["advice"].tolist()[1]
     captions = [c.value for c in at.caption]
     assert "The oldest 2 of 3 rows; the download holds them all." in captions
     assert any(
