@@ -593,6 +593,8 @@ def _cmd_otlp(args: argparse.Namespace) -> int:
         waiting = otlp_waiting.read(session, limit=args.limit)
     for line in otlp_waiting.summary_lines(waiting):
         print(line)
+    if waiting.rows:  # the columns' names, as the CSV's header (docs/cli.md)
+        print("\t".join(otlp_waiting.COLUMNS))
     for row in waiting.rows:
         print("\t".join(_printable(str(cell)) for cell in row.values()))
     if args.limit is not None and waiting.total > len(waiting.rows):

@@ -375,7 +375,7 @@ def create_app(
         from lib import otlp_waiting
         from lib.db import session_scope
 
-        require(actor, Permission.IMPORT)
+        require(actor, Permission.SEE_OTLP_WAITING)
         with session_scope(get_engine(), read_only=True) as session:
             return otlp_waiting.waiting_record(otlp_waiting.read(session, limit=limit))
 

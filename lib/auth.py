@@ -62,6 +62,7 @@ class Permission(StrEnum):
     MANAGE_ROLES = "manage_roles"
     MANAGE_TOKENS = "manage_tokens"
     MANAGE_WEBHOOKS = "manage_webhooks"  # register webhooks, read their delivery log, replay
+    SEE_OTLP_WAITING = "see_otlp_waiting"  # what the OTLP receiver keeps waiting (Admin page, API)
 
 
 # The permission table: the least role that may do each thing (higher roles inherit it).
@@ -85,6 +86,7 @@ PERMISSIONS: dict[Permission, str] = {
     Permission.MANAGE_ROLES: "admin",
     Permission.MANAGE_TOKENS: "admin",
     Permission.MANAGE_WEBHOOKS: "lead",
+    Permission.SEE_OTLP_WAITING: "lead",  # leads own the pipelines (OTLP takes a lead's token)
 }
 
 # What the page says an action is, for "your role cannot …" messages.
@@ -108,6 +110,7 @@ DESCRIPTIONS: dict[Permission, str] = {
     Permission.MANAGE_ROLES: "manage roles and sessions",
     Permission.MANAGE_TOKENS: "manage API tokens",
     Permission.MANAGE_WEBHOOKS: "manage webhooks",
+    Permission.SEE_OTLP_WAITING: "see what the OpenTelemetry receiver keeps waiting",
 }
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -474,7 +474,29 @@ def _verdict_row(
 # What the sweep forgot
 
 
-_SWEPT = re.compile(r"^forgot (\d+) call\(s\) .*? and (\d+) verdict\(s\)")
+# The sweep's audit row begins with this (`record_sweep` writes it, `swept_counts` reads it back):
+# the counts first, any untrusted evaluation name after the fixed words. The audit trail is
+# permanent, so every wording ever written must stay readable (tests freeze today's).
+_SWEPT_HEAD = "forgot {calls} call(s) no verdict came for and {verdicts} verdict(s) whose call never came"
+_SWEPT = re.compile(
+    "^" + re.escape(_SWEPT_HEAD).replace(r"\{calls\}", r"(\d+)").replace(r"\{verdicts\}", r"(\d+)")
+)
+
+
+def swept_detail(calls: int, verdicts: int, evaluations: Sequence[str], oldest: datetime) -> str:
+    """The sweep's audit row (`SWEPT_ACTION`): what it forgot, in words a lead reads in the audit
+    trail, its counts where `swept_counts` finds them."""
+    names = f" ({', '.join(evaluations[:20])})" if evaluations else ""
+    return (
+        f"{_SWEPT_HEAD.format(calls=calls, verdicts=verdicts)}{names}, after {PENDING_DAYS} days; "
+        f"the oldest waited since {_aware(oldest):%Y-%m-%d %H:%M} UTC"
+    )
+
+
+def swept_counts(detail: str) -> tuple[int, int] | None:
+    """(calls, verdicts) a sweep's audit row says it forgot (`swept_detail`); None if it is no such row."""
+    match = _SWEPT.match(detail)
+    return None if match is None else (int(match.group(1)), int(match.group(2)))
 
 
 def record_sweep(session: Session, cutoff: datetime) -> None:
@@ -499,17 +521,8 @@ def record_sweep(session: Session, cutoff: datetime) -> None:
                 names[str(verdict.get("metric"))] = None
     if oldest is None:
         return
-    evaluations = f" ({', '.join(list(names)[:20])})" if names else ""
-    record_event(
-        session=session,
-        identity=SWEPT_BY,
-        action=SWEPT_ACTION,
-        detail=(
-            f"forgot {calls} call(s) no verdict came for and {verdicts} verdict(s) whose call never "
-            f"came{evaluations}, after {PENDING_DAYS} days; the oldest waited since "
-            f"{_aware(oldest):%Y-%m-%d %H:%M} UTC"
-        ),
-    )
+    detail = swept_detail(calls, verdicts, list(names), oldest)
+    record_event(session=session, identity=SWEPT_BY, action=SWEPT_ACTION, detail=detail)
 
 
 def swept(session: Session) -> Swept:
@@ -518,12 +531,12 @@ def swept(session: Session) -> Swept:
     sweeps = calls = verdicts = 0
     last: datetime | None = None
     for at, detail in session.execute(statement):
-        match = _SWEPT.match(detail)
-        if match is None:  # not ours (the audit trail is append-only, but anyone may read it)
+        counted = swept_counts(detail)
+        if counted is None:  # not ours (the audit trail is append-only, but anyone may read it)
             continue
         sweeps += 1
-        calls += int(match.group(1))
-        verdicts += int(match.group(2))
+        calls += counted[0]
+        verdicts += counted[1]
         last = at if last is None or _aware(at) > _aware(last) else last
     return Swept(sweeps, calls, verdicts, last)
 

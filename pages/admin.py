@@ -14,13 +14,17 @@ st.title("Admin")
 actor = current_actor()
 reason = denied_reason(auth.Permission.MANAGE_ROLES, actor)
 if reason is not None or actor is None:
-    if actor is not None and denied_reason(auth.Permission.MANAGE_WEBHOOKS, actor) is None:
+    webhooks = actor is not None and denied_reason(auth.Permission.MANAGE_WEBHOOKS, actor) is None
+    waiting = actor is not None and denied_reason(auth.Permission.SEE_OTLP_WAITING, actor) is None
+    if actor is not None and (webhooks or waiting):
         st.caption(
             "As a lead you manage the webhooks here and see what the OpenTelemetry receiver keeps "
             "waiting; roles, tokens and the audit trail are for admins."
         )
-        webhooks_section(actor)
-        otlp_waiting_section()
+        if webhooks:
+            webhooks_section(actor)
+        if waiting:
+            otlp_waiting_section()
         st.stop()
     st.info(f"Only admins can see this page. {reason or ''}", icon="🔒")
     st.stop()

@@ -61,6 +61,7 @@ EXPECTED_MINIMUM = {
     "manage_roles": "admin",
     "manage_tokens": "admin",
     "manage_webhooks": "lead",  # issue 29: a lead registers webhooks
+    "see_otlp_waiting": "lead",  # review11 F7: the Admin page's section and the API's, one rule
 }
 
 

@@ -187,6 +187,7 @@ def test_the_cli_prints_each_waiting_row_as_a_line_and_the_whole_list_as_csv(
         waiting = otlp_waiting.read(session)
     assert lines[-1] == f"(the oldest 3 of {waiting.total}; --csv prints them all)"
     assert lines[-4].split("\t")[1:3] == ["call", "no_verdict"]  # the oldest first, tab-separated
+    assert lines[-5] == "\t".join(otlp_waiting.COLUMNS)  # under a header (review11 F7)
     done = run_cli("otlp", "waiting", "--csv", env=env)
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(io.StringIO(done.stdout)))
@@ -200,14 +201,19 @@ def test_the_cli_prints_each_waiting_row_as_a_line_and_the_whole_list_as_csv(
     assert run_cli("otlp", "waiting", "--limit", "-1", env=env).returncode == 1
 
 
-def test_the_api_answers_what_waits_to_a_lead(receiver: Receiver) -> None:
+def test_the_api_answers_what_waits_to_a_lead(receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
     import httpx
+
+    from lib import auth
 
     _every_case(receiver)
     lead = {"Authorization": f"Bearer {receiver.secrets['lead']}"}
     viewer = {"Authorization": f"Bearer {receiver.secrets['viewer']}"}
     url = f"{receiver.base}/api/v1/otlp/waiting"
     assert httpx.get(url, headers=viewer).status_code == 403
+    with monkeypatch.context() as patched:  # the Admin page's rule too (review11 F7)
+        patched.setitem(auth.PERMISSIONS, auth.Permission.SEE_OTLP_WAITING, "admin")
+        assert httpx.get(url, headers=lead).status_code == 403
     r = httpx.get(url, params={"limit": 2}, headers=lead)
     assert r.status_code == 200, r.text
     body = r.json()
@@ -302,3 +308,38 @@ def test_the_csv_of_the_whole_list_is_streamed_a_batch_at_a_time(
     rows = list(csv.DictReader(io.StringIO(b"".join([first, *chunks]).decode())))
     assert len(rows) == 50 and len(explained) == 40
     assert [r["waiting_since"] for r in rows] == sorted(r["waiting_since"] for r in rows)
+
+
+# What waits1's sweep wrote into the audit trail (lib.otlp_waiting at d6e3df9), verbatim: the trail is
+# permanent, so any later wording must still read these.
+FROZEN_SWEEPS = (
+    "forgot 120 call(s) no verdict came for and 3 verdict(s) whose call never came (truthfulness), "
+    "after 7 days; the oldest waited since 2026-11-21 07:00 UTC",
+    "forgot 0 call(s) no verdict came for and 2 verdict(s) whose call never came (x and 999 verdict(s), "
+    "tone), after 7 days; the oldest waited since 2026-11-20 10:15 UTC",
+    "forgot 4 call(s) no verdict came for and 0 verdict(s) whose call never came, after 7 days; the "
+    "oldest waited since 2026-11-19 23:59 UTC",
+)
+
+
+def test_the_sweeps_recorded_in_any_wording_so_far_are_summed(engine: Engine) -> None:
+    """review11 F5: the sweep's record is written and read by one pair (swept_detail, swept_counts);
+    rows written before, frozen here, still count, and an evaluation name cannot forge the counts."""
+    from lib.auth import record_event
+
+    hostile = ["x and 999 verdict(s) whose call never came", "forgot 5 call(s)"]
+    written = otlp_waiting.swept_detail(7, 11, hostile, utcnow())
+    assert otlp_waiting.swept_counts(written) == (7, 11)
+    assert [otlp_waiting.swept_counts(d) for d in FROZEN_SWEEPS] == [(120, 3), (0, 2), (4, 0)]
+    assert otlp_waiting.swept_counts("forgot everything") is None
+    with Session(engine) as session:
+        for detail in (*FROZEN_SWEEPS, written, "forgot everything"):
+            record_event(
+                session=session,
+                identity=otlp_waiting.SWEPT_BY,
+                action=otlp_waiting.SWEPT_ACTION,
+                detail=detail,
+            )
+        session.commit()
+        swept = otlp_waiting.swept(session)
+    assert (swept.sweeps, swept.calls, swept.verdicts) == (4, 131, 16)

@@ -450,3 +450,22 @@ def test_a_lead_sees_what_waits_why_and_downloads_the_whole_list(
     assert [row["why"] for row in listed] == ["no_verdict", "id_unrecorded", "span_not_received"]
     assert listed[1]["evaluations"] == '\'=HYPERLINK("x")'  # neutralised for spreadsheets
     assert listed[2]["evaluations"] == "clarity, tone" and listed[2]["span_id"] == "2" * 16
+
+
+def test_the_waiting_section_and_the_api_answer_to_one_permission(
+    app_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review11 F7: the page's section and GET /api/v1/otlp/waiting check one rule of lib.auth
+    (SEE_OTLP_WAITING); raised to admin, a lead sees the webhooks but not the section."""
+    from lib import auth
+
+    monkeypatch.setitem(auth.PERMISSIONS, auth.Permission.SEE_OTLP_WAITING, "admin")
+    at = as_lead(monkeypatch, app_engine)
+    assert not at.exception
+    assert "OpenTelemetry: waiting" not in [h.value for h in at.subheader]
+    assert "Webhooks" in [h.value for h in at.subheader]
+    monkeypatch.setitem(auth.PERMISSIONS, auth.Permission.SEE_OTLP_WAITING, "lead")
+    monkeypatch.setitem(auth.PERMISSIONS, auth.Permission.MANAGE_WEBHOOKS, "admin")
+    at = as_user(PAGE, "lead@example.com", app_engine)
+    assert "OpenTelemetry: waiting" in [h.value for h in at.subheader]
+    assert "Webhooks" not in [h.value for h in at.subheader]
