@@ -75,6 +75,7 @@ from sqlmodel import Session, col
 
 from lib import bulk, prepared, scores, version_counts
 from lib.bulk import dialect_name
+from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_at_a_time
 from lib.models import (
     EvaluationCount,
     EvaluationSnapshot,
@@ -351,11 +352,17 @@ def refresh_snapshots(*, session: Session, where: Any) -> None:
     # before that review committed over its +1. The next statement sees the review committed.
     lock_snapshots(session=session, where=where)
     _shift_evaluations(session, where, -1)
+    _recount_rows(session, where)
+    _shift_evaluations(session, where, 1)
+
+
+def _recount_rows(session: Session, where: Any) -> None:
+    """The UPDATE of `refresh_snapshots`: the evaluations' counter columns from their judgments (their
+    `evaluation_counts` rows moved around it by the caller)."""
     prepared.run(
         session, where, ("refresh evaluations",),
         lambda w: update(_S).where(w).values(refreshed_columns(session)).execution_options(synchronize_session=False),
     )  # fmt: skip
-    _shift_evaluations(session, where, 1)
 
 
 def refreshed_columns(session: Session) -> dict[str, Any]:
@@ -425,20 +432,40 @@ def judgments_change(*, session: Session, where: Any, snapshots: Any = None) -> 
     """Around a write that may change or delete the judgments matching `where`: counters follow it.
 
     `snapshots` selects the evaluations whose counters to recompute afterwards; by default those
-    of the judgments matching `where` after the write (pass it when the write deletes them).
+    of the judgments matching `where` (pass it when the write deletes them). The write must leave
+    the judgments in their evaluations: those are taken out of `evaluation_counts` before it.
+
+    PostgreSQL: a review of several judgments at once (a bulk review; clearing a product), so it
+    takes the reviews' lock first (`PG_REVIEW_COUNTERS_LOCK`): it moved the judgments' day and
+    language rows, then the evaluations' `evaluation_counts` rows, while a review moves the
+    evaluation's row before its judgment's rows: a lock cycle in locks1's hammer. Its counter rows
+    go in the one order (`lock_judgments`): the evaluations' `evaluation_counts` rows before the
+    judgments' rows, as an import and an archive take them; the rows the evaluations join after the
+    write are the one exception (they are not known before it), and with the reviews' lock held no
+    review waits on them.
     """
+    evaluations = _snapshots_of(where) if snapshots is None else snapshots
+    one_writer_at_a_time(session, PG_REVIEW_COUNTERS_LOCK)
     # Lock the rows first (PostgreSQL): a concurrent review then commits before we count, or after we wrote.
     lock_judgments(session=session, where=where)
-    lock_snapshots(session=session, where=_snapshots_of(where) if snapshots is None else snapshots)
+    lock_snapshots(session=session, where=evaluations)
+    _shift_evaluations(session, evaluations, -1)
     retract_judgments(session=session, where=where)
     try:
         yield
     except BaseException:
-        _restore(session, lambda: include_judgments(session=session, where=where))
+        _restore(
+            session,
+            lambda: (
+                include_judgments(session=session, where=where),
+                _shift_evaluations(session, evaluations, 1),
+            ),
+        )
         raise
     session.flush()
+    _recount_rows(session, evaluations)
+    _shift_evaluations(session, evaluations, 1)
     include_judgments(session=session, where=where)
-    refresh_snapshots(session=session, where=_snapshots_of(where) if snapshots is None else snapshots)
 
 
 def _restore(session: Session, undo: Callable[[], Any]) -> None:
@@ -452,11 +479,13 @@ def judgments_added(*, session: Session, where: Any, snapshots: Any = None) -> N
     """After a bulk insert of judgments (one set-based statement per counter table, per batch).
 
     `snapshots` (evaluations matching it) is the batch's evaluations when the caller knows them.
+    The evaluations' rows and `evaluation_counts` first, the judgments' counter rows after: the one
+    order of counter rows (`lock_judgments`), which a review and an import keep too.
     """
-    include_judgments(session=session, where=where)
     if snapshots is None:
         snapshots = prepared.derived(where, "evaluations of", _snapshots_of)
     refresh_snapshots(session=session, where=snapshots)
+    include_judgments(session=session, where=where)
 
 
 _BATCH_TEMPLATES: dict[tuple[str, str, str], Any] = {}
@@ -1323,10 +1352,17 @@ def _before_flush(session: Session, _context: Any, _instances: Any) -> None:
     evaluations = _evaluations_to_lock(where, snapshot_ids | refresh)
     if evaluations is not None:
         lock_snapshots(session=session, where=evaluations)
+    # Counter rows in the one order (lock_judgments): the product's and the evaluations'
+    # (`evaluation_counts`: those it changes and those it recounts after, as stored now) before the
+    # judgments'. A re-judge retracted its judgment's day and language rows first and moved its
+    # evaluation's `evaluation_counts` row after the flush: a lock cycle with every import, review
+    # and archive of the product, which take them the other way round (locks1's hammer).
+    if snapshot_ids:
+        _shift_snapshots(session, _evaluations_among(snapshot_ids), -1)
+    if snapshot_ids | refresh:
+        _shift_evaluations(session, _evaluations_among(snapshot_ids | refresh), -1)
     if where is not None:
         retract_judgments(session=session, where=where)
-    if snapshot_ids:
-        _shift_snapshot_rows(session, _evaluations_among(snapshot_ids), -1)
     session.info[_PENDING] = (judgment_ids, snapshot_ids, refresh)
 
 
@@ -1402,10 +1438,14 @@ def _after_flush(session: Session, context: Any) -> None:
         elif isinstance(obj, EvaluationSnapshot):
             new_snapshots.add(obj.id)
     live_snapshots = snapshot_ids - {o.id for o in session.deleted if isinstance(o, EvaluationSnapshot)}
+    # The evaluations first, as _before_flush retracted them: locked there (new ones only this
+    # transaction sees), recounted from their judgments, then counted in their rows as they are now.
+    if live_snapshots | new_snapshots:
+        _shift_snapshots(session, _evaluations_among(live_snapshots | new_snapshots), 1)
+    if refresh | new_snapshots:
+        _recount_rows(session, _evaluations_among(refresh | new_snapshots))
+    if live_snapshots | refresh | new_snapshots:
+        _shift_evaluations(session, _evaluations_among(live_snapshots | refresh | new_snapshots), 1)
     where = _pending_where(judgment_ids, live_snapshots)
     if where is not None:
         include_judgments(session=session, where=where)
-    if live_snapshots | new_snapshots:
-        _shift_snapshot_rows(session, _evaluations_among(live_snapshots | new_snapshots), 1)
-    if refresh | new_snapshots:
-        refresh_snapshots(session=session, where=_evaluations_among(refresh | new_snapshots))

@@ -530,3 +530,133 @@ def test_an_import_that_a_deadlock_aborts_is_run_again_whole(
         assert not errors and len(results) == 1, errors
         assert incoming["question"] in questions
     _assert_recount_keeps(pg_engine, kept)
+
+
+def _imported_pair(engine: Engine) -> tuple[int, int, dict[str, Any]]:
+    """One pending evaluation with two judgments (ids J1, J2) and the record it came from."""
+    rec = {
+        "question": "Stored?", "model_answer": "An answer.", "product": "tutor", "language": "en",
+        "judge_model": "j", "created_at": T0.isoformat(), "judge_scores": {"truthfulness": 4, "helpfulness": 5},
+    }  # fmt: skip
+    with session_scope(engine) as s:
+        importer.import_evaluations(session=s, records=[rec])
+    with session_scope(engine) as s:
+        j1, j2 = s.exec(select(Judgment.id).order_by(col(Judgment.id))).all()
+    assert j1 is not None and j2 is not None
+    return j1, j2, rec
+
+
+def _bulk(engine: Engine, judgment_ids: list[int]) -> Callable[[Session], None]:
+    with session_scope(engine) as s:
+        rows = [s.get(Judgment, j) for j in judgment_ids]
+        reviews = [BulkReview(j.change_id, j.decision, "loader", None, T0) for j in rows if j is not None]
+    return lambda s: record_reviews(session=s, reviews=reviews) and None
+
+
+def test_a_bulk_review_takes_the_reviews_lock_before_any_row(pg_engine: Engine) -> None:
+    """A bulk review is a review: it waits for the reviews' lock before it locks a judgment. Staged: an
+    open review of J1 (holding the lock, J1 and its evaluation); a bulk review of J2 waits; the open
+    transaction then reviews J2 as well. Before, the bulk review locked J2 and waited on the
+    evaluation's row, so the second review closed a lock cycle (DeadlockDetected); now it waits
+    before J2, the review lands, and the bulk review then skips J2 as reviewed."""
+    j1, j2, _ = _imported_pair(pg_engine)
+    bulk = _bulk(pg_engine, [j2])
+    with pg_engine.connect() as conn, Session(bind=conn) as holding:
+        holding.execute(text("SET LOCAL deadlock_timeout = '5s'"))  # the bulk review checks first
+        for j in (j1, j2):
+            if j == j2:
+                worker, errors = _blocked_writer(pg_engine, bulk)
+            row = holding.get(Judgment, j)
+            assert row is not None
+            record_review(
+                session=holding, judgment_id=j, expected_version=row.version, action="confirm", reviewer="bob"
+            )
+        holding.commit()
+    worker.join(30)
+    assert not worker.is_alive() and not errors, errors
+    with session_scope(pg_engine) as s:
+        assert {s.get(Judgment, j).reviewer for j in (j1, j2)} == {"bob"}  # type: ignore[union-attr]
+        kept = _snapshot_of_counters(s)
+    _assert_recount_keeps(pg_engine, kept)
+
+
+def _rejudge(engine: Engine, judgment_id: int) -> Callable[[Session], None]:
+    """A re-judge of the judgment with another decision (`add_judgment`, counted by the flush hooks)."""
+    with session_scope(engine) as s:
+        j = s.get(Judgment, judgment_id)
+        assert j is not None
+        change_id, product, metric, sid = j.change_id, j.product, j.metric, j.snapshot_id
+
+    def rejudge(s: Session) -> None:
+        fresh = Judgment(
+            change_id=change_id, product=product, metric=metric, snapshot_id=sid, decision="1",
+            timestamp=T0, judge_version_id=None,
+        )  # fmt: skip
+        add_judgment(session=s, judgment=fresh, reviewer="importer")
+
+    return rejudge
+
+
+@pytest.mark.parametrize("writer", ["bulk review", "re-judge"])
+def test_a_writer_moves_its_evaluations_counter_row_before_its_judgments_rows(
+    pg_engine: Engine, writer: str
+) -> None:
+    """The one order of counter rows holds for a bulk review and a re-judge too: the evaluation's
+    `evaluation_counts` row before its judgments' day and language rows, as an import takes them.
+    Staged: the writer of J1 is held just before its first `evaluation_counts` statement; meanwhile an
+    import of an evaluation alike (the same counter rows) runs. Before, the writer already held the
+    day and language rows there, the import took the `evaluation_counts` row and waited on them, and
+    the writer then waited on the import: DeadlockDetected. Now the import goes through and both land."""
+    j1, _, rec = _imported_pair(pg_engine)
+    bulk = _bulk(pg_engine, [j1]) if writer == "bulk review" else _rejudge(pg_engine, j1)
+    at_counts, go_on = threading.Event(), threading.Event()
+    bulk_thread: list[int] = []
+
+    def hold(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if threading.get_ident() in bulk_thread and statement.startswith("INSERT INTO evaluation_counts"):
+            bulk_thread.clear()  # once
+            at_counts.set()
+            assert go_on.wait(30)
+
+    def bulk_review(s: Session) -> None:
+        bulk_thread.append(threading.get_ident())
+        bulk(s)
+
+    def load(s: Session) -> None:
+        importer.import_evaluations(session=s, records=[rec | {"question": "Another?"}])
+
+    event.listen(pg_engine, "before_cursor_execute", hold)
+    try:
+        errors: list[BaseException] = []
+        threads = [threading.Thread(target=_run_into, args=(pg_engine, bulk_review, errors))]
+        threads[0].start()
+        assert at_counts.wait(30)
+        threads.append(threading.Thread(target=_run_into, args=(pg_engine, load, errors)))
+        threads[1].start()
+        _wait_until_blocked(pg_engine, threads[1])
+        go_on.set()
+        for t in threads:
+            t.join(30)
+            assert not t.is_alive()
+    finally:
+        go_on.set()
+        event.remove(pg_engine, "before_cursor_execute", hold)
+    assert not errors, errors
+    with session_scope(pg_engine) as s:
+        written = s.get(Judgment, j1)
+        assert written is not None
+        assert (written.reviewer, written.decision) == (
+            ("loader", "4") if writer == "bulk review" else (None, "1")
+        )
+        assert len(s.exec(select(Judgment.id)).all()) == 4
+        kept = _snapshot_of_counters(s)
+    _assert_recount_keeps(pg_engine, kept)
+
+
+def _run_into(engine: Engine, write: Callable[[Session], None], errors: list[BaseException]) -> None:
+    """`write` in its own transaction; what it raised goes to `errors` (for the test thread)."""
+    try:
+        with session_scope(engine) as s:
+            write(s)
+    except BaseException as exc:
+        errors.append(exc)
