@@ -1357,10 +1357,19 @@ def _before_flush(session: Session, _context: Any, _instances: Any) -> None:
     # judgments'. A re-judge retracted its judgment's day and language rows first and moved its
     # evaluation's `evaluation_counts` row after the flush: a lock cycle with every import, review
     # and archive of the product, which take them the other way round (locks1's hammer).
+    # PostgreSQL: the `evaluation_counts` rows of every evaluation it locked, also those of judgments
+    # whose counts alone move (the −1 here and the +1 after cancel): a re-judge by another version
+    # flushes the replaced decision's verdict first, and its judgment's flush, later in the
+    # transaction, then finds the evaluation's row already held instead of taking it after the
+    # day and language rows the first flush took.
     if snapshot_ids:
         _shift_snapshots(session, _evaluations_among(snapshot_ids), -1)
-    if snapshot_ids | refresh:
-        _shift_evaluations(session, _evaluations_among(snapshot_ids | refresh), -1)
+    if _locks_rows(session):
+        counted = evaluations
+    else:
+        counted = _evaluations_among(snapshot_ids | refresh) if snapshot_ids | refresh else None
+    if counted is not None:
+        _shift_evaluations(session, counted, -1)
     if where is not None:
         retract_judgments(session=session, where=where)
     session.info[_PENDING] = (judgment_ids, snapshot_ids, refresh)
@@ -1444,8 +1453,14 @@ def _after_flush(session: Session, context: Any) -> None:
         _shift_snapshots(session, _evaluations_among(live_snapshots | new_snapshots), 1)
     if refresh | new_snapshots:
         _recount_rows(session, _evaluations_among(refresh | new_snapshots))
-    if live_snapshots | refresh | new_snapshots:
-        _shift_evaluations(session, _evaluations_among(live_snapshots | refresh | new_snapshots), 1)
     where = _pending_where(judgment_ids, live_snapshots)
+    evaluations = live_snapshots | refresh | new_snapshots
+    counted = (
+        _evaluations_to_lock(where, evaluations)
+        if _locks_rows(session)
+        else (_evaluations_among(evaluations) if evaluations else None)
+    )
+    if counted is not None:
+        _shift_evaluations(session, counted, 1)
     if where is not None:
         include_judgments(session=session, where=where)

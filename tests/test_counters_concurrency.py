@@ -580,8 +580,23 @@ def test_a_bulk_review_takes_the_reviews_lock_before_any_row(pg_engine: Engine) 
     _assert_recount_keeps(pg_engine, kept)
 
 
-def _rejudge(engine: Engine, judgment_id: int) -> Callable[[Session], None]:
-    """A re-judge of the judgment with another decision (`add_judgment`, counted by the flush hooks)."""
+def _rejudge(engine: Engine, judgment_id: int, *, by_another_version: bool) -> Callable[[Session], None]:
+    """A re-judge of the judgment with another decision (`add_judgment`, counted by the flush hooks);
+    by another judge version, it first flushes the replaced decision as that version's verdict."""
+    version = None
+    if by_another_version:
+        other = {
+            "question": "Elsewhere?",
+            "product": "elsewhere",
+            "judge_version": "v-b",
+            "judge_scores": {"clarity": 3},
+        }
+        with session_scope(engine) as s:
+            importer.import_evaluations(
+                session=s, records=[{"model_answer": "A.", "judge_model": "j"} | other]
+            )
+        with session_scope(engine) as s:
+            version = s.exec(select(JudgeVersion.id)).one()
     with session_scope(engine) as s:
         j = s.get(Judgment, judgment_id)
         assert j is not None
@@ -590,25 +605,29 @@ def _rejudge(engine: Engine, judgment_id: int) -> Callable[[Session], None]:
     def rejudge(s: Session) -> None:
         fresh = Judgment(
             change_id=change_id, product=product, metric=metric, snapshot_id=sid, decision="1",
-            timestamp=T0, judge_version_id=None,
+            timestamp=T0, judge_version_id=version,
         )  # fmt: skip
         add_judgment(session=s, judgment=fresh, reviewer="importer")
 
     return rejudge
 
 
-@pytest.mark.parametrize("writer", ["bulk review", "re-judge"])
+@pytest.mark.parametrize("writer", ["bulk review", "re-judge", "re-judge by another version"])
 def test_a_writer_moves_its_evaluations_counter_row_before_its_judgments_rows(
     pg_engine: Engine, writer: str
 ) -> None:
     """The one order of counter rows holds for a bulk review and a re-judge too: the evaluation's
     `evaluation_counts` row before its judgments' day and language rows, as an import takes them.
-    Staged: the writer of J1 is held just before its first `evaluation_counts` statement; meanwhile an
+    Staged: the writer of J1 is held just before its first `evaluation_counts` statement (a re-judge by
+    another version: its first flush's, that of the replaced decision's verdict); meanwhile an
     import of an evaluation alike (the same counter rows) runs. Before, the writer already held the
     day and language rows there, the import took the `evaluation_counts` row and waited on them, and
     the writer then waited on the import: DeadlockDetected. Now the import goes through and both land."""
     j1, _, rec = _imported_pair(pg_engine)
-    bulk = _bulk(pg_engine, [j1]) if writer == "bulk review" else _rejudge(pg_engine, j1)
+    if writer == "bulk review":
+        bulk = _bulk(pg_engine, [j1])
+    else:
+        bulk = _rejudge(pg_engine, j1, by_another_version=writer.endswith("version"))
     at_counts, go_on = threading.Event(), threading.Event()
     bulk_thread: list[int] = []
 
@@ -648,7 +667,7 @@ def test_a_writer_moves_its_evaluations_counter_row_before_its_judgments_rows(
         assert (written.reviewer, written.decision) == (
             ("loader", "4") if writer == "bulk review" else (None, "1")
         )
-        assert len(s.exec(select(Judgment.id)).all()) == 4
+        assert len(s.exec(select(Judgment.id).where(col(Judgment.product) == "tutor")).all()) == 4
         kept = _snapshot_of_counters(s)
     _assert_recount_keeps(pg_engine, kept)
 
