@@ -1328,8 +1328,8 @@ def test_the_importer_and_the_judge_write_scores_with_format_score() -> None:
         "judge_model": "m",
         "created_at": datetime(2026, 1, 1, tzinfo=UTC),
     }
-    rows = snapshot_judgment_rows(row, [("groundedness", 1 / 3, None), ("clarity", 4.0, "ok")])
-    assert [r["decision"] for r in rows] == ["0.3333333333333333", "4"]
+    rows = snapshot_judgment_rows(row, [("groundedness", 1 / 3, None, None), ("clarity", 4.0, "ok", "good")])
+    assert [(r["decision"], r["label"]) for r in rows] == [("0.3333333333333333", None), ("4", "good")]
 
 
 # ---------------------------------------------------------------------------------------------
