@@ -806,9 +806,12 @@ def update_with_user_decision(
     )
 
 
+# What a re-judge replaces. `label` names the replaced `decision` (the source's "correct" for its 1):
+# kept, the stored-label lookup (lib.importer._stored_label_scores) read the re-judge's number for
+# it (review12 F2); the incoming judgment's own label (None from the LLM judge) replaces it.
 _JUDGE_FIELDS = (
-    "product", "metric", "snapshot_id", "decision", "confidence", "reasoning", "timestamp", "url", "description",
-    "ai_provider", "judge_model", "judge_version_id",
+    "product", "metric", "snapshot_id", "decision", "confidence", "reasoning", "label", "timestamp", "url",
+    "description", "ai_provider", "judge_model", "judge_version_id",
 )  # fmt: skip
 _REVIEW_FIELDS = ("user_decision", "user_reasoning", "reviewer", "reviewed_at")
 

@@ -22,10 +22,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import Engine, func, text
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from lib import counters
 from lib.config import reset_settings
+from lib.corrections import add_judgment
 from lib.db import session_scope
 from lib.importer import (
     ImportFailed,
@@ -1349,6 +1350,44 @@ def test_only_a_stored_label_gives_a_label_its_score_not_free_text_that_starts_l
     with Session(engine) as session:
         added = session.exec(select(Judgment).where(Judgment.metric == "toxicity")).one()
     assert (added.decision, added.label, added.reasoning) == ("0", "non-toxic", "Non-Toxic: Polite.")
+
+
+def test_a_rejudge_replaces_the_label_of_the_decision_it_replaces(engine: Engine) -> None:
+    """review12 F2: a re-judge (lib.judge_changes through `add_judgment`, same change id) replaced the
+    decision and kept the source's label, so the stored-label lookup then read the re-judge's 0 for
+    `correct` beside the other evaluation's 1. The re-judge's own label (none) replaces it."""
+    with session_scope(engine) as s:
+        import_source_evaluations(
+            session=s,
+            source="t",
+            evaluations=[
+                SourceEvaluation(
+                    where=q,
+                    product="P",
+                    question=q,
+                    answer="A.",
+                    verdicts=[SourceVerdict(name="correctness", score=1, label="correct", reason="fine")],
+                )
+                for q in ("Q1", "Q2")
+            ],
+        )
+    with session_scope(engine) as s:
+        assert _stored_label_scores(s)("P", "correctness", "correct") == {1.0}
+        first = s.exec(select(Judgment).order_by(col(Judgment.id))).first()
+        assert first is not None and first.label == "correct"
+        rejudge = Judgment(
+            change_id=first.change_id,
+            product="P",
+            metric="correctness",
+            snapshot_id=first.snapshot_id,
+            decision="0",
+            reasoning="the answer is wrong",
+        )
+        add_judgment(session=s, judgment=rejudge, reviewer="import")
+    with Session(engine) as s:
+        rows = s.exec(select(Judgment.decision, Judgment.label).order_by(col(Judgment.id))).all()
+        assert [tuple(r) for r in rows] == [("0", None), ("1", "correct")]
+        assert _stored_label_scores(s)("P", "correctness", "correct") == {1.0}
 
 
 def test_score_labels_takes_a_pairs_other_number_from_its_partner() -> None:

@@ -22,6 +22,19 @@ rubric's own metrics, or with a label of several words, stay unlabelled: a later
 for them falls back to the file's own scored verdicts and the known labels' numbers, as for a
 product with no stored judgments.
 
+Known blind spot, left as it is (review12 F2): the reasoning of a judgment the LLM judge re-judged
+(or first judged, `lib.corrections.add_judgment`: a judgment_events row "judged", "rejudged" or
+"rejudge_conflict") is the judge's rationale, not `verdict_reason`'s; one that reads "Word: ..." or
+is one word is labelled here with the judge's decision, and the lookup then gives that label the
+judge's number. Narrowing the rule (skip judgments with such an event) would change what this
+landed revision did to databases already past it, so it is not done: it needs the LLM judge run on
+an import-defined metric (a Phoenix or Langfuse eval) before this upgrade and a rationale of that
+shape, and its cost is a later label-only file of that metric refused as ambiguous or scored by its
+known labels (nothing stored is changed). Such labels can be cleared with `UPDATE judgments SET
+label = NULL WHERE label IS NOT NULL AND id IN (SELECT judgment_id FROM judgment_events WHERE action
+IN ('judged', 'rejudged', 'rejudge_conflict'))`: add_judgment never writes a label, so a label there
+never names its judgment's decision. (Since review12 a re-judge clears the label it replaces.)
+
 Also (review8 F6): `ix_judge_version_count_week` (0030) is dropped on PostgreSQL. It holds `n`, which
 every review changes, so no update of the weekly counts was HOT there (97% -> 0%); and PostgreSQL
 reads those rows by a sequential scan and a hashed aggregate whatever the index (measured at 100k:
