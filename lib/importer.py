@@ -110,6 +110,8 @@ CHUNK_ROWS = 1000
 # Rows of an import whose input is in memory whole (another tool's results, an OTLP request) kept
 # in memory before the spool spills: that input already holds memory of the same order.
 IN_MEMORY_CHUNK_ROWS = 20_000
+# Late verdict groups (`add_source_verdicts`) added in one round: an import chunk's worth.
+LATE_ROUND_GROUPS = IN_MEMORY_CHUNK_ROWS
 SQLITE_IMPORT_CACHE_KIB = 128 * 1024
 # An import at least this large refreshes SQLite's planner statistics (lib.db.refresh_statistics).
 STATISTICS_AFTER_ROWS = 1000
@@ -782,7 +784,11 @@ def add_source_verdicts(
 
     A group that cannot be mapped raises ImportFailed located at its `where`, or, with `on_invalid`,
     is handed to it (its index in `items`) and changes nothing, not even the metric definitions
-    (review7 F7); the other groups are added."""
+    (review7 F7); the other groups are added.
+
+    A round holds at most LATE_ROUND_GROUPS groups, as an import of new evaluations writes at most
+    IN_MEMORY_CHUNK_ROWS a chunk: a second eval file over a large project (`_extend_stored`) keeps
+    one round's rows, plan and UPDATE in memory, not the file's (review12 F0)."""
     identity = authorize(session, reviewer, Permission.IMPORT).identity
     added = 0
     waiting = list(enumerate(items))
@@ -791,7 +797,9 @@ def add_source_verdicts(
         later: list[tuple[int, LateVerdicts]] = []
         named: set[str] = set()
         for index, item in waiting:
-            (later if item.snapshot_id in named else now).append((index, item))
+            # A group after a full round waits too, and so do the later groups of its evaluation.
+            wait = item.snapshot_id in named or len(now) >= LATE_ROUND_GROUPS
+            (later if wait else now).append((index, item))
             named.add(item.snapshot_id)
         added += _add_verdicts(session, now, identity, on_invalid)
         waiting = later
@@ -980,7 +988,8 @@ def _write_late(session: Session, checked: list[tuple[Any, dict[str, Any], list[
         session.connection().execute(_late_update(session), updates)
     if judgment_rows:
         counters.include_judgments(
-            session=session, where=counters.judgments_with_change_ids([j["change_id"] for j in judgment_rows])
+            session=session,
+            where=counters.batch(session, _JUDGMENTS.c.change_id, [j["change_id"] for j in judgment_rows]),
         )
     scores.replace_snapshot_scores(session=session, before=before, after=after)
     return len(judgment_rows)
@@ -1243,7 +1252,7 @@ def import_judgments_cache(
         statistics.wrote(len(chunk))
         counters.judgments_added(
             session=session,
-            where=counters.judgments_with_change_ids([row["change_id"] for row in chunk]),
+            where=counters.batch(session, _JUDGMENTS.c.change_id, [row["change_id"] for row in chunk]),
             snapshots=false(),
         )
         _write_rows(session, _EVENTS, _cache_events(session, chunk, reviewer))
