@@ -816,14 +816,24 @@ _LATE_DERIVED = ("judge_scores_json", "evidence_json", "weighted_gap", "max_metr
 
 
 def _late_snapshots(session: Session) -> Any:
-    """`SELECT <_LATE_COLUMNS> FROM evaluation_snapshots WHERE id IN :ids` (`lib.bulk.among_value`), built once."""
-    return built(
-        session,
-        ("late verdicts' evaluations",),
-        lambda: select(*(_SNAPSHOTS.c[name] for name in _LATE_COLUMNS)).where(
+    """`SELECT <_LATE_COLUMNS> FROM evaluation_snapshots WHERE id IN :ids` (`lib.bulk.among_value`), built once.
+
+    On PostgreSQL it locks what it reads, in id order (`counters.lock_snapshots`' order, the first
+    step of docs/internals.md's "Counters"): the score rows are written live or not from the
+    `deleted_at` read here, and an archive or a restore committed between an unlocked read and
+    `gaps_change`'s lock left metric_scores and agreement_counts counting the wrong side (review12 F1).
+    Locked, the archive waits for this transaction or this read waits for the archive's commit and
+    sees its `deleted_at` (READ COMMITTED re-reads a row it waited for). SQLite serialises writers."""
+
+    def build() -> Any:
+        stmt = select(*(_SNAPSHOTS.c[name] for name in _LATE_COLUMNS)).where(
             bulk.among_template(session, _SNAPSHOTS.c.id, "ids")
-        ),
-    )
+        )
+        if bulk.dialect_name(session) == "postgresql":
+            stmt = stmt.order_by(_SNAPSHOTS.c.id).with_for_update()
+        return stmt
+
+    return built(session, ("late verdicts' evaluations",), build)
 
 
 def _late_update(session: Session) -> Any:

@@ -37,14 +37,14 @@ from lib.importer import (
     import_path,
     import_source_evaluations,
 )
-from lib.inspector import archive_evaluation
+from lib.inspector import archive_evaluation, restore_evaluation
 from lib.json_files import MIB
 from lib.models import EvaluationSnapshot, Judgment, MetricDefinition
 from lib.source_files import SourceOptions
 from lib.source_records import SourceEvaluation, SourceVerdict, metric_slug
 from tests.cli import run_cli
 from tests.test_counters import _snapshot_of_counters
-from tests.test_counters_concurrency import _blocked_writer, pg_engine  # noqa: F401
+from tests.test_counters_concurrency import _blocked_writer, _wait_behind, pg_engine  # noqa: F401
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sources"
 WHO = "overrule-cli"
@@ -1448,6 +1448,49 @@ def test_late_verdicts_bind_their_ids_as_one_parameter_however_many_evaluations(
         counters.recount(session=s)
     with Session(engine) as s:
         assert _snapshot_of_counters(s) == kept
+
+
+@pytest.mark.parametrize("change", ["archive", "restore"])
+def test_late_verdicts_waiting_on_an_archive_of_their_evaluation_score_it_as_it_is_left(
+    pg_engine: Engine,  # noqa: F811
+    change: str,
+) -> None:
+    """review12 F1: an archive (or restore) of Q holds Q's row uncommitted while late verdicts for Q
+    run until they wait on it. They read Q's `deleted_at` unlocked before waiting, so Q's new score
+    row (a user scored `clarity`) was written live (not live) and counted in agreement_counts
+    after the archive (not after the restore) had committed. Locked as they read it, every score and
+    counter they leave equals a recount."""
+    with session_scope(pg_engine) as s:
+        import_source_evaluations(
+            session=s,
+            source="t",
+            evaluations=[
+                SourceEvaluation(
+                    where="Q", product="p", question="Q", answer="A.", created_at=LATE_AT,
+                    verdicts=[SourceVerdict(name="truthfulness", score=4),
+                              SourceVerdict(name="clarity", score=5, human=True)],
+                )
+            ],
+        )  # fmt: skip
+        snapshot_id = s.exec(select(EvaluationSnapshot.id)).one()
+        if change == "restore":
+            archive_evaluation(session=s, snapshot_id=snapshot_id, reviewer="ayse")
+
+    def archive_or_restore(s: Session) -> None:
+        change_it = archive_evaluation if change == "archive" else restore_evaluation
+        assert change_it(session=s, snapshot_id=snapshot_id, reviewer="ayse")
+
+    def late(s: Session) -> None:
+        items = [LateVerdicts(snapshot_id, [SourceVerdict(name="clarity", score=2)], "late")]
+        assert add_source_verdicts(session=s, items=items) == 1
+
+    _wait_behind(pg_engine, archive_or_restore, late)
+    with Session(pg_engine) as s:
+        kept = _late_state(s)
+        assert kept["metric_scores"]  # Q's clarity: a user score and a judge score
+        counters.recount(session=s)
+        s.flush()
+        assert _late_state(s) == kept
 
 
 def test_score_labels_takes_a_pairs_other_number_from_its_partner() -> None:
