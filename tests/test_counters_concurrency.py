@@ -679,3 +679,52 @@ def _run_into(engine: Engine, write: Callable[[Session], None], errors: list[Bas
             write(s)
     except BaseException as exc:
         errors.append(exc)
+
+
+def test_an_otlp_request_locks_the_evaluations_it_extends_before_it_imports(
+    pg_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review12 F5: a request of log records imports a waiting call of product P (taking P's counter
+    rows) and adds a late verdict to E, a stored evaluation of P. An archive of E holds E's row (its
+    first statement) while the request runs until it waits. The request used to take P's rows first
+    and wait for E after: the archive then waited on P's rows, a cycle PostgreSQL broke by aborting
+    one side. Evaluations first (docs/internals.md "Counters"): the request waits before it takes
+    any counter row and both land, with no retry (one attempt) and counters equal to a recount."""
+    from tests.test_otlp import Telemetry
+
+    monkeypatch.setattr(lib.db, "WRITE_ATTEMPTS", 1)
+    telemetry = Telemetry(service="P")
+    stored = telemetry.call("Q1?", "A1.", events={"truthfulness": 4})
+    waiting = telemetry.call("Q2?", "A2.")  # judged by the log records below
+    send = {
+        "engine": pg_engine,
+        "kind": otlp.PROTOBUF,
+        "settings": get_settings(),
+        "actor": system_actor("ci"),
+    }
+    otlp.receive(signal="traces", body=telemetry.traces(), **send)
+    with session_scope(pg_engine) as s:
+        sid = s.exec(select(EvaluationSnapshot.id)).one()
+    telemetry.verdict("clarity", 3, stored)  # late: E is stored
+    telemetry.verdict("truthfulness", 5, waiting)  # imports Q2
+    logs = telemetry.log_body()
+
+    def request(_s: Session) -> None:  # receive opens its own session
+        otlp.receive(signal="logs", body=logs, **send)
+
+    with pg_engine.connect() as conn, Session(bind=conn) as holding:
+        counters.lock_snapshots(
+            session=holding, where=counters.one_evaluation(sid)
+        )  # the archive's first step
+        worker, errors = _blocked_writer(pg_engine, request)
+        assert inspector.archive_evaluation(session=holding, snapshot_id=sid, reviewer="lead")
+        holding.commit()
+    worker.join(30)
+    assert not worker.is_alive() and not errors, errors
+    with session_scope(pg_engine) as s:
+        rows = s.exec(select(EvaluationSnapshot.question, EvaluationSnapshot.deleted_at)).all()
+        assert sorted((q, d is not None) for q, d in rows) == [("Q1?", True), ("Q2?", False)]
+        metrics = s.exec(select(Judgment.metric).where(Judgment.snapshot_id == sid)).all()
+        assert sorted(metrics) == ["clarity", "truthfulness"]
+        kept = _snapshot_of_counters(s)
+    _assert_recount_keeps(pg_engine, kept)
