@@ -310,7 +310,8 @@ def lock_judgments(*, session: Session, where: Any) -> None:
     """`SELECT … FOR UPDATE` the judgments matching `where`, in id order (PostgreSQL).
 
     The one lock order of every counter writer: judgments, then their evaluations (`lock_snapshots`),
-    then counter rows. A review takes them in that order too (its versioned UPDATE, `bump_review`),
+    then counter rows, these too in one order: the product's (`product_counts`), the evaluations'
+    (`evaluation_counts`), then the judgments' (day, language, reviewer, judge-version rows). A review takes them in that order too (its versioned UPDATE, `bump_review`),
     after `PG_REVIEW_COUNTERS_LOCK`, which only reviews take, so two writers wait for each other
     instead of deadlocking.
     """
