@@ -483,7 +483,6 @@ def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
             for row in rows:
                 row.update(stated[row["id"]])
             _write_rows(session, _SNAPSHOTS, rows)
-            scores.add_snapshot_scores(session=session, snapshots=map(_scored_snapshot, rows))
             new_ids = [row["id"] for row in rows]
             if not defer:
                 counters.snapshots_added(
@@ -495,6 +494,10 @@ def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
                 counters.include_judgments(
                     session=session, where=counters.batch(session, _JUDGMENTS.c.snapshot_id, new_ids)
                 )
+            # The score counts (agreement rows, shared across the product) after the product's and the
+            # judgments' counter rows, as an archive moves them: taken first, an import waited on an
+            # archive's product row holding rows the archive then needed (a lock cycle, PostgreSQL).
+            scores.add_snapshot_scores(session=session, snapshots=map(_scored_snapshot, rows))
             inserted += len(rows)
             judgments += len(judgment_rows)
     if defer:

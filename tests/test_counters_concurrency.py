@@ -728,3 +728,58 @@ def test_an_otlp_request_locks_the_evaluations_it_extends_before_it_imports(
         assert sorted(metrics) == ["clarity", "truthfulness"]
         kept = _snapshot_of_counters(s)
     _assert_recount_keeps(pg_engine, kept)
+
+
+def test_an_import_takes_the_shared_agreement_rows_after_its_products_row(pg_engine: Engine) -> None:
+    """An import writes its evaluations' score counts (`agreement_counts`, shared by every evaluation
+    of a product, language, metric, week and score pair) after its product's counter row, as an archive
+    does. Staged: an archive of E is held just before its first `agreement_counts` statement (it holds
+    the product's row); meanwhile an import of an evaluation alike (the same score pair) runs. Before,
+    the import took the agreement rows first and waited on the product's row, and the archive then
+    waited on the import: DeadlockDetected. Now the import waits for the archive and both land."""
+    rec = {
+        "question": "Stored?", "model_answer": "An answer.", "product": "tutor", "language": "en",
+        "judge_model": "j", "created_at": T0.isoformat(), "judge_scores": {"truthfulness": 4},
+        "user_scores": {"truthfulness": 2},
+    }  # fmt: skip
+    with session_scope(pg_engine) as s:
+        importer.import_evaluations(session=s, records=[rec])
+    with session_scope(pg_engine) as s:
+        sid = s.exec(select(EvaluationSnapshot.id)).one()
+    at_scores, go_on = threading.Event(), threading.Event()
+    archive_thread: list[int] = []
+
+    def hold(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if threading.get_ident() in archive_thread and statement.startswith("INSERT INTO agreement_counts"):
+            archive_thread.clear()  # once
+            at_scores.set()
+            assert go_on.wait(30)
+
+    def archive(s: Session) -> None:
+        archive_thread.append(threading.get_ident())
+        inspector.archive_evaluation(session=s, snapshot_id=sid, reviewer="lead")
+
+    def load(s: Session) -> None:
+        importer.import_evaluations(session=s, records=[rec | {"question": "Another?"}])
+
+    event.listen(pg_engine, "before_cursor_execute", hold)
+    try:
+        errors: list[BaseException] = []
+        threads = [threading.Thread(target=_run_into, args=(pg_engine, archive, errors))]
+        threads[0].start()
+        assert at_scores.wait(30)
+        threads.append(threading.Thread(target=_run_into, args=(pg_engine, load, errors)))
+        threads[1].start()
+        _wait_until_blocked(pg_engine, threads[1])
+        go_on.set()
+        for t in threads:
+            t.join(30)
+            assert not t.is_alive()
+    finally:
+        go_on.set()
+        event.remove(pg_engine, "before_cursor_execute", hold)
+    assert not errors, errors
+    with session_scope(pg_engine) as s:
+        assert len(s.exec(select(EvaluationSnapshot.id)).all()) == 2
+        kept = _snapshot_of_counters(s)
+    _assert_recount_keeps(pg_engine, kept)
