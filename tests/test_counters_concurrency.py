@@ -628,38 +628,11 @@ def test_a_writer_moves_its_evaluations_counter_row_before_its_judgments_rows(
         bulk = _bulk(pg_engine, [j1])
     else:
         bulk = _rejudge(pg_engine, j1, by_another_version=writer.endswith("version"))
-    at_counts, go_on = threading.Event(), threading.Event()
-    bulk_thread: list[int] = []
-
-    def hold(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if threading.get_ident() in bulk_thread and statement.startswith("INSERT INTO evaluation_counts"):
-            bulk_thread.clear()  # once
-            at_counts.set()
-            assert go_on.wait(30)
-
-    def bulk_review(s: Session) -> None:
-        bulk_thread.append(threading.get_ident())
-        bulk(s)
 
     def load(s: Session) -> None:
         importer.import_evaluations(session=s, records=[rec | {"question": "Another?"}])
 
-    event.listen(pg_engine, "before_cursor_execute", hold)
-    try:
-        errors: list[BaseException] = []
-        threads = [threading.Thread(target=_run_into, args=(pg_engine, bulk_review, errors))]
-        threads[0].start()
-        assert at_counts.wait(30)
-        threads.append(threading.Thread(target=_run_into, args=(pg_engine, load, errors)))
-        threads[1].start()
-        _wait_until_blocked(pg_engine, threads[1])
-        go_on.set()
-        for t in threads:
-            t.join(30)
-            assert not t.is_alive()
-    finally:
-        go_on.set()
-        event.remove(pg_engine, "before_cursor_execute", hold)
+    errors = _held_at(pg_engine, bulk, "INSERT INTO evaluation_counts", load)
     assert not errors, errors
     with session_scope(pg_engine) as s:
         written = s.get(Judgment, j1)
@@ -670,6 +643,44 @@ def test_a_writer_moves_its_evaluations_counter_row_before_its_judgments_rows(
         assert len(s.exec(select(Judgment.id).where(col(Judgment.product) == "tutor")).all()) == 4
         kept = _snapshot_of_counters(s)
     _assert_recount_keeps(pg_engine, kept)
+
+
+def _held_at(
+    engine: Engine, first: Callable[[Session], None], statement: str, then: Callable[[Session], None]
+) -> list[BaseException]:
+    """`first` in its own transaction, held just before it sends its first statement starting with
+    `statement`; `then` in another, until it waits on a lock (or ends); then `first` goes on. What
+    either raised (a DeadlockDetected when the two closed a lock cycle)."""
+    reached, go_on = threading.Event(), threading.Event()
+    held: list[int] = []
+
+    def hold(_conn: Any, _cursor: Any, sent: str, *_args: Any) -> None:
+        if threading.get_ident() in held and sent.startswith(statement):
+            held.clear()  # once
+            reached.set()
+            assert go_on.wait(30)
+
+    def run_first(s: Session) -> None:
+        held.append(threading.get_ident())
+        first(s)
+
+    errors: list[BaseException] = []
+    event.listen(engine, "before_cursor_execute", hold)
+    try:
+        threads = [threading.Thread(target=_run_into, args=(engine, run_first, errors))]
+        threads[0].start()
+        assert reached.wait(30)
+        threads.append(threading.Thread(target=_run_into, args=(engine, then, errors)))
+        threads[1].start()
+        _wait_until_blocked(engine, threads[1])
+        go_on.set()
+        for t in threads:
+            t.join(30)
+            assert not t.is_alive()
+    finally:
+        go_on.set()
+        event.remove(engine, "before_cursor_execute", hold)
+    return errors
 
 
 def _run_into(engine: Engine, write: Callable[[Session], None], errors: list[BaseException]) -> None:
@@ -746,38 +757,14 @@ def test_an_import_takes_the_shared_agreement_rows_after_its_products_row(pg_eng
         importer.import_evaluations(session=s, records=[rec])
     with session_scope(pg_engine) as s:
         sid = s.exec(select(EvaluationSnapshot.id)).one()
-    at_scores, go_on = threading.Event(), threading.Event()
-    archive_thread: list[int] = []
-
-    def hold(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if threading.get_ident() in archive_thread and statement.startswith("INSERT INTO agreement_counts"):
-            archive_thread.clear()  # once
-            at_scores.set()
-            assert go_on.wait(30)
 
     def archive(s: Session) -> None:
-        archive_thread.append(threading.get_ident())
         inspector.archive_evaluation(session=s, snapshot_id=sid, reviewer="lead")
 
     def load(s: Session) -> None:
         importer.import_evaluations(session=s, records=[rec | {"question": "Another?"}])
 
-    event.listen(pg_engine, "before_cursor_execute", hold)
-    try:
-        errors: list[BaseException] = []
-        threads = [threading.Thread(target=_run_into, args=(pg_engine, archive, errors))]
-        threads[0].start()
-        assert at_scores.wait(30)
-        threads.append(threading.Thread(target=_run_into, args=(pg_engine, load, errors)))
-        threads[1].start()
-        _wait_until_blocked(pg_engine, threads[1])
-        go_on.set()
-        for t in threads:
-            t.join(30)
-            assert not t.is_alive()
-    finally:
-        go_on.set()
-        event.remove(pg_engine, "before_cursor_execute", hold)
+    errors = _held_at(pg_engine, archive, "INSERT INTO agreement_counts", load)
     assert not errors, errors
     with session_scope(pg_engine) as s:
         assert len(s.exec(select(EvaluationSnapshot.id)).all()) == 2
