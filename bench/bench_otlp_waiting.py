@@ -10,7 +10,9 @@ about 1.5 KB JSON each, no verdict: an app exporting every call). On each it run
 page and the API run (`lib.otlp_waiting.read(limit=50)`) and the whole list as CSV
 (`lib.otlp_waiting.csv_chunks`, the page's streamed link and the CLI's `--csv`, consumed chunk by
 chunk): CPU seconds of this process (median of `--runs`; the PostgreSQL server's CPU is not counted),
-then each once more under tracemalloc for the peak of Python memory.
+then each once more under tracemalloc for the peak of Python memory. On PostgreSQL parallel query is
+off (max_parallel_workers_per_gather = 0): a parallel worker's CPU cannot be read once its query ends,
+and the plain queries' scans and sorts ran two thirds in workers.
 """
 
 from __future__ import annotations
@@ -101,6 +103,17 @@ def measure(work: Callable[[], object], runs: int, database: str | None) -> tupl
     return statistics.median(cpu), statistics.median(server), peak / 2**20
 
 
+def _no_parallel_query(dbapi_connection: Any, _record: Any) -> None:
+    """Parallel query off for the connection's session (outside a transaction, as lib.db's
+    `_plan_each_execution` sets its own: the pool's rollback would undo it)."""
+    autocommit = dbapi_connection.autocommit
+    dbapi_connection.autocommit = True
+    try:
+        dbapi_connection.execute("SET max_parallel_workers_per_gather = 0")
+    finally:
+        dbapi_connection.autocommit = autocommit
+
+
 def run(url: str, label: str, rows: int, runs: int) -> None:
     for kind in ("verdicts", "calls"):
         run_kind(url, label, rows, runs, kind)
@@ -111,6 +124,13 @@ def run_kind(url: str, label: str, rows: int, runs: int, kind: str) -> None:
     from lib.db import init_db, session_scope
 
     engine = init_db(url)
+    if engine.dialect.name == "postgresql":
+        # Every query's work in the backend counted: a parallel worker's CPU is not (its process
+        # ends with the query), and a plain query's scan and sort ran two thirds in workers while a
+        # server-side cursor's (the streamed CSV's) may not use them.
+        from sqlalchemy import event
+
+        event.listen(engine, "connect", _no_parallel_query)
     with engine.begin() as conn:
         conn.exec_driver_sql("DELETE FROM otlp_spans")
     fill(engine, rows, kind)
