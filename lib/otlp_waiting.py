@@ -215,9 +215,15 @@ def frames(waiting: Waiting) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 _WAITS = _SPANS.c.snapshot_id.is_(None)  # not (yet) an evaluation: a call or verdicts waiting
+
+
 # A call's row holds its span; a row of verdicts none (SQL NULL as lib.otlp writes it, or a JSON null
 # as the ORM writes None): told apart without parsing a week of spans' JSON.
-_IS_CALL = and_(_SPANS.c.span_json.is_not(None), cast(_SPANS.c.span_json, Text) != "null")
+def _holds_span(table: Any) -> Any:
+    return and_(table.c.span_json.is_not(None), cast(table.c.span_json, Text) != "null")
+
+
+_IS_CALL = _holds_span(_SPANS)
 _VERDICTS = (_WAITS, not_(_IS_CALL), func.json_array_length(_SPANS.c.pending_json) > 0)
 _OLDEST = (_SPANS.c.received_at, _SPANS.c.key)
 _BATCH = 1000  # rows a read brings at a time (the CSV's, streamed)
@@ -255,10 +261,7 @@ def _call_rows(session: Session, limit: int | None) -> Iterator[WaitingRow]:
 
 def _stored_call(table: Any) -> Any:
     """A GenAI call's row of `table` (lib.otlp `_Stored.is_call`): its span waiting, or joined."""
-    return or_(
-        table.c.snapshot_id.is_not(None),
-        and_(table.c.span_json.is_not(None), cast(table.c.span_json, Text) != "null"),
-    )
+    return or_(table.c.snapshot_id.is_not(None), _holds_span(table))
 
 
 @dataclass(frozen=True)
