@@ -66,8 +66,11 @@ from lib.json_files import (
 )
 from lib.locks import PG_IMPORT_LOCK, one_writer_at_a_time
 from lib.metrics import (
+    DEFAULT_METRICS,
+    MetricSpec,
     ScaleChange,
     metrics_for_product,
+    own_metrics,
     parse_metric_definition,
     upsert_metric_definitions,
 )
@@ -348,13 +351,16 @@ def _prepare_evaluations(
     reviewer: str,
     on_invalid: Callable[[int, InvalidField], None] | None = None,
     chunk_rows: int | None = None,
+    rubrics: Mapping[str, list[MetricSpec]] | None = None,
 ) -> _Prepared:
     """Validate every record (raising ImportFailed at the first fault, or, with `on_invalid`,
     handing it the record's position and fault and leaving that record out) and spool the rows
-    (`_Spool`: `chunk_rows` a chunk, CHUNK_ROWS unless given)."""
+    (`_Spool`: `chunk_rows` a chunk, CHUNK_ROWS unless given). `rubrics`: products' rubrics the
+    caller read in this transaction and nothing changed since (others are read here)."""
     prepared = _Prepared(spool=_Spool(chunk_rows), source=source)
     versions = _version_resolver(session, reviewer)
     metric_sets: dict[str, MetricSet] = {}
+    known = rubrics or {}
     seen_keys: set[str] = set()
     # id → (where it first appeared, fingerprint of that record): a different record under the same
     # id is a conflict, refused with both places; the very same record again stays idempotent.
@@ -362,7 +368,10 @@ def _prepare_evaluations(
 
     def metric_set(product: str) -> MetricSet:
         if product not in metric_sets:
-            metric_sets[product] = MetricSet(product, metrics_for_product(session=session, product=product))
+            specs = known.get(product)
+            metric_sets[product] = MetricSet(
+                product, specs if specs is not None else metrics_for_product(session=session, product=product)
+            )
         return metric_sets[product]
 
     try:
@@ -567,6 +576,8 @@ def import_source_evaluations(
     actor = authorize(session, reviewer, Permission.IMPORT)
     rubric = _source_rubric(session)
     plan = source_records.plan_import(evaluations, rubric, on_invalid=on_invalid)
+    # The rubrics the plan read, by the name they were read under (`_source_rubric` strips it).
+    read = {p.strip(): specs for p, (specs, *_) in plan.rubrics.items() if isinstance(p, str)}
     refused: dict[int, ImportFailed] = {}  # position in plan.records → why validation refused it
 
     def invalid(position: int, exc: InvalidField) -> None:
@@ -586,6 +597,7 @@ def import_source_evaluations(
             reviewer=actor.identity,
             on_invalid=kept if on_invalid is not None else None,
             chunk_rows=IN_MEMORY_CHUNK_ROWS,  # the evaluations are in memory whole already
+            rubrics=read if not plan.definitions else None,  # else read again after they were written
         )
         prepared.source_keys = {positions[i]: key for i, key in prepared.source_keys.items()}
         return prepared
@@ -745,12 +757,16 @@ def _source_rubric(session: Session) -> Callable[[str], tuple[list[Any], bool, b
 
     def rubric(product: str) -> tuple[list[Any], bool, bool]:
         product = product.strip()
-        own = session.execute(select(_METRIC_DEFS.c.id).where(_METRIC_DEFS.c.product == product).limit(1))
-        held = session.execute(select(_SNAPSHOTS.c.id).where(_SNAPSHOTS.c.product == product).limit(1))
+        own = own_metrics(session, product)  # its rows say whether it defines its own: one read
+        held = built(
+            session,
+            ("an evaluation of a product",),
+            lambda: select(_SNAPSHOTS.c.id).where(_SNAPSHOTS.c.product == bindparam("product")).limit(1),
+        )
         return (
-            metrics_for_product(session=session, product=product),
-            own.first() is not None,
-            held.first() is not None,
+            own if own is not None else list(DEFAULT_METRICS),
+            own is not None,
+            session.execute(held, {"product": product}).first() is not None,
         )
 
     return rubric

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from lib.metrics import (
     DEFAULT_METRICS,
@@ -14,10 +14,12 @@ from lib.metrics import (
     SLUG_DISPLAY_MAP,
     display_name_to_slug,
     metrics_for_product,
+    own_metrics,
     products_with_rubrics,
     slug_to_display_name,
     upsert_metric_definitions,
 )
+from lib.models import MetricDefinition
 
 RUBRIC: list[dict[str, Any]] = [
     {"product": "bot", "slug": "tone", "display_name": "Tone", "min": 0, "max": 1},
@@ -48,6 +50,26 @@ def test_metrics_for_product_accepts_positional_and_keyword_calls(engine: Engine
 def test_product_without_rubric_gets_the_default_set_positionally(engine: Engine) -> None:
     with Session(engine) as s:
         assert metrics_for_product(s, "unknown") == list(DEFAULT_METRICS)
+
+
+def test_a_rubric_read_sees_the_sessions_unflushed_changes_and_says_whether_the_product_has_its_own(
+    engine: Engine,
+) -> None:
+    """The read is one Core statement (built once), not an ORM query: run by the session, it sees
+    what the session holds but has not flushed, as the query did (read on the connection: 5.0)."""
+    with Session(engine) as s:
+        assert own_metrics(s, "bot") is None
+        upsert_metric_definitions(s, RUBRIC)
+        s.flush()
+        tone = s.exec(select(MetricDefinition).where(MetricDefinition.slug == "tone")).one()
+        tone.max_value = 9.0  # pending, not flushed
+        assert [(m.slug, m.max_value) for m in metrics_for_product(s, "bot")] == [
+            ("tone", 9.0),
+            ("accuracy", 5.0),
+        ]
+        own = own_metrics(s, "bot")
+        assert own is not None and [m.slug for m in own] == ["tone", "accuracy"]
+        assert own_metrics(s, "app") is None and metrics_for_product(s, "app") == list(DEFAULT_METRICS)
 
 
 def test_products_with_rubrics_takes_the_session_positionally(engine: Engine) -> None:
