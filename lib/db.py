@@ -15,6 +15,7 @@ import random
 import sqlite3
 import threading
 import time
+import traceback
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -50,6 +51,10 @@ RETRY_SQLSTATES = frozenset({"40P01", "40001"})
 WRITE_ATTEMPTS = 8
 RETRY_BACKOFF_S = 0.05  # the first retry waits up to this long, doubling per attempt (jittered)
 RETRY_BACKOFF_MAX_S = 0.5  # and never longer: PostgreSQL's deadlock_timeout (1 s) already passed
+# No attempt starts once this long has passed since the first began: a long import losing every
+# race would otherwise keep its caller (an HTTP client, a reviewer) waiting WRITE_ATTEMPTS times its
+# length (review13 F2: a 2.2 s import failing each time answered after 25.6 s).
+RETRY_BUDGET_S = 30.0
 
 T = TypeVar("T")
 
@@ -412,17 +417,23 @@ def run_retrying(engine: Engine, attempt: Callable[[], T], *, attempts: int | No
     or nothing, so a victim's attempt left nothing behind. SQLite: runs once."""
     attempts = WRITE_ATTEMPTS if attempts is None else attempts  # read when called (a test may lower it)
     retries = attempts - 1 if engine.dialect.name == "postgresql" else 0
+    started = time.monotonic()
     for n in range(retries + 1):
         try:
             return attempt()
         except Exception as exc:
-            if n == retries or not must_retry(exc):
+            if n == retries or not must_retry(exc) or time.monotonic() - started > RETRY_BUDGET_S:
                 raise
-            log.info(
+            # Warned: a retry costs the caller at least deadlock_timeout, and many mean a lock cycle
+            # to remove (docs/internals.md, Counters), not only to survive.
+            log.warning(
                 "write transaction retried after %s (attempt %d of %d)",
                 type(exc).__name__,
                 n + 2,
                 attempts,
             )
-            time.sleep(random.uniform(0.5, 1.0) * min(RETRY_BACKOFF_S * 2**n, RETRY_BACKOFF_MAX_S))
+            # The failed attempt's frames (an import's whole batch) are let go before the next one
+            # builds its own, not when a garbage collection finds the exception's cycle (review13 F3).
+            traceback.clear_frames(exc.__traceback__)
+        time.sleep(random.uniform(0.5, 1.0) * min(RETRY_BACKOFF_S * 2**n, RETRY_BACKOFF_MAX_S))
     raise AssertionError("unreachable")  # the loop returns or raises

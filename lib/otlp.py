@@ -35,7 +35,7 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import ARRAY, Engine, String, Table, and_, bindparam, column, delete, func, select
+from sqlalchemy import ARRAY, Engine, String, Table, and_, bindparam, column, delete, event, func, select
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
@@ -879,7 +879,9 @@ def _sweep(session: Session, *, force: bool = False) -> int:
     now = time.monotonic()
     if not force and now - _last_sweep.get(url, -_SWEEP_EVERY_S) < _SWEEP_EVERY_S:
         return 0
-    _last_sweep[url] = now
+    # Noted once the sweep is committed: a request rolled back (a deadlock's victim run again,
+    # lib.db.run_retrying) swept nothing, and the next attempt must sweep (review13 F1).
+    event.listen(session, "after_commit", lambda _session: _last_sweep.__setitem__(url, now), once=True)
     cutoff = utcnow() - timedelta(days=PENDING_DAYS)
     record_sweep(session, cutoff)
     result = session.execute(

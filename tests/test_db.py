@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -506,3 +507,27 @@ def test_must_retry_reads_psycopg2s_pgcode_too() -> None:
         assert lib.db.must_retry(OperationalError("UPDATE …", {}, _Psycopg2Aborted(code)))
     assert not lib.db.must_retry(OperationalError("UPDATE …", {}, _Psycopg2Aborted("23505")))
     assert not lib.db.must_retry(ValueError("bad input"))
+
+
+def test_a_retry_is_warned_and_none_starts_after_the_time_budget(engine, monkeypatch, caplog) -> None:
+    """review13 F2: a retry is logged at WARNING (each costs the caller deadlock_timeout; many name a
+    lock cycle to remove), and no attempt starts once RETRY_BUDGET_S has passed since the first: a
+    long import losing every race answers with the database's error, not after eight times its length."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("SQLite runs a write once: nothing to retry")
+    monkeypatch.setattr(lib.db, "RETRY_BACKOFF_S", 0.0)
+    attempts: list[int] = []
+
+    def aborted() -> int:
+        attempts.append(1)
+        raise _Aborted()
+
+    with caplog.at_level(logging.WARNING, logger="lib.db"), pytest.raises(_Aborted):
+        lib.db.run_retrying(engine, aborted, attempts=3)
+    assert len(attempts) == 3
+    assert [r.levelno for r in caplog.records if "retried" in r.getMessage()] == [logging.WARNING] * 2
+    attempts.clear()
+    monkeypatch.setattr(lib.db, "RETRY_BUDGET_S", -1.0)  # spent before the first attempt ends
+    with pytest.raises(_Aborted):
+        lib.db.run_retrying(engine, aborted, attempts=3)
+    assert len(attempts) == 1

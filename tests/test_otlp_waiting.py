@@ -343,3 +343,71 @@ def test_the_sweeps_recorded_in_any_wording_so_far_are_summed(engine: Engine) ->
         session.commit()
         swept = otlp_waiting.swept(session)
     assert (swept.sweeps, swept.calls, swept.verdicts) == (4, 131, 16)
+
+
+def test_a_sweep_rolled_back_is_done_again_by_the_next_request(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review13 F1: the hour between sweeps counts from a committed sweep. A request rolled back
+    after its sweep (a deadlock's victim, run again by lib.db.run_retrying) forgot nothing, so the
+    next attempt sweeps; noted before the commit, nothing was swept or recorded for an hour."""
+    monkeypatch.setattr(otlp, "_last_sweep", {})
+    old = utcnow() - timedelta(days=otlp.PENDING_DAYS, hours=1)
+    with Session(engine) as session:
+        session.add(OtlpSpan(key="a:1", pending_json=[{"name": "truthfulness"}], received_at=old))
+        session.commit()
+    with Session(engine) as session:
+        assert otlp._sweep(session) == 1
+        session.rollback()
+    with Session(engine) as session:
+        assert otlp._sweep(session) == 1  # before the fix: 0, the rolled-back sweep counted as done
+        session.commit()
+    with Session(engine) as session:
+        session.add(OtlpSpan(key="b:1", pending_json=[{"name": "clarity"}], received_at=old))
+        session.flush()
+        assert otlp._sweep(session) == 0  # within the hour of the committed sweep
+        assert otlp_waiting.read(session).swept.sweeps == 1
+
+
+class _Deadlocked(Exception):
+    """Stands for psycopg's DeadlockDetected: what lib.db.must_retry reads is the SQLSTATE."""
+
+    sqlstate = "40P01"
+
+
+def test_a_request_run_again_as_a_deadlocks_victim_still_sweeps(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review13 F1 end to end on PostgreSQL: the OTLP request's first attempt sweeps, then is
+    aborted as a deadlock's victim; the attempt run again sweeps and records it."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("only PostgreSQL picks deadlock victims (SQLite's writers take turns)")
+    from lib.auth import system_actor
+    from lib.config import get_settings
+
+    monkeypatch.setattr(otlp, "_last_sweep", {})
+    old = utcnow() - timedelta(days=otlp.PENDING_DAYS, hours=1)
+    with Session(engine) as session:
+        session.add(OtlpSpan(key="a:1", pending_json=[{"name": "truthfulness"}], received_at=old))
+        session.commit()
+    runs: list[int] = []
+    run = otlp._Join.run
+
+    def aborted_once(join: Any) -> None:
+        run(join)
+        runs.append(1)
+        if len(runs) == 1:
+            raise _Deadlocked("deadlock detected (staged)")
+
+    monkeypatch.setattr(otlp._Join, "run", aborted_once)
+    t = Telemetry(service="P")
+    t.call("Q?", "A.", events={"truthfulness": 4})
+    outcome = otlp.receive(
+        engine=engine, signal="traces", body=t.traces(), kind=otlp.PROTOBUF,
+        settings=get_settings(), actor=system_actor("ci"),
+    )  # fmt: skip
+    assert len(runs) == 2 and outcome.evaluations == 1
+    with Session(engine) as session:
+        waiting = otlp_waiting.read(session)
+        assert session.get(OtlpSpan, "a:1") is None
+    assert waiting.swept.sweeps == 1 and waiting.swept.verdicts == 1
