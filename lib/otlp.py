@@ -43,7 +43,8 @@ from lib import counters
 from lib.auth import Actor
 from lib.bulk import among, among_template, among_value, frozen_heap, insert_tuples
 from lib.importer import LateVerdicts, add_source_verdicts, import_source_evaluations
-from lib.models import EvaluationSnapshot, OtlpSpan, utcnow
+from lib.models import EvaluationSnapshot, utcnow
+from lib.otlp_table import PENDING_DAYS, SPANS, TRACE_END, aware
 from lib.prepared import built
 from lib.records import ImportFailed
 from lib.source_records import SourceEvaluation, SourceVerdict, metric_slug
@@ -52,7 +53,6 @@ SIGNALS = ("traces", "logs")
 EVALUATION_EVENT = "gen_ai.evaluation.result"
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
-_SPANS: Table = OtlpSpan.__table__  # type: ignore[attr-defined]
 _SNAPSHOTS: Table = EvaluationSnapshot.__table__  # type: ignore[attr-defined]
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
@@ -861,9 +861,6 @@ def _orphans_wait(engine: Engine, batch: Batch) -> bool:
         return any(not _Stored(*row).is_call for row in rows)
 
 
-# A span nobody judged, or a verdict whose span never came, waits this long, then is forgotten: an
-# app exporting every call would otherwise fill `otlp_spans` with calls no judge will look at.
-PENDING_DAYS = 7
 _SWEEP_EVERY_S = 3600.0
 _last_sweep: dict[str, float] = {}
 
@@ -884,15 +881,8 @@ def _sweep(session: Session, *, force: bool = False) -> int:
     event.listen(session, "after_commit", lambda _session: _last_sweep.__setitem__(url, now), once=True)
     cutoff = utcnow() - timedelta(days=PENDING_DAYS)
     record_sweep(session, cutoff)
-    result = session.execute(
-        delete(_SPANS).where(_SPANS.c.snapshot_id.is_(None), _SPANS.c.received_at < cutoff)
-    )
+    result = session.execute(delete(SPANS).where(SPANS.c.snapshot_id.is_(None), SPANS.c.received_at < cutoff))
     return int(getattr(result, "rowcount", 0) or 0)
-
-
-def _aware(moment: datetime) -> datetime:
-    """A stored time as aware UTC (SQLite hands it back naive)."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 @dataclass(slots=True)
@@ -920,7 +910,7 @@ class _Stored:
 
 
 _ROW_COLUMNS = ("key", "response_id", "snapshot_id", "span_json", "pending_json", "received_at")
-_ROW = [_SPANS.c[name] for name in _ROW_COLUMNS]
+_ROW = [SPANS.c[name] for name in _ROW_COLUMNS]
 
 
 def _relink(connection: Any, rows: list[tuple[str | None, str, str]], no_verdicts: Any, now: Any) -> None:
@@ -962,15 +952,8 @@ def _stored_by(session: Session, column: str) -> Any:
     return built(
         session,
         ("otlp_spans rows by", column),
-        lambda: select(*_ROW).where(among_template(session, _SPANS.c[column], "keys")),
+        lambda: select(*_ROW).where(among_template(session, SPANS.c[column], "keys")),
     )
-
-
-# The end of a trace's key range: `<trace>:` then the highest span id. Not `<trace>;`: a database
-# sorting text by a language's rules (ICU, glibc's en_US: PostgreSQL's default outside C locales)
-# puts ';' before ':' or ignores both, and that range came back empty. Between two keys of the same
-# length made of hex digits and ':', every collation agrees; callers keep only `<trace>:` keys.
-_TRACE_END = ":" + "f" * 64
 
 
 def _in_traces(session: Session) -> Any:
@@ -993,7 +976,7 @@ def _in_traces(session: Session) -> Any:
         return (
             select(*_ROW)
             .select_from(listed)
-            .join(_SPANS, and_(_SPANS.c.key >= trace + ":", _SPANS.c.key <= trace + _TRACE_END))
+            .join(SPANS, and_(SPANS.c.key >= trace + ":", SPANS.c.key <= trace + TRACE_END))
         )
 
     return built(session, ("otlp_spans of traces",), build)
@@ -1017,8 +1000,8 @@ class _Join:
         self.relinked: list[tuple[str | None, str, str]] = []
         self.new_rows: list[tuple[Any, ...]] = []
         dialect = session.connection().dialect
-        self.to_json = _SPANS.c.pending_json.type.dialect_impl(dialect).bind_processor(dialect)
-        bind_time = _SPANS.c.received_at.type.dialect_impl(dialect).bind_processor(dialect)
+        self.to_json = SPANS.c.pending_json.type.dialect_impl(dialect).bind_processor(dialect)
+        bind_time = SPANS.c.received_at.type.dialect_impl(dialect).bind_processor(dialect)
         self.now = utcnow() if bind_time is None else bind_time(utcnow())
         self.no_verdicts = self.to_json([])
         self._by_response: dict[str, list[str]] | None = None
@@ -1208,7 +1191,7 @@ class _Join:
                     row.response_id
                     and row.is_call
                     and row.key not in self.calls
-                    and _aware(row.received_at) >= recent
+                    and aware(row.received_at) >= recent
                 ):
                     by_response[row.response_id].append(row.key)
             self._by_response = by_response
@@ -1366,14 +1349,14 @@ class _Join:
         request's size."""
         session = self.session
         if self.gone:
-            session.execute(delete(_SPANS).where(among(session, _SPANS.c.key, self.gone)))
+            session.execute(delete(SPANS).where(among(session, SPANS.c.key, self.gone)))
             self.gone = set()
         if self.relinked:
             _relink(session.connection(), self.relinked, self.no_verdicts, self.now)
             self.relinked = []
         if self.new_rows:
             connection = session.connection()
-            insert_tuples(connection, _SPANS, _ROW_COLUMNS, self.new_rows, encoded=_ROW_COLUMNS)
+            insert_tuples(connection, SPANS, _ROW_COLUMNS, self.new_rows, encoded=_ROW_COLUMNS)
             self.new_rows = []
 
     def _import(self, ready: list[tuple[str, SpanCall, list[Verdict]]]) -> None:

@@ -1,7 +1,7 @@
 """What the OTLP receiver (lib.otlp) keeps waiting for its other half, why, and what it forgot.
 
 A GenAI span waits in `otlp_spans` for its evaluation events, and verdicts wait for their call
-(under the span they were emitted in, or `response:<id>`), for lib.otlp.PENDING_DAYS; then
+(under the span they were emitted in, or `response:<id>`), for lib.otlp_table.PENDING_DAYS; then
 `lib.otlp._sweep` forgets them. Some cases wait the whole week with nothing in any answer (a verdict
 emitted in a span Overrule never receives, one naming a response id no span records, ...): this
 reader is where a lead sees them, on the Admin page ("OpenTelemetry: waiting") and from
@@ -25,7 +25,7 @@ from sqlalchemy import Engine, Text, and_, bindparam, case, cast, func, not_, or
 from sqlmodel import Session, col
 
 from lib.models import AuditEvent, utcnow
-from lib.otlp import _SPANS, _TRACE_END, PENDING_DAYS, _aware
+from lib.otlp_table import PENDING_DAYS, SPANS, TRACE_END, aware
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -92,7 +92,7 @@ class WaitingRow:
         """The row as JSON (`GET /api/v1/otlp/waiting`): `COLUMNS`, the time in ISO 8601 UTC."""
         return {
             **dict(zip(COLUMNS, self.values(), strict=True)),
-            "waiting_since": _aware(self.since).isoformat(),
+            "waiting_since": aware(self.since).isoformat(),
             "response_id": self.response_id,
             "evaluations": list(self.evaluations),
         }
@@ -129,7 +129,7 @@ class Swept:
         return (
             f"Forgotten after {PENDING_DAYS} days so far: {self.calls:,} call(s) no verdict came for and "
             f"{self.verdicts:,} verdict(s) whose call never came, in {self.sweeps:,} sweep(s); the last "
-            f"{_aware(self.last_at):%Y-%m-%d %H:%M} UTC."
+            f"{aware(self.last_at):%Y-%m-%d %H:%M} UTC."
         )
 
 
@@ -171,7 +171,7 @@ def waiting_record(waiting: Waiting) -> dict[str, Any]:
                 "title": c.title,
                 "rows": c.rows,
                 "verdicts": c.verdicts,
-                "oldest": _aware(c.oldest).isoformat(),
+                "oldest": aware(c.oldest).isoformat(),
             }
             for c in waiting.counts
         ],
@@ -180,7 +180,7 @@ def waiting_record(waiting: Waiting) -> dict[str, Any]:
             "sweeps": waiting.swept.sweeps,
             "calls": waiting.swept.calls,
             "verdicts": waiting.swept.verdicts,
-            "last_at": None if last is None else _aware(last).isoformat(),
+            "last_at": None if last is None else aware(last).isoformat(),
         },
     }
 
@@ -202,7 +202,7 @@ def frames(waiting: Waiting) -> tuple[pd.DataFrame, pd.DataFrame]:
     import pandas as pd
 
     counts = pd.DataFrame(
-        [(c.title, c.rows, c.verdicts, _aware(c.oldest)) for c in waiting.counts],
+        [(c.title, c.rows, c.verdicts, aware(c.oldest)) for c in waiting.counts],
         columns=["why", "rows", "verdicts", "oldest"],
     )
     rows = pd.DataFrame([row.values() for row in waiting.rows], columns=list(COLUMNS))
@@ -214,7 +214,7 @@ def frames(waiting: Waiting) -> tuple[pd.DataFrame, pd.DataFrame]:
 # Reading and explaining the rows
 
 
-_WAITS = _SPANS.c.snapshot_id.is_(None)  # not (yet) an evaluation: a call or verdicts waiting
+_WAITS = SPANS.c.snapshot_id.is_(None)  # not (yet) an evaluation: a call or verdicts waiting
 
 
 # A call's row holds its span; a row of verdicts none (SQL NULL as lib.otlp writes it, or a JSON null
@@ -223,9 +223,9 @@ def _holds_span(table: Any) -> Any:
     return and_(table.c.span_json.is_not(None), cast(table.c.span_json, Text) != "null")
 
 
-_IS_CALL = _holds_span(_SPANS)
-_VERDICTS = (_WAITS, not_(_IS_CALL), func.json_array_length(_SPANS.c.pending_json) > 0)
-_OLDEST = (_SPANS.c.received_at, _SPANS.c.key)
+_IS_CALL = _holds_span(SPANS)
+_VERDICTS = (_WAITS, not_(_IS_CALL), func.json_array_length(SPANS.c.pending_json) > 0)
+_OLDEST = (SPANS.c.received_at, SPANS.c.key)
 _BATCH = 1000  # rows a read brings at a time (the CSV's, streamed)
 
 
@@ -233,7 +233,7 @@ def _rows(session: Session, limit: int | None) -> Iterator[WaitingRow]:
     """The waiting rows, oldest first: the oldest `limit` calls and the oldest `limit` rows of
     verdicts (None: all, read `_BATCH` at a time), merged; the caller takes the first `limit`."""
     return heapq.merge(
-        _call_rows(session, limit), _verdict_rows(session, limit), key=lambda r: _aware(r.since)
+        _call_rows(session, limit), _verdict_rows(session, limit), key=lambda r: aware(r.since)
     )
 
 
@@ -241,19 +241,19 @@ def _call_rows(session: Session, limit: int | None) -> Iterator[WaitingRow]:
     """The oldest `limit` calls waiting (None: all), explained from their span's name, product and
     what it lacks; their question and answer are not read. With a limit, the keys are picked first:
     the JSON of only those spans is read."""
-    j = _SPANS.c.span_json
+    j = SPANS.c.span_json
     columns = (
-        _SPANS.c.key,
-        _SPANS.c.response_id,
-        _SPANS.c.received_at,
+        SPANS.c.key,
+        SPANS.c.response_id,
+        SPANS.c.received_at,
         j["name"].as_string(),
         j["product"].as_string(),
         j["missing"].as_json(),
     )
     statement = select(*columns).where(_WAITS, _IS_CALL)
     if limit is not None:
-        keys = select(_SPANS.c.key).where(_WAITS, _IS_CALL).order_by(*_OLDEST).limit(limit)
-        statement = statement.where(_SPANS.c.key.in_(keys.scalar_subquery()))
+        keys = select(SPANS.c.key).where(_WAITS, _IS_CALL).order_by(*_OLDEST).limit(limit)
+        statement = statement.where(SPANS.c.key.in_(keys.scalar_subquery()))
     statement = statement.order_by(*_OLDEST).execution_options(yield_per=_BATCH)
     for key, response_id, received_at, name, product, missing in session.execute(statement):
         yield _call_row(key, response_id, received_at, name or "", product, missing or [])
@@ -291,15 +291,15 @@ def _without_jit(session: Session) -> None:
 
 
 def _why(dialect: str) -> _Why:
-    key, rid = _SPANS.c.key, _SPANS.c.response_id
-    other = _SPANS.alias("other")
+    key, rid = SPANS.c.key, SPANS.c.response_id
+    other = SPANS.alias("other")
     if dialect == "postgresql":
         prefix = func.split_part(key, ":", 1).concat(":")
     else:
         prefix = func.substr(key, 1, func.instr(key, ":"))
     in_trace = (  # the key range lib.otlp `_in_traces` reads, then only `<trace>:` keys
         other.c.key >= prefix,
-        other.c.key <= prefix.concat(_TRACE_END.removeprefix(":")),
+        other.c.key <= prefix.concat(TRACE_END.removeprefix(":")),
         func.substr(other.c.key, 1, func.length(prefix)) == prefix,
         _stored_call(other),
     )
@@ -312,7 +312,7 @@ def _why(dialect: str) -> _Why:
         other.c.received_at >= bindparam("recent"),
     )
     recorded = select(func.count()).where(*naming).scalar_subquery()
-    context = _SPANS.c.pending_json[(0, "context")].as_string()  # lib.otlp `_verdict_json`
+    context = SPANS.c.pending_json[(0, "context")].as_string()  # lib.otlp `_verdict_json`
     context_records = (
         select(other.c.response_id).where(other.c.key == context, _stored_call(other)).scalar_subquery()
     )
@@ -335,14 +335,14 @@ def _counts(session: Session) -> list[WhyCount]:
     100k waiting calls) than the second scan it saves."""
     counts: dict[str, WhyCount] = {}
     calls, oldest = session.execute(
-        select(func.count(), func.min(_SPANS.c.received_at)).where(_WAITS, _IS_CALL)
+        select(func.count(), func.min(SPANS.c.received_at)).where(_WAITS, _IS_CALL)
     ).one()
     if calls:
         counts["no_verdict"] = WhyCount("no_verdict", calls, 0, oldest)
     rows = select(
         _why_of(session).why.label("why"),
-        func.json_array_length(_SPANS.c.pending_json).label("verdicts"),
-        _SPANS.c.received_at,
+        func.json_array_length(SPANS.c.pending_json).label("verdicts"),
+        SPANS.c.received_at,
     ).where(*_VERDICTS)
     listed = rows.subquery()
     statement = select(
@@ -362,10 +362,10 @@ def _verdict_rows(session: Session, limit: int | None) -> Iterator[WaitingRow]:
     and what the sender should change; their JSON decoded once, for these rows only."""
     why = _why_of(session)
     statement = select(
-        _SPANS.c.key,
-        _SPANS.c.response_id,
-        _SPANS.c.received_at,
-        _SPANS.c.pending_json,
+        SPANS.c.key,
+        SPANS.c.response_id,
+        SPANS.c.received_at,
+        SPANS.c.pending_json,
         why.why,
         why.trace_calls,
         why.first_call,
@@ -373,8 +373,8 @@ def _verdict_rows(session: Session, limit: int | None) -> Iterator[WaitingRow]:
         why.context_records,
     ).where(*_VERDICTS)
     if limit is not None:
-        keys = select(_SPANS.c.key).where(*_VERDICTS).order_by(*_OLDEST).limit(limit)
-        statement = statement.where(_SPANS.c.key.in_(keys.scalar_subquery()))
+        keys = select(SPANS.c.key).where(*_VERDICTS).order_by(*_OLDEST).limit(limit)
+        statement = statement.where(SPANS.c.key.in_(keys.scalar_subquery()))
     statement = statement.order_by(*_OLDEST).execution_options(yield_per=_BATCH)
     for values in session.execute(statement, {"recent": _recent()}):
         yield _verdict_row(*values)
@@ -498,7 +498,7 @@ def swept_detail(calls: int, verdicts: int, evaluations: Sequence[str], oldest: 
     names = f" ({', '.join(evaluations[:20])})" if evaluations else ""
     return (
         f"{_SWEPT_HEAD.format(calls=calls, verdicts=verdicts)}{names}, after {PENDING_DAYS} days; "
-        f"the oldest waited since {_aware(oldest):%Y-%m-%d %H:%M} UTC"
+        f"the oldest waited since {aware(oldest):%Y-%m-%d %H:%M} UTC"
     )
 
 
@@ -513,8 +513,8 @@ def record_sweep(session: Session, cutoff: datetime) -> None:
     calls and verdicts it forgets and which evaluations (none when nothing waited that long)."""
     from lib.auth import record_event
 
-    statement = select(_SPANS.c.received_at, _SPANS.c.pending_json, _IS_CALL).where(
-        _WAITS, _SPANS.c.received_at < cutoff
+    statement = select(SPANS.c.received_at, SPANS.c.pending_json, _IS_CALL).where(
+        _WAITS, SPANS.c.received_at < cutoff
     )
     calls = verdicts = 0
     names: dict[str, None] = {}
@@ -546,7 +546,7 @@ def swept(session: Session) -> Swept:
         sweeps += 1
         calls += counted[0]
         verdicts += counted[1]
-        last = at if last is None or _aware(at) > _aware(last) else last
+        last = at if last is None or aware(at) > aware(last) else last
     return Swept(sweeps, calls, verdicts, last)
 
 
@@ -556,5 +556,5 @@ def summary_lines(waiting: Waiting) -> Iterable[str]:
         yield "Nothing waits: every span and verdict received has met its other half."
     for count in waiting.counts:
         held = f" ({count.verdicts} verdict(s))" if count.verdicts else ""
-        yield f"{count.rows:,} {count.title}{held}; the oldest since {_aware(count.oldest):%Y-%m-%d %H:%M} UTC"
+        yield f"{count.rows:,} {count.title}{held}; the oldest since {aware(count.oldest):%Y-%m-%d %H:%M} UTC"
     yield waiting.swept.describe()

@@ -926,11 +926,11 @@ def test_what_waits_longer_than_a_week_is_forgotten(sqlite_engine: Engine) -> No
     """A span no judge looked at (an app exporting every call) does not stay in otlp_spans forever."""
     from datetime import timedelta
 
-    from lib import otlp
+    from lib import otlp, otlp_table
     from lib.models import utcnow
 
     with Session(sqlite_engine) as session:
-        old = utcnow() - timedelta(days=otlp.PENDING_DAYS, hours=1)
+        old = utcnow() - timedelta(days=otlp_table.PENDING_DAYS, hours=1)
         session.add(OtlpSpan(key="a:1", span_json={"name": "chat"}, received_at=old))
         session.add(OtlpSpan(key="a:2", span_json={"name": "chat"}, received_at=utcnow()))
         session.add(OtlpSpan(key="a:3", snapshot_id="s1", received_at=old))  # an evaluation's link stays

@@ -16,7 +16,7 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from sqlalchemy import Engine, update
 from sqlmodel import Session
 
-from lib import otlp, otlp_waiting
+from lib import otlp, otlp_table, otlp_waiting
 from lib.models import OtlpSpan, utcnow
 from tests.cli import run_cli
 from tests.test_otlp import Receiver, Telemetry, _receiving
@@ -155,7 +155,7 @@ def test_the_sweep_records_what_it_forgets_and_the_reader_counts_it(receiver: Re
     _every_case(receiver)
     with Session(receiver.engine) as session:
         before = otlp_waiting.read(session)
-        old = utcnow() - timedelta(days=otlp.PENDING_DAYS, hours=1)
+        old = utcnow() - timedelta(days=otlp_table.PENDING_DAYS, hours=1)
         session.execute(update(OtlpSpan).values(received_at=old))  # type: ignore[call-overload]
         session.add(OtlpSpan(key="f:1", snapshot_id="s1", received_at=old))  # a link row stays
         assert otlp._sweep(session, force=True) == len(before.rows)
@@ -352,7 +352,7 @@ def test_a_sweep_rolled_back_is_done_again_by_the_next_request(
     after its sweep (a deadlock's victim, run again by lib.db.run_retrying) forgot nothing, so the
     next attempt sweeps; noted before the commit, nothing was swept or recorded for an hour."""
     monkeypatch.setattr(otlp, "_last_sweep", {})
-    old = utcnow() - timedelta(days=otlp.PENDING_DAYS, hours=1)
+    old = utcnow() - timedelta(days=otlp_table.PENDING_DAYS, hours=1)
     with Session(engine) as session:
         session.add(OtlpSpan(key="a:1", pending_json=[{"name": "truthfulness"}], received_at=old))
         session.commit()
@@ -386,7 +386,7 @@ def test_a_request_run_again_as_a_deadlocks_victim_still_sweeps(
     from lib.config import get_settings
 
     monkeypatch.setattr(otlp, "_last_sweep", {})
-    old = utcnow() - timedelta(days=otlp.PENDING_DAYS, hours=1)
+    old = utcnow() - timedelta(days=otlp_table.PENDING_DAYS, hours=1)
     with Session(engine) as session:
         session.add(OtlpSpan(key="a:1", pending_json=[{"name": "truthfulness"}], received_at=old))
         session.commit()

@@ -369,12 +369,12 @@ def _otlp_rows(engine: Engine, *rows: tuple[str, str | None, dict | None, list, 
     from datetime import timedelta
 
     from lib.models import utcnow
-    from lib.otlp import _SPANS
+    from lib.otlp_table import SPANS
 
     with engine.begin() as connection:
         for key, response_id, span, pending, hours in rows:
             connection.execute(
-                _SPANS.insert().values(
+                SPANS.insert().values(
                     key=key, response_id=response_id, snapshot_id=None, span_json=span, pending_json=pending,
                     received_at=utcnow() - timedelta(hours=hours),
                 )
