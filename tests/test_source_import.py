@@ -1357,25 +1357,29 @@ def test_only_a_stored_label_gives_a_label_its_score_not_free_text_that_starts_l
     assert (added.decision, added.label, added.reasoning) == ("0", "non-toxic", "Non-Toxic: Polite.")
 
 
+def _one_each(
+    engine: Engine, product: str, questions: list[str], verdicts: list[SourceVerdict], **fields: Any
+) -> list[str]:
+    """One imported evaluation of `product` a question (answer "A."), each with `verdicts`: their ids."""
+    with session_scope(engine) as s:
+        evaluations = [
+            SourceEvaluation(where=q, product=product, question=q, answer="A.", verdicts=verdicts, **fields)
+            for q in questions
+        ]
+        import_source_evaluations(session=s, evaluations=evaluations, source="t")
+        return list(s.exec(select(EvaluationSnapshot.id).where(EvaluationSnapshot.product == product)))
+
+
 def test_a_rejudge_replaces_the_label_of_the_decision_it_replaces(engine: Engine) -> None:
     """review12 F2: a re-judge (lib.judge_changes through `add_judgment`, same change id) replaced the
     decision and kept the source's label, so the stored-label lookup then read the re-judge's 0 for
     `correct` beside the other evaluation's 1. The re-judge's own label (none) replaces it."""
-    with session_scope(engine) as s:
-        import_source_evaluations(
-            session=s,
-            source="t",
-            evaluations=[
-                SourceEvaluation(
-                    where=q,
-                    product="P",
-                    question=q,
-                    answer="A.",
-                    verdicts=[SourceVerdict(name="correctness", score=1, label="correct", reason="fine")],
-                )
-                for q in ("Q1", "Q2")
-            ],
-        )
+    _one_each(
+        engine,
+        "P",
+        ["Q1", "Q2"],
+        [SourceVerdict(name="correctness", score=1, label="correct", reason="fine")],
+    )
     with session_scope(engine) as s:
         assert _stored_label_scores(s)("P", "correctness", "correct") == {1.0}
         first = s.exec(select(Judgment).order_by(col(Judgment.id))).first()
@@ -1418,23 +1422,10 @@ def test_late_verdicts_bind_their_ids_as_one_parameter_however_many_evaluations(
     over a large project: `_extend_stored` sends all its stored evaluations in one call). No
     statement's parameters may grow with the evaluations (300 here: 323-620 parameters before; 24-32 now)."""
     many = 300
+    ids = _one_each(
+        engine, "p", [f"Q{i}" for i in range(many)], [SourceVerdict(name="truthfulness", score=4)]
+    )
     with session_scope(engine) as s:
-        import_source_evaluations(
-            session=s,
-            source="t",
-            evaluations=[
-                SourceEvaluation(
-                    where=f"Q{i}",
-                    product="p",
-                    question=f"Q{i}",
-                    answer="A.",
-                    verdicts=[SourceVerdict(name="truthfulness", score=4)],
-                )
-                for i in range(many)
-            ],
-        )
-    with session_scope(engine) as s:
-        ids = s.exec(select(EvaluationSnapshot.id)).all()
         items = [LateVerdicts(i, [SourceVerdict(name="clarity", score=3)], i) for i in ids]
         largest = _largest_parameter_list(engine, lambda: add_source_verdicts(session=s, items=items))
     assert largest < 100, largest
@@ -1460,20 +1451,13 @@ def test_late_verdicts_waiting_on_an_archive_of_their_evaluation_score_it_as_it_
     row (a user scored `clarity`) was written live (not live) and counted in agreement_counts
     after the archive (not after the restore) had committed. Locked as they read it, every score and
     counter they leave equals a recount."""
-    with session_scope(pg_engine) as s:
-        import_source_evaluations(
-            session=s,
-            source="t",
-            evaluations=[
-                SourceEvaluation(
-                    where="Q", product="p", question="Q", answer="A.", created_at=LATE_AT,
-                    verdicts=[SourceVerdict(name="truthfulness", score=4),
-                              SourceVerdict(name="clarity", score=5, human=True)],
-                )
-            ],
-        )  # fmt: skip
-        snapshot_id = s.exec(select(EvaluationSnapshot.id)).one()
-        if change == "restore":
+    verdicts = [
+        SourceVerdict(name="truthfulness", score=4),
+        SourceVerdict(name="clarity", score=5, human=True),
+    ]
+    (snapshot_id,) = _one_each(pg_engine, "p", ["Q"], verdicts, created_at=LATE_AT)
+    if change == "restore":
+        with session_scope(pg_engine) as s:
             archive_evaluation(session=s, snapshot_id=snapshot_id, reviewer="ayse")
 
     def archive_or_restore(s: Session) -> None:
