@@ -377,11 +377,13 @@ def _deadlock_a_review(
     engine: Engine, then: Callable[[Session], None], *, attempts: int
 ) -> tuple[list[Any], list[BaseException]]:
     """Stage one lock cycle whose victim is a review run by `write_retrying`: an open transaction
-    archives the evaluation; ayse's review of J1 takes the review lock and J1, then waits on the
-    evaluation's row; the open transaction then runs `then` (a review of the same evaluation: it
-    waits on the review lock), and commits once PostgreSQL aborted one of the two. The review waited
-    first, so its deadlock check runs first (the holder's is put off to be sure) and it is the victim.
-    Returns what the review returned and what it raised."""
+    locks the evaluation's row as a writer that takes no reviews' lock does (late verdicts extending
+    it: `counters.lock_snapshots`; an archive takes the reviews' lock first since locks1); ayse's
+    review of J1 takes the review lock and J1, then waits on the evaluation's row; the open
+    transaction then runs `then` (a review of the same evaluation: it waits on the review lock), and
+    commits once PostgreSQL aborted one of the two. The review waited first, so its deadlock check
+    runs first (the holder's is put off to be sure) and it is the victim. Returns what the review
+    returned and what it raised."""
     (j1, v1), _ = _two_judgments(engine, 7, judge={"truthfulness": 4, "helpfulness": 5})
     results: list[Any] = []
     errors: list[BaseException] = []
@@ -401,7 +403,7 @@ def _deadlock_a_review(
     with engine.connect() as conn, Session(bind=conn) as holding:
         holding.execute(text("SET LOCAL deadlock_timeout = '5s'"))  # the test user is a superuser
         sid = holding.exec(select(Judgment.snapshot_id).where(col(Judgment.id) == j1)).one()
-        inspector.archive_evaluation(session=holding, snapshot_id=sid, reviewer="lead")
+        counters.lock_snapshots(session=holding, where=col(EvaluationSnapshot.id) == sid)
         worker = threading.Thread(target=review)
         worker.start()
         _wait_until_blocked(engine, worker)
@@ -426,15 +428,14 @@ def _review_second(decision: str | None) -> Callable[[Session], None]:
 
 
 def test_a_deadlocked_review_is_retried_and_both_writes_land(pg_engine: Engine) -> None:
-    """The victim of a deadlock (review8 F4) is run again whole: the archive, bob's review of J2 and
-    ayse's review of J1 are all stored, and the counters kept equal a recount."""
+    """The victim of a deadlock (review8 F4) is run again whole: bob's review of J2 and ayse's review
+    of J1 are both stored, and the counters kept equal a recount."""
     results, errors = _deadlock_a_review(pg_engine, _review_second(None), attempts=WRITE_ATTEMPTS)
     assert not errors, errors
     assert len(results) == 1
     with session_scope(pg_engine) as s:
         reviewers = s.exec(select(Judgment.reviewer).order_by(col(Judgment.id))).all()
-        archived = s.connection().execute(text("SELECT deleted_at IS NOT NULL FROM evaluation_snapshots"))
-        assert list(reviewers) == ["ayse", "bob"] and archived.scalar_one()
+        assert list(reviewers) == ["ayse", "bob"]
         kept = _snapshot_of_counters(s)
     _assert_recount_keeps(pg_engine, kept)
 
@@ -646,19 +647,26 @@ def test_a_writer_moves_its_evaluations_counter_row_before_its_judgments_rows(
 
 
 def _held_at(
-    engine: Engine, first: Callable[[Session], None], statement: str, then: Callable[[Session], None]
+    engine: Engine,
+    first: Callable[[Session], None],
+    statement: str,
+    then: Callable[[Session], None],
+    nth: int = 1,
 ) -> list[BaseException]:
-    """`first` in its own transaction, held just before it sends its first statement starting with
+    """`first` in its own transaction, held just before it sends its `nth` statement starting with
     `statement`; `then` in another, until it waits on a lock (or ends); then `first` goes on. What
     either raised (a DeadlockDetected when the two closed a lock cycle)."""
     reached, go_on = threading.Event(), threading.Event()
     held: list[int] = []
+    seen = [0]
 
     def hold(_conn: Any, _cursor: Any, sent: str, *_args: Any) -> None:
         if threading.get_ident() in held and sent.startswith(statement):
-            held.clear()  # once
-            reached.set()
-            assert go_on.wait(30)
+            seen[0] += 1
+            if seen[0] == nth:
+                held.clear()  # once
+                reached.set()
+                assert go_on.wait(30)
 
     def run_first(s: Session) -> None:
         held.append(threading.get_ident())
@@ -768,5 +776,79 @@ def test_an_import_takes_the_shared_agreement_rows_after_its_products_row(pg_eng
     assert not errors, errors
     with session_scope(pg_engine) as s:
         assert len(s.exec(select(EvaluationSnapshot.id)).all()) == 2
+        kept = _snapshot_of_counters(s)
+    _assert_recount_keeps(pg_engine, kept)
+
+
+def test_an_archive_takes_the_reviews_lock_before_any_row(pg_engine: Engine) -> None:
+    """An archive waits for the reviews' lock before it locks its evaluation. Staged: a bulk review of
+    E1 is held just before it moves E1 into the `evaluation_counts` row of reviewed evaluations (known
+    only after its write, so after its judgments' day and language rows); meanwhile E2, reviewed and
+    alike (so counted in that row), is archived. Before, the archive took that row and waited on the
+    day and language rows, and the bulk review then waited on the archive: DeadlockDetected. Now the
+    archive waits for the bulk review and both land."""
+    rec = {
+        "model_answer": "An answer.", "product": "tutor", "language": "en", "judge_model": "j",
+        "created_at": T0.isoformat(), "judge_scores": {"truthfulness": 4, "helpfulness": 5},
+    }  # fmt: skip
+    with session_scope(pg_engine) as s:
+        importer.import_evaluations(session=s, records=[rec | {"question": q} for q in ("One?", "Two?")])
+    with session_scope(pg_engine) as s:
+        rows = s.exec(select(Judgment.id, Judgment.snapshot_id).order_by(col(Judgment.id))).all()
+    by_evaluation: dict[str, list[int]] = {}
+    for jid, sid in rows:
+        by_evaluation.setdefault(str(sid), []).append(int(jid or 0))
+    (_, first), (e2, second) = sorted(by_evaluation.items())
+    with session_scope(pg_engine) as s:
+        _bulk(pg_engine, second)(s)  # E2 reviewed, committed
+
+    def archive(s: Session) -> None:
+        inspector.archive_evaluation(session=s, snapshot_id=e2, reviewer="lead")
+
+    errors = _held_at(pg_engine, _bulk(pg_engine, first), "INSERT INTO evaluation_counts", archive, nth=2)
+    assert not errors, errors
+    with session_scope(pg_engine) as s:
+        assert {s.get(Judgment, j).reviewer for j in first} == {"loader"}  # type: ignore[union-attr]
+        assert s.get(EvaluationSnapshot, e2).deleted_at is not None  # type: ignore[union-attr]
+        kept = _snapshot_of_counters(s)
+    _assert_recount_keeps(pg_engine, kept)
+
+
+def test_a_rejudge_takes_the_reviews_lock_before_its_judgments_row(pg_engine: Engine) -> None:
+    """A re-judge (stamped with another day than its judgment's) retracts the old day's and language
+    rows and then adds the new day's row: it waits for the reviews' lock before its judgment's row,
+    as a review and an archive do. Staged: the re-judge of J1 is held just before it adds the new
+    day's row; meanwhile E2, judged on that day, is archived. Before, the archive took that day's row
+    and waited on the language row, and the re-judge then waited on the archive: DeadlockDetected."""
+    rec = {
+        "model_answer": "An answer.", "product": "tutor", "language": "en", "judge_model": "j",
+        "judge_scores": {"truthfulness": 4},
+    }  # fmt: skip
+    later = T0 + timedelta(days=3)
+    records = [rec | {"question": "One?", "created_at": T0.isoformat()}]
+    # Another category: another `evaluation_counts` row, the same day and language rows.
+    records.append(rec | {"question": "Two?", "created_at": later.isoformat(), "category": "billing"})
+    with session_scope(pg_engine) as s:
+        importer.import_evaluations(session=s, records=records)
+    with session_scope(pg_engine) as s:
+        j1 = s.exec(select(Judgment).where(col(Judgment.timestamp) == T0)).one()
+        e2 = s.exec(select(Judgment.snapshot_id).where(col(Judgment.timestamp) == later)).one()
+        change_id, sid = j1.change_id, j1.snapshot_id
+
+    def rejudge(s: Session) -> None:
+        fresh = Judgment(
+            change_id=change_id, product="tutor", metric="truthfulness", snapshot_id=sid, decision="1",
+            timestamp=later,
+        )  # fmt: skip
+        add_judgment(session=s, judgment=fresh, reviewer="importer")
+
+    def archive(s: Session) -> None:
+        inspector.archive_evaluation(session=s, snapshot_id=str(e2), reviewer="lead")
+
+    errors = _held_at(pg_engine, rejudge, "INSERT INTO judgment_day_counts", archive, nth=2)
+    assert not errors, errors
+    with session_scope(pg_engine) as s:
+        assert s.exec(select(Judgment.decision).where(col(Judgment.change_id) == change_id)).one() == "1"
+        assert s.get(EvaluationSnapshot, e2).deleted_at is not None  # type: ignore[union-attr]
         kept = _snapshot_of_counters(s)
     _assert_recount_keeps(pg_engine, kept)
