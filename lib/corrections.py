@@ -841,11 +841,10 @@ def add_judgment(
         # list and queue read (the judgment's own time, as the cache importer does).
         judgment.reviewed_at = judgment.timestamp or utcnow()
         judgment.reviewer = judgment.reviewer or name
-    # The reviews' lock before the judgment's row (PostgreSQL), as a review takes them: a re-judge
-    # retracts its judgment's day and language rows and then adds its new day's row and its
-    # evaluation's new `evaluation_counts` row, the other way round from an archive's or a review's
-    # (lock cycles in locks1's hammer). Re-judges of a batch are one short transaction each.
-    one_writer_at_a_time(session, PG_REVIEW_COUNTERS_LOCK)
+    # No reviews' lock here (PostgreSQL): the one lock every reviewer of every product waits for
+    # must not be held by a writer that may wait on an import's rows (a re-judge's new day row, its
+    # evaluation's product row): every reviewer would wait out the import (review15 F1). The cycle
+    # a re-judge can close with an archive is survived instead: lib.db.write_retrying runs it again.
     existing = session.exec(
         select(Judgment).where(col(Judgment.change_id) == judgment.change_id).with_for_update()
     ).first()

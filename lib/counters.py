@@ -868,11 +868,11 @@ def snapshots_change(*, session: Session, where: Any) -> Iterator[None]:
     judgments = prepared.derived(
         where, "judgments of", lambda w: col(_J.snapshot_id).in_(select(_S.id).where(w))
     )
-    # The reviews' lock first (PostgreSQL), as a review, a bulk review and a re-judge take it: an
-    # evaluation that changes state joins an `evaluation_counts` row only known after their write,
-    # taken after their judgments' rows, which an archive's retraction took the other way round (a
-    # lock cycle with a bulk review in locks1's hammer). Archiving is one evaluation at a user's click.
-    one_writer_at_a_time(session, PG_REVIEW_COUNTERS_LOCK)
+    # No reviews' lock here (PostgreSQL): an archive waits on its product's row while an import of
+    # that product is open, and holding the one lock every review takes meanwhile stalled every
+    # reviewer of every product for the rest of the import (review15 F1). The cycle an archive can
+    # close with a bulk review or a re-judge is survived instead: lib.db.write_retrying runs the
+    # victim again (docs/internals.md, Counters).
     # Lock the evaluations first (PostgreSQL): a concurrent review's `bump_review` waits for us or
     # has committed before we count, never in between.
     prepared.run(session, where, ("lock for change",), lambda w: select(_S.id).where(w).with_for_update())

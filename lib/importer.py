@@ -809,6 +809,10 @@ def add_source_verdicts(
     IN_MEMORY_CHUNK_ROWS a chunk: a second eval file over a large project (`_extend_stored`) keeps
     one round's rows, plan and UPDATE in memory, not the file's (review12 F0)."""
     identity = authorize(session, reviewer, Permission.IMPORT).identity
+    # The importers' lock before any row (an import writer; nothing to send when the caller holds it,
+    # as the OTLP receiver does): a second eval file's late verdicts took evaluations and counter rows
+    # first, then waited for the lock another import held while it waited on those rows (review15 F2).
+    _write_lock(session)
     added = 0
     waiting = list(enumerate(items))
     while waiting:

@@ -24,6 +24,7 @@ from lib.corrections import BulkReview, ReviewConflict, add_judgment, record_rev
 from lib.db import WRITE_ATTEMPTS, create_db_engine, must_retry, session_scope, write_retrying
 from lib.models import EvaluationSnapshot, JudgeVersion, Judgment
 from lib.second_opinion import SecondOpinion, store_second_opinion
+from lib.source_records import SourceEvaluation, SourceVerdict
 from tests.conftest import PgDatabase
 from tests.test_counters import T0, _decisions_of_rows, _record, _snapshot_of_counters, _stored_decisions
 from tests.waiting import wait_until
@@ -780,75 +781,95 @@ def test_an_import_takes_the_shared_agreement_rows_after_its_products_row(pg_eng
     _assert_recount_keeps(pg_engine, kept)
 
 
-def test_an_archive_takes_the_reviews_lock_before_any_row(pg_engine: Engine) -> None:
-    """An archive waits for the reviews' lock before it locks its evaluation. Staged: a bulk review of
-    E1 is held just before it moves E1 into the `evaluation_counts` row of reviewed evaluations (known
-    only after its write, so after its judgments' day and language rows); meanwhile E2, reviewed and
-    alike (so counted in that row), is archived. Before, the archive took that row and waited on the
-    day and language rows, and the bulk review then waited on the archive: DeadlockDetected. Now the
-    archive waits for the bulk review and both land."""
+def test_an_archive_waiting_on_an_import_holds_up_no_review_of_another_product(pg_engine: Engine) -> None:
+    """review15 F1: an archive of an evaluation of P waits on P's product row while an import of P
+    is open. It must not hold the reviews' lock meanwhile (5aee32b made it take it first): every
+    review of every product then waited out the import. Staged: the import stays open until the
+    review of a judgment of product Q has ended; before, that review waited on the archive's lock
+    and never ended while the import was open."""
     rec = {
-        "model_answer": "An answer.", "product": "tutor", "language": "en", "judge_model": "j",
-        "created_at": T0.isoformat(), "judge_scores": {"truthfulness": 4, "helpfulness": 5},
+        "model_answer": "An answer.", "language": "en", "judge_model": "j", "created_at": T0.isoformat(),
+        "judge_scores": {"truthfulness": 4},
     }  # fmt: skip
     with session_scope(pg_engine) as s:
-        importer.import_evaluations(session=s, records=[rec | {"question": q} for q in ("One?", "Two?")])
+        importer.import_evaluations(
+            session=s,
+            records=[rec | {"question": "E?", "product": "P"}, rec | {"question": "F?", "product": "Q"}],
+        )
     with session_scope(pg_engine) as s:
-        rows = s.exec(select(Judgment.id, Judgment.snapshot_id).order_by(col(Judgment.id))).all()
-    by_evaluation: dict[str, list[int]] = {}
-    for jid, sid in rows:
-        by_evaluation.setdefault(str(sid), []).append(int(jid or 0))
-    (_, first), (e2, second) = sorted(by_evaluation.items())
-    with session_scope(pg_engine) as s:
-        _bulk(pg_engine, second)(s)  # E2 reviewed, committed
+        e = str(s.exec(select(EvaluationSnapshot.id).where(col(EvaluationSnapshot.product) == "P")).one())
+        jq = s.exec(select(Judgment).where(col(Judgment.product) == "Q")).one()
+        jq_id, version = int(jq.id or 0), int(jq.version)
+    errors: list[BaseException] = []
 
     def archive(s: Session) -> None:
-        inspector.archive_evaluation(session=s, snapshot_id=e2, reviewer="lead")
+        inspector.archive_evaluation(session=s, snapshot_id=e, reviewer="lead")
 
-    errors = _held_at(pg_engine, _bulk(pg_engine, first), "INSERT INTO evaluation_counts", archive, nth=2)
+    def review(s: Session) -> None:
+        record_review(
+            session=s, judgment_id=jq_id, expected_version=version, action="confirm",
+            user_decision=None, reviewer="bob", reason=None,
+        )  # fmt: skip
+
+    with pg_engine.connect() as conn, Session(bind=conn) as holding:
+        importer.import_evaluations(session=holding, records=[rec | {"question": "New?", "product": "P"}])
+        archiving = threading.Thread(target=_run_into, args=(pg_engine, archive, errors))
+        archiving.start()
+        _wait_until_blocked(pg_engine, archiving)
+        reviewing = threading.Thread(target=_run_into, args=(pg_engine, review, errors))
+        reviewing.start()
+        reviewing.join(30)  # a bound for a thread that is blocked, not a speed: it ends at once or never
+        ended = not reviewing.is_alive()
+        holding.commit()
+    archiving.join(30)
+    reviewing.join(30)
+    assert ended, "the review of product Q waited for the import of product P"
     assert not errors, errors
     with session_scope(pg_engine) as s:
-        assert {s.get(Judgment, j).reviewer for j in first} == {"loader"}  # type: ignore[union-attr]
-        assert s.get(EvaluationSnapshot, e2).deleted_at is not None  # type: ignore[union-attr]
+        assert s.get(Judgment, jq_id).reviewer == "bob"  # type: ignore[union-attr]
+        assert s.get(EvaluationSnapshot, e).deleted_at is not None  # type: ignore[union-attr]
         kept = _snapshot_of_counters(s)
     _assert_recount_keeps(pg_engine, kept)
 
 
-def test_a_rejudge_takes_the_reviews_lock_before_its_judgments_row(pg_engine: Engine) -> None:
-    """A re-judge (stamped with another day than its judgment's) retracts the old day's and language
-    rows and then adds the new day's row: it waits for the reviews' lock before its judgment's row,
-    as a review and an archive do. Staged: the re-judge of J1 is held just before it adds the new
-    day's row; meanwhile E2, judged on that day, is archived. Before, the archive took that day's row
-    and waited on the language row, and the re-judge then waited on the archive: DeadlockDetected."""
-    rec = {
-        "model_answer": "An answer.", "product": "tutor", "language": "en", "judge_model": "j",
-        "judge_scores": {"truthfulness": 4},
-    }  # fmt: skip
-    later = T0 + timedelta(days=3)
-    records = [rec | {"question": "One?", "created_at": T0.isoformat()}]
-    # Another category: another `evaluation_counts` row, the same day and language rows.
-    records.append(rec | {"question": "Two?", "created_at": later.isoformat(), "category": "billing"})
-    with session_scope(pg_engine) as s:
-        importer.import_evaluations(session=s, records=records)
-    with session_scope(pg_engine) as s:
-        j1 = s.exec(select(Judgment).where(col(Judgment.timestamp) == T0)).one()
-        e2 = s.exec(select(Judgment.snapshot_id).where(col(Judgment.timestamp) == later)).one()
-        change_id, sid = j1.change_id, j1.snapshot_id
+def _source_evaluation(question: str, **verdicts: float) -> SourceEvaluation:
+    return SourceEvaluation(
+        where=question, product="P", question=question, answer="A.", created_at=T0,
+        verdicts=[SourceVerdict(name=name, score=score) for name, score in verdicts.items()],
+    )  # fmt: skip
 
-    def rejudge(s: Session) -> None:
-        fresh = Judgment(
-            change_id=change_id, product="tutor", metric="truthfulness", snapshot_id=sid, decision="1",
-            timestamp=later,
-        )  # fmt: skip
-        add_judgment(session=s, judgment=fresh, reviewer="importer")
 
-    def archive(s: Session) -> None:
-        inspector.archive_evaluation(session=s, snapshot_id=str(e2), reviewer="lead")
+def test_a_second_eval_files_late_verdicts_take_the_importers_lock_before_any_row(pg_engine: Engine) -> None:
+    """review15 F2: a source file's import (`importer._import_file`) first adds the verdicts of
+    evaluations already stored (`_extend_stored` -> `add_source_verdicts`), then imports the new ones.
+    The late verdicts took their evaluations and counter rows before the importers' lock, which the
+    new ones' write takes: another import holding that lock and needing those rows closed a cycle.
+    Staged: the file's import is held at its first advisory lock while an alike import runs."""
+    with session_scope(pg_engine) as s:  # P defines truthfulness and clarity; Q1 lacks clarity
+        importer.import_source_evaluations(
+            session=s,
+            evaluations=[
+                _source_evaluation("Q0", truthfulness=4, clarity=3),
+                _source_evaluation("Q1", truthfulness=4),
+            ],
+            source="seed",
+        )
+    actor = system_actor("ci")
 
-    errors = _held_at(pg_engine, rejudge, "INSERT INTO judgment_day_counts", archive, nth=2)
+    def file_import(s: Session) -> None:  # `_import_file`'s body for another tool's file
+        second = [_source_evaluation("Q1", clarity=3), _source_evaluation("Q2", clarity=3)]
+        fresh, _extended, added = importer._extend_stored(s, second, actor)
+        assert added == 1
+        importer.import_source_evaluations(session=s, evaluations=fresh, source="second.csv")
+
+    def other_import(s: Session) -> None:  # an API push or OTLP request of an alike evaluation
+        importer.import_source_evaluations(
+            session=s, evaluations=[_source_evaluation("Q3", clarity=3)], source="push"
+        )
+
+    errors = _held_at(pg_engine, file_import, "SELECT pg_advisory_xact_lock", other_import)
     assert not errors, errors
     with session_scope(pg_engine) as s:
-        assert s.exec(select(Judgment.decision).where(col(Judgment.change_id) == change_id)).one() == "1"
-        assert s.get(EvaluationSnapshot, e2).deleted_at is not None  # type: ignore[union-attr]
+        assert len(s.exec(select(Judgment.id).where(col(Judgment.metric) == "clarity")).all()) == 4
         kept = _snapshot_of_counters(s)
     _assert_recount_keeps(pg_engine, kept)
