@@ -339,6 +339,14 @@ def _promptfoo_verdicts(grading: Mapping[str, Any], where: str) -> list[SourceVe
     for i, raw in enumerate(components):
         path = base if base == "gradingResult" else f"{base}[{i}]"
         component = _object(raw, where, path)
+        metadata = component.get("metadata")
+        if isinstance(metadata, Mapping) and metadata.get("graderError") is True:
+            # promptfoo writes a grader that failed (no JSON back, an API error) as pass false,
+            # score 0: that is no verdict on the answer, and importing it would hand reviewers a
+            # broken run as the judge's "fail" (review14 F5). All or nothing, as a provider error.
+            reason = component.get("reason")
+            detail = f" ({str(reason)[:200]!r})" if reason else ""
+            raise _fail(where, path, f"the grader failed{detail}: rerun that test in promptfoo")
         assertion = component.get("assertion")
         assertion = assertion if isinstance(assertion, Mapping) else {}
         name = assertion.get("metric") or assertion.get("type") or "promptfoo"

@@ -163,6 +163,25 @@ def test_a_promptfoo_result_without_grading_is_refused(sqlite_engine: Engine, tm
     assert "(promptfoo: API error: 500)" in message
 
 
+def test_a_promptfoo_grader_failure_is_refused_not_imported_as_a_fail(
+    sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    """promptfoo writes a grader that answered no JSON as pass false, score 0 with
+    `metadata.graderError`: no verdict on the answer, so the file is refused (review14 F5)."""
+    doc = json.loads((FIXTURES / "promptfoo_results.json").read_text(encoding="utf-8"))
+    component = doc["results"]["results"][1]["gradingResult"]["componentResults"][0]
+    component.update({"pass": False, "score": 0, "reason": "Could not extract JSON from llm-rubric response"})
+    component["metadata"] = {**component.get("metadata", {}), "graderError": True}
+    broken = tmp_path / "results.json"
+    broken.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+    message = _refused(sqlite_engine, broken, "promptfoo")
+    assert message.startswith(
+        "results.json, results.results[1], field 'gradingResult.componentResults[0]': the grader failed "
+        "('Could not extract JSON from llm-rubric response'): rerun that test in promptfoo"
+    )
+    assert message.endswith("nothing was imported")
+
+
 # ---------------------------------------------------------------------------------------------
 # Langfuse
 
