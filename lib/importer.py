@@ -151,6 +151,8 @@ class ImportReport:
     # judgments added to evaluations stored by an earlier import (an eval run on them since).
     unjudged: int = 0
     extended: int = 0
+    # Langfuse: scores of a session or dataset run, skipped (Overrule imports trace scores).
+    off_trace: int = 0
     # Evaluations: the id each inserted evaluation got, by its source key, and (source imports)
     # each accepted evaluation's source key by its index among those given: lib.otlp links its
     # spans to them without hashing their content again or reading them back.
@@ -170,6 +172,11 @@ class ImportReport:
             parts.append(f"{self.extended} of them added to evaluations already stored")
         if self.unjudged:
             parts.append(f"{self.unjudged} without a judge result (not imported)")
+        if self.off_trace:
+            scores = "score" if self.off_trace == 1 else "scores"
+            parts.append(
+                f"{self.off_trace} session or dataset-run {scores} skipped (Overrule imports trace scores)"
+            )
         if self.kind == "interactions":
             parts.append(f"{self.expert_reviews} expert reviews")
         line = f"{self.kind}: " + ", ".join(parts)
@@ -1539,7 +1546,7 @@ def _import_file(
             report = import_source_evaluations(
                 session=session, evaluations=fresh, source=source, reviewer=actor
             )
-        report.kind, report.unjudged = kind, read.unjudged
+        report.kind, report.unjudged, report.off_trace = kind, read.unjudged, read.off_trace
         report.skipped += extended
         report.judgments += added
         report.extended = added

@@ -55,6 +55,8 @@ class SourceFile:
 
     evaluations: list[SourceEvaluation]
     unjudged: int = 0
+    # Langfuse scores of a session or a dataset run (no traceId): nothing Overrule stores judges them.
+    off_trace: int = 0
 
 
 @dataclass(frozen=True)
@@ -443,9 +445,22 @@ def _read_langfuse(path: Path, source: str, product: str | None) -> SourceFile:
                 scores.append((f"{where}, scores[{i}]", {"traceId": trace_id, **embedded}))
     verdicts: dict[str, list[SourceVerdict]] = {}
     seen_scores: set[str] = set()
+    off_trace = 0
     for where, score in scores:
         trace_id = score.get("traceId")
-        if not isinstance(trace_id, str) or trace_id not in traces:
+        if trace_id is None and (score.get("sessionId") or score.get("datasetRunId")):
+            # A session's or dataset run's score judges no one answer: skipped and counted, so a
+            # project's full score export imports (review14 F6).
+            off_trace += 1
+            continue
+        if trace_id is None:
+            raise _fail(
+                where, "traceId", "is missing (and so are sessionId and datasetRunId): "
+                "a score needs the trace it judged",
+            )  # fmt: skip
+        if not isinstance(trace_id, str):
+            raise _fail(where, "traceId", f"must be a string, got {type_name(trace_id)}")
+        if trace_id not in traces:
             raise _fail(where, "traceId", f"trace {trace_id!r} is not in this file; export its trace too")
         score_id = score.get("id")
         if isinstance(score_id, str):
@@ -455,7 +470,7 @@ def _read_langfuse(path: Path, source: str, product: str | None) -> SourceFile:
         verdict = _langfuse_verdict(score, where)
         if verdict is not None:
             verdicts.setdefault(trace_id, []).append(verdict)
-    out = SourceFile([])
+    out = SourceFile([], off_trace=off_trace)
     for trace_id, (where, trace) in traces.items():
         found = verdicts.get(trace_id)
         if not found:

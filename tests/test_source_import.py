@@ -226,6 +226,29 @@ def test_a_langfuse_score_for_a_trace_not_in_the_file_is_refused_by_line(
     assert message.startswith("export.jsonl line 7, field 'traceId': trace 'trace-9999' is not in this file")
 
 
+def test_langfuse_session_and_dataset_run_scores_are_skipped_and_counted(
+    sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    """A score of a session or a dataset run (`traceId` null) judges no one answer: the recipe's
+    full export still imports, the summary counts them, and a score with no place at all is
+    refused without Python's `None` in the message (review14 F6)."""
+    lines = (FIXTURES / "langfuse_export.jsonl").read_text(encoding="utf-8").splitlines()
+    session = {**json.loads(lines[4]), "id": "score-s1", "traceId": None, "sessionId": "session-7"}
+    session.update({"name": "user-satisfaction", "value": 4})
+    run = {**session, "id": "score-r1", "sessionId": None, "datasetRunId": "run-3"}
+    export = tmp_path / "export.jsonl"
+    export.write_text("\n".join([*lines, json.dumps(session), json.dumps(run)]) + "\n", encoding="utf-8")
+    report = import_path(engine=sqlite_engine, path=export, kind="langfuse", reviewer=WHO)
+    assert (report.inserted, report.judgments, report.unjudged, report.off_trace) == (3, 6, 1, 2)
+    assert "2 session or dataset-run scores skipped (Overrule imports trace scores)" in report.summary()
+    assert "user-satisfaction" not in _metrics(sqlite_engine, "support-bot")
+    nowhere = {**run, "datasetRunId": None}
+    export.write_text("\n".join([*lines, json.dumps(nowhere)]) + "\n", encoding="utf-8")
+    message = _refused(sqlite_engine, export, "langfuse")
+    assert message.startswith("export.jsonl line 12, field 'traceId': is missing")
+    assert "None" not in message
+
+
 def test_a_langfuse_score_outside_the_rubric_scale_names_its_line(
     sqlite_engine: Engine, tmp_path: Path
 ) -> None:
