@@ -1009,7 +1009,8 @@ class _Join:
         # message goes among the request's messages, key, evaluation id, verdicts).
         self.late: list[tuple[int, str, str, list[Verdict]]] = []
         self._traces: dict[str, list[str]] = {}
-        self._ambiguous: set[str] = set()
+        # Refused response ids: the place of each one's message, the evaluations and records it names.
+        self._ambiguous: dict[str, tuple[int, list[str], int]] = {}
 
     def run(self) -> None:
         self._load()
@@ -1158,15 +1159,8 @@ class _Join:
         elif by_name and len(named) == 1:
             key = named[0]
         elif len(same) > 1 or (by_name and named):
-            rejected = self.batch.items.pop(by_id, 0)
-            if rejected or verdict.response_id not in self._ambiguous:
-                self._ambiguous.add(verdict.response_id)
-                self.outcome.rejected += rejected
-                self.outcome.messages.append(
-                    f"evaluation {verdict.name!r} names gen_ai.response.id {verdict.response_id!r}, which "
-                    f"{len(same) or len(named)} calls{' of its trace' if same else ''} share: emit it in the "
-                    "judged call's span context (response ids are not unique with every server)"
-                )
+            self.outcome.rejected += self.batch.items.pop(by_id, 0)
+            self._refuse_shared(verdict, len(same) or len(named), in_trace=bool(same))
             return None
         else:
             # Waits, its response id kept on the row (`_keep`): under its span, it joins that span
@@ -1176,6 +1170,28 @@ class _Join:
             key = by_id if by_name else context
         self.batch.items[key] += self.batch.items.pop(by_id, 0)
         return key
+
+    def _refuse_shared(self, verdict: Verdict, calls: int, *, in_trace: bool) -> None:
+        """One message per refused response id, naming every evaluation refused for it (review14
+        F2: the first alone was named, and the partial success is all a sender is told). Outside
+        the calls' traces, a span around the call and the judge also works (its trace holds one)."""
+        rid = str(verdict.response_id)
+        at, names, records = self._ambiguous.get(rid) or (len(self.outcome.messages), [], 0)
+        if at == len(self.outcome.messages):
+            self.outcome.messages.append("")
+        if repr(verdict.name) not in names:
+            names.append(repr(verdict.name))
+        records += 1
+        self._ambiguous[rid] = (at, names, records)
+        subject = (
+            f"evaluation {names[0]} names" if len(names) == 1 else f"evaluations {', '.join(names)} name"
+        )
+        count, them = (f" ({records} records)", "them") if records > 1 else ("", "it")
+        where, also = (" of its trace", "") if in_trace else ("", ", or in one span with the call")
+        self.outcome.messages[at] = (
+            f"{subject} gen_ai.response.id {rid!r}{count}, which {calls} calls{where} share: emit {them} "
+            f"in the judged call's span context{also} (response ids are not unique with every server)"
+        )
 
     def _named(self, response_id: str) -> list[str]:
         """The keys of the calls, in this request or stored in the last PENDING_DAYS, that record
