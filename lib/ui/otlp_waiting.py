@@ -16,10 +16,13 @@ from lib.ui import csv_download_all, get_engine, session_scope
 from lib.ui.tables import count_column, datetime_column, show_table, text_column
 
 SHOWN = 50  # the oldest rows in the table; the download holds them all
+CLASSED = 10_000  # rows of verdicts counted by why on the page (the oldest); the download classes all
+NOTHING = "Nothing waits: every span and verdict received has met its other half."
 
 
 def otlp_waiting_section() -> None:
-    """Counts by why, the oldest rows, the whole list as CSV, and what was forgotten."""
+    """Whether anything waits; opened, counts by why, the oldest rows, the whole list as CSV; and
+    what was forgotten."""
     st.subheader("OpenTelemetry: waiting")
     st.caption(
         "The OTLP receiver keeps a GenAI span until its verdicts come, and verdicts until their call "
@@ -27,10 +30,32 @@ def otlp_waiting_section() -> None:
         "as a matter of course; verdicts waiting long usually mean the sender should change how it "
         "emits them: each row says what."
     )
+    _waiting()
+
+
+@st.fragment
+def _waiting() -> None:
+    """Closed (the default), one indexed look-up: reading what waits grows with it (~0.3 CPU s per
+    100k waiting rows), and the roles and tokens forms above rerun the whole page on every click.
+    A fragment, so opening and closing it reruns this section only."""
+    opened = st.toggle(
+        "Show what waits",
+        key="admin_otlp_open",
+        help="How many rows wait, why, the oldest, and the whole list as CSV. Off, the rest of the page "
+        "does not pay for reading them.",
+    )
     with session_scope(read_only=True) as session:
-        waiting = otlp_waiting.read(session, limit=SHOWN)
+        if not opened:
+            st.caption(
+                "Rows wait: show them for how many, why, and what the sender should change."
+                if otlp_waiting.anything_waits(session)
+                else NOTHING
+            )
+            st.caption(otlp_waiting.swept(session).describe())
+            return
+        waiting = otlp_waiting.read(session, limit=SHOWN, classed=CLASSED)
     if not waiting.counts:
-        st.caption("Nothing waits: every span and verdict received has met its other half.")
+        st.caption(NOTHING)
     else:
         counts, rows = otlp_waiting.frames(waiting)
         show_table(
@@ -43,6 +68,12 @@ def otlp_waiting_section() -> None:
                 "oldest": datetime_column("Oldest since (UTC)"),
             },
         )
+        if waiting.unclassed:
+            st.caption(
+                f"Rows of verdicts are counted by why among the oldest {CLASSED:,} only: "
+                f"{waiting.unclassed:,} newer ones wait besides. The download, `python -m lib otlp "
+                "waiting` and GET /api/v1/otlp/waiting class them all."
+            )
         shown = len(waiting.rows)
         if waiting.total > shown:
             st.caption(f"The oldest {shown:,} of {waiting.total:,} rows; the download holds them all.")

@@ -381,13 +381,99 @@ def _otlp_rows(engine: Engine, *rows: tuple[str, str | None, dict | None, list, 
             )  # fmt: skip
 
 
+def _open_waiting(at: AppTest) -> AppTest:
+    """Turn on the Admin page's "Show what waits"."""
+    at.toggle(key="admin_otlp_open").set_value(True)
+    return at.run()
+
+
 def test_the_otlp_waiting_section_says_when_nothing_waits(app_engine: Engine, open_page) -> None:
     at = open_page(PAGE, reviewer="ayse")
-    captions = [c.value for c in at.caption]
-    assert "Nothing waits: every span and verdict received has met its other half." in captions
-    assert "Nothing forgotten yet (what waits longer than 7 days is)." in captions
-    assert not [d for d in at.dataframe if "advice" in d.value.columns]
+    for opened in (False, True):
+        captions = [c.value for c in at.caption]
+        assert "Nothing waits: every span and verdict received has met its other half." in captions
+        assert "Nothing forgotten yet (what waits longer than 7 days is)." in captions
+        assert not [d for d in at.dataframe if "advice" in d.value.columns]
+        assert not at.exception
+        if not opened:
+            at = _open_waiting(at)
+
+
+def test_closed_the_waiting_section_reads_no_waiting_row_and_says_that_some_wait(
+    app_engine: Engine, open_page, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """waits3: the section is closed until an admin opens it, so a click in the roles or tokens
+    forms does not pay for reading a week of waiting rows (~0.3 CPU s per 100k); closed, it still
+    says whether anything waits. Opened, it reads them."""
+    from lib import otlp_waiting
+
+    _otlp_rows(app_engine, ("b" * 32 + ":" + "2" * 16, None, None, [{"metric": "clarity"}], 10))
+    reads: list[int | None] = []
+    real = otlp_waiting.read
+    monkeypatch.setattr(
+        otlp_waiting, "read", lambda session, **kw: reads.append(kw.get("limit")) or real(session, **kw)
+    )
+    at = open_page(PAGE, reviewer="ayse")
     assert not at.exception
+    assert reads == []
+    assert not at.toggle(key="admin_otlp_open").value
+    captions = [c.value for c in at.caption]
+    assert "Rows wait: show them for how many, why, and what the sender should change." in captions
+    assert "Nothing forgotten yet (what waits longer than 7 days is)." in captions
+    assert not [d for d in at.dataframe if "verdicts" in d.value.columns]
+    at = _open_waiting(at)
+    assert reads == [50]
+    [counts] = [d.value for d in at.dataframe if "verdicts" in d.value.columns]
+    assert counts["rows"].tolist() == [1]
+    at.text_input(key="admin_role_identity").set_value("x@example.com").run()  # another form's rerun
+    assert reads == [50, 50]  # open, it stays open (and reads) until closed
+    at.toggle(key="admin_otlp_open").set_value(False).run()
+    assert reads == [50, 50]
+
+
+def test_opened_on_many_waiting_verdicts_the_counts_class_the_oldest_and_the_download_all(
+    any_app_engine: Engine, open_page, monkeypatch: pytest.MonkeyPatch, download_client
+) -> None:
+    """waits3: past CLASSED rows of verdicts, the page counts by why among the oldest only and says
+    how many more wait; the total and the CSV hold them all. SQLite and PostgreSQL."""
+    import csv
+    import io
+
+    import lib.ui.otlp_waiting
+    from lib import otlp_waiting
+    from lib.db import session_scope
+
+    monkeypatch.setattr(lib.ui.otlp_waiting, "CLASSED", 2)
+    _otlp_rows(
+        any_app_engine,
+        ("a" * 32 + ":" + "1" * 16, "chatcmpl-1", {"name": "chat", "product": "p", "missing": []}, [], 40),
+        ("response:chatcmpl-404", "chatcmpl-404", None, [{"metric": "m"}], 30),
+        ("b" * 32 + ":" + "2" * 16, None, None, [{"metric": "clarity"}, {"metric": "tone"}], 20),
+        ("c" * 32 + ":" + "3" * 16, None, None, [{"metric": "new"}], 10),
+        ("d" * 32 + ":" + "4" * 16, None, None, [{"metric": "newer"}], 5),
+    )
+    at = _open_waiting(open_page(PAGE, reviewer="ayse"))
+    assert not at.exception
+    [counts] = [d.value for d in at.dataframe if "verdicts" in d.value.columns]
+    assert dict(zip(counts["why"], counts["rows"], strict=True)) == {
+        "calls no verdict has come for": 1,
+        "verdicts whose span has not arrived (no call in its trace)": 1,  # the 20-hour row, not 10 or 5
+        "verdicts naming a response id no call records": 1,
+    }
+    assert counts["verdicts"].tolist() == [0, 2, 1]
+    captions = [c.value for c in at.caption]
+    assert any(
+        c.startswith("Rows of verdicts are counted by why among the oldest 2 only: 2 newer") for c in captions
+    )
+    assert "The oldest 5 of 5 rows; the download holds them all." not in captions  # SHOWN is 50
+    [link] = [b for b in at.get("link_button") if "rows" in b.proto.label]
+    assert link.proto.label == "Download CSV (all 5 rows)"
+    listed = list(csv.DictReader(io.StringIO(download_client.get(link.proto.url).text)))
+    assert [row["evaluations"] for row in listed] == ["", "m", "clarity, tone", "new", "newer"]
+    assert [row["why"] for row in listed][3:] == ["span_not_received"] * 2  # classed in the CSV
+    with session_scope(any_app_engine, read_only=True) as session:
+        whole = otlp_waiting.read(session)
+    assert [c.rows for c in whole.counts] == [1, 3, 1] and whole.unclassed == 0  # the CLI and API class all
 
 
 def test_a_lead_sees_what_waits_why_and_downloads_the_whole_list(
@@ -414,7 +500,7 @@ def test_a_lead_sees_what_waits_why_and_downloads_the_whole_list(
     with Session(app_engine) as s:
         assert otlp._sweep(s, force=True) == 1
         s.commit()
-    at = as_lead(monkeypatch, app_engine)
+    at = _open_waiting(as_lead(monkeypatch, app_engine))
     assert not at.exception
     [counts] = [d.value for d in at.dataframe if "verdicts" in d.value.columns]
     assert counts.to_dict("list") == {
