@@ -360,9 +360,9 @@ def _counts(session: Session, classed: int | None = None) -> list[WhyCount]:
         func.json_array_length(SPANS.c.pending_json).label("verdicts"),
         SPANS.c.received_at,
     ).where(*_VERDICTS)
-    if classed is not None:
-        oldest_keys = select(SPANS.c.key).where(*_VERDICTS).order_by(*_OLDEST).limit(classed)
-        rows = rows.where(SPANS.c.key.in_(oldest_keys.scalar_subquery()))
+    if classed is not None:  # from the oldest keys to their rows: only those are classed
+        oldest_keys = select(SPANS.c.key).where(*_VERDICTS).order_by(*_OLDEST).limit(classed).subquery()
+        rows = rows.select_from(oldest_keys.join(SPANS, SPANS.c.key == oldest_keys.c.key))
     listed = rows.subquery()
     statement = select(
         listed.c.why, func.count(), func.sum(listed.c.verdicts), func.min(listed.c.received_at)
