@@ -6,10 +6,11 @@ Two databases each (a fresh SQLite file in bench/out/, and with `--pg` a fresh P
 `--rows` waiting VERDICT rows (as lib.otlp keeps them: half under a span that never came, half under
 `response:<id>`, one verdict each with a 200-character explanation: the case the list exists for, a
 pipeline whose verdicts are emitted in a sampled-out span), and `--rows` waiting CALLS (a span of
-about 1.5 KB JSON each, no verdict: an app exporting every call). On each it runs what the Admin
-page and the API run (`lib.otlp_waiting.read(limit=50)`) and the whole list as CSV
-(`lib.otlp_waiting.csv_chunks`, the page's streamed link and the CLI's `--csv`, consumed chunk by
-chunk): CPU seconds of this process (median of `--runs`; the PostgreSQL server's CPU is not counted),
+about 1.5 KB JSON each, no verdict: an app exporting every call). On each it runs what the
+Admin page's section runs closed (`anything_waits` and `swept`) and open (`read(limit=SHOWN,
+classed=CLASSED)`), what the API and the CLI run (`lib.otlp_waiting.read(limit=50)`) and the whole
+list as CSV (`lib.otlp_waiting.csv_chunks`, the page's streamed link and the CLI's `--csv`, consumed
+chunk by chunk): CPU seconds of this process (median of `--runs`; the PostgreSQL server's apart),
 then each once more under tracemalloc for the peak of Python memory. On PostgreSQL parallel query is
 off (max_parallel_workers_per_gather = 0): a parallel worker's CPU cannot be read once its query ends,
 and the plain queries' scans and sorts ran two thirds in workers.
@@ -122,6 +123,7 @@ def run(url: str, label: str, rows: int, runs: int) -> None:
 def run_kind(url: str, label: str, rows: int, runs: int, kind: str) -> None:
     from lib import otlp_waiting
     from lib.db import init_db, session_scope
+    from lib.ui.otlp_waiting import CLASSED, SHOWN
 
     engine = init_db(url)
     if engine.dialect.name == "postgresql":
@@ -135,7 +137,16 @@ def run_kind(url: str, label: str, rows: int, runs: int, kind: str) -> None:
         conn.exec_driver_sql("DELETE FROM otlp_spans")
     fill(engine, rows, kind)
 
-    def page() -> None:
+    def closed() -> None:  # the Admin page's section closed (lib.ui.otlp_waiting)
+        with session_scope(engine, read_only=True) as session:
+            otlp_waiting.anything_waits(session)
+            otlp_waiting.swept(session)
+
+    def opened() -> None:  # opened: verdicts counted by why among the oldest CLASSED
+        with session_scope(engine, read_only=True) as session:
+            otlp_waiting.read(session, limit=SHOWN, classed=CLASSED)
+
+    def page() -> None:  # the API's and the CLI's default: every row classed
         with session_scope(engine, read_only=True) as session:
             otlp_waiting.read(session, limit=50)
 
@@ -146,7 +157,13 @@ def run_kind(url: str, label: str, rows: int, runs: int, kind: str) -> None:
         size = sum(len(chunk) for chunk in otlp_waiting.csv_chunks(engine))
 
     database = url.rpartition("/")[2] if url.startswith("postgresql") else None
-    for name, work in (("read(limit=50)", page), ("CSV streamed", download)):
+    cases = (
+        ("page, section closed", closed),
+        (f"page, section open (classed={CLASSED:,})", opened),
+        ("read(limit=50) (API, CLI)", page),
+        ("CSV streamed", download),
+    )
+    for name, work in cases:
         cpu, server, peak = measure(work, runs, database)
         extra = f", {size / 2**20:.1f} MiB of CSV" if name == "CSV streamed" else ""
         served = f" + server {server:.2f}" if database else ""
