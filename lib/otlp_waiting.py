@@ -255,6 +255,17 @@ def _call_rows(session: Session, limit: int | None) -> Iterator[WaitingRow]:
     what it lacks; their question and answer are not read. With a limit, the keys are picked first:
     the JSON of only those spans is read."""
     j = SPANS.c.span_json
+    other = SPANS.alias("other")
+    shared = (  # lib.otlp `_Join._named`: a verdict naming an id other calls record is refused
+        select(other.c.key)
+        .where(
+            other.c.response_id == SPANS.c.response_id,
+            other.c.key != SPANS.c.key,
+            _stored_call(other),
+            other.c.received_at >= bindparam("recent"),
+        )
+        .exists()
+    )
     columns = (
         SPANS.c.key,
         SPANS.c.response_id,
@@ -262,14 +273,17 @@ def _call_rows(session: Session, limit: int | None) -> Iterator[WaitingRow]:
         j["name"].as_string(),
         j["product"].as_string(),
         j["missing"].as_json(),
+        shared,
     )
     statement = select(*columns).where(_WAITS, _IS_CALL)
     if limit is not None:
         keys = select(SPANS.c.key).where(_WAITS, _IS_CALL).order_by(*_OLDEST).limit(limit)
         statement = statement.where(SPANS.c.key.in_(keys.scalar_subquery()))
     statement = statement.order_by(*_OLDEST).execution_options(yield_per=_BATCH)
-    for key, response_id, received_at, name, product, missing in session.execute(statement):
-        yield _call_row(key, response_id, received_at, name or "", product, missing or [])
+    for key, response_id, received_at, name, product, missing, is_shared in session.execute(
+        statement, {"recent": _recent()}
+    ):
+        yield _call_row(key, response_id, received_at, name or "", product, missing or [], bool(is_shared))
 
 
 def _stored_call(table: Any) -> Any:
@@ -407,9 +421,24 @@ def _split(key: str) -> tuple[str, str]:
 
 
 def _call_row(
-    key: str, response_id: str | None, since: datetime, name: str, product: str | None, missing: list[Any]
+    key: str,
+    response_id: str | None,
+    since: datetime,
+    name: str,
+    product: str | None,
+    missing: list[Any],
+    shared: bool,
 ) -> WaitingRow:
-    named = f" or naming its gen_ai.response.id {response_id!r}" if response_id else ""
+    """A waiting call's row. Its response id is advised only when no other call records it: a
+    verdict naming a shared id outside any span is refused (review14 F1: re-running the docs'
+    example against a server whose ids repeat was advised exactly what had been refused)."""
+    if shared:
+        named = (
+            f" or in one span with the call (other calls record its gen_ai.response.id {response_id!r} "
+            "too: a verdict naming it outside their traces is refused)"
+        )
+    else:
+        named = f" or naming its gen_ai.response.id {response_id!r}" if response_id else ""
     advice = (
         f"No verdict has come for this call. If a judge scored it, emit the verdicts in this span's "
         f"context{named}; a call no judge looks at is forgotten after {PENDING_DAYS} days."

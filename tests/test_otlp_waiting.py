@@ -151,6 +151,31 @@ def test_every_reason_to_wait_is_read_with_what_to_change(receiver: Receiver) ->
         assert otlp_waiting.read(session, limit=2).rows == waiting.rows[:2]
 
 
+def test_a_call_whose_response_id_other_calls_record_is_not_advised_to_be_named(
+    receiver: Receiver,
+) -> None:
+    """Ollama's ids repeat: a verdict naming an id two calls record, outside their traces, is
+    refused, so a waiting call of a shared id is advised its span's context or one span with the
+    call, not its id (review14 F1: the advice named what had just been refused)."""
+    t = Telemetry()
+    for question in ("Capital of Peru?", "Capital of Chile?"):
+        t.call(question, "Lima.", **{"gen_ai.response.id": "chatcmpl-test"})
+    t.call("Capital of Chad?", "N'Djamena.", **{"gen_ai.response.id": "resp-own"})
+    _send(receiver, t)
+    with Session(receiver.engine) as session:
+        rows = otlp_waiting.read(session).rows
+        assert [row.advice for row in otlp_waiting.read(session, limit=3).rows] == [
+            row.advice for row in rows
+        ]  # a page (a limit) says the same
+    calls = {row.response_id: row for row in rows}
+    assert len(rows) == 3 and len({row.advice for row in rows if row.response_id == "chatcmpl-test"}) == 1
+    advice = calls["chatcmpl-test"].advice
+    assert "naming its gen_ai.response.id" not in advice
+    assert "in this span's context or in one span with the call" in advice
+    assert "other calls record its gen_ai.response.id 'chatcmpl-test' too" in advice
+    assert "naming its gen_ai.response.id 'resp-own'" in calls["resp-own"].advice
+
+
 def test_the_sweep_records_what_it_forgets_and_the_reader_counts_it(receiver: Receiver) -> None:
     _every_case(receiver)
     with Session(receiver.engine) as session:
