@@ -12,7 +12,7 @@ Rules (docs/importing.md says them to users):
   unknown name becomes a new metric whose slug is `metric_slug(name)` and whose display name is the
   name itself. Its scale is the one the source states (promptfoo: 0–1 continuous; a Langfuse
   BOOLEAN score: 0–1 whole), else 0–1 whole for pass/fail labels, else inferred from the scores
-  (0, or the lowest score when negative, up to the next whole number above the highest, at least 1;
+  (0, or the lowest score rounded down when negative, up to the highest rounded up, at least 1;
   whole numbers only when every score is whole). An inferred scale grows with later imports: a
   score outside it widens it (and a fractional score makes it continuous), never narrows it, in the
   import's transaction, with a "judge_changed" audit row (review7 F2: an OTLP stream's first
@@ -476,8 +476,8 @@ def _definition(product: str, spec: MetricSpec) -> dict[str, Any]:
 
 
 def _inferred_scale(plan: _MetricPlan) -> SourceScale:
-    """The scale the scores imply: 0 (or the lowest score's whole number below, when negative) up to
-    the next whole number above the highest, at least 1; whole when every score is."""
+    """The scale the scores imply: 0 (or the lowest score rounded down, when negative) up to the
+    highest rounded up (3 gives 0–3), at least 1; whole when every score is."""
     low = min(0.0, math.floor(plan.low))
     high = max(1.0, math.ceil(plan.high))
     return SourceScale(low, high, integer_scale=plan.whole)
