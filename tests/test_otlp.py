@@ -646,25 +646,28 @@ def test_a_response_id_two_calls_share_joins_the_call_of_the_verdicts_trace_or_i
         ("Call A: capital of Peru?", "truthfulness"),
         ("Call B: capital of Chile?", "helpfulness"),
     }
-    t.verdict("clarity", 2, None, **{"gen_ai.response.id": "chatcmpl-4"})  # no trace: which call?
-    r = receiver.post("/v1/logs", t.log_body())
-    partial = ExportLogsServiceResponse.FromString(r.content).partial_success
-    assert partial.rejected_log_records == 1
-    assert partial.error_message.startswith(
-        "evaluation 'clarity' names gen_ai.response.id 'chatcmpl-4', which 2 calls share: emit it in "
-        "the judged call's span context, or in one span with the call"
-    )
-    # Several refused for one id: one message names each of them (review14 F2: only the first was).
-    for name in ("truthfulness", "clarity", "clarity"):
-        t.verdict(name, 2, None, **{"gen_ai.response.id": "chatcmpl-4"})
-    r = receiver.post("/v1/logs", t.log_body())
-    partial = ExportLogsServiceResponse.FromString(r.content).partial_success
-    assert partial.rejected_log_records == 3
-    assert partial.error_message.startswith(
-        "evaluations 'truthfulness', 'clarity' name gen_ai.response.id 'chatcmpl-4' (3 records), which "
-        "2 calls share: emit them in the judged call's span context, or in one span with the call"
-    )
-    assert "chatcmpl-4" not in partial.error_message.partition("chatcmpl-4")[2]  # one message
+    # No trace: which call? Several refused for one id: one message names each of them (review14
+    # F2: only the first was).
+    for names, told in (
+        (
+            ["clarity"],
+            "evaluation 'clarity' names gen_ai.response.id 'chatcmpl-4', which 2 calls share: emit it",
+        ),
+        (
+            ["truthfulness", "clarity", "clarity"],
+            "evaluations 'truthfulness', 'clarity' name gen_ai.response.id 'chatcmpl-4' (3 records), which "
+            "2 calls share: emit them",
+        ),
+    ):
+        for name in names:
+            t.verdict(name, 2, None, **{"gen_ai.response.id": "chatcmpl-4"})
+        r = receiver.post("/v1/logs", t.log_body())
+        partial = ExportLogsServiceResponse.FromString(r.content).partial_success
+        assert partial.rejected_log_records == len(names)
+        assert partial.error_message.startswith(
+            f"{told} in the judged call's span context, or in one span with the call"
+        )
+        assert "chatcmpl-4" not in partial.error_message.partition("chatcmpl-4")[2]  # one message
     assert count(receiver.engine, Judgment) == 2
 
 
