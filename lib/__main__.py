@@ -1023,13 +1023,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--spans", default=None, help="phoenix: the spans file (Parquet or CSV) the evaluations judged"
     )
+    from lib.source_records import LABEL_SCORE_STEPS
+
     p.add_argument(
         "--label-scores",
         default=None,
         metavar="LABEL=SCORE,...",
         help="promptfoo, langfuse, phoenix: the score of a label sent without one, e.g. "
-        "frustrated=1,ok=0 (default: the file's own scored results of that metric, else the known "
-        "labels in docs/importing.md)",
+        f"frustrated=1,ok=0; {LABEL_SCORE_STEPS}",
     )
 
     p = sub.add_parser("export", help="export a table as CSV, Parquet or JSON")

@@ -529,7 +529,9 @@ def create_app(
         require(actor, Permission.IMPORT)
         with await run_in_threadpool(TempFolder, "api") as folder:
             paths = await _multipart_files(request, limit, folder, PHOENIX_PARTS)
-            options = SourceOptions(product=product, spans=paths["spans"], label_scores=label_scores)
+            options = SourceOptions(
+                product=product, spans=paths["spans"], label_scores=label_scores, via="api"
+            )
             report = await run_in_threadpool(
                 _import_body, get_engine(), paths["evaluations"], actor, "phoenix", options
             )
@@ -550,7 +552,7 @@ def create_app(
 
         if kind not in ("promptfoo", "langfuse"):
             raise ApiError(404, f"no importer for {kind!r} here: promptfoo, langfuse or phoenix")
-        options = SourceOptions(product=product, label_scores=label_scores)
+        options = SourceOptions(product=product, label_scores=label_scores, via="api")
         return await receive_and_import(request, actor, kind, options=options)
 
     @api.get("/webhooks")

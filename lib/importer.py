@@ -568,8 +568,11 @@ def import_source_evaluations(
     source: str,
     reviewer: Actor | str = "import",
     on_invalid: Callable[[int, ImportFailed], None] | None = None,
+    via: str = "cli",
 ) -> ImportReport:
     """Import judge results read from another tool (promptfoo, Langfuse, Phoenix, OpenTelemetry).
+    `via` says where they came from (`lib.source_records.LABEL_SCORE_ADVICE`): a refusal of a label
+    without a score advises what that place offers.
 
     The one entry for every foreign source: `lib.source_records.plan_import` maps them to evaluation
     records and defines the metrics the product's rubric lacks, then they go through the evaluation
@@ -582,7 +585,7 @@ def import_source_evaluations(
     """
     actor = authorize(session, reviewer, Permission.IMPORT)
     rubric = _source_rubric(session)
-    plan = source_records.plan_import(evaluations, rubric, on_invalid=on_invalid)
+    plan = source_records.plan_import(evaluations, rubric, on_invalid=on_invalid, via=via)
     # The rubrics the plan read, by the name they were read under (`_source_rubric` strips it).
     read = {p.strip(): specs for p, (specs, *_) in plan.rubrics.items() if isinstance(p, str)}
     refused: dict[int, ImportFailed] = {}  # position in plan.records → why validation refused it
@@ -1544,7 +1547,7 @@ def _import_file(
             source_records.score_labels(read.evaluations, stored=_stored_label_scores(session))
             fresh, extended, added = _extend_stored(session, read.evaluations, actor)
             report = import_source_evaluations(
-                session=session, evaluations=fresh, source=source, reviewer=actor
+                session=session, evaluations=fresh, source=source, reviewer=actor, via=read.via
             )
         report.kind, report.unjudged, report.off_trace = kind, read.unjudged, read.off_trace
         report.skipped += extended

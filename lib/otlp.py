@@ -1405,6 +1405,7 @@ class _Join:
             source="OTLP",
             reviewer=self.actor,
             on_invalid=on_invalid,
+            via="otlp",
         )
         self.outcome.evaluations += report.inserted
         self.outcome.judgments += report.judgments

@@ -57,6 +57,7 @@ class SourceFile:
     unjudged: int = 0
     # Langfuse scores of a session or a dataset run (no traceId): nothing Overrule stores judges them.
     off_trace: int = 0
+    via: str = "cli"  # SourceOptions.via, for the import's messages
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,9 @@ class SourceOptions:
     product: str | None = None
     spans: Path | None = None
     label_scores: str | None = None
+    # Where the import came from, "cli", "api" or "page" (`lib.source_records.LABEL_SCORE_ADVICE`):
+    # a label refused for want of a score is told the way to give one that place has.
+    via: str = "cli"
 
 
 def read_source(kind: str, path: Path, options: SourceOptions, source: str | None = None) -> SourceFile:
@@ -88,6 +92,7 @@ def read_source(kind: str, path: Path, options: SourceOptions, source: str | Non
     else:
         read = _read_phoenix(path, options.spans, source, product)
     score_labels(read.evaluations, explicit)
+    read.via = options.via
     return read
 
 

@@ -61,6 +61,25 @@ LABEL_SCORES: dict[str, int] = {
     **{one: 1 for one, _ in LABEL_PAIRS}, **{zero: 0 for _, zero in LABEL_PAIRS}, "irrelevant": 0,
 }  # fmt: skip
 _PARTNER = {**dict(LABEL_PAIRS), **{zero: one for one, zero in LABEL_PAIRS}}
+
+# How a user gives a label sent without a number its score, by where the import came from: a
+# refusal names the way that place has (review14 F3: the receiver and the API named the command
+# line's flag). `verdict_score` takes the one its caller names; {label} is the label refused.
+LABEL_SCORE_ADVICE: dict[str, str] = {
+    "cli": "give the evaluation a numeric score, or its label one (--label-scores {label}=N,…)",
+    "api": "give the evaluation a numeric score, or its label one (?label_scores={label}=N,…)",
+    "page": "give the evaluation a numeric score, or its label one "
+    "(the field for scores of labels sent without a number: {label}=N,…)",
+    "otlp": "send gen_ai.evaluation.score.value with the label",
+}
+# What a label sent without a number scores when the user gives it none (docs/importing.md,
+# "Score", steps 2–5): the command line's and the Import page's help both say it.
+LABEL_SCORE_STEPS = (
+    "a label these scores do not name takes the score the file's scored results of the same metric "
+    "give it, else the one the product's stored judgments of that metric and label have, else "
+    "for one of a pair (pass/fail, factual/hallucinated, …) the other number than its partner "
+    "gets so, else a known label's (pass 1, fail 0, …; docs/importing.md)"
+)
 _SLUG_JUNK = re.compile(r"[^a-z0-9_-]+")
 SLUG_MAX = 64
 
@@ -220,8 +239,9 @@ def verdict_reason(verdict: SourceVerdict) -> str | None:
     return label or reason or None
 
 
-def verdict_score(verdict: SourceVerdict) -> float:
-    """The verdict's number: its score, else its known label's (`LABEL_SCORES`); InvalidField otherwise."""
+def verdict_score(verdict: SourceVerdict, via: str = "cli") -> float:
+    """The verdict's number: its score, else its known label's (`LABEL_SCORES`); InvalidField otherwise,
+    advising what `via` (a `LABEL_SCORE_ADVICE` key: where the import came from) offers."""
     if verdict.score.__class__ is float and math.isfinite(verdict.score):
         return verdict.score  # the common case (every OTLP number), as the checks below would return it
     if verdict.score is not None:
@@ -238,8 +258,8 @@ def verdict_score(verdict: SourceVerdict) -> float:
             raise InvalidField(
                 verdict.field or verdict.name,
                 f"label {verdict.label.strip()[:60]!r} has no score, and it is not a known label "
-                "(pass/fail, true/false, correct/incorrect, … docs/importing.md); give the evaluation a "
-                f"numeric score, or its label one (--label-scores {verdict.label.strip()[:20]}=N,…)",
+                "(pass/fail, true/false, correct/incorrect, … docs/importing.md); "
+                + LABEL_SCORE_ADVICE[via].format(label=verdict.label.strip()[:20]),
             )
         return float(number)
     raise InvalidField(verdict.field or verdict.name, "has neither a score nor a label")
@@ -338,9 +358,11 @@ def plan_import(
     rubric: Callable[[str], tuple[list[MetricSpec], bool, bool]],
     *,
     on_invalid: Callable[[int, ImportFailed], None] | None = None,
+    via: str = "cli",
 ) -> SourcePlan:
     """Records and new metric definitions for `evaluations`; InvalidField-based refusals located
-    (raised, or with `on_invalid` handed to it with the evaluation's index and left out).
+    (raised, or with `on_invalid` handed to it with the evaluation's index and left out), their
+    advice for a label without a score the one `via` offers (`LABEL_SCORE_ADVICE`).
 
     `rubric(product)` is (the product's metrics, whether it defines its own rather than using the
     defaults, whether it holds evaluations). A product on the default metrics that gains a metric
@@ -375,7 +397,7 @@ def plan_import(
                 source_field = verdict.field or name
                 if verdict.where:
                     where.places[source_field] = verdict.where
-                score = verdict_score(verdict)
+                score = verdict_score(verdict, via)
                 named = isinstance(name, str)
                 cached = resolved.get((product, name)) if named else None
                 if cached is None:

@@ -10,6 +10,7 @@ from lib.auth import Permission
 from lib.claims import FOLDER_CLAIM, TempFolder
 from lib.safe_markdown import escape_markdown
 from lib.source_files import SourceOptions
+from lib.source_records import LABEL_SCORE_STEPS
 from lib.ui import get_engine, require_reviewer
 
 DETECT = "Detect automatically"
@@ -60,8 +61,7 @@ if kind in importer.SOURCE_KINDS:
     label_scores = st.text_input(
         "Scores of labels sent without a number (optional), e.g. frustrated=1,ok=0",
         key="import_label_scores",
-        help="Empty: a label takes the score the file's scored results of the same metric give it, "
-        "else a known label's (docs/importing.md).",
+        help=f"A label named here takes the score given; {LABEL_SCORE_STEPS}.",
     )
     if kind == "phoenix":
         spans_upload = st.file_uploader(
@@ -101,7 +101,10 @@ if clicked and upload is not None and reviewer:
                     reviewer=reviewer,
                     progress=show_progress,
                     options=SourceOptions(
-                        product=product or None, spans=spans_path, label_scores=label_scores or None
+                        product=product or None,
+                        spans=spans_path,
+                        label_scores=label_scores or None,
+                        via="page",
                     ),
                 )
         except importer.ImportFailed as exc:

@@ -1033,6 +1033,11 @@ def test_phoenix_evaluations_and_spans_import_through_the_api_as_two_file_parts(
     }
     odd = httpx.post(url, params={"label_scores": "a=b"}, files=csv_files, headers=server.headers("lead"))
     assert odd.status_code == 422 and "'a=b' is not LABEL=SCORE" in odd.json()["detail"]
+    # A label no rule scores: the refusal names the API's parameter, not the CLI's flag (review14 F3).
+    cold = b"context.span_id,eval_name,label,explanation\na1b2c3d4e5f60718,Tone,cold,Curt.\n"
+    r = httpx.post(url, files={**csv_files, "evaluations": ("e.csv", cold)}, headers=server.headers("lead"))
+    assert r.status_code == 422 and "label 'cold' has no score" in r.json()["detail"], r.text
+    assert "(?label_scores=cold=N,…)" in r.json()["detail"] and "--label-scores" not in r.json()["detail"]
     r = httpx.post(url, files=csv_files, headers=server.headers("lead"))
     assert r.status_code == 422
     assert (r.json()["file"], r.json()["line"], r.json()["field"]) == ("evaluations.csv", 2, "score")

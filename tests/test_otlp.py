@@ -801,6 +801,39 @@ def test_otlp_json_bodies_and_refusals(receiver: Receiver) -> None:
         assert session.exec(select(Judgment.label)).one() == "clear"
 
 
+def test_a_label_without_a_score_is_refused_with_the_receivers_own_advice(receiver: Receiver) -> None:
+    """The receiver has no --label-scores: a label no rule scores is told to send the score
+    (review14 F3: its partial success named the command line's flag)."""
+    span = {
+        "traceId": "5b8efff798038103d269b633813fc60d",
+        "spanId": "eee19b7ec3c1b175",
+        "name": "chat",
+        "startTimeUnixNano": "1700000000000000000",
+        "attributes": [
+            {"key": "gen_ai.input.messages", "value": {"stringValue": '[{"role":"user","content":"Hi?"}]'}},
+            {"key": "output.value", "value": {"stringValue": "Hello."}},
+            {"key": "service.name", "value": {"stringValue": "json-bot"}},
+        ],
+        "events": [
+            {
+                "name": "gen_ai.evaluation.result",
+                "attributes": [
+                    {"key": "gen_ai.evaluation.name", "value": {"stringValue": "tone"}},
+                    {"key": "gen_ai.evaluation.score.label", "value": {"stringValue": "warm"}},
+                ],
+            }
+        ],
+    }
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+    r = receiver.post("/v1/traces", body, **{"Content-Type": "application/json"})
+    partial = r.json()["partialSuccess"]
+    assert r.status_code == 200 and partial["rejectedSpans"] == "1", r.text
+    assert "label 'warm' has no score" in partial["errorMessage"]
+    assert "send gen_ai.evaluation.score.value with the label" in partial["errorMessage"]
+    assert "--label-scores" not in partial["errorMessage"]
+    assert count(receiver.engine, EvaluationSnapshot) == 0
+
+
 def test_log_records_are_verdicts_by_their_event_name_or_evaluation_name_in_both_encodings(
     receiver: Receiver,
 ) -> None:

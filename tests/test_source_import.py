@@ -457,6 +457,11 @@ def test_label_scores_given_by_the_user_win(sqlite_engine: Engine, sqlite_url: s
     assert "--label-scores ok=N" in message
     assert "is not LABEL=SCORE" in _refused(sqlite_engine, evals, "phoenix", spans=spans, label_scores="ok")
     env = {"OVERRULE_DATABASE_URL": sqlite_url}
+    # --help lists docs/importing.md's steps, the product's stored labels and the pair rule among
+    # them (review14 F3: it promised the known labels' 1 where a stored 0.6 applies).
+    helped = " ".join(run_cli("import", "--help", env=env).stdout.split())
+    assert "the product's stored judgments of that metric and label" in helped
+    assert "the other number than its partner gets" in helped
     done = run_cli(
         "import", str(evals), "--kind", "phoenix", "--spans", str(spans), "--label-scores", "frustrated=1, OK=0",
         env=env,

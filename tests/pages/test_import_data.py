@@ -222,7 +222,11 @@ def test_the_page_passes_label_scores_for_labels_sent_without_a_number(app_engin
     at.button(key="import_run").click()
     at.run()
     assert escape_markdown("label 'ok' has no score") in at.error[0].value
-    at.text_input(key="import_label_scores").set_value("frustrated=1,ok=0")
+    # The advice is the page's field, and the field's help lists the docs' steps (review14 F3).
+    assert "--label-scores" not in at.error[0].value and escape_markdown("ok=N") in at.error[0].value
+    field = at.text_input(key="import_label_scores")
+    assert "stored judgments of that metric and label" in field.help and "partner" in field.help
+    field.set_value("frustrated=1,ok=0")
     at.run()
     at.button(key="import_run").click()
     at.run()
