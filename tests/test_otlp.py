@@ -804,33 +804,15 @@ def test_otlp_json_bodies_and_refusals(receiver: Receiver) -> None:
 def test_a_label_without_a_score_is_refused_with_the_receivers_own_advice(receiver: Receiver) -> None:
     """The receiver has no --label-scores: a label no rule scores is told to send the score
     (review14 F3: its partial success named the command line's flag)."""
-    span = {
-        "traceId": "5b8efff798038103d269b633813fc60d",
-        "spanId": "eee19b7ec3c1b175",
-        "name": "chat",
-        "startTimeUnixNano": "1700000000000000000",
-        "attributes": [
-            {"key": "gen_ai.input.messages", "value": {"stringValue": '[{"role":"user","content":"Hi?"}]'}},
-            {"key": "output.value", "value": {"stringValue": "Hello."}},
-            {"key": "service.name", "value": {"stringValue": "json-bot"}},
-        ],
-        "events": [
-            {
-                "name": "gen_ai.evaluation.result",
-                "attributes": [
-                    {"key": "gen_ai.evaluation.name", "value": {"stringValue": "tone"}},
-                    {"key": "gen_ai.evaluation.score.label", "value": {"stringValue": "warm"}},
-                ],
-            }
-        ],
-    }
-    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
-    r = receiver.post("/v1/traces", body, **{"Content-Type": "application/json"})
-    partial = r.json()["partialSuccess"]
-    assert r.status_code == 200 and partial["rejectedSpans"] == "1", r.text
-    assert "label 'warm' has no score" in partial["errorMessage"]
-    assert "send gen_ai.evaluation.score.value with the label" in partial["errorMessage"]
-    assert "--label-scores" not in partial["errorMessage"]
+    t = Telemetry()
+    with t.tracer.start_as_current_span("chat m1", attributes=_chat_attributes("Hi?", "Hello.")) as span:
+        span.add_event(EVAL, {"gen_ai.evaluation.name": "tone", "gen_ai.evaluation.score.label": "warm"})
+    r = receiver.post("/v1/traces", t.traces())
+    partial = ExportTraceServiceResponse.FromString(r.content).partial_success
+    assert r.status_code == 200 and partial.rejected_spans == 1, r.content
+    assert "label 'warm' has no score" in partial.error_message
+    assert "send gen_ai.evaluation.score.value with the label" in partial.error_message
+    assert "--label-scores" not in partial.error_message
     assert count(receiver.engine, EvaluationSnapshot) == 0
 
 
