@@ -34,7 +34,7 @@ from lib.auth import Actor, Permission, authorize, identity_of
 from lib.display import REVIEWED_BY, evaluation_url, judgment_url, role_field
 from lib.judgment_text import format_score as format_score  # their home; imported from here by many
 from lib.judgment_text import parse_score as parse_score
-from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_at_a_time
+from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_per_product
 from lib.metrics import MetricSpec, metrics_for_product
 from lib.models import (
     CACHE_DECISIONS,
@@ -558,7 +558,7 @@ def _write_review_state(
     # transaction takes them in one order. A queue item's settlement reviews several judgments in
     # one transaction; had the lock come after the UPDATE, a lone review of its second judgment
     # could hold that row waiting for the lock the settlement held: a deadlock.
-    one_writer_at_a_time(session, PG_REVIEW_COUNTERS_LOCK)
+    one_writer_per_product(session, PG_REVIEW_COUNTERS_LOCK, [judgment.product])
     written = _written_row(
         session,
         {

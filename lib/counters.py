@@ -75,7 +75,7 @@ from sqlmodel import Session, col
 
 from lib import bulk, prepared, scores, version_counts
 from lib.bulk import dialect_name
-from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_at_a_time
+from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_per_product
 from lib.models import (
     EvaluationCount,
     EvaluationSnapshot,
@@ -446,7 +446,9 @@ def judgments_change(*, session: Session, where: Any, snapshots: Any = None) -> 
     review waits on them.
     """
     evaluations = _snapshots_of(where) if snapshots is None else snapshots
-    one_writer_at_a_time(session, PG_REVIEW_COUNTERS_LOCK)
+    if _locks_rows(session):  # the reviews' lock of each product the judgments are of
+        products = session.execute(select(_J.product).where(where).distinct()).scalars()
+        one_writer_per_product(session, PG_REVIEW_COUNTERS_LOCK, list(products))
     # Lock the rows first (PostgreSQL): a concurrent review then commits before we count, or after we wrote.
     lock_judgments(session=session, where=where)
     lock_snapshots(session=session, where=evaluations)

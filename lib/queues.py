@@ -67,7 +67,7 @@ from lib.corrections import (
     sort_by_rubric,
     undo_review,
 )
-from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_at_a_time
+from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_per_product_of_judgment
 from lib.metrics import MetricSpec, metrics_for_product, rubrics_read_once
 from lib.models import (
     CACHE_DECISIONS,
@@ -1174,7 +1174,7 @@ def _write_decision(
     # it waits for the row deadlocked with a settlement that held the row. FOR NO KEY UPDATE: a
     # transaction that merely inserted a row pointing at the judgment (its FOR KEY SHARE) must not
     # hold this settlement, and every review behind its lock (review6 R1).
-    one_writer_at_a_time(session, PG_REVIEW_COUNTERS_LOCK)
+    one_writer_per_product_of_judgment(session, PG_REVIEW_COUNTERS_LOCK, qj.judgment_id)
     judgment = session.exec(
         select(Judgment)
         .where(col(Judgment.id) == qj.judgment_id)

@@ -347,7 +347,7 @@ def test_the_review_lock_is_taken_once_a_transaction(pg_engine: Engine) -> None:
     review lock before its first judgment's row, then each review asks again), and again in the next."""
     from sqlalchemy import event
 
-    from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_at_a_time
+    from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_at_a_time, one_writer_per_product
 
     sent: list[str] = []
 
@@ -370,6 +370,13 @@ def test_the_review_lock_is_taken_once_a_transaction(pg_engine: Engine) -> None:
             one_writer_at_a_time(s, PG_REVIEW_COUNTERS_LOCK)
             s.commit()
         assert len(sent) == 4
+        sent.clear()
+        with Session(pg_engine) as s:  # per product: once a product and transaction, each product's own
+            one_writer_per_product(s, PG_REVIEW_COUNTERS_LOCK, ["P"])
+            one_writer_per_product(s, PG_REVIEW_COUNTERS_LOCK, ["Q", "P", "Q"])
+            one_writer_per_product(s, PG_REVIEW_COUNTERS_LOCK, ["P"])
+            s.commit()
+        assert len(sent) == 2
     finally:
         event.remove(pg_engine, "before_cursor_execute", count)
 
@@ -871,5 +878,57 @@ def test_a_second_eval_files_late_verdicts_take_the_importers_lock_before_any_ro
     assert not errors, errors
     with session_scope(pg_engine) as s:
         assert len(s.exec(select(Judgment.id).where(col(Judgment.metric) == "clarity")).all()) == 4
+        kept = _snapshot_of_counters(s)
+    _assert_recount_keeps(pg_engine, kept)
+
+
+def test_a_review_waiting_on_an_import_holds_up_no_review_of_another_product(pg_engine: Engine) -> None:
+    """review15 F3: the reviews' lock is per product (`lib.locks.one_writer_per_product`). A review of
+    P waits on the counter rows an open import of P holds; a review of product Q must not wait behind
+    it (with one lock for all products it waited out the import: every counter row's key holds its
+    product, so no lock cycle the lock breaks spans two products)."""
+    rec = {
+        "model_answer": "An answer.", "language": "en", "judge_model": "j", "created_at": T0.isoformat(),
+        "judge_scores": {"truthfulness": 4},
+    }  # fmt: skip
+    with session_scope(pg_engine) as s:
+        importer.import_evaluations(
+            session=s,
+            records=[rec | {"question": "E?", "product": "P"}, rec | {"question": "F?", "product": "Q"}],
+        )
+    with session_scope(pg_engine) as s:
+        jp, jq = (
+            s.exec(select(Judgment).where(col(Judgment.product) == product)).one() for product in ("P", "Q")
+        )
+        targets = {product: (int(j.id or 0), int(j.version)) for product, j in (("P", jp), ("Q", jq))}
+    errors: list[BaseException] = []
+
+    def review(product: str) -> Callable[[Session], None]:
+        jid, version = targets[product]
+
+        def write(s: Session) -> None:
+            record_review(
+                session=s, judgment_id=jid, expected_version=version, action="confirm",
+                user_decision=None, reviewer="bob", reason=None,
+            )  # fmt: skip
+
+        return write
+
+    with pg_engine.connect() as conn, Session(bind=conn) as holding:
+        importer.import_evaluations(session=holding, records=[rec | {"question": "New?", "product": "P"}])
+        of_p = threading.Thread(target=_run_into, args=(pg_engine, review("P"), errors))
+        of_p.start()
+        _wait_until_blocked(pg_engine, of_p)
+        of_q = threading.Thread(target=_run_into, args=(pg_engine, review("Q"), errors))
+        of_q.start()
+        of_q.join(30)  # a bound for a thread that is blocked, not a speed: it ends at once or never
+        ended = not of_q.is_alive()
+        holding.commit()
+    of_p.join(30)
+    of_q.join(30)
+    assert ended, "the review of product Q waited for the import of product P"
+    assert not errors, errors
+    with session_scope(pg_engine) as s:
+        assert {s.get(Judgment, jid).reviewer for jid, _ in targets.values()} == {"bob"}  # type: ignore[union-attr]
         kept = _snapshot_of_counters(s)
     _assert_recount_keeps(pg_engine, kept)

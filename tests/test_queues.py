@@ -357,7 +357,9 @@ STATEMENT_BUDGET = {
     # judgment's row (lib.locks, lib.queues._write_decision), and one row lock of its evaluation
     # before each review recomputes its `reviewer_decisions` (lib.counters._bump_snapshot: a
     # recompute must start after a concurrent writer committed).
-    "postgresql": {"next": 9, "first label": 13, "settling label": 48},
+    # The review lock is per product (lib.locks.one_writer_per_product, review15 F3): each judgment's
+    # product is read with its lock, so a settlement of two judgments sends that statement twice.
+    "postgresql": {"next": 9, "first label": 13, "settling label": 49},
 }
 
 

@@ -21,7 +21,7 @@ from lib import corrections, queues, review_queue
 from lib.auth import Actor
 from lib.corrections import record_review
 from lib.db import create_db_engine, session_scope
-from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_at_a_time
+from lib.locks import PG_REVIEW_COUNTERS_LOCK, one_writer_per_product
 from lib.models import (
     EvaluationSnapshot,
     Judgment,
@@ -200,7 +200,7 @@ def test_a_settlement_and_a_lone_review_of_the_same_judgment_do_not_deadlock(pg_
 
     lone_error: BaseException | None = None
     with pg_engine.connect() as conn, Session(bind=conn) as lone:
-        one_writer_at_a_time(lone, PG_REVIEW_COUNTERS_LOCK)  # what record_review does first
+        one_writer_per_product(lone, PG_REVIEW_COUNTERS_LOCK, [j.product])  # what record_review does first
         worker, errors = _blocked_writer(pg_engine, settle)
         try:
             record_review(
