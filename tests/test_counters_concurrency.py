@@ -788,52 +788,74 @@ def test_an_import_takes_the_shared_agreement_rows_after_its_products_row(pg_eng
     _assert_recount_keeps(pg_engine, kept)
 
 
+_P_AND_Q = {
+    "model_answer": "An answer.", "language": "en", "judge_model": "j", "created_at": T0.isoformat(),
+    "judge_scores": {"truthfulness": 4},
+}  # fmt: skip
+
+
+def _one_judged_evaluation_of_p_and_q(engine: Engine) -> dict[str, tuple[str, int, int]]:
+    """Product → (its evaluation's id, its judgment's id and version): one evaluation each of P and Q."""
+    with session_scope(engine) as s:
+        importer.import_evaluations(
+            session=s, records=[_P_AND_Q | {"question": f"{p}?", "product": p} for p in ("P", "Q")]
+        )
+    with session_scope(engine) as s:
+        return {
+            str(j.product): (str(j.snapshot_id), int(j.id or 0), int(j.version))
+            for j in s.exec(select(Judgment)).all()
+        }
+
+
+def _confirm(judgment_id: int, version: int) -> Callable[[Session], None]:
+    def write(s: Session) -> None:
+        record_review(
+            session=s, judgment_id=judgment_id, expected_version=version, action="confirm",
+            user_decision=None, reviewer="bob", reason=None,
+        )  # fmt: skip
+
+    return write
+
+
+def _ends_beside_an_open_import_of_p(
+    engine: Engine, of_p: Callable[[Session], None], of_q: Callable[[Session], None]
+) -> list[BaseException]:
+    """An import of product P stays open; `of_p` waits on the rows it holds; `of_q`, a write of
+    product Q, must end while the import is still open (a bound for a blocked thread, not a speed: it
+    ends at once or never). What either raised."""
+    errors: list[BaseException] = []
+    with engine.connect() as conn, Session(bind=conn) as holding:
+        importer.import_evaluations(
+            session=holding, records=[_P_AND_Q | {"question": "New?", "product": "P"}]
+        )
+        waiting = threading.Thread(target=_run_into, args=(engine, of_p, errors))
+        waiting.start()
+        _wait_until_blocked(engine, waiting)
+        other = threading.Thread(target=_run_into, args=(engine, of_q, errors))
+        other.start()
+        other.join(30)
+        ended = not other.is_alive()
+        holding.commit()
+    waiting.join(30)
+    other.join(30)
+    assert ended, "the write of product Q waited for the import of product P"
+    return errors
+
+
 def test_an_archive_waiting_on_an_import_holds_up_no_review_of_another_product(pg_engine: Engine) -> None:
     """review15 F1: an archive of an evaluation of P waits on P's product row while an import of P
     is open. It must not hold the reviews' lock meanwhile (5aee32b made it take it first): every
-    review of every product then waited out the import. Staged: the import stays open until the
-    review of a judgment of product Q has ended; before, that review waited on the archive's lock
-    and never ended while the import was open."""
-    rec = {
-        "model_answer": "An answer.", "language": "en", "judge_model": "j", "created_at": T0.isoformat(),
-        "judge_scores": {"truthfulness": 4},
-    }  # fmt: skip
-    with session_scope(pg_engine) as s:
-        importer.import_evaluations(
-            session=s,
-            records=[rec | {"question": "E?", "product": "P"}, rec | {"question": "F?", "product": "Q"}],
-        )
-    with session_scope(pg_engine) as s:
-        e = str(s.exec(select(EvaluationSnapshot.id).where(col(EvaluationSnapshot.product) == "P")).one())
-        jq = s.exec(select(Judgment).where(col(Judgment.product) == "Q")).one()
-        jq_id, version = int(jq.id or 0), int(jq.version)
-    errors: list[BaseException] = []
+    review of every product then waited out the import."""
+    made = _one_judged_evaluation_of_p_and_q(pg_engine)
+    e = made["P"][0]
 
     def archive(s: Session) -> None:
         inspector.archive_evaluation(session=s, snapshot_id=e, reviewer="lead")
 
-    def review(s: Session) -> None:
-        record_review(
-            session=s, judgment_id=jq_id, expected_version=version, action="confirm",
-            user_decision=None, reviewer="bob", reason=None,
-        )  # fmt: skip
-
-    with pg_engine.connect() as conn, Session(bind=conn) as holding:
-        importer.import_evaluations(session=holding, records=[rec | {"question": "New?", "product": "P"}])
-        archiving = threading.Thread(target=_run_into, args=(pg_engine, archive, errors))
-        archiving.start()
-        _wait_until_blocked(pg_engine, archiving)
-        reviewing = threading.Thread(target=_run_into, args=(pg_engine, review, errors))
-        reviewing.start()
-        reviewing.join(30)  # a bound for a thread that is blocked, not a speed: it ends at once or never
-        ended = not reviewing.is_alive()
-        holding.commit()
-    archiving.join(30)
-    reviewing.join(30)
-    assert ended, "the review of product Q waited for the import of product P"
+    errors = _ends_beside_an_open_import_of_p(pg_engine, archive, _confirm(*made["Q"][1:]))
     assert not errors, errors
     with session_scope(pg_engine) as s:
-        assert s.get(Judgment, jq_id).reviewer == "bob"  # type: ignore[union-attr]
+        assert s.get(Judgment, made["Q"][1]).reviewer == "bob"  # type: ignore[union-attr]
         assert s.get(EvaluationSnapshot, e).deleted_at is not None  # type: ignore[union-attr]
         kept = _snapshot_of_counters(s)
     _assert_recount_keeps(pg_engine, kept)
@@ -887,48 +909,10 @@ def test_a_review_waiting_on_an_import_holds_up_no_review_of_another_product(pg_
     P waits on the counter rows an open import of P holds; a review of product Q must not wait behind
     it (with one lock for all products it waited out the import: every counter row's key holds its
     product, so no lock cycle the lock breaks spans two products)."""
-    rec = {
-        "model_answer": "An answer.", "language": "en", "judge_model": "j", "created_at": T0.isoformat(),
-        "judge_scores": {"truthfulness": 4},
-    }  # fmt: skip
-    with session_scope(pg_engine) as s:
-        importer.import_evaluations(
-            session=s,
-            records=[rec | {"question": "E?", "product": "P"}, rec | {"question": "F?", "product": "Q"}],
-        )
-    with session_scope(pg_engine) as s:
-        jp, jq = (
-            s.exec(select(Judgment).where(col(Judgment.product) == product)).one() for product in ("P", "Q")
-        )
-        targets = {product: (int(j.id or 0), int(j.version)) for product, j in (("P", jp), ("Q", jq))}
-    errors: list[BaseException] = []
-
-    def review(product: str) -> Callable[[Session], None]:
-        jid, version = targets[product]
-
-        def write(s: Session) -> None:
-            record_review(
-                session=s, judgment_id=jid, expected_version=version, action="confirm",
-                user_decision=None, reviewer="bob", reason=None,
-            )  # fmt: skip
-
-        return write
-
-    with pg_engine.connect() as conn, Session(bind=conn) as holding:
-        importer.import_evaluations(session=holding, records=[rec | {"question": "New?", "product": "P"}])
-        of_p = threading.Thread(target=_run_into, args=(pg_engine, review("P"), errors))
-        of_p.start()
-        _wait_until_blocked(pg_engine, of_p)
-        of_q = threading.Thread(target=_run_into, args=(pg_engine, review("Q"), errors))
-        of_q.start()
-        of_q.join(30)  # a bound for a thread that is blocked, not a speed: it ends at once or never
-        ended = not of_q.is_alive()
-        holding.commit()
-    of_p.join(30)
-    of_q.join(30)
-    assert ended, "the review of product Q waited for the import of product P"
+    made = _one_judged_evaluation_of_p_and_q(pg_engine)
+    errors = _ends_beside_an_open_import_of_p(pg_engine, _confirm(*made["P"][1:]), _confirm(*made["Q"][1:]))
     assert not errors, errors
     with session_scope(pg_engine) as s:
-        assert {s.get(Judgment, jid).reviewer for jid, _ in targets.values()} == {"bob"}  # type: ignore[union-attr]
+        assert {s.get(Judgment, made[p][1]).reviewer for p in "PQ"} == {"bob"}  # type: ignore[union-attr]
         kept = _snapshot_of_counters(s)
     _assert_recount_keeps(pg_engine, kept)
