@@ -23,8 +23,9 @@ Rules (docs/importing.md says them to users):
   gives that label (--label-scores), else the one the import's scored verdicts of the same metric
   give it, else the one the product's stored judgments of that metric and label have
   (`score_labels`), else a known label's (`LABEL_SCORES`: pass 1, fail 0, and Phoenix's
-  rails as Phoenix scores them: hallucinated 1, factual 0, toxic 1, non-toxic 0); any other label
-  without a number refuses the file.
+  rails as Phoenix scores them: hallucinated 1, factual 0, toxic 1, non-toxic 0) when the metric
+  is 0–1 or new (review14 F8: on 1–5, `pass` as 1 is the worst score); any other label without a
+  number, or a known one on another scale, refuses the file.
 - **Reason**: the label, then the judge's explanation (`"fail: the answer invents a date"`), so a
   reviewer sees both. The label is also the score entry's `label` and the judgment's (`label_key`):
   the stored-label lookup reads that, never the reasoning's free text.
@@ -78,7 +79,8 @@ LABEL_SCORE_STEPS = (
     "a label these scores do not name takes the score the file's scored results of the same metric "
     "give it, else the one the product's stored judgments of that metric and label have, else "
     "for one of a pair (pass/fail, factual/hallucinated, …) the other number than its partner "
-    "gets so, else a known label's (pass 1, fail 0, …; docs/importing.md)"
+    "gets so, else, on a metric scored 0–1 or a new one, a known label's (pass 1, fail 0, …; "
+    "docs/importing.md)"
 )
 _SLUG_JUNK = re.compile(r"[^a-z0-9_-]+")
 SLUG_MAX = 64
@@ -239,9 +241,13 @@ def verdict_reason(verdict: SourceVerdict) -> str | None:
     return label or reason or None
 
 
-def verdict_score(verdict: SourceVerdict, via: str = "cli") -> float:
+def verdict_score(verdict: SourceVerdict, via: str = "cli", metric: MetricSpec | None = None) -> float:
     """The verdict's number: its score, else its known label's (`LABEL_SCORES`); InvalidField otherwise,
-    advising what `via` (a `LABEL_SCORE_ADVICE` key: where the import came from) offers."""
+    advising what `via` (a `LABEL_SCORE_ADVICE` key: where the import came from) offers.
+
+    `metric` is the stored metric the verdict scores (None for one this import defines, whose scale
+    the numbers will set): a known label's 1 or 0 holds only on a 0–1 scale, so on any other it is
+    refused like an unknown label (review14 F8: `pass` became 1, the worst of a 1–5 metric)."""
     if verdict.score.__class__ is float and math.isfinite(verdict.score):
         return verdict.score  # the common case (every OTLP number), as the checks below would return it
     if verdict.score is not None:
@@ -254,14 +260,21 @@ def verdict_score(verdict: SourceVerdict, via: str = "cli") -> float:
         return float(verdict.score)
     if verdict.label is not None and verdict.label.strip():
         number = label_score(verdict.label)
-        if number is None:
-            raise InvalidField(
-                verdict.field or verdict.name,
-                f"label {verdict.label.strip()[:60]!r} has no score, and it is not a known label "
-                "(pass/fail, true/false, correct/incorrect, … docs/importing.md); "
-                + LABEL_SCORE_ADVICE[via].format(label=verdict.label.strip()[:20]),
+        if number is not None and (metric is None or (metric.min_value, metric.max_value) == (0, 1)):
+            return float(number)
+        label = verdict.label.strip()
+        if metric is not None and number is not None:
+            why = (
+                f"{metric.display_name!r} is scored {metric.min_value:g}–{metric.max_value:g}: a known "
+                f"label's {number} holds only on a 0–1 scale (docs/importing.md)"
             )
-        return float(number)
+        else:
+            why = "it is not a known label (pass/fail, true/false, correct/incorrect, … docs/importing.md)"
+        raise InvalidField(
+            verdict.field or verdict.name,
+            f"label {label[:60]!r} has no score, and {why}; "
+            + LABEL_SCORE_ADVICE[via].format(label=label[:20]),
+        )
     raise InvalidField(verdict.field or verdict.name, "has neither a score nor a label")
 
 
@@ -298,6 +311,7 @@ class _MetricPlan:
 # and each score of a metric the plan defines or widens (the plan, score, label only, stated scale).
 _Use = tuple[_MetricPlan, float, bool, SourceScale | None]
 _Contribution = tuple[Any, bool, list[_Use]]
+_Resolved = tuple[str | None, str, str, str, _MetricPlan | None, MetricSpec | None]
 
 
 @dataclass
@@ -376,9 +390,10 @@ def plan_import(
     rubrics: dict[str, tuple[list[MetricSpec], bool, bool]] = {}
     uses_rubric: set[str] = set()
     # (product, evaluation name) → (rubric slug or None, score key, the record's field for it as a
-    # judge's and as a person's score, the new metric's plan or None): every evaluation names the
-    # same few metrics, and every verdict passes here (an OTLP request of 512 spans: 2,560).
-    resolved: dict[tuple[Any, str], tuple[str | None, str, str, str, _MetricPlan | None]] = {}
+    # judge's and as a person's score, the new metric's plan or None, the stored metric or None):
+    # every evaluation names the same few metrics, and every verdict passes here (an OTLP request of
+    # 512 spans: 2,560).
+    resolved: dict[tuple[Any, str], _Resolved] = {}
     for index, ev in enumerate(evaluations):
         product = ev.product
         where = Located(ev.where, dict(ev.fields))
@@ -397,22 +412,22 @@ def plan_import(
                 source_field = verdict.field or name
                 if verdict.where:
                     where.places[source_field] = verdict.where
-                score = verdict_score(verdict, via)
                 named = isinstance(name, str)
                 cached = resolved.get((product, name)) if named else None
                 if cached is None:
                     slug, key = _resolved(specs, name)
                     plan = plans.get((product, key))
-                    if plan is None and slug is None:
+                    stored = None if slug is None else next(spec for spec in specs if spec.slug == slug)
+                    if plan is None and stored is None:
                         plan = plans[product, key] = _MetricPlan(name, key)
-                    elif plan is None:
-                        stored = next(spec for spec in specs if spec.slug == slug)
-                        if stored.scale_inferred:  # an import's scale: this import's scores widen it
-                            plan = plans[product, key] = _MetricPlan(stored.display_name, key, stored)
-                    cached = (slug, key, f"judge_scores.{key}", f"user_scores.{key}", plan)
+                    elif plan is None and stored is not None and stored.scale_inferred:
+                        # an import's scale: this import's scores widen it
+                        plan = plans[product, key] = _MetricPlan(stored.display_name, key, stored)
+                    cached = (slug, key, f"judge_scores.{key}", f"user_scores.{key}", plan, stored)
                     if named:
                         resolved[product, name] = cached
-                slug, key, judge_field, user_field, plan = cached
+                slug, key, judge_field, user_field, plan, stored = cached
+                score = verdict_score(verdict, via, stored)
                 if plan is None:  # the rubric's metric, on a scale a user (or the source) set
                     on_rubric = True
                 else:  # a metric this import defines, or one whose inferred scale it may widen

@@ -816,6 +816,35 @@ def test_a_label_without_a_score_is_refused_with_the_receivers_own_advice(receiv
     assert count(receiver.engine, EvaluationSnapshot) == 0
 
 
+def test_a_known_label_without_a_score_counts_1_or_0_only_on_a_0_1_metric(any_receiver: Receiver) -> None:
+    """review14 F8: `pass` with no score was stored as 1 on the 1–5 truthfulness, its worst score.
+    On a 0–1 metric (new, or stored) pass and fail still count 1 and 0."""
+    t = Telemetry()
+    for question, name, label in [
+        ("Q1?", "truthfulness", "pass"),
+        ("Q2?", "verdict", "pass"),
+        ("Q3?", "verdict", "fail"),
+    ]:
+        with t.tracer.start_as_current_span("chat m1", attributes=_chat_attributes(question, "A.")) as span:
+            span.add_event(EVAL, {"gen_ai.evaluation.name": name, "gen_ai.evaluation.score.label": label})
+    r = any_receiver.post("/v1/traces", t.traces())
+    partial = ExportTraceServiceResponse.FromString(r.content).partial_success
+    assert r.status_code == 200 and partial.rejected_spans == 1, r.content
+    assert "label 'pass' has no score, and 'Truthfulness' is scored 1–5" in partial.error_message
+    assert "send gen_ai.evaluation.score.value with the label" in partial.error_message
+    with t.tracer.start_as_current_span("chat m1", attributes=_chat_attributes("Q4?", "A.")) as span:
+        span.add_event(EVAL, {"gen_ai.evaluation.name": "verdict", "gen_ai.evaluation.score.label": "PASS"})
+    assert any_receiver.post("/v1/traces", t.traces()).status_code == 200
+    with Session(any_receiver.engine) as session:
+        stored = {s.question: s.judge_scores_json for s in session.exec(select(EvaluationSnapshot))}
+    assert {q: v["verdict"]["score"] for q, v in stored.items() if "verdict" in v} == {
+        "Q2?": 1.0,
+        "Q3?": 0.0,
+        "Q4?": 1.0,
+    }
+    assert "Q1?" not in stored
+
+
 def test_log_records_are_verdicts_by_their_event_name_or_evaluation_name_in_both_encodings(
     receiver: Receiver,
 ) -> None:

@@ -446,6 +446,44 @@ def test_a_metric_label_only_and_scored_gets_one_number_per_label(
     }
 
 
+def test_a_known_label_without_a_score_gets_its_number_only_on_a_0_1_metric(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """review14 F8: `pass` sent without a score was stored as 1 whatever the metric's scale: the
+    worst score of a 1–5 truthfulness, or of an inferred 0–5 metric, so a file of passes went in
+    with its meaning inverted. A known label's number holds on a 0–1 metric (stored or new) only;
+    elsewhere it is refused, all or nothing, like a label no table knows."""
+    spans = FIXTURES / "phoenix_spans.csv"
+    # truthfulness, a default metric, is 1–5: the file is refused whole, its new metric's pass too
+    both = "b2c3d4e5f6071829,Verdict,pass,,Right.\nb2c3d4e5f6071829,truthfulness,pass,,Right.\n"
+    message = _refused(engine, _phoenix_csv(tmp_path, "both.csv", both), "phoenix", spans=spans)
+    assert message.startswith(
+        "both.csv line 3, field 'score': label 'pass' has no score, and 'Truthfulness' is scored 1–5"
+    ), message
+    assert "--label-scores pass=N" in message
+    first = "a1b2c3d4e5f60718,Verdict,,1,Scored.\na1b2c3d4e5f60718,Mood,sunny,5,Bright.\n"
+    assert _import_phoenix_csv(engine, tmp_path, "first.csv", first).inserted == 1
+    assert _metrics(engine, "phoenix") == {"verdict": (0.0, 1.0, True), "mood": (0.0, 5.0, True)}
+    mood = "b2c3d4e5f6071829,Mood,pass,,Fine.\n"
+    message = _refused(engine, _phoenix_csv(tmp_path, "mood.csv", mood), "phoenix", spans=spans)
+    assert message.startswith(
+        "mood.csv line 2, field 'score': label 'pass' has no score, and 'Mood' is scored 0–5"
+    )
+    verdicts = "b2c3d4e5f6071829,Verdict,pass,,Right.\nc3d4e5f60718293a,Verdict,fail,,Wrong.\n"
+    assert _import_phoenix_csv(engine, tmp_path, "verdicts.csv", verdicts).inserted == 2
+    assert {k: v[0] for k, v in _judged(engine, "verdict").items()} == {
+        "a1b2c3d4e5f60718": 1.0,
+        "b2c3d4e5f6071829": 1.0,
+        "c3d4e5f60718293a": 0.0,
+    }
+    # The user's number still comes first, on any scale.
+    given = _import_phoenix_csv(
+        engine, tmp_path, "given.csv", both.replace("Verdict", "Mood"), label_scores="pass=5", product="other"
+    )
+    assert given.judgments == 2
+    assert _judged(engine, "truthfulness") == {"b2c3d4e5f6071829": (5.0, "pass: Right.")}
+
+
 def test_label_scores_given_by_the_user_win(sqlite_engine: Engine, sqlite_url: str, tmp_path: Path) -> None:
     """--label-scores scores labels no table knows (Phoenix's user frustration rails) and overrides
     the known ones; a malformed option is refused, naming it."""
