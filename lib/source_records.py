@@ -24,8 +24,9 @@ Rules (docs/importing.md says them to users):
   give it, else the one the product's stored judgments of that metric and label have
   (`score_labels`), else a known label's (`LABEL_SCORES`: pass 1, fail 0, and Phoenix's
   rails as Phoenix scores them: hallucinated 1, factual 0, toxic 1, non-toxic 0) when the metric
-  is 0–1 or new (review14 F8: on 1–5, `pass` as 1 is the worst score); any other label without a
-  number, or a known one on another scale, refuses the file.
+  is 0–1, stored and as the import leaves it, or new and labelled only (review14 F8: on 1–5,
+  `pass` as 1 is the worst score); any other label without a number, or a known one on another
+  scale, refuses the file.
 - **Reason**: the label, then the judge's explanation (`"fail: the answer invents a date"`), so a
   reviewer sees both. The label is also the score entry's `label` and the judgment's (`label_key`):
   the stored-label lookup reads that, never the reasoning's free text.
@@ -79,8 +80,8 @@ LABEL_SCORE_STEPS = (
     "a label these scores do not name takes the score the file's scored results of the same metric "
     "give it, else the one the product's stored judgments of that metric and label have, else "
     "for one of a pair (pass/fail, factual/hallucinated, …) the other number than its partner "
-    "gets so, else, on a metric scored 0–1 or a new one, a known label's (pass 1, fail 0, …; "
-    "docs/importing.md)"
+    "gets so, else, on a metric scored 0–1 (or a new one of labels only), a known label's "
+    "(pass 1, fail 0, …; docs/importing.md)"
 )
 _SLUG_JUNK = re.compile(r"[^a-z0-9_-]+")
 SLUG_MAX = 64
@@ -262,20 +263,28 @@ def verdict_score(verdict: SourceVerdict, via: str = "cli", metric: MetricSpec |
         number = label_score(verdict.label)
         if number is not None and (metric is None or (metric.min_value, metric.max_value) == (0, 1)):
             return float(number)
-        label = verdict.label.strip()
         if metric is not None and number is not None:
-            why = (
-                f"{metric.display_name!r} is scored {metric.min_value:g}–{metric.max_value:g}: a known "
-                f"label's {number} holds only on a 0–1 scale (docs/importing.md)"
-            )
-        else:
-            why = "it is not a known label (pass/fail, true/false, correct/incorrect, … docs/importing.md)"
+            raise _off_scale(verdict, via, metric.display_name, metric.min_value, metric.max_value, number)
         raise InvalidField(
             verdict.field or verdict.name,
-            f"label {label[:60]!r} has no score, and {why}; "
-            + LABEL_SCORE_ADVICE[via].format(label=label[:20]),
+            f"label {verdict.label.strip()[:60]!r} has no score, and it is not a known label "
+            "(pass/fail, true/false, correct/incorrect, … docs/importing.md); "
+            + LABEL_SCORE_ADVICE[via].format(label=verdict.label.strip()[:20]),
         )
     raise InvalidField(verdict.field or verdict.name, "has neither a score nor a label")
+
+
+def _off_scale(
+    verdict: SourceVerdict, via: str, name: str, low: float, high: float, number: float
+) -> InvalidField:
+    """The refusal of a known label's number on a metric that is not 0–1 (`low`–`high`)."""
+    label = (verdict.label or "").strip()
+    return InvalidField(
+        verdict.field or verdict.name,
+        f"label {label[:60]!r} has no score, and {name!r} is scored {low:g}–{high:g}: a known label's "
+        f"{number:g} holds only on a 0–1 scale (docs/importing.md); "
+        + LABEL_SCORE_ADVICE[via].format(label=label[:20]),
+    )
 
 
 @dataclass
@@ -305,6 +314,14 @@ class _MetricPlan:
     @property
     def scored(self) -> bool:
         return self.low <= self.high
+
+    def final_scale(self) -> tuple[float, float]:
+        """The scale the metric has once this import's definitions are written (a stored one widened)."""
+        if self.stored is None:
+            scale = _new_scale(self)
+            return scale.min_value, scale.max_value
+        inferred = _inferred_scale(self)
+        return min(self.stored.min_value, inferred.min_value), max(self.stored.max_value, inferred.max_value)
 
 
 # What one accepted record gave the plan: its product, whether it scored a metric the rubric fixes,
@@ -387,6 +404,9 @@ def plan_import(
     records: list[tuple[Located, dict[str, Any]]] = []
     indexes: list[int] = []
     contributions: list[_Contribution] = []
+    # Each record's verdicts scored by a known label's number on a metric this import defines or
+    # widens: refused below if the import's other scores leave that metric on another scale than 0–1.
+    by_label: dict[int, list[tuple[_MetricPlan, SourceVerdict]]] = {}
     rubrics: dict[str, tuple[list[MetricSpec], bool, bool]] = {}
     uses_rubric: set[str] = set()
     # (product, evaluation name) → (rubric slug or None, score key, the record's field for it as a
@@ -403,6 +423,7 @@ def plan_import(
         scores: dict[str, dict[str, Any]] = {}
         human: dict[str, dict[str, Any]] = {}
         uses: list[_Use] = []  # added to the plans once the evaluation is accepted whole
+        known: list[tuple[_MetricPlan, SourceVerdict]] = []
         on_rubric = False
         try:
             if not ev.verdicts:
@@ -438,6 +459,8 @@ def plan_import(
                             f"(±{SCALE_BOUND:,})",
                         )
                     uses.append((plan, score, verdict.score is None, verdict.scale))
+                    if verdict.score is None:
+                        known.append((plan, verdict))
                 side, field_name = (human, user_field) if verdict.human else (scores, judge_field)
                 if key in side:
                     raise InvalidField(
@@ -471,15 +494,52 @@ def plan_import(
             plan.add(score, labelled, scale)
         if on_rubric:
             uses_rubric.add(product)
+        if known:
+            by_label[len(records)] = known
         records.append((where, record))
         indexes.append(index)
         contributions.append((product, on_rubric, uses))
-    return SourcePlan(
+    planned = SourcePlan(
         definitions=_definitions(rubrics, plans, uses_rubric),
         records=records,
         indexes=indexes,
         rubrics=rubrics,
         contributions=contributions,
+    )
+    return _without_stray_labels(planned, by_label, on_invalid, via)
+
+
+def _without_stray_labels(
+    planned: SourcePlan,
+    by_label: Mapping[int, list[tuple[_MetricPlan, SourceVerdict]]],
+    on_invalid: Callable[[int, ImportFailed], None] | None,
+    via: str,
+) -> SourcePlan:
+    """`planned` without the records whose known label scored a metric the import's other scores
+    put on another scale than 0–1 (a file with `mood` 5 and `mood` `pass`: pass is not 1 of 0–5,
+    review14 F8); raised, or handed to `on_invalid`, as `verdict_score` refuses a stored one."""
+    strays: dict[int, ImportFailed] = {}
+    for position, labelled in by_label.items():
+        for plan, verdict in labelled:
+            low, high = plan.final_scale()
+            if (low, high) != (0, 1):
+                number = label_score(verdict.label or "") or 0
+                refusal = _off_scale(verdict, via, plan.name, low, high, number)
+                strays[position] = located_failure(planned.records[position][0], refusal)
+                break
+    if not strays:
+        return planned
+    if on_invalid is None:
+        raise strays[min(strays)]
+    for position, failure in strays.items():
+        on_invalid(planned.indexes[position], failure)
+    kept = [position for position in range(len(planned.records)) if position not in strays]
+    return SourcePlan(
+        definitions=planned.definitions_without(strays),
+        records=[planned.records[position] for position in kept],
+        indexes=[planned.indexes[position] for position in kept],
+        rubrics=planned.rubrics,
+        contributions=[planned.contributions[position] for position in kept],
     )
 
 
@@ -520,13 +580,17 @@ def _inferred_scale(plan: _MetricPlan) -> SourceScale:
     return SourceScale(low, high, integer_scale=plan.whole)
 
 
+def _new_scale(plan: _MetricPlan) -> SourceScale:
+    """A new metric's scale: the source's, else 0–1 for labels only, else the scores' (`_inferred_scale`)."""
+    return plan.stated or (BINARY_SCALE if plan.labels_only else _inferred_scale(plan))
+
+
 def _new_definition(product: str, plan: _MetricPlan) -> dict[str, Any]:
-    scale = plan.stated or (BINARY_SCALE if plan.labels_only else None)
     return {
         "product": product, "slug": plan.slug, "display_name": plan.name[:200],
-        "description": f"Imported evaluation {plan.name!r}.", **_scale_fields(scale or _inferred_scale(plan)),
+        "description": f"Imported evaluation {plan.name!r}.", **_scale_fields(_new_scale(plan)),
         # Only a scale inferred from the scores grows with later imports; a stated one is fixed.
-        "scale_inferred": scale is None,
+        "scale_inferred": plan.stated is None and not plan.labels_only,
     }  # fmt: skip
 
 

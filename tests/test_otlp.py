@@ -834,7 +834,14 @@ def test_a_known_label_without_a_score_counts_1_or_0_only_on_a_0_1_metric(any_re
     assert "send gen_ai.evaluation.score.value with the label" in partial.error_message
     with t.tracer.start_as_current_span("chat m1", attributes=_chat_attributes("Q4?", "A.")) as span:
         span.add_event(EVAL, {"gen_ai.evaluation.name": "verdict", "gen_ai.evaluation.score.label": "PASS"})
-    assert any_receiver.post("/v1/traces", t.traces()).status_code == 200
+    # A new metric this request scores 0–4: its label-only pass is refused, the scored span kept.
+    t.call("Q5?", "A.", events={"stars": 4})
+    with t.tracer.start_as_current_span("chat m1", attributes=_chat_attributes("Q6?", "A.")) as span:
+        span.add_event(EVAL, {"gen_ai.evaluation.name": "stars", "gen_ai.evaluation.score.label": "pass"})
+    r = any_receiver.post("/v1/traces", t.traces())
+    partial = ExportTraceServiceResponse.FromString(r.content).partial_success
+    assert r.status_code == 200 and partial.rejected_spans == 1, r.content
+    assert "label 'pass' has no score, and 'stars' is scored 0–4" in partial.error_message
     with Session(any_receiver.engine) as session:
         stored = {s.question: s.judge_scores_json for s in session.exec(select(EvaluationSnapshot))}
     assert {q: v["verdict"]["score"] for q, v in stored.items() if "verdict" in v} == {
@@ -842,7 +849,8 @@ def test_a_known_label_without_a_score_counts_1_or_0_only_on_a_0_1_metric(any_re
         "Q3?": 0.0,
         "Q4?": 1.0,
     }
-    assert "Q1?" not in stored
+    assert stored["Q5?"]["stars"]["score"] == 4.0
+    assert "Q1?" not in stored and "Q6?" not in stored
 
 
 def test_log_records_are_verdicts_by_their_event_name_or_evaluation_name_in_both_encodings(

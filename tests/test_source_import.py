@@ -469,6 +469,12 @@ def test_a_known_label_without_a_score_gets_its_number_only_on_a_0_1_metric(
     assert message.startswith(
         "mood.csv line 2, field 'score': label 'pass' has no score, and 'Mood' is scored 0–5"
     )
+    # A new metric the same file scores 0–5 is no 0–1 metric either.
+    tone = "b2c3d4e5f6071829,Tone,warm,5,Kind.\nc3d4e5f60718293a,Tone,pass,,Fine.\n"
+    message = _refused(engine, _phoenix_csv(tmp_path, "tone.csv", tone), "phoenix", spans=spans)
+    assert message.startswith(
+        "tone.csv line 3, field 'score': label 'pass' has no score, and 'Tone' is scored 0–5"
+    ), message
     verdicts = "b2c3d4e5f6071829,Verdict,pass,,Right.\nc3d4e5f60718293a,Verdict,fail,,Wrong.\n"
     assert _import_phoenix_csv(engine, tmp_path, "verdicts.csv", verdicts).inserted == 2
     assert {k: v[0] for k, v in _judged(engine, "verdict").items()} == {
