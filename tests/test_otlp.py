@@ -122,6 +122,13 @@ class Telemetry:
                 span.add_event(EVAL, {"gen_ai.evaluation.name": name, "gen_ai.evaluation.score.value": score})
         return span.get_span_context()
 
+    def labelled(self, question: str, name: str, label: str) -> None:
+        """A chat span with one evaluation event that has a label and no score."""
+        with self.tracer.start_as_current_span(
+            "chat m1", attributes=_chat_attributes(question, "A.")
+        ) as span:
+            span.add_event(EVAL, {"gen_ai.evaluation.name": name, "gen_ai.evaluation.score.label": label})
+
     def verdict(self, name: str, score: float, context: Any = None, **attrs: Any) -> None:
         """A `gen_ai.evaluation.result` event as a log record, in the judged span's context (None:
         the current span's, as the SDK stamps a record emitted inside a span)."""
@@ -805,43 +812,38 @@ def test_a_label_without_a_score_is_refused_with_the_receivers_own_advice(receiv
     """The receiver has no --label-scores: a label no rule scores is told to send the score
     (review14 F3: its partial success named the command line's flag)."""
     t = Telemetry()
-    with t.tracer.start_as_current_span("chat m1", attributes=_chat_attributes("Hi?", "Hello.")) as span:
-        span.add_event(EVAL, {"gen_ai.evaluation.name": "tone", "gen_ai.evaluation.score.label": "warm"})
-    r = receiver.post("/v1/traces", t.traces())
+    t.labelled("Hi?", "tone", "warm")
+    message = _one_span_rejected(receiver, t.traces())
+    assert "label 'warm' has no score" in message
+    assert "send gen_ai.evaluation.score.value with the label" in message
+    assert "--label-scores" not in message
+    assert count(receiver.engine, EvaluationSnapshot) == 0
+
+
+def _one_span_rejected(receiver: Receiver, body: bytes) -> str:
+    """The partial success's message for a request of which one span was refused."""
+    r = receiver.post("/v1/traces", body)
     partial = ExportTraceServiceResponse.FromString(r.content).partial_success
     assert r.status_code == 200 and partial.rejected_spans == 1, r.content
-    assert "label 'warm' has no score" in partial.error_message
-    assert "send gen_ai.evaluation.score.value with the label" in partial.error_message
-    assert "--label-scores" not in partial.error_message
-    assert count(receiver.engine, EvaluationSnapshot) == 0
+    return partial.error_message
 
 
 def test_a_known_label_without_a_score_counts_1_or_0_only_on_a_0_1_metric(any_receiver: Receiver) -> None:
     """review14 F8: `pass` with no score was stored as 1 on the 1–5 truthfulness, its worst score.
     On a 0–1 metric (new, or stored) pass and fail still count 1 and 0."""
     t = Telemetry()
-    for question, name, label in [
-        ("Q1?", "truthfulness", "pass"),
-        ("Q2?", "verdict", "pass"),
-        ("Q3?", "verdict", "fail"),
-    ]:
-        with t.tracer.start_as_current_span("chat m1", attributes=_chat_attributes(question, "A.")) as span:
-            span.add_event(EVAL, {"gen_ai.evaluation.name": name, "gen_ai.evaluation.score.label": label})
-    r = any_receiver.post("/v1/traces", t.traces())
-    partial = ExportTraceServiceResponse.FromString(r.content).partial_success
-    assert r.status_code == 200 and partial.rejected_spans == 1, r.content
-    assert "label 'pass' has no score, and 'Truthfulness' is scored 1–5" in partial.error_message
-    assert "send gen_ai.evaluation.score.value with the label" in partial.error_message
-    with t.tracer.start_as_current_span("chat m1", attributes=_chat_attributes("Q4?", "A.")) as span:
-        span.add_event(EVAL, {"gen_ai.evaluation.name": "verdict", "gen_ai.evaluation.score.label": "PASS"})
+    t.labelled("Q1?", "truthfulness", "pass")
+    t.labelled("Q2?", "verdict", "pass")
+    t.labelled("Q3?", "verdict", "fail")
+    message = _one_span_rejected(any_receiver, t.traces())
+    assert "label 'pass' has no score, and 'Truthfulness' is scored 1–5" in message
+    assert "send gen_ai.evaluation.score.value with the label" in message
+    t.labelled("Q4?", "verdict", "PASS")
     # A new metric this request scores 0–4: its label-only pass is refused, the scored span kept.
     t.call("Q5?", "A.", events={"stars": 4})
-    with t.tracer.start_as_current_span("chat m1", attributes=_chat_attributes("Q6?", "A.")) as span:
-        span.add_event(EVAL, {"gen_ai.evaluation.name": "stars", "gen_ai.evaluation.score.label": "pass"})
-    r = any_receiver.post("/v1/traces", t.traces())
-    partial = ExportTraceServiceResponse.FromString(r.content).partial_success
-    assert r.status_code == 200 and partial.rejected_spans == 1, r.content
-    assert "label 'pass' has no score, and 'stars' is scored 0–4" in partial.error_message
+    t.labelled("Q6?", "stars", "pass")
+    message = _one_span_rejected(any_receiver, t.traces())
+    assert "label 'pass' has no score, and 'stars' is scored 0–4" in message
     with Session(any_receiver.engine) as session:
         stored = {s.question: s.judge_scores_json for s in session.exec(select(EvaluationSnapshot))}
     assert {q: v["verdict"]["score"] for q, v in stored.items() if "verdict" in v} == {
