@@ -111,6 +111,18 @@ class WhyCount:
     def title(self) -> str:
         return WHY[self.why]
 
+    def describe(self) -> str:
+        """The count in words, rows and verdicts told apart ("1 row (2 verdicts) naming ..."), as the
+        CLI prints it. Why: "1 verdicts naming ... (2 verdict(s))" read as two counts of one thing
+        (review14 F7); the Admin table says Rows | Verdicts in columns."""
+        if self.why == "no_verdict":  # a call's row is the call
+            noun = "call" if self.rows == 1 else "calls"
+            return f"{self.rows:,} {noun}{self.title.removeprefix('calls')}"
+        rows = "row" if self.rows == 1 else "rows"
+        verdicts = "verdict" if self.verdicts == 1 else "verdicts"
+        held = f"{self.rows:,} {rows} ({self.verdicts:,} {verdicts})"
+        return f"{held}{self.title.removeprefix('verdicts')}"
+
 
 @dataclass(frozen=True, slots=True)
 class Swept:
@@ -603,6 +615,5 @@ def summary_lines(waiting: Waiting) -> Iterable[str]:
     if not waiting.counts:
         yield "Nothing waits: every span and verdict received has met its other half."
     for count in waiting.counts:
-        held = f" ({count.verdicts} verdict(s))" if count.verdicts else ""
-        yield f"{count.rows:,} {count.title}{held}; the oldest since {aware(count.oldest):%Y-%m-%d %H:%M} UTC"
+        yield f"{count.describe()}; the oldest since {aware(count.oldest):%Y-%m-%d %H:%M} UTC"
     yield waiting.swept.describe()

@@ -8,7 +8,7 @@ import csv
 import io
 import json
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -206,7 +206,7 @@ def test_the_cli_prints_each_waiting_row_as_a_line_and_the_whole_list_as_csv(
     done = run_cli("otlp", "waiting", "--limit", "3", env=env)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert "1 verdicts naming a response id no call records (1 verdict(s)); the oldest since" in done.stdout
+    assert "1 row (1 verdict) naming a response id no call records; the oldest since" in done.stdout
     assert "Nothing forgotten yet" in done.stdout
     with Session(receiver.engine) as session:
         waiting = otlp_waiting.read(session)
@@ -436,3 +436,16 @@ def test_a_request_run_again_as_a_deadlocks_victim_still_sweeps(
         waiting = otlp_waiting.read(session)
         assert session.get(OtlpSpan, "a:1") is None
     assert waiting.swept.sweeps == 1 and waiting.swept.verdicts == 1
+
+
+def test_a_count_tells_rows_and_verdicts_apart_in_words() -> None:
+    """review14 F7: "1 verdicts naming ... (2 verdict(s))" read as two counts of one thing."""
+    since = datetime(2026, 11, 28, 7, 45)
+    assert otlp_waiting.WhyCount("id_unrecorded", 1, 2, since).describe() == (
+        "1 row (2 verdicts) naming a response id no call records"
+    )
+    assert otlp_waiting.WhyCount("several_calls", 1_200, 2_400, since).describe() == (
+        "1,200 rows (2,400 verdicts) in a span of a trace with several calls"
+    )
+    assert otlp_waiting.WhyCount("no_verdict", 1, 0, since).describe() == "1 call no verdict has come for"
+    assert otlp_waiting.WhyCount("no_verdict", 3, 0, since).describe() == "3 calls no verdict has come for"

@@ -95,7 +95,7 @@ def _waiting() -> None:
         )
         engine = get_engine()
         csv_download_all(
-            f"Download CSV (all {waiting.total:,} rows)",
+            f"Download CSV (all {waiting.total:,} row{'' if waiting.total == 1 else 's'})",
             "otlp-waiting.csv",
             chunks=functools.partial(otlp_waiting.csv_chunks, engine),
             data=lambda: b"".join(otlp_waiting.csv_chunks(engine)),

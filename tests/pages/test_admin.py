@@ -425,6 +425,7 @@ def test_closed_the_waiting_section_reads_no_waiting_row_and_says_that_some_wait
     assert reads == [50]
     [counts] = [d.value for d in at.dataframe if "verdicts" in d.value.columns]
     assert counts["rows"].tolist() == [1]
+    assert "Download CSV (all 1 row)" in [b.proto.label for b in at.get("download_button")]  # review14 F7
     at.text_input(key="admin_role_identity").set_value("x@example.com").run()  # another form's rerun
     assert reads == [50, 50]  # open, it stays open (and reads) until closed
     at.toggle(key="admin_otlp_open").set_value(False).run()
