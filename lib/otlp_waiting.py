@@ -476,17 +476,20 @@ def _verdict_row(
     trace, span = _split(key)
     verdicts = [v for v in pending if isinstance(v, dict)]
     evaluations = tuple(dict.fromkeys(str(v.get("metric")) for v in verdicts))
-    where = f"span {span} (trace {trace}), which Overrule has not received"
+    # "not kept", not "not received": a span that is no call may have come before them and been
+    # passed over (review14 F7: a received handler span was said not to have arrived).
+    where = f"span {span} (trace {trace}), which Overrule has not kept"
     passed_over = (
         "if that span came before them (a span that is no call is passed over, not kept) or never "
         "comes, they wait in vain"
     )
     if why == "span_not_received":
         advice = (
-            f"Emitted in {where}, and its trace holds no call yet: they join that span when it arrives "
-            f"as the call (spans are exported a few seconds after their verdicts); {passed_over}. If "
-            "it is sampled out or exported elsewhere, or is no call: emit the verdicts in the judged "
-            "call's span context, or name the call's gen_ai.response.id."
+            f"Emitted in {where}, and its trace holds no call yet: when that span arrives they join it "
+            "if it is the call, else the one call of its trace (spans are exported a few seconds after "
+            f"their verdicts); {passed_over}. If it is sampled out or exported elsewhere, or its trace "
+            "holds several calls: emit the verdicts in the judged call's span context, or name the "
+            "call's gen_ai.response.id."
         )
     elif why == "call_came_later":
         one = (first_call or "").partition(":")[2]

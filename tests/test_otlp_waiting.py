@@ -139,6 +139,10 @@ def test_every_reason_to_wait_is_read_with_what_to_change(receiver: Receiver) ->
         if why != "id_unrecorded":
             assert row.trace_id == traces[why] and row.span_id, why
     assert by_why["id_in_other_trace"][0].response_id == "resp-X"
+    # review14 F7: a handler span (no call) is a route too, and a span passed over was received.
+    assert "else the one call of its trace" in by_why["span_not_received"][0].advice
+    for why in ("span_not_received", "call_came_later", "several_calls", "id_in_other_trace"):
+        assert "which Overrule has not kept" in by_why[why][0].advice, why
     unrecorded = by_why["id_unrecorded"][0]
     assert (unrecorded.trace_id, unrecorded.span_id, unrecorded.response_id) == ("", "", "resp-nobody")
     # Counted by why, in WHY's order, with the oldest of each; the rows oldest first.
