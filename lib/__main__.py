@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -1367,7 +1368,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return the exit status."""
     args = build_parser().parse_args(argv)
     try:
-        return _HANDLERS[args.command](args)
+        status = _HANDLERS[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        return status
+    except BrokenPipeError:
+        # `python -m lib otlp waiting | head`: the reader stopped reading; it has what it wanted, so
+        # no traceback (review14 F7). Stdout goes to /dev/null so the flush at exit cannot fail
+        # again; the status is a shell's for a command a closed pipe ended (128 + SIGPIPE).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (CliError, ConfigError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

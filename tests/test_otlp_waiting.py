@@ -7,6 +7,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,7 +21,7 @@ from sqlmodel import Session
 
 from lib import otlp, otlp_table, otlp_waiting
 from lib.models import OtlpSpan, utcnow
-from tests.cli import run_cli
+from tests.cli import ROOT, run_cli
 from tests.test_otlp import Receiver, Telemetry, _receiving
 
 RID = {"gen_ai.response.id": "resp-X"}
@@ -337,6 +340,28 @@ def test_the_csv_of_the_whole_list_is_streamed_a_batch_at_a_time(
     rows = list(csv.DictReader(io.StringIO(b"".join([first, *chunks]).decode())))
     assert len(rows) == 50 and len(explained) == 40
     assert [r["waiting_since"] for r in rows] == sorted(r["waiting_since"] for r in rows)
+
+
+def test_the_cli_piped_into_a_reader_that_stops_early_ends_quietly(
+    sqlite_engine: Engine, sqlite_url: str
+) -> None:
+    """review14 F7: `python -m lib otlp waiting | head` ended in a BrokenPipeError traceback (twice:
+    the print, then the interpreter's flush at exit). More rows than a pipe holds, so the command is
+    still writing when the reader goes."""
+    _fill_waiting(sqlite_engine, verdicts=1000, calls=0)
+    with subprocess.Popen(
+        [sys.executable, "-m", "lib", "otlp", "waiting", "--limit", "1000"],
+        cwd=ROOT,
+        env={**os.environ, "OVERRULE_DATABASE_URL": sqlite_url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as process:
+        assert process.stdout is not None and process.stderr is not None
+        assert process.stdout.readline().startswith(b"500 row")
+        process.stdout.close()  # `head` has its lines
+        stderr = process.stderr.read().decode()
+        assert process.wait(timeout=120) == 141
+    assert stderr == ""
 
 
 # What waits1's sweep wrote into the audit trail (lib.otlp_waiting at d6e3df9), verbatim: the trail is
