@@ -1415,21 +1415,77 @@ def import_cache_bytes(
 
 
 def _kind_of_document(data: Any, source: str) -> str:
+    from lib.source_files import source_shape
+
     if isinstance(data, Mapping) and ("cache_version" in data or "judgments" in data):
         return "judgments"
     if isinstance(data, list) and data and isinstance(data[0], Mapping) and "slug" in data[0]:
         return "metrics"
+    shape = source_shape(data)
+    if shape is not None:
+        return shape
     raise ImportFailed(f"{source}: cannot tell what this file holds; pass --kind " + "|".join(KINDS))
 
 
-def detect_kind(path: Path, source: str | None = None) -> tuple[str, Any]:
+def _pass(via: str, kind: str, cli: str, page: str) -> str:
+    """How to import a file detection told but cannot import alone, in the terms of where it came from."""
+    if via == "page":
+        return f'choose {kind} under "What the file holds" and {page}'
+    return f"pass --kind {kind} {cli}"
+
+
+def detect_kind(path: Path, source: str | None = None, options: Any = None) -> tuple[str, Any]:
     """The file's kind and, when telling it required parsing the whole document, that document.
 
-    A JSON list is a metric set; an object starting with "cache_version"/"judgments" is a seed-004
-    cache; otherwise the first JSONL object decides: "note_type" → notes, "model_answer" →
-    evaluations, "product" + "question" + "answer" → interactions. A pretty-printed document, whose first line alone is not JSON, is parsed whole.
+    A Parquet file, or a CSV whose header names a span id with label/score/explanation, is Phoenix
+    span evaluations; a JSON list is a metric set (or Langfuse items); an object starting with
+    "cache_version"/"judgments" is a seed-004 cache; promptfoo's results and Langfuse's export are
+    told by `lib.source_files.source_shape`; otherwise the first JSONL object decides: "note_type" →
+    notes, "model_answer" → evaluations, "product" + "question" + "answer" → interactions. A
+    pretty-printed document, whose first line alone is not JSON, is parsed whole.
+
+    A tool's file that needs what `options` (a `lib.source_files.SourceOptions`) does not give is
+    refused naming its kind and what to pass (review14 F9): Phoenix's spans file, a promptfoo
+    .jsonl's product (its lines name none); so is a Phoenix spans file given alone.
     """
+    from lib.source_files import SourceOptions, phoenix_table
+
     source = source or path.name
+    options = options or SourceOptions()
+    table = phoenix_table(path, source)
+    if table == "parquet":
+        raise ImportFailed(
+            f"{source}: a Parquet file, but not Phoenix span evaluations (no context.span_id or span_id "
+            "column with label, score or explanation); Parquet is imported from Phoenix only"
+        )
+    if table == "spans":
+        raise ImportFailed(
+            f"{source}: a Phoenix spans file (span ids without label, score or explanation): import its "
+            "span evaluations file instead, "
+            + _pass(options.via, "phoenix", f"--spans {source}", "give this file as its spans file")
+        )
+    if table == "evaluations":
+        if options.spans is None:
+            raise ImportFailed(
+                f"{source}: Phoenix span evaluations, which need the spans file they judged: "
+                + _pass(options.via, "phoenix", "--spans FILE (the spans dataframe as Parquet or CSV)",
+                        "give its spans file")
+            )  # fmt: skip
+        return "phoenix", None
+    kind, document = _detect(path, source)
+    if kind == "promptfoo-lines":
+        if not options.product:
+            raise ImportFailed(
+                f"{source}: promptfoo results, one per line (`promptfoo eval -o results.jsonl`), whose "
+                "lines name no product: "
+                + _pass(options.via, "promptfoo", "--product NAME", "name its product")
+            )
+        kind = "promptfoo"
+    # A tool's file is read again by its reader: the document is not kept meanwhile.
+    return kind, (None if kind in SOURCE_KINDS else document)
+
+
+def _detect(path: Path, source: str) -> tuple[str, Any]:
     with path.open("rb") as fh:
         head = fh.read(64 * 1024).removeprefix(BOM).decode("utf-8", errors="replace").lstrip()
     if not head:
@@ -1462,6 +1518,26 @@ def detect_kind(path: Path, source: str | None = None) -> tuple[str, Any]:
         if {"product", "question", "answer"} <= obj.keys():
             return "interactions", None
     return _kind_of_document(obj, source), None
+
+
+def _check_options(kind: str, options: Any, source: str) -> None:
+    """Refuse an option the kind has no use for rather than ignore it: `--product` on a file whose
+    records name their own product, `--spans` on any but Phoenix (review14 F9)."""
+    wasted = [
+        flag
+        for flag, value, kinds in (
+            ("--product", options.product, SOURCE_KINDS),
+            ("--label-scores", options.label_scores, SOURCE_KINDS),
+            ("--spans", options.spans, ("phoenix",)),
+        )
+        if value and kind not in kinds
+    ]
+    if wasted:
+        takes = "phoenix" if wasted == ["--spans"] else "promptfoo, langfuse and phoenix"
+        raise ImportFailed(
+            f"{source}: {' and '.join(wasted)} applies to {takes} files only, and this one holds {kind}; "
+            "leave it out (or pass the --kind the file is)"
+        )
 
 
 def _first_line_is_incomplete(path: Path) -> bool:
@@ -1539,10 +1615,15 @@ def _import_file(
         raise ImportFailed(f"{path}: no such file")
     if kind is not None and kind not in KINDS:
         raise ImportFailed(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
-    if kind in SOURCE_KINDS:
-        from lib.source_files import SourceOptions, read_source
+    from lib.source_files import SourceOptions, read_source
 
-        read = read_source(kind, path, options or SourceOptions(), source)
+    options = options or SourceOptions()
+    document = None
+    if kind is None:
+        kind, document = detect_kind(path, source, options)
+    _check_options(kind, options, source)
+    if kind in SOURCE_KINDS:
+        read = read_source(kind, path, options, source)
         with session_scope(engine) as session:
             source_records.score_labels(read.evaluations, stored=_stored_label_scores(session))
             fresh, extended, added = _extend_stored(session, read.evaluations, actor)
@@ -1554,9 +1635,6 @@ def _import_file(
         report.judgments += added
         report.extended = added
         return report
-    document = None
-    if kind is None:
-        kind, document = detect_kind(path, source)
     if kind in ("evaluations", "notes", "interactions"):
         records = nonblank(jsonl_records(path, source))
 

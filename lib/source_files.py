@@ -223,6 +223,61 @@ def _iso(value: Any) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Telling the tools' files apart (lib.importer.detect_kind, an import without --kind)
+
+
+def source_shape(obj: Any) -> str | None:
+    """Which tool's file a JSON document, or a JSON Lines file's first record, looks like: "promptfoo"
+    (`-o results.json`), "promptfoo-lines" (a `-o results.jsonl` line, which names no product),
+    "langfuse" (a trace, a score, an API page or `{"traces", "scores"}`), else None. The import
+    without a kind goes by it (review14 F9), so the shapes are the ones each reader takes."""
+    if isinstance(obj, list):
+        return "langfuse" if obj and isinstance(obj[0], Mapping) and _langfuse_item(obj[0]) else None
+    if not isinstance(obj, Mapping):
+        return None
+    results = obj.get("results")
+    if "evalId" in obj or (isinstance(results, Mapping) and isinstance(results.get("results"), list)):
+        return "promptfoo"
+    if "testCase" in obj and ("gradingResult" in obj or "promptIdx" in obj):
+        return "promptfoo-lines"
+    if (_is_page(obj) and "meta" in obj) or _langfuse_item(obj):
+        return "langfuse"
+    if isinstance(obj.get("traces"), list) or isinstance(obj.get("scores"), list):
+        return "langfuse"
+    return None
+
+
+def _langfuse_item(obj: Mapping[str, Any]) -> bool:
+    """A Langfuse score, or a trace (an id with the input or output it recorded)."""
+    return _is_score(obj) or (isinstance(obj.get("id"), str) and ("input" in obj or "output" in obj))
+
+
+def phoenix_table(path: Path, source: str) -> str | None:
+    """What a Phoenix table is from its columns alone: "evaluations" (a span id column with label,
+    score or explanation), "spans" (a span id without them: the spans dataframe), "parquet" (a
+    Parquet file of neither); None for a file that is neither Parquet nor a CSV whose header names
+    a span id. Only the Parquet schema or the CSV header is read."""
+    with path.open("rb") as fh:
+        head = fh.read(64 * 1024)
+    parquet = head[:4] == b"PAR1"
+    if parquet:
+        import pyarrow.parquet as pq
+
+        try:
+            names = set(pq.read_schema(path).names)
+        except Exception as exc:  # pyarrow raises its own errors for a damaged file
+            raise ImportFailed(f"{source}: not a readable Parquet file ({str(exc)[:200]})") from None
+    else:
+        line = head.removeprefix(b"\xef\xbb\xbf").split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+        if line.startswith(("{", "[")):
+            return None
+        names = {name.strip() for name in next(csv.reader([line]), [])}
+    if not names & {"context.span_id", "span_id"}:
+        return "parquet" if parquet else None
+    return "evaluations" if names & {"label", "score", "explanation"} else "spans"
+
+
+# ---------------------------------------------------------------------------------------------
 # promptfoo
 
 

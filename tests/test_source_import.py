@@ -857,6 +857,100 @@ def test_the_command_line_imports_each_source(sqlite_engine: Engine, sqlite_url:
     assert done.returncode == 1 and "--spans FILE" in done.stderr
 
 
+def test_detection_imports_promptfoo_and_langfuse_files_as_their_kinds(
+    sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    """review14 F9: the import without a kind (the Import page's default) knew none of the tools."""
+    report = import_path(
+        engine=sqlite_engine, path=FIXTURES / "promptfoo_results.json", kind=None, reviewer=WHO
+    )
+    assert (report.kind, report.inserted, report.judgments) == ("promptfoo", 3, 6)
+    again = import_path(
+        engine=sqlite_engine, path=FIXTURES / "promptfoo_results.jsonl", kind=None, reviewer=WHO,
+        options=SourceOptions(product="capitals-qa"),
+    )  # fmt: skip
+    assert (again.kind, again.inserted, again.skipped) == ("promptfoo", 0, 3)  # the .json's answers
+    report = import_path(
+        engine=sqlite_engine, path=FIXTURES / "langfuse_export.jsonl", kind=None, reviewer=WHO
+    )
+    assert (report.kind, report.inserted, report.judgments, report.unjudged) == ("langfuse", 3, 6, 1)
+    items = [
+        json.loads(line) for line in (FIXTURES / "langfuse_export.jsonl").read_text("utf-8").splitlines()
+    ]
+    page = tmp_path / "page.json"
+    page.write_text(json.dumps({"data": items, "meta": {"page": 1}}, indent=2))
+    scores = tmp_path / "scores.json"
+    scores.write_text(json.dumps([item for item in items if "traceId" in item]))
+    assert importer.detect_kind(page) == ("langfuse", None)
+    assert importer.detect_kind(scores) == ("langfuse", None)
+    spans = tmp_path / "spans.csv"
+    shutil.copy(FIXTURES / "phoenix_spans.csv", spans)
+    report = import_path(
+        engine=sqlite_engine, path=FIXTURES / "phoenix_evaluations.csv", kind=None, reviewer=WHO,
+        options=SourceOptions(spans=spans, product="qa"),
+    )  # fmt: skip
+    assert (report.kind, report.inserted) == ("phoenix", 2)
+
+
+@pytest.mark.parametrize(
+    ("name", "via", "message"),
+    [
+        ("phoenix_evaluations.parquet", "cli", "Phoenix span evaluations, which need the spans file they judged: "
+         "pass --kind phoenix --spans FILE"),
+        ("phoenix_evaluations.csv", "cli", "Phoenix span evaluations, which need the spans file they judged: "
+         "pass --kind phoenix --spans FILE"),
+        ("phoenix_evaluations.parquet", "page", 'choose phoenix under "What the file holds" and give its spans file'),
+        ("phoenix_spans.parquet", "cli", "a Phoenix spans file (span ids without label, score or explanation): "
+         "import its span evaluations file instead, pass --kind phoenix --spans phoenix_spans.parquet"),
+        ("phoenix_spans.csv", "page", "import its span evaluations file instead, choose phoenix"),
+        ("promptfoo_results.jsonl", "cli", "promptfoo results, one per line (`promptfoo eval -o results.jsonl`), "
+         "whose lines name no product: pass --kind promptfoo --product NAME; nothing was imported"),
+        ("promptfoo_results.jsonl", "page", 'choose promptfoo under "What the file holds" and name its product'),
+    ],
+)  # fmt: skip
+def test_detection_names_a_tools_file_that_needs_more_and_what_to_pass(
+    sqlite_engine: Engine, name: str, via: str, message: str
+) -> None:
+    """Before review14 F9's fix: "line 1: not valid UTF-8 text (byte 121)" for the Parquet file,
+    "invalid JSON" for a CSV, "cannot tell what this file holds" for the promptfoo .jsonl."""
+    assert message in _refused(sqlite_engine, FIXTURES / name, None, via=via)  # type: ignore[arg-type]
+
+
+def test_detection_refuses_a_parquet_file_not_from_phoenix_and_options_the_kind_ignores(
+    sqlite_engine: Engine, sqlite_url: str, tmp_path: Path
+) -> None:
+    other = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"question": ["q"], "answer": ["a"]}), other)
+    assert "other.parquet: a Parquet file, but not Phoenix span evaluations" in _refused(
+        sqlite_engine, other, None
+    )  # type: ignore[arg-type]
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text(
+        json.dumps([{"product": "p", "slug": "tone", "display_name": "Tone", "min": 1, "max": 5}])
+    )
+    env = {"OVERRULE_DATABASE_URL": sqlite_url}
+    done = run_cli("import", str(metrics), "--product", "geo-bot", env=env)  # was silently ignored
+    assert done.returncode == 1
+    assert (
+        "metrics.json: --product applies to promptfoo, langfuse and phoenix files only, and this one holds metrics"
+        in done.stderr
+    )
+    done = run_cli(
+        "import",
+        str(FIXTURES / "langfuse_export.jsonl"),
+        "--kind",
+        "langfuse",
+        "--spans",
+        str(other),
+        env=env,
+    )
+    assert (
+        done.returncode == 1
+        and "--spans applies to phoenix files only, and this one holds langfuse" in done.stderr
+    )
+    assert _counts(sqlite_engine) == (0, 0, 0)
+
+
 def test_a_source_evaluation_may_hand_its_time_over_already_typed(sqlite_engine: Engine) -> None:
     """The OTLP receiver passes a span's start as an aware datetime (no text round trip): taken as
     is, a naive one as UTC, as the same time written as text would be; text stays accepted and

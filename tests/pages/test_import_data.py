@@ -239,3 +239,27 @@ def test_the_page_passes_label_scores_for_labels_sent_without_a_number(app_engin
         (snapshot,) = s.exec(select(EvaluationSnapshot)).all()
     assert snapshot.judge_scores_json["frustration"] == {"score": 0.0, "reason": "ok: Calm.", "label": "ok"}
     assert not at.exception
+
+
+def test_detect_automatically_imports_promptfoo_and_names_what_phoenix_needs(app_engine, open_page) -> None:
+    """review14 F9: the page's default answered "line 1: not valid UTF-8 text (byte 121)" for the
+    Parquet file Phoenix's SpanEvaluations.save() writes, "cannot tell" for promptfoo's results."""
+    sources = Path(__file__).resolve().parents[1] / "fixtures" / "sources"
+    at = upload(
+        open_page(PAGE, reviewer="ayse"),
+        "evals.parquet",
+        (sources / "phoenix_evaluations.parquet").read_bytes(),
+    )
+    assert (
+        escape_markdown(
+            'evals.parquet: Phoenix span evaluations, which need the spans file they judged: choose phoenix under "What '
+            'the file holds" and give its spans file; nothing was imported'
+        )
+        in at.error[0].value
+    )
+    at = upload(at, "results.json", (sources / "promptfoo_results.json").read_bytes())
+    assert [s.value for s in at.success] == [
+        escape_markdown("promptfoo: 3 inserted, 0 already present (skipped), 6 judgments")
+    ]
+    assert count(app_engine, EvaluationSnapshot) == 3
+    assert not at.exception
