@@ -18,6 +18,7 @@ from sqlalchemy.exc import ArgumentError, OperationalError
 
 from lib.auth import system_actor
 from lib.config import ConfigError
+from lib.display import one_line
 
 if TYPE_CHECKING:
     from sqlmodel import Session
@@ -597,15 +598,10 @@ def _cmd_otlp(args: argparse.Namespace) -> int:
     if waiting.rows:  # the columns' names, as the CSV's header (docs/cli.md)
         print("\t".join(otlp_waiting.COLUMNS))
     for row in waiting.rows:
-        print("\t".join(_printable(str(cell)) for cell in row.values()))
+        print("\t".join(one_line(str(cell)) for cell in row.values()))
     if args.limit is not None and waiting.total > len(waiting.rows):
         print(f"(the oldest {len(waiting.rows):,} of {waiting.total:,}; --csv prints them all)")
     return 0
-
-
-def _printable(text: str) -> str:
-    """A cell on one terminal line: control characters (a span name's escape sequences) shown escaped."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 @handler("token")

@@ -340,14 +340,13 @@ def create_app(
         else:
             if outcome.rejected or outcome.messages:
                 # The SDK's exporters never read a partial success: the server's log is where an
-                # operator sees what was not stored. Messages quote span names: repr keeps one line.
+                # operator sees what was not stored.
                 log.warning(
                     "OTLP %s from %s: %d rejected: %s",
                     signal,
                     actor,
                     outcome.rejected,
-                    "; ".join(repr(m[:300]) for m in outcome.messages[:5])
-                    + (f" (and {len(outcome.messages) - 5} more)" if len(outcome.messages) > 5 else ""),
+                    otlp.logged_messages(outcome.messages),
                 )
             return Response(otlp.response_body(signal, outcome, kind), media_type=kind)
         body = otlp.status_body(otlp.GRPC_CODE.get(status, 2), message, kind)

@@ -52,13 +52,26 @@ def evaluation_title(question: str | None, *, limit: int = TITLE_CHARS) -> str:
             break
     else:
         return UNTITLED
-    if len(line) <= limit:
-        return line
-    cut = line[:limit]
+    return cut_at_word(line, limit)
+
+
+def cut_at_word(text: str, limit: int) -> str:
+    """`text` whole if it fits in `limit` characters, else cut at a word near `limit` with "…": a
+    title, a logged message. Mid-word cuts read as typos (review14 F7: "or its label on")."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
     space = cut.rfind(" ")
-    if space > limit // 2:  # end on a whole word unless that would lose more than half the title
+    if space > limit // 2:  # end on a whole word unless that would lose more than half the text
         cut = cut[:space]
     return cut.rstrip(" ,;:.-–—") + "…"
+
+
+def one_line(text: str) -> str:
+    """`text` on one line as written, but control characters (a newline, a terminal's escape
+    sequences in a span name) shown escaped: a CLI cell, a log line nobody can forge a second line
+    of. Quotes stay as they are, unlike repr's."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def page_url(path: str, params: Mapping[str, str] | None = None) -> str:

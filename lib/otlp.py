@@ -42,6 +42,7 @@ from sqlmodel import Session
 from lib import counters
 from lib.auth import Actor
 from lib.bulk import among, among_template, among_value, frozen_heap, insert_tuples
+from lib.display import cut_at_word, one_line
 from lib.importer import LateVerdicts, add_source_verdicts, import_source_evaluations
 from lib.models import EvaluationSnapshot, utcnow
 from lib.otlp_table import PENDING_DAYS, SPANS, TRACE_END, aware
@@ -1553,6 +1554,20 @@ def response_body(signal: str, outcome: Outcome, kind: str) -> bytes:
     if kind == PROTOBUF:
         return response.SerializeToString()
     return json_format.MessageToJson(response, indent=None).encode()
+
+
+LOGGED_MESSAGES = 5  # a partial success's messages the server's WARNING line quotes
+LOGGED_CHARS = 300  # of each
+
+
+def logged_messages(messages: list[str]) -> str:
+    """A partial success's messages for the server's one WARNING line (the SDK's exporters never
+    read the answer): the first `LOGGED_MESSAGES` as the answer writes them, each cut at a word,
+    on one line (a span name's newline escaped). Not repr: it wrapped each message in quotes and
+    escaped the message's own (review14 F7)."""
+    shown = "; ".join(one_line(cut_at_word(m, LOGGED_CHARS)) for m in messages[:LOGGED_MESSAGES])
+    more = len(messages) - LOGGED_MESSAGES
+    return shown + (f" (and {more} more)" if more > 0 else "")
 
 
 def status_body(code: int, message: str, kind: str) -> bytes:

@@ -29,6 +29,7 @@ from sqlmodel import Session, select
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
+from lib import otlp
 from lib.api import API_PREFIX, create_app, otlp_root_routes
 from lib.auth import system_actor
 from lib.db import session_scope
@@ -694,6 +695,19 @@ def test_a_log_naming_an_unknown_response_id_in_its_calls_context_joins_that_cal
     assert count(receiver.engine, OtlpSpan) == 1
 
 
+def test_the_logged_messages_are_as_written_one_line_each_cut_at_a_word() -> None:
+    """review14 F7: the WARNING line quoted messages with repr and cut them mid-word ("or its label on")."""
+    long = "span 'chat m' (trace 1): give the evaluation a numeric score, or its label one " + "word " * 80
+    messages = [long, "span 'two\nlines' (trace 2): no gen_ai.output.messages", *[f"m{i}" for i in range(6)]]
+    logged = otlp.logged_messages(messages)
+    first, second, *rest = logged.split("; ")
+    assert first.startswith("span 'chat m' (trace 1): give the evaluation") and first.endswith(" word…")
+    assert len(first) <= otlp.LOGGED_CHARS + 1
+    assert second == "span 'two\\nlines' (trace 2): no gen_ai.output.messages"  # one line
+    assert rest == ["m0", "m1", "m2 (and 3 more)"]
+    assert otlp.logged_messages(["as is"]) == "as is"
+
+
 def test_what_cannot_be_mapped_is_named_in_the_partial_success(
     receiver: Receiver, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -705,7 +719,8 @@ def test_what_cannot_be_mapped_is_named_in_the_partial_success(
         r = receiver.post("/v1/traces", t.traces())
     # The SDK's exporters ignore a partial success: the server's log says it too, on one line.
     (warning,) = [rec.getMessage() for rec in caplog.records if rec.name == "lib.api"]
-    assert warning.startswith("OTLP traces from o-lead: 2 rejected: ") and "\n" not in warning
+    assert warning.startswith("OTLP traces from o-lead: 2 rejected: span 'chat m1' (trace ")
+    assert "\n" not in warning and "\\'" not in warning  # as written, not repr (review14 F7)
     assert "no gen_ai.output.messages" in warning and "outside its scale 1–5" in warning
     assert r.status_code == 200
     partial = ExportTraceServiceResponse.FromString(r.content).partial_success
