@@ -665,6 +665,16 @@ def _defined_then_checked(
     return checked
 
 
+def score_stored_labels(session: Session, evaluations: list[source_records.SourceEvaluation]) -> None:
+    """`lib.source_records.score_labels` with this database's stored labels (`_stored_label_scores`):
+    the steps every source import applies to a label sent without a number, one wiring for the file
+    importers (`_import_file`), the OTLP receiver (lib.otlp) and late verdicts (`_add_verdicts`), so a
+    label-only `pass` gets the 0.6 the product stores for it wherever it arrives (review14 F3). Nothing
+    is read when no verdict is label-only."""
+    if any(source_records.label_only(v) for ev in evaluations for v in ev.verdicts):
+        source_records.score_labels(evaluations, stored=_stored_label_scores(session))
+
+
 def _stored_label_scores(session: Session) -> Callable[[str, str, str], set[float]]:
     """For `lib.source_records.score_labels`: the judge scores a product's metric holds for a label,
     so a label sent without a number gets the one reviewers already see for it (review7 F9).
@@ -933,6 +943,7 @@ def _add_verdicts(
                 )
             )
             of_evaluation.append((index, snapshot))
+    score_stored_labels(session, evaluations)  # an OTLP label arriving after its span (a file's are scored)
     plan = source_records.plan_import(
         evaluations,
         rubric,
@@ -1625,7 +1636,7 @@ def _import_file(
     if kind in SOURCE_KINDS:
         read = read_source(kind, path, options, source)
         with session_scope(engine) as session:
-            source_records.score_labels(read.evaluations, stored=_stored_label_scores(session))
+            score_stored_labels(session, read.evaluations)
             fresh, extended, added = _extend_stored(session, read.evaluations, actor)
             report = import_source_evaluations(
                 session=session, evaluations=fresh, source=source, reviewer=actor, via=read.via

@@ -178,6 +178,12 @@ def parse_label_scores(text: str | None) -> dict[str, float]:
     return out
 
 
+def label_only(verdict: SourceVerdict) -> bool:
+    """A verdict with a label and no number: the one kind `score_labels` fills in.
+    `lib.importer.score_stored_labels` looks for one first, so a scored import reads no labels."""
+    return verdict.score is None and isinstance(verdict.label, str) and bool(verdict.label.strip())
+
+
 def score_labels(
     evaluations: Iterable[SourceEvaluation],
     explicit: Mapping[str, float] | None = None,
@@ -217,10 +223,9 @@ def score_labels(
 
     for ev in evaluations:
         for verdict in ev.verdicts:
-            label = verdict.label
-            if verdict.score is not None or not isinstance(label, str) or not label.strip():
+            if not label_only(verdict):
                 continue
-            label = label.strip().lower()
+            label = str(verdict.label).strip().lower()
             score = explicit.get(label)
             if score is None:
                 score = known(str(ev.product), metric_slug(verdict.name), label)

@@ -123,12 +123,18 @@ class Telemetry:
                 span.add_event(EVAL, {"gen_ai.evaluation.name": name, "gen_ai.evaluation.score.value": score})
         return span.get_span_context()
 
-    def labelled(self, question: str, name: str, label: str) -> None:
-        """A chat span with one evaluation event that has a label and no score."""
+    def labelled(self, question: str, name: str, label: str, score: float | None = None) -> None:
+        """A chat span with one evaluation event that has a label and no score (or `score` too)."""
         with self.tracer.start_as_current_span(
             "chat m1", attributes=_chat_attributes(question, "A.")
         ) as span:
-            span.add_event(EVAL, {"gen_ai.evaluation.name": name, "gen_ai.evaluation.score.label": label})
+            attributes: dict[str, Any] = {
+                "gen_ai.evaluation.name": name,
+                "gen_ai.evaluation.score.label": label,
+            }
+            if score is not None:
+                attributes["gen_ai.evaluation.score.value"] = score
+            span.add_event(EVAL, attributes)
 
     def verdict(self, name: str, score: float, context: Any = None, **attrs: Any) -> None:
         """A `gen_ai.evaluation.result` event as a log record, in the judged span's context (None:
@@ -868,6 +874,41 @@ def test_a_known_label_without_a_score_counts_1_or_0_only_on_a_0_1_metric(any_re
     }
     assert stored["Q5?"]["stars"]["score"] == 4.0
     assert "Q1?" not in stored and "Q6?" not in stored
+
+
+def test_a_label_without_a_score_gets_the_number_the_product_stores_for_it(any_receiver: Receiver) -> None:
+    """review14 F3: a label-only `pass` over OTLP became 1 where the product already stored `pass`
+    as 0.6. The receiver scores it as the file importers do: the request's own scored verdicts of
+    the metric, then the product's stored labels, then the known labels (docs/importing.md)."""
+    t = Telemetry()
+    t.labelled("Q1?", "verdict", "pass", score=0.6)
+    assert any_receiver.post("/v1/traces", t.traces()).status_code == 200
+    t.labelled("Q2?", "verdict", "pass")  # stored as 0.6 before this request
+    t.labelled("Q3?", "mood", "calm", score=0.25)  # this request scores `calm`...
+    t.labelled("Q4?", "mood", "calm")  # ...so its label-only `calm` gets the same
+    late = t.call("Q5?", "A.", events={"clarity": 4})
+    assert any_receiver.post("/v1/traces", t.traces()).status_code == 200, "nothing is refused"
+    # A label-only verdict after its span was imported (a late verdict) reads the stored label too.
+    t.logger.emit(
+        event_name=EVAL,
+        context=trace.set_span_in_context(trace.NonRecordingSpan(late)),
+        attributes={"gen_ai.evaluation.name": "verdict", "gen_ai.evaluation.score.label": "pass"},
+    )
+    assert any_receiver.post("/v1/logs", t.log_body()).status_code == 200
+    # Another product stores no `pass`: the known label's 1 (its metric is new, so 0–1).
+    other = Telemetry(service="other-bot")
+    other.labelled("Q6?", "verdict", "pass")
+    assert any_receiver.post("/v1/traces", other.traces()).status_code == 200
+    with Session(any_receiver.engine) as session:
+        stored = {s.question: s.judge_scores_json for s in session.exec(select(EvaluationSnapshot))}
+    assert {q: {m: v["score"] for m, v in s.items() if m != "clarity"} for q, s in stored.items()} == {
+        "Q1?": {"verdict": 0.6},
+        "Q2?": {"verdict": 0.6},
+        "Q3?": {"mood": 0.25},
+        "Q4?": {"mood": 0.25},
+        "Q5?": {"verdict": 0.6},
+        "Q6?": {"verdict": 1.0},
+    }
 
 
 def test_log_records_are_verdicts_by_their_event_name_or_evaluation_name_in_both_encodings(
