@@ -367,6 +367,21 @@ def create_app(
         Also served at `/v1/logs` on the app's root."""
         return await otlp_export(request, actor, "logs")
 
+    @api.post("/otlp/v1/metrics", response_class=Response, openapi_extra=_OTLP_BODY)
+    async def otlp_metrics(actor: Token, request: Request) -> Response:
+        """OTLP/HTTP metrics are not taken: 501 with a google.rpc.Status saying to set
+        `OTEL_METRICS_EXPORTER=none` (an SDK exports metrics by default). The token is checked as
+        on the other OTLP routes, so a wrong one is told so first. Also at `/v1/metrics`."""
+        from lib import otlp
+
+        require(actor, Permission.IMPORT)
+        try:
+            kind = otlp.media_type(request.headers.get("content-type", ""))
+        except otlp.OtlpError:  # not OTLP's: the answer in JSON, still saying what to change
+            kind = otlp.JSON
+        body = otlp.status_body(otlp.GRPC_CODE[501], otlp.METRICS_REFUSED, kind)
+        return Response(body, status_code=501, media_type=kind)
+
     @api.get("/otlp/waiting")
     def otlp_waiting(actor: Token, limit: Annotated[int, Query(ge=0, le=10_000)] = 100) -> dict[str, Any]:
         """What the OTLP receiver keeps waiting for its other half (lib.otlp_waiting): counts by why,
@@ -1313,10 +1328,12 @@ def _import_body(engine: Engine, path: Path, actor: Actor, kind: str, options: A
 
 def otlp_root_routes(api: Any) -> list[Any]:
     """`/v1/traces` and `/v1/logs` on the app's root, OTLP's conventional paths (an exporter given
-    only the server's address posts there), served by `api`'s `/otlp/v1/...` routes."""
+    only the server's address posts there), served by `api`'s `/otlp/v1/...` routes; `/v1/metrics`
+    too, to say it is not taken."""
     from starlette.routing import Route
 
-    return [Route(f"/v1/{signal}", _OtlpAlias(api), methods=["POST"]) for signal in ("traces", "logs")]
+    signals = ("traces", "logs", "metrics")
+    return [Route(f"/v1/{signal}", _OtlpAlias(api), methods=["POST"]) for signal in signals]
 
 
 class _OtlpAlias:

@@ -1599,4 +1599,9 @@ def _varint(value: int) -> bytes:
 
 
 # A google.rpc.Code for an HTTP status OTLP names (Status.code is a gRPC code, not an HTTP one).
-GRPC_CODE = {400: 3, 401: 16, 403: 7, 413: 3, 415: 3, 429: 8, 503: 14}
+GRPC_CODE = {400: 3, 401: 16, 403: 7, 413: 3, 415: 3, 429: 8, 501: 12, 503: 14}
+
+# `POST /v1/metrics`'s answer: 501 (no exporter retries it) saying what to change. An SDK left
+# with its default metrics exporter posts every 60 s and logs the body of a failure; a bare 405
+# "Method Not Allowed" told it nothing (review14 F7).
+METRICS_REFUSED = "Overrule takes traces and logs only: set OTEL_METRICS_EXPORTER=none"

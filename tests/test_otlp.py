@@ -40,6 +40,7 @@ from lib.tokens import create_token
 from tests.test_api import count, serving
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
+JSON_TYPE = {"Content-Type": "application/json"}
 EVAL = "gen_ai.evaluation.result"
 
 
@@ -827,6 +828,24 @@ def test_otlp_json_bodies_and_refusals(receiver: Receiver) -> None:
     assert judgments(receiver.engine) == {"clarity": ("4", "clear")}
     with Session(receiver.engine) as session:  # gen_ai.evaluation.score.label, structured (0032)
         assert session.exec(select(Judgment.label)).one() == "clear"
+
+
+def test_metrics_are_answered_with_what_to_change_after_the_token_is_checked(receiver: Receiver) -> None:
+    """review14 F7: an SDK left exporting metrics got 405 text/plain every 60 s; now 501 (no exporter
+    retries it) with a google.rpc.Status in the request's encoding saying what to set. The token
+    first, as on every route."""
+    from google.rpc import status_pb2
+
+    said = "Overrule takes traces and logs only: set OTEL_METRICS_EXPORTER=none"
+    r = receiver.post("/v1/metrics", b"\x0a\x00")
+    assert (r.status_code, r.headers["content-type"]) == (501, "application/x-protobuf"), r.text
+    status = status_pb2.Status.FromString(r.content)
+    assert (status.code, status.message) == (12, said)  # UNIMPLEMENTED
+    for path, kind in (("/api/v1/otlp/v1/metrics", "application/json"), ("/v1/metrics", "text/plain")):
+        r = receiver.post(path, b"{}", **{"Content-Type": kind})
+        assert r.status_code == 501 and r.json() == {"code": 12, "message": said}, (path, r.text)
+    assert httpx.post(receiver.base + "/v1/metrics", content=b"{}", headers=JSON_TYPE).status_code == 401
+    assert receiver.post("/v1/metrics", b"{}", role="viewer", **JSON_TYPE).status_code == 403
 
 
 def test_a_label_without_a_score_is_refused_with_the_receivers_own_advice(receiver: Receiver) -> None:
