@@ -733,12 +733,13 @@ def _audit_scales(session: Session, changes: Sequence[ScaleChange], identity: st
 
 
 def _extend_stored(
-    session: Session, evaluations: Sequence[source_records.SourceEvaluation], actor: Actor
+    session: Session, evaluations: Sequence[source_records.SourceEvaluation], actor: Actor, via: str = "cli"
 ) -> tuple[list[source_records.SourceEvaluation], int, int]:
     """Split a source file's evaluations: those not stored yet (to import), and those an earlier import
     stored (same product, question, answer and model), whose new judge verdicts are added to the
     stored evaluation through `add_source_verdicts` (a second Phoenix eval, a later Langfuse score).
-    Returns (to import, how many were stored already, judgments added); a fault raises ImportFailed."""
+    Returns (to import, how many were stored already, judgments added); a fault raises ImportFailed,
+    advising what `via` (where the file came from) offers."""
     keyed: dict[str, list[source_records.SourceEvaluation]] = {}
     fresh: list[source_records.SourceEvaluation] = []
     for ev in evaluations:
@@ -768,7 +769,7 @@ def _extend_stored(
             judged = [v for v in ev.verdicts if not v.human]
             if judged:
                 late.append(LateVerdicts(stored[key], judged, ev.where))
-    added = add_source_verdicts(session=session, items=late, reviewer=actor) if late else 0
+    added = add_source_verdicts(session=session, items=late, reviewer=actor, via=via) if late else 0
     return fresh, extended, added
 
 
@@ -808,6 +809,7 @@ def add_source_verdicts(
     items: Sequence[LateVerdicts],
     reviewer: Actor | str = "import",
     on_invalid: Callable[[int, ImportFailed], None] | None = None,
+    via: str = "cli",
 ) -> int:
     """Judge results that arrive for evaluations already stored (OTLP evaluation events after their
     span was imported, a second Phoenix eval, a later Langfuse score): each metric an evaluation has
@@ -823,7 +825,8 @@ def add_source_verdicts(
 
     A group that cannot be mapped raises ImportFailed located at its `where`, or, with `on_invalid`,
     is handed to it (its index in `items`) and changes nothing, not even the metric definitions
-    (review7 F7); the other groups are added.
+    (review7 F7); the other groups are added. `via` as for `import_source_evaluations`: a label
+    refused for want of a score is advised what that place offers (OTLP: send the score).
 
     A round holds at most LATE_ROUND_GROUPS groups, as an import of new evaluations writes at most
     IN_MEMORY_CHUNK_ROWS a chunk: a second eval file over a large project (`_extend_stored`) keeps
@@ -844,7 +847,7 @@ def add_source_verdicts(
             wait = item.snapshot_id in named or len(now) >= LATE_ROUND_GROUPS
             (later if wait else now).append((index, item))
             named.add(item.snapshot_id)
-        added += _add_verdicts(session, now, identity, on_invalid)
+        added += _add_verdicts(session, now, identity, on_invalid, via)
         waiting = later
     return added
 
@@ -903,6 +906,7 @@ def _add_verdicts(
     entries: list[tuple[int, LateVerdicts]],
     identity: str,
     on_invalid: Callable[[int, ImportFailed], None] | None,
+    via: str,
 ) -> int:
     """One round of `add_source_verdicts`: `entries` (index in its items, group) name different evaluations."""
     ids = bulk.among_value(session, {item.snapshot_id for _, item in entries})
@@ -948,6 +952,7 @@ def _add_verdicts(
         evaluations,
         rubric,
         on_invalid=None if on_invalid is None else lambda i, exc: refuse(of_evaluation[i][0], exc),
+        via=via,
     )
     refused: dict[int, ImportFailed] = {}  # position in plan.records → why the check refused it
 
@@ -1637,7 +1642,7 @@ def _import_file(
         read = read_source(kind, path, options, source)
         with session_scope(engine) as session:
             score_stored_labels(session, read.evaluations)
-            fresh, extended, added = _extend_stored(session, read.evaluations, actor)
+            fresh, extended, added = _extend_stored(session, read.evaluations, actor, read.via)
             report = import_source_evaluations(
                 session=session, evaluations=fresh, source=source, reviewer=actor, via=read.via
             )

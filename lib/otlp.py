@@ -1482,6 +1482,7 @@ class _Join:
             ],
             reviewer=self.actor,
             on_invalid=lambda index, exc: refused.append((index, exc)),
+            via="otlp",
         )
         for index, exc in sorted(refused, key=lambda r: r[0], reverse=True):  # later places first
             at, key, *_ = late[index]

@@ -914,6 +914,17 @@ def test_a_label_without_a_score_gets_the_number_the_product_stores_for_it(any_r
         attributes={"gen_ai.evaluation.name": "verdict", "gen_ai.evaluation.score.label": "pass"},
     )
     assert any_receiver.post("/v1/logs", t.log_body()).status_code == 200
+    # A late label none of the steps scores is refused with the receiver's advice, not the CLI's.
+    t.logger.emit(
+        event_name=EVAL,
+        context=trace.set_span_in_context(trace.NonRecordingSpan(late)),
+        attributes={"gen_ai.evaluation.name": "tone", "gen_ai.evaluation.score.label": "so-so"},
+    )
+    r = any_receiver.post("/v1/logs", t.log_body())
+    partial = ExportLogsServiceResponse.FromString(r.content).partial_success
+    assert partial.rejected_log_records == 1, r.content
+    assert "label 'so-so' has no score" in partial.error_message
+    assert "send gen_ai.evaluation.score.value with the label" in partial.error_message
     # Another product stores no `pass`: the known label's 1 (its metric is new, so 0–1).
     other = Telemetry(service="other-bot")
     other.labelled("Q6?", "verdict", "pass")
