@@ -45,7 +45,15 @@ from lib.bulk import among, among_template, among_value, frozen_heap, insert_tup
 from lib.display import cut_at_word, one_line
 from lib.importer import LateVerdicts, add_source_verdicts, import_source_evaluations, score_stored_labels
 from lib.models import EvaluationSnapshot, utcnow
-from lib.otlp_table import PENDING_DAYS, SPANS, TRACE_END, aware
+from lib.otlp_table import (
+    ANSWER_ATTRIBUTE,
+    PENDING_DAYS,
+    QUESTION_ATTRIBUTE,
+    SPANS,
+    TRACE_END,
+    aware,
+    lacking,
+)
 from lib.prepared import built
 from lib.records import ImportFailed
 from lib.source_records import SourceEvaluation, SourceVerdict, metric_slug
@@ -68,8 +76,6 @@ _VERDICT_SLOT = {name: slot for slot, name in enumerate(_VERDICT_ATTRIBUTES)}
 # A log record's: its verdict's, then the event name older SDKs sent as an attribute (`_Reader.log`).
 _LOG_ATTRIBUTES = (*_VERDICT_ATTRIBUTES, "event.name")
 _LOG_SLOT = {name: slot for slot, name in enumerate(_LOG_ATTRIBUTES)}
-ANSWER_ATTRIBUTE = "gen_ai.output.messages"
-QUESTION_ATTRIBUTE = "gen_ai.input.messages"
 
 
 class OtlpError(Exception):
@@ -1040,7 +1046,7 @@ class _Join:
                     self.batch,
                     key,
                     f"{call.label()} has evaluations ({', '.join(_metrics(verdicts))}) but no "
-                    f"{' and no '.join(call.missing)}: it cannot become an evaluation",
+                    f"{lacking(call.missing)}: it cannot become an evaluation",
                 )
             else:
                 ready.append((key, call, verdicts))

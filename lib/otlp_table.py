@@ -4,6 +4,7 @@ neither imports the other's module back (tests/test_import_layers.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from sqlalchemy import Table
@@ -26,3 +27,24 @@ TRACE_END = ":" + "f" * 64
 def aware(moment: datetime) -> datetime:
     """A stored time as aware UTC (SQLite hands it back naive)."""
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+# Where a GenAI span holds its question and answer (OpenTelemetry's GenAI conventions).
+ANSWER_ATTRIBUTE = "gen_ai.output.messages"
+QUESTION_ATTRIBUTE = "gen_ai.input.messages"
+
+
+def lacking(missing: Sequence[str]) -> str:
+    """What a span lacks, in words ("no A and no B"), and when its messages are among it, why they
+    most often are: content capture off, or on without the conventions' opt-in, when the
+    instrumentation puts the messages in log events Overrule does not read. Why here: the refusal
+    (lib.otlp) and a waiting call's advice (lib.otlp_waiting) say it alike (review14 F7: the refusal
+    named the missing attributes and nothing of why)."""
+    said = " and no ".join(missing)
+    if ANSWER_ATTRIBUTE in missing or QUESTION_ATTRIBUTE in missing:
+        said += (
+            " (the instrumentation records messages on the span with OTEL_INSTRUMENTATION_GENAI_CAPTURE_"
+            "MESSAGE_CONTENT=SPAN_ONLY and OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental; "
+            "capture on without the opt-in sends them as log events, which Overrule does not read)"
+        )
+    return said

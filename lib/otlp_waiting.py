@@ -25,7 +25,7 @@ from sqlalchemy import Engine, Text, and_, bindparam, case, cast, func, not_, or
 from sqlmodel import Session, col
 
 from lib.models import AuditEvent, utcnow
-from lib.otlp_table import PENDING_DAYS, SPANS, TRACE_END, aware
+from lib.otlp_table import PENDING_DAYS, SPANS, TRACE_END, aware, lacking
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -456,7 +456,7 @@ def _call_row(
         f"context{named}; a call no judge looks at is forgotten after {PENDING_DAYS} days."
     )
     if missing:
-        advice += f" Its verdicts will be refused when they come: the span has no {' and no '.join(map(str, missing))}."
+        advice += f" Its verdicts will be refused when they come: the span has no {lacking(list(map(str, missing)))}."
     trace, span = _split(key)
     return WaitingRow(since, "call", "no_verdict", trace, span, response_id, name, product or "", (), advice)
 

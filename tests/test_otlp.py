@@ -1086,6 +1086,8 @@ def test_an_instrumented_openai_call_reaches_the_running_app_and_its_evaluations
             f"span 'chat m1' (trace {lost.trace_id:032x}, span {lost.span_id:016x})" in partial.error_message
         )
         assert "no gen_ai.output.messages" in partial.error_message
+        # and why a span most often lacks them (review14 F7): capture off, or on without the opt-in
+        assert "OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental" in partial.error_message
         assert count(engine, EvaluationSnapshot) == 2
 
         monkeypatch.setenv("OVERRULE_DATABASE_URL", sqlite_url)

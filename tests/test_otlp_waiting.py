@@ -113,7 +113,8 @@ def test_every_reason_to_wait_is_read_with_what_to_change(receiver: Receiver) ->
     assert all(row.what == "call" and row.span_name == "chat m1" for row in calls)
     assert all(row.product == "support-bot" for row in calls)
     [no_answer] = [row for row in calls if "will be refused" in row.advice]
-    assert "the span has no gen_ai.output.messages" in no_answer.advice
+    assert "the span has no gen_ai.output.messages (the instrumentation records" in no_answer.advice
+    assert "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=SPAN_ONLY" in no_answer.advice
     [unjudged] = [row for row in calls if row.response_id == "resp-unjudged"]
     assert unjudged.trace_id == traces["no_verdict"]
     assert "naming its gen_ai.response.id 'resp-unjudged'" in unjudged.advice
