@@ -45,7 +45,8 @@ api = create_app()
 app = st.App(
     str(Path(__file__).resolve().parent / "app.py"),
     lifespan=lifespan,
-    # OTLP/HTTP (lib.otlp) also at its conventional /v1/traces and /v1/logs, by the same API app.
+    # OTLP/HTTP (lib.otlp) also at its conventional /v1/traces and /v1/logs, by the same API app
+    # (and /v1/metrics, answered 501: "set OTEL_METRICS_EXPORTER=none").
     routes=[Mount(API_PREFIX, app=api), *otlp_root_routes(api), *downloads.routes()],
     # DNS rebinding (issue 24): a request whose Host this server was not given is refused on every
     # route (pages, WebSocket, API, downloads, Streamlit's own), by the list Streamlit checks too.
