@@ -670,8 +670,8 @@ def score_stored_labels(session: Session, evaluations: list[source_records.Sourc
     the steps every source import applies to a label sent without a number, one wiring for the file
     importers (`_import_file`), the OTLP receiver (lib.otlp) and late verdicts (`_add_verdicts`), so a
     label-only `pass` gets the 0.6 the product stores for it wherever it arrives (review14 F3). Nothing
-    is read when no verdict is label-only."""
-    if any(source_records.label_only(v) for ev in evaluations for v in ev.verdicts):
+    is read, and nothing but one `is None` a verdict run, when every verdict has a number."""
+    if any(v.score is None for ev in evaluations for v in ev.verdicts):
         source_records.score_labels(evaluations, stored=_stored_label_scores(session))
 
 

@@ -179,8 +179,7 @@ def parse_label_scores(text: str | None) -> dict[str, float]:
 
 
 def label_only(verdict: SourceVerdict) -> bool:
-    """A verdict with a label and no number: the one kind `score_labels` fills in.
-    `lib.importer.score_stored_labels` looks for one first, so a scored import reads no labels."""
+    """A verdict with a label and no number: the one kind `score_labels` fills in."""
     return verdict.score is None and isinstance(verdict.label, str) and bool(verdict.label.strip())
 
 
