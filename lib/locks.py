@@ -34,17 +34,26 @@ def one_writer_at_a_time(session: Session, key: int) -> None:
     """
     if session.get_bind().dialect.name != "postgresql":
         return
-    taken: dict[int, Any] = session.info.setdefault(_TAKEN, {})
-    held = taken.get(key)
-    if held is not None and held.is_active:
-        return
-    session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": key})
-    # The innermost transaction: a savepoint rolled back releases what was taken inside it.
-    taken[key] = session.get_nested_transaction() or session.get_transaction()
+    _take(session, key, "SELECT pg_advisory_xact_lock(:k)", {"k": key})
 
 
 # session.info key: advisory lock -> the transaction (or savepoint) that took it, while it is open.
 _TAKEN = "overrule_advisory_xact_locks"
+
+
+def _take(session: Session, lock: Any, statement: str, params: dict[str, Any]) -> None:
+    """Send `statement` (it takes `lock`) unless this transaction holds `lock` already."""
+    held = session.info.setdefault(_TAKEN, {}).get(lock)
+    if held is not None and held.is_active:
+        return
+    session.execute(text(statement), params)
+    _taken(session, lock)
+
+
+def _taken(session: Session, lock: Any) -> None:
+    """Note `lock` as held by the innermost transaction: a savepoint rolled back releases what was
+    taken inside it."""
+    session.info.setdefault(_TAKEN, {})[lock] = session.get_nested_transaction() or session.get_transaction()
 
 
 def one_writer_per_product(session: Session, key: int, products: Iterable[str]) -> None:
@@ -59,13 +68,13 @@ def one_writer_per_product(session: Session, key: int, products: Iterable[str]) 
     """
     if session.get_bind().dialect.name != "postgresql":
         return
-    taken: dict[Any, Any] = session.info.setdefault(_TAKEN, {})
     for product in sorted(set(products)):
-        held = taken.get((key, product))
-        if held is not None and held.is_active:
-            continue
-        session.execute(text("SELECT pg_advisory_xact_lock(:k, hashtext(:p))"), {"k": key, "p": product})
-        taken[(key, product)] = session.get_nested_transaction() or session.get_transaction()
+        _take(
+            session,
+            (key, product),
+            "SELECT pg_advisory_xact_lock(:k, hashtext(:p))",
+            {"k": key, "p": product},
+        )
 
 
 def one_writer_per_product_of_judgment(session: Session, key: int, judgment_id: int) -> None:
@@ -78,5 +87,4 @@ def one_writer_per_product_of_judgment(session: Session, key: int, judgment_id: 
         text("SELECT product, pg_advisory_xact_lock(:k, hashtext(product)) FROM judgments WHERE id = :j"),
         {"k": key, "j": judgment_id},
     ).scalar_one()
-    taken: dict[Any, Any] = session.info.setdefault(_TAKEN, {})
-    taken[(key, product)] = session.get_nested_transaction() or session.get_transaction()
+    _taken(session, (key, product))
