@@ -307,6 +307,13 @@ def create_app(
         except ValueError as exc:
             raise ApiError(422, str(exc)) from None
 
+    def _write(work: Callable[[Session], Any]) -> Any:
+        """`work(session)` as one write (`lib.db.write_retrying`: run again when PostgreSQL made it
+        a deadlock's victim), its refusals turned into HTTP errors (`_run`)."""
+        from lib.db import write_retrying
+
+        return _run(lambda: write_retrying(get_engine(), work))
+
     async def otlp_export(request: Request, actor: Actor, signal: str) -> Response:
         """OTLP/HTTP (lib.otlp): the token's role first, then the media type, then the body, capped
         as it streams and once un-gzipped; errors as OTLP's Status in the request's encoding."""
@@ -667,7 +674,6 @@ def create_app(
         """`{"action": "confirm"}` or `{"action": "overrule", "decision": ..., "reason": ...}` as of the
         version in If-Match; 409 with the other reviewer's decision if it moved."""
         from lib import corrections
-        from lib.db import write_retrying
 
         require(actor, Permission.REVIEW)
         if if_match is None:
@@ -696,7 +702,7 @@ def create_app(
 
         # Off the event loop (the pages share it): the write may wait on a row lock, and a
         # deadlock's victim sleeps before it runs again.
-        state = await run_in_threadpool(_run, lambda: write_retrying(get_engine(), review))
+        state = await run_in_threadpool(_write, review)
         return JSONResponse(
             jsonable_encoder(corrections.judgment_state_json(state)), headers={"ETag": f'"{state.version}"'}
         )
@@ -899,7 +905,6 @@ def create_app(
         """Labels of the item's judgments: `{"labels": [{"judgment_id": 1, "decision": 4, "reason": "..."}]}`
         (blind labels first in a blind-first queue; all or nothing)."""
         from lib import queues
-        from lib.db import write_retrying
 
         require(actor, Permission.REVIEW)
         body = await _json_object(request, json_limit)
@@ -915,13 +920,12 @@ def create_app(
                 "states": {str(k): v for k, v in outcome.states.items()},
             }  # fmt: skip
 
-        return await run_in_threadpool(_run, lambda: write_retrying(get_engine(), save))
+        return await run_in_threadpool(_write, save)
 
     @api.post("/queues/{queue}/items/{item_id}/skip")
     def skip_queue_item(actor: Token, queue: str, item_id: int) -> dict[str, Any]:
         """Pass an item over: it goes to other reviewers."""
         from lib import queues
-        from lib.db import write_retrying
 
         require(actor, Permission.REVIEW)
 
@@ -930,7 +934,7 @@ def create_app(
             queues.skip_item(session=session, queue_id=found.id or 0, item_id=item_id, reviewer=actor)
             return {"skipped": item_id}
 
-        return _run(lambda: write_retrying(get_engine(), skip))
+        return _write(skip)
 
     @api.get("/queues/{queue}/disputes")
     def get_disputes(
@@ -968,7 +972,6 @@ def create_app(
     ) -> dict[str, Any]:
         """A lead decides a disputed judgment: `{"decision": ..., "reason": ...}` (a reason when it overrules the judge)."""
         from lib import queues
-        from lib.db import write_retrying
 
         require(actor, Permission.ADJUDICATE)
         body = await _json_object(request, json_limit)
@@ -983,7 +986,7 @@ def create_app(
             )  # fmt: skip
             return {"judgment_id": judgment_id, "state": qj.state, "decision": qj.decision}
 
-        return await run_in_threadpool(_run, lambda: write_retrying(get_engine(), decide))
+        return await run_in_threadpool(_write, decide)
 
     @api.post("/relevance/audits", openapi_extra=_JSON_BODY)
     async def post_audit(actor: Token, request: Request) -> dict[str, Any]:
