@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 SWEPT_ACTION = "otlp_swept"
 SWEPT_BY = "otlp receiver"  # the audit row's identity: no one's request, the receiver's clean-up
+NOTHING = "Nothing waits: every span and verdict received has met its other half."  # CLI and page
 
 # Why a row waits, in the order the summary lists them, with what the summary calls them.
 WHY = {
@@ -251,6 +252,25 @@ def _holds_span(table: Any) -> Any:
 _IS_CALL = _holds_span(SPANS)
 _VERDICTS = (_WAITS, not_(_IS_CALL), func.json_array_length(SPANS.c.pending_json) > 0)
 _OLDEST = (SPANS.c.received_at, SPANS.c.key)
+
+
+def _oldest_keys(limit: int, *where: Any) -> Any:
+    """`SELECT key` of the oldest `limit` rows matching `where`: a listing's rows are picked by key
+    first, so only theirs are read whole."""
+    return select(SPANS.c.key).where(*where).order_by(*_OLDEST).limit(limit)
+
+
+def _naming(other: Any, response_id: Any, key: Any) -> tuple[Any, ...]:
+    """`other` is a call stored in the last PENDING_DAYS (parameter `recent`) that records
+    `response_id` and is not `key`'s own row: lib.otlp `_Join._named`'s other calls of an id."""
+    return (
+        other.c.response_id == response_id,
+        other.c.key != key,
+        _stored_call(other),
+        other.c.received_at >= bindparam("recent"),
+    )
+
+
 _BATCH = 1000  # rows a read brings at a time (the CSV's, streamed)
 
 
@@ -268,16 +288,8 @@ def _call_rows(session: Session, limit: int | None) -> Iterator[WaitingRow]:
     the JSON of only those spans is read."""
     j = SPANS.c.span_json
     other = SPANS.alias("other")
-    shared = (  # lib.otlp `_Join._named`: a verdict naming an id other calls record is refused
-        select(other.c.key)
-        .where(
-            other.c.response_id == SPANS.c.response_id,
-            other.c.key != SPANS.c.key,
-            _stored_call(other),
-            other.c.received_at >= bindparam("recent"),
-        )
-        .exists()
-    )
+    # lib.otlp `_Join._named`: a verdict naming an id other calls record is refused
+    shared = select(other.c.key).where(*_naming(other, SPANS.c.response_id, SPANS.c.key)).exists()
     columns = (
         SPANS.c.key,
         SPANS.c.response_id,
@@ -289,8 +301,7 @@ def _call_rows(session: Session, limit: int | None) -> Iterator[WaitingRow]:
     )
     statement = select(*columns).where(_WAITS, _IS_CALL)
     if limit is not None:
-        keys = select(SPANS.c.key).where(_WAITS, _IS_CALL).order_by(*_OLDEST).limit(limit)
-        statement = statement.where(SPANS.c.key.in_(keys.scalar_subquery()))
+        statement = statement.where(SPANS.c.key.in_(_oldest_keys(limit, _WAITS, _IS_CALL).scalar_subquery()))
     statement = statement.order_by(*_OLDEST).execution_options(yield_per=_BATCH)
     for key, response_id, received_at, name, product, missing, is_shared in session.execute(
         statement, {"recent": _recent()}
@@ -344,12 +355,7 @@ def _why(dialect: str) -> _Why:
     )
     trace_calls = select(func.count()).where(*in_trace).scalar_subquery()
     first_call = select(func.min(other.c.key)).where(*in_trace).scalar_subquery()
-    naming = (
-        other.c.response_id == rid,
-        other.c.key != key,
-        _stored_call(other),
-        other.c.received_at >= bindparam("recent"),
-    )
+    naming = _naming(other, rid, key)
     recorded = select(func.count()).where(*naming).scalar_subquery()
     context = SPANS.c.pending_json[(0, "context")].as_string()  # lib.otlp `_verdict_json`
     context_records = (
@@ -387,7 +393,7 @@ def _counts(session: Session, classed: int | None = None) -> list[WhyCount]:
         SPANS.c.received_at,
     ).where(*_VERDICTS)
     if classed is not None:  # from the oldest keys to their rows: only those are classed
-        oldest_keys = select(SPANS.c.key).where(*_VERDICTS).order_by(*_OLDEST).limit(classed).subquery()
+        oldest_keys = _oldest_keys(classed, *_VERDICTS).subquery()
         rows = rows.select_from(oldest_keys.join(SPANS, SPANS.c.key == oldest_keys.c.key))
     listed = rows.subquery()
     statement = select(
@@ -418,8 +424,7 @@ def _verdict_rows(session: Session, limit: int | None) -> Iterator[WaitingRow]:
         why.context_records,
     ).where(*_VERDICTS)
     if limit is not None:
-        keys = select(SPANS.c.key).where(*_VERDICTS).order_by(*_OLDEST).limit(limit)
-        statement = statement.where(SPANS.c.key.in_(keys.scalar_subquery()))
+        statement = statement.where(SPANS.c.key.in_(_oldest_keys(limit, *_VERDICTS).scalar_subquery()))
     statement = statement.order_by(*_OLDEST).execution_options(yield_per=_BATCH)
     for values in session.execute(statement, {"recent": _recent()}):
         yield _verdict_row(*values)
@@ -616,7 +621,7 @@ def swept(session: Session) -> Swept:
 def summary_lines(waiting: Waiting) -> Iterable[str]:
     """The counts as the CLI prints them (our words and numbers only)."""
     if not waiting.counts:
-        yield "Nothing waits: every span and verdict received has met its other half."
+        yield NOTHING
     for count in waiting.counts:
         yield f"{count.describe()}; the oldest since {aware(count.oldest):%Y-%m-%d %H:%M} UTC"
     yield waiting.swept.describe()

@@ -11,13 +11,12 @@ import functools
 import streamlit as st
 
 from lib import otlp_waiting
-from lib.otlp import PENDING_DAYS
+from lib.otlp_table import PENDING_DAYS
 from lib.ui import csv_download_all, get_engine, session_scope
 from lib.ui.tables import count_column, datetime_column, show_table, text_column
 
 SHOWN = 50  # the oldest rows in the table; the download holds them all
 CLASSED = 10_000  # rows of verdicts counted by why on the page (the oldest); the download classes all
-NOTHING = "Nothing waits: every span and verdict received has met its other half."
 
 
 def otlp_waiting_section() -> None:
@@ -49,13 +48,13 @@ def _waiting() -> None:
             st.caption(
                 "Rows wait: show them for how many, why, and what the sender should change."
                 if otlp_waiting.anything_waits(session)
-                else NOTHING
+                else otlp_waiting.NOTHING
             )
             st.caption(otlp_waiting.swept(session).describe())
             return
         waiting = otlp_waiting.read(session, limit=SHOWN, classed=CLASSED)
     if not waiting.counts:
-        st.caption(NOTHING)
+        st.caption(otlp_waiting.NOTHING)
     else:
         counts, rows = otlp_waiting.frames(waiting)
         show_table(
