@@ -193,6 +193,8 @@ async def _multipart_files(
     (413 past `limit`); 415 when the body is not multipart, 422 when a part is missing or extra."""
     from starlette.formparsers import MultiPartException, MultiPartParser
 
+    from lib.source_files import PARQUET_MAGIC
+
     wanted = " and ".join(f"'{n}'" for n in names)
     if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
         raise ApiError(
@@ -224,9 +226,9 @@ async def _multipart_files(
                     422, f"the file part {name!r} is missing; send the file parts {wanted}", field=name
                 )
             await part.seek(0)
-            head = await part.read(4)
+            head = await part.read(len(PARQUET_MAGIC))
             await part.seek(0)
-            paths[name] = folder / f"{name}.{'parquet' if head == b'PAR1' else 'csv'}"
+            paths[name] = folder / f"{name}.{'parquet' if head == PARQUET_MAGIC else 'csv'}"
             with paths[name].open("wb") as fh:
                 while chunk := await part.read(1024 * 1024):
                     await run_in_threadpool(fh.write, chunk)

@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from lib.json_files import MIB, jsonl_records, nonblank, read_document
+from lib.json_files import BOM, MIB, jsonl_records, nonblank, read_document
 from lib.records import ImportFailed, type_name
 from lib.source_records import (
     BINARY_SCALE,
@@ -252,6 +252,9 @@ def _langfuse_item(obj: Mapping[str, Any]) -> bool:
     return _is_score(obj) or (isinstance(obj.get("id"), str) and ("input" in obj or "output" in obj))
 
 
+PARQUET_MAGIC = b"PAR1"  # a Parquet file's first bytes: how a Phoenix table is told from a CSV
+
+
 def phoenix_table(path: Path, source: str) -> str | None:
     """What a Phoenix table is from its columns alone: "evaluations" (a span id column with label,
     score or explanation), "spans" (a span id without them: the spans dataframe), "parquet" (a
@@ -259,7 +262,7 @@ def phoenix_table(path: Path, source: str) -> str | None:
     a span id. Only the Parquet schema or the CSV header is read."""
     with path.open("rb") as fh:
         head = fh.read(64 * 1024)
-    parquet = head[:4] == b"PAR1"
+    parquet = head.startswith(PARQUET_MAGIC)
     if parquet:
         import pyarrow.parquet as pq
 
@@ -268,7 +271,7 @@ def phoenix_table(path: Path, source: str) -> str | None:
         except Exception as exc:  # pyarrow raises its own errors for a damaged file
             raise ImportFailed(f"{source}: not a readable Parquet file ({str(exc)[:200]})") from None
     else:
-        line = head.removeprefix(b"\xef\xbb\xbf").split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+        line = head.removeprefix(BOM).split(b"\n", 1)[0].decode("utf-8", "replace").strip()
         if line.startswith(("{", "[")):
             return None
         names = {name.strip() for name in next(csv.reader([line]), [])}
@@ -648,8 +651,8 @@ def _table(
     converted, refusing the row that takes the file past the file limit."""
     _check_size(path, source)
     with path.open("rb") as fh:
-        magic = fh.read(4)
-    if magic == b"PAR1":
+        magic = fh.read(len(PARQUET_MAGIC))
+    if magic == PARQUET_MAGIC:
         return _parquet_rows(path, source, columns, max_rows, spans, keep)
     return _csv_rows(path, source, max_rows, spans), {}
 
