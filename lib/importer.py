@@ -933,7 +933,7 @@ def _add_verdicts(
         if snapshot is None:
             refuse(index, ImportFailed(f"{item.where}: its evaluation {item.snapshot_id!r} no longer exists"))
             continue
-        have = _json_object(snapshot.judge_scores_json)
+        have = json_object(snapshot.judge_scores_json)
         specs = rubric(snapshot.product)[0]
         new = [v for v in item.verdicts if source_records.resolve_metric(specs, v.name) not in have]
         if new:
@@ -969,16 +969,16 @@ def _add_verdicts(
                     product,
                     specs if specs is not None else metrics_for_product(session=session, product=product),
                 )
-            have = _json_object(snapshot.judge_scores_json)
+            have = json_object(snapshot.judge_scores_json)
             evidence = {
-                slug: e.get("evidence") or [] for slug, e in _json_object(snapshot.evidence_json).items()
+                slug: e.get("evidence") or [] for slug, e in json_object(snapshot.evidence_json).items()
             }
             record = {
                 "product": product, "question": snapshot.question, "model_answer": snapshot.model_answer,
                 "model_name": snapshot.model_name, "judge_model": snapshot.judge_model,
                 "language": snapshot.language, "category": snapshot.category,
                 "created_at": snapshot.created_at.isoformat(),
-                "user_scores": _json_object(snapshot.user_scores_json) or None,
+                "user_scores": json_object(snapshot.user_scores_json) or None,
                 "judge_scores": {**have, **{k: v for k, v in planned["judge_scores"].items() if k not in have}},
                 "evidence": {k: v for k, v in evidence.items() if v} or None,
                 "primary_metric": snapshot.primary_metric, "bonus_metrics": list(snapshot.bonus_metrics or []),
@@ -1006,8 +1006,9 @@ def _add_verdicts(
     return added
 
 
-def _json_object(value: Any) -> dict[str, Any]:
-    """A JSON object column as read by a Core select (text on some drivers), {} for none."""
+def json_object(value: Any) -> dict[str, Any]:
+    """A JSON object column as read by a Core select (text on some drivers), {} for none (the
+    importer's late verdicts and lib.otlp's links read snapshots' columns so)."""
     if isinstance(value, str):
         value = json.loads(value)
     return dict(value) if isinstance(value, Mapping) else {}
@@ -1030,8 +1031,8 @@ def _write_late(session: Session, checked: list[tuple[Any, dict[str, Any], list[
             language=snapshot.language,
             created_at=snapshot.created_at,
             live=snapshot.deleted_at is None,
-            user_scores=_json_object(snapshot.user_scores_json),
-            judge_scores=_json_object(snapshot.judge_scores_json),
+            user_scores=json_object(snapshot.user_scores_json),
+            judge_scores=json_object(snapshot.judge_scores_json),
         )
         before.append(scored)
         after.append(dataclasses.replace(scored, judge_scores=row["judge_scores_json"]))

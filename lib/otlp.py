@@ -43,7 +43,13 @@ from lib import counters
 from lib.auth import Actor
 from lib.bulk import among, among_template, among_value, frozen_heap, insert_tuples
 from lib.display import cut_at_word, one_line
-from lib.importer import LateVerdicts, add_source_verdicts, import_source_evaluations, score_stored_labels
+from lib.importer import (
+    LateVerdicts,
+    add_source_verdicts,
+    import_source_evaluations,
+    json_object,
+    score_stored_labels,
+)
 from lib.models import EvaluationSnapshot, utcnow
 from lib.otlp_table import (
     ANSWER_ATTRIBUTE,
@@ -1443,7 +1449,7 @@ class _Join:
             columns = [_SNAPSHOTS.c.source_key, _SNAPSHOTS.c.id, _SNAPSHOTS.c.judge_scores_json]
             where = among(self.session, _SNAPSHOTS.c.source_key, stored_before)
             for source_key, snapshot_id, judged in self.session.execute(select(*columns).where(where)):
-                found[source_key] = (snapshot_id, set(_json_dict(judged)))
+                found[source_key] = (snapshot_id, set(json_object(judged)))
         first: dict[str, list[Verdict]] = {}  # source key → the span imported with it, its verdicts
         for key, call, verdicts, source_key in accepted:
             snapshot_id, judged = found[source_key]
@@ -1493,12 +1499,6 @@ class _Join:
         for index, exc in sorted(refused, key=lambda r: r[0], reverse=True):  # later places first
             at, key, *_ = late[index]
             self.outcome.reject(self.batch, key, str(exc), at=at)
-
-
-def _json_dict(value: Any) -> dict[str, Any]:
-    if isinstance(value, str):
-        value = json.loads(value)
-    return value if isinstance(value, dict) else {}
 
 
 def _metrics(verdicts: Iterable[Verdict]) -> list[str]:
