@@ -42,6 +42,7 @@ from starlette.concurrency import run_in_threadpool
 
 from lib.auth import Actor, Permission, PermissionDenied, require
 from lib.claims import TempFolder
+from lib.json_files import BOM
 from lib.records import ImportFailed
 
 if TYPE_CHECKING:  # the closures' sessions; lib.db is imported where a request needs it
@@ -1268,7 +1269,7 @@ def _judge_body(engine: Engine, path: Path, actor: Actor, concurrency: int | Non
 def _is_json_array(path: Path) -> bool:
     """Whether the spooled body is one JSON array (after a BOM and whitespace) rather than JSON Lines."""
     with path.open("rb") as fh:
-        return fh.read(64).removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"[")
+        return fh.read(64).removeprefix(BOM).lstrip().startswith(b"[")
 
 
 def _json_array(path: Path) -> Any:
@@ -1279,7 +1280,7 @@ def _json_array(path: Path) -> Any:
 def _parse_json(raw: bytes) -> Any:
     """One JSON document (after a BOM); 400 with the position when it is malformed."""
     try:
-        return json.loads(raw.removeprefix(b"\xef\xbb\xbf"))
+        return json.loads(raw.removeprefix(BOM))
     except json.JSONDecodeError as exc:
         raise ApiError(
             400,

@@ -50,6 +50,7 @@ from lib.importer import (
     json_object,
     score_stored_labels,
 )
+from lib.json_files import BOM
 from lib.models import EvaluationSnapshot, utcnow
 from lib.otlp_table import (
     ANSWER_ATTRIBUTE,
@@ -374,7 +375,7 @@ def _proto_value(value: Any) -> Any:
 
 def _json_resources(signal: str, body: bytes) -> Iterator[tuple[dict[str, Any], Iterator[_Record]]]:
     try:
-        document = json.loads(body.removeprefix(b"\xef\xbb\xbf"))
+        document = json.loads(body.removeprefix(BOM))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise OtlpError(400, f"malformed JSON: {str(exc).split(';')[0]}") from None
     if not isinstance(document, dict):

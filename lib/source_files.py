@@ -168,7 +168,7 @@ def _lines_or_document(path: Path, source: str, document_keys: set[str]) -> tupl
     with path.open("rb") as fh:
         for raw in fh:
             if raw.strip():
-                first = raw.removeprefix(b"\xef\xbb\xbf").strip()
+                first = raw.removeprefix(BOM).strip()
                 break
     try:
         lines = isinstance(json.loads(first or b""), dict)
