@@ -386,11 +386,16 @@ def _import_phoenix_csv(engine: Engine, tmp_path: Path, name: str, rows: str, **
     )
 
 
-def _judged(engine: Engine, metric: str) -> dict[str, tuple[float, str]]:
+def _judged(engine: Engine, metric: str, product: str | None = None) -> dict[str, tuple[float, str]]:
+    """Span id → (score, reason) of `metric` in the stored evaluations (of `product` only, when given:
+    one span judged under two products is two evaluations, and which one a span-keyed dict kept
+    depended on the order PostgreSQL returned them in)."""
+    with Session(engine) as session:
+        snapshots = session.exec(select(EvaluationSnapshot)).all()
     return {
-        span: (s.judge_scores_json[metric]["score"], s.judge_scores_json[metric]["reason"])
-        for span, s in _snapshots(engine).items()
-        if metric in s.judge_scores_json
+        s.question_id: (s.judge_scores_json[metric]["score"], s.judge_scores_json[metric]["reason"])
+        for s in snapshots
+        if metric in s.judge_scores_json and product in (None, s.product)
     }
 
 
@@ -487,7 +492,7 @@ def test_a_known_label_without_a_score_gets_its_number_only_on_a_0_1_metric(
         engine, tmp_path, "given.csv", both.replace("Verdict", "Mood"), label_scores="pass=5", product="other"
     )
     assert given.judgments == 2
-    assert _judged(engine, "truthfulness") == {"b2c3d4e5f6071829": (5.0, "pass: Right.")}
+    assert _judged(engine, "truthfulness", "other") == {"b2c3d4e5f6071829": (5.0, "pass: Right.")}
 
 
 def test_label_scores_given_by_the_user_win(sqlite_engine: Engine, sqlite_url: str, tmp_path: Path) -> None:
