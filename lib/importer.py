@@ -665,14 +665,22 @@ def _defined_then_checked(
     return checked
 
 
-def score_stored_labels(session: Session, evaluations: list[source_records.SourceEvaluation]) -> None:
-    """`lib.source_records.score_labels` with this database's stored labels (`_stored_label_scores`):
-    the steps every source import applies to a label sent without a number, one wiring for the file
-    importers (`_import_file`), the OTLP receiver (lib.otlp) and late verdicts (`_add_verdicts`), so a
-    label-only `pass` gets the 0.6 the product stores for it wherever it arrives (review14 F3). Nothing
-    is read, and nothing but one `is None` a verdict run, when every verdict has a number."""
+def score_stored_labels(
+    session: Session,
+    evaluations: list[source_records.SourceEvaluation],
+    explicit: Mapping[str, float] | None = None,
+) -> None:
+    """`lib.source_records.score_labels` with the user's label scores (`explicit`, a file's
+    --label-scores) and this database's stored labels (`_stored_label_scores`): the steps every
+    source import applies to a label sent without a number, one wiring for the file importers
+    (`_import_file`), the OTLP receiver (lib.otlp) and OTLP's late verdicts (`add_source_verdicts`'
+    `stored_labels`), so a label-only `pass` gets the 0.6 the product stores for it wherever it
+    arrives (review14 F3). Once an import: in one call the steps keep their documented order (a
+    stored label before the number a file's partner label implies), and a label no step scores is
+    looked up once. Nothing is read, and nothing but one `is None` a verdict run, when every verdict
+    has a number."""
     if any(v.score is None for ev in evaluations for v in ev.verdicts):
-        source_records.score_labels(evaluations, stored=_stored_label_scores(session))
+        source_records.score_labels(evaluations, explicit, stored=_stored_label_scores(session))
 
 
 def _stored_label_scores(session: Session) -> Callable[[str, str, str], set[float]]:
@@ -810,6 +818,7 @@ def add_source_verdicts(
     reviewer: Actor | str = "import",
     on_invalid: Callable[[int, ImportFailed], None] | None = None,
     via: str = "cli",
+    stored_labels: bool = False,
 ) -> int:
     """Judge results that arrive for evaluations already stored (OTLP evaluation events after their
     span was imported, a second Phoenix eval, a later Langfuse score): each metric an evaluation has
@@ -827,6 +836,10 @@ def add_source_verdicts(
     is handed to it (its index in `items`) and changes nothing, not even the metric definitions
     (review7 F7); the other groups are added. `via` as for `import_source_evaluations`: a label
     refused for want of a score is advised what that place offers (OTLP: send the score).
+    `stored_labels`: the verdicts' labels sent without a number are not scored yet (OTLP's late
+    verdicts, `lib.otlp`): score them as an import does (`score_stored_labels`). A file's late
+    verdicts were scored with the whole file (`_import_file`), and scoring them again only looked up
+    again the labels nothing scores.
 
     A round holds at most LATE_ROUND_GROUPS groups, as an import of new evaluations writes at most
     IN_MEMORY_CHUNK_ROWS a chunk: a second eval file over a large project (`_extend_stored`) keeps
@@ -847,7 +860,7 @@ def add_source_verdicts(
             wait = item.snapshot_id in named or len(now) >= LATE_ROUND_GROUPS
             (later if wait else now).append((index, item))
             named.add(item.snapshot_id)
-        added += _add_verdicts(session, now, identity, on_invalid, via)
+        added += _add_verdicts(session, now, identity, on_invalid, via, stored_labels)
         waiting = later
     return added
 
@@ -907,6 +920,7 @@ def _add_verdicts(
     identity: str,
     on_invalid: Callable[[int, ImportFailed], None] | None,
     via: str,
+    stored_labels: bool,
 ) -> int:
     """One round of `add_source_verdicts`: `entries` (index in its items, group) name different evaluations."""
     ids = bulk.among_value(session, {item.snapshot_id for _, item in entries})
@@ -947,7 +961,8 @@ def _add_verdicts(
                 )
             )
             of_evaluation.append((index, snapshot))
-    score_stored_labels(session, evaluations)  # an OTLP label arriving after its span (a file's are scored)
+    if stored_labels:  # an OTLP label arriving after its span (a file's were scored with the file)
+        score_stored_labels(session, evaluations)
     plan = source_records.plan_import(
         evaluations,
         rubric,
@@ -1642,7 +1657,7 @@ def _import_file(
     if kind in SOURCE_KINDS:
         read = read_source(kind, path, options, source)
         with session_scope(engine) as session:
-            score_stored_labels(session, read.evaluations)
+            score_stored_labels(session, read.evaluations, read.label_scores)
             fresh, extended, added = _extend_stored(session, read.evaluations, actor, read.via)
             report = import_source_evaluations(
                 session=session, evaluations=fresh, source=source, reviewer=actor, via=read.via

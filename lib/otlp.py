@@ -1496,6 +1496,7 @@ class _Join:
             reviewer=self.actor,
             on_invalid=lambda index, exc: refused.append((index, exc)),
             via="otlp",
+            stored_labels=True,
         )
         for index, exc in sorted(refused, key=lambda r: r[0], reverse=True):  # later places first
             at, key, *_ = late[index]

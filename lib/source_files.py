@@ -28,7 +28,7 @@ import csv
 import json
 import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,6 @@ from lib.source_records import (
     SourceEvaluation,
     SourceVerdict,
     parse_label_scores,
-    score_labels,
 )
 
 SOURCE_KINDS = ("promptfoo", "langfuse", "phoenix")
@@ -58,6 +57,9 @@ class SourceFile:
     # Langfuse scores of a session or a dataset run (no traceId): nothing Overrule stores judges them.
     off_trace: int = 0
     via: str = "cli"  # SourceOptions.via, for the import's messages
+    # The user's scores of labels sent without a number (SourceOptions.label_scores, parsed): the
+    # import scores those labels once, with the product's stored ones (`lib.importer.score_stored_labels`).
+    label_scores: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,8 @@ class SourceOptions:
 
 
 def read_source(kind: str, path: Path, options: SourceOptions, source: str | None = None) -> SourceFile:
-    """Read a promptfoo, Langfuse or Phoenix file; ImportFailed names the place and field at fault."""
+    """Read a promptfoo, Langfuse or Phoenix file; ImportFailed names the place and field at fault.
+    Labels sent without a number are left for the import to score (`SourceFile.label_scores`)."""
     source = source or path.name
     if kind not in SOURCE_KINDS:
         raise ImportFailed(f"unknown source kind {kind!r}; choose one of {', '.join(SOURCE_KINDS)}")
@@ -91,8 +94,7 @@ def read_source(kind: str, path: Path, options: SourceOptions, source: str | Non
         )
     else:
         read = _read_phoenix(path, options.spans, source, product)
-    score_labels(read.evaluations, explicit)
-    read.via = options.via
+    read.via, read.label_scores = options.via, explicit
     return read
 
 

@@ -1690,6 +1690,62 @@ def test_score_labels_takes_a_pairs_other_number_from_its_partner() -> None:
     assert [e.verdicts[0].score for e in evals] == [0.8, None, 0.5, 1.0, None]
 
 
+def _label_lookups(engine: Engine, run: Callable[[], object]) -> list[Any]:
+    """The stored-label lookups (`_stored_label_scores`) `run` sent: their parameters, in order."""
+    seen: list[Any] = []
+
+    def count(_conn: Any, _cursor: Any, sql: str, params: Any, _context: Any, _many: bool) -> None:
+        if "judgments.label IS NOT NULL" in sql:
+            seen.append(params)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        run()
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    return seen
+
+
+def test_a_files_labels_are_scored_once_and_an_unscored_one_looked_up_once(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """mend1 (note13's last read): a file's label-only verdicts were scored in `read_source`, again
+    with the stored labels, and once more for the groups that extend stored evaluations (a second
+    eval file), so a label nothing scores (`pass` on a new metric: neither the file nor the product
+    has a number for it or its partner) was looked up in the judgments twice: 4 lookups, now 2."""
+    _import_phoenix_csv(engine, tmp_path, "first.csv", "a1b2c3d4e5f60718,Answered,helpful,1,Fine.\n")
+    second = "a1b2c3d4e5f60718,Verdict,pass,,Right.\nb2c3d4e5f6071829,Verdict,fail,,Wrong.\n"
+    reports: list[Any] = []
+    lookups = _label_lookups(
+        engine, lambda: reports.append(_import_phoenix_csv(engine, tmp_path, "second.csv", second))
+    )
+    assert len(lookups) == 2, lookups  # `pass` and its partner `fail`, each once for both rows
+    assert (reports[0].inserted, reports[0].extended) == (1, 1)
+    assert {k: v[0] for k, v in _judged(engine, "verdict").items()} == {
+        "a1b2c3d4e5f60718": 1.0,
+        "b2c3d4e5f6071829": 0.0,
+    }
+
+
+def test_a_stored_label_comes_before_the_number_a_files_partner_label_implies(
+    sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    """docs/importing.md's order: 3 (the product's stored judgments of the label) before 4 (the
+    other number than its partner gets). The file's labels were scored in two passes, the first
+    without the stored ones, so `hallucinated` took 1 from the file's `factual` 0 although the
+    product stores `hallucinated` as 0.5."""
+    _import_phoenix_csv(
+        sqlite_engine, tmp_path, "first.csv", "a1b2c3d4e5f60718,Hallucination,hallucinated,0.5,Half.\n"
+    )
+    later = "b2c3d4e5f6071829,Hallucination,factual,0,Stated.\nc3d4e5f60718293a,Hallucination,hallucinated,,Invents.\n"
+    _import_phoenix_csv(sqlite_engine, tmp_path, "later.csv", later)
+    assert {k: v[0] for k, v in _judged(sqlite_engine, "hallucination").items()} == {
+        "a1b2c3d4e5f60718": 0.5,
+        "b2c3d4e5f6071829": 0.0,
+        "c3d4e5f60718293a": 0.5,  # as the product stores it (was 1.0: the partner's other number)
+    }
+
+
 def _langfuse_with_annotation(trace_id: str, question: str, judge: float, person: float) -> str:
     """review7's lf1/lf2.jsonl: one trace with a judge's `warmth` (EVAL) and a person's (ANNOTATION)."""
     lines = [
