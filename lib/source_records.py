@@ -178,11 +178,6 @@ def parse_label_scores(text: str | None) -> dict[str, float]:
     return out
 
 
-def label_only(verdict: SourceVerdict) -> bool:
-    """A verdict with a label and no number: the one kind `score_labels` fills in."""
-    return verdict.score is None and isinstance(verdict.label, str) and bool(verdict.label.strip())
-
-
 def score_labels(
     evaluations: Iterable[SourceEvaluation],
     explicit: Mapping[str, float] | None = None,
@@ -196,20 +191,20 @@ def score_labels(
     a label keeps the number reviewers already see for it); for one of a known pair (`LABEL_PAIRS`),
     the other of the number its partner gets so (a product that stored `factual` as 1 gets
     `hallucinated` 0, not a 1 for both). Others are left to `verdict_score`'s known labels
-    (`LABEL_SCORES`)."""
+    (`LABEL_SCORES`). Labels are compared as the judgments store them (`label_key`): text longer
+    than a label may be is free text, scored by none of these, as the stored lookup never found it."""
     evaluations = list(evaluations)
     scored: dict[tuple[str, str, str], set[float]] = {}
     for ev in evaluations:
         for verdict in ev.verdicts:
-            score, label = verdict.score, verdict.label
+            score, label = verdict.score, label_key(verdict.label)
             if (
-                isinstance(label, str)
-                and label.strip()
+                label is not None
                 and isinstance(score, int | float)
                 and not isinstance(score, bool)
                 and math.isfinite(score)
             ):
-                key = (str(ev.product), metric_slug(verdict.name), label.strip().lower())
+                key = (str(ev.product), metric_slug(verdict.name), label)
                 scored.setdefault(key, set()).add(float(score))
     explicit = explicit or {}
 
@@ -222,9 +217,9 @@ def score_labels(
 
     for ev in evaluations:
         for verdict in ev.verdicts:
-            if not label_only(verdict):
+            label = label_key(verdict.label)
+            if verdict.score is not None or label is None:  # scored already, or no label to score
                 continue
-            label = str(verdict.label).strip().lower()
             score = explicit.get(label)
             if score is None:
                 score = known(str(ev.product), metric_slug(verdict.name), label)

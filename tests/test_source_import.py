@@ -1690,6 +1690,34 @@ def test_score_labels_takes_a_pairs_other_number_from_its_partner() -> None:
     assert [e.verdicts[0].score for e in evals] == [0.8, None, 0.5, 1.0, None]
 
 
+def test_score_labels_compares_labels_as_judgments_store_them() -> None:
+    """mend1 (note13's last read): `score_labels` lower-cased labels itself beside `label_key`, the
+    rule the judgments' label and the stored lookup follow, so text over LABEL_MAX characters (free
+    text, never a stored label) took a number from a scored row of the same text, while a later file
+    would find nothing stored for it. Labels in any case or padding still match."""
+    from lib.models import LABEL_MAX
+    from lib.source_records import score_labels
+
+    def ev(*verdicts: SourceVerdict) -> SourceEvaluation:
+        return SourceEvaluation("row", "p", "q", "a", list(verdicts))
+
+    prose = "the answer names the right city but adds a date nobody asked for " * 4
+    assert len(prose.strip()) > LABEL_MAX
+    looked_up: list[tuple[str, str, str]] = []
+
+    def stored(product: str, metric: str, label: str) -> set[float]:
+        looked_up.append((product, metric, label))
+        return set()
+
+    evals = [
+        ev(SourceVerdict("M", 0.5, label=prose), SourceVerdict("N", 0.25, label=" Calm ")),
+        ev(SourceVerdict("M", label=prose), SourceVerdict("N", label="CALM")),
+    ]
+    score_labels(evals, {prose.strip().lower(): 0.75}, stored=stored)
+    assert [v.score for v in evals[1].verdicts] == [None, 0.25]
+    assert looked_up == []
+
+
 def _label_lookups(engine: Engine, run: Callable[[], object]) -> list[Any]:
     """The stored-label lookups (`_stored_label_scores`) `run` sent: their parameters, in order."""
     seen: list[Any] = []
