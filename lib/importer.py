@@ -170,7 +170,12 @@ class ImportReport:
             parts.append(f"{self.judgments} judgments")
         if self.extended:
             parts.append(f"{self.extended} of them added to evaluations already stored")
-        if self.unjudged:
+        if self.unjudged and self.kind == "phoenix":
+            # Phoenix's spans dataframe holds every span of the project (chains, retrievers, spans
+            # an earlier eval file judged): "without a judge result" would mislead (review14 F7).
+            spans = "span" if self.unjudged == 1 else "spans"
+            parts.append(f"{self.unjudged:,} other {spans} in the spans file (not judged in this file)")
+        elif self.unjudged:
             parts.append(f"{self.unjudged} without a judge result (not imported)")
         if self.off_trace:
             scores = "score" if self.off_trace == 1 else "scores"

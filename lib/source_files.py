@@ -16,8 +16,10 @@ Overrule's records (metrics, scales, labels) is `lib.source_records`' one rule; 
   `{"traces": [...], "scores": [...]}`; a
   trace may embed its full score objects. Scores from human annotation (`source: ANNOTATION`) are
   the reviewer's side, the others the judge's.
-- **Phoenix**: span evaluations (`SpanEvaluations.save()` Parquet with its `eval_name`, or CSV/Parquet
-  with `context.span_id`/`span_id`, `label`, `score`, `explanation` and an optional `eval_name`
+- **Phoenix**: span evaluations (the client's annotations, `get_span_annotations_dataframe()`:
+  `span_id`, `annotation_name`, `annotator_kind`, `result.label`/`result.score`/`result.explanation`;
+  `SpanEvaluations.save()` Parquet with its `eval_name`; or CSV/Parquet with
+  `context.span_id`/`span_id`, `label`, `score`, `explanation` and an optional `eval_name`
   column) plus the spans file (`get_spans_dataframe()` saved as Parquet or CSV) for question,
   answer, model and time.
 """
@@ -277,9 +279,9 @@ def phoenix_table(path: Path, source: str) -> str | None:
         if line.startswith(("{", "[")):
             return None
         names = {name.strip() for name in next(csv.reader([line]), [])}
-    if not names & {"context.span_id", "span_id"}:
+    if not names & set(_SPAN_IDS):
         return "parquet" if parquet else None
-    return "evaluations" if names & {"label", "score", "explanation"} else "spans"
+    return "evaluations" if names & set(sum(_RESULTS.values(), ())) else "spans"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -615,10 +617,18 @@ def _langfuse_verdict(score: Mapping[str, Any], where: str) -> SourceVerdict | N
 # Phoenix
 
 # The columns the Phoenix reader uses; a Parquet file's others are never decoded.
-_EVAL_COLUMNS = frozenset(("context.span_id", "span_id", "eval_name", "name", "annotation_name", "label", "score", "explanation"))  # fmt: skip
+# A span's id: `SpanEvaluations` and the spans dataframe name it `context.span_id`, Phoenix's client
+# annotations (`spans.get_span_annotations_dataframe()`, saved with its index) `span_id`.
+_SPAN_IDS = ("context.span_id", "span_id")
+# An evaluation's result: `label`/`score`/`explanation` (SpanEvaluations, a file you write), or the
+# client's annotations' `result.label`/`result.score`/`result.explanation`.
+_RESULTS = {name: (name, f"result.{name}") for name in ("label", "score", "explanation")}
+_EVAL_COLUMNS = frozenset(
+    (*_SPAN_IDS, "eval_name", "name", "annotation_name", "annotator_kind", *sum(_RESULTS.values(), ()))
+)
 _SPAN_COLUMNS = frozenset(
     (
-        "context.span_id", "span_id", "start_time", "attributes", "attributes.input.value",
+        *_SPAN_IDS, "start_time", "attributes", "attributes.input.value",
         "attributes.llm.input_messages", "attributes.output.value", "attributes.llm.output_messages",
         "attributes.llm.model_name", "attributes.gen_ai.request.model",
     )
@@ -839,6 +849,24 @@ def _cell(row: Mapping[str, Any], *names: str) -> Any:
     return None
 
 
+def _column(row: Mapping[str, Any], *names: str) -> str:
+    """Which of `names` a row's value comes from (`_cell`'s choice), else the first the file has,
+    else the first: a refusal names the field as the file names it."""
+    return next((n for n in names if row.get(n) is not None), next((n for n in names if n in row), names[0]))
+
+
+def _span_id(row: Mapping[str, Any], where: str, why: str) -> tuple[str, str]:
+    """(the column, the span id) of a Phoenix row. Why the column: a refusal names the field as
+    the file names it (review14 F7: a `span_id` file was told about `context.span_id`)."""
+    if not any(name in row for name in _SPAN_IDS):
+        raise ImportFailed(f"{where}: the file has no column 'context.span_id' or 'span_id' ({why})")
+    column = _column(row, *_SPAN_IDS)
+    span_id = row.get(column)
+    if not isinstance(span_id, str) or not span_id:
+        raise _fail(where, column, f"is required: {why}")
+    return column, span_id
+
+
 def _csv_number(value: Any, where: str, field: str) -> float | None:
     if isinstance(value, str):
         try:
@@ -870,34 +898,38 @@ def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> So
     # The evaluations first, each checked as it is read (a fault stops the reading), then only the
     # spans they judged are kept from the spans file, whatever its size.
     verdicts: dict[str, list[SourceVerdict]] = {}
-    first: dict[tuple[str, str], str] = {}
+    id_columns: dict[str, str] = {}  # the column each judged span's id came from, for messages
+    first: dict[tuple[str, str, bool], str] = {}
     for where, row in eval_rows:
-        span_id = _cell(row, "context.span_id", "span_id")
-        if not isinstance(span_id, str) or not span_id:
-            raise _fail(where, "context.span_id", "is required: the span each evaluation judged")
+        id_column, span_id = _span_id(row, where, "the span each evaluation judged")
         name = _cell(row, "eval_name", "name", "annotation_name") or default_name or path.stem
         if not isinstance(name, str):
-            raise _fail(where, "eval_name", f"must be a string, got {type_name(name)}")
+            raise _fail(where, _column(row, "eval_name", "name", "annotation_name"), f"must be a string, got {type_name(name)}")  # fmt: skip
         name = name.strip()
-        if (span_id, name) in first:
+        # Phoenix's client annotations say who gave each (LLM, CODE or HUMAN): a person's is the
+        # reviewer's side of the evaluation, as Langfuse's ANNOTATION scores are.
+        human = _cell(row, "annotator_kind") == "HUMAN"
+        if (span_id, name, human) in first:
             raise _fail(
-                where, "context.span_id",
-                f"evaluation {name!r} of span {span_id!r} is given twice (first at {first[span_id, name]})",
+                where, id_column,
+                f"evaluation {name!r} of span {span_id!r} is given twice (first at {first[span_id, name, human]})",
             )  # fmt: skip
-        first[span_id, name] = where
-        label = _cell(row, "label")
+        first[span_id, name, human] = where
+        id_columns.setdefault(span_id, id_column)
+        label, explanation = _cell(row, *_RESULTS["label"]), _cell(row, *_RESULTS["explanation"])
         if label is not None and not isinstance(label, str):
-            raise _fail(where, "label", f"must be text, got {type_name(label)}")
-        explanation = _cell(row, "explanation")
+            raise _fail(where, _column(row, *_RESULTS["label"]), f"must be text, got {type_name(label)}")
         if explanation is not None and not isinstance(explanation, str):
-            raise _fail(where, "explanation", f"must be text, got {type_name(explanation)}")
+            raise _fail(where, _column(row, *_RESULTS["explanation"]), f"must be text, got {type_name(explanation)}")  # fmt: skip
+        score_column = _column(row, *_RESULTS["score"])
         verdicts.setdefault(span_id, []).append(
             SourceVerdict(
                 name=name,
-                score=_csv_number(_cell(row, "score"), where, "score"),
+                score=_csv_number(_cell(row, *_RESULTS["score"]), where, score_column),
                 label=label,
                 reason=explanation,
-                field="score",
+                field=score_column,
+                human=human,
                 where=where,
             )
         )
@@ -912,9 +944,7 @@ def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> So
     spans: dict[str, tuple[str, Mapping[str, Any]]] = {}
     unjudged = 0
     for where, row in span_rows:
-        span_id = _cell(row, "context.span_id", "span_id")
-        if not isinstance(span_id, str) or not span_id:
-            raise _fail(where, "context.span_id", "is required: each span needs its id")
+        _, span_id = _span_id(row, where, "each span needs its id")
         if span_id not in verdicts:
             unjudged += 1
         elif span_id not in spans:
@@ -922,7 +952,7 @@ def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> So
     out = SourceFile([], unjudged=unjudged + judged.skipped)
     for span_id, found in verdicts.items():
         if span_id not in spans:
-            raise _fail(found[0].where, "context.span_id", f"span {span_id!r} is not in {spans_source}")
+            raise _fail(found[0].where, id_columns[span_id], f"span {span_id!r} is not in {spans_source}")
         where, span = spans[span_id]
         model = _cell(span, "attributes.llm.model_name", "attributes.gen_ai.request.model")
         out.evaluations.append(
@@ -970,7 +1000,7 @@ class _JudgedRows:
         # Decided on the dictionary's values, never on the decoded column: a 44 KB file repeating
         # one 900 KB id on 4,096 rows decoded to 3.6 GB here (review10 F5).
         hits = []
-        for name in ("context.span_id", "span_id"):
+        for name in _SPAN_IDS:
             if name not in batch.schema.names:
                 continue
             column = batch.column(name)
