@@ -368,23 +368,14 @@ def _prepare_evaluations(
     """Validate every record (raising ImportFailed at the first fault, or, with `on_invalid`,
     handing it the record's position and fault and leaving that record out) and spool the rows
     (`_Spool`: `chunk_rows` a chunk, CHUNK_ROWS unless given). `rubrics`: products' rubrics the
-    caller read in this transaction and nothing changed since (others are read here)."""
+    caller read in this transaction and nothing changed since (`_SourceRubrics.unchanged`)."""
     prepared = _Prepared(spool=_Spool(chunk_rows), source=source)
     versions = _version_resolver(session, reviewer)
-    metric_sets: dict[str, MetricSet] = {}
-    known = rubrics or {}
+    metric_set = _metric_sets(session, rubrics)
     seen_keys: set[str] = set()
     # id → (where it first appeared, fingerprint of that record): a different record under the same
     # id is a conflict, refused with both places; the very same record again stays idempotent.
     seen_ids: dict[str, tuple[str, str]] = {}
-
-    def metric_set(product: str) -> MetricSet:
-        if product not in metric_sets:
-            specs = known.get(product)
-            metric_sets[product] = MetricSet(
-                product, specs if specs is not None else metrics_for_product(session=session, product=product)
-            )
-        return metric_sets[product]
 
     try:
         for position, (where, record) in enumerate(records):
@@ -418,6 +409,26 @@ def _prepare_evaluations(
         prepared.close()
         raise
     return prepared
+
+
+def _metric_sets(
+    session: Session, known: Mapping[str, list[MetricSpec]] | None
+) -> Callable[[str], MetricSet]:
+    """A product's MetricSet, made once: from `known` (rubrics read in this transaction that nothing
+    changed since), else read. The one lookup records are checked by, in an import and in late verdicts."""
+    metric_sets: dict[str, MetricSet] = {}
+    known = known or {}
+
+    def metric_set(product: str) -> MetricSet:
+        found = metric_sets.get(product)
+        if found is None:
+            specs = known.get(product)
+            found = metric_sets[product] = MetricSet(
+                product, specs if specs is not None else metrics_for_product(session=session, product=product)
+            )
+        return found
+
+    return metric_set
 
 
 def _version_ref(record: Any) -> judge_versions.VersionRef | None:
@@ -589,10 +600,9 @@ def import_source_evaluations(
     records it becomes in memory, not both.
     """
     actor = authorize(session, reviewer, Permission.IMPORT)
-    rubric = _source_rubric(session)
-    plan = source_records.plan_import(evaluations, rubric, on_invalid=on_invalid, via=via)
-    # The rubrics the plan read, by the name they were read under (`_source_rubric` strips it).
-    read = {p.strip(): specs for p, (specs, *_) in plan.rubrics.items() if isinstance(p, str)}
+    rubrics = _SourceRubrics(session)
+    plan = source_records.plan_import(evaluations, rubrics, on_invalid=on_invalid, via=via)
+    unchanged = rubrics.unchanged(plan)
     refused: dict[int, ImportFailed] = {}  # position in plan.records → why validation refused it
 
     def invalid(position: int, exc: InvalidField) -> None:
@@ -612,7 +622,7 @@ def import_source_evaluations(
             reviewer=actor.identity,
             on_invalid=kept if on_invalid is not None else None,
             chunk_rows=IN_MEMORY_CHUNK_ROWS,  # the evaluations are in memory whole already
-            rubrics=read if not plan.definitions else None,  # else read again after they were written
+            rubrics=unchanged,
         )
         prepared.source_keys = {positions[i]: key for i, key in prepared.source_keys.items()}
         return prepared
@@ -786,24 +796,42 @@ def _extend_stored(
     return fresh, extended, added
 
 
-def _source_rubric(session: Session) -> Callable[[str], tuple[list[Any], bool, bool]]:
-    """`plan_import`'s view of a product: its metrics, whether it defines its own, whether it has data."""
+class _SourceRubrics:
+    """The rubrics one plan of source evaluations reads (`import_source_evaluations`, a round of
+    `add_source_verdicts`), each product's once: called, `plan_import`'s view of a product (its
+    metrics, whether it defines its own, whether it has data); `unchanged`, those the records are
+    then checked against as read. The one home of both rules; each caller kept a memo of its own."""
 
-    def rubric(product: str) -> tuple[list[Any], bool, bool]:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.read: dict[str, tuple[list[Any], bool, bool]] = {}  # by the product's stripped name
+
+    def __call__(self, product: str) -> tuple[list[Any], bool, bool]:
         product = product.strip()
-        own = own_metrics(session, product)  # its rows say whether it defines its own: one read
+        found = self.read.get(product)
+        if found is None:
+            found = self.read[product] = self._read(product)
+        return found
+
+    def _read(self, product: str) -> tuple[list[Any], bool, bool]:
+        own = own_metrics(self.session, product)  # its rows say whether it defines its own: one read
         held = built(
-            session,
+            self.session,
             ("an evaluation of a product",),
             lambda: select(_SNAPSHOTS.c.id).where(_SNAPSHOTS.c.product == bindparam("product")).limit(1),
         )
         return (
             own if own is not None else list(DEFAULT_METRICS),
             own is not None,
-            session.execute(held, {"product": product}).first() is not None,
+            self.session.execute(held, {"product": product}).first() is not None,
         )
 
-    return rubric
+    def unchanged(self, plan: source_records.SourcePlan) -> dict[str, list[MetricSpec]]:
+        """The metrics read of each product `plan` writes no definition for: its records are checked
+        against them (`_metric_sets`). A product it defines metrics for is read again once they are
+        written (it was every product as soon as one gained a metric)."""
+        defined = {str(d["product"]).strip() for d in plan.definitions}
+        return {product: specs for product, (specs, *_) in self.read.items() if product not in defined}
 
 
 @dataclass(frozen=True)
@@ -937,14 +965,7 @@ def _add_verdicts(
             raise exc
         refusals[index] = exc
 
-    stored_rubric = _source_rubric(session)
-    rubrics: dict[str, tuple[list[Any], bool, bool]] = {}
-
-    def rubric(product: str) -> tuple[list[Any], bool, bool]:  # read once a product (plan_import too)
-        if product not in rubrics:
-            rubrics[product] = stored_rubric(product)
-        return rubrics[product]
-
+    rubric = _SourceRubrics(session)  # read once a product (plan_import too)
     evaluations: list[source_records.SourceEvaluation] = []
     of_evaluation: list[tuple[int, Any]] = []  # each evaluation's (index in items, snapshot row)
     for index, item in entries:
@@ -975,20 +996,15 @@ def _add_verdicts(
         via=via,
     )
     refused: dict[int, ImportFailed] = {}  # position in plan.records → why the check refused it
+    unchanged = rubric.unchanged(plan)
 
     def check(positions: list[int]) -> list[tuple[int, dict[str, Any], list[Any]]]:
-        metric_sets: dict[str, MetricSet] = {}  # read again after definitions were written
+        metric_set = _metric_sets(session, unchanged)  # each check anew: definitions were (re)written
         checked = []
         for position in positions:
             located, planned = plan.records[position]
             snapshot = of_evaluation[plan.indexes[position]][1]
             product = snapshot.product
-            if product not in metric_sets:
-                specs = rubric(product)[0] if not plan.definitions else None
-                metric_sets[product] = MetricSet(
-                    product,
-                    specs if specs is not None else metrics_for_product(session=session, product=product),
-                )
             have = json_object(snapshot.judge_scores_json)
             evidence = {
                 slug: e.get("evidence") or [] for slug, e in json_object(snapshot.evidence_json).items()
@@ -1004,7 +1020,7 @@ def _add_verdicts(
                 "primary_metric": snapshot.primary_metric, "bonus_metrics": list(snapshot.bonus_metrics or []),
                 "overall_feedback": snapshot.overall_feedback,
             }  # fmt: skip
-            metrics = metric_sets[product]
+            metrics = metric_set(product)
             try:
                 row, judged, _ = evaluation_row(
                     {k: v for k, v in record.items() if v is not None},

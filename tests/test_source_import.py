@@ -1758,6 +1758,53 @@ def test_score_labels_takes_a_pairs_other_number_from_its_partner() -> None:
     assert [e.verdicts[0].score for e in evals] == [0.8, None, 0.5, 1.0, None]
 
 
+def _rubric_reads(engine: Engine, run: Callable[[], object]) -> dict[str, int]:
+    """How many times `run` read each product's rubric (its metric_definitions rows)."""
+    reads: dict[str, int] = {}
+    rubric = "scale_inferred FROM metric_definitions WHERE metric_definitions.product ="  # lib.metrics
+
+    def count(_conn: Any, _cursor: Any, sql: str, params: Any, _context: Any, _many: bool) -> None:
+        if rubric in " ".join(sql.split()):
+            product = next(iter(params.values() if isinstance(params, dict) else params))
+            reads[product] = reads.get(product, 0) + 1
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        run()
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    return reads
+
+
+def test_a_products_rubric_is_read_once_when_only_another_product_gains_a_metric(engine: Engine) -> None:
+    """mend1 (note13's last read): the rule "check the records against the rubric the plan read,
+    unless the plan wrote definitions" was written in three places, two of them beside a memo of
+    their own, and went by the whole plan: one product gaining a metric made every product's rubric
+    read again. It is one place now (`_SourceRubrics.unchanged`), by product: in an import and in
+    late verdicts, a product that gains nothing is read once, one that gains a metric again once
+    its definitions are written (writing them reads it too: `upsert_metric_definitions`)."""
+
+    def ev(product: str, question: str, name: str, score: float) -> SourceEvaluation:
+        return SourceEvaluation(question, product, question, "A.", [SourceVerdict(name, score)])
+
+    evaluations = [ev("grows", "Q1", "novelty", 0.5), ev("same", "Q2", "truthfulness", 4)]
+    with session_scope(engine) as s:
+        reads = _rubric_reads(
+            engine, lambda: import_source_evaluations(session=s, evaluations=evaluations, source="t")
+        )
+        assert reads["same"] == 1 and reads["grows"] >= 2, reads
+        ids = dict(s.exec(select(EvaluationSnapshot.product, EvaluationSnapshot.id)).all())
+        late = [
+            LateVerdicts(ids["grows"], [SourceVerdict("depth", 0.25)], "late 1"),
+            LateVerdicts(ids["same"], [SourceVerdict("clarity", 3)], "late 2"),
+        ]
+        reads = _rubric_reads(engine, lambda: add_source_verdicts(session=s, items=late))
+        assert reads["same"] == 1 and reads["grows"] >= 2, reads
+    with Session(engine) as s:
+        judged = {e.product: set(e.judge_scores_json) for e in s.exec(select(EvaluationSnapshot))}
+    assert judged == {"grows": {"novelty", "depth"}, "same": {"truthfulness", "clarity"}}
+
+
 def test_score_labels_compares_labels_as_judgments_store_them() -> None:
     """mend1 (note13's last read): `score_labels` lower-cased labels itself beside `label_key`, the
     rule the judgments' label and the stored lookup follow, so text over LABEL_MAX characters (free
