@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import ipaddress
@@ -35,6 +36,7 @@ import logging
 import os
 import secrets
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -426,7 +428,7 @@ def _post(url: str, body: bytes, headers: Mapping[str, str], client: httpx.Clien
         return AttemptResult(None, refused, 0)
     stalled = None
     try:
-        response = client.post(url, content=body, headers=dict(headers))
+        response = client.post(url, content=body, headers=dict(headers), extensions={"trace": _PeerCheck()})
         error = None if 200 <= response.status_code < 300 else response.text[:500]
         code: int | None = response.status_code
     except httpx.HTTPError as exc:
@@ -438,66 +440,93 @@ def _post(url: str, body: bytes, headers: Mapping[str, str], client: httpx.Clien
     return AttemptResult(code, error, int((time.perf_counter() - started) * 1000), stalled)
 
 
-class _CheckedBackend(httpcore.SyncBackend):
-    """httpcore's network backend, refusing a connection whose peer `refused_address` refuses.
+# httpx's "trace" request extension (public: docs/advanced/extensions.md) names each step of a
+# request; this one comes when a connection is open, before anything is sent on it, with the
+# connection's network stream as its return value.
+CONNECTED = "connection.connect_tcp.complete"
+
+
+def _peer(info: Mapping[str, Any]) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """The address a new connection reached, from the CONNECTED event's information."""
+    return ipaddress.ip_address(str(info["return_value"].get_extra_info("server_addr")[0]).split("%", 1)[0])
+
+
+class _PeerCheck:
+    """The "trace" extension of every delivery: refuses a connection whose peer `refused_address`
+    refuses, before the request is sent on it.
 
     `_unreachable_address` resolves the host before the POST, and httpx resolves it again to
     connect: a DNS server answering a harmless address first and the metadata service second
-    (rebinding) gets past the first check, not this one, which looks at the socket's peer."""
+    (rebinding) gets past the first check, not this one, which looks at the socket's peer. Through a
+    proxy the connection is the proxy's, and the proxy connects to the receiver."""
 
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.NetworkStream:
-        stream = super().connect_tcp(host, port, timeout, local_address, socket_options)
-        peer = ipaddress.ip_address(str(stream.get_extra_info("server_addr")[0]).split("%", 1)[0])
-        refused = refused_address(peer)
-        if refused is not None:
-            stream.close()
-            raise httpcore.ConnectError(f"refused: {host} connected to {peer}, {refused}")
-        return stream
+    def __init__(self) -> None:
+        self.host = ""
+
+    def __call__(self, event: str, info: Mapping[str, Any]) -> None:
+        if event == "connection.connect_tcp.started":
+            self.host = str(info.get("host", ""))
+        elif event == CONNECTED:
+            peer = _peer(info)
+            refused = refused_address(peer)
+            if refused is not None:
+                info["return_value"].close()
+                raise httpcore.ConnectError(f"refused: {self.host} connected to {peer}, {refused}")
 
 
 def http_client() -> httpx.Client:
     """The client deliveries use: REQUEST_TIMEOUT per read or write, CONNECT_TIMEOUT to connect (a
-    receiver that is down costs little), redirects not followed, and every direct connection's peer
-    checked (`_CheckedBackend`, set on the default transport's pool: httpx takes no backend, and
-    passing a transport of our own would drop the HTTP(S)_PROXY settings a proxy user relies on;
-    through a proxy, the proxy connects). DeliveriesStopped when that hook cannot be installed."""
-    client = httpx.Client(
+    receiver that is down costs little), redirects not followed, the HTTP(S)_PROXY settings of the
+    environment kept. Every POST carries `_PeerCheck` (`_post`); DeliveriesStopped when this install
+    of httpx would not call it (`_check_connections`)."""
+    _check_connections()
+    return httpx.Client(
         timeout=httpx.Timeout(REQUEST_TIMEOUT, connect=CONNECT_TIMEOUT), follow_redirects=False
     )
-    try:
-        _check_connections(client)
-    except BaseException:
-        client.close()
-        raise
-    return client
 
 
 class DeliveriesStopped(RuntimeError):
-    """The delivery client cannot check the address of each connection (an httpcore release changed
-    what `http_client` hooks): Overrule then delivers nothing, rather than deliver unchecked."""
+    """The installed httpx does not report new connections to the "trace" extension as `_PeerCheck`
+    reads them (an httpx or httpcore release changed it): Overrule then delivers nothing, rather
+    than deliver unchecked."""
 
 
-def _check_connections(client: httpx.Client) -> None:
-    """Put `_CheckedBackend` on the client's pool, or raise DeliveriesStopped. An explicit check,
-    not an `assert`: under `python -O` an assert is gone, and setting an attribute httpcore renamed
-    would "succeed" on the pool without effect, so the check would be silently off."""
-    pool = getattr(client._transport, "_pool", None)
-    backend = getattr(pool, "_network_backend", None)
-    if not isinstance(pool, httpcore.ConnectionPool) or type(backend) is not httpcore.SyncBackend:
+class _Probed(Exception):
+    """Ends `_check_connections`' request once its connection is open: nothing is sent."""
+
+
+def _check_connections() -> None:
+    """Open one connection through httpx to a listening socket of our own, read its peer as
+    `_PeerCheck` does, and raise DeliveriesStopped unless that worked. Nothing is sent (the probe
+    stops the request when the connection is open; the kernel completes the handshake without an
+    accept). An explicit check, not an `assert`: under `python -O` an assert is gone, and a renamed
+    event would leave the check silently off."""
+    seen: list[ipaddress.IPv4Address | ipaddress.IPv6Address] = []
+
+    def probe(event: str, info: Mapping[str, Any]) -> None:
+        if event == CONNECTED:
+            seen.append(_peer(info))
+            info["return_value"].close()
+        if event == CONNECTED or event.endswith("send_request_headers.started"):
+            raise _Probed
+
+    # No proxy, and a TLS context without certificates (loading them costs ~20 ms): plain http to
+    # a loopback socket.
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    # Whatever fails in the request (an event renamed, its information changed), `seen` says it.
+    with (
+        socket.create_server(("127.0.0.1", 0)) as listener,
+        httpx.Client(trust_env=False, verify=tls, timeout=CONNECT_TIMEOUT) as client,
+        contextlib.suppress(Exception),
+    ):
+        client.post(f"http://127.0.0.1:{listener.getsockname()[1]}/", extensions={"trace": probe})
+    if seen != [ipaddress.ip_address("127.0.0.1")]:
         raise DeliveriesStopped(
-            f"webhook deliveries stopped: httpcore {getattr(httpcore, '__version__', '?')} (with httpx "
-            f"{httpx.__version__}) no longer has the connection pool's network backend that Overrule "
-            "checks each receiver's address on, so nothing is delivered; install the httpcore version "
-            "requirements.txt pins and restart"
+            f"webhook deliveries stopped: httpx {httpx.__version__} (with httpcore "
+            f"{getattr(httpcore, '__version__', '?')}) no longer reports the connections it opens to the "
+            "trace extension that Overrule checks each receiver's address on, so nothing is delivered; "
+            "install the httpx and httpcore versions requirements.txt pins and restart"
         )
-    pool._network_backend = _CheckedBackend()
 
 
 def _claim(engine: Engine, now: datetime, limit: int) -> dict[int, datetime]:

@@ -718,30 +718,66 @@ def test_the_connection_itself_is_checked_so_a_name_rebound_after_the_check_is_n
     assert [r["signed"] for r in receiver.received] == [True]
 
 
-def rename_network_backend(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
-    """Make httpcore's pools keep their backend under another name, as a release might; returns the undo."""
-    real = httpcore.ConnectionPool.__init__
+def test_a_proxy_from_the_environment_is_used_and_its_own_address_checked(
+    sqlite_engine: Engine, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTP_PROXY is kept (the client is httpx's default one, and the check rides on each request):
+    the receiver stands in for the proxy, so a POST to a name only the proxy knows arrives. The
+    check of each connection sees the proxy's address, which is refused like a receiver's."""
+    items(sqlite_engine, 1)
+    _, receiver.secret = register(
+        sqlite_engine, "http://behind.proxy.example/hook", events=("judgment.overruled",)
+    )
+    real = socket.getaddrinfo
 
-    def renamed(self: httpcore.ConnectionPool, *args: Any, **kwargs: Any) -> None:
-        real(self, *args, **kwargs)
-        self._backend_renamed = self._network_backend  # type: ignore[attr-defined]
-        del self._network_backend
+    def lookup(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "behind.proxy.example":  # the lookup before the POST: a private address, allowed
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.7", 0))]
+        return real(host, *args, **kwargs)
 
-    monkeypatch.setattr(httpcore.ConnectionPool, "__init__", renamed)
-    return lambda: monkeypatch.setattr(httpcore.ConnectionPool, "__init__", real)
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{receiver.port}")
+    overrule(sqlite_engine)
+    monkeypatch.setattr(
+        webhooks, "METADATA_ADDRESSES", webhooks.METADATA_ADDRESSES | {ipaddress.ip_address("127.0.0.1")}
+    )
+    assert webhooks.deliver_due(sqlite_engine) == 1
+    assert receiver.received == []
+    [row] = deliveries(sqlite_engine)
+    assert (
+        row.last_error == "ConnectError: refused: 127.0.0.1 connected to 127.0.0.1, a cloud metadata address"
+    )
+    monkeypatch.setattr(webhooks, "METADATA_ADDRESSES", frozenset())
+    assert webhooks.deliver_due(sqlite_engine, clock=at(utcnow() + timedelta(seconds=60))) == 1
+    [sent] = receiver.received
+    assert (sent["signed"], sent["headers"]["Host"]) == (True, "behind.proxy.example")
+
+
+def rename_connection_event(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Make httpcore report a new connection to the "trace" extension under another event name, as
+    a release might; returns the undo."""
+    real = httpcore._trace.Trace.trace
+
+    def renamed(self: httpcore._trace.Trace, name: str, info: dict[str, Any]) -> None:
+        real(self, name.replace("connect_tcp", "open_tcp"), info)
+
+    monkeypatch.setattr(httpcore._trace.Trace, "trace", renamed)
+    return lambda: monkeypatch.setattr(httpcore._trace.Trace, "trace", real)
 
 
 def test_a_client_that_cannot_check_addresses_delivers_nothing_says_why_and_recovers(
     engine: Engine, receiver: Receiver, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """An httpcore upgrade that renames what `http_client` hooks: no client is built (fail closed),
+    """An httpx or httpcore upgrade that renames the event `_PeerCheck` reads: no client is built (fail closed),
     the worker thread stays alive delivering nothing, logs why at ERROR once, the Admin page says it,
     and it delivers once a client can be built again, without a restart. SQLite and PostgreSQL."""
     hook_id, receiver.secret = register(engine, receiver.url, events=("judgment.overruled",))
     enqueue_for(engine, hook_id, 1)
-    restore = rename_network_backend(monkeypatch)
+    restore = rename_connection_event(monkeypatch)
     with pytest.raises(
-        webhooks.DeliveriesStopped, match=r"webhook deliveries stopped: httpcore .* requirements\.txt"
+        webhooks.DeliveriesStopped, match=r"webhook deliveries stopped: httpx .* requirements\.txt"
     ):
         webhooks.http_client()
     monkeypatch.setattr(webhooks, "CLIENT_RETRY_SECONDS", 0.05)
@@ -754,7 +790,7 @@ def test_a_client_that_cannot_check_addresses_delivers_nothing_says_why_and_reco
             logging.ERROR
         ]
         problem = webhooks.worker_problem()
-        assert problem is not None and problem.startswith("webhook deliveries stopped: httpcore")
+        assert problem is not None and problem.startswith("webhook deliveries stopped: httpx")
         assert worker.is_alive() and receiver.received == []
         [row] = deliveries(engine)
         assert (row.status, row.attempts) == ("pending", 0)
@@ -770,15 +806,19 @@ def test_a_client_that_cannot_check_addresses_delivers_nothing_says_why_and_reco
 
 
 def test_under_python_O_the_address_check_is_installed_or_nothing_is_delivered() -> None:
-    """`python -O` strips asserts: the check that the hook took must not be one."""
+    """`python -O` strips asserts: neither the check of each connection nor the probe that proves
+    it runs may be one."""
     script = """
+import ipaddress, socket
 import pytest
 from lib import webhooks
-from tests.test_webhooks import rename_network_backend
-client = webhooks.http_client()
-print(__debug__, type(client._transport._pool._network_backend).__name__)
-client.close()
-rename_network_backend(pytest.MonkeyPatch())
+from tests.test_webhooks import rename_connection_event
+webhooks._unreachable_address = lambda url: None  # the lookup before the POST says nothing is wrong
+webhooks.METADATA_ADDRESSES |= {ipaddress.ip_address("127.0.0.1")}
+with socket.create_server(("127.0.0.1", 0)) as receiver, webhooks.http_client() as client:
+    sent = webhooks._post(f"http://127.0.0.1:{receiver.getsockname()[1]}/", b"{}", {}, client)
+print(__debug__, sent.error)
+rename_connection_event(pytest.MonkeyPatch())
 try:
     webhooks.http_client()
 except webhooks.DeliveriesStopped as exc:
@@ -795,7 +835,10 @@ else:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["False _CheckedBackend", "refused: webhook deliveries stopped"]
+    assert done.stdout.splitlines() == [
+        "False ConnectError: refused: 127.0.0.1 connected to 127.0.0.1, a cloud metadata address",
+        "refused: webhook deliveries stopped",
+    ]
 
 
 def test_the_worker_survives_a_batch_that_raises(
@@ -894,9 +937,9 @@ def test_the_command_line_refuses_to_deliver_without_the_address_check(
 ) -> None:
     hook_id, _ = register(sqlite_engine, receiver.url, events=("judgment.overruled",))
     enqueue_for(sqlite_engine, hook_id, 1)
-    rename_network_backend(monkeypatch)
+    rename_connection_event(monkeypatch)
     done = run_cli("webhooks", "deliver", env={"OVERRULE_DATABASE_URL": sqlite_url})
-    assert done.returncode == 1 and "error: webhook deliveries stopped: httpcore" in done.stderr
+    assert done.returncode == 1 and "error: webhook deliveries stopped: httpx" in done.stderr
     assert receiver.received == []
     [row] = deliveries(sqlite_engine)
     assert (row.status, row.attempts, row.next_attempt_at <= utcnow()) == ("pending", 0, True)  # not claimed

@@ -338,13 +338,13 @@ def test_a_lead_registers_a_webhook_reads_the_delivery_log_and_replays(
 def test_the_delivery_log_says_when_the_worker_delivers_nothing(
     app_engine: Engine, open_page, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """review9: an httpcore upgrade that leaves the address check nothing to hook stops deliveries;
+    """review9: an httpx or httpcore upgrade that leaves the address check unproven stops deliveries;
     the server log alone is not where a lead looks, so the Delivery log says it (and a dead thread)."""
     from lib import webhooks
-    from tests.test_webhooks import rename_network_backend
+    from tests.test_webhooks import rename_connection_event
     from tests.waiting import wait_until
 
-    restore = rename_network_backend(monkeypatch)
+    restore = rename_connection_event(monkeypatch)
     monkeypatch.setattr(webhooks, "_worker", None)
     worker = webhooks.start_worker(app_engine)
     try:
@@ -352,7 +352,7 @@ def test_the_delivery_log_says_when_the_worker_delivers_nothing(
         restore()  # the worker tries again in a minute; the page's own clients stay untouched
         at = open_page(PAGE, reviewer="ayse")
         [error] = [e.value for e in at.error]
-        assert error.startswith(escape_markdown("webhook deliveries stopped: httpcore "))
+        assert error.startswith(escape_markdown("webhook deliveries stopped: httpx "))
     finally:
         worker.stop()
     at.run()
