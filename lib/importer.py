@@ -1501,11 +1501,12 @@ def detect_kind(path: Path, source: str | None = None, options: Any = None) -> t
     refused naming its kind and what to pass (review14 F9): Phoenix's spans file, a promptfoo
     .jsonl's product (its lines name none); so is a Phoenix spans file given alone.
     """
-    from lib.source_files import SourceOptions, phoenix_table
+    from lib.source_files import SourceOptions, file_head, phoenix_table
 
     source = source or path.name
     options = options or SourceOptions()
-    table = phoenix_table(path, source)
+    head = file_head(path)
+    table = phoenix_table(path, source, head)
     if table == "parquet":
         raise ImportFailed(
             f"{source}: a Parquet file, but not Phoenix span evaluations (no context.span_id or span_id "
@@ -1525,7 +1526,7 @@ def detect_kind(path: Path, source: str | None = None, options: Any = None) -> t
                         "give its spans file")
             )  # fmt: skip
         return "phoenix", None
-    kind, document = _detect(path, source)
+    kind, document = _detect(path, source, head)
     if kind == "promptfoo-lines":
         if not options.product:
             raise ImportFailed(
@@ -1534,13 +1535,12 @@ def detect_kind(path: Path, source: str | None = None, options: Any = None) -> t
                 + _pass(options.via, "promptfoo", "--product NAME", "name its product")
             )
         kind = "promptfoo"
-    # A tool's file is read again by its reader: the document is not kept meanwhile.
-    return kind, (None if kind in SOURCE_KINDS else document)
+    # A tool's document parsed whole here is its reader's (`read_source`): one parse, not two.
+    return kind, document
 
 
-def _detect(path: Path, source: str) -> tuple[str, Any]:
-    with path.open("rb") as fh:
-        head = fh.read(64 * 1024).removeprefix(BOM).decode("utf-8", errors="replace").lstrip()
+def _detect(path: Path, source: str, raw_head: bytes) -> tuple[str, Any]:
+    head = raw_head.removeprefix(BOM).decode("utf-8", errors="replace").lstrip()
     if not head:
         raise ImportFailed(f"{source}: the file is empty")
     if head.startswith("["):
@@ -1676,7 +1676,8 @@ def _import_file(
         kind, document = detect_kind(path, source, options)
     _check_options(kind, options, source)
     if kind in SOURCE_KINDS:
-        read = read_source(kind, path, options, source)
+        read = read_source(kind, path, options, source, document)
+        document = None  # its records are read: the parsed document is not held through the import
         with session_scope(engine) as session:
             score_stored_labels(session, read.evaluations, read.label_scores)
             fresh, extended, added = _extend_stored(session, read.evaluations, actor, read.via)

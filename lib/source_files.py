@@ -77,18 +77,22 @@ class SourceOptions:
     via: str = "cli"
 
 
-def read_source(kind: str, path: Path, options: SourceOptions, source: str | None = None) -> SourceFile:
+def read_source(
+    kind: str, path: Path, options: SourceOptions, source: str | None = None, document: Any = None
+) -> SourceFile:
     """Read a promptfoo, Langfuse or Phoenix file; ImportFailed names the place and field at fault.
-    Labels sent without a number are left for the import to score (`SourceFile.label_scores`)."""
+    Labels sent without a number are left for the import to score (`SourceFile.label_scores`).
+    `document`: the file's JSON document when telling its kind parsed it whole already
+    (`lib.importer.detect_kind`, a pretty-printed results.json or Langfuse page): not parsed again."""
     source = source or path.name
     if kind not in SOURCE_KINDS:
         raise ImportFailed(f"unknown source kind {kind!r}; choose one of {', '.join(SOURCE_KINDS)}")
     product = (options.product or "").strip() or DEFAULT_PRODUCTS[kind]
     explicit = parse_label_scores(options.label_scores)
     if kind == "promptfoo":
-        read = _read_promptfoo(path, source, product if options.product else None)
+        read = _read_promptfoo(path, source, product if options.product else None, document)
     elif kind == "langfuse":
-        read = _read_langfuse(path, source, product if options.product else None)
+        read = _read_langfuse(path, source, product if options.product else None, document)
     elif options.spans is None:
         raise ImportFailed(
             f"{source}: a Phoenix import needs the spans file too (--spans FILE: the spans dataframe "
@@ -165,9 +169,14 @@ def _jsonl(path: Path, source: str) -> Iterator[tuple[str, Any]]:
     return nonblank(jsonl_records(path, source))
 
 
-def _lines_or_document(path: Path, source: str, document_keys: set[str]) -> tuple[list[tuple[str, Any]], Any]:
+def _lines_or_document(
+    path: Path, source: str, document_keys: set[str], document: Any = None
+) -> tuple[list[tuple[str, Any]], Any]:
     """(records, None) for JSON Lines, or ([], document) for one JSON document (also on one line,
-    recognised by `document_keys`). A file whose first non-blank line is a whole JSON object is JSON Lines."""
+    recognised by `document_keys`). A file whose first non-blank line is a whole JSON object is JSON Lines.
+    A `document` given is the file's, parsed whole by detection (whose first line was no whole object)."""
+    if document is not None:
+        return [], document
     first = None
     with path.open("rb") as fh:
         for raw in fh:
@@ -259,13 +268,24 @@ def _langfuse_item(obj: Mapping[str, Any]) -> bool:
 PARQUET_MAGIC = b"PAR1"  # a Parquet file's first bytes: how a Phoenix table is told from a CSV
 
 
-def phoenix_table(path: Path, source: str) -> str | None:
+HEAD_BYTES = 64 * 1024  # what telling a file's kind reads of its start (`file_head`)
+
+
+def file_head(path: Path) -> bytes:
+    """The file's first HEAD_BYTES: read once by detection (`lib.importer.detect_kind`) for
+    `phoenix_table` and the JSON checks both."""
+    with path.open("rb") as fh:
+        return fh.read(HEAD_BYTES)
+
+
+def phoenix_table(path: Path, source: str, head: bytes | None = None) -> str | None:
     """What a Phoenix table is from its columns alone: "evaluations" (a span id column with label,
     score or explanation), "spans" (a span id without them: the spans dataframe), "parquet" (a
     Parquet file of neither); None for a file that is neither Parquet nor a CSV whose header names
-    a span id. Only the Parquet schema or the CSV header is read."""
-    with path.open("rb") as fh:
-        head = fh.read(64 * 1024)
+    a span id. Only the Parquet schema or the CSV header is read (from `head`, the file's
+    `file_head`, when the caller read it)."""
+    if head is None:
+        head = file_head(path)
     parquet = head.startswith(PARQUET_MAGIC)
     if parquet:
         import pyarrow.parquet as pq
@@ -288,9 +308,9 @@ def phoenix_table(path: Path, source: str) -> str | None:
 # promptfoo
 
 
-def _read_promptfoo(path: Path, source: str, product: str | None) -> SourceFile:
+def _read_promptfoo(path: Path, source: str, product: str | None, document: Any = None) -> SourceFile:
     _check_size(path, source)
-    records, doc = _lines_or_document(path, source, {"results", "evalId"})
+    records, doc = _lines_or_document(path, source, {"results", "evalId"}, document)
     if doc is None:  # `promptfoo eval -o results.jsonl`: one result per line
         return _promptfoo_results(((where, obj, "") for where, obj in records), source, product, None, None)
     doc = _object(doc, source, None)
@@ -464,8 +484,8 @@ def _is_page(obj: Any) -> bool:
     )
 
 
-def _langfuse_items(path: Path, source: str) -> Iterator[tuple[str, Any]]:
-    records, doc = _lines_or_document(path, source, {"data", "traces", "scores"})
+def _langfuse_items(path: Path, source: str, document: Any = None) -> Iterator[tuple[str, Any]]:
+    records, doc = _lines_or_document(path, source, {"data", "traces", "scores"}, document)
     if doc is None:
         for where, obj in records:
             if _is_page(obj):  # `curl …/api/public/traces >> export.jsonl`: a line per API page
@@ -490,11 +510,11 @@ def _langfuse_items(path: Path, source: str) -> Iterator[tuple[str, Any]]:
     yield from ((f"{source}, item {i + 1}", obj) for i, obj in enumerate(doc))
 
 
-def _read_langfuse(path: Path, source: str, product: str | None) -> SourceFile:
+def _read_langfuse(path: Path, source: str, product: str | None, document: Any = None) -> SourceFile:
     _check_size(path, source)
     traces: dict[str, tuple[str, Mapping[str, Any]]] = {}
     scores: list[tuple[str, Mapping[str, Any]]] = []
-    for where, raw in _langfuse_items(path, source):
+    for where, raw in _langfuse_items(path, source, document):
         obj = _object(raw, where, None)
         if _is_score(obj):
             scores.append((where, obj))

@@ -954,8 +954,9 @@ def test_detection_imports_promptfoo_and_langfuse_files_as_their_kinds(
     page.write_text(json.dumps({"data": items, "meta": {"page": 1}}, indent=2))
     scores = tmp_path / "scores.json"
     scores.write_text(json.dumps([item for item in items if "traceId" in item]))
-    assert importer.detect_kind(page) == ("langfuse", None)
-    assert importer.detect_kind(scores) == ("langfuse", None)
+    # Parsed whole to tell them (a pretty-printed page, a list): handed on to the reader.
+    assert importer.detect_kind(page) == ("langfuse", {"data": items, "meta": {"page": 1}})
+    assert importer.detect_kind(scores) == ("langfuse", [item for item in items if "traceId" in item])
     spans = tmp_path / "spans.csv"
     shutil.copy(FIXTURES / "phoenix_spans.csv", spans)
     report = import_path(
@@ -963,6 +964,65 @@ def test_detection_imports_promptfoo_and_langfuse_files_as_their_kinds(
         options=SourceOptions(spans=spans, product="qa"),
     )  # fmt: skip
     assert (report.kind, report.inserted) == ("phoenix", 2)
+
+
+def test_detection_parses_a_tools_document_once_and_reads_the_files_start_once(
+    sqlite_engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mend1 (note13's last read): an import without a kind parsed a pretty-printed promptfoo
+    results.json or Langfuse page whole to tell its kind, threw the document away and parsed it
+    again in its reader; and read the file's first 64 KiB twice (the Phoenix check, then the JSON one)."""
+    from lib import json_files
+
+    parses: list[str] = []
+    real_parse = json_files.parse_document
+
+    def parse(raw: bytes, source: str) -> Any:
+        parses.append(source)
+        return real_parse(raw, source)
+
+    heads: list[str] = []
+    real_open = Path.open
+
+    class Counted:
+        def __init__(self, path: Path, fh: Any) -> None:
+            self.path, self.fh = path, fh
+
+        def read(self, size: int = -1) -> bytes:
+            if size == 64 * 1024:  # lib.source_files.HEAD_BYTES
+                heads.append(self.path.name)
+            return self.fh.read(size)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.fh, name)
+
+        def __iter__(self) -> Any:
+            return iter(self.fh)
+
+        def __enter__(self) -> Counted:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.fh.close()
+
+    def counted_open(path: Path, *args: Any, **kwargs: Any) -> Any:
+        return Counted(path, real_open(path, *args, **kwargs))
+
+    monkeypatch.setattr(json_files, "parse_document", parse)
+    monkeypatch.setattr(Path, "open", counted_open)
+    page = tmp_path / "page.json"
+    lines = (FIXTURES / "langfuse_export.jsonl").read_text("utf-8").splitlines()
+    page.write_text(json.dumps({"data": [json.loads(line) for line in lines], "meta": {"page": 1}}, indent=2))
+    for path, kind, inserted in (
+        (FIXTURES / "promptfoo_results.json", "promptfoo", 3),
+        (page, "langfuse", 3),
+    ):
+        parses.clear()
+        heads.clear()
+        report = import_path(engine=sqlite_engine, path=path, kind=None, reviewer=WHO)
+        assert (report.kind, report.inserted) == (kind, inserted)
+        assert parses == [path.name], parses
+        assert heads == [path.name], heads
 
 
 @pytest.mark.parametrize(
