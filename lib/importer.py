@@ -151,8 +151,10 @@ class ImportReport:
     # judgments added to evaluations stored by an earlier import (an eval run on them since).
     unjudged: int = 0
     extended: int = 0
-    # Langfuse: scores of a session or dataset run, skipped (Overrule imports trace scores).
+    # Langfuse: scores of a session or dataset run, skipped (Overrule imports trace scores), and
+    # TEXT and CORRECTION scores, skipped (text, not a score on a scale).
     off_trace: int = 0
+    text_scores: int = 0
     # Evaluations: the id each inserted evaluation got, by its source key, and (source imports)
     # each accepted evaluation's source key by its index among those given: lib.otlp links its
     # spans to them without hashing their content again or reading them back.
@@ -181,6 +183,11 @@ class ImportReport:
             scores = "score" if self.off_trace == 1 else "scores"
             parts.append(
                 f"{self.off_trace} session or dataset-run {scores} skipped (Overrule imports trace scores)"
+            )
+        if self.text_scores:
+            scores = "score" if self.text_scores == 1 else "scores"
+            parts.append(
+                f"{self.text_scores} TEXT or CORRECTION {scores} skipped (text, not a score on a scale)"
             )
         if self.kind == "interactions":
             parts.append(f"{self.expert_reviews} expert reviews")
@@ -1685,6 +1692,7 @@ def _import_file(
                 session=session, evaluations=fresh, source=source, reviewer=actor, via=read.via
             )
         report.kind, report.unjudged, report.off_trace = kind, read.unjudged, read.off_trace
+        report.text_scores = read.text_scores
         report.skipped += extended
         report.judgments += added
         report.extended = added

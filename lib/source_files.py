@@ -58,6 +58,8 @@ class SourceFile:
     unjudged: int = 0
     # Langfuse scores of a session or a dataset run (no traceId): nothing Overrule stores judges them.
     off_trace: int = 0
+    # Langfuse TEXT and CORRECTION scores (a comment, a corrected output): text, no score on a scale.
+    text_scores: int = 0
     via: str = "cli"  # SourceOptions.via, for the import's messages
     # The user's scores of labels sent without a number (SourceOptions.label_scores, parsed): the
     # import scores those labels once, with the product's stored ones (`lib.importer.score_stored_labels`).
@@ -532,7 +534,7 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
                 scores.append((f"{where}, scores[{i}]", {"traceId": trace_id, **embedded}))
     verdicts: dict[str, list[SourceVerdict]] = {}
     seen_scores: set[str] = set()
-    off_trace = 0
+    off_trace = text_scores = 0
     for where, score in scores:
         trace_id = score.get("traceId")
         if trace_id is None and (score.get("sessionId") or score.get("datasetRunId")):
@@ -555,9 +557,11 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
                 continue  # the same score listed and embedded
             seen_scores.add(score_id)
         verdict = _langfuse_verdict(score, where)
-        if verdict is not None:
+        if verdict is None:
+            text_scores += 1  # skipped, and the summary says so
+        else:
             verdicts.setdefault(trace_id, []).append(verdict)
-    out = SourceFile([], off_trace=off_trace)
+    out = SourceFile([], off_trace=off_trace, text_scores=text_scores)
     for trace_id, (where, trace) in traces.items():
         found = verdicts.get(trace_id)
         if not found:

@@ -249,6 +249,33 @@ def test_langfuse_session_and_dataset_run_scores_are_skipped_and_counted(
     assert "None" not in message
 
 
+def test_langfuse_text_and_correction_scores_are_skipped_and_counted(
+    sqlite_engine: Engine, sqlite_url: str, tmp_path: Path
+) -> None:
+    """mend1 (note13's review14 leftovers): a TEXT score (a comment) and a CORRECTION score (a
+    corrected output) hold text, no score on a scale; they were skipped without a word, so a user
+    whose feedback scores vanished could not tell why. The summary counts them (command line, API,
+    Import page all show it); a trace whose only score is one stays "without a judge result"."""
+    lines = (FIXTURES / "langfuse_export.jsonl").read_text(encoding="utf-8").splitlines()
+    text = {**json.loads(lines[4]), "id": "score-t1", "name": "feedback", "dataType": "TEXT"}
+    text.update({"value": None, "stringValue": "Clear, but long."})
+    correction = {
+        **text,
+        "id": "score-c1",
+        "traceId": "trace-0004",
+        "name": "output",
+        "dataType": "CORRECTION",
+    }
+    export = tmp_path / "export.jsonl"
+    export.write_text("\n".join([*lines, json.dumps(text), json.dumps(correction)]) + "\n", encoding="utf-8")
+    done = run_cli("import", str(export), "--kind", "langfuse", env={"OVERRULE_DATABASE_URL": sqlite_url})
+    assert done.returncode == 0, done.stderr
+    assert "1 without a judge result (not imported)" in done.stdout
+    assert "2 TEXT or CORRECTION scores skipped (text, not a score on a scale)" in done.stdout
+    assert _counts(sqlite_engine)[:2] == (3, 6)
+    assert not {"feedback", "output"} & set(_metrics(sqlite_engine, "support-bot"))
+
+
 def test_a_langfuse_score_outside_the_rubric_scale_names_its_line(
     sqlite_engine: Engine, tmp_path: Path
 ) -> None:
