@@ -1744,21 +1744,24 @@ def test_a_rejudge_replaces_the_label_of_the_decision_it_replaces(engine: Engine
         assert _stored_label_scores(s)("P", "correctness", "correct") == {1.0}
 
 
-def _largest_parameter_list(engine: Engine, run: Callable[[], object]) -> int:
-    """The most parameters one statement (not an executemany) bound while `run` ran."""
-    largest = 0
+def _sent(engine: Engine, run: Callable[[], object]) -> list[tuple[str, Any, bool]]:
+    """The statements `run` sent: (SQL, parameters, whether an executemany), in order."""
+    sent: list[tuple[str, Any, bool]] = []
 
-    def seen(_conn: Any, _cursor: Any, _sql: str, params: Any, _context: Any, executemany: bool) -> None:
-        nonlocal largest
-        if not executemany and params:
-            largest = max(largest, len(params))
+    def seen(_conn: Any, _cursor: Any, sql: str, params: Any, _context: Any, executemany: bool) -> None:
+        sent.append((sql, params, executemany))
 
     event.listen(engine, "before_cursor_execute", seen)
     try:
         run()
     finally:
         event.remove(engine, "before_cursor_execute", seen)
-    return largest
+    return sent
+
+
+def _largest_parameter_list(engine: Engine, run: Callable[[], object]) -> int:
+    """The most parameters one statement (not an executemany) bound while `run` ran."""
+    return max((len(params) for _, params, many in _sent(engine, run) if not many and params), default=0)
 
 
 def test_late_verdicts_bind_their_ids_as_one_parameter_however_many_evaluations(engine: Engine) -> None:
@@ -1849,17 +1852,10 @@ def _rubric_reads(engine: Engine, run: Callable[[], object]) -> dict[str, int]:
     """How many times `run` read each product's rubric (its metric_definitions rows)."""
     reads: dict[str, int] = {}
     rubric = "scale_inferred FROM metric_definitions WHERE metric_definitions.product ="  # lib.metrics
-
-    def count(_conn: Any, _cursor: Any, sql: str, params: Any, _context: Any, _many: bool) -> None:
+    for sql, params, _ in _sent(engine, run):
         if rubric in " ".join(sql.split()):
             product = next(iter(params.values() if isinstance(params, dict) else params))
             reads[product] = reads.get(product, 0) + 1
-
-    event.listen(engine, "before_cursor_execute", count)
-    try:
-        run()
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
     return reads
 
 
@@ -1922,18 +1918,7 @@ def test_score_labels_compares_labels_as_judgments_store_them() -> None:
 
 def _label_lookups(engine: Engine, run: Callable[[], object]) -> list[Any]:
     """The stored-label lookups (`_stored_label_scores`) `run` sent: their parameters, in order."""
-    seen: list[Any] = []
-
-    def count(_conn: Any, _cursor: Any, sql: str, params: Any, _context: Any, _many: bool) -> None:
-        if "judgments.label IS NOT NULL" in sql:
-            seen.append(params)
-
-    event.listen(engine, "before_cursor_execute", count)
-    try:
-        run()
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
-    return seen
+    return [params for sql, params, _ in _sent(engine, run) if "judgments.label IS NOT NULL" in sql]
 
 
 def test_a_files_labels_are_scored_once_and_an_unscored_one_looked_up_once(
