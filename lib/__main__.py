@@ -598,7 +598,7 @@ def _cmd_otlp(args: argparse.Namespace) -> int:
     if waiting.rows:  # the columns' names, as the CSV's header (docs/cli.md)
         print("\t".join(otlp_waiting.COLUMNS))
     for row in waiting.rows:
-        print("\t".join(one_line(str(cell)) for cell in row.values()))
+        print("\t".join(one_line(cell) for cell in row.cells()))
     if args.limit is not None and waiting.total > len(waiting.rows):
         print(f"(the oldest {len(waiting.rows):,} of {waiting.total:,}; --csv prints them all)")
     return 0

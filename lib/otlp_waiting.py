@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, Text, and_, bindparam, case, cast, func, not_, or_, select, text
 from sqlmodel import Session, col
 
+from lib.csv_text import iso_utc
 from lib.models import AuditEvent, utcnow
 from lib.otlp_table import PENDING_DAYS, SPANS, TRACE_END, aware, lacking
 
@@ -33,6 +34,11 @@ if TYPE_CHECKING:
 SWEPT_ACTION = "otlp_swept"
 SWEPT_BY = "otlp receiver"  # the audit row's identity: no one's request, the receiver's clean-up
 NOTHING = "Nothing waits: every span and verdict received has met its other half."  # CLI and page
+
+# Rows of verdicts counted by why on the Admin page and in the API answer: the oldest this many
+# (classing a row is the one cost of the counts that grows fast: SQLite 0.91 -> 0.43 CPU s an API
+# call at 300k waiting verdicts); the rest are counted, not classed. The CLI and the CSV class all.
+CLASSED = 10_000
 
 # Why a row waits, in the order the summary lists them, with what the summary calls them.
 WHY = {
@@ -75,7 +81,7 @@ class WaitingRow:
     advice: str  # why it waits and what the sender should change, in words
 
     def values(self) -> tuple[Any, ...]:
-        """The row as `COLUMNS` name its cells."""
+        """The row as `COLUMNS` name its cells ("" for what it does not have, as a CSV cell is)."""
         return (
             self.since,
             self.what,
@@ -90,13 +96,23 @@ class WaitingRow:
         )
 
     def record(self) -> dict[str, Any]:
-        """The row as JSON (`GET /api/v1/otlp/waiting`): `COLUMNS`, the time in ISO 8601 UTC."""
+        """The row as JSON (`GET /api/v1/otlp/waiting`): `COLUMNS`, what the row does not have null
+        (review14 F7: `trace_id: ""` beside `response_id: null`), the time as the CSV writes it."""
         return {
-            **dict(zip(COLUMNS, self.values(), strict=True)),
-            "waiting_since": aware(self.since).isoformat(),
-            "response_id": self.response_id,
+            **{k: v or None for k, v in zip(COLUMNS, self.values(), strict=True)},
+            "waiting_since": utc_text(self.since),
             "evaluations": list(self.evaluations),
         }
+
+    def cells(self) -> tuple[str, ...]:
+        """The row as the CLI prints it: the CSV's text of each cell (the time `...Z`)."""
+        return (utc_text(self.since), *map(str, self.values()[1:]))
+
+
+def utc_text(moment: datetime) -> str:
+    """A stored time as the list writes it everywhere (CSV, API, CLI): ISO 8601 UTC with `Z`.
+    Why one form: the three surfaces wrote three (review14 F7)."""
+    return iso_utc(aware(moment))
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +179,8 @@ class Waiting:
 def read(session: Session, *, limit: int | None = None, classed: int | None = None) -> Waiting:
     """Everything that waits in `otlp_spans`, counted by why; `rows` the oldest `limit` (None: all).
     With `classed`, only the oldest `classed` rows of verdicts are counted by why; the rest are
-    counted, not classed (`Waiting.unclassed`): the Admin page's bound (the CLI and API class all).
+    counted, not classed (`Waiting.unclassed`): the Admin page's and the API's bound (`CLASSED`;
+    the CLI and the CSV class all).
 
     Why: a lead sees what waits, for which reason, and what the sender should change, instead of
     verdicts that wait out the week without a word anywhere. The counts are SQL's (`_why`, grouped:
@@ -191,13 +208,14 @@ def waiting_record(waiting: Waiting) -> dict[str, Any]:
     last = waiting.swept.last_at
     return {
         "total": waiting.total,
+        "unclassed": waiting.unclassed,
         "counts": [
             {
                 "why": c.why,
                 "title": c.title,
                 "rows": c.rows,
                 "verdicts": c.verdicts,
-                "oldest": aware(c.oldest).isoformat(),
+                "oldest": utc_text(c.oldest),
             }
             for c in waiting.counts
         ],
@@ -206,7 +224,7 @@ def waiting_record(waiting: Waiting) -> dict[str, Any]:
             "sweeps": waiting.swept.sweeps,
             "calls": waiting.swept.calls,
             "verdicts": waiting.swept.verdicts,
-            "last_at": None if last is None else aware(last).isoformat(),
+            "last_at": None if last is None else utc_text(last),
         },
     }
 

@@ -16,7 +16,7 @@ from lib.ui import csv_download_all, get_engine, session_scope
 from lib.ui.tables import count_column, datetime_column, show_table, text_column
 
 SHOWN = 50  # the oldest rows in the table; the download holds them all
-CLASSED = 10_000  # rows of verdicts counted by why on the page (the oldest); the download classes all
+CLASSED = otlp_waiting.CLASSED  # rows of verdicts counted by why (the oldest); the download classes all
 
 
 def otlp_waiting_section() -> None:
@@ -70,8 +70,8 @@ def _waiting() -> None:
         if waiting.unclassed:
             st.caption(
                 f"Rows of verdicts are counted by why among the oldest {CLASSED:,} only: "
-                f"{waiting.unclassed:,} newer ones wait besides. The download, `python -m lib otlp "
-                "waiting` and GET /api/v1/otlp/waiting class them all."
+                f"{waiting.unclassed:,} newer ones wait besides. The download and `python -m lib "
+                "otlp waiting` class them all."
             )
         shown = len(waiting.rows)
         if waiting.total > shown:
