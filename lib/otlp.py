@@ -1031,10 +1031,13 @@ class _Join:
         self._route_verdicts()
         self._drop_orphans()
         ready: list[tuple[str, SpanCall, list[Verdict]]] = []
+        resent: dict[str, tuple[SpanCall, list[Verdict]]] = {}  # evaluation id: a span sent again
         for key in list(dict.fromkeys([*self.calls, *self.verdicts])):
             row = self.stored.get(key)
             verdicts = self.verdicts.get(key, [])
             if row is not None and row.snapshot_id is not None:
+                if key in self.calls:
+                    resent[row.snapshot_id] = (self.calls[key], verdicts)
                 if verdicts:
                     self._add_late(key, row.snapshot_id, verdicts)
                 continue
@@ -1057,6 +1060,8 @@ class _Join:
                 )
             else:
                 ready.append((key, call, verdicts))
+        if resent:
+            self.outcome.messages.extend(_resent_changes(self.session, resent))
         if ready and self.late:
             # Evaluations before counter rows (docs/internals.md "Counters"): the import takes
             # product and evaluation counter rows, and an archive of a late evaluation holding it
@@ -1501,6 +1506,42 @@ class _Join:
         for index, exc in sorted(refused, key=lambda r: r[0], reverse=True):  # later places first
             at, key, *_ = late[index]
             self.outcome.reject(self.batch, key, str(exc), at=at)
+
+
+def _resent_changes(session: Session, resent: dict[str, tuple[SpanCall, list[Verdict]]]) -> list[str]:
+    """What a span sent again, already an evaluation, carries that is not stored: other content
+    (product, question, answer, model: its source key differs) or another score for a metric the
+    evaluation has. A span is taken once (a retry re-sends it, and adds nothing); what changed is
+    said in the answer as OTLP's warning (partial success with 0 rejected: the request was
+    accepted) and in the server's log, instead of a silent `{}` (review14 F7). An exact re-send
+    says nothing. Only evaluations a request's spans name are read: a retry's, rarely any."""
+    from lib.snapshots import source_key_of
+
+    columns = (_SNAPSHOTS.c.id, _SNAPSHOTS.c.source_key, _SNAPSHOTS.c.product, _SNAPSHOTS.c.judge_scores_json)
+    found = session.execute(select(*columns).where(_SNAPSHOTS.c.id.in_(list(resent))))
+    notes = []
+    for snapshot_id, source_key, product, scores in found:
+        call, verdicts = resent[snapshot_id]
+        texts = (call.product, call.question, call.answer)
+        if all(isinstance(t, str) for t in texts) and source_key != source_key_of(
+            str(call.product).strip(), str(call.question), str(call.answer), call.model
+        ):
+            what = f"product {call.product!r}" if call.product != product else "question, answer or model"
+            notes.append(
+                f"{call.label()} is evaluation {snapshot_id} (product {product!r}) already: a span is "
+                f"taken once, so this copy's other {what} was not stored; send a changed call as a new span"
+            )
+        scores = json_object(scores)
+        for verdict in _dedupe(verdicts):
+            name = str(verdict.name)
+            stored = scores.get(name) or scores.get(metric_slug(name))
+            kept = stored.get("score") if isinstance(stored, Mapping) else None
+            if isinstance(kept, int | float) and verdict.score is not None and kept != verdict.score:
+                notes.append(
+                    f"{call.label()}: {name!r} {verdict.score:g} was not taken: evaluation {snapshot_id} "
+                    f"keeps its {kept:g} (a metric's verdict is taken once; re-judge it in Overrule)"
+                )
+    return notes
 
 
 def _metrics(verdicts: Iterable[Verdict]) -> list[str]:

@@ -215,6 +215,43 @@ def test_span_events_and_late_log_events_join_their_span_and_resends_add_nothing
     assert count(receiver.engine, Judgment) == 4
 
 
+def test_a_span_sent_again_with_other_content_is_answered_with_a_warning(
+    any_receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """review14 F7: a span already an evaluation, sent again with the same trace and span ids but
+    another product and score, answered `{}` and changed nothing, in silence. A span is still
+    taken once (an exporter's retry re-sends it and must add nothing), but what this copy carries
+    that was not stored is said: OTLP's partial success with 0 rejected (the proto allows a warning
+    in a fully accepted request) and the server's log line. An exact re-send says nothing."""
+    receiver = any_receiver
+    t = Telemetry("shop-bot")
+    t.call("Capital of Chile?", "Santiago.", events={"truthfulness": 5})
+    request = encode_spans(t.spans.get_finished_spans())
+    for _ in range(2):  # the export, then the SDK's retry of the same body
+        r = receiver.post("/v1/traces", request.SerializeToString())
+        assert r.status_code == 200 and not r.content, r.content
+    resource = request.resource_spans[0]
+    [product] = [kv for kv in resource.resource.attributes if kv.key == "service.name"]
+    product.value.string_value = "other-bot"
+    [score] = [
+        kv for kv in resource.scope_spans[0].spans[0].events[0].attributes
+        if kv.key == "gen_ai.evaluation.score.value"
+    ]  # fmt: skip
+    score.value.double_value = 1
+    with caplog.at_level("WARNING", logger="lib.api"):
+        r = receiver.post("/v1/traces", request.SerializeToString())
+    assert r.status_code == 200
+    partial = ExportTraceServiceResponse.FromString(r.content).partial_success
+    assert partial.rejected_spans == 0
+    with Session(receiver.engine) as session:
+        [stored] = session.exec(select(EvaluationSnapshot)).all()
+    assert (stored.product, stored.judge_scores_json["truthfulness"]["score"]) == ("shop-bot", 5.0)
+    assert f"is evaluation {stored.id} (product 'shop-bot') already" in partial.error_message
+    assert "this copy's other product 'other-bot' was not stored" in partial.error_message
+    assert f"'truthfulness' 1 was not taken: evaluation {stored.id} keeps its 5" in partial.error_message
+    assert any("0 rejected" in m and "was not taken" in m for m in caplog.messages), caplog.messages
+
+
 def test_events_before_their_span_wait_and_join_it_by_response_id(receiver: Receiver) -> None:
     t = Telemetry()
     t.verdict("truthfulness", 2, None, **{"gen_ai.response.id": "chatcmpl-42"})
