@@ -11,7 +11,8 @@ Overrule's records (metrics, scales, labels) is `lib.source_records`' one rule; 
   rendered prompt, the provider's output), one verdict per assertion (`metric` or its type) with
   its 0–1 score, pass/fail and reason.
 - **Langfuse** (public API or UI export): traces (`id`, `input`, `output`, `name`, `timestamp`) and
-  scores (`traceId`, `name`, `value`/`stringValue`, `dataType`, `comment`, `source`), as JSON Lines in
+  scores (`traceId`, `name`, `value`/`stringValue`, `dataType`, `comment`, `source`; or v3's
+  `subject` and one typed `value`, `GET /api/public/v3/scores?fields=subject,details`), as JSON Lines in
   any order (a line may be a whole API page), a JSON list, an API page `{"data": [...]}` or
   `{"traces": [...], "scores": [...]}`; a
   trace may embed its full score objects. Scores from human annotation (`source: ANNOTATION`) are
@@ -476,6 +477,60 @@ def _is_score(obj: Mapping[str, Any]) -> bool:
     )
 
 
+def _is_v3_score(obj: Mapping[str, Any]) -> bool:
+    """A score of `GET /api/public/v3/scores`: a `subject` (with `fields=subject`) instead of
+    `traceId`, and one `value` typed by `dataType`."""
+    return (
+        "dataType" in obj and "name" in obj and "traceId" not in obj and ("subject" in obj or "value" in obj)
+    )
+
+
+_V3_SUBJECTS = {
+    "trace": "traceId",
+    "observation": "traceId",
+    "session": "sessionId",
+    "experiment": "datasetRunId",
+}
+
+
+def _v2_score(obj: Mapping[str, Any], where: str) -> tuple[dict[str, Any], str]:
+    """A v3 score in v2's fields, for the one score reader, and the field naming its trace: its subject as `traceId` (an
+    observation's score judges its trace, as v2 gave it), `sessionId` or `datasetRunId`; its typed
+    value as `value` (a number; a boolean as 1/0) or `stringValue` (a category, a text). Why v3:
+    Langfuse deprecated `v2/scores`, and a deployment on Langfuse v4 answers it 404. A category
+    arrives without the number its score config gives it (v3 has no such field)."""
+    subject = obj.get("subject")
+    if subject is None:
+        raise _fail(
+            where, "subject",
+            "is missing: export v3 scores with fields=subject,details (the trace each judged, and its comment)",
+        )  # fmt: skip
+    subject = _object(subject, where, "subject")
+    kind = subject.get("kind")
+    if kind not in _V3_SUBJECTS:
+        raise _fail(where, "subject.kind", f"{kind!r} is not trace, observation, session or experiment")
+    field = "subject.traceId" if kind == "observation" else "subject.id"
+    ident = subject.get(field.removeprefix("subject."))
+    if not isinstance(ident, str) or not ident:
+        raise _fail(
+            where, field, f"is required: the {'trace' if kind == 'observation' else kind} the score judged"
+        )
+    out = {key: value for key, value in obj.items() if key not in ("subject", "value")}
+    out |= {"traceId": None, _V3_SUBJECTS[kind]: ident}
+    value, data_type = obj.get("value"), obj.get("dataType")
+    if data_type == "BOOLEAN":
+        if not isinstance(value, bool):
+            raise _fail(where, "value", f"must be true or false for a BOOLEAN score, got {type_name(value)}")
+        out["value"] = 1 if value else 0
+    elif data_type in ("CATEGORICAL", "TEXT", "CORRECTION"):
+        if not isinstance(value, str):
+            raise _fail(where, "value", f"must be text for a {data_type} score, got {type_name(value)}")
+        out["stringValue"] = value
+    else:
+        out["value"] = value
+    return out, field
+
+
 def _is_page(obj: Any) -> bool:
     """A Langfuse public API page, `{"data": [...], "meta": {...}}` (review7 F13: read as a trace)."""
     return (
@@ -515,11 +570,14 @@ def _langfuse_items(path: Path, source: str, document: Any = None) -> Iterator[t
 def _read_langfuse(path: Path, source: str, product: str | None, document: Any = None) -> SourceFile:
     _check_size(path, source)
     traces: dict[str, tuple[str, Mapping[str, Any]]] = {}
-    scores: list[tuple[str, Mapping[str, Any]]] = []
+    scores: list[tuple[str, Mapping[str, Any], str]] = []  # where, the score, its trace's field
     for where, raw in _langfuse_items(path, source, document):
         obj = _object(raw, where, None)
         if _is_score(obj):
-            scores.append((where, obj))
+            scores.append((where, obj, "traceId"))
+            continue
+        if _is_v3_score(obj):
+            scores.append((where, *_v2_score(obj, where)))
             continue
         trace_id = obj.get("id")
         if not isinstance(trace_id, str) or not trace_id.strip():
@@ -531,11 +589,11 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
         traces[trace_id] = (where, obj)
         for i, embedded in enumerate(obj.get("scores") or []):
             if isinstance(embedded, Mapping):  # a full trace (GET /traces/{id}) embeds its score objects
-                scores.append((f"{where}, scores[{i}]", {"traceId": trace_id, **embedded}))
+                scores.append((f"{where}, scores[{i}]", {"traceId": trace_id, **embedded}, "traceId"))
     verdicts: dict[str, list[SourceVerdict]] = {}
     seen_scores: set[str] = set()
     off_trace = text_scores = 0
-    for where, score in scores:
+    for where, score, trace_field in scores:
         trace_id = score.get("traceId")
         if trace_id is None and (score.get("sessionId") or score.get("datasetRunId")):
             # A session's or dataset run's score judges no one answer: skipped and counted, so a
@@ -550,7 +608,7 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
         if not isinstance(trace_id, str):
             raise _fail(where, "traceId", f"must be a string, got {type_name(trace_id)}")
         if trace_id not in traces:
-            raise _fail(where, "traceId", f"trace {trace_id!r} is not in this file; export its trace too")
+            raise _fail(where, trace_field, f"trace {trace_id!r} is not in this file; export its trace too")
         score_id = score.get("id")
         if isinstance(score_id, str):
             if score_id in seen_scores:

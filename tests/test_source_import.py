@@ -276,6 +276,60 @@ def test_langfuse_text_and_correction_scores_are_skipped_and_counted(
     assert not {"feedback", "output"} & set(_metrics(sqlite_engine, "support-bot"))
 
 
+def test_langfuse_v3_scores_import_as_the_v2_ones_did(engine: Engine, tmp_path: Path) -> None:
+    """review14 F7: Langfuse deprecated `GET /api/public/v2/scores` (Langfuse v4 answers it 404) for
+    v3: `subject` {kind, id} instead of `traceId`, one `value` typed by `dataType`. A v3 score had
+    no `traceId`, so it was read as a trace. Now the v3 export is the v2 one's evaluations and
+    judgments; a category comes without its config's number, so it is scored as a label (here
+    by --label-scores); a boolean is true/false; a person's score stays the reviewer's side."""
+    v3 = FIXTURES / "langfuse_export_v3.jsonl"
+    message = _refused(engine, v3, "langfuse")
+    assert message.startswith(
+        "langfuse_export_v3.jsonl line 10, field 'value': label 'friendly' has no score"
+    )
+    options = SourceOptions(label_scores="friendly=1")
+    report = import_path(engine=engine, path=v3, kind="langfuse", reviewer=WHO, options=options)
+    assert (report.inserted, report.judgments, report.unjudged) == (3, 6, 1)
+    snapshots = _snapshots(engine)
+    assert snapshots["trace-0002"].judge_scores_json["policy-compliant"]["score"] == 0.0
+    assert snapshots["trace-0002"].user_scores_json["helpfulness"]["score"] == 1.0  # ANNOTATION
+    assert snapshots["trace-0003"].judge_scores_json["tone"]["score"] == 1.0
+    again = import_path(engine=engine, path=FIXTURES / "langfuse_export.jsonl", kind="langfuse", reviewer=WHO)
+    assert (again.inserted, again.skipped, again.judgments) == (0, 3, 0)  # the same evaluations as v2's
+
+
+def test_langfuse_v3_scores_subjects_and_faults(sqlite_engine: Engine, tmp_path: Path) -> None:
+    """A v3 score's subject: a session's or an experiment's is skipped and counted as v2's; an
+    observation's judges its trace, as v2 gave it; a score exported without `fields=subject` is
+    refused with what to export; a trace not in the file is named by the v3 field."""
+    lines = (FIXTURES / "langfuse_export_v3.jsonl").read_text(encoding="utf-8").splitlines()
+    base = json.loads(lines[4])  # helpfulness 4 of trace-0001
+    extra = [
+        {**base, "id": "v3-s", "name": "satisfaction", "subject": {"kind": "session", "id": "session-7"}},
+        {**base, "id": "v3-e", "name": "satisfaction", "subject": {"kind": "experiment", "id": "run-3"}},
+        {**base, "id": "v3-o", "name": "clarity", "value": 3, "subject": {"kind": "observation", "id": "obs-0004", "traceId": "trace-0004"}},
+    ]  # fmt: skip
+    export = tmp_path / "export.jsonl"
+    export.write_text("\n".join([*lines, *map(json.dumps, extra)]) + "\n", encoding="utf-8")
+    report = import_path(
+        engine=sqlite_engine, path=export, kind="langfuse", reviewer=WHO,
+        options=SourceOptions(label_scores="friendly=1"),
+    )  # fmt: skip
+    assert (report.inserted, report.unjudged, report.off_trace) == (4, 0, 2)  # trace-0004 judged now
+    assert _judged(sqlite_engine, "clarity") == {"trace-0004": (3.0, "Clear steps.")}
+    cases = {
+        "no subject": ({k: v for k, v in base.items() if k != "subject"}, "field 'subject': is missing: export v3 scores with fields=subject,details"),
+        "unknown trace": ({**base, "subject": {"kind": "trace", "id": "trace-9999"}}, "field 'subject.id': trace 'trace-9999' is not in this file"),
+        "odd boolean": ({**base, "dataType": "BOOLEAN", "value": 1}, "field 'value': must be true or false for a BOOLEAN score"),
+        "odd kind": ({**base, "subject": {"kind": "user", "id": "u"}}, "field 'subject.kind': 'user' is not trace"),
+    }  # fmt: skip
+    for name, (score, expected) in cases.items():
+        export.write_text("\n".join([*lines, json.dumps(score)]) + "\n", encoding="utf-8")
+        assert _refused(sqlite_engine, export, "langfuse").startswith(f"export.jsonl line 12, {expected}"), (
+            name
+        )
+
+
 def test_a_langfuse_score_outside_the_rubric_scale_names_its_line(
     sqlite_engine: Engine, tmp_path: Path
 ) -> None:
@@ -1524,10 +1578,12 @@ def _doc_block(marker: str) -> str:
 def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
     sqlite_engine: Engine, tmp_path: Path
 ) -> None:
-    """review7 F13: `curl …/traces >> f; curl …/v2/scores >> f` gives a file of API pages, one a
+    """review7 F13: `curl …/traces >> f; curl …/scores >> f` gives a file of API pages, one a
     line; each line was read as a trace ("field 'id': is required"). The docs' export script, run
-    as written against a stand-in for Langfuse's public API (two items a page), writes every page
-    of both endpoints, and the import of that file is the import of the items themselves."""
+    as written against a stand-in for Langfuse's public API (two items a page: traces by page
+    number, v3 scores by cursor, as Langfuse's API definition gives them; v2/scores is deprecated,
+    review14 F7), writes every page of both endpoints, and the import of that file is the import
+    of the items themselves."""
     import base64
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -1535,10 +1591,10 @@ def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
 
     if not (shutil.which("curl") and shutil.which("jq") and shutil.which("bash")):
         pytest.skip("the docs' export script needs bash, curl and jq")
-    items = [json.loads(line) for line in (FIXTURES / "langfuse_export.jsonl").read_text().splitlines()]
+    items = [json.loads(line) for line in (FIXTURES / "langfuse_export_v3.jsonl").read_text().splitlines()]
     by_endpoint = {
-        "/api/public/traces": [i for i in items if "traceId" not in i],
-        "/api/public/v2/scores": [i for i in items if "traceId" in i],
+        "/api/public/traces": [i for i in items if "subject" not in i],
+        "/api/public/v3/scores": [i for i in items if "subject" in i],
     }
     asked: list[str] = []
     key = "Basic " + base64.b64encode(b"pk-lf-test:sk-lf-test").decode()
@@ -1551,12 +1607,22 @@ def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
                 self.send_response(404 if data is None else 401)
                 self.end_headers()
                 return
-            page = int(parse_qs(url.query)["page"][0])
+            query = parse_qs(url.query)
+            if url.path.endswith("/traces"):
+                page = int(query["page"][0])
+                rows = data[(page - 1) * 2 : page * 2]
+                meta: dict[str, Any] = {"page": page, "limit": 2, "totalItems": len(data), "totalPages": -(-len(data) // 2)}  # fmt: skip
+            else:  # v3: an opaque cursor, none on the last page; only the field groups asked for
+                start = int(base64.urlsafe_b64decode(query["cursor"][0])) if "cursor" in query else 0
+                page = start // 2 + 1
+                groups = query.get("fields", [""])[0].split(",")
+                rows = [{k: v for k, v in i.items() if k != "subject" or "subject" in groups} for i in data]
+                rows = rows[start : start + 2]
+                meta = {"limit": 2}
+                if start + 2 < len(data):
+                    meta["cursor"] = base64.urlsafe_b64encode(str(start + 2).encode()).decode()
             asked.append(f"{url.path}?page={page}")
-            body = {
-                "data": data[(page - 1) * 2 : page * 2],
-                "meta": {"page": page, "limit": 2, "totalItems": len(data), "totalPages": -(-len(data) // 2)},
-            }
+            body = {"data": rows, "meta": meta}
             raw = json.dumps(body, indent=2).encode()  # pretty: the script makes it one line
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -1571,7 +1637,7 @@ def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         script = tmp_path / "langfuse-export.sh"
-        script.write_text(_doc_block("api/public/$endpoint"), encoding="utf-8")
+        script.write_text(_doc_block("api/public/v3/scores"), encoding="utf-8")
         env = {
             "PATH": "/usr/bin:/bin",
             "LANGFUSE_HOST": f"http://127.0.0.1:{server.server_port}",
@@ -1585,14 +1651,17 @@ def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
         server.shutdown()
         server.server_close()
     assert done.returncode == 0, done.stderr
-    traces, scores = len(by_endpoint["/api/public/traces"]), len(by_endpoint["/api/public/v2/scores"])
+    traces, scores = len(by_endpoint["/api/public/traces"]), len(by_endpoint["/api/public/v3/scores"])
     assert asked == [f"/api/public/traces?page={p}" for p in range(1, -(-traces // 2) + 1)] + [
-        f"/api/public/v2/scores?page={p}" for p in range(1, -(-scores // 2) + 1)
+        f"/api/public/v3/scores?page={p}" for p in range(1, -(-scores // 2) + 1)
     ]
     export = tmp_path / "export.jsonl"
     assert len(export.read_text().splitlines()) == len(asked) and not (tmp_path / "page.json").exists()
-    report = import_path(engine=sqlite_engine, path=export, kind="langfuse", reviewer=WHO)
+    # v3 gives a category without its config's number: the user gives it (docs/importing.md)
+    options = SourceOptions(label_scores="friendly=1")
+    report = import_path(engine=sqlite_engine, path=export, kind="langfuse", reviewer=WHO, options=options)
     assert (report.inserted, report.judgments, report.unjudged) == (3, 6, 1)  # as the items' own file
+    assert _judged(sqlite_engine, "tone") == {"trace-0003": (1.0, "friendly: Warm and brief.")}
     lines = export.read_text().splitlines()
     page = json.loads(lines[0])
     page["data"][1]["id"] = ""
