@@ -12,7 +12,8 @@ Overrule's records (metrics, scales, labels) is `lib.source_records`' one rule; 
   its 0–1 score, pass/fail and reason.
 - **Langfuse** (public API or UI export): traces (`id`, `input`, `output`, `name`, `timestamp`) and
   scores (`traceId`, `name`, `value`/`stringValue`, `dataType`, `comment`, `source`; or v3's
-  `subject` and one typed `value`, `GET /api/public/v3/scores?fields=subject,details`), as JSON Lines in
+  `subject` and one typed `value`, `GET /api/public/v3/scores?fields=subject,details`, with the
+  score configs giving a category its number), as JSON Lines in
   any order (a line may be a whole API page), a JSON list, an API page `{"data": [...]}` or
   `{"traces": [...], "scores": [...]}`; a
   trace may embed its full score objects. Scores from human annotation (`source: ANNOTATION`) are
@@ -498,7 +499,8 @@ def _v2_score(obj: Mapping[str, Any], where: str) -> tuple[dict[str, Any], str]:
     observation's score judges its trace, as v2 gave it), `sessionId` or `datasetRunId`; its typed
     value as `value` (a number; a boolean as 1/0) or `stringValue` (a category, a text). Why v3:
     Langfuse deprecated `v2/scores`, and a deployment on Langfuse v4 answers it 404. A category
-    arrives without the number its score config gives it (v3 has no such field)."""
+    arrives without the number its score config gives it: `_read_langfuse` takes it from the
+    config when the file holds it (`GET /api/public/score-configs`)."""
     subject = obj.get("subject")
     if subject is None:
         raise _fail(
@@ -529,6 +531,26 @@ def _v2_score(obj: Mapping[str, Any], where: str) -> tuple[dict[str, Any], str]:
     else:
         out["value"] = value
     return out, field
+
+
+def _is_score_config(obj: Mapping[str, Any]) -> bool:
+    """A score config (`GET /api/public/score-configs`): what a categorical score's categories are
+    worth, which a v3 score no longer carries."""
+    return "isArchived" in obj and "dataType" in obj and "value" not in obj
+
+
+def _category_scores(config: Mapping[str, Any], where: str) -> dict[str, float]:
+    """A categorical config's {label: number}; empty for other configs."""
+    categories = config.get("categories") or []
+    if not isinstance(categories, list):
+        raise _fail(where, "categories", f"must be a list, got {type_name(categories)}")
+    out = {}
+    for i, category in enumerate(categories):
+        category = _object(category, where, f"categories[{i}]")
+        label, value = category.get("label"), _number(category.get("value"), where, f"categories[{i}].value")
+        if isinstance(label, str) and value is not None:
+            out[label] = value
+    return out
 
 
 def _is_page(obj: Any) -> bool:
@@ -571,6 +593,7 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
     _check_size(path, source)
     traces: dict[str, tuple[str, Mapping[str, Any]]] = {}
     scores: list[tuple[str, Mapping[str, Any], str]] = []  # where, the score, its trace's field
+    categories: dict[str, dict[str, float]] = {}  # a categorical score config's numbers, by config id
     for where, raw in _langfuse_items(path, source, document):
         obj = _object(raw, where, None)
         if _is_score(obj):
@@ -578,6 +601,10 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
             continue
         if _is_v3_score(obj):
             scores.append((where, *_v2_score(obj, where)))
+            continue
+        if _is_score_config(obj):
+            if isinstance(obj.get("id"), str):
+                categories[obj["id"]] = _category_scores(obj, where)
             continue
         trace_id = obj.get("id")
         if not isinstance(trace_id, str) or not trace_id.strip():
@@ -614,6 +641,11 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
             if score_id in seen_scores:
                 continue  # the same score listed and embedded
             seen_scores.add(score_id)
+        config = score.get("configId")
+        if score.get("value") is None and isinstance(config, str) and config in categories:
+            # a v3 category, without the number its config gives it: the config says it
+            number = categories[config].get(score.get("stringValue"))
+            score = score if number is None else {**score, "value": number}
         verdict = _langfuse_verdict(score, where)
         if verdict is None:
             text_scores += 1  # skipped, and the summary says so

@@ -280,15 +280,16 @@ def test_langfuse_v3_scores_import_as_the_v2_ones_did(engine: Engine, tmp_path: 
     """review14 F7: Langfuse deprecated `GET /api/public/v2/scores` (Langfuse v4 answers it 404) for
     v3: `subject` {kind, id} instead of `traceId`, one `value` typed by `dataType`. A v3 score had
     no `traceId`, so it was read as a trace. Now the v3 export is the v2 one's evaluations and
-    judgments; a category comes without its config's number, so it is scored as a label (here
-    by --label-scores); a boolean is true/false; a person's score stays the reviewer's side."""
+    judgments: a category, which v3 gives without its number, takes the number its score config
+    (exported beside) gives it, as v2's `value` did; a boolean is true/false; a person's score stays
+    the reviewer's side. Without the config the category is a label like any other."""
     v3 = FIXTURES / "langfuse_export_v3.jsonl"
-    message = _refused(engine, v3, "langfuse")
-    assert message.startswith(
-        "langfuse_export_v3.jsonl line 10, field 'value': label 'friendly' has no score"
-    )
-    options = SourceOptions(label_scores="friendly=1")
-    report = import_path(engine=engine, path=v3, kind="langfuse", reviewer=WHO, options=options)
+    lines = v3.read_text(encoding="utf-8").splitlines()
+    no_config = tmp_path / "no-config.jsonl"
+    no_config.write_text("\n".join(ln for ln in lines if "isArchived" not in ln) + "\n", encoding="utf-8")
+    message = _refused(engine, no_config, "langfuse")
+    assert message.startswith("no-config.jsonl line 10, field 'value': label 'friendly' has no score")
+    report = import_path(engine=engine, path=v3, kind="langfuse", reviewer=WHO)
     assert (report.inserted, report.judgments, report.unjudged) == (3, 6, 1)
     snapshots = _snapshots(engine)
     assert snapshots["trace-0002"].judge_scores_json["policy-compliant"]["score"] == 0.0
@@ -325,7 +326,7 @@ def test_langfuse_v3_scores_subjects_and_faults(sqlite_engine: Engine, tmp_path:
     }  # fmt: skip
     for name, (score, expected) in cases.items():
         export.write_text("\n".join([*lines, json.dumps(score)]) + "\n", encoding="utf-8")
-        assert _refused(sqlite_engine, export, "langfuse").startswith(f"export.jsonl line 12, {expected}"), (
+        assert _refused(sqlite_engine, export, "langfuse").startswith(f"export.jsonl line 13, {expected}"), (
             name
         )
 
@@ -1593,7 +1594,8 @@ def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
         pytest.skip("the docs' export script needs bash, curl and jq")
     items = [json.loads(line) for line in (FIXTURES / "langfuse_export_v3.jsonl").read_text().splitlines()]
     by_endpoint = {
-        "/api/public/traces": [i for i in items if "subject" not in i],
+        "/api/public/traces": [i for i in items if "subject" not in i and "isArchived" not in i],
+        "/api/public/score-configs": [i for i in items if "isArchived" in i],
         "/api/public/v3/scores": [i for i in items if "subject" in i],
     }
     asked: list[str] = []
@@ -1608,7 +1610,7 @@ def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
                 self.end_headers()
                 return
             query = parse_qs(url.query)
-            if url.path.endswith("/traces"):
+            if not url.path.endswith("/v3/scores"):  # traces, score configs: numbered pages
                 page = int(query["page"][0])
                 rows = data[(page - 1) * 2 : page * 2]
                 meta: dict[str, Any] = {"page": page, "limit": 2, "totalItems": len(data), "totalPages": -(-len(data) // 2)}  # fmt: skip
@@ -1651,15 +1653,14 @@ def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
         server.shutdown()
         server.server_close()
     assert done.returncode == 0, done.stderr
-    traces, scores = len(by_endpoint["/api/public/traces"]), len(by_endpoint["/api/public/v3/scores"])
-    assert asked == [f"/api/public/traces?page={p}" for p in range(1, -(-traces // 2) + 1)] + [
-        f"/api/public/v3/scores?page={p}" for p in range(1, -(-scores // 2) + 1)
+    assert asked == [
+        f"{endpoint}?page={p}"
+        for endpoint, data in by_endpoint.items()
+        for p in range(1, -(-len(data) // 2) + 1)
     ]
     export = tmp_path / "export.jsonl"
     assert len(export.read_text().splitlines()) == len(asked) and not (tmp_path / "page.json").exists()
-    # v3 gives a category without its config's number: the user gives it (docs/importing.md)
-    options = SourceOptions(label_scores="friendly=1")
-    report = import_path(engine=sqlite_engine, path=export, kind="langfuse", reviewer=WHO, options=options)
+    report = import_path(engine=sqlite_engine, path=export, kind="langfuse", reviewer=WHO)
     assert (report.inserted, report.judgments, report.unjudged) == (3, 6, 1)  # as the items' own file
     assert _judged(sqlite_engine, "tone") == {"trace-0003": (1.0, "friendly: Warm and brief.")}
     lines = export.read_text().splitlines()
