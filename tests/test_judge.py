@@ -572,8 +572,10 @@ def test_a_judge_that_never_answers_times_out_and_writes_nothing(
 def test_stage2_timeout_after_a_good_stage1_writes_nothing(
     rubric: Engine, llm_server: LLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    no_retries(monkeypatch, timeout="0.3")
-    llm_server.script(json_reply(stage1_payload()), stall(3))
+    # Stage 1's reply must come within the timeout: 2 s, not 0.3, for a loaded machine (the stall
+    # lasts until the server stops).
+    no_retries(monkeypatch, timeout="2")
+    llm_server.script(json_reply(stage1_payload()), stall(600))
     with pytest.raises(JudgeFailed) as failure:
         judge_evaluation(engine=rubric, evaluation=evaluation(), reviewer="ayse")
     assert (failure.value.stage, failure.value.kind) == ("stage2", "timeout")

@@ -37,11 +37,13 @@ USER = [{"role": "user", "content": "Is the answer correct?"}]
 
 @pytest.fixture
 def llm_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[LLMServer]:
-    """A scripted server that the settings point at, with fast timeouts and retries."""
+    """A scripted server that the settings point at, with retries. The timeout is long: a reply that
+    a loaded machine delays past it is retried, and a test counting requests would fail by chance;
+    the tests of timeouts set a short one with a reply that never comes."""
     server = start_llm_server()
     monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
     monkeypatch.setenv("OPENAI_API_KEY", "test")
-    monkeypatch.setenv("OVERRULE_LLM_TIMEOUT", "1")
+    monkeypatch.setenv("OVERRULE_LLM_TIMEOUT", "30")
     monkeypatch.setenv("OVERRULE_LLM_MAX_RETRIES", "2")
     monkeypatch.delenv("OVERRULE_EMBEDDING_MODEL", raising=False)
     reset_settings()
@@ -181,8 +183,10 @@ def test_timeout_raises_llm_error_naming_the_setting(
 
 
 def test_timeout_is_retried_then_succeeds(llm_server: LLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    configure(monkeypatch, OVERRULE_LLM_TIMEOUT="0.3", OVERRULE_LLM_MAX_RETRIES="1")
-    llm_server.script(stall(), text("second try"))
+    # The retry's reply must come within the timeout: 2 s, not 0.3, for a loaded machine (the stall
+    # lasts until the server stops).
+    configure(monkeypatch, OVERRULE_LLM_TIMEOUT="2", OVERRULE_LLM_MAX_RETRIES="1")
+    llm_server.script(stall(600), text("second try"))
     assert llm.chat(USER, model=MODEL).text == "second try"
     assert len(llm_server.requests) == 2
 
@@ -505,7 +509,7 @@ def test_embed_of_nothing_sends_nothing(llm_server: LLMServer, monkeypatch: pyte
 def test_context_manager_stops_the_server() -> None:
     with running_llm_server() as server:
         base_url = server.base_url
-        settings = Settings(openai_base_url=base_url, llm_timeout=1.0, llm_max_retries=0)
+        settings = Settings(openai_base_url=base_url, llm_timeout=30.0, llm_max_retries=0)
         assert llm.chat(USER, model=MODEL, settings=settings).text == "ok"
     with pytest.raises(LLMError) as info:
         llm.chat(USER, model=MODEL, settings=settings)
