@@ -163,6 +163,10 @@ def test_stalled_downloads_free_their_workers(sqlite_engine: Engine, monkeypatch
         for future in submitted:
             with pytest.raises(wide_scan.ExportStalled, match=r"took nothing for 0\.5 s"):
                 wide_scan.EXPORT_WORKERS.result(future, timeout=60)
+        # The third is read to its end: a loaded machine that paused this reader for 0.5 s would
+        # stall it too.
+        monkeypatch.setenv("OVERRULE_EXPORT_STALL_SECONDS", "60")
+        reset_settings()
         third = b"".join(export.evaluations_csv_chunks(engine=sqlite_engine, filters=EvaluationFilters()))
         assert third.count(b"x" * 20_000) == 8
     finally:
