@@ -859,6 +859,7 @@ def add_source_verdicts(
     on_invalid: Callable[[int, ImportFailed], None] | None = None,
     via: str = "cli",
     stored_labels: bool = False,
+    on_kept: Callable[[int, source_records.SourceVerdict, float], None] | None = None,
 ) -> int:
     """Judge results that arrive for evaluations already stored (OTLP evaluation events after their
     span was imported, a second Phoenix eval, a later Langfuse score): each metric an evaluation has
@@ -879,7 +880,9 @@ def add_source_verdicts(
     `stored_labels`: the verdicts' labels sent without a number are not scored yet (OTLP's late
     verdicts, `lib.otlp`): score them as an import does (`score_stored_labels`). A file's late
     verdicts were scored with the whole file (`_import_file`), and scoring them again only looked up
-    again the labels nothing scores.
+    again the labels nothing scores. `on_kept(index, verdict, stored score)`: a verdict left out
+    because its evaluation has the metric with another score (OTLP says so in its answer; the
+    check reads nothing more than the evaluation the group reads anyway).
 
     A round holds at most LATE_ROUND_GROUPS groups, as an import of new evaluations writes at most
     IN_MEMORY_CHUNK_ROWS a chunk: a second eval file over a large project (`_extend_stored`) keeps
@@ -900,7 +903,7 @@ def add_source_verdicts(
             wait = item.snapshot_id in named or len(now) >= LATE_ROUND_GROUPS
             (later if wait else now).append((index, item))
             named.add(item.snapshot_id)
-        added += _add_verdicts(session, now, identity, on_invalid, via, stored_labels)
+        added += _add_verdicts(session, now, identity, on_invalid, via, stored_labels, on_kept)
         waiting = later
     return added
 
@@ -961,6 +964,7 @@ def _add_verdicts(
     on_invalid: Callable[[int, ImportFailed], None] | None,
     via: str,
     stored_labels: bool,
+    on_kept: Callable[[int, source_records.SourceVerdict, float], None] | None = None,
 ) -> int:
     """One round of `add_source_verdicts`: `entries` (index in its items, group) name different evaluations."""
     ids = bulk.among_value(session, {item.snapshot_id for _, item in entries})
@@ -982,7 +986,15 @@ def _add_verdicts(
             continue
         have = json_object(snapshot.judge_scores_json)
         specs = rubric(snapshot.product)[0]
-        new = [v for v in item.verdicts if source_records.resolve_metric(specs, v.name) not in have]
+        new = []
+        for verdict in item.verdicts:
+            slug = source_records.resolve_metric(specs, verdict.name)
+            if slug not in have:
+                new.append(verdict)
+            elif on_kept is not None and verdict.score is not None:
+                kept = have[slug].get("score") if isinstance(have[slug], Mapping) else None
+                if isinstance(kept, int | float) and kept != verdict.score:
+                    on_kept(index, verdict, kept)
         if new:
             evaluations.append(
                 source_records.SourceEvaluation(

@@ -1031,13 +1031,13 @@ class _Join:
         self._route_verdicts()
         self._drop_orphans()
         ready: list[tuple[str, SpanCall, list[Verdict]]] = []
-        resent: dict[str, tuple[SpanCall, list[Verdict]]] = {}  # evaluation id: a span sent again
+        resent: dict[str, SpanCall] = {}  # evaluation id: a span sent again
         for key in list(dict.fromkeys([*self.calls, *self.verdicts])):
             row = self.stored.get(key)
             verdicts = self.verdicts.get(key, [])
             if row is not None and row.snapshot_id is not None:
                 if key in self.calls:
-                    resent[row.snapshot_id] = (self.calls[key], verdicts)
+                    resent[row.snapshot_id] = self.calls[key]
                 if verdicts:
                     self._add_late(key, row.snapshot_id, verdicts)
                 continue
@@ -1492,6 +1492,7 @@ class _Join:
             return
         late, self.late = self.late, []
         refused: list[tuple[int, ImportFailed]] = []
+        kept: list[tuple[int, str]] = []  # a metric the evaluation has, sent with another score
         self.outcome.judgments += add_source_verdicts(
             session=self.session,
             items=[
@@ -1502,26 +1503,43 @@ class _Join:
             on_invalid=lambda index, exc: refused.append((index, exc)),
             via="otlp",
             stored_labels=True,
+            on_kept=lambda index, verdict, score: kept.append(
+                (index, _not_taken(late[index], verdict, score))
+            ),
         )
-        for index, exc in sorted(refused, key=lambda r: r[0], reverse=True):  # later places first
+        said: list[tuple[int, str | ImportFailed]] = [*refused, *kept]
+        for index, what in sorted(said, key=lambda r: r[0], reverse=True):  # later places first
             at, key, *_ = late[index]
-            self.outcome.reject(self.batch, key, str(exc), at=at)
+            if isinstance(what, ImportFailed):
+                self.outcome.reject(self.batch, key, str(what), at=at)
+            else:  # a warning: the request is accepted, nothing rejected (review14 F7)
+                self.outcome.messages.insert(at, what)
 
 
-def _resent_changes(session: Session, resent: dict[str, tuple[SpanCall, list[Verdict]]]) -> list[str]:
+def _not_taken(late: tuple[int, str, str, list[Verdict]], verdict: SourceVerdict, kept: float) -> str:
+    """The warning for a verdict left out (`add_source_verdicts`' `on_kept`): its evaluation has the
+    metric with another score. A span's event sent again or a late log record, alike."""
+    _, key, snapshot_id, _ = late
+    return (
+        f"{describe(key)}: {verdict.name!r} {verdict.score:g} was not taken: evaluation {snapshot_id} "
+        f"keeps its {kept:g} (a metric's verdict is taken once; re-judge it in Overrule)"
+    )
+
+
+def _resent_changes(session: Session, resent: dict[str, SpanCall]) -> list[str]:
     """What a span sent again, already an evaluation, carries that is not stored: other content
-    (product, question, answer, model: its source key differs) or another score for a metric the
-    evaluation has. A span is taken once (a retry re-sends it, and adds nothing); what changed is
-    said in the answer as OTLP's warning (partial success with 0 rejected: the request was
-    accepted) and in the server's log, instead of a silent `{}` (review14 F7). An exact re-send
-    says nothing. Only evaluations a request's spans name are read: a retry's, rarely any."""
+    (product, question, answer, model: its source key differs). A span is taken once (a retry
+    re-sends it, and adds nothing); what changed is said in the answer as OTLP's warning (partial
+    success with 0 rejected: the request was accepted) and in the server's log, instead of a silent
+    `{}` (review14 F7); its verdicts' other scores are said by `_not_taken`. An exact re-send says
+    nothing. Only evaluations a request's spans name are read: a retry's, rarely any."""
     from lib.snapshots import source_key_of
 
-    columns = (_SNAPSHOTS.c.id, _SNAPSHOTS.c.source_key, _SNAPSHOTS.c.product, _SNAPSHOTS.c.judge_scores_json)
+    columns = (_SNAPSHOTS.c.id, _SNAPSHOTS.c.source_key, _SNAPSHOTS.c.product)
     found = session.execute(select(*columns).where(_SNAPSHOTS.c.id.in_(list(resent))))
     notes = []
-    for snapshot_id, source_key, product, scores in found:
-        call, verdicts = resent[snapshot_id]
+    for snapshot_id, source_key, product in found:
+        call = resent[snapshot_id]
         texts = (call.product, call.question, call.answer)
         if all(isinstance(t, str) for t in texts) and source_key != source_key_of(
             str(call.product).strip(), str(call.question), str(call.answer), call.model
@@ -1531,16 +1549,6 @@ def _resent_changes(session: Session, resent: dict[str, tuple[SpanCall, list[Ver
                 f"{call.label()} is evaluation {snapshot_id} (product {product!r}) already: a span is "
                 f"taken once, so this copy's other {what} was not stored; send a changed call as a new span"
             )
-        scores = json_object(scores)
-        for verdict in _dedupe(verdicts):
-            name = str(verdict.name)
-            stored = scores.get(name) or scores.get(metric_slug(name))
-            kept = stored.get("score") if isinstance(stored, Mapping) else None
-            if isinstance(kept, int | float) and verdict.score is not None and kept != verdict.score:
-                notes.append(
-                    f"{call.label()}: {name!r} {verdict.score:g} was not taken: evaluation {snapshot_id} "
-                    f"keeps its {kept:g} (a metric's verdict is taken once; re-judge it in Overrule)"
-                )
     return notes
 
 

@@ -222,10 +222,11 @@ def test_a_span_sent_again_with_other_content_is_answered_with_a_warning(
     another product and score, answered `{}` and changed nothing, in silence. A span is still
     taken once (an exporter's retry re-sends it and must add nothing), but what this copy carries
     that was not stored is said: OTLP's partial success with 0 rejected (the proto allows a warning
-    in a fully accepted request) and the server's log line. An exact re-send says nothing."""
+    in a fully accepted request) and the server's log line. An exact re-send says nothing; a late
+    log record with another score for a metric the evaluation has is said the same way."""
     receiver = any_receiver
     t = Telemetry("shop-bot")
-    t.call("Capital of Chile?", "Santiago.", events={"truthfulness": 5})
+    span_context = t.call("Capital of Chile?", "Santiago.", events={"truthfulness": 5})
     request = encode_spans(t.spans.get_finished_spans())
     for _ in range(2):  # the export, then the SDK's retry of the same body
         r = receiver.post("/v1/traces", request.SerializeToString())
@@ -250,6 +251,17 @@ def test_a_span_sent_again_with_other_content_is_answered_with_a_warning(
     assert "this copy's other product 'other-bot' was not stored" in partial.error_message
     assert f"'truthfulness' 1 was not taken: evaluation {stored.id} keeps its 5" in partial.error_message
     assert any("0 rejected" in m and "was not taken" in m for m in caplog.messages), caplog.messages
+    # the same for a log record naming the span: another score of a metric it has is said, a new one added
+    t.verdict("truthfulness", 2, span_context)
+    t.verdict("clarity", 4, span_context)
+    r = receiver.post("/v1/logs", t.log_body())
+    partial = ExportLogsServiceResponse.FromString(r.content).partial_success
+    assert partial.rejected_log_records == 0
+    assert partial.error_message.endswith(
+        f"'truthfulness' 2 was not taken: evaluation {stored.id} keeps its 5 (a metric's verdict is taken "
+        "once; re-judge it in Overrule)"
+    )
+    assert judgments(receiver.engine) == {"truthfulness": ("5", None), "clarity": ("4", None)}
 
 
 def test_events_before_their_span_wait_and_join_it_by_response_id(receiver: Receiver) -> None:
@@ -1216,7 +1228,8 @@ def test_late_verdicts_of_a_request_are_added_together_as_one_by_one_with_the_sa
     an answer stored before) are added in one bulk call. What each call gets, the partial-success
     messages in their order, and every counter (equal to a recount) are what adding each call's
     verdicts alone gave: a refused group is refused alone and defines nothing, a re-sent metric is
-    left as it is, two spans of one stored answer in one request add their metrics in order."""
+    left as it is (another score said as a warning, in its group's place: review14 F7), two spans
+    of one stored answer in one request add their metrics in order."""
     from lib import counters, otlp
     from lib.config import get_settings
     from tests.test_source_import import _late_state
@@ -1234,16 +1247,20 @@ def test_late_verdicts_of_a_request_are_added_together_as_one_by_one_with_the_sa
     t.verdict("helpfulness", 9, spans["QB?"])
     t.verdict("  ", 4, spans["QC?"])  # no name: named, the call's other verdict still added
     t.verdict("safety", 4, spans["QC?"])
-    t.verdict("truthfulness", 1, spans["QD?"])  # re-sent: left as it is
+    t.verdict("truthfulness", 1, spans["QD?"])  # re-sent: left as it is, said (another score)
     t.verdict("helpfulness", 3, spans["QD?"])
     outcome = ingest("logs", t.log_body())
     assert (outcome.evaluations, outcome.judgments, outcome.rejected) == (0, 4, 4)
-    assert len(outcome.messages) == 2
+    assert len(outcome.messages) == 3
     assert (
         outcome.messages[0].startswith("span (trace ")
         and "score 9 for 'helpfulness' is outside its scale 1–5" in outcome.messages[0]
     )
     assert outcome.messages[1].endswith(": an evaluation event has no gen_ai.evaluation.name")
+    assert "'truthfulness' 1 was not taken: evaluation " in outcome.messages[2]
+    assert outcome.messages[2].endswith(
+        "keeps its 4 (a metric's verdict is taken once; re-judge it in Overrule)"
+    )
 
     # Spans of an answer stored before: their metrics it lacks are added, in order; one refused.
     t.call("QA?", "A.", events={"truthfulness": 4, "consistency": 5})
@@ -1252,10 +1269,10 @@ def test_late_verdicts_of_a_request_are_added_together_as_one_by_one_with_the_sa
     t.call("QE?", "A.", events={"truthfulness": 2})
     outcome = ingest("traces", t.traces())
     assert (outcome.evaluations, outcome.judgments, outcome.rejected) == (1, 3, 1)
-    assert (
-        len(outcome.messages) == 1
-        and "score 7 for 'robustness' is outside its scale 1–5" in outcome.messages[0]
-    )
+    assert len(outcome.messages) == 2
+    [refused] = [m for m in outcome.messages if "robustness" in m]
+    [kept] = [m for m in outcome.messages if "'consistency' 2 was not taken" in m]
+    assert "score 7 for 'robustness' is outside its scale 1–5" in refused and "keeps its 5" in kept
 
     with Session(engine) as session:
         stored = {s.question: s.judge_scores_json for s in session.exec(select(EvaluationSnapshot))}
