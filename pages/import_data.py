@@ -38,8 +38,9 @@ st.markdown(
     "the line an expert-reviewed precedent. New unreviewed interactions are then auto-evaluated "
     "against the precedents (see the Precedents page).\n"
     "- **promptfoo** (the JSON or JSONL `promptfoo eval -o` writes), **langfuse** (traces and scores, "
-    "JSON Lines or an API page) and **phoenix** (span evaluations as Parquet or CSV, with the spans "
-    "file): other tools' judge results, one judgment per evaluation name. See docs/importing.md."
+    "v2 or v3, with score configs, JSON Lines or an API page) and **phoenix** (span annotations or "
+    "evaluations as Parquet or CSV, with the spans file): other tools' judge results, one judgment "
+    "per evaluation name. See docs/importing.md."
 )
 st.caption(
     'Every field is described in docs/data.md, "Data in and out". '
