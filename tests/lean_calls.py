@@ -3,6 +3,9 @@ a lean worker refuses numpy and pandas and a test module imports them (through S
 
 from __future__ import annotations
 
+import os
+import time
+
 
 class NotRebuilt(Exception):
     """An error that pickles in the worker but does not unpickle in the app: unpickling calls the
@@ -30,3 +33,14 @@ def not_rebuilt_result() -> NotRebuiltResult:
     result = NotRebuiltResult()
     result.x = 1  # type: ignore[attr-defined]  # a state to set: __setstate__ runs only then
     return result
+
+
+def wait_for(path: str, timeout: float = 120.0) -> None:
+    """Run until `path` exists (the test creates it): a busy call that ends when the test says, not
+    after a time a loaded machine may overrun. TimeoutError after `timeout` s, so a failed test
+    never leaves a worker waiting."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.01)  # the polling interval, not a wait for anything

@@ -300,14 +300,18 @@ def _lean_threads() -> set[threading.Thread]:
     return {thread for thread in threading.enumerate() if thread.name == "overrule-lean-worker"}
 
 
-def test_a_lean_worker_death_stops_and_reaps_the_idle_one_too() -> None:
+def test_a_lean_worker_death_stops_and_reaps_the_idle_one_too(tmp_path: Path) -> None:
     """One of two lean workers dies in a call while the other is idle: the executor breaks and kills
     the idle one, whose thread must then reap it and leave. It waited for a call for ever, and its
     killed worker stayed a zombie with its two pipes (review3 L1)."""
     pool = WorkerPool(LeanExecutor, init_lean_worker)
     before = _lean_threads()
     try:
-        both = [pool.submit(time.sleep, 0.5) for _ in range(2)]  # at once: two threads, two workers
+        gate = tmp_path / "go"
+        both = [pool.submit(lean_calls.wait_for, str(gate)) for _ in range(2)]  # two threads, two workers
+        for future in both:
+            _running(future)
+        gate.touch()
         for future in both:
             pool.result(future)
         executor = pool._pool
@@ -359,15 +363,18 @@ def _running(future: Future[Any]) -> None:
         time.sleep(0.01)
 
 
-def test_a_queued_lean_call_can_be_cancelled() -> None:
+def test_a_queued_lean_call_can_be_cancelled(tmp_path: Path) -> None:
     """A call still queued behind a busy worker is cancelled (lib.export's `finally` cancels the one
-    it no longer needs) and never runs; the worker then takes the next call."""
+    it no longer needs) and never runs; the worker then takes the next call. The busy call runs until
+    the test says (a 0.5 s sleep could end before the cancel on a loaded machine)."""
+    gate = tmp_path / "go"
     executor = LeanExecutor(1, init_lean_worker, (os.getpid(),))
     try:
-        busy = executor.submit(time.sleep, 0.5)
+        busy = executor.submit(lean_calls.wait_for, str(gate))
         _running(busy)
         queued = executor.submit(os.getpid)
         assert queued.cancel()
+        gate.touch()
         assert busy.result(timeout=60) is None
         assert queued.cancelled()
         later = executor.submit(os.getpid)
@@ -376,21 +383,25 @@ def test_a_queued_lean_call_can_be_cancelled() -> None:
         executor.shutdown(cancel_futures=True)
 
 
-def test_a_lean_shutdown_cancels_the_queued_calls_lets_the_running_one_end_and_reaps_the_worker() -> None:
+def test_a_lean_shutdown_cancels_the_queued_calls_lets_the_running_one_end_and_reaps_the_worker(
+    tmp_path: Path,
+) -> None:
     """`shutdown(cancel_futures=True)` (what `WorkerPool.stop` calls): the queued calls are cancelled,
     the running one ends with its result, then the thread leaves and reaps its worker; no new call
-    is taken."""
+    is taken. The busy call runs until the test says, after the shutdown."""
+    gate = tmp_path / "go"
     before = _lean_threads()
     executor = LeanExecutor(1, init_lean_worker, (os.getpid(),))
     try:
         worker = executor.submit(os.getpid).result(timeout=60)
-        busy = executor.submit(time.sleep, 0.5)
+        busy = executor.submit(lean_calls.wait_for, str(gate))
         _running(busy)
         queued = [executor.submit(os.getpid) for _ in range(2)]
         processes = list(executor._processes.values())
         (thread,) = _lean_threads() - before
     finally:  # a failure above must not leave the worker for the rest of the session
         executor.shutdown(cancel_futures=True)
+        gate.touch()
     assert all(future.cancelled() for future in queued)
     assert busy.result(timeout=60) is None
     thread.join(timeout=30)
