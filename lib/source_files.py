@@ -10,7 +10,8 @@ Overrule's records (metrics, scales, labels) is `lib.source_records`' one rule; 
   config's description is in the `.json` only): one evaluation per result (the
   rendered prompt, the provider's output), one verdict per assertion (`metric` or its type) with
   its 0–1 score, pass/fail and reason.
-- **Langfuse** (public API or UI export): traces (`id`, `input`, `output`, `name`, `timestamp`) and
+- **Langfuse** (public API or UI export): traces (`id`, `input`, `output`, `name`, `timestamp`; on
+  Langfuse v4, whose API has no traces, a trace's root observation from `GET /api/public/v2/observations`) and
   scores (`traceId`, `name`, `value`/`stringValue`, `dataType`, `comment`, `source`; or v3's
   `subject` and one typed `value`, `GET /api/public/v3/scores?fields=subject,details`, with the
   score configs giving a category its number), as JSON Lines in
@@ -553,6 +554,48 @@ def _category_scores(config: Mapping[str, Any], where: str) -> dict[str, float]:
     return out
 
 
+def _is_observation(obj: Mapping[str, Any]) -> bool:
+    """An observation of `GET /api/public/v2/observations` (Langfuse v4, where `GET /traces` is
+    gone): a trace is its root observation there."""
+    return "traceId" in obj and "startTime" in obj and "type" in obj and not _is_score(obj)
+
+
+def _observation_traces(
+    observations: list[tuple[str, Mapping[str, Any]]], traces: Mapping[str, Any]
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Each trace of `observations` that `traces` lacks, as a trace item: its root observation's
+    input and output (v2 observations give them as JSON text: unpacked), `traceName` (else the
+    root's name), `startTime`; the model of its first generation, as a full trace's."""
+    models: dict[str, str] = {}
+    roots: dict[str, tuple[str, Mapping[str, Any]]] = {}
+    for where, obs in observations:
+        trace_id = obs.get("traceId")
+        if not isinstance(trace_id, str) or not trace_id:
+            raise _fail(where, "traceId", "is required: an observation needs its trace's id")
+        if trace_id in traces:
+            continue
+        model = obs.get("providedModelName")
+        if obs.get("type") == "GENERATION" and isinstance(model, str):
+            models.setdefault(trace_id, model)
+        root = obs.get("isRootObservation")
+        if (
+            root if isinstance(root, bool) else obs.get("parentObservationId") is None
+        ) and trace_id not in roots:
+            roots[trace_id] = (where, obs)
+    out = {}
+    for trace_id, (where, root) in roots.items():
+        item = {
+            "id": trace_id,
+            "name": root.get("traceName") or root.get("name"),
+            "input": _span_text(root.get("input"), "user"),
+            "output": _span_text(root.get("output"), "assistant"),
+            "timestamp": root.get("startTime"),
+            "metadata": {"model": models[trace_id]} if trace_id in models else {},
+        }
+        out[trace_id] = (where, item)
+    return out
+
+
 def _is_page(obj: Any) -> bool:
     """A Langfuse public API page, `{"data": [...], "meta": {...}}` (review7 F13: read as a trace)."""
     return (
@@ -594,6 +637,7 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
     traces: dict[str, tuple[str, Mapping[str, Any]]] = {}
     scores: list[tuple[str, Mapping[str, Any], str]] = []  # where, the score, its trace's field
     categories: dict[str, dict[str, float]] = {}  # a categorical score config's numbers, by config id
+    observations: list[tuple[str, Mapping[str, Any]]] = []  # Langfuse v4: a trace is its root
     for where, raw in _langfuse_items(path, source, document):
         obj = _object(raw, where, None)
         if _is_score(obj):
@@ -606,6 +650,9 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
             if isinstance(obj.get("id"), str):
                 categories[obj["id"]] = _category_scores(obj, where)
             continue
+        if _is_observation(obj):
+            observations.append((where, obj))
+            continue
         trace_id = obj.get("id")
         if not isinstance(trace_id, str) or not trace_id.strip():
             raise _fail(
@@ -617,6 +664,8 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
         for i, embedded in enumerate(obj.get("scores") or []):
             if isinstance(embedded, Mapping):  # a full trace (GET /traces/{id}) embeds its score objects
                 scores.append((f"{where}, scores[{i}]", {"traceId": trace_id, **embedded}, "traceId"))
+    rooted = _observation_traces(observations, traces)
+    traces.update(rooted)
     verdicts: dict[str, list[SourceVerdict]] = {}
     seen_scores: set[str] = set()
     off_trace = text_scores = 0
@@ -672,16 +721,26 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
                 language=metadata.get("language") if isinstance(metadata.get("language"), str) else None,
                 created_at=_iso(trace.get("timestamp")),
                 question_id=trace_id[:128],
-                fields={
-                    "question": "input",
-                    "model_answer": "output",
-                    "product": "name",
-                    "created_at": "timestamp",
-                    "model_name": "metadata.model",
-                },
+                fields=_ROOT_FIELDS if trace_id in rooted else _TRACE_FIELDS,
             )
         )
     return out
+
+
+# Overrule's fields as a trace names them, and as a root observation (Langfuse v4) does.
+_TRACE_FIELDS = {
+    "question": "input",
+    "model_answer": "output",
+    "product": "name",
+    "created_at": "timestamp",
+    "model_name": "metadata.model",
+}
+_ROOT_FIELDS = {
+    **_TRACE_FIELDS,
+    "product": "traceName",
+    "created_at": "startTime",
+    "model_name": "providedModelName",
+}
 
 
 def _langfuse_model(trace: Mapping[str, Any], metadata: Mapping[str, Any]) -> str | None:

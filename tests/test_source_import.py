@@ -331,6 +331,36 @@ def test_langfuse_v3_scores_subjects_and_faults(sqlite_engine: Engine, tmp_path:
         )
 
 
+def test_langfuse_v4_root_observations_are_read_as_traces(sqlite_engine: Engine, tmp_path: Path) -> None:
+    """review14 F7: Langfuse v4 has no `GET /api/public/traces`; a trace is its root observation
+    (`GET /api/public/v2/observations`). One is read as the trace (input and output JSON text
+    unpacked, `traceName` the product, the first generation's model); without `isRootObservation`
+    (fields=core only) a root is the observation without a parent; a trace item in the same file
+    wins over its observations."""
+    lines = (FIXTURES / "langfuse_export_v4.jsonl").read_text(encoding="utf-8").splitlines()
+    observations = [json.loads(line) for line in lines if "startTime" in line]
+    bare = [{k: v for k, v in o.items() if k != "isRootObservation"} for o in observations]
+    export = tmp_path / "export.jsonl"
+    rest = [line for line in lines if "startTime" not in line]
+    export.write_text("\n".join([*map(json.dumps, bare), *rest]) + "\n", encoding="utf-8")
+    report = import_path(engine=sqlite_engine, path=export, kind="langfuse", reviewer=WHO)
+    assert (report.inserted, report.judgments, report.unjudged) == (3, 6, 1)
+    sso = _snapshots(sqlite_engine)["trace-0003"]
+    assert (sso.product, sso.question, sso.model_name) == (
+        "support-bot",
+        "Do you support SSO?",
+        "gpt-4o-mini",
+    )
+    assert sso.model_answer == "Yes: SAML and OpenID Connect on the Business plan."
+    # a v2 trace item beside observations of the same trace (and another name): the item is read
+    renamed = [{**o, "traceName": "renamed-bot"} for o in observations]
+    v2 = (FIXTURES / "langfuse_export.jsonl").read_text(encoding="utf-8").splitlines()
+    export.write_text("\n".join([*v2, *map(json.dumps, renamed)]) + "\n", encoding="utf-8")
+    again = import_path(engine=sqlite_engine, path=export, kind="langfuse", reviewer=WHO)
+    assert (again.inserted, again.skipped) == (0, 3)
+    assert {s.product for s in _snapshots(sqlite_engine).values()} == {"support-bot"}
+
+
 def test_a_langfuse_score_outside_the_rubric_scale_names_its_line(
     sqlite_engine: Engine, tmp_path: Path
 ) -> None:
@@ -1576,15 +1606,17 @@ def _doc_block(marker: str) -> str:
     return block
 
 
+@pytest.mark.parametrize("langfuse", ["v3", "v4"])
 def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
-    sqlite_engine: Engine, tmp_path: Path
+    sqlite_engine: Engine, tmp_path: Path, langfuse: str
 ) -> None:
     """review7 F13: `curl …/traces >> f; curl …/scores >> f` gives a file of API pages, one a
     line; each line was read as a trace ("field 'id': is required"). The docs' export script, run
-    as written against a stand-in for Langfuse's public API (two items a page: traces by page
-    number, v3 scores by cursor, as Langfuse's API definition gives them; v2/scores is deprecated,
-    review14 F7), writes every page of both endpoints, and the import of that file is the import
-    of the items themselves."""
+    as written against a stand-in for Langfuse's public API (two items a page; traces and score
+    configs by page number, v3 scores and v2 observations by cursor with the field groups asked
+    for, as Langfuse's API definition gives them; v2/scores is deprecated, and a Langfuse v4
+    answers /traces 404: review14 F7), writes every page, and the import of that file is the
+    import of the items themselves."""
     import base64
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -1592,40 +1624,59 @@ def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
 
     if not (shutil.which("curl") and shutil.which("jq") and shutil.which("bash")):
         pytest.skip("the docs' export script needs bash, curl and jq")
-    items = [json.loads(line) for line in (FIXTURES / "langfuse_export_v3.jsonl").read_text().splitlines()]
-    by_endpoint = {
-        "/api/public/traces": [i for i in items if "subject" not in i and "isArchived" not in i],
-        "/api/public/score-configs": [i for i in items if "isArchived" in i],
-        "/api/public/v3/scores": [i for i in items if "subject" in i],
+    items = [
+        json.loads(line) for line in (FIXTURES / f"langfuse_export_{langfuse}.jsonl").read_text().splitlines()
+    ]
+    observations = [i for i in items if "startTime" in i]
+    listings = {  # each listing the script asks for, as the stand-in names it
+        "traces": [i for i in items if not {"subject", "isArchived", "startTime"} & set(i)],
+        "v2/observations?isRootObservation=true": [i for i in observations if i["isRootObservation"]],
+        "v2/observations?type=GENERATION": [i for i in observations if i["type"] == "GENERATION"],
+        "score-configs": [i for i in items if "isArchived" in i],
+        "v3/scores": [i for i in items if "subject" in i],
     }
+    if langfuse == "v4":
+        del listings["traces"]  # Langfuse v4: 404
+    # the field group that gives each field of a listing (Langfuse's API definition); others always come
+    observed = {"input": "io", "output": "io", "traceName": "trace_context", "providedModelName": "model"}
+    observed |= {"isRootObservation": "basic", "name": "basic"}
+    scored = {"subject": "subject", "comment": "details", "configId": "details", "metadata": "details"}
     asked: list[str] = []
     key = "Basic " + base64.b64encode(b"pk-lf-test:sk-lf-test").decode()
 
     class Langfuse(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             url = urlsplit(self.path)
-            data = by_endpoint.get(url.path)
+            query = parse_qs(url.query)
+            listing = url.path.removeprefix("/api/public/")
+            for name in ("isRootObservation", "type"):
+                listing += f"?{name}={query[name][0]}" if name in query else ""
+            data = listings.get(listing)
             if data is None or self.headers.get("Authorization") != key:
+                asked.append(f"{listing} 404")
                 self.send_response(404 if data is None else 401)
                 self.end_headers()
                 return
-            query = parse_qs(url.query)
-            if not url.path.endswith("/v3/scores"):  # traces, score configs: numbered pages
-                page = int(query["page"][0])
-                rows = data[(page - 1) * 2 : page * 2]
-                meta: dict[str, Any] = {"page": page, "limit": 2, "totalItems": len(data), "totalPages": -(-len(data) // 2)}  # fmt: skip
-            else:  # v3: an opaque cursor, none on the last page; only the field groups asked for
+            limit = min(int(query["limit"][0]), 2)
+            if listing in ("traces", "score-configs"):  # numbered pages
+                page = int(query.get("page", ["1"])[0])
+                rows = data[(page - 1) * 2 : (page - 1) * 2 + limit]
+                meta: dict[str, Any] = {"page": page, "limit": limit, "totalItems": len(data), "totalPages": -(-len(data) // 2)}  # fmt: skip
+            else:  # an opaque cursor, none on the last page; only the field groups asked for
                 start = int(base64.urlsafe_b64decode(query["cursor"][0])) if "cursor" in query else 0
                 page = start // 2 + 1
-                groups = query.get("fields", [""])[0].split(",")
-                rows = [{k: v for k, v in i.items() if k != "subject" or "subject" in groups} for i in data]
-                rows = rows[start : start + 2]
-                meta = {"limit": 2}
+                wanted = set(query.get("fields", [""])[0].split(","))
+                groups = scored if listing == "v3/scores" else observed
+                rows = [
+                    {k: v for k, v in i.items() if groups.get(k, "core") in {"core", *wanted}} for i in data
+                ]
+                rows, meta = rows[start : start + 2], {"limit": 2}
                 if start + 2 < len(data):
                     meta["cursor"] = base64.urlsafe_b64encode(str(start + 2).encode()).decode()
-            asked.append(f"{url.path}?page={page}")
-            body = {"data": rows, "meta": meta}
-            raw = json.dumps(body, indent=2).encode()  # pretty: the script makes it one line
+            asked.append(f"{listing} {page}" if limit == 2 else f"{listing} probe")
+            raw = json.dumps(
+                {"data": rows, "meta": meta}, indent=2
+            ).encode()  # pretty: the script makes it one line
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(raw)))
@@ -1639,7 +1690,7 @@ def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         script = tmp_path / "langfuse-export.sh"
-        script.write_text(_doc_block("api/public/v3/scores"), encoding="utf-8")
+        script.write_text(_doc_block("api/public/$endpoint"), encoding="utf-8")
         env = {
             "PATH": "/usr/bin:/bin",
             "LANGFUSE_HOST": f"http://127.0.0.1:{server.server_port}",
@@ -1653,23 +1704,26 @@ def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
         server.shutdown()
         server.server_close()
     assert done.returncode == 0, done.stderr
-    assert asked == [
-        f"{endpoint}?page={p}"
-        for endpoint, data in by_endpoint.items()
-        for p in range(1, -(-len(data) // 2) + 1)
-    ]
+    pages = [f"{name} {p}" for name, data in listings.items() for p in range(1, -(-len(data) // 2) + 1)]
+    assert asked == ["traces probe" if langfuse == "v3" else "traces 404", *pages]
     export = tmp_path / "export.jsonl"
-    assert len(export.read_text().splitlines()) == len(asked) and not (tmp_path / "page.json").exists()
+    assert len(export.read_text().splitlines()) == len(pages) and not (tmp_path / "page.json").exists()
     report = import_path(engine=sqlite_engine, path=export, kind="langfuse", reviewer=WHO)
     assert (report.inserted, report.judgments, report.unjudged) == (3, 6, 1)  # as the items' own file
     assert _judged(sqlite_engine, "tone") == {"trace-0003": (1.0, "friendly: Warm and brief.")}
+    # the same evaluations as the v2 export's (product, question, answer, model): nothing twice
+    again = import_path(
+        engine=sqlite_engine, path=FIXTURES / "langfuse_export.jsonl", kind="langfuse", reviewer=WHO
+    )
+    assert (again.inserted, again.skipped, again.judgments) == (0, 3, 0)
     lines = export.read_text().splitlines()
     page = json.loads(lines[0])
-    page["data"][1]["id"] = ""
+    page["data"][1]["traceId" if langfuse == "v4" else "id"] = 7
     lines[0] = json.dumps(page)
     export.write_text("\n".join(lines) + "\n")
     message = _refused(sqlite_engine, export, "langfuse")
-    assert message.startswith("export.jsonl line 1, data[1], field 'id': is required")
+    field = "traceId" if langfuse == "v4" else "id"
+    assert message.startswith(f"export.jsonl line 1, data[1], field '{field}': is required"), message
 
 
 def test_a_promptfoo_jsonl_needs_its_product_given(sqlite_engine: Engine) -> None:
