@@ -44,12 +44,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpcore
 import httpx
-import pandas as pd
 from sqlalchemy import Engine, delete, func, insert, update
 from sqlmodel import Session, col, select
 
@@ -61,6 +60,9 @@ from lib.models import (
     WebhookDelivery,
     utcnow,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a frame is made: `python -m lib webhooks deliver` starts without it
 
 log = logging.getLogger(__name__)
 
@@ -330,6 +332,8 @@ def webhook_record(webhook: Webhook) -> dict[str, Any]:
 
 def webhooks_frame(rows: Sequence[Webhook]) -> pd.DataFrame:
     """The webhooks as the Admin page shows them."""
+    import pandas as pd
+
     return pd.DataFrame(
         [
             {
@@ -780,6 +784,8 @@ def delivery_record(delivery: WebhookDelivery) -> dict[str, Any]:
 
 def deliveries_frame(rows: Sequence[WebhookDelivery]) -> pd.DataFrame:
     """The delivery log as the Admin page shows it."""
+    import pandas as pd
+
     columns = ["id", "webhook_id", "event", "status", "attempts", "last_status_code", "last_error",
                "created_at", "delivered_at", "next_attempt_at", "change_id"]  # fmt: skip
     return pd.DataFrame(
