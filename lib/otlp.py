@@ -47,7 +47,6 @@ from lib.importer import (
     LateVerdicts,
     add_source_verdicts,
     import_source_evaluations,
-    json_object,
     score_stored_labels,
 )
 from lib.json_files import BOM
@@ -63,7 +62,7 @@ from lib.otlp_table import (
 )
 from lib.prepared import built
 from lib.records import ImportFailed
-from lib.source_records import SourceEvaluation, SourceVerdict, metric_slug
+from lib.source_records import SourceEvaluation, SourceVerdict
 
 SIGNALS = ("traces", "logs")
 EVALUATION_EVENT = "gen_ai.evaluation.result"
@@ -1446,32 +1445,30 @@ class _Join:
 
         `accepted`: each span with its verdicts and the source key the importer gave its content.
         `inserted` (source key → id) are the evaluations this import wrote, with all their span's
-        verdicts; only the others (stored before under the same content) are read back."""
-        found: dict[str, tuple[str, set[str] | None]] = {
-            source_key: (snapshot_id, None) for source_key, snapshot_id in inserted.items()
-        }
+        verdicts; only the others (stored before under the same content) are read back.
+
+        Another span of the same content (stored before, or after the first of this request) hands
+        its verdicts to `_add_late`, as a re-send of it will (`run`): a new metric is added, another
+        score for a metric the evaluation has is said (`_not_taken`) on this first send as on the
+        exporter's retry, which must not answer otherwise (review16 M1). Its evaluation is read
+        then; the first span of a content reads nothing more."""
+        found = dict(inserted)
+        first = set(inserted)  # contents this import wrote whose first span is still to come
         stored_before = {source_key for *_, source_key in accepted if source_key not in found}
         if stored_before:
-            columns = [_SNAPSHOTS.c.source_key, _SNAPSHOTS.c.id, _SNAPSHOTS.c.judge_scores_json]
+            columns = [_SNAPSHOTS.c.source_key, _SNAPSHOTS.c.id]
             where = among(self.session, _SNAPSHOTS.c.source_key, stored_before)
-            for source_key, snapshot_id, judged in self.session.execute(select(*columns).where(where)):
-                found[source_key] = (snapshot_id, set(json_object(judged)))
-        first: dict[str, list[Verdict]] = {}  # source key → the span imported with it, its verdicts
+            found.update(self.session.execute(select(*columns).where(where)).tuples().all())
         for key, call, verdicts, source_key in accepted:
-            snapshot_id, judged = found[source_key]
+            snapshot_id = found[source_key]
             if self.stored.pop(key, None) is not None:  # its waiting row becomes the link row
                 self.relinked.append((call.response_id, snapshot_id, key))
             else:
                 self.new_rows.append((key, call.response_id, snapshot_id, None, self.no_verdicts, self.now))
-            if judged is None:
-                if source_key not in first:  # the first span of this content: imported with all its verdicts
-                    first[source_key] = verdicts
-                    continue
-                names = {str(v.name) for v in first[source_key]}
-                judged = names | {metric_slug(name) for name in names}
-                found[source_key] = (snapshot_id, judged)
-            if any(str(v.name) not in judged and metric_slug(str(v.name)) not in judged for v in verdicts):
-                self._add_late(key, snapshot_id, verdicts)  # the same answer was stored without them
+            if source_key in first:  # the first span of this content: imported with all its verdicts
+                first.discard(source_key)
+            elif verdicts:
+                self._add_late(key, snapshot_id, verdicts)
         self._write()
 
     def _add_late(self, key: str, snapshot_id: str, verdicts: list[Verdict]) -> None:

@@ -264,6 +264,33 @@ def test_a_span_sent_again_with_other_content_is_answered_with_a_warning(
     assert judgments(receiver.engine) == {"truthfulness": ("5", None), "clarity": ("4", None)}
 
 
+@pytest.mark.parametrize("one_request", [False, True], ids=["two requests", "one request"])
+def test_a_second_call_of_the_same_content_says_its_other_score_on_the_first_send_as_on_a_retry(
+    any_receiver: Receiver, one_request: bool
+) -> None:
+    """review16 M1: two calls with the same product, question, answer and model are one evaluation;
+    the second's other judge score was dropped in silence on its first send, and the exporter's
+    byte-identical retry of that request was then answered "… was not taken". A retry must say what
+    the first send said: both say it now. The same score from the second call says nothing."""
+    receiver = any_receiver
+    t = Telemetry("shop-bot")
+    t.call("Capital of Chile?", "Santiago.", events={"truthfulness": 5})
+    if not one_request:
+        assert not receiver.post("/v1/traces", t.traces()).content
+    t.call("Capital of Chile?", "Santiago.", events={"truthfulness": 3})
+    t.call("Capital of Chile?", "Santiago.", events={"truthfulness": 5})  # the same score: nothing to say
+    second = t.traces()
+    answers = [receiver.post("/v1/traces", second).content for _ in range(2)]  # the send, the retry
+    assert answers[0] == answers[1]
+    partial = ExportTraceServiceResponse.FromString(answers[0]).partial_success
+    with Session(receiver.engine) as session:
+        [stored] = session.exec(select(EvaluationSnapshot)).all()
+    assert partial.rejected_spans == 0
+    assert partial.error_message.count("was not taken") == 1, partial.error_message
+    assert f"'truthfulness' 3 was not taken: evaluation {stored.id} keeps its 5" in partial.error_message
+    assert judgments(receiver.engine) == {"truthfulness": ("5", None)}
+
+
 def test_events_before_their_span_wait_and_join_it_by_response_id(receiver: Receiver) -> None:
     t = Telemetry()
     t.verdict("truthfulness", 2, None, **{"gen_ai.response.id": "chatcmpl-42"})
