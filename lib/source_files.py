@@ -229,14 +229,21 @@ def _number(value: Any, where: str, path: str) -> float | None:
     return float(value)
 
 
-def _iso(value: Any) -> str | None:
-    """A timestamp as ISO 8601 text: strings as given, datetimes (Parquet) and epoch ms converted."""
+def _iso(value: Any, where: str, field: str) -> str | None:
+    """A timestamp as ISO 8601 text: strings as given, datetimes (Parquet) and epoch ms converted. Epoch
+    ms past what a datetime holds (years 1 to 9999) are refused with the line and field: they raised
+    OverflowError, a traceback rather than a refusal (review17 M2)."""
     if value is None:
         return None
     if isinstance(value, datetime):
         return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return datetime.fromtimestamp(value / 1000, UTC).isoformat()  # promptfoo: epoch milliseconds
+        try:
+            return datetime.fromtimestamp(value / 1000, UTC).isoformat()  # promptfoo: epoch milliseconds
+        except (OverflowError, OSError, ValueError):
+            raise _fail(
+                where, field, f"{value!r} epoch milliseconds is out of range (years 1 to 9999)"
+            ) from None
     return value.replace("Z", "+00:00") if isinstance(value, str) and value.endswith("Z") else value
 
 
@@ -333,7 +340,7 @@ def _read_promptfoo(path: Path, source: str, product: str | None, document: Any 
     config = doc.get("config") if isinstance(doc.get("config"), Mapping) else {}
     described = config.get("description") if isinstance(config.get("description"), str) else None
     items = ((f"{source}, {prefix}[{i}]", obj, "") for i, obj in enumerate(results))
-    return _promptfoo_results(items, source, product, described, _iso(timestamp))
+    return _promptfoo_results(items, source, product, described, _iso(timestamp, source, "timestamp"))
 
 
 def _promptfoo_results(
@@ -358,7 +365,7 @@ def _promptfoo_results(
         output = response.get("output")
         prompt = result.get("prompt") if isinstance(result.get("prompt"), Mapping) else {}
         raw_prompt = prompt.get("raw")
-        question = _prompt_text(raw_prompt)
+        question = _prompt_text(raw_prompt, where)
         provider = result.get("provider")
         model = None
         if isinstance(provider, Mapping):
@@ -378,7 +385,7 @@ def _promptfoo_results(
                 verdicts=verdicts,
                 model_name=model if isinstance(model, str) else None,
                 judge_model=_promptfoo_grader(grading, result),
-                created_at=_iso(result.get("timestamp")) or timestamp,
+                created_at=_iso(result.get("timestamp"), where, "timestamp") or timestamp,
                 question_id=(description or (f"test {test_idx}" if isinstance(test_idx, int) else None)),
                 fields={
                     "question": "prompt.raw",
@@ -392,14 +399,24 @@ def _promptfoo_results(
     return out
 
 
-def _prompt_text(raw: Any) -> Any:
+def _prompt_text(raw: Any, where: str) -> Any:
     """promptfoo's rendered prompt: chat prompts are stored as the JSON text of their messages."""
     if isinstance(raw, str) and raw.lstrip().startswith("["):
         try:
-            return text_of(json.loads(raw), "user")
+            return text_of(_json_text(raw, where, "prompt.raw"), "user")
         except ValueError:
             return raw
     return text_of(raw, "user")
+
+
+def _json_text(text: str, where: str, field: str) -> Any:
+    """JSON text held in a field, parsed; nesting deeper than the parser's recursion limit is refused
+    with the line and field. RecursionError is no ValueError, so it escaped the callers' fallback to
+    plain text as a traceback, or a 500 through the API (review17 M2); other ValueErrors propagate."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise _fail(where, field, "its JSON text is nested too deeply") from None
 
 
 def _promptfoo_grader(grading: Mapping[str, Any], result: Mapping[str, Any]) -> str | None:
@@ -587,8 +604,8 @@ def _observation_traces(
         item = {
             "id": trace_id,
             "name": root.get("traceName") or root.get("name"),
-            "input": _span_text(root.get("input"), "user"),
-            "output": _span_text(root.get("output"), "assistant"),
+            "input": _span_text(root.get("input"), "user", where, "input"),
+            "output": _span_text(root.get("output"), "assistant", where, "output"),
             "timestamp": root.get("startTime"),
             "metadata": {"model": models[trace_id]} if trace_id in models else {},
         }
@@ -719,7 +736,7 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
                 model_name=model,
                 judge_model=None,
                 language=metadata.get("language") if isinstance(metadata.get("language"), str) else None,
-                created_at=_iso(trace.get("timestamp")),
+                created_at=_iso(trace.get("timestamp"), where, "timestamp"),
                 question_id=trace_id[:128],
                 fields=_ROOT_FIELDS if trace_id in rooted else _TRACE_FIELDS,
             )
@@ -796,6 +813,8 @@ _SPAN_IDS = ("context.span_id", "span_id")
 # An evaluation's result: `label`/`score`/`explanation` (SpanEvaluations, a file you write), or the
 # client's annotations' `result.label`/`result.score`/`result.explanation`.
 _RESULTS = {name: (name, f"result.{name}") for name in ("label", "score", "explanation")}
+_INPUT_CELLS = ("attributes.input.value", "attributes.llm.input_messages")
+_OUTPUT_CELLS = ("attributes.output.value", "attributes.llm.output_messages")
 _EVAL_COLUMNS = frozenset(
     (*_SPAN_IDS, "eval_name", "name", "annotation_name", "annotator_kind", *sum(_RESULTS.values(), ()))
 )
@@ -999,14 +1018,14 @@ def _csv_rows(
             raise ImportFailed(f"{source} line {reader.line_num + 1}: not valid UTF-8 text") from None
 
 
-def _cell(row: Mapping[str, Any], *names: str) -> Any:
+def _cell(row: Mapping[str, Any], where: str, *names: str) -> Any:
     for name in names:
         if name in row and row[name] is not None:
             return row[name]
     attributes = row.get("attributes")
     if isinstance(attributes, str) and attributes.startswith("{"):
         try:
-            attributes = json.loads(attributes)
+            attributes = _json_text(attributes, where, "attributes")
         except ValueError:
             attributes = None
     if isinstance(attributes, Mapping):
@@ -1075,13 +1094,13 @@ def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> So
     first: dict[tuple[str, str, bool], str] = {}
     for where, row in eval_rows:
         id_column, span_id = _span_id(row, where, "the span each evaluation judged")
-        name = _cell(row, "eval_name", "name", "annotation_name") or default_name or path.stem
+        name = _cell(row, where, "eval_name", "name", "annotation_name") or default_name or path.stem
         if not isinstance(name, str):
             raise _fail(where, _column(row, "eval_name", "name", "annotation_name"), f"must be a string, got {type_name(name)}")  # fmt: skip
         name = name.strip()
         # Phoenix's client annotations say who gave each (LLM, CODE or HUMAN): a person's is the
         # reviewer's side of the evaluation, as Langfuse's ANNOTATION scores are.
-        human = _cell(row, "annotator_kind") == "HUMAN"
+        human = _cell(row, where, "annotator_kind") == "HUMAN"
         if (span_id, name, human) in first:
             raise _fail(
                 where, id_column,
@@ -1089,7 +1108,10 @@ def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> So
             )  # fmt: skip
         first[span_id, name, human] = where
         id_columns.setdefault(span_id, id_column)
-        label, explanation = _cell(row, *_RESULTS["label"]), _cell(row, *_RESULTS["explanation"])
+        label, explanation = (
+            _cell(row, where, *_RESULTS["label"]),
+            _cell(row, where, *_RESULTS["explanation"]),
+        )
         if label is not None and not isinstance(label, str):
             raise _fail(where, _column(row, *_RESULTS["label"]), f"must be text, got {type_name(label)}")
         if explanation is not None and not isinstance(explanation, str):
@@ -1098,7 +1120,7 @@ def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> So
         verdicts.setdefault(span_id, []).append(
             SourceVerdict(
                 name=name,
-                score=_csv_number(_cell(row, *_RESULTS["score"]), where, score_column),
+                score=_csv_number(_cell(row, where, *_RESULTS["score"]), where, score_column),
                 label=label,
                 reason=explanation,
                 field=score_column,
@@ -1127,20 +1149,20 @@ def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> So
         if span_id not in spans:
             raise _fail(found[0].where, id_columns[span_id], f"span {span_id!r} is not in {spans_source}")
         where, span = spans[span_id]
-        model = _cell(span, "attributes.llm.model_name", "attributes.gen_ai.request.model")
+        model = _cell(span, where, "attributes.llm.model_name", "attributes.gen_ai.request.model")
         out.evaluations.append(
             SourceEvaluation(
                 where=where,
                 product=product,
                 question=_span_text(
-                    _cell(span, "attributes.input.value", "attributes.llm.input_messages"), "user"
+                    _cell(span, where, *_INPUT_CELLS), "user", where, _column(span, *_INPUT_CELLS)
                 ),
                 answer=_span_text(
-                    _cell(span, "attributes.output.value", "attributes.llm.output_messages"), "assistant"
+                    _cell(span, where, *_OUTPUT_CELLS), "assistant", where, _column(span, *_OUTPUT_CELLS)
                 ),
                 verdicts=found,
                 model_name=model if isinstance(model, str) else None,
-                created_at=_iso(_cell(span, "start_time")),
+                created_at=_iso(_cell(span, where, "start_time"), where, "start_time"),
                 question_id=span_id[:128],
                 fields={
                     "question": "attributes.input.value",
@@ -1191,11 +1213,11 @@ class _JudgedRows:
         return mask
 
 
-def _span_text(value: Any, role: str) -> Any:
+def _span_text(value: Any, role: str, where: str, field: str) -> Any:
     """A span's input/output value: JSON text (an LLM span's request or response) is unpacked."""
     if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
         try:
-            return text_of(json.loads(value), role)
+            return text_of(_json_text(value, where, field), role)
         except ValueError:
             return value
     return text_of(value, role)

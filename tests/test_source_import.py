@@ -2152,3 +2152,54 @@ def test_a_scale_change_re_derives_the_stored_gaps_of_the_evaluations_scoring_it
     with engine.connect() as conn:
         halves = conn.execute(text("SELECT gap_halves, n FROM evaluation_counts WHERE n != 0")).all()
     assert sorted(map(tuple, halves)) == [(1, 2), (2, 1)]  # Q1 and Q2 at 0.5, Q3 at 1.0: moved with them
+
+
+@pytest.mark.parametrize("stamp", [1e300, -1e300])
+def test_an_epoch_timestamp_out_of_range_is_refused_with_its_line(
+    sqlite_engine: Engine, tmp_path: Path, stamp: float
+) -> None:
+    """Epoch milliseconds no datetime holds raised OverflowError: a traceback from the CLI, a 500
+    through the API (review17 M2); now a refusal naming the line and field."""
+    lines = (FIXTURES / "langfuse_export.jsonl").read_text(encoding="utf-8").splitlines()
+    first = json.loads(lines[0])
+    first["timestamp"] = stamp
+    lines[0] = json.dumps(first)
+    broken = tmp_path / "traces.jsonl"
+    broken.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    message = _refused(sqlite_engine, broken, "langfuse")
+    assert message.startswith(
+        f"traces.jsonl line 1, field 'timestamp': {stamp!r} epoch milliseconds is out of range"
+    )
+    doc = json.loads((FIXTURES / "promptfoo_results.json").read_text(encoding="utf-8"))
+    doc["results"]["results"][1]["timestamp"] = stamp
+    broken = tmp_path / "results.json"
+    broken.write_text(json.dumps(doc), encoding="utf-8")
+    message = _refused(sqlite_engine, broken, "promptfoo")
+    assert message.startswith("results.json, results.results[1], field 'timestamp': ")
+
+
+def test_json_text_nested_too_deeply_is_refused_with_its_line(sqlite_engine: Engine, tmp_path: Path) -> None:
+    """A span's input/output, a Phoenix attributes cell or a promptfoo prompt holding JSON text nested
+    past the parser's recursion limit raised RecursionError, which the plain-text fallback (ValueError)
+    did not catch (review17 M2)."""
+    import csv
+
+    deep = "[" * 5000
+    with (FIXTURES / "phoenix_spans.csv").open(encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    rows[1]["attributes.output.value"] = deep  # span b2c3d4e5f6071829, which the evaluations judge
+    spans = tmp_path / "spans.csv"
+    with spans.open("w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    message = _refused(sqlite_engine, FIXTURES / "phoenix_evaluations.csv", "phoenix", spans=spans)
+    assert message.startswith(
+        "spans.csv line 3, field 'attributes.output.value': its JSON text is nested too deeply"
+    )
+    doc = json.loads((FIXTURES / "promptfoo_results.json").read_text(encoding="utf-8"))
+    doc["results"]["results"][0]["prompt"]["raw"] = deep
+    broken = tmp_path / "results.json"
+    broken.write_text(json.dumps(doc), encoding="utf-8")
+    message = _refused(sqlite_engine, broken, "promptfoo")
+    assert message.startswith("results.json, results.results[0], field 'prompt.raw': its JSON text is nested")
