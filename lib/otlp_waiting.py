@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, Text, and_, bindparam, case, cast, func, not_, or_, select, text
 from sqlmodel import Session, col
 
-from lib.csv_text import iso_utc
+from lib.csv_text import iso_utc, neutralise_cell
 from lib.models import AuditEvent, utcnow
 from lib.otlp_table import PENDING_DAYS, SPANS, TRACE_END, aware, lacking
 
@@ -105,8 +105,10 @@ class WaitingRow:
         }
 
     def cells(self) -> tuple[str, ...]:
-        """The row as the CLI prints it: the CSV's text of each cell (the time `...Z`)."""
-        return (utc_text(self.since), *map(str, self.values()[1:]))
+        """The row as the CLI prints it: the CSV's text of each cell (the time `...Z`), formulas
+        neutralised as the CSV's are: the plain table saved as .tsv opens in a spreadsheet too
+        (review17 L2: `=HYPERLINK(...)` in an evaluation name ran there)."""
+        return (utc_text(self.since), *(neutralise_cell(str(value)) for value in self.values()[1:]))
 
 
 def utc_text(moment: datetime) -> str:

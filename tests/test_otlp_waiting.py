@@ -222,6 +222,9 @@ def test_the_cli_prints_each_waiting_row_as_a_line_and_the_whole_list_as_csv(
     assert lines[-4].split("\t")[1:3] == ["call", "no_verdict"]  # the oldest first, tab-separated
     assert lines[-4].split("\t")[0] == otlp_waiting.utc_text(waiting.rows[0].since)  # as the CSV and API
     assert lines[-5] == "\t".join(otlp_waiting.COLUMNS)  # under a header (review11 F7)
+    done = run_cli("otlp", "waiting", env=env)
+    [plain] = [line.split("\t") for line in done.stdout.splitlines() if "resp-nobody" in line]
+    assert "'=cmd|' /C calc'!A0" in plain  # neutralised as the CSV is (review17 L2)
     done = run_cli("otlp", "waiting", "--csv", env=env)
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(io.StringIO(done.stdout)))
