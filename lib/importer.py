@@ -155,6 +155,8 @@ class ImportReport:
     # TEXT and CORRECTION scores, skipped (text, not a score on a scale).
     off_trace: int = 0
     text_scores: int = 0
+    # Phoenix: annotations of a span and name a later one by another identifier replaced.
+    superseded: int = 0
     # Evaluations: the id each inserted evaluation got, by its source key, and (source imports)
     # each accepted evaluation's source key by its index among those given: lib.otlp links its
     # spans to them without hashing their content again or reading them back.
@@ -188,6 +190,12 @@ class ImportReport:
             scores = "score" if self.text_scores == 1 else "scores"
             parts.append(
                 f"{self.text_scores} TEXT or CORRECTION {scores} skipped (text, not a score on a scale)"
+            )
+        if self.superseded:
+            annotations = "annotation" if self.superseded == 1 else "annotations"
+            parts.append(
+                f"{self.superseded} {annotations} skipped (a later one of the same span and name, by "
+                "another identifier, is kept)"
             )
         if self.kind == "interactions":
             parts.append(f"{self.expert_reviews} expert reviews")
@@ -1704,7 +1712,7 @@ def _import_file(
                 session=session, evaluations=fresh, source=source, reviewer=actor, via=read.via
             )
         report.kind, report.unjudged, report.off_trace = kind, read.unjudged, read.off_trace
-        report.text_scores = read.text_scores
+        report.text_scores, report.superseded = read.text_scores, read.superseded
         report.skipped += extended
         report.judgments += added
         report.extended = added

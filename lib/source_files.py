@@ -63,6 +63,9 @@ class SourceFile:
     off_trace: int = 0
     # Langfuse TEXT and CORRECTION scores (a comment, a corrected output): text, no score on a scale.
     text_scores: int = 0
+    # Phoenix annotations of a span and name another annotation (another identifier, same side)
+    # replaced: the latest `updated_at` is kept (`_read_phoenix`).
+    superseded: int = 0
     via: str = "cli"  # SourceOptions.via, for the import's messages
     # The user's scores of labels sent without a number (SourceOptions.label_scores, parsed): the
     # import scores those labels once, with the product's stored ones (`lib.importer.score_stored_labels`).
@@ -816,8 +819,11 @@ _RESULTS = {name: (name, f"result.{name}") for name in ("label", "score", "expla
 _INPUT_CELLS = ("attributes.input.value", "attributes.llm.input_messages")
 _OUTPUT_CELLS = ("attributes.output.value", "attributes.llm.output_messages")
 _EVAL_COLUMNS = frozenset(
-    (*_SPAN_IDS, "eval_name", "name", "annotation_name", "annotator_kind", *sum(_RESULTS.values(), ()))
-)
+    (
+        *_SPAN_IDS, "eval_name", "name", "annotation_name", "annotator_kind", "identifier", "updated_at",
+        *sum(_RESULTS.values(), ()),
+    )
+)  # fmt: skip
 _SPAN_COLUMNS = frozenset(
     (
         *_SPAN_IDS, "start_time", "attributes", "attributes.input.value",
@@ -1059,6 +1065,19 @@ def _span_id(row: Mapping[str, Any], where: str, why: str) -> tuple[str, str]:
     return column, span_id
 
 
+def _when(value: Any, where: str) -> datetime | None:
+    """A Phoenix annotation's `updated_at` (text in a CSV, a datetime in Parquet), to keep the
+    latest of a span's annotations of one name; None when the file has none."""
+    value = _iso(value, where, "updated_at")
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise _fail(where, "updated_at", f"{value[:40]!r} is not an ISO 8601 time") from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
 def _csv_number(value: Any, where: str, field: str) -> float | None:
     if isinstance(value, str):
         try:
@@ -1091,7 +1110,10 @@ def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> So
     # spans they judged are kept from the spans file, whatever its size.
     verdicts: dict[str, list[SourceVerdict]] = {}
     id_columns: dict[str, str] = {}  # the column each judged span's id came from, for messages
-    first: dict[tuple[str, str, bool], str] = {}
+    # (span, name, side) → the annotation kept so far: where, its place in `verdicts[span]`, its
+    # identifier and `updated_at` as the file has them
+    first: dict[tuple[str, str, bool], tuple[str, int, Any, Any]] = {}
+    superseded = 0
     for where, row in eval_rows:
         id_column, span_id = _span_id(row, where, "the span each evaluation judged")
         name = _cell(row, where, "eval_name", "name", "annotation_name") or default_name or path.stem
@@ -1101,12 +1123,28 @@ def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> So
         # Phoenix's client annotations say who gave each (LLM, CODE or HUMAN): a person's is the
         # reviewer's side of the evaluation, as Langfuse's ANNOTATION scores are.
         human = _cell(row, where, "annotator_kind") == "HUMAN"
-        if (span_id, name, human) in first:
-            raise _fail(
-                where, id_column,
-                f"evaluation {name!r} of span {span_id!r} is given twice (first at {first[span_id, name, human]})",
-            )  # fmt: skip
-        first[span_id, name, human] = where
+        identifier, updated = _cell(row, where, "identifier") or None, _cell(row, where, "updated_at")
+        kept = first.get((span_id, name, human))
+        replaces = None
+        if kept is not None:
+            kept_where, at, kept_identifier, kept_updated = kept
+            if identifier == kept_identifier:
+                twice = f"evaluation {name!r} of span {span_id!r} is given twice"
+                if "identifier" not in row:  # SpanEvaluations, a file written by hand
+                    raise _fail(where, id_column, f"{twice} (first at {kept_where})")
+                whose = f"by identifier {identifier!r}" if identifier else "with no identifier"
+                raise _fail(
+                    where, "identifier",
+                    f"{twice} {whose} (first at {kept_where}): Phoenix keeps one annotation per span, "
+                    "name and identifier; keep one of these rows",
+                )  # fmt: skip
+            # Phoenix keeps one annotation per span, name and identifier (two reviewers, two eval
+            # runs); Overrule one per side of an evaluation: the latest (on a tie, the later row).
+            superseded += 1
+            latest, previous = _when(updated, where), _when(kept_updated, kept_where)
+            if previous is not None and (latest is None or latest < previous):
+                continue
+            replaces = at
         id_columns.setdefault(span_id, id_column)
         label, explanation = (
             _cell(row, where, *_RESULTS["label"]),
@@ -1117,17 +1155,22 @@ def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> So
         if explanation is not None and not isinstance(explanation, str):
             raise _fail(where, _column(row, *_RESULTS["explanation"]), f"must be text, got {type_name(explanation)}")  # fmt: skip
         score_column = _column(row, *_RESULTS["score"])
-        verdicts.setdefault(span_id, []).append(
-            SourceVerdict(
-                name=name,
-                score=_csv_number(_cell(row, where, *_RESULTS["score"]), where, score_column),
-                label=label,
-                reason=explanation,
-                field=score_column,
-                human=human,
-                where=where,
-            )
+        verdict = SourceVerdict(
+            name=name,
+            score=_csv_number(_cell(row, where, *_RESULTS["score"]), where, score_column),
+            label=label,
+            reason=explanation,
+            field=score_column,
+            human=human,
+            where=where,
         )
+        found = verdicts.setdefault(span_id, [])
+        if replaces is None:
+            replaces = len(found)
+            found.append(verdict)
+        else:
+            found[replaces] = verdict
+        first[span_id, name, human] = (where, replaces, identifier, updated)
     # Phoenix's spans dataframe holds every span of the project (chains, retrievers, tools, LLM
     # calls), not only the judged ones, so it may have more rows than the evaluations; still bounded,
     # as each row costs a conversion (review9 R10: 4M rows in 16.7 KB cost 5.4 CPU s).
@@ -1144,7 +1187,7 @@ def _read_phoenix(path: Path, spans_path: Path, source: str, product: str) -> So
             unjudged += 1
         elif span_id not in spans:
             spans[span_id] = (where, row)
-    out = SourceFile([], unjudged=unjudged + judged.skipped)
+    out = SourceFile([], unjudged=unjudged + judged.skipped, superseded=superseded)
     for span_id, found in verdicts.items():
         if span_id not in spans:
             raise _fail(found[0].where, id_columns[span_id], f"span {span_id!r} is not in {spans_source}")

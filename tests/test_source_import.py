@@ -658,6 +658,58 @@ def test_phoenix_client_annotations_import_as_phoenix_exports_them(engine: Engin
     assert berlin.judge_scores_json["tone"]["score"] == 1.0
 
 
+@pytest.mark.parametrize("form", ["csv", "parquet"])
+def test_phoenix_annotations_of_one_name_by_several_identifiers_keep_the_latest(
+    engine: Engine, tmp_path: Path, form: str
+) -> None:
+    """review16 M2: Phoenix keeps one annotation per span, name and identifier, so a span may hold
+    two `Tone` annotations (two reviewers, two eval runs). The whole file was refused, blaming
+    `span_id`. Overrule keeps one a side of an evaluation: the latest `updated_at`, the others
+    skipped and counted. Two rows of one identifier (no export has them) are refused, naming
+    `identifier`."""
+    extra = (
+        "c3d4e5f60718293a,U3BhbkFubm90YXRpb246NQ==,2026-11-28T09:18:04+00:00,2026-11-28T09:20:00+00:00,"
+        "API,,Tone,HUMAN,{},reviewer-2,rude,0.0,Too curt.\n"
+        "c3d4e5f60718293a,U3BhbkFubm90YXRpb246Ng==,2026-11-28T09:00:00+00:00,2026-11-28T09:10:00+00:00,"
+        "API,,Tone,HUMAN,{},reviewer-3,neutral,0.5,Older.\n"
+        "a1b2c3d4e5f60718,U3BhbkFubm90YXRpb246Nw==,2026-11-28T09:00:00+00:00,2026-11-28T09:00:00Z,"
+        "API,,Completeness,LLM,{},run-0,incomplete,0.2,An earlier run.\n"
+    )
+    text = (FIXTURES / "phoenix_annotations.csv").read_text(encoding="utf-8") + extra
+    path = tmp_path / "ann2.csv"
+    path.write_text(text, encoding="utf-8")
+    if form == "parquet":  # Phoenix's dataframe: times as timestamps, not text
+        import pandas as pd
+
+        frame = pd.read_csv(path, dtype={"identifier": str})
+        frame["updated_at"] = pd.to_datetime(frame["updated_at"], utc=True, format="ISO8601")
+        path = tmp_path / "ann2.parquet"
+        frame.drop(columns=["metadata"]).to_parquet(path)
+    report = import_path(
+        engine=engine, path=path, kind="phoenix", reviewer=WHO,
+        options=SourceOptions(
+            spans=FIXTURES / f"phoenix_spans.{form}", product="annotated", label_scores="neutral=1"
+        ),
+    )  # fmt: skip
+    assert (report.inserted, report.judgments, report.superseded) == (3, 3, 3)
+    assert (
+        "3 annotations skipped (a later one of the same span and name, by another identifier, is kept)"
+        in (report.summary())
+    )
+    assert _judged(engine, "completeness")["a1b2c3d4e5f60718"] == (0.9, "complete: Gives both scales.")
+    assert _snapshots(engine)["c3d4e5f60718293a"].user_scores_json == {
+        "tone": {"score": 0.0, "reason": "rude: Too curt.", "label": "rude"}
+    }
+    # the same identifier twice: refused, naming the field that repeats
+    twice = tmp_path / "twice.csv"
+    twice.write_text(text.replace("reviewer-2", "reviewer-1"), encoding="utf-8")
+    assert _refused(engine, twice, "phoenix", spans=FIXTURES / "phoenix_spans.csv").startswith(
+        "twice.csv line 6, field 'identifier': evaluation 'Tone' of span 'c3d4e5f60718293a' is given "
+        "twice by identifier 'reviewer-1' (first at twice.csv line 4): Phoenix keeps one annotation "
+        "per span, name and identifier; keep one of these rows"
+    )
+
+
 def test_a_phoenix_refusal_names_the_span_id_column_the_file_has(
     sqlite_engine: Engine, tmp_path: Path
 ) -> None:
