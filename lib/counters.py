@@ -400,23 +400,13 @@ def new_evaluation_counters(
     `metrics_by_snapshot` names each new evaluation's judgments by metric. They are all new and
     unreviewed (an import's), and the evaluation is new, so they are all it has (the foreign key
     lets no stored judgment point at an evaluation not stored yet): total = their count, reviewed
-    and corrected 0, `judged_metrics` spelled by the database (`metrics_spelled`), once per distinct
-    set of metrics, and no `reviewer_decisions` (NULL, the column's default: nothing reviewed), so
-    an import writes no more than before for it.
+    and corrected 0, `judged_metrics` spelled by the database (`metrics_spelled`, `_spelled`), once
+    per distinct set of metrics, and no `reviewer_decisions` (NULL, the column's default: nothing
+    reviewed), so an import writes no more than before for it.
     """
     sets = {snapshot_id: frozenset(m for m in metrics if m is not None) for snapshot_id, metrics in
             metrics_by_snapshot.items()}  # fmt: skip
-    dialect = dialect_name(session)
-    rows = (
-        "SELECT DISTINCT m FROM unnest(CAST(:metrics AS VARCHAR[])) AS given(m) ORDER BY m"
-        if dialect == "postgresql"
-        else "SELECT DISTINCT value AS m FROM json_each(:metrics) ORDER BY m"
-    )
-    spell = text(f"SELECT {metrics_spelled(dialect, 'm')} FROM ({rows}) AS judged")
-    spelled: dict[frozenset[str], str] = {}
-    for metrics in set(sets.values()):  # a handful of distinct sets per batch
-        given = sorted(metrics) if dialect == "postgresql" else json.dumps(sorted(metrics))
-        spelled[metrics] = session.execute(spell, {"metrics": given}).scalar_one()
+    spelled = _spelled(session, set(sets.values()))
     return {
         snapshot_id: {
             "judgments_total": len(metrics_by_snapshot[snapshot_id]),
@@ -426,6 +416,52 @@ def new_evaluation_counters(
         }
         for snapshot_id, metrics in sets.items()
     }
+
+
+# The dialect's attribute holding its database's spellings of metric sets (`_spelled`): per engine.
+_SPELLINGS = "_overrule_judged_metrics_spellings"
+SPELLINGS_KEPT = 4096  # distinct metric sets remembered per engine (a handful per product in practice)
+
+
+def _spelled(session: Session, metric_sets: set[frozenset[str]]) -> dict[frozenset[str], str]:
+    """Each set's `judged_metrics` as the database spells it (`metrics_spelled`), asked once per
+    set and engine: the spelling depends on the set and the database's ordering only, and every
+    import of a product repeats the same few sets, so asking again cost a statement an import
+    (issue 29: an OTLP log request is an import of ~100 evaluations, 98 of them per 10,000).
+
+    Kept on the engine's dialect object (one per engine, so per database: PostgreSQL orders by the
+    database's collation), as `lib.bulk.row_binder` keeps its binders; bounded by SPELLINGS_KEPT.
+    """
+    dialect = bulk.dialect_of(session)
+    kept: dict[frozenset[str], str] | None = dialect.__dict__.get(_SPELLINGS)
+    if kept is None:
+        kept = dialect.__dict__[_SPELLINGS] = {}
+    found: dict[frozenset[str], str] = {}
+    missing: list[frozenset[str]] = []
+    for metrics in metric_sets:
+        spelling = kept.get(metrics)
+        if spelling is None:
+            missing.append(metrics)
+        else:
+            found[metrics] = spelling
+    if missing:
+        name = dialect.name
+        spell = prepared.built(session, ("spell judged metrics",), lambda: _spell_statement(name))
+        if len(kept) + len(missing) > SPELLINGS_KEPT:
+            kept.clear()
+        for metrics in missing:
+            given = sorted(metrics) if name == "postgresql" else json.dumps(sorted(metrics))
+            found[metrics] = kept[metrics] = session.execute(spell, {"metrics": given}).scalar_one()
+    return found
+
+
+def _spell_statement(dialect: str) -> Any:
+    rows = (
+        "SELECT DISTINCT m FROM unnest(CAST(:metrics AS VARCHAR[])) AS given(m) ORDER BY m"
+        if dialect == "postgresql"
+        else "SELECT DISTINCT value AS m FROM json_each(:metrics) ORDER BY m"
+    )
+    return text(f"SELECT {metrics_spelled(dialect, 'm')} FROM ({rows}) AS judged")
 
 
 @contextmanager

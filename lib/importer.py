@@ -309,6 +309,9 @@ def _write_rows(session: Session, table: Table, rows: list[dict[str, Any]]) -> N
         ) from exc
 
 
+_CACHE_SIZE = "overrule_cache_size"  # the SQLite connection's page cache size outside imports
+
+
 @contextmanager
 def _roomy_sqlite_cache(session: Session) -> Iterator[None]:
     """A bigger SQLite page cache while bulk writing: index pages stop being evicted and re-read."""
@@ -316,7 +319,11 @@ def _roomy_sqlite_cache(session: Session) -> Iterator[None]:
         yield
         return
     conn = session.connection()
-    previous = int(conn.exec_driver_sql("PRAGMA cache_size").scalar() or -2000)
+    # The connection's own size, read once per connection (`Connection.info` lives with it): the app
+    # sets it nowhere else, and this block puts it back. Reading it again cost a statement an import.
+    previous = conn.info.get(_CACHE_SIZE)
+    if previous is None:
+        previous = conn.info[_CACHE_SIZE] = int(conn.exec_driver_sql("PRAGMA cache_size").scalar() or -2000)
     conn.exec_driver_sql(f"PRAGMA cache_size=-{SQLITE_IMPORT_CACHE_KIB}")
     try:
         yield

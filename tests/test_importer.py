@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, func
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from lib import bulk, importer
 from lib.db import init_db, session_scope
@@ -458,6 +458,72 @@ def test_import_evaluations_takes_parsed_records(engine: Engine) -> None:
         report = import_evaluations(session=s, records=iter(numbered(2)), source="demo", reviewer="builder")
     assert report.summary() == "evaluations: 2 inserted, 0 already present (skipped), 4 judgments"
     assert {s.created_by for s in snapshots(engine)} == {"builder"}
+
+
+def test_an_import_asks_the_database_to_spell_a_set_of_metrics_once(engine: Engine) -> None:
+    """An evaluation's `judged_metrics` is spelled by the database (`counters.metrics_spelled`), once
+    per set of metrics and engine (`counters._spelled`): an import of sets seen before sends no
+    spelling statement, a new set sends one, and every stored spelling is what a recount writes."""
+    from sqlalchemy import event
+
+    from lib import counters
+
+    spellings: list[str] = []
+
+    def spelling(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.startswith("SELECT COALESCE(") and statement.endswith(") AS judged"):  # _spell_statement
+            spellings.append(statement)
+
+    two, one, other = {"truthfulness": 4, "clarity": 3}, {"safety": 2}, {"clarity": 1, "safety": 5}
+
+    def run(batch: str, *sets: dict[str, int]) -> None:
+        rows = [record(question=f"{batch} {i}?", judge_scores=scores) for i, scores in enumerate(sets)]
+        with session_scope(engine) as s:
+            import_evaluations(session=s, records=rows)
+
+    event.listen(engine, "before_cursor_execute", spelling)
+    try:
+        run("first", two, one, two)
+        assert len(spellings) == 2
+        run("again", one, two, one)
+        assert len(spellings) == 2
+        run("new", other, two)
+        assert len(spellings) == 3
+    finally:
+        event.remove(engine, "before_cursor_execute", spelling)
+    stored = {snap.question: snap.judged_metrics for snap in snapshots(engine)}
+    assert stored["first 0?"] == stored["again 1?"] == ",clarity,truthfulness,"
+    assert stored["new 0?"] == ",clarity,safety,"
+    with session_scope(engine) as s:
+        counters.refresh_snapshots(session=s, where=col(EvaluationSnapshot.id).is_not(None))
+    assert {snap.question: snap.judged_metrics for snap in snapshots(engine)} == stored
+
+
+@sqlite_only
+def test_an_import_puts_the_connections_page_cache_back_reading_its_size_once(engine: Engine) -> None:
+    """An import writes with a roomy SQLite page cache (`importer._roomy_sqlite_cache`) and gives
+    the connection its own size back after; that size is read once per connection, not per import."""
+    from sqlalchemy import event
+
+    pragmas: list[str] = []
+
+    def pragma(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.startswith("PRAGMA cache_size"):
+            pragmas.append(statement)
+
+    with engine.connect() as conn:
+        conn.exec_driver_sql("PRAGMA cache_size=-3000")  # the pool's one connection: its own size
+    event.listen(engine, "before_cursor_execute", pragma)
+    try:
+        for batch in ("first", "second"):
+            with session_scope(engine) as s:
+                import_evaluations(session=s, records=[record(question=f"{batch} {i}?") for i in range(2)])
+    finally:
+        event.remove(engine, "before_cursor_execute", pragma)
+    roomy, own = f"PRAGMA cache_size=-{importer.SQLITE_IMPORT_CACHE_KIB}", "PRAGMA cache_size=-3000"
+    assert pragmas == ["PRAGMA cache_size", roomy, own, roomy, own]
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA cache_size").scalar() == -3000
 
 
 @pytest.mark.pg_repeats("statements and lines of test_invalid_utf8_is_refused_with_its_line")
