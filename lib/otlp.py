@@ -165,12 +165,22 @@ class Batch:
     passed_over: dict[str, str] = field(default_factory=dict)
 
 
+# What of the sender's own text an answer quotes (review17 L1: a 4 MB evaluation name made a 4 MB
+# partial success, 3,000 rejected spans 7 MB): a span name and an evaluation name each cut at a word,
+# at most ANSWER_METRICS evaluation names per message, ANSWER_MESSAGES messages of ANSWER_CHARS each.
+NAME_CHARS = 200
+METRIC_CHARS = 64
+ANSWER_METRICS = 10
+ANSWER_MESSAGES = 100
+ANSWER_CHARS = 1000
+
+
 def describe(key: str, name: str = "") -> str:
     """A span as a message names it: its name, trace id and span id (or the response id)."""
     if key.startswith("response:"):
         return f"the call with gen_ai.response.id {key.removeprefix('response:')!r}"
     trace, _, span = key.partition(":")
-    named = f"span {name!r} " if name else "span "
+    named = f"span {cut_at_word(name, NAME_CHARS)!r} " if name else "span "
     return f"{named}(trace {trace}, span {span})"
 
 
@@ -1054,7 +1064,7 @@ class _Join:
                 self.outcome.reject(
                     self.batch,
                     key,
-                    f"{call.label()} has evaluations ({', '.join(_metrics(verdicts))}) but no "
+                    f"{call.label()} has evaluations ({_metrics(verdicts)}) but no "
                     f"{lacking(call.missing)}: it cannot become an evaluation",
                 )
             else:
@@ -1325,7 +1335,7 @@ class _Join:
         self.outcome.reject(
             self.batch,
             key,
-            f"{what}, but evaluations ({', '.join(_metrics(verdicts))}) were emitted in its "
+            f"{what}, but evaluations ({_metrics(verdicts)}) were emitted in its "
             f"context and {where} {count or 'no'} calls: they are dropped. Emit them in the judged "
             "call's span context",
         )
@@ -1549,8 +1559,12 @@ def _resent_changes(session: Session, resent: dict[str, SpanCall]) -> list[str]:
     return notes
 
 
-def _metrics(verdicts: Iterable[Verdict]) -> list[str]:
-    return list(dict.fromkeys(str(v.name) for v in verdicts))
+def _metrics(verdicts: Iterable[Verdict]) -> str:
+    """The evaluation names a message lists: each once, cut at a word, the first `ANSWER_METRICS`."""
+    names = list(dict.fromkeys(str(v.name) for v in verdicts))
+    shown = ", ".join(cut_at_word(name, METRIC_CHARS) for name in names[:ANSWER_METRICS])
+    more = len(names) - ANSWER_METRICS
+    return shown + (f" and {more} more" if more > 0 else "")
 
 
 def _dedupe(verdicts: list[Verdict]) -> list[Verdict]:
@@ -1613,7 +1627,7 @@ def response_body(signal: str, outcome: Outcome, kind: str) -> bytes:
             partial.rejected_spans = outcome.rejected
         else:
             partial.rejected_log_records = outcome.rejected
-        partial.error_message = "; ".join(outcome.messages)
+        partial.error_message = joined_messages(outcome.messages, ANSWER_MESSAGES, ANSWER_CHARS)
     if kind == PROTOBUF:
         return response.SerializeToString()
     return json_format.MessageToJson(response, indent=None).encode()
@@ -1628,13 +1642,22 @@ def logged_messages(messages: list[str]) -> str:
     read the answer): the first `LOGGED_MESSAGES` as the answer writes them, each cut at a word,
     on one line (a span name's newline escaped). Not repr: it wrapped each message in quotes and
     escaped the message's own (review14 F7)."""
-    shown = "; ".join(one_line(cut_at_word(m, LOGGED_CHARS)) for m in messages[:LOGGED_MESSAGES])
-    more = len(messages) - LOGGED_MESSAGES
+    return one_line(joined_messages(messages, LOGGED_MESSAGES, LOGGED_CHARS))
+
+
+def joined_messages(messages: list[str], count: int, chars: int) -> str:
+    """The first `count` messages, each cut at a word to `chars`, and how many more: what a partial
+    success answers and the WARNING line logs, bounded whatever names the sender chose (review17 L1)."""
+    shown = "; ".join(cut_at_word(m, chars) for m in messages[:count])
+    more = len(messages) - count
     return shown + (f" (and {more} more)" if more > 0 else "")
 
 
 def status_body(code: int, message: str, kind: str) -> bytes:
-    """A google.rpc.Status (OTLP's error body) in the request's encoding."""
+    """A google.rpc.Status (OTLP's error body) in the request's encoding; the message cut at a word
+    to `ANSWER_CHARS` (review17 L1: a 10 MB doubleValue string came back whole in Python's
+    "could not convert string to float" text)."""
+    message = cut_at_word(message, ANSWER_CHARS)
     if kind == JSON:
         return json.dumps({"code": code, "message": message}).encode()
     text = message.encode()

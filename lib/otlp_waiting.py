@@ -25,6 +25,7 @@ from sqlalchemy import Engine, Text, and_, bindparam, case, cast, func, not_, or
 from sqlmodel import Session, col
 
 from lib.csv_text import iso_utc, neutralise_cell
+from lib.display import cut_at_word
 from lib.models import AuditEvent, utcnow
 from lib.otlp_table import PENDING_DAYS, SPANS, TRACE_END, aware, lacking
 
@@ -615,7 +616,7 @@ def record_sweep(session: Session, cutoff: datetime) -> None:
         for verdict in pending or []:
             verdicts += 1
             if isinstance(verdict, dict):
-                names[str(verdict.get("metric"))] = None
+                names[cut_at_word(str(verdict.get("metric")), 64)] = None  # bounded (review17)
     if oldest is None:
         return
     detail = swept_detail(calls, verdicts, list(names), oldest)

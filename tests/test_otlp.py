@@ -818,6 +818,31 @@ def test_what_cannot_be_mapped_is_named_in_the_partial_success(
     assert answer.status_code == 400 and answer.json()["message"].startswith("malformed JSON")
 
 
+def test_answers_quote_the_senders_names_and_values_cut_to_a_bound(receiver: Receiver) -> None:
+    """review17 L1: a 4 MB evaluation name came back whole in the partial success, 3,000 rejected
+    spans made 7 MB of it, and a 10 MB doubleValue string came back whole in a 400."""
+    big = "E" * 300_000
+    t = Telemetry()
+    t.call("No answer?", None, events={big: 4, **{f"m{i}": 3 for i in range(12)}})
+    with t.tracer.start_as_current_span(big, attributes=_chat_attributes("Q?", None)) as span:
+        span.add_event(EVAL, {"gen_ai.evaluation.name": "clarity", "gen_ai.evaluation.score.value": 3})
+    for i in range(otlp.ANSWER_MESSAGES + 5):
+        t.call(f"Unanswered {i}?", None, events={"clarity": 3})
+    r = receiver.post("/v1/traces", t.traces())
+    partial = ExportTraceServiceResponse.FromString(r.content).partial_success
+    assert r.status_code == 200 and partial.rejected_spans == otlp.ANSWER_MESSAGES + 7, r.content
+    messages = partial.error_message
+    assert len(r.content) < (otlp.ANSWER_MESSAGES + 1) * (otlp.ANSWER_CHARS + 2), len(r.content)
+    assert messages.endswith(" (and 7 more)")
+    assert f"({'E' * (otlp.METRIC_CHARS)}…, m0, " in messages and ", m8 and 3 more)" in messages
+    assert f"span '{'E' * otlp.NAME_CHARS}…'" in messages and "E" * (otlp.NAME_CHARS + 1) not in messages
+    value = {"key": "gen_ai.evaluation.score.value", "value": {"doubleValue": "x" * 500_000}}
+    body = {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "ab" * 16, "spanId": "cd" * 8,
+        "events": [{"name": EVAL, "attributes": [value]}]}]}]}]}  # fmt: skip
+    r = receiver.post("/v1/traces", json.dumps(body).encode(), **{"Content-Type": "application/json"})
+    assert r.status_code == 400 and len(r.content) < otlp.ANSWER_CHARS + 100, r.content[:200]
+
+
 def test_a_request_of_more_records_than_it_takes_is_refused_before_they_are_read(
     receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
