@@ -55,12 +55,6 @@ class Server:
         return {"Authorization": f"Bearer {self.secrets[role]}"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def server(engine: Engine) -> Iterator[Server]:
     """The API mounted at /api/v1 as serve.py mounts it, served by uvicorn on a free loopback port."""
@@ -98,18 +92,23 @@ class BodyMeter:
 
 @contextmanager
 def serving(app: Any) -> Iterator[int]:
-    """`app` served by uvicorn on a free loopback port (in a thread) while the block runs."""
-    port = _free_port()
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=uv.run, daemon=True)
+    """`app` served by uvicorn on a free loopback port (in a thread) while the block runs. The socket
+    is bound here and handed to uvicorn: a port found free, closed, then bound again by the server
+    could be taken by another process in between."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = int(listener.getsockname()[1])
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
-    wait_until(lambda: uv.started or not thread.is_alive(), "the API server to start")
-    assert uv.started, "the API server stopped before it started"
     try:
+        wait_until(lambda: uv.started or not thread.is_alive(), "the API server to start")
+        assert uv.started, "the API server stopped before it started"
         yield port
     finally:
         uv.should_exit = True
         thread.join(timeout=10)
+        listener.close()
 
 
 def count(engine: Engine, model: type) -> int:
