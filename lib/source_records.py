@@ -184,9 +184,11 @@ def score_labels(
     stored: Callable[[str, str, str], set[float]] | None = None,
 ) -> None:
     """Give each verdict that has a label and no number the score its label has here, the first of:
-    the one `explicit` gives it (--label-scores); the one every scored verdict of the same product
-    and evaluation name with that label has in these evaluations (a file that scores some rows and
-    only labels others stays consistent, whatever its labels mean); the one every judgment the
+    the one `explicit` gives it (--label-scores); the one every scored verdict of the same product,
+    evaluation name and side (the judge's, or the reviewer's: `human`) with that label has in these
+    evaluations (a file that scores some rows and only labels others stays consistent, whatever its
+    labels mean; a reviewer's number never scores the judge's label, which Analytics compares with
+    it: review16 L5); the one every judgment the
     database holds for that product, metric and label has (`stored(product, metric slug, label)`:
     a label keeps the number reviewers already see for it); for one of a known pair (`LABEL_PAIRS`),
     the other of the number its partner gets so (a product that stored `factual` as 1 gets
@@ -194,7 +196,7 @@ def score_labels(
     (`LABEL_SCORES`). Labels are compared as the judgments store them (`label_key`): text longer
     than a label may be is free text, scored by none of these, as the stored lookup never found it."""
     evaluations = list(evaluations)
-    scored: dict[tuple[str, str, str], set[float]] = {}
+    scored: dict[tuple[str, str, str, bool], set[float]] = {}
     for ev in evaluations:
         for verdict in ev.verdicts:
             score, label = verdict.score, label_key(verdict.label)
@@ -204,15 +206,18 @@ def score_labels(
                 and not isinstance(score, bool)
                 and math.isfinite(score)
             ):
-                key = (str(ev.product), metric_slug(verdict.name), label)
+                key = (str(ev.product), metric_slug(verdict.name), label, verdict.human)
                 scored.setdefault(key, set()).add(float(score))
     explicit = explicit or {}
+    in_database: dict[tuple[str, str, str], set[float]] = {}
 
-    def known(product: str, slug: str, label: str) -> float | None:
-        key = (product, slug, label)
-        found = scored.get(key)
+    def known(product: str, slug: str, label: str, human: bool) -> float | None:
+        found = scored.get((product, slug, label, human))
         if found is None and stored is not None:
-            found = scored[key] = stored(*key)
+            key = (product, slug, label)
+            found = in_database.get(key)
+            if found is None:
+                found = in_database[key] = stored(*key)
         return next(iter(found)) if found is not None and len(found) == 1 else None
 
     for ev in evaluations:
@@ -222,11 +227,11 @@ def score_labels(
                 continue
             score = explicit.get(label)
             if score is None:
-                score = known(str(ev.product), metric_slug(verdict.name), label)
+                score = known(str(ev.product), metric_slug(verdict.name), label, verdict.human)
             if score is None and label in _PARTNER:  # "factual" stored as 1: "hallucinated" is 0 here
                 other = explicit.get(_PARTNER[label])
                 if other is None:
-                    other = known(str(ev.product), metric_slug(verdict.name), _PARTNER[label])
+                    other = known(str(ev.product), metric_slug(verdict.name), _PARTNER[label], verdict.human)
                 score = 1.0 - other if other in (0.0, 1.0) else None
             if score is not None:
                 verdict.score = score

@@ -640,10 +640,17 @@ def test_phoenix_client_annotations_import_as_phoenix_exports_them(engine: Engin
     indexed by `span_id` and holds `annotation_name`, `annotator_kind` and the result as
     `result.label`/`result.score`/`result.explanation` (phoenix_annotations.*, written by Phoenix
     20.26.1: make_phoenix.py). Those columns were never read: every row was refused for having no
-    score or label. A HUMAN annotation is the reviewer's side of the evaluation."""
+    score or label. A HUMAN annotation is the reviewer's side of the evaluation, and its number
+    does not score the judge's label (review16 L5: the LLM's label-only `neutral` took the reviewer's
+    1.0, so Analytics compared the reviewer with a judge number derived from the reviewer's)."""
+    spans = FIXTURES / f"phoenix_spans.{form}"
+    annotations = FIXTURES / f"phoenix_annotations.{form}"
+    message = _refused(engine, annotations, "phoenix", spans=spans, product="annotated")
+    assert "field 'result.score': label 'neutral' has no score" in message
+    assert "--label-scores neutral=N" in message
     report = import_path(
-        engine=engine, path=FIXTURES / f"phoenix_annotations.{form}", kind="phoenix", reviewer=WHO,
-        options=SourceOptions(spans=FIXTURES / f"phoenix_spans.{form}", product="annotated"),
+        engine=engine, path=annotations, kind="phoenix", reviewer=WHO,
+        options=SourceOptions(spans=spans, product="annotated", label_scores="neutral=0.5"),
     )  # fmt: skip
     assert (report.inserted, report.judgments, report.unjudged) == (3, 3, 0)
     assert _judged(engine, "completeness") == {
@@ -654,8 +661,8 @@ def test_phoenix_client_annotations_import_as_phoenix_exports_them(engine: Engin
     assert berlin.user_scores_json == {
         "tone": {"score": 1.0, "reason": "neutral: Fine by me.", "label": "neutral"}
     }
-    # the LLM's label-only "neutral" takes the score the same file gives that label
-    assert berlin.judge_scores_json["tone"]["score"] == 1.0
+    # the LLM's label-only "neutral" takes the user's number for it, not the reviewer's 1.0
+    assert berlin.judge_scores_json["tone"]["score"] == 0.5
 
 
 @pytest.mark.parametrize("form", ["csv", "parquet"])
