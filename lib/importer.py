@@ -706,6 +706,7 @@ def score_stored_labels(
     session: Session,
     evaluations: list[source_records.SourceEvaluation],
     explicit: Mapping[str, float] | None = None,
+    via: str | None = None,
 ) -> None:
     """`lib.source_records.score_labels` with the user's label scores (`explicit`, a file's
     --label-scores) and this database's stored labels (`_stored_label_scores`): the steps every
@@ -715,9 +716,10 @@ def score_stored_labels(
     arrives (review14 F3). Once an import: in one call the steps keep their documented order (a
     stored label before the number a file's partner label implies), and a label no step scores is
     looked up once. Nothing is read, and nothing but one `is None` a verdict run, when every verdict
-    has a number."""
+    has a number. `via`: a file import's place, whose stored label a file's partner label
+    contradicts is refused with the advice that place offers (review16 M3); None for OTLP."""
     if any(v.score is None for ev in evaluations for v in ev.verdicts):
-        source_records.score_labels(evaluations, explicit, stored=_stored_label_scores(session))
+        source_records.score_labels(evaluations, explicit, stored=_stored_label_scores(session), via=via)
 
 
 def _stored_label_scores(session: Session) -> Callable[[str, str, str], set[float]]:
@@ -1713,7 +1715,7 @@ def _import_file(
         read = read_source(kind, path, options, source, document)
         document = None  # its records are read: the parsed document is not held through the import
         with session_scope(engine) as session:
-            score_stored_labels(session, read.evaluations, read.label_scores)
+            score_stored_labels(session, read.evaluations, read.label_scores, via=read.via)
             fresh, extended, added = _extend_stored(session, read.evaluations, actor, read.via)
             report = import_source_evaluations(
                 session=session, evaluations=fresh, source=source, reviewer=actor, via=read.via

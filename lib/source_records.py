@@ -78,7 +78,8 @@ LABEL_SCORE_ADVICE: dict[str, str] = {
 # "Score", steps 2–5): the command line's and the Import page's help both say it.
 LABEL_SCORE_STEPS = (
     "a label these scores do not name takes the score the file's scored results of the same metric "
-    "give it, else the one the product's stored judgments of that metric and label have, else "
+    "give it, else the one the product's stored judgments of that metric and label have (a file "
+    "whose partner label implies another number is refused), else "
     "for one of a pair (pass/fail, factual/hallucinated, …) the other number than its partner "
     "gets so, else, on a metric scored 0–1 (or a new one of labels only), a known label's "
     "(pass 1, fail 0, …; docs/importing.md)"
@@ -182,6 +183,7 @@ def score_labels(
     evaluations: Iterable[SourceEvaluation],
     explicit: Mapping[str, float] | None = None,
     stored: Callable[[str, str, str], set[float]] | None = None,
+    via: str | None = None,
 ) -> None:
     """Give each verdict that has a label and no number the score its label has here, the first of:
     the one `explicit` gives it (--label-scores); the one every scored verdict of the same product,
@@ -194,9 +196,16 @@ def score_labels(
     the other of the number its partner gets so (a product that stored `factual` as 1 gets
     `hallucinated` 0, not a 1 for both). Others are left to `verdict_score`'s known labels
     (`LABEL_SCORES`). Labels are compared as the judgments store them (`label_key`): text longer
-    than a label may be is free text, scored by none of these, as the stored lookup never found it."""
+    than a label may be is free text, scored by none of these, as the stored lookup never found it.
+
+    A stored number that the file's own partner (`--label-scores` or its scored results) contradicts
+    (the product stored `hallucinated` 0, the file scores `factual` 0) would give one file both
+    labels one number, in silence (review16 M3): with `via` (a file import: where it came from, for
+    the advice) that refuses the file, naming the label, both numbers and where each came from.
+    Without it (OTLP, whose sender cannot pass label scores) the stored number is kept."""
     evaluations = list(evaluations)
     scored: dict[tuple[str, str, str, bool], set[float]] = {}
+    places: dict[tuple[str, str, str, bool], str] = {}  # where each scored label is first scored
     for ev in evaluations:
         for verdict in ev.verdicts:
             score, label = verdict.score, label_key(verdict.label)
@@ -208,33 +217,71 @@ def score_labels(
             ):
                 key = (str(ev.product), metric_slug(verdict.name), label, verdict.human)
                 scored.setdefault(key, set()).add(float(score))
+                places.setdefault(key, verdict.where or ev.where)
     explicit = explicit or {}
     in_database: dict[tuple[str, str, str], set[float]] = {}
 
-    def known(product: str, slug: str, label: str, human: bool) -> float | None:
-        found = scored.get((product, slug, label, human))
-        if found is None and stored is not None:
-            key = (product, slug, label)
-            found = in_database.get(key)
-            if found is None:
-                found = in_database[key] = stored(*key)
+    def one(found: set[float] | None) -> float | None:
         return next(iter(found)) if found is not None and len(found) == 1 else None
+
+    def known(product: str, slug: str, label: str, human: bool) -> tuple[float | None, bool]:
+        """The label's number from the file's same side, else the database's; and whether it is the database's."""
+        found = scored.get((product, slug, label, human))
+        if found is not None or stored is None:
+            return one(found), False
+        key = (product, slug, label)
+        if key not in in_database:
+            in_database[key] = stored(*key)
+        return one(in_database[key]), True
 
     for ev in evaluations:
         for verdict in ev.verdicts:
             label = label_key(verdict.label)
             if verdict.score is not None or label is None:  # scored already, or no label to score
                 continue
+            product, slug = str(ev.product), metric_slug(verdict.name)
             score = explicit.get(label)
             if score is None:
-                score = known(str(ev.product), metric_slug(verdict.name), label, verdict.human)
+                score, from_database = known(product, slug, label, verdict.human)
+                if score is not None and from_database and via is not None and label in _PARTNER:
+                    _check_partner(ev, verdict, label, score, explicit, scored, places, via)
             if score is None and label in _PARTNER:  # "factual" stored as 1: "hallucinated" is 0 here
                 other = explicit.get(_PARTNER[label])
                 if other is None:
-                    other = known(str(ev.product), metric_slug(verdict.name), _PARTNER[label], verdict.human)
+                    other = known(product, slug, _PARTNER[label], verdict.human)[0]
                 score = 1.0 - other if other in (0.0, 1.0) else None
             if score is not None:
                 verdict.score = score
+
+
+def _check_partner(
+    ev: SourceEvaluation,
+    verdict: SourceVerdict,
+    label: str,
+    stored: float,
+    explicit: Mapping[str, float],
+    scored: Mapping[tuple[str, str, str, bool], set[float]],
+    places: Mapping[tuple[str, str, str, bool], str],
+    via: str,
+) -> None:
+    """Refuse (`score_labels`' `via`) a label whose number the product stores (`stored`) when the
+    import's own word on its partner implies the other: `--label-scores`, else the file's scored
+    results of the partner on the same side, when they give it one number of 0 and 1."""
+    partner = _PARTNER[label]
+    key = (str(ev.product), metric_slug(verdict.name), partner, verdict.human)
+    other = explicit.get(partner)
+    source = f"the label scores you gave make its partner {partner!r} {other:g}" if other is not None else ""
+    if other is None and len(found := scored.get(key, set())) == 1:
+        other = next(iter(found))
+        source = f"this file scores its partner {partner!r} {other:g} (at {places[key]})"
+    if other is None or other not in (0.0, 1.0) or 1.0 - other == stored:
+        return
+    field = verdict.field or verdict.name
+    raise ImportFailed(
+        f"{verdict.where or ev.where}, field {field!r}: label {label!r} of {verdict.name!r} has no score, "
+        f"and two numbers apply: the stored judgments of product {ev.product!r} score it {stored:g}, and "
+        f"{source}, which makes it {1.0 - other:g}; " + LABEL_SCORE_ADVICE[via].format(label=label[:20])
+    )
 
 
 def verdict_reason(verdict: SourceVerdict) -> str | None:

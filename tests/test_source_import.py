@@ -2125,23 +2125,57 @@ def test_a_files_labels_are_scored_once_and_an_unscored_one_looked_up_once(
     }
 
 
-def test_a_stored_label_comes_before_the_number_a_files_partner_label_implies(
-    sqlite_engine: Engine, tmp_path: Path
+def test_a_stored_label_the_files_partner_label_contradicts_refuses_the_file(
+    engine: Engine, tmp_path: Path
 ) -> None:
     """docs/importing.md's order: 3 (the product's stored judgments of the label) before 4 (the
-    other number than its partner gets). The file's labels were scored in two passes, the first
-    without the stored ones, so `hallucinated` took 1 from the file's `factual` 0 although the
-    product stores `hallucinated` as 0.5."""
+    other number than its partner gets). review16 M3: when the file's own partner label implies
+    another number than the stored one (stored `hallucinated` 0.5 or 0, the file scores `factual`
+    0), one file stored both labels of the pair one number in silence. That refuses the file now,
+    naming the label, both numbers and where each came from, with the --label-scores advice; the
+    user's number for the label settles it. Stored and partner agreeing, nothing is refused."""
     _import_phoenix_csv(
-        sqlite_engine, tmp_path, "first.csv", "a1b2c3d4e5f60718,Hallucination,hallucinated,0.5,Half.\n"
+        engine, tmp_path, "first.csv", "a1b2c3d4e5f60718,Hallucination,hallucinated,0.5,Half.\n"
     )
     later = "b2c3d4e5f6071829,Hallucination,factual,0,Stated.\nc3d4e5f60718293a,Hallucination,hallucinated,,Invents.\n"
-    _import_phoenix_csv(sqlite_engine, tmp_path, "later.csv", later)
-    assert {k: v[0] for k, v in _judged(sqlite_engine, "hallucination").items()} == {
+    path = _phoenix_csv(tmp_path, "later.csv", later)
+    spans = FIXTURES / "phoenix_spans.csv"
+    assert _refused(engine, path, "phoenix", spans=spans) == (
+        "later.csv line 3, field 'score': label 'hallucinated' of 'Hallucination' has no score, and two "
+        "numbers apply: the stored judgments of product 'phoenix' score it 0.5, and this file scores its "
+        "partner 'factual' 0 (at later.csv line 2), which makes it 1; give the evaluation a numeric "
+        "score, or its label one (--label-scores hallucinated=N,…); nothing was imported"
+    )
+    # the page and the API are told their own way to give the number
+    page = _refused(engine, path, "phoenix", spans=spans, via="page")
+    assert page.endswith(
+        "(the field for scores of labels sent without a number: hallucinated=N,…); nothing was imported"
+    )
+    # the user's partner number contradicts the stored one too
+    assert "the label scores you gave make its partner 'factual' 0, which makes it 1" in _refused(
+        engine, _phoenix_csv(tmp_path, "only.csv", "c3d4e5f60718293a,Hallucination,hallucinated,,x\n"),
+        "phoenix", spans=spans, label_scores="factual=0",
+    )  # fmt: skip
+    done = run_cli(
+        "import", str(path), "--kind", "phoenix", "--spans", str(spans), "--label-scores", "hallucinated=0.5",
+        env={"OVERRULE_DATABASE_URL": str(engine.url.render_as_string(hide_password=False))},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert {k: v[0] for k, v in _judged(engine, "hallucination").items()} == {
         "a1b2c3d4e5f60718": 0.5,
         "b2c3d4e5f6071829": 0.0,
-        "c3d4e5f60718293a": 0.5,  # as the product stores it (was 1.0: the partner's other number)
+        "c3d4e5f60718293a": 0.5,
     }
+    # stored 0 for "hallucinated" (the old convention) and a file whose factual is 1 agree: imported
+    _import_phoenix_csv(
+        engine, tmp_path, "old.csv", "a1b2c3d4e5f60718,Hallucination,hallucinated,,x\n", product="old",
+        label_scores="hallucinated=0",
+    )  # fmt: skip
+    agree = (
+        "b2c3d4e5f6071829,Hallucination,factual,1,Stated.\nc3d4e5f60718293a,Hallucination,hallucinated,,x\n"
+    )
+    _import_phoenix_csv(engine, tmp_path, "agree.csv", agree, product="old")
+    assert _judged(engine, "hallucination", "old")["c3d4e5f60718293a"][0] == 0.0
 
 
 def _langfuse_with_annotation(trace_id: str, question: str, judge: float, person: float) -> str:
