@@ -316,6 +316,13 @@ def verdict_score(verdict: SourceVerdict, via: str = "cli", metric: MetricSpec |
             return float(number)
         if metric is not None and number is not None:
             raise _off_scale(verdict, via, metric.display_name, metric.min_value, metric.max_value, number)
+        if label_key(verdict.label) is None:  # free text: no label score can name it (review16 L4)
+            raise InvalidField(
+                verdict.field or verdict.name,
+                f"label {verdict.label.strip()[:60]!r}… has no score, and text over {LABEL_MAX} "
+                "characters is free text, not a label a label score can name; "
+                + (LABEL_SCORE_ADVICE[via] if via == "otlp" else "give the evaluation a numeric score"),
+            )
         raise InvalidField(
             verdict.field or verdict.name,
             f"label {verdict.label.strip()[:60]!r} has no score, and it is not a known label "

@@ -2099,6 +2099,26 @@ def test_score_labels_compares_labels_as_judgments_store_them() -> None:
     assert looked_up == []
 
 
+def test_a_label_over_label_max_is_advised_a_number_not_label_scores(
+    sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    """review16 L4: text over LABEL_MAX characters is free text, which --label-scores cannot score
+    (`label_key`), yet its refusal advised `--label-scores`, and following the advice gave the same
+    error. It is told to give a number."""
+    from lib.models import LABEL_MAX
+
+    prose = "x" * (LABEL_MAX + 10)
+    path = _phoenix_csv(tmp_path, "long.csv", f"a1b2c3d4e5f60718,Verdict,{prose},,Why.\n")
+    spans = FIXTURES / "phoenix_spans.csv"
+    for options in ({}, {"label_scores": f"{prose}=1"}):
+        message = _refused(sqlite_engine, path, "phoenix", spans=spans, **options)
+        assert message.startswith(
+            f"long.csv line 2, field 'score': label {prose[:60]!r}… has no score, and text over {LABEL_MAX} "
+            "characters is free text, not a label a label score can name; give the evaluation a numeric score"
+        ), message
+        assert "--label-scores" not in message
+
+
 def _label_lookups(engine: Engine, run: Callable[[], object]) -> list[Any]:
     """The stored-label lookups (`_stored_label_scores`) `run` sent: their parameters, in order."""
     return [params for sql, params, _ in _sent(engine, run) if "judgments.label IS NOT NULL" in sql]
