@@ -157,6 +157,8 @@ class ImportReport:
     text_scores: int = 0
     # Phoenix: annotations of a span and name a later one by another identifier replaced.
     superseded: int = 0
+    # Langfuse v3: observation scores without their trace, skipped.
+    untraced: int = 0
     # Evaluations: the id each inserted evaluation got, by its source key, and (source imports)
     # each accepted evaluation's source key by its index among those given: lib.otlp links its
     # spans to them without hashing their content again or reading them back.
@@ -191,6 +193,9 @@ class ImportReport:
             parts.append(
                 f"{self.text_scores} TEXT or CORRECTION {scores} skipped (text, not a score on a scale)"
             )
+        if self.untraced:
+            scores = "score without its" if self.untraced == 1 else "scores without their"
+            parts.append(f"{self.untraced} observation {scores} trace skipped")
         if self.superseded:
             annotations = "annotation" if self.superseded == 1 else "annotations"
             parts.append(
@@ -1721,7 +1726,11 @@ def _import_file(
                 session=session, evaluations=fresh, source=source, reviewer=actor, via=read.via
             )
         report.kind, report.unjudged, report.off_trace = kind, read.unjudged, read.off_trace
-        report.text_scores, report.superseded = read.text_scores, read.superseded
+        report.text_scores, report.superseded, report.untraced = (
+            read.text_scores,
+            read.superseded,
+            read.untraced,
+        )
         report.skipped += extended
         report.judgments += added
         report.extended = added

@@ -66,6 +66,8 @@ class SourceFile:
     # Phoenix annotations of a span and name another annotation (another identifier, same side)
     # replaced: the latest `updated_at` is kept (`_read_phoenix`).
     superseded: int = 0
+    # Langfuse v3 scores of an observation whose trace the API did not give (`subject.traceId` is optional).
+    untraced: int = 0
     via: str = "cli"  # SourceOptions.via, for the import's messages
     # The user's scores of labels sent without a number (SourceOptions.label_scores, parsed): the
     # import scores those labels once, with the product's stored ones (`lib.importer.score_stored_labels`).
@@ -534,7 +536,11 @@ def _v2_score(obj: Mapping[str, Any], where: str) -> tuple[dict[str, Any], str]:
         raise _fail(where, "subject.kind", f"{kind!r} is not trace, observation, session or experiment")
     field = "subject.traceId" if kind == "observation" else "subject.id"
     ident = subject.get(field.removeprefix("subject."))
-    if not isinstance(ident, str) or not ident:
+    if kind == "observation" and ident in (None, ""):
+        # Langfuse types an observation's traceId optional ("the parent trace ID, if available"):
+        # such a score names no trace to join, and `_read_langfuse` skips and counts it (review16 L2).
+        ident = None
+    elif not isinstance(ident, str) or not ident:
         raise _fail(
             where, field, f"is required: the {'trace' if kind == 'observation' else kind} the score judged"
         )
@@ -688,13 +694,16 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
     traces.update(rooted)
     verdicts: dict[str, list[SourceVerdict]] = {}
     seen_scores: set[str] = set()
-    off_trace = text_scores = 0
+    off_trace = text_scores = untraced = 0
     for where, score, trace_field in scores:
         trace_id = score.get("traceId")
         if trace_id is None and (score.get("sessionId") or score.get("datasetRunId")):
             # A session's or dataset run's score judges no one answer: skipped and counted, so a
             # project's full score export imports (review14 F6).
             off_trace += 1
+            continue
+        if trace_id is None and trace_field == "subject.traceId":  # a v3 observation score without its trace
+            untraced += 1
             continue
         if trace_id is None:
             raise _fail(
@@ -720,7 +729,7 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
             text_scores += 1  # skipped, and the summary says so
         else:
             verdicts.setdefault(trace_id, []).append(verdict)
-    out = SourceFile([], off_trace=off_trace, text_scores=text_scores)
+    out = SourceFile([], off_trace=off_trace, text_scores=text_scores, untraced=untraced)
     for trace_id, (where, trace) in traces.items():
         found = verdicts.get(trace_id)
         if not found:

@@ -301,14 +301,18 @@ def test_langfuse_v3_scores_import_as_the_v2_ones_did(engine: Engine, tmp_path: 
 
 def test_langfuse_v3_scores_subjects_and_faults(sqlite_engine: Engine, tmp_path: Path) -> None:
     """A v3 score's subject: a session's or an experiment's is skipped and counted as v2's; an
-    observation's judges its trace, as v2 gave it; a score exported without `fields=subject` is
-    refused with what to export; a trace not in the file is named by the v3 field."""
+    observation's judges its trace, as v2 gave it, and one whose trace Langfuse did not give
+    (`subject.traceId` is optional) is skipped and counted, not a refusal of the file (review16 L2);
+    a score exported without `fields=subject` is refused with what to export; a trace not in the
+    file is named by the v3 field."""
     lines = (FIXTURES / "langfuse_export_v3.jsonl").read_text(encoding="utf-8").splitlines()
     base = json.loads(lines[4])  # helpfulness 4 of trace-0001
     extra = [
         {**base, "id": "v3-s", "name": "satisfaction", "subject": {"kind": "session", "id": "session-7"}},
         {**base, "id": "v3-e", "name": "satisfaction", "subject": {"kind": "experiment", "id": "run-3"}},
         {**base, "id": "v3-o", "name": "clarity", "value": 3, "subject": {"kind": "observation", "id": "obs-0004", "traceId": "trace-0004"}},
+        {**base, "id": "v3-u", "name": "clarity", "value": 1, "subject": {"kind": "observation", "id": "obs-0009"}},
+        {**base, "id": "v3-n", "name": "clarity", "value": 1, "subject": {"kind": "observation", "id": "obs-0008", "traceId": None}},
     ]  # fmt: skip
     export = tmp_path / "export.jsonl"
     export.write_text("\n".join([*lines, *map(json.dumps, extra)]) + "\n", encoding="utf-8")
@@ -316,7 +320,13 @@ def test_langfuse_v3_scores_subjects_and_faults(sqlite_engine: Engine, tmp_path:
         engine=sqlite_engine, path=export, kind="langfuse", reviewer=WHO,
         options=SourceOptions(label_scores="friendly=1"),
     )  # fmt: skip
-    assert (report.inserted, report.unjudged, report.off_trace) == (4, 0, 2)  # trace-0004 judged now
+    assert (report.inserted, report.unjudged, report.off_trace, report.untraced) == (
+        4,
+        0,
+        2,
+        2,
+    )  # trace-0004 judged now
+    assert "2 observation scores without their trace skipped" in report.summary()
     assert _judged(sqlite_engine, "clarity") == {"trace-0004": (3.0, "Clear steps.")}
     cases = {
         "no subject": ({k: v for k, v in base.items() if k != "subject"}, "field 'subject': is missing: export v3 scores with fields=subject,details"),
