@@ -1675,7 +1675,7 @@ def _doc_block(marker: str) -> str:
     return block
 
 
-@pytest.mark.parametrize("langfuse", ["v3", "v4"])
+@pytest.mark.parametrize("langfuse", ["v2", "v3", "v4"])
 def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
     sqlite_engine: Engine, tmp_path: Path, langfuse: str
 ) -> None:
@@ -1685,7 +1685,9 @@ def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
     configs by page number, v3 scores and v2 observations by cursor with the field groups asked
     for, as Langfuse's API definition gives them; v2/scores is deprecated, and a Langfuse v4
     answers /traces 404: review14 F7), writes every page, and the import of that file is the
-    import of the items themselves."""
+    import of the items themselves. A Langfuse before 3.179 has no v3 scores: the docs' one-line
+    change for it (`pages v2/scores`) exports its v2 scores (review16 L7: the script ended in a 404
+    after writing the traces)."""
     import base64
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -1693,9 +1695,10 @@ def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
 
     if not (shutil.which("curl") and shutil.which("jq") and shutil.which("bash")):
         pytest.skip("the docs' export script needs bash, curl and jq")
-    items = [
-        json.loads(line) for line in (FIXTURES / f"langfuse_export_{langfuse}.jsonl").read_text().splitlines()
-    ]
+    fixture = FIXTURES / (
+        "langfuse_export.jsonl" if langfuse == "v2" else f"langfuse_export_{langfuse}.jsonl"
+    )
+    items = [json.loads(line) for line in fixture.read_text().splitlines()]
     observations = [i for i in items if "startTime" in i]
     listings = {  # each listing the script asks for, as the stand-in names it
         "traces": [i for i in items if not {"subject", "isArchived", "startTime"} & set(i)],
@@ -1704,8 +1707,14 @@ def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
         "score-configs": [i for i in items if "isArchived" in i],
         "v3/scores": [i for i in items if "subject" in i],
     }
+    if langfuse == "v2":  # v2 scores name their trace; no v3 scores listing (404)
+        listings["traces"] = [i for i in listings["traces"] if "traceId" not in i]
+        listings["v2/scores"] = [i for i in items if "traceId" in i]
+        del listings["v3/scores"]
     if langfuse == "v4":
         del listings["traces"]  # Langfuse v4: 404
+    else:  # /traces answers: the script asks for no observations
+        del listings["v2/observations?isRootObservation=true"], listings["v2/observations?type=GENERATION"]
     # the field group that gives each field of a listing (Langfuse's API definition); others always come
     observed = {"input": "io", "output": "io", "traceName": "trace_context", "providedModelName": "model"}
     observed |= {"isRootObservation": "basic", "name": "basic"}
@@ -1727,7 +1736,7 @@ def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
                 self.end_headers()
                 return
             limit = min(int(query["limit"][0]), 2)
-            if listing in ("traces", "score-configs"):  # numbered pages
+            if listing in ("traces", "score-configs", "v2/scores"):  # numbered pages
                 page = int(query.get("page", ["1"])[0])
                 rows = data[(page - 1) * 2 : (page - 1) * 2 + limit]
                 meta: dict[str, Any] = {"page": page, "limit": limit, "totalItems": len(data), "totalPages": -(-len(data) // 2)}  # fmt: skip
@@ -1759,7 +1768,11 @@ def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         script = tmp_path / "langfuse-export.sh"
-        script.write_text(_doc_block("api/public/$endpoint"), encoding="utf-8")
+        text = _doc_block("api/public/$endpoint")
+        if langfuse == "v2":  # the docs' line for a Langfuse without v3 scores, in place of the v3 one
+            v3_line = next(line for line in text.splitlines() if line.startswith("cursor_pages v3/scores"))
+            text = text.replace(v3_line, _doc_block("pages v2/scores").strip())
+        script.write_text(text, encoding="utf-8")
         env = {
             "PATH": "/usr/bin:/bin",
             "LANGFUSE_HOST": f"http://127.0.0.1:{server.server_port}",
@@ -1773,8 +1786,10 @@ def test_langfuse_api_pages_as_lines_and_the_docs_export_script(
         server.shutdown()
         server.server_close()
     assert done.returncode == 0, done.stderr
-    pages = [f"{name} {p}" for name, data in listings.items() for p in range(1, -(-len(data) // 2) + 1)]
-    assert asked == ["traces probe" if langfuse == "v3" else "traces 404", *pages]
+    pages = [
+        f"{name} {p}" for name, data in listings.items() for p in range(1, max(1, -(-len(data) // 2)) + 1)
+    ]
+    assert asked == ["traces 404" if langfuse == "v4" else "traces probe", *pages]
     export = tmp_path / "export.jsonl"
     assert len(export.read_text().splitlines()) == len(pages) and not (tmp_path / "page.json").exists()
     report = import_path(engine=sqlite_engine, path=export, kind="langfuse", reviewer=WHO)
