@@ -31,9 +31,10 @@ def neutralise_cell(value: Any) -> Any:
     return value
 
 
-def iso_utc(moment: datetime) -> str:
-    """ISO 8601 in UTC with a `Z`, as the seed-004 cache writes timestamps."""
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+def iso_utc(moment: datetime, timespec: str = "auto") -> str:
+    """ISO 8601 in UTC with a `Z`, as the seed-004 cache writes timestamps (`timespec` as
+    `datetime.isoformat`'s: "auto" drops a zero fraction)."""
+    return moment.astimezone(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 def _stream_cell(value: Any) -> Any:

@@ -113,9 +113,11 @@ class WaitingRow:
 
 
 def utc_text(moment: datetime) -> str:
-    """A stored time as the list writes it everywhere (CSV, API, CLI): ISO 8601 UTC with `Z`.
-    Why one form: the three surfaces wrote three (review14 F7)."""
-    return iso_utc(aware(moment))
+    """A stored time as the list writes it everywhere (CSV, API, CLI rows and counts): ISO 8601 UTC
+    with microseconds and `Z`. Why one form: the three surfaces wrote three (review14 F7); why
+    always the fraction: `iso_utc` drops a zero one, so the text varied in width and sorted
+    `…:01Z` after `…:01.5Z` (review16 L6)."""
+    return iso_utc(aware(moment), timespec="microseconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +163,7 @@ class Swept:
         return (
             f"Forgotten after {PENDING_DAYS} days so far: {self.calls:,} call(s) no verdict came for and "
             f"{self.verdicts:,} verdict(s) whose call never came, in {self.sweeps:,} sweep(s); the last "
-            f"{aware(self.last_at):%Y-%m-%d %H:%M} UTC."
+            f"{utc_text(self.last_at)}."
         )
 
 
@@ -241,7 +243,8 @@ def csv_chunks(engine: Engine) -> Iterator[bytes]:
 
     with session_scope(engine, read_only=True) as session:
         _without_jit(session)
-        yield from iter_csv(COLUMNS, (row.values() for row in _rows(session, None)))
+        rows = ((utc_text(row.since), *row.values()[1:]) for row in _rows(session, None))
+        yield from iter_csv(COLUMNS, rows)
 
 
 def frames(waiting: Waiting) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -644,5 +647,5 @@ def summary_lines(waiting: Waiting) -> Iterable[str]:
     if not waiting.counts:
         yield NOTHING
     for count in waiting.counts:
-        yield f"{count.describe()}; the oldest since {aware(count.oldest):%Y-%m-%d %H:%M} UTC"
+        yield f"{count.describe()}; the oldest since {utc_text(count.oldest)}"
     yield waiting.swept.describe()

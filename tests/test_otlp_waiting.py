@@ -513,3 +513,36 @@ def test_a_count_tells_rows_and_verdicts_apart_in_words() -> None:
     )
     assert otlp_waiting.WhyCount("no_verdict", 1, 0, since).describe() == "1 call no verdict has come for"
     assert otlp_waiting.WhyCount("no_verdict", 3, 0, since).describe() == "3 calls no verdict has come for"
+
+
+def test_every_time_of_the_list_has_one_fixed_width_form(engine: Engine) -> None:
+    """review16 L6: a time whose microseconds were 0 lost its fraction (`…T09:48:01Z` beside
+    `…T09:48:01.366842Z`): the text was of variable width, and sorting it as text put `01Z` after
+    `01.5Z`; the CLI's counts wrote a third form (`2026-11-28 09:48 UTC`). Every time of the list
+    (the API, the CLI's lines and counts, the CSV) is ISO 8601 UTC with microseconds and `Z`."""
+    whole, later = datetime(2026, 11, 28, 9, 48, 1), datetime(2026, 11, 28, 9, 48, 1, 500_000)
+    assert otlp_waiting.utc_text(whole) == "2026-11-28T09:48:01.000000Z"
+    assert sorted([otlp_waiting.utc_text(later), otlp_waiting.utc_text(whole)])[0].startswith(
+        "2026-11-28T09:48:01.0"
+    )
+    with Session(engine) as session:
+        session.add(
+            OtlpSpan(key="a:1", pending_json=[{"metric": "truthfulness", "score": 4.0}], received_at=whole)
+        )
+        session.add(
+            OtlpSpan(key="b:1", pending_json=[{"metric": "clarity", "score": 3.0}], received_at=later)
+        )
+        session.commit()
+    with Session(engine) as session:
+        waiting = otlp_waiting.read(session)
+    record = otlp_waiting.waiting_record(waiting)
+    assert [row["waiting_since"] for row in record["rows"]] == [
+        "2026-11-28T09:48:01.000000Z",
+        "2026-11-28T09:48:01.500000Z",
+    ]
+    assert record["counts"][0]["oldest"] == "2026-11-28T09:48:01.000000Z"
+    rows = list(csv.DictReader(io.StringIO(b"".join(otlp_waiting.csv_chunks(engine)).decode("utf-8"))))
+    assert [row["waiting_since"] for row in rows] == [row["waiting_since"] for row in record["rows"]]
+    assert [row.cells()[0] for row in waiting.rows] == [row["waiting_since"] for row in record["rows"]]
+    [count] = [line for line in otlp_waiting.summary_lines(waiting) if "the oldest since" in line]
+    assert count.endswith("the oldest since 2026-11-28T09:48:01.000000Z")
