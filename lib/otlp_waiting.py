@@ -22,6 +22,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, Text, and_, bindparam, case, cast, func, not_, or_, select, text
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 from sqlmodel import Session, col
 
 from lib.csv_text import iso_utc, neutralise_cell
@@ -274,7 +276,33 @@ def _holds_span(table: Any) -> Any:
 
 
 _IS_CALL = _holds_span(SPANS)
-_VERDICTS = (_WAITS, not_(_IS_CALL), func.json_array_length(SPANS.c.pending_json) > 0)
+
+
+class _Parsable(FunctionElement[Any]):
+    """A row's `pending_json` as SQL's JSON functions may read it: on SQLite, text its JSON parser
+    refuses reads as one verdict of nothing (`[{}]`). Python's json module wrote NaN and Infinity,
+    which SQLite's parser calls malformed: one such row (a non-finite score kept before lib.otlp
+    refused them, review17 H1) made every read of the list fail, the API's, the CLI's and the
+    Admin page's, for the week it waited. PostgreSQL's JSON type never stored one."""
+
+    type = SPANS.c.pending_json.type
+    inherit_cache = True
+    name = "parsable"
+
+
+@compiles(_Parsable)
+def _parsable(element: _Parsable, compiler: Any, **kw: Any) -> str:
+    return str(compiler.process(element.clauses, **kw))
+
+
+@compiles(_Parsable, "sqlite")
+def _parsable_sqlite(element: _Parsable, compiler: Any, **kw: Any) -> str:
+    text = compiler.process(element.clauses, **kw)
+    return f"CASE WHEN json_valid({text}) THEN {text} ELSE '[{{}}]' END"
+
+
+_PENDING = _Parsable(SPANS.c.pending_json)
+_VERDICTS = (_WAITS, not_(_IS_CALL), func.json_array_length(_PENDING) > 0)
 _OLDEST = (SPANS.c.received_at, SPANS.c.key)
 
 
@@ -381,7 +409,7 @@ def _why(dialect: str) -> _Why:
     first_call = select(func.min(other.c.key)).where(*in_trace).scalar_subquery()
     naming = _naming(other, rid, key)
     recorded = select(func.count()).where(*naming).scalar_subquery()
-    context = SPANS.c.pending_json[(0, "context")].as_string()  # lib.otlp `_verdict_json`
+    context = _PENDING[(0, "context")].as_string()  # lib.otlp `_verdict_json`
     context_records = (
         select(other.c.response_id).where(other.c.key == context, _stored_call(other)).scalar_subquery()
     )
@@ -413,7 +441,7 @@ def _counts(session: Session, classed: int | None = None) -> list[WhyCount]:
         counts["no_verdict"] = WhyCount("no_verdict", calls, 0, oldest)
     rows = select(
         _why_of(session).why.label("why"),
-        func.json_array_length(SPANS.c.pending_json).label("verdicts"),
+        func.json_array_length(_PENDING).label("verdicts"),
         SPANS.c.received_at,
     ).where(*_VERDICTS)
     if classed is not None:  # from the oldest keys to their rows: only those are classed

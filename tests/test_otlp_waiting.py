@@ -347,6 +347,35 @@ def test_a_page_of_the_list_explains_only_the_rows_it_shows_and_counts_in_sql(
     assert [r.since for r in everything.rows] == sorted(r.since for r in everything.rows)
 
 
+def test_a_row_holding_a_non_finite_score_is_listed_beside_the_others(sqlite_engine: Engine) -> None:
+    """review17 H1: a NaN score kept waiting (before lib.otlp refused them) is JSON SQLite's parser
+    calls malformed, and every read of the list failed with it for the week it waited."""
+    from sqlalchemy import insert
+
+    _fill_waiting(sqlite_engine, verdicts=4, calls=1)
+    pending = [{"metric": "faithfulness", "score": float("nan"), "context": "ab" * 16 + ":" + "cd" * 8}]
+    with sqlite_engine.begin() as conn:
+        conn.execute(
+            insert(OtlpSpan.__table__),  # type: ignore[attr-defined]
+            [
+                {
+                    "key": "response:r-nan",
+                    "response_id": "r-nan",
+                    "pending_json": pending,
+                    "received_at": utcnow(),
+                }
+            ],
+        )
+    with Session(sqlite_engine) as session:
+        waiting = otlp_waiting.read(session)
+        page = otlp_waiting.read(session, limit=2)
+    assert waiting.total == 6 and len(page.rows) == 2
+    [nan] = [row for row in waiting.rows if row.record()["response_id"] == "r-nan"]
+    assert nan.record()["evaluations"] == ["faithfulness"]
+    assert sum(c.verdicts for c in waiting.counts) == 5
+    assert b"faithfulness" in b"".join(otlp_waiting.csv_chunks(sqlite_engine))
+
+
 def test_a_page_of_the_list_decodes_the_json_of_the_shown_rows_only(sqlite_engine: Engine) -> None:
     decoded: list[str] = []
     sqlite_engine.dialect._json_deserializer = lambda text: decoded.append(text) or json.loads(text)  # type: ignore[attr-defined]
