@@ -221,8 +221,9 @@ def _upsert_add_statement(
     )
 
 
-def _shift_judgments(session: Session, where: Any, sign: int) -> None:
-    """Add (`sign` 1) or retract (−1) the contribution of the live judgments matching `where`."""
+def _shift_judgments(session: Session, where: Any, sign: int, *, unreviewed: bool = False) -> None:
+    """Add (`sign` 1) or retract (−1) the contribution of the live judgments matching `where`
+    (`unreviewed`: none of them is reviewed, `version_counts.shift`)."""
     for table in _JUDGMENT_TABLES:
         prepared.run(
             session, where, ("judgments", table.name, sign),
@@ -230,12 +231,14 @@ def _shift_judgments(session: Session, where: Any, sign: int) -> None:
                 session, table, _judgment_keys(session, table), _judgment_values(sign), w
             ),
         )  # fmt: skip
-    version_counts.shift(session, where, sign)
+    version_counts.shift(session, where, sign, unreviewed=unreviewed)
 
 
-def include_judgments(*, session: Session, where: Any) -> None:
-    """Count the live judgments matching `where` (after they were written)."""
-    _shift_judgments(session, where, 1)
+def include_judgments(*, session: Session, where: Any, unreviewed: bool = False) -> None:
+    """Count the live judgments matching `where` (after they were written). `unreviewed`: the
+    caller wrote them unreviewed (an import's new judgments), which the per-version tables do not
+    count (`version_counts.shift`)."""
+    _shift_judgments(session, where, 1, unreviewed=unreviewed)
 
 
 def retract_judgments(*, session: Session, where: Any) -> None:

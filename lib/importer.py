@@ -551,7 +551,9 @@ def _write_evaluations(session: Session, prepared: _Prepared) -> ImportReport:
             statistics.wrote(len(judgment_rows))
             if not defer:  # one set-based update per counter table and batch, on the indexes
                 counters.include_judgments(
-                    session=session, where=counters.batch(session, _JUDGMENTS.c.snapshot_id, new_ids)
+                    session=session,
+                    where=counters.batch(session, _JUDGMENTS.c.snapshot_id, new_ids),
+                    unreviewed=True,  # snapshot_judgment_rows: an import's judgments are unreviewed
                 )
             # The score counts (agreement rows, shared across the product) after the product's and the
             # judgments' counter rows, as an archive moves them: taken first, an import waited on an
@@ -1127,6 +1129,7 @@ def _write_late(session: Session, checked: list[tuple[Any, dict[str, Any], list[
         counters.include_judgments(
             session=session,
             where=counters.batch(session, _JUDGMENTS.c.change_id, [j["change_id"] for j in judgment_rows]),
+            unreviewed=True,  # snapshot_judgment_rows, as an import's
         )
     scores.replace_snapshot_scores(session=session, before=before, after=after)
     return len(judgment_rows)

@@ -326,6 +326,46 @@ def test_counters_equal_a_full_recount_after_random_writes(engine: Engine, seed:
     } == dict(raw), story
 
 
+def test_an_import_sends_nothing_to_the_version_tables_and_they_still_equal_a_recount(engine: Engine) -> None:
+    """An import's judgments are unreviewed, and the per-version tables count reviewed judgments only
+    (`version_counts.shift`'s `unreviewed`): the import sends them no statement, nor the verdicts'
+    probe. A review of an imported judgment, and a second import, then leave them equal to a recount."""
+    from sqlalchemy import event
+
+    rng = random.Random(7)
+    sent: list[str] = []
+
+    def versioned(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if "judge_version_" in statement or "judge_verdicts" in statement:
+            sent.append(statement)
+
+    event.listen(engine, "before_cursor_execute", versioned)
+    try:
+        with session_scope(engine) as s:
+            importer.import_evaluations(
+                session=s, records=[{**_record(rng, n), "judge_version": "v-a"} for n in range(6)]
+            )
+    finally:
+        event.remove(engine, "before_cursor_execute", versioned)
+    assert [x for x in sent if "judge_version_counts" in x or "judge_version_totals" in x] == []
+    assert [x for x in sent if "judge_verdicts" in x] == []
+    with session_scope(engine) as s:
+        j = s.exec(select(Judgment).order_by(col(Judgment.id))).first()
+        assert j is not None and j.id is not None
+        record_review(session=s, judgment_id=j.id, expected_version=j.version, action="confirm",
+                      reviewer=REVIEWER)  # fmt: skip
+    with session_scope(engine) as s:
+        importer.import_evaluations(session=s, records=[_record(rng, n) for n in range(6, 9)])
+    with session_scope(engine) as s:
+        kept = _snapshot_of_counters(s)
+    with session_scope(engine) as s:
+        counters.recount(session=s)
+    with session_scope(engine) as s:
+        recounted = _snapshot_of_counters(s)
+    assert recounted["judge_version_counts"] and recounted["judge_version_totals"]  # the review counts
+    assert kept == recounted
+
+
 def test_reviewer_decisions_follow_reviews_re_reviews_and_undos(engine: Engine) -> None:
     """Each step leaves the evaluation's `reviewer_decisions` as its judgments say, including an
     overrule of an overruled judgment (no counter moves: only the decision does) and its undo."""
