@@ -37,6 +37,7 @@ from lib.importer import import_metrics
 from lib.judge_versions import AUDIT_ACTION
 from lib.models import AuditEvent, EvaluationSnapshot, Judgment, MetricDefinition, OtlpSpan
 from lib.tokens import create_token
+from tests.pages.conftest import APPTEST_TIMEOUT
 from tests.test_api import count, serving
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
@@ -1194,10 +1195,10 @@ def test_an_instrumented_openai_call_reaches_the_running_app_and_its_evaluations
         monkeypatch.setenv("OVERRULE_DATABASE_URL", sqlite_url)
         reset_settings()
         page = str(ROOT / "pages/evaluations.py")
-        listed = AppTest.from_file(page, default_timeout=60).run()
+        listed = AppTest.from_file(page, default_timeout=APPTEST_TIMEOUT).run()
         assert not listed.exception
         assert set(listed.dataframe[0].value["id"]) == {snapshot.id, spain.id}
-        detail = AppTest.from_file(page, default_timeout=60)
+        detail = AppTest.from_file(page, default_timeout=APPTEST_TIMEOUT)
         detail.query_params["snapshot"] = snapshot.id
         shown = " ".join(m.value for m in detail.run().markdown)
         assert "Lisbon is the capital of Portugal." in shown and "one sentence" in shown

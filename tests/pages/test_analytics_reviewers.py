@@ -19,7 +19,6 @@ from tests.test_analytics import seed_analytics_data
 
 PAGE = "pages/analytics.py"
 KEY = "analytics_reviewers"
-TIMEOUT = 60  # the page runs the judge tab and the Reviewers tab (bootstraps) in one script run
 
 
 def table_with(at: AppTest, column: str) -> pd.DataFrame:
@@ -41,7 +40,7 @@ def test_reviewers_tab_shows_alpha_with_its_interval_per_metric_and_queue(
     app_engine: Engine, open_page: Callable[..., AppTest]
 ) -> None:
     team_data(app_engine)
-    at = open_page(PAGE, timeout=TIMEOUT)
+    at = open_page(PAGE)
     assert [t.label for t in at.tabs] == ["Judge vs human", "Judge versions", "Reviewers"]
     table = table_with(at, "mean_pairwise_kappa")
     acme = table[table["product"] == "acme"].iloc[0]
@@ -56,7 +55,7 @@ def test_reviewers_tab_filters_by_queue_and_switches_to_blind_labels(
     app_engine: Engine, open_page: Callable[..., AppTest]
 ) -> None:
     team_data(app_engine)
-    at = open_page(PAGE, timeout=TIMEOUT)
+    at = open_page(PAGE)
     queue = at.selectbox(key=f"{KEY}_queue")
     assert queue.options == ["All queues", "blind", "team"]
     queue.select_index(1).run()
@@ -73,7 +72,7 @@ def test_reviewers_tab_shows_calibration_and_anchoring_with_downloads(
     app_engine: Engine, open_page: Callable[..., AppTest]
 ) -> None:
     team_data(app_engine)
-    at = open_page(PAGE, timeout=TIMEOUT)
+    at = open_page(PAGE)
     anchoring = table_with(at, "moved_toward_judge")
     ana = anchoring[(anchoring["reviewer"] == "ana") & (anchoring["metric_name"] == "(all metrics)")].iloc[0]
     assert (ana["labels"], ana["moved_toward_judge"], ana["moved_away"]) == (4, 3, 0)
@@ -90,7 +89,7 @@ def test_reviewers_tab_shows_calibration_and_anchoring_with_downloads(
 def test_reviewers_tab_without_labels_says_how_to_get_them(
     app_engine: Engine, open_page: Callable[..., AppTest]
 ) -> None:
-    at = open_page(PAGE, timeout=TIMEOUT)
+    at = open_page(PAGE)
     assert any("No team-queue labels yet" in i.value for i in at.info)
     assert not at.exception
 
@@ -104,7 +103,7 @@ def test_judge_tab_draws_the_human_ceiling_over_the_bars_and_lists_it(
         ("2", [Label("ana", "4"), Label("ben", "5")]),
     ]
     add_queue(app_engine, "truth", items, product="alpha", metric="truthfulness")
-    at = open_page(PAGE, timeout=TIMEOUT)
+    at = open_page(PAGE)
     ceiling = table_with(at, "human_exact_agreement").iloc[0]
     assert (ceiling["product"], ceiling["metric"], ceiling["items"]) == ("alpha", "truthfulness", 2)
     assert ceiling["human_exact_agreement"] == 0.5
@@ -123,7 +122,7 @@ def test_reviewers_tab_on_the_demo_shows_real_figures_on_first_start(
 ) -> None:
     app_engine.dispose()  # the page's database becomes a copy of a first demo load
     sqlite_demo.copy_to(Path(app_engine.url.database or ""))
-    at = open_page(PAGE, timeout=120)
+    at = open_page(PAGE)
     table = table_with(at, "mean_pairwise_kappa")
     assert len(table) >= 1 and (table["items"] > 0).all()
     assert table["alpha"].str.match(r"^-?\d\.\d\d( \[|$)").all()  # a number, not "–"

@@ -26,7 +26,7 @@ from lib.models import (
 )
 from lib.preferences import load_preference
 from lib.queues import QueueSpec
-from tests.pages.conftest import signed_in
+from tests.pages.conftest import APPTEST_TIMEOUT, signed_in
 from tests.pages.test_admin import AUTH
 from tests.pages.test_review import PAGE, ROOT, evaluation, headings, plain, row_key
 
@@ -328,7 +328,7 @@ def test_a_viewer_choosing_a_team_queue_is_sent_to_read_it(
     create(app_engine)
     monkeypatch.setenv("OVERRULE_AUTH_MODE", "signin")
     reset_settings()
-    at = AppTest.from_file(str(ROOT / PAGE), default_timeout=30)
+    at = AppTest.from_file(str(ROOT / PAGE), default_timeout=APPTEST_TIMEOUT)
     at.secrets["auth"] = AUTH
     at.user = signed_in(app_engine, "viewer@example.com")
     at.run()
