@@ -329,8 +329,8 @@ def test_writer_turns_are_handed_out_in_arrival_order_and_a_timed_out_waiter_lea
     assert queue.acquire(0)
     got: list[int] = []
 
-    def writer(i: int) -> None:
-        assert queue.acquire(5)
+    def writer(i: int) -> None:  # the bounds turn a hang into a failure; a loaded machine is slow
+        assert queue.acquire(60)
         got.append(i)
         queue.release()
 
@@ -342,7 +342,7 @@ def test_writer_turns_are_handed_out_in_arrival_order_and_a_timed_out_waiter_lea
     assert not queue.acquire(0.01)  # gives up and leaves the line: the others are not held up by it
     queue.release()
     for t in threads:
-        t.join(5)
+        t.join(60)
     assert got == [0, 1, 2, 3]
     assert queue.acquire(0)  # the last writer's release freed the queue
 
