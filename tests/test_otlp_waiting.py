@@ -204,6 +204,46 @@ def test_the_sweep_records_what_it_forgets_and_the_reader_counts_it(receiver: Re
     assert lines[0].startswith("Nothing waits") and lines[-1] == after.swept.describe()
 
 
+def test_what_waits_is_found_by_the_partial_index_of_waiting_rows(engine: Engine) -> None:
+    """Migration 0033: the rows that wait are indexed alone (`ix_otlp_spans_waiting`, received_at
+    and key WHERE snapshot_id IS NULL), link rows never. The statements that ask what waits (the
+    sweep's record and DELETE, the Admin page's "anything waits?", the list's oldest keys) are run,
+    caught as sent, and explained: each reads that index (PostgreSQL told to avoid a scan, as its
+    planner would at any size worth an index). Fails if the index were dropped or its predicate
+    no longer matched theirs (the full snapshot index it replaced would be read instead)."""
+    from sqlalchemy import event
+
+    sent: list[tuple[str, Any]] = []
+
+    def catch(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool) -> None:
+        if "otlp_spans" in statement and "snapshot_id IS NULL" in statement:
+            sent.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", catch)
+    try:
+        with Session(engine) as session:
+            otlp._sweep(session, force=True)
+            otlp_waiting.anything_waits(session)
+            session.execute(otlp_waiting._oldest_keys(10, otlp_waiting._WAITS)).all()
+            session.rollback()
+    finally:
+        event.remove(engine, "before_cursor_execute", catch)
+    assert len(sent) == 4, sent  # the sweep's record (what it forgets) reads them first
+    with engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        for statement, parameters in sent:
+            cursor = raw.cursor()
+            if engine.dialect.name == "postgresql":
+                cursor.execute("SET LOCAL enable_seqscan = off")
+                cursor.execute("EXPLAIN " + statement, parameters)
+            else:
+                cursor.execute("EXPLAIN QUERY PLAN " + statement, parameters)
+            plan = " ".join(str(row) for row in cursor.fetchall())
+            cursor.close()
+            assert "ix_otlp_spans_waiting" in plan, (statement, plan)
+        conn.rollback()
+
+
 def test_the_cli_prints_each_waiting_row_as_a_line_and_the_whole_list_as_csv(
     receiver: Receiver, db_url: str
 ) -> None:
