@@ -35,7 +35,20 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import ARRAY, Engine, String, Table, and_, bindparam, column, delete, event, func, select
+from sqlalchemy import (
+    ARRAY,
+    Engine,
+    String,
+    Table,
+    and_,
+    bindparam,
+    column,
+    delete,
+    event,
+    func,
+    select,
+    type_coerce,
+)
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
@@ -878,10 +891,10 @@ def _orphans_wait(engine: Engine, batch: Batch) -> bool:
     if not batch.passed_over:
         return False
     with session_scope(engine) as session:
-        rows = session.execute(
-            _stored_by(session, "key"), {"keys": among_value(session, set(batch.passed_over))}
+        rows = _stored_rows(
+            session, _stored_by(session, "key"), {"keys": among_value(session, set(batch.passed_over))}
         )
-        return any(not _Stored(*row).is_call for row in rows)
+        return any(not row.is_call for row in rows)
 
 
 _SWEEP_EVERY_S = 3600.0
@@ -919,7 +932,13 @@ class _Stored:
     snapshot_id: str | None
     span_json: dict[str, Any] | None
     pending_json: list[Any]
-    received_at: datetime
+    received_at: datetime | str  # as the driver hands it: `received()` reads it
+
+    def received(self) -> datetime:
+        """When the row was written, aware UTC. Read only here: most requests never ask (SQLite
+        hands back the text `lib.models`' type would parse for every row read)."""
+        moment = self.received_at
+        return aware(datetime.fromisoformat(moment) if isinstance(moment, str) else moment)
 
     @property
     def is_call(self) -> bool:
@@ -934,19 +953,55 @@ class _Stored:
 
 _ROW_COLUMNS = ("key", "response_id", "snapshot_id", "span_json", "pending_json", "received_at")
 _ROW = [SPANS.c[name] for name in _ROW_COLUMNS]
+# SQLite hands back the JSON and the time as text, which the columns' types would decode for every
+# row read (a log request reads the ~100 rows of its calls, a span request looks up its 512):
+# `_stored_rows` decodes the JSON itself, with no work for a link row's NULL span and empty list,
+# and the time is parsed when asked (`_Stored.received`). PostgreSQL's driver decodes both itself.
+_RAW_ROW = [*_ROW[:3], *(type_coerce(c, String()) for c in _ROW[3:])]
 
 
-def _relink(connection: Any, rows: list[tuple[str | None, str, str]], no_verdicts: Any, now: Any) -> None:
-    """Waiting rows become link rows in place: each (response id, snapshot id, key) row's call is
-    now that evaluation (span_json NULL, no verdicts waiting, received `now`), as `_Join._link`
-    would insert it. An UPDATE by key rewrites the row and the snapshot index's entry only; a
-    DELETE and an INSERT of the same key rewrote every index's (in a request of log records, each
-    call's row is written twice: waiting, then linked). `no_verdicts` and `now` are bound already.
+def _row_columns(session: Session) -> list[Any]:
+    """The columns a statement that reads `_Stored` rows selects (`_stored_rows` reads them)."""
+    return _RAW_ROW if session.get_bind().dialect.name == "sqlite" else _ROW
 
-    SQLite: one UPDATE, run for each row (executemany); PostgreSQL: one UPDATE of the rows listed
-    as arrays (a statement per row would be a round trip per row)."""
+
+def _stored_rows(session: Session, statement: Any, params: dict[str, Any]) -> Iterator[_Stored]:
+    """The `_Stored` rows a statement selecting `_row_columns` finds."""
+    result = session.execute(statement, params)
+    if session.get_bind().dialect.name != "sqlite":
+        for row in result:
+            yield _Stored(*row)
+        return
+    loads = json.loads
+    for key, response_id, snapshot_id, span, pending, received_at in result:
+        yield _Stored(
+            key,
+            response_id,
+            snapshot_id,
+            None if span is None or span == "null" else loads(span),  # `null`: the ORM's None
+            [] if pending == "[]" else loads(pending),
+            received_at,
+        )
+
+
+def _relink(
+    connection: Any, rows: list[tuple[str | None, str, str, str | None]], no_verdicts: Any, now: Any
+) -> None:
+    """Waiting rows become link rows in place: each (response id, snapshot id, key, the row's
+    stored response id) row's call is now that evaluation (span_json NULL, no verdicts waiting,
+    received `now`), as `_Join._link` would insert it. An UPDATE by key rewrites the row and takes
+    it out of the waiting rows' index; a DELETE and an INSERT of the same key rewrote every index's
+    entry (in a request of log records, each call's row is written twice: waiting, then linked).
+    `no_verdicts` and `now` are bound already.
+
+    SQLite: one UPDATE, run for each row (executemany), which leaves `response_id` out where the
+    row holds the call's already (nearly always: the call's span wrote it): SQLite rewrites the
+    entry of an indexed column it is told to set, whatever the value. PostgreSQL: one UPDATE of
+    the rows listed as arrays (a statement per row would be a round trip per row; an UPDATE there
+    writes a new row version with every index's entry anyway)."""
     postgresql = connection.dialect.name == "postgresql"
     cursor = connection.connection.driver_connection.cursor()
+    sql = ""
     try:
         if postgresql:
             sql = (
@@ -955,14 +1010,24 @@ def _relink(connection: Any, rows: list[tuple[str | None, str, str]], no_verdict
                 "FROM unnest(CAST(%s AS VARCHAR[]), CAST(%s AS VARCHAR[]), CAST(%s AS VARCHAR[])) "
                 "AS listed(response_id, snapshot_id, key) WHERE otlp_spans.key = listed.key"
             )
-            response_ids, snapshot_ids, keys = (list(column) for column in zip(*rows, strict=True))
+            response_ids, snapshot_ids, keys = ([row[i] for row in rows] for i in range(3))
             cursor.execute(sql, (no_verdicts, now, response_ids, snapshot_ids, keys))
-        else:
+            return
+        kept = [(sid, no_verdicts, now, key) for rid, sid, key, stored in rows if rid == stored]
+        if kept:
+            sql = (
+                "UPDATE otlp_spans SET snapshot_id = ?, span_json = NULL, pending_json = ?, "
+                "received_at = ? WHERE key = ?"
+            )
+            cursor.executemany(sql, kept)
+        if len(kept) < len(rows):
             sql = (
                 "UPDATE otlp_spans SET response_id = ?, snapshot_id = ?, span_json = NULL, "
                 "pending_json = ?, received_at = ? WHERE key = ?"
             )
-            cursor.executemany(sql, [(rid, sid, no_verdicts, now, key) for rid, sid, key in rows])
+            cursor.executemany(
+                sql, [(rid, sid, no_verdicts, now, key) for rid, sid, key, stored in rows if rid != stored]
+            )
     except connection.dialect.loaded_dbapi.Error as exc:
         raise DBAPIError.instance(sql, None, exc, connection.dialect.loaded_dbapi.Error) from exc
     finally:
@@ -975,7 +1040,7 @@ def _stored_by(session: Session, column: str) -> Any:
     return built(
         session,
         ("otlp_spans rows by", column),
-        lambda: select(*_ROW).where(among_template(session, SPANS.c[column], "keys")),
+        lambda: select(*_row_columns(session)).where(among_template(session, SPANS.c[column], "keys")),
     )
 
 
@@ -997,7 +1062,7 @@ def _in_traces(session: Session) -> Any:
             )
         trace = listed.c.value
         return (
-            select(*_ROW)
+            select(*_row_columns(session))
             .select_from(listed)
             .join(SPANS, and_(SPANS.c.key >= trace + ":", SPANS.c.key <= trace + TRACE_END))
         )
@@ -1015,12 +1080,12 @@ class _Join:
 
         self.product_attr = get_settings().otlp_product_attribute
         # What `_write` sends: stored rows to delete (forgotten, or replaced by a row in `new_rows`),
-        # waiting rows that become link rows in place (`relinked`: response id, snapshot id, key),
-        # then the rows to insert (`_ROW_COLUMNS`) as the driver takes them (`lib.bulk.insert_tuples`'
+        # waiting rows that become link rows in place (`relinked`: response id, snapshot id, key,
+        # the row's stored response id), then the rows to insert (`_ROW_COLUMNS`) as the driver takes them (`lib.bulk.insert_tuples`'
         # `encoded`): the JSON columns encoded by their type once per value, the time and a link
         # row's empty list once per request.
         self.gone: set[str] = set()
-        self.relinked: list[tuple[str | None, str, str]] = []
+        self.relinked: list[tuple[str | None, str, str, str | None]] = []
         self.new_rows: list[tuple[Any, ...]] = []
         dialect = session.connection().dialect
         self.to_json = SPANS.c.pending_json.type.dialect_impl(dialect).bind_processor(dialect)
@@ -1104,9 +1169,9 @@ class _Join:
         for by, wanted in (("key", keys - self.stored.keys()), ("response_id", responses)):
             if not wanted:
                 continue
-            for row in session.execute(_stored_by(session, by), {"keys": among_value(session, wanted)}):
-                if row[0] not in self.gone:
-                    self.stored.setdefault(row[0], _Stored(*row))
+            for row in _stored_rows(session, _stored_by(session, by), {"keys": among_value(session, wanted)}):
+                if row.key not in self.gone:
+                    self.stored.setdefault(row.key, row)
         if responses:
             self._by_response = None  # `_named` reads them too
 
@@ -1231,12 +1296,7 @@ class _Join:
                 if call.response_id:
                     by_response[call.response_id].append(call.key)
             for row in self.stored.values():
-                if (
-                    row.response_id
-                    and row.is_call
-                    and row.key not in self.calls
-                    and aware(row.received_at) >= recent
-                ):
+                if row.response_id and row.is_call and row.key not in self.calls and row.received() >= recent:
                     by_response[row.response_id].append(row.key)
             self._by_response = by_response
         return self._by_response.get(response_id, [])
@@ -1259,12 +1319,12 @@ class _Join:
             if calls is not None:
                 calls.add(key)
         session = self.session
-        for values in session.execute(_in_traces(session), {"traces": among_value(session, traces)}):
-            if values[0] in self.gone:  # forgotten in this request (`_write` deletes it)
+        for read in _stored_rows(session, _in_traces(session), {"traces": among_value(session, traces)}):
+            if read.key in self.gone:  # forgotten in this request (`_write` deletes it)
                 continue
-            if values[0].partition(":")[0] not in found:  # in the range by a collation's rules only
+            if read.key.partition(":")[0] not in found:  # in the range by a collation's rules only
                 continue
-            row = self.stored.setdefault(values[0], _Stored(*values))
+            row = self.stored.setdefault(read.key, read)
             if row.is_call:
                 found[row.key.partition(":")[0]].add(row.key)
         for trace, calls in found.items():
@@ -1379,7 +1439,7 @@ class _Join:
             response_id = row.response_id or response_id
         to_json = self.to_json
         span = None if span_json is None else to_json(span_json)
-        pending_json = to_json([_verdict_json(v) for v in pending])
+        pending_json = to_json([_verdict_json(v) for v in pending]) if pending else self.no_verdicts
         self.new_rows.append((key, response_id, None, span, pending_json, self.now))
         self.outcome.waiting += 1
 
@@ -1471,8 +1531,9 @@ class _Join:
             found.update(self.session.execute(select(*columns).where(where)).tuples().all())
         for key, call, verdicts, source_key in accepted:
             snapshot_id = found[source_key]
-            if self.stored.pop(key, None) is not None:  # its waiting row becomes the link row
-                self.relinked.append((call.response_id, snapshot_id, key))
+            row = self.stored.pop(key, None)
+            if row is not None:  # its waiting row becomes the link row
+                self.relinked.append((call.response_id, snapshot_id, key, row.response_id))
             else:
                 self.new_rows.append((key, call.response_id, snapshot_id, None, self.no_verdicts, self.now))
             if source_key in first:  # the first span of this content: imported with all its verdicts

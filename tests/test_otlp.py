@@ -29,7 +29,7 @@ from sqlmodel import Session, select
 from starlette.applications import Starlette
 from starlette.routing import Mount
 
-from lib import otlp
+from lib import otlp, otlp_table
 from lib.api import API_PREFIX, create_app, otlp_root_routes
 from lib.auth import system_actor
 from lib.db import session_scope
@@ -366,6 +366,77 @@ def test_a_call_that_waited_is_linked_like_one_joined_at_once(
         nulls = select(OtlpSpan.key).where(OtlpSpan.span_json.is_(None))  # type: ignore[union-attr]
         assert len(session.exec(nulls).all()) == 2
     assert count(receiver.engine, Judgment) == 2
+
+
+def test_a_waiting_row_that_holds_another_response_id_is_linked_with_the_calls(
+    any_receiver: Receiver,
+) -> None:
+    """A verdict sent before its call, in the call's span context, waits under the span with the
+    gen_ai.response.id it names (so a call recording that id finds it). The call's link row holds
+    the call's own id, as a span sent with its events would: none when the span records none, the
+    span's when the verdict named none. `_relink` sets `response_id` only for rows that hold another
+    (SQLite rewrites an indexed column's entry whenever it is set); this fails if the waiting row's
+    id were kept."""
+    receiver = any_receiver
+    t = Telemetry()
+    none = t.call("Capital of Peru?", "Lima.")  # records no response id
+    same = t.call("Capital of Chile?", "Santiago.", **{"gen_ai.response.id": "chatcmpl-8"})
+    other = t.call("Capital of Kenya?", "Nairobi.", **{"gen_ai.response.id": "chatcmpl-9"})
+    t.verdict("truthfulness", 4, none, **{"gen_ai.response.id": "chatcmpl-7"})
+    t.verdict("truthfulness", 5, same, **{"gen_ai.response.id": "chatcmpl-8"})
+    t.verdict("truthfulness", 3, other)  # names no response id
+    keys = {
+        f"{c.trace_id:032x}:{c.span_id:016x}": name
+        for c, name in ((none, "none"), (same, "same"), (other, "other"))
+    }
+    spans = t.traces()
+    assert receiver.post("/v1/logs", t.log_body()).status_code == 200
+    with Session(receiver.engine) as session:
+        waiting = {
+            keys[row.key]: (row.response_id, row.snapshot_id) for row in session.exec(select(OtlpSpan))
+        }
+    assert waiting == {"none": ("chatcmpl-7", None), "same": ("chatcmpl-8", None), "other": (None, None)}
+    assert receiver.post("/v1/traces", spans).status_code == 200
+    with Session(receiver.engine) as session:
+        ids = {s.question: s.id for s in session.exec(select(EvaluationSnapshot))}
+        linked = {
+            keys[row.key]: (row.response_id, row.snapshot_id, row.span_json, row.pending_json)
+            for row in session.exec(select(OtlpSpan))
+        }
+    assert linked == {
+        "none": (None, ids["Capital of Peru?"], None, []),
+        "same": ("chatcmpl-8", ids["Capital of Chile?"], None, []),
+        "other": ("chatcmpl-9", ids["Capital of Kenya?"], None, []),
+    }
+
+
+@pytest.mark.parametrize("days", [0, otlp_table.PENDING_DAYS + 1], ids=["linked now", "linked long ago"])
+def test_a_verdict_naming_a_response_id_joins_only_a_call_linked_in_the_last_week(
+    any_receiver: Receiver, days: int
+) -> None:
+    """A verdict that names a gen_ai.response.id outside any span joins the call that records it
+    when that call was stored in the last PENDING_DAYS (lib.otlp `_Join._named`); an older call's
+    id may be another's by now (ids repeat with some servers), so the verdict waits under the id.
+    The rows' time is read as the driver hands it back (text on SQLite) and parsed only here."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from lib.models import utcnow
+
+    receiver = any_receiver
+    t = Telemetry()
+    t.call("Capital of Peru?", "Lima.", events={"truthfulness": 4}, **{"gen_ai.response.id": "chatcmpl-5"})
+    assert receiver.post("/v1/traces", t.traces()).status_code == 200
+    with session_scope(receiver.engine) as session:
+        then = utcnow() - timedelta(days=days)
+        session.execute(update(OtlpSpan).values(received_at=then))  # type: ignore[arg-type]
+    t.verdict("clarity", 2, None, **{"gen_ai.response.id": "chatcmpl-5"})
+    assert receiver.post("/v1/logs", t.log_body()).status_code == 200
+    with Session(receiver.engine) as session:
+        keys = sorted(row.key for row in session.exec(select(OtlpSpan)))
+    assert count(receiver.engine, Judgment) == (2 if days == 0 else 1)
+    assert ("response:chatcmpl-5" in keys) == (days > 0)
 
 
 def _handler_trace(t: Telemetry, question: str, calls: int = 1, **verdict_attrs: Any) -> None:
