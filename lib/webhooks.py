@@ -499,6 +499,14 @@ class _Probed(Exception):
     """Ends `_check_connections`' request once its connection is open: nothing is sent."""
 
 
+def _loopback_listener() -> socket.socket:
+    """A listening socket on IPv4's loopback, else on IPv6's (a host without IPv4)."""
+    try:
+        return socket.create_server(("127.0.0.1", 0))
+    except OSError:
+        return socket.create_server(("::1", 0), family=socket.AF_INET6)
+
+
 def _check_connections() -> None:
     """Open one connection through httpx to a listening socket of our own, read its peer as
     `_PeerCheck` does, and raise DeliveriesStopped unless that worked. Nothing is sent (the probe
@@ -517,14 +525,17 @@ def _check_connections() -> None:
     # No proxy, and a TLS context without certificates (loading them costs ~20 ms): plain http to
     # a loopback socket.
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    listener = _loopback_listener()
+    address = ipaddress.ip_address(listener.getsockname()[0])
+    host = f"[{address}]" if address.version == 6 else str(address)
     # Whatever fails in the request (an event renamed, its information changed), `seen` says it.
     with (
-        socket.create_server(("127.0.0.1", 0)) as listener,
+        listener,
         httpx.Client(trust_env=False, verify=tls, timeout=CONNECT_TIMEOUT) as client,
         contextlib.suppress(Exception),
     ):
-        client.post(f"http://127.0.0.1:{listener.getsockname()[1]}/", extensions={"trace": probe})
-    if seen != [ipaddress.ip_address("127.0.0.1")]:
+        client.post(f"http://{host}:{listener.getsockname()[1]}/", extensions={"trace": probe})
+    if seen != [address]:
         raise DeliveriesStopped(
             f"webhook deliveries stopped: httpx {httpx.__version__} (with httpcore "
             f"{getattr(httpcore, '__version__', '?')}) no longer reports the connections it opens to the "

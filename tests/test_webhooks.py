@@ -805,6 +805,24 @@ def test_a_client_that_cannot_check_addresses_delivers_nothing_says_why_and_reco
     assert len([r for r in caplog.records if "deliveries stopped" in r.getMessage()]) == 1
 
 
+def test_the_probe_of_the_address_check_uses_ipv6_loopback_where_ipv4_has_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A host without IPv4 (no 127.0.0.1 to listen on) still proves the check, on ::1."""
+    real = socket.create_server
+    families: list[int] = []
+
+    def no_ipv4(address: tuple[str, int], **kwargs: Any) -> socket.socket:
+        if address[0] == "127.0.0.1":
+            raise OSError(99, "Cannot assign requested address")
+        families.append(kwargs.get("family", socket.AF_INET))
+        return real(address, **kwargs)
+
+    monkeypatch.setattr(socket, "create_server", no_ipv4)
+    webhooks.http_client().close()
+    assert families == [socket.AF_INET6]
+
+
 def test_under_python_O_the_address_check_is_installed_or_nothing_is_delivered() -> None:
     """`python -O` strips asserts: neither the check of each connection nor the probe that proves
     it runs may be one."""
