@@ -197,6 +197,26 @@ def describe(key: str, name: str = "") -> str:
     return f"{named}(trace {trace}, span {span})"
 
 
+def quoted(name: object, chars: int = NAME_CHARS) -> str:
+    """The sender's `name` as a message quotes it between repr's quotes (cut at a word to `chars`),
+    without them: the part of the message a `Quoting` cut may shrink (`describe`'s span name)."""
+    return repr(cut_at_word(str(name), chars))[1:-1]
+
+
+class Quoting(str):
+    """A message and the sender's text it quotes (a span name, evaluation names), as it appears in
+    the message: a cut (`joined_messages`) shrinks those parts and keeps the reason and what to
+    change whole (review18 H1: the WARNING line's 300 characters ended before the two variables a
+    misconfigured app must set, and a 505-character span name pushed the reason out of the answer)."""
+
+    quoted: tuple[str, ...]
+
+    def __new__(cls, text: str, *parts: str) -> Quoting:
+        made = super().__new__(cls, text)
+        made.quoted = tuple(part for part in parts if part and part in text)
+        return made
+
+
 # ---------------------------------------------------------------------------------------------
 # Decoding
 
@@ -853,8 +873,11 @@ def ingest(*, engine: Engine, batch: Batch, actor: Actor) -> Outcome:
     for metric in batch.unkeyed_items:
         outcome.rejected += 1
         outcome.messages.append(
-            f"evaluation {metric!r} names no span (no trace and span id) and no gen_ai.response.id: "
-            "emit it in the judged span's context or with its gen_ai.response.id"
+            Quoting(
+                f"evaluation {metric!r} names no span (no trace and span id) and no gen_ai.response.id: "
+                "emit it in the judged span's context or with its gen_ai.response.id",
+                repr(metric)[1:-1],
+            )
         )
     if not batch.calls and not batch.verdicts and not _orphans_wait(engine, batch):
         return outcome  # a trace stream's other spans: no writer's lock taken for them
@@ -1126,11 +1149,16 @@ class _Join:
                 self._keep(key, call, [])
             elif call.missing:
                 self._forget(key)
+                metrics = _metrics(verdicts)
                 self.outcome.reject(
                     self.batch,
                     key,
-                    f"{call.label()} has evaluations ({_metrics(verdicts)}) but no "
-                    f"{lacking(call.missing)}: it cannot become an evaluation",
+                    Quoting(
+                        f"{call.label()} has evaluations ({metrics}) but no "
+                        f"{lacking(call.missing)}: it cannot become an evaluation",
+                        quoted(call.name),
+                        metrics,
+                    ),
                 )
             else:
                 ready.append((key, call, verdicts))
@@ -1281,9 +1309,11 @@ class _Join:
         )
         count, them = (f" ({records} records)", "them") if records > 1 else ("", "it")
         where, also = (" of its trace", "") if in_trace else ("", ", or in one span with the call")
-        self.outcome.messages[at] = (
+        self.outcome.messages[at] = Quoting(
             f"{subject} gen_ai.response.id {rid!r}{count}, which {calls} calls{where} share: emit {them} "
-            f"in the judged call's span context{also} (response ids are not unique with every server)"
+            f"in the judged call's span context{also} (response ids are not unique with every server)",
+            ", ".join(names),
+            repr(rid)[1:-1],
         )
 
     def _named(self, response_id: str) -> list[str]:
@@ -1392,12 +1422,17 @@ class _Join:
             if key not in self.calls
             else f"{self.calls[key].label()} records gen_ai.response.id {self._response_of(key)!r}"
         )
+        metrics = _metrics(verdicts)
         self.outcome.reject(
             self.batch,
             key,
-            f"{what}, but evaluations ({_metrics(verdicts)}) were emitted in its "
-            f"context and {where} {count or 'no'} calls: they are dropped. Emit them in the judged "
-            "call's span context",
+            Quoting(
+                f"{what}, but evaluations ({metrics}) were emitted in its "
+                f"context and {where} {count or 'no'} calls: they are dropped. Emit them in the judged "
+                "call's span context",
+                quoted(name if key not in self.calls else self.calls[key].name),
+                metrics,
+            ),
         )
 
     def _response_of(self, key: str) -> str | None:
@@ -1472,7 +1507,12 @@ class _Join:
             if any(v.name is None for v in verdicts):
                 self._forget(key)
                 self.outcome.reject(
-                    self.batch, key, f"{call.label()}: an evaluation event has no gen_ai.evaluation.name"
+                    self.batch,
+                    key,
+                    Quoting(
+                        f"{call.label()}: an evaluation event has no gen_ai.evaluation.name",
+                        quoted(call.name),
+                    ),
                 )
                 continue
             accepted.append(item)
@@ -1493,7 +1533,9 @@ class _Join:
         def on_invalid(index: int, exc: ImportFailed) -> None:
             refused.add(index)
             self._forget(accepted[index][0])
-            self.outcome.reject(self.batch, accepted[index][0], str(exc))
+            self.outcome.reject(
+                self.batch, accepted[index][0], Quoting(str(exc), quoted(accepted[index][1].name))
+            )
 
         report = import_source_evaluations(
             session=self.session,
@@ -1588,9 +1630,10 @@ def _not_taken(late: tuple[int, str, str, list[Verdict]], verdict: SourceVerdict
     """The warning for a verdict left out (`add_source_verdicts`' `on_kept`): its evaluation has the
     metric with another score. A span's event sent again or a late log record, alike."""
     _, key, snapshot_id, _ = late
-    return (
+    return Quoting(
         f"{describe(key)}: {verdict.name!r} {verdict.score:g} was not taken: evaluation {snapshot_id} "
-        f"keeps its {kept:g} (a metric's verdict is taken once; re-judge it in Overrule)"
+        f"keeps its {kept:g} (a metric's verdict is taken once; re-judge it in Overrule)",
+        repr(verdict.name)[1:-1],
     )
 
 
@@ -1614,8 +1657,13 @@ def _resent_changes(session: Session, resent: dict[str, SpanCall]) -> list[str]:
         ):
             what = f"product {call.product!r}" if call.product != product else "question, answer or model"
             notes.append(
-                f"{call.label()} is evaluation {snapshot_id} (product {product!r}) already: a span is "
-                f"taken once, so this copy's other {what} was not stored; send a changed call as a new span"
+                Quoting(
+                    f"{call.label()} is evaluation {snapshot_id} (product {product!r}) already: a span is "
+                    f"taken once, so this copy's other {what} was not stored; send a changed call as a new span",
+                    quoted(call.name),
+                    repr(call.product)[1:-1],
+                    repr(product)[1:-1],
+                )
             )
     return notes
 
@@ -1706,12 +1754,35 @@ def logged_messages(messages: list[str]) -> str:
     return one_line(joined_messages(messages, LOGGED_MESSAGES, LOGGED_CHARS))
 
 
+QUOTE_CHARS = 16  # the least of a quoted name a cut message keeps
+
+
 def joined_messages(messages: list[str], count: int, chars: int) -> str:
-    """The first `count` messages, each cut at a word to `chars`, and how many more: what a partial
-    success answers and the WARNING line logs, bounded whatever names the sender chose (review17 L1)."""
-    shown = "; ".join(cut_at_word(m, chars) for m in messages[:count])
+    """The first `count` messages, each cut to `chars` (`cut_message`), and how many more: what a
+    partial success answers and the WARNING line logs, bounded whatever names the sender chose
+    (review17 L1)."""
+    shown = "; ".join(cut_message(m, chars) for m in messages[:count])
     more = len(messages) - count
     return shown + (f" (and {more} more)" if more > 0 else "")
+
+
+def cut_message(message: str, chars: int) -> str:
+    """`message` in about `chars` characters: a `Quoting` message's quoted names are cut at a word
+    first (the shortest kept whole, the others sharing what is left, at least `QUOTE_CHARS` each),
+    so its reason and what to change survive (review18 H1); any other text is cut at a word. Our own
+    words are never cut, but the whole is bounded at twice `chars` whatever the sender chose."""
+    if len(message) <= chars:
+        return message
+    parts = sorted(getattr(message, "quoted", ()), key=len)
+    if not parts:
+        return cut_at_word(message, chars)
+    room = max(chars - (len(message) - sum(len(part) for part in parts)), 0)
+    text = str(message)
+    for left, part in zip(range(len(parts), 0, -1), parts, strict=True):
+        keep = max(room // left, QUOTE_CHARS)
+        room -= min(keep, len(part))
+        text = text.replace(part, cut_at_word(part, keep), 1)
+    return cut_at_word(text, 2 * chars)
 
 
 def status_body(code: int, message: str, kind: str) -> bytes:

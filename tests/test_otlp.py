@@ -863,6 +863,42 @@ def test_the_logged_messages_are_as_written_one_line_each_cut_at_a_word() -> Non
     assert otlp.logged_messages(["as is"]) == "as is"
 
 
+def test_a_refusals_reason_and_fix_survive_the_cuts_the_quoted_names_shrink(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """review18 H1: the WARNING line's 300 characters ended before the two variables a misconfigured
+    app must set, and a 505-character span name with 12 evaluations cut the reason off the answer."""
+    fix = "OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental"
+    t = Telemetry()
+    t.call("No answer recorded?", None, events={"truthfulness": 4, "clarity": 3})
+    with caplog.at_level("WARNING", logger="lib.api"):
+        r = receiver.post("/v1/traces", t.traces())
+    (warning,) = [rec.getMessage() for rec in caplog.records if rec.name == "lib.api"]
+    assert fix in warning and "which Overrule does not read): it cannot become an evaluation" in warning
+    assert "span 'chat m1' (trace " in warning and "has evaluations (truthfulness" in warning
+    long_name = "chat " + "word " * 100
+    metrics = {f"metric-{i}-" + "m" * 40: 3 for i in range(12)}
+    t = Telemetry()
+    with t.tracer.start_as_current_span(long_name, attributes=_chat_attributes("Q?", None)) as span:
+        for name, score in metrics.items():
+            span.add_event(EVAL, {"gen_ai.evaluation.name": name, "gen_ai.evaluation.score.value": score})
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lib.api"):
+        r = receiver.post("/v1/traces", t.traces())
+    answer = ExportTraceServiceResponse.FromString(r.content).partial_success.error_message
+    (warning,) = [rec.getMessage() for rec in caplog.records if rec.name == "lib.api"]
+    for said, chars in (
+        (answer, otlp.ANSWER_CHARS),
+        (warning.partition(" rejected: ")[2], otlp.LOGGED_CHARS),
+    ):
+        assert said.startswith("span 'chat word word") and "…' (trace " in said, said
+        assert "but no gen_ai.output.messages (the instrumentation" in said and fix in said, said
+        assert said.endswith("which Overrule does not read): it cannot become an evaluation"), said
+        assert "metric-0-" in said and len(said) < 2 * chars
+    assert len(warning.partition(" rejected: ")[2]) < len(answer)  # the log's names are shorter
+    assert otlp.cut_message("x" * 500, 300) == "x" * 300 + "…"  # a plain message: cut at a word
+
+
 def test_what_cannot_be_mapped_is_named_in_the_partial_success(
     receiver: Receiver, caplog: pytest.LogCaptureFixture
 ) -> None:
