@@ -89,12 +89,11 @@ _NAME = ("gen_ai.evaluation.name", "evaluation.name")
 _SCORE = ("gen_ai.evaluation.score.value", "evaluation.score")
 _LABEL = ("gen_ai.evaluation.score.label", "evaluation.label")
 _EXPLANATION = ("gen_ai.evaluation.explanation", "evaluation.explanation")
-# An evaluation event's attributes the receiver reads, in the order of their values (`_verdict_fields`).
-_VERDICT_ATTRIBUTES = (*_NAME, *_SCORE, *_LABEL, *_EXPLANATION, "gen_ai.response.id")
-_VERDICT_SLOT = {name: slot for slot, name in enumerate(_VERDICT_ATTRIBUTES)}
+# The values a verdict reads from an evaluation event, in their order (`_verdict_fields`): each is
+# its GenAI attribute's value, else its OpenInference twin's (None: the event has neither).
+_VERDICT_ATTRIBUTES = (_NAME, _SCORE, _LABEL, _EXPLANATION, ("gen_ai.response.id",))
 # A log record's: its verdict's, then the event name older SDKs sent as an attribute (`_Reader.log`).
-_LOG_ATTRIBUTES = (*_VERDICT_ATTRIBUTES, "event.name")
-_LOG_SLOT = {name: slot for slot, name in enumerate(_LOG_ATTRIBUTES)}
+_LOG_ATTRIBUTES = (*_VERDICT_ATTRIBUTES, ("event.name",))
 
 
 class OtlpError(Exception):
@@ -279,20 +278,18 @@ def decode(signal: str, body: bytes, kind: str, settings: Any) -> Batch:
     reader = _Reader(settings)
     with frozen_heap():
         for resource_attrs, records in resources:
-            for record in records:
-                if signal == "traces":
-                    reader.span(batch, resource_attrs, record)
-                else:
-                    reader.log(batch, resource_attrs, record)
+            if signal == "traces":
+                for record in records:
+                    reader.span(batch, resource_attrs, record)  # type: ignore[arg-type]
+            else:
+                for name, fields, trace_id, span_id in records:  # type: ignore[misc]
+                    reader.log(batch, name, fields, trace_id, span_id)
     return batch
 
 
 @dataclass(slots=True)
 class _Record:
-    """A span or log record, encoding-neutral: ids in hex, attributes and events as plain values.
-
-    A log record is one event: `events` holds its name and its `_LOG_ATTRIBUTES` values, and its
-    attributes are read no further (a request of 512 records would build 512 dicts to read them)."""
+    """A span, encoding-neutral: ids in hex, attributes and events as plain values."""
 
     trace_id: str
     span_id: str
@@ -300,19 +297,80 @@ class _Record:
     name: str
     time_ns: int
     attributes: dict[str, Any]
-    events: list[tuple[str, list[Any]]]  # (event name, its `_VERDICT_ATTRIBUTES` values)
+    events: list[tuple[str, list[Any]]]  # (event name, its `_VERDICT_ATTRIBUTES` values: `_verdict_fields`)
 
 
-def _proto_resources(signal: str, body: bytes) -> Iterator[tuple[dict[str, Any], Iterator[_Record]]]:
-    from google.protobuf.message import DecodeError
+# A log record, encoding-neutral: (event name, its `_LOG_ATTRIBUTES` values, trace id, span id in
+# hex). A log record is one event, its attributes read no further; a plain tuple, as a request of
+# 512 records makes 512 of them.
+_LogRecord = tuple[str, list[Any], str, str]
+
+
+@lru_cache(maxsize=2)
+def _request_class(signal: str) -> Any:
+    """The signal's export request message class, from a copy of the OTLP protos in which span
+    events' and log records' attributes are `map<string, AnyValue>` instead of `repeated KeyValue`.
+
+    Why: the receiver reads a handful of keys of each event (`_proto_verdict_fields`), and walking a
+    KeyValue list makes Python objects for every pair, key and value (upb builds each on access); a
+    map is looked up by key in C. The two are the same on the wire (a map entry is a message of key
+    1 and value 2, which KeyValue is), so the bytes parse alike, each string checked as UTF-8 as
+    before; keys are unique by the OTLP spec, and where a sender repeats one the last pair wins,
+    as it did in the list read into a dict. Everything else is the installed opentelemetry-proto's
+    own description, so what it refuses as malformed is refused still. Built once, in a pool of
+    its own (the SDK's classes, in the default pool, stay as they are)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
     from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+    request = ExportTraceServiceRequest if signal == "traces" else ExportLogsServiceRequest
+    mapped = {"opentelemetry.proto.trace.v1.Span.Event", "opentelemetry.proto.logs.v1.LogRecord"}
+    key_value = ".opentelemetry.proto.common.v1.KeyValue"
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+
+    def add(file: Any) -> None:
+        if file.name in added:
+            return
+        for dependency in file.dependencies:
+            add(dependency)
+        proto = descriptor_pb2.FileDescriptorProto()
+        file.CopyToProto(proto)
+        messages = [(f"{proto.package}.{m.name}", m) for m in proto.message_type]
+        while messages:
+            name, message = messages.pop()
+            messages.extend((f"{name}.{nested.name}", nested) for nested in message.nested_type)
+            if name not in mapped:
+                continue
+            (attributes,) = [f for f in message.field if f.name == "attributes" and f.type_name == key_value]
+            entry = message.nested_type.add(name="AttributesEntry")
+            entry.options.map_entry = True
+            entry.field.add(
+                name="key", number=1, type=attributes.TYPE_STRING, label=attributes.LABEL_OPTIONAL
+            )
+            entry.field.add(
+                name="value",
+                number=2,
+                type=attributes.TYPE_MESSAGE,
+                label=attributes.LABEL_OPTIONAL,
+                type_name=".opentelemetry.proto.common.v1.AnyValue",
+            )
+            attributes.type_name = f".{name}.AttributesEntry"
+            mapped.discard(name)
+        pool.Add(proto)
+        added.add(file.name)
+
+    add(request.DESCRIPTOR.file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(request.DESCRIPTOR.full_name))
+
+
+def _proto_resources(
+    signal: str, body: bytes
+) -> Iterator[tuple[dict[str, Any], Iterator[_Record] | Iterator[_LogRecord]]]:
+    from google.protobuf.message import DecodeError
+
     try:
-        if signal == "traces":
-            request: Any = ExportTraceServiceRequest.FromString(body)
-        else:
-            request = ExportLogsServiceRequest.FromString(body)
+        request: Any = _request_class(signal).FromString(body)
     except DecodeError as exc:
         raise OtlpError(400, f"the body is not an OTLP {signal} protobuf message: {exc}") from None
     if signal == "traces":
@@ -344,14 +402,11 @@ def _proto_resources(signal: str, body: bytes) -> Iterator[tuple[dict[str, Any],
             yield (
                 attrs,
                 (
-                    _Record(
+                    (
+                        log.event_name,
+                        _proto_verdict_fields(log.attributes, _LOG_ATTRIBUTES),
                         log.trace_id.hex(),
                         log.span_id.hex(),
-                        "",
-                        log.event_name,
-                        log.time_unix_nano or log.observed_time_unix_nano,
-                        {},
-                        [(log.event_name, _proto_verdict_fields(log.attributes, _LOG_SLOT))],
                     )
                     for scope_logs in resource_logs.scope_logs
                     for log in scope_logs.log_records
@@ -384,17 +439,28 @@ def _proto_attrs(attributes: Iterable[Any]) -> dict[str, Any]:
     return attrs
 
 
-def _proto_verdict_fields(attributes: Iterable[Any], slots: dict[str, int] = _VERDICT_SLOT) -> list[Any]:
-    """A span event's KeyValues walked once into the values a verdict reads (`_verdict_fields`'
-    order; a log record's with `_LOG_SLOT`); the others are never converted. A 10,000-span request
-    has 50,000 events: no dict each."""
-    fields: list[Any] = [None] * len(slots)
-    slot_of = slots.get
-    for kv in attributes:
-        slot = slot_of(kv.key)  # each read of a protobuf field makes a new Python object: once
-        if slot is not None:
-            value = kv.value
-            fields[slot] = value.string_value or _proto_value(value)  # as in `_proto_attrs`
+def _proto_verdict_fields(
+    attributes: Mapping[str, Any], names: tuple[tuple[str, ...], ...] = _VERDICT_ATTRIBUTES
+) -> list[Any]:
+    """An event's or log record's attributes (a map: `_request_class`) read by key into the values a
+    verdict reads (`_verdict_fields`, a log record's with `_LOG_ATTRIBUTES`): the GenAI name first,
+    its OpenInference twin only when that is absent or holds no value, and no look-up once every
+    attribute is read. A 10,000-span request has 50,000 events of 3-5 attributes: the other
+    attributes are never converted, and no Python object is made for a key or a KeyValue."""
+    left = len(attributes)
+    fields: list[Any] = []
+    for keys in names:
+        found = None
+        for name in keys:
+            if not left:
+                break
+            if name in attributes:
+                left -= 1
+                value = attributes[name]
+                found = value.string_value or _proto_value(value)  # as in `_proto_attrs`
+                if found is not None:
+                    break
+        fields.append(found)
     return fields
 
 
@@ -415,7 +481,9 @@ def _proto_value(value: Any) -> Any:
     return getattr(value, kind)
 
 
-def _json_resources(signal: str, body: bytes) -> Iterator[tuple[dict[str, Any], Iterator[_Record]]]:
+def _json_resources(
+    signal: str, body: bytes
+) -> Iterator[tuple[dict[str, Any], Iterator[_Record] | Iterator[_LogRecord]]]:
     try:
         document = json.loads(body.removeprefix(BOM))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
@@ -434,11 +502,8 @@ def _json_resources(signal: str, body: bytes) -> Iterator[tuple[dict[str, Any], 
         _check_count(signal, sum(len(_list(scope, leaf)) for _, r in resources for scope in _list(r, inner)))
         out = []
         for attrs, resource in resources:
-            records = [
-                _json_record(signal, record)
-                for scope in _list(resource, inner)
-                for record in _list(scope, leaf)
-            ]
+            read = _json_span if signal == "traces" else _json_log
+            records = [read(record) for scope in _list(resource, inner) for record in _list(scope, leaf)]
             out.append((attrs, iter(records)))
     except (TypeError, ValueError, AttributeError) as exc:
         raise OtlpError(400, f"the body is not an OTLP/JSON {signal} request: {exc}") from None
@@ -462,21 +527,14 @@ def _list(obj: Any, camel: str) -> list[Any]:
     return value
 
 
-def _json_record(signal: str, record: Any) -> _Record:
-    events = []
-    if signal == "traces":
-        events = [
-            (str(_get(e, "name", "")), _verdict_fields(_json_attrs(_get(e, "attributes"))))
-            for e in _list(record, "events")
-        ]
-        name = str(_get(record, "name", ""))
-        time_ns = _get(record, "startTimeUnixNano", 0)
-    else:
-        name = str(_get(record, "eventName", ""))
-        time_ns = _get(record, "timeUnixNano") or _get(record, "observedTimeUnixNano", 0)
+def _json_span(record: Any) -> _Record:
+    events = [
+        (str(_get(e, "name", "")), _verdict_fields(_json_attrs(_get(e, "attributes"))))
+        for e in _list(record, "events")
+    ]
+    name = str(_get(record, "name", ""))
+    time_ns = _get(record, "startTimeUnixNano", 0)
     attributes = _json_attrs(_get(record, "attributes"))
-    if signal != "traces":  # one event (`_Record`)
-        events, attributes = [(name, [attributes.get(n) for n in _LOG_ATTRIBUTES])], {}
     return _Record(
         _hex_id(_get(record, "traceId", "")),
         _hex_id(_get(record, "spanId", "")),
@@ -486,6 +544,18 @@ def _json_record(signal: str, record: Any) -> _Record:
         attributes,
         events,
     )
+
+
+def _json_log(record: Any) -> _LogRecord:
+    """A log record as `_LogRecord`, refused for what a span would be (its ids and time are checked
+    though the time is not read)."""
+    name = str(_get(record, "eventName", ""))
+    time_ns = _get(record, "timeUnixNano") or _get(record, "observedTimeUnixNano", 0)
+    fields = _verdict_fields(_json_attrs(_get(record, "attributes")), _LOG_ATTRIBUTES)
+    trace_id, span_id = _hex_id(_get(record, "traceId", "")), _hex_id(_get(record, "spanId", ""))
+    _hex_id(_get(record, "parentSpanId", ""))
+    int(time_ns or 0)
+    return name, fields, trace_id, span_id
 
 
 def _hex_id(value: Any) -> str:
@@ -544,7 +614,7 @@ class _Reader:
         verdicts = [
             _verdict(fields, key, response_id)
             for name, fields in record.events
-            if name == EVALUATION_EVENT or fields[0] is not None or fields[1] is not None  # _NAME
+            if name == EVALUATION_EVENT or fields[0] is not None  # its evaluation name
         ]
         own = None if attrs.keys().isdisjoint(_NAME) else _first(attrs, _NAME)
         genai = verdicts or any(
@@ -565,14 +635,14 @@ class _Reader:
         batch.calls.append(self._call(key, record, resource, response_id))
         batch.verdicts.extend(verdicts)
 
-    def log(self, batch: Batch, resource: dict[str, Any], record: _Record) -> None:
-        ((name, fields),) = record.events  # `_LOG_ATTRIBUTES`' values
-        if EVALUATION_EVENT not in (name, fields[-1]) and fields[0] is None and fields[1] is None:  # _NAME
+    def log(self, batch: Batch, name: str, fields: list[Any], trace_id: str, span_id: str) -> None:
+        """A log record (`_LogRecord`: `fields` are its `_LOG_ATTRIBUTES`' values)."""
+        if EVALUATION_EVENT not in (name, fields[-1]) and fields[0] is None:  # no evaluation name
             return  # an ordinary log line, not ours
-        key = _key(record.trace_id, record.span_id)
+        key = _key(trace_id, span_id)
         verdict = _verdict(fields, key, None)
         response_id = verdict.response_id  # the record's gen_ai.response.id, as text
-        if verdict.response_id is not None and key is not None:
+        if response_id is not None and key is not None:
             # The response id names the judged call; the record's context is only where the judge
             # ran, usually a request's or job's span around it (the SDK stamps the current span on
             # every record, and the chat span has ended by then). Keyed by that span, the verdict
@@ -664,24 +734,19 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _verdict_fields(attrs: Mapping[str, Any]) -> list[Any]:
-    """The values a verdict reads from attributes already decoded (OTLP/JSON, log records, spans)."""
-    return [attrs.get(name) for name in _VERDICT_ATTRIBUTES]
+def _verdict_fields(
+    attrs: Mapping[str, Any], names: tuple[tuple[str, ...], ...] = _VERDICT_ATTRIBUTES
+) -> list[Any]:
+    """The values a verdict reads from attributes already decoded (OTLP/JSON, log records, spans),
+    each its GenAI attribute's or else its OpenInference twin's (`_proto_verdict_fields`' twin)."""
+    return [_first(attrs, keys) for keys in names]
 
 
 def _verdict(fields: list[Any], key: str | None, response_id: str | None) -> Verdict:
     """The verdict `fields` (`_verdict_fields`; a log record's `_LOG_ATTRIBUTES` end with one more,
-    not the verdict's) state, GenAI attributes before OpenInference's; the event's own
-    gen_ai.response.id before `response_id` (its span's, as text)."""
-    name, oi_name, score, oi_score, label, oi_label, explanation, oi_explanation, own_response, *_ = fields
-    if name is None:
-        name = oi_name
-    if score is None:
-        score = oi_score
-    if label is None:
-        label = oi_label
-    if explanation is None:
-        explanation = oi_explanation
+    not the verdict's) state; the event's own gen_ai.response.id before `response_id` (its span's,
+    as text)."""
+    name, score, label, explanation, own_response, *_ = fields
     # What SDKs send (a text name and explanation, a float or int score) without a call each, the
     # same values `_text` / `_number` give; anything else through them.
     if name.__class__ is str:

@@ -1458,7 +1458,7 @@ def test_an_event_reads_as_a_verdict_whatever_types_its_attributes_hold() -> Non
     from lib.otlp import _VERDICT_ATTRIBUTES, _number, _text, _verdict
 
     def fields(**given: Any) -> list[Any]:
-        return [given.get(name.rsplit(".", 1)[-1]) for name in _VERDICT_ATTRIBUTES]
+        return [given.get(keys[0].rsplit(".", 1)[-1]) for keys in _VERDICT_ATTRIBUTES]
 
     cases = {
         ("  Truth  ", 4, "  terse "): ("Truth", 4.0, "  terse "),
