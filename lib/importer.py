@@ -790,8 +790,9 @@ def _extend_stored(
     session: Session, evaluations: Sequence[source_records.SourceEvaluation], actor: Actor, via: str = "cli"
 ) -> tuple[list[source_records.SourceEvaluation], int, int]:
     """Split a source file's evaluations: those not stored yet (to import), and those an earlier import
-    stored (same product, question, answer and model), whose new judge verdicts are added to the
-    stored evaluation through `add_source_verdicts` (a second Phoenix eval, a later Langfuse score).
+    stored (same product, question, answer and model), whose new verdicts are added to the stored
+    evaluation through `add_source_verdicts` (a second Phoenix eval, a later Langfuse score): a
+    judge's as judgments, a reviewer's to its user scores (review18 H2: they were left out in silence).
     Returns (to import, how many were stored already, judgments added); a fault raises ImportFailed,
     advising what `via` (where the file came from) offers."""
     keyed: dict[str, list[source_records.SourceEvaluation]] = {}
@@ -820,9 +821,8 @@ def _extend_stored(
             continue
         for ev in group:
             extended += 1
-            judged = [v for v in ev.verdicts if not v.human]
-            if judged:
-                late.append(LateVerdicts(stored[key], judged, ev.where))
+            if ev.verdicts:
+                late.append(LateVerdicts(stored[key], ev.verdicts, ev.where))
     added = add_source_verdicts(session=session, items=late, reviewer=actor, via=via) if late else 0
     return fresh, extended, added
 
@@ -937,8 +937,12 @@ _LATE_COLUMNS = (
     "created_at", "deleted_at", "user_scores_json", "judge_scores_json", "evidence_json", "primary_metric",
     "bonus_metrics", "overall_feedback",
 )  # fmt: skip
-# The snapshot columns late verdicts re-derive (lib.scores follows the judge scores: replace_snapshot_scores).
-_LATE_DERIVED = ("judge_scores_json", "evidence_json", "weighted_gap", "max_metric_gap", "judge_meta_score")
+# The snapshot columns late verdicts re-derive (lib.scores follows both sides: replace_snapshot_scores).
+# The user scores too: a reviewer's verdict (a Phoenix HUMAN annotation, a Langfuse ANNOTATION) for
+# a metric the evaluation's reviewer side lacks is stored there, as it is for a new evaluation.
+_LATE_DERIVED = (
+    "judge_scores_json", "user_scores_json", "evidence_json", "weighted_gap", "max_metric_gap", "judge_meta_score"
+)  # fmt: skip
 
 
 def _late_snapshots(session: Session) -> Any:
@@ -1009,13 +1013,14 @@ def _add_verdicts(
             refuse(index, ImportFailed(f"{item.where}: its evaluation {item.snapshot_id!r} no longer exists"))
             continue
         have = json_object(snapshot.judge_scores_json)
+        reviewed = json_object(snapshot.user_scores_json)
         specs = rubric(snapshot.product)[0]
         new = []
         for verdict in item.verdicts:
             slug = source_records.resolve_metric(specs, verdict.name)
-            if slug not in have:
+            if slug not in (reviewed if verdict.human else have):  # each side takes a metric once
                 new.append(verdict)
-            elif on_kept is not None and verdict.score is not None:
+            elif on_kept is not None and verdict.score is not None and not verdict.human:
                 kept = have[slug].get("score") if isinstance(have[slug], Mapping) else None
                 if isinstance(kept, int | float) and kept != verdict.score:
                     on_kept(index, verdict, kept)
@@ -1049,6 +1054,7 @@ def _add_verdicts(
             snapshot = of_evaluation[plan.indexes[position]][1]
             product = snapshot.product
             have = json_object(snapshot.judge_scores_json)
+            reviewed = json_object(snapshot.user_scores_json)
             evidence = {
                 slug: e.get("evidence") or [] for slug, e in json_object(snapshot.evidence_json).items()
             }
@@ -1057,7 +1063,7 @@ def _add_verdicts(
                 "model_name": snapshot.model_name, "judge_model": snapshot.judge_model,
                 "language": snapshot.language, "category": snapshot.category,
                 "created_at": snapshot.created_at.isoformat(),
-                "user_scores": json_object(snapshot.user_scores_json) or None,
+                "user_scores": {**reviewed, **{k: v for k, v in planned.get("user_scores", {}).items() if k not in reviewed}} or None,
                 "judge_scores": {**have, **{k: v for k, v in planned["judge_scores"].items() if k not in have}},
                 "evidence": {k: v for k, v in evidence.items() if v} or None,
                 "primary_metric": snapshot.primary_metric, "bonus_metrics": list(snapshot.bonus_metrics or []),
@@ -1114,7 +1120,11 @@ def _write_late(session: Session, checked: list[tuple[Any, dict[str, Any], list[
             judge_scores=json_object(snapshot.judge_scores_json),
         )
         before.append(scored)
-        after.append(dataclasses.replace(scored, judge_scores=row["judge_scores_json"]))
+        after.append(
+            dataclasses.replace(
+                scored, judge_scores=row["judge_scores_json"], user_scores=row["user_scores_json"]
+            )
+        )
         judgment_rows.extend(
             snapshot_judgment_rows({**row, "id": snapshot.id, "created_at": snapshot.created_at}, new)
         )

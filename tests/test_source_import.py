@@ -675,6 +675,38 @@ def test_phoenix_client_annotations_import_as_phoenix_exports_them(engine: Engin
     assert berlin.judge_scores_json["tone"]["score"] == 0.5
 
 
+def test_a_reviewers_annotation_for_a_stored_evaluation_is_its_reviewer_side(engine: Engine) -> None:
+    """review18 H2: a Phoenix HUMAN annotation in a second file on stored spans vanished (the
+    evaluation's user scores stayed {}), though imported first it is the reviewer's side. It is
+    stored the same way on the evaluation already there, once; a recount keeps what it left."""
+    spans = FIXTURES / "phoenix_spans.parquet"
+    import_path(
+        engine=engine, path=FIXTURES / "phoenix_evaluations.parquet", kind="phoenix", reviewer=WHO,
+        options=SourceOptions(spans=spans),
+    )  # fmt: skip
+    annotations = SourceOptions(spans=spans, label_scores="neutral=0.5")
+    report = import_path(
+        engine=engine, path=FIXTURES / "phoenix_annotations.parquet", kind="phoenix", reviewer=WHO,
+        options=annotations,
+    )  # fmt: skip
+    assert (report.inserted, report.judgments) == (0, 3)
+    berlin = _snapshots(engine)["c3d4e5f60718293a"]
+    assert berlin.user_scores_json == {
+        "tone": {"score": 1.0, "reason": "neutral: Fine by me.", "label": "neutral"}
+    }
+    assert berlin.judge_scores_json["tone"]["score"] == 0.5
+    with Session(engine) as s:
+        state = _late_state(s)
+        counters.recount(session=s)
+        assert _late_state(s) == state, "a recount changed what the reviewer's annotation left"
+    again = import_path(
+        engine=engine, path=FIXTURES / "phoenix_annotations.parquet", kind="phoenix", reviewer=WHO,
+        options=annotations,
+    )  # fmt: skip
+    assert (again.inserted, again.judgments) == (0, 0)
+    assert _snapshots(engine)["c3d4e5f60718293a"].user_scores_json == berlin.user_scores_json
+
+
 @pytest.mark.parametrize("form", ["csv", "parquet"])
 def test_phoenix_annotations_of_one_name_by_several_identifiers_keep_the_latest(
     engine: Engine, tmp_path: Path, form: str
