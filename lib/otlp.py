@@ -1635,7 +1635,7 @@ class _Join:
         if stored_before:
             columns = [_SNAPSHOTS.c.source_key, _SNAPSHOTS.c.id]
             where = among(self.session, _SNAPSHOTS.c.source_key, stored_before)
-            found.update(self.session.execute(select(*columns).where(where)).tuples().all())
+            found.update(self.session.execute(select(*columns).where(where)).all())
         for key, call, verdicts, source_key in accepted:
             snapshot_id = found[source_key]
             row = self.stored.pop(key, None)
