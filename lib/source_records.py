@@ -34,6 +34,7 @@ Rules (docs/importing.md says them to users):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -116,6 +117,10 @@ class SourceVerdict:
     human: bool = False
     # Where the verdict is in the source when not where its evaluation is (a score's own line).
     where: str = ""
+    # A judge's label left without a number while the file's reviewer scores it (`score_labels`):
+    # where and how, for the refusal (review18 M1: "it is not a known label" beside line 4's 1.0).
+    # Keyword-only: not among the positional fields lib.otlp's Verdict is built with.
+    reviewers: str = dataclasses.field(default="", kw_only=True)  # (`field` is a field here)
 
 
 @dataclass(slots=True)
@@ -252,6 +257,12 @@ def score_labels(
                 score = 1.0 - other if other in (0.0, 1.0) else None
             if score is not None:
                 verdict.score = score
+            elif not verdict.human and (side := (product, slug, label, True)) in scored:
+                numbers = "/".join(f"{n:g}" for n in sorted(scored[side]))
+                verdict.reviewers = (
+                    f"{places[side]} gives {label!r} {numbers} as a reviewer's score (Phoenix HUMAN, "
+                    "Langfuse ANNOTATION), which never scores the judge's label"
+                )
 
 
 def _check_partner(
@@ -327,6 +338,7 @@ def verdict_score(verdict: SourceVerdict, via: str = "cli", metric: MetricSpec |
             verdict.field or verdict.name,
             f"label {verdict.label.strip()[:60]!r} has no score, and it is not a known label "
             "(pass/fail, true/false, correct/incorrect, … docs/importing.md); "
+            + (f"{verdict.reviewers}; " if verdict.reviewers else "")
             + LABEL_SCORE_ADVICE[via].format(label=verdict.label.strip()[:20]),
         )
     raise InvalidField(verdict.field or verdict.name, "has neither a score nor a label")

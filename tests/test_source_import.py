@@ -658,6 +658,9 @@ def test_phoenix_client_annotations_import_as_phoenix_exports_them(engine: Engin
     message = _refused(engine, annotations, "phoenix", spans=spans, product="annotated")
     assert "field 'result.score': label 'neutral' has no score" in message
     assert "--label-scores neutral=N" in message
+    # review18 M1: the reviewer's 1.0 for "neutral" in the row before is named, and why it does not count
+    where = "line 4" if form == "csv" else "row "
+    assert f"{where}" in message.split("gives 'neutral' 1 as a reviewer's score (Phoenix HUMAN")[0][-40:]
     report = import_path(
         engine=engine, path=annotations, kind="phoenix", reviewer=WHO,
         options=SourceOptions(spans=spans, product="annotated", label_scores="neutral=0.5"),
