@@ -720,6 +720,7 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
                 continue  # the same score listed and embedded
             seen_scores.add(score_id)
         config = score.get("configId")
+        unconfigured = score.get("value") is None and isinstance(config, str) and config not in categories
         if score.get("value") is None and isinstance(config, str) and config in categories:
             # a v3 category, without the number its config gives it: the config says it
             number = categories[config].get(score.get("stringValue"))
@@ -728,6 +729,11 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
         if verdict is None:
             text_scores += 1  # skipped, and the summary says so
         else:
+            if unconfigured:  # said if nothing else scores its label (review18 M2)
+                verdict.unscored = (
+                    f"its score config {config!r}, which would give it one, is not in this file (export the "
+                    'score configs too: GET /api/public/score-configs, docs/importing.md "Which scores endpoint")'
+                )
             verdicts.setdefault(trace_id, []).append(verdict)
     out = SourceFile([], off_trace=off_trace, text_scores=text_scores, untraced=untraced)
     for trace_id, (where, trace) in traces.items():

@@ -117,10 +117,11 @@ class SourceVerdict:
     human: bool = False
     # Where the verdict is in the source when not where its evaluation is (a score's own line).
     where: str = ""
-    # A judge's label left without a number while the file's reviewer scores it (`score_labels`):
-    # where and how, for the refusal (review18 M1: "it is not a known label" beside line 4's 1.0).
-    # Keyword-only: not among the positional fields lib.otlp's Verdict is built with.
-    reviewers: str = dataclasses.field(default="", kw_only=True)  # (`field` is a field here)
+    # Why the source gives this label no number, said first when nothing else scores it: the
+    # file's reviewer scores the label (`score_labels`, review18 M1), a Langfuse category's score
+    # config is not in the file (M2). Keyword-only: not among the positional fields lib.otlp's
+    # Verdict is built with.
+    unscored: str = dataclasses.field(default="", kw_only=True)  # (`field` is a field here)
 
 
 @dataclass(slots=True)
@@ -259,7 +260,7 @@ def score_labels(
                 verdict.score = score
             elif not verdict.human and (side := (product, slug, label, True)) in scored:
                 numbers = "/".join(f"{n:g}" for n in sorted(scored[side]))
-                verdict.reviewers = (
+                verdict.unscored = (
                     f"{places[side]} gives {label!r} {numbers} as a reviewer's score (Phoenix HUMAN, "
                     "Langfuse ANNOTATION), which never scores the judge's label"
                 )
@@ -336,9 +337,9 @@ def verdict_score(verdict: SourceVerdict, via: str = "cli", metric: MetricSpec |
             )
         raise InvalidField(
             verdict.field or verdict.name,
-            f"label {verdict.label.strip()[:60]!r} has no score, and it is not a known label "
-            "(pass/fail, true/false, correct/incorrect, … docs/importing.md); "
-            + (f"{verdict.reviewers}; " if verdict.reviewers else "")
+            f"label {verdict.label.strip()[:60]!r} has no score"
+            + (f": {verdict.unscored}; nor is it" if verdict.unscored else ", and it is not")
+            + " a known label (pass/fail, true/false, correct/incorrect, … docs/importing.md); "
             + LABEL_SCORE_ADVICE[via].format(label=verdict.label.strip()[:20]),
         )
     raise InvalidField(verdict.field or verdict.name, "has neither a score nor a label")

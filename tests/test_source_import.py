@@ -299,6 +299,31 @@ def test_langfuse_v3_scores_import_as_the_v2_ones_did(engine: Engine, tmp_path: 
     assert (again.inserted, again.skipped, again.judgments) == (0, 3, 0)  # the same evaluations as v2's
 
 
+def test_a_langfuse_category_without_its_score_config_says_the_config_is_missing(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """review18 M2: the v3 export without `pages score-configs` refused 'friendly' as an unknown
+    label, not saying its score config (the docs' first remedy) was missing from the file."""
+    lines = (FIXTURES / "langfuse_export_v3.jsonl").read_text(encoding="utf-8").splitlines()
+    export = tmp_path / "export.jsonl"
+    export.write_text("\n".join(line for line in lines if '"id": "config-tone"' not in line) + "\n")
+    message = _refused(engine, export, "langfuse")
+    assert message.startswith(
+        "export.jsonl line 10, field 'value': label 'friendly' has no score: its score config "
+        "'config-tone', which would give it one, is not in this file (export the score configs too: "
+        "GET /api/public/score-configs"
+    ), message
+    assert message.endswith("(--label-scores friendly=N,…); nothing was imported"), message
+    report = import_path(
+        engine=engine,
+        path=export,
+        kind="langfuse",
+        reviewer=WHO,
+        options=SourceOptions(label_scores="friendly=1"),
+    )
+    assert report.judgments == 6
+
+
 def test_langfuse_v3_scores_subjects_and_faults(sqlite_engine: Engine, tmp_path: Path) -> None:
     """A v3 score's subject: a session's or an experiment's is skipped and counted as v2's; an
     observation's judges its trace, as v2 gave it, and one whose trace Langfuse did not give
