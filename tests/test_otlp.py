@@ -926,6 +926,70 @@ def test_what_cannot_be_mapped_is_named_in_the_partial_success(
     assert answer.status_code == 400 and answer.json()["message"].startswith("malformed JSON")
 
 
+def _partial(r: httpx.Response, signal: str = "logs") -> tuple[int, str]:
+    """(rejected items, message) of a 200's partial success in protobuf."""
+    assert r.status_code == 200, r.content
+    if signal == "logs":
+        logs = ExportLogsServiceResponse.FromString(r.content).partial_success
+        return logs.rejected_log_records, logs.error_message
+    spans = ExportTraceServiceResponse.FromString(r.content).partial_success
+    return spans.rejected_spans, spans.error_message
+
+
+def test_a_score_that_is_no_finite_number_is_rejected_whether_it_joins_or_would_wait(
+    any_receiver: Receiver,
+) -> None:
+    """review17 H1: a NaN verdict waiting for its call was stored raw; SQLite's JSON functions then
+    failed every read of the waiting list for a week, and PostgreSQL's JSON column refused the row,
+    so the whole request (its good verdict too) was lost to a 500. Now it is rejected as decoded."""
+    import httpx
+
+    t = Telemetry()
+    t.call("Stored?", "Yes.", **{"gen_ai.response.id": "resp-ok"})
+    assert any_receiver.post("/v1/traces", t.traces()).status_code == 200
+    t.verdict("helpfulness", 4.0, **{"gen_ai.response.id": "resp-ok"})
+    t.verdict("faithfulness", float("nan"), **{"gen_ai.response.id": "resp-later"})
+    t.verdict("relevance", float("-inf"))  # outside any span
+    rejected, message = _partial(any_receiver.post("/v1/logs", t.log_body()))
+    assert rejected == 2, message
+    assert "evaluation 'faithfulness': score must be a finite number, got nan; it is not stored" in message
+    assert "a log record: evaluation 'relevance': score must be a finite number, got -inf" in message
+    assert judgments(any_receiver.engine) == {"helpfulness": ("4", None)}
+    # In a span: its verdicts would join at once (before: refused by the importer) or wait.
+    t.call("Also stored?", "Yes.", events={"clarity": float("inf"), "tone": 3})
+    with t.tracer.start_as_current_span("judge") as judge:
+        judge.add_event(EVAL, {"gen_ai.evaluation.name": "depth", "gen_ai.evaluation.score.value": float("nan"),
+                               "gen_ai.response.id": "resp-later"})  # fmt: skip
+    rejected, message = _partial(any_receiver.post("/v1/traces", t.traces()), "traces")
+    assert rejected == 2, message
+    assert (
+        "span 'chat m1' (trace " in message
+        and "evaluation 'clarity': score must be a finite number, got inf" in message
+    )
+    assert (
+        "span 'judge' (trace " in message
+        and "evaluation 'depth': score must be a finite number, got nan" in message
+    )
+    # OTLP/JSON's doubleValue in words, and a score sent as text.
+    for value in ({"doubleValue": "NaN"}, {"doubleValue": "Infinity"}, {"stringValue": "nan"}):
+        event = {"name": EVAL, "attributes": [
+            {"key": "gen_ai.evaluation.name", "value": {"stringValue": "depth"}},
+            {"key": "gen_ai.evaluation.score.value", "value": value},
+            {"key": "gen_ai.response.id", "value": {"stringValue": "resp-later"}},
+        ]}  # fmt: skip
+        span = {"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "judge", "events": [event]}
+        body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+        r = any_receiver.post("/v1/traces", body, **{"Content-Type": "application/json"})
+        assert r.status_code == 200 and r.json()["partialSuccess"]["rejectedSpans"] == "1", r.text
+    with Session(any_receiver.engine) as session:
+        stored = [
+            json.dumps(row.pending_json) + json.dumps(row.span_json) for row in session.exec(select(OtlpSpan))
+        ]
+    assert not any(word in text for text in stored for word in ("NaN", "Infinity")), stored
+    lead = {"Authorization": f"Bearer {any_receiver.secrets['lead']}"}
+    assert httpx.get(f"{any_receiver.base}/api/v1/otlp/waiting", headers=lead).status_code == 200
+
+
 def test_answers_quote_the_senders_names_and_values_cut_to_a_bound(receiver: Receiver) -> None:
     """review17 L1: a 4 MB evaluation name came back whole in the partial success, 3,000 rejected
     spans made 7 MB of it, and a 10 MB doubleValue string came back whole in a 400."""
