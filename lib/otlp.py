@@ -514,7 +514,7 @@ def _json_resources(
             read = _json_span if signal == "traces" else _json_log
             records = [read(record) for scope in _list(resource, inner) for record in _list(scope, leaf)]
             out.append((attrs, iter(records)))
-    except (TypeError, ValueError, AttributeError) as exc:
+    except (TypeError, ValueError, AttributeError, OverflowError) as exc:  # Overflow: a time of Infinity
         raise OtlpError(400, f"the body is not an OTLP/JSON {signal} request: {exc}") from None
     yield from out
 
@@ -617,14 +617,16 @@ class _Reader:
     def span(self, batch: Batch, resource: dict[str, Any], record: _Record) -> None:
         """`_span`, or the span rejected with why when a value of it cannot be kept (`_Refused`):
         a NaN score kept waiting broke the waiting list on SQLite and, on PostgreSQL, whose JSON
-        column refuses it, lost the whole request to a 500 (review17 H1)."""
+        column refuses it, lost the whole request to a 500 (review17 H1); so did any value a
+        conversion could not take (messages nested 5,000 deep, a start no datetime holds, review17
+        M1): the span is rejected with what went wrong, the rest of the request stored."""
         verdicts = len(batch.verdicts)
         try:
             self._span(batch, resource, record)
-        except _Refused as exc:
+        except (ValueError, OverflowError, RecursionError) as exc:  # _Refused is a ValueError
             del batch.verdicts[verdicts:]  # an OpenInference evaluator's own verdict, read first
-            key = f"{record.trace_id}:{record.span_id}"
-            batch.refused.append(f"{describe(key, record.name)}: {exc}; the span is not stored")
+            key = _shown_key(record.trace_id, record.span_id)
+            batch.refused.append(f"{describe(key, record.name)}: {_why(exc)}; the span is not stored")
 
     def _span(self, batch: Batch, resource: dict[str, Any], record: _Record) -> None:
         attrs = record.attributes
@@ -632,6 +634,7 @@ class _Reader:
         if key is None:
             return
         response_id = _text(attrs.get("gen_ai.response.id"))  # read once: each read converts the value
+        _unkept(record.trace_id, record.span_id, record.parent_span_id, record.time_ns, response_id)
         verdicts = [
             _verdict(fields, key, response_id)
             for name, fields in record.events
@@ -663,10 +666,11 @@ class _Reader:
             return  # an ordinary log line, not ours
         key = _key(trace_id, span_id)
         try:
+            _unkept(trace_id, span_id)
             verdict = _verdict(fields, key, None)
-        except _Refused as exc:  # as `span` does: the record rejected, the rest stored
-            where = describe(key) if key else "a log record"
-            batch.refused.append(f"the log record in {where}: {exc}; it is not stored")
+        except (ValueError, OverflowError, RecursionError) as exc:  # as `span`: the record rejected
+            where = describe(_shown_key(trace_id, span_id)) if key else "a log record"
+            batch.refused.append(f"the log record in {where}: {_why(exc)}; it is not stored")
             return
         response_id = verdict.response_id  # the record's gen_ai.response.id, as text
         if response_id is not None and key is not None:
@@ -725,6 +729,50 @@ class _Reader:
             created_at=moment,  # typed: the importer takes an aware datetime as is (records.timestamp_field)
             missing=missing,
         )
+
+
+# What `otlp_spans.response_id` holds (lib.models.OtlpSpan): a longer id is refused, not cut (two
+# ids cut alike would join each other's verdicts) and not left to PostgreSQL's COPY (a 500).
+MAX_RESPONSE_ID = 256
+_TIME_END = 2**64  # OTLP's times are fixed64 nanoseconds: any below is a datetime (year 2554)
+
+
+def _unkept(
+    trace_id: str, span_id: str, parent_id: str = "", time_ns: int = 0, response_id: str | None = None
+) -> None:
+    """Refuse (`_Refused`) what OTLP does not send and Overrule cannot keep: a trace id other than
+    16 bytes (32 hex digits) or a span id other than 8 (16), a time outside fixed64 nanoseconds, a
+    gen_ai.response.id longer than its column. Before, such a span reached the database (a 10,000
+    digit id overflowed PostgreSQL's key column: a 500 losing the request; on SQLite it fell outside
+    its trace's key range, lib.otlp_table.TRACE_END) or a datetime (a 500) (review17 M1)."""
+    if len(trace_id) not in (0, 32) or len(span_id) not in (0, 16) or len(parent_id) not in (0, 16):
+        raise _Refused(
+            "trace ids are 16 bytes and span ids 8 (32 and 16 hex digits in OTLP/JSON), got "
+            f"{len(trace_id)}, {len(span_id)} and {len(parent_id)} (parent) hex digits"
+        )
+    if not 0 <= time_ns < _TIME_END:
+        raise _Refused(f"its time {time_ns} is not unsigned 64-bit nanoseconds since 1970, as OTLP sends it")
+    if response_id is not None:
+        _response_kept(response_id)
+
+
+def _response_kept(response_id: str) -> None:
+    if len(response_id) > MAX_RESPONSE_ID:
+        raise _Refused(
+            f"gen_ai.response.id is {len(response_id):,} characters, over the {MAX_RESPONSE_ID} Overrule keeps"
+        )
+
+
+def _shown_key(trace_id: str, span_id: str) -> str:
+    """A refused item's key as its message shows it: ids longer than OTLP's cut (`_unkept`)."""
+    return f"{cut_at_word(trace_id, 32)}:{cut_at_word(span_id, 16)}"
+
+
+def _why(exc: Exception) -> str:
+    """What a rejected span or log record is told (`_Reader.span`)."""
+    if isinstance(exc, RecursionError):
+        return "a value is nested too deeply to read"
+    return str(exc)
 
 
 def _key(trace_id: str, span_id: str) -> str | None:
@@ -799,8 +847,16 @@ def _verdict(fields: list[Any], key: str | None, response_id: str | None) -> Ver
         False,
         "",
         key,
-        response_id if own_response is None else _text(own_response),
+        response_id if own_response is None else _own_response(own_response),
     )
+
+
+def _own_response(value: Any) -> str | None:
+    """An evaluation event's own gen_ai.response.id, as text, refused past `MAX_RESPONSE_ID`."""
+    text = _text(value)
+    if text is not None:
+        _response_kept(text)
+    return text
 
 
 def _messages(value: Any) -> list[Any] | None:

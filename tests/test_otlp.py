@@ -990,6 +990,82 @@ def test_a_score_that_is_no_finite_number_is_rejected_whether_it_joins_or_would_
     assert httpx.get(f"{any_receiver.base}/api/v1/otlp/waiting", headers=lead).status_code == 200
 
 
+def test_a_malformed_span_is_rejected_with_why_and_the_rest_of_the_request_stored(
+    any_receiver: Receiver,
+) -> None:
+    """review17 M1: a start no datetime holds, output messages nested 5,000 deep, ids longer than
+    OTLP's (PostgreSQL's key column overflowed) and a response id over its column's 256 characters
+    each answered 500, and the request's good spans were lost with it."""
+
+    def attr(key: str, value: str) -> dict[str, Any]:
+        return {"key": key, "value": {"stringValue": value}}
+
+    def span(span_id: str, time: Any = "1700000000000000000", **attrs: str) -> dict[str, Any]:
+        chat = {"gen_ai.operation.name": "chat", "gen_ai.input.messages": '[{"role":"user","content":"Q?"}]',
+                "gen_ai.output.messages": '[{"role":"assistant","content":"A."}]', "service.name": "bot", **attrs}  # fmt: skip
+        event = {"name": EVAL, "attributes": [attr("gen_ai.evaluation.name", "clarity"),
+                                              {"key": "gen_ai.evaluation.score.value", "value": {"intValue": "4"}}]}  # fmt: skip
+        return {"traceId": "ab" * 16, "spanId": span_id, "name": "chat", "startTimeUnixNano": time,
+                "attributes": [attr(k, v) for k, v in chat.items()], "events": [event]}  # fmt: skip
+
+    def post(*spans: dict[str, Any]) -> tuple[int, str]:
+        body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": list(spans)}]}]}).encode()
+        r = any_receiver.post("/v1/traces", body, **{"Content-Type": "application/json"})
+        assert r.status_code == 200, r.text
+        partial = r.json().get("partialSuccess", {})
+        return int(partial.get("rejectedSpans", 0)), partial.get("errorMessage", "")
+
+    long_id = "r" * (otlp.MAX_RESPONSE_ID + 1)
+    own_id = span("00000000000000a7")
+    own_id["events"][0]["attributes"].append(attr("gen_ai.response.id", long_id))
+    rejected, message = post(
+        span("00000000000000a1"),  # the good one
+        span("00000000000000a2", time=10**30),
+        span("00000000000000a3", time=-(10**30)),
+        span("00000000000000a4", **{"gen_ai.output.messages": "[" * 5000}),
+        span("ab" * 5000),
+        span("00000000000000a6", **{"gen_ai.response.id": long_id}),
+        own_id,
+    )
+    assert rejected == 6, message
+    assert f"its time {10**30} is not unsigned 64-bit nanoseconds" in message
+    assert "a value is nested too deeply to read" in message
+    assert (
+        "trace ids are 16 bytes and span ids 8 (32 and 16 hex digits in OTLP/JSON), got 32, 10000" in message
+    )
+    assert message.count(f"gen_ai.response.id is 257 characters, over the {otlp.MAX_RESPONSE_ID}") == 2
+    assert count(any_receiver.engine, EvaluationSnapshot) == 1 and judgments(any_receiver.engine) == {
+        "clarity": ("4", None)
+    }
+    with Session(any_receiver.engine) as session:
+        keys = set(session.exec(select(OtlpSpan.key)))
+    assert keys == {f"{'ab' * 16}:00000000000000a1"}, keys
+    # A time of Infinity is no integer: the body is malformed OTLP/JSON (400, not 500).
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span("00000000000000a8", time=0)]}]}]})
+    r = any_receiver.post(
+        "/v1/traces", body.replace('"startTimeUnixNano": 0', '"startTimeUnixNano": Infinity').encode(),
+        **{"Content-Type": "application/json"},
+    )  # fmt: skip
+    assert r.status_code == 400 and "infinity" in r.json()["message"], r.text
+    # Protobuf ids are bytes: 9 bytes of span id, and a log record naming a response id too long.
+    t = Telemetry()
+    t.call("Proto?", "Yes.", events={"clarity": 3})
+    request = otlp_proto_spans(t)
+    request.resource_spans[0].scope_spans[0].spans[0].span_id = b"\x01" * 9
+    rejected, message = _partial(any_receiver.post("/v1/traces", request.SerializeToString()), "traces")
+    assert rejected == 1 and "got 32, 18 and 0 (parent) hex digits" in message, message
+    t.verdict("clarity", 3, **{"gen_ai.response.id": long_id})
+    rejected, message = _partial(any_receiver.post("/v1/logs", t.log_body()))
+    assert rejected == 1 and "gen_ai.response.id is 257 characters" in message, message
+
+
+def otlp_proto_spans(t: Telemetry) -> Any:
+    """The telemetry's finished spans as an ExportTraceServiceRequest, to be changed before it is sent."""
+    request = encode_spans(t.spans.get_finished_spans())
+    t.spans.clear()
+    return request
+
+
 def test_answers_quote_the_senders_names_and_values_cut_to_a_bound(receiver: Receiver) -> None:
     """review17 L1: a 4 MB evaluation name came back whole in the partial success, 3,000 rejected
     spans made 7 MB of it, and a 10 MB doubleValue string came back whole in a 400."""
