@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import zlib
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
+from operator import attrgetter
 from typing import Any
 
 from sqlalchemy import (
@@ -383,9 +383,9 @@ def _proto_resources(
     except DecodeError as exc:
         raise OtlpError(400, f"the body is not an OTLP {signal} protobuf message: {exc}") from None
     if signal == "traces":
-        _check_count(signal, sum(len(s.spans) for r in request.resource_spans for s in r.scope_spans))
+        _check_shape(signal, request.resource_spans, _SCOPE_SPANS, _SPANS, _EVENTS)
     else:
-        _check_count(signal, sum(len(s.log_records) for r in request.resource_logs for s in r.scope_logs))
+        _check_shape(signal, request.resource_logs, _SCOPE_LOGS, _LOG_RECORDS)
     if signal == "traces":
         for resource_spans in request.resource_spans:
             attrs = _proto_attrs(resource_spans.resource.attributes)
@@ -428,19 +428,83 @@ def _proto_resources(
 MAX_RECORDS = 100_000
 
 
+# What else a request may hold, each far past what an exporter sends (the OpenTelemetry SDKs keep
+# 128 attributes and 128 events a span, 128 attributes an event or log record, unless told
+# otherwise, and export 512 spans or log records a batch), counted before any item is built: 10 KB
+# of gzipped empty resources were 5 million of them, 13 CPU s and 1.3 GB (review17 H2).
+MAX_GROUPS = MAX_RECORDS  # resources and scopes together
+MAX_SPAN_EVENTS = 1_280  # events of one span: ten times the SDK's default limit
+MAX_EVENTS = 5 * MAX_RECORDS  # events of a request's spans together
+MAX_ATTRIBUTES = 1_280  # attributes of one resource, span, event or log record
+_SMALLER = "export smaller batches (OTEL_BSP_MAX_EXPORT_BATCH_SIZE, OTEL_BLRP_MAX_EXPORT_BATCH_SIZE)"
+_SCOPE_SPANS, _SPANS, _EVENTS = attrgetter("scope_spans"), attrgetter("spans"), attrgetter("events")
+_SCOPE_LOGS, _LOG_RECORDS = attrgetter("scope_logs"), attrgetter("log_records")
+
+
+def _check_shape(
+    signal: str,
+    resources: Sequence[Any],
+    scopes_of: Callable[[Any], Sequence[Any]],
+    records_of: Callable[[Any], Sequence[Any]],
+    events_of: Callable[[Any], Sequence[Any]] | None = None,
+) -> None:
+    """413 for a request holding more resources and scopes, spans or log records, or span events
+    than a request takes (`MAX_GROUPS`, `MAX_RECORDS`, `MAX_SPAN_EVENTS`, `MAX_EVENTS`), counted
+    from the lists' lengths before anything of them is read."""
+    groups = len(resources)
+    if groups <= MAX_GROUPS:
+        scopes = [scope for resource in resources for scope in scopes_of(resource)]
+        groups += len(scopes)
+    if groups > MAX_GROUPS:
+        raise OtlpError(
+            413,
+            f"{groups:,} resources and scopes in one request, over the {MAX_GROUPS:,} a request takes: "
+            f"send a resource's spans or log records under one resource and scope, or {_SMALLER}",
+        )
+    records = [records_of(scope) for scope in scopes]
+    _check_count(signal, sum(map(len, records)))
+    if events_of is None:
+        return
+    events = [len(events_of(record)) for listed in records for record in listed]
+    most = max(events, default=0)
+    if most > MAX_SPAN_EVENTS:
+        raise OtlpError(
+            413,
+            f"a span with {most:,} events, over the {MAX_SPAN_EVENTS:,} a span may carry: keep "
+            "OTEL_SPAN_EVENT_COUNT_LIMIT at most that (the SDK's default is 128)",
+        )
+    if sum(events) > MAX_EVENTS:
+        raise OtlpError(
+            413,
+            f"{sum(events):,} span events in one request, over the {MAX_EVENTS:,} a request takes: {_SMALLER}",
+        )
+
+
 def _check_count(signal: str, count: int) -> None:
     if count > MAX_RECORDS:
         what = "spans" if signal == "traces" else "log records"
         raise OtlpError(
-            413,
-            f"{count:,} {what} in one request, over the {MAX_RECORDS:,} a request takes: export smaller "
-            "batches (OTEL_BSP_MAX_EXPORT_BATCH_SIZE, OTEL_BLRP_MAX_EXPORT_BATCH_SIZE)",
+            413, f"{count:,} {what} in one request, over the {MAX_RECORDS:,} a request takes: {_SMALLER}"
         )
 
 
-def _proto_attrs(attributes: Iterable[Any]) -> dict[str, Any]:
+def _check_attributes(count: int) -> None:
+    """413 for a resource, span, event or log record of more than `MAX_ATTRIBUTES` attributes,
+    checked before they are read."""
+    if count > MAX_ATTRIBUTES:
+        raise OtlpError(
+            413,
+            f"an item with {count:,} attributes, over the {MAX_ATTRIBUTES:,} one may carry: keep "
+            "OTEL_ATTRIBUTE_COUNT_LIMIT (or OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT, OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT, "
+            "OTEL_LOGRECORD_ATTRIBUTE_COUNT_LIMIT) at most that (the SDK's default is 128)",
+        )
+
+
+def _proto_attrs(attributes: Sequence[Any]) -> dict[str, Any]:
     """A protobuf KeyValue list as a dict of plain values: each upb read makes a new Python object,
     so every value is read once, strings (nearly all of a GenAI span's) without a call each."""
+    if len(attributes) > MAX_ATTRIBUTES:
+        _check_attributes(len(attributes))
     attrs: dict[str, Any] = {}
     for kv in attributes:
         value = kv.value
@@ -457,6 +521,8 @@ def _proto_verdict_fields(
     attribute is read. A 10,000-span request has 50,000 events of 3-5 attributes: the other
     attributes are never converted, and no Python object is made for a key or a KeyValue."""
     left = len(attributes)
+    if left > MAX_ATTRIBUTES:
+        _check_attributes(left)
     fields: list[Any] = []
     for keys in names:
         found = None
@@ -505,10 +571,15 @@ def _json_resources(
         else ("resourceLogs", "scopeLogs", "logRecords")
     )
     try:
-        resources = [
-            (_json_attrs(_get(r, "resource", {}).get("attributes")), r) for r in _list(document, outer)
-        ]
-        _check_count(signal, sum(len(_list(scope, leaf)) for _, r in resources for scope in _list(r, inner)))
+        listed = _list(document, outer)
+        _check_shape(
+            signal,
+            listed,
+            lambda resource: _list(resource, inner),
+            lambda scope: _list(scope, leaf),
+            (lambda span: _list(span, "events")) if signal == "traces" else None,
+        )
+        resources = [(_json_attrs(_get(r, "resource", {}).get("attributes")), r) for r in listed]
         out = []
         for attrs, resource in resources:
             read = _json_span if signal == "traces" else _json_log
@@ -581,6 +652,7 @@ def _json_attrs(attributes: Any) -> dict[str, Any]:
         return {}
     if not isinstance(attributes, list):
         raise TypeError("attributes must be a list of {key, value}")
+    _check_attributes(len(attributes))
     return {str(_get(kv, "key", "")): _json_value(_get(kv, "value")) for kv in attributes}
 
 
@@ -831,7 +903,9 @@ def _verdict(fields: list[Any], key: str | None, response_id: str | None) -> Ver
         metric = text.strip() if text else None
     if score.__class__ is not float:
         score = float(score) if score.__class__ is int else None if score is None else _number(score)
-    if score is not None and not math.isfinite(score):  # as the importer refuses it, but before it waits
+    # NaN or ±Infinity (x - x is 0.0 for a finite x, else NaN, which is true): math.isfinite without a
+    # call for each of a request's events. Refused as the importer would, but before it can wait.
+    if score is not None and score - score:
         raise _Refused(
             f"evaluation {cut_at_word(str(metric), METRIC_CHARS)!r}: score must be a finite number, got {score}"
         )
