@@ -706,7 +706,7 @@ class _Reader:
         if key is None:
             return
         response_id = _text(attrs.get("gen_ai.response.id"))  # read once: each read converts the value
-        _unkept(record.trace_id, record.span_id, record.parent_span_id, record.time_ns, response_id)
+        _unkept(record.time_ns, response_id)
         verdicts = [
             _verdict(fields, key, response_id)
             for name, fields in record.events
@@ -736,12 +736,11 @@ class _Reader:
         """A log record (`_LogRecord`: `fields` are its `_LOG_ATTRIBUTES`' values)."""
         if EVALUATION_EVENT not in (name, fields[-1]) and fields[0] is None:  # no evaluation name
             return  # an ordinary log line, not ours
-        key = _key(trace_id, span_id)
         try:
-            _unkept(trace_id, span_id)
+            key = _key(trace_id, span_id)
             verdict = _verdict(fields, key, None)
         except (ValueError, OverflowError, RecursionError) as exc:  # as `span`: the record rejected
-            where = describe(_shown_key(trace_id, span_id)) if key else "a log record"
+            where = describe(_shown_key(trace_id, span_id)) if trace_id and span_id else "a log record"
             batch.refused.append(f"the log record in {where}: {_why(exc)}; it is not stored")
             return
         response_id = verdict.response_id  # the record's gen_ai.response.id, as text
@@ -809,19 +808,10 @@ MAX_RESPONSE_ID = 256
 _TIME_END = 2**64  # OTLP's times are fixed64 nanoseconds: any below is a datetime (year 2554)
 
 
-def _unkept(
-    trace_id: str, span_id: str, parent_id: str = "", time_ns: int = 0, response_id: str | None = None
-) -> None:
-    """Refuse (`_Refused`) what OTLP does not send and Overrule cannot keep: a trace id other than
-    16 bytes (32 hex digits) or a span id other than 8 (16), a time outside fixed64 nanoseconds, a
-    gen_ai.response.id longer than its column. Before, such a span reached the database (a 10,000
-    digit id overflowed PostgreSQL's key column: a 500 losing the request; on SQLite it fell outside
-    its trace's key range, lib.otlp_table.TRACE_END) or a datetime (a 500) (review17 M1)."""
-    if len(trace_id) not in (0, 32) or len(span_id) not in (0, 16) or len(parent_id) not in (0, 16):
-        raise _Refused(
-            "trace ids are 16 bytes and span ids 8 (32 and 16 hex digits in OTLP/JSON), got "
-            f"{len(trace_id)}, {len(span_id)} and {len(parent_id)} (parent) hex digits"
-        )
+def _unkept(time_ns: int, response_id: str | None) -> None:
+    """Refuse (`_Refused`) what OTLP does not send and Overrule cannot keep of a span: a time outside
+    fixed64 nanoseconds, a gen_ai.response.id longer than its column (ids: `_key`). Before, such a
+    span reached a datetime or the database: a 500 losing the request (review17 M1)."""
     if not 0 <= time_ns < _TIME_END:
         raise _Refused(f"its time {time_ns} is not unsigned 64-bit nanoseconds since 1970, as OTLP sends it")
     if response_id is not None:
@@ -848,8 +838,17 @@ def _why(exc: Exception) -> str:
 
 
 def _key(trace_id: str, span_id: str) -> str | None:
+    """A span's key, None when it has no ids; refused (`_Refused`) when a trace id is not 16 bytes
+    (32 hex digits) or a span id not 8 (16) as OTLP defines them: a 10,000-digit id overflowed
+    PostgreSQL's key column (a 500 losing the request), and on SQLite fell outside its trace's key
+    range, lib.otlp_table.TRACE_END (review17 M1). Checked here, where every key is made."""
     if not trace_id or not span_id or trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
         return None
+    if len(trace_id) != 32 or len(span_id) != 16:
+        raise _Refused(
+            "trace ids are 16 bytes and span ids 8 (32 and 16 hex digits in OTLP/JSON), got "
+            f"{len(trace_id)} and {len(span_id)} hex digits"
+        )
     return f"{trace_id}:{span_id}"
 
 

@@ -1031,7 +1031,8 @@ def test_a_malformed_span_is_rejected_with_why_and_the_rest_of_the_request_store
     assert f"its time {10**30} is not unsigned 64-bit nanoseconds" in message
     assert "a value is nested too deeply to read" in message
     assert (
-        "trace ids are 16 bytes and span ids 8 (32 and 16 hex digits in OTLP/JSON), got 32, 10000" in message
+        "trace ids are 16 bytes and span ids 8 (32 and 16 hex digits in OTLP/JSON), got 32 and 10000"
+        in message
     )
     assert message.count(f"gen_ai.response.id is 257 characters, over the {otlp.MAX_RESPONSE_ID}") == 2
     assert count(any_receiver.engine, EvaluationSnapshot) == 1 and judgments(any_receiver.engine) == {
@@ -1053,7 +1054,7 @@ def test_a_malformed_span_is_rejected_with_why_and_the_rest_of_the_request_store
     request = otlp_proto_spans(t)
     request.resource_spans[0].scope_spans[0].spans[0].span_id = b"\x01" * 9
     rejected, message = _partial(any_receiver.post("/v1/traces", request.SerializeToString()), "traces")
-    assert rejected == 1 and "got 32, 18 and 0 (parent) hex digits" in message, message
+    assert rejected == 1 and "got 32 and 18 hex digits" in message, message
     t.verdict("clarity", 3, **{"gen_ai.response.id": long_id})
     rejected, message = _partial(any_receiver.post("/v1/logs", t.log_body()))
     assert rejected == 1 and "gen_ai.response.id is 257 characters" in message, message
