@@ -521,10 +521,7 @@ def create_app(
             if judge:
                 return await run_in_threadpool(_judge_body, get_engine(), path, actor, concurrency)
             report = await run_in_threadpool(_import_body, get_engine(), path, actor, kind, options)
-        return {
-            "summary": report.summary(),
-            **{k: v for k, v in dataclasses.asdict(report).items() if isinstance(v, (int, str))},
-        }
+        return _report_answer(report)
 
     @api.post("/evaluations")
     async def post_evaluations(
@@ -562,10 +559,7 @@ def create_app(
             report = await run_in_threadpool(
                 _import_body, get_engine(), paths["evaluations"], actor, "phoenix", options
             )
-        return {
-            "summary": report.summary(),
-            **{k: v for k, v in dataclasses.asdict(report).items() if isinstance(v, (int, str))},
-        }
+        return _report_answer(report)
 
     @api.post("/imports/{kind}")
     async def post_source_import(
@@ -1294,6 +1288,16 @@ def _parse_json(raw: bytes) -> Any:
         ) from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ApiError(400, f"malformed JSON: {str(exc).split(';')[0]}") from None
+
+
+def _report_answer(report: Any) -> dict[str, Any]:
+    """An import's answer: its summary line and its counts (ImportReport's numbers and texts).
+    `expert_reviews` only for interactions, whose reviews they are: a source file's reviewer scores
+    are `reviewer_scores`, and a 0 there read as "no reviewer scores came" (review18 M3)."""
+    counts = {k: v for k, v in dataclasses.asdict(report).items() if isinstance(v, (int, str))}
+    if report.kind != "interactions":
+        counts.pop("expert_reviews", None)
+    return {"summary": report.summary(), **counts}
 
 
 def _import_body(engine: Engine, path: Path, actor: Actor, kind: str, options: Any = None) -> Any:

@@ -159,6 +159,11 @@ class ImportReport:
     superseded: int = 0
     # Langfuse v3: observation scores without their trace, skipped.
     untraced: int = 0
+    # Source files: reviewers' scores stored (Langfuse ANNOTATION, Phoenix HUMAN: the evaluation's
+    # reviewer side, not judgments), and scores of an evaluation name a stored evaluation has with
+    # another score, not taken (review18 M3: neither was said; OTLP warns for the second).
+    reviewer_scores: int = 0
+    not_taken: int = 0
     # Evaluations: the id each inserted evaluation got, by its source key, and (source imports)
     # each accepted evaluation's source key by its index among those given: lib.otlp links its
     # spans to them without hashing their content again or reading them back.
@@ -173,9 +178,18 @@ class ImportReport:
         else:
             parts.append(f"{self.skipped} already present (skipped)")
         if self.kind in ("evaluations", *SOURCE_KINDS):
-            parts.append(f"{self.judgments} judgments")
+            parts.append(f"{self.judgments} {'judgment' if self.judgments == 1 else 'judgments'}")
         if self.extended:
             parts.append(f"{self.extended} of them added to evaluations already stored")
+        if self.reviewer_scores:
+            scores = "score" if self.reviewer_scores == 1 else "scores"
+            parts.append(f"{self.reviewer_scores} reviewer {scores} (ANNOTATION/HUMAN: the reviewer's side)")
+        if self.not_taken:
+            scores = "score differing" if self.not_taken == 1 else "scores differing"
+            parts.append(
+                f"{self.not_taken} {scores} from the stored one not taken (a metric's first score is "
+                "kept; re-judge it in Overrule)"
+            )
         if self.unjudged and self.kind == "phoenix":
             # Phoenix's spans dataframe holds every span of the project (chains, retrievers, spans
             # an earlier eval file judged): "without a judge result" would mislead (review14 F7).
@@ -788,12 +802,13 @@ def _audit_scales(session: Session, changes: Sequence[ScaleChange], identity: st
 
 def _extend_stored(
     session: Session, evaluations: Sequence[source_records.SourceEvaluation], actor: Actor, via: str = "cli"
-) -> tuple[list[source_records.SourceEvaluation], int, int]:
+) -> tuple[list[source_records.SourceEvaluation], int, int, int, int]:
     """Split a source file's evaluations: those not stored yet (to import), and those an earlier import
     stored (same product, question, answer and model), whose new verdicts are added to the stored
     evaluation through `add_source_verdicts` (a second Phoenix eval, a later Langfuse score): a
     judge's as judgments, a reviewer's to its user scores (review18 H2: they were left out in silence).
-    Returns (to import, how many were stored already, judgments added); a fault raises ImportFailed,
+    Returns (to import, how many were stored already, judgments added, reviewer scores added, scores
+    not taken: the stored evaluation has the name with another score); a fault raises ImportFailed,
     advising what `via` (where the file came from) offers."""
     keyed: dict[str, list[source_records.SourceEvaluation]] = {}
     fresh: list[source_records.SourceEvaluation] = []
@@ -823,8 +838,22 @@ def _extend_stored(
             extended += 1
             if ev.verdicts:
                 late.append(LateVerdicts(stored[key], ev.verdicts, ev.where))
-    added = add_source_verdicts(session=session, items=late, reviewer=actor, via=via) if late else 0
-    return fresh, extended, added
+    counts = {"reviewer": 0, "not taken": 0}
+
+    def kept(_index: int, _verdict: source_records.SourceVerdict, _score: float) -> None:
+        counts["not taken"] += 1
+
+    def reviewed(n: int) -> None:
+        counts["reviewer"] += n
+
+    added = (
+        add_source_verdicts(
+            session=session, items=late, reviewer=actor, via=via, on_kept=kept, on_reviewer=reviewed
+        )
+        if late
+        else 0
+    )
+    return fresh, extended, added, counts["reviewer"], counts["not taken"]
 
 
 class _SourceRubrics:
@@ -884,6 +913,7 @@ def add_source_verdicts(
     via: str = "cli",
     stored_labels: bool = False,
     on_kept: Callable[[int, source_records.SourceVerdict, float], None] | None = None,
+    on_reviewer: Callable[[int], None] | None = None,
 ) -> int:
     """Judge results that arrive for evaluations already stored (OTLP evaluation events after their
     span was imported, a second Phoenix eval, a later Langfuse score): each metric an evaluation has
@@ -906,7 +936,9 @@ def add_source_verdicts(
     verdicts were scored with the whole file (`_import_file`), and scoring them again only looked up
     again the labels nothing scores. `on_kept(index, verdict, stored score)`: a verdict left out
     because its evaluation has the metric with another score (OTLP says so in its answer; the
-    check reads nothing more than the evaluation the group reads anyway).
+    check reads nothing more than the evaluation the group reads anyway). `on_reviewer(n)`: a
+    group's `n` reviewer verdicts (`human`) for names its evaluation's reviewer side lacks, which
+    go there (a file's summary counts them).
 
     A round holds at most LATE_ROUND_GROUPS groups, as an import of new evaluations writes at most
     IN_MEMORY_CHUNK_ROWS a chunk: a second eval file over a large project (`_extend_stored`) keeps
@@ -927,7 +959,7 @@ def add_source_verdicts(
             wait = item.snapshot_id in named or len(now) >= LATE_ROUND_GROUPS
             (later if wait else now).append((index, item))
             named.add(item.snapshot_id)
-        added += _add_verdicts(session, now, identity, on_invalid, via, stored_labels, on_kept)
+        added += _add_verdicts(session, now, identity, on_invalid, via, stored_labels, on_kept, on_reviewer)
         waiting = later
     return added
 
@@ -993,6 +1025,7 @@ def _add_verdicts(
     via: str,
     stored_labels: bool,
     on_kept: Callable[[int, source_records.SourceVerdict, float], None] | None = None,
+    on_reviewer: Callable[[int], None] | None = None,
 ) -> int:
     """One round of `add_source_verdicts`: `entries` (index in its items, group) name different evaluations."""
     ids = bulk.among_value(session, {item.snapshot_id for _, item in entries})
@@ -1024,6 +1057,8 @@ def _add_verdicts(
                 kept = have[slug].get("score") if isinstance(have[slug], Mapping) else None
                 if isinstance(kept, int | float) and kept != verdict.score:
                     on_kept(index, verdict, kept)
+        if on_reviewer is not None and (reviewers := sum(v.human for v in new)):
+            on_reviewer(reviewers)
         if new:
             evaluations.append(
                 source_records.SourceEvaluation(
@@ -1734,7 +1769,10 @@ def _import_file(
         document = None  # its records are read: the parsed document is not held through the import
         with session_scope(engine) as session:
             score_stored_labels(session, read.evaluations, read.label_scores, via=read.via)
-            fresh, extended, added = _extend_stored(session, read.evaluations, actor, read.via)
+            fresh, extended, added, reviewed, not_taken = _extend_stored(
+                session, read.evaluations, actor, read.via
+            )
+            reviewed += sum(v.human for ev in fresh for v in ev.verdicts)  # each becomes a reviewer score
             report = import_source_evaluations(
                 session=session, evaluations=fresh, source=source, reviewer=actor, via=read.via
             )
@@ -1747,6 +1785,7 @@ def _import_file(
         report.skipped += extended
         report.judgments += added
         report.extended = added
+        report.reviewer_scores, report.not_taken = reviewed, not_taken
         return report
     if kind in ("evaluations", "notes", "interactions"):
         records = nonblank(jsonl_records(path, source))

@@ -976,6 +976,10 @@ def test_another_tools_results_file_imports_through_the_api(server: Server) -> N
     )
     assert r.status_code == 200, r.text
     assert (r.json()["inserted"], r.json()["judgments"]) == (3, 6)
+    langfuse = results.with_name("langfuse_export_v3.jsonl").read_bytes()
+    r = httpx.post(f"{server.base}/imports/langfuse", content=langfuse, headers=server.headers("lead"))
+    # review18 M3: the ANNOTATION is counted as the reviewer's side; no "expert_reviews": 0 beside it
+    assert (r.json()["judgments"], r.json()["reviewer_scores"]) == (6, 1) and "expert_reviews" not in r.json()
     broken = json.loads(results.read_text(encoding="utf-8"))
     broken["results"]["results"][0]["gradingResult"]["componentResults"][0]["pass"] = "yes"
     r = httpx.post(url, content=json.dumps(broken).encode(), headers=server.headers("lead"))
@@ -993,7 +997,7 @@ def test_another_tools_results_file_imports_through_the_api(server: Server) -> N
         url, params={"label_scores": "pass"}, content=results.read_bytes(), headers=server.headers("lead")
     )  # ?label_scores= reaches the reader (review7 F9)
     assert odd.status_code == 422 and "'pass' is not LABEL=SCORE" in odd.json()["detail"]
-    assert count(server.engine, EvaluationSnapshot) == 3
+    assert count(server.engine, EvaluationSnapshot) == 6
 
 
 @sqlite_only  # the importer behind it is the CLI's, tested on both databases in tests/test_source_import.py

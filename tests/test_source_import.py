@@ -321,7 +321,7 @@ def test_a_langfuse_category_without_its_score_config_says_the_config_is_missing
         reviewer=WHO,
         options=SourceOptions(label_scores="friendly=1"),
     )
-    assert report.judgments == 6
+    assert (report.judgments, report.reviewer_scores) == (6, 1)  # the ANNOTATION: the reviewer's side
 
 
 def test_langfuse_v3_scores_subjects_and_faults(sqlite_engine: Engine, tmp_path: Path) -> None:
@@ -717,7 +717,10 @@ def test_a_reviewers_annotation_for_a_stored_evaluation_is_its_reviewer_side(eng
         engine=engine, path=FIXTURES / "phoenix_annotations.parquet", kind="phoenix", reviewer=WHO,
         options=annotations,
     )  # fmt: skip
-    assert (report.inserted, report.judgments) == (0, 3)
+    assert (report.inserted, report.judgments, report.reviewer_scores) == (0, 3, 1)
+    assert (
+        "3 judgments, 3 of them added to evaluations already stored, 1 reviewer score (" in report.summary()
+    )
     berlin = _snapshots(engine)["c3d4e5f60718293a"]
     assert berlin.user_scores_json == {
         "tone": {"score": 1.0, "reason": "neutral: Fine by me.", "label": "neutral"}
@@ -731,8 +734,35 @@ def test_a_reviewers_annotation_for_a_stored_evaluation_is_its_reviewer_side(eng
         engine=engine, path=FIXTURES / "phoenix_annotations.parquet", kind="phoenix", reviewer=WHO,
         options=annotations,
     )  # fmt: skip
-    assert (again.inserted, again.judgments) == (0, 0)
+    assert (again.inserted, again.judgments, again.reviewer_scores) == (0, 0, 0)
     assert _snapshots(engine)["c3d4e5f60718293a"].user_scores_json == berlin.user_scores_json
+
+
+def test_a_files_other_score_for_a_stored_metric_is_counted_as_not_taken(
+    sqlite_engine: Engine, tmp_path: Path
+) -> None:
+    """review18 M3: a later file scoring a stored evaluation's metric otherwise said only "already
+    present (skipped)"; the OTLP receiver warns for the same case. One score, singular."""
+    spans = SourceOptions(spans=FIXTURES / "phoenix_spans.parquet")
+    import_path(
+        engine=sqlite_engine, path=FIXTURES / "phoenix_evaluations.csv", kind="phoenix", reviewer=WHO,
+        options=spans,
+    )  # fmt: skip
+    stored = _snapshots(sqlite_engine)["a1b2c3d4e5f60718"].judge_scores_json["hallucination"]["score"]
+    later = tmp_path / "later.csv"
+    later.write_text(
+        "context.span_id,eval_name,label,score,explanation\n"
+        f"a1b2c3d4e5f60718,Hallucination,factual,{0.5 if stored != 0.5 else 0.25},Stated fact.\n"
+        f"b2c3d4e5f6071829,Hallucination,hallucinated,{_snapshots(sqlite_engine)['b2c3d4e5f6071829'].judge_scores_json['hallucination']['score']},Same.\n"
+        "c3d4e5f60718293a,Hallucination,factual,1,New.\n"
+    )
+    report = import_path(engine=sqlite_engine, path=later, kind="phoenix", reviewer=WHO, options=spans)
+    assert (report.inserted, report.judgments, report.not_taken) == (1, 1, 1)  # Berlin's is new
+    assert report.summary() == (
+        "phoenix: 1 inserted, 2 already present (skipped), 1 judgment, 1 score differing from the "
+        "stored one not taken (a metric's first score is kept; re-judge it in Overrule)"
+    )
+    assert _snapshots(sqlite_engine)["a1b2c3d4e5f60718"].judge_scores_json["hallucination"]["score"] == stored
 
 
 @pytest.mark.parametrize("form", ["csv", "parquet"])

@@ -232,7 +232,7 @@ def test_the_page_passes_label_scores_for_labels_sent_without_a_number(app_engin
     at.run()
     assert [s.value for s in at.success] == [
         escape_markdown(
-            "phoenix: 1 inserted, 0 already present (skipped), 1 judgments, 2 other spans in the spans file (not judged in this file)"
+            "phoenix: 1 inserted, 0 already present (skipped), 1 judgment, 2 other spans in the spans file (not judged in this file)"
         )
     ]
     with session_scope(app_engine, read_only=True) as s:
