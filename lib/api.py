@@ -520,6 +520,8 @@ def create_app(
                     await run_in_threadpool(fh.write, chunk)
             if judge:
                 return await run_in_threadpool(_judge_body, get_engine(), path, actor, concurrency)
+            if kind == "promptfoo" and await run_in_threadpool(_promptfoo_lines, path):
+                path = path.rename(path.with_suffix(".jsonl"))  # the summary's and refusals' name
             report = await run_in_threadpool(_import_body, get_engine(), path, actor, kind, options)
         return _report_answer(report)
 
@@ -1288,6 +1290,18 @@ def _parse_json(raw: bytes) -> Any:
         ) from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ApiError(400, f"malformed JSON: {str(exc).split(';')[0]}") from None
+
+
+def _promptfoo_lines(path: Path) -> bool:
+    """Whether a promptfoo body is `-o results.jsonl` (its first line a result), not results.json:
+    the import is then named `promptfoo.jsonl` (review18 M4: a JSON Lines body was `promptfoo.json`)."""
+    from lib.source_files import file_head, source_shape
+
+    line = file_head(path).removeprefix(BOM).split(b"\n", 1)[0]
+    try:
+        return source_shape(json.loads(line)) == "promptfoo-lines"
+    except ValueError:  # a pretty-printed document's "{", or a line longer than the head
+        return False
 
 
 def _report_answer(report: Any) -> dict[str, Any]:

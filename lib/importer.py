@@ -108,6 +108,12 @@ from lib.snapshots import (
 )
 
 SOURCE_KINDS = ("promptfoo", "langfuse", "phoenix")  # other tools' result files (lib.source_files)
+# How to file a source file under a product, where the import came from (`SourceOptions.via`).
+PRODUCT_ADVICE = {
+    "cli": "pass --product NAME",
+    "api": "pass ?product=NAME",
+    "page": "give the Product field a name",
+}
 KINDS = ("evaluations", "judgments", "notes", "metrics", "interactions", *SOURCE_KINDS)
 CHUNK_ROWS = 1000
 # Rows of an import whose input is in memory whole (another tool's results, an OTLP request) kept
@@ -164,6 +170,12 @@ class ImportReport:
     # another score, not taken (review18 M3: neither was said; OTLP warns for the second).
     reviewer_scores: int = 0
     not_taken: int = 0
+    # promptfoo and Langfuse files without --product: evaluations filed under the kind's default
+    # product (the file names none), that product and how to name one where the import came from (review18 M4: a
+    # promptfoo .jsonl went to 'promptfoo' in silence, its results.json to the product it names).
+    defaulted: int = 0
+    default_product: str = ""
+    product_advice: str = ""
     # Evaluations: the id each inserted evaluation got, by its source key, and (source imports)
     # each accepted evaluation's source key by its index among those given: lib.otlp links its
     # spans to them without hashing their content again or reading them back.
@@ -215,6 +227,11 @@ class ImportReport:
             parts.append(
                 f"{self.superseded} {annotations} skipped (a later one of the same span and name, by "
                 "another identifier, is kept)"
+            )
+        if self.defaulted:
+            parts.append(
+                f"{self.defaulted} filed under the default product {self.default_product!r} (the file "
+                f"names none: {self.product_advice})"
             )
         if self.kind == "interactions":
             parts.append(f"{self.expert_reviews} expert reviews")
@@ -1757,7 +1774,7 @@ def _import_file(
         raise ImportFailed(f"{path}: no such file")
     if kind is not None and kind not in KINDS:
         raise ImportFailed(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
-    from lib.source_files import SourceOptions, read_source
+    from lib.source_files import DEFAULT_PRODUCTS, SourceOptions, read_source
 
     options = options or SourceOptions()
     document = None
@@ -1786,6 +1803,10 @@ def _import_file(
         report.judgments += added
         report.extended = added
         report.reviewer_scores, report.not_taken = reviewed, not_taken
+        if kind != "phoenix" and not (options.product or "").strip():  # a Phoenix file never names one
+            default = DEFAULT_PRODUCTS[kind]
+            report.defaulted = sum(ev.product == default for ev in read.evaluations)
+            report.default_product, report.product_advice = default, PRODUCT_ADVICE[read.via]
         return report
     if kind in ("evaluations", "notes", "interactions"):
         records = nonblank(jsonl_records(path, source))

@@ -980,6 +980,13 @@ def test_another_tools_results_file_imports_through_the_api(server: Server) -> N
     r = httpx.post(f"{server.base}/imports/langfuse", content=langfuse, headers=server.headers("lead"))
     # review18 M3: the ANNOTATION is counted as the reviewer's side; no "expert_reviews": 0 beside it
     assert (r.json()["judgments"], r.json()["reviewer_scores"]) == (6, 1) and "expert_reviews" not in r.json()
+    # review18 M4: a .jsonl body is named as one, and the summary says where its lines went
+    lines = results.with_name("promptfoo_results.jsonl").read_bytes()
+    r = httpx.post(url, content=lines, headers=server.headers("lead"))
+    assert (r.status_code, r.json()["source"], r.json()["defaulted"]) == (200, "promptfoo.jsonl", 3), r.text
+    assert r.json()["summary"].endswith(
+        "3 filed under the default product 'promptfoo' (the file names none: pass ?product=NAME)"
+    )
     broken = json.loads(results.read_text(encoding="utf-8"))
     broken["results"]["results"][0]["gradingResult"]["componentResults"][0]["pass"] = "yes"
     r = httpx.post(url, content=json.dumps(broken).encode(), headers=server.headers("lead"))
@@ -997,7 +1004,7 @@ def test_another_tools_results_file_imports_through_the_api(server: Server) -> N
         url, params={"label_scores": "pass"}, content=results.read_bytes(), headers=server.headers("lead")
     )  # ?label_scores= reaches the reader (review7 F9)
     assert odd.status_code == 422 and "'pass' is not LABEL=SCORE" in odd.json()["detail"]
-    assert count(server.engine, EvaluationSnapshot) == 6
+    assert count(server.engine, EvaluationSnapshot) == 9
 
 
 @sqlite_only  # the importer behind it is the CLI's, tested on both databases in tests/test_source_import.py

@@ -123,6 +123,15 @@ def test_promptfoo_jsonl_output_imports_under_the_product_named(sqlite_engine: E
     )  # fmt: skip
     assert (report.inserted, report.judgments) == (3, 6)
     assert {s.product for s in _snapshots(sqlite_engine).values()} == {"geo-bot"}
+    assert "default product" not in report.summary()
+    # review18 M4: without --product its lines go to 'promptfoo', and the summary says so
+    unnamed = import_path(
+        engine=sqlite_engine, path=FIXTURES / "promptfoo_results.jsonl", kind="promptfoo", reviewer=WHO
+    )
+    assert unnamed.summary() == (
+        "promptfoo: 3 inserted, 0 already present (skipped), 6 judgments, 3 filed under the default "
+        "product 'promptfoo' (the file names none: pass --product NAME)"
+    )
 
 
 def test_a_broken_promptfoo_file_is_refused_whole_with_the_place_and_field(
