@@ -79,6 +79,19 @@ def _waiting() -> None:
         show_table(
             rows,
             key="admin_otlp_waiting_table",
+            # What to change right after what waits: the reason the section exists, on screen
+            # without scrolling the table sideways (review18 M5).
+            order=[
+                "waiting_since",
+                "what",
+                "advice",
+                "trace_id",
+                "span_id",
+                "response_id",
+                "span_name",
+                "product",
+                "evaluations",
+            ],
             columns={
                 "waiting_since": datetime_column("Since (UTC)"),
                 "what": text_column("What"),

@@ -462,6 +462,9 @@ def test_opened_on_many_waiting_verdicts_the_counts_class_the_oldest_and_the_dow
         "verdicts naming a response id no call records": 1,
     }
     assert counts["verdicts"].tolist() == [0, 2, 1]
+    [rows] = [d for d in at.dataframe if "advice" in d.value.columns]
+    # review18 M5: what to change right after what waits, not off screen at the table's end
+    assert list(rows.proto.column_order)[:3] == ["waiting_since", "what", "advice"]
     captions = [c.value for c in at.caption]
     assert any(
         c.startswith("Rows of verdicts are counted by why among the oldest 2 only: 2 newer") for c in captions
