@@ -104,9 +104,14 @@ def read_source(
     elif kind == "langfuse":
         read = _read_langfuse(path, source, product if options.product else None, document)
     elif options.spans is None:
+        where = (
+            "the Phoenix spans file field" if options.via == "page"
+            else "the multipart part 'spans'" if options.via == "api"
+            else "--spans FILE"
+        )  # fmt: skip
         raise ImportFailed(
-            f"{source}: a Phoenix import needs the spans file too (--spans FILE: the spans dataframe "
-            "as Parquet or CSV), for the question and answer each evaluation judged"
+            f"{source}: a Phoenix import needs the spans file too ({where}: the spans dataframe as "
+            "Parquet or CSV), for the question and answer each evaluation judged"
         )
     else:
         read = _read_phoenix(path, options.spans, source, product)

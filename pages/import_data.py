@@ -38,7 +38,7 @@ st.markdown(
     "the line an expert-reviewed precedent. New unreviewed interactions are then auto-evaluated "
     "against the precedents (see the Precedents page).\n"
     "- **promptfoo** (the JSON or JSONL `promptfoo eval -o` writes), **langfuse** (traces and scores, "
-    "v2 or v3, with score configs, JSON Lines or an API page) and **phoenix** (span annotations or "
+    "v2 or v3 with score configs, or v4 observations; JSON Lines or an API page) and **phoenix** (span annotations or "
     "evaluations as Parquet or CSV, with the spans file): other tools' judge results, one judgment "
     "per evaluation name. See docs/importing.md."
 )

@@ -902,7 +902,13 @@ def test_a_phoenix_evaluation_of_an_unknown_span_or_label_is_refused(
     (tmp_path / "odd.csv").write_text(odd, encoding="utf-8")
     message = _refused(sqlite_engine, tmp_path / "odd.csv", "phoenix", spans=FIXTURES / "phoenix_spans.csv")
     assert message.startswith("odd.csv line 3, field 'score': label 'spicy' has no score")
-    assert "needs the spans file" in _refused(sqlite_engine, FIXTURES / "phoenix_evaluations.csv", "phoenix")
+    assert "needs the spans file too (--spans FILE: " in _refused(
+        sqlite_engine, FIXTURES / "phoenix_evaluations.csv", "phoenix"
+    )
+    # review18 L1: the page's refusal names its field, the API's its part, not a CLI flag
+    for via, where in (("page", "the Phoenix spans file field"), ("api", "the multipart part 'spans'")):
+        message = _refused(sqlite_engine, FIXTURES / "phoenix_evaluations.csv", "phoenix", via=via)
+        assert f"needs the spans file too ({where}: " in message and "--spans" not in message, message
 
 
 def test_a_small_parquet_of_many_rows_is_refused_from_its_metadata(
