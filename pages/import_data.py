@@ -110,5 +110,12 @@ if clicked and upload is not None and reviewer:
                 )
         except importer.ImportFailed as exc:
             st.error(f"The file was refused and nothing was written: {escape_markdown(str(exc))}", icon="🚫")
+            if kind == DETECT and "the field for scores of labels" in str(exc):
+                # That field shows once a kind is chosen (review18 L2: the advice named a hidden field).
+                st.info(
+                    'Choose the file\'s kind under "What the file holds" to show the field for scores of '
+                    "labels sent without a number (and the Product field).",
+                    icon="ℹ️",
+                )
         else:
             st.success(escape_markdown(report.summary()), icon="✅")

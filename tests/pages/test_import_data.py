@@ -241,6 +241,21 @@ def test_the_page_passes_label_scores_for_labels_sent_without_a_number(app_engin
     assert not at.exception
 
 
+def test_detect_automatically_says_where_the_label_scores_field_is(app_engine, open_page) -> None:
+    """review18 L2: under "Detect automatically" the label advice named a field the page hides until
+    a kind is chosen; the page says how to show it."""
+    sources = Path(__file__).resolve().parents[1] / "fixtures" / "sources"
+    lines = (sources / "langfuse_export_v3.jsonl").read_text(encoding="utf-8").splitlines()
+    unconfigured = "\n".join(line for line in lines if '"id": "config-tone"' not in line) + "\n"
+    at = upload(open_page(PAGE, reviewer="ayse"), "export.jsonl", unconfigured.encode())
+    assert "the field for scores of labels sent without a number" in at.error[0].value
+    assert [i.value for i in at.info] == [
+        'Choose the file\'s kind under "What the file holds" to show the field for scores of labels sent '
+        "without a number (and the Product field)."
+    ]
+    assert count(app_engine, EvaluationSnapshot) == 0 and not at.exception
+
+
 def test_detect_automatically_imports_promptfoo_and_names_what_phoenix_needs(app_engine, open_page) -> None:
     """review14 F9: the page's default answered "line 1: not valid UTF-8 text (byte 121)" for the
     Parquet file Phoenix's SpanEvaluations.save() writes, "cannot tell" for promptfoo's results."""
