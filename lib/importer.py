@@ -190,17 +190,16 @@ class ImportReport:
         else:
             parts.append(f"{self.skipped} already present (skipped)")
         if self.kind in ("evaluations", *SOURCE_KINDS):
-            parts.append(f"{self.judgments} {'judgment' if self.judgments == 1 else 'judgments'}")
+            parts.append(_counted(self.judgments, "judgment", "judgments"))
         if self.extended:
             parts.append(f"{self.extended} of them added to evaluations already stored")
         if self.reviewer_scores:
-            scores = "score" if self.reviewer_scores == 1 else "scores"
-            parts.append(f"{self.reviewer_scores} reviewer {scores} (ANNOTATION/HUMAN: the reviewer's side)")
+            scores = _counted(self.reviewer_scores, "reviewer score", "reviewer scores")
+            parts.append(f"{scores} (ANNOTATION/HUMAN: the reviewer's side)")
         if self.not_taken:
-            scores = "score differing" if self.not_taken == 1 else "scores differing"
+            scores = _counted(self.not_taken, "score differing", "scores differing")
             parts.append(
-                f"{self.not_taken} {scores} from the stored one not taken (a metric's first score is "
-                "kept; re-judge it in Overrule)"
+                f"{scores} from the stored one not taken (a metric's first score is kept; re-judge it in Overrule)"
             )
         if self.unjudged and self.kind == "phoenix":
             # Phoenix's spans dataframe holds every span of the project (chains, retrievers, spans
@@ -210,23 +209,20 @@ class ImportReport:
         elif self.unjudged:
             parts.append(f"{self.unjudged} without a judge result (not imported)")
         if self.off_trace:
-            scores = "score" if self.off_trace == 1 else "scores"
-            parts.append(
-                f"{self.off_trace} session or dataset-run {scores} skipped (Overrule imports trace scores)"
-            )
+            scores = _counted(self.off_trace, "session or dataset-run score", "session or dataset-run scores")
+            parts.append(f"{scores} skipped (Overrule imports trace scores)")
         if self.text_scores:
-            scores = "score" if self.text_scores == 1 else "scores"
-            parts.append(
-                f"{self.text_scores} TEXT or CORRECTION {scores} skipped (text, not a score on a scale)"
-            )
+            scores = _counted(self.text_scores, "TEXT or CORRECTION score", "TEXT or CORRECTION scores")
+            parts.append(f"{scores} skipped (text, not a score on a scale)")
         if self.untraced:
-            scores = "score without its" if self.untraced == 1 else "scores without their"
-            parts.append(f"{self.untraced} observation {scores} trace skipped")
+            scores = _counted(
+                self.untraced, "observation score without its", "observation scores without their"
+            )
+            parts.append(f"{scores} trace skipped")
         if self.superseded:
-            annotations = "annotation" if self.superseded == 1 else "annotations"
+            annotations = _counted(self.superseded, "annotation", "annotations")
             parts.append(
-                f"{self.superseded} {annotations} skipped (a later one of the same span and name, by "
-                "another identifier, is kept)"
+                f"{annotations} skipped (a later one of the same span and name, by another identifier, is kept)"
             )
         if self.defaulted:
             parts.append(
@@ -239,6 +235,11 @@ class ImportReport:
         if self.evaluation is not None:
             line += "; auto-evaluated " + self.evaluation.short()
         return line
+
+
+def _counted(count: int, one: str, many: str) -> str:
+    """`count` and what it counts, singular for one ("1 judgment", review18 L4: "1 judgments")."""
+    return f"{count} {one if count == 1 else many}"
 
 
 # ---------------------------------------------------------------------------------------------

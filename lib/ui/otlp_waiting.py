@@ -17,6 +17,7 @@ from lib.ui.tables import count_column, datetime_column, show_table, text_column
 
 SHOWN = 50  # the oldest rows in the table; the download holds them all
 CLASSED = otlp_waiting.CLASSED  # rows of verdicts counted by why (the oldest); the download classes all
+FIRST = ("waiting_since", "what", "advice")  # the table's first columns: what waits, and what to change
 
 
 def otlp_waiting_section() -> None:
@@ -81,17 +82,7 @@ def _waiting() -> None:
             key="admin_otlp_waiting_table",
             # What to change right after what waits: the reason the section exists, on screen
             # without scrolling the table sideways (review18 M5).
-            order=[
-                "waiting_since",
-                "what",
-                "advice",
-                "trace_id",
-                "span_id",
-                "response_id",
-                "span_name",
-                "product",
-                "evaluations",
-            ],
+            order=[*FIRST, *(c for c in otlp_waiting.COLUMNS if c not in FIRST and c != "why")],
             columns={
                 "waiting_since": datetime_column("Since (UTC)"),
                 "what": text_column("What"),
