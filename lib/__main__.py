@@ -579,8 +579,9 @@ def _cmd_webhooks(args: argparse.Namespace) -> int:
 
 @handler("otlp")
 def _cmd_otlp(args: argparse.Namespace) -> int:
-    """`otlp waiting [--csv] [--limit N]`: what the OTLP receiver keeps waiting, why, and what it
-    forgot (lib.otlp_waiting); each row a line saying what the sender should change."""
+    """`otlp waiting [--csv] [--limit N]`: what the OTLP receiver keeps waiting, why, what it
+    forgot and what its answers refused lately (lib.otlp_waiting); each row a line saying what the
+    sender should change."""
     from lib import otlp_waiting
     from lib.db import session_scope
 
@@ -593,7 +594,10 @@ def _cmd_otlp(args: argparse.Namespace) -> int:
         return 0
     with session_scope(engine, read_only=True) as session:
         waiting = otlp_waiting.read(session, limit=args.limit)
+        refused = otlp_waiting.refused(session, otlp_waiting.REFUSED_PRINTED)
     for line in otlp_waiting.summary_lines(waiting):
+        print(line)
+    for line in otlp_waiting.refused_lines(refused):  # what answers rejected or warned of lately
         print(line)
     if waiting.rows:  # the columns' names, as the CSV's header (docs/cli.md)
         print("\t".join(otlp_waiting.COLUMNS))

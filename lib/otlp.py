@@ -1107,6 +1107,9 @@ def ingest(*, engine: Engine, batch: Batch, actor: Actor) -> Outcome:
             )
         )
     if not batch.calls and not batch.verdicts and not _orphans_wait(engine, batch):
+        if outcome.rejected or outcome.messages:  # refused as decoded: said where a lead sees it
+            with session_scope(engine) as session:
+                _record_refused(session, outcome, actor)
         return outcome  # a trace stream's other spans: no writer's lock taken for them
     with session_scope(engine) as session:
         one_writer_at_a_time(session, PG_IMPORT_LOCK)  # the importer's lock: one join at a time
@@ -1116,8 +1119,26 @@ def ingest(*, engine: Engine, batch: Batch, actor: Actor) -> Outcome:
         with frozen_heap():
             _sweep(session)
             _Join(session, batch, actor, outcome).run()
+            _record_refused(session, outcome, actor)
             session.commit()  # inside the block: the commit's flush is the load's too
     return outcome
+
+
+def _record_refused(session: Session, outcome: Outcome, actor: Actor) -> None:
+    """An answer that rejects or warns, recorded in the request's transaction (lib.otlp_waiting's
+    `REFUSED_ACTION` row: the Admin page and the CLI show it), its messages cut as the server's log
+    line cuts them; a clean request writes nothing (review18 L6: the SDK's exporters never read the
+    answer, so the log was the one place a lead could see it)."""
+    from lib.otlp_waiting import record_refused
+
+    if outcome.rejected or outcome.messages:
+        record_refused(
+            session,
+            signal=outcome.signal,
+            identity=str(actor),
+            rejected=outcome.rejected,
+            messages=logged_messages(outcome.messages),
+        )
 
 
 def receive(*, engine: Engine, signal: str, body: bytes, kind: str, settings: Any, actor: Actor) -> Outcome:

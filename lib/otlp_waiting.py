@@ -8,7 +8,9 @@ reader is where a lead sees them, on the Admin page ("OpenTelemetry: waiting") a
 `python -m lib otlp waiting`. Each row says, in words, what the sender should change.
 
 The sweep records what it forgot as an audit row (`SWEPT_ACTION`, written by `record_sweep`), so
-the count outlives the rows.
+the count outlives the rows. A request whose answer rejects something or warns (OTLP's partial
+success, which the SDK's exporters never read) is recorded the same way (`REFUSED_ACTION`, written by
+`record_refused`): a lead sees it here, not only in the server's log (review18 L6).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from sqlalchemy.sql.functions import FunctionElement
 from sqlmodel import Session, col
 
 from lib.csv_text import iso_utc, neutralise_cell
-from lib.display import cut_at_word
+from lib.display import cut_at_word, one_line
 from lib.models import AuditEvent, utcnow
 from lib.otlp_table import PENDING_DAYS, SPANS, TRACE_END, aware, lacking
 
@@ -37,6 +39,10 @@ if TYPE_CHECKING:
 SWEPT_ACTION = "otlp_swept"
 SWEPT_BY = "otlp receiver"  # the audit row's identity: no one's request, the receiver's clean-up
 NOTHING = "Nothing waits: every span and verdict received has met its other half."  # CLI and page
+REFUSED_ACTION = "otlp_refused"
+NOTHING_REFUSED = "Nothing refused: no OTLP request's answer has rejected anything or warned of anything."
+REFUSED_SHOWN = 50  # the latest refusals the Admin page shows
+REFUSED_PRINTED = 10  # and the CLI's short part
 
 # Rows of verdicts counted by why on the Admin page and in the API answer: the oldest this many
 # (classing a row is the one cost of the counts that grows fast: SQLite 0.91 -> 0.43 CPU s an API
@@ -677,3 +683,109 @@ def summary_lines(waiting: Waiting) -> Iterable[str]:
     for count in waiting.counts:
         yield f"{count.describe()}; the oldest since {utc_text(count.oldest)}"
     yield waiting.swept.describe()
+
+
+# ---------------------------------------------------------------------------------------------
+# What the receiver refused or warned of
+
+
+# A request's audit row (`record_refused` writes it, `refused_fields` reads it back): the signal and
+# the counts first, the answer's messages (the sender's names in them) after the fixed words. The
+# audit trail is permanent, so every wording ever written must stay readable (tests freeze today's).
+_REFUSED = re.compile(r"^(traces|logs): (a warning, )?(\d+) rejected: (.*)\Z", re.DOTALL)
+
+
+def refused_detail(signal: str, rejected: int, messages: str) -> str:
+    """A refusing or warning answer's audit row (`REFUSED_ACTION`): its counts where
+    `refused_fields` finds them, then `messages` (already cut by lib.otlp's rule) within the audit
+    trail's bound, cut at a word. Nothing rejected is a warning: the request was stored."""
+    from lib.auth import MAX_DETAIL_CHARS
+
+    head = f"{signal}: {'' if rejected else 'a warning, '}{rejected} rejected: "
+    return head + cut_at_word(messages, MAX_DETAIL_CHARS - len(head))
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """One request's answer that rejected something or warned: when, which signal, whose token."""
+
+    at: datetime
+    identity: str
+    signal: str
+    rejected: int
+    warning: bool
+    messages: str
+
+    def cells(self) -> tuple[str, ...]:
+        """The CLI's line (REFUSED_COLUMNS): the sender's text neutralised as the waiting rows'."""
+        kind = "warning" if self.warning else f"{self.rejected:,} rejected"
+        return (
+            utc_text(self.at),
+            self.signal,
+            neutralise_cell(self.identity),
+            kind,
+            neutralise_cell(self.messages),
+        )
+
+
+REFUSED_COLUMNS = ("at", "signal", "token", "rejected", "messages")
+
+
+def refused_fields(detail: str) -> tuple[str, int, bool, str] | None:
+    """(signal, rejected, warning, messages) of a refusal's audit row (`refused_detail`); None if
+    it is no such row."""
+    match = _REFUSED.match(detail)
+    if match is None:
+        return None
+    return match.group(1), int(match.group(3)), match.group(2) is not None, match.group(4)
+
+
+def record_refused(session: Session, *, signal: str, identity: str, rejected: int, messages: str) -> None:
+    """One audit row for a request whose answer rejected `rejected` items or warned: written in the
+    request's own transaction by lib.otlp.ingest, only when there is something to say."""
+    from lib.auth import record_event
+
+    detail = refused_detail(signal, rejected, messages)
+    record_event(session=session, identity=identity, action=REFUSED_ACTION, detail=detail)
+
+
+def refused(session: Session, limit: int = REFUSED_SHOWN) -> list[Refusal]:
+    """The latest `limit` refusing or warning answers, newest first (one indexed look-up)."""
+    statement = (
+        select(AuditEvent.at, AuditEvent.identity, AuditEvent.detail)
+        .where(col(AuditEvent.action) == REFUSED_ACTION)
+        .order_by(col(AuditEvent.at).desc(), col(AuditEvent.id).desc())
+        .limit(limit)
+    )
+    found = []
+    for at, identity, detail in session.execute(statement):
+        fields = refused_fields(detail)
+        if fields is not None:  # not ours (anyone may write an audit row): left out
+            found.append(Refusal(aware(at), identity, *fields))
+    return found
+
+
+def refused_frame(refusals: Sequence[Refusal]) -> pd.DataFrame:
+    """The Admin page's table of refusals: the sender's text as plain cells, never Markdown."""
+    import pandas as pd
+
+    return pd.DataFrame(
+        {
+            "at": [r.at for r in refusals],
+            "signal": [r.signal for r in refusals],
+            "token": [r.identity for r in refusals],
+            "rejected": [r.rejected for r in refusals],
+            "warning": [r.warning for r in refusals],
+            "messages": [r.messages for r in refusals],
+        }
+    )
+
+
+def refused_lines(refusals: Sequence[Refusal]) -> Iterator[str]:
+    """The CLI's short "refused lately" part: a heading, then a line each (tab-separated)."""
+    if not refusals:
+        yield NOTHING_REFUSED
+        return
+    yield f"Refused or warned of lately (the latest {len(refusals):,}; the Admin page shows {REFUSED_SHOWN}):"
+    for refusal in refusals:
+        yield "\t".join(one_line(cell) for cell in refusal.cells())

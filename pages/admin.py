@@ -216,6 +216,7 @@ action = st.selectbox(
         "refusals_dropped",
         judge_versions.AUDIT_ACTION,
         otlp_waiting.SWEPT_ACTION,
+        otlp_waiting.REFUSED_ACTION,
     ],
     key="admin_audit_action",
 )

@@ -22,7 +22,7 @@ from sqlmodel import Session
 from lib import otlp, otlp_table, otlp_waiting
 from lib.models import OtlpSpan, utcnow
 from tests.cli import ROOT, run_cli
-from tests.test_otlp import Receiver, Telemetry, _receiving
+from tests.test_otlp import EVAL, Receiver, Telemetry, _chat_attributes, _receiving
 
 RID = {"gen_ai.response.id": "resp-X"}
 
@@ -615,3 +615,113 @@ def test_every_time_of_the_list_has_one_fixed_width_form(engine: Engine) -> None
     assert [row.cells()[0] for row in waiting.rows] == [row["waiting_since"] for row in record["rows"]]
     [count] = [line for line in otlp_waiting.summary_lines(waiting) if "the oldest since" in line]
     assert count.endswith("the oldest since 2026-11-28T09:48:01.000000Z")
+
+
+def test_an_answer_that_rejects_or_warns_is_recorded_for_a_lead_and_a_clean_one_writes_nothing(
+    receiver: Receiver, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review18 L6: the SDK's exporters never read a partial success, so a span refused for lacking
+    its messages, a verdict refused for a NaN score or a "not taken" warning was seen only in the
+    server's log. Each such request now records one audit row (its signal, token, counts and the
+    answer's messages, bounded) in its own transaction, read back newest first; a clean request
+    sends not one statement more."""
+    from sqlalchemy import event
+
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        statements.append(statement)
+
+    def clean_request(question: str) -> list[str]:
+        t.call(question, "Yes.", events={"truthfulness": 5})
+        statements.clear()
+        r = receiver.post("/v1/traces", t.traces())
+        assert r.status_code == 200 and not r.content, r.content
+        return list(statements)
+
+    t = Telemetry()
+    ctx = t.call("Warm-up?", "Yes.", events={"truthfulness": 5})  # the sweep, the product, the rubric
+    assert receiver.post("/v1/traces", t.traces()).status_code == 200
+    event.listen(receiver.engine, "before_cursor_execute", seen)
+    try:
+        live = clean_request("Clean?")
+        with monkeypatch.context() as patched:  # the same request with no recorder at all
+            patched.setattr(otlp, "_record_refused", lambda *_args: None)
+            without = clean_request("Clean too?")
+        hostile = "<b>x</b>\nforged"  # kept whole: a long message cuts a name to 16
+        with t.tracer.start_as_current_span(hostile, attributes=_chat_attributes("Lost?", None)) as span:
+            span.add_event(
+                EVAL, {"gen_ai.evaluation.name": "truthfulness", "gen_ai.evaluation.score.value": 1}
+            )
+        statements.clear()
+        assert receiver.post("/v1/traces", t.traces()).status_code == 200
+        refusing = list(statements)
+    finally:
+        event.remove(receiver.engine, "before_cursor_execute", seen)
+    assert len(live) == len(without), (live, without)
+    assert not [s for s in live if "audit_events" in s]
+    assert len([s for s in refusing if "INSERT INTO audit_events" in s]) == 1
+    t.verdict("relevance", float("nan"))  # outside any span: refused as decoded (no join, no lock)
+    assert receiver.post("/v1/logs", t.log_body()).status_code == 200
+    t.verdict("truthfulness", 2, ctx)  # another score for a metric the evaluation has: a warning
+    assert receiver.post("/v1/logs", t.log_body()).status_code == 200
+    with Session(receiver.engine) as session:
+        refused = otlp_waiting.refused(session)
+        assert [r.at for r in otlp_waiting.refused(session, 2)] == [r.at for r in refused[:2]]
+    assert [(r.signal, r.rejected, r.warning) for r in refused] == [
+        ("logs", 0, True),
+        ("logs", 1, False),
+        ("traces", 1, False),
+    ]
+    assert {r.identity for r in refused} == {"o-lead"}
+    assert "'truthfulness' 2 was not taken" in refused[0].messages
+    assert "evaluation 'relevance': score must be a finite number, got nan" in refused[1].messages
+    assert "no gen_ai.output.messages" in refused[2].messages
+    assert "span '<b>x</b>\\nforged' (trace" in refused[2].messages  # one line, as logged
+    # The CLI's short part, between the counts and the waiting rows; the sender's text on one line.
+    done = run_cli("otlp", "waiting", env={"OVERRULE_DATABASE_URL": db_url})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    start = lines.index("Refused or warned of lately (the latest 3; the Admin page shows 50):")
+    assert [line.split("\t")[1:4] for line in lines[start + 1 : start + 4]] == [
+        ["logs", "o-lead", "warning"],
+        ["logs", "o-lead", "1 rejected"],
+        ["traces", "o-lead", "1 rejected"],
+    ]
+    assert lines[start + 1].split("\t")[0] == otlp_waiting.utc_text(refused[0].at)
+    assert not any(line.startswith("forged") for line in lines)
+
+
+FROZEN_REFUSALS = (
+    "traces: 2 rejected: span 'chat m1' (trace 0af7651916cd43dd8448eb211c80319c, span b7ad6b7169203331): "
+    "no gen_ai.output.messages; evaluation 'depth': score must be a finite number, got nan",
+    "logs: a warning, 0 rejected: evaluation 12 already has 'truthfulness': 'truthfulness' 2 was not taken",
+)
+
+
+def test_the_refusals_recorded_in_todays_wording_are_read_back_and_bounded(engine: Engine) -> None:
+    """The refusal's record is written and read by one pair (refused_detail, refused_fields), frozen
+    here: the audit trail is permanent. A sender's text cannot forge the counts, and however long the
+    answer's messages, the row stays within the audit trail's bound, cut at a word."""
+    from lib.auth import MAX_DETAIL_CHARS, record_event
+
+    assert [otlp_waiting.refused_fields(d)[:3] for d in FROZEN_REFUSALS] == [  # type: ignore[index]
+        ("traces", 2, False),
+        ("logs", 0, True),
+    ]
+    forged = otlp_waiting.refused_detail("logs", 1, "x: 999 rejected: logs: 5 rejected: y")
+    assert otlp_waiting.refused_fields(forged) == ("logs", 1, False, "x: 999 rejected: logs: 5 rejected: y")
+    assert otlp_waiting.refused_fields("forgot 5 call(s)") is None
+    long = otlp_waiting.refused_detail("traces", 100, "word " * 5000)
+    assert len(long) <= MAX_DETAIL_CHARS and long.endswith("…")
+    with Session(engine) as session:
+        for detail in (*FROZEN_REFUSALS, "not one of ours"):
+            record_event(
+                session=session, identity="token:app", action=otlp_waiting.REFUSED_ACTION, detail=detail
+            )
+        session.commit()
+        refused = otlp_waiting.refused(session)
+    assert sorted((r.signal, r.rejected, r.warning) for r in refused) == [
+        ("logs", 0, True),
+        ("traces", 2, False),
+    ]

@@ -1,5 +1,6 @@
 """The Admin page's "OpenTelemetry: waiting" section: what the OTLP receiver keeps waiting for its
-other half, why, what the sender should change, and what it forgot (lib.otlp_waiting).
+other half, why, what the sender should change, what it forgot, and what its answers refused or
+warned of lately (lib.otlp_waiting).
 
 Leads see it as admins do: they own the pipelines that export to Overrule (OTLP takes a lead's token).
 """
@@ -13,7 +14,7 @@ import streamlit as st
 from lib import otlp_waiting
 from lib.otlp_table import PENDING_DAYS
 from lib.ui import csv_download_all, get_engine, session_scope
-from lib.ui.tables import count_column, datetime_column, show_table, text_column
+from lib.ui.tables import check_column, count_column, datetime_column, show_table, text_column
 
 SHOWN = 50  # the oldest rows in the table; the download holds them all
 CLASSED = otlp_waiting.CLASSED  # rows of verdicts counted by why (the oldest); the download classes all
@@ -54,6 +55,7 @@ def _waiting() -> None:
             st.caption(otlp_waiting.swept(session).describe())
             return
         waiting = otlp_waiting.read(session, limit=SHOWN, classed=CLASSED)
+        refused = otlp_waiting.refused(session, otlp_waiting.REFUSED_SHOWN)
     if not waiting.counts:
         st.caption(otlp_waiting.NOTHING)
     else:
@@ -105,3 +107,30 @@ def _waiting() -> None:
             key="admin_otlp_csv",
         )
     st.caption(waiting.swept.describe())  # numbers and dates only: nothing to escape
+    _refused(refused)
+
+
+def _refused(refused: list[otlp_waiting.Refusal]) -> None:
+    """The latest answers that rejected something or warned (review18 L6: the SDK's exporters never
+    read them, and the server's log was the one place they were seen), the sender's text in cells."""
+    st.markdown("**Refused or warned of lately**")
+    if not refused:
+        st.caption(otlp_waiting.NOTHING_REFUSED)
+        return
+    st.caption(
+        f"The latest {len(refused):,} OTLP requests whose answer rejected spans or log records, or "
+        "warned of what was not taken (the rest of each request was stored). The audit trail below "
+        f"keeps them all ({otlp_waiting.REFUSED_ACTION})."
+    )
+    show_table(
+        otlp_waiting.refused_frame(refused),
+        key="admin_otlp_refused_table",
+        columns={
+            "at": datetime_column("When (UTC)"),
+            "signal": text_column("Signal"),
+            "token": text_column("Token"),
+            "rejected": count_column("Rejected"),
+            "warning": check_column("Warning", help="nothing rejected: the request was stored"),
+            "messages": text_column("What the answer said", width="large"),
+        },
+    )

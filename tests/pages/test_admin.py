@@ -388,12 +388,16 @@ def _open_waiting(at: AppTest) -> AppTest:
 
 
 def test_the_otlp_waiting_section_says_when_nothing_waits(app_engine: Engine, open_page) -> None:
+    from lib import otlp_waiting
+
     at = open_page(PAGE, reviewer="ayse")
     for opened in (False, True):
         captions = [c.value for c in at.caption]
         assert "Nothing waits: every span and verdict received has met its other half." in captions
         assert "Nothing forgotten yet (what waits longer than 7 days is)." in captions
         assert not [d for d in at.dataframe if "advice" in d.value.columns]
+        # opened, the refusals' empty state says so (closed, the section reads no refusal)
+        assert (otlp_waiting.NOTHING_REFUSED in captions) == opened
         assert not at.exception
         if not opened:
             at = _open_waiting(at)
@@ -540,6 +544,56 @@ def test_a_lead_sees_what_waits_why_and_downloads_the_whole_list(
     assert [row["why"] for row in listed] == ["no_verdict", "id_unrecorded", "span_not_received"]
     assert listed[1]["evaluations"] == '\'=HYPERLINK("x")'  # neutralised for spreadsheets
     assert listed[2]["evaluations"] == "clarity, tone" and listed[2]["span_id"] == "2" * 16
+
+
+def test_a_lead_sees_the_latest_refused_or_warned_requests_as_plain_cells(
+    app_engine: Engine, monkeypatch: pytest.MonkeyPatch, open_page
+) -> None:
+    """review18 L6: what an OTLP answer rejected or warned of (the SDK's exporters never read it) is
+    shown in the opened section, newest first, the latest REFUSED_SHOWN; a hostile span name in a
+    message is a table cell, never Markdown. The audit trail lists them under their action."""
+    from lib import otlp_waiting
+
+    monkeypatch.setattr(otlp_waiting, "REFUSED_SHOWN", 2)
+    hostile = "**bold** <script>alert(1)</script>"
+    with Session(app_engine) as session:
+        otlp_waiting.record_refused(
+            session, signal="traces", identity="old-app", rejected=3, messages="the oldest: not shown"
+        )
+        session.commit()
+        otlp_waiting.record_refused(
+            session, signal="traces", identity="shop-app", rejected=1,
+            messages=f"span '{hostile}' (trace a, span b) has evaluations (truthfulness) but no answer",
+        )  # fmt: skip
+        session.commit()
+        otlp_waiting.record_refused(
+            session,
+            signal="logs",
+            identity="judge-app",
+            rejected=0,
+            messages="'truthfulness' 2 was not taken",
+        )
+        session.commit()
+    admin = open_page(PAGE, reviewer="ayse")  # the audit trail: an admin's, every row kept
+    admin.selectbox(key="admin_audit_action").set_value(otlp_waiting.REFUSED_ACTION).run()
+    [trail] = [d.value for d in admin.dataframe if "detail" in d.value.columns]
+    assert len(trail) == 3
+    assert trail["detail"].tolist()[0] == "logs: a warning, 0 rejected: 'truthfulness' 2 was not taken"
+    at = as_lead(monkeypatch, app_engine)
+    assert not [d for d in at.dataframe if "messages" in d.value.columns]  # closed: not read
+    at = _open_waiting(at)
+    assert not at.exception
+    [refused] = [d.value for d in at.dataframe if "messages" in d.value.columns]
+    assert refused["token"].tolist() == ["judge-app", "shop-app"]  # newest first, the latest 2
+    assert refused["signal"].tolist() == ["logs", "traces"]
+    assert refused["rejected"].tolist() == [0, 1] and refused["warning"].tolist() == [True, False]
+    assert refused["messages"].tolist()[1].startswith(f"span '{hostile}'")  # a table cell: never Markdown
+    assert "**Refused or warned of lately**" in [m.value for m in at.markdown]
+    assert otlp_waiting.NOTHING_REFUSED not in [c.value for c in at.caption]
+    drawn = [
+        e.value for kind in ("markdown", "caption", "info", "warning", "error") for e in getattr(at, kind)
+    ]
+    assert not any("<script>" in text for text in drawn)
 
 
 def test_the_waiting_section_and_the_api_answer_to_one_permission(
