@@ -1173,6 +1173,61 @@ def test_a_request_holding_more_than_an_exporter_sends_is_refused_before_its_ite
     assert len(otlp.decode("traces", request.SerializeToString(), otlp.PROTOBUF, settings).calls) == 2
 
 
+def test_array_and_kvlist_attribute_values_are_read_only_when_the_receiver_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """review19 M1: a 10 KB gzipped span whose attribute held an array of 5 million empty values
+    cost 1.1 CPU s and 300 MB to convert, though no cap counted its elements. An attribute the
+    receiver does not read is no longer converted; one it reads (the GenAI messages) may hold at
+    most MAX_ATTRIBUTES elements, nested ones included: more is a 413, as too many attributes are."""
+    from lib.config import get_settings
+
+    settings = get_settings()
+    converted: list[int] = []
+    real = otlp._proto_nested
+    monkeypatch.setattr(otlp, "_proto_nested", lambda value, left: converted.append(1) or real(value, left))
+    t = Telemetry()
+    t.call("Q?", "A.", events={"clarity": 3})
+    request = otlp_proto_spans(t)
+    span = request.resource_spans[0].scope_spans[0].spans[0]
+    span.attributes.add(key="x").value.array_value.MergeFromString(b"\x0a\x00" * 5_000_000)
+    batch = otlp.decode("traces", request.SerializeToString(), otlp.PROTOBUF, settings)
+    assert len(batch.calls) == 1 and batch.calls[0].answer == "A." and len(batch.verdicts) == 1
+    assert not converted  # the unread array of 5 million values
+    read = span.attributes.add(key="gen_ai.input.messages").value.array_value
+    read.MergeFromString(b"\x0a\x00" * (otlp.MAX_ATTRIBUTES + 1))
+    with pytest.raises(otlp.OtlpError) as caught:
+        otlp.decode("traces", request.SerializeToString(), otlp.PROTOBUF, settings)
+    assert caught.value.status == 413
+    assert caught.value.message.startswith("an attribute value with over 1,280 elements (its arrays and ")
+    # Nested elements count too, and OTLP/JSON reads the same way.
+    message = {"kvlistValue": {"values": [{"key": "role", "value": {"stringValue": "user"}}]}}
+    parts = {"arrayValue": {"values": [{"stringValue": "p"}] * otlp.MAX_ATTRIBUTES}}
+    message["kvlistValue"]["values"].append({"key": "parts", "value": parts})
+    json_span = {
+        "traceId": "5b8efff798038103d269b633813fc60c",
+        "spanId": "eee19b7ec3c1b174",
+        "name": "chat",
+        "attributes": [
+            {"key": "output.value", "value": {"stringValue": "Hello."}},
+            {"key": "x", "value": {"arrayValue": {"values": [{}] * 100_000}}},
+            {"key": "gen_ai.input.messages", "value": {"arrayValue": {"values": [message]}}},
+        ],
+    }
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [json_span]}]}]}).encode()
+    with pytest.raises(otlp.OtlpError) as caught:
+        otlp.decode("traces", body, otlp.JSON, settings)
+    assert caught.value.status == 413 and "over 1,280 elements" in caught.value.message
+    text = [
+        {"key": "type", "value": {"stringValue": "text"}},
+        {"key": "content", "value": {"stringValue": "Hi?"}},
+    ]
+    parts["arrayValue"]["values"] = [{"kvlistValue": {"values": text}}]
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [json_span]}]}]}).encode()
+    (call,) = otlp.decode("traces", body, otlp.JSON, settings).calls
+    assert (call.question, call.answer) == ("Hi?", "Hello.")  # a structured message, read
+
+
 def test_otlp_json_bodies_and_refusals(receiver: Receiver) -> None:
     span = {
         "traceId": "5b8efff798038103d269b633813fc60c",
