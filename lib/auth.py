@@ -630,7 +630,8 @@ def record_denied(*, session: Session, exc: PermissionDenied) -> AuditEvent:
 
 # Refused API requests (401/403) are audited, but a flood must not fill the database: at most
 # REFUSALS_PER_MINUTE rows a minute, process-wide; past that, one `refusals_dropped` row per minute
-# counts the rest (its count refreshed at most every REFUSAL_COUNT_SECONDS).
+# counts the rest (its count refreshed at most every REFUSAL_COUNT_SECONDS). `AuditRate` is that
+# rule; lib.otlp's refused answers use it too, per token and hour.
 REFUSALS_PER_MINUTE = 30
 REFUSAL_COUNT_SECONDS = 5.0
 
@@ -642,55 +643,83 @@ class _RefusalWindow:
     dropped: int = 0
     summary_id: int | None = None
     summary_written_at: float = 0.0
-    summary_count: int = 0
 
 
-_refusals = _RefusalWindow()
-_refusals_lock = threading.Lock()
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """What `AuditRate.admit` says of a row it did not admit and whose summary is due: how many
+    were dropped in the window, and the summary row to update (None: write one)."""
+
+    window: _RefusalWindow
+    summary_id: int | None
+    count: int
+
+
+class AuditRate:
+    """At most `limit` audit rows every `period` seconds for each key (one key: process-wide); past
+    that, one summary row a key and period counts the rest, its count refreshed at most every
+    REFUSAL_COUNT_SECONDS, so that a flood of the same thing cannot fill the audit trail."""
+
+    def __init__(self, limit: int, period: float) -> None:
+        self.limit, self.period = limit, period
+        self._windows: dict[str, _RefusalWindow] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, key: str, now: float) -> tuple[bool, Dropped | None]:
+        """(True, None) when the row may be written; else (False, what the summary says or None
+        when it is not due)."""
+        with self._lock:
+            window = self._windows.get(key)
+            if window is None or now - window.start >= self.period:
+                if len(self._windows) > 1_000:  # keys whose window ended: forgotten
+                    self._windows = {k: w for k, w in self._windows.items() if now - w.start < self.period}
+                window = self._windows[key] = _RefusalWindow(start=now)
+            if window.written < self.limit:
+                window.written += 1
+                return True, None
+            window.dropped += 1
+            due = window.summary_id is None or now - window.summary_written_at >= REFUSAL_COUNT_SECONDS
+            if not due:
+                return False, None
+            window.summary_written_at = now
+            return False, Dropped(window, window.summary_id, window.dropped)
+
+    def summarise(
+        self, session: Session, dropped: Dropped, *, identity: str, action: str, detail: str
+    ) -> None:
+        """Write or update the window's summary row (`action`, `detail`) in `session`. A summary row
+        gone (its transaction rolled back) or another row under its id is not touched: a new one."""
+        row = session.get(AuditEvent, dropped.summary_id) if dropped.summary_id is not None else None
+        if row is None or row.action != action or row.identity != identity:
+            row = record_event(session=session, identity=identity, action=action, detail=detail)
+        else:
+            row.detail = detail[:MAX_DETAIL_CHARS]
+            session.add(row)
+        session.flush()
+        with self._lock:
+            dropped.window.summary_id = row.id
+
+
+_refusals = AuditRate(REFUSALS_PER_MINUTE, 60)
 
 
 def record_refusal(*, engine: Engine, identity: str, detail: str, clock: float | None = None) -> bool:
     """Audit one refused API request (`action` "api_refused"), within the rate limit; True when it
     got its own row, False when it was only counted in the minute's `refusals_dropped` row."""
-    now = time.monotonic() if clock is None else clock
-    with _refusals_lock:
-        window = _refusals
-        if now - window.start >= 60:
-            window.start, window.written, window.dropped = now, 0, 0
-            window.summary_id, window.summary_count = None, 0
-        if window.written < REFUSALS_PER_MINUTE:
-            window.written += 1
-            own_row, summary = True, None
-        else:
-            window.dropped += 1
-            due = window.summary_id is None or now - window.summary_written_at >= REFUSAL_COUNT_SECONDS
-            own_row, summary = False, (window.summary_id, window.dropped) if due else None
-            if due:
-                window.summary_written_at = now
+    own_row, dropped = _refusals.admit("", time.monotonic() if clock is None else clock)
     if own_row:
         with session_scope(engine) as session:
             record_event(session=session, identity=identity, action="api_refused", detail=detail)
         return True
-    if summary is not None:
-        summary_id, dropped = summary
+    if dropped is not None:
         text = (
-            f"{dropped} more refused API request(s) in this minute were counted, not recorded one by one "
-            f"(more than {REFUSALS_PER_MINUTE} a minute); the last: {detail}"
+            f"{dropped.count} more refused API request(s) in this minute were counted, not recorded one by "
+            f"one (more than {REFUSALS_PER_MINUTE} a minute); the last: {detail}"
         )
         with session_scope(engine) as session:
-            row = session.get(AuditEvent, summary_id) if summary_id is not None else None
-            if row is None:
-                row = record_event(
-                    session=session, identity="rate limit", action="refusals_dropped", detail=text
-                )
-            else:
-                row.detail = text[:MAX_DETAIL_CHARS]
-                session.add(row)
-            session.flush()
-            new_id = row.id
-        with _refusals_lock:
-            if _refusals is window and window.summary_id is None:
-                window.summary_id = new_id
+            _refusals.summarise(
+                session, dropped, identity="rate limit", action="refusals_dropped", detail=text
+            )
     return False
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import re
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -28,6 +29,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 from sqlmodel import Session, col
 
+from lib.auth import AuditRate
 from lib.csv_text import iso_utc, neutralise_cell
 from lib.display import cut_at_word, one_line
 from lib.models import AuditEvent, utcnow
@@ -740,13 +742,34 @@ def refused_fields(detail: str) -> tuple[str, int, bool, str] | None:
     return match.group(1), int(match.group(3)), match.group(2) is not None, match.group(4)
 
 
-def record_refused(session: Session, *, signal: str, identity: str, rejected: int, messages: str) -> None:
+# An exporter whose every batch warns (a span re-sent with other content, one non-finite score in
+# each) wrote a row per batch for good: ~17,000 a day for one app at the BatchSpanProcessor's 5 s
+# (review19 L6). At most this many rows a token and hour; past that one row counts the rest
+# (lib.auth.AuditRate, the API refusals' rule).
+REFUSED_PER_HOUR = 30
+_refused_rate = AuditRate(REFUSED_PER_HOUR, 3600)
+
+
+def record_refused(
+    session: Session, *, signal: str, identity: str, rejected: int, messages: str, clock: float | None = None
+) -> None:
     """One audit row for a request whose answer rejected `rejected` items or warned: written in the
-    request's own transaction by lib.otlp.ingest, only when there is something to say."""
+    request's own transaction by lib.otlp.ingest, only when there is something to say, and within
+    `REFUSED_PER_HOUR` a token; past that the hour's one more row says how many were not recorded
+    and quotes the last."""
     from lib.auth import record_event
 
-    detail = refused_detail(signal, rejected, messages)
-    record_event(session=session, identity=identity, action=REFUSED_ACTION, detail=detail)
+    own_row, dropped = _refused_rate.admit(identity, time.monotonic() if clock is None else clock)
+    if own_row:
+        detail = refused_detail(signal, rejected, messages)
+        record_event(session=session, identity=identity, action=REFUSED_ACTION, detail=detail)
+    elif dropped is not None:
+        said = (
+            f"{dropped.count} more answer(s) to this token that rejected or warned in this hour were counted, "
+            f"not recorded one by one (more than {REFUSED_PER_HOUR} an hour); the last: {messages}"
+        )
+        detail = refused_detail(signal, rejected, said)
+        _refused_rate.summarise(session, dropped, identity=identity, action=REFUSED_ACTION, detail=detail)
 
 
 def refused(session: Session, limit: int = REFUSED_SHOWN) -> list[Refusal]:

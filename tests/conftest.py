@@ -475,6 +475,10 @@ def _isolated_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Itera
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     monkeypatch.setenv("OVERRULE_DATABASE_URL", f"sqlite:///{tmp_path / 'app.db'}")
     monkeypatch.setenv("OVERRULE_LOAD_DEMO", "false")
+    # OTLP refusals' audit rows are limited a token and hour, process-wide: each test an hour of its own.
+    from lib import auth, otlp_waiting
+
+    monkeypatch.setattr(otlp_waiting, "_refused_rate", auth.AuditRate(otlp_waiting.REFUSED_PER_HOUR, 3600))
     reset_settings()
     _clear_streamlit_caches()
     yield

@@ -868,7 +868,7 @@ def fresh_refusal_window(monkeypatch: pytest.MonkeyPatch) -> None:
     """The refusal rate limit is process-wide: each of these tests starts a minute of its own."""
     from lib import auth
 
-    monkeypatch.setattr(auth, "_refusals", auth._RefusalWindow())
+    monkeypatch.setattr(auth, "_refusals", auth.AuditRate(auth.REFUSALS_PER_MINUTE, 60))
 
 
 def audit_rows(engine: Engine, *actions: str) -> list[tuple[str, str, str]]:

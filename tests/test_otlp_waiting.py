@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from sqlalchemy import Engine, update
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
 from lib import otlp, otlp_table, otlp_waiting
+from lib.auth import AuditRate
+from lib.db import session_scope
 from lib.models import OtlpSpan, utcnow
 from tests.cli import ROOT, run_cli
 from tests.test_otlp import EVAL, Receiver, Telemetry, _chat_attributes, _receiving
@@ -690,6 +692,44 @@ def test_an_answer_that_rejects_or_warns_is_recorded_for_a_lead_and_a_clean_one_
     ]
     assert lines[start + 1].split("\t")[0] == otlp_waiting.utc_text(refused[0].at)
     assert not any(line.startswith("forged") for line in lines)
+
+
+def test_refused_answers_are_recorded_a_token_at_most_so_often_the_rest_counted(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """review19 L6: an exporter whose every batch warns wrote an audit row a batch for good (~17,000
+    a day for one app). At most REFUSED_PER_HOUR rows a token and hour (lib.auth.AuditRate, the API
+    refusals' rule); past that the hour's one more row counts the rest and quotes the last."""
+    from lib.models import AuditEvent
+
+    monkeypatch.setattr(otlp_waiting, "REFUSED_PER_HOUR", 3)
+    monkeypatch.setattr(otlp_waiting, "_refused_rate", AuditRate(3, 3600))
+
+    def answer(identity: str, n: int, at: float) -> None:
+        with session_scope(engine) as session:
+            otlp_waiting.record_refused(
+                session, signal="traces", identity=identity, rejected=1, messages=f"#{n}", clock=at
+            )
+
+    for n in range(10):
+        answer("token:app", n, 1000.0 + n)  # one a second: the summary refreshed every 5 s
+    answer("token:other", 0, 1000.0)  # another token has an hour of its own
+    with Session(engine) as session:
+        rows = session.exec(select(AuditEvent).order_by(col(AuditEvent.id))).all()
+        refused = otlp_waiting.refused(session)
+    assert [(r.identity, r.action) for r in rows] == [("token:app", otlp_waiting.REFUSED_ACTION)] * 4 + [
+        ("token:other", otlp_waiting.REFUSED_ACTION)
+    ]
+    assert [r.messages for r in refused if r.identity == "token:app"][1:] == ["#2", "#1", "#0"]
+    (summary,) = [r for r in refused if r.messages.startswith("6 more")]  # #9: within 5 s of #8
+    assert (summary.signal, summary.rejected) == ("traces", 1)
+    assert summary.messages == (
+        "6 more answer(s) to this token that rejected or warned in this hour were counted, not recorded "
+        "one by one (more than 3 an hour); the last: #8"
+    )
+    answer("token:app", 10, 1000.0 + 3600)  # the next hour: recorded again
+    with Session(engine) as session:
+        assert otlp_waiting.refused(session)[0].messages == "#10"
 
 
 FROZEN_REFUSALS = (
