@@ -100,7 +100,11 @@ _LOG_ATTRIBUTES = (*_VERDICT_ATTRIBUTES, ("event.name",))
 class _Refused(ValueError):
     """A value of a span or log record the receiver cannot keep (a score that is no finite number):
     the item is rejected with this message as it is decoded, whether its verdicts would join at once
-    or wait, and the rest of the request is stored (`_Reader.span`, `_Reader.log`)."""
+    or wait, and the rest of the request is stored (`_Reader.span`, `_Reader.log`). Only this is
+    caught there: every conversion hostile input can make fail raises it."""
+
+
+_DEEP = "a value is nested too deeply to read"  # a RecursionError's message, as `_Refused`
 
 
 class OtlpError(Exception):
@@ -712,7 +716,7 @@ def _json_scalar(kind: str, inner: Any) -> Any:
     if kind in ("stringValue", "string_value", "boolValue", "bool_value"):
         return inner
     if kind in ("intValue", "int_value"):
-        return int(inner)
+        return _int64(inner)
     if kind in ("doubleValue", "double_value"):
         return float(inner)
     if kind in ("bytesValue", "bytes_value"):
@@ -720,10 +724,27 @@ def _json_scalar(kind: str, inner: Any) -> Any:
     return None
 
 
+_INT64 = 2**63
+
+
+def _int64(value: Any) -> int:
+    """An OTLP/JSON intValue (a decimal string or a number), which OTLP defines as int64: a longer
+    one is malformed, said plainly (review19 L2: 400 digits answered "int too large to convert to
+    float", 5,000 a 400 advising sys.set_int_max_str_digits)."""
+    if isinstance(value, str) and len(value) > 24:  # int64's 19 digits, a sign and spaces
+        raise ValueError("an intValue must be a 64-bit integer")
+    number = int(value)
+    if not -_INT64 <= number < _INT64:
+        raise ValueError("an intValue must be a 64-bit integer")
+    return number
+
+
 def _json_nested(value: Any, left: list[int]) -> Any:
     """`_json_value` of a value read (`_Nested.plain`); a malformed one rejects its item."""
     try:
         return _json_plain(value, left)
+    except RecursionError:
+        raise _Refused(_DEEP) from None
     except (TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise _Refused(f"an attribute value is not OTLP/JSON: {exc}") from None
 
@@ -759,14 +780,15 @@ class _Reader:
         a NaN score kept waiting broke the waiting list on SQLite and, on PostgreSQL, whose JSON
         column refuses it, lost the whole request to a 500 (review17 H1); so did any value a
         conversion could not take (messages nested 5,000 deep, a start no datetime holds, review17
-        M1): the span is rejected with what went wrong, the rest of the request stored."""
+        M1): the span is rejected with what went wrong, the rest of the request stored. Only
+        `_Refused` is caught: any other error is a bug of the receiver's, a 500 (review19 L2b)."""
         verdicts = len(batch.verdicts)
         try:
             self._span(batch, resource, record)
-        except (ValueError, OverflowError, RecursionError) as exc:  # _Refused is a ValueError
+        except _Refused as exc:  # only what a conversion refuses: a bug of the join's stays a 500
             del batch.verdicts[verdicts:]  # an OpenInference evaluator's own verdict, read first
             key = _shown_key(record.trace_id, record.span_id)
-            batch.refused.append(f"{describe(key, record.name)}: {_why(exc)}; the span is not stored")
+            batch.refused.append(f"{describe(key, record.name)}: {exc}; the span is not stored")
 
     def _span(self, batch: Batch, resource: dict[str, Any], record: _Record) -> None:
         attrs = record.attributes
@@ -807,9 +829,9 @@ class _Reader:
         try:
             key = _key(trace_id, span_id)
             verdict = _verdict(fields, key, None)
-        except (ValueError, OverflowError, RecursionError) as exc:  # as `span`: the record rejected
+        except _Refused as exc:  # as `span`: the record rejected
             where = describe(_shown_key(trace_id, span_id)) if trace_id and span_id else "a log record"
-            batch.refused.append(f"the log record in {where}: {_why(exc)}; it is not stored")
+            batch.refused.append(f"the log record in {where}: {exc}; it is not stored")
             return
         response_id = verdict.response_id  # the record's gen_ai.response.id, as text
         if response_id is not None and key is not None:
@@ -896,13 +918,6 @@ def _response_kept(response_id: str) -> None:
 def _shown_key(trace_id: str, span_id: str) -> str:
     """A refused item's key as its message shows it: ids longer than OTLP's cut (`_unkept`)."""
     return f"{cut_at_word(trace_id, 32)}:{cut_at_word(span_id, 16)}"
-
-
-def _why(exc: Exception) -> str:
-    """What a rejected span or log record is told (`_Reader.span`)."""
-    if isinstance(exc, RecursionError):
-        return "a value is nested too deeply to read"
-    return str(exc)
 
 
 def _key(trace_id: str, span_id: str) -> str | None:
@@ -1008,6 +1023,8 @@ def _messages(value: Any) -> list[Any] | None:
             value = json.loads(value)
         except ValueError:
             return None
+        except RecursionError:  # messages nested 5,000 deep (review17 M1): the item rejected
+            raise _Refused(_DEEP) from None
     return value if isinstance(value, list) else None
 
 
@@ -1034,7 +1051,14 @@ def _indexed_messages(attrs: Mapping[str, Any], prefix: str) -> list[dict[str, A
         if not name.startswith(prefix):
             continue
         index, _, rest = name[len(prefix) :].partition(".")
-        if index.isdigit() and rest in ("message.role", "message.content"):
+        # isdigit() is true of "²", which int() refuses, and int() refuses 5,000 digits: a 500 since
+        # `span` catches only what a conversion refuses (review19 L2b)
+        if (
+            index.isascii()
+            and index.isdigit()
+            and len(index) < 10
+            and rest in ("message.role", "message.content")
+        ):
             found.setdefault(int(index), {})[rest.removeprefix("message.")] = value
     return [found[i] for i in sorted(found)]
 

@@ -1228,6 +1228,61 @@ def test_array_and_kvlist_attribute_values_are_read_only_when_the_receiver_reads
     assert (call.question, call.answer) == ("Hi?", "Hello.")  # a structured message, read
 
 
+def test_an_int_value_past_int64_is_said_plainly_and_only_refusals_reject_an_item(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """review19 L2: a JSON intValue score of 400 digits rejected its span as "int too large to
+    convert to float", one of 5,000 digits was a 400 advising sys.set_int_max_str_digits. OTLP's
+    intValue is int64: past it the request is malformed, said so. L2b: `_Reader.span`/`log` caught
+    every ValueError, so a bug in the receiver's own code became a rejected item (a partial success);
+    now only what a conversion refuses is, and a key no int() reads no longer raises."""
+    from lib.config import get_settings
+
+    settings = get_settings()
+
+    def body(signal: str, score: Any, extra: tuple[str, ...] = ()) -> bytes:
+        verdict = [
+            {"key": "gen_ai.evaluation.name", "value": {"stringValue": "rel"}},
+            {"key": "gen_ai.evaluation.score.value", "value": score},
+        ]
+        ids = {"traceId": "0" * 31 + "1", "spanId": "0" * 15 + "1"}
+        if signal == "logs":
+            record = {"eventName": EVAL, **ids, "attributes": verdict}
+            return json.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": [record]}]}]}).encode()
+        attributes = [{"key": "output.value", "value": {"stringValue": "A."}}]
+        attributes += [{"key": key, "value": {"stringValue": "user"}} for key in extra]
+        span = {
+            **ids,
+            "name": "chat",
+            "attributes": attributes,
+            "events": [{"name": EVAL, "attributes": verdict}],
+        }
+        return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+
+    for signal in ("traces", "logs"):
+        for digits in (400, 5_000):
+            with pytest.raises(otlp.OtlpError) as caught:
+                otlp.decode(signal, body(signal, {"intValue": "9" * digits}), otlp.JSON, settings)
+            assert caught.value.status == 400
+            assert caught.value.message.endswith(
+                f"OTLP/JSON {signal} request: an intValue must be a 64-bit integer"
+            )
+        with pytest.raises(otlp.OtlpError):
+            otlp.decode(signal, body(signal, {"intValue": str(2**63)}), otlp.JSON, settings)
+        batch = otlp.decode(signal, body(signal, {"intValue": str(2**63 - 1)}), otlp.JSON, settings)
+        assert [v.score for v in batch.verdicts] == [float(2**63 - 1)] and not batch.refused
+    odd = ("llm.input_messages.\u00b2.message.role", f"llm.input_messages.{'9' * 5_000}.message.role")
+    batch = otlp.decode("traces", body("traces", {"intValue": "3"}, odd), otlp.JSON, settings)
+    assert len(batch.calls) == 1 and not batch.refused  # "²" is a digit to isdigit(), not to int()
+
+    def bug(attrs: Any) -> None:
+        raise ValueError("a bug of the join's")
+
+    monkeypatch.setattr(otlp, "_answer", bug)
+    with pytest.raises(ValueError, match="a bug of the join's"):
+        otlp.decode("traces", body("traces", {"intValue": "3"}), otlp.JSON, settings)
+
+
 def test_otlp_json_bodies_and_refusals(receiver: Receiver) -> None:
     span = {
         "traceId": "5b8efff798038103d269b633813fc60c",
