@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from lib.display import cut_at_word
 from lib.json_files import BOM, MIB, jsonl_records, nonblank, read_document
 from lib.records import ImportFailed, type_name
 from lib.source_records import (
@@ -736,7 +737,7 @@ def _read_langfuse(path: Path, source: str, product: str | None, document: Any =
         else:
             if unconfigured:  # said if nothing else scores its label (review18 M2)
                 verdict.unscored = (
-                    f"its score config {config!r}, which would give it one, is not in this file (export the "
+                    f"its score config {cut_at_word(config, 64)!r}, which would give it one, is not in this file (export the "
                     'score configs too: GET /api/public/score-configs, docs/importing.md "Which scores endpoint")'
                 )
             verdicts.setdefault(trace_id, []).append(verdict)

@@ -323,6 +323,12 @@ def test_a_langfuse_category_without_its_score_config_says_the_config_is_missing
         "GET /api/public/score-configs"
     ), message
     assert message.endswith("(--label-scores friendly=N,…); nothing was imported"), message
+    # review19 L4: the sender's config id is quoted cut, as the label beside it is (a 1 MB id made
+    # a 1 MB error).
+    long = tmp_path / "long.jsonl"
+    long.write_text(export.read_text(encoding="utf-8").replace("config-tone", "config " * 200_000))
+    message = _refused(engine, long, "langfuse")
+    assert "its score config 'config config" in message and len(message) < 1_000, len(message)
     report = import_path(
         engine=engine,
         path=export,
