@@ -887,7 +887,7 @@ def test_a_second_eval_files_late_verdicts_take_the_importers_lock_before_any_ro
 
     def file_import(s: Session) -> None:  # `_import_file`'s body for another tool's file
         second = [_source_evaluation("Q1", clarity=3), _source_evaluation("Q2", clarity=3)]
-        fresh, _extended, added = importer._extend_stored(s, second, actor)
+        fresh, _extended, added, _reviewed, _not_taken = importer._extend_stored(s, second, actor)
         assert added == 1
         importer.import_source_evaluations(session=s, evaluations=fresh, source="second.csv")
 
