@@ -188,7 +188,9 @@ class ImportReport:
         if self.kind == "metrics":
             parts.append(f"{self.updated} updated")
         else:
-            parts.append(f"{self.skipped} already present (skipped)")
+            # "skipped" only when nothing of the file was added to them (review19 M2)
+            touched = self.extended or self.reviewer_scores
+            parts.append(f"{self.skipped} already present" + ("" if touched else " (skipped)"))
         if self.kind in ("evaluations", *SOURCE_KINDS):
             parts.append(_counted(self.judgments, "judgment", "judgments"))
         if self.extended:
@@ -1071,8 +1073,9 @@ def _add_verdicts(
             slug = source_records.resolve_metric(specs, verdict.name)
             if slug not in (reviewed if verdict.human else have):  # each side takes a metric once
                 new.append(verdict)
-            elif on_kept is not None and verdict.score is not None and not verdict.human:
-                kept = have[slug].get("score") if isinstance(have[slug], Mapping) else None
+            elif on_kept is not None and verdict.score is not None:  # its side's stored score kept
+                side = reviewed if verdict.human else have  # review19 M2: a reviewer's, dropped unsaid
+                kept = side[slug].get("score") if isinstance(side[slug], Mapping) else None
                 if isinstance(kept, int | float) and kept != verdict.score:
                     on_kept(index, verdict, kept)
         if on_reviewer is not None and (reviewers := sum(v.human for v in new)):

@@ -2452,3 +2452,41 @@ def test_json_text_nested_too_deeply_is_refused_with_its_line(sqlite_engine: Eng
     broken.write_text(json.dumps(doc), encoding="utf-8")
     message = _refused(sqlite_engine, broken, "promptfoo")
     assert message.startswith("results.json, results.results[0], field 'prompt.raw': its JSON text is nested")
+
+
+def test_a_reviewer_score_differing_from_the_stored_one_is_said_not_taken(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """review19 M2: a file's HUMAN scores for stored evaluations are added to their reviewer side
+    once; a re-import with a changed one was answered '3 already present (skipped)', the score
+    dropped in silence. Now it is counted as not taken, as a judge's is, and 'skipped' is said only
+    when nothing of the file was added to the stored evaluations."""
+    spans = SourceOptions(spans=FIXTURES / "phoenix_spans.parquet")
+    evaluations = FIXTURES / "phoenix_evaluations.parquet"
+    import_path(engine=engine, path=evaluations, kind="phoenix", reviewer=WHO, options=spans)
+    lines = (FIXTURES / "phoenix_annotations.csv").read_text(encoding="utf-8").splitlines()
+    rows = [lines[0], lines[3]]  # the header; the fixture's HUMAN Tone of c3d4…
+    for span_id, score in (("a1b2c3d4e5f60718", "0.0"), ("b2c3d4e5f6071829", "1.0")):
+        rows.append(
+            f"{span_id},X{span_id},2026-11-28T09:18:04+00:00,2026-11-28T09:18:04+00:00,API,,"
+            f"QA Correctness,HUMAN,{{}},reviewer-1,,{score},by hand"
+        )
+    human = tmp_path / "human.csv"
+    human.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    report = import_path(engine=engine, path=human, kind="phoenix", reviewer=WHO, options=spans)
+    assert report.summary().startswith(
+        "phoenix: 0 inserted, 3 already present, 0 judgments, 3 reviewer scores"
+    )
+    before = {k: v.user_scores_json for k, v in _snapshots(engine).items()}
+    human.write_text(
+        human.read_text(encoding="utf-8").replace(",0.0,by hand", ",0.5,by hand"), encoding="utf-8"
+    )
+    again = import_path(engine=engine, path=human, kind="phoenix", reviewer=WHO, options=spans)
+    assert (again.not_taken, again.reviewer_scores) == (1, 0)
+    assert again.summary().startswith(
+        "phoenix: 0 inserted, 3 already present (skipped), 0 judgments, 1 score differing from the stored one "
+        "not taken"
+    ), again.summary()
+    assert {k: v.user_scores_json for k, v in _snapshots(engine).items()} == before  # never overwritten
+    same = import_path(engine=engine, path=evaluations, kind="phoenix", reviewer=WHO, options=spans)
+    assert same.summary().startswith("phoenix: 0 inserted, 3 already present (skipped), 0 judgments")
