@@ -440,6 +440,10 @@ MAX_GROUPS = MAX_RECORDS  # resources and scopes together
 MAX_SPAN_EVENTS = 1_280  # events of one span: ten times the SDK's default limit
 MAX_EVENTS = 5 * MAX_RECORDS  # events of a request's spans together
 MAX_ATTRIBUTES = 1_280  # attributes of one resource, span, event or log record
+# Elements of one array or key-value list value the receiver reads (`_Nested`), nested ones included:
+# a conversation sent as structured messages (~6 elements a message) is read whole up to ~16,000
+# messages, where MAX_ATTRIBUTES (1,280) refused a ~200-message agent trace's batch with a 413.
+MAX_VALUE_ELEMENTS = 100_000
 _SMALLER = "export smaller batches (OTEL_BSP_MAX_EXPORT_BATCH_SIZE, OTEL_BLRP_MAX_EXPORT_BATCH_SIZE)"
 _SCOPE_SPANS, _SPANS, _EVENTS = attrgetter("scope_spans"), attrgetter("spans"), attrgetter("events")
 _SCOPE_LOGS, _LOG_RECORDS = attrgetter("scope_logs"), attrgetter("log_records")
@@ -564,7 +568,7 @@ class _Nested:
     (`plain`: the GenAI messages, a verdict's fields, the product and language): a 10 KB gzipped
     span holding an array of 5 million empty values took 1.1 CPU s and 300 MB to convert, though
     no cap counted it (review19 M1), and an OpenInference embedding span's vectors are never read.
-    What is read may hold at most `MAX_ATTRIBUTES` elements, nested ones included (413)."""
+    What is read may hold at most `MAX_VALUE_ELEMENTS` elements, nested ones included (413)."""
 
     __slots__ = ("_convert", "_value")
 
@@ -572,7 +576,7 @@ class _Nested:
         self._value, self._convert = value, convert
 
     def plain(self) -> Any:
-        return self._convert(self._value, [MAX_ATTRIBUTES])
+        return self._convert(self._value, [MAX_VALUE_ELEMENTS])
 
     def __str__(self) -> str:  # `_text`: a list or dict as text, as before
         return str(self.plain())
@@ -584,8 +588,8 @@ def _elements(count: int, left: list[int]) -> None:
     if left[0] < 0:
         raise OtlpError(
             413,
-            f"an attribute value with over {MAX_ATTRIBUTES:,} elements (its arrays and key-value lists "
-            f"together), over the {MAX_ATTRIBUTES:,} one may carry: send a long list as a JSON string",
+            f"an attribute value with over {MAX_VALUE_ELEMENTS:,} elements (its arrays and key-value lists "
+            f"together), over the {MAX_VALUE_ELEMENTS:,} one may carry: send a long list as a JSON string",
         )
 
 

@@ -1179,7 +1179,7 @@ def test_array_and_kvlist_attribute_values_are_read_only_when_the_receiver_reads
     """review19 M1: a 10 KB gzipped span whose attribute held an array of 5 million empty values
     cost 1.1 CPU s and 300 MB to convert, though no cap counted its elements. An attribute the
     receiver does not read is no longer converted; one it reads (the GenAI messages) may hold at
-    most MAX_ATTRIBUTES elements, nested ones included: more is a 413, as too many attributes are."""
+    most MAX_VALUE_ELEMENTS elements, nested ones included: more is a 413, as too many attributes are."""
     from lib.config import get_settings
 
     settings = get_settings()
@@ -1195,14 +1195,14 @@ def test_array_and_kvlist_attribute_values_are_read_only_when_the_receiver_reads
     assert len(batch.calls) == 1 and batch.calls[0].answer == "A." and len(batch.verdicts) == 1
     assert not converted  # the unread array of 5 million values
     read = span.attributes.add(key="gen_ai.input.messages").value.array_value
-    read.MergeFromString(b"\x0a\x00" * (otlp.MAX_ATTRIBUTES + 1))
+    read.MergeFromString(b"\x0a\x00" * (otlp.MAX_VALUE_ELEMENTS + 1))
     with pytest.raises(otlp.OtlpError) as caught:
         otlp.decode("traces", request.SerializeToString(), otlp.PROTOBUF, settings)
     assert caught.value.status == 413
-    assert caught.value.message.startswith("an attribute value with over 1,280 elements (its arrays and ")
+    assert caught.value.message.startswith("an attribute value with over 100,000 elements (its arrays and ")
     # Nested elements count too, and OTLP/JSON reads the same way.
     message = {"kvlistValue": {"values": [{"key": "role", "value": {"stringValue": "user"}}]}}
-    parts = {"arrayValue": {"values": [{"stringValue": "p"}] * otlp.MAX_ATTRIBUTES}}
+    parts = {"arrayValue": {"values": [{"stringValue": "p"}] * otlp.MAX_VALUE_ELEMENTS}}
     message["kvlistValue"]["values"].append({"key": "parts", "value": parts})
     json_span = {
         "traceId": "5b8efff798038103d269b633813fc60c",
@@ -1217,7 +1217,7 @@ def test_array_and_kvlist_attribute_values_are_read_only_when_the_receiver_reads
     body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [json_span]}]}]}).encode()
     with pytest.raises(otlp.OtlpError) as caught:
         otlp.decode("traces", body, otlp.JSON, settings)
-    assert caught.value.status == 413 and "over 1,280 elements" in caught.value.message
+    assert caught.value.status == 413 and "over 100,000 elements" in caught.value.message
     text = [
         {"key": "type", "value": {"stringValue": "text"}},
         {"key": "content", "value": {"stringValue": "Hi?"}},
@@ -1226,6 +1226,12 @@ def test_array_and_kvlist_attribute_values_are_read_only_when_the_receiver_reads
     body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [json_span]}]}]}).encode()
     (call,) = otlp.decode("traces", body, otlp.JSON, settings).calls
     assert (call.question, call.answer) == ("Hi?", "Hello.")  # a structured message, read
+    # A long agent conversation sent as structured messages (~6 elements each) is read, not a 413
+    # for the whole batch: 300 messages were 1,800 elements, over the first cap of 1,280.
+    json_span["attributes"][2]["value"]["arrayValue"]["values"] = [message] * 300
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [json_span]}]}]}).encode()
+    (call,) = otlp.decode("traces", body, otlp.JSON, settings).calls
+    assert call.answer == "Hello." and call.question is not None and "Hi?" in call.question
 
 
 def test_an_int_value_past_int64_is_said_plainly_and_only_refusals_reject_an_item(
