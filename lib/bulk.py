@@ -150,6 +150,16 @@ def dialect_of(bind: Any) -> Any:
     return bind.get_bind().dialect if hasattr(bind, "get_bind") else bind.dialect
 
 
+def kept_on(dialect: Any, name: str) -> dict[Any, Any]:
+    """The dict `dialect` keeps under attribute `name`, made empty the first time: a memo of one
+    engine (each engine has its own dialect object: its JSON serializer, its database's collation),
+    gone with it (`row_binder`'s binders, lib.counters' metric-set spellings)."""
+    kept = dialect.__dict__.get(name)
+    if kept is None:
+        kept = dialect.__dict__[name] = {}
+    return kept
+
+
 def dialect_name(bind: Any) -> str:
     """The dialect name of `bind` (a Session, Connection or Engine): "sqlite" or "postgresql"."""
     return str(dialect_of(bind).name)
@@ -320,9 +330,7 @@ def row_binder(
     bind processor cost 20-30 us a table, a tenth of an OTLP request's one-row insert (issue 29).
     """
     key = (table, tuple(columns), frozenset(encoded))
-    kept = dialect.__dict__.get(_BINDERS)  # per dialect instance (an engine's: its own JSON serializer)
-    if kept is None:
-        kept = dialect.__dict__[_BINDERS] = {}
+    kept = kept_on(dialect, _BINDERS)  # per dialect instance (an engine's: its own JSON serializer)
     found = kept.get(key)
     if found is None:
         found = kept[key] = _row_binder(dialect, table, columns, encoded)

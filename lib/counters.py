@@ -436,9 +436,7 @@ def _spelled(session: Session, metric_sets: set[frozenset[str]]) -> dict[frozens
     database's collation), as `lib.bulk.row_binder` keeps its binders; bounded by SPELLINGS_KEPT.
     """
     dialect = bulk.dialect_of(session)
-    kept: dict[frozenset[str], str] | None = dialect.__dict__.get(_SPELLINGS)
-    if kept is None:
-        kept = dialect.__dict__[_SPELLINGS] = {}
+    kept: dict[frozenset[str], str] = bulk.kept_on(dialect, _SPELLINGS)
     found: dict[frozenset[str], str] = {}
     missing: list[frozenset[str]] = []
     for metrics in metric_sets:
