@@ -29,6 +29,10 @@ def aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
+# An evaluation name the receiver quotes (its answers, lib.otlp) or records (the sweep's audit row,
+# lib.otlp_waiting) is cut at a word to this many characters (review17 L1).
+METRIC_CHARS = 64
+
 # Where a GenAI span holds its question and answer (OpenTelemetry's GenAI conventions).
 ANSWER_ATTRIBUTE = "gen_ai.output.messages"
 QUESTION_ATTRIBUTE = "gen_ai.input.messages"

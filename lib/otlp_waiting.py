@@ -33,7 +33,7 @@ from lib.auth import AuditRate
 from lib.csv_text import iso_utc, neutralise_cell
 from lib.display import cut_at_word, one_line
 from lib.models import AuditEvent, utcnow
-from lib.otlp_table import PENDING_DAYS, SPANS, TRACE_END, aware, lacking
+from lib.otlp_table import METRIC_CHARS, PENDING_DAYS, SPANS, TRACE_END, aware, lacking
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -655,7 +655,7 @@ def record_sweep(session: Session, cutoff: datetime) -> None:
         for verdict in pending or []:
             verdicts += 1
             if isinstance(verdict, dict):
-                names[cut_at_word(str(verdict.get("metric")), 64)] = None  # bounded (review17)
+                names[cut_at_word(str(verdict.get("metric")), METRIC_CHARS)] = None  # bounded (review17)
     if oldest is None:
         return
     detail = swept_detail(calls, verdicts, list(names), oldest)
@@ -719,7 +719,8 @@ class Refusal:
     messages: str
 
     def cells(self) -> tuple[str, ...]:
-        """The CLI's line (REFUSED_COLUMNS): the sender's text neutralised as the waiting rows'."""
+        """The CLI's line (when, signal, token, rejected or "warning", messages): the sender's text
+        neutralised as the waiting rows'."""
         kind = "warning" if self.warning else f"{self.rejected:,} rejected"
         return (
             utc_text(self.at),
@@ -728,9 +729,6 @@ class Refusal:
             kind,
             neutralise_cell(self.messages),
         )
-
-
-REFUSED_COLUMNS = ("at", "signal", "token", "rejected", "messages")
 
 
 def refused_fields(detail: str) -> tuple[str, int, bool, str] | None:
