@@ -348,7 +348,7 @@ def create_app(
         except ImportConflict as exc:  # another writer at the same moment: OTLP clients retry a 503
             status, message, headers = 503, str(exc), {"Retry-After": "1"}
         else:
-            if outcome.rejected or outcome.messages:
+            if outcome.says:
                 # The SDK's exporters never read a partial success: the server's log is where an
                 # operator sees what was not stored.
                 log.warning(

@@ -104,7 +104,7 @@ from lib.snapshots import (
     evaluation_row,
     gaps_follow_scales,
     snapshot_judgment_rows,
-    source_key_of,
+    text_source_key,
 )
 
 SOURCE_KINDS = ("promptfoo", "langfuse", "phoenix")  # other tools' result files (lib.source_files)
@@ -833,11 +833,10 @@ def _extend_stored(
     keyed: dict[str, list[source_records.SourceEvaluation]] = {}
     fresh: list[source_records.SourceEvaluation] = []
     for ev in evaluations:
-        texts = (ev.product, ev.question, ev.answer)
-        if not all(isinstance(t, str) for t in texts) or not isinstance(ev.model_name, str | None):
+        key = text_source_key(ev.product, ev.question, ev.answer, ev.model_name)
+        if key is None:
             fresh.append(ev)  # the import refuses it, naming the field
             continue
-        key = source_key_of(ev.product.strip(), ev.question, ev.answer, ev.model_name)
         keyed.setdefault(key, []).append(ev)
     stored: dict[str, str] = {}
     keys = list(keyed)

@@ -67,6 +67,7 @@ from lib.json_files import BOM
 from lib.models import EvaluationSnapshot, utcnow
 from lib.otlp_table import (
     ANSWER_ATTRIBUTE,
+    METRIC_CHARS,
     PENDING_DAYS,
     QUESTION_ATTRIBUTE,
     SPANS,
@@ -191,10 +192,10 @@ class Batch:
 
 
 # What of the sender's own text an answer quotes (review17 L1: a 4 MB evaluation name made a 4 MB
-# partial success, 3,000 rejected spans 7 MB): a span name and an evaluation name each cut at a word,
+# partial success, 3,000 rejected spans 7 MB): a span name and an evaluation name (METRIC_CHARS,
+# lib.otlp_table) each cut at a word,
 # at most ANSWER_METRICS evaluation names per message, ANSWER_MESSAGES messages of ANSWER_CHARS each.
 NAME_CHARS = 200
-METRIC_CHARS = 64
 ANSWER_METRICS = 10
 ANSWER_MESSAGES = 100
 ANSWER_CHARS = 1000
@@ -1100,6 +1101,12 @@ class Outcome:
     rejected: int = 0
     messages: list[str] = field(default_factory=list)
 
+    @property
+    def says(self) -> bool:
+        """Whether the answer says anything: items rejected, or a warning (a partial success with 0
+        rejected). A silent answer is OTLP's empty one, logged and recorded nowhere."""
+        return bool(self.rejected or self.messages)
+
     def reject(self, batch: Batch, key: str, message: str, at: int | None = None) -> None:
         """Count `key`'s items as rejected, saying why; `at`: the message's place among those before."""
         self.rejected += batch.items.get(key, 0)
@@ -1205,7 +1212,7 @@ def ingest(*, engine: Engine, batch: Batch, actor: Actor) -> Outcome:
             )
         )
     if not batch.calls and not batch.verdicts and not _orphans_wait(engine, batch):
-        if outcome.rejected or outcome.messages:  # refused as decoded: said where a lead sees it
+        if outcome.says:  # refused as decoded: said where a lead sees it
             with session_scope(engine) as session:
                 _record_refused(session, outcome, actor)
         return outcome  # a trace stream's other spans: no writer's lock taken for them
@@ -1229,7 +1236,7 @@ def _record_refused(session: Session, outcome: Outcome, actor: Actor) -> None:
     answer, so the log was the one place a lead could see it)."""
     from lib.otlp_waiting import record_refused
 
-    if outcome.rejected or outcome.messages:
+    if outcome.says:
         record_refused(
             session,
             signal=outcome.signal,
@@ -1990,17 +1997,15 @@ def _resent_changes(session: Session, resent: dict[str, SpanCall]) -> list[str]:
     success with 0 rejected: the request was accepted) and in the server's log, instead of a silent
     `{}` (review14 F7); its verdicts' other scores are said by `_not_taken`. An exact re-send says
     nothing. Only evaluations a request's spans name are read: a retry's, rarely any."""
-    from lib.snapshots import source_key_of
+    from lib.snapshots import text_source_key
 
     columns = (_SNAPSHOTS.c.id, _SNAPSHOTS.c.source_key, _SNAPSHOTS.c.product)
     found = session.execute(select(*columns).where(_SNAPSHOTS.c.id.in_(list(resent))))
     notes = []
     for snapshot_id, source_key, product in found:
         call = resent[snapshot_id]
-        texts = (call.product, call.question, call.answer)
-        if all(isinstance(t, str) for t in texts) and source_key != source_key_of(
-            str(call.product).strip(), str(call.question), str(call.answer), call.model
-        ):
+        key = text_source_key(call.product, call.question, call.answer, call.model)
+        if key is not None and source_key != key:
             what = f"product {call.product!r}" if call.product != product else "question, answer or model"
             notes.append(
                 Quoting(
@@ -2076,7 +2081,7 @@ def response_body(signal: str, outcome: Outcome, kind: str) -> bytes:
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
     response: Any = ExportTraceServiceResponse() if signal == "traces" else ExportLogsServiceResponse()
-    if outcome.rejected or outcome.messages:
+    if outcome.says:
         partial = response.partial_success
         if signal == "traces":
             partial.rejected_spans = outcome.rejected

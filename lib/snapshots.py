@@ -51,6 +51,17 @@ def source_key_of(product: str, question: str, model_answer: str, model_name: st
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
+def text_source_key(product: Any, question: Any, model_answer: Any, model_name: Any) -> str | None:
+    """`source_key_of` an evaluation whose product, question and answer are text and model text or
+    None (the product stripped, as every importer stores it); None for any other, which the import
+    refuses naming the field: the importer's split of a file's stored evaluations and the OTLP
+    receiver's check of a re-sent span key content alike."""
+    texts = (product, question, model_answer)
+    if not all(isinstance(t, str) for t in texts) or not isinstance(model_name, str | None):
+        return None
+    return source_key_of(product.strip(), question, model_answer, model_name)
+
+
 class MetricSet:
     """A product's metrics with an exact key → slug lookup (slugs and display names, never lower())."""
 
