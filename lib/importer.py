@@ -1057,6 +1057,9 @@ def _add_verdicts(
         refusals[index] = exc
 
     rubric = _SourceRubrics(session)  # read once a product (plan_import too)
+    # Each stored evaluation's judge and reviewer scores, parsed once for the split below, the check
+    # and the write (`_write_late`), which only read them.
+    stored: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
     evaluations: list[source_records.SourceEvaluation] = []
     of_evaluation: list[tuple[int, Any]] = []  # each evaluation's (index in items, snapshot row)
     for index, item in entries:
@@ -1064,8 +1067,10 @@ def _add_verdicts(
         if snapshot is None:
             refuse(index, ImportFailed(f"{item.where}: its evaluation {item.snapshot_id!r} no longer exists"))
             continue
-        have = json_object(snapshot.judge_scores_json)
-        reviewed = json_object(snapshot.user_scores_json)
+        have, reviewed = stored[snapshot.id] = (
+            json_object(snapshot.judge_scores_json),
+            json_object(snapshot.user_scores_json),
+        )
         specs = rubric(snapshot.product)[0]
         new = []
         for verdict in item.verdicts:
@@ -1108,8 +1113,7 @@ def _add_verdicts(
             located, planned = plan.records[position]
             snapshot = of_evaluation[plan.indexes[position]][1]
             product = snapshot.product
-            have = json_object(snapshot.judge_scores_json)
-            reviewed = json_object(snapshot.user_scores_json)
+            have, reviewed = stored[snapshot.id]
             evidence = {
                 slug: e.get("evidence") or [] for slug, e in json_object(snapshot.evidence_json).items()
             }
@@ -1139,7 +1143,8 @@ def _add_verdicts(
         return checked
 
     checked = _defined_then_checked(session, plan, identity, check, refused, tolerant=on_invalid is not None)
-    added = _write_late(session, [(of_evaluation[plan.indexes[p]][1], row, new) for p, row, new in checked])
+    late = [(of_evaluation[plan.indexes[p]][1], row, new) for p, row, new in checked]
+    added = _write_late(session, late, stored)
     if on_invalid is not None:
         for index in sorted(refusals):
             on_invalid(index, refusals[index])
@@ -1154,9 +1159,14 @@ def json_object(value: Any) -> dict[str, Any]:
     return dict(value) if isinstance(value, Mapping) else {}
 
 
-def _write_late(session: Session, checked: list[tuple[Any, dict[str, Any], list[Any]]]) -> int:
+def _write_late(
+    session: Session,
+    checked: list[tuple[Any, dict[str, Any], list[Any]]],
+    stored: Mapping[str, tuple[dict[str, Any], dict[str, Any]]],
+) -> int:
     """Store late verdicts checked by `_add_verdicts` — (stored snapshot row, its re-derived row,
-    the judged metrics it lacked) each — with every counter moved as the bulk import moves it."""
+    the judged metrics it lacked) each, `stored` its judge and reviewer scores as parsed — with
+    every counter moved as the bulk import moves it."""
     if not checked:
         return 0
     updates: list[dict[str, Any]] = []
@@ -1165,14 +1175,15 @@ def _write_late(session: Session, checked: list[tuple[Any, dict[str, Any], list[
     judgment_rows: list[dict[str, Any]] = []
     for snapshot, row, new in checked:
         updates.append({"b_id": snapshot.id, **{f"b_{column}": row[column] for column in _LATE_DERIVED}})
+        judge_scores, user_scores = stored[snapshot.id]
         scored = scores.ScoredSnapshot(
             id=snapshot.id,
             product=snapshot.product,
             language=snapshot.language,
             created_at=snapshot.created_at,
             live=snapshot.deleted_at is None,
-            user_scores=json_object(snapshot.user_scores_json),
-            judge_scores=json_object(snapshot.judge_scores_json),
+            user_scores=user_scores,
+            judge_scores=judge_scores,
         )
         before.append(scored)
         after.append(
